@@ -1,0 +1,150 @@
+"""The streaming relay: forward one placed call and pass the answer through chunk by chunk.
+
+Nothing is buffered but the tail of the stream (to read the engine's final metrics). The
+route's `finish` runs exactly once, whatever happens: success, upstream failure, client
+disconnect or timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from proxy.adapters.ollama import UpstreamError
+from proxy.api.errors import error_response, stream_error_line
+from proxy.service.routing import CallOutcome, Route
+
+NDJSON = "application/x-ndjson"
+
+
+def route_headers(route: Route) -> dict[str, str]:
+    headers = {
+        "X-Kubemoot-Provider": route.provider,
+        "X-Kubemoot-Model": route.model,
+        "X-Kubemoot-Placement": route.placement,
+        "X-Kubemoot-Waited-Ms": str(route.waited_ms),
+    }
+    if route.evicted:
+        headers["X-Kubemoot-Evicted"] = ",".join(route.evicted)
+    headers.update(route.extra)
+    return headers
+
+
+def final_metrics(tail: bytes) -> dict[str, Any]:
+    """The engine's metrics from the last complete JSON line of a response."""
+    for line in reversed(tail.strip().split(b"\n")):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            data = orjson.loads(line)
+            if isinstance(data, dict):
+                return data
+    return {}
+
+
+def outcome_from(tail: bytes, started: float, ok: bool, error: str | None = None
+                 ) -> CallOutcome:
+    metrics = final_metrics(tail) if ok else {}
+    prompt_tokens = metrics.get("prompt_eval_count")
+    load_ns = metrics.get("load_duration")
+    return CallOutcome(
+        ok=ok,
+        seconds=time.perf_counter() - started,
+        prompt_eval_count=prompt_tokens if isinstance(prompt_tokens, int) else None,
+        load_seconds=load_ns / 1e9 if isinstance(load_ns, int) else None,
+        error=error,
+    )
+
+
+class RelayStream(StreamingResponse):
+    """A streaming response whose cleanup runs even when the client goes away.
+
+    Starlette cancels the body iterator on disconnect; `__call__`'s finally closes the
+    upstream (which tells Ollama to stop) and settles the route.
+    """
+
+    def __init__(self, upstream: httpx.Response, route: Route, started: float,
+                 chunk_timeout_s: float, headers: dict[str, str]) -> None:
+        self.upstream = upstream
+        self.route = route
+        self.started = started
+        self.chunk_timeout_s = chunk_timeout_s
+        self._tail = b""
+        self._ok = False
+        self._error: str | None = "client disconnected"
+        super().__init__(self._relay(), media_type=NDJSON, headers=headers)
+
+    async def _relay(self) -> AsyncIterator[bytes]:
+        ended_with_newline = True
+        iterator = self.upstream.aiter_raw()
+        try:
+            while True:
+                async with asyncio.timeout(self.chunk_timeout_s):
+                    chunk = await anext(iterator, None)
+                if chunk is None:
+                    break
+                ended_with_newline = chunk.endswith(b"\n")
+                self._tail = (self._tail + chunk)[-8192:]
+                yield chunk
+            self._ok, self._error = True, None
+            if b'"error"' in self._tail[-2048:] and b'"done":true' not in self._tail[-2048:]:
+                self._ok, self._error = False, "provider reported an error mid-stream"
+        except (httpx.HTTPError, TimeoutError) as exc:
+            self._error = f"provider {self.route.provider} failed mid-stream: " + (
+                "no data for %.0f s" % self.chunk_timeout_s if isinstance(exc, TimeoutError)
+                else type(exc).__name__)
+            yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await asyncio.shield(self._settle())
+
+    async def _settle(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.upstream.aclose()
+        await self.route.finish(outcome_from(self._tail, self.started, self._ok, self._error))
+
+
+async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
+                  chunk_timeout_s: float) -> Response:
+    """Send `body` to the route's provider and relay the answer (or the failure)."""
+    started = time.perf_counter()
+    headers = route_headers(route)
+    try:
+        upstream = await route.client.open(path, orjson.dumps(body))
+    except UpstreamError as exc:
+        await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
+        return error_response(
+            502, "upstream-failed",
+            f"provider {route.provider} failed before answering: {exc}", route.model)
+
+    if upstream.status_code >= 400 or not stream:
+        try:
+            async with asyncio.timeout(route.client.timeouts.first_byte_s):
+                data = await upstream.aread()
+        except (httpx.HTTPError, TimeoutError) as exc:
+            await upstream.aclose()
+            await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
+            return error_response(502, "upstream-failed",
+                                  f"provider {route.provider} failed while answering: "
+                                  f"{type(exc).__name__}", route.model)
+        ok = upstream.status_code < 400
+        # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
+        healthy = upstream.status_code < 500
+        outcome = outcome_from(data, started, ok, None if ok else data[:200].decode(errors="replace"))
+        if not ok and healthy:
+            outcome = CallOutcome(True, outcome.seconds, error=outcome.error)
+        await route.finish(outcome)  # before sending: a vanished client must not leak it
+        return Response(data, status_code=upstream.status_code,
+                        media_type=upstream.headers.get("content-type", "application/json"),
+                        headers=headers)
+
+    return RelayStream(upstream, route, started, chunk_timeout_s, headers)

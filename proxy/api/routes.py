@@ -1,0 +1,227 @@
+"""FastAPI routes: Ollama's API on the outside, the router and the relay on the inside."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import PlainTextResponse, Response
+
+from proxy.adapters.ollama import UpstreamError
+from proxy.api import wire
+from proxy.api.errors import JSON, error_response, refusal_response
+from proxy.api.relay import forward
+from proxy.core.tokens import prompt_chars
+from proxy.observability.logging import get_logger
+from proxy.observability.metrics import Metrics
+from proxy.service.routing import (
+    CallRequest,
+    ModelCatalog,
+    ProviderPool,
+    Refusal,
+    Route,
+    Router,
+)
+
+log = get_logger("kubemoot.api")
+FALLBACK_VERSION = "0.12.6"
+
+
+class RequestTooLarge(Exception):
+    pass
+
+
+async def read_capped(request: Request, cap: int) -> bytes:
+    """The request body, refusing anything over `cap` bytes without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise RequestTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise RequestTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type=JSON)
+
+
+class SidecarApi:
+    """The HTTP surface. Everything it needs is handed in by the composition root."""
+
+    def __init__(self, *, router: Router, pool: ProviderPool, catalog: ModelCatalog,
+                 metrics: Metrics, max_request_bytes: int, chunk_timeout_s: float,
+                 default_can_wait: bool,
+                 readiness: Callable[[], Awaitable[bool]]) -> None:
+        self.router = router
+        self.pool = pool
+        self.catalog = catalog
+        self.metrics = metrics
+        self.max_request_bytes = max_request_bytes
+        self.chunk_timeout_s = chunk_timeout_s
+        self.default_can_wait = default_can_wait
+        self.readiness = readiness
+
+    def mount(self, app: FastAPI) -> None:
+        add = app.add_api_route
+        add("/", self.root, methods=["GET", "HEAD"], include_in_schema=False)
+        add("/api/version", self.version, methods=["GET", "HEAD"])
+        add("/api/tags", self.tags, methods=["GET", "HEAD"])
+        add("/api/ps", self.ps, methods=["GET"])
+        add("/api/show", self.show, methods=["POST"])
+        add("/api/chat", self.chat, methods=["POST"])
+        add("/api/generate", self.generate, methods=["POST"])
+        add("/healthz", self.healthz, methods=["GET"])
+        add("/readyz", self.readyz, methods=["GET"])
+        add("/metrics", self.prometheus, methods=["GET"])
+
+    # -- simple endpoints ------------------------------------------------------------------
+    async def root(self) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def healthz(self) -> Response:
+        return _json({"status": "ok"})
+
+    async def readyz(self) -> Response:
+        if await self.readiness():
+            return _json({"status": "ready"})
+        return _json({"status": "not ready", "reason": "no provider can take calls"}, 503)
+
+    async def prometheus(self) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def version(self) -> Response:
+        for _, client in self.pool.everything():
+            try:
+                data = await client.get_json("/api/version", 2.0)
+                return _json({"version": str(data.get("version", FALLBACK_VERSION))})
+            except UpstreamError:
+                continue
+        return _json({"version": FALLBACK_VERSION})
+
+    async def _gather(self, path: str) -> list[tuple[str, Any]]:
+        targets = self.pool.everything()
+        results = await asyncio.gather(*(c.get_json(path, 3.0) for _, c in targets),
+                                       return_exceptions=True)
+        return [(name, r) for (name, _), r in zip(targets, results, strict=True)
+                if isinstance(r, dict)]
+
+    async def tags(self) -> Response:
+        seen: dict[str, dict[str, Any]] = {}
+        for _, data in await self._gather("/api/tags"):
+            for model in data.get("models") or []:
+                seen.setdefault(str(model.get("model") or model.get("name")), model)
+        return _json({"models": list(seen.values())})
+
+    async def ps(self) -> Response:
+        models = []
+        for provider, data in await self._gather("/api/ps"):
+            for model in data.get("models") or []:
+                models.append({**model, "provider": provider})
+        return _json({"models": models})
+
+    async def show(self, request: Request) -> Response:
+        try:
+            body = wire.parse_body(await read_capped(request, self.max_request_bytes))
+            show = wire.validate(wire.ShowRequest, body)
+        except RequestTooLarge:
+            return self._too_large()
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc))
+        model = show.model or show.name
+        if not model:
+            return error_response(400, "bad-request", "field 'model': model is required")
+        holders = await self.catalog.providers_with(model)
+        candidates = [self.pool.clients[h] for h in holders] or [
+            c for _, c in self.pool.everything()]
+        last: Response | None = None
+        for client in candidates:
+            try:
+                upstream = await client.show(body)
+            except UpstreamError:
+                continue
+            last = Response(upstream.content, status_code=upstream.status_code, media_type=JSON)
+            if upstream.status_code < 400:
+                return last
+        return last or error_response(502, "upstream-failed",
+                                      "no provider answered /api/show", model)
+
+    # -- inference -------------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._infer(request, "/api/chat")
+
+    async def generate(self, request: Request) -> Response:
+        return await self._infer(request, "/api/generate")
+
+    def _too_large(self) -> Response:
+        return error_response(413, "request-too-large",
+                              f"request body exceeds the sidecar's limit of "
+                              f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)")
+
+    def call_request(self, request: Request, path: str, body: dict[str, Any],
+                     parsed: wire.OllamaInference) -> CallRequest:
+        phase = request.headers.get("x-kubemoot-phase", "mulling").strip().lower()
+        wait_header = request.headers.get("x-kubemoot-wait")
+        can_wait = self.default_can_wait if wait_header is None else \
+            wait_header.strip().lower() not in {"false", "0", "no"}
+        num_ctx = (parsed.options or {}).get("num_ctx")
+        return CallRequest(
+            path=path,
+            model=parsed.model or None,
+            phase=phase if phase in {"mulling", "triage"} else "mulling",
+            thread=request.headers.get("x-kubemoot-thread") or None,
+            can_wait=can_wait,
+            prompt_chars=prompt_chars(body),
+            num_ctx=int(num_ctx) if isinstance(num_ctx, int | float) and num_ctx > 0 else None,
+        )
+
+    async def _infer(self, request: Request, path: str) -> Response:
+        started = time.perf_counter()
+        try:
+            body = wire.parse_body(await read_capped(request, self.max_request_bytes))
+            parsed = wire.validate(wire.OllamaInference, body)
+        except RequestTooLarge:
+            return self._too_large()
+        except wire.BadRequest as exc:
+            self.metrics.refusals.labels("bad-request").inc()
+            return error_response(400, "bad-request", str(exc))
+        call = self.call_request(request, path, body, parsed)
+        decision = await self.router.route(call)
+        if isinstance(decision, Refusal):
+            self.metrics.refusals.labels(decision.reason).inc()
+            log.info("call refused", path=path, model=decision.model or call.model,
+                     reason=decision.reason, status=decision.status)
+            return refusal_response(decision)
+        self._observe(decision, call, started)
+        body["model"] = decision.model
+        return await forward(decision, path, body, parsed.stream is not False,
+                             self.chunk_timeout_s)
+
+    def _observe(self, route: Route, call: CallRequest, started: float) -> None:
+        self.metrics.placements.labels(route.placement, route.provider, route.model).inc()
+        self.metrics.in_flight.labels(route.provider).inc()
+        previous = route.on_done
+        metrics = self.metrics
+
+        async def done(outcome: Any) -> None:
+            metrics.in_flight.labels(route.provider).dec()
+            metrics.upstream_seconds.labels(route.provider).observe(outcome.seconds)
+            if not outcome.ok:
+                metrics.upstream_errors.labels(route.provider).inc()
+            log.info("call", provider=route.provider, model=route.model,
+                     placement=route.placement, evicted=list(route.evicted),
+                     waited_ms=route.waited_ms, prompt_chars=call.prompt_chars,
+                     reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
+                     error=outcome.error, seconds=round(time.perf_counter() - started, 4))
+            if previous is not None:
+                await previous(outcome)
+
+        route.on_done = done

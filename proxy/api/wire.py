@@ -1,0 +1,97 @@
+"""Wire models: validate the fields the sidecar reads, pass every other field through.
+
+Validation is strict (no coercion), so `"stream": "yes"` is a 400 that names `stream`
+rather than a surprise. Unknown fields are kept and forwarded untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class BadRequest(Exception):
+    """A client error the sidecar reports as 400 `bad-request`, naming the field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class ToolFunctionCall(_Wire):
+    name: str = ""
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class ToolCall(_Wire):
+    function: ToolFunctionCall
+
+
+class Message(_Wire):
+    role: str
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    images: list[str] | None = None
+    tool_name: str | None = None
+
+
+class OllamaInference(_Wire):
+    """Fields of /api/chat and /api/generate the sidecar needs to see."""
+
+    model: str | None = None
+    stream: bool | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: float | int | str | None = None
+    messages: list[Message] | None = None
+    tools: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    system: str | None = None
+    think: bool | Literal["low", "medium", "high", "max"] | None = None
+
+
+class OpenAIMessage(_Wire):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class OpenAIChat(_Wire):
+    model: str | None = None
+    messages: list[OpenAIMessage]
+    stream: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class ShowRequest(_Wire):
+    model: str | None = None
+    name: str | None = None
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise BadRequest("missing request body")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+W = TypeVar("W", bound=BaseModel)
+
+
+def validate(model: type[W], body: dict[str, Any]) -> W:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        raise BadRequest(f"field '{field}': {err['msg']}", field) from None

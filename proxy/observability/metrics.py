@@ -1,0 +1,51 @@
+"""Prometheus metrics. One registry per app, so several sidecars can live in one test."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+SLOW_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("kubemoot_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.placements = Counter("kubemoot_placements", "Placed calls by outcome",
+                                  ["placement", "provider", "model"], registry=r)
+        self.refusals = Counter("kubemoot_refusals", "Refused calls by reason", ["reason"],
+                                registry=r)
+        self.decision_seconds = Histogram("kubemoot_decision_seconds",
+                                          "Time to place one call (excluding waits)",
+                                          buckets=FAST_BUCKETS, registry=r)
+        self.wait_seconds = Histogram("kubemoot_wait_seconds", "Time spent waiting for a GPU",
+                                      buckets=SLOW_BUCKETS, registry=r)
+        self.ticket_claims = Counter("kubemoot_ticket_claims", "VRAM ticket claims by result",
+                                     ["result"], registry=r)
+        self.ticket_conflicts = Counter("kubemoot_ticket_conflicts",
+                                        "Compare-and-set conflicts while claiming", registry=r)
+        self.evictions = Counter("kubemoot_evictions", "Models unloaded to make room",
+                                 ["provider", "model"], registry=r)
+        self.upstream_seconds = Histogram("kubemoot_upstream_seconds",
+                                          "Duration of forwarded calls", ["provider"],
+                                          buckets=SLOW_BUCKETS, registry=r)
+        self.upstream_errors = Counter("kubemoot_upstream_errors", "Failed forwarded calls",
+                                       ["provider"], registry=r)
+        self.in_flight = Gauge("kubemoot_in_flight", "Calls in flight per provider",
+                               ["provider"], registry=r)
+        self.circuit_open = Gauge("kubemoot_circuit_open",
+                                  "1 when the provider's circuit is open or half-open",
+                                  ["provider"], registry=r)
+        self.state_age_seconds = Gauge("kubemoot_provider_state_age_seconds",
+                                       "Age of the provider state used for placement",
+                                       ["provider"], registry=r)
+        self.nats_connected = Gauge("kubemoot_nats_connected",
+                                    "1 when shared state in NATS is reachable", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,253 @@
+"""Settings: the only module that reads the environment.
+
+Every name in CONTRACT.md is a field here (prefix ``KUBEMOOT_``). A YAML file given with
+``--config`` may set the same keys (``model_model`` or ``KUBEMOOT_MODEL_MODEL``); the
+environment wins over the file, so a Deployment can override a mounted ConfigMap.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+ENV_PREFIX = "KUBEMOOT_"
+
+
+class ConfigError(Exception):
+    """Bad configuration; the message is one line that names the setting."""
+
+
+class ProviderConfig(BaseModel):
+    """One Ollama server (one GPU) the sidecar may place calls on."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    name: str = Field(min_length=1)
+    endpoint: str = Field(min_length=1)
+    total_vram_mib: int | None = Field(default=None, alias="totalVramMiB", ge=0)
+    context_length: int | None = Field(default=None, alias="contextLength", ge=0)
+    max_parallel: int = Field(default=1, alias="maxParallel", ge=1)
+    weight: float = 100.0
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class CandidateModel(BaseModel):
+    """One entry of a phase's candidate list, as the operator publishes it."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    model: str = Field(min_length=1)
+    score: float = 0.0
+    vram_mib: int | None = Field(default=None, alias="vramMib", ge=0)
+
+
+def _parse_json_or_file(value: Any, setting: str) -> Any:
+    """Inline JSON, or a path to a YAML/JSON file."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return []
+    if text[0] in "[{":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(f"is neither inline JSON nor a readable file: {text!r}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"file {text} is not valid YAML/JSON: {exc}") from exc
+
+
+_config_file: ContextVar[Path | None] = ContextVar("kubemoot_config_file", default=None)
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Values from the ``--config`` YAML file; keys with or without the env prefix."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        path = _config_file.get()
+        if path is None:
+            return {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"--config {path}: cannot read: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"--config {path}: top level must be a mapping")
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            name = str(key).lower()
+            if name.startswith(ENV_PREFIX.lower()):
+                name = name[len(ENV_PREFIX) :]
+            out[name] = value
+        return out
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    # Names from the design doc.
+    model_model: str | None = None
+    model_endpoint: str | None = None
+    model_candidates_mulling: Annotated[list[CandidateModel], NoDecode] = []
+    model_candidates_triage: Annotated[list[CandidateModel], NoDecode] = []
+    triage_model_model_id: str | None = None
+    triage_model_endpoint: str | None = None
+    model_candidate_tolerance: float = 10.0
+    discuss_gpu_wait_limit_seconds: float = 0.0
+    discuss_synthesis_timeout_seconds: float = Field(default=90.0, gt=0)
+    namespace: str = "default"
+    agent_name: str = Field(default_factory=socket.gethostname)
+    crew: str | None = None
+
+    # Settings this project adds.
+    listen: str = "127.0.0.1:11434"
+    providers: Annotated[list[ProviderConfig], NoDecode] = []
+    nats_url: str | None = None
+    nats_creds: Path | None = None
+    nats_user: str | None = None
+    nats_password: str | None = Field(default=None, repr=False)
+    nats_token: str | None = Field(default=None, repr=False)
+    nats_tls_ca: Path | None = None
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+    role: Literal["specialist", "coordinator"] = "specialist"
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    connect_timeout_seconds: float = Field(default=3.0, gt=0)
+    first_byte_timeout_seconds: float = Field(default=180.0, gt=0)
+    chunk_timeout_seconds: float = Field(default=60.0, gt=0)
+    probe_interval_seconds: float = Field(default=2.0, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("model_candidates_mulling", "model_candidates_triage", mode="before")
+    @classmethod
+    def _candidates(cls, value: Any) -> Any:
+        return _parse_json_or_file(value, "candidates")
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _providers(cls, value: Any) -> Any:
+        return _parse_json_or_file(value, "providers")
+
+    @field_validator("providers")
+    @classmethod
+    def _unique_provider_names(cls, value: list[ProviderConfig]) -> list[ProviderConfig]:
+        names = [p.name for p in value]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate provider name(s): {', '.join(duplicates)}")
+        return value
+
+    @field_validator("model_endpoint", "triage_model_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+
+    # Derived values the rest of the program asks for.
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+    @property
+    def triage_model(self) -> str | None:
+        return self.triage_model_model_id or self.model_model
+
+    @property
+    def triage_endpoint(self) -> str | None:
+        return self.triage_model_endpoint or self.model_endpoint
+
+    @property
+    def tolerance(self) -> float:
+        return max(0.0, self.model_candidate_tolerance)
+
+    @property
+    def wait_limit_seconds(self) -> float:
+        limit = self.discuss_gpu_wait_limit_seconds
+        return limit if limit > 0 else self.discuss_synthesis_timeout_seconds
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` into (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected host:port, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port is not a number in {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in {value!r}")
+    return host, port
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first error as one line naming the setting the way an operator spells it."""
+    err = exc.errors()[0]
+    loc = list(err.get("loc", ()))
+    name = f"{ENV_PREFIX}{str(loc[0]).upper()}" if loc else "settings"
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
+    message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{name}{path}: {message}"
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build Settings from env (and an optional YAML file); ConfigError on bad input."""
+    path = Path(config_file) if config_file else None
+    if path is not None and not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    token = _config_file.set(path)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from None
+    finally:
+        _config_file.reset(token)
