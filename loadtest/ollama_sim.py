@@ -17,21 +17,20 @@ import asyncio
 import contextlib
 import hashlib
 import math
-import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loadtest.serving import ThreadedServer
 from loadtest.sim_model import (
     CATALOG,
     MIB,
@@ -40,7 +39,6 @@ from loadtest.sim_model import (
     SimModel,
     demo_fleet,
     fit_to_context,
-    normalise_name,
     parse_keep_alive,
     tokens_for_text,
 )
@@ -504,7 +502,7 @@ class SimApp:
 
     async def _generate(self, runner: Runner, prompt: PromptTokens, n_tokens: int,
                         load_s: float, chat: bool, fault: Fault | None, request: Request
-                        ) -> AsyncIterator[bytes]:
+                        ) -> AsyncGenerator[bytes, None]:
         sim = self.sim
         started = time.perf_counter()
         acquired = False
@@ -566,49 +564,17 @@ def build_app(config: SimConfig) -> Starlette:
     return SimApp(OllamaSim(config)).app
 
 
-class SimServer:
-    """A simulator on a real loopback socket, in its own thread and event loop.
-
-    `stop()` closes the socket (connections are then refused); `start()` binds the same
-    port again, so tests can take a provider away and bring it back.
-    """
+class SimServer(ThreadedServer):
+    """A simulator on a real loopback socket (see ThreadedServer for stop/start)."""
 
     def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         self.config = config
-        self.host = host
-        self.port = port
         self.sim = OllamaSim(config)
-        self.app = SimApp(self.sim).app
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(SimApp(self.sim).app, host, port, name=f"sim-{config.name}")
 
     def start(self) -> SimServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                loop="asyncio")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        daemon=True, name=f"sim-{self.config.name}")
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"simulator {self.config.name} did not start")
-            time.sleep(0.005)
+        super().start()
         return self
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-        self._server = None
 
 
 def start_fleet(configs: list[SimConfig], host: str = "127.0.0.1", base_port: int = 0

@@ -143,9 +143,12 @@ def fit_to_context(prompt: PromptTokens, ctx: int) -> tuple[int, bool]:
 
 # Catalog used by the demo fleet and the tests: footprints follow SPEC-ADDENDUM's worked figures.
 CATALOG: tuple[SimModel, ...] = (
-    SimModel("qwen3:32b", disk_mib=20200, vram_mib=27000, trained_ctx=40960, parameter_size="32.8B"),
-    SimModel("qwen3:14b", disk_mib=9300, vram_mib=12224, trained_ctx=40960, parameter_size="14.8B"),
-    SimModel("qwen3:8b", disk_mib=5200, vram_mib=6000, trained_ctx=40960, parameter_size="8.2B"),
+    SimModel("qwen3:32b", disk_mib=20200, vram_mib=27000, trained_ctx=40960,
+             parameter_size="32.8B"),
+    SimModel("qwen3:14b", disk_mib=9300, vram_mib=12224, trained_ctx=40960,
+             parameter_size="14.8B"),
+    SimModel("qwen3:8b", disk_mib=5200, vram_mib=6000, trained_ctx=40960,
+             parameter_size="8.2B"),
     SimModel(
         "llama3.2:3b",
         disk_mib=1926,

@@ -96,9 +96,9 @@ class RelayStream(StreamingResponse):
             if b'"error"' in self._tail[-2048:] and b'"done":true' not in self._tail[-2048:]:
                 self._ok, self._error = False, "provider reported an error mid-stream"
         except (httpx.HTTPError, TimeoutError) as exc:
-            self._error = f"provider {self.route.provider} failed mid-stream: " + (
-                "no data for %.0f s" % self.chunk_timeout_s if isinstance(exc, TimeoutError)
-                else type(exc).__name__)
+            cause = (f"no data for {self.chunk_timeout_s:.0f} s"
+                     if isinstance(exc, TimeoutError) else type(exc).__name__)
+            self._error = f"provider {self.route.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,7 +139,8 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
         ok = upstream.status_code < 400
         # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
         healthy = upstream.status_code < 500
-        outcome = outcome_from(data, started, ok, None if ok else data[:200].decode(errors="replace"))
+        error = None if ok else data[:200].decode(errors="replace")
+        outcome = outcome_from(data, started, ok, error)
         if not ok and healthy:
             outcome = CallOutcome(True, outcome.seconds, error=outcome.error)
         await route.finish(outcome)  # before sending: a vanished client must not leak it

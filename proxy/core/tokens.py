@@ -39,7 +39,8 @@ def _tool_call_len(call: Any) -> int:
 def _tool_spec_len(tool: Any) -> int:
     if not isinstance(tool, dict):
         return 0
-    function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+    nested = tool.get("function")
+    function: dict[str, Any] = nested if isinstance(nested, dict) else tool
     return (_text_len(function.get("name")) + _text_len(function.get("description"))
             + _text_len(function.get("parameters")))
 

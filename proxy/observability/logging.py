@@ -11,6 +11,9 @@ import structlog
 def configure_logging(level: str = "info") -> None:
     numeric = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(stream=sys.stderr, level=numeric, format="%(message)s")
+    # httpx logs every request at INFO: one line per call is ours to write, not theirs.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -127,9 +127,8 @@ class ModelCatalog:
                 *(self.pool.clients[n].get_json("/api/tags", 2.0) for n in names),
                 return_exceptions=True)
             for name, result in zip(names, results, strict=True):
-                ok = isinstance(result, dict)
-                self._reachable[name] = ok
-                if ok:
+                self._reachable[name] = isinstance(result, dict)
+                if isinstance(result, dict):
                     self._models[name] = {
                         str(m.get("model") or m.get("name")) for m in result.get("models") or []
                     }

@@ -1,0 +1,31 @@
+# The two commands of the README, and the checks around them.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install dev lint bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+
+dev: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+# Command 1: the sidecar in front of a simulated 3-GPU fleet, embedded state.
+demo: install
+	$(BIN)/kubemoot-proxy serve --demo
+
+# Command 2: dev dependencies, lint, types, tests.
+test: dev lint
+	$(BIN)/pytest
+
+lint:
+	$(BIN)/ruff check proxy loadtest tests
+	$(BIN)/mypy
+
+bench: dev
+	$(BIN)/python -m loadtest.relay_bench

@@ -1,0 +1,103 @@
+"""A closed-loop load generator and the process plumbing the benchmarks share.
+
+Each worker sends one call, waits for it, sends the next. Non-streaming calls are timed to
+the last byte; streaming calls to the first chunk (time to first token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+BODY = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+@dataclass(frozen=True)
+class Sample:
+    p50_ms: float
+    p99_ms: float
+    calls: int
+    errors: int
+
+    def row(self) -> str:
+        return f"{self.p50_ms:8.2f} {self.p99_ms:8.2f}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def run_load(url: str, concurrency: int, calls_per_worker: int, stream: bool,
+                   body: dict[str, object] | None = None, path: str = "/api/chat") -> Sample:
+    payload = dict(body or BODY)
+    payload["stream"] = stream
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal errors
+            for _ in range(calls_per_worker):
+                started = time.perf_counter()
+                try:
+                    async with client.stream("POST", path, json=payload) as response:
+                        if stream:
+                            first = True
+                            async for _chunk in response.aiter_raw():
+                                if first:
+                                    latencies.append(time.perf_counter() - started)
+                                    first = False
+                        else:
+                            await response.aread()
+                            latencies.append(time.perf_counter() - started)
+                        if response.status_code != 200:
+                            errors += 1
+                except httpx.HTTPError:
+                    errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    ms = [x * 1000 for x in latencies]
+    return Sample(percentile(ms, 0.5), percentile(ms, 0.99), len(ms), errors)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.Popen([sys.executable, *args], env=full_env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
+
+
+def wait_http(url: str, deadline_s: float = 20.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -1,0 +1,77 @@
+"""Added latency of the sidecar against calling the simulator directly.
+
+One simulator process, one sidecar process, this process as the load generator. For each
+concurrency level the same generator runs direct and through the sidecar, alternating
+rounds so drift hits both alike; the added figure is the difference of the medians.
+
+    python -m loadtest.relay_bench [--calls 400] [--rounds 3] [--nats]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+
+from loadtest.loadgen import median, run_load, spawn, stop, wait_http
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=400, help="calls per level and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--levels", default="1,8,32")
+    parser.add_argument("--tokens-per-s", type=float, default=400.0)
+    parser.add_argument("--extra-env", default="{}", help="JSON env for the sidecar")
+    args = parser.parse_args(argv)
+
+    sim_port, proxy_port = free_port(), free_port()
+    sim = spawn(["-m", "loadtest.ollama_sim", "--port", str(sim_port), "--parallel", "64",
+                 "--vram", "24564", "--tokens-per-s", str(args.tokens_per_s)])
+    direct = f"http://127.0.0.1:{sim_port}"
+    providers = [{"name": "gpu", "endpoint": direct, "totalVramMiB": 24564, "maxParallel": 64,
+                  "contextLength": 32768}]
+    env = {"KUBEMOOT_PROVIDERS": json.dumps(providers), "KUBEMOOT_MODEL_MODEL": "qwen3:8b",
+           "KUBEMOOT_LISTEN": f"127.0.0.1:{proxy_port}", **json.loads(args.extra_env)}
+    sidecar = spawn(["-m", "proxy", "serve"], env)
+    proxied = f"http://127.0.0.1:{proxy_port}"
+    try:
+        wait_http(direct)
+        wait_http(proxied + "/healthz")
+        asyncio.run(run_load(proxied, 4, 20, False))  # warm: model loaded, pools open
+        print(f"# sidecar relay overhead, {args.calls} calls x {args.rounds} rounds per cell;"
+              " ms")
+        print("mode        conc  direct_p50 direct_p99  proxy_p50 proxy_p99  added_p50 "
+              "added_p99")
+        for stream in (False, True):
+            for level in (int(x) for x in args.levels.split(",")):
+                per_worker = max(1, args.calls // level)
+                d50, d99, p50, p99 = [], [], [], []
+                for _ in range(args.rounds):
+                    d = asyncio.run(run_load(direct, level, per_worker, stream))
+                    p = asyncio.run(run_load(proxied, level, per_worker, stream))
+                    d50.append(d.p50_ms)
+                    d99.append(d.p99_ms)
+                    p50.append(p.p50_ms)
+                    p99.append(p.p99_ms)
+                    if d.errors or p.errors:
+                        print(f"# errors: direct {d.errors}, proxy {p.errors}")
+                mode = "stream-ttft" if stream else "non-stream"
+                print(f"{mode:<11} {level:>4}  {median(d50):10.2f} {median(d99):10.2f} "
+                      f"{median(p50):10.2f} {median(p99):9.2f} "
+                      f"{median(p50) - median(d50):10.2f} {median(p99) - median(d99):9.2f}",
+                      flush=True)
+    finally:
+        stop(sidecar)
+        stop(sim)
+
+
+if __name__ == "__main__":
+    main()

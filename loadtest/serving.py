@@ -1,0 +1,52 @@
+"""Run an ASGI app on a real loopback socket in a background thread (tests, demo, benchmarks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class ThreadedServer:
+    """`start()` binds (port 0 picks a free one) and returns once serving; `stop()` closes
+    the socket, so connections are refused until `start()` binds the same port again."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, name: str = "server"
+                 ) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.name = name
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ThreadedServer:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False,
+                                lifespan="auto", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        daemon=True, name=self.name)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"{self.name} did not start")
+            time.sleep(0.005)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        self._server = None

@@ -1,0 +1,81 @@
+"""The weighted cost, in expected seconds before the call can start (lowest wins).
+
+Physical terms: queue wait at a copy (slot arithmetic over the latency EMA), load time
+(footprint / load speed), remaining load of a copy being loaded. Weights scaled to seconds:
+best fit, contention, reliability, spill and the policy's phase-aware provider weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxy.core.occupancy import ProviderIndex
+from proxy.core.policy import Policy
+from proxy.core.types import ProviderHealth, Snapshot
+
+NO_HEALTH = ProviderHealth()
+
+
+def call_seconds(provider: str, health: Mapping[str, ProviderHealth], policy: Policy) -> float:
+    latency = health.get(provider, NO_HEALTH).latency_ema_s
+    return latency if latency else policy.default_call_s
+
+
+def load_seconds(mib: int | None, snapshot: Snapshot, policy: Policy) -> float:
+    speed = snapshot.load_mib_per_s or policy.load_mib_per_s
+    return (mib or 0) / speed
+
+
+def queue_wait_s(index: ProviderIndex, model: str, now: float, call_s: float) -> float:
+    """0 with a free slot; else the soonest in-flight call's remaining time plus one call
+    time per call queued beyond the slots, spread across the slots."""
+    calls = [t for t in index.tickets if t.model == model]
+    slots = max(index.view.max_parallel, 1)
+    if len(calls) < slots:
+        return 0.0
+    soonest = min(max(0.0, call_s - (now - t.started_at)) for t in calls)
+    beyond = len(calls) - slots
+    return soonest + beyond * call_s / slots
+
+
+def remaining_load_s(index: ProviderIndex, model: str, occupancy: int | None,
+                     snapshot: Snapshot, policy: Policy) -> float:
+    ticket = index.loading.get(model)
+    if ticket is None:
+        return 0.0
+    total = load_seconds(occupancy or ticket.footprint_mib, snapshot, policy)
+    return max(0.0, total - (snapshot.now - ticket.started_at))
+
+
+def shared_terms(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy,
+                 phase: str) -> dict[str, float]:
+    """Terms every placement on this card pays, warm or cold."""
+    health = snapshot.health.get(index.name, NO_HEALTH)
+    others = index.active_calls - index.calls_by_model.get(model, 0)
+    terms = {"contention": policy.contention_s * others}
+    if health.success_rate is not None:
+        terms["reliability"] = policy.reliability_s * (1.0 - health.success_rate)
+    sign = -1.0 if phase == "mulling" else 1.0
+    terms["provider_weight"] = sign * policy.provider_weight_s * index.view.weight
+    return terms
+
+
+def warm_terms(index: ProviderIndex, model: str, occupancy: int | None, snapshot: Snapshot,
+               policy: Policy, phase: str) -> dict[str, float]:
+    call_s = call_seconds(index.name, snapshot.health, policy)
+    terms = {"queue": queue_wait_s(index, model, snapshot.now, call_s)}
+    if index.is_loading(model):
+        terms["load"] = remaining_load_s(index, model, occupancy, snapshot, policy)
+    terms.update(shared_terms(index, model, snapshot, policy, phase))
+    return terms
+
+
+def cold_terms(index: ProviderIndex, model: str, occupancy: int | None, snapshot: Snapshot,
+               policy: Policy, phase: str) -> dict[str, float]:
+    terms = {"load": load_seconds(occupancy, snapshot, policy)}
+    if index.usable_mib is not None and occupancy:
+        terms["best_fit"] = policy.best_fit_s * (index.usable_mib - occupancy) / occupancy
+    if index.spills():
+        terms["spill"] = policy.spill_s
+    terms.update(shared_terms(index, model, snapshot, policy, phase))
+    return terms

@@ -1,0 +1,87 @@
+"""Small pure state machines per provider: a circuit breaker and latency/success averages.
+
+Each `record` returns the next state; the clock's "now" is passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.core.types import Circuit
+
+FAILURES_TO_OPEN = 3
+FAILURE_WINDOW_S = 120.0
+OPEN_FOR_S = 60.0
+LATENCY_ALPHA = 0.4
+SUCCESS_ALPHA = 0.3
+SUCCESS_MIN_SAMPLES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    """closed --3 failures in 120 s--> open --60 s--> half-open --ok--> closed / --fail--> open."""
+
+    failures: tuple[float, ...] = ()
+    opened_at: float | None = None
+    trial: bool = False  # half-open: a trial call is out
+
+    def state(self, now: float) -> Circuit:
+        if self.opened_at is None:
+            return Circuit.CLOSED
+        if now - self.opened_at < OPEN_FOR_S:
+            return Circuit.OPEN
+        return Circuit.HALF_OPEN
+
+    def allows(self, now: float) -> bool:
+        """Closed, or half-open with no trial call out yet."""
+        state = self.state(now)
+        return state is Circuit.CLOSED or (state is Circuit.HALF_OPEN and not self.trial)
+
+    def start_trial(self, now: float) -> Breaker:
+        if self.state(now) is Circuit.HALF_OPEN:
+            return Breaker(self.failures, self.opened_at, trial=True)
+        return self
+
+    def record(self, ok: bool, now: float) -> Breaker:
+        state = self.state(now)
+        if ok:
+            if state is Circuit.CLOSED:
+                return self
+            return Breaker()  # half-open success clears
+        if state is Circuit.HALF_OPEN:
+            return Breaker((now,), opened_at=now)  # one more failure reopens
+        if state is Circuit.OPEN:
+            return self
+        recent = (*(t for t in self.failures if now - t < FAILURE_WINDOW_S), now)
+        if len(recent) >= FAILURES_TO_OPEN:
+            return Breaker(recent, opened_at=now)
+        return Breaker(recent)
+
+
+@dataclass(frozen=True, slots=True)
+class Ema:
+    value: float | None = None
+    samples: int = 0
+
+    def add(self, sample: float, alpha: float) -> Ema:
+        if self.value is None:
+            return Ema(sample, 1)
+        return Ema(alpha * sample + (1 - alpha) * self.value, self.samples + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderStats:
+    breaker: Breaker = Breaker()
+    latency: Ema = Ema()
+    success: Ema = Ema()
+
+    def record(self, ok: bool, seconds: float, now: float) -> ProviderStats:
+        latency = self.latency.add(seconds, LATENCY_ALPHA) if ok else self.latency
+        return ProviderStats(self.breaker.record(ok, now), latency,
+                             self.success.add(1.0 if ok else 0.0, SUCCESS_ALPHA))
+
+    @property
+    def success_rate(self) -> float | None:
+        if self.success.samples < SUCCESS_MIN_SAMPLES:
+            return None
+        return self.success.value

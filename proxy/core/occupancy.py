@@ -1,0 +1,149 @@
+"""Memory arithmetic: what a model occupies, and what a provider has left.
+
+`ProviderIndex` folds one provider's residents and active tickets into the figures every
+filter and cost reads, once per placement rather than once per candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from proxy.core.policy import Policy
+from proxy.core.types import Candidate, ProviderView, Resident, Snapshot, Ticket
+
+
+def occupancy_mib(model: str, snapshot: Snapshot, policy: Policy,
+                  declared: int | None = None) -> int | None:
+    """Observed footprint (any GPU), else declared vramMib, else on-disk x factor, else None."""
+    observed = snapshot.observed_footprints.get(model)
+    if observed:
+        return observed
+    for provider in snapshot.providers:
+        for resident in provider.residents:
+            if resident.model == model and resident.footprint_mib:
+                return resident.footprint_mib
+    if declared:
+        return declared
+    for provider in snapshot.providers:
+        disk = provider.disk_mib.get(model)
+        if disk:
+            return int(disk * policy.disk_to_vram_factor)
+    return None
+
+
+def candidate_occupancy(candidate: Candidate, snapshot: Snapshot, policy: Policy) -> int | None:
+    return occupancy_mib(candidate.model, snapshot, policy, candidate.vram_mib)
+
+
+@dataclass(slots=True)
+class ProviderIndex:
+    """A provider's residents and active tickets, pre-digested."""
+
+    view: ProviderView
+    usable_mib: int | None
+    residents: dict[str, Resident]
+    resident_mib: int
+    tickets: list[Ticket] = field(default_factory=list)
+    calls_by_model: dict[str, int] = field(default_factory=dict)
+    loading: dict[str, Ticket] = field(default_factory=dict)  # model -> earliest loading ticket
+    loading_mib: int = 0  # memory claimed by loads not yet resident
+    planned_victims: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+    @property
+    def active_calls(self) -> int:
+        return len(self.tickets)
+
+    def free_mib(self) -> int | None:
+        """Usable memory beside residents and loads in flight; None when unknown."""
+        if self.usable_mib is None:
+            return None
+        return self.usable_mib - self.resident_mib - self.loading_mib
+
+    def is_warm(self, model: str) -> bool:
+        """Resident and not planned for eviction by another ticket."""
+        return model in self.residents and model not in self.planned_victims
+
+    def is_loading(self, model: str) -> bool:
+        return model in self.loading and model not in self.planned_victims
+
+    def free_slots(self, model: str) -> int:
+        return self.view.max_parallel - self.calls_by_model.get(model, 0)
+
+    def context_for(self, model: str) -> int:
+        """The loaded copy's context, else the configured one; 0 means unknown."""
+        resident = self.residents.get(model)
+        if resident is not None and resident.context_length:
+            return resident.context_length
+        return self.view.context_length
+
+    def spills(self) -> bool:
+        return self.usable_mib is not None and self.resident_mib > self.usable_mib
+
+
+def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:
+    out: dict[str, ProviderIndex] = {}
+    for view in snapshot.providers:
+        residents = {r.model: r for r in view.residents}
+        usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
+        out[view.name] = ProviderIndex(view, usable, residents,
+                                       sum(r.footprint_mib for r in view.residents))
+    for ticket in snapshot.tickets:
+        index = out.get(ticket.provider)
+        if index is None or ticket.expires_at <= snapshot.now:
+            continue
+        index.tickets.append(ticket)
+        index.calls_by_model[ticket.model] = index.calls_by_model.get(ticket.model, 0) + 1
+        for victim, mib in ticket.evicts.items():
+            index.planned_victims.setdefault(victim, mib)
+        if ticket.cold and ticket.model not in index.residents:
+            earliest = index.loading.get(ticket.model)
+            if earliest is None or ticket.started_at < earliest.started_at:
+                index.loading[ticket.model] = ticket
+            index.loading_mib += ticket.footprint_mib
+    return out
+
+
+def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
+                     policy: Policy) -> tuple[bool, str]:
+    """The claim-first budget (SPEC-ADDENDUM §3), checked against one provider's tickets.
+
+    sum(active footprints) + this one <= (total - residents) + credit. A cold ticket counts its
+    full footprint only while its model is not resident yet (after that the residents carry
+    it); the credit counts each distinct planned victim once, only while still resident.
+    A claim whose planned victim picked up in-flight work is refused.
+    """
+    if view.total_vram_mib is None:
+        return True, "provider publishes no VRAM total"
+    residents = {r.model: r.footprint_mib for r in view.residents}
+    live = [t for t in tickets if t.expires_at > new.started_at and t.ticket_id != new.ticket_id]
+    busy = {t.model for t in live}
+    for victim in new.evicts:
+        if victim in busy:
+            return False, f"planned victim {victim} has in-flight work"
+    victims: dict[str, int] = {}
+    for ticket in [*live, new]:
+        for victim in ticket.evicts:
+            if victim in residents:
+                victims[victim] = residents[victim]
+    credit = sum(victims.values())
+
+    def counted(t: Ticket) -> int:
+        if t.cold and t.model not in residents:
+            return t.footprint_mib
+        return min(t.footprint_mib, policy.warm_scratch_mib)
+
+    spent = sum(counted(t) for t in live) + counted(new)
+    headroom = view.total_vram_mib - sum(residents.values()) + credit
+    if spent <= headroom:
+        return True, f"{spent} MiB claimed of {headroom} MiB"
+    return False, f"{spent} MiB would exceed {headroom} MiB"
+
+
+def planned_victims(indexes: Mapping[str, ProviderIndex], provider: str) -> Mapping[str, int]:
+    index = indexes.get(provider)
+    return index.planned_victims if index else {}

@@ -1,0 +1,214 @@
+"""CallPlanner.place: the five steps of "Candidate models per call", then refusal or wait.
+
+1. a warm copy of the preferred model with a free slot;
+2. a warm copy with a free slot of an in-tolerance candidate, highest score first;
+3. a copy another call is loading right now, of any in-tolerance candidate;
+4. the full weighted cost for the preferred model: queue at a warm copy, or cold-load onto
+   free room (only when a cold load is possible at all);
+5. otherwise classify: model-too-large, prompt-too-large, or busy; when busy, queue or
+   unload (an unload wins only when cheaper than queueing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from proxy.core.cost import cold_terms, warm_terms
+from proxy.core.feasibility import Fit, check
+from proxy.core.occupancy import ProviderIndex, candidate_occupancy, index_providers
+from proxy.core.policy import DEFAULT_POLICY, Policy
+from proxy.core.queueing import queue_option, queue_wins, unload_option
+from proxy.core.types import (
+    CallSpec,
+    Candidate,
+    Decision,
+    Placement,
+    PlacementKind,
+    Snapshot,
+    Verdict,
+)
+
+
+def in_tolerance(call: CallSpec) -> list[Candidate]:
+    """Other candidates within the tolerance of the preferred score, highest score first."""
+    floor = call.preferred.score - max(0.0, call.tolerance)
+    others = [c for c in call.candidates[1:]
+              if c.score >= floor and c.model != call.preferred.model]
+    return sorted(others, key=lambda c: -c.score)
+
+
+class _Planner:
+    """One placement's working state: indexes and occupancies computed once."""
+
+    def __init__(self, call: CallSpec, snapshot: Snapshot, policy: Policy) -> None:
+        self.call = call
+        self.snapshot = snapshot
+        self.policy = policy
+        self.indexes = index_providers(snapshot, policy)
+        self.alternatives = in_tolerance(call)
+        self.acceptable = [call.preferred, *self.alternatives]
+        self.occupancy = {c.model: candidate_occupancy(c, snapshot, policy)
+                          for c in self.acceptable}
+        self.needed = call.needed_context
+
+    def fit(self, index: ProviderIndex, model: str) -> Fit:
+        return check(index, model, self.occupancy.get(model), self.needed, self.snapshot.health)
+
+    def verdict(self, index: ProviderIndex, model: str) -> Verdict:
+        fit = self.fit(index, model)
+        if not fit.ok:
+            return Verdict(index.name, model, False, fit.reason)
+        make_terms = warm_terms if (fit.warm or fit.loading) else cold_terms
+        terms = make_terms(index, model, self.occupancy.get(model), self.snapshot, self.policy,
+                           self.call.phase)
+        return Verdict(index.name, model, True, fit.reason, terms)
+
+    def placement(self, verdict: Verdict, kind: PlacementKind, step: int) -> Placement:
+        model = verdict.model
+        cold = kind == "cold"
+        occupancy = self.occupancy.get(model)
+        footprint = (occupancy or self.policy.warm_scratch_mib) if cold else \
+            self.policy.warm_scratch_mib
+        return Placement(verdict.provider, model, kind, step, footprint, verdict.cost_s,
+                         context_length=self.indexes[verdict.provider].context_for(model))
+
+    def copy_with_room(self, model: str, step: int, loading_only: bool = False
+                       ) -> Placement | None:
+        """Steps 1-2: a warm (or loading) copy with a free slot; step 3: a loading copy."""
+        best: Verdict | None = None
+        for index in self.indexes.values():
+            if loading_only:
+                eligible = index.is_loading(model)
+            else:
+                eligible = (index.is_warm(model) or index.is_loading(model)) and \
+                    index.free_slots(model) > 0
+            if not eligible:
+                continue
+            verdict = self.verdict(index, model)
+            if verdict.feasible and (best is None or _better(verdict, best)):
+                best = verdict
+        if best is None:
+            return None
+        kind: PlacementKind = "warm" if self.indexes[best.provider].is_warm(model) else "loading"
+        return self.placement(best, kind, step)
+
+    def weighted(self, verdicts: Iterable[Verdict]) -> Placement | None:
+        """Step 4: only when a cold load onto free room is possible at all."""
+        feasible = [v for v in verdicts if v.feasible]
+        if not any(v.reason.startswith(("fits", "fit unknown")) for v in feasible):
+            return None
+        best = min(feasible, key=lambda v: (v.cost_s, v.provider))
+        index = self.indexes[best.provider]
+        if index.is_warm(best.model) or index.is_loading(best.model):
+            kind: PlacementKind = "queued" if index.free_slots(best.model) <= 0 else (
+                "warm" if index.is_warm(best.model) else "loading")
+        else:
+            kind = "cold"
+        return self.placement(best, kind, 4)
+
+    def classify(self, verdicts: list[Verdict]) -> tuple[str, str] | None:
+        """model-too-large, prompt-too-large, or None (busy)."""
+        preferred = self.call.preferred.model
+        occupancy = self.occupancy.get(preferred)
+        known = [i for i in self.indexes.values() if i.usable_mib is not None]
+        if occupancy is not None and self.indexes and len(known) == len(self.indexes) and all(
+                occupancy > i.usable_mib for i in known if i.usable_mib is not None):
+            largest = max(i.usable_mib or 0 for i in known)
+            return "model-too-large", (
+                f"No GPU can hold {preferred}: it needs {occupancy} MiB and the largest card "
+                f"has {largest} MiB usable; add a smaller model to the candidates or a larger GPU.")
+        could_hold = False
+        for candidate in self.acceptable:
+            occ = self.occupancy.get(candidate.model)
+            for index in self.indexes.values():
+                if index.usable_mib is not None and occ is not None and occ > index.usable_mib:
+                    continue
+                could_hold = True
+                ctx = index.context_for(candidate.model)
+                if not ctx or self.needed <= ctx:
+                    return None
+        if not could_hold:
+            return None
+        largest_ctx = max(i.context_for(c.model) for i in self.indexes.values()
+                          for c in self.acceptable)
+        return "prompt-too-large", (
+            f"The prompt needs about {self.needed} tokens but the largest context any GPU gives "
+            f"an acceptable model is {largest_ctx} tokens; raise OLLAMA_CONTEXT_LENGTH on a "
+            f"provider or shorten the prompt.")
+
+    def place(self) -> Decision:
+        preferred = self.call.preferred.model
+        if not self.indexes:
+            return Decision("wait", None, "no provider is known")
+        # Steps 1-3: copies that cost no load.
+        hit = self.copy_with_room(preferred, 1)
+        for candidate in self.alternatives:
+            if hit is not None:
+                break
+            hit = self.copy_with_room(candidate.model, 2)
+        for candidate in self.acceptable:
+            if hit is not None:
+                break
+            hit = self.copy_with_room(candidate.model, 3, loading_only=True)
+        verdicts = [self.verdict(i, preferred) for i in self.indexes.values()]
+        if hit is not None:
+            return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}",
+                            tuple(verdicts))
+        # Step 4: the weighted cost for the preferred model.
+        hit = self.weighted(verdicts)
+        if hit is not None:
+            return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}",
+                            tuple(verdicts))
+        refusal = self.classify(verdicts)
+        if refusal is not None:
+            outcome, sentence = refusal
+            return Decision(outcome, None, sentence, tuple(verdicts))  # type: ignore[arg-type]
+        return self.queue_or_unload(verdicts)
+
+    def queue_or_unload(self, verdicts: list[Verdict]) -> Decision:
+        preferred = self.call.preferred.model
+        queue = queue_option(self.indexes.values(), [c.model for c in self.acceptable],
+                             self.occupancy, self.needed, self.snapshot, self.policy)
+        unload = unload_option(self.indexes.values(), preferred, self.occupancy.get(preferred),
+                               self.needed, self.snapshot, self.policy)
+        choice = queue_wins(queue, unload)
+        queue_s = queue.wait_s if queue else None
+        unload_s = unload.cost_s if unload else None
+        if choice is False and unload is not None:
+            occupancy = self.occupancy.get(preferred) or self.policy.warm_scratch_mib
+            placement = Placement(
+                unload.provider, preferred, "evict", 5, occupancy, unload.cost_s,
+                {v.model: v.footprint_mib for v in unload.victims},
+                self.indexes[unload.provider].context_for(preferred))
+            victims = ", ".join(v.model for v in unload.victims)
+            return Decision("placed", placement,
+                            f"step 5: unloading {victims} on {unload.provider} "
+                            f"({unload.cost_s:.1f} s) beats queueing "
+                            f"({'none' if queue is None else f'{queue.wait_s:.1f} s'})",
+                            tuple(verdicts), queue_s, unload_s)
+        if choice is True and queue is not None:
+            reason = (f"busy: queue for {queue.model} on {queue.provider} ({queue.wait_s:.1f} s)"
+                      f" is no worse than unloading "
+                      f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
+        else:
+            reason = ("busy: every card that could hold the model is full of work; "
+                      "waiting for memory")
+        return Decision("wait", None, reason, tuple(verdicts), queue_s, unload_s)
+
+
+def _better(a: Verdict, b: Verdict) -> bool:
+    return (a.cost_s, a.provider) < (b.cost_s, b.provider)
+
+
+def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Decision:
+    """Pure and deterministic: the same inputs always give the same decision."""
+    return _Planner(call, snapshot, policy).place()
+
+
+def explain(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY
+            ) -> tuple[Decision, tuple[Verdict, ...]]:
+    """The decision plus every provider's verdict for every acceptable model."""
+    planner = _Planner(call, snapshot, policy)
+    verdicts = tuple(planner.verdict(i, c.model) for c in planner.acceptable
+                     for i in planner.indexes.values())
+    return planner.place(), verdicts

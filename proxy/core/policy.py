@@ -1,0 +1,43 @@
+"""Every weight of the placement in one frozen object, with its default and its unit.
+
+Costs are expected seconds before the call can start wherever a physical meaning exists
+(queue wait, load, unload, reload); the few terms without a unit are weights scaled to
+seconds so they only break near-ties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    # Memory (SPEC-ADDENDUM §3).
+    reserve_min_mib: int = 2048  # CUDA context, fragmentation, runtime overhead ...
+    reserve_fraction: float = 0.12  # ... whichever is larger
+    disk_to_vram_factor: float = 1.2  # occupancy guess from the on-disk size
+    warm_scratch_mib: int = 512  # what a call sharing a loaded copy claims
+
+    # Time (seconds).
+    load_mib_per_s: float = 1024.0  # Ollama loads ~1 GiB/s; learned from load_duration
+    unload_s: float = 1.0  # keep_alive:0 round trip plus the driver giving memory back
+    default_call_s: float = 30.0  # call time before any latency was observed
+
+    # Weights without a physical unit, in seconds-equivalent.
+    best_fit_s: float = 0.25  # x (usable - footprint) / footprint: small models, small cards
+    contention_s: float = 0.5  # per call already running on the card (compute is shared)
+    reliability_s: float = 10.0  # x (1 - success rate)
+    spill_s: float = 20.0  # residents published beyond usable VRAM
+    provider_weight_s: float = 0.01  # per point of provider weight: mulling -, triage +
+
+    # Victims.
+    max_victim_candidates: int = 10
+
+    def reserve_mib(self, total_mib: int) -> int:
+        return max(self.reserve_min_mib, int(total_mib * self.reserve_fraction))
+
+    def usable_mib(self, total_mib: int) -> int:
+        return total_mib - self.reserve_mib(total_mib)
+
+
+DEFAULT_POLICY = Policy()

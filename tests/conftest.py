@@ -1,0 +1,65 @@
+"""Shared fixtures: simulated Ollama servers and sidecars on real loopback sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from loadtest.sim_model import CATALOG, SimConfig
+from proxy.app import build_app
+from proxy.settings import load_settings
+
+FAST = 0.002  # simulated seconds -> real seconds
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests see only the settings they set."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("KUBEMOOT_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def sim_factory() -> Iterator[Callable[..., SimServer]]:
+    servers: list[SimServer] = []
+
+    def make(name: str = "gpu", **config: Any) -> SimServer:
+        config.setdefault("models", CATALOG)
+        config.setdefault("time_scale", FAST)
+        server = SimServer(SimConfig(name=name, **config)).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def provider_entry(server: SimServer, **extra: Any) -> dict[str, Any]:
+    cfg = server.config
+    return {"name": cfg.name, "endpoint": server.url, "totalVramMiB": cfg.total_vram_mib,
+            "contextLength": cfg.default_context(), "maxParallel": cfg.num_parallel, **extra}
+
+
+@pytest.fixture
+def sidecar_factory() -> Iterator[Callable[..., ThreadedServer]]:
+    servers: list[ThreadedServer] = []
+
+    def make(providers: list[SimServer] | None = None, **overrides: Any) -> ThreadedServer:
+        if providers is not None:
+            overrides.setdefault("providers", [provider_entry(s) for s in providers])
+        settings = load_settings(**overrides)
+        server = ThreadedServer(build_app(settings), name="sidecar").start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

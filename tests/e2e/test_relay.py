@@ -1,0 +1,193 @@
+"""The official `ollama` client talks to the sidecar, which talks to simulators on loopback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import ollama
+import pytest
+
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from loadtest.sim_model import CATALOG
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+HI = [{"role": "user", "content": "hello there"}]
+
+
+@pytest.fixture
+def fleet(sim_factory: Sims) -> list[SimServer]:
+    return [sim_factory("gpu-a", total_vram_mib=24564, models=CATALOG[1:3]),
+            sim_factory("gpu-b", total_vram_mib=16376, models=CATALOG[2:4])]
+
+
+@pytest.fixture
+def client(fleet: list[SimServer], sidecar_factory: Sidecars) -> ollama.Client:
+    return ollama.Client(host=sidecar_factory(fleet).url)
+
+
+def test_chat_non_streaming(client: ollama.Client) -> None:
+    reply = client.chat(model="qwen3:8b", messages=HI)
+    assert reply.done and reply.model == "qwen3:8b"
+    assert reply.message.content.startswith("the answer")
+    assert reply.prompt_eval_count and reply.eval_count == 16
+
+
+def test_chat_streams_chunk_by_chunk(client: ollama.Client) -> None:
+    chunks = list(client.chat(model="qwen3:8b", messages=HI, stream=True))
+    assert len(chunks) == 17
+    assert not chunks[0].done and chunks[-1].done and chunks[-1].eval_count == 16
+
+
+def test_generate_both_ways(client: ollama.Client) -> None:
+    assert client.generate(model="qwen3:8b", prompt="hi").response.startswith("the answer")
+    parts = list(client.generate(model="qwen3:8b", prompt="hi", stream=True))
+    assert parts[-1].done and parts[-1].context == [1, 2, 3]
+
+
+def test_list_is_the_union_of_providers(client: ollama.Client) -> None:
+    names = sorted(m.model for m in client.list().models if m.model)
+    assert names == ["llama3.2:3b", "qwen3:14b", "qwen3:8b"]
+
+
+def test_ps_and_show(client: ollama.Client, fleet: list[SimServer]) -> None:
+    client.chat(model="llama3.2:3b", messages=HI)  # only gpu-b has it
+    running = client.ps().models
+    assert [m.model for m in running] == ["llama3.2:3b"]
+    assert running[0].size_vram and running[0].context_length
+    raw = httpx.get(client._client.base_url.join("/api/ps")).json()  # type: ignore[attr-defined]
+    assert raw["models"][0]["provider"] == "gpu-b"
+    shown = client.show("qwen3:14b")
+    assert shown.modelinfo and shown.modelinfo["qwen3.context_length"] == 40960
+
+
+def test_unknown_model_is_ollamas_404(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as info:
+        client.chat(model="no-such-model:1b", messages=HI)
+    assert info.value.status_code == 404 and "not found" in info.value.error
+    with pytest.raises(ollama.ResponseError) as shown:
+        client.show("no-such-model:1b")
+    assert shown.value.status_code == 404
+
+
+def test_response_headers_say_where_it_ran(fleet: list[SimServer],
+                                           sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory(fleet).url
+    r = httpx.post(f"{url}/api/chat", json={"model": "llama3.2:3b", "messages": HI,
+                                            "stream": False})
+    assert r.status_code == 200
+    assert r.headers["x-kubemoot-provider"] == "gpu-b"
+    assert r.headers["x-kubemoot-model"] == "llama3.2:3b"
+    assert r.headers["x-kubemoot-placement"]
+    assert r.json()["model"] == "llama3.2:3b"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (b'{"model": 7, "messages": []}', "model"),
+        (b'{"model": "qwen3:8b", "messages": [{"role": "user", "content": 5}]}',
+         "messages.0.content"),
+        (b'{"model": "qwen3:8b", "messages": [], "stream": "yes"}', "stream"),
+        (b'{"model": "qwen3:8b", "messages": [], "options": []}', "options"),
+    ],
+)
+def test_malformed_body_is_400_naming_the_field(body: bytes, field: str | None,
+                                                fleet: list[SimServer],
+                                                sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory(fleet).url
+    r = httpx.post(f"{url}/api/chat", content=body)
+    assert r.status_code == 400
+    data = r.json()
+    assert data["reason"] == "bad-request" and data["error"]
+    if field:
+        assert f"'{field}'" in data["error"]
+    assert sum(s.sim.stats.requests for s in fleet) == 0  # nothing reached a GPU
+
+
+def test_body_over_the_cap_is_413(fleet: list[SimServer], sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory(fleet, max_request_bytes=1000).url
+    big = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "x" * 2000}]}
+    r = httpx.post(f"{url}/api/chat", json=big)
+    assert r.status_code == 413 and r.json()["reason"] == "request-too-large"
+
+
+def test_mid_stream_failure_ends_with_an_error_line(fleet: list[SimServer],
+                                                    sidecar_factory: Sidecars) -> None:
+    fleet[0].sim.fault.mode, fleet[0].sim.fault.count = "midstream", 1
+    client = ollama.Client(host=sidecar_factory(fleet).url)
+    seen = []
+    with pytest.raises(ollama.ResponseError) as info:
+        for chunk in client.chat(model="qwen3:14b", messages=HI, stream=True):
+            seen.append(chunk.message.content)
+    assert seen == ["the ", "answer "]
+    assert "failed mid-stream" in info.value.error
+
+
+def test_mid_stream_error_line_is_ndjson_with_reason(fleet: list[SimServer],
+                                                     sidecar_factory: Sidecars) -> None:
+    fleet[0].sim.fault.mode, fleet[0].sim.fault.count = "midstream", 1
+    url = sidecar_factory(fleet).url
+    with httpx.stream("POST", f"{url}/api/chat", json={"model": "qwen3:14b", "messages": HI}
+                      ) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200
+    assert '"reason":"upstream-failed"' in lines[-1] and len(lines) == 3
+
+
+def test_provider_down_before_any_byte_is_502(fleet: list[SimServer],
+                                              sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory(fleet).url
+    httpx.get(f"{url}/api/tags")  # catalog learns who has what
+    fleet[0].stop()
+    r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:14b", "messages": HI})
+    assert r.status_code == 502 and r.json()["reason"] == "upstream-failed"
+
+
+def test_slow_first_byte_times_out_as_502(fleet: list[SimServer],
+                                          sidecar_factory: Sidecars) -> None:
+    fleet[0].sim.fault.mode, fleet[0].sim.fault.count = "slow_first_byte", 1
+    fleet[0].sim.fault.delay_s = 3.0
+    url = sidecar_factory(fleet, first_byte_timeout_seconds=0.3).url
+    started = time.monotonic()
+    r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:14b", "messages": HI}, timeout=10)
+    assert r.status_code == 502 and time.monotonic() - started < 2.5
+
+
+def test_client_disconnect_cancels_the_upstream_call(sim_factory: Sims,
+                                                     sidecar_factory: Sidecars) -> None:
+    slow = sim_factory("slow", total_vram_mib=24564, tokens_per_s=0.5, time_scale=0.1)
+    url = sidecar_factory([slow]).url
+    with httpx.stream("POST", f"{url}/api/chat",
+                      json={"model": "llama3.2:3b", "messages": HI}, timeout=30) as r:
+        first = next(r.iter_lines())
+        assert "the" in first
+    deadline = time.monotonic() + 5
+    while slow.sim.runners["llama3.2:3b"].refcount and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert slow.sim.runners["llama3.2:3b"].refcount == 0
+
+
+def test_root_version_health_and_metrics(fleet: list[SimServer],
+                                         sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory(fleet).url
+    assert httpx.get(url).text == "Ollama is running"
+    assert httpx.head(url).status_code == 200
+    assert httpx.get(f"{url}/api/version").json()["version"]
+    assert httpx.get(f"{url}/healthz").status_code == 200
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    httpx.post(f"{url}/api/chat", json={"model": "qwen3:8b", "messages": HI})
+    assert "kubemoot_placements_total" in httpx.get(f"{url}/metrics").text
+
+
+def test_not_ready_when_no_provider_answers(sim_factory: Sims,
+                                            sidecar_factory: Sidecars) -> None:
+    gone = sim_factory("gone")
+    url = sidecar_factory([gone]).url
+    gone.stop()
+    assert httpx.get(f"{url}/readyz").status_code == 503

@@ -1,0 +1,188 @@
+"""Victims, the ticket budget, health state machines and prompt sizing: one row each."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from proxy.core.eviction import choose_victims
+from proxy.core.health import Breaker, Ema, ProviderStats
+from proxy.core.occupancy import index_providers, ticket_budget_ok
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.queueing import victims_cost_s
+from proxy.core.tokens import TokenRatio, prompt_chars
+from proxy.core.types import Circuit, ModelDemand, Resident, Ticket
+from tests.unit.builders import GIB32, NOW, gpu, snapshot, ticket
+
+
+def _index(*residents: str, tickets: tuple[Ticket, ...] = ()):  # type: ignore[no-untyped-def]
+    snap = snapshot(gpu("a", GIB32, residents), tickets=tickets)
+    return index_providers(snap, DEFAULT_POLICY)["a"], snap
+
+
+# --- victims -------------------------------------------------------------------------------
+
+def test_victims_only_idle_residents() -> None:
+    index, _ = _index("qwen3:8b", "phi3:mini", tickets=(ticket("a", "qwen3:8b"),))
+    chosen = choose_victims(index, 3000, {})
+    assert chosen is not None and [r.model for r in chosen] == ["phi3:mini"]
+    assert choose_victims(index, 5000, {}) is None  # the 8b has live work
+
+
+def test_victims_never_one_planned_by_another_ticket() -> None:
+    plan = ticket("a", "qwen3:14b", cold=True, evicts={"phi3:mini": 3600})
+    index, _ = _index("qwen3:8b", "phi3:mini", tickets=(plan,))
+    chosen = choose_victims(index, 3000, {})
+    assert chosen is not None and [r.model for r in chosen] == ["qwen3:8b"]
+
+
+def test_victims_fewest_first() -> None:
+    index, _ = _index("qwen3:8b", "phi3:mini", "llama3.2:3b")
+    chosen = choose_victims(index, 5000, {})  # the 8b alone beats phi3 + llama together
+    assert chosen is not None and [r.model for r in chosen] == ["qwen3:8b"]
+
+
+@pytest.mark.parametrize(
+    ("demand", "victim"),
+    [
+        ({"phi3:mini": ModelDemand(intents=1)}, "llama3.2:3b"),
+        ({"llama3.2:3b": ModelDemand(recent_use=2)}, "phi3:mini"),
+        ({"phi3:mini": ModelDemand(last_used_at=NOW)}, "llama3.2:3b"),
+        ({}, "llama3.2:3b"),  # all equal: by name
+    ],
+)
+def test_victims_least_needed_first(demand: dict[str, ModelDemand], victim: str) -> None:
+    index, _ = _index("phi3:mini", "llama3.2:3b")
+    chosen = choose_victims(index, 3000, demand)
+    assert chosen is not None and [r.model for r in chosen] == [victim]
+
+
+def test_models_with_waiters_only_as_a_last_resort() -> None:
+    index, _ = _index("qwen3:8b", "phi3:mini", "llama3.2:3b")
+    demand = {"qwen3:8b": ModelDemand(waiters=1)}
+    chosen = choose_victims(index, 5000, demand)
+    assert chosen is not None and {r.model for r in chosen} == {"phi3:mini", "llama3.2:3b"}
+    chosen = choose_victims(index, 9000, demand)
+    assert chosen is not None and "qwen3:8b" in {r.model for r in chosen}
+
+
+@pytest.mark.parametrize(
+    ("victim_mib", "use", "expected"),
+    [(27000, 1.0, 1 + 27000 / 1024 * 0.5), (6000, 0.0, 1.0)],
+)
+def test_victim_cost_reference(victim_mib: int, use: float, expected: float) -> None:
+    snap = snapshot(gpu("a"), demand={"v": ModelDemand(recent_use=use)})
+    assert victims_cost_s([Resident("v", victim_mib)], snap, DEFAULT_POLICY) == pytest.approx(
+        expected)
+
+
+# --- the ticket budget ---------------------------------------------------------------------
+
+def _t(tid: str, model: str, mib: int, *, cold: bool = True,
+       evicts: dict[str, int] | None = None) -> Ticket:
+    return Ticket(tid, "a", model, mib, NOW, NOW + 60, cold=cold, evicts=evicts or {})
+
+
+def test_budget_counts_tickets_against_total_minus_residents() -> None:
+    view = gpu("a", 20000, ("qwen3:8b",))  # 14000 MiB beside the 8b
+    assert ticket_budget_ok([_t("1", "qwen3:14b", 12224)], _t("2", "x", 1776), view,
+                            DEFAULT_POLICY)[0]
+    assert not ticket_budget_ok([_t("1", "qwen3:14b", 12224)], _t("2", "x", 1777), view,
+                                DEFAULT_POLICY)[0]
+
+
+def test_two_planners_cannot_both_spend_one_victims_memory() -> None:
+    view = gpu("a", 20000, ("qwen3:8b",))
+    first = _t("1", "qwen3:14b", 14000 + 6000, evicts={"qwen3:8b": 6000})
+    assert ticket_budget_ok([], first, view, DEFAULT_POLICY)[0]
+    second = _t("2", "other", 6000, evicts={"qwen3:8b": 6000})
+    ok, why = ticket_budget_ok([first], second, view, DEFAULT_POLICY)
+    assert not ok and "exceed" in why  # the credit counts the 8b once
+
+
+def test_credit_only_while_the_victim_is_still_resident() -> None:
+    gone = gpu("a", 20000)  # the victim was unloaded: residents no longer hold it
+    plan = _t("1", "qwen3:14b", 20000, evicts={"qwen3:8b": 6000})
+    assert ticket_budget_ok([], plan, gone, DEFAULT_POLICY)[0]
+    late = _t("2", "y", 1, evicts={"qwen3:8b": 6000})
+    assert not ticket_budget_ok([plan], late, gone, DEFAULT_POLICY)[0]
+
+
+def test_claim_refused_when_its_victim_picked_up_work() -> None:
+    view = gpu("a", 20000, ("qwen3:8b",))
+    busy = _t("1", "qwen3:8b", 512, cold=False)
+    ok, why = ticket_budget_ok([busy], _t("2", "q", 20000, evicts={"qwen3:8b": 6000}), view,
+                               DEFAULT_POLICY)
+    assert not ok and "in-flight" in why
+
+
+def test_warm_tickets_claim_scratch_and_resident_loads_stop_counting_in_full() -> None:
+    view = gpu("a", 20000, ("qwen3:14b",))  # 7776 MiB beside it
+    loaded = _t("1", "qwen3:14b", 12224)  # its model is resident now: counts as scratch
+    warm = [_t(str(i), "qwen3:14b", 512, cold=False) for i in range(2, 15)]
+    assert ticket_budget_ok([loaded, *warm], _t("x", "qwen3:14b", 512, cold=False), view,
+                            DEFAULT_POLICY)[0]
+
+
+# --- health --------------------------------------------------------------------------------
+
+def test_breaker_opens_after_three_failures_in_120s_then_half_opens() -> None:
+    b = Breaker()
+    for t in (0.0, 50.0):
+        b = b.record(False, t)
+        assert b.state(t) is Circuit.CLOSED
+    b = b.record(False, 100.0)
+    assert b.state(100.0) is Circuit.OPEN and not b.allows(159.9)
+    assert b.state(160.0) is Circuit.HALF_OPEN and b.allows(160.0)
+    trial = b.start_trial(160.0)
+    assert not trial.allows(160.5)  # one trial at a time
+    assert trial.record(True, 161.0).state(161.0) is Circuit.CLOSED
+    assert trial.record(False, 161.0).state(161.0) is Circuit.OPEN
+
+
+def test_breaker_forgets_failures_older_than_the_window() -> None:
+    b = Breaker().record(False, 0).record(False, 10).record(False, 130.1)
+    assert b.state(130.1) is Circuit.CLOSED
+
+
+def test_latency_ema_and_success_rate_after_five_samples() -> None:
+    assert Ema().add(10, 0.4).add(20, 0.4).value == pytest.approx(14.0)
+    stats = ProviderStats()
+    for i in range(4):
+        stats = stats.record(i != 0, 1.0, float(i))
+    assert stats.success_rate is None
+    stats = stats.record(True, 1.0, 5.0)
+    assert stats.success_rate is not None and 0 < stats.success_rate < 1
+
+
+# --- prompt sizing -------------------------------------------------------------------------
+
+def test_prompt_chars_counts_messages_tool_calls_results_and_schemas() -> None:
+    body = {
+        "messages": [
+            {"role": "system", "content": "abcd"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"function": {"name": "ls", "arguments": {"p": "/"}}}]},
+            {"role": "tool", "content": "12345"},
+        ],
+        "tools": [{"type": "function", "function": {
+            "name": "ls", "description": "list", "parameters": {"type": "object"}}}],
+    }
+    # 4 + (2 + len('{"p":"/"}')=9) + 5 + (2 + 4 + len('{"type":"object"}')=17)
+    assert prompt_chars(body) == 4 + 11 + 5 + 23
+    assert prompt_chars({"prompt": "hello", "system": "sys"}) == 8
+    assert prompt_chars({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "abc"}]}]}) == 3
+
+
+def test_token_ratio_learns_from_the_engine() -> None:
+    ratio = TokenRatio()
+    assert ratio.tokens(35) == 10  # ceil(35 / 3.5)
+    ratio = ratio.observe(400, 100)  # first sample replaces the default
+    assert ratio.chars_per_token == 4.0
+    ratio = ratio.observe(300, 100)  # then EMA 0.3
+    assert ratio.chars_per_token == pytest.approx(0.3 * 3 + 0.7 * 4)
+    assert ratio.observe(1000, 100) == ratio  # 10 chars/token: outside 1-8, ignored
+    assert ratio.observe(100, 0) == ratio
+    assert ratio.tokens(0) == 0 and ratio.tokens(1) == math.ceil(1 / ratio.chars_per_token)

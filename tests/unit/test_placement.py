@@ -1,0 +1,300 @@
+"""CallPlanner.place, one row per behaviour, with the design doc's worked examples."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from proxy.core.occupancy import index_providers, occupancy_mib
+from proxy.core.placement import explain, place
+from proxy.core.policy import DEFAULT_POLICY, Policy
+from proxy.core.types import Circuit, ModelDemand, Snapshot
+from tests.unit.builders import GIB16, GIB24, GIB32, call, gpu, snapshot, ticket
+
+
+@pytest.mark.parametrize(("total", "usable"), [(32605, 28693), (24563, 21616), (8000, 5952)])
+def test_reserve_and_usable_reference_figures(total: int, usable: int) -> None:
+    # reserve = max(2048 MiB, 12 % of total)
+    assert DEFAULT_POLICY.usable_mib(total) == usable
+
+
+def test_occupancy_observed_then_declared_then_disk_then_unknown() -> None:
+    base = Snapshot(now=0, providers=(gpu("a"),))
+    observed = Snapshot(now=0, providers=(gpu("a"),), observed_footprints={"m": 7000})
+    on_disk = Snapshot(now=0, providers=(
+        gpu("a").__class__(name="a", total_vram_mib=1000, disk_mib={"m": 5000}),))
+    assert occupancy_mib("m", observed, DEFAULT_POLICY, declared=9000) == 7000
+    assert occupancy_mib("m", base, DEFAULT_POLICY, declared=9000) == 9000
+    assert occupancy_mib("m", on_disk, DEFAULT_POLICY) == 6000  # x 1.2
+    assert occupancy_mib("m", base, DEFAULT_POLICY) is None
+
+
+# --- the design doc's worked examples ------------------------------------------------------
+
+def test_doc_example_queue_beats_a_26_second_unload() -> None:
+    """qwen3:32b warm on the 5090 (use 1) costs ~26 s to unload for a qwen3:14b, while the
+    4090's qwen3:14b copy with one call 5 s into a 20 s call frees in 15 s: queue."""
+    snap = snapshot(
+        gpu("5090", GIB32, ("qwen3:32b",)), gpu("4090", GIB24, ("qwen3:14b",)),
+        tickets=(ticket("4090", "qwen3:14b", elapsed=5),),
+        demand={"qwen3:32b": ModelDemand(recent_use=1)},
+        latency={"4090": 20.0, "5090": 20.0})
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.outcome == "wait" and decision.placement is None
+    assert decision.queue_option_s == pytest.approx(15.0)
+    assert decision.unload_option_s == pytest.approx(26.1, abs=0.05)  # 11.94 + 1 + 13.18
+
+
+def test_doc_example_five_queued_calls_unload_an_idle_unwanted_8b() -> None:
+    """Five calls queued at the 14b copy (95 s) against an idle, unwanted qwen3:8b (13 s)."""
+    queued = tuple(ticket("4090", "qwen3:14b", elapsed=5 if i == 0 else 1) for i in range(5))
+    snap = snapshot(
+        gpu("4090", GIB24, ("qwen3:14b",)), gpu("4080", GIB16, ("qwen3:8b",)),
+        tickets=queued, latency={"4090": 20.0})
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.queue_option_s == pytest.approx(95.0)
+    assert decision.unload_option_s == pytest.approx(12.94, abs=0.01)
+    assert decision.outcome == "placed" and decision.placement is not None
+    assert (decision.placement.provider, decision.placement.kind) == ("4080", "evict")
+    assert dict(decision.placement.evicts) == {"qwen3:8b": 6000}
+    assert decision.placement.footprint_mib == 12224
+
+
+# --- the five steps ------------------------------------------------------------------------
+
+def test_step1_warm_with_free_slot_beats_any_cold_load() -> None:
+    snap = snapshot(gpu("small", GIB16, ("qwen3:8b",)), gpu("big", GIB32))
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.placement and decision.placement.kind == "warm"
+    assert (decision.placement.provider, decision.placement.step) == ("small", 1)
+    assert decision.placement.footprint_mib == 512  # a shared copy claims scratch only
+
+
+def test_step1_even_a_huge_warm_model_costs_nothing_more() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:32b",)), gpu("b", GIB32))
+    decision = place(call("qwen3:32b"), snap)
+    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
+        "a", "warm")
+
+
+def test_step2_warm_candidate_within_tolerance_beats_cold_preferred() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:14b",)), gpu("b", GIB32))
+    decision = place(call(("qwen3:32b", 70), ("qwen3:14b", 60), ("qwen3:8b", 30)), snap)
+    assert decision.placement and decision.placement.model == "qwen3:14b"
+    assert decision.placement.step == 2
+
+
+def test_step2_candidate_outside_tolerance_is_not_used() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32))
+    decision = place(call(("qwen3:32b", 70), ("qwen3:8b", 30)), snap)
+    assert decision.placement and decision.placement.model == "qwen3:32b"
+    assert decision.placement.kind == "cold"
+
+
+def test_tolerance_zero_keeps_the_preferred_model() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:14b",)), gpu("b", GIB32))
+    decision = place(call(("qwen3:32b", 70), ("qwen3:14b", 70), tolerance=0), snap)
+    assert decision.placement and decision.placement.model == "qwen3:14b"  # equal score counts
+    decision = place(call(("qwen3:32b", 70), ("qwen3:14b", 69), tolerance=-5), snap)
+    assert decision.placement and decision.placement.model == "qwen3:32b"
+
+
+def test_step1_shares_a_copy_being_loaded_when_it_has_a_free_slot() -> None:
+    snap = snapshot(gpu("a", GIB32, parallel=2), gpu("b", GIB32),
+                    tickets=(ticket("a", "qwen3:14b", cold=True, elapsed=2),))
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.placement and decision.placement.provider == "a"
+    assert (decision.placement.kind, decision.placement.step) == ("loading", 1)
+
+
+def test_step3_joins_a_loading_copy_with_full_slots_rather_than_load_twice() -> None:
+    snap = snapshot(gpu("a", GIB32), gpu("b", GIB32),
+                    tickets=(ticket("a", "qwen3:14b", cold=True, elapsed=2),))
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.placement and (decision.placement.provider, decision.placement.step) == (
+        "a", 3)
+
+
+def test_step4_short_queue_does_not_duplicate_a_model() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32),
+                    tickets=(ticket("a", "qwen3:8b", elapsed=8),), latency={"a": 10.0})
+    decision = place(call("qwen3:8b"), snap)  # 2 s wait < ~5.9 s load
+    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
+        "a", "queued")
+
+
+def test_step4_long_queue_makes_a_second_copy_on_an_idle_card() -> None:
+    queue = tuple(ticket("a", "qwen3:8b", elapsed=1) for _ in range(4))
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32), tickets=queue,
+                    latency={"a": 10.0})
+    decision = place(call("qwen3:8b"), snap)  # 9 + 30 s wait > ~5.9 s load
+    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
+        "b", "cold")
+    assert decision.placement.footprint_mib == 6000
+
+
+def test_cold_load_prefers_free_room_over_eviction() -> None:
+    snap = snapshot(gpu("full", GIB16, ("qwen3:8b", "phi3:mini")), gpu("empty", GIB24))
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
+        "empty", "cold")
+
+
+def test_a_card_with_live_work_is_never_made_to_evict() -> None:
+    snap = snapshot(gpu("a", GIB24, ("qwen3:8b", "phi3:mini")),
+                    tickets=(ticket("a", "qwen3:8b"), ticket("a", "phi3:mini")))
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.outcome == "wait" and decision.unload_option_s is None
+
+
+def test_small_model_goes_to_the_smallest_card_that_fits() -> None:
+    snap = snapshot(gpu("big", GIB32), gpu("mid", GIB24), gpu("small", GIB16))
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.placement and decision.placement.provider == "small"
+
+
+def test_distinct_models_spread_while_one_model_concentrates() -> None:
+    busy_a = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32),
+                      tickets=(ticket("a", "qwen3:8b"),))
+    spread = place(call("llama3.2:3b"), busy_a)
+    assert spread.placement and spread.placement.provider == "b"
+    same = place(call("qwen3:8b"), snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32)))
+    assert same.placement and same.placement.provider == "a"
+
+
+@pytest.mark.parametrize(("phase", "winner"), [("mulling", "heavy"), ("triage", "light")])
+def test_provider_weight_is_phase_aware(phase: str, winner: str) -> None:
+    snap = snapshot(gpu("heavy", GIB24, weight=100), gpu("light", GIB24, weight=25))
+    decision = place(call("qwen3:8b", phase=phase), snap)
+    assert decision.placement and decision.placement.provider == winner
+
+
+# --- hard filters --------------------------------------------------------------------------
+
+def test_not_ready_and_open_circuit_are_filtered_with_reasons() -> None:
+    snap = snapshot(gpu("down", GIB32, ready=False), gpu("broken", GIB32), gpu("ok", GIB16),
+                    circuits={"broken": Circuit.OPEN})
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.placement and decision.placement.provider == "ok"
+    reasons = {v.provider: v.reason for v in decision.verdicts}
+    assert reasons["down"] == "provider not ready"
+    assert "circuit open" in reasons["broken"]
+
+
+def test_half_open_circuit_may_take_a_trial_call() -> None:
+    snap = snapshot(gpu("a", GIB32), circuits={"a": Circuit.HALF_OPEN})
+    assert place(call("qwen3:8b"), snap).outcome == "placed"
+
+
+@pytest.mark.parametrize(("extra", "cold"), [(0, True), (1, False)])
+def test_cold_fit_beside_residents_is_inclusive(extra: int, cold: bool) -> None:
+    # usable 21616 on a 24563 MiB card; the 14b leaves exactly 9392 MiB
+    snap = snapshot(gpu("a", GIB24, ("qwen3:14b",)))
+    snap = replace(snap, observed_footprints={"qwen3:14b": 12224, "x": 9392 + extra})
+    decision = place(call("x"), snap)
+    assert decision.placement is not None
+    assert (decision.placement.kind == "cold") is cold  # one MiB more: unload the idle 14b
+
+
+@pytest.mark.parametrize(("footprint", "outcome"), [(21616, "placed"),
+                                                     (21617, "model-too-large")])
+def test_usable_vram_bound_is_inclusive(footprint: int, outcome: str) -> None:
+    snap = replace(snapshot(gpu("a", GIB24)), observed_footprints={"x": footprint})
+    assert place(call("x"), snap).outcome == outcome
+
+
+def test_planned_victim_is_not_warm() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32),
+                    tickets=(ticket("a", "qwen3:14b", cold=True, evicts={"qwen3:8b": 6000}),))
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.placement and decision.placement.provider == "b"
+
+
+@pytest.mark.parametrize(
+    ("ctx", "resident_ctx", "tokens", "placed"),
+    [
+        (8192, 0, 8192, True),  # a prompt of exactly the context fits
+        (8192, 0, 8193, False),
+        (0, 0, 10**6, True),  # an unknown context never refuses
+        (4096, 16384, 9000, True),  # the loaded copy's context wins over the configured one
+        (32768, 4096, 9000, False),
+    ],
+)
+def test_context_window_is_a_hard_filter(ctx: int, resident_ctx: int, tokens: int,
+                                         placed: bool) -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",), ctx=ctx, resident_ctx=resident_ctx))
+    decision = place(call("qwen3:8b", tokens=tokens), snap)
+    assert (decision.outcome == "placed") is placed
+    if not placed:
+        assert decision.outcome == "prompt-too-large"
+
+
+def test_num_ctx_is_a_minimum_on_the_context() -> None:
+    snap = snapshot(gpu("small-ctx", GIB32, ctx=4096), gpu("big-ctx", GIB32, ctx=32768))
+    decision = place(call("qwen3:8b", tokens=100, min_context=16384), snap)
+    assert decision.placement and decision.placement.provider == "big-ctx"
+    assert decision.placement.context_length == 32768
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+def test_model_too_large_for_every_card() -> None:
+    snap = snapshot(gpu("a", GIB16), gpu("b", GIB24))
+    decision = place(call("qwen3:32b"), snap)
+    assert decision.outcome == "model-too-large"
+    assert "qwen3:32b" in decision.reason and "21616" in decision.reason
+
+
+def test_unknown_vram_never_proves_too_large() -> None:
+    snap = snapshot(gpu("a", GIB16), gpu("unknown", None))
+    assert place(call("qwen3:32b"), snap).outcome == "placed"
+
+
+def test_too_large_is_reported_before_prompt_too_large() -> None:
+    snap = snapshot(gpu("a", GIB16, ctx=1024))
+    assert place(call("qwen3:32b", tokens=5000), snap).outcome == "model-too-large"
+
+
+def test_prompt_too_large_names_the_fix() -> None:
+    snap = snapshot(gpu("a", GIB32, ctx=4096), gpu("b", GIB24, ctx=8192))
+    decision = place(call("qwen3:8b", tokens=9000), snap)
+    assert decision.outcome == "prompt-too-large"
+    assert "OLLAMA_CONTEXT_LENGTH" in decision.reason and "8192" in decision.reason
+
+
+def test_prompt_too_large_only_when_no_acceptable_model_has_the_context() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",), ctx=4096, resident_ctx=32768))
+    decision = place(call(("qwen3:14b", 60), ("qwen3:8b", 55), tokens=9000), snap)
+    assert decision.placement and decision.placement.model == "qwen3:8b"
+
+
+def test_busy_card_that_could_hold_the_model_waits_for_memory() -> None:
+    snap = snapshot(gpu("a", GIB16, ("qwen3:8b", "phi3:mini")),
+                    tickets=(ticket("a", "qwen3:8b"), ticket("a", "phi3:mini")))
+    decision = place(call("qwen3:14b"), snap)  # fits the card, not beside live work
+    assert decision.outcome == "wait" and decision.placement is None
+    assert decision.queue_option_s is None and decision.unload_option_s is None
+
+
+# --- explain -------------------------------------------------------------------------------
+
+def test_explain_gives_every_provider_a_verdict_and_terms() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB16, ready=False))
+    decision, verdicts = explain(call(("qwen3:14b", 60), ("qwen3:8b", 55)), snap)
+    assert decision.placement and decision.placement.model == "qwen3:8b"
+    assert {(v.provider, v.model) for v in verdicts} == {
+        ("a", "qwen3:14b"), ("b", "qwen3:14b"), ("a", "qwen3:8b"), ("b", "qwen3:8b")}
+    feasible = [v for v in verdicts if v.feasible]
+    assert all("load" in v.terms or "queue" in v.terms for v in feasible)
+
+
+def test_same_inputs_same_decision() -> None:
+    snap = snapshot(gpu("a", GIB32), gpu("b", GIB32), gpu("c", GIB32))
+    assert place(call("qwen3:8b"), snap) == place(call("qwen3:8b"), snap)
+
+
+def test_indexing_ignores_expired_tickets() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)),
+                    tickets=(ticket("a", "qwen3:8b", elapsed=100, ttl=50),))
+    assert index_providers(snap, Policy())["a"].active_calls == 0

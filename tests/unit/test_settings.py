@@ -1,0 +1,128 @@
+"""Settings: every CONTRACT.md name from env and from --config, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import ConfigError, load_settings
+
+PROVIDERS = [{"name": "a", "endpoint": "http://127.0.0.1:1", "totalVramMiB": 24564,
+              "contextLength": 8192, "maxParallel": 2, "weight": 25}]
+
+
+def test_defaults_are_loopback_and_the_contract_values() -> None:
+    s = load_settings()
+    assert s.listen == "127.0.0.1:11434"
+    assert s.model_candidate_tolerance == 10
+    assert s.wait_limit_seconds == 90
+    assert s.role == "specialist"
+    assert s.namespace == "default"
+    assert s.nats_url is None
+
+
+def test_env_names_from_the_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {
+        "KUBEMOOT_MODEL_MODEL": "qwen3:32b",
+        "KUBEMOOT_MODEL_ENDPOINT": "http://static:11434/",
+        "KUBEMOOT_MODEL_CANDIDATES_MULLING": json.dumps(
+            [{"model": "qwen3:32b", "score": 70}, {"model": "qwen3:8b", "score": 30,
+                                                     "vramMib": 6000}]),
+        "KUBEMOOT_MODEL_CANDIDATES_TRIAGE": '[{"model": "qwen3:8b", "score": 100}]',
+        "KUBEMOOT_TRIAGE_MODEL_MODEL_ID": "qwen3:8b",
+        "KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": "-5",
+        "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "12",
+        "KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS": "30",
+        "KUBEMOOT_NAMESPACE": "crew-a",
+        "KUBEMOOT_AGENT_NAME": "kubectl-agent",
+        "KUBEMOOT_CREW": "homelab",
+        "KUBEMOOT_PROVIDERS": json.dumps(PROVIDERS),
+        "KUBEMOOT_NATS_URL": "nats://127.0.0.1:4222",
+        "KUBEMOOT_ROLE": "coordinator",
+        "KUBEMOOT_LISTEN": "[::1]:9000",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    s = load_settings()
+    assert s.model_model == "qwen3:32b"
+    assert s.model_endpoint == "http://static:11434"
+    assert [c.model for c in s.model_candidates_mulling] == ["qwen3:32b", "qwen3:8b"]
+    assert s.model_candidates_mulling[1].vram_mib == 6000
+    assert s.triage_model == "qwen3:8b"
+    assert s.triage_endpoint == "http://static:11434"  # defaults to the static endpoint
+    assert s.tolerance == 0  # negative acts as 0
+    assert s.wait_limit_seconds == 12
+    assert (s.namespace, s.agent_name, s.crew) == ("crew-a", "kubectl-agent", "homelab")
+    p = s.providers[0]
+    assert (p.name, p.total_vram_mib, p.context_length, p.max_parallel, p.weight) == (
+        "a", 24564, 8192, 2, 25)
+    assert s.role == "coordinator"
+    assert s.listen_host_port == ("::1", 9000)
+
+
+def test_wait_limit_zero_means_synthesis_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_DISCUSS_SYNTHESIS_TIMEOUT_SECONDS", "45")
+    assert load_settings().wait_limit_seconds == 45
+
+
+def test_providers_from_a_yaml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text("- name: a\n  endpoint: http://a:11434\n  totalVramMiB: 32768\n")
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", str(path))
+    assert load_settings().providers[0].total_vram_mib == 32768
+
+
+def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text("model_model: qwen3:14b\nKUBEMOOT_ROLE: coordinator\n"
+                    "providers:\n  - {name: a, endpoint: 'http://a:1'}\n")
+    s = load_settings(path)
+    assert (s.model_model, s.role, s.providers[0].name) == ("qwen3:14b", "coordinator", "a")
+    monkeypatch.setenv("KUBEMOOT_MODEL_MODEL", "qwen3:8b")
+    assert load_settings(path).model_model == "qwen3:8b"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"KUBEMOOT_MODEL_CANDIDATES_MULLING": "[{not json"}, "KUBEMOOT_MODEL_CANDIDATES_MULLING"),
+        ({"KUBEMOOT_PROVIDERS": '[{"name": "a"}]'}, "KUBEMOOT_PROVIDERS[0].endpoint"),
+        ({"KUBEMOOT_PROVIDERS": '[{"name": "a", "endpoint": "a:1"}]'},
+         "KUBEMOOT_PROVIDERS[0].endpoint"),
+        ({"KUBEMOOT_PROVIDERS": "/no/such/file.yaml"}, "KUBEMOOT_PROVIDERS"),
+        ({"KUBEMOOT_LISTEN": "localhost"}, "KUBEMOOT_LISTEN"),
+        ({"KUBEMOOT_LISTEN": "127.0.0.1:99999"}, "KUBEMOOT_LISTEN"),
+        ({"KUBEMOOT_ROLE": "boss"}, "KUBEMOOT_ROLE"),
+        ({"KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": "lots"}, "KUBEMOOT_MODEL_CANDIDATE_TOLERANCE"),
+    ],
+)
+def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert message.startswith(named), message
+    assert "\n" not in message
+
+
+def test_cli_exits_nonzero_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"KUBEMOOT_PROVIDERS": '[{"name": "a"}]', "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "KUBEMOOT_PROVIDERS[0].endpoint" in lines[0], done.stderr
+
+
+def test_cli_without_anything_to_call_says_how_to_fix() -> None:
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve"], env={"PATH": "/usr/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "KUBEMOOT_PROVIDERS" in done.stderr and "--demo" in done.stderr
