@@ -351,6 +351,7 @@ class SimApp:
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
+            Route("/v1/chat/completions", self.openai_chat, methods=["POST"]),
             Route("/_sim/stats", self.stats, methods=["GET"]),
             Route("/_sim/fault", self.set_fault, methods=["POST"]),
             Route("/_sim/reset", self.reset, methods=["POST"]),
@@ -419,6 +420,60 @@ class SimApp:
 
     async def generate(self, request: Request) -> Response:
         return await self._infer(request, chat=False)
+
+    async def openai_chat(self, request: Request) -> Response:
+        """Ollama's OpenAI layer over the same chat path: SSE chunks or one completion."""
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        name = str(body.get("model") or "")
+        model = self.sim.config.model(name)
+        if model is None:
+            return _json({"error": {"message": f"model '{name}' not found",
+                                    "type": "not_found_error"}}, 404)
+        self.sim.stats.requests += 1
+        self.sim.stats.inference_requests += 1
+        runner, load_s = await self.sim.acquire(model, {}, self.sim.config.keep_alive_s)
+        n_tokens = int(body.get("max_tokens") or self.sim.config.default_predict)
+        gen = self._generate(runner, self.sim.chat_prompt(body), n_tokens, load_s, True,
+                             self.sim.take_fault(), request)
+        ident, created = f"chatcmpl-{int(time.time() * 1000) % 100000}", int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+            return {"id": ident, "object": "chat.completion.chunk", "created": created,
+                    "model": model.name, "system_fingerprint": "fp_ollama",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        if body.get("stream"):
+            async def sse() -> AsyncGenerator[bytes, None]:
+                try:
+                    async for line in gen:
+                        data = orjson.loads(line)
+                        if data.get("done"):
+                            yield b"data: " + orjson.dumps(chunk({}, "stop")) + b"\n\n"
+                        else:
+                            delta = {"role": "assistant", "content": data["message"]["content"]}
+                            yield b"data: " + orjson.dumps(chunk(delta, None)) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                finally:
+                    await gen.aclose()
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        text, final = [], {}
+        try:
+            async for line in gen:
+                data = orjson.loads(line)
+                text.append(data["message"]["content"])
+                final = data
+        finally:
+            await gen.aclose()
+        prompt, completion = final.get("prompt_eval_count", 0), final.get("eval_count", 0)
+        return _json({
+            "id": ident, "object": "chat.completion", "created": created, "model": model.name,
+            "system_fingerprint": "fp_ollama",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "".join(text)}}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion}})
 
     async def _infer(self, request: Request, chat: bool) -> Response:
         sim = self.sim

@@ -2,42 +2,104 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from proxy import __version__
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.service.routing import DirectRouter, ModelCatalog, ProviderPool
+from proxy.ports import StateStore, StoreUnavailable
+from proxy.service.demand import DemandBoard
+from proxy.service.plans import PlanBook
+from proxy.service.prober import Prober
+from proxy.service.routing import ProviderPool
+from proxy.service.scheduler import Scheduler
+from proxy.service.snapshot import StateView
+from proxy.service.tickets import TicketBook
 from proxy.settings import Settings
 
+log = get_logger("kubemoot.app")
 
-def build_app(settings: Settings) -> FastAPI:
+
+def nats_options(settings: Settings) -> NatsOptions:
+    assert settings.nats_url is not None
+    return NatsOptions(settings.nats_url, settings.nats_creds, settings.nats_user,
+                       settings.nats_password, settings.nats_token, settings.nats_tls_ca,
+                       settings.nats_tls_cert, settings.nats_tls_key)
+
+
+def build_store(settings: Settings) -> StateStore:
+    if settings.nats_url:
+        return NatsStore(nats_options(settings))
+    return MemoryStore()
+
+
+def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
     pool = ProviderPool(settings)
-    catalog = ModelCatalog(pool, ttl_s=settings.probe_interval_seconds)
     metrics = Metrics()
-    router = DirectRouter(pool, catalog, settings.model_model, settings.triage_model)
+    store = store or build_store(settings)
+    shared = settings.nats_url is not None
+    local_store = MemoryStore()  # tickets while the shared store is unreachable
+    policy = DEFAULT_POLICY
+    prober = Prober(settings.providers, pool.clients, store)
+    view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds)
+    tickets = TicketBook(store, policy, settings.ticket_ttl_seconds)
+    local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds)
+    demand = DemandBoard(store, f"{settings.namespace}/{settings.agent_name}")
+    scheduler = Scheduler(settings=settings, pool=pool, store=store, tickets=tickets,
+                          local_tickets=local_tickets, view=view, prober=prober, demand=demand,
+                          metrics=metrics, policy=policy)
+    plans = PlanBook(scheduler)
 
-    async def ready() -> bool:
-        if pool.static is not None:
-            return True
-        await catalog.refresh()
-        return catalog.any_reachable()
+    def to_probe() -> list[str]:
+        # Embedded: always probe. Shared: only providers nobody published fresh state for.
+        now = scheduler.clock()
+        names = view.stale_providers(now) if shared else [c.name for c in settings.providers]
+        for config in settings.providers:
+            state = view.provider_state(config.name, now)
+            age = now - state.last_probed_at if state else settings.state_stale_seconds
+            metrics.state_age_seconds.labels(config.name).set(age)
+        metrics.nats_connected.set(1 if store.connected else 0)
+        return names
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await pool.close()
+        try:
+            await store.start()
+        except StoreUnavailable as exc:
+            log.warning("shared state unavailable; placing from direct probes", error=str(exc))
+        if settings.providers:
+            await prober.round()
+        probing = asyncio.create_task(prober.run(settings.probe_interval_seconds, to_probe))
+        plans.start()
+        try:
+            yield
+        finally:
+            probing.cancel()
+            await plans.close()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+            await store.close()
+            await pool.close()
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
-    SidecarApi(router=router, pool=pool, catalog=catalog, metrics=metrics,
+    SidecarApi(router=plans, pool=pool, holders=scheduler.providers_with, metrics=metrics,
                max_request_bytes=settings.max_request_bytes,
                chunk_timeout_s=settings.chunk_timeout_seconds,
                default_can_wait=settings.role != "coordinator",
-               readiness=ready).mount(app)
+               readiness=scheduler.ready).mount(app)
+    KubemootApi(scheduler, plans, view, demand).mount(app)
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.scheduler = scheduler
     return app

@@ -41,6 +41,7 @@ class ProviderConfig(BaseModel):
     context_length: int | None = Field(default=None, alias="contextLength", ge=0)
     max_parallel: int = Field(default=1, alias="maxParallel", ge=1)
     weight: float = 100.0
+    dcgm_url: str | None = Field(default=None, alias="dcgmUrl")
 
     @field_validator("endpoint")
     @classmethod
@@ -143,6 +144,8 @@ class Settings(BaseSettings):
     first_byte_timeout_seconds: float = Field(default=180.0, gt=0)
     chunk_timeout_seconds: float = Field(default=60.0, gt=0)
     probe_interval_seconds: float = Field(default=2.0, gt=0)
+    state_stale_seconds: float = Field(default=15.0, gt=0)
+    ticket_ttl_seconds: float = Field(default=60.0, ge=5)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("model_candidates_mulling", "model_candidates_triage", mode="before")

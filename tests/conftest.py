@@ -63,3 +63,15 @@ def sidecar_factory() -> Iterator[Callable[..., ThreadedServer]]:
     yield make
     for server in servers:
         server.stop()
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 5.0, step_s: float = 0.02) -> bool:
+    """Poll an outside observer (an HTTP status, a simulator counter) until it holds."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(step_s)
+    return check()

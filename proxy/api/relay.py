@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -70,15 +70,17 @@ class RelayStream(StreamingResponse):
     """
 
     def __init__(self, upstream: httpx.Response, route: Route, started: float,
-                 chunk_timeout_s: float, headers: dict[str, str]) -> None:
+                 chunk_timeout_s: float, headers: dict[str, str], sse: bool = False) -> None:
         self.upstream = upstream
+        self.sse = sse
         self.route = route
         self.started = started
         self.chunk_timeout_s = chunk_timeout_s
         self._tail = b""
         self._ok = False
         self._error: str | None = "client disconnected"
-        super().__init__(self._relay(), media_type=NDJSON, headers=headers)
+        super().__init__(self._relay(), headers=headers,
+                         media_type=upstream.headers.get("content-type", NDJSON))
 
     async def _relay(self) -> AsyncIterator[bytes]:
         ended_with_newline = True
@@ -99,7 +101,8 @@ class RelayStream(StreamingResponse):
             cause = (f"no data for {self.chunk_timeout_s:.0f} s"
                      if isinstance(exc, TimeoutError) else type(exc).__name__)
             self._error = f"provider {self.route.provider} failed mid-stream: {cause}"
-            yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error)
+            yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
+                                                                               self.sse)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -113,18 +116,40 @@ class RelayStream(StreamingResponse):
         await self.route.finish(outcome_from(self._tail, self.started, self._ok, self._error))
 
 
+def payload_for(route: Route, body: dict[str, Any]) -> bytes:
+    """The body as the chosen provider gets it: the picked model, and no num_ctx when the
+    placement already guarantees that context (a differing num_ctx makes Ollama reload)."""
+    out = {**body, "model": route.model}
+    options = out.get("options")
+    if route.strip_num_ctx and isinstance(options, dict) and "num_ctx" in options:
+        out["options"] = {k: v for k, v in options.items() if k != "num_ctx"}
+    return orjson.dumps(out)
+
+
 async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
-                  chunk_timeout_s: float) -> Response:
-    """Send `body` to the route's provider and relay the answer (or the failure)."""
+                  chunk_timeout_s: float, on_route: Callable[[Route], None] | None = None,
+                  openai: bool = False) -> Response:
+    """Send `body` to the route's provider and relay the answer (or the failure).
+
+    A connection that fails before any byte is retried once on another provider when the
+    route offers it; never after streaming started.
+    """
+    if on_route is not None:
+        on_route(route)
     started = time.perf_counter()
     headers = route_headers(route)
     try:
-        upstream = await route.client.open(path, orjson.dumps(body))
+        upstream = await route.client.open(path, payload_for(route, body))
     except UpstreamError as exc:
         await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
+        retry, route.retry = route.retry, None
+        other = await retry() if retry is not None else None
+        if other is not None:
+            return await forward(other, path, body, stream, chunk_timeout_s, on_route, openai)
         return error_response(
             502, "upstream-failed",
-            f"provider {route.provider} failed before answering: {exc}", route.model)
+            f"provider {route.provider} failed before answering: {exc}", route.model,
+            openai=openai)
 
     if upstream.status_code >= 400 or not stream:
         try:
@@ -135,7 +160,7 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
             await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
             return error_response(502, "upstream-failed",
                                   f"provider {route.provider} failed while answering: "
-                                  f"{type(exc).__name__}", route.model)
+                                  f"{type(exc).__name__}", route.model, openai=openai)
         ok = upstream.status_code < 400
         # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
         healthy = upstream.status_code < 500
@@ -148,4 +173,4 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                         media_type=upstream.headers.get("content-type", "application/json"),
                         headers=headers)
 
-    return RelayStream(upstream, route, started, chunk_timeout_s, headers)
+    return RelayStream(upstream, route, started, chunk_timeout_s, headers, sse=openai)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -18,14 +18,7 @@ from proxy.api.relay import forward
 from proxy.core.tokens import prompt_chars
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.service.routing import (
-    CallRequest,
-    ModelCatalog,
-    ProviderPool,
-    Refusal,
-    Route,
-    Router,
-)
+from proxy.service.routing import CallRequest, ProviderPool, Refusal, Route, Router
 
 log = get_logger("kubemoot.api")
 FALLBACK_VERSION = "0.12.6"
@@ -57,13 +50,13 @@ def _json(data: Any, status: int = 200) -> Response:
 class SidecarApi:
     """The HTTP surface. Everything it needs is handed in by the composition root."""
 
-    def __init__(self, *, router: Router, pool: ProviderPool, catalog: ModelCatalog,
-                 metrics: Metrics, max_request_bytes: int, chunk_timeout_s: float,
-                 default_can_wait: bool,
-                 readiness: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(self, *, router: Router, pool: ProviderPool,
+                 holders: Callable[[str], list[str]], metrics: Metrics,
+                 max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
+                 readiness: Callable[[], bool]) -> None:
         self.router = router
         self.pool = pool
-        self.catalog = catalog
+        self.holders = holders
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
         self.chunk_timeout_s = chunk_timeout_s
@@ -79,6 +72,8 @@ class SidecarApi:
         add("/api/show", self.show, methods=["POST"])
         add("/api/chat", self.chat, methods=["POST"])
         add("/api/generate", self.generate, methods=["POST"])
+        add("/v1/chat/completions", self.openai_chat, methods=["POST"])
+        add("/v1/models", self.openai_models, methods=["GET"])
         add("/healthz", self.healthz, methods=["GET"])
         add("/readyz", self.readyz, methods=["GET"])
         add("/metrics", self.prometheus, methods=["GET"])
@@ -91,7 +86,7 @@ class SidecarApi:
         return _json({"status": "ok"})
 
     async def readyz(self) -> Response:
-        if await self.readiness():
+        if self.readiness():
             return _json({"status": "ready"})
         return _json({"status": "not ready", "reason": "no provider can take calls"}, 503)
 
@@ -139,7 +134,7 @@ class SidecarApi:
         model = show.model or show.name
         if not model:
             return error_response(400, "bad-request", "field 'model': model is required")
-        holders = await self.catalog.providers_with(model)
+        holders = self.holders(model)
         candidates = [self.pool.clients[h] for h in holders] or [
             c for _, c in self.pool.everything()]
         last: Response | None = None
@@ -161,18 +156,32 @@ class SidecarApi:
     async def generate(self, request: Request) -> Response:
         return await self._infer(request, "/api/generate")
 
-    def _too_large(self) -> Response:
+    async def openai_chat(self, request: Request) -> Response:
+        return await self._infer(request, "/v1/chat/completions", openai=True)
+
+    async def openai_models(self) -> Response:
+        seen: dict[str, dict[str, Any]] = {}
+        for _, data in await self._gather("/api/tags"):
+            for model in data.get("models") or []:
+                name = str(model.get("model") or model.get("name"))
+                seen.setdefault(name, {"id": name, "object": "model", "created": 0,
+                                       "owned_by": "library"})
+        return _json({"object": "list", "data": list(seen.values())})
+
+    def _too_large(self, openai: bool = False) -> Response:
         return error_response(413, "request-too-large",
                               f"request body exceeds the sidecar's limit of "
-                              f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)")
+                              f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
+                              openai=openai)
 
     def call_request(self, request: Request, path: str, body: dict[str, Any],
-                     parsed: wire.OllamaInference) -> CallRequest:
+                     parsed: wire.OllamaInference | wire.OpenAIChat) -> CallRequest:
         phase = request.headers.get("x-kubemoot-phase", "mulling").strip().lower()
         wait_header = request.headers.get("x-kubemoot-wait")
         can_wait = self.default_can_wait if wait_header is None else \
             wait_header.strip().lower() not in {"false", "0", "no"}
-        num_ctx = (parsed.options or {}).get("num_ctx")
+        options = getattr(parsed, "options", None) or {}
+        num_ctx = options.get("num_ctx")
         return CallRequest(
             path=path,
             model=parsed.model or None,
@@ -183,27 +192,29 @@ class SidecarApi:
             num_ctx=int(num_ctx) if isinstance(num_ctx, int | float) and num_ctx > 0 else None,
         )
 
-    async def _infer(self, request: Request, path: str) -> Response:
+    async def _infer(self, request: Request, path: str, openai: bool = False) -> Response:
         started = time.perf_counter()
+        schema: type[wire.OllamaInference | wire.OpenAIChat] = \
+            wire.OpenAIChat if openai else wire.OllamaInference
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
-            parsed = wire.validate(wire.OllamaInference, body)
+            parsed = wire.validate(schema, body)
         except RequestTooLarge:
-            return self._too_large()
+            return self._too_large(openai)
         except wire.BadRequest as exc:
             self.metrics.refusals.labels("bad-request").inc()
-            return error_response(400, "bad-request", str(exc))
+            return error_response(400, "bad-request", str(exc), openai=openai)
         call = self.call_request(request, path, body, parsed)
         decision = await self.router.route(call)
         if isinstance(decision, Refusal):
             self.metrics.refusals.labels(decision.reason).inc()
             log.info("call refused", path=path, model=decision.model or call.model,
                      reason=decision.reason, status=decision.status)
-            return refusal_response(decision)
-        self._observe(decision, call, started)
-        body["model"] = decision.model
-        return await forward(decision, path, body, parsed.stream is not False,
-                             self.chunk_timeout_s)
+            return refusal_response(decision, openai)
+        stream = bool(parsed.stream) if openai else parsed.stream is not False
+        return await forward(decision, path, body, stream, self.chunk_timeout_s,
+                             on_route=lambda route: self._observe(route, call, started),
+                             openai=openai)
 
     def _observe(self, route: Route, call: CallRequest, started: float) -> None:
         self.metrics.placements.labels(route.placement, route.provider, route.model).inc()
@@ -219,6 +230,7 @@ class SidecarApi:
             log.info("call", provider=route.provider, model=route.model,
                      placement=route.placement, evicted=list(route.evicted),
                      waited_ms=route.waited_ms, prompt_chars=call.prompt_chars,
+                     estimated_prompt_tokens=route.estimated_tokens,
                      reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
                      error=outcome.error, seconds=round(time.perf_counter() - started, 4))
             if previous is not None:

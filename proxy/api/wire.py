@@ -68,6 +68,13 @@ class OpenAIChat(_Wire):
     tools: list[dict[str, Any]] | None = None
 
 
+class PlanRequest(_Wire):
+    thread: str = Field(min_length=1)
+    phase: Literal["mulling", "triage"] | None = None
+    model: str | None = None
+    promptChars: int | None = Field(default=None, ge=0)
+
+
 class ShowRequest(_Wire):
     model: str | None = None
     name: str | None = None

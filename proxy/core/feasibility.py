@@ -19,6 +19,7 @@ class Fit:
     loading: bool = False
     too_small: bool = False  # the card could never hold the model (not merely busy)
     context_short: bool = False
+    not_on_disk: bool = False
 
 
 def health_reason(index: ProviderIndex, health: Mapping[str, ProviderHealth]) -> str | None:
@@ -53,6 +54,8 @@ def check(index: ProviderIndex, model: str, occupancy: int | None, needed_tokens
         return Fit(True, "loading", loading=True)
     if model in index.planned_victims:
         return Fit(False, "resident but planned for eviction by another call")
+    if index.view.disk_mib and model not in index.view.disk_mib:
+        return Fit(False, "model not pulled on this provider", not_on_disk=True)
     usable = index.usable_mib
     if usable is None or occupancy is None:
         return Fit(True, "fit unknown (no VRAM total or no footprint published)")

@@ -106,9 +106,16 @@ class _Planner:
             kind = "cold"
         return self.placement(best, kind, 4)
 
+    def pulled_anywhere(self, model: str) -> bool:
+        """False only when every provider's catalog is known and none has the model."""
+        return any(not i.view.disk_mib or model in i.view.disk_mib or model in i.residents
+                   for i in self.indexes.values())
+
     def classify(self, verdicts: list[Verdict]) -> tuple[str, str] | None:
-        """model-too-large, prompt-too-large, or None (busy)."""
+        """model-not-found, model-too-large, prompt-too-large, or None (busy)."""
         preferred = self.call.preferred.model
+        if not self.pulled_anywhere(preferred):
+            return "model-not-found", f"model '{preferred}' not found"
         occupancy = self.occupancy.get(preferred)
         known = [i for i in self.indexes.values() if i.usable_mib is not None]
         if occupancy is not None and self.indexes and len(known) == len(self.indexes) and all(
@@ -122,6 +129,9 @@ class _Planner:
             occ = self.occupancy.get(candidate.model)
             for index in self.indexes.values():
                 if index.usable_mib is not None and occ is not None and occ > index.usable_mib:
+                    continue
+                if index.view.disk_mib and candidate.model not in index.view.disk_mib and \
+                        candidate.model not in index.residents:
                     continue
                 could_hold = True
                 ctx = index.context_for(candidate.model)

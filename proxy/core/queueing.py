@@ -78,6 +78,8 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, occupancy: int |
             continue
         if index.is_warm(model) or index.is_loading(model):
             continue  # a copy is there already: that is the queue option
+        if index.view.disk_mib and model not in index.view.disk_mib:
+            continue  # not pulled there
         free = index.free_mib()
         assert free is not None
         victims = choose_victims(index, occupancy - free, snapshot.demand,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
+
 @dataclass(frozen=True, slots=True)
 class Resident:
     """A model loaded on a provider, as `/api/ps` reports it."""
@@ -29,6 +30,7 @@ class ProviderView:
     max_parallel: int = 1
     weight: float = 100.0  # the policy's provider weight (phase-aware)
     disk_mib: Mapping[str, int] = field(default_factory=dict)  # on-disk sizes from /api/tags
+    probed_at: float = 0.0  # when the residents were last observed
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,7 @@ class Snapshot:
 
 
 PlacementKind = Literal["warm", "loading", "cold", "queued", "evict"]
-Outcome = Literal["placed", "wait", "model-too-large", "prompt-too-large"]
+Outcome = Literal["placed", "wait", "model-too-large", "prompt-too-large", "model-not-found"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,15 @@
 """The seam where placement plugs in: a call comes in, a Route (or a Refusal) goes out.
 
-The API layer knows only `Router`; the direct router below (a provider that has the model,
-else the static endpoint) is what runs until the scheduler takes over the same seam.
+The API layer knows only `Router`; the scheduler (service/scheduler.py) implements it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.adapters.ollama import OllamaClient, Timeouts, UpstreamError
+from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.settings import ProviderConfig, Settings
 
 STATIC = "static"
@@ -51,6 +48,9 @@ class Route:
     evicted: tuple[str, ...] = ()
     waited_ms: int = 0
     on_done: Callable[[CallOutcome], Awaitable[None]] | None = None
+    retry: Callable[[], Awaitable[Route | None]] | None = None  # another provider, once
+    strip_num_ctx: bool = False  # the placement guarantees the context num_ctx asked for
+    estimated_tokens: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
     async def finish(self, outcome: CallOutcome) -> None:
@@ -105,74 +105,3 @@ class ProviderPool:
             if client is not None and id(client) not in seen:
                 seen.add(id(client))
                 await client.close()
-
-
-class ModelCatalog:
-    """Which provider has which model on disk (`/api/tags`), refreshed at most every ttl_s."""
-
-    def __init__(self, pool: ProviderPool, ttl_s: float = 5.0) -> None:
-        self.pool = pool
-        self.ttl_s = ttl_s
-        self._models: dict[str, set[str]] = {}
-        self._reachable: dict[str, bool] = {}
-        self._fetched_at = -1e9
-        self._lock = asyncio.Lock()
-
-    async def refresh(self, force: bool = False) -> None:
-        async with self._lock:
-            if not force and time.monotonic() - self._fetched_at < self.ttl_s:
-                return
-            names = list(self.pool.clients)
-            results = await asyncio.gather(
-                *(self.pool.clients[n].get_json("/api/tags", 2.0) for n in names),
-                return_exceptions=True)
-            for name, result in zip(names, results, strict=True):
-                self._reachable[name] = isinstance(result, dict)
-                if isinstance(result, dict):
-                    self._models[name] = {
-                        str(m.get("model") or m.get("name")) for m in result.get("models") or []
-                    }
-            self._fetched_at = time.monotonic()
-
-    async def providers_with(self, model: str) -> list[str]:
-        await self.refresh()
-        wanted = {model, f"{model}:latest"} if ":" not in model else {model}
-        return [n for n in self.pool.clients
-                if self._reachable.get(n) and self._models.get(n, set()) & wanted]
-
-    def any_reachable(self) -> bool:
-        return any(self._reachable.values())
-
-
-class DirectRouter:
-    """A configured provider that has the model, else the static endpoint."""
-
-    def __init__(self, pool: ProviderPool, catalog: ModelCatalog, default_model: str | None,
-                 triage_model: str | None) -> None:
-        self.pool = pool
-        self.catalog = catalog
-        self.default_model = default_model
-        self.triage_model = triage_model
-
-    async def route(self, call: CallRequest) -> Route | Refusal:
-        model = call.model or (self.triage_model if call.phase == "triage" else self.default_model)
-        if not model:
-            return Refusal(400, "bad-request", "field 'model': a model is required "
-                           "(none in the request and KUBEMOOT_MODEL_MODEL is not set)")
-        try:
-            holders = await self.catalog.providers_with(model)
-        except UpstreamError:
-            holders = []
-        if holders:
-            return Route(holders[0], self.pool.clients[holders[0]], model, "cold")
-        static = self.pool.static_triage if call.phase == "triage" else self.pool.static
-        if static is not None:
-            return Route(STATIC, static, model, STATIC)
-        everything = self.pool.everything()
-        if everything:
-            # Let the provider answer (an unknown model gets Ollama's own 404).
-            name, client = everything[0]
-            assert client is not None
-            return Route(name, client, model, "cold")
-        return Refusal(503, "gpu-busy", "no provider is configured: set KUBEMOOT_PROVIDERS "
-                       "or KUBEMOOT_MODEL_ENDPOINT", model, retry_after_s=5)

@@ -12,6 +12,7 @@ import pytest
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
 from loadtest.sim_model import CATALOG
+from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -188,6 +189,7 @@ def test_root_version_health_and_metrics(fleet: list[SimServer],
 def test_not_ready_when_no_provider_answers(sim_factory: Sims,
                                             sidecar_factory: Sidecars) -> None:
     gone = sim_factory("gone")
-    url = sidecar_factory([gone]).url
+    url = sidecar_factory([gone], probe_interval_seconds=0.1).url
+    assert httpx.get(f"{url}/readyz").status_code == 200
     gone.stop()
-    assert httpx.get(f"{url}/readyz").status_code == 503
+    assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 503)

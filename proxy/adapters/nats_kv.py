@@ -1,0 +1,234 @@
+"""NATS JetStream KV: the shared, distributed store.
+
+One long-lived watch per bucket per process mirrors the bucket locally and advances the
+change counter; compare-and-set goes to the server (`update(last=rev)`), so two sidecars
+that read the same budget cannot both win it. On reconnect the watches are rebuilt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
+
+from proxy.observability.logging import get_logger
+from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry, StoreUnavailable
+
+log = get_logger("kubemoot.nats")
+WATCH_INACTIVE_S = 10.0  # server drops an abandoned watch consumer after this
+
+
+@dataclass(frozen=True)
+class NatsOptions:
+    url: str
+    creds_file: Path | None = None
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    timeout_s: float = 2.0
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "servers": [u.strip() for u in self.url.split(",")],
+            "connect_timeout": self.timeout_s,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "name": "kubemoot-proxy",
+        }
+        if self.creds_file:
+            kwargs["user_credentials"] = str(self.creds_file)
+        if self.user:
+            kwargs["user"], kwargs["password"] = self.user, self.password or ""
+        if self.token:
+            kwargs["token"] = self.token
+        if self.tls_ca or self.tls_cert or self.url.startswith("tls://"):
+            context = ssl.create_default_context(
+                cafile=str(self.tls_ca) if self.tls_ca else None)
+            if self.tls_cert:
+                context.load_cert_chain(str(self.tls_cert),
+                                        str(self.tls_key) if self.tls_key else None)
+            kwargs["tls"] = context
+        return kwargs
+
+
+def bucket_config(spec: BucketSpec) -> KeyValueConfig:
+    return KeyValueConfig(bucket=spec.name, history=spec.history, ttl=spec.ttl_s,
+                          storage=StorageType.FILE, direct=True)
+
+
+async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS) -> list[str]:
+    """Create the buckets if missing (idempotent); returns what was done per bucket."""
+    done = []
+    for spec in buckets:
+        try:
+            await js.key_value(spec.name)
+            done.append(f"{spec.name}: exists")
+        except BucketNotFoundError:
+            await js.create_key_value(config=bucket_config(spec))
+            done.append(f"{spec.name}: created (ttl {spec.ttl_s:.0f} s, history {spec.history})")
+    return done
+
+
+class NatsStore:
+    def __init__(self, options: NatsOptions, buckets: tuple[BucketSpec, ...] = BUCKETS,
+                 create_buckets: bool = True) -> None:
+        self.options = options
+        self.buckets = buckets
+        self.create_buckets = create_buckets
+        self.changes = ChangeCounter()
+        self._nc: Any = None
+        self._kv: dict[str, Any] = {}
+        self._mirror: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
+        self._watch_tasks: list[asyncio.Task[None]] = []
+        self._watchers: list[Any] = []
+        self._connected = False
+
+    @property
+    def connected(self) -> bool:
+        return self._connected and self._nc is not None and self._nc.is_connected
+
+    async def start(self) -> None:
+        async def disconnected() -> None:
+            self._connected = False
+            log.warning("nats disconnected; placing from direct probes until it returns")
+            self.changes.bump()
+
+        async def reconnected() -> None:
+            log.info("nats reconnected")
+            await self._rewatch()
+
+        async def error(exc: Exception) -> None:
+            log.warning("nats error", error=str(exc))
+
+        try:
+            self._nc = await nats.connect(**self.options.connect_kwargs(),
+                                          disconnected_cb=disconnected,
+                                          reconnected_cb=reconnected, error_cb=error)
+        except Exception as exc:  # nats raises a zoo of types; all mean "not reachable"
+            raise StoreUnavailable(f"cannot connect to NATS at {self.options.url}: {exc}"
+                                   ) from exc
+        await self._bind()
+        await self._rewatch()
+
+    async def _bind(self) -> None:
+        js = self._nc.jetstream(timeout=self.options.timeout_s)
+        if self.create_buckets:
+            await ensure_buckets(js, self.buckets)
+        for spec in self.buckets:
+            self._kv[spec.name] = await js.key_value(spec.name)
+
+    async def _rewatch(self) -> None:
+        for task in self._watch_tasks:
+            task.cancel()
+        for watcher in self._watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        self._watch_tasks, self._watchers = [], []
+        try:
+            if not self._kv:
+                await self._bind()
+            for spec in self.buckets:
+                watcher = await self._kv[spec.name].watch(
+                    ">", inactive_threshold=WATCH_INACTIVE_S)
+                self._watchers.append(watcher)
+                self._mirror[spec.name] = {}
+                self._watch_tasks.append(asyncio.create_task(
+                    self._drain(spec.name, watcher), name=f"watch-{spec.name}"))
+            self._connected = True
+        except Exception as exc:
+            self._connected = False
+            log.warning("nats watch failed", error=str(exc))
+        self.changes.bump()
+
+    async def _drain(self, bucket: str, watcher: Any) -> None:
+        mirror = self._mirror[bucket]
+        async for entry in watcher:
+            if entry is None:  # end of the initial replay
+                self.changes.bump()
+                continue
+            if entry.operation in ("DEL", "PURGE") or entry.value is None:
+                mirror.pop(entry.key, None)
+            else:
+                mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
+            if entry.delta == 0:
+                self.changes.bump()
+
+    async def close(self) -> None:
+        for task in self._watch_tasks:
+            task.cancel()
+        for watcher in self._watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        self._connected = False
+
+    def view(self, bucket: str) -> Mapping[str, Entry]:
+        return self._mirror[bucket]
+
+    def _bucket(self, bucket: str) -> Any:
+        if not self.connected:
+            raise StoreUnavailable("NATS is not connected")
+        return self._kv[bucket]
+
+    async def get(self, bucket: str, key: str) -> Entry | None:
+        try:
+            entry = await self._bucket(bucket).get(key)
+        except KeyNotFoundError:
+            return None
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        if entry.value is None:  # an expiry marker, not a value
+            return None
+        return Entry(key, entry.value, entry.revision)
+
+    async def put(self, bucket: str, key: str, value: bytes) -> int:
+        try:
+            return int(await self._bucket(bucket).put(key, value))
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        kv = self._bucket(bucket)
+        try:
+            if last_revision == 0:
+                return int(await kv.create(key, value))  # also re-creates over a tombstone
+            return int(await kv.update(key, value, last=last_revision))
+        except KeyWrongLastSequenceError as exc:
+            raise CasConflict(str(exc)) from exc
+        except BadRequestError as exc:
+            if getattr(exc, "err_code", None) == 10071:
+                raise CasConflict(str(exc)) from exc
+            raise StoreUnavailable(str(exc)) from exc
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+    async def delete(self, bucket: str, key: str) -> None:
+        try:
+            await self._bucket(bucket).delete(key)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            raise StoreUnavailable(str(exc)) from exc

@@ -1,0 +1,122 @@
+"""The sidecar's own endpoints: plans, explain (dry run) and state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from proxy.api import wire
+from proxy.api.errors import JSON, error_response
+from proxy.core.types import Decision, Verdict
+from proxy.ports import MODEL_DEMAND
+from proxy.service.demand import DemandBoard
+from proxy.service.plans import PlanBook
+from proxy.service.scheduler import Scheduler
+from proxy.service.snapshot import StateView
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type=JSON)
+
+
+def verdict_json(v: Verdict) -> dict[str, Any]:
+    return {"provider": v.provider, "model": v.model, "feasible": v.feasible,
+            "reason": v.reason, "terms": {k: round(x, 4) for k, x in v.terms.items()},
+            "cost_s": round(v.cost_s, 4) if v.feasible else None}
+
+
+def decision_json(d: Decision) -> dict[str, Any]:
+    p = d.placement
+    return {
+        "outcome": d.outcome, "reason": d.reason,
+        "placement": None if p is None else {
+            "provider": p.provider, "model": p.model, "kind": p.kind, "step": p.step,
+            "footprintMiB": p.footprint_mib, "cost_s": round(p.cost_s, 4),
+            "evicts": dict(p.evicts), "contextLength": p.context_length},
+        "queueOption_s": d.queue_option_s, "unloadOption_s": d.unload_option_s,
+    }
+
+
+def _int_param(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit():
+        raise wire.BadRequest(f"query parameter '{name}' must be a whole number", name)
+    return int(raw)
+
+
+class KubemootApi:
+    def __init__(self, scheduler: Scheduler, plans: PlanBook, view: StateView,
+                 demand: DemandBoard) -> None:
+        self.scheduler = scheduler
+        self.plans = plans
+        self.view = view
+        self.demand = demand
+
+    def mount(self, app: FastAPI) -> None:
+        app.add_api_route("/kubemoot/v1/plans", self.create_plan, methods=["POST"])
+        app.add_api_route("/kubemoot/v1/plans/{thread}", self.delete_plan, methods=["DELETE"])
+        app.add_api_route("/kubemoot/v1/explain", self.explain, methods=["GET"])
+        app.add_api_route("/kubemoot/v1/state", self.state, methods=["GET"])
+
+    async def create_plan(self, request: Request) -> Response:
+        try:
+            body = wire.parse_body(await request.body())
+            plan = wire.validate(wire.PlanRequest, body)
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc))
+        result = await self.plans.create(plan.thread, plan.phase or "mulling", plan.model,
+                                         plan.promptChars)
+        return _json(result, 201 if result.get("planned") else 200)
+
+    async def delete_plan(self, thread: str) -> Response:
+        released = await self.plans.release(thread)
+        return _json({"thread": thread, "released": released})
+
+    async def explain(self, request: Request) -> Response:
+        try:
+            prompt_chars = _int_param(request, "promptChars") or 0
+            num_ctx = _int_param(request, "numCtx")
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc))
+        phase = request.query_params.get("phase", "mulling")
+        model = request.query_params.get("model") or None
+        result = self.scheduler.explain(phase, model, prompt_chars, num_ctx)
+        if result is None:
+            return error_response(400, "bad-request", "field 'model': a model is required")
+        decision, verdicts, spec = result
+        return _json({
+            "candidates": [{"model": c.model, "score": c.score} for c in spec.candidates],
+            "promptTokens": spec.prompt_tokens,
+            "charsPerToken": round(self.scheduler.learning.ratio.chars_per_token, 3),
+            "decision": decision_json(decision),
+            "verdicts": [verdict_json(v) for v in verdicts],
+        })
+
+    async def state(self) -> Response:
+        snap = self.scheduler.snapshot(self.scheduler.clock())
+        return _json({
+            "providers": [{
+                "name": v.name, "ready": v.ready, "totalVramMiB": v.total_vram_mib,
+                "contextLength": v.context_length, "maxParallel": v.max_parallel,
+                "residents": [{"model": r.model, "footprintMiB": r.footprint_mib,
+                               "contextLength": r.context_length} for r in v.residents],
+                "circuit": snap.health[v.name].circuit.value if v.name in snap.health else None,
+            } for v in snap.providers],
+            "tickets": [{"id": t.ticket_id, "provider": t.provider, "model": t.model,
+                         "footprintMiB": t.footprint_mib, "cold": t.cold,
+                         "evicts": dict(t.evicts), "holder": t.holder,
+                         "expiresIn_s": round(t.expires_at - snap.now, 1)}
+                        for t in snap.tickets],
+            "demand": {m: {"waiters": d.waiters, "intents": d.intents,
+                           "recentUse": round(d.recent_use, 3),
+                           "predicted": round(d.predicted, 3)}
+                       for m, d in sorted(snap.demand.items())},
+            "demandEntries": len(self.view.store.view(MODEL_DEMAND)),
+            "plans": sorted(self.plans.plans),
+            "sharedStateConnected": self.view.store.connected,
+        })

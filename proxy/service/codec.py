@@ -1,0 +1,150 @@
+"""What the three buckets hold, and how it turns into the core's types.
+
+Key layouts (documented in the README):
+- kubemoot_provider_state / <provider>: the provider's probed state (CONTRACT.md fields).
+- kubemoot_provider_tickets / <provider>: {"tickets": {id: ticket}, "residents": {model: entry}}
+  one key per provider, so a claim is one compare-and-set on one key.
+- kubemoot_model_demand / wait.<model>.<agent>, intent.<model>.<agent>, use.<model>.<agent>,
+  sel.<agent>: one key per model and agent, so writes need no compare-and-set.
+Names are encoded into KV-safe tokens with `token()`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from dataclasses import replace as _replace
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from proxy.core.types import ProviderView, Resident, Ticket
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def token(name: str) -> str:
+    """A KV-safe key token: anything but letters, digits, '_' and '-' becomes =XX."""
+    return _UNSAFE.sub(lambda m: "".join(f"={b:02X}" for b in m.group().encode()), name)
+
+
+def untoken(text: str) -> str:
+    return re.sub(r"(?:=[0-9A-F]{2})+",
+                  lambda m: bytes.fromhex(m.group().replace("=", "")).decode(), text)
+
+
+def rfc3339(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_rfc3339(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class ProviderState:
+    """One `kubemoot_provider_state` entry."""
+
+    name: str
+    endpoint: str
+    ready: bool
+    last_probed_at: float
+    total_vram_mib: int | None = None
+    context_length: int = 0
+    max_parallel: int = 1
+    loaded_mib: dict[str, int] = field(default_factory=dict)
+    loaded_ctx: dict[str, int] = field(default_factory=dict)
+    available_mib: dict[str, int] = field(default_factory=dict)
+    observed_mib: dict[str, int] = field(default_factory=dict)  # first footprint seen per model
+    version: str = ""
+
+    def encode(self) -> bytes:
+        return orjson.dumps({
+            "name": self.name,
+            "endpoint": self.endpoint,
+            "totalVramMiB": self.total_vram_mib,
+            "loadedModelFootprintsMiB": self.loaded_mib,
+            "loadedModelContextLengths": self.loaded_ctx,
+            "availableModelFootprintsMiB": self.available_mib,
+            "observedModelFootprintsMiB": self.observed_mib,
+            "contextLength": self.context_length,
+            "maxParallel": self.max_parallel,
+            "ready": self.ready,
+            "lastProbedAt": rfc3339(self.last_probed_at),
+            "version": self.version,
+        })
+
+    @staticmethod
+    def decode(raw: bytes) -> ProviderState:
+        d = orjson.loads(raw)
+        return ProviderState(
+            name=str(d["name"]), endpoint=str(d.get("endpoint", "")), ready=bool(d["ready"]),
+            last_probed_at=parse_rfc3339(d["lastProbedAt"]),
+            total_vram_mib=d.get("totalVramMiB"), context_length=int(d.get("contextLength") or 0),
+            max_parallel=int(d.get("maxParallel") or 1),
+            loaded_mib=dict(d.get("loadedModelFootprintsMiB") or {}),
+            loaded_ctx=dict(d.get("loadedModelContextLengths") or {}),
+            available_mib=dict(d.get("availableModelFootprintsMiB") or {}),
+            observed_mib=dict(d.get("observedModelFootprintsMiB") or {}),
+            version=str(d.get("version", "")),
+        )
+
+    def residents(self) -> tuple[Resident, ...]:
+        return tuple(Resident(m, mib, self.loaded_ctx.get(m, 0))
+                     for m, mib in sorted(self.loaded_mib.items()))
+
+
+@dataclass(frozen=True)
+class Residency:
+    """A model a call left loaded, counted at once rather than at the next probe."""
+
+    mib: int
+    context_length: int
+    at: float
+
+
+@dataclass(frozen=True)
+class TicketSet:
+    """One `kubemoot_provider_tickets` entry."""
+
+    tickets: dict[str, Ticket] = field(default_factory=dict)
+    residents: dict[str, Residency] = field(default_factory=dict)
+
+    def live(self, now: float) -> TicketSet:
+        return TicketSet({k: t for k, t in self.tickets.items() if t.expires_at > now},
+                         dict(self.residents))
+
+    def encode(self) -> bytes:
+        return orjson.dumps({
+            "tickets": {tid: {"model": t.model, "mib": t.footprint_mib, "cold": t.cold,
+                              "evicts": dict(t.evicts), "holder": t.holder,
+                              "started": t.started_at, "exp": t.expires_at}
+                        for tid, t in self.tickets.items()},
+            "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at}
+                          for m, r in self.residents.items()},
+        })
+
+    @staticmethod
+    def decode(provider: str, raw: bytes | None) -> TicketSet:
+        if not raw:
+            return TicketSet()
+        d: dict[str, Any] = orjson.loads(raw)
+        tickets = {
+            tid: Ticket(tid, provider, str(t["model"]), int(t["mib"]), float(t["started"]),
+                        float(t["exp"]), cold=bool(t.get("cold")),
+                        evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
+                        holder=str(t.get("holder", "")))
+            for tid, t in (d.get("tickets") or {}).items()
+        }
+        residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]))
+                     for m, r in (d.get("residents") or {}).items()}
+        return TicketSet(tickets, residents)
+
+
+def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
+    """Residents as probed, plus models calls left loaded after that probe."""
+    known = {r.model for r in view.residents}
+    extra = tuple(Resident(m, r.mib, r.context_length, r.at) for m, r in residency.items()
+                  if m not in known and r.at > view.probed_at)
+    return _replace(view, residents=view.residents + extra) if extra else view

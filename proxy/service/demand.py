@@ -1,0 +1,111 @@
+"""The demand board: who waits for, intends, uses and is selected for which model.
+
+One key per model and agent (no compare-and-set needed); every value carries expiresAt and
+readers ignore expired entries. Rates decay with a 10-minute half-life.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import orjson
+
+from proxy.core.types import ModelDemand
+from proxy.ports import MODEL_DEMAND, Entry, StateStore, StoreUnavailable
+from proxy.service.codec import token, untoken
+
+WAIT_TTL_S = 600.0
+INTENT_TTL_S = 180.0
+USE_TTL_S = 6 * 3600.0
+HALF_LIFE_S = 600.0
+
+
+def decayed(rate: float, at: float, now: float) -> float:
+    return float(rate * 0.5 ** (max(0.0, now - at) / HALF_LIFE_S))
+
+
+def aggregate(entries: Mapping[str, Entry], now: float) -> dict[str, ModelDemand]:
+    """Per model: waiters, intents, recent use, predicted demand and last use."""
+    waiters: dict[str, int] = {}
+    intents: dict[str, int] = {}
+    use: dict[str, float] = {}
+    last: dict[str, float] = {}
+    predicted: dict[str, float] = {}
+    for key, entry in entries.items():
+        try:
+            value = orjson.loads(entry.value)
+        except orjson.JSONDecodeError:
+            continue
+        if float(value.get("expiresAt", 0)) <= now:
+            continue
+        kind, _, rest = key.partition(".")
+        if kind == "sel":
+            rate = decayed(float(value.get("rate", 0)), float(value.get("at", now)), now)
+            for model in value.get("models") or []:
+                predicted[model] = predicted.get(model, 0.0) + rate
+            continue
+        model = untoken(rest.partition(".")[0])
+        if kind == "wait":
+            waiters[model] = waiters.get(model, 0) + 1
+        elif kind == "intent":
+            intents[model] = intents.get(model, 0) + 1
+        elif kind == "use":
+            at = float(value.get("at", now))
+            use[model] = use.get(model, 0.0) + decayed(float(value.get("rate", 0)), at, now)
+            last[model] = max(last.get(model, 0.0), at)
+    models = set(waiters) | set(intents) | set(use) | set(predicted)
+    return {m: ModelDemand(waiters.get(m, 0), intents.get(m, 0), use.get(m, 0.0),
+                           predicted.get(m, 0.0), last.get(m, 0.0)) for m in models}
+
+
+class DemandBoard:
+    def __init__(self, store: StateStore, agent_id: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.agent = token(agent_id)
+        self.clock = clock
+
+    def _key(self, kind: str, model: str) -> str:
+        return f"{kind}.{token(model)}.{self.agent}"
+
+    async def _put(self, key: str, value: dict[str, object]) -> None:
+        # Demand only orders victims; losing a write is harmless.
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.put(MODEL_DEMAND, key, orjson.dumps(value))
+
+    async def _drop(self, key: str) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.delete(MODEL_DEMAND, key)
+
+    async def waiting(self, model: str) -> None:
+        await self._put(self._key("wait", model), {"expiresAt": self.clock() + WAIT_TTL_S})
+
+    async def done_waiting(self, model: str) -> None:
+        await self._drop(self._key("wait", model))
+
+    async def intend(self, model: str) -> None:
+        await self._put(self._key("intent", model), {"expiresAt": self.clock() + INTENT_TTL_S})
+
+    async def drop_intent(self, model: str) -> None:
+        await self._drop(self._key("intent", model))
+
+    async def _bump(self, key: str, extra: dict[str, object]) -> None:
+        now = self.clock()
+        previous = self.store.view(MODEL_DEMAND).get(key)
+        rate = 0.0
+        if previous is not None:
+            old = orjson.loads(previous.value)
+            rate = decayed(float(old.get("rate", 0)), float(old.get("at", now)), now)
+        await self._put(key, {"rate": rate + 1.0, "at": now, "expiresAt": now + USE_TTL_S,
+                              **extra})
+
+    async def used(self, model: str) -> None:
+        await self._bump(self._key("use", model), {})
+
+    async def selected(self, models: Iterable[str]) -> None:
+        await self._bump(f"sel.{self.agent}", {"models": list(models)})
+
+    def view(self) -> dict[str, ModelDemand]:
+        return aggregate(self.store.view(MODEL_DEMAND), self.clock())

@@ -1,0 +1,147 @@
+"""Planning at selection: place a thread's first call early, hold the ticket, start the load.
+
+The first call carrying the thread id takes the held plan when its provider is still ready
+and its context holds the real prompt; otherwise the plan is released and the call placed
+afresh. Unused plans are released after three minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.adapters.ollama import UpstreamError
+from proxy.core.placement import in_tolerance, place
+from proxy.core.types import CallSpec
+from proxy.observability.logging import get_logger
+from proxy.service.routing import CallRequest, Refusal, Route
+from proxy.service.scheduler import Claimed, Scheduler
+
+log = get_logger("kubemoot.plans")
+PLAN_TTL_S = 180.0
+ASSUMED_PROMPT_CHARS = 16000
+
+
+@dataclass
+class HeldPlan:
+    thread: str
+    claimed: Claimed
+    spec: CallSpec
+    created: float
+    intents: tuple[str, ...]
+    loader: asyncio.Task[None] | None = None
+
+
+class PlanBook:
+    """Implements the Router seam: a held plan first, else the scheduler."""
+
+    def __init__(self, scheduler: Scheduler, ttl_s: float = PLAN_TTL_S) -> None:
+        self.scheduler = scheduler
+        self.ttl_s = ttl_s
+        self.plans: dict[str, HeldPlan] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reaper = asyncio.create_task(self._reap())
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for thread in list(self.plans):
+            await self.release(thread)
+
+    async def _reap(self) -> None:
+        while True:  # a safety net for plans nobody used or released
+            await asyncio.sleep(min(5.0, self.ttl_s / 4))
+            now = time.monotonic()
+            for thread, plan in list(self.plans.items()):
+                if now - plan.created > self.ttl_s:
+                    log.info("held plan expired unused", thread=thread)
+                    await self.release(thread)
+
+    async def create(self, thread: str, phase: str, model: str | None,
+                     prompt_chars: int | None) -> dict[str, Any]:
+        await self.release(thread)
+        s = self.scheduler
+        candidates = s.candidates(phase, model)
+        if not candidates:
+            return {"thread": thread, "planned": False, "reason": "no model to plan for"}
+        call = CallRequest("/api/chat", model, phase, thread, True,
+                           prompt_chars if prompt_chars is not None else ASSUMED_PROMPT_CHARS)
+        spec = s.spec(call, candidates)
+        acceptable = tuple(c.model for c in (spec.preferred, *in_tolerance(spec)))
+        await s.demand.selected(acceptable)
+        for m in acceptable:
+            await s.demand.intend(m)
+        snapshot = s.snapshot(s.clock())
+        decision = place(spec, snapshot, s.policy)
+        claimed = await s.claim(decision.placement, snapshot) if decision.placement else None
+        if claimed is None:
+            for m in acceptable:
+                await s.demand.drop_intent(m)
+            return {"thread": thread, "planned": False, "outcome": decision.outcome,
+                    "reason": decision.reason}
+        placement = claimed.placement
+        plan = HeldPlan(thread, claimed, spec, time.monotonic(), acceptable)
+        if placement.kind in ("cold", "evict"):
+            plan.loader = asyncio.create_task(self._load(claimed))
+        self.plans[thread] = plan
+        return {"thread": thread, "planned": True, "provider": placement.provider,
+                "model": placement.model, "placement": placement.kind,
+                "evicts": list(placement.evicts), "reason": decision.reason}
+
+    async def _load(self, claimed: Claimed) -> None:
+        """Unload the victims and start loading, so the load overlaps prompt building."""
+        placement = claimed.placement
+        client = self.scheduler.pool.clients[placement.provider]
+        try:
+            for victim in placement.evicts:
+                await client.unload(victim)
+            await client.load(placement.model)
+        except UpstreamError as exc:
+            log.warning("plan preload failed", provider=placement.provider, error=str(exc))
+
+    async def release(self, thread: str) -> bool:
+        plan = self.plans.pop(thread, None)
+        if plan is None:
+            return False
+        if plan.loader is not None:
+            plan.loader.cancel()
+        with contextlib.suppress(Exception):
+            await self.scheduler.book(plan.claimed).release(plan.claimed.ticket)
+        for m in plan.intents:
+            await self.scheduler.demand.drop_intent(m)
+        return True
+
+    def _still_good(self, plan: HeldPlan, call: CallRequest) -> bool:
+        s = self.scheduler
+        placement = plan.claimed.placement
+        candidates = s.candidates(call.phase, call.model) or ()
+        if placement.model not in {c.model for c in candidates}:
+            return False
+        view = s.view.provider_view(
+            next(c for c in s.settings.providers if c.name == placement.provider), s.clock())
+        if not view.ready:
+            return False
+        tokens = max(s.learning.ratio.tokens(call.prompt_chars), call.num_ctx or 0)
+        context = placement.context_length or view.context_length
+        return context == 0 or tokens <= context
+
+    async def route(self, call: CallRequest) -> Route | Refusal:
+        plan = self.plans.pop(call.thread, None) if call.thread else None
+        if plan is not None:
+            if self._still_good(plan, call):
+                for m in plan.intents:
+                    await self.scheduler.demand.drop_intent(m)
+                spec = self.scheduler.spec(call, plan.spec.candidates)
+                # The victims were unloaded when the plan was made: do not unload again.
+                route = await self.scheduler.start_claimed(plan.claimed, call, spec, 0,
+                                                           unload=False)
+                route.placement = "held"
+                return route
+            self.plans[plan.thread] = plan
+            await self.release(plan.thread)
+        return await self.scheduler.route(call)

@@ -1,0 +1,145 @@
+"""Probing providers and publishing their state (the `publish` command and the sidecar's
+own fallback when the shared store has nothing fresh).
+
+Readiness from `/api/version`; residents with `size_vram` and `context_length` from
+`/api/ps`; on-disk sizes from `/api/tags`; total VRAM, context and slots from the provider
+configuration or a DCGM exporter. The first footprint observed per model is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.adapters.ollama import OllamaClient, UpstreamError
+from proxy.observability.logging import get_logger
+from proxy.ports import PROVIDER_STATE, StateStore, StoreUnavailable
+from proxy.service.codec import ProviderState, token
+from proxy.settings import ProviderConfig
+
+log = get_logger("kubemoot.prober")
+MIB = 1024 * 1024
+PROBE_TIMEOUT_S = 2.0
+
+
+async def dcgm_total_mib(url: str) -> int | None:
+    """Framebuffer total from a DCGM exporter: FB_FREE + FB_USED (+ FB_RESERVED), in MiB."""
+    try:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
+            text = (await client.get(url)).text
+    except httpx.HTTPError:
+        return None
+    total = 0.0
+    seen = False
+    for family in text_string_to_metric_families(text):
+        if family.name in ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
+                           "DCGM_FI_DEV_FB_RESERVED"):
+            for sample in family.samples[:1]:  # one GPU per Ollama
+                total += sample.value
+                seen = True
+    return int(total) if seen else None
+
+
+def _significant(state: ProviderState) -> tuple[Any, ...]:
+    return (state.ready, state.total_vram_mib, state.context_length, state.max_parallel,
+            sorted(state.loaded_mib.items()), sorted(state.loaded_ctx.items()),
+            sorted(state.available_mib.items()))
+
+
+class Prober:
+    def __init__(self, configs: list[ProviderConfig], clients: dict[str, OllamaClient],
+                 store: StateStore | None, clock: Callable[[], float] = time.time,
+                 write_every_s: float = 5.0) -> None:
+        self.configs = {c.name: c for c in configs}
+        self.clients = clients
+        self.store = store
+        self.clock = clock
+        self.write_every_s = write_every_s
+        self.latest: dict[str, ProviderState] = {}
+        self.observed: dict[str, int] = {}
+        self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
+
+    async def probe(self, name: str) -> ProviderState:
+        config = self.configs[name]
+        client = self.clients[name]
+        results: tuple[Any, ...] = await asyncio.gather(
+            client.get_json("/api/version", PROBE_TIMEOUT_S),
+            client.get_json("/api/ps", PROBE_TIMEOUT_S),
+            client.get_json("/api/tags", PROBE_TIMEOUT_S),
+            return_exceptions=True)
+        version, ps, tags = results
+        now = self.clock()
+        total = config.total_vram_mib
+        if total is None and config.dcgm_url:
+            total = await dcgm_total_mib(config.dcgm_url)
+        ready = isinstance(version, dict) and isinstance(ps, dict)
+        loaded_mib: dict[str, int] = {}
+        loaded_ctx: dict[str, int] = {}
+        if isinstance(ps, dict):
+            for m in ps.get("models") or []:
+                model = str(m.get("model") or m.get("name"))
+                mib = int(m.get("size_vram") or m.get("size") or 0) // MIB
+                loaded_mib[model] = mib
+                loaded_ctx[model] = int(m.get("context_length") or 0)
+                if mib:
+                    self.observed.setdefault(model, mib)
+        available = {}
+        if isinstance(tags, dict):
+            available = {str(m.get("model") or m.get("name")): int(m.get("size") or 0) // MIB
+                         for m in tags.get("models") or []}
+        state = ProviderState(
+            name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
+            total_vram_mib=total, context_length=config.context_length or 0,
+            max_parallel=config.max_parallel, loaded_mib=loaded_mib, loaded_ctx=loaded_ctx,
+            available_mib=available, observed_mib=dict(self.observed),
+            version=str(version.get("version", "")) if isinstance(version, dict) else "")
+        if not ready and name in self.latest and self.latest[name].ready:
+            log.warning("provider unreachable", provider=name)
+        self.latest[name] = state
+        return state
+
+    async def publish(self, state: ProviderState, force: bool = False) -> bool:
+        """Write the state if it changed or the write interval passed; False if not written."""
+        if self.store is None or not self.store.connected:
+            return False
+        fingerprint = _significant(state)
+        last = self._written.get(state.name)
+        if not force and last and last[0] == fingerprint and \
+                state.last_probed_at - last[1] < self.write_every_s:
+            return False
+        try:
+            await self.store.put(PROVIDER_STATE, token(state.name), state.encode())
+        except StoreUnavailable as exc:
+            log.warning("provider state not written", provider=state.name, error=str(exc))
+            return False
+        self._written[state.name] = (fingerprint, state.last_probed_at)
+        return True
+
+    async def round(self, names: list[str] | None = None, force: bool = False
+                    ) -> list[ProviderState]:
+        targets = names if names is not None else list(self.configs)
+        states = await asyncio.gather(*(self.probe(n) for n in targets))
+        await asyncio.gather(*(self.publish(s, force) for s in states))
+        return list(states)
+
+    async def refresh(self, name: str) -> None:
+        """Probe one provider now and publish at once (after an unload or a load)."""
+        if name in self.configs:
+            with_state = await self.probe(name)
+            await self.publish(with_state, force=True)
+
+    async def run(self, interval_s: float, wanted: Callable[[], list[str]]) -> None:
+        """Probe what `wanted()` names every `interval_s` until cancelled."""
+        while True:
+            try:
+                names = wanted()
+                if names:
+                    await self.round(names)
+            except (UpstreamError, StoreUnavailable) as exc:
+                log.warning("probe round failed", error=str(exc))
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,372 @@
+"""The scheduled call: snapshot -> core.place -> claim -> unload victims -> route -> release.
+
+This is the imperative shell around `proxy.core`. It implements the `Router` seam the API
+calls for every inference request, and waits for capacity (woken by the store's change
+counter, never by polling) when the core says the GPUs are busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field, replace
+
+from proxy.adapters.ollama import UpstreamError
+from proxy.core.health import ProviderStats
+from proxy.core.placement import explain, place
+from proxy.core.policy import Policy
+from proxy.core.tokens import TokenRatio
+from proxy.core.types import (
+    CallSpec,
+    Candidate,
+    Circuit,
+    Decision,
+    Placement,
+    ProviderHealth,
+    Snapshot,
+    Ticket,
+    Verdict,
+)
+from proxy.observability.logging import get_logger
+from proxy.observability.metrics import Metrics
+from proxy.ports import PROVIDER_TICKETS, StateStore, StoreUnavailable
+from proxy.service.codec import Residency, TicketSet, untoken
+from proxy.service.demand import DemandBoard
+from proxy.service.prober import Prober
+from proxy.service.routing import STATIC, CallOutcome, CallRequest, ProviderPool, Refusal, Route
+from proxy.service.snapshot import StateView
+from proxy.service.tickets import TicketBook
+from proxy.settings import CandidateModel, Settings
+
+log = get_logger("kubemoot.scheduler")
+MAX_CLAIM_ROUNDS = 5
+LOAD_SPEED_ALPHA = 0.3
+
+
+def normalise_model(name: str) -> str:
+    """Ollama's `name[:tag]`, the tag defaulting to `latest`, as /api/ps reports it."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+@dataclass
+class Claimed:
+    placement: Placement
+    ticket: Ticket
+    local: bool  # claimed in the in-process book because the shared store was unreachable
+
+
+@dataclass
+class Learning:
+    """What the sidecar learns from responses: chars per token and load speed."""
+
+    ratio: TokenRatio = field(default_factory=TokenRatio)
+    load_mib_per_s: float | None = None
+
+    def observe_load(self, mib: int, seconds: float | None) -> None:
+        if not seconds or seconds < 0.05 or mib <= 0:
+            return
+        sample = mib / seconds
+        self.load_mib_per_s = sample if self.load_mib_per_s is None else \
+            LOAD_SPEED_ALPHA * sample + (1 - LOAD_SPEED_ALPHA) * self.load_mib_per_s
+
+
+class Scheduler:
+    def __init__(self, *, settings: Settings, pool: ProviderPool, store: StateStore,
+                 tickets: TicketBook, local_tickets: TicketBook, view: StateView,
+                 prober: Prober, demand: DemandBoard, metrics: Metrics, policy: Policy,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.store = store
+        self.tickets = tickets
+        self.local_tickets = local_tickets
+        self.view = view
+        self.prober = prober
+        self.demand = demand
+        self.metrics = metrics
+        self.policy = policy
+        self.clock = clock
+        self.stats: dict[str, ProviderStats] = {n: ProviderStats() for n in pool.clients}
+        self.learning = Learning()
+        self.holder = f"{settings.namespace}/{settings.agent_name}"
+        self._background: set[asyncio.Task[object]] = set()
+
+    # -- inputs ----------------------------------------------------------------------------
+    def candidates(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
+        s = self.settings
+        if phase == "triage":
+            bound = model or s.triage_model
+            return (Candidate(normalise_model(bound)),) if bound else None
+        listed = [self._candidate(c) for c in s.model_candidates_mulling]
+        if not listed and s.model_model:
+            listed = [Candidate(normalise_model(s.model_model))]
+        if model is None:
+            return tuple(listed) or None
+        wanted = normalise_model(model)
+        mine = next((c for c in listed if c.model == wanted), None)
+        if mine is None:
+            return (Candidate(wanted),)
+        return (mine, *(c for c in listed if c.model != wanted))
+
+    @staticmethod
+    def _candidate(c: CandidateModel) -> Candidate:
+        return Candidate(normalise_model(c.model), c.score, c.vram_mib)
+
+    def health(self, now: float) -> dict[str, ProviderHealth]:
+        out = {}
+        for name, stats in self.stats.items():
+            circuit = stats.breaker.state(now)
+            if circuit is Circuit.HALF_OPEN and not stats.breaker.allows(now):
+                circuit = Circuit.OPEN  # a trial call is out already
+            out[name] = ProviderHealth(circuit, stats.latency.value, stats.success_rate)
+            self.metrics.circuit_open.labels(name).set(0 if circuit is Circuit.CLOSED else 1)
+        return out
+
+    def snapshot(self, now: float) -> Snapshot:
+        local = tuple(self._local_live(now))
+        return self.view.snapshot(now, self.health(now), self.demand.view(),
+                                  self.learning.load_mib_per_s, local)
+
+    def _local_live(self, now: float) -> list[Ticket]:
+        """Tickets claimed in-process while the shared store was unreachable."""
+        mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
+        out: list[Ticket] = []
+        for name, entry in mirror.items():
+            out.extend(TicketSet.decode(untoken(name), entry.value).live(now).tickets.values())
+        return out
+
+    def spec(self, call: CallRequest, candidates: tuple[Candidate, ...]) -> CallSpec:
+        return CallSpec(candidates, prompt_tokens=self.learning.ratio.tokens(call.prompt_chars),
+                        min_context=call.num_ctx or 0, tolerance=self.settings.tolerance,
+                        phase="triage" if call.phase == "triage" else "mulling")
+
+    # -- the call path ---------------------------------------------------------------------
+    async def route(self, call: CallRequest) -> Route | Refusal:
+        candidates = self.candidates(call.phase, call.model)
+        if not candidates:
+            return Refusal(400, "bad-request", "field 'model': a model is required (none in "
+                           "the request and KUBEMOOT_MODEL_MODEL is not set)")
+        spec = self.spec(call, candidates)
+        if not self.pool.clients:  # no provider is known at all: the static endpoint
+            return self._static_or_busy(call, spec, Decision("wait", None, "no providers"))
+        started = time.monotonic()
+        deadline = started + self.settings.wait_limit_seconds
+        waiting_for: str | None = None
+        try:
+            while True:
+                seen = self.store.changes.value
+                decided_at = time.perf_counter()
+                now = self.clock()
+                snapshot = self.snapshot(now)
+                decision = place(spec, snapshot, self.policy)
+                self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
+                if decision.placement is not None:
+                    claimed = await self.claim(decision.placement, snapshot)
+                    if claimed is None:
+                        continue  # the budget moved under us: decide again on fresh state
+                    waited = time.monotonic() - started
+                    if waiting_for:
+                        self.metrics.wait_seconds.observe(waited)
+                    return await self.start_claimed(claimed, call, spec, int(waited * 1000))
+                refusal = self._refusal(decision, call, spec)
+                if refusal is not None:
+                    return refusal
+                # Busy: those who cannot wait go to the static endpoint.
+                if not call.can_wait:
+                    return self._static_or_busy(call, spec, decision)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.metrics.refusals.labels("gpu-busy").inc()
+                    return Refusal(503, "gpu-busy", (
+                        f"Every GPU that can run {spec.preferred.model} stayed busy for "
+                        f"{self.settings.wait_limit_seconds:.0f} s ({decision.reason}); "
+                        "this is the cluster's capacity, ask again in a moment."),
+                        spec.preferred.model, retry_after_s=5)
+                if waiting_for is None:
+                    waiting_for = spec.preferred.model
+                    self.metrics.placements.labels("waiting", "-", waiting_for).inc()
+                    await self.demand.waiting(waiting_for)
+                    log.info("waiting for a GPU", model=waiting_for, reason=decision.reason)
+                await self.store.changes.wait_past(
+                    seen, self._wake_in(snapshot, remaining))
+        finally:
+            if waiting_for:
+                self._spawn(self.demand.done_waiting(waiting_for))
+
+    def _wake_in(self, snapshot: Snapshot, remaining: float) -> float:
+        """Until the earliest ticket expiry (expiry is silent), the deadline at the latest."""
+        expiries = [t.expires_at - snapshot.now for t in snapshot.tickets]
+        soonest = min((e for e in expiries if e > 0), default=remaining)
+        return max(0.01, min(remaining, soonest + 0.01))
+
+    def _refusal(self, decision: Decision, call: CallRequest, spec: CallSpec) -> Refusal | None:
+        model = spec.preferred.model
+        if decision.outcome == "model-not-found":
+            self.metrics.refusals.labels("model-not-found").inc()
+            return Refusal(404, "model-not-found", decision.reason, model)
+        if decision.outcome == "prompt-too-large":
+            self.metrics.refusals.labels("prompt-too-large").inc()
+            return Refusal(413, "prompt-too-large", decision.reason, model)
+        if decision.outcome == "model-too-large":
+            if not call.can_wait and self.pool.static is not None:
+                return None  # cannot wait: the static endpoint takes it
+            self.metrics.refusals.labels("model-too-large").inc()
+            return Refusal(507, "model-too-large", decision.reason, model)
+        return None
+
+    def _static_or_busy(self, call: CallRequest, spec: CallSpec, decision: Decision
+                        ) -> Route | Refusal:
+        static = self.pool.static_triage if call.phase == "triage" else self.pool.static
+        if static is None:
+            self.metrics.refusals.labels("gpu-busy").inc()
+            return Refusal(503, "gpu-busy", (
+                f"No GPU has room for {spec.preferred.model} now ({decision.reason}) and this "
+                "call cannot wait; set KUBEMOOT_MODEL_ENDPOINT for such calls or retry."),
+                spec.preferred.model, retry_after_s=5)
+        self.metrics.placements.labels(STATIC, STATIC, spec.preferred.model).inc()
+        return Route(STATIC, static, spec.preferred.model, STATIC)
+
+    async def claim(self, placement: Placement, snapshot: Snapshot) -> Claimed | None:
+        view = next(v for v in snapshot.providers if v.name == placement.provider)
+        ticket = self.tickets.new_ticket(
+            uuid.uuid4().hex, placement.provider, placement.model, placement.footprint_mib,
+            cold=placement.kind in ("cold", "evict"), evicts=dict(placement.evicts),
+            holder=self.holder)
+        local = False
+        try:
+            result = await self.tickets.claim(ticket, view)
+        except StoreUnavailable:
+            local = True
+            result = await self.local_tickets.claim(ticket, view)
+        self.metrics.ticket_conflicts.inc(result.conflicts)
+        self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
+        if not result.ok:
+            log.info("claim refused", provider=placement.provider, model=placement.model,
+                     reason=result.reason)
+            return None
+        return Claimed(placement, ticket, local)
+
+    async def start_claimed(self, claimed: Claimed, call: CallRequest, spec: CallSpec,
+                            waited_ms: int, unload: bool = True) -> Route:
+        placement = claimed.placement
+        client = self.pool.clients[placement.provider]
+        for victim in placement.evicts if unload else ():
+            try:
+                await client.unload(victim)
+                self.metrics.evictions.labels(placement.provider, victim).inc()
+            except UpstreamError as exc:
+                log.warning("unload failed", provider=placement.provider, model=victim,
+                            error=str(exc))
+        if placement.evicts:
+            await self.book(claimed).forget_residents(placement.provider,
+                                                        tuple(placement.evicts))
+        stats = self.stats[placement.provider]
+        self.stats[placement.provider] = replace(
+            stats, breaker=stats.breaker.start_trial(self.clock()))
+        renewer = asyncio.create_task(self._renew(claimed))
+        route = Route(placement.provider, client, placement.model, placement.kind,
+                      evicted=tuple(placement.evicts), waited_ms=waited_ms,
+                      strip_num_ctx=bool(placement.context_length),
+                      estimated_tokens=spec.prompt_tokens)
+        route.on_done = self._finisher(claimed, call, route, renewer)
+        route.retry = self._retry_elsewhere(call, spec, placement.provider)
+        return route
+
+    def book(self, claimed: Claimed) -> TicketBook:
+        return self.local_tickets if claimed.local else self.tickets
+
+    async def _renew(self, claimed: Claimed) -> None:
+        period = self.tickets.ttl_s / 3
+        while True:
+            await asyncio.sleep(period)
+            with contextlib.suppress(StoreUnavailable):
+                await self.book(claimed).renew(claimed.ticket)
+
+    def _finisher(self, claimed: Claimed, call: CallRequest, route: Route,
+                  renewer: asyncio.Task[None]) -> Callable[[CallOutcome], Awaitable[None]]:
+        placement = claimed.placement
+
+        async def done(outcome: CallOutcome) -> None:
+            renewer.cancel()
+            now = self.clock()
+            self.stats[placement.provider] = self.stats[placement.provider].record(
+                outcome.ok, outcome.seconds, now)
+            stays = None
+            if placement.kind in ("cold", "evict"):
+                # The model stays loaded after the ticket goes: count it at once.
+                stays = Residency(placement.footprint_mib, placement.context_length, now)
+            try:
+                await asyncio.shield(self.book(claimed).release(claimed.ticket, stays))
+            except StoreUnavailable:
+                log.warning("ticket release failed; it expires by itself",
+                            provider=placement.provider, ticket=claimed.ticket.ticket_id)
+            if outcome.ok:
+                self.learning.ratio = self.learning.ratio.observe(call.prompt_chars,
+                                                                  outcome.prompt_eval_count)
+                if placement.kind in ("cold", "evict"):
+                    self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
+                self._spawn(self.demand.used(placement.model))
+            if placement.kind in ("cold", "evict") or not outcome.ok:
+                self._spawn(self.prober.refresh(placement.provider))
+
+        return done
+
+    def _retry_elsewhere(self, call: CallRequest, spec: CallSpec, failed: str
+                         ) -> Callable[[], Awaitable[Route | None]]:
+        async def retry() -> Route | None:
+            now = self.clock()
+            snapshot = self.snapshot(now)
+            providers = tuple(replace(v, ready=False) if v.name == failed else v
+                              for v in snapshot.providers)
+            decision = place(spec, replace(snapshot, providers=providers), self.policy)
+            if decision.placement is None:
+                return None
+            claimed = await self.claim(decision.placement, snapshot)
+            if claimed is None:
+                return None
+            route = await self.start_claimed(claimed, call, spec, 0)
+            route.retry = None
+            return route
+
+        return retry
+
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- what the API asks besides routing ------------------------------------------------
+    def providers_with(self, model: str) -> list[str]:
+        """Providers whose last probe lists the model on disk or loaded."""
+        now = self.clock()
+        wanted = normalise_model(model)
+        out = []
+        for config in self.settings.providers:
+            state = self.view.provider_state(config.name, now)
+            if state is not None and state.ready and (
+                    wanted in state.available_mib or wanted in state.loaded_mib):
+                out.append(config.name)
+        return out
+
+    def ready(self) -> bool:
+        """Can place calls: a static endpoint, or at least one provider with fresh state."""
+        if self.pool.static is not None:
+            return True
+        now = self.clock()
+        return any((s := self.view.provider_state(c.name, now)) is not None and s.ready
+                   for c in self.settings.providers)
+
+    # -- dry run ---------------------------------------------------------------------------
+    def explain(self, phase: str, model: str | None, prompt_chars: int, num_ctx: int | None
+                ) -> tuple[Decision, tuple[Verdict, ...], CallSpec] | None:
+        candidates = self.candidates(phase, model)
+        if not candidates:
+            return None
+        call = CallRequest("/api/chat", model, phase, None, True, prompt_chars, num_ctx)
+        spec = self.spec(call, candidates)
+        decision, verdicts = explain(spec, self.snapshot(self.clock()), self.policy)
+        return decision, verdicts, spec
+

@@ -1,0 +1,113 @@
+"""Gathering the core's Snapshot from the store's mirror, the prober and local figures.
+
+Decoded entries are cached by revision, so a placement decodes only what changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
+from proxy.ports import PROVIDER_STATE, PROVIDER_TICKETS, Entry, StateStore
+from proxy.service.codec import ProviderState, TicketSet, merge_residency, token
+from proxy.settings import ProviderConfig
+
+T = TypeVar("T")
+
+
+class _Decoded:
+    """key -> (revision, decoded value)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[int, object]] = {}
+
+    def get(self, key: str, entry: Entry, decode: Callable[[bytes], T]) -> T:
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == entry.revision:
+            return hit[1]  # type: ignore[return-value]
+        value = decode(entry.value)
+        self._cache[key] = (entry.revision, value)
+        return value
+
+
+class StateView:
+    def __init__(self, store: StateStore, configs: list[ProviderConfig],
+                 local_states: Mapping[str, ProviderState], stale_s: float) -> None:
+        self.store = store
+        self.configs = configs
+        self.local_states = local_states  # the sidecar's own probes
+        self.stale_s = stale_s
+        self._states = _Decoded()
+        self._tickets = _Decoded()
+
+    def provider_state(self, name: str, now: float) -> ProviderState | None:
+        """The freshest state for a provider: shared store or own probe, None if stale."""
+        best: ProviderState | None = None
+        entry = self.store.view(PROVIDER_STATE).get(token(name))
+        if entry is not None:
+            try:
+                best = self._states.get(name, entry, ProviderState.decode)
+            except (ValueError, KeyError):
+                best = None
+        local = self.local_states.get(name)
+        if local is not None and (best is None or local.last_probed_at > best.last_probed_at):
+            best = local
+        if best is None or now - best.last_probed_at > self.stale_s:
+            return None
+        return best
+
+    def stale_providers(self, now: float, margin: float = 0.5) -> list[str]:
+        """Providers whose shared state is missing or older than margin x the limit."""
+        out = []
+        for config in self.configs:
+            entry = self.store.view(PROVIDER_STATE).get(token(config.name))
+            fresh = False
+            if entry is not None:
+                try:
+                    state = self._states.get(config.name, entry, ProviderState.decode)
+                    fresh = now - state.last_probed_at <= self.stale_s * margin
+                except (ValueError, KeyError):
+                    fresh = False
+            if not fresh or not self.store.connected:
+                out.append(config.name)
+        return out
+
+    def ticket_set(self, name: str, now: float) -> TicketSet:
+        entry = self.store.view(PROVIDER_TICKETS).get(token(name))
+        if entry is None:
+            return TicketSet()
+        try:
+            return self._tickets.get(name, entry, lambda raw: TicketSet.decode(name, raw)
+                                     ).live(now)
+        except (ValueError, KeyError):
+            return TicketSet()
+
+    def provider_view(self, config: ProviderConfig, now: float) -> ProviderView:
+        state = self.provider_state(config.name, now)
+        if state is None:
+            return ProviderView(config.name, config.total_vram_mib, ready=False,
+                                context_length=config.context_length or 0,
+                                max_parallel=config.max_parallel, weight=config.weight)
+        view = ProviderView(
+            name=config.name,
+            total_vram_mib=state.total_vram_mib or config.total_vram_mib,
+            ready=state.ready, residents=state.residents(),
+            context_length=state.context_length or config.context_length or 0,
+            max_parallel=state.max_parallel or config.max_parallel, weight=config.weight,
+            disk_mib=state.available_mib, probed_at=state.last_probed_at)
+        return merge_residency(view, self.ticket_set(config.name, now).residents)
+
+    def snapshot(self, now: float, health: Mapping[str, ProviderHealth],
+                 demand: Mapping[str, ModelDemand], load_mib_per_s: float | None,
+                 extra_tickets: tuple[Ticket, ...] = ()) -> Snapshot:
+        views = tuple(self.provider_view(c, now) for c in self.configs)
+        tickets: list[Ticket] = list(extra_tickets)
+        observed: dict[str, int] = {}
+        for config in self.configs:
+            tickets.extend(self.ticket_set(config.name, now).tickets.values())
+            state = self.provider_state(config.name, now)
+            if state is not None:
+                for model, mib in state.observed_mib.items():
+                    observed.setdefault(model, mib)
+        return Snapshot(now, views, tuple(tickets), demand, health, observed, load_mib_per_s)

@@ -1,0 +1,140 @@
+"""VRAM tickets: race-safe claims by compare-and-set on one key per provider.
+
+Read the provider's ticket set, check the budget (the core's pure rule), write it back at
+the revision read; on a conflict, back off with jitter and try again, a bounded number of
+times. A per-process lock per provider removes in-pod contention (NATS-KV.md §4). Release
+runs in `finally`; a dead holder's ticket stops counting at its expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from proxy.core.occupancy import ticket_budget_ok
+from proxy.core.policy import Policy
+from proxy.core.types import ProviderView, Ticket
+from proxy.ports import PROVIDER_TICKETS, CasConflict, StateStore
+from proxy.service.codec import Residency, TicketSet, merge_residency, token
+
+DEFAULT_TTL_S = 60.0
+MAX_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    ok: bool
+    reason: str
+    attempts: int = 1
+    conflicts: int = 0
+
+
+class TicketBook:
+    def __init__(self, store: StateStore, policy: Policy, ttl_s: float = DEFAULT_TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.policy = policy
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, provider: str) -> asyncio.Lock:
+        return self._locks.setdefault(provider, asyncio.Lock())
+
+    async def _read(self, provider: str) -> tuple[TicketSet, int]:
+        entry = await self.store.get(PROVIDER_TICKETS, token(provider))
+        if entry is None:
+            return TicketSet(), 0
+        return TicketSet.decode(provider, entry.value), entry.revision
+
+    async def _mutate(self, provider: str,
+                      change: Callable[[TicketSet, float], TicketSet | str | None]
+                      ) -> ClaimResult:
+        """Apply `change` to the live ticket set with compare-and-set, retrying conflicts.
+
+        `change` returns the new set, None for "nothing to write", or a refusal reason.
+        """
+        conflicts = 0
+        delay = 0.0005
+        async with self._lock(provider):
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                current, revision = await self._read(provider)
+                now = self.clock()
+                outcome = change(current.live(now), now)
+                if outcome is None:
+                    return ClaimResult(True, "unchanged", attempt, conflicts)
+                if isinstance(outcome, str):
+                    return ClaimResult(False, outcome, attempt, conflicts)
+                try:
+                    await self.store.cas(PROVIDER_TICKETS, token(provider), outcome.encode(),
+                                         revision)
+                    return ClaimResult(True, "written", attempt, conflicts)
+                except CasConflict:
+                    conflicts += 1
+                    await asyncio.sleep(random.uniform(0, delay))
+                    delay = min(delay * 2, 0.02)
+        return ClaimResult(False, f"gave up after {MAX_ATTEMPTS} conflicting writes",
+                           MAX_ATTEMPTS, conflicts)
+
+    def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
+                   cold: bool, evicts: dict[str, int], holder: str) -> Ticket:
+        now = self.clock()
+        return Ticket(ticket_id, provider, model, footprint_mib, now, now + self.ttl_s,
+                      cold=cold, evicts=evicts, holder=holder)
+
+    async def claim(self, ticket: Ticket, view: ProviderView) -> ClaimResult:
+        """Claim-first: the ticket (with its planned victims) or a reason it does not fit."""
+
+        def add(current: TicketSet, now: float) -> TicketSet | str | None:
+            if ticket.ticket_id in current.tickets:
+                return None  # an earlier attempt committed (ambiguous timeout)
+            fresh = replace(ticket, started_at=now, expires_at=now + self.ttl_s)
+            live = list(current.tickets.values())
+            ok, why = ticket_budget_ok(live, fresh, _with_residency(view, current), self.policy)
+            if not ok:
+                return why
+            return TicketSet({**current.tickets, ticket.ticket_id: fresh}, current.residents)
+
+        return await self._mutate(ticket.provider, add)
+
+    async def release(self, ticket: Ticket, leave_resident: Residency | None = None,
+                      drop_residents: tuple[str, ...] = ()) -> ClaimResult:
+        """Remove the ticket; record the model it leaves loaded; forget unloaded victims."""
+
+        def remove(current: TicketSet, now: float) -> TicketSet | str | None:
+            residents = {m: r for m, r in current.residents.items() if m not in drop_residents}
+            if leave_resident is not None:
+                residents[ticket.model] = leave_resident
+            if ticket.ticket_id not in current.tickets and residents == current.residents:
+                return None
+            tickets = {k: t for k, t in current.tickets.items() if k != ticket.ticket_id}
+            return TicketSet(tickets, residents)
+
+        return await self._mutate(ticket.provider, remove)
+
+    async def renew(self, ticket: Ticket) -> ClaimResult:
+        def extend(current: TicketSet, now: float) -> TicketSet | str | None:
+            held = current.tickets.get(ticket.ticket_id)
+            if held is None:
+                return "ticket expired before it was renewed"
+            tickets = {**current.tickets,
+                       ticket.ticket_id: replace(held, expires_at=now + self.ttl_s)}
+            return TicketSet(tickets, current.residents)
+
+        return await self._mutate(ticket.provider, extend)
+
+    async def forget_residents(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
+        def drop(current: TicketSet, now: float) -> TicketSet | str | None:
+            if not any(m in current.residents for m in models):
+                return None
+            return TicketSet(current.tickets, {m: r for m, r in current.residents.items()
+                                               if m not in models})
+
+        return await self._mutate(provider, drop)
+
+
+def _with_residency(view: ProviderView, tickets: TicketSet) -> ProviderView:
+    return merge_residency(view, tickets.residents)
