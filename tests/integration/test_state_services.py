@@ -1,0 +1,134 @@
+"""Demand board, publisher and bucket setup against a real NATS and simulators."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import nats
+import pytest
+
+from loadtest.nats_server import NatsServer
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.adapters.ollama import OllamaClient
+from proxy.ports import BUCKETS, MODEL_DEMAND, PROVIDER_STATE
+from proxy.service.codec import ProviderState, token, untoken
+from proxy.service.demand import HALF_LIFE_S, DemandBoard, aggregate
+from proxy.service.prober import Prober
+from proxy.settings import ProviderConfig
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_tokens_are_kv_safe_and_reversible() -> None:
+    for name in ["qwen3:32b", "crew-a/kubectl-agent", "hf.co/org/model:Q4_K_M", "plain"]:
+        encoded = token(name)
+        assert all(c.isalnum() or c in "_-=" for c in encoded)
+        assert untoken(encoded) == name
+
+
+async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
+    store, clock = MemoryStore(), Clock()
+    a = DemandBoard(store, "crew/a", clock)
+    b = DemandBoard(store, "crew/b", clock)
+    await a.waiting("qwen3:14b")
+    await b.waiting("qwen3:14b")
+    await a.intend("qwen3:8b")
+    await a.used("qwen3:8b")
+    await a.used("qwen3:8b")
+    await b.selected(["qwen3:32b", "qwen3:8b"])
+    d = a.view()
+    assert d["qwen3:14b"].waiters == 2
+    assert d["qwen3:8b"].intents == 1 and d["qwen3:8b"].recent_use == pytest.approx(2.0)
+    assert d["qwen3:32b"].predicted == pytest.approx(1.0)
+    await b.done_waiting("qwen3:14b")
+    assert a.view()["qwen3:14b"].waiters == 1
+
+
+async def test_demand_rates_decay_and_entries_expire() -> None:
+    store, clock = MemoryStore(), Clock()
+    board = DemandBoard(store, "crew/a", clock)
+    await board.used("m")
+    await board.intend("m")
+    clock.now += HALF_LIFE_S  # one half-life later
+    assert board.view()["m"].recent_use == pytest.approx(0.5)
+    assert board.view()["m"].intents == 0  # intents live 3 minutes
+    await board.used("m")
+    assert board.view()["m"].recent_use == pytest.approx(1.5)
+    clock.now += 7 * 3600
+    assert aggregate(store.view(MODEL_DEMAND), clock.now) == {}
+
+
+async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_url: str
+                                                            ) -> None:  # type: ignore[no-untyped-def]
+    up = sim_factory("up", total_vram_mib=24564, context_length=8192)
+    down = sim_factory("down")
+    configs = [ProviderConfig(name="up", endpoint=up.url, totalVramMiB=24564,
+                              contextLength=8192, maxParallel=2),
+               ProviderConfig(name="down", endpoint=down.url)]
+    down.stop()
+    client = OllamaClient(up.url)
+    await client.load("qwen3:8b")
+    store = NatsStore(NatsOptions(nats_url))
+    await store.start()
+    clients = {c.name: OllamaClient(c.endpoint) for c in configs}
+    prober = Prober(configs, clients, store)
+    await prober.round()
+    raw_up = await store.get(PROVIDER_STATE, "up")
+    raw_down = await store.get(PROVIDER_STATE, "down")
+    assert raw_up and raw_down
+    state = ProviderState.decode(raw_up.value)
+    assert state.ready and state.total_vram_mib == 24564 and state.max_parallel == 2
+    assert state.loaded_mib == {"qwen3:8b": 6000}
+    assert state.loaded_ctx == {"qwen3:8b": 8192}
+    assert state.available_mib["qwen3:32b"] == 20200
+    assert not ProviderState.decode(raw_down.value).ready
+    # unchanged state within the interval is not written again; a change is, at once
+    assert not await prober.publish(await prober.probe("up"))
+    await client.unload("qwen3:8b")
+    assert await prober.publish(await prober.probe("up"))
+    assert prober.observed["qwen3:8b"] == 6000  # the first observed footprint is kept
+    for c in [client, *clients.values()]:
+        await c.close()
+    await store.close()
+
+
+async def test_init_buckets_is_idempotent(nats_url: str) -> None:
+    command = [sys.executable, "-m", "proxy", "init-buckets", "--nats-url", nats_url]
+    first = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True,
+                                    timeout=60)
+    second = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True,
+                                     timeout=60)
+    assert first.returncode == 0 and "created" in first.stdout
+    assert second.returncode == 0 and "exists" in second.stdout
+    assert "created" not in second.stdout
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for spec in BUCKETS:
+        status = await (await js.key_value(spec.name)).status()
+        assert status.ttl == pytest.approx(spec.ttl_s)
+    await nc.close()
+
+
+def test_init_buckets_without_nats_names_the_setting() -> None:
+    done = subprocess.run([sys.executable, "-m", "proxy", "init-buckets"],
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
+    assert done.returncode != 0 and "KUBEMOOT_NATS_URL" in done.stderr
+
+
+def test_publish_once(sim_factory, nats_server: NatsServer) -> None:  # type: ignore[no-untyped-def]
+    sim = sim_factory("gpu-x")
+    env = {"PATH": "/usr/bin", "KUBEMOOT_NATS_URL": nats_server.url,
+           "KUBEMOOT_PROVIDERS": f'[{{"name": "gpu-x", "endpoint": "{sim.url}"}}]'}
+    done = subprocess.run([sys.executable, "-m", "proxy", "publish", "--once"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "gpu-x: ready=True" in done.stdout

@@ -1,0 +1,85 @@
+"""The embedded store and NATS JetStream KV pass the same contract tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from loadtest.nats_server import NatsServer
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.ports import BUCKETS, PROVIDER_STATE, BucketSpec, CasConflict, StateStore
+from tests.integration.conftest import empty_buckets
+
+SHORT = BucketSpec("kubemoot_test_short", ttl_s=1.0)
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def store(request: pytest.FixtureRequest, nats_server: NatsServer
+                ) -> AsyncIterator[StateStore]:
+    buckets = (*BUCKETS, SHORT)
+    if request.param == "memory":
+        yield MemoryStore(buckets)
+        return
+    await empty_buckets(nats_server.url, [b.name for b in buckets])
+    nats_store = NatsStore(NatsOptions(nats_server.url), buckets)
+    await nats_store.start()
+    yield nats_store
+    await nats_store.close()
+
+
+async def _until(check, timeout_s: float = 3.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if check():
+            return True
+        await asyncio.sleep(0.005)
+    return bool(check())
+
+
+async def test_put_get_and_revisions(store: StateStore) -> None:
+    assert await store.get(PROVIDER_STATE, "a") is None
+    r1 = await store.put(PROVIDER_STATE, "a", b"one")
+    r2 = await store.put(PROVIDER_STATE, "a", b"two")
+    assert r2 > r1
+    entry = await store.get(PROVIDER_STATE, "a")
+    assert entry is not None and entry.value == b"two" and entry.revision == r2
+
+
+async def test_compare_and_set_conflicts(store: StateStore) -> None:
+    rev = await store.cas(PROVIDER_STATE, "k", b"v1", 0)  # 0: must be absent
+    with pytest.raises(CasConflict):
+        await store.cas(PROVIDER_STATE, "k", b"again", 0)
+    rev2 = await store.cas(PROVIDER_STATE, "k", b"v2", rev)
+    with pytest.raises(CasConflict):
+        await store.cas(PROVIDER_STATE, "k", b"stale", rev)
+    assert (await store.get(PROVIDER_STATE, "k")).value == b"v2"  # type: ignore[union-attr]
+    await store.delete(PROVIDER_STATE, "k")
+    assert await store.get(PROVIDER_STATE, "k") is None
+    assert await store.cas(PROVIDER_STATE, "k", b"v3", 0) > rev2  # re-create after delete
+
+
+async def test_view_mirrors_writes_and_deletes(store: StateStore) -> None:
+    await store.put(PROVIDER_STATE, "m", b"x")
+    assert await _until(lambda: "m" in store.view(PROVIDER_STATE))
+    await store.delete(PROVIDER_STATE, "m")
+    assert await _until(lambda: "m" not in store.view(PROVIDER_STATE))
+
+
+async def test_change_counter_wakes_waiters(store: StateStore) -> None:
+    seen = store.changes.value
+    waiter = asyncio.create_task(store.changes.wait_past(seen, 5.0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await store.put(PROVIDER_STATE, "wake", b"1")
+    assert await asyncio.wait_for(waiter, 3.0)
+    assert not await store.changes.wait_past(store.changes.value, 0.05)  # times out
+
+
+async def test_entries_expire_after_the_bucket_ttl(store: StateStore) -> None:
+    await store.put(SHORT.name, "gone", b"1")
+    assert await store.get(SHORT.name, "gone") is not None
+    await asyncio.sleep(1.3)
+    assert await store.get(SHORT.name, "gone") is None

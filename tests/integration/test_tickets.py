@@ -1,0 +1,124 @@
+"""VRAM tickets against both stores, and a cross-process race against a real NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from loadtest.claim_race import max_overlap, run_race
+from loadtest.nats_server import NatsServer
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.core.policy import Policy
+from proxy.core.types import ProviderView, Resident
+from proxy.ports import StateStore
+from proxy.service.codec import Residency
+from proxy.service.tickets import TicketBook
+from tests.integration.conftest import empty_buckets
+
+VIEW = ProviderView("gpu", 10000, residents=(Resident("idle:8b", 4000),))  # 6000 MiB free
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def store(request: pytest.FixtureRequest, nats_server: NatsServer
+                ) -> AsyncIterator[StateStore]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    await empty_buckets(nats_server.url)
+    nats_store = NatsStore(NatsOptions(nats_server.url))
+    await nats_store.start()
+    yield nats_store
+    await nats_store.close()
+
+
+def _book(store: StateStore, ttl_s: float = 60) -> TicketBook:
+    return TicketBook(store, Policy(), ttl_s=ttl_s)
+
+
+async def test_claims_fit_the_budget_and_release_frees_it(store: StateStore) -> None:
+    book = _book(store)
+    a = book.new_ticket("a", "gpu", "m1", 4000, True, {}, "h")
+    b = book.new_ticket("b", "gpu", "m2", 2000, True, {}, "h")
+    c = book.new_ticket("c", "gpu", "m3", 1, True, {}, "h")
+    assert (await book.claim(a, VIEW)).ok
+    assert (await book.claim(b, VIEW)).ok
+    refused = await book.claim(c, VIEW)
+    assert not refused.ok and "exceed" in refused.reason
+    await book.release(a)
+    assert (await book.claim(c, VIEW)).ok
+
+
+async def test_a_claim_retried_after_an_ambiguous_commit_is_not_counted_twice(
+        store: StateStore) -> None:
+    book = _book(store)
+    t = book.new_ticket("same", "gpu", "m", 6000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    assert (await book.claim(t, VIEW)).ok  # already present: fine, not double-counted
+
+
+async def test_two_planners_choosing_one_victim_cannot_both_spend_it(store: StateStore) -> None:
+    book = _book(store)
+    first = book.new_ticket("1", "gpu", "big", 10000, True, {"idle:8b": 4000}, "p1")
+    second = book.new_ticket("2", "gpu", "other", 4000, True, {"idle:8b": 4000}, "p2")
+    assert (await book.claim(first, VIEW)).ok
+    assert not (await book.claim(second, VIEW)).ok
+
+
+async def test_claim_refused_when_the_victim_picked_up_work(store: StateStore) -> None:
+    book = _book(store)
+    user = book.new_ticket("u", "gpu", "idle:8b", 512, False, {}, "h")
+    assert (await book.claim(user, VIEW)).ok
+    plan = book.new_ticket("p", "gpu", "big", 10000, True, {"idle:8b": 4000}, "h")
+    result = await book.claim(plan, VIEW)
+    assert not result.ok and "in-flight" in result.reason
+
+
+async def test_dead_holder_stops_counting_after_the_ttl(store: StateStore) -> None:
+    dead = _book(store, ttl_s=0.3)  # the holder that never releases
+    assert (await dead.claim(dead.new_ticket("d", "gpu", "m", 6000, True, {}, "x"), VIEW)).ok
+    live = _book(store)
+    late = live.new_ticket("l", "gpu", "m2", 6000, True, {}, "y")
+    assert not (await live.claim(late, VIEW)).ok
+    await asyncio.sleep(0.4)
+    assert (await live.claim(late, VIEW)).ok
+
+
+async def test_renew_keeps_a_long_call_counted(store: StateStore) -> None:
+    book = _book(store, ttl_s=0.4)
+    t = book.new_ticket("r", "gpu", "m", 6000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    for _ in range(3):
+        await asyncio.sleep(0.2)
+        assert (await book.renew(t)).ok
+    other = book.new_ticket("o", "gpu", "m2", 1, True, {}, "h")
+    assert not (await book.claim(other, VIEW)).ok
+
+
+async def test_release_records_the_model_left_resident(store: StateStore) -> None:
+    book = _book(store)
+    t = book.new_ticket("c", "gpu", "new:14b", 5000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    await book.release(t, Residency(5000, 8192, time.time()))
+    # The residency entry counts at once: only 1000 MiB are left beside idle:8b and new:14b.
+    probe = book.new_ticket("q", "gpu", "x", 1001, True, {}, "h")
+    assert not (await book.claim(probe, VIEW)).ok
+    await book.forget_residents("gpu", ("new:14b",))
+    assert (await book.claim(probe, VIEW)).ok
+
+
+def test_processes_racing_for_one_small_budget_never_exceed_it(nats_server: NatsServer
+                                                                ) -> None:
+    import asyncio as aio
+
+    aio.run(empty_buckets(nats_server.url))
+    # 3 tickets of 1000 MiB fit a 3000 MiB budget; 4 processes x 4 tasks race for them.
+    results = run_race(nats_server.url, procs=4, tasks=4, seconds=2.0, hold_ms=2.0,
+                       total_mib=3000, ticket_mib=1000)
+    intervals = [tuple(i) for r in results for i in r["intervals"]]
+    assert len(intervals) > 0  # at least one claim won
+    assert max_overlap(intervals) <= 3  # type: ignore[arg-type]
+    assert sum(r["refused"] for r in results) > 0  # the budget really was contended
