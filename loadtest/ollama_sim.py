@@ -573,11 +573,15 @@ class SimApp:
             await sim._sleep(prompt_tokens / sim.config.prompt_tokens_per_s)
             prompt_s = time.perf_counter() - t0
             t1 = time.perf_counter()
-            per_token = 1.0 / sim.config.tokens_per_s
+            per_token = sim.config.time_scale / sim.config.tokens_per_s
             for i in range(n_tokens):
                 if fault and fault.mode == "midstream" and i == fault.after_chunks:
                     raise RuntimeError("simulated crash mid-stream")
-                await sim._sleep(per_token)
+                # Sleep to an absolute schedule: timers are coarse (1 ms under uvloop), and
+                # sub-millisecond sleeps would otherwise make the stream run fast.
+                ahead = t1 + (i + 1) * per_token - time.perf_counter()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
                 word = WORDS[i % len(WORDS)] + ("" if i == n_tokens - 1 else " ")
                 yield self._chunk(runner.model.name, word, chat)
             eval_s = time.perf_counter() - t1

@@ -51,8 +51,9 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
     local_store = MemoryStore()  # tickets while the shared store is unreachable
     policy = DEFAULT_POLICY
     prober = Prober(settings.providers, pool.clients, store)
-    view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds)
     tickets = TicketBook(store, policy, settings.ticket_ttl_seconds)
+    view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds,
+                     tickets.written)
     local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds)
     demand = DemandBoard(store, f"{settings.namespace}/{settings.agent_name}")
     scheduler = Scheduler(settings=settings, pool=pool, store=store, tickets=tickets,

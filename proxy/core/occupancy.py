@@ -109,7 +109,7 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
 
 
 def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
-                     policy: Policy) -> tuple[bool, str]:
+                     policy: Policy, needs_free_slot: bool = False) -> tuple[bool, str]:
     """The claim-first budget (SPEC-ADDENDUM §3), checked against one provider's tickets.
 
     sum(active footprints) + this one <= (total - residents) + credit. A cold ticket counts its
@@ -122,6 +122,13 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     residents = {r.model: r.footprint_mib for r in view.residents}
     live = [t for t in tickets if t.expires_at > new.started_at and t.ticket_id != new.ticket_id]
     busy = {t.model for t in live}
+    # The decision's own assumptions, re-checked against the authoritative ticket set:
+    same_model = [t for t in live if t.model == new.model]
+    if needs_free_slot and len(same_model) >= view.max_parallel:
+        return False, f"no free slot left for {new.model}"
+    resident = {r.model for r in view.residents}
+    if new.cold and new.model not in resident and any(t.cold for t in same_model):
+        return False, f"{new.model} is already being loaded here"
     for victim in new.evicts:
         if victim in busy:
             return False, f"planned victim {victim} has in-flight work"

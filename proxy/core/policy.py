@@ -24,8 +24,8 @@ class Policy:
     default_call_s: float = 30.0  # call time before any latency was observed
 
     # Weights without a physical unit, in seconds-equivalent.
-    best_fit_s: float = 0.25  # x (usable - footprint) / footprint: small models, small cards
-    contention_s: float = 0.5  # per call already running on the card (compute is shared)
+    best_fit_s: float = 0.05  # x (usable - footprint) / footprint: small models, small cards
+    contention_s: float = 0.25  # per call already running on the card (compute is shared)
     reliability_s: float = 10.0  # x (1 - success rate)
     spill_s: float = 20.0  # residents published beyond usable VRAM
     provider_weight_s: float = 0.01  # per point of provider weight: mulling -, triage +

@@ -93,6 +93,9 @@ class Scheduler:
         self.learning = Learning()
         self.holder = f"{settings.namespace}/{settings.agent_name}"
         self._background: set[asyncio.Task[object]] = set()
+        # Decide-and-claim runs one call at a time in this process, so concurrent calls
+        # see each other's tickets; other sidecars are kept honest by compare-and-set.
+        self._placing = asyncio.Lock()
 
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
@@ -155,19 +158,28 @@ class Scheduler:
         started = time.monotonic()
         deadline = started + self.settings.wait_limit_seconds
         waiting_for: str | None = None
+        waited = 0.0  # time blocked waiting for capacity (not claim round trips)
+        claim_rounds = 0
         try:
             while True:
                 seen = self.store.changes.value
-                decided_at = time.perf_counter()
-                now = self.clock()
-                snapshot = self.snapshot(now)
-                decision = place(spec, snapshot, self.policy)
-                self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
+                async with self._placing:
+                    decided_at = time.perf_counter()
+                    now = self.clock()
+                    snapshot = self.snapshot(now)
+                    decision = place(spec, snapshot, self.policy)
+                    self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
+                    claimed = None
+                    if decision.placement is not None:
+                        claimed = await self.claim(decision.placement, snapshot)
                 if decision.placement is not None:
-                    claimed = await self.claim(decision.placement, snapshot)
                     if claimed is None:
-                        continue  # the budget moved under us: decide again on fresh state
-                    waited = time.monotonic() - started
+                        claim_rounds += 1
+                        if claim_rounds < MAX_CLAIM_ROUNDS:
+                            continue  # the state moved under us: decide again on fresh state
+                        await self.store.changes.wait_past(seen, 0.05)
+                        claim_rounds = 0
+                        continue
                     if waiting_for:
                         self.metrics.wait_seconds.observe(waited)
                     return await self.start_claimed(claimed, call, spec, int(waited * 1000))
@@ -190,8 +202,10 @@ class Scheduler:
                     self.metrics.placements.labels("waiting", "-", waiting_for).inc()
                     await self.demand.waiting(waiting_for)
                     log.info("waiting for a GPU", model=waiting_for, reason=decision.reason)
+                blocked_at = time.monotonic()
                 await self.store.changes.wait_past(
                     seen, self._wake_in(snapshot, remaining))
+                waited += time.monotonic() - blocked_at
         finally:
             if waiting_for:
                 self._spawn(self.demand.done_waiting(waiting_for))
@@ -236,11 +250,12 @@ class Scheduler:
             cold=placement.kind in ("cold", "evict"), evicts=dict(placement.evicts),
             holder=self.holder)
         local = False
+        needs_slot = placement.kind in ("warm", "loading") and placement.step in (1, 2)
         try:
-            result = await self.tickets.claim(ticket, view)
+            result = await self.tickets.claim(ticket, view, needs_slot)
         except StoreUnavailable:
             local = True
-            result = await self.local_tickets.claim(ticket, view)
+            result = await self.local_tickets.claim(ticket, view, needs_slot)
         self.metrics.ticket_conflicts.inc(result.conflicts)
         self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
         if not result.ok:

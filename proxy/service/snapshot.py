@@ -33,10 +33,12 @@ class _Decoded:
 
 class StateView:
     def __init__(self, store: StateStore, configs: list[ProviderConfig],
-                 local_states: Mapping[str, ProviderState], stale_s: float) -> None:
+                 local_states: Mapping[str, ProviderState], stale_s: float,
+                 own_writes: Mapping[str, Entry] | None = None) -> None:
         self.store = store
         self.configs = configs
         self.local_states = local_states  # the sidecar's own probes
+        self.own_writes = own_writes if own_writes is not None else {}  # tickets we wrote
         self.stale_s = stale_s
         self._states = _Decoded()
         self._tickets = _Decoded()
@@ -75,6 +77,9 @@ class StateView:
 
     def ticket_set(self, name: str, now: float) -> TicketSet:
         entry = self.store.view(PROVIDER_TICKETS).get(token(name))
+        own = self.own_writes.get(name)
+        if own is not None and (entry is None or own.revision > entry.revision):
+            entry = own
         if entry is None:
             return TicketSet()
         try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.policy import Policy
 from proxy.core.types import ProviderView, Ticket
-from proxy.ports import PROVIDER_TICKETS, CasConflict, StateStore
+from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore
 from proxy.service.codec import Residency, TicketSet, merge_residency, token
 
 DEFAULT_TTL_S = 60.0
@@ -40,6 +40,9 @@ class TicketBook:
         self.ttl_s = ttl_s
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
+        # What this process wrote last per provider, so its own next placement sees it
+        # before the watch delivers it (read-your-writes).
+        self.written: dict[str, Entry] = {}
 
     def _lock(self, provider: str) -> asyncio.Lock:
         return self._locks.setdefault(provider, asyncio.Lock())
@@ -69,8 +72,10 @@ class TicketBook:
                 if isinstance(outcome, str):
                     return ClaimResult(False, outcome, attempt, conflicts)
                 try:
-                    await self.store.cas(PROVIDER_TICKETS, token(provider), outcome.encode(),
-                                         revision)
+                    value = outcome.encode()
+                    new_revision = await self.store.cas(PROVIDER_TICKETS, token(provider),
+                                                        value, revision)
+                    self.written[provider] = Entry(token(provider), value, new_revision)
                     return ClaimResult(True, "written", attempt, conflicts)
                 except CasConflict:
                     conflicts += 1
@@ -85,7 +90,8 @@ class TicketBook:
         return Ticket(ticket_id, provider, model, footprint_mib, now, now + self.ttl_s,
                       cold=cold, evicts=evicts, holder=holder)
 
-    async def claim(self, ticket: Ticket, view: ProviderView) -> ClaimResult:
+    async def claim(self, ticket: Ticket, view: ProviderView, needs_free_slot: bool = False
+                    ) -> ClaimResult:
         """Claim-first: the ticket (with its planned victims) or a reason it does not fit."""
 
         def add(current: TicketSet, now: float) -> TicketSet | str | None:
@@ -93,7 +99,8 @@ class TicketBook:
                 return None  # an earlier attempt committed (ambiguous timeout)
             fresh = replace(ticket, started_at=now, expires_at=now + self.ttl_s)
             live = list(current.tickets.values())
-            ok, why = ticket_budget_ok(live, fresh, _with_residency(view, current), self.policy)
+            ok, why = ticket_budget_ok(live, fresh, _with_residency(view, current), self.policy,
+                                       needs_free_slot)
             if not ok:
                 return why
             return TicketSet({**current.tickets, ticket.ticket_id: fresh}, current.residents)

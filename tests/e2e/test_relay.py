@@ -166,8 +166,8 @@ def test_client_disconnect_cancels_the_upstream_call(sim_factory: Sims,
     url = sidecar_factory([slow]).url
     with httpx.stream("POST", f"{url}/api/chat",
                       json={"model": "llama3.2:3b", "messages": HI}, timeout=30) as r:
-        first = next(r.iter_lines())
-        assert "the" in first
+        lines = r.iter_lines()  # kept alive: a dropped iterator closes the response
+        assert "the" in next(lines)
     deadline = time.monotonic() + 5
     while slow.sim.runners["llama3.2:3b"].refcount and time.monotonic() < deadline:
         time.sleep(0.02)

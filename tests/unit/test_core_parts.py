@@ -186,3 +186,20 @@ def test_token_ratio_learns_from_the_engine() -> None:
     assert ratio.observe(1000, 100) == ratio  # 10 chars/token: outside 1-8, ignored
     assert ratio.observe(100, 0) == ratio
     assert ratio.tokens(0) == 0 and ratio.tokens(1) == math.ceil(1 / ratio.chars_per_token)
+
+
+def test_claim_rechecks_the_slot_a_warm_decision_assumed() -> None:
+    view = gpu("a", 20000, ("qwen3:8b",), parallel=1)
+    running = _t("1", "qwen3:8b", 512, cold=False)
+    late = _t("2", "qwen3:8b", 512, cold=False)
+    ok, why = ticket_budget_ok([running], late, view, DEFAULT_POLICY, needs_free_slot=True)
+    assert not ok and "slot" in why
+    assert ticket_budget_ok([running], late, view, DEFAULT_POLICY)[0]  # queueing is allowed
+
+
+def test_claim_refuses_a_second_load_of_a_model_already_loading() -> None:
+    view = gpu("a", 40000)
+    first = _t("1", "qwen3:14b", 12224)
+    second = _t("2", "qwen3:14b", 12224)
+    ok, why = ticket_budget_ok([first], second, view, DEFAULT_POLICY)
+    assert not ok and "already being loaded" in why

@@ -1,0 +1,375 @@
+"""The scheduled call end to end: the official clients -> sidecar -> simulated GPUs.
+
+Every test that matters runs in both modes: embedded state and shared state in a real NATS.
+The simulators run at 1/50 of real time, so a 6000 MiB load takes ~0.12 s and a 16-token
+answer ~6 ms; the ratios the scheduler reasons about are those of a real fleet.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from loadtest.nats_server import NatsServer
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from tests.conftest import eventually
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+SCALE = 0.02
+HI = [{"role": "user", "content": "hello there"}]
+
+
+@pytest.fixture(params=["embedded", "nats"])
+def mode(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "embedded":
+        return {}
+    server: NatsServer = request.getfixturevalue("nats_server")
+    import asyncio
+
+    from tests.conftest import empty_buckets
+
+    asyncio.run(empty_buckets(server.url))
+    return {"nats_url": server.url}
+
+
+def chat(url: str, model: str, headers: dict[str, str] | None = None, timeout: float = 30,
+         **body: Any) -> httpx.Response:
+    payload = {"model": model, "messages": HI, "stream": False, **body}
+    return httpx.post(f"{url}/api/chat", json=payload, headers=headers, timeout=timeout)
+
+
+def stream_in_background(url: str, model: str, tokens: int, started: threading.Event
+                         ) -> threading.Thread:
+    """A long streaming call holding a slot until it finishes."""
+
+    def run() -> None:
+        body = {"model": model, "messages": HI, "options": {"num_predict": tokens}}
+        with httpx.stream("POST", f"{url}/api/chat", json=body, timeout=60) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    return thread
+
+
+def test_warm_reuse(sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]
+                    ) -> None:
+    a = sim_factory("a", total_vram_mib=32768, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=16376, time_scale=SCALE)
+    httpx.post(f"{a.url}/api/generate", json={"model": "qwen3:8b"})  # warm on the big card
+    url = sidecar_factory([a, b], **mode).url
+    r = chat(url, "qwen3:8b")
+    assert r.status_code == 200
+    assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
+        "a", "warm")
+    assert b.sim.stats.loads == 0
+
+
+def test_cold_load_onto_free_room_on_the_smallest_card(sim_factory: Sims,
+                                                       sidecar_factory: Sidecars,
+                                                       mode: dict[str, Any]) -> None:
+    big = sim_factory("big", total_vram_mib=32768, time_scale=SCALE)
+    small = sim_factory("small", total_vram_mib=16376, time_scale=SCALE)
+    url = sidecar_factory([big, small], **mode).url
+    r = chat(url, "qwen3:8b")
+    assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
+        "small", "cold")
+    assert r.json()["model"] == "qwen3:8b"
+    again = chat(url, "qwen3:8b")
+    assert (again.headers["x-kubemoot-provider"], again.headers["x-kubemoot-placement"]) == (
+        "small", "warm")
+
+
+def test_queues_at_a_busy_warm_copy_then_makes_a_second_copy_once_the_queue_is_long(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    a = sim_factory("a", total_vram_mib=24564, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=24564, time_scale=SCALE)
+    url = sidecar_factory([a, b], **mode).url
+    for _ in range(3):  # a warm copy on one card, and an observed call latency
+        assert chat(url, "qwen3:8b", options={"num_predict": 200}).status_code == 200
+    home = "a" if a.sim.stats.loads else "b"
+    results: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        r = chat(url, "qwen3:8b", options={"num_predict": 200})
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=call) for _ in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    placements = [(r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"])
+                  for r in results]
+    assert all(r.status_code == 200 for r in results)
+    assert (home, "queued") in placements  # a short queue does not duplicate the model
+    second = [p for p in placements if p[0] != home]
+    assert second and ("cold" in {k for _, k in second}), placements  # a long one does
+    assert a.sim.stats.loads == 1 and b.sim.stats.loads == 1
+
+
+def test_unloads_idle_unwanted_models_to_make_room(sim_factory: Sims,
+                                                   sidecar_factory: Sidecars,
+                                                   mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    for model in ("qwen3:8b", "phi3:mini"):
+        httpx.post(f"{gpu.url}/api/generate", json={"model": model})
+    url = sidecar_factory([gpu], **mode).url
+    r = chat(url, "qwen3:14b")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kubemoot-placement"] == "evict"
+    assert r.headers["x-kubemoot-evicted"] == "phi3:mini,qwen3:8b"
+    stats = gpu.sim.stats
+    assert stats.oom_events == 0 and stats.self_evictions == 0  # room was made first
+    assert stats.peak_vram_mib <= 16376
+
+
+def test_never_unloads_a_model_with_work_in_flight(sim_factory: Sims,
+                                                   sidecar_factory: Sidecars,
+                                                   mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "phi3:mini"})
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=0.5, **mode).url
+    busy = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 2000, busy)  # ~0.8 s of tokens
+    r = chat(url, "qwen3:14b")
+    assert r.status_code == 503 and r.json()["reason"] == "gpu-busy"
+    assert r.headers["retry-after"]
+    assert "qwen3:8b" in gpu.sim.runners  # still there, still working
+    assert gpu.sim.stats.oom_events == 0
+    worker.join(30)
+
+
+def test_a_busy_wait_ends_when_capacity_frees(sim_factory: Sims, sidecar_factory: Sidecars,
+                                              mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=20, **mode).url
+    busy = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 1000, busy)  # ~0.4 s
+    started = time.monotonic()
+    r = chat(url, "qwen3:14b")
+    assert r.status_code == 200
+    assert int(r.headers["x-kubemoot-waited-ms"]) > 0
+    assert r.headers["x-kubemoot-placement"] == "evict"
+    assert time.monotonic() - started < 10  # woken by the release, not by the limit
+    worker.join(30)
+
+
+def test_model_too_large_is_507(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpus = [sim_factory("a", total_vram_mib=16376), sim_factory("b", total_vram_mib=24564)]
+    url = sidecar_factory(gpus).url
+    r = chat(url, "qwen3:32b")
+    assert r.status_code == 507
+    body = r.json()
+    assert body["reason"] == "model-too-large" and body["model"] == "qwen3:32b"
+    assert "larger GPU" in body["error"]
+
+
+def test_prompt_too_large_is_413_and_never_reaches_a_gpu(sim_factory: Sims,
+                                                         sidecar_factory: Sidecars,
+                                                         mode: dict[str, Any]) -> None:
+    gpus = [sim_factory("a", context_length=4096), sim_factory("b", context_length=8192)]
+    url = sidecar_factory(gpus, **mode).url
+    long_prompt = [{"role": "user", "content": "word " * 8000}]  # ~11k tokens at 3.5 c/t
+    client = ollama.Client(host=url)
+    with pytest.raises(ollama.ResponseError) as info:
+        client.chat(model="qwen3:8b", messages=long_prompt)
+    assert info.value.status_code == 413
+    assert "OLLAMA_CONTEXT_LENGTH" in info.value.error
+    for gpu in gpus:  # never sent, so never silently truncated
+        assert gpu.sim.stats.inference_requests == 0 and gpu.sim.stats.truncations == 0
+    ok = client.chat(model="qwen3:8b", messages=[{"role": "user", "content": "word " * 5000}])
+    assert ok.done  # ~7.1k tokens: only the 8192 card can hold it, and it does
+    assert gpus[1].sim.stats.truncations == 0
+
+
+def test_num_ctx_is_a_requirement_not_a_reload(sim_factory: Sims,
+                                               sidecar_factory: Sidecars) -> None:
+    small = sim_factory("small", context_length=4096, time_scale=SCALE)
+    large = sim_factory("large", context_length=16384, time_scale=SCALE)
+    url = sidecar_factory([small, large]).url
+    for _ in range(3):
+        r = chat(url, "qwen3:8b", options={"num_ctx": 8192})
+        assert r.headers["x-kubemoot-provider"] == "large"
+    assert large.sim.stats.reloads == 0 and large.sim.stats.loads == 1
+
+
+def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(sim_factory: Sims,
+                                                             sidecar_factory: Sidecars
+                                                             ) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    static = sim_factory("static", total_vram_mib=49152, time_scale=SCALE)
+    url = sidecar_factory([gpu], model_endpoint=static.url).url
+    busy = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 1000, busy)
+    r = chat(url, "qwen3:14b", headers={"X-Kubemoot-Wait": "false"})
+    assert r.status_code == 200
+    assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
+        "static", "static")
+    assert static.sim.stats.inference_requests == 1
+    worker.join(30)
+
+
+def test_coordinator_role_never_waits(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376)
+    url = sidecar_factory([gpu], role="coordinator").url
+    r = chat(url, "qwen3:32b")
+    assert r.status_code == 507  # no static endpoint: too large is still said plainly
+
+
+def test_a_held_plan_is_taken_by_the_first_call_of_its_thread(sim_factory: Sims,
+                                                              sidecar_factory: Sidecars,
+                                                              mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, time_scale=SCALE)
+    url = sidecar_factory([gpu], **mode).url
+    plan = httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": "t-1", "model": "qwen3:14b"})
+    assert plan.status_code == 201 and plan.json()["placement"] == "cold"
+    assert eventually(lambda: "qwen3:14b" in gpu.sim.runners)  # the load started at once
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert state["plans"] == ["t-1"] and len(state["tickets"]) == 1
+    r = chat(url, "qwen3:14b", headers={"X-Kubemoot-Thread": "t-1"})
+    assert r.status_code == 200 and r.headers["x-kubemoot-placement"] == "held"
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"])
+    again = httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": "t-2", "model": "qwen3:14b"})
+    assert again.json()["placement"] == "warm"
+    gone = httpx.delete(f"{url}/kubemoot/v1/plans/t-2").json()
+    assert gone["released"] is True
+
+
+def test_client_disconnect_mid_stream_releases_the_ticket(sim_factory: Sims,
+                                                          sidecar_factory: Sidecars,
+                                                          mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", tokens_per_s=5, time_scale=0.2)
+    url = sidecar_factory([gpu], **mode).url
+    with httpx.stream("POST", f"{url}/api/chat", json={"model": "llama3.2:3b", "messages": HI},
+                      timeout=30) as r:
+        lines = r.iter_lines()  # kept alive: a dropped iterator closes the response
+        assert "the" in next(lines)
+        assert httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"])
+    assert eventually(lambda: gpu.sim.runners["llama3.2:3b"].refcount == 0)
+
+
+def test_failing_provider_opens_its_circuit_and_calls_go_elsewhere(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    a = sim_factory("a", total_vram_mib=16376, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=24564, time_scale=SCALE)
+    httpx.post(f"{a.url}/api/generate", json={"model": "qwen3:8b"})
+    url = sidecar_factory([a, b]).url
+    a.sim.fault.mode, a.sim.fault.count = "midstream", 3
+    client = ollama.Client(host=url)
+    for _ in range(3):
+        with pytest.raises(ollama.ResponseError) as info:
+            for _chunk in client.chat(model="qwen3:8b", messages=HI, stream=True):
+                pass
+        assert "failed mid-stream" in info.value.error
+    r = chat(url, "qwen3:8b")
+    assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    circuits = {p["name"]: p["circuit"] for p in state["providers"]}
+    assert circuits == {"a": "open", "b": "closed"}
+    assert 'kubemoot_circuit_open{provider="a"} 1.0' in httpx.get(f"{url}/metrics").text
+
+
+def test_connection_refused_before_any_byte_is_retried_on_another_provider(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    a = sim_factory("a", total_vram_mib=16376, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=24564, time_scale=SCALE)
+    url = sidecar_factory([a, b], probe_interval_seconds=60).url
+    a.stop()  # the sidecar's last probe still says it is ready
+    r = chat(url, "qwen3:8b")
+    assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
+
+
+def test_two_sidecars_sharing_nats_converge_on_one_loading_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    import asyncio
+
+    from tests.conftest import empty_buckets
+
+    asyncio.run(empty_buckets(nats_server.url))
+    gpus = [sim_factory(n, total_vram_mib=24564, time_scale=0.1) for n in ("a", "b")]
+    one = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="one").url
+    two = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="two").url
+    results: dict[str, httpx.Response] = {}
+
+    def call(name: str, url: str) -> None:
+        results[name] = chat(url, "qwen3:14b")  # a ~1.2 s load
+
+    first = threading.Thread(target=call, args=("one", one))
+    first.start()
+    assert eventually(lambda: any("qwen3:14b" in g.sim.runners for g in gpus))
+    call("two", two)
+    first.join(30)
+    assert results["one"].status_code == results["two"].status_code == 200
+    assert results["one"].headers["x-kubemoot-placement"] == "cold"
+    assert results["two"].headers["x-kubemoot-placement"] == "loading"
+    assert results["two"].headers["x-kubemoot-provider"] == results["one"].headers[
+        "x-kubemoot-provider"]
+    assert sum(g.sim.stats.loads for g in gpus) == 1
+
+
+def test_sidecar_keeps_placing_while_nats_is_down(sim_factory: Sims,
+                                                  sidecar_factory: Sidecars) -> None:
+    server = NatsServer().start()
+    try:
+        gpu = sim_factory("gpu", time_scale=SCALE)
+        url = sidecar_factory([gpu], nats_url=server.url, probe_interval_seconds=0.2).url
+        assert chat(url, "qwen3:8b").status_code == 200
+        server.stop()
+        assert eventually(lambda: "kubemoot_nats_connected 0.0" in
+                          httpx.get(f"{url}/metrics").text)
+        r = chat(url, "qwen3:8b")
+        assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "gpu"
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        server.start()
+        assert eventually(lambda: "kubemoot_nats_connected 1.0" in
+                          httpx.get(f"{url}/metrics").text, timeout_s=15)
+        assert chat(url, "qwen3:8b").status_code == 200
+    finally:
+        server.cleanup()
+
+
+def test_explain_is_a_dry_run(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564)
+    url = sidecar_factory([gpu]).url
+    r = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:14b",
+                                                        "promptChars": 7000})
+    data = r.json()
+    assert data["decision"]["outcome"] == "placed"
+    assert data["decision"]["placement"]["kind"] == "cold"
+    assert data["promptTokens"] == 2000
+    assert data["verdicts"][0]["feasible"] and "load" in data["verdicts"][0]["terms"]
+    assert not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]  # nothing claimed
+    assert httpx.get(f"{url}/kubemoot/v1/explain",
+                     params={"promptChars": "x"}).status_code == 400
+
+
+def test_openai_client_against_chat_completions(sim_factory: Sims,
+                                                sidecar_factory: Sidecars) -> None:
+    import openai
+
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    reply = client.chat.completions.create(model="qwen3:8b", messages=HI)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content and reply.model == "qwen3:8b"
+    parts = list(client.chat.completions.create(model="qwen3:8b", messages=HI,  # type: ignore[arg-type]
+                                                stream=True))
+    assert "".join(p.choices[0].delta.content or "" for p in parts).startswith("the answer")
+    assert "qwen3:8b" in [m.id for m in client.models.list()]
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="qwen3:32b", messages=HI)  # type: ignore[arg-type]
+    assert info.value.status_code == 507
