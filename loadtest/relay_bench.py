@@ -1,4 +1,4 @@
-"""Added latency of the sidecar against calling the simulator directly.
+"""Added latency of the sidecar's full placed path against calling the simulator directly.
 
 One simulator process, one sidecar process, this process as the load generator. For each
 concurrency level the same generator runs direct and through the sidecar, alternating
@@ -15,6 +15,7 @@ import json
 import socket
 
 from loadtest.loadgen import median, run_load, spawn, stop, wait_http
+from loadtest.nats_server import NatsServer
 
 
 def free_port() -> int:
@@ -30,7 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--levels", default="1,8,32")
     parser.add_argument("--tokens-per-s", type=float, default=400.0)
     parser.add_argument("--extra-env", default="{}", help="JSON env for the sidecar")
+    parser.add_argument("--nats", action="store_true",
+                        help="shared state in a real nats-server instead of embedded")
     args = parser.parse_args(argv)
+    nats = NatsServer().start() if args.nats else None
 
     sim_port, proxy_port = free_port(), free_port()
     sim = spawn(["-m", "loadtest.ollama_sim", "--port", str(sim_port), "--parallel", "64",
@@ -39,15 +43,18 @@ def main(argv: list[str] | None = None) -> None:
     providers = [{"name": "gpu", "endpoint": direct, "totalVramMiB": 24564, "maxParallel": 64,
                   "contextLength": 32768}]
     env = {"KUBEMOOT_PROVIDERS": json.dumps(providers), "KUBEMOOT_MODEL_MODEL": "qwen3:8b",
-           "KUBEMOOT_LISTEN": f"127.0.0.1:{proxy_port}", **json.loads(args.extra_env)}
+           "KUBEMOOT_LISTEN": f"127.0.0.1:{proxy_port}", "KUBEMOOT_LOG_LEVEL": "info",
+           **json.loads(args.extra_env)}
+    if nats is not None:
+        env["KUBEMOOT_NATS_URL"] = nats.url
     sidecar = spawn(["-m", "proxy", "serve"], env)
     proxied = f"http://127.0.0.1:{proxy_port}"
     try:
         wait_http(direct)
         wait_http(proxied + "/healthz")
         asyncio.run(run_load(proxied, 4, 20, False))  # warm: model loaded, pools open
-        print(f"# sidecar relay overhead, {args.calls} calls x {args.rounds} rounds per cell;"
-              " ms")
+        print(f"# sidecar placed path vs direct, {'NATS' if nats else 'embedded'} state, "
+              f"{args.calls} calls x {args.rounds} rounds per cell; ms")
         print("mode        conc  direct_p50 direct_p99  proxy_p50 proxy_p99  added_p50 "
               "added_p99")
         for stream in (False, True):
@@ -71,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         stop(sidecar)
         stop(sim)
+        if nats is not None:
+            nats.cleanup()
 
 
 if __name__ == "__main__":

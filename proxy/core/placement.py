@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from proxy.core.cost import cold_terms, warm_terms
 from proxy.core.feasibility import Fit, check
@@ -170,10 +171,35 @@ class _Planner:
             return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}",
                             tuple(verdicts))
         refusal = self.classify(verdicts)
+        if refusal is not None and refusal[0] == "model-too-large":
+            fallback = self.fall_back()
+            if fallback is not None:
+                return fallback
         if refusal is not None:
             outcome, sentence = refusal
             return Decision(outcome, None, sentence, tuple(verdicts))  # type: ignore[arg-type]
         return self.queue_or_unload(verdicts)
+
+    def fall_back(self) -> Decision | None:
+        """The preferred model fits no card: plan the best in-tolerance candidate that
+        could, as if it were preferred (the tolerance floor stays where it was)."""
+        preferred = self.call.preferred
+        for alternative in self.alternatives:
+            occupancy = self.occupancy.get(alternative.model)
+            if occupancy is not None and all(
+                    i.usable_mib is not None and occupancy > i.usable_mib
+                    for i in self.indexes.values()):
+                continue
+            rest = tuple(c for c in self.call.candidates
+                         if c.model not in (preferred.model, alternative.model))
+            narrowed = replace(self.call, candidates=(alternative, *rest),
+                               tolerance=max(0.0, self.call.tolerance)
+                               - (preferred.score - alternative.score))
+            decision = _Planner(narrowed, self.snapshot, self.policy).place()
+            if decision.outcome != "model-too-large":
+                return replace(decision, reason=f"{preferred.model} fits no GPU; "
+                               f"{decision.reason}")
+        return None
 
     def queue_or_unload(self, verdicts: list[Verdict]) -> Decision:
         preferred = self.call.preferred.model

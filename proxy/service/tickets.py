@@ -47,8 +47,17 @@ class TicketBook:
     def _lock(self, provider: str) -> asyncio.Lock:
         return self._locks.setdefault(provider, asyncio.Lock())
 
-    async def _read(self, provider: str) -> tuple[TicketSet, int]:
-        entry = await self.store.get(PROVIDER_TICKETS, token(provider))
+    async def _read(self, provider: str, fresh: bool) -> tuple[TicketSet, int]:
+        """The ticket set and its revision: from the watched mirror (or our own last write,
+        whichever is newer) on a first attempt, from the server after a conflict."""
+        key = token(provider)
+        if fresh:
+            entry = await self.store.get(PROVIDER_TICKETS, key)
+        else:
+            entry = self.store.view(PROVIDER_TICKETS).get(key)
+            own = self.written.get(provider)
+            if own is not None and (entry is None or own.revision > entry.revision):
+                entry = own
         if entry is None:
             return TicketSet(), 0
         return TicketSet.decode(provider, entry.value), entry.revision
@@ -64,7 +73,8 @@ class TicketBook:
         delay = 0.0005
         async with self._lock(provider):
             for attempt in range(1, MAX_ATTEMPTS + 1):
-                current, revision = await self._read(provider)
+                # A stale first read only costs a conflict: the server checks the revision.
+                current, revision = await self._read(provider, fresh=attempt > 1)
                 now = self.clock()
                 outcome = change(current.live(now), now)
                 if outcome is None:
@@ -79,8 +89,9 @@ class TicketBook:
                     return ClaimResult(True, "written", attempt, conflicts)
                 except CasConflict:
                     conflicts += 1
-                    await asyncio.sleep(random.uniform(0, delay))
-                    delay = min(delay * 2, 0.02)
+                    if attempt > 1:  # a real race, not just a lagging mirror: back off
+                        await asyncio.sleep(random.uniform(0, delay))
+                        delay = min(delay * 2, 0.004)
         return ClaimResult(False, f"gave up after {MAX_ATTEMPTS} conflicting writes",
                            MAX_ATTEMPTS, conflicts)
 

@@ -298,3 +298,12 @@ def test_indexing_ignores_expired_tickets() -> None:
     snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)),
                     tickets=(ticket("a", "qwen3:8b", elapsed=100, ttl=50),))
     assert index_providers(snap, Policy())["a"].active_calls == 0
+
+
+def test_a_preferred_model_too_large_everywhere_falls_back_to_an_in_tolerance_candidate() -> None:
+    snap = snapshot(gpu("a", GIB24), gpu("b", GIB16))
+    decision = place(call(("qwen3:32b", 70), ("qwen3:14b", 60), ("qwen3:8b", 30)), snap)
+    assert decision.placement and decision.placement.model == "qwen3:14b"
+    assert decision.reason.startswith("qwen3:32b fits no GPU")
+    # outside the tolerance, the answer stays model-too-large
+    assert place(call(("qwen3:32b", 70), ("qwen3:8b", 30)), snap).outcome == "model-too-large"

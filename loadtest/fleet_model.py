@@ -1,0 +1,220 @@
+"""A model of a GPU fleet running Ollama, for the virtual-clock simulation.
+
+Each GPU behaves like one `ollama serve`: loads take footprint / speed, OLLAMA_NUM_PARALLEL
+slots per loaded model with a FIFO queue beyond them, keep-alive expiry, and Ollama's own
+eviction of idle models when a load does not fit. What a real fleet would suffer is counted:
+a load that does not fit beside the residents (the engine has to evict on its own, or cannot
+load at all: an out-of-memory event), and a prompt longer than the context (silently cut).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    footprint_mib: int
+    tokens_per_s: float  # generation speed on this class of GPU
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    total_mib: int
+    context: int = 8192
+    slots: int = 1
+    load_mib_per_s: float = 1024.0
+    unload_s: float = 1.0
+    keep_alive_s: float = 300.0
+    prompt_tokens_per_s: float = 2000.0
+
+
+@dataclass
+class SimCall:
+    ident: int
+    agent: str
+    candidates: tuple[tuple[str, float], ...]  # (model, score), preferred first
+    prompt_tokens: int
+    output_tokens: int
+    arrived: float
+    model: str = ""
+    gpu: str = ""
+    placement: str = ""
+    started: float = 0.0
+    finished: float = 0.0
+    truncated: bool = False
+    failed: str = ""  # why it never ran: oom, model-too-large, prompt-too-large, gpu-busy
+    on_done: Callable[[SimCall], None] | None = None
+
+    @property
+    def preferred(self) -> str:
+        return self.candidates[0][0]
+
+
+@dataclass
+class Resident:
+    model: ModelSpec
+    ready: bool = False
+    running: int = 0
+    queue: deque[SimCall] = field(default_factory=deque)
+    last_used: float = 0.0
+    idle_since: float = 0.0
+    expiry_token: int = 0
+
+
+@dataclass
+class Counters:
+    cold_loads: int = 0
+    loaded_mib: int = 0
+    evictions: int = 0
+    overcommits: int = 0
+    oom_events: int = 0
+    truncations: int = 0
+
+
+class Gpu:
+    def __init__(self, spec: GpuSpec, schedule: Callable[[float, Callable[[], None]], None],
+                 now: Callable[[], float], counters: Counters,
+                 on_change: Callable[[], None]) -> None:
+        self.spec = spec
+        self.schedule = schedule
+        self.now = now
+        self.counters = counters
+        self.on_change = on_change
+        self.residents: dict[str, Resident] = {}
+        self.pending: deque[tuple[ModelSpec, SimCall]] = deque()  # loads waiting for room
+        self.unloading_until = 0.0
+        self.memory_trace: list[tuple[float, int]] = [(0.0, 0)]
+
+    # -- memory ----------------------------------------------------------------------------
+    def used_mib(self) -> int:
+        return sum(r.model.footprint_mib for r in self.residents.values())
+
+    def _trace(self) -> None:
+        self.memory_trace.append((self.now(), self.used_mib()))
+
+    def in_flight(self) -> int:
+        return sum(r.running + len(r.queue) for r in self.residents.values()) + len(self.pending)
+
+    def _remove(self, name: str) -> None:
+        self.residents.pop(name, None)
+        self._trace()
+
+    def unload(self, name: str) -> None:
+        """keep_alive:0 from the scheduler: the model goes once idle; memory returns after
+        the unload time."""
+        resident = self.residents.get(name)
+        if resident is None or resident.running or resident.queue:
+            return
+        self.counters.evictions += 1
+        self._remove(name)
+        self.unloading_until = max(self.unloading_until, self.now() + self.spec.unload_s)
+
+    # -- calls -----------------------------------------------------------------------------
+    def submit(self, call: SimCall, model: ModelSpec) -> None:
+        call.gpu, call.model = self.spec.name, model.name
+        if call.prompt_tokens > self.spec.context:
+            call.truncated = True  # Ollama drops the oldest messages and says nothing
+            self.counters.truncations += 1
+        resident = self.residents.get(model.name)
+        if resident is not None:
+            resident.queue.append(call)
+            self._start_calls(resident)
+            return
+        self._load(model, call)
+
+    def _load(self, model: ModelSpec, call: SimCall) -> None:
+        if model.footprint_mib > self.spec.total_mib:
+            self.counters.oom_events += 1
+            call.failed = "oom"
+            call.finished = self.now()
+            if call.on_done:
+                call.on_done(call)
+            return
+        if self.used_mib() + model.footprint_mib > self.spec.total_mib:
+            self.counters.overcommits += 1  # the scheduler sent a load that does not fit
+            self._evict_idle_for(model.footprint_mib)
+            if self.used_mib() + model.footprint_mib > self.spec.total_mib:
+                self.pending.append((model, call))  # waits behind busy models, head of line
+                return
+        self._start_load(model, call)
+
+    def _start_load(self, model: ModelSpec, call: SimCall) -> None:
+        resident = Resident(model)
+        resident.queue.append(call)
+        self.residents[model.name] = resident
+        self.counters.cold_loads += 1
+        self.counters.loaded_mib += model.footprint_mib
+        self._trace()
+        start = max(self.now(), self.unloading_until)  # memory returns after an unload
+        done_at = start + model.footprint_mib / self.spec.load_mib_per_s
+        self.schedule(done_at, lambda: self._loaded(resident))
+
+    def _evict_idle_for(self, need_mib: int) -> None:
+        """Ollama's own eviction: idle runners, shortest keep-alive then name (no LRU)."""
+        idle = sorted((r for r in self.residents.values()
+                       if r.ready and not r.running and not r.queue),
+                      key=lambda r: r.model.name)
+        for resident in idle:
+            if self.used_mib() + need_mib <= self.spec.total_mib:
+                return
+            self.counters.evictions += 1
+            self._remove(resident.model.name)
+
+    def _loaded(self, resident: Resident) -> None:
+        if self.residents.get(resident.model.name) is not resident:
+            return
+        resident.ready = True
+        self._start_calls(resident)
+        self.on_change()
+
+    def _start_calls(self, resident: Resident) -> None:
+        if not resident.ready:
+            return
+        while resident.running < self.spec.slots and resident.queue:
+            call = resident.queue.popleft()
+            resident.running += 1
+            call.started = self.now()
+            prompt = min(call.prompt_tokens, self.spec.context)
+            duration = prompt / self.spec.prompt_tokens_per_s + \
+                call.output_tokens / resident.model.tokens_per_s
+            self.schedule(self.now() + duration, lambda c=call, r=resident: self._done(c, r))
+
+    def _done(self, call: SimCall, resident: Resident) -> None:
+        resident.running -= 1
+        resident.last_used = call.finished = self.now()
+        self._start_calls(resident)
+        if not resident.running and not resident.queue:
+            resident.expiry_token += 1
+            token = resident.expiry_token
+            self.schedule(self.now() + self.spec.keep_alive_s,
+                          lambda: self._expire(resident, token))
+        self._retry_pending()
+        if call.on_done:
+            call.on_done(call)
+        self.on_change()
+
+    def _expire(self, resident: Resident, token: int) -> None:
+        if resident.expiry_token == token and not resident.running and not resident.queue and \
+                self.residents.get(resident.model.name) is resident:
+            self._remove(resident.model.name)
+            self._retry_pending()
+            self.on_change()
+
+    def _retry_pending(self) -> None:
+        while self.pending:
+            model, call = self.pending[0]
+            self._evict_idle_for(model.footprint_mib)
+            if self.used_mib() + model.footprint_mib > self.spec.total_mib:
+                return
+            self.pending.popleft()
+            existing = self.residents.get(model.name)
+            if existing is not None:
+                existing.queue.append(call)
+                self._start_calls(existing)
+            else:
+                self._start_load(model, call)

@@ -1,0 +1,72 @@
+"""Time of one `place()` call as the fleet grows (pure core, no I/O).
+
+    python -m loadtest.place_bench [--repeat 2000]
+
+Each fleet has half its cards holding two residents, a few calls in flight, and an
+8-model candidate list whose preferred model is warm nowhere (so the planner walks all
+five steps: the worst case short of waiting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from loadtest.loadgen import percentile
+from proxy.core.placement import place
+from proxy.core.types import (
+    CallSpec,
+    Candidate,
+    ProviderHealth,
+    ProviderView,
+    Resident,
+    Snapshot,
+    Ticket,
+)
+
+MODELS = [f"m{i}:7b" for i in range(12)]
+
+
+def fleet(n: int, seed: int = 7) -> tuple[Snapshot, CallSpec]:
+    rng = random.Random(seed)
+    views = []
+    tickets = []
+    for i in range(n):
+        residents = tuple(Resident(m, rng.choice([3000, 6000, 12000]))
+                          for m in rng.sample(MODELS[4:], 2)) if i % 2 else ()
+        views.append(ProviderView(f"gpu-{i}", rng.choice([16376, 24564, 32768]),
+                                  residents=residents, context_length=8192,
+                                  max_parallel=rng.choice([1, 2, 4]),
+                                  disk_mib={m: 5000 for m in MODELS}))
+        for r in residents[:1]:
+            tickets.append(Ticket(f"t{i}", f"gpu-{i}", r.model, 512, 990.0, 1060.0))
+    health = {v.name: ProviderHealth(latency_ema_s=10.0) for v in views}
+    snap = Snapshot(1000.0, tuple(views), tuple(tickets), {}, health,
+                    {m: 6000 for m in MODELS})
+    spec = CallSpec(tuple(Candidate(m, 100 - 5 * k) for k, m in enumerate(MODELS[:8])),
+                    prompt_tokens=2000, tolerance=10)
+    return snap, spec
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--repeat", type=int, default=2000)
+    p.add_argument("--sizes", default="16,64,256")
+    a = p.parse_args(argv)
+    print("providers  candidates  p50_us  p99_us  outcome")
+    for n in (int(x) for x in a.sizes.split(",")):
+        snap, spec = fleet(n)
+        times = []
+        decision = place(spec, snap)
+        for _ in range(a.repeat):
+            t0 = time.perf_counter()
+            place(spec, snap)
+            times.append((time.perf_counter() - t0) * 1e6)
+        print(f"{n:9d}  {len(spec.candidates):10d}  {percentile(times, 0.5):6.0f}"
+              f"  {percentile(times, 0.99):6.0f}  {decision.outcome}/"
+              f"{decision.placement.kind if decision.placement else '-'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

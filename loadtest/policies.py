@@ -1,0 +1,189 @@
+"""Placement policies for the simulation: kubemoot (the shipped `proxy.core`, imported, not
+copied) and the baselines it is measured against."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from loadtest.fleet_model import Gpu, SimCall
+from loadtest.scenarios import MODELS
+from proxy.core.placement import place
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.types import (
+    CallSpec,
+    Candidate,
+    ModelDemand,
+    ProviderHealth,
+    ProviderView,
+    Resident,
+    Snapshot,
+    Ticket,
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """placed (gpu, model, placement, evicts), wait, or a refusal reason."""
+
+    outcome: str  # placed | wait | model-too-large | prompt-too-large
+    gpu: str = ""
+    model: str = ""
+    placement: str = ""
+    evicts: tuple[str, ...] = ()
+    footprint_mib: int = 0
+    cold: bool = False
+
+
+class PlacementPolicy(Protocol):
+    name: str
+
+    def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice: ...
+
+    def started(self, call: SimCall, choice: Choice, now: float) -> None: ...
+
+    def finished(self, call: SimCall, now: float) -> None: ...
+
+
+class _Baseline:
+    """Baselines place the preferred model and never refuse or wait."""
+
+    name = "baseline"
+
+    def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
+        raise NotImplementedError
+
+    def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
+        return Choice("placed", self.pick(call, gpus), call.preferred, "routed")
+
+    def started(self, call: SimCall, choice: Choice, now: float) -> None:
+        return None
+
+    def finished(self, call: SimCall, now: float) -> None:
+        return None
+
+
+class RoundRobin(_Baseline):
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
+        names = list(gpus)
+        self.next = (self.next + 1) % len(names)
+        return names[self.next]
+
+
+class RandomChoice(_Baseline):
+    name = "random"
+
+    def __init__(self, seed: int = 1) -> None:
+        self.rng = random.Random(seed)
+
+    def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
+        return self.rng.choice(list(gpus))
+
+
+class LeastBusy(_Baseline):
+    """LiteLLM's least-busy routing: the deployment with the fewest requests in flight."""
+
+    name = "least-busy"
+
+    def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
+        return min(gpus, key=lambda n: (gpus[n].in_flight(), n))
+
+
+class ModelAffinity(_Baseline):
+    """What the Ollama load balancers do: a node that has the model, else the least busy."""
+
+    name = "model-affinity"
+
+    def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
+        holders = [n for n, g in gpus.items() if call.preferred in g.residents]
+        pool = holders or list(gpus)
+        return min(pool, key=lambda n: (gpus[n].in_flight(), n))
+
+
+class StaticBinding(_Baseline):
+    """Today's practice: each agent pinned to one endpoint at deploy time."""
+
+    name = "static"
+
+    def __init__(self) -> None:
+        self.binding: dict[str, str] = {}
+
+    def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
+        if call.agent not in self.binding:
+            names = list(gpus)
+            self.binding[call.agent] = names[len(self.binding) % len(names)]
+        return self.binding[call.agent]
+
+
+@dataclass
+class Kubemoot:
+    """The sidecar's decision: a Snapshot of the simulated fleet into `proxy.core.place`."""
+
+    tolerance: float = 10.0
+    name: str = "kubemoot"
+    tickets: dict[int, Ticket] = field(default_factory=dict)
+    latency: dict[str, float] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+    use: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (rate, at)
+
+    def snapshot(self, gpus: Mapping[str, Gpu], now: float) -> Snapshot:
+        views = []
+        for name, gpu in gpus.items():
+            residents = tuple(Resident(r.model.name, r.model.footprint_mib, gpu.spec.context,
+                                       r.last_used)
+                              for r in gpu.residents.values() if r.ready)
+            views.append(ProviderView(name, gpu.spec.total_mib, True, residents,
+                                      gpu.spec.context, gpu.spec.slots,
+                                      disk_mib={m: s.footprint_mib for m, s in MODELS.items()}))
+        demand = {}
+        for model in set(self.waiting) | set(self.use):
+            rate, at = self.use.get(model, (0.0, now))
+            demand[model] = ModelDemand(waiters=self.waiting.get(model, 0),
+                                        recent_use=rate * 0.5 ** ((now - at) / 600.0),
+                                        last_used_at=at)
+        health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
+        return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health,
+                        {m: s.footprint_mib for m, s in MODELS.items()})
+
+    def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
+        spec = CallSpec(tuple(Candidate(m, s) for m, s in call.candidates),
+                        prompt_tokens=call.prompt_tokens, tolerance=self.tolerance)
+        decision = place(spec, self.snapshot(gpus, now), DEFAULT_POLICY)
+        p = decision.placement
+        if p is None:
+            return Choice(decision.outcome)
+        return Choice("placed", p.provider, p.model, p.kind, tuple(p.evicts), p.footprint_mib,
+                      p.kind in ("cold", "evict"))
+
+    def started(self, call: SimCall, choice: Choice, now: float) -> None:
+        self.tickets[call.ident] = Ticket(
+            str(call.ident), choice.gpu, choice.model, choice.footprint_mib, now, math.inf,
+            cold=choice.cold, evicts={v: MODELS[v].footprint_mib for v in choice.evicts})
+        rate, at = self.use.get(choice.model, (0.0, now))
+        self.use[choice.model] = (rate * 0.5 ** ((now - at) / 600.0) + 1.0, now)
+
+    def finished(self, call: SimCall, now: float) -> None:
+        ticket = self.tickets.pop(call.ident, None)
+        if ticket is not None and not call.failed:
+            seconds = now - ticket.started_at
+            previous = self.latency.get(ticket.provider)
+            self.latency[ticket.provider] = seconds if previous is None else \
+                0.4 * seconds + 0.6 * previous
+
+
+POLICIES = {
+    "kubemoot": Kubemoot,
+    "round-robin": RoundRobin,
+    "random": RandomChoice,
+    "least-busy": LeastBusy,
+    "model-affinity": ModelAffinity,
+    "static": StaticBinding,
+}

@@ -1,0 +1,313 @@
+"""Discrete-event simulation on a virtual clock: placement policies against a fleet model.
+
+    python -m loadtest.simulate --list
+    python -m loadtest.simulate --scenario bursty-crew --policy kubemoot --json
+    python -m loadtest.simulate --report loadtest/out      # every pair: a table and plots
+
+Every policy sees the same trace (same seed). kubemoot runs `proxy.core.place` as shipped;
+when it says "wait" the call waits and is placed again on the next change in the fleet,
+for at most the wait limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import random
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest.fleet_model import Counters, Gpu, SimCall
+from loadtest.policies import POLICIES, Choice, PlacementPolicy
+from loadtest.scenarios import MODELS, SCENARIOS, AgentSpec, Scenario
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+@dataclass
+class Result:
+    policy: str
+    scenario: str
+    calls: int
+    completed: int
+    refused: int
+    p50_s: float
+    p95_s: float
+    p95_all_s: float  # failed calls counted as never answered (infinite)
+    mean_s: float
+    limit_p95_s: float
+    cold_loads: int
+    loaded_gib: float
+    evictions: int
+    overcommits: int
+    truncations: int
+    refusals: dict[str, int] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list, repr=False)
+    memory: dict[str, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("latencies", "memory")}
+        for key in ("p50_s", "p95_s", "p95_all_s", "mean_s", "limit_p95_s", "loaded_gib"):
+            out[key] = round(out[key], 3) if out[key] != float("inf") else None
+        out["p95_vs_limit"] = round(self.p95_s / self.limit_p95_s, 3) \
+            if self.limit_p95_s else None
+        return out
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, policy: PlacementPolicy, seed: int = 7) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.counters = Counters()
+        self.gpus = {g.name: Gpu(g, self.schedule, lambda: self.now, self.counters,
+                                 self._changed) for g in scenario.gpus}
+        self.calls: list[SimCall] = []
+        self.waiting: list[tuple[SimCall, Callable[[SimCall], None]]] = []
+        self._ids = itertools.count(1)
+        self._retrying = False
+        # One generator per agent: every policy sees the same calls in the same order.
+        self._agent_rng = {a.name: random.Random(f"{seed}/{a.name}") for a in scenario.agents}
+
+    def schedule(self, at: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), action))
+
+    # -- workload --------------------------------------------------------------------------
+    def _plan_discussions(self) -> None:
+        t = 0.0
+        while t < self.scenario.duration_s:
+            for agent in self.scenario.agents:
+                offset = self.rng.uniform(*agent.offset_s)
+                self.schedule(t + offset, lambda a=agent: self._burst(a, a.calls_per_burst))
+            t += self.scenario.discussion_every_s * self.rng.uniform(0.7, 1.3)
+
+    def _burst(self, agent: AgentSpec, remaining: int) -> None:
+        if remaining <= 0:
+            return
+        rng = self._agent_rng[agent.name]
+        call = SimCall(next(self._ids), agent.name, agent.candidates,
+                       rng.randint(*agent.prompt_tokens), rng.randint(*agent.output_tokens),
+                       self.now)
+        self.calls.append(call)
+
+        def then(done: SimCall) -> None:
+            self.schedule(self.now + agent.think_s, lambda: self._burst(agent, remaining - 1))
+
+        self._place(call, then)
+
+    # -- placement -------------------------------------------------------------------------
+    def _place(self, call: SimCall, then: Callable[[SimCall], None]) -> bool:
+        choice = self.policy.choose(call, self.gpus, self.now)
+        if choice.outcome == "placed":
+            self._dispatch(call, choice, then)
+            return True
+        if choice.outcome == "wait":
+            if call not in [c for c, _ in self.waiting]:
+                self.waiting.append((call, then))
+                self._count_wait(call, +1)
+                self.schedule(call.arrived + self.scenario.wait_limit_s,
+                              lambda: self._give_up(call))
+            return False
+        self._fail(call, choice.outcome, then)
+        return True
+
+    def _count_wait(self, call: SimCall, delta: int) -> None:
+        waiting = getattr(self.policy, "waiting", None)
+        if isinstance(waiting, dict):
+            waiting[call.preferred] = waiting.get(call.preferred, 0) + delta
+
+    def _dispatch(self, call: SimCall, choice: Choice, then: Callable[[SimCall], None]
+                  ) -> None:
+        gpu = self.gpus[choice.gpu]
+        for victim in choice.evicts:
+            gpu.unload(victim)
+        call.placement = choice.placement
+        self.policy.started(call, choice, self.now)
+
+        def done(finished: SimCall) -> None:
+            self.policy.finished(finished, self.now)
+            then(finished)
+
+        call.on_done = done
+        gpu.submit(call, MODELS[choice.model])
+
+    def _fail(self, call: SimCall, reason: str, then: Callable[[SimCall], None]) -> None:
+        call.failed, call.finished = reason, self.now
+        then(call)
+
+    def _give_up(self, call: SimCall) -> None:
+        for i, (waiting, then) in enumerate(self.waiting):
+            if waiting is call:
+                del self.waiting[i]
+                self._count_wait(call, -1)
+                self._fail(call, "gpu-busy", then)
+                return
+
+    def _changed(self) -> None:
+        """Every change in the fleet wakes the waiters, first come first served."""
+        if self._retrying or not self.waiting:
+            return
+        self._retrying = True
+        try:
+            for call, then in list(self.waiting):
+                self.waiting.remove((call, then))
+                self._count_wait(call, -1)
+                if not self._place(call, then):
+                    continue
+        finally:
+            self._retrying = False
+
+    # -- run -------------------------------------------------------------------------------
+    def run(self) -> Result:
+        self._plan_discussions()
+        horizon = self.scenario.duration_s + 3600.0
+        while self._events:
+            at, _, action = heapq.heappop(self._events)
+            if at > horizon:
+                break
+            self.now = at
+            action()
+        return self._result()
+
+    def _result(self) -> Result:
+        done = [c for c in self.calls if c.finished and not c.failed]
+        latencies = [c.finished - c.arrived for c in done]
+        limits = [c.prompt_tokens / 2000.0 + c.output_tokens / MODELS[c.preferred].tokens_per_s
+                  for c in self.calls]
+        refusals: dict[str, int] = {}
+        for c in self.calls:
+            if c.failed:
+                refusals[c.failed] = refusals.get(c.failed, 0) + 1
+        return Result(
+            policy=self.policy.name, scenario=self.scenario.name, calls=len(self.calls),
+            completed=len(done), refused=sum(refusals.values()),
+            p50_s=percentile(latencies, 0.5), p95_s=percentile(latencies, 0.95),
+            p95_all_s=percentile(latencies + [float("inf")] * sum(refusals.values()), 0.95),
+            mean_s=statistics.fmean(latencies) if latencies else float("nan"),
+            limit_p95_s=percentile(limits, 0.95), cold_loads=self.counters.cold_loads,
+            loaded_gib=self.counters.loaded_mib / 1024, evictions=self.counters.evictions,
+            overcommits=self.counters.overcommits + self.counters.oom_events,
+            truncations=self.counters.truncations, refusals=refusals,
+            latencies=latencies, memory={n: g.memory_trace for n, g in self.gpus.items()})
+
+
+def simulate(scenario: str, policy: str, seed: int = 7) -> Result:
+    chosen = SCENARIOS[scenario]
+    instance = POLICIES[policy]()
+    if hasattr(instance, "tolerance"):
+        instance.tolerance = chosen.tolerance
+    return Simulation(chosen, instance, seed).run()
+
+
+def _row(r: Result) -> str:
+    s = r.summary()
+    all_calls = "∞" if s["p95_all_s"] is None else f"{s['p95_all_s']:.1f}"
+    return (f"| {r.policy} | {r.calls} | {r.completed} | {r.refused} | {s['p50_s']:.1f} | "
+            f"{s['p95_s']:.1f} | {all_calls} | {s['mean_s']:.1f} | {s['p95_vs_limit']:.2f}x | "
+            f"{r.cold_loads} | {s['loaded_gib']:.0f} | {r.evictions} | {r.overcommits} | "
+            f"{r.truncations} |")
+
+
+def report(out_dir: Path, seed: int) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["# Placement policies on simulated fleets", "",
+             f"`python -m loadtest.simulate --report {out_dir}` (seed {seed}). Latency is "
+             "arrival to last token over completed calls; p95/limit divides by the p95 of "
+             "the physical limit (every call served at once on a warm preferred model).", ""]
+    pairs = [(s, p) for s in SCENARIOS for p in POLICIES]
+    results: dict[str, list[Result]] = {}
+    for i, (scenario, policy) in enumerate(pairs, 1):
+        print(f"[{i}/{len(pairs)}] {scenario} / {policy}", file=sys.stderr, flush=True)
+        results.setdefault(scenario, []).append(simulate(scenario, policy, seed))
+    for scenario, rows in results.items():
+        lines += [f"## {scenario}", "", SCENARIOS[scenario].description + ".", "",
+                  f"Physical limit p95: {rows[0].limit_p95_s:.1f} s.", "",
+                  "| policy | calls | completed | refused | p50 s | p95 s | p95 s, failures as ∞ "
+                  "| mean s | p95/limit | cold loads | loaded GiB | evictions | overcommits "
+                  "| truncations |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+                  *(_row(r) for r in rows), ""]
+        lines += _plots(out_dir, scenario, rows)
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out_dir / 'report.md'}", file=sys.stderr)
+
+
+def _plots(out_dir: Path, scenario: str, rows: list[Result]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ["(plots skipped: pip install -e '.[report]' for matplotlib)", ""]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        xs = sorted(r.latencies)
+        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (s, log)")
+    ax.set_ylabel("fraction of calls")
+    ax.set_title(f"{scenario}: latency CDF")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / f"cdf-{scenario}.png", dpi=90)
+    plt.close(fig)
+    shown = [r for r in rows if r.policy in ("kubemoot", "least-busy")]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(7, 2.6 * len(shown)), sharex=True)
+    for ax, r in zip(axes, shown, strict=True):
+        for name, trace in r.memory.items():
+            ax.step([t for t, _ in trace], [m / 1024 for _, m in trace], where="post",
+                    label=name)
+        ax.set_ylabel("GiB loaded")
+        ax.set_title(f"{scenario} / {r.policy}", fontsize=9)
+        ax.legend(fontsize=7)
+    axes[-1].set_xlabel("simulated time (s)")
+    fig.tight_layout()
+    fig.savefig(out_dir / f"memory-{scenario}.png", dpi=90)
+    plt.close(fig)
+    return [f"![latency CDF](cdf-{scenario}.png) ![GPU memory](memory-{scenario}.png)", ""]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS))
+    p.add_argument("--policy", choices=sorted(POLICIES))
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--report", type=Path, metavar="DIR")
+    a = p.parse_args(argv)
+    if a.list:
+        print("scenarios: " + " ".join(SCENARIOS))
+        print("policies:  " + " ".join(POLICIES))
+        return
+    if a.report:
+        report(a.report, a.seed)
+        return
+    if not (a.scenario and a.policy):
+        p.error("--scenario and --policy (or --list, or --report DIR)")
+    result = simulate(a.scenario, a.policy, a.seed)
+    if a.json:
+        print(json.dumps(result.summary()))
+    else:
+        for key, value in result.summary().items():
+            print(f"{key:>14}: {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The virtual-clock simulation: deterministic, same trace for every policy, and the
+targets of the bursty crew scenario held by the shipped core."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from loadtest.policies import POLICIES
+from loadtest.scenarios import SCENARIOS
+from loadtest.simulate import simulate
+
+KEYS = {"policy", "scenario", "calls", "completed", "refused", "p50_s", "p95_s", "mean_s",
+        "limit_p95_s", "cold_loads", "loaded_gib", "evictions", "overcommits", "truncations"}
+
+
+def test_cli_lists_and_prints_one_json_object() -> None:
+    listed = subprocess.run([sys.executable, "-m", "loadtest.simulate", "--list"],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    assert all(name in listed for name in [*SCENARIOS, *POLICIES])
+    out = subprocess.run([sys.executable, "-m", "loadtest.simulate", "--scenario",
+                          "hot-model", "--policy", "static", "--json"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert set(json.loads(out)) >= KEYS
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_policy_sees_the_same_trace(scenario: str) -> None:
+    results = [simulate(scenario, policy) for policy in POLICIES]
+    assert len({r.calls for r in results}) == 1
+    assert len({r.limit_p95_s for r in results}) == 1
+    assert simulate(scenario, "kubemoot").summary() == results[0].summary()  # deterministic
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_kubemoot_never_overcommits_nor_truncates(scenario: str) -> None:
+    result = simulate(scenario, "kubemoot")
+    assert result.overcommits == 0 and result.truncations == 0
+
+
+def test_bursty_crew_targets() -> None:
+    ours = simulate("bursty-crew", "kubemoot")
+    assert ours.p95_s <= 1.25 * ours.limit_p95_s
+    for policy in POLICIES:
+        if policy != "kubemoot":
+            theirs = simulate("bursty-crew", policy)
+            assert ours.p95_all_s < theirs.p95_all_s, policy  # failures count as never
