@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from proxy.settings import ConfigError, Settings, load_settings
+from proxy.settings import ConfigError, Settings, load_settings, parse_listen
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -36,11 +38,24 @@ def _serve(args: argparse.Namespace) -> int:
     host, port = settings.listen_host_port
     if fleet:
         _print_demo_banner(settings, fleet)
-    uvicorn.run(build_app(settings), host=host, port=port, log_level="warning",
-                access_log=False, lifespan="on")
+    app = build_app(settings)
+    servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                             access_log=False, lifespan="on"))]
+    if settings.ops_listen:
+        from proxy.app import build_ops_app
+
+        ops_host, ops_port = parse_listen(settings.ops_listen)
+        servers.append(uvicorn.Server(uvicorn.Config(
+            build_ops_app(app), host=ops_host, port=ops_port, log_level="warning",
+            access_log=False, lifespan="off")))
+    asyncio.run(_serve_all(servers))
     for server in fleet:
         server.stop()
     return 0
+
+
+async def _serve_all(servers: list[Any]) -> None:
+    await asyncio.gather(*(server.serve() for server in servers))
 
 
 def _require_something_to_call(settings: Settings) -> None:
@@ -138,6 +153,25 @@ def _publish(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _candidates(args: argparse.Namespace) -> int:
+    from proxy.core.scheduling import Options
+    from proxy.service import candidates
+
+    try:
+        docs = candidates.load(args.file)
+    except candidates.DocumentError as exc:
+        print(f"kubemoot-proxy candidates: {exc}", file=sys.stderr)
+        return 2
+    problems = candidates.validate_phases(docs)
+    for problem in problems:
+        print(f"kubemoot-proxy candidates: {problem}", file=sys.stderr)
+    result = candidates.schedule(docs, Options(args.eviction_overhead_mib,
+                                               args.concurrency_factor))
+    print(candidates.render(result, args.output))
+    unschedulable = any(a.get("unschedulable") for a in result["agents"])
+    return 1 if args.strict and (unschedulable or problems) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubemoot-proxy", description=(
         "GPU-aware scheduling sidecar for Ollama fleets."))
@@ -164,6 +198,19 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--config", help="YAML file with settings (env vars win)")
     init.add_argument("--nats-url", help="overrides KUBEMOOT_NATS_URL")
     init.set_defaults(func=_init_buckets)
+
+    cands = sub.add_parser("candidates", help="operator-side scheduling from Kubernetes YAML")
+    cands.add_argument("-f", "--file", action="append", required=True, metavar="FILE_OR_DIR",
+                       help="YAML with Model, ModelProvider, CrewSchedulingPolicy, Agent and "
+                            "MootArchetype documents (repeatable; directories are read whole)")
+    cands.add_argument("--output", "-o", choices=["env", "json", "yaml"], default="env")
+    cands.add_argument("--strict", action="store_true",
+                       help="exit 1 when an agent is unschedulable or a phase is invalid")
+    cands.add_argument("--eviction-overhead-mib", type=int, default=None,
+                       help="VRAM kept free beside a model (default: max(2048, 12%% of total))")
+    cands.add_argument("--concurrency-factor", type=float, default=4.0,
+                       help="agents per parallel slot a provider may serve (default 4)")
+    cands.set_defaults(func=_candidates)
     return parser
 
 

@@ -94,13 +94,26 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
-    SidecarApi(router=plans, pool=pool, holders=scheduler.providers_with, metrics=metrics,
-               max_request_bytes=settings.max_request_bytes,
-               chunk_timeout_s=settings.chunk_timeout_seconds,
-               default_can_wait=settings.role != "coordinator",
-               readiness=scheduler.ready).mount(app)
+    api = SidecarApi(router=plans, pool=pool, holders=scheduler.providers_with, metrics=metrics,
+                     max_request_bytes=settings.max_request_bytes,
+                     chunk_timeout_s=settings.chunk_timeout_seconds,
+                     default_can_wait=settings.role != "coordinator",
+                     readiness=scheduler.ready)
+    api.mount(app)
+    app.state.api = api
     KubemootApi(scheduler, plans, view, demand).mount(app)
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.scheduler = scheduler
     return app
+
+
+def build_ops_app(main: FastAPI) -> FastAPI:
+    """The operations listener: probes and scrapes only, never the inference API, so the
+    sidecar's API can stay on loopback while kubelet and Prometheus reach the pod IP."""
+    api: SidecarApi = main.state.api
+    ops = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    ops.add_api_route("/healthz", api.healthz, methods=["GET"])
+    ops.add_api_route("/readyz", api.readyz, methods=["GET"])
+    ops.add_api_route("/metrics", api.prometheus, methods=["GET"])
+    return ops

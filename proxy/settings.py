@@ -129,6 +129,7 @@ class Settings(BaseSettings):
 
     # Settings this project adds.
     listen: str = "127.0.0.1:11434"
+    ops_listen: str | None = None  # /metrics, /healthz, /readyz for probes and scrapers
     providers: Annotated[list[ProviderConfig], NoDecode] = []
     nats_url: str | None = None
     nats_creds: Path | None = None
@@ -176,11 +177,12 @@ class Settings(BaseSettings):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
 
-    @field_validator("listen")
+    @field_validator("listen", "ops_listen")
     @classmethod
-    def _listen(cls, value: str) -> str:
-        parse_listen(value)
-        return value
+    def _listen(cls, value: str | None) -> str | None:
+        if value:
+            parse_listen(value)
+        return value or None
 
     @classmethod
     def settings_customise_sources(

@@ -14,8 +14,6 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("kubemoot_requests", "HTTP requests by route and status",
-                                ["route", "status"], registry=r)
         self.placements = Counter("kubemoot_placements", "Placed calls by outcome",
                                   ["placement", "provider", "model"], registry=r)
         self.refusals = Counter("kubemoot_refusals", "Refused calls by reason", ["reason"],

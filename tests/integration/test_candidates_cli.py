@@ -1,0 +1,129 @@
+"""`kubemoot-proxy candidates` on the shipped bundles, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "config"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", "candidates", *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def bundle(name: str) -> dict[str, Any]:
+    done = run("-f", str(CONFIG / "crew"), "-f", str(CONFIG / "archetypes"),
+               "-f", str(CONFIG / "bundles" / name), "-o", "json", "--strict")
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize("name", ["dev", "staging", "prod"])
+def test_every_bundle_binds_every_agent_unchanged_crew(name: str) -> None:
+    agents = bundle(name)["agents"]
+    assert {a["name"] for a in agents} == {"synthesizer", "kubectl-agent", "git-agent",
+                                           "metrics-analyst"}
+    for agent in agents:
+        assert agent["unschedulable"] is None
+        for phase in ("mulling", "triage"):
+            assert agent["phases"][phase]["model"] and agent["phases"][phase]["endpoint"]
+        env = agent["env"]
+        assert set(env) == {"KUBEMOOT_MODEL_MODEL", "KUBEMOOT_MODEL_ENDPOINT",
+                            "KUBEMOOT_TRIAGE_MODEL_MODEL_ID", "KUBEMOOT_TRIAGE_MODEL_ENDPOINT",
+                            "KUBEMOOT_MODEL_CANDIDATES_MULLING",
+                            "KUBEMOOT_MODEL_CANDIDATES_TRIAGE"}
+        listed = json.loads(env["KUBEMOOT_MODEL_CANDIDATES_MULLING"])
+        assert listed[0]["model"] == env["KUBEMOOT_MODEL_MODEL"]  # preferred first
+
+
+def test_prod_synthesizer_gets_the_large_model_and_toolers_stay_small() -> None:
+    agents = {a["name"]: a for a in bundle("prod")["agents"]}
+    assert agents["synthesizer"]["phases"]["mulling"]["model"] == "qwen3:32b"
+    assert agents["kubectl-agent"]["phases"]["mulling"]["model"] == "qwen3:8b"
+    assert agents["git-agent"]["phases"]["mulling"]["model"] == "qwen3:8b"
+    # triage lands on the lighter rig (weight 25), away from the mulling provider
+    for agent in agents.values():
+        assert agent["phases"]["triage"]["provider"] == "ollama-b"
+
+
+def test_dev_bundle_runs_everyone_on_phi3_mini() -> None:
+    for agent in bundle("dev")["agents"]:
+        assert agent["env"]["KUBEMOOT_MODEL_MODEL"] == "phi3:mini"
+
+
+def test_env_output_is_shell_ready() -> None:
+    done = run("-f", str(CONFIG / "crew"), "-f", str(CONFIG / "bundles" / "prod"))
+    assert done.returncode == 0
+    assert "# crew-homelab-pilot/synthesizer" in done.stdout
+    assert "KUBEMOOT_MODEL_CANDIDATES_MULLING='[{\"model\":\"qwen3:32b\"" in done.stdout
+
+
+def test_zero_match_reports_last_unschedulable_and_strict_exits_nonzero(tmp_path: Path
+                                                                        ) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("""
+apiVersion: kubemoot.ai/v1alpha1
+kind: CrewSchedulingPolicy
+metadata: {name: picky, namespace: crew-homelab-pilot}
+spec:
+  crewRef: homelab-pilot
+  rules:
+    - phase: mulling
+      require:
+        matchLabels: {capability/tool-calling: "true"}
+        matchExpressions: [{key: params, operator: In, values: ["70B"]}]
+""")
+    done = run("-f", str(CONFIG / "crew" / "agents.yaml"), "-f", str(policy),
+               "-f", str(CONFIG / "bundles" / "prod"), "-o", "json", "--strict")
+    assert done.returncode == 1
+    gone = json.loads(done.stdout)["agents"][0]["unschedulable"]
+    assert gone["phase"] == "mulling" and gone["crewSchedulingPolicy"] == "picky"
+    assert gone["reason"] == ("no Model matches require selectors "
+                              "{capability/tool-calling: true, params: 70B}")
+    assert gone["observedAt"].endswith("Z")
+
+
+def test_phase_outside_the_archetype_vocabulary_is_reported(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("""
+apiVersion: kubemoot.ai/v1alpha1
+kind: CrewSchedulingPolicy
+metadata: {name: odd, namespace: crew-homelab-pilot}
+spec:
+  crewRef: homelab-pilot
+  archetypeRef: consent-3
+  rules: [{phase: brainstorm, require: {matchLabels: {capability/tool-calling: "true"}}}]
+""")
+    done = run("-f", str(policy), "-f", str(CONFIG / "archetypes"), "--strict")
+    assert done.returncode == 1 and "'brainstorm' is not in archetype consent-3" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("kind: Model\nmetadata: {name: x}\nspec: [1\n", "malformed YAML at line"),
+        ("kind: Gadget\nmetadata: {name: g}\n", "document 1 (Gadget/g): unknown kind"),
+        ("kind: CrewSchedulingPolicy\nmetadata: {name: p}\nspec:\n  rules:\n"
+         "    - phase: mulling\n      require:\n        matchExpressions:\n"
+         "          - {key: a, operator: Like, values: [b]}\n",
+         "(CrewSchedulingPolicy/p): unknown operator 'Like'"),
+        ("kind: Model\nmetadata: {name: m}\nspec: {model: m}\n",
+         "(Model/m): spec.model and spec.providerRef are required"),
+    ],
+)
+def test_bad_documents_get_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    done = run("-f", str(bad))
+    assert done.returncode == 2
+    assert expected in done.stderr and str(bad) in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
