@@ -113,7 +113,7 @@ def build_ops_app(main: FastAPI) -> FastAPI:
     sidecar's API can stay on loopback while kubelet and Prometheus reach the pod IP."""
     api: SidecarApi = main.state.api
     ops = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    ops.add_api_route("/healthz", api.healthz, methods=["GET"])
-    ops.add_api_route("/readyz", api.readyz, methods=["GET"])
-    ops.add_api_route("/metrics", api.prometheus, methods=["GET"])
+    ops.router.add_route("/healthz", api.healthz, methods=["GET"])
+    ops.router.add_route("/readyz", api.readyz, methods=["GET"])
+    ops.router.add_route("/metrics", api.prometheus, methods=["GET"])
     return ops

@@ -58,10 +58,11 @@ class KubemootApi:
         self.demand = demand
 
     def mount(self, app: FastAPI) -> None:
-        app.add_api_route("/kubemoot/v1/plans", self.create_plan, methods=["POST"])
-        app.add_api_route("/kubemoot/v1/plans/{thread}", self.delete_plan, methods=["DELETE"])
-        app.add_api_route("/kubemoot/v1/explain", self.explain, methods=["GET"])
-        app.add_api_route("/kubemoot/v1/state", self.state, methods=["GET"])
+        app.router.add_route("/kubemoot/v1/plans", self.create_plan, methods=["POST"])
+        app.router.add_route("/kubemoot/v1/plans/{thread}", self.delete_plan,
+                             methods=["DELETE"])
+        app.router.add_route("/kubemoot/v1/explain", self.explain, methods=["GET"])
+        app.router.add_route("/kubemoot/v1/state", self.state, methods=["GET"])
 
     async def create_plan(self, request: Request) -> Response:
         try:
@@ -73,7 +74,8 @@ class KubemootApi:
                                          plan.promptChars)
         return _json(result, 201 if result.get("planned") else 200)
 
-    async def delete_plan(self, thread: str) -> Response:
+    async def delete_plan(self, request: Request) -> Response:
+        thread = request.path_params["thread"]
         released = await self.plans.release(thread)
         return _json({"thread": thread, "released": released})
 
@@ -97,7 +99,7 @@ class KubemootApi:
             "verdicts": [verdict_json(v) for v in verdicts],
         })
 
-    async def state(self) -> Response:
+    async def state(self, request: Request) -> Response:
         snap = self.scheduler.snapshot(self.scheduler.clock())
         return _json({
             "providers": [{

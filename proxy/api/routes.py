@@ -64,8 +64,10 @@ class SidecarApi:
         self.readiness = readiness
 
     def mount(self, app: FastAPI) -> None:
-        add = app.add_api_route
-        add("/", self.root, methods=["GET", "HEAD"], include_in_schema=False)
+        # Plain Starlette routes: the handlers read the request themselves, so FastAPI's
+        # per-request dependency machinery would only add latency on the hot path.
+        add = app.router.add_route
+        add("/", self.root, methods=["GET", "HEAD"])
         add("/api/version", self.version, methods=["GET", "HEAD"])
         add("/api/tags", self.tags, methods=["GET", "HEAD"])
         add("/api/ps", self.ps, methods=["GET"])
@@ -79,21 +81,21 @@ class SidecarApi:
         add("/metrics", self.prometheus, methods=["GET"])
 
     # -- simple endpoints ------------------------------------------------------------------
-    async def root(self) -> Response:
+    async def root(self, request: Request) -> Response:
         return PlainTextResponse("Ollama is running")
 
-    async def healthz(self) -> Response:
+    async def healthz(self, request: Request) -> Response:
         return _json({"status": "ok"})
 
-    async def readyz(self) -> Response:
+    async def readyz(self, request: Request) -> Response:
         if self.readiness():
             return _json({"status": "ready"})
         return _json({"status": "not ready", "reason": "no provider can take calls"}, 503)
 
-    async def prometheus(self) -> Response:
+    async def prometheus(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
-    async def version(self) -> Response:
+    async def version(self, request: Request) -> Response:
         for _, client in self.pool.everything():
             try:
                 data = await client.get_json("/api/version", 2.0)
@@ -109,14 +111,14 @@ class SidecarApi:
         return [(name, r) for (name, _), r in zip(targets, results, strict=True)
                 if isinstance(r, dict)]
 
-    async def tags(self) -> Response:
+    async def tags(self, request: Request) -> Response:
         seen: dict[str, dict[str, Any]] = {}
         for _, data in await self._gather("/api/tags"):
             for model in data.get("models") or []:
                 seen.setdefault(str(model.get("model") or model.get("name")), model)
         return _json({"models": list(seen.values())})
 
-    async def ps(self) -> Response:
+    async def ps(self, request: Request) -> Response:
         models = []
         for provider, data in await self._gather("/api/ps"):
             for model in data.get("models") or []:
@@ -159,7 +161,7 @@ class SidecarApi:
     async def openai_chat(self, request: Request) -> Response:
         return await self._infer(request, "/v1/chat/completions", openai=True)
 
-    async def openai_models(self) -> Response:
+    async def openai_models(self, request: Request) -> Response:
         seen: dict[str, dict[str, Any]] = {}
         for _, data in await self._gather("/api/tags"):
             for model in data.get("models") or []:
