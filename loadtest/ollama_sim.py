@@ -619,10 +619,6 @@ class SimApp:
         return orjson.dumps(chunk) + b"\n"
 
 
-def build_app(config: SimConfig) -> Starlette:
-    return SimApp(OllamaSim(config)).app
-
-
 class SimServer(ThreadedServer):
     """A simulator on a real loopback socket (see ThreadedServer for stop/start)."""
 

@@ -34,7 +34,6 @@ def route_headers(route: Route) -> dict[str, str]:
     }
     if route.evicted:
         headers["X-Kubemoot-Evicted"] = ",".join(route.evicted)
-    headers.update(route.extra)
     return headers
 
 

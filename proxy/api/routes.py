@@ -43,6 +43,12 @@ async def read_capped(request: Request, cap: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
@@ -192,6 +198,7 @@ class SidecarApi:
             can_wait=can_wait,
             prompt_chars=prompt_chars(body),
             num_ctx=int(num_ctx) if isinstance(num_ctx, int | float) and num_ctx > 0 else None,
+            disconnected=lambda: _disconnect(request),
         )
 
     async def _infer(self, request: Request, path: str, openai: bool = False) -> Response:

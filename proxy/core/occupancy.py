@@ -6,7 +6,6 @@ filter and cost reads, once per placement rather than once per candidate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from proxy.core.policy import Policy
@@ -149,8 +148,3 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     if spent <= headroom:
         return True, f"{spent} MiB claimed of {headroom} MiB"
     return False, f"{spent} MiB would exceed {headroom} MiB"
-
-
-def planned_victims(indexes: Mapping[str, ProviderIndex], provider: str) -> Mapping[str, int]:
-    index = indexes.get(provider)
-    return index.planned_victims if index else {}

@@ -6,7 +6,7 @@ The API layer knows only `Router`; the scheduler (service/scheduler.py) implemen
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
@@ -26,6 +26,8 @@ class CallRequest:
     can_wait: bool = True
     prompt_chars: int = 0
     num_ctx: int | None = None
+    # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
+    disconnected: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,6 @@ class Route:
     retry: Callable[[], Awaitable[Route | None]] | None = None  # another provider, once
     strip_num_ctx: bool = False  # the placement guarantees the context num_ctx asked for
     estimated_tokens: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
 
     async def finish(self, outcome: CallOutcome) -> None:
         if self.on_done is not None:

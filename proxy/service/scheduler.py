@@ -160,6 +160,7 @@ class Scheduler:
         waiting_for: str | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
         claim_rounds = 0
+        gone: asyncio.Future[None] | None = None
         try:
             while True:
                 seen = self.store.changes.value
@@ -202,11 +203,22 @@ class Scheduler:
                     self.metrics.placements.labels("waiting", "-", waiting_for).inc()
                     await self.demand.waiting(waiting_for)
                     log.info("waiting for a GPU", model=waiting_for, reason=decision.reason)
+                if gone is None and call.disconnected is not None:
+                    gone = asyncio.ensure_future(call.disconnected())
                 blocked_at = time.monotonic()
-                await self.store.changes.wait_past(
-                    seen, self._wake_in(snapshot, remaining))
+                changed = asyncio.ensure_future(self.store.changes.wait_past(
+                    seen, self._wake_in(snapshot, remaining)))
+                await asyncio.wait({changed, *((gone,) if gone else ())},
+                                   return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
                 waited += time.monotonic() - blocked_at
+                if gone is not None and gone.done():
+                    log.info("client went away while waiting", model=waiting_for)
+                    return Refusal(499, "client-gone", "the client went away while "
+                                   "waiting for a GPU", spec.preferred.model)
         finally:
+            if gone is not None:
+                gone.cancel()  # before the response: the relay listens for disconnects too
             if waiting_for:
                 self._spawn(self.demand.done_waiting(waiting_for))
 
@@ -281,7 +293,7 @@ class Scheduler:
         stats = self.stats[placement.provider]
         self.stats[placement.provider] = replace(
             stats, breaker=stats.breaker.start_trial(self.clock()))
-        renewer = asyncio.create_task(self._renew(claimed))
+        renewer = asyncio.create_task(self.renew_forever(claimed))
         route = Route(placement.provider, client, placement.model, placement.kind,
                       evicted=tuple(placement.evicts), waited_ms=waited_ms,
                       strip_num_ctx=bool(placement.context_length),
@@ -293,7 +305,8 @@ class Scheduler:
     def book(self, claimed: Claimed) -> TicketBook:
         return self.local_tickets if claimed.local else self.tickets
 
-    async def _renew(self, claimed: Claimed) -> None:
+    async def renew_forever(self, claimed: Claimed) -> None:
+        """Keep a held ticket counted while its call (or plan) lives."""
         period = self.tickets.ttl_s / 3
         while True:
             await asyncio.sleep(period)

@@ -373,3 +373,20 @@ def test_openai_client_against_chat_completions(sim_factory: Sims,
     with pytest.raises(openai.APIStatusError) as info:
         client.chat.completions.create(model="qwen3:32b", messages=HI)  # type: ignore[arg-type]
     assert info.value.status_code == 507
+
+
+def test_a_client_that_gives_up_while_waiting_is_never_placed(sim_factory: Sims,
+                                                              sidecar_factory: Sidecars
+                                                              ) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=30).url
+    busy = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 1500, busy)  # ~0.6 s
+    with pytest.raises(httpx.ReadTimeout):
+        chat(url, "qwen3:14b", timeout=0.2)  # waits for memory, then the client leaves
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["demand"]
+                      .get("qwen3:14b", {}).get("waiters"))
+    worker.join(30)
+    time.sleep(0.3)  # the release has happened; an abandoned waiter would be placed now
+    assert "qwen3:14b" not in gpu.sim.stats.requests_by_model
+    assert not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]
