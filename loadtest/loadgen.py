@@ -77,10 +77,18 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn(args: list[str], env: dict[str, str] | None = None,
+          cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+    """A Python child process, optionally pinned to `cpus` (Linux)."""
     full_env = {**os.environ, **(env or {})}
+
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
     return subprocess.Popen([sys.executable, *args], env=full_env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
+                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent,
+                            preexec_fn=pin if cpus else None)
 
 
 def wait_http(url: str, deadline_s: float = 20.0) -> None:

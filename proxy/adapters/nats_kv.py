@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,6 +69,11 @@ class NatsOptions:
         return kwargs
 
 
+def redact(urls: str) -> str:
+    """Server URLs without any user:password@ part, fit for logs."""
+    return re.sub(r"(?<=://)[^@/,]*@", "***@", urls)
+
+
 def bucket_config(spec: BucketSpec) -> KeyValueConfig:
     return KeyValueConfig(bucket=spec.name, history=spec.history, ttl=spec.ttl_s,
                           storage=StorageType.FILE, direct=True)
@@ -122,8 +128,8 @@ class NatsStore:
                                           disconnected_cb=disconnected,
                                           reconnected_cb=reconnected, error_cb=error)
         except Exception as exc:  # nats raises a zoo of types; all mean "not reachable"
-            raise StoreUnavailable(f"cannot connect to NATS at {self.options.url}: {exc}"
-                                   ) from exc
+            raise StoreUnavailable(f"cannot connect to NATS at {redact(self.options.url)}: "
+                                   f"{exc}") from exc
         await self._bind()
         await self._rewatch()
 

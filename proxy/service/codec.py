@@ -95,6 +95,9 @@ class ProviderState:
                      for m, mib in sorted(self.loaded_mib.items()))
 
 
+RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next write drops it
+
+
 @dataclass(frozen=True)
 class Residency:
     """A model a call left loaded, counted at once rather than at the next probe."""
@@ -112,8 +115,10 @@ class TicketSet:
     residents: dict[str, Residency] = field(default_factory=dict)
 
     def live(self, now: float) -> TicketSet:
+        """Unexpired tickets; residency entries young enough that no probe replaced them."""
         return TicketSet({k: t for k, t in self.tickets.items() if t.expires_at > now},
-                         dict(self.residents))
+                         {m: r for m, r in self.residents.items()
+                          if now - r.at < RESIDENCY_MAX_AGE_S})
 
     def encode(self) -> bytes:
         return orjson.dumps({

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import orjson
 
@@ -26,18 +27,37 @@ def decayed(rate: float, at: float, now: float) -> float:
     return float(rate * 0.5 ** (max(0.0, now - at) / HALF_LIFE_S))
 
 
-def aggregate(entries: Mapping[str, Entry], now: float) -> dict[str, ModelDemand]:
+def decode_entries(entries: Mapping[str, Entry],
+                   cache: dict[str, tuple[int, dict[str, Any]]] | None = None
+                   ) -> list[tuple[str, dict[str, Any]]]:
+    """Entries as (key, value); `cache` keeps decoded values by revision across calls."""
+    out = []
+    for key, entry in entries.items():
+        hit = cache.get(key) if cache is not None else None
+        if hit is not None and hit[0] == entry.revision:
+            out.append((key, hit[1]))
+            continue
+        try:
+            value = orjson.loads(entry.value)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            out.append((key, value))
+            if cache is not None:
+                cache[key] = (entry.revision, value)
+    return out
+
+
+def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], now: float
+              ) -> dict[str, ModelDemand]:
     """Per model: waiters, intents, recent use, predicted demand and last use."""
     waiters: dict[str, int] = {}
     intents: dict[str, int] = {}
     use: dict[str, float] = {}
     last: dict[str, float] = {}
     predicted: dict[str, float] = {}
-    for key, entry in entries.items():
-        try:
-            value = orjson.loads(entry.value)
-        except orjson.JSONDecodeError:
-            continue
+    values = decode_entries(entries) if isinstance(entries, Mapping) else entries
+    for key, value in values:
         if float(value.get("expiresAt", 0)) <= now:
             continue
         kind, _, rest = key.partition(".")
@@ -66,6 +86,7 @@ class DemandBoard:
         self.store = store
         self.agent = token(agent_id)
         self.clock = clock
+        self._decoded: dict[str, tuple[int, dict[str, Any]]] = {}
 
     def _key(self, kind: str, model: str) -> str:
         return f"{kind}.{token(model)}.{self.agent}"
@@ -108,4 +129,7 @@ class DemandBoard:
         await self._bump(f"sel.{self.agent}", {"models": list(models)})
 
     def view(self) -> dict[str, ModelDemand]:
-        return aggregate(self.store.view(MODEL_DEMAND), self.clock())
+        entries = self.store.view(MODEL_DEMAND)
+        for gone in set(self._decoded) - set(entries):
+            del self._decoded[gone]
+        return aggregate(decode_entries(entries, self._decoded), self.clock())

@@ -192,7 +192,6 @@ class Scheduler:
                     return self._static_or_busy(call, spec, decision)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self.metrics.refusals.labels("gpu-busy").inc()
                     return Refusal(503, "gpu-busy", (
                         f"Every GPU that can run {spec.preferred.model} stayed busy for "
                         f"{self.settings.wait_limit_seconds:.0f} s ({decision.reason}); "
@@ -231,15 +230,12 @@ class Scheduler:
     def _refusal(self, decision: Decision, call: CallRequest, spec: CallSpec) -> Refusal | None:
         model = spec.preferred.model
         if decision.outcome == "model-not-found":
-            self.metrics.refusals.labels("model-not-found").inc()
             return Refusal(404, "model-not-found", decision.reason, model)
         if decision.outcome == "prompt-too-large":
-            self.metrics.refusals.labels("prompt-too-large").inc()
             return Refusal(413, "prompt-too-large", decision.reason, model)
         if decision.outcome == "model-too-large":
             if not call.can_wait and self.pool.static is not None:
                 return None  # cannot wait: the static endpoint takes it
-            self.metrics.refusals.labels("model-too-large").inc()
             return Refusal(507, "model-too-large", decision.reason, model)
         return None
 
@@ -247,12 +243,10 @@ class Scheduler:
                         ) -> Route | Refusal:
         static = self.pool.static_triage if call.phase == "triage" else self.pool.static
         if static is None:
-            self.metrics.refusals.labels("gpu-busy").inc()
             return Refusal(503, "gpu-busy", (
                 f"No GPU has room for {spec.preferred.model} now ({decision.reason}) and this "
                 "call cannot wait; set KUBEMOOT_MODEL_ENDPOINT for such calls or retry."),
                 spec.preferred.model, retry_after_s=5)
-        self.metrics.placements.labels(STATIC, STATIC, spec.preferred.model).inc()
         return Route(STATIC, static, spec.preferred.model, STATIC)
 
     async def claim(self, placement: Placement, snapshot: Snapshot) -> Claimed | None:

@@ -175,6 +175,8 @@ def test_model_too_large_is_507(sim_factory: Sims, sidecar_factory: Sidecars) ->
     body = r.json()
     assert body["reason"] == "model-too-large" and body["model"] == "qwen3:32b"
     assert "larger GPU" in body["error"]
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'kubemoot_refusals_total{reason="model-too-large"} 1.0' in metrics
 
 
 def test_prompt_too_large_is_413_and_never_reaches_a_gpu(sim_factory: Sims,

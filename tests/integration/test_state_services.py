@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import nats
 import pytest
@@ -132,3 +134,101 @@ def test_publish_once(sim_factory, nats_server: NatsServer) -> None:  # type: ig
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "gpu-x: ready=True" in done.stdout
+
+
+def test_dcgm_exporter_gives_the_vram_total() -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from loadtest.serving import ThreadedServer
+    from proxy.service.prober import dcgm_total_mib
+
+    text = (
+        "# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).\n"
+        "# TYPE DCGM_FI_DEV_FB_FREE gauge\n"
+        'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-1"} 20000\n'
+        "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n"
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1"} 4000\n'
+        "# HELP DCGM_FI_DEV_FB_RESERVED Framebuffer memory reserved (in MiB).\n"
+        "# TYPE DCGM_FI_DEV_FB_RESERVED gauge\n"
+        'DCGM_FI_DEV_FB_RESERVED{gpu="0",UUID="GPU-1"} 564\n')
+
+    async def metrics(request):  # type: ignore[no-untyped-def]
+        return PlainTextResponse(text)
+
+    server = ThreadedServer(Starlette(routes=[Route("/metrics", metrics)])).start()
+    try:
+        assert asyncio.run(dcgm_total_mib(f"{server.url}/metrics")) == 24564
+        assert asyncio.run(dcgm_total_mib("http://127.0.0.1:9/metrics")) is None
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("server_args", "options"),
+    [
+        (["--user", "agent", "--pass", "s3cret"],
+         {"user": "agent", "password": "s3cret"}),
+        (["--auth", "t0ken"], {"token": "t0ken"}),
+    ],
+)
+def test_nats_credentials(server_args: list[str], options: dict[str, str]) -> None:
+    server = NatsServer(extra_args=server_args).start()
+    try:
+        async def connect(**kw: str) -> bool:
+            store = NatsStore(NatsOptions(server.url, **kw))  # type: ignore[arg-type]
+            try:
+                await store.start()
+            except Exception:
+                return False
+            await store.put(PROVIDER_STATE, "x", b"1")
+            await store.close()
+            return True
+
+        assert asyncio.run(connect(**options))
+        assert not asyncio.run(connect())  # no credentials: refused
+    finally:
+        server.cleanup()
+
+
+def _make_certs(directory: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 (openssl CLI)."""
+    ca_key, ca, key, csr, cert = (directory / n for n in
+                                  ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    ext = directory / "san.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out",
+            str(ca), "-days", "1", "-subj", "/CN=kubemoot-test-ca")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+            "-subj", "/CN=127.0.0.1")
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+            "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext))
+    return ca, cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
+def test_nats_over_tls(tmp_path: Path) -> None:
+    ca, cert, key = _make_certs(tmp_path)
+    server = NatsServer(extra_args=["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
+                        ).start()
+    try:
+        async def connect(ca_file: Path | None) -> bool:
+            store = NatsStore(NatsOptions(f"tls://127.0.0.1:{server.port}", tls_ca=ca_file))
+            try:
+                await store.start()
+            except Exception:
+                return False
+            await store.put(PROVIDER_STATE, "tls", b"1")
+            await store.close()
+            return True
+
+        assert asyncio.run(connect(ca))
+        assert not asyncio.run(connect(None))  # an unknown CA is refused
+    finally:
+        server.cleanup()

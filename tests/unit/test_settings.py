@@ -126,3 +126,14 @@ def test_cli_without_anything_to_call_says_how_to_fix() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "KUBEMOOT_PROVIDERS" in done.stderr and "--demo" in done.stderr
+
+
+def test_secrets_stay_out_of_logs_and_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.adapters.nats_kv import redact
+
+    monkeypatch.setenv("KUBEMOOT_NATS_PASSWORD", "hunter2")
+    monkeypatch.setenv("KUBEMOOT_NATS_TOKEN", "t0ken")
+    text = repr(load_settings())
+    assert "hunter2" not in text and "t0ken" not in text
+    assert redact("nats://agent:hunter2@nats-1:4222,tls://t0ken@nats-2:4222") == (
+        "nats://***@nats-1:4222,tls://***@nats-2:4222")
