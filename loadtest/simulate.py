@@ -2,7 +2,7 @@
 
     python -m loadtest.simulate --list
     python -m loadtest.simulate --scenario bursty-crew --policy kubemoot --json
-    python -m loadtest.simulate --report loadtest/out      # every pair: a table and plots
+    python -m loadtest.simulate --report loadtest/report      # every pair: a table and plots
 
 Every policy sees the same trace (same seed). kubemoot runs `proxy.core.place` as shipped;
 when it says "wait" the call waits and is placed again on the next change in the fleet,
@@ -255,12 +255,12 @@ def _plots(out_dir: Path, scenario: str, rows: list[Result]) -> list[str]:
     except ImportError:
         return ["(plots skipped: pip install -e '.[report]' for matplotlib)", ""]
     fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
+    for r in rows:  # over all calls: failed ones never arrive, so a curve may stop short of 1
         xs = sorted(r.latencies)
-        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=r.policy)
+        ax.plot(xs, [(i + 1) / r.calls for i in range(len(xs))], label=r.policy)
     ax.set_xscale("log")
     ax.set_xlabel("latency (s, log)")
-    ax.set_ylabel("fraction of calls")
+    ax.set_ylabel("fraction of all calls answered")
     ax.set_title(f"{scenario}: latency CDF")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
+from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
     BadRequestError,
@@ -30,6 +30,7 @@ from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry, 
 
 log = get_logger("kubemoot.nats")
 WATCH_INACTIVE_S = 10.0  # server drops an abandoned watch consumer after this
+RETRY_CONNECT_S = 2.0  # while NATS was never reached, how often to try again
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,32 @@ class NatsStore:
         self._watch_tasks: list[asyncio.Task[None]] = []
         self._watchers: list[Any] = []
         self._connected = False
+        self._retry: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:
         return self._connected and self._nc is not None and self._nc.is_connected
 
     async def start(self) -> None:
+        """Connect, bind the buckets and start the watches. If NATS cannot be reached,
+        raise StoreUnavailable and keep trying in the background."""
+        try:
+            await self._connect()
+        except StoreUnavailable:
+            if self._retry is None:
+                self._retry = asyncio.create_task(self._keep_trying())
+            raise
+
+    async def _keep_trying(self) -> None:
+        while not self.connected:
+            await asyncio.sleep(RETRY_CONNECT_S)
+            try:
+                await self._connect()
+                log.info("nats connected")
+            except StoreUnavailable as exc:
+                log.warning("nats still unreachable", error=str(exc))
+
+    async def _connect(self) -> None:
         async def disconnected() -> None:
             self._connected = False
             log.warning("nats disconnected; placing from direct probes until it returns")
@@ -123,14 +144,23 @@ class NatsStore:
         async def error(exc: Exception) -> None:
             log.warning("nats error", error=str(exc))
 
+        client = NATS()
         try:
-            self._nc = await nats.connect(**self.options.connect_kwargs(),
-                                          disconnected_cb=disconnected,
-                                          reconnected_cb=reconnected, error_cb=error)
+            # Bounded: a wrong credential or an absent server must not hang start-up.
+            await asyncio.wait_for(
+                client.connect(**self.options.connect_kwargs(), disconnected_cb=disconnected,
+                               reconnected_cb=reconnected, error_cb=error),
+                timeout=self.options.timeout_s)
         except Exception as exc:  # nats raises a zoo of types; all mean "not reachable"
+            with contextlib.suppress(Exception):
+                await client.close()
             raise StoreUnavailable(f"cannot connect to NATS at {redact(self.options.url)}: "
-                                   f"{exc}") from exc
-        await self._bind()
+                                   f"{exc or type(exc).__name__}") from exc
+        self._nc = client
+        try:
+            await self._bind()
+        except Exception as exc:
+            raise StoreUnavailable(f"NATS JetStream KV unavailable: {exc}") from exc
         await self._rewatch()
 
     async def _bind(self) -> None:
@@ -177,6 +207,8 @@ class NatsStore:
                 self.changes.bump()
 
     async def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
         for task in self._watch_tasks:
             task.cancel()
         for watcher in self._watchers:

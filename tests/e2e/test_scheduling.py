@@ -392,3 +392,20 @@ def test_a_client_that_gives_up_while_waiting_is_never_placed(sim_factory: Sims,
     time.sleep(0.3)  # the release has happened; an abandoned waiter would be placed now
     assert "qwen3:14b" not in gpu.sim.stats.requests_by_model
     assert not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]
+
+
+def test_sidecar_starts_without_nats_and_joins_it_later(sim_factory: Sims,
+                                                        sidecar_factory: Sidecars) -> None:
+    server = NatsServer().start()
+    server.stop()  # the port is known; nothing listens yet
+    try:
+        gpu = sim_factory("gpu", time_scale=SCALE)
+        url = sidecar_factory([gpu], nats_url=server.url, probe_interval_seconds=0.2).url
+        assert chat(url, "qwen3:8b").status_code == 200  # direct probes, local tickets
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        server.start()
+        assert eventually(lambda: "kubemoot_nats_connected 1.0" in
+                          httpx.get(f"{url}/metrics").text, timeout_s=15)
+        assert chat(url, "qwen3:8b").status_code == 200
+    finally:
+        server.cleanup()

@@ -178,10 +178,11 @@ def test_nats_credentials(server_args: list[str], options: dict[str, str]) -> No
     server = NatsServer(extra_args=server_args).start()
     try:
         async def connect(**kw: str) -> bool:
-            store = NatsStore(NatsOptions(server.url, **kw))  # type: ignore[arg-type]
+            store = NatsStore(NatsOptions(server.url, timeout_s=0.5, **kw))  # type: ignore[arg-type]
             try:
                 await store.start()
             except Exception:
+                await store.close()
                 return False
             await store.put(PROVIDER_STATE, "x", b"1")
             await store.close()
@@ -219,10 +220,12 @@ def test_nats_over_tls(tmp_path: Path) -> None:
                         ).start()
     try:
         async def connect(ca_file: Path | None) -> bool:
-            store = NatsStore(NatsOptions(f"tls://127.0.0.1:{server.port}", tls_ca=ca_file))
+            store = NatsStore(NatsOptions(f"tls://127.0.0.1:{server.port}", tls_ca=ca_file,
+                                          timeout_s=0.5))
             try:
                 await store.start()
             except Exception:
+                await store.close()
                 return False
             await store.put(PROVIDER_STATE, "tls", b"1")
             await store.close()
