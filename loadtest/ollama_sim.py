@@ -352,6 +352,8 @@ class SimApp:
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
             Route("/v1/chat/completions", self.openai_chat, methods=["POST"]),
+            Route("/api/embed", self.embed, methods=["POST"]),
+            Route("/api/embeddings", self.embed, methods=["POST"]),
             Route("/_sim/stats", self.stats, methods=["GET"]),
             Route("/_sim/fault", self.set_fault, methods=["POST"]),
             Route("/_sim/reset", self.reset, methods=["POST"]),
@@ -420,6 +422,43 @@ class SimApp:
 
     async def generate(self, request: Request) -> Response:
         return await self._infer(request, chat=False)
+
+    async def embed(self, request: Request) -> Response:
+        """/api/embed (`input`: text or texts) and the legacy /api/embeddings (`prompt`)."""
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        name = str(body.get("model") or "")
+        model = self.sim.config.model(name)
+        if model is None:
+            return _error(f"model '{name}' not found", 404)
+        legacy = request.url.path.endswith("embeddings")
+        texts = body.get("prompt") if legacy else body.get("input")
+        texts = [texts] if isinstance(texts, str) else list(texts or [])
+        self.sim.stats.requests += 1
+        self.sim.stats.inference_requests += 1
+        started = time.perf_counter()
+        runner, load_s = await self.sim.acquire(model, body.get("options") or {},
+                                                self.sim.config.keep_alive_s)
+        try:
+            tokens = 0
+            vectors = []
+            for text in texts:
+                count = tokens_for_text(str(text), self.sim.config.chars_per_token)
+                if count > runner.ctx:
+                    self.sim.stats.truncations += 1  # Ollama cuts embedding inputs silently too
+                    count = runner.ctx
+                tokens += count
+                digest = hashlib.sha256(str(text).encode()).digest()
+                vectors.append([round((b - 128) / 128, 4) for b in digest[:8]])
+            await self.sim._sleep(tokens / self.sim.config.prompt_tokens_per_s)
+        finally:
+            self.sim._release(runner)
+        if legacy:
+            return _json({"embedding": vectors[0] if vectors else []})
+        return _json({"model": model.name, "embeddings": vectors,
+                      "total_duration": int((time.perf_counter() - started) * 1e9),
+                      "load_duration": max(1, int(load_s * 1e9)), "prompt_eval_count": tokens})
 
     async def openai_chat(self, request: Request) -> Response:
         """Ollama's OpenAI layer over the same chat path: SSE chunks or one completion."""

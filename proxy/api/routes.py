@@ -22,6 +22,7 @@ from proxy.service.routing import CallRequest, ProviderPool, Refusal, Route, Rou
 
 log = get_logger("kubemoot.api")
 FALLBACK_VERSION = "0.12.6"
+MODEL_MANAGEMENT = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
 
 
 class RequestTooLarge(Exception):
@@ -80,6 +81,10 @@ class SidecarApi:
         add("/api/show", self.show, methods=["POST"])
         add("/api/chat", self.chat, methods=["POST"])
         add("/api/generate", self.generate, methods=["POST"])
+        add("/api/embed", self.embed, methods=["POST"])
+        add("/api/embeddings", self.embed, methods=["POST"])
+        for path in MODEL_MANAGEMENT:
+            add(path, self.not_here, methods=["POST", "DELETE"])
         add("/v1/chat/completions", self.openai_chat, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
         add("/healthz", self.healthz, methods=["GET"])
@@ -164,6 +169,16 @@ class SidecarApi:
     async def generate(self, request: Request) -> Response:
         return await self._infer(request, "/api/generate")
 
+    async def embed(self, request: Request) -> Response:
+        return await self._infer(request, request.url.path, schema=wire.OllamaEmbed)
+
+    async def not_here(self, request: Request) -> Response:
+        return error_response(
+            501, "not-supported",
+            f"{request.url.path} changes one Ollama's model store; the sidecar fronts many "
+            "GPUs, so run it against each provider directly (e.g. OLLAMA_HOST=<provider> "
+            "ollama pull <model>)")
+
     async def openai_chat(self, request: Request) -> Response:
         return await self._infer(request, "/v1/chat/completions", openai=True)
 
@@ -183,7 +198,8 @@ class SidecarApi:
                               openai=openai)
 
     def call_request(self, request: Request, path: str, body: dict[str, Any],
-                     parsed: wire.OllamaInference | wire.OpenAIChat) -> CallRequest:
+                     parsed: wire.OllamaInference | wire.OpenAIChat | wire.OllamaEmbed
+                     ) -> CallRequest:
         phase = request.headers.get("x-kubemoot-phase", "mulling").strip().lower()
         wait_header = request.headers.get("x-kubemoot-wait")
         can_wait = self.default_can_wait if wait_header is None else \
@@ -201,10 +217,12 @@ class SidecarApi:
             disconnected=lambda: _disconnect(request),
         )
 
-    async def _infer(self, request: Request, path: str, openai: bool = False) -> Response:
+    async def _infer(self, request: Request, path: str, openai: bool = False,
+                     schema: type[wire.OllamaInference | wire.OpenAIChat | wire.OllamaEmbed]
+                     | None = None) -> Response:
         started = time.perf_counter()
-        schema: type[wire.OllamaInference | wire.OpenAIChat] = \
-            wire.OpenAIChat if openai else wire.OllamaInference
+        if schema is None:
+            schema = wire.OpenAIChat if openai else wire.OllamaInference
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
             parsed = wire.validate(schema, body)
@@ -220,7 +238,10 @@ class SidecarApi:
             log.info("call refused", path=path, model=decision.model or call.model,
                      reason=decision.reason, status=decision.status)
             return refusal_response(decision, openai)
-        stream = bool(parsed.stream) if openai else parsed.stream is not False
+        if isinstance(parsed, wire.OllamaEmbed):
+            stream = False
+        else:
+            stream = bool(parsed.stream) if openai else parsed.stream is not False
         return await forward(decision, path, body, stream, self.chunk_timeout_s,
                              on_route=lambda route: self._observe(route, call, started),
                              openai=openai)

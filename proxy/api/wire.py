@@ -55,6 +55,18 @@ class OllamaInference(_Wire):
     think: bool | Literal["low", "medium", "high", "max"] | None = None
 
 
+class OllamaEmbed(_Wire):
+    """/api/embed (`input`) and the legacy /api/embeddings (`prompt`)."""
+
+    model: str | None = None
+    input: str | list[str] | None = None
+    prompt: str | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: float | int | str | None = None
+    truncate: bool | None = None
+    stream: None = None  # embeddings never stream
+
+
 class OpenAIMessage(_Wire):
     role: str
     content: str | list[dict[str, Any]] | None = None

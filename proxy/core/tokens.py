@@ -46,8 +46,14 @@ def _tool_spec_len(tool: Any) -> int:
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
-    """Characters of everything in an Ollama or OpenAI request that ends up in the prompt."""
-    total = _text_len(body.get("prompt")) + _text_len(body.get("system"))
+    """Characters of everything in an Ollama or OpenAI request that ends up in the prompt.
+
+    Embedding inputs are embedded one by one, so the longest one is what must fit.
+    """
+    inputs = body.get("input")
+    if isinstance(inputs, list):
+        return max((_text_len(i) for i in inputs), default=0)
+    total = _text_len(body.get("prompt")) + _text_len(body.get("system")) + _text_len(inputs)
     for message in body.get("messages") or []:
         if not isinstance(message, dict):
             continue

@@ -43,6 +43,7 @@ from proxy.settings import CandidateModel, Settings
 
 log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
+LEARNS_RATIO = ("/api/chat", "/api/generate")
 LOAD_SPEED_ALPHA = 0.3
 
 
@@ -326,8 +327,9 @@ class Scheduler:
                 log.warning("ticket release failed; it expires by itself",
                             provider=placement.provider, ticket=claimed.ticket.ticket_id)
             if outcome.ok:
-                self.learning.ratio = self.learning.ratio.observe(call.prompt_chars,
-                                                                  outcome.prompt_eval_count)
+                if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
+                    self.learning.ratio = self.learning.ratio.observe(
+                        call.prompt_chars, outcome.prompt_eval_count)
                 if placement.kind in ("cold", "evict"):
                     self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
                 self._spawn(self.demand.used(placement.model))

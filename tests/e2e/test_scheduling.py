@@ -409,3 +409,29 @@ def test_sidecar_starts_without_nats_and_joins_it_later(sim_factory: Sims,
         assert chat(url, "qwen3:8b").status_code == 200
     finally:
         server.cleanup()
+
+
+def test_embeddings_are_placed_too(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpus = [sim_factory("a", total_vram_mib=16376, context_length=2048, time_scale=SCALE),
+            sim_factory("b", total_vram_mib=24564, context_length=8192, time_scale=SCALE)]
+    url = sidecar_factory(gpus).url
+    client = ollama.Client(host=url)
+    out = client.embed(model="qwen3:8b", input=["first text", "second text"])
+    assert len(out.embeddings) == 2 and out.model == "qwen3:8b"
+    assert client.embeddings(model="qwen3:8b", prompt="legacy").embedding
+    long_text = "word " * 4000  # ~5.7k tokens: only the 8k card holds it whole
+    r = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8b", "input": [long_text, "x"]})
+    assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
+    too_long = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8b",
+                                                     "input": "word " * 8000})
+    assert too_long.status_code == 413 and too_long.json()["reason"] == "prompt-too-large"
+    assert all(g.sim.stats.truncations == 0 for g in gpus)
+
+
+def test_model_management_is_refused_with_a_pointer(sim_factory: Sims,
+                                                    sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("a")]).url
+    client = ollama.Client(host=url)
+    with pytest.raises(ollama.ResponseError) as info:
+        client.pull("qwen3:8b")
+    assert info.value.status_code == 501 and "each provider" in info.value.error
