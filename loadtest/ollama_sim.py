@@ -423,13 +423,20 @@ class SimApp:
     async def generate(self, request: Request) -> Response:
         return await self._infer(request, chat=False)
 
-    async def embed(self, request: Request) -> Response:
-        """/api/embed (`input`: text or texts) and the legacy /api/embeddings (`prompt`)."""
+    async def _body_and_model(self, request: Request
+                              ) -> Response | tuple[dict[str, Any], SimModel | None, str]:
         body = await self._body(request)
         if isinstance(body, Response):
             return body
         name = str(body.get("model") or "")
-        model = self.sim.config.model(name)
+        return body, self.sim.config.model(name), name
+
+    async def embed(self, request: Request) -> Response:
+        """/api/embed (`input`: text or texts) and the legacy /api/embeddings (`prompt`)."""
+        found = await self._body_and_model(request)
+        if isinstance(found, Response):
+            return found
+        body, model, name = found
         if model is None:
             return _error(f"model '{name}' not found", 404)
         legacy = request.url.path.endswith("embeddings")
@@ -462,11 +469,10 @@ class SimApp:
 
     async def openai_chat(self, request: Request) -> Response:
         """Ollama's OpenAI layer over the same chat path: SSE chunks or one completion."""
-        body = await self._body(request)
-        if isinstance(body, Response):
-            return body
-        name = str(body.get("model") or "")
-        model = self.sim.config.model(name)
+        found = await self._body_and_model(request)
+        if isinstance(found, Response):
+            return found
+        body, model, name = found
         if model is None:
             return _json({"error": {"message": f"model '{name}' not found",
                                     "type": "not_found_error"}}, 404)

@@ -177,21 +177,23 @@ def test_dcgm_exporter_gives_the_vram_total() -> None:
 def test_nats_credentials(server_args: list[str], options: dict[str, str]) -> None:
     server = NatsServer(extra_args=server_args).start()
     try:
-        async def connect(**kw: str) -> bool:
-            store = NatsStore(NatsOptions(server.url, timeout_s=0.5, **kw))  # type: ignore[arg-type]
-            try:
-                await store.start()
-            except Exception:
-                await store.close()
-                return False
-            await store.put(PROVIDER_STATE, "x", b"1")
-            await store.close()
-            return True
-
-        assert asyncio.run(connect(**options))
-        assert not asyncio.run(connect())  # no credentials: refused
+        assert asyncio.run(_usable(NatsOptions(server.url, timeout_s=0.5, **options)))  # type: ignore[arg-type]
+        assert not asyncio.run(_usable(NatsOptions(server.url, timeout_s=0.5)))  # refused
     finally:
         server.cleanup()
+
+
+async def _usable(options: NatsOptions) -> bool:
+    """Can a store connect with these options and write?"""
+    store = NatsStore(options)
+    try:
+        await store.start()
+    except Exception:
+        await store.close()
+        return False
+    await store.put(PROVIDER_STATE, "probe", b"1")
+    await store.close()
+    return True
 
 
 def _make_certs(directory: Path) -> tuple[Path, Path, Path]:
@@ -218,20 +220,9 @@ def test_nats_over_tls(tmp_path: Path) -> None:
     ca, cert, key = _make_certs(tmp_path)
     server = NatsServer(extra_args=["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
                         ).start()
+    url = f"tls://127.0.0.1:{server.port}"
     try:
-        async def connect(ca_file: Path | None) -> bool:
-            store = NatsStore(NatsOptions(f"tls://127.0.0.1:{server.port}", tls_ca=ca_file,
-                                          timeout_s=0.5))
-            try:
-                await store.start()
-            except Exception:
-                await store.close()
-                return False
-            await store.put(PROVIDER_STATE, "tls", b"1")
-            await store.close()
-            return True
-
-        assert asyncio.run(connect(ca))
-        assert not asyncio.run(connect(None))  # an unknown CA is refused
+        assert asyncio.run(_usable(NatsOptions(url, tls_ca=ca, timeout_s=0.5)))
+        assert not asyncio.run(_usable(NatsOptions(url, timeout_s=0.5)))  # unknown CA: refused
     finally:
         server.cleanup()
