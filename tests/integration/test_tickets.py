@@ -14,8 +14,8 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
 from proxy.core.types import ProviderView, Resident
-from proxy.ports import StateStore
-from proxy.service.codec import Residency
+from proxy.ports import PROVIDER_TICKETS, StateStore
+from proxy.service.codec import Residency, TicketSet
 from proxy.service.tickets import TicketBook
 from tests.integration.conftest import empty_buckets
 
@@ -122,3 +122,60 @@ def test_processes_racing_for_one_small_budget_never_exceed_it(nats_server: Nats
     assert len(intervals) > 0  # at least one claim won
     assert max_overlap(intervals) <= 3  # type: ignore[arg-type]
     assert sum(r["refused"] for r in results) > 0  # the budget really was contended
+
+
+HOLDER = """
+import asyncio, sys
+from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.core.policy import Policy
+from proxy.core.types import ProviderView
+from proxy.service.tickets import TicketBook
+
+async def main() -> None:
+    store = NatsStore(NatsOptions(sys.argv[1]))
+    await store.start()
+    book = TicketBook(store, Policy(), ttl_s=1.0)
+    ticket = book.new_ticket("held-by-a-dead-process", "gpu", "m", 6000, True, {}, "doomed")
+    assert (await book.claim(ticket, ProviderView("gpu", 10000))).ok
+    print("claimed", flush=True)
+    await asyncio.sleep(3600)  # mid-call, until killed
+
+asyncio.run(main())
+"""
+
+
+def test_a_holder_killed_mid_call_stops_counting_within_the_ttl(nats_server: NatsServer
+                                                                ) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    asyncio.run(empty_buckets(nats_server.url))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, nats_server.url],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+        holder.send_signal(signal.SIGKILL)  # no finally, no release
+        holder.wait(10)
+    finally:
+        holder.kill()
+
+    async def claim_after_kill() -> tuple[bool, bool, float]:
+        store = NatsStore(NatsOptions(nats_server.url))
+        await store.start()
+        book = TicketBook(store, Policy(), ttl_s=60)
+        view = ProviderView("gpu", 10000)
+        ticket = book.new_ticket("survivor", "gpu", "m2", 6000, True, {}, "alive")
+        at_once = (await book.claim(ticket, view)).ok
+        entry = await store.get(PROVIDER_TICKETS, "gpu")
+        assert entry is not None
+        dead = TicketSet.decode("gpu", entry.value).tickets["held-by-a-dead-process"]
+        wait_s = dead.expires_at - time.time()
+        await asyncio.sleep(max(0.0, wait_s) + 0.05)  # expiry is silent: sleep to it once
+        later = (await book.claim(ticket, view)).ok
+        await store.close()
+        return at_once, later, wait_s
+
+    at_once, later, wait_s = asyncio.run(claim_after_kill())
+    assert not at_once  # the dead holder's 6000 MiB still counted right after the kill
+    assert later and wait_s <= 1.0  # ... and stopped counting at its 1 s TTL
