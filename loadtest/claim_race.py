@@ -15,8 +15,10 @@ import asyncio
 import json
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
@@ -83,12 +85,12 @@ def run_race(url: str, procs: int, tasks: int, seconds: float, hold_ms: float,
     args = [sys.executable, "-m", "loadtest.claim_race", "--worker", "--url", url,
             "--tasks", str(tasks), "--seconds", str(seconds), "--hold-ms", str(hold_ms),
             "--total-mib", str(total_mib), "--ticket-mib", str(ticket_mib)]
-    children = [subprocess.Popen(args, stdout=subprocess.PIPE) for _ in range(procs)]
-    results = []
-    for child in children:
-        out, _ = child.communicate(timeout=seconds + 60)
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return results
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp) / f"worker-{i}.json" for i in range(procs)]
+        children = [subprocess.Popen([*args, "--out", str(out)]) for out in outs]
+        for child in children:
+            child.wait(timeout=seconds + 60)
+        return [json.loads(out.read_text()) for out in outs]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,11 +103,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hold-ms", type=float, default=0.0)
     p.add_argument("--total-mib", type=int, default=10**9)
     p.add_argument("--ticket-mib", type=int, default=1)
+    p.add_argument("--out", type=Path, help="worker: where to write its results (JSON)")
     a = p.parse_args(argv)
     if a.worker:
-        out = asyncio.run(worker(a.url, a.tasks, a.seconds, a.hold_ms, a.total_mib,
-                                 a.ticket_mib))
-        print(json.dumps(out))
+        job = worker(a.url, a.tasks, a.seconds, a.hold_ms, a.total_mib, a.ticket_mib)
+        try:  # the loop `serve` runs on
+            import uvloop
+        except ImportError:
+            out = asyncio.run(job)
+        else:
+            out = uvloop.run(job)
+        a.out.write_text(json.dumps(out))
         return
     results = run_race(a.url, a.procs, a.tasks, a.seconds, a.hold_ms, a.total_mib,
                        a.ticket_mib)

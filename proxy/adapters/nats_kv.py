@@ -107,6 +107,7 @@ class NatsStore:
         self._watchers: list[Any] = []
         self._connected = False
         self._retry: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def connected(self) -> bool:
@@ -134,7 +135,8 @@ class NatsStore:
     async def _connect(self) -> None:
         async def disconnected() -> None:
             self._connected = False
-            log.warning("nats disconnected; placing from direct probes until it returns")
+            if not self._closing:
+                log.warning("nats disconnected; placing from direct probes until it returns")
             self.changes.bump()
 
         async def reconnected() -> None:
@@ -207,6 +209,7 @@ class NatsStore:
                 self.changes.bump()
 
     async def close(self) -> None:
+        self._closing = True
         if self._retry is not None:
             self._retry.cancel()
         for task in self._watch_tasks:
