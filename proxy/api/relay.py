@@ -38,8 +38,11 @@ def route_headers(route: Route) -> dict[str, str]:
 
 
 def final_metrics(tail: bytes) -> dict[str, Any]:
-    """The engine's metrics from the last complete JSON line of a response."""
+    """The last complete JSON object of a response: NDJSON lines or SSE `data:` events."""
     for line in reversed(tail.strip().split(b"\n")):
+        line = line.removeprefix(b"data: ").strip()
+        if not line or line == b"[DONE]":
+            continue
         with contextlib.suppress(orjson.JSONDecodeError):
             data = orjson.loads(line)
             if isinstance(data, dict):
@@ -94,7 +97,7 @@ class RelayStream(StreamingResponse):
                 self._tail = (self._tail + chunk)[-8192:]
                 yield chunk
             self._ok, self._error = True, None
-            if b'"error"' in self._tail[-2048:] and b'"done":true' not in self._tail[-2048:]:
+            if "error" in final_metrics(self._tail):  # Ollama ends a failed stream this way
                 self._ok, self._error = False, "provider reported an error mid-stream"
         except (httpx.HTTPError, TimeoutError) as exc:
             cause = (f"no data for {self.chunk_timeout_s:.0f} s"

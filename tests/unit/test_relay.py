@@ -78,6 +78,7 @@ async def test_streaming_returns_a_stream_with_route_headers() -> None:
         (b'{"a":1}\n{"done":true,"prompt_eval_count":5}\n', 5),
         (b'{"done":true,"prompt_eval_count":9}', 9),
         (b'garbage\n', None),
+        (b'data: {"x":1}\n\ndata: {"prompt_eval_count":4}\n\ndata: [DONE]\n\n', 4),
     ],
 )
 def test_final_metrics_reads_the_last_line(tail: bytes, expected: int | None) -> None:
