@@ -163,7 +163,7 @@ class NatsStore:
             await self._bind()
         except Exception as exc:
             raise StoreUnavailable(f"NATS JetStream KV unavailable: {exc}") from exc
-        await self._rewatch()
+        await self._rewatch(rebind=False)
 
     async def _bind(self) -> None:
         js = self._nc.jetstream(timeout=self.options.timeout_s)
@@ -172,7 +172,7 @@ class NatsStore:
         for spec in self.buckets:
             self._kv[spec.name] = await js.key_value(spec.name)
 
-    async def _rewatch(self) -> None:
+    async def _rewatch(self, rebind: bool = True) -> None:
         for task in self._watch_tasks:
             task.cancel()
         for watcher in self._watchers:
@@ -180,7 +180,7 @@ class NatsStore:
                 await watcher.stop()
         self._watch_tasks, self._watchers = [], []
         try:
-            if not self._kv:
+            if rebind:  # a server that came back empty needs its buckets again
                 await self._bind()
             for spec in self.buckets:
                 watcher = await self._kv[spec.name].watch(

@@ -10,7 +10,14 @@ import pytest
 from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
-from proxy.ports import BUCKETS, PROVIDER_STATE, BucketSpec, CasConflict, StateStore
+from proxy.ports import (
+    BUCKETS,
+    PROVIDER_STATE,
+    BucketSpec,
+    CasConflict,
+    StateStore,
+    StoreUnavailable,
+)
 from tests.integration.conftest import empty_buckets
 
 SHORT = BucketSpec("kubemoot_test_short", ttl_s=1.0)
@@ -83,3 +90,27 @@ async def test_entries_expire_after_the_bucket_ttl(store: StateStore) -> None:
     assert await store.get(SHORT.name, "gone") is not None
     await asyncio.sleep(1.3)
     assert await store.get(SHORT.name, "gone") is None
+
+
+async def test_nats_store_recovers_when_the_server_returns_empty() -> None:
+    import shutil
+
+    server = NatsServer().start()
+    store = NatsStore(NatsOptions(server.url))
+    try:
+        await store.start()
+        await store.put(PROVIDER_STATE, "before", b"1")
+        server.stop()
+        shutil.rmtree(server.dir / "js")  # JetStream data lost with the old server
+        server.start()
+        for _ in range(20):  # each watch rebuild bumps the change counter
+            seen = store.changes.value
+            try:
+                await store.put(PROVIDER_STATE, "after", b"2")  # the buckets were made again
+                break
+            except StoreUnavailable:
+                await store.changes.wait_past(seen, 1.0)
+        assert await _until(lambda: "after" in store.view(PROVIDER_STATE))
+    finally:
+        await store.close()
+        server.cleanup()
