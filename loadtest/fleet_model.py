@@ -62,7 +62,6 @@ class Resident:
     running: int = 0
     queue: deque[SimCall] = field(default_factory=deque)
     last_used: float = 0.0
-    idle_since: float = 0.0
     expiry_token: int = 0
 
 

@@ -27,9 +27,6 @@ class Sample:
     calls: int
     errors: int
 
-    def row(self) -> str:
-        return f"{self.p50_ms:8.2f} {self.p99_ms:8.2f}"
-
 
 def percentile(values: list[float], q: float) -> float:
     if not values:

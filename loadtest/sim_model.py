@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 MIB = 1024 * 1024
@@ -50,8 +50,6 @@ class SimConfig:
     evict_idle_on_pressure: bool = True  # Ollama's own eviction; counted as self_evictions
     version: str = "0.12.6"
 
-    def with_(self, **changes: Any) -> SimConfig:
-        return replace(self, **changes)
 
     def model(self, name: str) -> SimModel | None:
         wanted = normalise_name(name)

@@ -17,9 +17,6 @@ class Fit:
     reason: str
     warm: bool = False
     loading: bool = False
-    too_small: bool = False  # the card could never hold the model (not merely busy)
-    context_short: bool = False
-    not_on_disk: bool = False
 
 
 def health_reason(index: ProviderIndex, health: Mapping[str, ProviderHealth]) -> str | None:
@@ -47,7 +44,7 @@ def check(index: ProviderIndex, model: str, occupancy: int | None, needed_tokens
         return Fit(False, bad)
     short = context_reason(index, model, needed_tokens)
     if short:
-        return Fit(False, short, context_short=True)
+        return Fit(False, short)
     if index.is_warm(model):
         return Fit(True, "warm", warm=True)
     if index.is_loading(model):
@@ -55,12 +52,12 @@ def check(index: ProviderIndex, model: str, occupancy: int | None, needed_tokens
     if model in index.planned_victims:
         return Fit(False, "resident but planned for eviction by another call")
     if index.view.disk_mib and model not in index.view.disk_mib:
-        return Fit(False, "model not pulled on this provider", not_on_disk=True)
+        return Fit(False, "model not pulled on this provider")
     usable = index.usable_mib
     if usable is None or occupancy is None:
         return Fit(True, "fit unknown (no VRAM total or no footprint published)")
     if occupancy > usable:
-        return Fit(False, f"needs {occupancy} MiB, card has {usable} MiB usable", too_small=True)
+        return Fit(False, f"needs {occupancy} MiB, card has {usable} MiB usable")
     free = index.free_mib()
     assert free is not None
     if occupancy > free:
