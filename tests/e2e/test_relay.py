@@ -193,3 +193,23 @@ def test_not_ready_when_no_provider_answers(sim_factory: Sims,
     assert httpx.get(f"{url}/readyz").status_code == 200
     gone.stop()
     assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 503)
+
+
+def test_ops_listener_serves_probes_and_metrics_only(fleet: list[SimServer]) -> None:
+    from loadtest.serving import ThreadedServer as Served
+    from proxy.app import build_app, build_ops_app
+    from proxy.settings import load_settings
+    from tests.conftest import provider_entry
+
+    app = build_app(load_settings(providers=[provider_entry(s) for s in fleet]))
+    main = Served(app, name="sidecar").start()
+    ops = Served(build_ops_app(app), name="ops").start()
+    try:
+        assert httpx.get(f"{ops.url}/healthz").status_code == 200
+        assert httpx.get(f"{ops.url}/readyz").status_code == 200
+        assert "kubemoot_decision_seconds" in httpx.get(f"{ops.url}/metrics").text
+        assert httpx.get(f"{ops.url}/api/tags").status_code == 404  # no inference API here
+        assert httpx.post(f"{ops.url}/api/chat", json={}).status_code == 404
+    finally:
+        ops.stop()
+        main.stop()
