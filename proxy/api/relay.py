@@ -50,9 +50,10 @@ def final_metrics(tail: bytes) -> dict[str, Any]:
     return {}
 
 
-def outcome_from(tail: bytes, started: float, ok: bool, error: str | None = None
-                 ) -> CallOutcome:
-    metrics = final_metrics(tail) if ok else {}
+def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
+                 error: str | None = None) -> CallOutcome:
+    """The call's outcome from the engine's final metrics (ignored when it failed)."""
+    metrics = metrics if ok else {}
     prompt_tokens = metrics.get("prompt_eval_count")
     load_ns = metrics.get("load_duration")
     return CallOutcome(
@@ -79,6 +80,7 @@ class RelayStream(StreamingResponse):
         self.started = started
         self.chunk_timeout_s = chunk_timeout_s
         self._tail = b""
+        self._final: dict[str, Any] = {}
         self._ok = False
         self._error: str | None = "client disconnected"
         super().__init__(self._relay(), headers=headers,
@@ -97,7 +99,8 @@ class RelayStream(StreamingResponse):
                 self._tail = (self._tail + chunk)[-8192:]
                 yield chunk
             self._ok, self._error = True, None
-            if "error" in final_metrics(self._tail):  # Ollama ends a failed stream this way
+            self._final = final_metrics(self._tail)
+            if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok, self._error = False, "provider reported an error mid-stream"
         except (httpx.HTTPError, TimeoutError) as exc:
             cause = (f"no data for {self.chunk_timeout_s:.0f} s"
@@ -115,7 +118,7 @@ class RelayStream(StreamingResponse):
     async def _settle(self) -> None:
         with contextlib.suppress(Exception):
             await self.upstream.aclose()
-        await self.route.finish(outcome_from(self._tail, self.started, self._ok, self._error))
+        await self.route.finish(outcome_from(self._final, self.started, self._ok, self._error))
 
 
 def payload_for(route: Route, body: dict[str, Any]) -> bytes:
@@ -167,7 +170,7 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
         # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
         healthy = upstream.status_code < 500
         error = None if ok else data[:200].decode(errors="replace")
-        outcome = outcome_from(data, started, ok, error)
+        outcome = outcome_from(final_metrics(data), started, ok, error)
         if not ok and healthy:
             outcome = CallOutcome(True, outcome.seconds, error=outcome.error)
         await route.finish(outcome)  # before sending: a vanished client must not leak it

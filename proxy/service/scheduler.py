@@ -126,7 +126,6 @@ class Scheduler:
             if circuit is Circuit.HALF_OPEN and not stats.breaker.allows(now):
                 circuit = Circuit.OPEN  # a trial call is out already
             out[name] = ProviderHealth(circuit, stats.latency.value, stats.success_rate)
-            self.metrics.circuit_open.labels(name).set(0 if circuit is Circuit.CLOSED else 1)
         return out
 
     def snapshot(self, now: float) -> Snapshot:
@@ -315,8 +314,11 @@ class Scheduler:
         async def done(outcome: CallOutcome) -> None:
             renewer.cancel()
             now = self.clock()
-            self.stats[placement.provider] = self.stats[placement.provider].record(
-                outcome.ok, outcome.seconds, now)
+            stats = self.stats[placement.provider].record(outcome.ok, outcome.seconds, now)
+            self.stats[placement.provider] = stats
+            # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
+            self.metrics.circuit_open.labels(placement.provider).set(
+                0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
             stays = None
             if placement.kind in ("cold", "evict"):
                 # The model stays loaded after the ticket goes: count it at once.

@@ -323,6 +323,14 @@ def test_two_sidecars_sharing_nats_converge_on_one_loading_copy(
     assert sum(g.sim.stats.loads for g in gpus) == 1
 
 
+def _nats_returns(server: NatsServer, url: str) -> None:
+    """Start NATS again; the sidecar reconnects and keeps placing."""
+    server.start()
+    assert eventually(lambda: "kubemoot_nats_connected 1.0" in
+                      httpx.get(f"{url}/metrics").text, timeout_s=15)
+    assert chat(url, "qwen3:8b").status_code == 200
+
+
 def test_sidecar_keeps_placing_while_nats_is_down(sim_factory: Sims,
                                                   sidecar_factory: Sidecars) -> None:
     server = NatsServer().start()
@@ -336,10 +344,7 @@ def test_sidecar_keeps_placing_while_nats_is_down(sim_factory: Sims,
         r = chat(url, "qwen3:8b")
         assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "gpu"
         assert httpx.get(f"{url}/readyz").status_code == 200
-        server.start()
-        assert eventually(lambda: "kubemoot_nats_connected 1.0" in
-                          httpx.get(f"{url}/metrics").text, timeout_s=15)
-        assert chat(url, "qwen3:8b").status_code == 200
+        _nats_returns(server, url)
     finally:
         server.cleanup()
 
@@ -403,10 +408,7 @@ def test_sidecar_starts_without_nats_and_joins_it_later(sim_factory: Sims,
         url = sidecar_factory([gpu], nats_url=server.url, probe_interval_seconds=0.2).url
         assert chat(url, "qwen3:8b").status_code == 200  # direct probes, local tickets
         assert httpx.get(f"{url}/readyz").status_code == 200
-        server.start()
-        assert eventually(lambda: "kubemoot_nats_connected 1.0" in
-                          httpx.get(f"{url}/metrics").text, timeout_s=15)
-        assert chat(url, "qwen3:8b").status_code == 200
+        _nats_returns(server, url)
     finally:
         server.cleanup()
 
