@@ -1,18 +1,24 @@
-"""HTTP adapter for one Ollama server: one pooled httpx client per provider.
+"""HTTP adapter for one Ollama server: one pooled client per provider.
 
-Foreign exceptions are translated here into `UpstreamError`, so the rest of the program
-never sees httpx.
+httpx is the client API; its transport is aiohttp (httpx-aiohttp), which costs a third of
+httpx's own connection pool per call (BENCHMARKS.md §4). Foreign exceptions are translated
+here into `UpstreamError`, so the rest of the program sees neither library.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
+from httpx_aiohttp import AiohttpTransport
 
 JSON_HEADERS = {"content-type": "application/json"}
+# What either layer may raise: httpx-aiohttp maps most aiohttp errors, not all of them.
+TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
 
 
 class UpstreamError(Exception):
@@ -23,11 +29,50 @@ class UpstreamError(Exception):
         self.before_first_byte = before_first_byte
 
 
+def describe(exc: BaseException) -> str:
+    """The root cause in a few words: httpx-aiohttp re-raises aiohttp's errors under coarse
+    httpx names (a refused connection arrives as ConnectTimeout), so name the original."""
+    cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
+    if isinstance(cause, TimeoutError | httpx.TimeoutException):
+        return f"timed out ({type(cause).__name__})"
+    text = str(cause)
+    return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+
+
 @dataclass(frozen=True)
 class Timeouts:
     connect_s: float = 3.0
     first_byte_s: float = 180.0
     chunk_s: float = 60.0
+
+
+class UpstreamResponse:
+    """An answer whose status and headers are in and whose body may still be streaming."""
+
+    __slots__ = ("_response", "content_type", "status_code")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status_code = response.status_code
+        self.content_type: str | None = response.headers.get("content-type")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.aread()
+        except TRANSPORT_ERRORS as exc:
+            raise UpstreamError(describe(exc), before_first_byte=False) from exc
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, chunk by chunk, undecoded."""
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except TRANSPORT_ERRORS as exc:
+            raise UpstreamError(describe(exc), before_first_byte=False) from exc
+
+    async def aclose(self) -> None:
+        """Close the stream; mid-body this drops the connection, which stops Ollama."""
+        await self._response.aclose()
 
 
 class OllamaClient:
@@ -38,28 +83,26 @@ class OllamaClient:
         self.endpoint = endpoint.rstrip("/")
         self.timeouts = timeouts or Timeouts()
         t = self.timeouts
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         self._client = httpx.AsyncClient(
             base_url=self.endpoint,
             # read covers the wait for the first byte (model loads included); the relay
             # enforces the shorter between-chunk limit itself.
             timeout=httpx.Timeout(connect=t.connect_s, read=t.first_byte_s, write=t.connect_s,
                                   pool=t.first_byte_s),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-            transport=transport,
+            transport=transport or AiohttpTransport(limits=limits),
         )
 
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def open(self, path: str, payload: bytes) -> httpx.Response:
+    async def open(self, path: str, payload: bytes) -> UpstreamResponse:
         """POST and return once the status line and headers are in (body still streaming)."""
         request = self._client.build_request("POST", path, content=payload, headers=JSON_HEADERS)
         try:
-            return await self._client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise UpstreamError(f"{self.endpoint}{path}: timed out ({type(exc).__name__})") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"{self.endpoint}{path}: {type(exc).__name__}: {exc}") from exc
+            return UpstreamResponse(await self._client.send(request, stream=True))
+        except TRANSPORT_ERRORS as exc:
+            raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
 
     async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
         return await self._json("GET", path, None, timeout_s)
@@ -75,8 +118,8 @@ class OllamaClient:
             response = await self._client.request(
                 method, path, content=orjson.dumps(body) if body is not None else None,
                 headers=JSON_HEADERS if body is not None else None, timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"{self.endpoint}{path}: {type(exc).__name__}: {exc}") from exc
+        except TRANSPORT_ERRORS as exc:
+            raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
         if response.status_code >= 400:
             raise UpstreamError(f"{self.endpoint}{path}: HTTP {response.status_code}: "
                                 f"{response.text[:200]}")
@@ -90,8 +133,8 @@ class OllamaClient:
         try:
             return await self._client.post("/api/show", content=orjson.dumps(body),
                                            headers=JSON_HEADERS)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"{self.endpoint}/api/show: {type(exc).__name__}") from exc
+        except TRANSPORT_ERRORS as exc:
+            raise UpstreamError(f"{self.endpoint}/api/show: {describe(exc)}") from exc
 
     async def load(self, model: str, timeout_s: float | None = None) -> None:
         """Start (and wait for) a model load: `/api/generate {"model": m}`."""

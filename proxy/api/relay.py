@@ -13,12 +13,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.adapters.ollama import UpstreamError
+from proxy.adapters.ollama import UpstreamError, UpstreamResponse
 from proxy.api.errors import error_response, stream_error_line
 from proxy.service.routing import CallOutcome, Route
 
@@ -72,7 +71,7 @@ class RelayStream(StreamingResponse):
     upstream (which tells Ollama to stop) and settles the route.
     """
 
-    def __init__(self, upstream: httpx.Response, route: Route, started: float,
+    def __init__(self, upstream: UpstreamResponse, route: Route, started: float,
                  chunk_timeout_s: float, headers: dict[str, str], sse: bool = False) -> None:
         self.upstream = upstream
         self.sse = sse
@@ -84,11 +83,11 @@ class RelayStream(StreamingResponse):
         self._ok = False
         self._error: str | None = "client disconnected"
         super().__init__(self._relay(), headers=headers,
-                         media_type=upstream.headers.get("content-type", NDJSON))
+                         media_type=upstream.content_type or NDJSON)
 
     async def _relay(self) -> AsyncIterator[bytes]:
         ended_with_newline = True
-        iterator = self.upstream.aiter_raw()
+        iterator = self.upstream.chunks()
         try:
             while True:
                 async with asyncio.timeout(self.chunk_timeout_s):
@@ -102,9 +101,9 @@ class RelayStream(StreamingResponse):
             self._final = final_metrics(self._tail)
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok, self._error = False, "provider reported an error mid-stream"
-        except (httpx.HTTPError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError) as exc:
             cause = (f"no data for {self.chunk_timeout_s:.0f} s"
-                     if isinstance(exc, TimeoutError) else type(exc).__name__)
+                     if isinstance(exc, TimeoutError) else str(exc))
             self._error = f"provider {self.route.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
                                                                                self.sse)
@@ -159,13 +158,14 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
     if upstream.status_code >= 400 or not stream:
         try:
             async with asyncio.timeout(route.client.timeouts.first_byte_s):
-                data = await upstream.aread()
-        except (httpx.HTTPError, TimeoutError) as exc:
+                data = await upstream.read()
+        except (UpstreamError, TimeoutError) as exc:
             await upstream.aclose()
             await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
             return error_response(502, "upstream-failed",
                                   f"provider {route.provider} failed while answering: "
-                                  f"{type(exc).__name__}", route.model, openai=openai)
+                                  f"{str(exc) or type(exc).__name__}", route.model,
+                                  openai=openai)
         ok = upstream.status_code < 400
         # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
         healthy = upstream.status_code < 500
@@ -175,7 +175,7 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
             outcome = CallOutcome(True, outcome.seconds, error=outcome.error)
         await route.finish(outcome)  # before sending: a vanished client must not leak it
         return Response(data, status_code=upstream.status_code,
-                        media_type=upstream.headers.get("content-type", "application/json"),
+                        media_type=upstream.content_type or "application/json",
                         headers=headers)
 
     return RelayStream(upstream, route, started, chunk_timeout_s, headers, sse=openai)

@@ -13,6 +13,8 @@ from proxy.api.relay import final_metrics, forward
 from proxy.service.routing import CallOutcome, Route
 
 BASE = "http://ollama.test:11434"
+# At the httpx layer, so the mock stands in for whatever transport the client carries.
+upstream = respx.mock(using="httpx")
 
 
 def _route(outcomes: list[CallOutcome]) -> Route:
@@ -22,9 +24,9 @@ def _route(outcomes: list[CallOutcome]) -> Route:
     return Route("p", OllamaClient(BASE, Timeouts(1, 1, 1)), "m", "warm", on_done=done)
 
 
-@respx.mock
+@upstream
 async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure() -> None:
-    respx.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
         400, json={"error": '"m" does not support thinking'}))
     outcomes: list[CallOutcome] = []
     response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, True, 1)
@@ -33,17 +35,17 @@ async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure() -> None:
     assert outcomes[0].ok  # the provider is healthy; the circuit must not count it
 
 
-@respx.mock
+@upstream
 async def test_upstream_5xx_counts_as_failure() -> None:
-    respx.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(500, json={"error": "x"}))
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(500, json={"error": "x"}))
     outcomes: list[CallOutcome] = []
     response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, False, 1)
     assert response.status_code == 500 and not outcomes[0].ok
 
 
-@respx.mock
+@upstream
 async def test_connect_error_is_502_upstream_failed() -> None:
-    respx.post(f"{BASE}/api/chat").mock(side_effect=httpx.ConnectError("refused"))
+    upstream.post(f"{BASE}/api/chat").mock(side_effect=httpx.ConnectError("refused"))
     outcomes: list[CallOutcome] = []
     response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, True, 1)
     assert response.status_code == 502
@@ -51,10 +53,10 @@ async def test_connect_error_is_502_upstream_failed() -> None:
     assert not outcomes[0].ok
 
 
-@respx.mock
+@upstream
 async def test_non_streaming_reports_engine_metrics() -> None:
     final = {"model": "m", "done": True, "prompt_eval_count": 42, "load_duration": 2_000_000_000}
-    respx.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(200, json=final))
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(200, json=final))
     outcomes: list[CallOutcome] = []
     response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, False, 1)
     assert response.status_code == 200
@@ -62,8 +64,8 @@ async def test_non_streaming_reports_engine_metrics() -> None:
 
 
 async def test_streaming_returns_a_stream_with_route_headers() -> None:
-    with respx.mock:
-        respx.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
+    with upstream:
+        upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
             200, content=b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'))
         outcomes: list[CallOutcome] = []
         response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, True, 1)

@@ -1,0 +1,80 @@
+"""The Ollama adapter's real transport against raw loopback sockets: what each failure says."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from proxy.adapters.ollama import OllamaClient, Timeouts, UpstreamError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _serve(handler: Handler) -> AsyncIterator[str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    await reader.readexactly(length)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_refused_connection_is_named_as_such_not_as_a_timeout() -> None:
+    client = OllamaClient(f"http://127.0.0.1:{_closed_port()}", Timeouts(1, 1, 1))
+    with pytest.raises(UpstreamError) as caught:
+        await client.open("/api/chat", b"{}")
+    await client.close()
+    assert caught.value.before_first_byte
+    assert "timed out" not in str(caught.value)
+    assert "Connect" in str(caught.value)
+
+
+async def test_no_answer_within_the_first_byte_limit_is_a_timeout() -> None:
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(5)
+
+    async for url in _serve(stall):
+        client = OllamaClient(url, Timeouts(connect_s=1, first_byte_s=0.2, chunk_s=1))
+        with pytest.raises(UpstreamError, match="timed out"):
+            await client.open("/api/chat", b"{}")
+        await client.close()
+
+
+async def test_a_body_cut_short_fails_after_the_first_byte() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n6\r\n{\"a\":1\r\n")
+        await writer.drain()
+        writer.close()
+
+    async for url in _serve(cut):
+        client = OllamaClient(url, Timeouts(1, 1, 1))
+        response = await client.open("/api/chat", b"{}")
+        assert response.status_code == 200
+        assert response.content_type == "application/x-ndjson"
+        received = b""
+        with pytest.raises(UpstreamError) as caught:
+            async for chunk in response.chunks():
+                received += chunk
+        await response.aclose()
+        await client.close()
+        assert received == b'{"a":1'
+        assert not caught.value.before_first_byte
