@@ -43,7 +43,18 @@ def forwarder(client: str, upstream: str) -> Starlette:
         async with state["s"].post("/api/chat", data=await request.body(), headers=JSON) as r:
             return Response(await r.read(), media_type="application/json")
 
-    endpoint = via_httpx if client == "httpx" else via_aiohttp
+    async def via_httpx_aiohttp(request: Request) -> Response:
+        import httpx
+        from httpx_aiohttp import AiohttpTransport
+
+        if "h" not in state:
+            state["h"] = httpx.AsyncClient(base_url=upstream, timeout=60,
+                                           transport=AiohttpTransport())
+        r = await state["h"].post("/api/chat", content=await request.body(), headers=JSON)
+        return Response(r.content, media_type="application/json")
+
+    endpoint = {"httpx": via_httpx, "aiohttp": via_aiohttp,
+                "httpx+aiohttp": via_httpx_aiohttp}[client]
     return Starlette(routes=[Route("/api/chat", endpoint, methods=["POST"])])
 
 
@@ -67,7 +78,7 @@ def main() -> None:
     print("client   conc  direct_p50  proxy_p50  added_p50  added_p99  (ms)")
     try:
         wait_http(upstream)
-        for client in ("httpx", "aiohttp"):
+        for client in ("httpx", "aiohttp", "httpx+aiohttp"):
             port = free_port()
             proc = spawn(["-m", "loadtest.client_bench", "--serve", client, upstream,
                           str(port)], cpus={1})
@@ -78,7 +89,7 @@ def main() -> None:
                 for level in (1, 8, 32):
                     d = asyncio.run(run_load(upstream, level, 800 // level, False))
                     p = asyncio.run(run_load(url, level, 800 // level, False))
-                    print(f"{client:<8} {level:4d}  {d.p50_ms:10.2f} {p.p50_ms:10.2f} "
+                    print(f"{client:<13} {level:4d}  {d.p50_ms:10.2f} {p.p50_ms:10.2f} "
                           f"{p.p50_ms - d.p50_ms:10.2f} {p.p99_ms - d.p99_ms:10.2f}", flush=True)
             finally:
                 stop(proc)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import socket
+from pathlib import Path
 
 from loadtest.loadgen import median, run_load, spawn, stop, wait_http
 from loadtest.nats_server import NatsServer
@@ -23,6 +24,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,14 +71,16 @@ def main(argv: list[str] | None = None) -> None:
               f"{', sidecar pinned to its own CPU' if args.pin else ''}, "
               f"{args.calls} calls x {args.rounds} rounds per cell; ms")
         print("mode        conc  direct_p50 direct_p99  proxy_p50 proxy_p99  added_p50 "
-              "added_p99")
+              "added_p99  cpu_us/call")
         for stream in (False, True):
             for level in (int(x) for x in args.levels.split(",")):
                 per_worker = max(1, args.calls // level)
-                d50, d99, p50, p99 = [], [], [], []
+                d50, d99, p50, p99, cpu_us = [], [], [], [], []
                 for _ in range(args.rounds):
                     d = asyncio.run(run_load(direct, level, per_worker, stream))
+                    before = cpu_seconds(sidecar.pid)
                     p = asyncio.run(run_load(proxied, level, per_worker, stream))
+                    cpu_us.append(1e6 * (cpu_seconds(sidecar.pid) - before) / max(1, p.calls))
                     d50.append(d.p50_ms)
                     d99.append(d.p99_ms)
                     p50.append(p.p50_ms)
@@ -81,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
                 mode = "stream-ttft" if stream else "non-stream"
                 print(f"{mode:<11} {level:>4}  {median(d50):10.2f} {median(d99):10.2f} "
                       f"{median(p50):10.2f} {median(p99):9.2f} "
-                      f"{median(p50) - median(d50):10.2f} {median(p99) - median(d99):9.2f}",
+                      f"{median(p50) - median(d50):10.2f} {median(p99) - median(d99):9.2f} "
+                      f"{median(cpu_us):11.0f}",
                       flush=True)
     finally:
         stop(sidecar)
