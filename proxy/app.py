@@ -53,7 +53,7 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
     prober = Prober(settings.providers, pool.clients, store)
     tickets = TicketBook(store, policy, settings.ticket_ttl_seconds)
     view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds,
-                     tickets.written)
+                     tickets)
     local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds)
     demand = DemandBoard(store, f"{settings.namespace}/{settings.agent_name}")
     scheduler = Scheduler(settings=settings, pool=pool, store=store, tickets=tickets,

@@ -9,8 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
-from proxy.ports import PROVIDER_STATE, PROVIDER_TICKETS, Entry, StateStore
+from proxy.ports import PROVIDER_STATE, Entry, StateStore
 from proxy.service.codec import ProviderState, TicketSet, merge_residency, token
+from proxy.service.tickets import TicketBook
 from proxy.settings import ProviderConfig
 
 T = TypeVar("T")
@@ -34,14 +35,13 @@ class _Decoded:
 class StateView:
     def __init__(self, store: StateStore, configs: list[ProviderConfig],
                  local_states: Mapping[str, ProviderState], stale_s: float,
-                 own_writes: Mapping[str, Entry] | None = None) -> None:
+                 tickets: TicketBook) -> None:
         self.store = store
         self.configs = configs
         self.local_states = local_states  # the sidecar's own probes
-        self.own_writes = own_writes if own_writes is not None else {}  # tickets we wrote
+        self.tickets = tickets  # the newest ticket sets, own writes included
         self.stale_s = stale_s
         self._states = _Decoded()
-        self._tickets = _Decoded()
 
     def provider_state(self, name: str, now: float) -> ProviderState | None:
         """The freshest state for a provider: shared store or own probe, None if stale."""
@@ -76,15 +76,8 @@ class StateView:
         return out
 
     def ticket_set(self, name: str, now: float) -> TicketSet:
-        entry = self.store.view(PROVIDER_TICKETS).get(token(name))
-        own = self.own_writes.get(name)
-        if own is not None and (entry is None or own.revision > entry.revision):
-            entry = own
-        if entry is None:
-            return TicketSet()
         try:
-            return self._tickets.get(name, entry, lambda raw: TicketSet.decode(name, raw)
-                                     ).live(now)
+            return self.tickets.known(name)[0].live(now)
         except (ValueError, KeyError):
             return TicketSet()
 

@@ -40,27 +40,40 @@ class TicketBook:
         self.ttl_s = ttl_s
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
-        # What this process wrote last per provider, so its own next placement sees it
-        # before the watch delivers it (read-your-writes).
-        self.written: dict[str, Entry] = {}
+        # The newest ticket set known per provider, decoded: the watched mirror's or what
+        # this process wrote last (read-your-writes before the watch delivers it). Decoding
+        # once per revision matters: with 32 calls in flight a set holds 32 tickets.
+        self._known: dict[str, tuple[int, TicketSet]] = {}
 
     def _lock(self, provider: str) -> asyncio.Lock:
         return self._locks.setdefault(provider, asyncio.Lock())
 
-    async def _read(self, provider: str, fresh: bool) -> tuple[TicketSet, int]:
-        """The ticket set and its revision: from the watched mirror (or our own last write,
-        whichever is newer) on a first attempt, from the server after a conflict."""
-        key = token(provider)
-        if fresh:
-            entry = await self.store.get(PROVIDER_TICKETS, key)
-        else:
-            entry = self.store.view(PROVIDER_TICKETS).get(key)
-            own = self.written.get(provider)
-            if own is not None and (entry is None or own.revision > entry.revision):
-                entry = own
+    def known(self, provider: str) -> tuple[TicketSet, int]:
+        """The newest ticket set this process has seen for `provider`, and its revision."""
+        entry = self.store.view(PROVIDER_TICKETS).get(token(provider))
+        return self._newest(provider, entry)
+
+    def _newest(self, provider: str, entry: Entry | None) -> tuple[TicketSet, int]:
+        cached = self._known.get(provider)
+        if cached is not None and (entry is None or cached[0] >= entry.revision):
+            return cached[1], cached[0]
         if entry is None:
             return TicketSet(), 0
-        return TicketSet.decode(provider, entry.value), entry.revision
+        tickets = TicketSet.decode(provider, entry.value)
+        self._known[provider] = (entry.revision, tickets)
+        return tickets, entry.revision
+
+    async def _read(self, provider: str, fresh: bool) -> tuple[TicketSet, int]:
+        """The ticket set and its revision: the newest known on a first attempt, the
+        server's after a conflict."""
+        if not fresh:
+            return self.known(provider)
+        entry = await self.store.get(PROVIDER_TICKETS, token(provider))
+        if entry is None:
+            return TicketSet(), 0
+        tickets = TicketSet.decode(provider, entry.value)
+        self._known[provider] = (entry.revision, tickets)
+        return tickets, entry.revision
 
     async def _mutate(self, provider: str,
                       change: Callable[[TicketSet, float], TicketSet | str | None]
@@ -82,10 +95,9 @@ class TicketBook:
                 if isinstance(outcome, str):
                     return ClaimResult(False, outcome, attempt, conflicts)
                 try:
-                    value = outcome.encode()
                     new_revision = await self.store.cas(PROVIDER_TICKETS, token(provider),
-                                                        value, revision)
-                    self.written[provider] = Entry(token(provider), value, new_revision)
+                                                        outcome.encode(), revision)
+                    self._known[provider] = (new_revision, outcome)
                     return ClaimResult(True, "written", attempt, conflicts)
                 except CasConflict:
                     conflicts += 1
