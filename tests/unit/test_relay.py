@@ -13,65 +13,66 @@ from proxy.api.relay import final_metrics, forward
 from proxy.service.routing import CallOutcome, Route
 
 BASE = "http://ollama.test:11434"
-# At the httpx layer, so the mock stands in for whatever transport the client carries.
-upstream = respx.mock(using="httpx")
 
 
-def _route(outcomes: list[CallOutcome]) -> Route:
+@pytest.fixture
+def upstream() -> respx.Router:
+    """The mocked provider, plugged in as the client's transport."""
+    return respx.Router(base_url=BASE)
+
+
+def _route(outcomes: list[CallOutcome], upstream: respx.Router) -> Route:
     async def done(outcome: CallOutcome) -> None:
         outcomes.append(outcome)
 
-    return Route("p", OllamaClient(BASE, Timeouts(1, 1, 1)), "m", "warm", on_done=done)
+    client = OllamaClient(BASE, Timeouts(1, 1, 1), httpx.MockTransport(upstream.async_handler))
+    return Route("p", client, "m", "warm", on_done=done)
 
 
-@upstream
-async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure() -> None:
+async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure(
+        upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
         400, json={"error": '"m" does not support thinking'}))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, True, 1)
+    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     assert response.status_code == 400
     assert orjson.loads(response.body)["error"] == '"m" does not support thinking'
     assert outcomes[0].ok  # the provider is healthy; the circuit must not count it
 
 
-@upstream
-async def test_upstream_5xx_counts_as_failure() -> None:
+async def test_upstream_5xx_counts_as_failure(upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(500, json={"error": "x"}))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, False, 1)
+    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
     assert response.status_code == 500 and not outcomes[0].ok
 
 
-@upstream
-async def test_connect_error_is_502_upstream_failed() -> None:
+async def test_connect_error_is_502_upstream_failed(upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(side_effect=httpx.ConnectError("refused"))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, True, 1)
+    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     assert response.status_code == 502
     assert orjson.loads(response.body)["reason"] == "upstream-failed"
     assert not outcomes[0].ok
 
 
-@upstream
-async def test_non_streaming_reports_engine_metrics() -> None:
+async def test_non_streaming_reports_engine_metrics(upstream: respx.Router) -> None:
     final = {"model": "m", "done": True, "prompt_eval_count": 42, "load_duration": 2_000_000_000}
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(200, json=final))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, False, 1)
+    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
     assert response.status_code == 200
     assert outcomes[0].prompt_eval_count == 42 and outcomes[0].load_seconds == 2.0
 
 
-async def test_streaming_returns_a_stream_with_route_headers() -> None:
-    with upstream:
-        upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
-            200, content=b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'))
-        outcomes: list[CallOutcome] = []
-        response = await forward(_route(outcomes), "/api/chat", {"model": "m"}, True, 1)
-        assert isinstance(response, StreamingResponse)
-        assert response.headers["x-kubemoot-provider"] == "p"
-        assert response.headers["x-kubemoot-placement"] == "warm"
+async def test_streaming_returns_a_stream_with_route_headers(upstream: respx.Router) -> None:
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
+        200, content=b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'))
+    outcomes: list[CallOutcome] = []
+    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    assert isinstance(response, StreamingResponse)
+    assert response.headers["x-kubemoot-provider"] == "p"
+    assert response.headers["x-kubemoot-placement"] == "warm"
 
 
 @pytest.mark.parametrize(
