@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry
 
@@ -13,7 +15,12 @@ class MemoryStore:
 
     def __init__(self, buckets: tuple[BucketSpec, ...] = BUCKETS) -> None:
         self._ttl = {b.name: b.ttl_s for b in buckets}
-        self._data: dict[str, dict[str, tuple[Entry, float]]] = {b.name: {} for b in buckets}
+        self._entries: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
+        self._views = {name: MappingProxyType(entries) for name, entries in self._entries.items()}
+        self._written_at: dict[str, dict[str, float]] = {b.name: {} for b in buckets}
+        # Expiry scans run only once the oldest entry may have aged out: view() is on every
+        # placement's path and must not cost a pass over the bucket.
+        self._next_expiry = {b.name: math.inf for b in buckets}
         self._revision = 0
         self.changes = ChangeCounter()
 
@@ -27,23 +34,29 @@ class MemoryStore:
     def connected(self) -> bool:
         return True
 
-    def _live(self, bucket: str) -> dict[str, tuple[Entry, float]]:
-        entries = self._data[bucket]
+    def _expire(self, bucket: str) -> None:
         now = time.monotonic()
-        for key in [k for k, (_, written) in entries.items() if now - written > self._ttl[bucket]]:
-            del entries[key]
-        return entries
+        if now < self._next_expiry[bucket]:
+            return
+        written_at, ttl = self._written_at[bucket], self._ttl[bucket]
+        for key in [k for k, at in written_at.items() if now - at > ttl]:
+            del written_at[key]
+            del self._entries[bucket][key]
+        self._next_expiry[bucket] = min(written_at.values(), default=math.inf) + ttl
 
     def view(self, bucket: str) -> Mapping[str, Entry]:
-        return {k: e for k, (e, _) in self._live(bucket).items()}
+        self._expire(bucket)
+        return self._views[bucket]
 
     async def get(self, bucket: str, key: str) -> Entry | None:
-        found = self._live(bucket).get(key)
-        return found[0] if found else None
+        return self.view(bucket).get(key)
 
     def _write(self, bucket: str, key: str, value: bytes) -> int:
         self._revision += 1
-        self._data[bucket][key] = (Entry(key, value, self._revision), time.monotonic())
+        now = time.monotonic()
+        self._entries[bucket][key] = Entry(key, value, self._revision)
+        self._written_at[bucket][key] = now
+        self._next_expiry[bucket] = min(self._next_expiry[bucket], now + self._ttl[bucket])
         self.changes.bump()
         return self._revision
 
@@ -51,12 +64,13 @@ class MemoryStore:
         return self._write(bucket, key, value)
 
     async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
-        current = self._live(bucket).get(key)
-        current_revision = current[0].revision if current else 0
+        current = self.view(bucket).get(key)
+        current_revision = current.revision if current else 0
         if current_revision != last_revision:
             raise CasConflict(f"{bucket}/{key}: at {current_revision}, not {last_revision}")
         return self._write(bucket, key, value)
 
     async def delete(self, bucket: str, key: str) -> None:
-        if self._data[bucket].pop(key, None) is not None:
+        self._written_at[bucket].pop(key, None)
+        if self._entries[bucket].pop(key, None) is not None:
             self.changes.bump()
