@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 
@@ -93,6 +94,10 @@ class Scheduler:
         self.stats: dict[str, ProviderStats] = {n: ProviderStats() for n in pool.clients}
         self.learning = Learning()
         self.holder = f"{settings.namespace}/{settings.agent_name}"
+        # Ticket ids: a random per-process prefix and a counter, unique across sidecars
+        # without a getrandom() call per ticket.
+        prefix = secrets.token_hex(8)
+        self._ticket_ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
         self._background: set[asyncio.Task[object]] = set()
         # Decide-and-claim runs one call at a time in this process, so concurrent calls
         # see each other's tickets; other sidecars are kept honest by compare-and-set.
@@ -252,7 +257,7 @@ class Scheduler:
     async def claim(self, placement: Placement, snapshot: Snapshot) -> Claimed | None:
         view = next(v for v in snapshot.providers if v.name == placement.provider)
         ticket = self.tickets.new_ticket(
-            uuid.uuid4().hex, placement.provider, placement.model, placement.footprint_mib,
+            next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
             cold=placement.kind in ("cold", "evict"), evicts=dict(placement.evicts),
             holder=self.holder)
         local = False
