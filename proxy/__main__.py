@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
@@ -39,6 +40,11 @@ def _serve(args: argparse.Namespace) -> int:
     if fleet:
         _print_demo_banner(settings, fleet)
     app = build_app(settings)
+    # Everything built so far lives as long as the process: move it out of the collector's
+    # sight, so a full collection scans only what calls allocate (~2 ms, not ~30 ms with
+    # every call in flight stalled behind it).
+    gc.collect()
+    gc.freeze()
     servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                              access_log=False, lifespan="on"))]
     if settings.ops_listen:
