@@ -89,6 +89,7 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
             await plans.close()
             with contextlib.suppress(asyncio.CancelledError):
                 await probing
+            await demand.close()
             await store.close()
             await pool.close()
 

@@ -6,6 +6,7 @@ readers ignore expired entries. Rates decay with a 10-minute half-life.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -21,6 +22,10 @@ WAIT_TTL_S = 600.0
 INTENT_TTL_S = 180.0
 USE_TTL_S = 6 * 3600.0
 HALF_LIFE_S = 600.0
+# A sidecar writes its use counts at most once a second, not once per call: every write is a
+# NATS round trip and a watch message to every other sidecar, and victim ordering does not
+# need the last second.
+USE_FLUSH_S = 1.0
 
 
 def decayed(rate: float, at: float, now: float) -> float:
@@ -87,6 +92,8 @@ class DemandBoard:
         self.agent = token(agent_id)
         self.clock = clock
         self._decoded: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._unwritten_use: dict[str, int] = {}
+        self._flusher: asyncio.Task[None] | None = None
 
     def _key(self, kind: str, model: str) -> str:
         return f"{kind}.{token(model)}.{self.agent}"
@@ -112,18 +119,36 @@ class DemandBoard:
     async def drop_intent(self, model: str) -> None:
         await self._drop(self._key("intent", model))
 
-    async def _bump(self, key: str, extra: dict[str, object]) -> None:
+    async def _bump(self, key: str, extra: dict[str, object], count: float = 1.0) -> None:
         now = self.clock()
         previous = self.store.view(MODEL_DEMAND).get(key)
         rate = 0.0
         if previous is not None:
             old = orjson.loads(previous.value)
             rate = decayed(float(old.get("rate", 0)), float(old.get("at", now)), now)
-        await self._put(key, {"rate": rate + 1.0, "at": now, "expiresAt": now + USE_TTL_S,
+        await self._put(key, {"rate": rate + count, "at": now, "expiresAt": now + USE_TTL_S,
                               **extra})
 
-    async def used(self, model: str) -> None:
-        await self._bump(self._key("use", model), {})
+    def note_use(self, model: str) -> None:
+        """Count a finished call; the count reaches the board within USE_FLUSH_S."""
+        self._unwritten_use[model] = self._unwritten_use.get(model, 0) + 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(USE_FLUSH_S)
+        await self.flush_uses()
+
+    async def flush_uses(self) -> None:
+        pending, self._unwritten_use = self._unwritten_use, {}
+        for model, count in pending.items():
+            await self._bump(self._key("use", model), {}, count)
+
+    async def close(self) -> None:
+        """Write what is counted and stop the timer (at shutdown)."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+        await self.flush_uses()
 
     async def selected(self, models: Iterable[str]) -> None:
         await self._bump(f"sel.{self.agent}", {"models": list(models)})

@@ -339,7 +339,7 @@ class Scheduler:
                         call.prompt_chars, outcome.prompt_eval_count)
                 if placement.kind in ("cold", "evict"):
                     self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
-                self._spawn(self.demand.used(placement.model))
+                self.demand.note_use(placement.model)
             if placement.kind in ("cold", "evict") or not outcome.ok:
                 self._spawn(self.prober.refresh(placement.provider))
 

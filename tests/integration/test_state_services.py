@@ -16,6 +16,7 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
 from proxy.ports import BUCKETS, MODEL_DEMAND, PROVIDER_STATE
+from proxy.service import demand as demand_module
 from proxy.service.codec import ProviderState, token, untoken
 from proxy.service.demand import HALF_LIFE_S, DemandBoard, aggregate
 from proxy.service.prober import Prober
@@ -44,8 +45,9 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     await a.waiting("qwen3:14b")
     await b.waiting("qwen3:14b")
     await a.intend("qwen3:8b")
-    await a.used("qwen3:8b")
-    await a.used("qwen3:8b")
+    a.note_use("qwen3:8b")
+    a.note_use("qwen3:8b")
+    await a.flush_uses()
     await b.selected(["qwen3:32b", "qwen3:8b"])
     d = a.view()
     assert d["qwen3:14b"].waiters == 2
@@ -55,15 +57,31 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     assert a.view()["qwen3:14b"].waiters == 1
 
 
+async def test_use_counts_are_written_once_per_flush_not_per_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demand_module, "USE_FLUSH_S", 0.02)
+    store, clock = MemoryStore(), Clock()
+    board = DemandBoard(store, "crew/a", clock)
+    writes_before = store.changes.value
+    for _ in range(5):
+        board.note_use("m")
+    assert "m" not in board.view()  # counted, not yet written
+    await asyncio.sleep(0.1)
+    assert board.view()["m"].recent_use == pytest.approx(5.0)
+    assert store.changes.value == writes_before + 1
+
+
 async def test_demand_rates_decay_and_entries_expire() -> None:
     store, clock = MemoryStore(), Clock()
     board = DemandBoard(store, "crew/a", clock)
-    await board.used("m")
+    board.note_use("m")
+    await board.flush_uses()
     await board.intend("m")
     clock.now += HALF_LIFE_S  # one half-life later
     assert board.view()["m"].recent_use == pytest.approx(0.5)
     assert board.view()["m"].intents == 0  # intents live 3 minutes
-    await board.used("m")
+    board.note_use("m")
+    await board.close()  # writes what it counted
     assert board.view()["m"].recent_use == pytest.approx(1.5)
     clock.now += 7 * 3600
     assert aggregate(store.view(MODEL_DEMAND), clock.now) == {}
