@@ -1,10 +1,11 @@
-"""Added latency of the sidecar's full placed path against calling the simulator directly.
+"""Added latency of the sidecar (placed path, or the plain relay) against calling the
+simulator directly.
 
 One simulator process, one sidecar process, this process as the load generator. For each
 concurrency level the same generator runs direct and through the sidecar, alternating
 rounds so drift hits both alike; the added figure is the difference of the medians.
 
-    python -m loadtest.relay_bench [--calls 400] [--rounds 3] [--nats]
+    python -m loadtest.relay_bench [--calls 400] [--rounds 3] [--nats] [--pin] [--relay-only]
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--extra-env", default="{}", help="JSON env for the sidecar")
     parser.add_argument("--nats", action="store_true",
                         help="shared state in a real nats-server instead of embedded")
+    parser.add_argument("--relay-only", action="store_true",
+                        help="no providers, only KUBEMOOT_MODEL_ENDPOINT: the plain relay "
+                             "with no placement and no tickets")
     parser.add_argument("--pin", action="store_true",
                         help="give the sidecar CPU 1 and the simulator and load generator "
                              "CPU 0, as a sidecar container with its own core would have")
@@ -56,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     direct = f"http://127.0.0.1:{sim_port}"
     providers = [{"name": "gpu", "endpoint": direct, "totalVramMiB": 24564, "maxParallel": 64,
                   "contextLength": 32768}]
-    env = {"KUBEMOOT_PROVIDERS": json.dumps(providers), "KUBEMOOT_MODEL_MODEL": "qwen3:8b",
+    upstream = ({"KUBEMOOT_MODEL_ENDPOINT": direct} if args.relay_only
+                else {"KUBEMOOT_PROVIDERS": json.dumps(providers)})
+    env = {**upstream, "KUBEMOOT_MODEL_MODEL": "qwen3:8b",
            "KUBEMOOT_LISTEN": f"127.0.0.1:{proxy_port}", "KUBEMOOT_LOG_LEVEL": "info",
            **json.loads(args.extra_env)}
     if nats is not None:
@@ -67,20 +73,22 @@ def main(argv: list[str] | None = None) -> None:
         wait_http(direct)
         wait_http(proxied + "/healthz")
         asyncio.run(run_load(proxied, 4, 20, False))  # warm: model loaded, pools open
-        print(f"# sidecar placed path vs direct, {'NATS' if nats else 'embedded'} state"
+        path = "plain relay (static endpoint)" if args.relay_only else "placed path"
+        print(f"# sidecar {path} vs direct, {'NATS' if nats else 'embedded'} state"
               f"{', sidecar pinned to its own CPU' if args.pin else ''}, "
               f"{args.calls} calls x {args.rounds} rounds per cell; ms")
         print("mode        conc  direct_p50 direct_p99  proxy_p50 proxy_p99  added_p50 "
-              "added_p99  cpu_us/call")
+              "added_p99  cpu_us/call  burst_added_max")
         for stream in (False, True):
             for level in (int(x) for x in args.levels.split(",")):
                 per_worker = max(1, args.calls // level)
-                d50, d99, p50, p99, cpu_us = [], [], [], [], []
+                d50, d99, p50, p99, cpu_us, burst = [], [], [], [], [], []
                 for _ in range(args.rounds):
                     d = asyncio.run(run_load(direct, level, per_worker, stream))
                     before = cpu_seconds(sidecar.pid)
                     p = asyncio.run(run_load(proxied, level, per_worker, stream))
                     cpu_us.append(1e6 * (cpu_seconds(sidecar.pid) - before) / max(1, p.calls))
+                    burst.append(p.first_max_ms - d.first_max_ms)
                     d50.append(d.p50_ms)
                     d99.append(d.p99_ms)
                     p50.append(p.p50_ms)
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{mode:<11} {level:>4}  {median(d50):10.2f} {median(d99):10.2f} "
                       f"{median(p50):10.2f} {median(p99):9.2f} "
                       f"{median(p50) - median(d50):10.2f} {median(p99) - median(d99):9.2f} "
-                      f"{median(cpu_us):11.0f}",
+                      f"{median(cpu_us):11.0f} {median(burst):16.2f}",
                       flush=True)
     finally:
         stop(sidecar)
