@@ -1,8 +1,8 @@
-"""What the HTTP client costs a forwarding proxy: httpx against aiohttp, nothing else.
+"""What the HTTP client costs a forwarding proxy: httpx, aiohttp, and httpx over aiohttp.
 
-A minimal Starlette app forwards each POST to the simulator with one client or the other
-(no placement, no logging), pinned to CPU 1; the simulator answers at once and the load
-generator runs on CPU 0. aiohttp is not a project dependency: `pip install aiohttp` first.
+A minimal Starlette app forwards each POST to the simulator with one client (no placement,
+no logging), pinned to CPU 1; the simulator answers at once and the load generator runs on
+CPU 0. The sidecar uses the third: httpx's API on httpx-aiohttp's transport.
 
     python -m loadtest.client_bench
 """

@@ -17,6 +17,8 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 
 JSON_HEADERS = {"content-type": "application/json"}
+# Streams are relayed byte for byte: ask for them uncompressed (aiohttp would offer gzip).
+CALL_HEADERS = {**JSON_HEADERS, "accept-encoding": "identity"}
 # What either layer may raise: httpx-aiohttp maps most aiohttp errors, not all of them.
 TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
 
@@ -89,8 +91,9 @@ class OllamaClient:
                                 pool=t.first_byte_s)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         self._transport = transport or AiohttpTransport(limits=limits)
+        # Providers are called directly, never through HTTP(S)_PROXY from the environment.
         self._client = httpx.AsyncClient(base_url=self.endpoint, timeout=timeout,
-                                         transport=self._transport)
+                                         transport=self._transport, trust_env=False)
         self._call_extensions = {"timeout": timeout.as_dict()}
         self._urls: dict[str, httpx.URL] = {}
 
@@ -106,7 +109,7 @@ class OllamaClient:
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = httpx.URL(self.endpoint + path)
-        request = httpx.Request("POST", url, content=payload, headers=JSON_HEADERS,
+        request = httpx.Request("POST", url, content=payload, headers=CALL_HEADERS,
                                 extensions=self._call_extensions)
         try:
             return UpstreamResponse(await self._transport.handle_async_request(request))

@@ -78,3 +78,22 @@ async def test_a_body_cut_short_fails_after_the_first_byte() -> None:
         await client.close()
         assert received == b'{"a":1'
         assert not caught.value.before_first_byte
+
+
+async def test_calls_ask_for_an_uncompressed_answer() -> None:
+    heads: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head.lower())
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async for url in _serve(answer):
+        client = OllamaClient(url, Timeouts(1, 1, 1))
+        response = await client.open("/api/chat", b"{}")
+        assert await response.read() == b"{}"
+        await client.close()
+    assert b"accept-encoding: identity" in heads[0]
