@@ -22,11 +22,26 @@ async def _serve(handler: Handler) -> AsyncIterator[str]:
         server.close()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> None:
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
     length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                    if line.lower().startswith(b"content-length:")), 0)
     await reader.readexactly(length)
+    return head
+
+
+def _answering(raw: bytes, heads: list[bytes] | None = None) -> Handler:
+    """A server that reads one request (keeping its head), writes `raw` and hangs up."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await _read_request(reader)
+        if heads is not None:
+            heads.append(head.lower())
+        writer.write(raw)
+        await writer.drain()
+        writer.close()
+
+    return answer
 
 
 def _closed_port() -> int:
@@ -58,13 +73,8 @@ async def test_no_answer_within_the_first_byte_limit_is_a_timeout() -> None:
 
 
 async def test_a_body_cut_short_fails_after_the_first_byte() -> None:
-    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+    cut = _answering(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
                      b"transfer-encoding: chunked\r\n\r\n6\r\n{\"a\":1\r\n")
-        await writer.drain()
-        writer.close()
-
     async for url in _serve(cut):
         client = OllamaClient(url, Timeouts(1, 1, 1))
         response = await client.open("/api/chat", b"{}")
@@ -82,15 +92,8 @@ async def test_a_body_cut_short_fails_after_the_first_byte() -> None:
 
 async def test_calls_ask_for_an_uncompressed_answer() -> None:
     heads: list[bytes] = []
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        heads.append(head.lower())
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                     b"content-length: 2\r\n\r\n{}")
-        await writer.drain()
-        writer.close()
-
+    answer = _answering(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"content-length: 2\r\n\r\n{}", heads)
     async for url in _serve(answer):
         client = OllamaClient(url, Timeouts(1, 1, 1))
         response = await client.open("/api/chat", b"{}")
