@@ -1,8 +1,9 @@
 """HTTP adapter for one Ollama server: one pooled client per provider.
 
-httpx is the client API; its transport is aiohttp (httpx-aiohttp), which costs a third of
-httpx's own connection pool per call (BENCHMARKS.md §4). Foreign exceptions are translated
-here into `UpstreamError`, so the rest of the program sees neither library.
+httpx is the client API; its transport is aiohttp (httpx-aiohttp): a forwarded call costs
+~0.5 ms of CPU on it against ~0.8 ms on httpx's own pool (BENCHMARKS.md §4). Foreign
+exceptions are translated here into `UpstreamError`, so the rest of the program sees
+neither library.
 """
 
 from __future__ import annotations
