@@ -51,12 +51,12 @@ class TicketBook:
     def known(self, provider: str) -> tuple[TicketSet, int]:
         """The newest ticket set this process has seen for `provider`, and its revision."""
         entry = self.store.view(PROVIDER_TICKETS).get(token(provider))
-        return self._newest(provider, entry)
-
-    def _newest(self, provider: str, entry: Entry | None) -> tuple[TicketSet, int]:
         cached = self._known.get(provider)
         if cached is not None and (entry is None or cached[0] >= entry.revision):
             return cached[1], cached[0]
+        return self._remember(provider, entry)
+
+    def _remember(self, provider: str, entry: Entry | None) -> tuple[TicketSet, int]:
         if entry is None:
             return TicketSet(), 0
         tickets = TicketSet.decode(provider, entry.value)
@@ -68,12 +68,7 @@ class TicketBook:
         server's after a conflict."""
         if not fresh:
             return self.known(provider)
-        entry = await self.store.get(PROVIDER_TICKETS, token(provider))
-        if entry is None:
-            return TicketSet(), 0
-        tickets = TicketSet.decode(provider, entry.value)
-        self._known[provider] = (entry.revision, tickets)
-        return tickets, entry.revision
+        return self._remember(provider, await self.store.get(PROVIDER_TICKETS, token(provider)))
 
     async def _mutate(self, provider: str,
                       change: Callable[[TicketSet, float], TicketSet | str | None]
