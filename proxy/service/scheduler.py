@@ -46,6 +46,7 @@ log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
 LEARNS_RATIO = ("/api/chat", "/api/generate")
 LOAD_SPEED_ALPHA = 0.3
+SETTLE_RETRY_S = 5.0
 
 
 def normalise_model(name: str) -> str:
@@ -99,6 +100,7 @@ class Scheduler:
         prefix = secrets.token_hex(8)
         self._ticket_ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
         self._background: set[asyncio.Task[object]] = set()
+        self._settling: set[str] = set()  # providers with owed releases being written
         # Decide-and-claim runs one call at a time in this process, so concurrent calls
         # see each other's tickets; other sidecars are kept honest by compare-and-set.
         self._placing = asyncio.Lock()
@@ -312,6 +314,21 @@ class Scheduler:
             with contextlib.suppress(StoreUnavailable):
                 await self.book(claimed).renew(claimed.ticket)
 
+    async def settle_when_back(self, provider: str) -> None:
+        """Write owed releases once the store answers again, so other sidecars stop
+        counting them before they expire."""
+        self._settling.add(provider)
+        try:
+            while self.tickets.owes(provider):
+                seen = self.store.changes.value
+                if self.store.connected:
+                    with contextlib.suppress(StoreUnavailable):
+                        await self.tickets.settle(provider)
+                        continue
+                await self.store.changes.wait_past(seen, SETTLE_RETRY_S)
+        finally:
+            self._settling.discard(provider)
+
     def _finisher(self, claimed: Claimed, call: CallRequest, route: Route,
                   renewer: asyncio.Task[None]) -> Callable[[CallOutcome], Awaitable[None]]:
         placement = claimed.placement
@@ -331,8 +348,11 @@ class Scheduler:
             try:
                 await asyncio.shield(self.book(claimed).release(claimed.ticket, stays))
             except StoreUnavailable:
-                log.warning("ticket release failed; it expires by itself",
-                            provider=placement.provider, ticket=claimed.ticket.ticket_id)
+                log.warning("ticket release not written; no longer counted here, written "
+                            "when the store is back", provider=placement.provider,
+                            ticket=claimed.ticket.ticket_id)
+                if placement.provider not in self._settling:
+                    self._spawn(self.settle_when_back(placement.provider))
             if outcome.ok:
                 if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
                     self.learning.ratio = self.learning.ratio.observe(

@@ -4,6 +4,9 @@ Read the provider's ticket set, check the budget (the core's pure rule), write i
 the revision read; on a conflict, back off with jitter and try again, a bounded number of
 times. A per-process lock per provider removes in-pod contention (NATS-KV.md §4). Release
 runs in `finally`; a dead holder's ticket stops counting at its expiry.
+
+A release that cannot be written (the store is down) is owed: this process stops counting
+the ticket at once, and the next write to that provider's set, or `settle`, removes it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass, replace
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.policy import Policy
 from proxy.core.types import ProviderView, Ticket
-from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore
+from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import Residency, TicketSet, merge_residency, token
 
 DEFAULT_TTL_S = 60.0
@@ -44,17 +47,44 @@ class TicketBook:
         # this process wrote last (read-your-writes before the watch delivers it). Decoding
         # once per revision matters: with 32 calls in flight a set holds 32 tickets.
         self._known: dict[str, tuple[int, TicketSet]] = {}
+        # provider -> ticket id -> expiry: released here but not yet written to the store.
+        self._owed: dict[str, dict[str, float]] = {}
 
     def _lock(self, provider: str) -> asyncio.Lock:
         return self._locks.setdefault(provider, asyncio.Lock())
 
     def known(self, provider: str) -> tuple[TicketSet, int]:
-        """The newest ticket set this process has seen for `provider`, and its revision."""
+        """The newest ticket set this process has seen for `provider` (owed releases left
+        out), and its revision."""
+        tickets, revision = self._newest(provider)
+        return self._without_owed(provider, tickets), revision
+
+    def _newest(self, provider: str) -> tuple[TicketSet, int]:
         entry = self.store.view(PROVIDER_TICKETS).get(token(provider))
         cached = self._known.get(provider)
         if cached is not None and (entry is None or cached[0] >= entry.revision):
             return cached[1], cached[0]
         return self._remember(provider, entry)
+
+    def _owed_now(self, provider: str) -> dict[str, float]:
+        owed = self._owed.get(provider)
+        if not owed:
+            return {}
+        now = self.clock()
+        for ticket_id in [k for k, expiry in owed.items() if expiry <= now]:
+            del owed[ticket_id]  # expired: gone from every set by itself
+        return owed
+
+    def _without_owed(self, provider: str, tickets: TicketSet) -> TicketSet:
+        owed = self._owed_now(provider)
+        if not owed or not any(k in tickets.tickets for k in owed):
+            return tickets
+        return TicketSet({k: t for k, t in tickets.tickets.items() if k not in owed},
+                         tickets.residents)
+
+    def owes(self, provider: str) -> bool:
+        """Whether a release for `provider` still has to be written."""
+        return bool(self._owed_now(provider))
 
     def _remember(self, provider: str, entry: Entry | None) -> tuple[TicketSet, int]:
         if entry is None:
@@ -67,7 +97,7 @@ class TicketBook:
         """The ticket set and its revision: the newest known on a first attempt, the
         server's after a conflict."""
         if not fresh:
-            return self.known(provider)
+            return self._newest(provider)
         return self._remember(provider, await self.store.get(PROVIDER_TICKETS, token(provider)))
 
     async def _mutate(self, provider: str,
@@ -84,15 +114,22 @@ class TicketBook:
                 # A stale first read only costs a conflict: the server checks the revision.
                 current, revision = await self._read(provider, fresh=attempt > 1)
                 now = self.clock()
-                outcome = change(current.live(now), now)
+                live = current.live(now)
+                settled = set(self._owed.get(provider, ()))
+                base = self._without_owed(provider, live)
+                outcome = change(base, now)
                 if outcome is None:
-                    return ClaimResult(True, "unchanged", attempt, conflicts)
+                    if len(base.tickets) == len(live.tickets):
+                        self._settled(provider, settled)  # none of them is in the set
+                        return ClaimResult(True, "unchanged", attempt, conflicts)
+                    outcome = base  # nothing new, but owed releases to write
                 if isinstance(outcome, str):
                     return ClaimResult(False, outcome, attempt, conflicts)
                 try:
                     new_revision = await self.store.cas(PROVIDER_TICKETS, token(provider),
                                                         outcome.encode(), revision)
                     self._known[provider] = (new_revision, outcome)
+                    self._settled(provider, settled)
                     return ClaimResult(True, "written", attempt, conflicts)
                 except CasConflict:
                     conflicts += 1
@@ -101,6 +138,12 @@ class TicketBook:
                         delay = min(delay * 2, 0.004)
         return ClaimResult(False, f"gave up after {MAX_ATTEMPTS} conflicting writes",
                            MAX_ATTEMPTS, conflicts)
+
+    def _settled(self, provider: str, ticket_ids: set[str]) -> None:
+        owed = self._owed.get(provider)
+        if owed:
+            for ticket_id in ticket_ids:
+                owed.pop(ticket_id, None)
 
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
                    cold: bool, evicts: dict[str, int], holder: str) -> Ticket:
@@ -138,7 +181,18 @@ class TicketBook:
             tickets = {k: t for k, t in current.tickets.items() if k != ticket.ticket_id}
             return TicketSet(tickets, residents)
 
-        return await self._mutate(ticket.provider, remove)
+        try:
+            return await self._mutate(ticket.provider, remove)
+        except StoreUnavailable:
+            # Stop counting it here now; write it when the store is back (`settle`).
+            owed = self._owed.setdefault(ticket.provider, {})
+            owed[ticket.ticket_id] = self.clock() + self.ttl_s
+            self.store.changes.bump()  # calls waiting for this room decide again
+            raise
+
+    async def settle(self, provider: str) -> ClaimResult:
+        """Write the releases owed for `provider` (a no-op when none are)."""
+        return await self._mutate(provider, lambda current, now: None)
 
     async def renew(self, ticket: Ticket) -> ClaimResult:
         def extend(current: TicketSet, now: float) -> TicketSet | str | None:

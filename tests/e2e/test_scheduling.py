@@ -349,6 +349,30 @@ def test_sidecar_keeps_placing_while_nats_is_down(sim_factory: Sims,
         server.cleanup()
 
 
+def test_a_call_in_flight_when_nats_goes_down_leaves_no_phantom_ticket(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    server = NatsServer().start()
+    try:
+        gpu = sim_factory("gpu", time_scale=SCALE)  # one slot
+        url = sidecar_factory([gpu], nats_url=server.url, probe_interval_seconds=0.2).url
+        assert chat(url, "qwen3:8b").status_code == 200
+        started = threading.Event()
+        streaming = stream_in_background(url, "qwen3:8b", 2000, started)
+        server.stop()
+        streaming.join(30)
+        # Its release could not be written; the slot is free here anyway, not for the
+        # ticket's 60 s TTL.
+        began = time.monotonic()
+        r = chat(url, "qwen3:8b", timeout=20)
+        assert r.status_code == 200 and time.monotonic() - began < 5
+        _nats_returns(server, url)
+        tickets = httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]
+        assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]
+                          ), tickets
+    finally:
+        server.cleanup()
+
+
 def test_explain_is_a_dry_run(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     gpu = sim_factory("gpu", total_vram_mib=24564)
     url = sidecar_factory([gpu]).url

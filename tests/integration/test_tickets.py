@@ -14,7 +14,7 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
 from proxy.core.types import ProviderView, Resident
-from proxy.ports import PROVIDER_TICKETS, StateStore
+from proxy.ports import PROVIDER_TICKETS, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import Residency, TicketSet
 from proxy.service.tickets import TicketBook
 from tests.integration.conftest import empty_buckets
@@ -108,6 +108,61 @@ async def test_release_records_the_model_left_resident(store: StateStore) -> Non
     assert not (await book.claim(probe, VIEW)).ok
     await book.forget_residents("gpu", ("new:14b",))
     assert (await book.claim(probe, VIEW)).ok
+
+
+class OutageStore(MemoryStore):
+    """The embedded store with a switch that makes every server call fail."""
+
+    down = False
+
+    @property
+    def connected(self) -> bool:
+        return not self.down
+
+    async def get(self, bucket: str, key: str) -> Entry | None:
+        if self.down:
+            raise StoreUnavailable("down")
+        return await super().get(bucket, key)
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        if self.down:
+            raise StoreUnavailable("down")
+        return await super().cas(bucket, key, value, last_revision)
+
+
+async def test_a_release_the_store_missed_stops_counting_here_and_is_written_later() -> None:
+    store = OutageStore()
+    book = _book(store)
+    a = book.new_ticket("a", "gpu", "m1", 4000, True, {}, "h")
+    b = book.new_ticket("b", "gpu", "m2", 1000, True, {}, "h")
+    assert (await book.claim(a, VIEW)).ok and (await book.claim(b, VIEW)).ok
+    store.down = True
+    with pytest.raises(StoreUnavailable):
+        await book.release(a)
+    assert set(book.known("gpu")[0].tickets) == {"b"} and book.owes("gpu")
+    assert "a" in _stored(store)  # the store itself still has it
+    store.down = False
+    assert (await book.settle("gpu")).ok
+    assert set(_stored(store)) == {"b"} and not book.owes("gpu")
+
+
+async def test_the_next_write_carries_an_owed_release() -> None:
+    store = OutageStore()
+    book = _book(store)
+    a = book.new_ticket("a", "gpu", "m1", 6000, True, {}, "h")
+    assert (await book.claim(a, VIEW)).ok
+    store.down = True
+    with pytest.raises(StoreUnavailable):
+        await book.release(a)
+    store.down = False
+    c = book.new_ticket("c", "gpu", "m3", 6000, True, {}, "h")
+    assert (await book.claim(c, VIEW)).ok  # room that only the owed release frees
+    assert set(_stored(store)) == {"c"} and not book.owes("gpu")
+
+
+def _stored(store: StateStore) -> dict[str, object]:
+    entry = store.view(PROVIDER_TICKETS)["gpu"]
+    return dict(TicketSet.decode("gpu", entry.value).tickets)
 
 
 def test_processes_racing_for_one_small_budget_never_exceed_it(nats_server: NatsServer
