@@ -120,6 +120,26 @@ class RelayStream(StreamingResponse):
         await self.route.finish(outcome_from(self._final, self.started, self._ok, self._error))
 
 
+class SettlingResponse(Response):
+    """A complete answer that settles its route after the last byte is sent.
+
+    The ticket release, metrics and log line are off the caller's critical path; `finally`
+    with a shield settles the route also when sending fails or the task is cancelled.
+    """
+
+    def __init__(self, content: bytes, route: Route, outcome: CallOutcome, **kwargs: Any
+                 ) -> None:
+        super().__init__(content, **kwargs)
+        self.route = route
+        self.outcome = outcome
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await asyncio.shield(self.route.finish(self.outcome))
+
+
 def payload_for(route: Route, body: dict[str, Any]) -> bytes:
     """The body as the chosen provider gets it: the picked model, and no num_ctx when the
     placement already guarantees that context (a differing num_ctx makes Ollama reload)."""
@@ -173,9 +193,8 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
         outcome = outcome_from(final_metrics(data), started, ok, error)
         if not ok and healthy:
             outcome = CallOutcome(True, outcome.seconds, error=outcome.error)
-        await route.finish(outcome)  # before sending: a vanished client must not leak it
-        return Response(data, status_code=upstream.status_code,
-                        media_type=upstream.content_type or "application/json",
-                        headers=headers)
+        return SettlingResponse(data, route, outcome, status_code=upstream.status_code,
+                                media_type=upstream.content_type or "application/json",
+                                headers=headers)
 
     return RelayStream(upstream, route, started, chunk_timeout_s, headers, sse=openai)

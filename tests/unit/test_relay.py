@@ -6,7 +6,8 @@ import httpx
 import orjson
 import pytest
 import respx
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Message
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.api.relay import final_metrics, forward
@@ -29,6 +30,22 @@ def _route(outcomes: list[CallOutcome], upstream: respx.Router) -> Route:
     return Route("p", client, "m", "warm", on_done=done)
 
 
+async def _deliver(response: Response, fail_send: bool = False) -> list[Message]:
+    """Run the response as the server would; what it sent."""
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if fail_send:
+            raise OSError("client socket gone")
+        sent.append(message)
+
+    await response({"type": "http", "method": "POST", "path": "/"}, receive, send)
+    return sent
+
+
 async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure(
         upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
@@ -37,6 +54,7 @@ async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure(
     response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     assert response.status_code == 400
     assert orjson.loads(response.body)["error"] == '"m" does not support thinking'
+    await _deliver(response)
     assert outcomes[0].ok  # the provider is healthy; the circuit must not count it
 
 
@@ -44,6 +62,7 @@ async def test_upstream_5xx_counts_as_failure(upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(500, json={"error": "x"}))
     outcomes: list[CallOutcome] = []
     response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
+    await _deliver(response)
     assert response.status_code == 500 and not outcomes[0].ok
 
 
@@ -62,7 +81,20 @@ async def test_non_streaming_reports_engine_metrics(upstream: respx.Router) -> N
     outcomes: list[CallOutcome] = []
     response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
     assert response.status_code == 200
+    assert outcomes == []  # the answer goes out first; the route settles after it
+    sent = await _deliver(response)
+    assert orjson.loads(sent[-1]["body"])["prompt_eval_count"] == 42
     assert outcomes[0].prompt_eval_count == 42 and outcomes[0].load_seconds == 2.0
+
+
+async def test_a_complete_answer_settles_its_route_even_when_sending_fails(
+        upstream: respx.Router) -> None:
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(200, json={"done": True}))
+    outcomes: list[CallOutcome] = []
+    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
+    with pytest.raises(OSError):
+        await _deliver(response, fail_send=True)
+    assert len(outcomes) == 1 and outcomes[0].ok
 
 
 async def test_streaming_returns_a_stream_with_route_headers(upstream: respx.Router) -> None:
