@@ -90,6 +90,8 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await probing
             await demand.close()
+            await tickets.close()  # releases not yet written go out now
+            await local_tickets.close()
             await store.close()
             await pool.close()
 

@@ -46,7 +46,6 @@ log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
 LEARNS_RATIO = ("/api/chat", "/api/generate")
 LOAD_SPEED_ALPHA = 0.3
-SETTLE_RETRY_S = 5.0
 
 
 def normalise_model(name: str) -> str:
@@ -100,10 +99,11 @@ class Scheduler:
         prefix = secrets.token_hex(8)
         self._ticket_ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
         self._background: set[asyncio.Task[object]] = set()
-        self._settling: set[str] = set()  # providers with owed releases being written
-        # Decide-and-claim runs one call at a time in this process, so concurrent calls
-        # see each other's tickets; other sidecars are kept honest by compare-and-set.
+        # Decisions run one at a time in this process; each reserves its ticket before the
+        # next one decides, so concurrent calls see each other's claims while those are on
+        # their way to the store. Other sidecars are kept honest by compare-and-set.
         self._placing = asyncio.Lock()
+        self._pending: dict[str, Ticket] = {}
 
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
@@ -136,9 +136,17 @@ class Scheduler:
         return out
 
     def snapshot(self, now: float) -> Snapshot:
-        local = tuple(self._local_live(now))
+        local = (*self._local_live(now), *self._claims_in_flight())
         return self.view.snapshot(now, self.health(now), self.demand.view(),
                                   self.learning.load_mib_per_s, local)
+
+    def _claims_in_flight(self) -> list[Ticket]:
+        """Reserved tickets whose claim has not come back (or whose write is not yet in the
+        book: those are counted there)."""
+        if not self._pending:
+            return []
+        return [t for t in self._pending.values()
+                if t.ticket_id not in self.tickets.known(t.provider)[0].tickets]
 
     def _local_live(self, now: float) -> list[Ticket]:
         """Tickets claimed in-process while the shared store was unreachable."""
@@ -177,10 +185,12 @@ class Scheduler:
                     snapshot = self.snapshot(now)
                     decision = place(spec, snapshot, self.policy)
                     self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
-                    claimed = None
-                    if decision.placement is not None:
-                        claimed = await self.claim(decision.placement, snapshot)
-                if decision.placement is not None:
+                    ticket = self._reserve(decision.placement) if decision.placement else None
+                if decision.placement is not None and ticket is not None:
+                    try:
+                        claimed = await self.claim(decision.placement, snapshot, ticket)
+                    finally:
+                        del self._pending[ticket.ticket_id]
                     if claimed is None:
                         claim_rounds += 1
                         if claim_rounds < MAX_CLAIM_ROUNDS:
@@ -256,12 +266,22 @@ class Scheduler:
                 spec.preferred.model, retry_after_s=5)
         return Route(STATIC, static, spec.preferred.model, STATIC)
 
-    async def claim(self, placement: Placement, snapshot: Snapshot) -> Claimed | None:
-        view = next(v for v in snapshot.providers if v.name == placement.provider)
-        ticket = self.tickets.new_ticket(
+    def _new_ticket(self, placement: Placement) -> Ticket:
+        return self.tickets.new_ticket(
             next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
             cold=placement.kind in ("cold", "evict"), evicts=dict(placement.evicts),
             holder=self.holder)
+
+    def _reserve(self, placement: Placement) -> Ticket:
+        """A ticket the next decisions count while its claim is on its way to the store."""
+        ticket = self._new_ticket(placement)
+        self._pending[ticket.ticket_id] = ticket
+        return ticket
+
+    async def claim(self, placement: Placement, snapshot: Snapshot,
+                    ticket: Ticket | None = None) -> Claimed | None:
+        view = next(v for v in snapshot.providers if v.name == placement.provider)
+        ticket = ticket or self._new_ticket(placement)
         local = False
         needs_slot = placement.kind in ("warm", "loading") and placement.step in (1, 2)
         try:
@@ -314,21 +334,6 @@ class Scheduler:
             with contextlib.suppress(StoreUnavailable):
                 await self.book(claimed).renew(claimed.ticket)
 
-    async def settle_when_back(self, provider: str) -> None:
-        """Write owed releases once the store answers again, so other sidecars stop
-        counting them before they expire."""
-        self._settling.add(provider)
-        try:
-            while self.tickets.owes(provider):
-                seen = self.store.changes.value
-                if self.store.connected:
-                    with contextlib.suppress(StoreUnavailable):
-                        await self.tickets.settle(provider)
-                        continue
-                await self.store.changes.wait_past(seen, SETTLE_RETRY_S)
-        finally:
-            self._settling.discard(provider)
-
     def _finisher(self, claimed: Claimed, call: CallRequest, route: Route,
                   renewer: asyncio.Task[None]) -> Callable[[CallOutcome], Awaitable[None]]:
         placement = claimed.placement
@@ -351,8 +356,6 @@ class Scheduler:
                 log.warning("ticket release not written; no longer counted here, written "
                             "when the store is back", provider=placement.provider,
                             ticket=claimed.ticket.ticket_id)
-                if placement.provider not in self._settling:
-                    self._spawn(self.settle_when_back(placement.provider))
             if outcome.ok:
                 if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
                     self.learning.ratio = self.learning.ratio.observe(

@@ -2,19 +2,22 @@
 
 Read the provider's ticket set, check the budget (the core's pure rule), write it back at
 the revision read; on a conflict, back off with jitter and try again, a bounded number of
-times. A per-process lock per provider removes in-pod contention (NATS-KV.md §4). Release
+times. One write per provider is in flight per process (NATS-KV.md §4); changes that queue
+up behind it go out together in the next one, each checked in order. Release
 runs in `finally`; a dead holder's ticket stops counting at its expiry.
 
-A release that cannot be written (the store is down) is owed: this process stops counting
-the ticket at once, and the next write to that provider's set, or `settle`, removes it.
+A release is owed to the store from the moment it is asked for: this process stops counting
+the ticket at once, and the next write to that provider's set carries it (a claim's, or a
+delayed write of its own, retried while the store is away).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 
 from proxy.core.occupancy import ticket_budget_ok
@@ -25,6 +28,17 @@ from proxy.service.codec import Residency, TicketSet, merge_residency, token
 
 DEFAULT_TTL_S = 60.0
 MAX_ATTEMPTS = 8
+RELEASE_DELAY_S = 0.05  # how long a plain release may wait for a write to ride along with
+SETTLE_RETRY_S = 5.0  # while the store is away, how often to try owed writes again
+
+
+Change = Callable[[TicketSet, float], "TicketSet | str | None"]
+
+
+@dataclass(slots=True)
+class _Queued:
+    change: Change
+    result: asyncio.Future[ClaimResult]
 
 
 @dataclass(frozen=True)
@@ -37,21 +51,23 @@ class ClaimResult:
 
 class TicketBook:
     def __init__(self, store: StateStore, policy: Policy, ttl_s: float = DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 release_delay_s: float = RELEASE_DELAY_S) -> None:
         self.store = store
         self.policy = policy
         self.ttl_s = ttl_s
         self.clock = clock
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.release_delay_s = release_delay_s
+        self._queued: dict[str, list[_Queued]] = {}  # changes waiting for the next write
+        self._writing: set[str] = set()  # providers with a write in flight
+        self._writers: set[asyncio.Task[None]] = set()
+        self._flushing: set[str] = set()  # providers with a delayed write of owed releases
         # The newest ticket set known per provider, decoded: the watched mirror's or what
         # this process wrote last (read-your-writes before the watch delivers it). Decoding
         # once per revision matters: with 32 calls in flight a set holds 32 tickets.
         self._known: dict[str, tuple[int, TicketSet]] = {}
         # provider -> ticket id -> expiry: released here but not yet written to the store.
         self._owed: dict[str, dict[str, float]] = {}
-
-    def _lock(self, provider: str) -> asyncio.Lock:
-        return self._locks.setdefault(provider, asyncio.Lock())
 
     def known(self, provider: str) -> tuple[TicketSet, int]:
         """The newest ticket set this process has seen for `provider` (owed releases left
@@ -100,44 +116,106 @@ class TicketBook:
             return self._newest(provider)
         return self._remember(provider, await self.store.get(PROVIDER_TICKETS, token(provider)))
 
-    async def _mutate(self, provider: str,
-                      change: Callable[[TicketSet, float], TicketSet | str | None]
-                      ) -> ClaimResult:
+    async def _mutate(self, provider: str, change: Change) -> ClaimResult:
         """Apply `change` to the live ticket set with compare-and-set, retrying conflicts.
 
         `change` returns the new set, None for "nothing to write", or a refusal reason.
+        Changes queued while a write is in flight go out together in the next one (group
+        commit): a burst of claims and releases costs a few round trips, not one each.
         """
+        mine = _Queued(change, asyncio.get_running_loop().create_future())
+        queue = self._queued.setdefault(provider, [])
+        queue.append(mine)
+        if provider in self._writing:  # ours goes out with the next write; wait for it
+            try:
+                return await mine.result
+            except asyncio.CancelledError:
+                if mine in queue:
+                    queue.remove(mine)
+                raise
+        self._writing.add(provider)  # nobody is writing: write now, on this task
+        try:
+            await self._write_queued(provider, queue, leader=mine)
+        finally:
+            if queue:  # queued meanwhile: a writer task takes them on
+                self._spawn(self._drain(provider, queue))
+            else:
+                self._writing.discard(provider)
+        return mine.result.result()
+
+    async def _drain(self, provider: str, queue: list[_Queued]) -> None:
+        try:
+            while queue:
+                await self._write_queued(provider, queue)
+        finally:
+            self._writing.discard(provider)
+
+    async def _write_queued(self, provider: str, queue: list[_Queued],
+                            leader: _Queued | None = None) -> None:
+        batch = queue[:]
+        queue.clear()
+        try:
+            await self._commit(provider, batch)
+        except Exception as exc:  # the store is down (or worse): every change in it failed
+            for item in batch:
+                if not item.result.done():
+                    item.result.set_exception(exc)
+        except BaseException:
+            # Cancelled mid-write: the others' changes go out with the next write.
+            queue[:0] = [q for q in batch if q is not leader and not q.result.done()]
+            raise
+
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._writers.add(task)
+        task.add_done_callback(self._writers.discard)
+
+    async def _commit(self, provider: str, batch: list[_Queued]) -> None:
+        """Write `batch`, applied in order, in one compare-and-set; resolve each result."""
         conflicts = 0
         delay = 0.0005
-        async with self._lock(provider):
-            for attempt in range(1, MAX_ATTEMPTS + 1):
-                # A stale first read only costs a conflict: the server checks the revision.
-                current, revision = await self._read(provider, fresh=attempt > 1)
-                now = self.clock()
-                live = current.live(now)
-                settled = set(self._owed.get(provider, ()))
-                base = self._without_owed(provider, live)
-                outcome = change(base, now)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            # A stale first read only costs a conflict: the server checks the revision.
+            current, revision = await self._read(provider, fresh=attempt > 1)
+            now = self.clock()
+            live = current.live(now)
+            settled = set(self._owed.get(provider, ()))
+            state = self._without_owed(provider, live)
+            dirty = len(state.tickets) != len(live.tickets)  # owed releases to write
+            results: list[tuple[bool, str]] = []
+            for item in batch:
+                if item.result.done():  # its caller was cancelled before we got here
+                    results.append((False, "cancelled"))
+                    continue
+                outcome = item.change(state, now)
                 if outcome is None:
-                    if len(base.tickets) == len(live.tickets):
-                        self._settled(provider, settled)  # none of them is in the set
-                        return ClaimResult(True, "unchanged", attempt, conflicts)
-                    outcome = base  # nothing new, but owed releases to write
-                if isinstance(outcome, str):
-                    return ClaimResult(False, outcome, attempt, conflicts)
+                    results.append((True, "unchanged"))
+                elif isinstance(outcome, str):
+                    results.append((False, outcome))
+                else:
+                    state, dirty = outcome, True
+                    results.append((True, "written"))
+            if dirty:
                 try:
                     new_revision = await self.store.cas(PROVIDER_TICKETS, token(provider),
-                                                        outcome.encode(), revision)
-                    self._known[provider] = (new_revision, outcome)
-                    self._settled(provider, settled)
-                    return ClaimResult(True, "written", attempt, conflicts)
+                                                        state.encode(), revision)
                 except CasConflict:
                     conflicts += 1
                     if attempt > 1:  # a real race, not just a lagging mirror: back off
                         await asyncio.sleep(random.uniform(0, delay))
                         delay = min(delay * 2, 0.004)
-        return ClaimResult(False, f"gave up after {MAX_ATTEMPTS} conflicting writes",
-                           MAX_ATTEMPTS, conflicts)
+                    continue
+                self._known[provider] = (new_revision, state)
+            self._settled(provider, settled)  # written now, or in no set any more
+            for item, (ok, reason) in zip(batch, results, strict=True):
+                if not item.result.done():  # done: its caller was cancelled
+                    item.result.set_result(ClaimResult(ok, reason, attempt, conflicts))
+            return
+        for item in batch:
+            if not item.result.done():
+                item.result.set_result(ClaimResult(
+                    False, f"gave up after {MAX_ATTEMPTS} conflicting writes", MAX_ATTEMPTS,
+                    conflicts))
 
     def _settled(self, provider: str, ticket_ids: set[str]) -> None:
         owed = self._owed.get(provider)
@@ -170,29 +248,64 @@ class TicketBook:
 
     async def release(self, ticket: Ticket, leave_resident: Residency | None = None,
                       drop_residents: tuple[str, ...] = ()) -> ClaimResult:
-        """Remove the ticket; record the model it leaves loaded; forget unloaded victims."""
+        """Remove the ticket; record the model it leaves loaded; forget unloaded victims.
+
+        The ticket stops counting here at once. A plain release is written with the next
+        write to the provider's set (a claim's, typically) or within `release_delay_s`, so it
+        never holds up the claim that follows it; one that changes residents is written now.
+        """
+        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock() + self.ttl_s
+        self.store.changes.bump()  # calls waiting for this room decide again
+        if leave_resident is None and not drop_residents:
+            self._write_soon(ticket.provider)
+            return ClaimResult(True, "owed")
 
         def remove(current: TicketSet, now: float) -> TicketSet | str | None:
             residents = {m: r for m, r in current.residents.items() if m not in drop_residents}
             if leave_resident is not None:
                 residents[ticket.model] = leave_resident
-            if ticket.ticket_id not in current.tickets and residents == current.residents:
-                return None
-            tickets = {k: t for k, t in current.tickets.items() if k != ticket.ticket_id}
-            return TicketSet(tickets, residents)
+            if residents == current.residents:
+                return None  # the ticket itself is owed: the write carries it anyway
+            return TicketSet(current.tickets, residents)
 
         try:
             return await self._mutate(ticket.provider, remove)
         except StoreUnavailable:
-            # Stop counting it here now; write it when the store is back (`settle`).
-            owed = self._owed.setdefault(ticket.provider, {})
-            owed[ticket.ticket_id] = self.clock() + self.ttl_s
-            self.store.changes.bump()  # calls waiting for this room decide again
+            self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
+
+    def _write_soon(self, provider: str) -> None:
+        if provider not in self._flushing:
+            self._flushing.add(provider)
+            self._spawn(self._write_owed(provider))
+
+    async def _write_owed(self, provider: str) -> None:
+        """Write what is owed for `provider` after a short delay (later writes may carry it
+        first); while the store is away, again each time it may be back."""
+        try:
+            await asyncio.sleep(self.release_delay_s)
+            while self.owes(provider):
+                seen = self.store.changes.value
+                if self.store.connected:
+                    with contextlib.suppress(StoreUnavailable):
+                        await self.settle(provider)
+                        continue
+                await self.store.changes.wait_past(seen, SETTLE_RETRY_S)
+        finally:
+            self._flushing.discard(provider)
 
     async def settle(self, provider: str) -> ClaimResult:
         """Write the releases owed for `provider` (a no-op when none are)."""
         return await self._mutate(provider, lambda current, now: None)
+
+    async def close(self) -> None:
+        """Write what is owed (best effort) and stop the background writers."""
+        for provider in list(self._owed):
+            if self.owes(provider) and self.store.connected:
+                with contextlib.suppress(StoreUnavailable):
+                    await self.settle(provider)
+        for task in list(self._writers):
+            task.cancel()
 
     async def renew(self, ticket: Ticket) -> ClaimResult:
         def extend(current: TicketSet, now: float) -> TicketSet | str | None:

@@ -7,9 +7,11 @@ answer ~6 ms; the ratios the scheduler reasons about are those of a real fleet.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -19,7 +21,10 @@ import pytest
 from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
-from tests.conftest import eventually
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.app import build_app
+from proxy.settings import load_settings
+from tests.conftest import eventually, provider_entry
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -371,6 +376,33 @@ def test_a_call_in_flight_when_nats_goes_down_leaves_no_phantom_ticket(
                           ), tickets
     finally:
         server.cleanup()
+
+
+class SlowWrites(MemoryStore):
+    """The embedded store with a round trip on every write, as NATS has."""
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        await asyncio.sleep(0.02)
+        return await super().cas(bucket, key, value, last_revision)
+
+
+def test_calls_decide_knowing_the_claims_still_on_their_way(sim_factory: Sims) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)  # one slot
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"})
+    settings = load_settings(providers=[provider_entry(gpu)])
+    server = ThreadedServer(build_app(settings, SlowWrites()), name="sidecar").start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda _: chat(server.url, "qwen3:8b"), range(4)))
+        assert [r.status_code for r in replies] == [200] * 4
+        # Each decision counted the others' claims while their writes were in flight, so no
+        # claim was refused for a slot another call had just taken.
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'kubemoot_ticket_claims_total{result="won"} 4.0' in metrics
+        assert 'result="refused"' not in metrics
+        assert gpu.sim.stats.loads == 1  # the warm-up; nobody loaded a second copy
+    finally:
+        server.stop()
 
 
 def test_explain_is_a_dry_run(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
