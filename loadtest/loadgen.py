@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -44,11 +45,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def bodies(stream: bool, body: dict[str, object] | None, predict: tuple[int, int] | None
+           ) -> list[bytes]:
+    """The request bodies a run draws from: one, or one per answer length in `predict`."""
+    payload = {**(body or BODY), "stream": stream}
+    if predict is None:
+        return [orjson.dumps(payload)]
+    low, high = predict
+    return [orjson.dumps({**payload, "options": {"num_predict": n}})
+            for n in range(low, high + 1)]
+
+
 async def run_load(url: str, concurrency: int, calls_per_worker: int, stream: bool,
-                   body: dict[str, object] | None = None, path: str = "/api/chat") -> Sample:
-    payload = dict(body or BODY)
-    payload["stream"] = stream
-    data = orjson.dumps(payload)
+                   body: dict[str, object] | None = None, path: str = "/api/chat",
+                   predict: tuple[int, int] | None = None, seed: int = 7) -> Sample:
+    """`predict`: answer lengths drawn uniformly from this range (same draws for the same
+    seed), so workers drift out of step as real agents do; None: every answer alike."""
+    choices = bodies(stream, body, predict)
+    draw = random.Random(seed)
     headers = {"content-type": "application/json"}
     latencies: list[float] = []
     first_calls: list[float] = []
@@ -61,6 +75,7 @@ async def run_load(url: str, concurrency: int, calls_per_worker: int, stream: bo
             nonlocal errors
             for index in range(calls_per_worker + 1):
                 timed = first_calls if index == 0 else latencies
+                data = choices[draw.randrange(len(choices))]
                 started = time.perf_counter()
                 try:
                     async with session.post(path, data=data, headers=headers) as response:

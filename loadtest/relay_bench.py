@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--relay-only", action="store_true",
                         help="no providers, only KUBEMOOT_MODEL_ENDPOINT: the plain relay "
                              "with no placement and no tickets")
+    parser.add_argument("--varied", action="store_true",
+                        help="answer lengths drawn from 4-28 tokens (mean 16, the default) "
+                             "instead of all 16: workers drift out of step as real agents "
+                             "do, instead of arriving in lock-step bursts")
     parser.add_argument("--pin", action="store_true",
                         help="give the sidecar CPU 1 and the simulator and load generator "
                              "CPU 0, as a sidecar container with its own core would have")
@@ -75,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_load(proxied, 4, 20, False))  # warm: model loaded, pools open
         path = "plain relay (static endpoint)" if args.relay_only else "placed path"
         print(f"# sidecar {path} vs direct, {'NATS' if nats else 'embedded'} state"
-              f"{', sidecar pinned to its own CPU' if args.pin else ''}, "
+              f"{', sidecar pinned to its own CPU' if args.pin else ''}"
+              f"{', answer lengths 4-28 tokens' if args.varied else ''}, "
               f"{args.calls} calls x {args.rounds} rounds per cell; ms")
+        predict = (4, 28) if args.varied else None
         print("mode        conc  direct_p50 direct_p99  proxy_p50 proxy_p99  added_p50 "
               "added_p99  cpu_us/call  burst_added_max")
         for stream in (False, True):
@@ -84,9 +90,9 @@ def main(argv: list[str] | None = None) -> None:
                 per_worker = max(1, args.calls // level)
                 d50, d99, p50, p99, cpu_us, burst = [], [], [], [], [], []
                 for _ in range(args.rounds):
-                    d = asyncio.run(run_load(direct, level, per_worker, stream))
+                    d = asyncio.run(run_load(direct, level, per_worker, stream, predict=predict))
                     before = cpu_seconds(sidecar.pid)
-                    p = asyncio.run(run_load(proxied, level, per_worker, stream))
+                    p = asyncio.run(run_load(proxied, level, per_worker, stream, predict=predict))
                     cpu_us.append(1e6 * (cpu_seconds(sidecar.pid) - before) / max(1, p.calls))
                     burst.append(p.first_max_ms - d.first_max_ms)
                     d50.append(d.p50_ms)
