@@ -107,6 +107,9 @@ class RelayStream(StreamingResponse):
             self._error = f"provider {self.route.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
                                                                                self.sse)
+        # Before the stream's end reaches the client: its next call must find this one's
+        # ticket gone. (A client that leaves mid-stream is settled by __call__.)
+        await self._settle()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -115,9 +118,12 @@ class RelayStream(StreamingResponse):
             await asyncio.shield(self._settle())
 
     async def _settle(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.upstream.aclose()
-        await self.route.finish(outcome_from(self._final, self.started, self._ok, self._error))
+        try:
+            await self.route.finish(outcome_from(self._final, self.started, self._ok,
+                                                 self._error))
+        finally:
+            with contextlib.suppress(Exception):
+                await self.upstream.aclose()
 
 
 class SettlingResponse(Response):

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 
 from proxy.adapters.ollama import UpstreamError
@@ -145,8 +145,14 @@ class Scheduler:
         book: those are counted there)."""
         if not self._pending:
             return []
-        return [t for t in self._pending.values()
-                if t.ticket_id not in self.tickets.known(t.provider)[0].tickets]
+        known: dict[str, Mapping[str, Ticket]] = {}
+        out = []
+        for ticket in self._pending.values():
+            if ticket.provider not in known:
+                known[ticket.provider] = self.tickets.known(ticket.provider)[0].tickets
+            if ticket.ticket_id not in known[ticket.provider]:
+                out.append(ticket)
+        return out
 
     def _local_live(self, now: float) -> list[Ticket]:
         """Tickets claimed in-process while the shared store was unreachable."""

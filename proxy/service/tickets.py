@@ -68,6 +68,10 @@ class TicketBook:
         self._known: dict[str, tuple[int, TicketSet]] = {}
         # provider -> ticket id -> expiry: released here but not yet written to the store.
         self._owed: dict[str, dict[str, float]] = {}
+        self._owed_changes = 0  # bumped whenever any owed entry comes or goes
+        # provider -> (set filtered, _owed_changes then, the set without owed tickets): every
+        # snapshot asks, and releases are owed most of the time under load.
+        self._filtered: dict[str, tuple[TicketSet, int, TicketSet]] = {}
 
     def known(self, provider: str) -> tuple[TicketSet, int]:
         """The newest ticket set this process has seen for `provider` (owed releases left
@@ -89,14 +93,22 @@ class TicketBook:
         now = self.clock()
         for ticket_id in [k for k, expiry in owed.items() if expiry <= now]:
             del owed[ticket_id]  # expired: gone from every set by itself
+            self._owed_changes += 1
         return owed
 
     def _without_owed(self, provider: str, tickets: TicketSet) -> TicketSet:
         owed = self._owed_now(provider)
-        if not owed or not any(k in tickets.tickets for k in owed):
+        if not owed:
             return tickets
-        return TicketSet({k: t for k, t in tickets.tickets.items() if k not in owed},
-                         tickets.residents)
+        cached = self._filtered.get(provider)
+        if cached is not None and cached[0] is tickets and cached[1] == self._owed_changes:
+            return cached[2]
+        result = tickets
+        if any(k in tickets.tickets for k in owed):
+            result = TicketSet({k: t for k, t in tickets.tickets.items() if k not in owed},
+                               tickets.residents)
+        self._filtered[provider] = (tickets, self._owed_changes, result)
+        return result
 
     def owes(self, provider: str) -> bool:
         """Whether a release for `provider` still has to be written."""
@@ -219,9 +231,10 @@ class TicketBook:
 
     def _settled(self, provider: str, ticket_ids: set[str]) -> None:
         owed = self._owed.get(provider)
-        if owed:
+        if owed and ticket_ids:
             for ticket_id in ticket_ids:
                 owed.pop(ticket_id, None)
+            self._owed_changes += 1
 
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
                    cold: bool, evicts: dict[str, int], holder: str) -> Ticket:
@@ -255,6 +268,7 @@ class TicketBook:
         never holds up the claim that follows it; one that changes residents is written now.
         """
         self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock() + self.ttl_s
+        self._owed_changes += 1
         self.store.changes.bump()  # calls waiting for this room decide again
         if leave_resident is None and not drop_residents:
             self._write_soon(ticket.provider)

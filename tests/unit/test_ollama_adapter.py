@@ -4,44 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from proxy.adapters.ollama import OllamaClient, Timeouts, UpstreamError
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def _serve(handler: Handler) -> AsyncIterator[str]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-
-
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    await reader.readexactly(length)
-    return head
-
-
-def _answering(raw: bytes, heads: list[bytes] | None = None) -> Handler:
-    """A server that reads one request (keeping its head), writes `raw` and hangs up."""
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await _read_request(reader)
-        if heads is not None:
-            heads.append(head.lower())
-        writer.write(raw)
-        await writer.drain()
-        writer.close()
-
-    return answer
+from tests.unit.raw_server import answering, read_request, serve
 
 
 def _closed_port() -> int:
@@ -62,10 +29,10 @@ async def test_refused_connection_is_named_as_such_not_as_a_timeout() -> None:
 
 async def test_no_answer_within_the_first_byte_limit_is_a_timeout() -> None:
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         await asyncio.sleep(5)
 
-    async for url in _serve(stall):
+    async for url in serve(stall):
         client = OllamaClient(url, Timeouts(connect_s=1, first_byte_s=0.2, chunk_s=1))
         with pytest.raises(UpstreamError, match="timed out"):
             await client.open("/api/chat", b"{}")
@@ -73,9 +40,9 @@ async def test_no_answer_within_the_first_byte_limit_is_a_timeout() -> None:
 
 
 async def test_a_body_cut_short_fails_after_the_first_byte() -> None:
-    cut = _answering(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+    cut = answering(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
                      b"transfer-encoding: chunked\r\n\r\n6\r\n{\"a\":1\r\n")
-    async for url in _serve(cut):
+    async for url in serve(cut):
         client = OllamaClient(url, Timeouts(1, 1, 1))
         response = await client.open("/api/chat", b"{}")
         assert response.status_code == 200
@@ -92,9 +59,9 @@ async def test_a_body_cut_short_fails_after_the_first_byte() -> None:
 
 async def test_calls_ask_for_an_uncompressed_answer() -> None:
     heads: list[bytes] = []
-    answer = _answering(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    answer = answering(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                         b"content-length: 2\r\n\r\n{}", heads)
-    async for url in _serve(answer):
+    async for url in serve(answer):
         client = OllamaClient(url, Timeouts(1, 1, 1))
         response = await client.open("/api/chat", b"{}")
         assert await response.read() == b"{}"

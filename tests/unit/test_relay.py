@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import httpx
 import orjson
 import pytest
@@ -12,6 +15,7 @@ from starlette.types import Message
 from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.api.relay import final_metrics, forward
 from proxy.service.routing import CallOutcome, Route
+from tests.unit.raw_server import answering, serve
 
 BASE = "http://ollama.test:11434"
 
@@ -30,16 +34,20 @@ def _route(outcomes: list[CallOutcome], upstream: respx.Router) -> Route:
     return Route("p", client, "m", "warm", on_done=done)
 
 
-async def _deliver(response: Response, fail_send: bool = False) -> list[Message]:
-    """Run the response as the server would; what it sent."""
+async def _deliver(response: Response, fail_send: bool = False,
+                   on_send: Callable[[Message], None] | None = None) -> list[Message]:
+    """Run the response as the server would, for a client that stays; what it sent."""
     sent: list[Message] = []
 
     async def receive() -> Message:
-        return {"type": "http.disconnect"}
+        await asyncio.Event().wait()  # the client never leaves
+        raise AssertionError
 
     async def send(message: Message) -> None:
         if fail_send:
             raise OSError("client socket gone")
+        if on_send is not None:
+            on_send(message)
         sent.append(message)
 
     await response({"type": "http", "method": "POST", "path": "/"}, receive, send)
@@ -105,6 +113,30 @@ async def test_streaming_returns_a_stream_with_route_headers(upstream: respx.Rou
     assert isinstance(response, StreamingResponse)
     assert response.headers["x-kubemoot-provider"] == "p"
     assert response.headers["x-kubemoot-placement"] == "warm"
+
+
+async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
+    body = b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'
+    raw = (b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+           b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    outcomes: list[CallOutcome] = []
+    settled_at_end: list[bool] = []
+
+    def check(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            settled_at_end.append(len(outcomes) == 1)
+
+    async def done(outcome: CallOutcome) -> None:
+        outcomes.append(outcome)
+
+    async for url in serve(answering(raw)):
+        client = OllamaClient(url, Timeouts(1, 1, 1))
+        route = Route("p", client, "m", "warm", on_done=done)
+        response = await forward(route, "/api/chat", {"model": "m"}, True, 1)
+        await _deliver(response, on_send=check)
+        await client.close()
+    # The client's next call may come as soon as the stream ends: the ticket must be gone.
+    assert settled_at_end == [True] and outcomes[0].prompt_eval_count == 3
 
 
 @pytest.mark.parametrize(
