@@ -45,8 +45,10 @@ async def worker(url: str, tasks: int, seconds: float, hold_ms: float, total_mib
     async def claimer() -> None:
         nonlocal refused, conflicts
         while time.monotonic() < deadline:
-            ticket = book.new_ticket(uuid.uuid4().hex, PROVIDER, "m", ticket_mib, True, {},
-                                     "race")
+            ticket_id = uuid.uuid4().hex
+            # A model of its own: two loads of one model are refused by rule, not by budget.
+            ticket = book.new_ticket(ticket_id, PROVIDER, f"m-{ticket_id}", ticket_mib, True,
+                                     {}, "race")
             t0 = time.perf_counter()
             result = await book.claim(ticket, view)
             latencies.append(time.perf_counter() - t0)
