@@ -28,7 +28,7 @@ from proxy.service.codec import Residency, TicketSet, merge_residency, token
 
 DEFAULT_TTL_S = 60.0
 MAX_ATTEMPTS = 8
-RELEASE_DELAY_S = 0.005  # how long a plain release may wait for a write to ride along with
+RELEASE_DELAY_S = 0.05  # how long a plain release may wait for a write to ride along with
 SETTLE_RETRY_S = 5.0  # while the store is away, how often to try owed writes again
 
 
