@@ -356,8 +356,11 @@ class Scheduler:
             if placement.kind in ("cold", "evict"):
                 # The model stays loaded after the ticket goes: count it at once.
                 stays = Residency(placement.footprint_mib, placement.context_length, now)
+            release = self.book(claimed).release(claimed.ticket, stays)
             try:
-                await asyncio.shield(self.book(claimed).release(claimed.ticket, stays))
+                # A plain release finishes without suspending; one that records a model left
+                # loaded writes at once, and that write must survive a cancelled caller.
+                await (asyncio.shield(release) if stays is not None else release)
             except StoreUnavailable:
                 log.warning("ticket release not written; no longer counted here, written "
                             "when the store is back", provider=placement.provider,
