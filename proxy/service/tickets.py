@@ -121,11 +121,12 @@ class TicketBook:
         self._known[provider] = (entry.revision, tickets)
         return tickets, entry.revision
 
-    async def _read(self, provider: str, fresh: bool) -> tuple[TicketSet, int]:
-        """The ticket set and its revision: the newest known on a first attempt, the
-        server's after a conflict."""
-        if not fresh:
-            return self._newest(provider)
+    async def _read(self, provider: str, stale: int | None) -> tuple[TicketSet, int]:
+        """The ticket set and its revision: the newest known, unless a write at revision
+        `stale` just conflicted and nothing newer has been watched since: then the server's."""
+        tickets, revision = self._newest(provider)
+        if stale is None or revision > stale:
+            return tickets, revision  # the watch already brought the write we lost to
         return self._remember(provider, await self.store.get(PROVIDER_TICKETS, token(provider)))
 
     async def _mutate(self, provider: str, change: Change) -> ClaimResult:
@@ -186,9 +187,10 @@ class TicketBook:
         """Write `batch`, applied in order, in one compare-and-set; resolve each result."""
         conflicts = 0
         delay = 0.0005
+        conflicted_at: int | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            # A stale first read only costs a conflict: the server checks the revision.
-            current, revision = await self._read(provider, fresh=attempt > 1)
+            # A stale read only costs a conflict: the server checks the revision.
+            current, revision = await self._read(provider, conflicted_at)
             now = self.clock()
             live = current.live(now)
             settled = set(self._owed.get(provider, ()))
@@ -213,6 +215,7 @@ class TicketBook:
                                                         state.encode(), revision)
                 except CasConflict:
                     conflicts += 1
+                    conflicted_at = revision
                     if attempt > 1:  # a real race, not just a lagging mirror: back off
                         await asyncio.sleep(random.uniform(0, delay))
                         delay = min(delay * 2, 0.004)
