@@ -82,11 +82,13 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
             await prober.round()
         probing = asyncio.create_task(prober.run(settings.probe_interval_seconds, to_probe))
         plans.start()
+        scheduler.start()
         try:
             yield
         finally:
             probing.cancel()
             await plans.close()
+            await scheduler.close()
             with contextlib.suppress(asyncio.CancelledError):
                 await probing
             await demand.close()

@@ -33,12 +33,6 @@ class HeldPlan:
     created: float
     intents: tuple[str, ...]
     loader: asyncio.Task[None] | None = None
-    renewer: asyncio.Task[None] | None = None
-
-    def stop_tasks(self) -> None:
-        for task in (self.loader, self.renewer):
-            if task is not None:
-                task.cancel()
 
 
 class PlanBook:
@@ -92,7 +86,7 @@ class PlanBook:
                     "reason": decision.reason}
         placement = claimed.placement
         plan = HeldPlan(thread, claimed, spec, time.monotonic(), acceptable)
-        plan.renewer = asyncio.create_task(s.renew_forever(claimed))
+        s.hold(claimed)
         if placement.kind in ("cold", "evict"):
             plan.loader = asyncio.create_task(self._load(claimed))
         self.plans[thread] = plan
@@ -115,7 +109,9 @@ class PlanBook:
         plan = self.plans.pop(thread, None)
         if plan is None:
             return False
-        plan.stop_tasks()
+        if plan.loader is not None:
+            plan.loader.cancel()
+        self.scheduler.unhold(plan.claimed)
         with contextlib.suppress(Exception):
             await self.scheduler.book(plan.claimed).release(plan.claimed.ticket)
         for m in plan.intents:
@@ -140,8 +136,6 @@ class PlanBook:
         plan = self.plans.pop(call.thread, None) if call.thread else None
         if plan is not None:
             if self._still_good(plan, call):
-                if plan.renewer is not None:
-                    plan.renewer.cancel()  # the call renews its own ticket from here
                 for m in plan.intents:
                     await self.scheduler.demand.drop_intent(m)
                 spec = self.scheduler.spec(call, plan.spec.candidates)

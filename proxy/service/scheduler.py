@@ -104,6 +104,8 @@ class Scheduler:
         # their way to the store. Other sidecars are kept honest by compare-and-set.
         self._placing = asyncio.Lock()
         self._pending: dict[str, Ticket] = {}
+        self._held: dict[str, Claimed] = {}  # tickets of calls and plans in progress
+        self._renewing: asyncio.Task[None] | None = None
 
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
@@ -320,32 +322,50 @@ class Scheduler:
         stats = self.stats[placement.provider]
         self.stats[placement.provider] = replace(
             stats, breaker=stats.breaker.start_trial(self.clock()))
-        renewer = asyncio.create_task(self.renew_forever(claimed))
+        self.hold(claimed)
         route = Route(placement.provider, client, placement.model, placement.kind,
                       evicted=tuple(placement.evicts), waited_ms=waited_ms,
                       strip_num_ctx=bool(placement.context_length),
                       estimated_tokens=spec.prompt_tokens)
-        route.on_done = self._finisher(claimed, call, route, renewer)
+        route.on_done = self._finisher(claimed, call, route)
         route.retry = self._retry_elsewhere(call, spec, placement.provider)
         return route
 
     def book(self, claimed: Claimed) -> TicketBook:
         return self.local_tickets if claimed.local else self.tickets
 
-    async def renew_forever(self, claimed: Claimed) -> None:
-        """Keep a held ticket counted while its call (or plan) lives."""
+    def hold(self, claimed: Claimed) -> None:
+        """Keep a ticket counted while its call (or plan) lives: the renewal sweep renews it."""
+        self._held[claimed.ticket.ticket_id] = claimed
+
+    def unhold(self, claimed: Claimed) -> None:
+        self._held.pop(claimed.ticket.ticket_id, None)
+
+    def start(self) -> None:
+        self._renewing = asyncio.create_task(self._renew_held())
+
+    async def close(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewing
+
+    async def _renew_held(self) -> None:
+        """Every third of the TTL, renew every held ticket: one task for all of them, and
+        the renewals of one GPU share a write."""
         period = self.tickets.ttl_s / 3
         while True:
             await asyncio.sleep(period)
-            with contextlib.suppress(StoreUnavailable):
-                await self.book(claimed).renew(claimed.ticket)
+            held = list(self._held.values())
+            await asyncio.gather(*(self.book(c).renew(c.ticket) for c in held),
+                                 return_exceptions=True)  # unreachable store: next sweep
 
-    def _finisher(self, claimed: Claimed, call: CallRequest, route: Route,
-                  renewer: asyncio.Task[None]) -> Callable[[CallOutcome], Awaitable[None]]:
+    def _finisher(self, claimed: Claimed, call: CallRequest, route: Route
+                  ) -> Callable[[CallOutcome], Awaitable[None]]:
         placement = claimed.placement
 
         async def done(outcome: CallOutcome) -> None:
-            renewer.cancel()
+            self.unhold(claimed)
             now = self.clock()
             stats = self.stats[placement.provider].record(outcome.ok, outcome.seconds, now)
             self.stats[placement.provider] = stats

@@ -378,6 +378,18 @@ def test_a_call_in_flight_when_nats_goes_down_leaves_no_phantom_ticket(
         server.cleanup()
 
 
+def test_a_call_longer_than_the_ticket_ttl_keeps_its_ticket(sim_factory: Sims,
+                                                            sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=0.1)  # 2 ms per token
+    url = sidecar_factory([gpu], ticket_ttl_seconds=5).url
+    started = threading.Event()
+    streaming = stream_in_background(url, "qwen3:8b", 3200, started)  # ~6.4 s
+    time.sleep(5.6)  # past the TTL: only the renewal sweep keeps it counted
+    assert len(httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]) == 1
+    streaming.join(20)
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"])
+
+
 class SlowWrites(MemoryStore):
     """The embedded store with a round trip on every write, as NATS has."""
 
