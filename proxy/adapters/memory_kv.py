@@ -22,6 +22,7 @@ class MemoryStore:
         # placement's path and must not cost a pass over the bucket.
         self._next_expiry = {b.name: math.inf for b in buckets}
         self._revision = 0
+        self._versions = {b.name: 0 for b in buckets}
         self.changes = ChangeCounter()
 
     async def start(self) -> None:
@@ -42,11 +43,16 @@ class MemoryStore:
         for key in [k for k, at in written_at.items() if now - at > ttl]:
             del written_at[key]
             del self._entries[bucket][key]
+            self._versions[bucket] += 1
         self._next_expiry[bucket] = min(written_at.values(), default=math.inf) + ttl
 
     def view(self, bucket: str) -> Mapping[str, Entry]:
         self._expire(bucket)
         return self._views[bucket]
+
+    def version(self, bucket: str) -> int:
+        self._expire(bucket)
+        return self._versions[bucket]
 
     async def get(self, bucket: str, key: str) -> Entry | None:
         return self.view(bucket).get(key)
@@ -57,6 +63,7 @@ class MemoryStore:
         self._entries[bucket][key] = Entry(key, value, self._revision)
         self._written_at[bucket][key] = now
         self._next_expiry[bucket] = min(self._next_expiry[bucket], now + self._ttl[bucket])
+        self._versions[bucket] += 1
         self.changes.bump()
         return self._revision
 
@@ -73,4 +80,5 @@ class MemoryStore:
     async def delete(self, bucket: str, key: str) -> None:
         self._written_at[bucket].pop(key, None)
         if self._entries[bucket].pop(key, None) is not None:
+            self._versions[bucket] += 1
             self.changes.bump()

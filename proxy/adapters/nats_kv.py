@@ -103,6 +103,7 @@ class NatsStore:
         self._nc: Any = None
         self._kv: dict[str, Any] = {}
         self._mirror: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
+        self._versions = {b.name: 0 for b in buckets}
         self._watch_tasks: list[asyncio.Task[None]] = []
         self._watchers: list[Any] = []
         self._connected = False
@@ -187,6 +188,7 @@ class NatsStore:
                     ">", inactive_threshold=WATCH_INACTIVE_S)
                 self._watchers.append(watcher)
                 self._mirror[spec.name] = {}
+                self._versions[spec.name] += 1
                 self._watch_tasks.append(asyncio.create_task(
                     self._drain(spec.name, watcher), name=f"watch-{spec.name}"))
             self._connected = True
@@ -205,6 +207,7 @@ class NatsStore:
                 mirror.pop(entry.key, None)
             else:
                 mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
+            self._versions[bucket] += 1
             if entry.delta == 0:
                 self.changes.bump()
 
@@ -224,6 +227,9 @@ class NatsStore:
 
     def view(self, bucket: str) -> Mapping[str, Entry]:
         return self._mirror[bucket]
+
+    def version(self, bucket: str) -> int:
+        return self._versions[bucket]
 
     def _bucket(self, bucket: str) -> Any:
         if not self.connected:

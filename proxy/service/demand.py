@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -26,6 +27,7 @@ HALF_LIFE_S = 600.0
 # NATS round trip and a watch message to every other sidecar, and victim ordering does not
 # need the last second.
 USE_FLUSH_S = 1.0
+VIEW_REUSE_S = 1.0  # the longest a demand view is reused when the board has not changed
 
 
 def decayed(rate: float, at: float, now: float) -> float:
@@ -93,6 +95,7 @@ class DemandBoard:
         self.clock = clock
         self._decoded: dict[str, tuple[int, dict[str, Any]]] = {}
         self._unwritten_use: dict[str, int] = {}
+        self._view: tuple[int, float, Mapping[str, ModelDemand]] | None = None
         self._flusher: asyncio.Task[None] | None = None
 
     def _key(self, kind: str, model: str) -> str:
@@ -153,8 +156,17 @@ class DemandBoard:
     async def selected(self, models: Iterable[str]) -> None:
         await self._bump(f"sel.{self.agent}", {"models": list(models)})
 
-    def view(self) -> dict[str, ModelDemand]:
+    def view(self) -> Mapping[str, ModelDemand]:
+        """Demand per model. Every decision asks and a cluster's board holds an entry per
+        agent and model, so the answer is reused while the board has not changed, for up to
+        VIEW_REUSE_S (rates decay over minutes; entries expire to the second)."""
+        version, now = self.store.version(MODEL_DEMAND), self.clock()
+        cached = self._view
+        if cached is not None and cached[0] == version and 0 <= now - cached[1] < VIEW_REUSE_S:
+            return cached[2]
         entries = self.store.view(MODEL_DEMAND)
         for gone in set(self._decoded) - set(entries):
             del self._decoded[gone]
-        return aggregate(decode_entries(entries, self._decoded), self.clock())
+        demand = MappingProxyType(aggregate(decode_entries(entries, self._decoded), now))
+        self._view = (version, now, demand)
+        return demand

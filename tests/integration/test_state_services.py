@@ -57,6 +57,19 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     assert a.view()["qwen3:14b"].waiters == 1
 
 
+async def test_the_demand_view_is_reused_only_while_the_board_is_unchanged() -> None:
+    store, clock = MemoryStore(), Clock()
+    board = DemandBoard(store, "crew/a", clock)
+    await board.waiting("qwen3:14b")
+    first = board.view()
+    assert board.view() is first  # nothing changed: no second pass over the board
+    await DemandBoard(store, "crew/b", clock).waiting("qwen3:14b")
+    assert board.view()["qwen3:14b"].waiters == 2  # another agent's write shows at once
+    again = board.view()
+    clock.now += 1.5  # rates decay and entries expire: not reused past VIEW_REUSE_S
+    assert board.view() is not again
+
+
 async def test_use_counts_are_written_once_per_flush_not_per_call(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(demand_module, "USE_FLUSH_S", 0.02)
