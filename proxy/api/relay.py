@@ -67,8 +67,9 @@ def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
 class RelayStream(StreamingResponse):
     """A streaming response whose cleanup runs even when the client goes away.
 
-    Starlette cancels the body iterator on disconnect; `__call__`'s finally closes the
-    upstream (which tells Ollama to stop) and settles the route.
+    The route settles at the stream's end, before the client sees it end. Starlette cancels
+    the body iterator on disconnect; then `__call__`'s finally settles the route and closes
+    the upstream (which tells Ollama to stop).
     """
 
     def __init__(self, upstream: UpstreamResponse, route: Route, started: float,
@@ -82,6 +83,7 @@ class RelayStream(StreamingResponse):
         self._final: dict[str, Any] = {}
         self._ok = False
         self._error: str | None = "client disconnected"
+        self._settled = False
         super().__init__(self._relay(), headers=headers,
                          media_type=upstream.content_type or NDJSON)
 
@@ -115,9 +117,11 @@ class RelayStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await asyncio.shield(self._settle())
+            if not self._settled:  # the client left before the stream's end
+                await asyncio.shield(self._settle())
 
     async def _settle(self) -> None:
+        self._settled = True
         try:
             await self.route.finish(outcome_from(self._final, self.started, self._ok,
                                                  self._error))
