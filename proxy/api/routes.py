@@ -204,8 +204,8 @@ class SidecarApi:
         wait_header = request.headers.get("x-kubemoot-wait")
         can_wait = self.default_can_wait if wait_header is None else \
             wait_header.strip().lower() not in {"false", "0", "no"}
-        options = getattr(parsed, "options", None) or {}
-        num_ctx = options.get("num_ctx")
+        options: wire.Options | None = getattr(parsed, "options", None)
+        num_ctx = options.num_ctx if options is not None else None
         return CallRequest(
             path=path,
             model=parsed.model or None,
@@ -213,7 +213,7 @@ class SidecarApi:
             thread=request.headers.get("x-kubemoot-thread") or None,
             can_wait=can_wait,
             prompt_chars=prompt_chars(body),
-            num_ctx=int(num_ctx) if isinstance(num_ctx, int | float) and num_ctx > 0 else None,
+            num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
             disconnected=lambda: _disconnect(request),
         )
 

@@ -41,12 +41,19 @@ class Message(_Wire):
     tool_name: str | None = None
 
 
+class Options(_Wire):
+    """Ollama's free options map. Only `num_ctx` is read here (a requirement on the context),
+    so only it is checked; Ollama itself refuses a non-number for it."""
+
+    num_ctx: float | None = None
+
+
 class OllamaInference(_Wire):
     """Fields of /api/chat and /api/generate the sidecar needs to see."""
 
     model: str | None = None
     stream: bool | None = None
-    options: dict[str, Any] | None = None
+    options: Options | None = None
     keep_alive: float | int | str | None = None
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -61,7 +68,7 @@ class OllamaEmbed(_Wire):
     model: str | None = None
     input: str | list[str] | None = None
     prompt: str | None = None
-    options: dict[str, Any] | None = None
+    options: Options | None = None
     keep_alive: float | int | str | None = None
     truncate: bool | None = None
     stream: None = None  # embeddings never stream

@@ -96,6 +96,8 @@ def test_response_headers_say_where_it_ran(fleet: list[SimServer],
          "messages.0.content"),
         (b'{"model": "qwen3:8b", "messages": [], "stream": "yes"}', "stream"),
         (b'{"model": "qwen3:8b", "messages": [], "options": []}', "options"),
+        (b'{"model": "qwen3:8b", "messages": [], "options": {"num_ctx": "big"}}',
+         "options.num_ctx"),
     ],
 )
 def test_malformed_body_is_400_naming_the_field(body: bytes, field: str | None,
