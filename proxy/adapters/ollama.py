@@ -42,6 +42,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
 
 
+def _hung_up_before_answering(exc: BaseException) -> bool:
+    """The server closed the connection without a status line. On a kept-alive connection
+    that is most often the race with the server's idle timeout (uvicorn closes after 5 s;
+    proxies and meshes have their own). Nothing was answered, so one fresh try is safe: at
+    worst the engine sees the call twice, the first one abandoned."""
+    cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
+    return isinstance(cause, aiohttp.ServerDisconnectedError | httpx.RemoteProtocolError)
+
+
 @dataclass(frozen=True)
 class Timeouts:
     connect_s: float = 3.0
@@ -110,12 +119,16 @@ class OllamaClient:
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = httpx.URL(self.endpoint + path)
-        request = httpx.Request("POST", url, content=payload, headers=CALL_HEADERS,
-                                extensions=self._call_extensions)
-        try:
-            return UpstreamResponse(await self._transport.handle_async_request(request))
-        except TRANSPORT_ERRORS as exc:
-            raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
+        for attempt in (1, 2):
+            request = httpx.Request("POST", url, content=payload, headers=CALL_HEADERS,
+                                    extensions=self._call_extensions)
+            try:
+                return UpstreamResponse(await self._transport.handle_async_request(request))
+            except TRANSPORT_ERRORS as exc:
+                if attempt == 1 and _hung_up_before_answering(exc):
+                    continue  # most likely a pooled connection the server had just closed
+                raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
+        raise AssertionError("unreachable")
 
     async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
         return await self._json("GET", path, None, timeout_s)

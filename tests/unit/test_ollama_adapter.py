@@ -57,6 +57,42 @@ async def test_a_body_cut_short_fails_after_the_first_byte() -> None:
         assert not caught.value.before_first_byte
 
 
+async def test_a_hang_up_before_answering_is_tried_once_more() -> None:
+    connections = 0
+    ok = answering(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+
+    async def closes_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        if connections == 1:  # as a server closing an idle kept-alive connection does
+            await read_request(reader)
+            writer.close()
+            return
+        await ok(reader, writer)
+
+    async for url in serve(closes_first):
+        client = OllamaClient(url, Timeouts(1, 1, 1))
+        response = await client.open("/api/chat", b"{}")
+        assert response.status_code == 200 and await response.read() == b"{}"
+        await client.close()
+    assert connections == 2
+
+    async def always_hangs_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                              ) -> None:
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        writer.close()
+
+    connections = 0
+    async for url in serve(always_hangs_up):
+        client = OllamaClient(url, Timeouts(1, 1, 1))
+        with pytest.raises(UpstreamError) as caught:
+            await client.open("/api/chat", b"{}")
+        await client.close()
+    assert connections == 2 and "disconnected" in str(caught.value).lower()
+
+
 async def test_calls_ask_for_an_uncompressed_answer() -> None:
     heads: list[bytes] = []
     answer = answering(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
