@@ -33,7 +33,8 @@ async def worker(url: str, tasks: int, seconds: float, hold_ms: float, total_mib
                  ticket_mib: int) -> dict[str, Any]:
     store = NatsStore(NatsOptions(url))
     await store.start()
-    book = TicketBook(store, Policy(), ttl_s=30)
+    # No reserve: the whole card is the budget the claims race for.
+    book = TicketBook(store, Policy(reserve_min_mib=0, reserve_fraction=0.0), ttl_s=30)
     view = ProviderView(PROVIDER, total_mib)
     intervals: list[tuple[float, float]] = []
     latencies: list[float] = []

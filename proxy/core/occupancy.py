@@ -6,6 +6,7 @@ filter and cost reads, once per placement rather than once per candidate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from proxy.core.policy import Policy
@@ -48,6 +49,7 @@ class ProviderIndex:
     loading: dict[str, Ticket] = field(default_factory=dict)  # model -> earliest loading ticket
     loading_mib: int = 0  # memory claimed by loads not yet resident
     planned_victims: dict[str, int] = field(default_factory=dict)
+    making_room: set[str] = field(default_factory=set)  # loads whose victims are still loaded
 
     @property
     def name(self) -> str:
@@ -74,23 +76,42 @@ class ProviderIndex:
         return self.view.max_parallel - self.calls_by_model.get(model, 0)
 
     def context_for(self, model: str) -> int:
-        """The loaded copy's context, else the configured one; 0 means unknown."""
+        """The loaded copy's context, else the configured one capped at the model's trained
+        context (as Ollama caps it when loading); 0 means unknown."""
         resident = self.residents.get(model)
         if resident is not None and resident.context_length:
             return resident.context_length
-        return self.view.context_length
+        configured = self.view.context_length
+        trained = self.view.trained_context.get(model, 0)
+        if trained and configured:
+            return min(configured, trained)
+        return configured or trained
 
     def spills(self) -> bool:
         return self.usable_mib is not None and self.resident_mib > self.usable_mib
 
 
+def lasting_residents(view: ProviderView, busy: set[str], now: float, policy: Policy
+                      ) -> list[Resident]:
+    """Residents that will still be loaded when a call gets there: an idle copy whose
+    keep-alive runs out within the margin (the probe may be seconds old) is as good as gone;
+    a copy with live tickets is in use, so Ollama keeps it."""
+    horizon = now + policy.expiry_margin_s
+    return [r for r in view.residents if r.expires_at > horizon or r.model in busy]
+
+
 def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:
     out: dict[str, ProviderIndex] = {}
+    busy: dict[str, set[str]] = {}
+    for ticket in snapshot.tickets:
+        if ticket.expires_at > snapshot.now:
+            busy.setdefault(ticket.provider, set()).add(ticket.model)
     for view in snapshot.providers:
-        residents = {r.model: r for r in view.residents}
+        kept = lasting_residents(view, busy.get(view.name, set()), snapshot.now, policy)
+        residents = {r.model: r for r in kept}
         usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
         out[view.name] = ProviderIndex(view, usable, residents,
-                                       sum(r.footprint_mib for r in view.residents))
+                                       sum(r.footprint_mib for r in kept))
     for ticket in snapshot.tickets:
         index = out.get(ticket.provider)
         if index is None or ticket.expires_at <= snapshot.now:
@@ -100,11 +121,19 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         for victim, mib in ticket.evicts.items():
             index.planned_victims.setdefault(victim, mib)
         if ticket.cold and ticket.model not in index.residents:
+            index.loading_mib += ticket.footprint_mib
+            if _making_room(ticket, index.residents):
+                index.making_room.add(ticket.model)  # a call sent now would load it early
+                continue
             earliest = index.loading.get(ticket.model)
             if earliest is None or ticket.started_at < earliest.started_at:
                 index.loading[ticket.model] = ticket
-            index.loading_mib += ticket.footprint_mib
     return out
+
+
+def _making_room(ticket: Ticket, residents: Mapping[str, object]) -> bool:
+    """A load that unloads victims first: until they are gone, only its own call may go."""
+    return any(victim in residents for victim in ticket.evicts)
 
 
 def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
@@ -114,20 +143,34 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     sum(active footprints) + this one <= (total - residents) + credit. A cold ticket counts its
     full footprint only while its model is not resident yet (after that the residents carry
     it); the credit counts each distinct planned victim once, only while still resident.
-    A claim whose planned victim picked up in-flight work is refused.
+    A claim whose planned victim picked up in-flight work is refused. A claim that loads a
+    model is held to the usable memory (total - reserve), as the decision was: concurrent
+    first loads are sized from on-disk estimates, and the reserve absorbs their error.
     """
     if view.total_vram_mib is None:
         return True, "provider publishes no VRAM total"
-    residents = {r.model: r.footprint_mib for r in view.residents}
     live = [t for t in tickets if t.expires_at > new.started_at and t.ticket_id != new.ticket_id]
     busy = {t.model for t in live}
+    kept = lasting_residents(view, busy, new.started_at, policy)
+    residents = {r.model: r.footprint_mib for r in kept}
     # The decision's own assumptions, re-checked against the authoritative ticket set:
     same_model = [t for t in live if t.model == new.model]
     if needs_free_slot and len(same_model) >= view.max_parallel:
         return False, f"no free slot left for {new.model}"
-    resident = {r.model for r in view.residents}
-    if new.cold and new.model not in resident and any(t.cold for t in same_model):
+    resident = set(residents)
+    loaders = [t for t in same_model if t.cold]
+    if new.cold and new.model not in resident and loaders:
         return False, f"{new.model} is already being loaded here"
+    if not new.cold and new.model not in resident:
+        # It means to join a load. Sent while there is none (gone, or its claim refused), or
+        # before that load's victims are unloaded, it would make the engine load the model
+        # outside the budget.
+        if not loaders:
+            return False, f"{new.model} is neither loaded nor being loaded here"
+        if all(_making_room(t, residents) for t in loaders):
+            return False, f"room for {new.model} is still being made here"
+    if not new.cold and any(new.model in t.evicts for t in live):
+        return False, f"{new.model} is planned for eviction here"
     for victim in new.evicts:
         if victim in busy:
             return False, f"planned victim {victim} has in-flight work"
@@ -144,7 +187,8 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         return min(t.footprint_mib, policy.warm_scratch_mib)
 
     spent = sum(counted(t) for t in live) + counted(new)
-    headroom = view.total_vram_mib - sum(residents.values()) + credit
+    limit = policy.usable_mib(view.total_vram_mib) if new.cold else view.total_vram_mib
+    headroom = limit - sum(residents.values()) + credit
     if spent <= headroom:
         return True, f"{spent} MiB claimed of {headroom} MiB"
     return False, f"{spent} MiB would exceed {headroom} MiB"

@@ -125,27 +125,39 @@ class _Planner:
             return "model-too-large", (
                 f"No GPU can hold {preferred}: it needs {occupancy} MiB and the largest card "
                 f"has {largest} MiB usable; add a smaller model to the candidates or a larger GPU.")
-        could_hold = False
-        for candidate in self.acceptable:
-            occ = self.occupancy.get(candidate.model)
-            for index in self.indexes.values():
-                if index.usable_mib is not None and occ is not None and occ > index.usable_mib:
-                    continue
-                if index.view.disk_mib and candidate.model not in index.view.disk_mib and \
-                        candidate.model not in index.residents:
-                    continue
-                could_hold = True
-                ctx = index.context_for(candidate.model)
-                if not ctx or self.needed <= ctx:
-                    return None
-        if not could_hold:
+        holds = [self.holds_prompt(c.model) for c in self.acceptable]
+        if any(holds) or all(h is None for h in holds):
             return None
         largest_ctx = max(i.context_for(c.model) for i in self.indexes.values()
                           for c in self.acceptable)
+        trained = [max(i.view.trained_context.get(c.model, 0) for i in self.indexes.values())
+                   for c in self.acceptable]
+        if all(trained) and largest_ctx >= max(trained):  # the models, not the GPUs, stop it
+            advice = ("no acceptable model was trained for a longer context; use one that "
+                      "was, or shorten the prompt.")
+        else:
+            advice = "raise OLLAMA_CONTEXT_LENGTH on a provider or shorten the prompt."
         return "prompt-too-large", (
             f"The prompt needs about {self.needed} tokens but the largest context any GPU gives "
-            f"an acceptable model is {largest_ctx} tokens; raise OLLAMA_CONTEXT_LENGTH on a "
-            f"provider or shorten the prompt.")
+            f"an acceptable model is {largest_ctx} tokens; {advice}")
+
+    def holds_prompt(self, model: str) -> bool | None:
+        """Whether a card that could hold the model gives it a context that holds the prompt
+        (an unknown context does); None when no card could hold the model at all."""
+        occupancy = self.occupancy.get(model)
+        could_hold = False
+        for index in self.indexes.values():
+            if index.usable_mib is not None and occupancy is not None and \
+                    occupancy > index.usable_mib:
+                continue
+            if index.view.disk_mib and model not in index.view.disk_mib and \
+                    model not in index.residents:
+                continue
+            could_hold = True
+            ctx = index.context_for(model)
+            if not ctx or self.needed <= ctx:
+                return True
+        return False if could_hold else None
 
     def place(self) -> Decision:
         preferred = self.call.preferred.model
@@ -172,7 +184,11 @@ class _Planner:
                             tuple(verdicts))
         refusal = self.classify(verdicts)
         if refusal is not None and refusal[0] == "model-too-large":
-            fallback = self.fall_back()
+            fallback = self.fall_back(f"{preferred} fits no GPU")
+            if fallback is not None:
+                return fallback
+        elif self.holds_prompt(preferred) is False:
+            fallback = self.fall_back(f"no GPU gives {preferred} the context for this prompt")
             if fallback is not None:
                 return fallback
         if refusal is not None:
@@ -180,9 +196,10 @@ class _Planner:
             return Decision(outcome, None, sentence, tuple(verdicts))  # type: ignore[arg-type]
         return self.queue_or_unload(verdicts)
 
-    def fall_back(self) -> Decision | None:
-        """The preferred model fits no card: plan the best in-tolerance candidate that
-        could, as if it were preferred (the tolerance floor stays where it was)."""
+    def fall_back(self, why: str) -> Decision | None:
+        """The preferred model fits no card, or no card gives it the prompt's context: plan
+        the best in-tolerance candidate that could, as if it were preferred (the tolerance
+        floor stays where it was)."""
         preferred = self.call.preferred
         for alternative in self.alternatives:
             occupancy = self.occupancy.get(alternative.model)
@@ -196,9 +213,8 @@ class _Planner:
                                tolerance=max(0.0, self.call.tolerance)
                                - (preferred.score - alternative.score))
             decision = _Planner(narrowed, self.snapshot, self.policy).place()
-            if decision.outcome != "model-too-large":
-                return replace(decision, reason=f"{preferred.model} fits no GPU; "
-                               f"{decision.reason}")
+            if decision.outcome not in ("model-too-large", "prompt-too-large"):
+                return replace(decision, reason=f"{why}; {decision.reason}")
         return None
 
     def queue_or_unload(self, verdicts: list[Verdict]) -> Decision:

@@ -22,6 +22,7 @@ class Policy:
     load_mib_per_s: float = 1024.0  # Ollama loads ~1 GiB/s; learned from load_duration
     unload_s: float = 1.0  # keep_alive:0 round trip plus the driver giving memory back
     default_call_s: float = 30.0  # call time before any latency was observed
+    expiry_margin_s: float = 1.0  # an idle copy this close to its keep-alive expiry is gone
 
     # Weights without a physical unit, in seconds-equivalent.
     best_fit_s: float = 0.05  # x (usable - footprint) / footprint: small models, small cards

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -16,6 +17,7 @@ class Resident:
     footprint_mib: int
     context_length: int = 0  # 0: unknown (an old Ollama)
     last_used_at: float = 0.0
+    expires_at: float = math.inf  # when Ollama's keep-alive unloads it if idle; inf: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,8 @@ class ProviderView:
     max_parallel: int = 1
     weight: float = 100.0  # the policy's provider weight (phase-aware)
     disk_mib: Mapping[str, int] = field(default_factory=dict)  # on-disk sizes from /api/tags
+    # Each on-disk model's trained context (/api/show): Ollama caps a slot's context at it.
+    trained_context: Mapping[str, int] = field(default_factory=dict)
     probed_at: float = 0.0  # when the residents were last observed
 
 

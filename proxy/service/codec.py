@@ -11,6 +11,7 @@ Names are encoded into KV-safe tokens with `token()`.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from dataclasses import replace as _replace
@@ -55,8 +56,10 @@ class ProviderState:
     max_parallel: int = 1
     loaded_mib: dict[str, int] = field(default_factory=dict)
     loaded_ctx: dict[str, int] = field(default_factory=dict)
+    loaded_expiry: dict[str, float] = field(default_factory=dict)  # /api/ps expires_at
     available_mib: dict[str, int] = field(default_factory=dict)
     observed_mib: dict[str, int] = field(default_factory=dict)  # first footprint seen per model
+    trained_ctx: dict[str, int] = field(default_factory=dict)  # on-disk model -> trained context
     version: str = ""
 
     def encode(self) -> bytes:
@@ -66,8 +69,10 @@ class ProviderState:
             "totalVramMiB": self.total_vram_mib,
             "loadedModelFootprintsMiB": self.loaded_mib,
             "loadedModelContextLengths": self.loaded_ctx,
+            "loadedModelExpiresAt": {m: rfc3339(t) for m, t in self.loaded_expiry.items()},
             "availableModelFootprintsMiB": self.available_mib,
             "observedModelFootprintsMiB": self.observed_mib,
+            "availableModelContextLengths": self.trained_ctx,
             "contextLength": self.context_length,
             "maxParallel": self.max_parallel,
             "ready": self.ready,
@@ -85,13 +90,17 @@ class ProviderState:
             max_parallel=int(d.get("maxParallel") or 1),
             loaded_mib=dict(d.get("loadedModelFootprintsMiB") or {}),
             loaded_ctx=dict(d.get("loadedModelContextLengths") or {}),
+            loaded_expiry={m: parse_rfc3339(t)
+                           for m, t in (d.get("loadedModelExpiresAt") or {}).items()},
             available_mib=dict(d.get("availableModelFootprintsMiB") or {}),
             observed_mib=dict(d.get("observedModelFootprintsMiB") or {}),
+            trained_ctx=dict(d.get("availableModelContextLengths") or {}),
             version=str(d.get("version", "")),
         )
 
     def residents(self) -> tuple[Resident, ...]:
-        return tuple(Resident(m, mib, self.loaded_ctx.get(m, 0))
+        return tuple(Resident(m, mib, self.loaded_ctx.get(m, 0),
+                              expires_at=self.loaded_expiry.get(m, math.inf))
                      for m, mib in sorted(self.loaded_mib.items()))
 
 
@@ -100,11 +109,16 @@ RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next
 
 @dataclass(frozen=True)
 class Residency:
-    """A model a call left loaded, counted at once rather than at the next probe."""
+    """What a call changed on the GPU, counted at once rather than at the next probe: a model
+    it left loaded, or (`mib` 0) a model it unloaded."""
 
     mib: int
     context_length: int
     at: float
+
+    @property
+    def gone(self) -> bool:
+        return self.mib == 0
 
 
 @dataclass(frozen=True)
@@ -148,8 +162,16 @@ class TicketSet:
 
 
 def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
-    """Residents as probed, plus models calls left loaded after that probe."""
+    """Residents as probed, plus models calls left loaded after that probe, less models calls
+    unloaded after it (otherwise, until the next probe, others would take them as warm and
+    make Ollama load them again)."""
+    newer = {m: r for m, r in residency.items() if r.at > view.probed_at}
+    if not newer:
+        return view
     known = {r.model for r in view.residents}
-    extra = tuple(Resident(m, r.mib, r.context_length, r.at) for m, r in residency.items()
-                  if m not in known and r.at > view.probed_at)
-    return _replace(view, residents=view.residents + extra) if extra else view
+    kept = tuple(r for r in view.residents if not (r.model in newer and newer[r.model].gone))
+    extra = tuple(Resident(m, r.mib, r.context_length, r.at) for m, r in newer.items()
+                  if m not in known and not r.gone)
+    if extra or len(kept) != len(view.residents):
+        return _replace(view, residents=kept + extra)
+    return view

@@ -2,13 +2,15 @@
 own fallback when the shared store has nothing fresh).
 
 Readiness from `/api/version`; residents with `size_vram` and `context_length` from
-`/api/ps`; on-disk sizes from `/api/tags`; total VRAM, context and slots from the provider
+`/api/ps`; on-disk sizes from `/api/tags` and each on-disk model's trained context from
+`/api/show` (once per model and digest); total VRAM, context and slots from the provider
 configuration or a DCGM exporter. The first footprint observed per model is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.adapters.ollama import OllamaClient, UpstreamError
 from proxy.observability.logging import get_logger
 from proxy.ports import PROVIDER_STATE, StateStore, StoreUnavailable
-from proxy.service.codec import ProviderState, token
+from proxy.service.codec import ProviderState, parse_rfc3339, token
 from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.prober")
@@ -48,7 +50,19 @@ async def dcgm_total_mib(url: str) -> int | None:
 def _significant(state: ProviderState) -> tuple[Any, ...]:
     return (state.ready, state.total_vram_mib, state.context_length, state.max_parallel,
             sorted(state.loaded_mib.items()), sorted(state.loaded_ctx.items()),
-            sorted(state.available_mib.items()))
+            sorted(state.available_mib.items()), sorted(state.trained_ctx.items()))
+
+
+def trained_context(show: Any) -> int:
+    """`model_info["<arch>.context_length"]` of an /api/show answer; 0 when absent."""
+    info = show.get("model_info") if isinstance(show, dict) else None
+    if not isinstance(info, dict):
+        return 0
+    arch = info.get("general.architecture")
+    value = info.get(f"{arch}.context_length")
+    if value is None:
+        value = next((v for k, v in info.items() if k.endswith(".context_length")), None)
+    return int(value) if isinstance(value, int | float) and value > 0 else 0
 
 
 class Prober:
@@ -62,6 +76,8 @@ class Prober:
         self.write_every_s = write_every_s
         self.latest: dict[str, ProviderState] = {}
         self.observed: dict[str, int] = {}
+        # provider -> model -> (digest, trained context or 0 when the model says none)
+        self._trained: dict[str, dict[str, tuple[str, int]]] = {}
         self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
 
     async def probe(self, name: str) -> ProviderState:
@@ -80,28 +96,55 @@ class Prober:
         ready = isinstance(version, dict) and isinstance(ps, dict)
         loaded_mib: dict[str, int] = {}
         loaded_ctx: dict[str, int] = {}
+        loaded_expiry: dict[str, float] = {}
         if isinstance(ps, dict):
             for m in ps.get("models") or []:
                 model = str(m.get("model") or m.get("name"))
                 mib = int(m.get("size_vram") or m.get("size") or 0) // MIB
                 loaded_mib[model] = mib
                 loaded_ctx[model] = int(m.get("context_length") or 0)
+                expires = m.get("expires_at")
+                if isinstance(expires, str):
+                    with contextlib.suppress(ValueError):  # an odd date: expiry unknown
+                        loaded_expiry[model] = parse_rfc3339(expires)
                 if mib:
                     self.observed.setdefault(model, mib)
         available = {}
+        digests: dict[str, str] = {}
         if isinstance(tags, dict):
-            available = {str(m.get("model") or m.get("name")): int(m.get("size") or 0) // MIB
-                         for m in tags.get("models") or []}
+            for m in tags.get("models") or []:
+                model = str(m.get("model") or m.get("name"))
+                available[model] = int(m.get("size") or 0) // MIB
+                digests[model] = str(m.get("digest") or "")
+        trained = await self._trained_contexts(name, digests)
         state = ProviderState(
             name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
             total_vram_mib=total, context_length=config.context_length or 0,
             max_parallel=config.max_parallel, loaded_mib=loaded_mib, loaded_ctx=loaded_ctx,
-            available_mib=available, observed_mib=dict(self.observed),
+            loaded_expiry=loaded_expiry,
+            available_mib=available, observed_mib=dict(self.observed), trained_ctx=trained,
             version=str(version.get("version", "")) if isinstance(version, dict) else "")
         if not ready and name in self.latest and self.latest[name].ready:
             log.warning("provider unreachable", provider=name)
         self.latest[name] = state
         return state
+
+    async def _trained_contexts(self, name: str, digests: dict[str, str]) -> dict[str, int]:
+        """Asks /api/show only for models (or digests) not seen before; a failed ask is
+        retried on the next probe."""
+        known = self._trained.setdefault(name, {})
+        new = [m for m, digest in digests.items() if m not in known or known[m][0] != digest]
+        if new:
+            client = self.clients[name]
+            shows = await asyncio.gather(
+                *(client.post_json("/api/show", {"model": m}, PROBE_TIMEOUT_S) for m in new),
+                return_exceptions=True)
+            for model, show in zip(new, shows, strict=True):
+                if not isinstance(show, BaseException):
+                    known[model] = (digests[model], trained_context(show))
+        for model in [m for m in known if m not in digests]:
+            del known[model]  # removed from disk
+        return {m: ctx for m, (_, ctx) in known.items() if ctx}
 
     async def publish(self, state: ProviderState, force: bool = False) -> bool:
         """Write the state if it changed or the write interval passed; False if not written."""

@@ -303,6 +303,9 @@ class Scheduler:
             log.info("claim refused", provider=placement.provider, model=placement.model,
                      reason=result.reason)
             return None
+        log.debug("ticket claimed", provider=placement.provider, model=placement.model,
+                  ticket=ticket.ticket_id, kind=placement.kind, evicts=dict(placement.evicts),
+                  budget=result.reason, local=local)
         return Claimed(placement, ticket, local)
 
     async def start_claimed(self, claimed: Claimed, call: CallRequest, spec: CallSpec,
@@ -311,14 +314,15 @@ class Scheduler:
         client = self.pool.clients[placement.provider]
         for victim in placement.evicts if unload else ():
             try:
+                log.debug("unloading", provider=placement.provider, model=victim,
+                          ticket=claimed.ticket.ticket_id)
                 await client.unload(victim)
                 self.metrics.evictions.labels(placement.provider, victim).inc()
             except UpstreamError as exc:
                 log.warning("unload failed", provider=placement.provider, model=victim,
                             error=str(exc))
         if placement.evicts:
-            await self.book(claimed).forget_residents(placement.provider,
-                                                        tuple(placement.evicts))
+            await self.book(claimed).mark_unloaded(placement.provider, tuple(placement.evicts))
         stats = self.stats[placement.provider]
         self.stats[placement.provider] = replace(
             stats, breaker=stats.breaker.start_trial(self.clock()))

@@ -93,7 +93,8 @@ class StateView:
             ready=state.ready, residents=state.residents(),
             context_length=state.context_length or config.context_length or 0,
             max_parallel=state.max_parallel or config.max_parallel, weight=config.weight,
-            disk_mib=state.available_mib, probed_at=state.last_probed_at)
+            disk_mib=state.available_mib, trained_context=state.trained_ctx,
+            probed_at=state.last_probed_at)
         return merge_residency(view, self.ticket_set(config.name, now).residents)
 
     def snapshot(self, now: float, health: Mapping[str, ProviderHealth],

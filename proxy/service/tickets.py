@@ -262,9 +262,9 @@ class TicketBook:
 
         return await self._mutate(ticket.provider, add)
 
-    async def release(self, ticket: Ticket, leave_resident: Residency | None = None,
-                      drop_residents: tuple[str, ...] = ()) -> ClaimResult:
-        """Remove the ticket; record the model it leaves loaded; forget unloaded victims.
+    async def release(self, ticket: Ticket, leave_resident: Residency | None = None
+                      ) -> ClaimResult:
+        """Remove the ticket; record the model it leaves loaded.
 
         The ticket stops counting here at once. A plain release is written with the next
         write to the provider's set (a claim's, typically) or within `release_delay_s`, so it
@@ -273,17 +273,14 @@ class TicketBook:
         self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock() + self.ttl_s
         self._owed_changes += 1
         self.store.changes.bump()  # calls waiting for this room decide again
-        if leave_resident is None and not drop_residents:
+        if leave_resident is None:
             self._write_soon(ticket.provider)
             return ClaimResult(True, "owed")
 
         def remove(current: TicketSet, now: float) -> TicketSet | str | None:
-            residents = {m: r for m, r in current.residents.items() if m not in drop_residents}
-            if leave_resident is not None:
-                residents[ticket.model] = leave_resident
-            if residents == current.residents:
+            if current.residents.get(ticket.model) == leave_resident:
                 return None  # the ticket itself is owed: the write carries it anyway
-            return TicketSet(current.tickets, residents)
+            return TicketSet(current.tickets, {**current.residents, ticket.model: leave_resident})
 
         try:
             return await self._mutate(ticket.provider, remove)
@@ -335,14 +332,14 @@ class TicketBook:
 
         return await self._mutate(ticket.provider, extend)
 
-    async def forget_residents(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
-        def drop(current: TicketSet, now: float) -> TicketSet | str | None:
-            if not any(m in current.residents for m in models):
-                return None
-            return TicketSet(current.tickets, {m: r for m, r in current.residents.items()
-                                               if m not in models})
+    async def mark_unloaded(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
+        """Record that `models` were unloaded, so every view drops them before the next
+        probe does."""
+        def gone(current: TicketSet, now: float) -> TicketSet | str | None:
+            return TicketSet(current.tickets, {**current.residents,
+                                               **{m: Residency(0, 0, now) for m in models}})
 
-        return await self._mutate(provider, drop)
+        return await self._mutate(provider, gone)
 
 
 def _with_residency(view: ProviderView, tickets: TicketSet) -> ProviderView:

@@ -202,6 +202,22 @@ def test_prompt_too_large_is_413_and_never_reaches_a_gpu(sim_factory: Sims,
     assert gpus[1].sim.stats.truncations == 0
 
 
+def test_a_models_trained_context_is_respected(sim_factory: Sims,
+                                               sidecar_factory: Sidecars) -> None:
+    # phi3:mini was trained for 4096 tokens: Ollama caps its context there on any card.
+    gpu = sim_factory("gpu", context_length=8192, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    prompt = [{"role": "user", "content": "word " * 4000}]  # ~5.7k tokens
+    r = chat(url, "phi3:mini", messages=prompt)
+    assert r.status_code == 413 and "trained" in r.json()["error"]
+    assert gpu.sim.stats.inference_requests == 0  # never sent, so never cut
+    candidates = [{"model": "phi3:mini", "score": 40}, {"model": "llama3.2:3b", "score": 35}]
+    url = sidecar_factory([gpu], model_candidates_mulling=candidates).url
+    r = chat(url, "phi3:mini", messages=prompt)
+    assert r.status_code == 200 and r.headers["x-kubemoot-model"] == "llama3.2:3b"
+    assert gpu.sim.stats.truncations == 0
+
+
 def test_num_ctx_is_a_requirement_not_a_reload(sim_factory: Sims,
                                                sidecar_factory: Sidecars) -> None:
     small = sim_factory("small", context_length=4096, time_scale=SCALE)

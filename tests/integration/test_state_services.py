@@ -100,6 +100,15 @@ async def test_demand_rates_decay_and_entries_expire() -> None:
     assert aggregate(store.view(MODEL_DEMAND), clock.now) == {}
 
 
+def test_trained_context_is_read_from_model_info() -> None:
+    from proxy.service.prober import trained_context
+
+    info = {"general.architecture": "llama", "llama.context_length": 131072}
+    assert trained_context({"model_info": info}) == 131072
+    assert trained_context({"model_info": {"bert.context_length": 512}}) == 512
+    assert trained_context({"model_info": {}}) == 0 and trained_context("x") == 0
+
+
 async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_url: str
                                                             ) -> None:  # type: ignore[no-untyped-def]
     up = sim_factory("up", total_vram_mib=24564, context_length=8192)
@@ -122,7 +131,9 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     assert state.ready and state.total_vram_mib == 24564 and state.max_parallel == 2
     assert state.loaded_mib == {"qwen3:8b": 6000}
     assert state.loaded_ctx == {"qwen3:8b": 8192}
+    assert state.loaded_expiry["qwen3:8b"] > state.last_probed_at  # its keep-alive expiry
     assert state.available_mib["qwen3:32b"] == 20200
+    assert state.trained_ctx["phi3:mini"] == 4096 and state.trained_ctx["qwen3:8b"] == 40960
     assert not ProviderState.decode(raw_down.value).ready
     # unchanged state within the interval is not written again; a change is, at once
     assert not await prober.publish(await prober.probe("up"))

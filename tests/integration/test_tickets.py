@@ -15,11 +15,11 @@ from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
 from proxy.core.types import ProviderView, Resident
 from proxy.ports import PROVIDER_TICKETS, Entry, StateStore, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet
+from proxy.service.codec import Residency, TicketSet, merge_residency
 from proxy.service.tickets import TicketBook
 from tests.integration.conftest import empty_buckets
 
-VIEW = ProviderView("gpu", 10000, residents=(Resident("idle:8b", 4000),))  # 6000 MiB free
+VIEW = ProviderView("gpu", 12048, residents=(Resident("idle:8b", 4000),))  # 10000 usable, 6000 free
 
 
 @pytest.fixture(params=["memory", "nats"])
@@ -106,8 +106,14 @@ async def test_release_records_the_model_left_resident(store: StateStore) -> Non
     # The residency entry counts at once: only 1000 MiB are left beside idle:8b and new:14b.
     probe = book.new_ticket("q", "gpu", "x", 1001, True, {}, "h")
     assert not (await book.claim(probe, VIEW)).ok
-    await book.forget_residents("gpu", ("new:14b",))
+    await book.mark_unloaded("gpu", ("new:14b", "idle:8b"))
     assert (await book.claim(probe, VIEW)).ok
+    # The probe still lists idle:8b, but it was unloaded after that probe: the view drops it.
+    known = book.known("gpu")[0]
+    assert not merge_residency(VIEW, known.residents).residents
+    warm = book.new_ticket("w", "gpu", "idle:8b", 512, False, {}, "h")
+    refused = await book.claim(warm, VIEW)
+    assert not refused.ok and "neither loaded" in refused.reason
 
 
 class OutageStore(MemoryStore):
@@ -295,7 +301,7 @@ async def main() -> None:
     await store.start()
     book = TicketBook(store, Policy(), ttl_s=1.0)
     ticket = book.new_ticket("held-by-a-dead-process", "gpu", "m", 6000, True, {}, "doomed")
-    assert (await book.claim(ticket, ProviderView("gpu", 10000))).ok
+    assert (await book.claim(ticket, ProviderView("gpu", 12048))).ok
     print("claimed", flush=True)
     await asyncio.sleep(3600)  # mid-call, until killed
 
@@ -323,7 +329,7 @@ def test_a_holder_killed_mid_call_stops_counting_within_the_ttl(nats_server: Nat
         store = NatsStore(NatsOptions(nats_server.url))
         await store.start()
         book = TicketBook(store, Policy(), ttl_s=60)
-        view = ProviderView("gpu", 10000)
+        view = ProviderView("gpu", 12048)
         ticket = book.new_ticket("survivor", "gpu", "m2", 6000, True, {}, "alive")
         at_once = (await book.claim(ticket, view)).ok
         entry = await store.get(PROVIDER_TICKETS, "gpu")

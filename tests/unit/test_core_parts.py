@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -84,17 +85,20 @@ def _t(tid: str, model: str, mib: int, *, cold: bool = True,
     return Ticket(tid, "a", model, mib, NOW, NOW + 60, cold=cold, evicts=evicts or {})
 
 
-def test_budget_counts_tickets_against_total_minus_residents() -> None:
-    view = gpu("a", 20000, ("qwen3:8b",))  # 14000 MiB beside the 8b
-    assert ticket_budget_ok([_t("1", "qwen3:14b", 12224)], _t("2", "x", 1776), view,
+def test_budget_counts_tickets_against_usable_minus_residents() -> None:
+    view = gpu("a", 20000, ("qwen3:8b",))  # usable 17600 (2400 reserved): 11600 beside the 8b
+    assert ticket_budget_ok([_t("1", "qwen3:14b", 10000)], _t("2", "x", 1600), view,
                             DEFAULT_POLICY)[0]
-    assert not ticket_budget_ok([_t("1", "qwen3:14b", 12224)], _t("2", "x", 1777), view,
+    assert not ticket_budget_ok([_t("1", "qwen3:14b", 10000)], _t("2", "x", 1601), view,
                                 DEFAULT_POLICY)[0]
+    # A call sharing a loaded copy loads nothing: only a card full to its total refuses it.
+    full = [_t("1", "qwen3:14b", 13500)]
+    assert ticket_budget_ok(full, _t("2", "qwen3:8b", 500, cold=False), view, DEFAULT_POLICY)[0]
 
 
 def test_two_planners_cannot_both_spend_one_victims_memory() -> None:
     view = gpu("a", 20000, ("qwen3:8b",))
-    first = _t("1", "qwen3:14b", 14000 + 6000, evicts={"qwen3:8b": 6000})
+    first = _t("1", "qwen3:14b", 11600 + 6000, evicts={"qwen3:8b": 6000})
     assert ticket_budget_ok([], first, view, DEFAULT_POLICY)[0]
     second = _t("2", "other", 6000, evicts={"qwen3:8b": 6000})
     ok, why = ticket_budget_ok([first], second, view, DEFAULT_POLICY)
@@ -103,7 +107,7 @@ def test_two_planners_cannot_both_spend_one_victims_memory() -> None:
 
 def test_credit_only_while_the_victim_is_still_resident() -> None:
     gone = gpu("a", 20000)  # the victim was unloaded: residents no longer hold it
-    plan = _t("1", "qwen3:14b", 20000, evicts={"qwen3:8b": 6000})
+    plan = _t("1", "qwen3:14b", 17600, evicts={"qwen3:8b": 6000})
     assert ticket_budget_ok([], plan, gone, DEFAULT_POLICY)[0]
     late = _t("2", "y", 1, evicts={"qwen3:8b": 6000})
     assert not ticket_budget_ok([plan], late, gone, DEFAULT_POLICY)[0]
@@ -115,6 +119,51 @@ def test_claim_refused_when_its_victim_picked_up_work() -> None:
     ok, why = ticket_budget_ok([busy], _t("2", "q", 20000, evicts={"qwen3:8b": 6000}), view,
                                DEFAULT_POLICY)
     assert not ok and "in-flight" in why
+
+
+def test_claim_refused_when_the_copy_it_would_join_is_not_there() -> None:
+    view = gpu("a", 20000, ("qwen3:8b",))
+    joiner = _t("2", "qwen3:14b", 512, cold=False)  # decided "loading" behind a cold claim
+    ok, why = ticket_budget_ok([], joiner, view, DEFAULT_POLICY)
+    assert not ok and "neither loaded nor being loaded" in why  # that claim was refused
+    assert ticket_budget_ok([_t("1", "qwen3:14b", 12224)], joiner, view, DEFAULT_POLICY)[0]
+
+
+def test_nobody_joins_a_load_before_its_victims_are_gone() -> None:
+    view = gpu("a", 20000, ("phi3:mini",))
+    evicting = _t("1", "qwen3:14b", 12224, evicts={"phi3:mini": 3600})
+    joiner = _t("2", "qwen3:14b", 512, cold=False)
+    ok, why = ticket_budget_ok([evicting], joiner, view, DEFAULT_POLICY)
+    assert not ok and "room" in why  # sent now, it would load the 14b beside the phi3
+    index = index_providers(snapshot(view, tickets=(evicting,)), DEFAULT_POLICY)["a"]
+    assert not index.is_loading("qwen3:14b") and "qwen3:14b" in index.making_room
+    gone = gpu("a", 20000)  # the phi3 was unloaded
+    assert ticket_budget_ok([evicting], joiner, gone, DEFAULT_POLICY)[0]
+    assert index_providers(snapshot(gone, tickets=(evicting,)), DEFAULT_POLICY)["a"].is_loading(
+        "qwen3:14b")
+
+
+def test_no_new_work_for_a_planned_victim() -> None:
+    view = gpu("a", 20000, ("phi3:mini",))
+    evicting = _t("1", "qwen3:14b", 12224, evicts={"phi3:mini": 3600})
+    ok, why = ticket_budget_ok([evicting], _t("2", "phi3:mini", 512, cold=False), view,
+                               DEFAULT_POLICY)
+    assert not ok and "planned for eviction" in why
+
+
+def test_an_idle_copy_past_its_keep_alive_is_not_warm() -> None:
+    expiring = Resident("qwen3:8b", 6000, 8192, expires_at=NOW + 0.5)  # within the margin
+    view = replace(gpu("a", 20000), residents=(expiring, Resident("phi3:mini", 3600)))
+    index = index_providers(snapshot(view), DEFAULT_POLICY)["a"]
+    assert not index.is_warm("qwen3:8b") and index.is_warm("phi3:mini")
+    assert index.resident_mib == 3600  # its memory is on its way back
+    busy = index_providers(snapshot(view, tickets=(ticket("a", "qwen3:8b"),)), DEFAULT_POLICY)
+    assert busy["a"].is_warm("qwen3:8b")  # in use: Ollama keeps it
+    ok, why = ticket_budget_ok([], _t("2", "qwen3:8b", 512, cold=False), view, DEFAULT_POLICY)
+    assert not ok and "neither loaded" in why
+    lasting = replace(expiring, expires_at=NOW + 60)
+    view = replace(view, residents=(lasting,))
+    assert index_providers(snapshot(view), DEFAULT_POLICY)["a"].is_warm("qwen3:8b")
 
 
 def test_warm_tickets_claim_scratch_and_resident_loads_stop_counting_in_full() -> None:

@@ -9,7 +9,7 @@ import pytest
 from proxy.core.occupancy import index_providers, occupancy_mib
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY, Policy
-from proxy.core.types import Circuit, ModelDemand, Snapshot
+from proxy.core.types import Circuit, ModelDemand, Resident, Snapshot
 from tests.unit.builders import GIB16, GIB24, GIB32, call, gpu, snapshot, ticket
 
 
@@ -261,6 +261,20 @@ def test_prompt_too_large_names_the_fix() -> None:
     decision = place(call("qwen3:8b", tokens=9000), snap)
     assert decision.outcome == "prompt-too-large"
     assert "OLLAMA_CONTEXT_LENGTH" in decision.reason and "8192" in decision.reason
+
+
+def test_a_models_trained_context_caps_the_configured_one() -> None:
+    # Ollama loads phi3:mini with at most its trained 4096 tokens, whatever the card allows.
+    big = replace(gpu("a", GIB24, ctx=8192), trained_context={"phi3:mini": 4096,
+                                                              "qwen3:8b": 40960})
+    decision = place(call("phi3:mini", tokens=6000), snapshot(big))
+    assert decision.outcome == "prompt-too-large"
+    assert "trained" in decision.reason and "4096" in decision.reason
+    placed = place(call(("phi3:mini", 40), ("qwen3:8b", 35), tokens=6000), snapshot(big))
+    assert placed.placement and placed.placement.model == "qwen3:8b"
+    assert placed.placement.context_length == 8192
+    loaded = replace(big, residents=(Resident("phi3:mini", 3600, 4096),))
+    assert place(call("phi3:mini", tokens=4000), snapshot(loaded)).outcome == "placed"
 
 
 def test_prompt_too_large_only_when_no_acceptable_model_has_the_context() -> None:
