@@ -1,0 +1,253 @@
+"""A fleet soak: several real sidecars sharing NATS in front of a simulated 3-GPU fleet, each
+serving agents that use the official `ollama` client with mixed models, prompt sizes,
+streaming, held plans and clients that leave mid-stream.
+
+It checks what must never happen, whatever the load: a GPU out of memory, a prompt cut by
+the engine, Ollama evicting a model on its own, a ticket left behind, an answer that is
+neither a success nor one of the contract's refusals. `--direct` runs the same agents
+against the GPUs themselves (each agent pinned round-robin to one), for comparison.
+
+    python -m loadtest.fleet_soak [--sidecars 4] [--agents 3] [--seconds 30] [--direct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+
+from loadtest.loadgen import percentile, wait_http
+from loadtest.nats_server import NatsServer
+from loadtest.relay_bench import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+# (name, VRAM MiB, OLLAMA_CONTEXT_LENGTH) per GPU.
+FLEETS = {
+    "demo": [("gpu-5090", 32768, 8192), ("gpu-4090", 24564, 8192), ("gpu-4080", 16376, 4096)],
+    # Less room than the models want: loads, evictions and waits all the time.
+    "tight": [("gpu-4090", 24564, 8192), ("gpu-4080", 16376, 4096), ("gpu-4070", 12282, 4096)],
+}
+
+# What each sidecar's agents run: (bound model, mulling candidates).
+PROFILES: list[tuple[str, list[dict[str, Any]]]] = [
+    ("qwen3:32b", [{"model": "qwen3:32b", "score": 70}, {"model": "qwen3:14b", "score": 62},
+                   {"model": "qwen3:8b", "score": 30}]),
+    ("qwen3:14b", [{"model": "qwen3:14b", "score": 60}, {"model": "qwen3:8b", "score": 52}]),
+    ("qwen3:8b", []),
+    ("llama3.2:3b", [{"model": "llama3.2:3b", "score": 40}, {"model": "phi3:mini", "score": 35}]),
+]
+# Allowed answers besides 200: the contract's refusals.
+REFUSALS = {413: "prompt-too-large", 503: "gpu-busy", 507: "model-too-large"}
+# --churn: every agent moves through these, one every few seconds, each from its own start.
+CHURN = ["qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b", "phi3:mini"]
+
+
+@dataclass
+class Tally:
+    outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+    placements: collections.Counter[str] = field(default_factory=collections.Counter)
+    seconds: list[float] = field(default_factory=list)
+    waited_ms: list[float] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+
+def prompt_chars(rng: random.Random) -> int:
+    """Mostly short turns, some long contexts, a few too long for any GPU."""
+    roll = rng.random()
+    if roll < 0.75:
+        return rng.randint(100, 4000)
+    if roll < 0.97:
+        return rng.randint(12000, 28000)  # over the 4080's 4096 tokens, under 8192
+    return rng.randint(45000, 60000)  # over every GPU's context: refused, never cut
+
+
+async def agent(name: str, url: str, model: str, deadline: float, seed: int,
+                tally: Tally, churn_s: float = 0.0) -> None:
+    rng = random.Random(seed)
+    first = rng.randrange(len(CHURN))
+    plain = ollama.AsyncClient(host=url, timeout=120)
+    http = httpx.AsyncClient(base_url=url, timeout=120)
+    turn = 0
+    while time.monotonic() < deadline:
+        turn += 1
+        if churn_s:
+            model = CHURN[(first + int((deadline - time.monotonic()) / churn_s)) % len(CHURN)]
+        chars = prompt_chars(rng)
+        messages = [{"role": "user", "content": "w " * (chars // 2)}]
+        stream, leave = rng.random() < 0.6, rng.random() < 0.05
+        client = plain
+        if rng.random() < 0.1 and "direct" not in name:  # planned at selection
+            thread = f"{name}-{turn}"
+            await http.post("/kubemoot/v1/plans", json={"thread": thread, "promptChars": chars})
+            client = ollama.AsyncClient(host=url, timeout=120,
+                                        headers={"X-Kubemoot-Thread": thread})
+        started = time.monotonic()
+        try:
+            if stream:
+                parts = await client.chat(model=model, messages=messages, stream=True,
+                                          options={"num_predict": rng.randint(4, 40)})
+                chunks = 0
+                async for part in parts:
+                    chunks += 1
+                    if part.get("error"):
+                        raise ollama.ResponseError(part["error"], 200)
+                    if leave and chunks == 2:
+                        break  # the client goes away mid-stream
+                outcome = "left" if leave and chunks == 2 else "200"
+            else:
+                await client.chat(model=model, messages=messages,
+                                  options={"num_predict": rng.randint(4, 40)})
+                outcome = "200"
+            tally.seconds.append(time.monotonic() - started)
+        except ollama.ResponseError as exc:
+            outcome = f"{exc.status_code}"
+            if REFUSALS.get(exc.status_code) is None:
+                tally.unexpected.append(f"{name}: {exc.status_code} {exc.error}")
+        except (httpx.HTTPError, ConnectionError) as exc:
+            outcome = "connection"
+            tally.unexpected.append(f"{name}: {type(exc).__name__} {exc}")
+        tally.outcomes[outcome] += 1
+        await asyncio.sleep(rng.uniform(0.0, 0.05))
+    await http.aclose()
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, *args], env={**os.environ, **env}, cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fleet", choices=sorted(FLEETS), default="demo")
+    parser.add_argument("--sidecars", type=int, default=4)
+    parser.add_argument("--agents", type=int, default=3, help="agents per sidecar")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--time-scale", type=float, default=0.05,
+                        help="simulated durations x this (0.05: 20 times faster than real)")
+    parser.add_argument("--direct", action="store_true",
+                        help="no sidecars: each agent calls one GPU directly, round-robin")
+    parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
+                        help="every agent switches model every SECONDS (loads and evictions)")
+    parser.add_argument("--log-level", default="info", help="the sidecars' log level")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    logs = Path(tempfile.mkdtemp(prefix="fleet-soak-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    nats: NatsServer | None = None
+    try:
+        fleet = FLEETS[args.fleet]
+        gpus = []
+        for name, vram, ctx in fleet:
+            port = free_port()
+            procs.append(start(["-m", "loadtest.ollama_sim", "--port", str(port), "--name", name,
+                                "--vram", str(vram), "--context", str(ctx),
+                                "--time-scale", str(args.time_scale)], {}, logs / f"{name}.log"))
+            gpus.append(f"http://127.0.0.1:{port}")
+        for gpu in gpus:
+            wait_http(gpu)
+        providers = [{"name": name, "endpoint": gpu, "totalVramMiB": vram,
+                      "contextLength": ctx, "maxParallel": 1}
+                     for (name, vram, ctx), gpu in zip(fleet, gpus, strict=True)]
+        sidecars: list[tuple[str, str]] = []  # (url, model)
+        if not args.direct:
+            nats = NatsServer().start()
+            common = {"KUBEMOOT_NATS_URL": nats.url, "KUBEMOOT_PROVIDERS": json.dumps(providers),
+                      "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "20",
+                      "KUBEMOOT_LOG_LEVEL": args.log_level}
+            subprocess.run([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT, check=True,
+                           env={**os.environ, **common}, capture_output=True)
+            procs.append(start(["-m", "proxy", "publish"], common, logs / "publish.log"))
+            for i in range(args.sidecars):
+                model, candidates = PROFILES[i % len(PROFILES)]
+                port = free_port()
+                env = {**common, "KUBEMOOT_LISTEN": f"127.0.0.1:{port}",
+                       "KUBEMOOT_AGENT_NAME": f"agent-{i}", "KUBEMOOT_MODEL_MODEL": model,
+                       "KUBEMOOT_MODEL_CANDIDATES_MULLING": json.dumps(candidates)}
+                procs.append(start(["-m", "proxy", "serve"], env, logs / f"sidecar-{i}.log"))
+                sidecars.append((f"http://127.0.0.1:{port}", model))
+            for url, _ in sidecars:
+                wait_http(url + "/healthz")
+        else:
+            sidecars = [(gpus[i % len(gpus)], PROFILES[i % len(PROFILES)][0])
+                        for i in range(args.sidecars)]
+        tally = asyncio.run(soak(sidecars, args))
+        time.sleep(1.0)  # releases ride along within 50 ms; the state settles
+        return report(tally, gpus, [] if args.direct else [u for u, _ in sidecars], logs, args)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if nats is not None:
+            nats.cleanup()
+
+
+async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tally:
+    tally = Tally()
+    deadline = time.monotonic() + args.seconds
+    kind = "direct" if args.direct else "agent"
+    await asyncio.gather(*(
+        agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
+              args.churn)
+        for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
+    return tally
+
+
+def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
+           args: argparse.Namespace) -> int:
+    mode = "direct (round-robin pinning)" if args.direct else f"{len(sidecars)} sidecars, NATS"
+    calls = sum(tally.outcomes.values())
+    churn = f", model churn every {args.churn:.0f} s" if args.churn else ""
+    print(f"# fleet soak: {args.fleet} fleet, {mode}, {args.agents} agents each, "
+          f"{args.seconds:.0f} s{churn}, time scale {args.time_scale}; logs in {logs}")
+    print(f"calls {calls}  outcomes {dict(sorted(tally.outcomes.items()))}")
+    if tally.seconds:
+        print(f"call seconds p50 {percentile(tally.seconds, 0.5):.3f}  "
+              f"p95 {percentile(tally.seconds, 0.95):.3f}  max {max(tally.seconds):.3f}")
+    problems = list(tally.unexpected[:10])
+    totals: collections.Counter[str] = collections.Counter()
+    for gpu in gpus:
+        stats = httpx.get(gpu + "/_sim/stats").json()
+        for key in ("requests", "loads", "unloads", "reloads", "self_evictions", "oom_events",
+                    "truncations"):
+            totals[key] += int(stats.get(key, 0))
+    print("gpus", dict(totals))
+    for key in ("oom_events", "truncations"):
+        if totals[key]:
+            problems.append(f"{key}: {totals[key]}")
+    for url in sidecars:
+        state = httpx.get(url + "/kubemoot/v1/state").json()
+        if state["tickets"]:
+            problems.append(f"{url}: tickets left after the soak: {state['tickets'][:3]}")
+        metrics = httpx.get(url + "/metrics").text
+        for line in metrics.splitlines():
+            if line.startswith("kubemoot_placements_total{") and "waiting" not in line:
+                label = line.split('placement="')[1].split('"')[0]
+                tally.placements[label] += int(float(line.rsplit(" ", 1)[1]))
+    if sidecars:
+        print("placements", dict(tally.placements))
+    for p in problems:
+        print("PROBLEM", p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
