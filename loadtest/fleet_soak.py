@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--time-scale", type=float, default=0.05,
                         help="simulated durations x this (0.05: 20 times faster than real)")
+    parser.add_argument("--embedded", action="store_true",
+                        help="embedded state: no NATS, every sidecar probes the GPUs itself "
+                             "and keeps its own tickets (one sidecar is the supported use)")
     parser.add_argument("--direct", action="store_true",
                         help="no sidecars: each agent calls one GPU directly, round-robin")
     parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
@@ -165,13 +168,15 @@ def main(argv: list[str] | None = None) -> int:
                      for (name, vram, ctx), gpu in zip(fleet, gpus, strict=True)]
         sidecars: list[tuple[str, str]] = []  # (url, model)
         if not args.direct:
-            nats = NatsServer().start()
-            common = {"KUBEMOOT_NATS_URL": nats.url, "KUBEMOOT_PROVIDERS": json.dumps(providers),
+            common = {"KUBEMOOT_PROVIDERS": json.dumps(providers),
                       "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "20",
                       "KUBEMOOT_LOG_LEVEL": args.log_level}
-            subprocess.run([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT, check=True,
-                           env={**os.environ, **common}, capture_output=True)
-            procs.append(start(["-m", "proxy", "publish"], common, logs / "publish.log"))
+            if not args.embedded:
+                nats = NatsServer().start()
+                common["KUBEMOOT_NATS_URL"] = nats.url
+                subprocess.run([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT,
+                               check=True, env={**os.environ, **common}, capture_output=True)
+                procs.append(start(["-m", "proxy", "publish"], common, logs / "publish.log"))
             for i in range(args.sidecars):
                 model, candidates = PROFILES[i % len(PROFILES)]
                 port = free_port()
@@ -213,7 +218,8 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
 
 def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
            args: argparse.Namespace) -> int:
-    mode = "direct (round-robin pinning)" if args.direct else f"{len(sidecars)} sidecars, NATS"
+    state = "embedded" if args.embedded else "NATS"
+    mode = "direct (round-robin pinning)" if args.direct else f"{len(sidecars)} sidecars, {state}"
     calls = sum(tally.outcomes.values())
     churn = f", model churn every {args.churn:.0f} s" if args.churn else ""
     print(f"# fleet soak: {args.fleet} fleet, {mode}, {args.agents} agents each, "

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import logging
 import math
 import threading
 import time
@@ -43,6 +44,7 @@ from loadtest.sim_model import (
     tokens_for_text,
 )
 
+log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 WORDS = ("the", "answer", "is", "forty", "two", "and", "that", "settles", "it", "for", "now")
 
 
@@ -129,11 +131,13 @@ class OllamaSim:
         now = time.time()
         for name, runner in list(self.runners.items()):
             if runner.refcount == 0 and runner.loaded.is_set() and runner.expires_at <= now:
-                self._drop(name)
+                self._drop(name, "keep-alive expiry")
 
-    def _drop(self, name: str) -> None:
+    def _drop(self, name: str, why: str = "unload") -> None:
         if self.runners.pop(name, None) is not None:
             self.stats.unloads += 1
+            log.info("%s %s: %s (%d MiB in use)", self.config.name, why, name,
+                     self.used_vram_mib())
 
     def _make_room(self, need_mib: int) -> None:
         total = self.config.total_vram_mib
@@ -153,7 +157,7 @@ class OllamaSim:
             for runner in idle:
                 if self.used_vram_mib() + need_mib <= total:
                     break
-                self._drop(runner.model.name)
+                self._drop(runner.model.name, f"self-eviction for {need_mib} MiB")
                 self.stats.self_evictions += 1
         if self.used_vram_mib() + need_mib > total:
             self.stats.oom_events += 1
@@ -182,7 +186,7 @@ class OllamaSim:
                     if not runner.unload_requested:
                         self.stats.reloads += 1
                     if runner.refcount == 0 and runner.loaded.is_set():
-                        self._drop(model.name)
+                        self._drop(model.name, "num_ctx reload")
                         runner = None
                     else:
                         runner.unload_requested = True
@@ -217,6 +221,8 @@ class OllamaSim:
                         keep_alive_s=keep_alive_s)
         self.runners[model.name] = runner
         self.stats.loads += 1
+        log.info("%s load: %s (%d MiB in use)", self.config.name, model.name,
+                 self.used_vram_mib())
         self.stats.peak_vram_mib = max(self.stats.peak_vram_mib, self.used_vram_mib())
         return runner
 
@@ -703,6 +709,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(message)s",
+                        datefmt="%H:%M:%S")
     if args.fleet:
         configs = demo_fleet(args.time_scale)
     else:

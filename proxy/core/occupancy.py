@@ -93,9 +93,10 @@ class ProviderIndex:
 
 def lasting_residents(view: ProviderView, busy: set[str], now: float, policy: Policy
                       ) -> list[Resident]:
-    """Residents that will still be loaded when a call gets there: an idle copy whose
-    keep-alive runs out within the margin (the probe may be seconds old) is as good as gone;
-    a copy with live tickets is in use, so Ollama keeps it."""
+    """Residents a call can count on finding loaded: an idle copy whose keep-alive runs out
+    within the margin is as good as gone; a copy with live tickets is in use, so Ollama keeps
+    it. (An expiring copy's memory still counts until a probe shows it freed: the expiry
+    published may be seconds old, and the copy may have been used since.)"""
     horizon = now + policy.expiry_margin_s
     return [r for r in view.residents if r.expires_at > horizon or r.model in busy]
 
@@ -111,7 +112,7 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         residents = {r.model: r for r in kept}
         usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
         out[view.name] = ProviderIndex(view, usable, residents,
-                                       sum(r.footprint_mib for r in kept))
+                                       sum(r.footprint_mib for r in view.residents))
     for ticket in snapshot.tickets:
         index = out.get(ticket.provider)
         if index is None or ticket.expires_at <= snapshot.now:
@@ -151,17 +152,16 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         return True, "provider publishes no VRAM total"
     live = [t for t in tickets if t.expires_at > new.started_at and t.ticket_id != new.ticket_id]
     busy = {t.model for t in live}
-    kept = lasting_residents(view, busy, new.started_at, policy)
-    residents = {r.model: r.footprint_mib for r in kept}
+    lasting = {r.model for r in lasting_residents(view, busy, new.started_at, policy)}
+    residents = {r.model: r.footprint_mib for r in view.residents}  # memory, expiring or not
     # The decision's own assumptions, re-checked against the authoritative ticket set:
     same_model = [t for t in live if t.model == new.model]
     if needs_free_slot and len(same_model) >= view.max_parallel:
         return False, f"no free slot left for {new.model}"
-    resident = set(residents)
     loaders = [t for t in same_model if t.cold]
-    if new.cold and new.model not in resident and loaders:
+    if new.cold and new.model not in lasting and loaders:
         return False, f"{new.model} is already being loaded here"
-    if not new.cold and new.model not in resident:
+    if not new.cold and new.model not in lasting:
         # It means to join a load. Sent while there is none (gone, or its claim refused), or
         # before that load's victims are unloaded, it would make the engine load the model
         # outside the budget.
