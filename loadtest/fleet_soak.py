@@ -147,9 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
                         help="every agent switches model every SECONDS (loads and evictions)")
     parser.add_argument("--log-level", default="info", help="the sidecars' log level")
+    parser.add_argument("--logs", type=Path, help="where the processes' logs go "
+                                                  "(default: a new temporary directory)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    logs = Path(tempfile.mkdtemp(prefix="fleet-soak-"))
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
+    logs.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
     nats: NatsServer | None = None
     try:

@@ -285,9 +285,7 @@ class OllamaSim:
         self._expire_idle()
         models = []
         now = time.time()
-        for runner in self.runners.values():
-            if not runner.loaded.is_set():
-                continue
+        for runner in self.runners.values():  # loading ones too, as Ollama lists them
             if runner.refcount > 0 or runner.expires_at == math.inf:
                 remaining = runner.keep_alive_s * self.config.time_scale
             else:

@@ -169,7 +169,7 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             return False, f"{new.model} is neither loaded nor being loaded here"
         if all(_making_room(t, residents) for t in loaders):
             return False, f"room for {new.model} is still being made here"
-    if not new.cold and any(new.model in t.evicts for t in live):
+    if any(new.model in t.evicts for t in live):  # no new work for a copy being unloaded
         return False, f"{new.model} is planned for eviction here"
     for victim in new.evicts:
         if victim in busy:

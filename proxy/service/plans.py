@@ -17,6 +17,7 @@ from proxy.adapters.ollama import UpstreamError
 from proxy.core.placement import in_tolerance, place
 from proxy.core.types import CallSpec
 from proxy.observability.logging import get_logger
+from proxy.ports import StoreUnavailable
 from proxy.service.routing import CallRequest, Refusal, Route
 from proxy.service.scheduler import Claimed, Scheduler
 
@@ -99,10 +100,10 @@ class PlanBook:
         placement = claimed.placement
         client = self.scheduler.pool.clients[placement.provider]
         try:
-            for victim in placement.evicts:
-                await client.unload(victim)
+            if placement.evicts:
+                await self.scheduler.make_room(claimed)
             await client.load(placement.model)
-        except UpstreamError as exc:
+        except (UpstreamError, StoreUnavailable) as exc:
             log.warning("plan preload failed", provider=placement.provider, error=str(exc))
 
     async def release(self, thread: str) -> bool:
@@ -111,9 +112,8 @@ class PlanBook:
             return False
         if plan.loader is not None:
             plan.loader.cancel()
-        self.scheduler.unhold(plan.claimed)
         with contextlib.suppress(Exception):
-            await self.scheduler.book(plan.claimed).release(plan.claimed.ticket)
+            await self.scheduler.release_plan(plan.claimed)
         for m in plan.intents:
             await self.scheduler.demand.drop_intent(m)
         return True

@@ -83,13 +83,15 @@ class Prober:
     async def probe(self, name: str) -> ProviderState:
         config = self.configs[name]
         client = self.clients[name]
+        # Stamped when the probe starts: what /api/ps says may be that old, so a change a
+        # call records after this moment must win over it (see merge_residency).
+        now = self.clock()
         results: tuple[Any, ...] = await asyncio.gather(
             client.get_json("/api/version", PROBE_TIMEOUT_S),
             client.get_json("/api/ps", PROBE_TIMEOUT_S),
             client.get_json("/api/tags", PROBE_TIMEOUT_S),
             return_exceptions=True)
         version, ps, tags = results
-        now = self.clock()
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
             total = await dcgm_total_mib(config.dcgm_url)

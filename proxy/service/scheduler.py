@@ -46,6 +46,8 @@ log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
 LEARNS_RATIO = ("/api/chat", "/api/generate")
 LOAD_SPEED_ALPHA = 0.3
+UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before going anyway
+UNLOAD_POLL_S = 0.05
 
 
 def normalise_model(name: str) -> str:
@@ -73,6 +75,14 @@ class Learning:
         sample = mib / seconds
         self.load_mib_per_s = sample if self.load_mib_per_s is None else \
             LOAD_SPEED_ALPHA * sample + (1 - LOAD_SPEED_ALPHA) * self.load_mib_per_s
+
+
+def left_loaded(placement: Placement, now: float) -> Residency | None:
+    """What a finished load leaves on the GPU, to count at once rather than at the next
+    probe; None when the call shared a copy (nothing changed)."""
+    if placement.kind in ("cold", "evict"):
+        return Residency(placement.footprint_mib, placement.context_length, now)
+    return None
 
 
 class Scheduler:
@@ -312,17 +322,8 @@ class Scheduler:
                             waited_ms: int, unload: bool = True) -> Route:
         placement = claimed.placement
         client = self.pool.clients[placement.provider]
-        for victim in placement.evicts if unload else ():
-            try:
-                log.debug("unloading", provider=placement.provider, model=victim,
-                          ticket=claimed.ticket.ticket_id)
-                await client.unload(victim)
-                self.metrics.evictions.labels(placement.provider, victim).inc()
-            except UpstreamError as exc:
-                log.warning("unload failed", provider=placement.provider, model=victim,
-                            error=str(exc))
-        if placement.evicts:
-            await self.book(claimed).mark_unloaded(placement.provider, tuple(placement.evicts))
+        if unload and placement.evicts:
+            await self.make_room(claimed)
         stats = self.stats[placement.provider]
         self.stats[placement.provider] = replace(
             stats, breaker=stats.breaker.start_trial(self.clock()))
@@ -334,6 +335,40 @@ class Scheduler:
         route.on_done = self._finisher(claimed, call, route)
         route.retry = self._retry_elsewhere(call, spec, placement.provider)
         return route
+
+    async def make_room(self, claimed: Claimed) -> None:
+        """Unload the planned victims, wait until `/api/ps` no longer lists them, and record
+        them as gone. Ollama answers `keep_alive: 0` at once but unloads a copy only when its
+        last call ends (one may be finishing as its ticket goes); a load sent before then
+        would find them still there."""
+        placement = claimed.placement
+        client = self.pool.clients[placement.provider]
+        victims = tuple(placement.evicts)
+        for victim in victims:
+            try:
+                log.debug("unloading", provider=placement.provider, model=victim,
+                          ticket=claimed.ticket.ticket_id)
+                await client.unload(victim)
+                self.metrics.evictions.labels(placement.provider, victim).inc()
+            except UpstreamError as exc:
+                log.warning("unload failed", provider=placement.provider, model=victim,
+                            error=str(exc))
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+        while True:
+            try:
+                ps = await client.get_json("/api/ps", client.timeouts.connect_s)
+            except UpstreamError:
+                break  # the call finds out for itself
+            models = ps.get("models") if isinstance(ps, dict) else None
+            loaded = {str(m.get("model") or m.get("name")) for m in models or ()}
+            if loaded.isdisjoint(victims):
+                break
+            if time.monotonic() >= deadline:
+                log.warning("victims still loaded; sending the call anyway",
+                            provider=placement.provider, victims=sorted(loaded & set(victims)))
+                break
+            await asyncio.sleep(UNLOAD_POLL_S)
+        await self.book(claimed).mark_unloaded(placement.provider, victims)
 
     def book(self, claimed: Claimed) -> TicketBook:
         return self.local_tickets if claimed.local else self.tickets
@@ -364,6 +399,12 @@ class Scheduler:
             await asyncio.gather(*(self.book(c).renew(c.ticket) for c in held),
                                  return_exceptions=True)  # unreachable store: next sweep
 
+    async def release_plan(self, claimed: Claimed) -> None:
+        """An unused held plan: its ticket goes, the model its load left stays counted."""
+        self.unhold(claimed)
+        stays = left_loaded(claimed.placement, self.clock())
+        await self.book(claimed).release(claimed.ticket, stays)
+
     def _finisher(self, claimed: Claimed, call: CallRequest, route: Route
                   ) -> Callable[[CallOutcome], Awaitable[None]]:
         placement = claimed.placement
@@ -376,10 +417,7 @@ class Scheduler:
             # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
             self.metrics.circuit_open.labels(placement.provider).set(
                 0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-            stays = None
-            if placement.kind in ("cold", "evict"):
-                # The model stays loaded after the ticket goes: count it at once.
-                stays = Residency(placement.footprint_mib, placement.context_length, now)
+            stays = left_loaded(placement, now)
             release = self.book(claimed).release(claimed.ticket, stays)
             try:
                 # A plain release finishes without suspending; one that records a model left

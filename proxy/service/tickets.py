@@ -23,8 +23,11 @@ from dataclasses import dataclass, replace
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.policy import Policy
 from proxy.core.types import ProviderView, Ticket
+from proxy.observability.logging import get_logger
 from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import Residency, TicketSet, merge_residency, token
+
+log = get_logger("kubemoot.tickets")
 
 DEFAULT_TTL_S = 60.0
 MAX_ATTEMPTS = 8
@@ -254,10 +257,13 @@ class TicketBook:
                 return None  # an earlier attempt committed (ambiguous timeout)
             fresh = replace(ticket, started_at=now, expires_at=now + self.ttl_s)
             live = list(current.tickets.values())
-            ok, why = ticket_budget_ok(live, fresh, _with_residency(view, current), self.policy,
-                                       needs_free_slot)
+            merged = _with_residency(view, current)
+            ok, why = ticket_budget_ok(live, fresh, merged, self.policy, needs_free_slot)
             if not ok:
                 return why
+            log.debug("budget", provider=ticket.provider, ticket=ticket.ticket_id,
+                      model=ticket.model, mib=ticket.footprint_mib, cold=ticket.cold, why=why,
+                      residents=merged.residents, live=len(live))
             return TicketSet({**current.tickets, ticket.ticket_id: fresh}, current.residents)
 
         return await self._mutate(ticket.provider, add)

@@ -149,6 +149,8 @@ def test_no_new_work_for_a_planned_victim() -> None:
     ok, why = ticket_budget_ok([evicting], _t("2", "phi3:mini", 512, cold=False), view,
                                DEFAULT_POLICY)
     assert not ok and "planned for eviction" in why
+    ok, why = ticket_budget_ok([evicting], _t("3", "phi3:mini", 3600), view, DEFAULT_POLICY)
+    assert not ok and "planned for eviction" in why  # nor a load of it beside its evictor
 
 
 def test_an_idle_copy_past_its_keep_alive_is_not_warm() -> None:
