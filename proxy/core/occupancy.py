@@ -6,7 +6,7 @@ filter and cost reads, once per placement rather than once per candidate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from proxy.core.policy import Policy
@@ -123,7 +123,7 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
             index.planned_victims.setdefault(victim, mib)
         if ticket.cold and ticket.model not in index.residents:
             index.loading_mib += ticket.footprint_mib
-            if _making_room(ticket, index.residents):
+            if _making_room(ticket, {r.model for r in index.view.residents}):
                 index.making_room.add(ticket.model)  # a call sent now would load it early
                 continue
             earliest = index.loading.get(ticket.model)
@@ -132,9 +132,10 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
     return out
 
 
-def _making_room(ticket: Ticket, residents: Mapping[str, object]) -> bool:
-    """A load that unloads victims first: until they are gone, only its own call may go."""
-    return any(victim in residents for victim in ticket.evicts)
+def _making_room(ticket: Ticket, present: Container[str]) -> bool:
+    """A load that unloads victims first: until they are gone (expiring or not), only its own
+    call may go."""
+    return any(victim in present for victim in ticket.evicts)
 
 
 def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
