@@ -21,6 +21,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,8 @@ def prompt_chars(rng: random.Random) -> int:
 
 
 async def agent(name: str, url: str, model: str, deadline: float, seed: int,
-                tally: Tally, churn_s: float = 0.0) -> None:
+                tally: Tally, churn_s: float = 0.0, tolerated: frozenset[int] = frozenset()
+                ) -> None:
     rng = random.Random(seed)
     first = rng.randrange(len(CHURN))
     plain = ollama.AsyncClient(host=url, timeout=120)
@@ -114,7 +116,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
             tally.seconds.append(time.monotonic() - started)
         except ollama.ResponseError as exc:
             outcome = f"{exc.status_code}"
-            if REFUSALS.get(exc.status_code) is None:
+            if REFUSALS.get(exc.status_code) is None and exc.status_code not in tolerated:
                 tally.unexpected.append(f"{name}: {exc.status_code} {exc.error}")
         except (httpx.HTTPError, ConnectionError) as exc:
             outcome = "connection"
@@ -124,8 +126,9 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
     await http.aclose()
 
 
-def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
+def start(args: list[str], env: dict[str, str], log: Path, append: bool = False
+          ) -> subprocess.Popen[bytes]:
+    with log.open("ab" if append else "wb") as out:
         return subprocess.Popen([sys.executable, *args], env={**os.environ, **env}, cwd=ROOT,
                                 stdout=out, stderr=subprocess.STDOUT)
 
@@ -146,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="no sidecars: each agent calls one GPU directly, round-robin")
     parser.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
                         help="every agent switches model every SECONDS (loads and evictions)")
+    parser.add_argument("--outage", type=float, nargs=2, metavar=("AT", "FOR"),
+                        help="kill the first GPU's Ollama AT seconds in and start it again FOR "
+                             "seconds later, as a node reboot does (its calls then may fail: "
+                             "502 before the first byte, an error line after it)")
     parser.add_argument("--log-level", default="info", help="the sidecars' log level")
     parser.add_argument("--logs", type=Path, help="where the processes' logs go "
                                                   "(default: a new temporary directory)")
@@ -158,14 +165,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fleet = FLEETS[args.fleet]
         gpus = []
+        commands = []
         for name, vram, ctx in fleet:
             port = free_port()
-            procs.append(start(["-m", "loadtest.ollama_sim", "--port", str(port), "--name", name,
-                                "--vram", str(vram), "--context", str(ctx),
-                                "--time-scale", str(args.time_scale)], {}, logs / f"{name}.log"))
+            commands.append(["-m", "loadtest.ollama_sim", "--port", str(port), "--name", name,
+                             "--vram", str(vram), "--context", str(ctx),
+                             "--time-scale", str(args.time_scale)])
+            procs.append(start(commands[-1], {}, logs / f"{name}.log"))
             gpus.append(f"http://127.0.0.1:{port}")
         for gpu in gpus:
             wait_http(gpu)
+        if args.outage:
+            def reboot(at: float, lasting: float) -> None:
+                time.sleep(at)
+                procs[0].kill()  # sims are started first: procs[0] is the first GPU
+                procs[0].wait()
+                time.sleep(lasting)
+                procs[0] = start(commands[0], {}, logs / f"{fleet[0][0]}.log", append=True)
+
+            threading.Thread(target=reboot, args=tuple(args.outage), daemon=True).start()
         providers = [{"name": name, "endpoint": gpu, "totalVramMiB": vram,
                       "contextLength": ctx, "maxParallel": 1}
                      for (name, vram, ctx), gpu in zip(fleet, gpus, strict=True)]
@@ -212,9 +230,10 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
     tally = Tally()
     deadline = time.monotonic() + args.seconds
     kind = "direct" if args.direct else "agent"
+    tolerated = frozenset({502, -1}) if args.outage else frozenset()
     await asyncio.gather(*(
         agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
-              args.churn)
+              args.churn, tolerated)
         for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
     return tally
 
@@ -239,6 +258,11 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
                     "truncations"):
             totals[key] += int(stats.get(key, 0))
     print("gpus", dict(totals))
+    if args.outage:
+        back = httpx.get(gpus[0] + "/_sim/stats").json()
+        print(f"first GPU after its outage: {back.get('requests', 0)} requests")
+        if not back.get("requests"):
+            problems.append("the first GPU got no calls after it came back")
     for key in ("oom_events", "truncations"):
         if totals[key]:
             problems.append(f"{key}: {totals[key]}")
