@@ -99,7 +99,8 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
-    api = SidecarApi(router=plans, pool=pool, holders=scheduler.providers_with, metrics=metrics,
+    api = SidecarApi(router=plans, pool=pool, holders=scheduler.providers_with,
+                     unload=scheduler.unload_everywhere, metrics=metrics,
                      max_request_bytes=settings.max_request_bytes,
                      chunk_timeout_s=settings.chunk_timeout_seconds,
                      default_can_wait=settings.role != "coordinator",

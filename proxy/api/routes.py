@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -18,6 +18,7 @@ from proxy.api.relay import forward
 from proxy.core.tokens import prompt_chars
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
+from proxy.service.codec import rfc3339
 from proxy.service.routing import CallRequest, ProviderPool, Refusal, Route, Router
 
 log = get_logger("kubemoot.api")
@@ -58,12 +59,14 @@ class SidecarApi:
     """The HTTP surface. Everything it needs is handed in by the composition root."""
 
     def __init__(self, *, router: Router, pool: ProviderPool,
-                 holders: Callable[[str], list[str]], metrics: Metrics,
+                 holders: Callable[[str], list[str]],
+                 unload: Callable[[str], Awaitable[list[str]]], metrics: Metrics,
                  max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
                  readiness: Callable[[], bool]) -> None:
         self.router = router
         self.pool = pool
         self.holders = holders
+        self.unload = unload
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
         self.chunk_timeout_s = chunk_timeout_s
@@ -232,6 +235,8 @@ class SidecarApi:
             self.metrics.refusals.labels("bad-request").inc()
             return error_response(400, "bad-request", str(exc), openai=openai)
         call = self.call_request(request, path, body, parsed)
+        if call.model and wire.asks_to_unload(parsed):
+            return await self._unload(call.model, path)
         decision = await self.router.route(call)
         if isinstance(decision, Refusal):
             self.metrics.refusals.labels(decision.reason).inc()
@@ -245,6 +250,17 @@ class SidecarApi:
         return await forward(decision, path, body, stream, self.chunk_timeout_s,
                              on_route=lambda route: self._observe(route, call, started),
                              openai=openai)
+
+    async def _unload(self, model: str, path: str) -> Response:
+        """Ollama's answer to an unload, after asking every provider that has the model."""
+        await self.unload(model)
+        answer: dict[str, Any] = {"model": model, "created_at": rfc3339(time.time()), "done": True,
+                                  "done_reason": "unload"}
+        if path == "/api/chat":
+            answer["message"] = {"role": "assistant", "content": ""}
+        else:
+            answer["response"] = ""
+        return _json(answer)
 
     def _observe(self, route: Route, call: CallRequest, started: float) -> None:
         self.metrics.placements.labels(route.placement, route.provider, route.model).inc()

@@ -6,6 +6,7 @@ rather than a surprise. Unknown fields are kept and forwarded untouched.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, TypeVar
 
 import orjson
@@ -97,6 +98,20 @@ class PlanRequest(_Wire):
 class ShowRequest(_Wire):
     model: str | None = None
     name: str | None = None
+
+
+_ZERO_DURATION = re.compile(r"^[+-]?(?:(?:0+\.?0*|\.0+)(?:ns|us|µs|μs|ms|s|m|h)?)+$")
+
+
+def asks_to_unload(parsed: BaseModel) -> bool:
+    """`keep_alive: 0` with nothing to run: Ollama's way to unload a model (`ollama stop`).
+    Zero is a number or a Go duration string such as "0", "0s" or "0m"."""
+    if not isinstance(parsed, OllamaInference) or parsed.prompt or parsed.messages:
+        return False
+    keep_alive = parsed.keep_alive
+    if isinstance(keep_alive, str):
+        return bool(_ZERO_DURATION.match(keep_alive.strip()))
+    return keep_alive is not None and keep_alive == 0
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

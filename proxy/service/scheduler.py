@@ -370,6 +370,30 @@ class Scheduler:
             await asyncio.sleep(UNLOAD_POLL_S)
         await self.book(claimed).mark_unloaded(placement.provider, victims)
 
+    async def unload_everywhere(self, model: str) -> list[str]:
+        """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`
+        sends): every provider with the model loaded is asked to unload it (Ollama lets
+        running calls finish first); where no call holds a ticket for it, every view drops it
+        at once. Nothing is placed, claimed or loaded."""
+        model = normalise_model(model)
+        snapshot = self.snapshot(self.clock())
+        unloaded = []
+        for view in snapshot.providers:
+            if not any(r.model == model for r in view.residents):
+                continue
+            try:
+                await self.pool.clients[view.name].unload(model)
+            except UpstreamError as exc:
+                log.warning("unload failed", provider=view.name, model=model, error=str(exc))
+                continue
+            unloaded.append(view.name)
+            self.metrics.evictions.labels(view.name, model).inc()
+            if not any(t.provider == view.name and t.model == model for t in snapshot.tickets):
+                with contextlib.suppress(StoreUnavailable):
+                    await self.tickets.mark_unloaded(view.name, (model,))
+        log.info("unloaded on request", model=model, providers=unloaded)
+        return unloaded
+
     def book(self, claimed: Claimed) -> TicketBook:
         return self.local_tickets if claimed.local else self.tickets
 

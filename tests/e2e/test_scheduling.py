@@ -229,6 +229,23 @@ def test_num_ctx_is_a_requirement_not_a_reload(sim_factory: Sims,
     assert large.sim.stats.reloads == 0 and large.sim.stats.loads == 1
 
 
+def test_an_unload_request_unloads_and_places_nothing(sim_factory: Sims,
+                                                       sidecar_factory: Sidecars) -> None:
+    gpus = [sim_factory("a", time_scale=SCALE), sim_factory("b", time_scale=SCALE)]
+    url = sidecar_factory(gpus).url
+    assert chat(url, "qwen3:8b").status_code == 200
+    holder = next(g for g in gpus if g.sim.stats.loads)
+    client = ollama.Client(host=url)
+    stopped = client.generate(model="qwen3:8b", keep_alive=0)  # what `ollama stop` sends
+    assert stopped.done_reason == "unload"
+    assert eventually(lambda: not holder.sim.runners)
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert not any(p["residents"] for p in state["providers"])  # before any probe says so
+    # Not loaded anywhere: nothing is loaded, evicted or claimed just to unload it.
+    assert client.chat(model="qwen3:14b", messages=[], keep_alive="0s").done_reason == "unload"
+    assert sum(g.sim.stats.loads for g in gpus) == 1 and not state["tickets"]
+
+
 def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(sim_factory: Sims,
                                                              sidecar_factory: Sidecars
                                                              ) -> None:

@@ -1,0 +1,41 @@
+"""Reading requests: which ones are Ollama's unload, and what a bad field is called."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.api import wire
+
+
+@pytest.mark.parametrize(
+    ("body", "unload"),
+    [
+        ({"model": "m", "keep_alive": 0}, True),
+        ({"model": "m", "keep_alive": 0.0, "prompt": ""}, True),
+        ({"model": "m", "keep_alive": "0"}, True),
+        ({"model": "m", "keep_alive": "0s", "messages": []}, True),
+        ({"model": "m", "keep_alive": "0h0m0s"}, True),
+        ({"model": "m", "keep_alive": "0.0ms"}, True),
+        ({"model": "m", "keep_alive": "5m"}, False),
+        ({"model": "m", "keep_alive": -1}, False),  # forever
+        ({"model": "m", "keep_alive": "10"}, False),
+        ({"model": "m"}, False),  # a load, not an unload
+        ({"model": "m", "keep_alive": 0, "prompt": "hi"}, False),  # runs, then unloads
+        ({"model": "m", "keep_alive": 0, "messages": [{"role": "user", "content": "hi"}]},
+         False),
+    ],
+)
+def test_an_unload_is_keep_alive_zero_with_nothing_to_run(body: dict[str, Any],
+                                                          unload: bool) -> None:
+    assert wire.asks_to_unload(wire.validate(wire.OllamaInference, body)) is unload
+
+
+def test_a_bad_num_ctx_is_named() -> None:
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.validate(wire.OllamaInference, {"model": "m", "options": {"num_ctx": "big"}})
+    assert caught.value.field == "options.num_ctx"
+    ok = wire.validate(wire.OllamaInference, {"model": "m", "options": {"num_ctx": 8192,
+                                                                        "seed": "kept"}})
+    assert ok.options is not None and ok.options.num_ctx == 8192
