@@ -217,6 +217,7 @@ class SidecarApi:
             can_wait=can_wait,
             prompt_chars=prompt_chars(body),
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
+            unloads_after=wire.zero_keep_alive(parsed),
             disconnected=lambda: _disconnect(request),
         )
 

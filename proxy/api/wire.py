@@ -103,15 +103,18 @@ class ShowRequest(_Wire):
 _ZERO_DURATION = re.compile(r"^[+-]?(?:(?:0+\.?0*|\.0+)(?:ns|us|µs|μs|ms|s|m|h)?)+$")
 
 
-def asks_to_unload(parsed: BaseModel) -> bool:
-    """`keep_alive: 0` with nothing to run: Ollama's way to unload a model (`ollama stop`).
-    Zero is a number or a Go duration string such as "0", "0s" or "0m"."""
-    if not isinstance(parsed, OllamaInference) or parsed.prompt or parsed.messages:
-        return False
-    keep_alive = parsed.keep_alive
+def zero_keep_alive(parsed: BaseModel) -> bool:
+    """`keep_alive` 0: a number or a Go duration string such as "0", "0s" or "0m"."""
+    keep_alive = getattr(parsed, "keep_alive", None)
     if isinstance(keep_alive, str):
         return bool(_ZERO_DURATION.match(keep_alive.strip()))
     return keep_alive is not None and keep_alive == 0
+
+
+def asks_to_unload(parsed: BaseModel) -> bool:
+    """`keep_alive: 0` with nothing to run: Ollama's way to unload a model (`ollama stop`)."""
+    return isinstance(parsed, OllamaInference) and not parsed.prompt and \
+        not parsed.messages and zero_keep_alive(parsed)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

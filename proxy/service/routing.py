@@ -26,6 +26,7 @@ class CallRequest:
     can_wait: bool = True
     prompt_chars: int = 0
     num_ctx: int | None = None
+    unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 

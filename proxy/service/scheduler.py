@@ -441,7 +441,8 @@ class Scheduler:
             # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
             self.metrics.circuit_open.labels(placement.provider).set(
                 0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-            stays = left_loaded(placement, now)
+            # keep_alive 0: Ollama unloads the model as the call ends (unless others use it).
+            stays = Residency(0, 0, now) if call.unloads_after else left_loaded(placement, now)
             release = self.book(claimed).release(claimed.ticket, stays)
             try:
                 # A plain release finishes without suspending; one that records a model left

@@ -270,7 +270,7 @@ class TicketBook:
 
     async def release(self, ticket: Ticket, leave_resident: Residency | None = None
                       ) -> ClaimResult:
-        """Remove the ticket; record the model it leaves loaded.
+        """Remove the ticket; record the model it leaves loaded (or, `mib` 0, unloaded).
 
         The ticket stops counting here at once. A plain release is written with the next
         write to the provider's set (a claim's, typically) or within `release_delay_s`, so it
@@ -284,8 +284,12 @@ class TicketBook:
             return ClaimResult(True, "owed")
 
         def remove(current: TicketSet, now: float) -> TicketSet | str | None:
+            # (The ticket itself is owed: the write carries it whatever this returns.)
             if current.residents.get(ticket.model) == leave_resident:
-                return None  # the ticket itself is owed: the write carries it anyway
+                return None
+            if leave_resident.gone and any(t.model == ticket.model and t.expires_at > now
+                                           for t in current.tickets.values()):
+                return None  # other calls still use it, so Ollama keeps it until they end
             return TicketSet(current.tickets, {**current.residents, ticket.model: leave_resident})
 
         try:

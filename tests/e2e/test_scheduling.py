@@ -246,6 +246,23 @@ def test_an_unload_request_unloads_and_places_nothing(sim_factory: Sims,
     assert sum(g.sim.stats.loads for g in gpus) == 1 and not state["tickets"]
 
 
+def test_a_call_with_keep_alive_zero_leaves_no_phantom_copy(sim_factory: Sims,
+                                                            sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("a", time_scale=SCALE)
+    url = sidecar_factory([gpu], probe_interval_seconds=60).url  # no probe will tell it
+
+    def residents() -> list[object]:
+        state = httpx.get(f"{url}/kubemoot/v1/state").json()
+        return [r for p in state["providers"] for r in p["residents"]]
+
+    assert chat(url, "qwen3:8b").status_code == 200
+    assert eventually(lambda: bool(residents()))
+    r = chat(url, "qwen3:8b", keep_alive=0)  # a warm call asking Ollama to unload after it
+    assert r.status_code == 200 and r.headers["x-kubemoot-placement"] == "warm"
+    assert eventually(lambda: not gpu.sim.runners)
+    assert eventually(lambda: not residents(), timeout_s=1.0)  # the call's release said so
+
+
 def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(sim_factory: Sims,
                                                              sidecar_factory: Sidecars
                                                              ) -> None:

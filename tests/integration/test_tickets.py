@@ -116,6 +116,19 @@ async def test_release_records_the_model_left_resident(store: StateStore) -> Non
     assert not refused.ok and "neither loaded" in refused.reason
 
 
+async def test_a_release_that_unloads_records_it_unless_others_use_the_model(
+        store: StateStore) -> None:
+    book = _book(store)
+    mine = book.new_ticket("k0", "gpu", "idle:8b", 512, False, {}, "h")
+    other = book.new_ticket("o", "gpu", "idle:8b", 512, False, {}, "h2")
+    assert (await book.claim(mine, VIEW)).ok and (await book.claim(other, VIEW)).ok
+    await book.release(mine, Residency(0, 0, time.time()))  # keep_alive 0
+    # Another call still uses it, so Ollama keeps it: no record.
+    assert merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    await book.release(other, Residency(0, 0, time.time()))
+    assert not merge_residency(VIEW, book.known("gpu")[0].residents).residents  # now it goes
+
+
 class OutageStore(MemoryStore):
     """The embedded store with a switch that makes every server call fail."""
 
