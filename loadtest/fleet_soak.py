@@ -1,11 +1,13 @@
 """A fleet soak: several real sidecars sharing NATS in front of a simulated 3-GPU fleet, each
 serving agents that use the official `ollama` client with mixed models, prompt sizes,
-streaming, held plans and clients that leave mid-stream.
+streaming, held plans, clients that leave mid-stream, calls with `keep_alive: 0` and unload
+requests (`ollama stop`).
 
-It checks what must never happen, whatever the load: a GPU out of memory, a prompt cut by
-the engine, Ollama evicting a model on its own, a ticket left behind, an answer that is
-neither a success nor one of the contract's refusals. `--direct` runs the same agents
-against the GPUs themselves (each agent pinned round-robin to one), for comparison.
+It fails on what must never happen, whatever the load: a GPU out of memory, a prompt cut by
+the engine, a ticket left behind, an answer that is neither a success nor one of the
+contract's refusals. It reports how often Ollama had to evict a model on its own. `--direct`
+runs the same agents against the GPUs themselves (each agent pinned round-robin to one), for
+comparison.
 
     python -m loadtest.fleet_soak [--sidecars 4] [--agents 3] [--seconds 30] [--direct]
 """
@@ -90,16 +92,22 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         chars = prompt_chars(rng)
         messages = [{"role": "user", "content": "w " * (chars // 2)}]
         stream, leave = rng.random() < 0.6, rng.random() < 0.05
+        keep_alive = 0 if rng.random() < 0.03 else None  # unload as it ends
+        stop = rng.random() < 0.01  # what `ollama stop` sends, instead of a call
         client = plain
-        if rng.random() < 0.1 and "direct" not in name:  # planned at selection
+        if not stop and rng.random() < 0.1 and "direct" not in name:  # planned at selection
             thread = f"{name}-{turn}"
             await http.post("/kubemoot/v1/plans", json={"thread": thread, "promptChars": chars})
             client = ollama.AsyncClient(host=url, timeout=120,
                                         headers={"X-Kubemoot-Thread": thread})
         started = time.monotonic()
         try:
-            if stream:
+            if stop:
+                await client.generate(model=model, keep_alive=0)
+                outcome = "unload"
+            elif stream:
                 parts = await client.chat(model=model, messages=messages, stream=True,
+                                          keep_alive=keep_alive,
                                           options={"num_predict": rng.randint(4, 40)})
                 chunks = 0
                 async for part in parts:
@@ -110,10 +118,11 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                         break  # the client goes away mid-stream
                 outcome = "left" if leave and chunks == 2 else "200"
             else:
-                await client.chat(model=model, messages=messages,
+                await client.chat(model=model, messages=messages, keep_alive=keep_alive,
                                   options={"num_predict": rng.randint(4, 40)})
                 outcome = "200"
-            tally.seconds.append(time.monotonic() - started)
+            if outcome != "unload":
+                tally.seconds.append(time.monotonic() - started)
         except ollama.ResponseError as exc:
             outcome = f"{exc.status_code}"
             if REFUSALS.get(exc.status_code) is None and exc.status_code not in tolerated:
