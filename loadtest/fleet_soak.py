@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="kill the first GPU's Ollama AT seconds in and start it again FOR "
                              "seconds later, as a node reboot does (its calls then may fail: "
                              "502 before the first byte, an error line after it)")
+    parser.add_argument("--nats-outage", type=float, nargs=2, metavar=("AT", "FOR"),
+                        help="stop nats-server AT seconds in and start it again FOR seconds "
+                             "later (same port and store)")
     parser.add_argument("--log-level", default="info", help="the sidecars' log level")
     parser.add_argument("--logs", type=Path, help="where the processes' logs go "
                                                   "(default: a new temporary directory)")
@@ -217,6 +220,15 @@ def main(argv: list[str] | None = None) -> int:
                 sidecars.append((f"http://127.0.0.1:{port}", model))
             for url, _ in sidecars:
                 wait_http(url + "/healthz")
+            if args.nats_outage and nats is not None:
+                def nats_outage(server: NatsServer, at: float, lasting: float) -> None:
+                    time.sleep(at)
+                    server.stop()
+                    time.sleep(lasting)
+                    server.start()
+
+                threading.Thread(target=nats_outage, args=(nats, *args.nats_outage),
+                                 daemon=True).start()
         else:
             sidecars = [(gpus[i % len(gpus)], PROFILES[i % len(PROFILES)][0])
                         for i in range(args.sidecars)]
