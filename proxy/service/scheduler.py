@@ -345,14 +345,7 @@ class Scheduler:
         client = self.pool.clients[placement.provider]
         victims = tuple(placement.evicts)
         for victim in victims:
-            try:
-                log.debug("unloading", provider=placement.provider, model=victim,
-                          ticket=claimed.ticket.ticket_id)
-                await client.unload(victim)
-                self.metrics.evictions.labels(placement.provider, victim).inc()
-            except UpstreamError as exc:
-                log.warning("unload failed", provider=placement.provider, model=victim,
-                            error=str(exc))
+            await self._ask_unload(placement.provider, victim)
         deadline = time.monotonic() + UNLOAD_WAIT_S
         while True:
             try:
@@ -370,6 +363,17 @@ class Scheduler:
             await asyncio.sleep(UNLOAD_POLL_S)
         await self.book(claimed).mark_unloaded(placement.provider, victims)
 
+    async def _ask_unload(self, provider: str, model: str) -> bool:
+        """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""
+        log.debug("unloading", provider=provider, model=model)
+        try:
+            await self.pool.clients[provider].unload(model)
+        except UpstreamError as exc:
+            log.warning("unload failed", provider=provider, model=model, error=str(exc))
+            return False
+        self.metrics.evictions.labels(provider, model).inc()
+        return True
+
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`
         sends): every provider with the model loaded is asked to unload it (Ollama lets
@@ -381,13 +385,9 @@ class Scheduler:
         for view in snapshot.providers:
             if not any(r.model == model for r in view.residents):
                 continue
-            try:
-                await self.pool.clients[view.name].unload(model)
-            except UpstreamError as exc:
-                log.warning("unload failed", provider=view.name, model=model, error=str(exc))
+            if not await self._ask_unload(view.name, model):
                 continue
             unloaded.append(view.name)
-            self.metrics.evictions.labels(view.name, model).inc()
             if not any(t.provider == view.name and t.model == model for t in snapshot.tickets):
                 with contextlib.suppress(StoreUnavailable):
                     await self.tickets.mark_unloaded(view.name, (model,))
