@@ -1,6 +1,7 @@
-"""A short fleet soak: real sidecar processes on NATS, simulated GPUs, agents on the `ollama`
-client switching models every 2 s. Whatever happens, no GPU runs out of memory, no prompt
-is cut, no ticket is left behind, and every answer is a success or a contract refusal."""
+"""A short fleet soak: real sidecar processes on NATS (or one with embedded state), simulated
+GPUs, agents on the `ollama` client switching models every 2 s. Whatever happens, no GPU runs
+out of memory, no prompt is cut, no ticket is left behind, and every answer is a success or a
+contract refusal."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ pytestmark = pytest.mark.skipif(nats_server_binary() is None,
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("fleet", ["demo", "tight"])
-def test_a_shifting_load_never_overcommits_or_truncates(fleet: str, tmp_path: Path,
+@pytest.mark.parametrize("setup", [
+    ["--fleet", "demo", "--sidecars", "4", "--agents", "2"],
+    ["--fleet", "tight", "--sidecars", "4", "--agents", "2"],
+    ["--fleet", "tight", "--embedded", "--sidecars", "1", "--agents", "6"],  # the default
+], ids=["demo-nats", "tight-nats", "tight-embedded"])
+def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
-    code = fleet_soak.main(["--fleet", fleet, "--sidecars", "4", "--agents", "2",
-                            "--seconds", "12", "--churn", "2", "--time-scale", "0.02",
+    code = fleet_soak.main([*setup, "--seconds", "12", "--churn", "2", "--time-scale", "0.02",
                             "--logs", str(tmp_path)])
     report = capsys.readouterr().out
     assert code == 0, report
