@@ -313,9 +313,10 @@ class Scheduler:
             log.info("claim refused", provider=placement.provider, model=placement.model,
                      reason=result.reason)
             return None
+        # (The budget arithmetic is the ticket book's "budget" line.)
         log.debug("ticket claimed", provider=placement.provider, model=placement.model,
-                  ticket=ticket.ticket_id, kind=placement.kind, evicts=dict(placement.evicts),
-                  budget=result.reason, local=local)
+                  ticket=ticket.ticket_id, kind=placement.kind, evicts=placement.evicts,
+                  local=local)
         return Claimed(placement, ticket, local)
 
     async def start_claimed(self, claimed: Claimed, call: CallRequest, spec: CallSpec,
