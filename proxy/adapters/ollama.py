@@ -32,6 +32,11 @@ class UpstreamError(Exception):
         self.before_first_byte = before_first_byte
 
 
+def model_name(entry: dict[str, Any]) -> str:
+    """The model of an /api/tags or /api/ps entry (`model`, or `name` on older servers)."""
+    return str(entry.get("model") or entry.get("name"))
+
+
 def describe(exc: BaseException) -> str:
     """The root cause in a few words: httpx-aiohttp re-raises aiohttp's errors under coarse
     httpx names (a refused connection arrives as ConnectTimeout), so name the original."""

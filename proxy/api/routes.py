@@ -11,7 +11,7 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.adapters.ollama import UpstreamError
+from proxy.adapters.ollama import UpstreamError, model_name
 from proxy.api import wire
 from proxy.api.errors import JSON, error_response, refusal_response
 from proxy.api.relay import forward
@@ -129,7 +129,7 @@ class SidecarApi:
         seen: dict[str, dict[str, Any]] = {}
         for _, data in await self._gather("/api/tags"):
             for model in data.get("models") or []:
-                seen.setdefault(str(model.get("model") or model.get("name")), model)
+                seen.setdefault(model_name(model), model)
         return _json({"models": list(seen.values())})
 
     async def ps(self, request: Request) -> Response:
@@ -189,7 +189,7 @@ class SidecarApi:
         seen: dict[str, dict[str, Any]] = {}
         for _, data in await self._gather("/api/tags"):
             for model in data.get("models") or []:
-                name = str(model.get("model") or model.get("name"))
+                name = model_name(model)
                 seen.setdefault(name, {"id": name, "object": "model", "created": 0,
                                        "owned_by": "library"})
         return _json({"object": "list", "data": list(seen.values())})

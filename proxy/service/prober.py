@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.adapters.ollama import OllamaClient, UpstreamError
+from proxy.adapters.ollama import OllamaClient, UpstreamError, model_name
 from proxy.observability.logging import get_logger
 from proxy.ports import PROVIDER_STATE, StateStore, StoreUnavailable
 from proxy.service.codec import ProviderState, parse_rfc3339, token
@@ -101,7 +101,7 @@ class Prober:
         loaded_expiry: dict[str, float] = {}
         if isinstance(ps, dict):
             for m in ps.get("models") or []:
-                model = str(m.get("model") or m.get("name"))
+                model = model_name(m)
                 mib = int(m.get("size_vram") or m.get("size") or 0) // MIB
                 loaded_mib[model] = mib
                 loaded_ctx[model] = int(m.get("context_length") or 0)
@@ -115,7 +115,7 @@ class Prober:
         digests: dict[str, str] = {}
         if isinstance(tags, dict):
             for m in tags.get("models") or []:
-                model = str(m.get("model") or m.get("name"))
+                model = model_name(m)
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
         trained = await self._trained_contexts(name, digests)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 
-from proxy.adapters.ollama import UpstreamError
+from proxy.adapters.ollama import UpstreamError, model_name
 from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
@@ -354,7 +354,7 @@ class Scheduler:
             except UpstreamError:
                 break  # the call finds out for itself
             models = ps.get("models") if isinstance(ps, dict) else None
-            loaded = {str(m.get("model") or m.get("name")) for m in models or ()}
+            loaded = {model_name(m) for m in models or ()}
             if loaded.isdisjoint(victims):
                 break
             if time.monotonic() >= deadline:
