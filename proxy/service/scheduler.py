@@ -112,6 +112,7 @@ class Scheduler:
         # Decisions run one at a time in this process; each reserves its ticket before the
         # next one decides, so concurrent calls see each other's claims while those are on
         # their way to the store. Other sidecars are kept honest by compare-and-set.
+        # (See _done_placing for when the next one may start.)
         self._placing = asyncio.Lock()
         self._pending: dict[str, Ticket] = {}
         self._held: dict[str, Claimed] = {}  # tickets of calls and plans in progress
@@ -197,13 +198,16 @@ class Scheduler:
         try:
             while True:
                 seen = self.store.changes.value
-                async with self._placing:
+                await self._placing.acquire()
+                try:
                     decided_at = time.perf_counter()
                     now = self.clock()
                     snapshot = self.snapshot(now)
                     decision = place(spec, snapshot, self.policy)
                     self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
                     ticket = self._reserve(decision.placement) if decision.placement else None
+                finally:
+                    self._done_placing()
                 if decision.placement is not None and ticket is not None:
                     try:
                         claimed = await self.claim(decision.placement, snapshot, ticket)
@@ -255,6 +259,17 @@ class Scheduler:
                 gone.cancel()  # before the response: the relay listens for disconnects too
             if waiting_for:
                 self._spawn(self.demand.done_waiting(waiting_for))
+
+    def _done_placing(self) -> None:
+        """Let the next decision run. With a remote store, not before the loop's next turn:
+        the claim just reserved goes on the wire then (nats-py writes on the next turn) and
+        answers to earlier claims are read between decisions. Otherwise a burst of calls that
+        arrive together all decide in one turn, and each waits for the whole burst's work
+        before its claim even leaves (at 32 concurrent: +12 ms p50)."""
+        if self.store.remote:
+            asyncio.get_running_loop().call_soon(self._placing.release)
+        else:
+            self._placing.release()
 
     def _wake_in(self, snapshot: Snapshot, remaining: float) -> float:
         """Until the earliest ticket expiry (expiry is silent), the deadline at the latest."""

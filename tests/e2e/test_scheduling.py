@@ -467,6 +467,54 @@ def test_calls_decide_knowing_the_claims_still_on_their_way(sim_factory: Sims) -
         server.stop()
 
 
+class NextTurnWrites(MemoryStore):
+    """A remote store whose writes leave on the loop's next turn, as nats-py's flusher
+    sends them; it notes when each one goes."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    @property
+    def remote(self) -> bool:
+        return True
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        await asyncio.sleep(0)
+        self.events.append("sent")
+        return await super().cas(bucket, key, value, last_revision)
+
+
+async def test_a_burst_of_calls_does_not_hold_back_the_first_claim(
+        sim_factory: Sims, monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.service import scheduler as scheduler_module
+    from proxy.service.routing import CallOutcome, CallRequest, Route
+
+    gpu = sim_factory("gpu", time_scale=SCALE, num_parallel=8)
+    async with httpx.AsyncClient() as client:  # loaded: every call can join it
+        await client.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"})
+    events: list[str] = []
+    place = scheduler_module.place
+
+    def noted_place(*args: Any) -> Any:
+        events.append("decided")
+        return place(*args)
+
+    monkeypatch.setattr(scheduler_module, "place", noted_place)
+    app = build_app(load_settings(providers=[provider_entry(gpu)]), NextTurnWrites(events))
+    async with app.router.lifespan_context(app):
+        events.clear()
+        routes = await asyncio.gather(*(app.state.scheduler.route(
+            CallRequest("/api/chat", "qwen3:8b")) for _ in range(8)))
+        for route in routes:
+            assert isinstance(route, Route) and route.placement == "warm"
+            await route.finish(CallOutcome(True, 0.01))
+    # Eight calls arrived in one loop turn; the first claim left before the second decision
+    # (decided all at once, every call would wait for all eight decisions).
+    assert events[:3] == ["decided", "sent", "decided"], events
+    assert events.count("decided") == 8
+
+
 def test_explain_is_a_dry_run(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     gpu = sim_factory("gpu", total_vram_mib=24564)
     url = sidecar_factory([gpu]).url
