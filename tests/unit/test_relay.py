@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable
 
 import httpx
@@ -15,7 +17,7 @@ from starlette.types import Message
 from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.api.relay import final_metrics, forward
 from proxy.service.routing import CallOutcome, Route
-from tests.unit.raw_server import answering, serve
+from tests.unit.raw_server import Handler, answering, read_request, serve
 
 BASE = "http://ollama.test:11434"
 
@@ -35,7 +37,8 @@ def _route(outcomes: list[CallOutcome], upstream: respx.Router) -> Route:
 
 
 async def _deliver(response: Response, fail_send: bool = False,
-                   on_send: Callable[[Message], None] | None = None) -> list[Message]:
+                   on_send: Callable[[Message], None] | None = None,
+                   slow_send_s: float = 0.0) -> list[Message]:
     """Run the response as the server would, for a client that stays; what it sent."""
     sent: list[Message] = []
 
@@ -48,6 +51,8 @@ async def _deliver(response: Response, fail_send: bool = False,
             raise OSError("client socket gone")
         if on_send is not None:
             on_send(message)
+        if slow_send_s and message["type"] == "http.response.body":
+            await asyncio.sleep(slow_send_s)
         sent.append(message)
 
     await response({"type": "http", "method": "POST", "path": "/"}, receive, send)
@@ -137,6 +142,67 @@ async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
         await client.close()
     # The client's next call may come as soon as the stream ends: the ticket must be gone.
     assert settled_at_end == [True] and outcomes[0].prompt_eval_count == 3
+
+
+def _chunked(*parts: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+NDJSON_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+               b"transfer-encoding: chunked\r\n\r\n")
+
+
+async def _stream_through(server: Handler, limit_s: float, on_send: Callable[[Message], None]
+                          | None = None, slow_client_s: float = 0.0
+                          ) -> tuple[list[Message], list[CallOutcome], float]:
+    outcomes: list[CallOutcome] = []
+
+    async def done(outcome: CallOutcome) -> None:
+        outcomes.append(outcome)
+
+    async for url in serve(server):
+        client = OllamaClient(url, Timeouts(1, 1, limit_s))
+        response = await forward(Route("p", client, "m", "warm", on_done=done), "/api/chat",
+                                 {"model": "m"}, True, limit_s)
+        started = time.monotonic()
+        sent = await _deliver(response, on_send=on_send, slow_send_s=slow_client_s)
+        took = time.monotonic() - started
+        await client.close()
+    return sent, outcomes, took
+
+
+async def test_a_stalled_stream_ends_with_an_error_line_after_the_chunk_timeout() -> None:
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(NDJSON_HEAD + _chunked(b'{"done":false}\n'))
+        await writer.drain()
+        with contextlib.suppress(TimeoutError):  # the GPU hangs mid-answer
+            await asyncio.wait_for(reader.read(), 5)  # until the sidecar hangs up
+        writer.close()
+
+    sent, outcomes, took = await _stream_through(stalls, 0.2)
+    body = b"".join(m.get("body", b"") for m in sent)
+    assert body.startswith(b'{"done":false}\n') and b"no data for 0.2 s" in body
+    assert 0.15 < took < 1.5
+    assert len(outcomes) == 1 and not outcomes[0].ok
+
+
+async def test_a_slow_client_is_not_taken_for_a_stalled_provider() -> None:
+    parts = [b'{"done":false}\n'] * 3 + [b'{"done":true,"prompt_eval_count":3}\n']
+
+    async def answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(NDJSON_HEAD)
+        for part in [*parts, b""]:
+            writer.write(_chunked(part))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.close()
+
+    sent, outcomes, took = await _stream_through(answers, 0.1, slow_client_s=0.15)
+    assert took > 0.25  # the client took longer than the limit to take each chunk
+    assert b"".join(m.get("body", b"") for m in sent) == b"".join(parts)
+    assert outcomes[0].ok and outcomes[0].prompt_eval_count == 3
 
 
 @pytest.mark.parametrize(
