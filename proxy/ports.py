@@ -57,11 +57,6 @@ class StateStore(Protocol):
     @property
     def connected(self) -> bool: ...
 
-    @property
-    def remote(self) -> bool:
-        """Whether writes travel to another process (and so leave on a later loop turn)."""
-        ...
-
     def view(self, bucket: str) -> Mapping[str, Entry]: ...
 
     def version(self, bucket: str) -> int:

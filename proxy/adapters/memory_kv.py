@@ -35,10 +35,6 @@ class MemoryStore:
     def connected(self) -> bool:
         return True
 
-    @property
-    def remote(self) -> bool:
-        return False
-
     def _expire(self, bucket: str) -> None:
         now = time.monotonic()
         if now < self._next_expiry[bucket]:

@@ -114,10 +114,6 @@ class NatsStore:
     def connected(self) -> bool:
         return self._connected and self._nc is not None and self._nc.is_connected
 
-    @property
-    def remote(self) -> bool:
-        return True
-
     async def start(self) -> None:
         """Connect, bind the buckets and start the watches. If NATS cannot be reached,
         raise StoreUnavailable and keep trying in the background."""

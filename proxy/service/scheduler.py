@@ -261,15 +261,13 @@ class Scheduler:
                 self._spawn(self.demand.done_waiting(waiting_for))
 
     def _done_placing(self) -> None:
-        """Let the next decision run. With a remote store, not before the loop's next turn:
-        the claim just reserved goes on the wire then (nats-py writes on the next turn) and
-        answers to earlier claims are read between decisions. Otherwise a burst of calls that
-        arrive together all decide in one turn, and each waits for the whole burst's work
-        before its claim even leaves (at 32 concurrent: +12 ms p50)."""
-        if self.store.remote:
-            asyncio.get_running_loop().call_soon(self._placing.release)
-        else:
-            self._placing.release()
+        """Let the next decision run on the loop's next turn, not this one. A burst of calls
+        that arrive together would otherwise all decide in one turn, and each would wait for
+        the whole burst's work: with NATS, not even the first claim leaves before the last
+        decision (nats-py writes on the next turn); in-process, no answer is read or relayed
+        meanwhile. At 32 concurrent in lock-step: NATS +12.0 -> +0.6 ms p50, embedded p99
+        +12.5 -> +1.4..3.5 ms."""
+        asyncio.get_running_loop().call_soon(self._placing.release)
 
     def _wake_in(self, snapshot: Snapshot, remaining: float) -> float:
         """Until the earliest ticket expiry (expiry is silent), the deadline at the latest."""

@@ -468,16 +468,12 @@ def test_calls_decide_knowing_the_claims_still_on_their_way(sim_factory: Sims) -
 
 
 class NextTurnWrites(MemoryStore):
-    """A remote store whose writes leave on the loop's next turn, as nats-py's flusher
-    sends them; it notes when each one goes."""
+    """A store whose writes leave on the loop's next turn, as nats-py's flusher sends them;
+    it notes when each one goes."""
 
     def __init__(self, events: list[str]) -> None:
         super().__init__()
         self.events = events
-
-    @property
-    def remote(self) -> bool:
-        return True
 
     async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
         await asyncio.sleep(0)
