@@ -85,7 +85,7 @@ class Runner:
 
 @dataclass
 class Fault:
-    mode: str = "none"  # none | error | midstream | slow_first_byte
+    mode: str = "none"  # none | error | midstream | stall | slow_first_byte
     count: int = 0  # how many more requests it hits; -1 forever
     status: int = 500
     after_chunks: int = 2
@@ -626,6 +626,8 @@ class SimApp:
             for i in range(n_tokens):
                 if fault and fault.mode == "midstream" and i == fault.after_chunks:
                     raise RuntimeError("simulated crash mid-stream")
+                if fault and fault.mode == "stall" and i == fault.after_chunks:
+                    await asyncio.sleep(fault.delay_s)  # a hung runner: silence, then on
                 # Sleep to an absolute schedule: timers are coarse (1 ms under uvloop), and
                 # sub-millisecond sleeps would otherwise make the stream run fast.
                 ahead = t1 + (i + 1) * per_token - time.perf_counter()

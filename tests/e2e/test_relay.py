@@ -143,6 +143,24 @@ def test_mid_stream_error_line_is_ndjson_with_reason(fleet: list[SimServer],
     assert '"reason":"upstream-failed"' in lines[-1] and len(lines) == 3
 
 
+def test_a_provider_silent_mid_stream_is_cut_off_at_the_chunk_timeout(
+        fleet: list[SimServer], sidecar_factory: Sidecars) -> None:
+    fault = fleet[0].sim.fault
+    fault.mode, fault.count, fault.delay_s = "stall", 1, 5.0
+    url = sidecar_factory(fleet, chunk_timeout_seconds=0.3).url
+    client = ollama.Client(host=url)
+    seen = []
+    started = time.monotonic()
+    with pytest.raises(ollama.ResponseError) as info:
+        for chunk in client.chat(model="qwen3:14b", messages=HI, stream=True):
+            seen.append(chunk.message.content)
+    assert seen == ["the ", "answer "]
+    assert "no data for 0.3 s" in info.value.error
+    assert time.monotonic() - started < 3  # not the provider's 5 s of silence
+    # The call was settled as a provider failure: its ticket is gone.
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"])
+
+
 def test_provider_down_before_any_byte_is_502(fleet: list[SimServer],
                                               sidecar_factory: Sidecars) -> None:
     url = sidecar_factory(fleet).url
