@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -14,6 +21,9 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        # process_cpu_seconds_total and friends: a rate near 1 means the sidecar's core is
+        # saturated and every call queues for it.
+        ProcessCollector(registry=r)
         self.placements = Counter("kubemoot_placements", "Placed calls by outcome",
                                   ["placement", "provider", "model"], registry=r)
         self.refusals = Counter("kubemoot_refusals", "Refused calls by reason", ["reason"],
