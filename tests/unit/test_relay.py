@@ -120,30 +120,6 @@ async def test_streaming_returns_a_stream_with_route_headers(upstream: respx.Rou
     assert response.headers["x-kubemoot-placement"] == "warm"
 
 
-async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
-    body = b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'
-    raw = (b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
-           b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-    outcomes: list[CallOutcome] = []
-    settled_at_end: list[bool] = []
-
-    def check(message: Message) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            settled_at_end.append(len(outcomes) == 1)
-
-    async def done(outcome: CallOutcome) -> None:
-        outcomes.append(outcome)
-
-    async for url in serve(answering(raw)):
-        client = OllamaClient(url, Timeouts(1, 1, 1))
-        route = Route("p", client, "m", "warm", on_done=done)
-        response = await forward(route, "/api/chat", {"model": "m"}, True, 1)
-        await _deliver(response, on_send=check)
-        await client.close()
-    # The client's next call may come as soon as the stream ends: the ticket must be gone.
-    assert settled_at_end == [True] and outcomes[0].prompt_eval_count == 3
-
-
 def _chunked(*parts: bytes) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
 
@@ -152,10 +128,11 @@ NDJSON_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
                b"transfer-encoding: chunked\r\n\r\n")
 
 
-async def _stream_through(server: Handler, limit_s: float, on_send: Callable[[Message], None]
-                          | None = None, slow_client_s: float = 0.0
-                          ) -> tuple[list[Message], list[CallOutcome], float]:
-    outcomes: list[CallOutcome] = []
+async def _stream_through(server: Handler, limit_s: float, outcomes: list[CallOutcome],
+                          on_send: Callable[[Message], None] | None = None,
+                          slow_client_s: float = 0.0) -> tuple[list[Message], float]:
+    """Stream one call from `server` through `forward` to a client; what the client was sent
+    and how long it took. Each settled outcome is appended to `outcomes`."""
 
     async def done(outcome: CallOutcome) -> None:
         outcomes.append(outcome)
@@ -168,7 +145,22 @@ async def _stream_through(server: Handler, limit_s: float, on_send: Callable[[Me
         sent = await _deliver(response, on_send=on_send, slow_send_s=slow_client_s)
         took = time.monotonic() - started
         await client.close()
-    return sent, outcomes, took
+    return sent, took
+
+
+async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
+    body = b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'
+    outcomes: list[CallOutcome] = []
+    settled_at_end: list[bool] = []
+
+    def check(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            settled_at_end.append(len(outcomes) == 1)
+
+    await _stream_through(answering(NDJSON_HEAD + _chunked(body, b"")), 1, outcomes,
+                          on_send=check)
+    # The client's next call may come as soon as the stream ends: the ticket must be gone.
+    assert settled_at_end == [True] and outcomes[0].prompt_eval_count == 3
 
 
 async def test_a_stalled_stream_ends_with_an_error_line_after_the_chunk_timeout() -> None:
@@ -180,7 +172,8 @@ async def test_a_stalled_stream_ends_with_an_error_line_after_the_chunk_timeout(
             await asyncio.wait_for(reader.read(), 5)  # until the sidecar hangs up
         writer.close()
 
-    sent, outcomes, took = await _stream_through(stalls, 0.2)
+    outcomes: list[CallOutcome] = []
+    sent, took = await _stream_through(stalls, 0.2, outcomes)
     body = b"".join(m.get("body", b"") for m in sent)
     assert body.startswith(b'{"done":false}\n') and b"no data for 0.2 s" in body
     assert 0.15 < took < 1.5
@@ -199,7 +192,8 @@ async def test_a_slow_client_is_not_taken_for_a_stalled_provider() -> None:
             await asyncio.sleep(0.02)
         writer.close()
 
-    sent, outcomes, took = await _stream_through(answers, 0.1, slow_client_s=0.15)
+    outcomes: list[CallOutcome] = []
+    sent, took = await _stream_through(answers, 0.1, outcomes, slow_client_s=0.15)
     assert took > 0.25  # the client took longer than the limit to take each chunk
     assert b"".join(m.get("body", b"") for m in sent) == b"".join(parts)
     assert outcomes[0].ok and outcomes[0].prompt_eval_count == 3
