@@ -123,7 +123,7 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
             index.planned_victims.setdefault(victim, mib)
         if ticket.cold and ticket.model not in index.residents:
             index.loading_mib += ticket.footprint_mib
-            if _making_room(ticket, {r.model for r in index.view.residents}):
+            if ticket.evicts and _making_room(ticket, {r.model for r in index.view.residents}):
                 index.making_room.add(ticket.model)  # a call sent now would load it early
                 continue
             earliest = index.loading.get(ticket.model)
