@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loadtest import sim_openai
 from loadtest.serving import ThreadedServer
 from loadtest.sim_model import (
     CATALOG,
@@ -355,7 +356,9 @@ class SimApp:
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
-            Route("/v1/chat/completions", self.openai_chat, methods=["POST"]),
+            Route("/v1/chat/completions", self.openai, methods=["POST"]),
+            Route("/v1/completions", self.openai, methods=["POST"]),
+            Route("/v1/embeddings", self.openai_embed, methods=["POST"]),
             Route("/api/embed", self.embed, methods=["POST"]),
             Route("/api/embeddings", self.embed, methods=["POST"]),
             Route("/_sim/stats", self.stats, methods=["GET"]),
@@ -427,24 +430,23 @@ class SimApp:
     async def generate(self, request: Request) -> Response:
         return await self._infer(request, chat=False)
 
-    async def _body_and_model(self, request: Request
-                              ) -> Response | tuple[dict[str, Any], SimModel | None, str]:
+    async def embed(self, request: Request) -> Response:
+        """/api/embed (`input`: text or texts) and the legacy /api/embeddings (`prompt`)."""
         body = await self._body(request)
         if isinstance(body, Response):
             return body
-        name = str(body.get("model") or "")
-        return body, self.sim.config.model(name), name
+        legacy = request.url.path.endswith("embeddings")
+        answer = await self._embed(body, body.get("prompt") if legacy else body.get("input"))
+        if isinstance(answer, Response) or not legacy:
+            return answer if isinstance(answer, Response) else _json(answer)
+        vectors = answer["embeddings"]
+        return _json({"embedding": vectors[0] if vectors else []})
 
-    async def embed(self, request: Request) -> Response:
-        """/api/embed (`input`: text or texts) and the legacy /api/embeddings (`prompt`)."""
-        found = await self._body_and_model(request)
-        if isinstance(found, Response):
-            return found
-        body, model, name = found
+    async def _embed(self, body: dict[str, Any], texts: Any) -> dict[str, Any] | Response:
+        name = str(body.get("model") or "")
+        model = self.sim.config.model(name)
         if model is None:
             return _error(f"model '{name}' not found", 404)
-        legacy = request.url.path.endswith("embeddings")
-        texts = body.get("prompt") if legacy else body.get("input")
         texts = [texts] if isinstance(texts, str) else list(texts or [])
         self.sim.stats.requests += 1
         self.sim.stats.inference_requests += 1
@@ -465,71 +467,38 @@ class SimApp:
             await self.sim._sleep(tokens / self.sim.config.prompt_tokens_per_s)
         finally:
             self.sim._release(runner)
-        if legacy:
-            return _json({"embedding": vectors[0] if vectors else []})
-        return _json({"model": model.name, "embeddings": vectors,
-                      "total_duration": int((time.perf_counter() - started) * 1e9),
-                      "load_duration": max(1, int(load_s * 1e9)), "prompt_eval_count": tokens})
+        return {"model": model.name, "embeddings": vectors,
+                "total_duration": int((time.perf_counter() - started) * 1e9),
+                "load_duration": max(1, int(load_s * 1e9)), "prompt_eval_count": tokens}
 
-    async def openai_chat(self, request: Request) -> Response:
-        """Ollama's OpenAI layer over the same chat path: SSE chunks or one completion."""
-        found = await self._body_and_model(request)
-        if isinstance(found, Response):
-            return found
-        body, model, name = found
-        if model is None:
-            return _json({"error": {"message": f"model '{name}' not found",
-                                    "type": "not_found_error"}}, 404)
+    async def openai(self, request: Request) -> Response:
+        """/v1/chat/completions and /v1/completions through the native chat and generate."""
         self.sim.stats.requests += 1
-        self.sim.stats.inference_requests += 1
-        runner, load_s = await self.sim.acquire(model, {}, self.sim.config.keep_alive_s)
-        n_tokens = int(body.get("max_tokens") or self.sim.config.default_predict)
-        gen = self._generate(runner, self.sim.chat_prompt(body), n_tokens, load_s, True,
-                             self.sim.take_fault(), request)
-        ident, created = f"chatcmpl-{int(time.time() * 1000) % 100000}", int(time.time())
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return sim_openai.error(orjson.loads(bytes(body.body))["error"], body.status_code)
+        chat = request.url.path == sim_openai.CHAT
+        native = await self._run(sim_openai.native_request(body, chat), chat, request)
+        return await sim_openai.answer(native, body, chat)
 
-        def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-            return {"id": ident, "object": "chat.completion.chunk", "created": created,
-                    "model": model.name, "system_fingerprint": "fp_ollama",
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-        if body.get("stream"):
-            async def sse() -> AsyncGenerator[bytes, None]:
-                try:
-                    async for line in gen:
-                        data = orjson.loads(line)
-                        if data.get("done"):
-                            yield b"data: " + orjson.dumps(chunk({}, "stop")) + b"\n\n"
-                        else:
-                            delta = {"role": "assistant", "content": data["message"]["content"]}
-                            yield b"data: " + orjson.dumps(chunk(delta, None)) + b"\n\n"
-                    yield b"data: [DONE]\n\n"
-                finally:
-                    await gen.aclose()
-            return StreamingResponse(sse(), media_type="text/event-stream")
-        text, final = [], {}
-        try:
-            async for line in gen:
-                data = orjson.loads(line)
-                text.append(data["message"]["content"])
-                final = data
-        finally:
-            await gen.aclose()
-        prompt, completion = final.get("prompt_eval_count", 0), final.get("eval_count", 0)
-        return _json({
-            "id": ident, "object": "chat.completion", "created": created, "model": model.name,
-            "system_fingerprint": "fp_ollama",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "".join(text)}}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                      "total_tokens": prompt + completion}})
+    async def openai_embed(self, request: Request) -> Response:
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return sim_openai.error(orjson.loads(bytes(body.body))["error"], body.status_code)
+        answer = await self._embed(body, body.get("input"))
+        if isinstance(answer, Response):
+            return sim_openai.error(orjson.loads(bytes(answer.body))["error"], answer.status_code)
+        return _json(sim_openai.embeddings(answer, str(body.get("model"))))
 
     async def _infer(self, request: Request, chat: bool) -> Response:
-        sim = self.sim
-        sim.stats.requests += 1
+        self.sim.stats.requests += 1
         body = await self._body(request)
         if isinstance(body, Response):
             return body
+        return await self._run(body, chat, request)
+
+    async def _run(self, body: dict[str, Any], chat: bool, request: Request) -> Response:
+        sim = self.sim
         name = body.get("model")
         if not name or not isinstance(name, str):
             return _error("model is required", 400)

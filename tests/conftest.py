@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -89,6 +90,16 @@ def nats_server() -> Iterator[NatsServer]:
     server = NatsServer().start()
     yield server
     server.cleanup()
+
+
+@pytest.fixture(params=["embedded", "nats"])
+def mode(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The sidecar's state: embedded, or shared in a real NATS with empty buckets."""
+    if request.param == "embedded":
+        return {}
+    server: NatsServer = request.getfixturevalue("nats_server")
+    asyncio.run(empty_buckets(server.url))
+    return {"nats_url": server.url}
 
 
 async def empty_buckets(url: str, names: list[str] | None = None) -> None:

@@ -14,7 +14,8 @@ def error_response(status: int, reason: str, message: str, model: str | None = N
                    retry_after_s: int | None = None, openai: bool = False) -> Response:
     body: dict[str, object] = {"error": message, "reason": reason}
     if openai:  # OpenAI clients read error.message; the contract's reason stays top-level
-        kind = "invalid_request_error" if status < 500 else "server_error"
+        kind = "server_error" if status >= 500 else \
+            "not_found_error" if status == 404 else "invalid_request_error"
         body["error"] = {"message": message, "type": kind, "code": reason}
     if model:
         body["model"] = model

@@ -54,6 +54,9 @@ def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
     """The call's outcome from the engine's final metrics (ignored when it failed)."""
     metrics = metrics if ok else {}
     prompt_tokens = metrics.get("prompt_eval_count")
+    usage = metrics.get("usage")  # OpenAI's shape (a stream has it with include_usage only)
+    if prompt_tokens is None and isinstance(usage, dict):
+        prompt_tokens = usage.get("prompt_tokens")
     load_ns = metrics.get("load_duration")
     return CallOutcome(
         ok=ok,

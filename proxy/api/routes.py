@@ -18,7 +18,7 @@ from proxy.api.relay import forward
 from proxy.core.tokens import prompt_chars
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.service.codec import rfc3339
+from proxy.service.codec import parse_rfc3339, rfc3339
 from proxy.service.routing import CallRequest, ProviderPool, Refusal, Route, Router
 
 log = get_logger("kubemoot.api")
@@ -49,6 +49,14 @@ async def _disconnect(request: Request) -> None:
     """Returns when the client closes the connection (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def unix_time(stamp: Any) -> int:
+    """An RFC 3339 time as Unix seconds (OpenAI's `created`); 0 when absent or unreadable."""
+    try:
+        return int(parse_rfc3339(stamp)) if isinstance(stamp, str) else 0
+    except ValueError:
+        return 0
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -89,10 +97,14 @@ class SidecarApi:
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
         add("/v1/chat/completions", self.openai_chat, methods=["POST"])
+        add("/v1/completions", self.openai_completion, methods=["POST"])
+        add("/v1/embeddings", self.openai_embed, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
+        add("/v1/models/{model:path}", self.openai_model, methods=["GET"])
         add("/healthz", self.healthz, methods=["GET"])
         add("/readyz", self.readyz, methods=["GET"])
         add("/metrics", self.prometheus, methods=["GET"])
+        app.add_exception_handler(404, self.not_found)
 
     # -- simple endpoints ------------------------------------------------------------------
     async def root(self, request: Request) -> Response:
@@ -167,13 +179,13 @@ class SidecarApi:
 
     # -- inference -------------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
-        return await self._infer(request, "/api/chat")
+        return await self._infer(request, "/api/chat", wire.OllamaInference)
 
     async def generate(self, request: Request) -> Response:
-        return await self._infer(request, "/api/generate")
+        return await self._infer(request, "/api/generate", wire.OllamaInference)
 
     async def embed(self, request: Request) -> Response:
-        return await self._infer(request, request.url.path, schema=wire.OllamaEmbed)
+        return await self._infer(request, request.url.path, wire.OllamaEmbed)
 
     async def not_here(self, request: Request) -> Response:
         return error_response(
@@ -182,17 +194,43 @@ class SidecarApi:
             "GPUs, so run it against each provider directly (e.g. OLLAMA_HOST=<provider> "
             "ollama pull <model>)")
 
-    async def openai_chat(self, request: Request) -> Response:
-        return await self._infer(request, "/v1/chat/completions", openai=True)
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        return error_response(
+            404, "not-found",
+            f"{request.method} {request.url.path} is not served by the sidecar; it serves "
+            "Ollama's /api/* and OpenAI's /v1/chat/completions, /v1/completions, "
+            "/v1/embeddings and /v1/models", openai=request.url.path.startswith("/v1/"))
 
-    async def openai_models(self, request: Request) -> Response:
+    async def openai_chat(self, request: Request) -> Response:
+        return await self._infer(request, "/v1/chat/completions", wire.OpenAIChat)
+
+    async def openai_completion(self, request: Request) -> Response:
+        return await self._infer(request, "/v1/completions", wire.OpenAICompletion)
+
+    async def openai_embed(self, request: Request) -> Response:
+        return await self._infer(request, "/v1/embeddings", wire.OpenAIEmbed)
+
+    async def _openai_models(self) -> dict[str, dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
         for _, data in await self._gather("/api/tags"):
             for model in data.get("models") or []:
                 name = model_name(model)
-                seen.setdefault(name, {"id": name, "object": "model", "created": 0,
+                seen.setdefault(name, {"id": name, "object": "model",
+                                       "created": unix_time(model.get("modified_at")),
                                        "owned_by": "library"})
-        return _json({"object": "list", "data": list(seen.values())})
+        return seen
+
+    async def openai_models(self, request: Request) -> Response:
+        return _json({"object": "list", "data": list((await self._openai_models()).values())})
+
+    async def openai_model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        models = await self._openai_models()
+        found = models.get(name) or (models.get(f"{name}:latest") if ":" not in name else None)
+        if found is None:
+            return error_response(404, "model-not-found",
+                                  f"model '{name}' is on no provider", name, openai=True)
+        return _json(found)
 
     def _too_large(self, openai: bool = False) -> Response:
         return error_response(413, "request-too-large",
@@ -201,8 +239,7 @@ class SidecarApi:
                               openai=openai)
 
     def call_request(self, request: Request, path: str, body: dict[str, Any],
-                     parsed: wire.OllamaInference | wire.OpenAIChat | wire.OllamaEmbed
-                     ) -> CallRequest:
+                     parsed: wire.Inference) -> CallRequest:
         phase = request.headers.get("x-kubemoot-phase", "mulling").strip().lower()
         wait_header = request.headers.get("x-kubemoot-wait")
         can_wait = self.default_can_wait if wait_header is None else \
@@ -221,12 +258,10 @@ class SidecarApi:
             disconnected=lambda: _disconnect(request),
         )
 
-    async def _infer(self, request: Request, path: str, openai: bool = False,
-                     schema: type[wire.OllamaInference | wire.OpenAIChat | wire.OllamaEmbed]
-                     | None = None) -> Response:
+    async def _infer(self, request: Request, path: str, schema: type[wire.Inference]
+                     ) -> Response:
         started = time.perf_counter()
-        if schema is None:
-            schema = wire.OpenAIChat if openai else wire.OllamaInference
+        openai = path.startswith("/v1/")
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
             parsed = wire.validate(schema, body)
@@ -244,7 +279,7 @@ class SidecarApi:
             log.info("call refused", path=path, model=decision.model or call.model,
                      reason=decision.reason, status=decision.status)
             return refusal_response(decision, openai)
-        if isinstance(parsed, wire.OllamaEmbed):
+        if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:
             stream = bool(parsed.stream) if openai else parsed.stream is not False

@@ -88,6 +88,23 @@ class OpenAIChat(_Wire):
     tools: list[dict[str, Any]] | None = None
 
 
+class OpenAICompletion(_Wire):
+    model: str | None = None
+    prompt: str | list[Any] | None = None
+    suffix: str | None = None
+    stream: bool | None = None
+
+
+class OpenAIEmbed(_Wire):
+    model: str | None = None
+    input: str | list[Any] | None = None
+    stream: None = None  # embeddings never stream
+
+
+Inference = OllamaInference | OllamaEmbed | OpenAIChat | OpenAICompletion | OpenAIEmbed
+EMBEDDINGS = (OllamaEmbed, OpenAIEmbed)
+
+
 class PlanRequest(_Wire):
     thread: str = Field(min_length=1)
     phase: Literal["mulling", "triage"] | None = None
@@ -132,10 +149,25 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 W = TypeVar("W", bound=BaseModel)
 
 
+# The names pydantic puts in an error's location for each member of a union ("str",
+# "dict[str,any]"): not fields, so the field named to the client stops before them.
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|(dict|list|literal|tuple)\[.*\])$")
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and _UNION_MEMBER.match(p))]
+    return ".".join(parts) or "body"
+
+
 def validate(model: type[W], body: dict[str, Any]) -> W:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        raise BadRequest(f"field '{field}': {err['msg']}", field) from None
+        errors = exc.errors()
+        field = _field(errors[0]["loc"])
+        # A union's field fails once per member: say every form it accepts, once.
+        wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ")
+                               for e in errors if _field(e["loc"]) == field)
+        message = errors[0]["msg"] if len(wanted) == 1 else \
+            "Input should be " + " or ".join(wanted)
+        raise BadRequest(f"field '{field}': {message}", field) from None

@@ -1,7 +1,8 @@
 """Prompt sizing: characters counted from the request, tokens from a learned ratio.
 
-Counted: every message's text, tool-call names and arguments, tool results (tool-role
-messages are messages), and each tool's name, description and parameter schema. The
+Counted: the prompt, suffix and system text, every message's text, tool-call names and
+arguments, tool results (tool-role messages are messages), and each tool's name,
+description and parameter schema. The
 chars-per-token ratio starts at 3.5 and follows the engine's own counts (SPEC-ADDENDUM §3).
 """
 
@@ -53,7 +54,8 @@ def prompt_chars(body: dict[str, Any]) -> int:
     inputs = body.get("input")
     if isinstance(inputs, list):
         return max((_text_len(i) for i in inputs), default=0)
-    total = _text_len(body.get("prompt")) + _text_len(body.get("system")) + _text_len(inputs)
+    total = (_text_len(body.get("prompt")) + _text_len(body.get("suffix"))
+             + _text_len(body.get("system")) + _text_len(inputs))
     for message in body.get("messages") or []:
         if not isinstance(message, dict):
             continue

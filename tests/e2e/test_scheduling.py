@@ -32,19 +32,6 @@ SCALE = 0.02
 HI = [{"role": "user", "content": "hello there"}]
 
 
-@pytest.fixture(params=["embedded", "nats"])
-def mode(request: pytest.FixtureRequest) -> dict[str, Any]:
-    if request.param == "embedded":
-        return {}
-    server: NatsServer = request.getfixturevalue("nats_server")
-    import asyncio
-
-    from tests.conftest import empty_buckets
-
-    asyncio.run(empty_buckets(server.url))
-    return {"nats_url": server.url}
-
-
 def chat(url: str, model: str, headers: dict[str, str] | None = None, timeout: float = 30,
          **body: Any) -> httpx.Response:
     payload = {"model": model, "messages": HI, "stream": False, **body}
@@ -524,24 +511,6 @@ def test_explain_is_a_dry_run(sim_factory: Sims, sidecar_factory: Sidecars) -> N
     assert not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]  # nothing claimed
     assert httpx.get(f"{url}/kubemoot/v1/explain",
                      params={"promptChars": "x"}).status_code == 400
-
-
-def test_openai_client_against_chat_completions(sim_factory: Sims,
-                                                sidecar_factory: Sidecars) -> None:
-    import openai
-
-    gpu = sim_factory("gpu", time_scale=SCALE)
-    url = sidecar_factory([gpu]).url
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
-    reply = client.chat.completions.create(model="qwen3:8b", messages=HI)  # type: ignore[arg-type]
-    assert reply.choices[0].message.content and reply.model == "qwen3:8b"
-    parts = list(client.chat.completions.create(model="qwen3:8b", messages=HI,  # type: ignore[arg-type]
-                                                stream=True))
-    assert "".join(p.choices[0].delta.content or "" for p in parts).startswith("the answer")
-    assert "qwen3:8b" in [m.id for m in client.models.list()]
-    with pytest.raises(openai.APIStatusError) as info:
-        client.chat.completions.create(model="qwen3:32b", messages=HI)  # type: ignore[arg-type]
-    assert info.value.status_code == 507
 
 
 def test_a_client_that_gives_up_while_waiting_is_never_placed(sim_factory: Sims,

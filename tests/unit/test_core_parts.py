@@ -223,6 +223,7 @@ def test_prompt_chars_counts_messages_tool_calls_results_and_schemas() -> None:
     # 4 + (2 + len('{"p":"/"}')=9) + 5 + (2 + 4 + len('{"type":"object"}')=17)
     assert prompt_chars(body) == 4 + 11 + 5 + 23
     assert prompt_chars({"prompt": "hello", "system": "sys"}) == 8
+    assert prompt_chars({"prompt": "def f(", "suffix": "return x"}) == 14  # fill-in-the-middle
     assert prompt_chars({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "abc"}]}]}) == 3
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import orjson
@@ -15,7 +16,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
-from proxy.api.relay import final_metrics, forward
+from proxy.api.relay import final_metrics, forward, outcome_from
 from proxy.service.routing import CallOutcome, Route
 from tests.unit.raw_server import Handler, answering, read_request, serve
 
@@ -210,3 +211,16 @@ async def test_a_slow_client_is_not_taken_for_a_stalled_provider() -> None:
 )
 def test_final_metrics_reads_the_last_line(tail: bytes, expected: int | None) -> None:
     assert final_metrics(tail).get("prompt_eval_count") == expected
+
+
+@pytest.mark.parametrize(
+    ("final", "expected"),
+    [
+        ({"done": True, "prompt_eval_count": 7}, 7),
+        ({"object": "chat.completion", "usage": {"prompt_tokens": 11, "total_tokens": 15}}, 11),
+        ({"object": "chat.completion.chunk", "choices": []}, None),  # no include_usage
+    ],
+)
+def test_the_prompt_count_is_read_from_ollamas_and_openais_answers(
+        final: dict[str, Any], expected: int | None) -> None:
+    assert outcome_from(final, 0.0, ok=True).prompt_eval_count == expected

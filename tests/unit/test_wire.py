@@ -39,3 +39,23 @@ def test_a_bad_num_ctx_is_named() -> None:
     ok = wire.validate(wire.OllamaInference, {"model": "m", "options": {"num_ctx": 8192,
                                                                         "seed": "kept"}})
     assert ok.options is not None and ok.options.num_ctx == 8192
+
+
+@pytest.mark.parametrize(
+    ("schema", "body", "field", "forms"),
+    [
+        (wire.OllamaInference, {"keep_alive": True}, "keep_alive",
+         "a valid number or a valid integer or a valid string"),
+        (wire.OllamaInference,
+         {"messages": [{"role": "user", "tool_calls": [{"function": {"arguments": 3}}]}]},
+         "messages.0.tool_calls.0.function.arguments", "a valid dictionary or a valid string"),
+        (wire.OpenAICompletion, {"prompt": 3}, "prompt", "a valid string or a valid list"),
+        (wire.OpenAIEmbed, {"input": {"text": "x"}}, "input", "a valid string or a valid list"),
+    ],
+)
+def test_a_field_that_takes_several_forms_is_named_with_every_form(
+        schema: type[wire.Inference], body: dict[str, Any], field: str, forms: str) -> None:
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.validate(schema, body)
+    assert caught.value.field == field
+    assert str(caught.value) == f"field '{field}': Input should be {forms}"
