@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loadtest import sim_openai
+from loadtest import sim_dialects
 from loadtest.serving import ThreadedServer
 from loadtest.sim_model import (
     CATALOG,
@@ -356,8 +356,9 @@ class SimApp:
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
-            Route("/v1/chat/completions", self.openai, methods=["POST"]),
-            Route("/v1/completions", self.openai, methods=["POST"]),
+            *(Route(path, self.dialect, methods=["POST"]) for path in (
+                sim_dialects.CHAT, sim_dialects.COMPLETIONS, sim_dialects.RESPONSES,
+                sim_dialects.MESSAGES)),
             Route("/v1/embeddings", self.openai_embed, methods=["POST"]),
             Route("/api/embed", self.embed, methods=["POST"]),
             Route("/api/embeddings", self.embed, methods=["POST"]),
@@ -471,24 +472,25 @@ class SimApp:
                 "total_duration": int((time.perf_counter() - started) * 1e9),
                 "load_duration": max(1, int(load_s * 1e9)), "prompt_eval_count": tokens}
 
-    async def openai(self, request: Request) -> Response:
-        """/v1/chat/completions and /v1/completions through the native chat and generate."""
+    async def dialect(self, request: Request) -> Response:
+        """OpenAI's and Anthropic's generation paths, through the native chat and generate."""
         self.sim.stats.requests += 1
+        path = request.url.path
         body = await self._body(request)
         if isinstance(body, Response):
-            return sim_openai.error(orjson.loads(bytes(body.body))["error"], body.status_code)
-        chat = request.url.path == sim_openai.CHAT
-        native = await self._run(sim_openai.native_request(body, chat), chat, request)
-        return await sim_openai.answer(native, body, chat)
+            return sim_dialects.translated_error(path, body)
+        chat = path in sim_dialects.CHAT_PATHS
+        native = await self._run(sim_dialects.native_request(path, body), chat, request)
+        return await sim_dialects.answer(path, native, body)
 
     async def openai_embed(self, request: Request) -> Response:
         body = await self._body(request)
         if isinstance(body, Response):
-            return sim_openai.error(orjson.loads(bytes(body.body))["error"], body.status_code)
+            return sim_dialects.translated_error(request.url.path, body)
         answer = await self._embed(body, body.get("input"))
         if isinstance(answer, Response):
-            return sim_openai.error(orjson.loads(bytes(answer.body))["error"], answer.status_code)
-        return _json(sim_openai.embeddings(answer, str(body.get("model"))))
+            return sim_dialects.translated_error(request.url.path, answer)
+        return _json(sim_dialects.embeddings(answer, str(body.get("model"))))
 
     async def _infer(self, request: Request, chat: bool) -> Response:
         self.sim.stats.requests += 1

@@ -1,6 +1,9 @@
-"""Errors in Ollama's shape, plus the machine-readable `reason` CONTRACT.md names."""
+"""Errors in the caller's dialect (Ollama's, OpenAI's or Anthropic's shape), plus the
+machine-readable `reason` CONTRACT.md names, always at the top level."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import orjson
 from starlette.responses import Response
@@ -8,31 +11,49 @@ from starlette.responses import Response
 from proxy.service.routing import Refusal
 
 JSON = "application/json; charset=utf-8"
+Dialect = Literal["ollama", "openai", "anthropic"]
+ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error",
+                   413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def dialect_of(path: str) -> Dialect:
+    """Ollama's own paths speak Ollama; `/v1/messages` is Anthropic's; other `/v1` OpenAI's."""
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    return "openai" if path.startswith("/v1/") else "ollama"
+
+
+def error_body(status: int, reason: str, message: str, dialect: Dialect = "ollama"
+               ) -> dict[str, object]:
+    if dialect == "openai":  # OpenAI clients read error.message
+        kind = "server_error" if status >= 500 else \
+            "not_found_error" if status == 404 else "invalid_request_error"
+        return {"error": {"message": message, "type": kind, "code": reason}, "reason": reason}
+    if dialect == "anthropic":  # Anthropic clients read error.type and error.message
+        kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
+                                   "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": message}, "reason": reason}
+    return {"error": message, "reason": reason}
 
 
 def error_response(status: int, reason: str, message: str, model: str | None = None,
-                   retry_after_s: int | None = None, openai: bool = False) -> Response:
-    body: dict[str, object] = {"error": message, "reason": reason}
-    if openai:  # OpenAI clients read error.message; the contract's reason stays top-level
-        kind = "server_error" if status >= 500 else \
-            "not_found_error" if status == 404 else "invalid_request_error"
-        body["error"] = {"message": message, "type": kind, "code": reason}
+                   retry_after_s: int | None = None, dialect: Dialect = "ollama") -> Response:
+    body = error_body(status, reason, message, dialect)
     if model:
         body["model"] = model
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
     return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
 
 
-def refusal_response(refusal: Refusal, openai: bool = False) -> Response:
+def refusal_response(refusal: Refusal, dialect: Dialect = "ollama") -> Response:
     return error_response(refusal.status, refusal.reason, refusal.message, refusal.model,
-                          refusal.retry_after_s, openai)
+                          refusal.retry_after_s, dialect)
 
 
-def stream_error_line(message: str, sse: bool = False) -> bytes:
+def stream_error_line(message: str, dialect: Dialect = "ollama") -> bytes:
     """The final line of a stream that failed after it started: NDJSON as Ollama does, or
-    a server-sent event for OpenAI streams."""
-    if sse:
-        payload = {"error": {"message": message, "type": "server_error",
-                             "code": "upstream-failed"}, "reason": "upstream-failed"}
-        return b"data: " + orjson.dumps(payload) + b"\n\n"
-    return orjson.dumps({"error": message, "reason": "upstream-failed"}) + b"\n"
+    a server-sent event (`event: error` as Anthropic's clients expect)."""
+    body = orjson.dumps(error_body(502, "upstream-failed", message, dialect))
+    if dialect == "ollama":
+        return body + b"\n"
+    return (b"event: error\n" if dialect == "anthropic" else b"") + b"data: " + body + b"\n\n"

@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from proxy.adapters.ollama import UpstreamError, UpstreamResponse
-from proxy.api.errors import error_response, stream_error_line
+from proxy.api.errors import Dialect, error_response, stream_error_line
 from proxy.service.routing import CallOutcome, Route
 
 NDJSON = "application/x-ndjson"
@@ -36,32 +36,47 @@ def route_headers(route: Route) -> dict[str, str]:
     return headers
 
 
+CLOSING_KEYS = ("prompt_eval_count", "usage", "response", "error")
+
+
 def final_metrics(tail: bytes) -> dict[str, Any]:
-    """The last complete JSON object of a response: NDJSON lines or SSE `data:` events."""
+    """The answer's closing figures: the last JSON object (an NDJSON line or an SSE `data:`
+    event) that carries counts or an error. Anthropic's stream sends `message_stop` after
+    its counts, so the very last object is not always the one."""
     for line in reversed(tail.strip().split(b"\n")):
-        line = line.removeprefix(b"data: ").strip()
-        if not line or line == b"[DONE]":
-            continue
+        line = line.removeprefix(b"data:").strip()
+        if not line.startswith(b"{"):
+            continue  # `event:` lines, `[DONE]`, a cut-off line
         with contextlib.suppress(orjson.JSONDecodeError):
             data = orjson.loads(line)
-            if isinstance(data, dict):
+            if isinstance(data, dict) and any(key in data for key in CLOSING_KEYS):
                 return data
     return {}
+
+
+def prompt_tokens(final: dict[str, Any]) -> int | None:
+    """The engine's prompt count: Ollama's `prompt_eval_count`, OpenAI's
+    `usage.prompt_tokens`, or `usage.input_tokens` (Anthropic; OpenAI's Responses API,
+    whose stream carries it in the closing `response`)."""
+    count = final.get("prompt_eval_count")
+    if count is None:
+        closing = final.get("response")
+        usage = final.get("usage") or (closing.get("usage") if isinstance(closing, dict)
+                                       else None)
+        if isinstance(usage, dict):
+            count = usage.get("prompt_tokens", usage.get("input_tokens"))
+    return count if isinstance(count, int) else None
 
 
 def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
                  error: str | None = None) -> CallOutcome:
     """The call's outcome from the engine's final metrics (ignored when it failed)."""
     metrics = metrics if ok else {}
-    prompt_tokens = metrics.get("prompt_eval_count")
-    usage = metrics.get("usage")  # OpenAI's shape (a stream has it with include_usage only)
-    if prompt_tokens is None and isinstance(usage, dict):
-        prompt_tokens = usage.get("prompt_tokens")
     load_ns = metrics.get("load_duration")
     return CallOutcome(
         ok=ok,
         seconds=time.perf_counter() - started,
-        prompt_eval_count=prompt_tokens if isinstance(prompt_tokens, int) else None,
+        prompt_eval_count=prompt_tokens(metrics),
         load_seconds=load_ns / 1e9 if isinstance(load_ns, int) else None,
         error=error,
     )
@@ -111,9 +126,10 @@ class RelayStream(StreamingResponse):
     """
 
     def __init__(self, upstream: UpstreamResponse, route: Route, started: float,
-                 chunk_timeout_s: float, headers: dict[str, str], sse: bool = False) -> None:
+                 chunk_timeout_s: float, headers: dict[str, str], dialect: Dialect = "ollama"
+                 ) -> None:
         self.upstream = upstream
-        self.sse = sse
+        self.dialect = dialect
         self.route = route
         self.started = started
         self.chunk_timeout_s = chunk_timeout_s
@@ -153,7 +169,7 @@ class RelayStream(StreamingResponse):
                      if isinstance(exc, TimeoutError) else str(exc))
             self._error = f"provider {self.route.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
-                                                                               self.sse)
+                                                                               self.dialect)
         finally:
             silence.stop()
         # Before the stream's end reaches the client: its next call must find this one's
@@ -229,7 +245,7 @@ def payload_for(route: Route, body: dict[str, Any]) -> bytes:
 
 async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                   chunk_timeout_s: float, on_route: Callable[[Route], None] | None = None,
-                  openai: bool = False) -> Response:
+                  dialect: Dialect = "ollama") -> Response:
     """Send `body` to the route's provider and relay the answer (or the failure).
 
     A connection that fails before any byte is retried once on another provider when the
@@ -246,11 +262,11 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
         retry, route.retry = route.retry, None
         other = await retry() if retry is not None else None
         if other is not None:
-            return await forward(other, path, body, stream, chunk_timeout_s, on_route, openai)
+            return await forward(other, path, body, stream, chunk_timeout_s, on_route, dialect)
         return error_response(
             502, "upstream-failed",
             f"provider {route.provider} failed before answering: {exc}", route.model,
-            openai=openai)
+            dialect=dialect)
 
     if upstream.status_code >= 400 or not stream:
         try:
@@ -262,7 +278,7 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
             return error_response(502, "upstream-failed",
                                   f"provider {route.provider} failed while answering: "
                                   f"{str(exc) or type(exc).__name__}", route.model,
-                                  openai=openai)
+                                  dialect=dialect)
         ok = upstream.status_code < 400
         # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
         healthy = upstream.status_code < 500
@@ -274,4 +290,4 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                                 media_type=upstream.content_type or "application/json",
                                 headers=headers)
 
-    return RelayStream(upstream, route, started, chunk_timeout_s, headers, sse=openai)
+    return RelayStream(upstream, route, started, chunk_timeout_s, headers, dialect)

@@ -13,9 +13,9 @@ from starlette.responses import PlainTextResponse, Response
 
 from proxy.adapters.ollama import UpstreamError, model_name
 from proxy.api import wire
-from proxy.api.errors import JSON, error_response, refusal_response
+from proxy.api.errors import JSON, Dialect, dialect_of, error_response, refusal_response
 from proxy.api.relay import forward
-from proxy.core.tokens import prompt_chars
+from proxy.core.tokens import longest_input_chars, prompt_chars
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.service.codec import parse_rfc3339, rfc3339
@@ -101,6 +101,8 @@ class SidecarApi:
         add("/v1/embeddings", self.openai_embed, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
         add("/v1/models/{model:path}", self.openai_model, methods=["GET"])
+        add("/v1/responses", self.openai_responses, methods=["POST"])
+        add("/v1/messages", self.anthropic_messages, methods=["POST"])
         add("/healthz", self.healthz, methods=["GET"])
         add("/readyz", self.readyz, methods=["GET"])
         add("/metrics", self.prometheus, methods=["GET"])
@@ -198,8 +200,9 @@ class SidecarApi:
         return error_response(
             404, "not-found",
             f"{request.method} {request.url.path} is not served by the sidecar; it serves "
-            "Ollama's /api/* and OpenAI's /v1/chat/completions, /v1/completions, "
-            "/v1/embeddings and /v1/models", openai=request.url.path.startswith("/v1/"))
+            "Ollama's /api/*, OpenAI's /v1/chat/completions, /v1/completions, /v1/responses, "
+            "/v1/embeddings and /v1/models, and Anthropic's /v1/messages",
+            dialect=dialect_of(request.url.path))
 
     async def openai_chat(self, request: Request) -> Response:
         return await self._infer(request, "/v1/chat/completions", wire.OpenAIChat)
@@ -209,6 +212,12 @@ class SidecarApi:
 
     async def openai_embed(self, request: Request) -> Response:
         return await self._infer(request, "/v1/embeddings", wire.OpenAIEmbed)
+
+    async def openai_responses(self, request: Request) -> Response:
+        return await self._infer(request, "/v1/responses", wire.OpenAIResponses)
+
+    async def anthropic_messages(self, request: Request) -> Response:
+        return await self._infer(request, "/v1/messages", wire.AnthropicMessages)
 
     async def _openai_models(self) -> dict[str, dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
@@ -229,14 +238,14 @@ class SidecarApi:
         found = models.get(name) or (models.get(f"{name}:latest") if ":" not in name else None)
         if found is None:
             return error_response(404, "model-not-found",
-                                  f"model '{name}' is on no provider", name, openai=True)
+                                  f"model '{name}' is on no provider", name, dialect="openai")
         return _json(found)
 
-    def _too_large(self, openai: bool = False) -> Response:
+    def _too_large(self, dialect: Dialect = "ollama") -> Response:
         return error_response(413, "request-too-large",
                               f"request body exceeds the sidecar's limit of "
                               f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
-                              openai=openai)
+                              dialect=dialect)
 
     def call_request(self, request: Request, path: str, body: dict[str, Any],
                      parsed: wire.Inference) -> CallRequest:
@@ -252,7 +261,8 @@ class SidecarApi:
             phase=phase if phase in {"mulling", "triage"} else "mulling",
             thread=request.headers.get("x-kubemoot-thread") or None,
             can_wait=can_wait,
-            prompt_chars=prompt_chars(body),
+            prompt_chars=longest_input_chars(body) if isinstance(parsed, wire.EMBEDDINGS)
+            else prompt_chars(body),
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
             unloads_after=wire.zero_keep_alive(parsed),
             disconnected=lambda: _disconnect(request),
@@ -261,15 +271,15 @@ class SidecarApi:
     async def _infer(self, request: Request, path: str, schema: type[wire.Inference]
                      ) -> Response:
         started = time.perf_counter()
-        openai = path.startswith("/v1/")
+        dialect = dialect_of(path)
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
             parsed = wire.validate(schema, body)
         except RequestTooLarge:
-            return self._too_large(openai)
+            return self._too_large(dialect)
         except wire.BadRequest as exc:
             self.metrics.refusals.labels("bad-request").inc()
-            return error_response(400, "bad-request", str(exc), openai=openai)
+            return error_response(400, "bad-request", str(exc), dialect=dialect)
         call = self.call_request(request, path, body, parsed)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)
@@ -278,14 +288,15 @@ class SidecarApi:
             self.metrics.refusals.labels(decision.reason).inc()
             log.info("call refused", path=path, model=decision.model or call.model,
                      reason=decision.reason, status=decision.status)
-            return refusal_response(decision, openai)
+            return refusal_response(decision, dialect)
         if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:
-            stream = bool(parsed.stream) if openai else parsed.stream is not False
+            # Ollama's own API streams unless told not to; OpenAI's and Anthropic's only when asked.
+            stream = parsed.stream is not False if dialect == "ollama" else bool(parsed.stream)
         return await forward(decision, path, body, stream, self.chunk_timeout_s,
                              on_route=lambda route: self._observe(route, call, started),
-                             openai=openai)
+                             dialect=dialect)
 
     async def _unload(self, model: str, path: str) -> Response:
         """Ollama's answer to an unload, after asking every provider that has the model."""

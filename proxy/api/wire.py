@@ -101,7 +101,35 @@ class OpenAIEmbed(_Wire):
     stream: None = None  # embeddings never stream
 
 
-Inference = OllamaInference | OllamaEmbed | OpenAIChat | OpenAICompletion | OpenAIEmbed
+class OpenAIResponses(_Wire):
+    """OpenAI's Responses API: `input` is text or a list of items (messages, tool calls and
+    their outputs)."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    stream: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class AnthropicMessage(_Wire):
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicMessages(_Wire):
+    """Anthropic's Messages API, which Ollama serves on /v1/messages."""
+
+    model: str | None = None
+    messages: list[AnthropicMessage]
+    system: str | list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    stream: bool | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+Inference = (OllamaInference | OllamaEmbed | OpenAIChat | OpenAICompletion | OpenAIEmbed
+             | OpenAIResponses | AnthropicMessages)
 EMBEDDINGS = (OllamaEmbed, OpenAIEmbed)
 
 

@@ -1,40 +1,53 @@
 """Prompt sizing: characters counted from the request, tokens from a learned ratio.
 
-Counted: the prompt, suffix and system text, every message's text, tool-call names and
-arguments, tool results (tool-role messages are messages), and each tool's name,
-description and parameter schema. The
-chars-per-token ratio starts at 3.5 and follows the engine's own counts (SPEC-ADDENDUM §3).
+Counted, in every dialect the sidecar places (Ollama's, OpenAI's chat, completions and
+Responses, Anthropic's messages): the prompt, suffix, system text and instructions; every
+message's or input item's text, also inside content parts and blocks; thinking; tool calls'
+names and arguments and tool results; each tool's name, description and parameter schema.
+Images are not counted. The chars-per-token ratio starts at 3.5 and follows the engine's own
+counts (SPEC-ADDENDUM §3).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 DEFAULT_CHARS_PER_TOKEN = 3.5
 RATIO_ALPHA = 0.3
 RATIO_MIN, RATIO_MAX = 1.0, 8.0
+# Keys of a message, content part, block or input item whose value is prompt text (or
+# holds more of it); anything else (ids, roles, types, image data) is not.
+TEXT_KEYS = ("content", "text", "thinking", "output", "summary", "refusal", "name",
+             "encrypted_content",  # Ollama keeps a Responses reasoning item's thinking here
+             "tool_calls", "function")
+# Keys whose object value is data the model reads as JSON (tool arguments, schemas).
+DATA_KEYS = ("input", "arguments")
+BODY_KEYS = ("prompt", "suffix", "system", "instructions", "input", "messages")
+
+
+def _json_len(value: Any) -> int:
+    return len(orjson.dumps(value).decode())
 
 
 def _text_len(value: Any) -> int:
+    """Characters of prompt text in a string, a list of parts, or one part or message."""
     if value is None:
         return 0
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, list):  # OpenAI content parts
-        return sum(_text_len(p.get("text") if isinstance(p, dict) else p) for p in value)
-    return len(json.dumps(value, separators=(",", ":")))
-
-
-def _tool_call_len(call: Any) -> int:
-    if not isinstance(call, dict):
-        return 0
-    function = call.get("function") or {}
-    if not isinstance(function, dict):
-        return 0
-    return _text_len(function.get("name")) + _text_len(function.get("arguments"))
+    if isinstance(value, list):
+        return sum(_text_len(v) for v in value)
+    if isinstance(value, dict):
+        total = sum(_text_len(value[k]) for k in TEXT_KEYS if k in value)
+        for key in DATA_KEYS:
+            data = value.get(key)
+            total += _json_len(data) if isinstance(data, dict) else _text_len(data)
+        return total
+    return _json_len(value)
 
 
 def _tool_spec_len(tool: Any) -> int:
@@ -42,29 +55,23 @@ def _tool_spec_len(tool: Any) -> int:
         return 0
     nested = tool.get("function")
     function: dict[str, Any] = nested if isinstance(nested, dict) else tool
+    schema = function.get("parameters", function.get("input_schema"))
     return (_text_len(function.get("name")) + _text_len(function.get("description"))
-            + _text_len(function.get("parameters")))
+            + (_json_len(schema) if schema is not None else 0))
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
-    """Characters of everything in an Ollama or OpenAI request that ends up in the prompt.
+    """Characters of everything in a generation request that ends up in the prompt."""
+    total = sum(_text_len(body.get(key)) for key in BODY_KEYS)
+    return total + sum(_tool_spec_len(tool) for tool in body.get("tools") or [])
 
-    Embedding inputs are embedded one by one, so the longest one is what must fit.
-    """
-    inputs = body.get("input")
+
+def longest_input_chars(body: dict[str, Any]) -> int:
+    """An embedding request's inputs are embedded one by one: the longest must fit."""
+    inputs = body.get("input", body.get("prompt"))
     if isinstance(inputs, list):
         return max((_text_len(i) for i in inputs), default=0)
-    total = (_text_len(body.get("prompt")) + _text_len(body.get("suffix"))
-             + _text_len(body.get("system")) + _text_len(inputs))
-    for message in body.get("messages") or []:
-        if not isinstance(message, dict):
-            continue
-        total += _text_len(message.get("content"))
-        for call in message.get("tool_calls") or []:
-            total += _tool_call_len(call)
-    for tool in body.get("tools") or []:
-        total += _tool_spec_len(tool)
-    return total
+    return _text_len(inputs)
 
 
 def tokens_from_chars(chars: int, chars_per_token: float) -> int:

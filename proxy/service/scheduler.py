@@ -44,7 +44,8 @@ from proxy.settings import CandidateModel, Settings
 
 log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
-LEARNS_RATIO = ("/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions")
+LEARNS_RATIO = ("/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions",
+                "/v1/responses", "/v1/messages")
 LOAD_SPEED_ALPHA = 0.3
 UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before going anyway
 UNLOAD_POLL_S = 0.05

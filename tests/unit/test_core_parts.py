@@ -12,7 +12,7 @@ from proxy.core.health import Breaker, Ema, ProviderStats
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.queueing import victims_cost_s
-from proxy.core.tokens import TokenRatio, prompt_chars
+from proxy.core.tokens import TokenRatio, longest_input_chars, prompt_chars
 from proxy.core.types import Circuit, ModelDemand, Resident, Ticket
 from tests.unit.builders import GIB32, NOW, gpu, snapshot, ticket
 
@@ -226,6 +226,44 @@ def test_prompt_chars_counts_messages_tool_calls_results_and_schemas() -> None:
     assert prompt_chars({"prompt": "def f(", "suffix": "return x"}) == 14  # fill-in-the-middle
     assert prompt_chars({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "abc"}]}]}) == 3
+
+
+def test_prompt_chars_reads_anthropic_blocks_and_responses_items() -> None:
+    image = {"type": "image", "source": {"type": "base64", "data": "A" * 5000}}
+    anthropic = {
+        "system": [{"type": "text", "text": "sys"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "look"}, image]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                {"type": "tool_use", "id": "t1", "name": "ls", "input": {"p": "/"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": [{"type": "text", "text": "a b"}]}]},
+        ],
+        "tools": [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
+    }
+    # sys + look (not the image) + hmm + ls + {"p":"/"} + a b + (ls + list + schema)
+    assert prompt_chars(anthropic) == 3 + 4 + 3 + 2 + 9 + 3 + (2 + 4 + 17)
+    responses = {
+        "instructions": "be brief",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"},
+                                         {"type": "input_image", "image_url": "data:x" * 99}]},
+            {"type": "reasoning", "id": "rs_1", "encrypted_content": "think"},
+            {"type": "function_call", "call_id": "c1", "name": "run", "arguments": '{"a":1}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "done"},
+        ],
+        "tools": [{"type": "function", "name": "run", "description": "go",
+                   "parameters": {"type": "object"}}],
+    }
+    assert prompt_chars(responses) == 8 + 2 + 5 + (3 + 7) + 4 + (3 + 2 + 17)
+    assert prompt_chars({"input": "plain text"}) == 10
+
+
+def test_an_embedding_request_is_sized_by_its_longest_input() -> None:
+    assert longest_input_chars({"input": ["ab", "abcd", ""]}) == 4
+    assert longest_input_chars({"input": "abc"}) == 3
+    assert longest_input_chars({"prompt": "legacy"}) == 6  # /api/embeddings
 
 
 def test_token_ratio_learns_from_the_engine() -> None:

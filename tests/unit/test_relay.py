@@ -16,7 +16,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
-from proxy.api.relay import final_metrics, forward, outcome_from
+from proxy.api.errors import Dialect, stream_error_line
+from proxy.api.relay import final_metrics, forward, outcome_from, prompt_tokens
 from proxy.service.routing import CallOutcome, Route
 from tests.unit.raw_server import Handler, answering, read_request, serve
 
@@ -211,6 +212,30 @@ async def test_a_slow_client_is_not_taken_for_a_stalled_provider() -> None:
 )
 def test_final_metrics_reads_the_last_line(tail: bytes, expected: int | None) -> None:
     assert final_metrics(tail).get("prompt_eval_count") == expected
+
+
+def test_the_counts_are_found_before_anthropics_closing_event() -> None:
+    tail = (b'event: message_delta\ndata: {"type":"message_delta","usage":{"input_tokens":12,'
+            b'"output_tokens":5}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert prompt_tokens(final_metrics(tail)) == 12
+    completed = (b'event: response.completed\ndata: {"type":"response.completed","response":'
+                 b'{"status":"completed","usage":{"input_tokens":30,"output_tokens":2}}}\n\n')
+    assert prompt_tokens(final_metrics(completed)) == 30
+
+
+@pytest.mark.parametrize(
+    ("dialect", "expected"),
+    [
+        ("ollama", b'{"error":"gone","reason":"upstream-failed"}\n'),
+        ("openai", b'data: {"error":{"message":"gone","type":"server_error",'
+                   b'"code":"upstream-failed"},"reason":"upstream-failed"}\n\n'),
+        ("anthropic", b'event: error\ndata: {"type":"error","error":{"type":"api_error",'
+                      b'"message":"gone"},"reason":"upstream-failed"}\n\n'),
+    ],
+)
+def test_a_stream_ends_with_an_error_its_client_reads(dialect: Dialect, expected: bytes
+                                                      ) -> None:
+    assert stream_error_line("gone", dialect) == expected
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,6 @@
-"""OpenAI's API through the sidecar: the `openai` client -> sidecar -> simulated GPUs.
-
-Ollama serves OpenAI's chat, completions, embeddings and models endpoints over the same
-scheduler; the sidecar places the first three like native calls.
+"""The other dialects Ollama speaks, through the sidecar with their official clients:
+`openai` (chat, completions, Responses, embeddings, models) and `anthropic` (messages).
+The sidecar places each like a native call and answers refusals in the dialect's shape.
 """
 
 from __future__ import annotations
@@ -9,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
+from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -24,6 +25,14 @@ HI: Any = [{"role": "user", "content": "hello there"}]
 
 def client_for(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def anthropic_for(url: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+
+
+def no_tickets(url: str) -> bool:
+    return not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]
 
 
 def test_chat_completions_streaming_or_not(sim_factory: Sims, sidecar_factory: Sidecars
@@ -109,8 +118,91 @@ def test_the_token_ratio_is_learned_from_openai_usage(sim_factory: Sims,
 def test_an_unknown_path_is_named_in_the_error(sim_factory: Sims, sidecar_factory: Sidecars
                                                ) -> None:
     url = sidecar_factory([sim_factory("gpu", time_scale=SCALE)]).url
-    answer = httpx.post(f"{url}/v1/responses", json={"model": "qwen3:8b", "input": "hi"})
+    answer = httpx.post(f"{url}/v1/images/generations", json={"model": "x", "prompt": "hi"})
     assert answer.status_code == 404
-    assert "/v1/responses" in answer.json()["error"]["message"]
+    assert "/v1/images/generations" in answer.json()["error"]["message"]
     native = httpx.get(f"{url}/api/nothing")
     assert native.status_code == 404 and native.json()["reason"] == "not-found"
+
+
+def test_anthropic_messages_are_placed(sim_factory: Sims, sidecar_factory: Sidecars,
+                                       mode: dict[str, Any]) -> None:
+    big = sim_factory("big", total_vram_mib=32768, time_scale=SCALE)
+    small = sim_factory("small", total_vram_mib=16376, time_scale=SCALE)
+    httpx.post(f"{big.url}/api/generate", json={"model": "qwen3:8b"})  # warm on the big card
+    url = sidecar_factory([big, small], **mode).url
+    client = anthropic_for(url)
+
+    raw = client.messages.with_raw_response.create(
+        model="qwen3:8b", max_tokens=5, system="be brief", messages=HI)
+    assert (raw.headers["x-kubemoot-provider"], raw.headers["x-kubemoot-placement"]) == (
+        "big", "warm")
+    message = raw.parse()
+    assert message.content[0].type == "text"
+    assert message.content[0].text == "the answer is forty two"
+    assert message.usage.input_tokens > 0
+
+    with client.messages.stream(model="qwen3:8b", max_tokens=5, messages=HI) as stream:
+        assert "".join(stream.text_stream) == "the answer is forty two"
+        assert stream.get_final_message().usage.output_tokens == 5
+    assert small.sim.stats.inference_requests == 0
+    assert no_tickets(url)
+
+
+def test_anthropic_tool_results_count_toward_the_prompt(sim_factory: Sims,
+                                                        sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    client = anthropic_for(sidecar_factory([gpu]).url)
+    # Nearly all of this prompt is inside blocks: a tool call's input and its result.
+    turns: Any = [
+        {"role": "user", "content": "read the file"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read",
+                                           "input": {"path": "/big"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [{"type": "text", "text": "line " * 8000}]}]},
+    ]
+    with pytest.raises(anthropic.APIStatusError) as info:
+        client.messages.create(model="qwen3:8b", max_tokens=5, messages=turns)
+    assert info.value.status_code == 413
+    body: Any = info.value.body
+    assert body["error"]["type"] == "request_too_large"
+    assert body["reason"] == "prompt-too-large"
+    assert gpu.sim.stats.inference_requests == 0 and gpu.sim.stats.truncations == 0
+
+
+def test_an_anthropic_stream_cut_by_its_provider_raises_in_the_client(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    gpu.sim.fault.mode, gpu.sim.fault.after_chunks, gpu.sim.fault.count = "midstream", 2, 1
+    client = anthropic_for(url)
+    with pytest.raises(anthropic.APIStatusError) as info, client.messages.stream(
+            model="qwen3:8b", max_tokens=8, messages=HI) as stream:
+        for _ in stream.text_stream:
+            pass
+    assert "failed mid-stream" in str(info.value.message)
+    assert eventually(lambda: no_tickets(url))
+
+
+def test_the_responses_api_is_placed(sim_factory: Sims, sidecar_factory: Sidecars,
+                                     mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu], **mode).url
+    client = client_for(url)
+    reply = client.responses.create(model="qwen3:8b", input="hello", instructions="be brief",
+                                    max_output_tokens=5)
+    assert reply.output_text == "the answer is forty two"
+    events = list(client.responses.create(model="qwen3:8b", input=HI, stream=True,
+                                          max_output_tokens=5))
+    assert events[-1].type == "response.completed"
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == "the answer is forty two"
+    # A function's output, not a message, makes this prompt too long for the context.
+    items: Any = [{"role": "user", "content": "run it"},
+                  {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "x " * 10000}]
+    with pytest.raises(openai.APIStatusError) as info:
+        client.responses.create(model="qwen3:8b", input=items)
+    assert info.value.status_code == 413
+    assert gpu.sim.stats.inference_requests == 2 and gpu.sim.stats.truncations == 0
+    assert no_tickets(url)
