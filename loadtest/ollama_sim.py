@@ -265,6 +265,10 @@ class OllamaSim:
     def generate_prompt(self, body: dict[str, Any]) -> PromptTokens:
         cpt = self.config.chars_per_token
         prompt = PromptTokens()
+        context = body.get("context")
+        if isinstance(context, list) and context:  # an earlier answer's tokens, put first
+            prompt.messages.append(len(context))
+            prompt.system_flags.append(False)
         for key in ("system", "prompt"):
             text = body.get(key)
             if text:

@@ -264,6 +264,8 @@ class SidecarApi:
             prompt_chars=longest_input_chars(body) if isinstance(parsed, wire.EMBEDDINGS)
             else prompt_chars(body),
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
+            context_tokens=len(parsed.context or ()) if path == "/api/generate" and
+            isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
             disconnected=lambda: _disconnect(request),
         )

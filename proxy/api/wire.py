@@ -60,6 +60,7 @@ class OllamaInference(_Wire):
     tools: list[dict[str, Any]] | None = None
     prompt: str | None = None
     system: str | None = None
+    context: list[int] | None = None  # /api/generate: an earlier answer's tokens
     think: bool | Literal["low", "medium", "high", "max"] | None = None
 
 

@@ -128,7 +128,7 @@ class PlanBook:
             next(c for c in s.settings.providers if c.name == placement.provider), s.clock())
         if not view.ready:
             return False
-        tokens = max(s.learning.ratio.tokens(call.prompt_chars), call.num_ctx or 0)
+        tokens = max(s.learning.prompt_tokens(call), call.num_ctx or 0)
         context = placement.context_length or view.context_length
         return context == 0 or tokens <= context
 

@@ -26,6 +26,9 @@ class CallRequest:
     can_wait: bool = True
     prompt_chars: int = 0
     num_ctx: int | None = None
+    # Tokens the request sends as tokens: /api/generate's `context`, which Ollama puts
+    # before the prompt.
+    context_tokens: int = 0
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None

@@ -70,6 +70,14 @@ class Learning:
     ratio: TokenRatio = field(default_factory=TokenRatio)
     load_mib_per_s: float | None = None
 
+    def prompt_tokens(self, call: CallRequest) -> int:
+        return self.ratio.tokens(call.prompt_chars) + call.context_tokens
+
+    def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
+        if prompt_eval_count is not None:  # the ratio is of the text alone
+            prompt_eval_count -= call.context_tokens
+        self.ratio = self.ratio.observe(call.prompt_chars, prompt_eval_count)
+
     def observe_load(self, mib: int, seconds: float | None) -> None:
         if not seconds or seconds < 0.05 or mib <= 0:
             return
@@ -177,7 +185,7 @@ class Scheduler:
         return out
 
     def spec(self, call: CallRequest, candidates: tuple[Candidate, ...]) -> CallSpec:
-        return CallSpec(candidates, prompt_tokens=self.learning.ratio.tokens(call.prompt_chars),
+        return CallSpec(candidates, prompt_tokens=self.learning.prompt_tokens(call),
                         min_context=call.num_ctx or 0, tolerance=self.settings.tolerance,
                         phase="triage" if call.phase == "triage" else "mulling")
 
@@ -469,8 +477,7 @@ class Scheduler:
                             ticket=claimed.ticket.ticket_id)
             if outcome.ok:
                 if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
-                    self.learning.ratio = self.learning.ratio.observe(
-                        call.prompt_chars, outcome.prompt_eval_count)
+                    self.learning.observe_prompt(call, outcome.prompt_eval_count)
                 if placement.kind in ("cold", "evict"):
                     self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
                 self.demand.note_use(placement.model)

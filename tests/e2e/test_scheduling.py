@@ -189,6 +189,21 @@ def test_prompt_too_large_is_413_and_never_reaches_a_gpu(sim_factory: Sims,
     assert gpus[1].sim.stats.truncations == 0
 
 
+def test_a_generate_context_counts_toward_the_prompt(sim_factory: Sims,
+                                                      sidecar_factory: Sidecars) -> None:
+    # /api/generate's `context` (an earlier answer's tokens) goes before the prompt.
+    small = sim_factory("small", context_length=4096, time_scale=SCALE)
+    big = sim_factory("big", context_length=8192, time_scale=SCALE)
+    client = ollama.Client(host=sidecar_factory([small, big]).url)
+    answer = client.generate(model="qwen3:8b", prompt="and then?", context=[7] * 6000)
+    assert answer.done and big.sim.stats.inference_requests == 1
+    assert small.sim.stats.inference_requests == 0 and big.sim.stats.truncations == 0
+    with pytest.raises(ollama.ResponseError) as info:
+        client.generate(model="qwen3:8b", prompt="and then?", context=[7] * 9000)
+    assert info.value.status_code == 413
+    assert big.sim.stats.inference_requests == 1 and big.sim.stats.truncations == 0
+
+
 def test_a_models_trained_context_is_respected(sim_factory: Sims,
                                                sidecar_factory: Sidecars) -> None:
     # phi3:mini was trained for 4096 tokens: Ollama caps its context there on any card.

@@ -14,6 +14,8 @@ from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.queueing import victims_cost_s
 from proxy.core.tokens import TokenRatio, longest_input_chars, prompt_chars
 from proxy.core.types import Circuit, ModelDemand, Resident, Ticket
+from proxy.service.routing import CallRequest
+from proxy.service.scheduler import Learning
 from tests.unit.builders import GIB32, NOW, gpu, snapshot, ticket
 
 
@@ -293,3 +295,11 @@ def test_claim_refuses_a_second_load_of_a_model_already_loading() -> None:
     second = _t("2", "qwen3:14b", 12224)
     ok, why = ticket_budget_ok([first], second, view, DEFAULT_POLICY)
     assert not ok and "already being loaded" in why
+
+
+def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_ratio() -> None:
+    learning = Learning()
+    call = CallRequest("/api/generate", "m", prompt_chars=700, context_tokens=1000)
+    assert learning.prompt_tokens(call) == 200 + 1000  # 700 chars at 3.5 per token
+    learning.observe_prompt(call, 1000 + 175)  # the engine counted the context too
+    assert learning.ratio.chars_per_token == 4.0
