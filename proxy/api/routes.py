@@ -23,7 +23,7 @@ from proxy.service.routing import CallRequest, ProviderPool, Refusal, Route, Rou
 
 log = get_logger("kubemoot.api")
 FALLBACK_VERSION = "0.12.6"
-MODEL_MANAGEMENT = ("/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete")
+MODEL_MANAGEMENT = ("/api/push", "/api/create", "/api/copy", "/api/delete")
 
 
 class RequestTooLarge(Exception):
@@ -94,6 +94,7 @@ class SidecarApi:
         add("/api/generate", self.generate, methods=["POST"])
         add("/api/embed", self.embed, methods=["POST"])
         add("/api/embeddings", self.embed, methods=["POST"])
+        add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
         add("/v1/chat/completions", self.openai_chat, methods=["POST"])
@@ -188,6 +189,34 @@ class SidecarApi:
 
     async def embed(self, request: Request) -> Response:
         return await self._infer(request, request.url.path, wire.OllamaEmbed)
+
+    async def pull(self, request: Request) -> Response:
+        """A pull of a model the providers already have succeeds at once (agents often pull
+        before their first call); the sidecar never downloads to the GPUs itself."""
+        try:
+            body = wire.parse_body(await read_capped(request, self.max_request_bytes))
+            pull = wire.validate(wire.PullRequest, body)
+        except RequestTooLarge:
+            return self._too_large()
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc))
+        model = pull.model or pull.name
+        if not model:
+            return error_response(400, "bad-request", "field 'model': model is required")
+        wanted = model if ":" in model else f"{model}:latest"
+        present = {model_name(m) for _, data in await self._gather("/api/tags")
+                   for m in data.get("models") or []}
+        if wanted not in present:
+            return error_response(
+                501, "not-supported",
+                f"model '{model}' is on no provider, and the sidecar does not download models "
+                f"to GPUs; pull it on each provider (OLLAMA_HOST=<provider> ollama pull "
+                f"{model})", model)
+        if pull.stream is False:
+            return _json({"status": "success"})
+        lines = b"".join(orjson.dumps({"status": s}) + b"\n"
+                         for s in ("pulling manifest", "success"))
+        return Response(lines, media_type="application/x-ndjson")
 
     async def not_here(self, request: Request) -> Response:
         return error_response(

@@ -141,6 +141,12 @@ class PlanRequest(_Wire):
     promptChars: int | None = Field(default=None, ge=0)
 
 
+class PullRequest(_Wire):
+    model: str | None = None
+    name: str | None = None
+    stream: bool | None = None
+
+
 class ShowRequest(_Wire):
     model: str | None = None
     name: str | None = None

@@ -576,10 +576,15 @@ def test_embeddings_are_placed_too(sim_factory: Sims, sidecar_factory: Sidecars)
     assert all(g.sim.stats.truncations == 0 for g in gpus)
 
 
-def test_model_management_is_refused_with_a_pointer(sim_factory: Sims,
-                                                    sidecar_factory: Sidecars) -> None:
+def test_a_pull_of_a_present_model_succeeds_and_the_rest_is_refused(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     url = sidecar_factory([sim_factory("a")]).url
     client = ollama.Client(host=url)
+    assert client.pull("qwen3:8b").status == "success"  # on a provider already: nothing to do
+    assert [p.status for p in client.pull("qwen3:8b", stream=True)][-1] == "success"
     with pytest.raises(ollama.ResponseError) as info:
-        client.pull("qwen3:8b")
+        client.pull("mistral:7b")
+    assert info.value.status_code == 501 and "each provider" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:
+        client.delete("qwen3:8b")
     assert info.value.status_code == 501 and "each provider" in info.value.error
