@@ -21,11 +21,13 @@ RATIO_ALPHA = 0.3
 RATIO_MIN, RATIO_MAX = 1.0, 8.0
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
-TEXT_KEYS = ("content", "text", "thinking", "output", "summary", "refusal", "name",
-             "encrypted_content",  # Ollama keeps a Responses reasoning item's thinking here
-             "tool_calls", "function")
-# Keys whose object value is data the model reads as JSON (tool arguments, schemas).
-DATA_KEYS = ("input", "arguments")
+TEXT_KEYS = frozenset((
+    "content", "text", "thinking", "output", "summary", "refusal", "name", "tool_calls",
+    "function",
+    "encrypted_content",  # Ollama keeps a Responses reasoning item's thinking here
+))
+# Keys whose object value is data the model reads as JSON (tool arguments).
+DATA_KEYS = frozenset(("input", "arguments"))
 BODY_KEYS = ("prompt", "suffix", "system", "instructions", "input", "messages")
 
 
@@ -42,10 +44,12 @@ def _text_len(value: Any) -> int:
     if isinstance(value, list):
         return sum(_text_len(v) for v in value)
     if isinstance(value, dict):
-        total = sum(_text_len(value[k]) for k in TEXT_KEYS if k in value)
-        for key in DATA_KEYS:
-            data = value.get(key)
-            total += _json_len(data) if isinstance(data, dict) else _text_len(data)
+        total = 0
+        for key, item in value.items():
+            if key in TEXT_KEYS:
+                total += _text_len(item)
+            elif key in DATA_KEYS:
+                total += _json_len(item) if isinstance(item, dict) else _text_len(item)
         return total
     return _json_len(value)
 
