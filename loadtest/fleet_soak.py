@@ -1,7 +1,8 @@
 """A fleet soak: several real sidecars sharing NATS in front of a simulated 3-GPU fleet, each
 serving agents that use the official `ollama` client with mixed models, prompt sizes,
 streaming, held plans, clients that leave mid-stream, calls with `keep_alive: 0` and unload
-requests (`ollama stop`).
+requests (`ollama stop`); with `--dialects`, some calls go through the `openai` client
+(/v1/chat/completions) or the `anthropic` client (/v1/messages) instead.
 
 It fails on what must never happen, whatever the load: a GPU out of memory, a prompt cut by
 the engine, a ticket left behind, an answer that is neither a success nor one of the
@@ -29,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import ollama
+import openai
 
 from loadtest.loadgen import percentile, wait_http
 from loadtest.nats_server import NatsServer
@@ -65,6 +68,7 @@ class Tally:
     seconds: list[float] = field(default_factory=list)
     waited_ms: list[float] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    dialects: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 def prompt_chars(rng: random.Random) -> int:
@@ -77,13 +81,74 @@ def prompt_chars(rng: random.Random) -> int:
     return rng.randint(45000, 60000)  # over every GPU's context: refused, never cut
 
 
+class Failed(Exception):
+    """A call that failed in another dialect's client, told the way `ollama` tells it."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def openai_turn(client: openai.AsyncOpenAI, model: str, text: str, stream: bool,
+                      leave: bool, predict: int, headers: dict[str, str]) -> str:
+    messages: Any = [{"role": "user", "content": text}]
+    try:
+        if not stream:
+            await client.chat.completions.create(model=model, messages=messages,
+                                                 max_tokens=predict, extra_headers=headers)
+            return "200"
+        parts = await client.chat.completions.create(
+            model=model, messages=messages, max_tokens=predict, stream=True,
+            extra_headers=headers)
+        chunks = 0
+        async for _ in parts:
+            chunks += 1
+            if leave and chunks == 2:
+                await parts.close()  # the client goes away mid-stream
+                return "left"
+        return "200"
+    except openai.APIConnectionError as exc:
+        raise ConnectionError(str(exc)) from None
+    except openai.APIStatusError as exc:
+        raise Failed(exc.status_code, exc.message) from None
+    except openai.APIError as exc:  # the error event that ends a failed stream: -1, as the
+        raise Failed(-1, exc.message) from None  # `ollama` client reports an error line
+
+
+async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str,
+                         stream: bool, leave: bool, predict: int, headers: dict[str, str]
+                         ) -> str:
+    messages: Any = [{"role": "user", "content": text}]
+    try:
+        if not stream:
+            await client.messages.create(model=model, messages=messages, max_tokens=predict,
+                                         extra_headers=headers)
+            return "200"
+        chunks = 0
+        async with client.messages.stream(model=model, messages=messages, max_tokens=predict,
+                                          extra_headers=headers) as parts:
+            async for _ in parts.text_stream:
+                chunks += 1
+                if leave and chunks == 2:
+                    return "left"  # leaving the block closes the stream mid-way
+        return "200"
+    except anthropic.APIConnectionError as exc:
+        raise ConnectionError(str(exc)) from None
+    except anthropic.APIStatusError as exc:
+        raise Failed(exc.status_code, exc.message) from None
+    except anthropic.APIError as exc:
+        raise Failed(-1, exc.message) from None
+
+
 async def agent(name: str, url: str, model: str, deadline: float, seed: int,
-                tally: Tally, churn_s: float = 0.0, tolerated: frozenset[int] = frozenset()
-                ) -> None:
+                tally: Tally, churn_s: float = 0.0, tolerated: frozenset[int] = frozenset(),
+                dialects: tuple[str, ...] = ("ollama",)) -> None:
     rng = random.Random(seed)
     first = rng.randrange(len(CHURN))
     plain = ollama.AsyncClient(host=url, timeout=120)
     http = httpx.AsyncClient(base_url=url, timeout=120)
+    oai = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", timeout=120, max_retries=0)
+    claude = anthropic.AsyncAnthropic(base_url=url, api_key="-", timeout=120, max_retries=0)
     turn = 0
     while time.monotonic() < deadline:
         turn += 1
@@ -94,15 +159,23 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         stream, leave = rng.random() < 0.6, rng.random() < 0.05
         keep_alive = 0 if rng.random() < 0.03 else None  # unload as it ends
         stop = rng.random() < 0.01  # what `ollama stop` sends, instead of a call
-        client = plain
+        # Drawn only when asked for, so the default run's random sequence stays as it was.
+        dialect = rng.choice(dialects) if len(dialects) > 1 and not stop else "ollama"
+        client, headers = plain, {}
         if not stop and rng.random() < 0.1 and "direct" not in name:  # planned at selection
             thread = f"{name}-{turn}"
             await http.post("/kubemoot/v1/plans", json={"thread": thread, "promptChars": chars})
-            client = ollama.AsyncClient(host=url, timeout=120,
-                                        headers={"X-Kubemoot-Thread": thread})
+            headers = {"X-Kubemoot-Thread": thread}
+            client = ollama.AsyncClient(host=url, timeout=120, headers=headers)
         started = time.monotonic()
         try:
-            if stop:
+            if dialect == "openai":
+                outcome = await openai_turn(oai, model, messages[0]["content"], stream, leave,
+                                            rng.randint(4, 40), headers)
+            elif dialect == "anthropic":
+                outcome = await anthropic_turn(claude, model, messages[0]["content"], stream,
+                                               leave, rng.randint(4, 40), headers)
+            elif stop:
                 await client.generate(model=model, keep_alive=0)
                 outcome = "unload"
             elif stream:
@@ -123,16 +196,21 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 outcome = "200"
             if outcome != "unload":
                 tally.seconds.append(time.monotonic() - started)
-        except ollama.ResponseError as exc:
-            outcome = f"{exc.status_code}"
-            if REFUSALS.get(exc.status_code) is None and exc.status_code not in tolerated:
-                tally.unexpected.append(f"{name}: {exc.status_code} {exc.error}")
+        except (ollama.ResponseError, Failed) as exc:
+            status, error = (exc.status_code, exc.error) if isinstance(
+                exc, ollama.ResponseError) else (exc.status, str(exc))
+            outcome = f"{status}"
+            if REFUSALS.get(status) is None and status not in tolerated:
+                tally.unexpected.append(f"{name}: {dialect} {status} {error}")
         except (httpx.HTTPError, ConnectionError) as exc:
             outcome = "connection"
             tally.unexpected.append(f"{name}: {type(exc).__name__} {exc}")
         tally.outcomes[outcome] += 1
+        tally.dialects[dialect] += 1
         await asyncio.sleep(rng.uniform(0.0, 0.05))
     await http.aclose()
+    await oai.close()
+    await claude.close()
 
 
 def start(args: list[str], env: dict[str, str], log: Path, append: bool = False
@@ -169,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, help="where the processes' logs go "
                                                   "(default: a new temporary directory)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dialects", default="ollama",
+                        help="comma-separated, drawn per call: ollama (the `ollama` client on "
+                             "/api/chat), openai (/v1/chat/completions), anthropic (/v1/messages)")
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -254,7 +335,7 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
     tolerated = frozenset({502, -1}) if args.outage else frozenset()
     await asyncio.gather(*(
         agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
-              args.churn, tolerated)
+              args.churn, tolerated, tuple(args.dialects.split(",")))
         for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
     return tally
 
@@ -268,6 +349,8 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
     print(f"# fleet soak: {args.fleet} fleet, {mode}, {args.agents} agents each, "
           f"{args.seconds:.0f} s{churn}, time scale {args.time_scale}; logs in {logs}")
     print(f"calls {calls}  outcomes {dict(sorted(tally.outcomes.items()))}")
+    if len(tally.dialects) > 1:
+        print(f"dialects {dict(sorted(tally.dialects.items()))}")
     if tally.seconds:
         print(f"call seconds p50 {percentile(tally.seconds, 0.5):.3f}  "
               f"p95 {percentile(tally.seconds, 0.95):.3f}  max {max(tally.seconds):.3f}")

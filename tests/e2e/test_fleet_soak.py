@@ -1,7 +1,7 @@
 """A short fleet soak: real sidecar processes on NATS (or one with embedded state), simulated
-GPUs, agents on the `ollama` client switching models every 2 s. Whatever happens, no GPU runs
-out of memory, no prompt is cut, no ticket is left behind, and every answer is a success or a
-contract refusal."""
+GPUs, agents on the `ollama`, `openai` and `anthropic` clients switching models every 2 s.
+Whatever happens, no GPU runs out of memory, no prompt is cut, no ticket is left behind, and
+every answer is a success or a contract refusal."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_pa
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
     code = fleet_soak.main([*setup, "--seconds", "12", "--churn", "2", "--time-scale", "0.02",
-                            "--logs", str(tmp_path)])
+                            "--dialects", "ollama,openai,anthropic", "--logs", str(tmp_path)])
     report = capsys.readouterr().out
     assert code == 0, report
     assert "'oom_events': 0" in report and "'truncations': 0" in report
