@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
+from pydantic import BaseModel
 from starlette.responses import PlainTextResponse, Response
 
 from proxy.adapters.ollama import UpstreamError, model_name
@@ -22,6 +23,7 @@ from proxy.service.codec import parse_rfc3339, rfc3339
 from proxy.service.routing import CallRequest, ProviderPool, Refusal, Route, Router
 
 log = get_logger("kubemoot.api")
+W = TypeVar("W", bound=BaseModel)
 FALLBACK_VERSION = "0.12.6"
 MODEL_MANAGEMENT = ("/api/push", "/api/create", "/api/copy", "/api/delete")
 
@@ -90,20 +92,13 @@ class SidecarApi:
         add("/api/tags", self.tags, methods=["GET", "HEAD"])
         add("/api/ps", self.ps, methods=["GET"])
         add("/api/show", self.show, methods=["POST"])
-        add("/api/chat", self.chat, methods=["POST"])
-        add("/api/generate", self.generate, methods=["POST"])
-        add("/api/embed", self.embed, methods=["POST"])
-        add("/api/embeddings", self.embed, methods=["POST"])
+        for path, schema in wire.PLACED.items():
+            add(path, self._inference(path, schema), methods=["POST"])
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
-        add("/v1/chat/completions", self.openai_chat, methods=["POST"])
-        add("/v1/completions", self.openai_completion, methods=["POST"])
-        add("/v1/embeddings", self.openai_embed, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
         add("/v1/models/{model:path}", self.openai_model, methods=["GET"])
-        add("/v1/responses", self.openai_responses, methods=["POST"])
-        add("/v1/messages", self.anthropic_messages, methods=["POST"])
         add("/healthz", self.healthz, methods=["GET"])
         add("/readyz", self.readyz, methods=["GET"])
         add("/metrics", self.prometheus, methods=["GET"])
@@ -154,14 +149,26 @@ class SidecarApi:
                 models.append({**model, "provider": provider})
         return _json({"models": models})
 
-    async def show(self, request: Request) -> Response:
+    async def _read(self, request: Request, schema: type[W], dialect: Dialect = "ollama"
+                    ) -> tuple[dict[str, Any], W] | Response:
+        """The request's body and its checked fields, or the error answer (413, 400)."""
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
-            show = wire.validate(wire.ShowRequest, body)
+            return body, wire.validate(schema, body)
         except RequestTooLarge:
-            return self._too_large()
+            return error_response(413, "request-too-large",
+                                  f"request body exceeds the sidecar's limit of "
+                                  f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
+                                  dialect=dialect)
         except wire.BadRequest as exc:
-            return error_response(400, "bad-request", str(exc))
+            self.metrics.refusals.labels("bad-request").inc()
+            return error_response(400, "bad-request", str(exc), dialect=dialect)
+
+    async def show(self, request: Request) -> Response:
+        read = await self._read(request, wire.ShowRequest)
+        if isinstance(read, Response):
+            return read
+        body, show = read
         model = show.model or show.name
         if not model:
             return error_response(400, "bad-request", "field 'model': model is required")
@@ -180,26 +187,13 @@ class SidecarApi:
         return last or error_response(502, "upstream-failed",
                                       "no provider answered /api/show", model)
 
-    # -- inference -------------------------------------------------------------------------
-    async def chat(self, request: Request) -> Response:
-        return await self._infer(request, "/api/chat", wire.OllamaInference)
-
-    async def generate(self, request: Request) -> Response:
-        return await self._infer(request, "/api/generate", wire.OllamaInference)
-
-    async def embed(self, request: Request) -> Response:
-        return await self._infer(request, request.url.path, wire.OllamaEmbed)
-
     async def pull(self, request: Request) -> Response:
         """A pull of a model the providers already have succeeds at once (agents often pull
         before their first call); the sidecar never downloads to the GPUs itself."""
-        try:
-            body = wire.parse_body(await read_capped(request, self.max_request_bytes))
-            pull = wire.validate(wire.PullRequest, body)
-        except RequestTooLarge:
-            return self._too_large()
-        except wire.BadRequest as exc:
-            return error_response(400, "bad-request", str(exc))
+        read = await self._read(request, wire.PullRequest)
+        if isinstance(read, Response):
+            return read
+        pull = read[1]
         model = pull.model or pull.name
         if not model:
             return error_response(400, "bad-request", "field 'model': model is required")
@@ -233,21 +227,6 @@ class SidecarApi:
             "/v1/embeddings and /v1/models, and Anthropic's /v1/messages",
             dialect=dialect_of(request.url.path))
 
-    async def openai_chat(self, request: Request) -> Response:
-        return await self._infer(request, "/v1/chat/completions", wire.OpenAIChat)
-
-    async def openai_completion(self, request: Request) -> Response:
-        return await self._infer(request, "/v1/completions", wire.OpenAICompletion)
-
-    async def openai_embed(self, request: Request) -> Response:
-        return await self._infer(request, "/v1/embeddings", wire.OpenAIEmbed)
-
-    async def openai_responses(self, request: Request) -> Response:
-        return await self._infer(request, "/v1/responses", wire.OpenAIResponses)
-
-    async def anthropic_messages(self, request: Request) -> Response:
-        return await self._infer(request, "/v1/messages", wire.AnthropicMessages)
-
     async def _openai_models(self) -> dict[str, dict[str, Any]]:
         seen: dict[str, dict[str, Any]] = {}
         for _, data in await self._gather("/api/tags"):
@@ -270,11 +249,12 @@ class SidecarApi:
                                   f"model '{name}' is on no provider", name, dialect="openai")
         return _json(found)
 
-    def _too_large(self, dialect: Dialect = "ollama") -> Response:
-        return error_response(413, "request-too-large",
-                              f"request body exceeds the sidecar's limit of "
-                              f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
-                              dialect=dialect)
+    # -- inference -------------------------------------------------------------------------
+    def _inference(self, path: str, schema: type[wire.Inference]
+                   ) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await self._infer(request, path, schema)
+        return handle
 
     def call_request(self, request: Request, path: str, body: dict[str, Any],
                      parsed: wire.Inference) -> CallRequest:
@@ -303,14 +283,10 @@ class SidecarApi:
                      ) -> Response:
         started = time.perf_counter()
         dialect = dialect_of(path)
-        try:
-            body = wire.parse_body(await read_capped(request, self.max_request_bytes))
-            parsed = wire.validate(schema, body)
-        except RequestTooLarge:
-            return self._too_large(dialect)
-        except wire.BadRequest as exc:
-            self.metrics.refusals.labels("bad-request").inc()
-            return error_response(400, "bad-request", str(exc), dialect=dialect)
+        read = await self._read(request, schema, dialect)
+        if isinstance(read, Response):
+            return read
+        body, parsed = read
         call = self.call_request(request, path, body, parsed)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)

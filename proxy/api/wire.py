@@ -132,6 +132,18 @@ class AnthropicMessages(_Wire):
 Inference = (OllamaInference | OllamaEmbed | OpenAIChat | OpenAICompletion | OpenAIEmbed
              | OpenAIResponses | AnthropicMessages)
 EMBEDDINGS = (OllamaEmbed, OpenAIEmbed)
+# Every path the sidecar places, with the fields it reads there.
+PLACED: dict[str, type[Inference]] = {
+    "/api/chat": OllamaInference,
+    "/api/generate": OllamaInference,
+    "/api/embed": OllamaEmbed,
+    "/api/embeddings": OllamaEmbed,
+    "/v1/chat/completions": OpenAIChat,
+    "/v1/completions": OpenAICompletion,
+    "/v1/responses": OpenAIResponses,
+    "/v1/embeddings": OpenAIEmbed,
+    "/v1/messages": AnthropicMessages,
+}
 
 
 class PlanRequest(_Wire):

@@ -118,6 +118,10 @@ def test_body_over_the_cap_is_413(fleet: list[SimServer], sidecar_factory: Sidec
     big = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "x" * 2000}]}
     r = httpx.post(f"{url}/api/chat", json=big)
     assert r.status_code == 413 and r.json()["reason"] == "request-too-large"
+    r = httpx.post(f"{url}/v1/messages", json={**big, "max_tokens": 5})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    r = httpx.post(f"{url}/api/show", json={"model": "x" * 2000})
+    assert r.status_code == 413 and "KUBEMOOT_MAX_REQUEST_BYTES" in r.json()["error"]
 
 
 def test_mid_stream_failure_ends_with_an_error_line(fleet: list[SimServer],
