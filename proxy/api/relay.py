@@ -237,6 +237,8 @@ def payload_for(route: Route, body: dict[str, Any]) -> bytes:
     """The body as the chosen provider gets it: the picked model, and no num_ctx when the
     placement already guarantees that context (a differing num_ctx makes Ollama reload)."""
     out = {**body, "model": route.model}
+    if route.strip_keep_alive:
+        out.pop("keep_alive", None)
     options = out.get("options")
     if route.strip_num_ctx and isinstance(options, dict) and "num_ctx" in options:
         out["options"] = {k: v for k, v in options.items() if k != "num_ctx"}

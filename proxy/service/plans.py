@@ -128,6 +128,9 @@ class PlanBook:
             next(c for c in s.settings.providers if c.name == placement.provider), s.clock())
         if not view.ready:
             return False
+        if placement.kind not in ("cold", "evict") and placement.model not in {
+                r.model for r in view.residents}:
+            return False  # its ticket holds a call's share of a copy that has gone since
         tokens = max(s.learning.prompt_tokens(call), call.num_ctx or 0)
         context = placement.context_length or view.context_length
         return context == 0 or tokens <= context

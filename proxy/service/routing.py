@@ -56,6 +56,7 @@ class Route:
     on_done: Callable[[CallOutcome], Awaitable[None]] | None = None
     retry: Callable[[], Awaitable[Route | None]] | None = None  # another provider, once
     strip_num_ctx: bool = False  # the placement guarantees the context num_ctx asked for
+    strip_keep_alive: bool = False  # keep_alive 0: the sidecar unloads when it is safe
     estimated_tokens: int = 0
 
     async def finish(self, outcome: CallOutcome) -> None:

@@ -354,6 +354,7 @@ class Scheduler:
         route = Route(placement.provider, client, placement.model, placement.kind,
                       evicted=tuple(placement.evicts), waited_ms=waited_ms,
                       strip_num_ctx=bool(placement.context_length),
+                      strip_keep_alive=call.unloads_after,
                       estimated_tokens=spec.prompt_tokens)
         route.on_done = self._finisher(claimed, call, route)
         route.retry = self._retry_elsewhere(call, spec, placement.provider)
@@ -386,6 +387,15 @@ class Scheduler:
             await asyncio.sleep(UNLOAD_POLL_S)
         await self.book(claimed).mark_unloaded(placement.provider, victims)
 
+    async def _release_to_unload(self, claimed: Claimed) -> None:
+        """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call
+        holds a ticket for it (one may be on its way to Ollama, which would reload it). So
+        the call went to Ollama without `keep_alive`, and the unload is asked here, after
+        the write that records it gone."""
+        placement = claimed.placement
+        if await self.book(claimed).release_to_unload(claimed.ticket):
+            await self._ask_unload(placement.provider, placement.model)
+
     async def _ask_unload(self, provider: str, model: str) -> bool:
         """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""
         log.debug("unloading", provider=provider, model=model)
@@ -399,22 +409,25 @@ class Scheduler:
 
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`
-        sends): every provider with the model loaded is asked to unload it (Ollama lets
-        running calls finish first); where no call holds a ticket for it, every view drops it
-        at once. Nothing is placed, claimed or loaded."""
+        sends): every provider with the model loaded and no call holding a ticket for it
+        unloads it, after every view has been told it is gone (as for a call's keep_alive 0).
+        Where calls hold tickets for it, it stays: they are running, or on their way to it.
+        Nothing is placed, claimed or loaded."""
         model = normalise_model(model)
         snapshot = self.snapshot(self.clock())
-        unloaded = []
+        unloaded, in_use = [], []
         for view in snapshot.providers:
             if not any(r.model == model for r in view.residents):
                 continue
-            if not await self._ask_unload(view.name, model):
-                continue
-            unloaded.append(view.name)
-            if not any(t.provider == view.name and t.model == model for t in snapshot.tickets):
-                with contextlib.suppress(StoreUnavailable):
-                    await self.tickets.mark_unloaded(view.name, (model,))
-        log.info("unloaded on request", model=model, providers=unloaded)
+            try:
+                unused = await self.tickets.mark_unloaded_unless_used(view.name, model)
+            except StoreUnavailable:
+                unused = False  # the others could not be told: leave it loaded
+            if unused and await self._ask_unload(view.name, model):
+                unloaded.append(view.name)
+            elif not unused:
+                in_use.append(view.name)
+        log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use)
         return unloaded
 
     def book(self, claimed: Claimed) -> TicketBook:
@@ -464,13 +477,15 @@ class Scheduler:
             # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
             self.metrics.circuit_open.labels(placement.provider).set(
                 0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-            # keep_alive 0: Ollama unloads the model as the call ends (unless others use it).
-            stays = Residency(0, 0, now) if call.unloads_after else left_loaded(placement, now)
-            release = self.book(claimed).release(claimed.ticket, stays)
+            stays = None if call.unloads_after else left_loaded(placement, now)
+            # keep_alive 0 is carried out by the sidecar itself (see _release_to_unload).
+            release = self._release_to_unload(claimed) if call.unloads_after else \
+                self.book(claimed).release(claimed.ticket, stays)
             try:
-                # A plain release finishes without suspending; one that records a model left
-                # loaded writes at once, and that write must survive a cancelled caller.
-                await (asyncio.shield(release) if stays is not None else release)
+                # A plain release finishes without suspending; one that records residency
+                # (left loaded, or gone) writes at once and must survive a cancelled caller.
+                writes_now = call.unloads_after or stays is not None
+                await (asyncio.shield(release) if writes_now else release)
             except StoreUnavailable:
                 log.warning("ticket release not written; no longer counted here, written "
                             "when the store is back", provider=placement.provider,

@@ -276,9 +276,7 @@ class TicketBook:
         write to the provider's set (a claim's, typically) or within `release_delay_s`, so it
         never holds up the claim that follows it; one that changes residents is written now.
         """
-        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock() + self.ttl_s
-        self._owed_changes += 1
-        self.store.changes.bump()  # calls waiting for this room decide again
+        self._owe(ticket)
         if leave_resident is None:
             self._write_soon(ticket.provider)
             return ClaimResult(True, "owed")
@@ -287,9 +285,6 @@ class TicketBook:
             # (The ticket itself is owed: the write carries it whatever this returns.)
             if current.residents.get(ticket.model) == leave_resident:
                 return None
-            if leave_resident.gone and any(t.model == ticket.model and t.expires_at > now
-                                           for t in current.tickets.values()):
-                return None  # other calls still use it, so Ollama keeps it until they end
             return TicketSet(current.tickets, {**current.residents, ticket.model: leave_resident})
 
         try:
@@ -297,6 +292,42 @@ class TicketBook:
         except StoreUnavailable:
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
+
+    def _owe(self, ticket: Ticket) -> None:
+        """The ticket stops counting here at once; the next write to its set removes it."""
+        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock() + self.ttl_s
+        self._owed_changes += 1
+        self.store.changes.bump()  # calls waiting for this room decide again
+
+    async def release_to_unload(self, ticket: Ticket) -> bool:
+        """Remove the ticket of a call that asked for its model to be unloaded as it ends
+        (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama)."""
+        self._owe(ticket)
+        try:
+            return await self.mark_unloaded_unless_used(ticket.provider, ticket.model)
+        except StoreUnavailable:
+            self._write_soon(ticket.provider)  # the ticket part, once the store is back
+            raise
+
+    async def mark_unloaded_unless_used(self, provider: str, model: str) -> bool:
+        """Record `model` unloaded from `provider` unless a live ticket names it; True when
+        recorded, and only then may Ollama be asked to unload it.
+
+        A call claimed before this write holds a ticket, so the model stays for it; a claim
+        after it sees the model gone and budgets its load. So no call reaches a copy that is
+        going away, to have Ollama reload it on memory no ticket holds."""
+        unused = False
+
+        def gone(current: TicketSet, now: float) -> TicketSet | str | None:
+            nonlocal unused  # (a conflict runs this again on the newer set)
+            unused = not any(t.model == model and t.expires_at > now
+                             for t in current.tickets.values())
+            if not unused:
+                return None
+            return TicketSet(current.tickets, {**current.residents, model: Residency(0, 0, now)})
+
+        await self._mutate(provider, gone)
+        return unused
 
     def _write_soon(self, provider: str) -> None:
         if provider not in self._flushing:

@@ -265,6 +265,30 @@ def test_a_call_with_keep_alive_zero_leaves_no_phantom_copy(sim_factory: Sims,
     assert eventually(lambda: not residents(), timeout_s=1.0)  # the call's release said so
 
 
+def test_keep_alive_zero_leaves_a_model_another_call_holds_a_ticket_for(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", num_parallel=2, time_scale=SCALE)  # a slot for each call
+    url = sidecar_factory([gpu], **mode).url
+
+    def tickets() -> int:
+        return len(httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"])
+
+    assert chat(url, "qwen3:8b").status_code == 200
+    plan = httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": "t-1", "model": "qwen3:8b"})
+    assert plan.status_code == 201 and plan.json()["placement"] == "warm"
+    # This call asks for the model to go as it ends, but the plan's call, not yet sent,
+    # holds a ticket for it: Ollama would unload it, then reload it for that call on
+    # memory nobody claimed. So it stays.
+    assert chat(url, "qwen3:8b", keep_alive=0).status_code == 200
+    assert eventually(lambda: tickets() == 1)  # released: only the plan's ticket is left
+    assert "qwen3:8b" in gpu.sim.runners
+    held = chat(url, "qwen3:8b", headers={"X-Kubemoot-Thread": "t-1"})
+    assert held.headers["x-kubemoot-placement"] == "held"
+    assert gpu.sim.stats.loads == 1 and gpu.sim.stats.reloads == 0
+    assert chat(url, "qwen3:8b", keep_alive=0).status_code == 200  # the last one out
+    assert eventually(lambda: not gpu.sim.runners)
+
+
 def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(sim_factory: Sims,
                                                              sidecar_factory: Sidecars
                                                              ) -> None:
@@ -305,6 +329,22 @@ def test_a_held_plan_is_taken_by_the_first_call_of_its_thread(sim_factory: Sims,
     assert again.json()["placement"] == "warm"
     gone = httpx.delete(f"{url}/kubemoot/v1/plans/t-2").json()
     assert gone["released"] is True
+
+
+def test_a_held_plan_on_a_copy_that_went_away_is_not_taken(sim_factory: Sims,
+                                                           sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", num_parallel=2, time_scale=SCALE)
+    url = sidecar_factory([gpu], probe_interval_seconds=0.1).url
+    assert chat(url, "qwen3:8b").status_code == 200
+    plan = httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": "t-1", "model": "qwen3:8b"})
+    assert plan.json()["placement"] == "warm"  # its ticket holds a call's share, not a load
+    # Someone unloads the model on the GPU itself; the next probe sees it gone.
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b", "keep_alive": 0})
+    assert eventually(lambda: not any(
+        p["residents"] for p in httpx.get(f"{url}/kubemoot/v1/state").json()["providers"]))
+    r = chat(url, "qwen3:8b", headers={"X-Kubemoot-Thread": "t-1"})
+    assert r.headers["x-kubemoot-placement"] == "cold"  # placed afresh: the load is claimed
+    assert gpu.sim.stats.loads == 2
 
 
 def test_client_disconnect_mid_stream_releases_the_ticket(sim_factory: Sims,

@@ -116,17 +116,21 @@ async def test_release_records_the_model_left_resident(store: StateStore) -> Non
     assert not refused.ok and "neither loaded" in refused.reason
 
 
-async def test_a_release_that_unloads_records_it_unless_others_use_the_model(
+async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_the_model(
         store: StateStore) -> None:
     book = _book(store)
     mine = book.new_ticket("k0", "gpu", "idle:8b", 512, False, {}, "h")
     other = book.new_ticket("o", "gpu", "idle:8b", 512, False, {}, "h2")
     assert (await book.claim(mine, VIEW)).ok and (await book.claim(other, VIEW)).ok
-    await book.release(mine, Residency(0, 0, time.time()))  # keep_alive 0
-    # Another call still uses it, so Ollama keeps it: no record.
+    # keep_alive 0, but another call holds a ticket for the model (it may not have reached
+    # Ollama yet): the model stays, and nobody may unload it.
+    assert not await book.release_to_unload(mine)
     assert merge_residency(VIEW, book.known("gpu")[0].residents).residents
-    await book.release(other, Residency(0, 0, time.time()))
-    assert not merge_residency(VIEW, book.known("gpu")[0].residents).residents  # now it goes
+    assert await book.release_to_unload(other)  # the last: recorded gone, unload now
+    assert not merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    late = book.new_ticket("w", "gpu", "idle:8b", 512, False, {}, "h3")
+    refused = await book.claim(late, VIEW)  # a warm claim after it would reload unbudgeted
+    assert not refused.ok and "neither loaded" in refused.reason
 
 
 class OutageStore(MemoryStore):
