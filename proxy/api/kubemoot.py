@@ -106,7 +106,9 @@ class KubemootApi:
                 "name": v.name, "ready": v.ready, "totalVramMiB": v.total_vram_mib,
                 "contextLength": v.context_length, "maxParallel": v.max_parallel,
                 "residents": [{"model": r.model, "footprintMiB": r.footprint_mib,
-                               "contextLength": r.context_length} for r in v.residents],
+                               "contextLength": r.context_length,
+                               **({"leaving": True} if r.leaving else {})}
+                              for r in v.residents],
                 "circuit": snap.health[v.name].circuit.value if v.name in snap.health else None,
             } for v in snap.providers],
             "tickets": [{"id": t.ticket_id, "provider": t.provider, "model": t.model,

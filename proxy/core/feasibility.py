@@ -51,6 +51,8 @@ def check(index: ProviderIndex, model: str, occupancy: int | None, needed_tokens
         return Fit(True, "loading", loading=True)
     if model in index.planned_victims:
         return Fit(False, "resident but planned for eviction by another call")
+    if model in index.leaving:
+        return Fit(False, "being unloaded (keep_alive 0); placed again once it is gone")
     if index.view.disk_mib and model not in index.view.disk_mib:
         return Fit(False, "model not pulled on this provider")
     usable = index.usable_mib

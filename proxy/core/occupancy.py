@@ -50,6 +50,7 @@ class ProviderIndex:
     loading_mib: int = 0  # memory claimed by loads not yet resident
     planned_victims: dict[str, int] = field(default_factory=dict)
     making_room: set[str] = field(default_factory=set)  # loads whose victims are still loaded
+    leaving: frozenset[str] = frozenset()  # asked to unload, not yet seen gone
 
     @property
     def name(self) -> str:
@@ -112,7 +113,9 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         residents = {r.model: r for r in kept}
         usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
         out[view.name] = ProviderIndex(view, usable, residents,
-                                       sum(r.footprint_mib for r in view.residents))
+                                       sum(r.footprint_mib for r in view.residents),
+                                       leaving=frozenset(r.model for r in view.residents
+                                                         if r.leaving))
     for ticket in snapshot.tickets:
         index = out.get(ticket.provider)
         if index is None or ticket.expires_at <= snapshot.now:
@@ -172,6 +175,10 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             return False, f"room for {new.model} is still being made here"
     if any(new.model in t.evicts for t in live):  # no new work for a copy being unloaded
         return False, f"{new.model} is planned for eviction here"
+    if any(r.leaving and r.model == new.model for r in view.residents):
+        # Sent now, Ollama could serve it from the leaving copy and unload that right after,
+        # while every view counted the model loaded.
+        return False, f"{new.model} is being unloaded here"
     for victim in new.evicts:
         if victim in busy:
             return False, f"planned victim {victim} has in-flight work"

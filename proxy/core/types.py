@@ -18,6 +18,7 @@ class Resident:
     context_length: int = 0  # 0: unknown (an old Ollama)
     last_used_at: float = 0.0
     expires_at: float = math.inf  # when Ollama's keep-alive unloads it if idle; inf: unknown
+    leaving: bool = False  # asked to unload: never joined or loaded again until seen gone
 
 
 @dataclass(frozen=True, slots=True)

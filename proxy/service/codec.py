@@ -110,11 +110,13 @@ RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next
 @dataclass(frozen=True)
 class Residency:
     """What a call changed on the GPU, counted at once rather than at the next probe: a model
-    it left loaded, or (`mib` 0) a model it unloaded."""
+    it left loaded, (`mib` 0) a model it unloaded, or (`leaving`) a model asked to unload:
+    nobody may join that copy any more, but its memory counts until it is seen gone."""
 
     mib: int
     context_length: int
     at: float
+    leaving: bool = False
 
     @property
     def gone(self) -> bool:
@@ -140,7 +142,8 @@ class TicketSet:
                               "evicts": dict(t.evicts), "holder": t.holder,
                               "started": t.started_at, "exp": t.expires_at}
                         for tid, t in self.tickets.items()},
-            "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at}
+            "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at,
+                              **({"leaving": True} if r.leaving else {})}
                           for m, r in self.residents.items()},
         })
 
@@ -156,7 +159,8 @@ class TicketSet:
                         holder=str(t.get("holder", "")))
             for tid, t in (d.get("tickets") or {}).items()
         }
-        residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]))
+        residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
+                                  leaving=bool(r.get("leaving")))
                      for m, r in (d.get("residents") or {}).items()}
         return TicketSet(tickets, residents)
 
@@ -169,9 +173,13 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     if not newer:
         return view
     known = {r.model for r in view.residents}
-    kept = tuple(r for r in view.residents if not (r.model in newer and newer[r.model].gone))
-    extra = tuple(Resident(m, r.mib, r.context_length, r.at) for m, r in newer.items()
-                  if m not in known and not r.gone)
-    if extra or len(kept) != len(view.residents):
+    # A copy asked to unload stays counted, with its keep-alive run out, until seen gone.
+    kept = tuple(_replace(r, expires_at=newer[r.model].at, leaving=True)
+                 if newer.get(r.model) and newer[r.model].leaving else r
+                 for r in view.residents if not (r.model in newer and newer[r.model].gone))
+    extra = tuple(Resident(m, r.mib, r.context_length, r.at,
+                           expires_at=r.at if r.leaving else math.inf, leaving=r.leaving)
+                  for m, r in newer.items() if m not in known and not r.gone)
+    if extra or kept != view.residents:
         return _replace(view, residents=kept + extra)
     return view

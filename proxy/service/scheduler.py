@@ -366,35 +366,46 @@ class Scheduler:
         last call ends (one may be finishing as its ticket goes); a load sent before then
         would find them still there."""
         placement = claimed.placement
-        client = self.pool.clients[placement.provider]
         victims = tuple(placement.evicts)
         for victim in victims:
             await self._ask_unload(placement.provider, victim)
+        if not await self._seen_gone(placement.provider, victims):
+            log.warning("victims still loaded; sending the call anyway",
+                        provider=placement.provider, victims=victims)
+        await self.book(claimed).mark_unloaded(placement.provider, victims)
+
+    async def _seen_gone(self, provider: str, models: tuple[str, ...]) -> bool:
+        """Poll `/api/ps` until it lists none of `models` (True), for at most 10 s."""
+        client = self.pool.clients[provider]
         deadline = time.monotonic() + UNLOAD_WAIT_S
         while True:
             try:
                 ps = await client.get_json("/api/ps", client.timeouts.connect_s)
             except UpstreamError:
-                break  # the call finds out for itself
-            models = ps.get("models") if isinstance(ps, dict) else None
-            loaded = {model_name(m) for m in models or ()}
-            if loaded.isdisjoint(victims):
-                break
+                return False
+            listed = ps.get("models") if isinstance(ps, dict) else None
+            if {model_name(m) for m in listed or ()}.isdisjoint(models):
+                return True
             if time.monotonic() >= deadline:
-                log.warning("victims still loaded; sending the call anyway",
-                            provider=placement.provider, victims=sorted(loaded & set(victims)))
-                break
+                return False
             await asyncio.sleep(UNLOAD_POLL_S)
-        await self.book(claimed).mark_unloaded(placement.provider, victims)
 
     async def _release_to_unload(self, claimed: Claimed) -> None:
         """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call
         holds a ticket for it (one may be on its way to Ollama, which would reload it). So
-        the call went to Ollama without `keep_alive`, and the unload is asked here, after
-        the write that records it gone."""
+        the call went to Ollama without `keep_alive`, and the unload is asked for here,
+        after the write that marks the copy leaving."""
         placement = claimed.placement
         if await self.book(claimed).release_to_unload(claimed.ticket):
-            await self._ask_unload(placement.provider, placement.model)
+            self._spawn(self._unload_leaving(self.book(claimed), placement.provider,
+                                             placement.model))
+
+    async def _unload_leaving(self, book: TicketBook, provider: str, model: str) -> None:
+        """Unload a copy marked leaving; once `/api/ps` no longer lists it, every view frees
+        its memory (until then it counts, so no load is sent to land on it)."""
+        if await self._ask_unload(provider, model) and await self._seen_gone(provider, (model,)):
+            with contextlib.suppress(StoreUnavailable):
+                await book.mark_unloaded(provider, (model,))
 
     async def _ask_unload(self, provider: str, model: str) -> bool:
         """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""
@@ -420,12 +431,13 @@ class Scheduler:
             if not any(r.model == model for r in view.residents):
                 continue
             try:
-                unused = await self.tickets.mark_unloaded_unless_used(view.name, model)
+                unused = await self.tickets.mark_leaving_unless_used(view.name, model)
             except StoreUnavailable:
                 unused = False  # the others could not be told: leave it loaded
-            if unused and await self._ask_unload(view.name, model):
+            if unused:
                 unloaded.append(view.name)
-            elif not unused:
+                self._spawn(self._unload_leaving(self.tickets, view.name, model))
+            else:
                 in_use.append(view.name)
         log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use)
         return unloaded

@@ -304,29 +304,34 @@ class TicketBook:
         (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama)."""
         self._owe(ticket)
         try:
-            return await self.mark_unloaded_unless_used(ticket.provider, ticket.model)
+            return await self.mark_leaving_unless_used(ticket.provider, ticket.model)
         except StoreUnavailable:
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
 
-    async def mark_unloaded_unless_used(self, provider: str, model: str) -> bool:
-        """Record `model` unloaded from `provider` unless a live ticket names it; True when
+    async def mark_leaving_unless_used(self, provider: str, model: str) -> bool:
+        """Record `model` as leaving `provider` unless a live ticket names it; True when
         recorded, and only then may Ollama be asked to unload it.
 
-        A call claimed before this write holds a ticket, so the model stays for it; a claim
-        after it sees the model gone and budgets its load. So no call reaches a copy that is
-        going away, to have Ollama reload it on memory no ticket holds."""
+        A call claimed before this write holds a ticket, so the model stays for it. After
+        it, no claim may join that copy (one would have Ollama reload it on memory no ticket
+        holds), and its memory still counts until it is seen gone (`mark_unloaded`), so no
+        other load is sent to land on it before Ollama has freed it."""
         unused = False
 
-        def gone(current: TicketSet, now: float) -> TicketSet | str | None:
+        def leaving(current: TicketSet, now: float) -> TicketSet | str | None:
             nonlocal unused  # (a conflict runs this again on the newer set)
             unused = not any(t.model == model and t.expires_at > now
                              for t in current.tickets.values())
             if not unused:
                 return None
-            return TicketSet(current.tickets, {**current.residents, model: Residency(0, 0, now)})
+            # The probe's footprint counts; a copy loaded since it, the one recorded then.
+            known = current.residents.get(model)
+            mib, ctx = (known.mib, known.context_length) if known and not known.gone else (1, 0)
+            return TicketSet(current.tickets, {**current.residents,
+                                               model: Residency(mib, ctx, now, leaving=True)})
 
-        await self._mutate(provider, gone)
+        await self._mutate(provider, leaving)
         return unused
 
     def _write_soon(self, provider: str) -> None:

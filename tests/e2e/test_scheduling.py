@@ -241,8 +241,10 @@ def test_an_unload_request_unloads_and_places_nothing(sim_factory: Sims,
     stopped = client.generate(model="qwen3:8b", keep_alive=0)  # what `ollama stop` sends
     assert stopped.done_reason == "unload"
     assert eventually(lambda: not holder.sim.runners)
+    assert eventually(lambda: not any(  # seen gone by the sidecar, before any probe says so
+        p["residents"] for p in httpx.get(f"{url}/kubemoot/v1/state").json()["providers"]),
+        timeout_s=1.0)
     state = httpx.get(f"{url}/kubemoot/v1/state").json()
-    assert not any(p["residents"] for p in state["providers"])  # before any probe says so
     # Not loaded anywhere: nothing is loaded, evicted or claimed just to unload it.
     assert client.chat(model="qwen3:14b", messages=[], keep_alive="0s").done_reason == "unload"
     assert sum(g.sim.stats.loads for g in gpus) == 1 and not state["tickets"]

@@ -126,11 +126,16 @@ async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_th
     # Ollama yet): the model stays, and nobody may unload it.
     assert not await book.release_to_unload(mine)
     assert merge_residency(VIEW, book.known("gpu")[0].residents).residents
-    assert await book.release_to_unload(other)  # the last: recorded gone, unload now
-    assert not merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    assert await book.release_to_unload(other)  # the last: marked leaving, unload now
+    # Nobody joins the leaving copy (Ollama would reload it on memory no ticket holds)...
     late = book.new_ticket("w", "gpu", "idle:8b", 512, False, {}, "h3")
-    refused = await book.claim(late, VIEW)  # a warm claim after it would reload unbudgeted
+    refused = await book.claim(late, VIEW)
     assert not refused.ok and "neither loaded" in refused.reason
+    # ...and its memory counts until it is seen gone: no other load lands on it meanwhile.
+    (leaving,) = merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    assert leaving.footprint_mib == 4000 and leaving.expires_at < time.time() + 1
+    await book.mark_unloaded("gpu", ("idle:8b",))
+    assert not merge_residency(VIEW, book.known("gpu")[0].residents).residents
 
 
 class OutageStore(MemoryStore):

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.core.occupancy import index_providers, occupancy_mib
+from proxy.core.occupancy import index_providers, occupancy_mib, ticket_budget_ok
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.types import Circuit, ModelDemand, Resident, Snapshot
-from tests.unit.builders import GIB16, GIB24, GIB32, call, gpu, snapshot, ticket
+from tests.unit.builders import GIB16, GIB24, GIB32, NOW, call, gpu, snapshot, ticket
 
 
 @pytest.mark.parametrize(("total", "usable"), [(32605, 28693), (24563, 21616), (8000, 5952)])
@@ -202,6 +202,19 @@ def test_cold_fit_beside_residents_is_inclusive(extra: int, cold: bool) -> None:
 def test_usable_vram_bound_is_inclusive(footprint: int, outcome: str) -> None:
     snap = replace(snapshot(gpu("a", GIB24)), observed_footprints={"x": footprint})
     assert place(call("x"), snap).outcome == outcome
+
+
+def test_a_copy_being_unloaded_is_neither_joined_nor_loaded_again_until_gone() -> None:
+    leaving = replace(gpu("a", GIB24, ("qwen3:8b",)), residents=(
+        Resident("qwen3:8b", 6000, expires_at=NOW - 1, leaving=True),))
+    decision = place(call("qwen3:8b"), snapshot(leaving))
+    assert decision.outcome == "wait"  # woken when it is seen gone
+    assert "being unloaded" in decision.verdicts[0].reason
+    elsewhere = place(call("qwen3:8b"), snapshot(leaving, gpu("b", GIB24)))
+    assert elsewhere.placement and elsewhere.placement.provider == "b"
+    cold = ticket("a", "qwen3:8b", cold=True)
+    ok, why = ticket_budget_ok([], cold, leaving, Policy())
+    assert not ok and "being unloaded" in why
 
 
 def test_planned_victim_is_not_warm() -> None:
