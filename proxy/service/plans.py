@@ -129,7 +129,7 @@ class PlanBook:
         if not view.ready:
             return False
         if placement.kind not in ("cold", "evict") and placement.model not in {
-                r.model for r in view.residents}:
+                r.model for r in view.residents if not r.leaving}:
             return False  # its ticket holds a call's share of a copy that has gone since
         tokens = max(s.learning.prompt_tokens(call), call.num_ctx or 0)
         context = placement.context_length or view.context_length

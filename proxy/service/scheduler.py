@@ -421,7 +421,8 @@ class Scheduler:
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`
         sends): every provider with the model loaded and no call holding a ticket for it
-        unloads it, after every view has been told it is gone (as for a call's keep_alive 0).
+        unloads it, after every view has been told it is leaving (as for a call's keep_alive
+        0).
         Where calls hold tickets for it, it stays: they are running, or on their way to it.
         Nothing is placed, claimed or loaded."""
         model = normalise_model(model)
@@ -495,7 +496,7 @@ class Scheduler:
                 self.book(claimed).release(claimed.ticket, stays)
             try:
                 # A plain release finishes without suspending; one that records residency
-                # (left loaded, or gone) writes at once and must survive a cancelled caller.
+                # (left loaded, or leaving) writes at once and must survive a cancelled caller.
                 writes_now = call.unloads_after or stays is not None
                 await (asyncio.shield(release) if writes_now else release)
             except StoreUnavailable:
