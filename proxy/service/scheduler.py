@@ -429,10 +429,12 @@ class Scheduler:
         snapshot = self.snapshot(self.clock())
         unloaded, in_use = [], []
         for view in snapshot.providers:
-            if not any(r.model == model for r in view.residents):
+            copy = next((r for r in view.residents if r.model == model), None)
+            if copy is None:
                 continue
             try:
-                unused = await self.tickets.mark_leaving_unless_used(view.name, model)
+                unused = await self.tickets.mark_leaving_unless_used(view.name, model,
+                                                                     copy.footprint_mib)
             except StoreUnavailable:
                 unused = False  # the others could not be told: leave it loaded
             if unused:

@@ -303,20 +303,23 @@ class TicketBook:
         """Remove the ticket of a call that asked for its model to be unloaded as it ends
         (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama)."""
         self._owe(ticket)
+        # A cold ticket's footprint is the copy it loaded, which a probe may not list yet.
+        mib = ticket.footprint_mib if ticket.cold else 1
         try:
-            return await self.mark_leaving_unless_used(ticket.provider, ticket.model)
+            return await self.mark_leaving_unless_used(ticket.provider, ticket.model, mib)
         except StoreUnavailable:
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
 
-    async def mark_leaving_unless_used(self, provider: str, model: str) -> bool:
+    async def mark_leaving_unless_used(self, provider: str, model: str, mib: int) -> bool:
         """Record `model` as leaving `provider` unless a live ticket names it; True when
         recorded, and only then may Ollama be asked to unload it.
 
         A call claimed before this write holds a ticket, so the model stays for it. After
         it, no claim may join that copy (one would have Ollama reload it on memory no ticket
         holds), and its memory still counts until it is seen gone (`mark_unloaded`), so no
-        other load is sent to land on it before Ollama has freed it."""
+        other load is sent to land on it before Ollama has freed it. `mib` is the copy's
+        size for views whose probe does not list it (a probe's own figure wins)."""
         unused = False
 
         def leaving(current: TicketSet, now: float) -> TicketSet | str | None:
@@ -325,11 +328,11 @@ class TicketBook:
                              for t in current.tickets.values())
             if not unused:
                 return None
-            # The probe's footprint counts; a copy loaded since it, the one recorded then.
-            known = current.residents.get(model)
-            mib, ctx = (known.mib, known.context_length) if known and not known.gone else (1, 0)
+            known = current.residents.get(model)  # a copy a call recorded it left loaded
+            size, ctx = (known.mib, known.context_length) if known and not known.gone else \
+                (max(mib, 1), 0)
             return TicketSet(current.tickets, {**current.residents,
-                                               model: Residency(mib, ctx, now, leaving=True)})
+                                               model: Residency(size, ctx, now, leaving=True)})
 
         await self._mutate(provider, leaving)
         return unused

@@ -138,6 +138,19 @@ async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_th
     assert not merge_residency(VIEW, book.known("gpu")[0].residents).residents
 
 
+async def test_a_copy_loaded_since_the_probe_counts_its_size_while_leaving(
+        store: StateStore) -> None:
+    book = _book(store)
+    cold = book.new_ticket("c", "gpu", "new:3b", 3000, True, {}, "h")
+    assert (await book.claim(cold, VIEW)).ok  # loaded after the probe: VIEW does not list it
+    assert await book.release_to_unload(cold)
+    merged = {r.model: r for r in merge_residency(VIEW, book.known("gpu")[0].residents).residents}
+    assert merged["new:3b"].leaving and merged["new:3b"].footprint_mib == 3000
+    big = book.new_ticket("b", "gpu", "other:7b", 3500, True, {}, "h2")
+    refused = await book.claim(big, VIEW)  # 4000 + 3000 leaving + 3500 > 10000 usable
+    assert not refused.ok
+
+
 class OutageStore(MemoryStore):
     """The embedded store with a switch that makes every server call fail."""
 
