@@ -396,7 +396,8 @@ class Scheduler:
         the call went to Ollama without `keep_alive`, and the unload is asked for here,
         after the write that marks the copy leaving."""
         placement = claimed.placement
-        if await self.book(claimed).release_to_unload(claimed.ticket):
+        loaded = left_loaded(placement, self.clock())
+        if await self.book(claimed).release_to_unload(claimed.ticket, loaded):
             self._spawn(self._unload_leaving(self.book(claimed), placement.provider,
                                              placement.model))
 

@@ -299,19 +299,23 @@ class TicketBook:
         self._owed_changes += 1
         self.store.changes.bump()  # calls waiting for this room decide again
 
-    async def release_to_unload(self, ticket: Ticket) -> bool:
+    async def release_to_unload(self, ticket: Ticket, loaded: Residency | None = None
+                                ) -> bool:
         """Remove the ticket of a call that asked for its model to be unloaded as it ends
-        (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama)."""
+        (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama).
+        `loaded`: the copy the call loaded, recorded as left loaded if others keep it."""
         self._owe(ticket)
         # A cold ticket's footprint is the copy it loaded, which a probe may not list yet.
         mib = ticket.footprint_mib if ticket.cold else 1
         try:
-            return await self.mark_leaving_unless_used(ticket.provider, ticket.model, mib)
+            return await self.mark_leaving_unless_used(ticket.provider, ticket.model, mib,
+                                                       loaded)
         except StoreUnavailable:
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
 
-    async def mark_leaving_unless_used(self, provider: str, model: str, mib: int) -> bool:
+    async def mark_leaving_unless_used(self, provider: str, model: str, mib: int,
+                                       loaded: Residency | None = None) -> bool:
         """Record `model` as leaving `provider` unless a live ticket names it; True when
         recorded, and only then may Ollama be asked to unload it.
 
@@ -319,7 +323,8 @@ class TicketBook:
         it, no claim may join that copy (one would have Ollama reload it on memory no ticket
         holds), and its memory still counts until it is seen gone (`mark_unloaded`), so no
         other load is sent to land on it before Ollama has freed it. `mib` is the copy's
-        size for views whose probe does not list it (a probe's own figure wins)."""
+        size for views whose probe does not list it (a probe's own figure wins). When the
+        model stays, `loaded` (a copy the caller loaded) is recorded as any release would."""
         unused = False
 
         def leaving(current: TicketSet, now: float) -> TicketSet | str | None:
@@ -327,7 +332,9 @@ class TicketBook:
             unused = not any(t.model == model and t.expires_at > now
                              for t in current.tickets.values())
             if not unused:
-                return None
+                if loaded is None or current.residents.get(model) == loaded:
+                    return None
+                return TicketSet(current.tickets, {**current.residents, model: loaded})
             known = current.residents.get(model)  # a copy a call recorded it left loaded
             size, ctx = (known.mib, known.context_length) if known and not known.gone else \
                 (max(mib, 1), 0)

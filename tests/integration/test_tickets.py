@@ -151,6 +151,19 @@ async def test_a_copy_loaded_since_the_probe_counts_its_size_while_leaving(
     assert not refused.ok
 
 
+async def test_a_copy_a_keep_alive_zero_call_loaded_is_recorded_when_others_keep_it(
+        store: StateStore) -> None:
+    book = _book(store)
+    cold = book.new_ticket("c", "gpu", "new:3b", 3000, True, {}, "h")
+    joining = book.new_ticket("j", "gpu", "new:3b", 512, False, {}, "h2")
+    assert (await book.claim(cold, VIEW)).ok and (await book.claim(joining, VIEW)).ok
+    # The loading call ends with keep_alive 0 while the other still uses the copy: it
+    # stays, and every view must know it is there (the probe predates it).
+    assert not await book.release_to_unload(cold, Residency(3000, 0, time.time()))
+    merged = {r.model: r for r in merge_residency(VIEW, book.known("gpu")[0].residents).residents}
+    assert not merged["new:3b"].leaving and merged["new:3b"].footprint_mib == 3000
+
+
 class OutageStore(MemoryStore):
     """The embedded store with a switch that makes every server call fail."""
 
