@@ -69,8 +69,9 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
             state = view.provider_state(config.name, now)
             age = now - state.last_probed_at if state else settings.state_stale_seconds
             metrics.state_age_seconds.labels(config.name).set(age)
-        metrics.nats_connected.set(1 if store.connected else 0)
         return names
+
+    metrics.nats_connected.set_function(lambda: 1.0 if store.connected else 0.0)  # at scrape
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

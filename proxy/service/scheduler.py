@@ -328,6 +328,10 @@ class Scheduler:
             result = await self.tickets.claim(ticket, view, needs_slot)
         except StoreUnavailable:
             local = True
+            if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
+                await self.prober.refresh(placement.provider)
+                config = next(c for c in self.settings.providers if c.name == view.name)
+                view = self.view.provider_view(config, self.clock())
             result = await self.local_tickets.claim(ticket, view, needs_slot)
         self.metrics.ticket_conflicts.inc(result.conflicts)
         self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()

@@ -448,6 +448,26 @@ def test_sidecar_keeps_placing_while_nats_is_down(sim_factory: Sims,
         server.cleanup()
 
 
+def test_while_nats_is_down_a_load_is_claimed_against_a_fresh_probe(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    server = NatsServer().start()
+    try:
+        gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+        url = sidecar_factory([gpu], nats_url=server.url, probe_interval_seconds=60).url
+        assert chat(url, "llama3.2:3b").status_code == 200
+        server.stop()
+        assert eventually(lambda: "kubemoot_nats_connected 0.0" in
+                          httpx.get(f"{url}/metrics").text)
+        # Another sidecar, unseen while NATS is down, loads qwen3:8b; no probe has run since.
+        httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"})
+        r = chat(url, "qwen3:14b")  # beside 8b (and 3b) it would not fit: evict first
+        assert r.status_code == 200, r.text
+        assert "qwen3:8b" in r.headers.get("x-kubemoot-evicted", "")
+        assert gpu.sim.stats.oom_events == 0 and gpu.sim.stats.self_evictions == 0
+    finally:
+        server.cleanup()
+
+
 def test_a_call_in_flight_when_nats_goes_down_leaves_no_phantom_ticket(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     server = NatsServer().start()
