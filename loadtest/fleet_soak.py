@@ -162,13 +162,15 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         # Drawn only when asked for, so the default run's random sequence stays as it was.
         dialect = rng.choice(dialects) if len(dialects) > 1 and not stop else "ollama"
         client, headers = plain, {}
-        if not stop and rng.random() < 0.1 and "direct" not in name:  # planned at selection
-            thread = f"{name}-{turn}"
-            await http.post("/kubemoot/v1/plans", json={"thread": thread, "promptChars": chars})
-            headers = {"X-Kubemoot-Thread": thread}
-            client = ollama.AsyncClient(host=url, timeout=120, headers=headers)
+        plan = not stop and rng.random() < 0.1 and "direct" not in name  # at selection
         started = time.monotonic()
         try:
+            if plan:
+                thread = f"{name}-{turn}"
+                await http.post("/kubemoot/v1/plans",
+                                json={"thread": thread, "promptChars": chars})
+                headers = {"X-Kubemoot-Thread": thread}
+                client = ollama.AsyncClient(host=url, timeout=120, headers=headers)
             if dialect == "openai":
                 outcome = await openai_turn(oai, model, messages[0]["content"], stream, leave,
                                             rng.randint(4, 40), headers)
@@ -205,6 +207,9 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         except (httpx.HTTPError, ConnectionError) as exc:
             outcome = "connection"
             tally.unexpected.append(f"{name}: {type(exc).__name__} {exc}")
+        except Exception as exc:  # reported with the rest, not a dead soak
+            outcome = "crash"
+            tally.unexpected.append(f"{name}: {dialect} {type(exc).__name__}: {exc!r}")
         tally.outcomes[outcome] += 1
         tally.dialects[dialect] += 1
         await asyncio.sleep(rng.uniform(0.0, 0.05))

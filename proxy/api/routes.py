@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
 from proxy.adapters.ollama import UpstreamError, model_name
@@ -163,6 +164,9 @@ class SidecarApi:
         except wire.BadRequest as exc:
             self.metrics.refusals.labels("bad-request").inc()
             return error_response(400, "bad-request", str(exc), dialect=dialect)
+        except ClientDisconnect:  # gone before its body arrived: nobody to answer
+            log.info("client went away while sending its request", path=request.url.path)
+            return Response(status_code=499)
 
     async def show(self, request: Request) -> Response:
         read = await self._read(request, wire.ShowRequest)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -111,6 +113,27 @@ def test_malformed_body_is_400_naming_the_field(body: bytes, field: str | None,
     if field:
         assert f"'{field}'" in data["error"]
     assert sum(s.sim.stats.requests for s in fleet) == 0  # nothing reached a GPU
+
+
+def test_a_client_gone_before_its_body_arrived_is_no_server_error(
+        fleet: list[SimServer], sidecar_factory: Sidecars) -> None:
+    server = sidecar_factory(fleet)
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    uvicorn_errors = logging.getLogger("uvicorn.error")  # where a handler's crash is logged
+    uvicorn_errors.addHandler(handler)
+    try:
+        with socket.create_connection((server.host, server.port)) as raw:
+            raw.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                        b"\r\n{\"model\": \"qwen3:8b\"")
+            time.sleep(0.1)  # the handler is reading the body when the client goes
+        assert httpx.get(f"{server.url}/api/tags").status_code == 200  # answered after it
+        time.sleep(0.1)
+    finally:
+        uvicorn_errors.removeHandler(handler)
+    assert not errors, [e.getMessage() for e in errors]
+    assert sum(s.sim.stats.requests for s in fleet) == 0
 
 
 def test_body_over_the_cap_is_413(fleet: list[SimServer], sidecar_factory: Sidecars) -> None:
