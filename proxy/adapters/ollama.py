@@ -37,6 +37,11 @@ def model_name(entry: dict[str, Any]) -> str:
     return str(entry.get("model") or entry.get("name"))
 
 
+def normalise_model(name: str) -> str:
+    """Ollama's `name[:tag]`, the tag defaulting to `latest`, as /api/ps reports it."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
 def describe(exc: BaseException) -> str:
     """The root cause in a few words: httpx-aiohttp re-raises aiohttp's errors under coarse
     httpx names (a refused connection arrives as ConnectTimeout), so name the original."""

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.adapters.ollama import UpstreamError, model_name
+from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.api import wire
 from proxy.api.errors import JSON, Dialect, dialect_of, error_response, refusal_response
 from proxy.api.relay import forward
@@ -136,12 +136,16 @@ class SidecarApi:
         return [(name, r) for (name, _), r in zip(targets, results, strict=True)
                 if isinstance(r, dict)]
 
-    async def tags(self, request: Request) -> Response:
+    async def _provider_models(self) -> dict[str, dict[str, Any]]:
+        """Every provider's `/api/tags` entries, one per model name."""
         seen: dict[str, dict[str, Any]] = {}
         for _, data in await self._gather("/api/tags"):
             for model in data.get("models") or []:
                 seen.setdefault(model_name(model), model)
-        return _json({"models": list(seen.values())})
+        return seen
+
+    async def tags(self, request: Request) -> Response:
+        return _json({"models": list((await self._provider_models()).values())})
 
     async def ps(self, request: Request) -> Response:
         models = []
@@ -201,10 +205,7 @@ class SidecarApi:
         model = pull.model or pull.name
         if not model:
             return error_response(400, "bad-request", "field 'model': model is required")
-        wanted = model if ":" in model else f"{model}:latest"
-        present = {model_name(m) for _, data in await self._gather("/api/tags")
-                   for m in data.get("models") or []}
-        if wanted not in present:
+        if normalise_model(model) not in await self._provider_models():
             return error_response(
                 501, "not-supported",
                 f"model '{model}' is on no provider, and the sidecar does not download models "
@@ -231,27 +232,24 @@ class SidecarApi:
             "/v1/embeddings and /v1/models, and Anthropic's /v1/messages",
             dialect=dialect_of(request.url.path))
 
-    async def _openai_models(self) -> dict[str, dict[str, Any]]:
-        seen: dict[str, dict[str, Any]] = {}
-        for _, data in await self._gather("/api/tags"):
-            for model in data.get("models") or []:
-                name = model_name(model)
-                seen.setdefault(name, {"id": name, "object": "model",
-                                       "created": unix_time(model.get("modified_at")),
-                                       "owned_by": "library"})
-        return seen
+    @staticmethod
+    def _openai_model(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": unix_time(entry.get("modified_at")),
+                "owned_by": "library"}
 
     async def openai_models(self, request: Request) -> Response:
-        return _json({"object": "list", "data": list((await self._openai_models()).values())})
+        models = await self._provider_models()
+        return _json({"object": "list",
+                      "data": [self._openai_model(n, e) for n, e in models.items()]})
 
     async def openai_model(self, request: Request) -> Response:
         name = request.path_params["model"]
-        models = await self._openai_models()
-        found = models.get(name) or (models.get(f"{name}:latest") if ":" not in name else None)
-        if found is None:
+        models = await self._provider_models()
+        key = name if name in models else normalise_model(name)
+        if key not in models:
             return error_response(404, "model-not-found",
                                   f"model '{name}' is on no provider", name, dialect="openai")
-        return _json(found)
+        return _json(self._openai_model(key, models[key]))
 
     # -- inference -------------------------------------------------------------------------
     def _inference(self, path: str, schema: type[wire.Inference]

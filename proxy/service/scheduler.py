@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 
-from proxy.adapters.ollama import UpstreamError, model_name
+from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
@@ -49,11 +49,6 @@ LEARNS_RATIO = ("/api/chat", "/api/generate", "/v1/chat/completions", "/v1/compl
 LOAD_SPEED_ALPHA = 0.3
 UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before going anyway
 UNLOAD_POLL_S = 0.05
-
-
-def normalise_model(name: str) -> str:
-    """Ollama's `name[:tag]`, the tag defaulting to `latest`, as /api/ps reports it."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
 @dataclass
