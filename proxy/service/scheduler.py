@@ -389,13 +389,12 @@ class Scheduler:
                 return False
             await asyncio.sleep(UNLOAD_POLL_S)
 
-    async def _release_to_unload(self, claimed: Claimed) -> None:
+    async def _release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:
         """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call
         holds a ticket for it (one may be on its way to Ollama, which would reload it). So
         the call went to Ollama without `keep_alive`, and the unload is asked for here,
         after the write that marks the copy leaving."""
         placement = claimed.placement
-        loaded = left_loaded(placement, self.clock())
         if await self.book(claimed).release_to_unload(claimed.ticket, loaded):
             self._spawn(self._unload_leaving(self.book(claimed), placement.provider,
                                              placement.model))
@@ -492,14 +491,14 @@ class Scheduler:
             # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
             self.metrics.circuit_open.labels(placement.provider).set(
                 0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-            stays = None if call.unloads_after else left_loaded(placement, now)
+            loaded = left_loaded(placement, now)
             # keep_alive 0 is carried out by the sidecar itself (see _release_to_unload).
-            release = self._release_to_unload(claimed) if call.unloads_after else \
-                self.book(claimed).release(claimed.ticket, stays)
+            release = self._release_to_unload(claimed, loaded) if call.unloads_after else \
+                self.book(claimed).release(claimed.ticket, loaded)
             try:
                 # A plain release finishes without suspending; one that records residency
                 # (left loaded, or leaving) writes at once and must survive a cancelled caller.
-                writes_now = call.unloads_after or stays is not None
+                writes_now = call.unloads_after or loaded is not None
                 await (asyncio.shield(release) if writes_now else release)
             except StoreUnavailable:
                 log.warning("ticket release not written; no longer counted here, written "
