@@ -39,6 +39,11 @@ def _book(store: StateStore, ttl_s: float = 60) -> TicketBook:
     return TicketBook(store, Policy(), ttl_s=ttl_s)
 
 
+def _residents(book: TicketBook) -> tuple[Resident, ...]:
+    """The probed VIEW as every sidecar sees it now, with the book's residency records."""
+    return merge_residency(VIEW, book.known("gpu")[0].residents).residents
+
+
 async def test_claims_fit_the_budget_and_release_frees_it(store: StateStore) -> None:
     book = _book(store)
     a = book.new_ticket("a", "gpu", "m1", 4000, True, {}, "h")
@@ -125,17 +130,17 @@ async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_th
     # keep_alive 0, but another call holds a ticket for the model (it may not have reached
     # Ollama yet): the model stays, and nobody may unload it.
     assert not await book.release_to_unload(mine)
-    assert merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    assert _residents(book)
     assert await book.release_to_unload(other)  # the last: marked leaving, unload now
     # Nobody joins the leaving copy (Ollama would reload it on memory no ticket holds)...
     late = book.new_ticket("w", "gpu", "idle:8b", 512, False, {}, "h3")
     refused = await book.claim(late, VIEW)
     assert not refused.ok and "neither loaded" in refused.reason
     # ...and its memory counts until it is seen gone: no other load lands on it meanwhile.
-    (leaving,) = merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    (leaving,) = _residents(book)
     assert leaving.footprint_mib == 4000 and leaving.expires_at < time.time() + 1
     await book.mark_unloaded("gpu", ("idle:8b",))
-    assert not merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    assert not _residents(book)
 
 
 async def test_a_copy_loaded_since_the_probe_counts_its_size_while_leaving(
@@ -144,7 +149,7 @@ async def test_a_copy_loaded_since_the_probe_counts_its_size_while_leaving(
     cold = book.new_ticket("c", "gpu", "new:3b", 3000, True, {}, "h")
     assert (await book.claim(cold, VIEW)).ok  # loaded after the probe: VIEW does not list it
     assert await book.release_to_unload(cold)
-    merged = {r.model: r for r in merge_residency(VIEW, book.known("gpu")[0].residents).residents}
+    merged = {r.model: r for r in _residents(book)}
     assert merged["new:3b"].leaving and merged["new:3b"].footprint_mib == 3000
     big = book.new_ticket("b", "gpu", "other:7b", 3500, True, {}, "h2")
     refused = await book.claim(big, VIEW)  # 4000 + 3000 leaving + 3500 > 10000 usable
@@ -160,7 +165,7 @@ async def test_a_copy_a_keep_alive_zero_call_loaded_is_recorded_when_others_keep
     # The loading call ends with keep_alive 0 while the other still uses the copy: it
     # stays, and every view must know it is there (the probe predates it).
     assert not await book.release_to_unload(cold, Residency(3000, 0, time.time()))
-    merged = {r.model: r for r in merge_residency(VIEW, book.known("gpu")[0].residents).residents}
+    merged = {r.model: r for r in _residents(book)}
     assert not merged["new:3b"].leaving and merged["new:3b"].footprint_mib == 3000
 
 
