@@ -45,8 +45,10 @@ def _serve(args: argparse.Namespace) -> int:
     # every call in flight stalled behind it).
     gc.collect()
     gc.freeze()
+    # No proxy-header rewriting: agents in the pod call the sidecar directly.
     servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                             access_log=False, lifespan="on"))]
+                                             access_log=False, lifespan="on",
+                                             proxy_headers=False))]
     if settings.ops_listen:
         from proxy.app import build_ops_app
 

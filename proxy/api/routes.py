@@ -88,13 +88,14 @@ class SidecarApi:
         # Plain Starlette routes: the handlers read the request themselves, so FastAPI's
         # per-request dependency machinery would only add latency on the hot path.
         add = app.router.add_route
+        # The placed paths first: routes are matched in order, and these carry the load.
+        for path, schema in wire.PLACED.items():
+            add(path, self._inference(path, schema), methods=["POST"])
         add("/", self.root, methods=["GET", "HEAD"])
         add("/api/version", self.version, methods=["GET", "HEAD"])
         add("/api/tags", self.tags, methods=["GET", "HEAD"])
         add("/api/ps", self.ps, methods=["GET"])
         add("/api/show", self.show, methods=["POST"])
-        for path, schema in wire.PLACED.items():
-            add(path, self._inference(path, schema), methods=["POST"])
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
