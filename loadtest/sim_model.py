@@ -102,7 +102,14 @@ def parse_keep_alive(value: Any, default_s: float) -> float:
 
 
 def tokens_for_text(text: str, chars_per_token: float) -> int:
-    return math.ceil(len(text) / chars_per_token) if text else 0
+    """ASCII text at `chars_per_token`; every other character a token of its own, as
+    byte-level tokenizers spend one or more on each CJK character."""
+    if not text:
+        return 0
+    if text.isascii():
+        return math.ceil(len(text) / chars_per_token)
+    wide = sum(1 for c in text if not c.isascii())
+    return math.ceil((len(text) - wide) / chars_per_token) + wide
 
 
 @dataclass

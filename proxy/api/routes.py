@@ -17,7 +17,7 @@ from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.api import wire
 from proxy.api.errors import JSON, Dialect, dialect_of, error_response, refusal_response
 from proxy.api.relay import forward
-from proxy.core.tokens import longest_input_chars, prompt_chars
+from proxy.core.tokens import conversation_digests, longest_input_chars, prompt_chars
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.service.codec import parse_rfc3339, rfc3339
@@ -279,6 +279,8 @@ class SidecarApi:
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
+            conversation=() if isinstance(parsed, wire.EMBEDDINGS) else
+            conversation_digests(body),
             disconnected=lambda: _disconnect(request),
         )
 

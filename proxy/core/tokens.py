@@ -6,11 +6,19 @@ message's or input item's text, also inside content parts and blocks; thinking; 
 names and arguments and tool results; each tool's name, description and parameter schema.
 Images are not counted. The chars-per-token ratio starts at 3.5 and follows the engine's own
 counts (SPEC-ADDENDUM §3).
+
+A conversation the sidecar has sent before is sized as the design doc's tool loop sizes it:
+the engine's own count for the previous call plus an estimate of what was appended since. The
+engine's count covers what characters miss (dense text such as code, JSON or CJK, images,
+the chat template); the estimate never goes below the ratio's, because some Ollama versions
+count only the tokens a call did not find in the prompt cache.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +37,10 @@ TEXT_KEYS = frozenset((
 # Keys whose object value is data the model reads as JSON (tool arguments).
 DATA_KEYS = frozenset(("input", "arguments"))
 BODY_KEYS = ("prompt", "suffix", "system", "instructions", "input", "messages")
+# The list a conversation grows by (chat, Anthropic's messages; a Responses `input`), and the
+# rest of the prompt that two calls of one conversation share.
+CONVERSATION_KEYS = ("messages", "input")
+SHARED_KEYS = ("system", "instructions", "tools")
 
 
 def _json_len(value: Any) -> int:
@@ -102,3 +114,63 @@ class TokenRatio:
 
     def tokens(self, chars: int) -> int:
         return tokens_from_chars(chars, self.chars_per_token)
+
+
+def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
+    """One digest per prefix of the request's conversation, each also covering the rest of
+    the prompt (system text, instructions, tools): two calls share a digest exactly when they
+    share that prefix and that rest. Empty for a request that is not a conversation."""
+    items = next((v for k in CONVERSATION_KEYS
+                  if isinstance(v := body.get(k), list) and v), None)
+    if items is None:
+        return ()
+    digest = hash(orjson.dumps([body.get(key) for key in SHARED_KEYS]))
+    digests = []
+    for item in items:
+        digest = hash((digest, orjson.dumps(item)))
+        digests.append(digest)
+    return tuple(digests)
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A prompt the engine has counted: its characters as the sidecar counts them, and its
+    tokens as the engine reported them."""
+
+    chars: int
+    tokens: int
+
+
+class ConversationMemory:
+    """The engine's counts of the prompts this sidecar sent, by conversation digest; the
+    least recently used are forgotten beyond `size`."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._anchors: OrderedDict[int, Anchor] = OrderedDict()
+
+    def record(self, digests: Sequence[int], anchor: Anchor) -> None:
+        if not digests or anchor.tokens <= 0:
+            return
+        self._anchors[digests[-1]] = anchor
+        self._anchors.move_to_end(digests[-1])
+        if len(self._anchors) > self.size:
+            self._anchors.popitem(last=False)
+
+    def longest_known(self, digests: Sequence[int]) -> Anchor | None:
+        """The count of the longest prefix of this conversation the engine has counted."""
+        for digest in reversed(digests):
+            anchor = self._anchors.get(digest)
+            if anchor is not None:
+                self._anchors.move_to_end(digest)
+                return anchor
+        return None
+
+
+def estimate_tokens(chars: int, ratio: TokenRatio, anchor: Anchor | None) -> int:
+    """Tokens of a prompt of `chars` characters: the ratio's estimate, raised to the engine's
+    count of its known prefix plus the ratio's estimate of the rest when that is more."""
+    by_ratio = ratio.tokens(chars)
+    if anchor is None or chars < anchor.chars:
+        return by_ratio
+    return max(by_ratio, anchor.tokens + ratio.tokens(chars - anchor.chars))

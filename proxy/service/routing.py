@@ -29,6 +29,8 @@ class CallRequest:
     # Tokens the request sends as tokens: /api/generate's `context`, which Ollama puts
     # before the prompt.
     context_tokens: int = 0
+    # One digest per prefix of the conversation (core.tokens.conversation_digests).
+    conversation: tuple[int, ...] = ()
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None

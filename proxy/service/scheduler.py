@@ -19,7 +19,7 @@ from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
-from proxy.core.tokens import TokenRatio
+from proxy.core.tokens import Anchor, ConversationMemory, TokenRatio, estimate_tokens
 from proxy.core.types import (
     CallSpec,
     Candidate,
@@ -64,13 +64,17 @@ class Learning:
 
     ratio: TokenRatio = field(default_factory=TokenRatio)
     load_mib_per_s: float | None = None
+    conversations: ConversationMemory = field(default_factory=ConversationMemory)
 
     def prompt_tokens(self, call: CallRequest) -> int:
-        return self.ratio.tokens(call.prompt_chars) + call.context_tokens
+        anchor = self.conversations.longest_known(call.conversation)
+        return estimate_tokens(call.prompt_chars, self.ratio, anchor) + call.context_tokens
 
     def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
         if prompt_eval_count is not None:  # the ratio is of the text alone
             prompt_eval_count -= call.context_tokens
+            self.conversations.record(call.conversation,
+                                      Anchor(call.prompt_chars, prompt_eval_count))
         self.ratio = self.ratio.observe(call.prompt_chars, prompt_eval_count)
 
     def observe_load(self, mib: int, seconds: float | None) -> None:

@@ -204,6 +204,27 @@ def test_a_generate_context_counts_toward_the_prompt(sim_factory: Sims,
     assert big.sim.stats.inference_requests == 1 and big.sim.stats.truncations == 0
 
 
+def test_a_dense_conversation_is_sized_from_the_engines_own_count(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """The design doc's tool-loop rule: the engine's count for the previous call plus what
+    was appended since. CJK text is about a token per character where the ratio learned from
+    prose says four: sized by characters alone, the loop's next call (~4300 tokens by the
+    engine's count, ~2400 by characters) went to the warm copy on the 4096-token card and was
+    cut there."""
+    small = sim_factory("small", context_length=4096, time_scale=SCALE)
+    big = sim_factory("big", context_length=16384, time_scale=SCALE)
+    httpx.post(f"{small.url}/api/generate", json={"model": "qwen3:8b"})  # warm, small context
+    client = ollama.Client(host=sidecar_factory([small, big], **mode).url)
+    prose = client.chat(model="qwen3:8b", messages=[{"role": "user", "content": "word " * 800}])
+    assert prose.done  # the ratio has learned ~4 characters per token
+    history: list[Any] = [{"role": "user", "content": "密" * 2500}]
+    first = client.chat(model="qwen3:8b", messages=history)  # ~2500 tokens: fits either card
+    history += [first.message, {"role": "tool", "content": "x" * 7000}]
+    second = client.chat(model="qwen3:8b", messages=history)
+    assert second.done and big.sim.stats.inference_requests == 1
+    assert small.sim.stats.truncations == 0 and big.sim.stats.truncations == 0
+
+
 def test_a_models_trained_context_is_respected(sim_factory: Sims,
                                                sidecar_factory: Sidecars) -> None:
     # phi3:mini was trained for 4096 tokens: Ollama caps its context there on any card.

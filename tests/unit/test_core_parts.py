@@ -12,7 +12,14 @@ from proxy.core.health import Breaker, Ema, ProviderStats
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.queueing import victims_cost_s
-from proxy.core.tokens import TokenRatio, longest_input_chars, prompt_chars
+from proxy.core.tokens import (
+    Anchor,
+    ConversationMemory,
+    TokenRatio,
+    conversation_digests,
+    longest_input_chars,
+    prompt_chars,
+)
 from proxy.core.types import Circuit, ModelDemand, Resident, Ticket
 from proxy.service.routing import CallRequest
 from proxy.service.scheduler import Learning
@@ -303,3 +310,66 @@ def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_rat
     assert learning.prompt_tokens(call) == 200 + 1000  # 700 chars at 3.5 per token
     learning.observe_prompt(call, 1000 + 175)  # the engine counted the context too
     assert learning.ratio.chars_per_token == 4.0
+
+
+def _chat(*contents: str, tools: list[object] | None = None) -> dict[str, object]:
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": c}
+                for i, c in enumerate(contents)]
+    return {"model": "m", "messages": messages, "tools": tools or []}
+
+
+def test_a_conversation_has_one_digest_per_prefix_shared_by_its_continuation() -> None:
+    first = conversation_digests(_chat("hello", "hi"))
+    later = conversation_digests(_chat("hello", "hi", "and then?"))
+    assert len(first) == 2 and later[:2] == first and later[2] not in first
+    assert conversation_digests(_chat("hello", "hi", tools=[{"name": "t"}]))[:2] != first
+    assert conversation_digests({"model": "m", "prompt": "not a conversation"}) == ()
+    responses = conversation_digests({"model": "m", "input": [{"role": "user", "content": "x"}]})
+    assert len(responses) == 1
+
+
+def test_a_conversation_is_sized_from_the_engines_count_of_what_it_already_sent() -> None:
+    """Design doc: the prompt size the engine reported for the previous call, plus what was
+    appended since. Dense text (code, JSON, CJK) has far fewer characters per token than the
+    ratio learned from prose, and only the engine's count shows it."""
+    learning = Learning(ratio=TokenRatio(4.0, 20))
+    first_body = _chat("密" * 2000)  # the engine counts 2000 tokens, the ratio 500
+    first = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(first_body),
+                        conversation=conversation_digests(first_body))
+    assert learning.prompt_tokens(first) == 500
+    learning.observe_prompt(first, 2004)
+    later_body = _chat("密" * 2000, "ok", "x" * 800)
+    later = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(later_body),
+                        conversation=conversation_digests(later_body))
+    appended = learning.ratio.tokens(2 + 800)
+    assert learning.prompt_tokens(later) == 2004 + appended
+    assert learning.prompt_tokens(later) > learning.ratio.tokens(later.prompt_chars) * 2
+    # Another conversation (other tools) is not sized from this one's count.
+    other = _chat("密" * 2000, "ok", "x" * 800, tools=[{"name": "t"}])
+    assert learning.prompt_tokens(replace(later, conversation=conversation_digests(other))) \
+        == learning.ratio.tokens(later.prompt_chars)
+
+
+def test_an_engine_count_below_the_ratios_never_lowers_the_estimate() -> None:
+    """Some Ollama versions count only the tokens not found in the prompt cache."""
+    learning = Learning(ratio=TokenRatio(4.0, 20))
+    body = _chat("x" * 4000, "ok", "y" * 400)
+    call = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(body),
+                       conversation=conversation_digests(body))
+    learning.observe_prompt(replace(call, conversation=call.conversation[:1],
+                                    prompt_chars=4000), 30)
+    assert learning.prompt_tokens(call) == learning.ratio.tokens(call.prompt_chars)
+
+
+def test_the_conversation_memory_forgets_the_least_recently_used() -> None:
+    memory = ConversationMemory(size=2)
+    memory.record((1,), Anchor(10, 5))
+    memory.record((2,), Anchor(20, 9))
+    assert memory.longest_known((1,)) == Anchor(10, 5)  # now the most recent
+    memory.record((3,), Anchor(30, 12))
+    assert memory.longest_known((2,)) is None
+    assert memory.longest_known((1, 3)) == Anchor(30, 12)  # the longest prefix known wins
+    assert memory.longest_known((1, 4)) == Anchor(10, 5)
+    memory.record((), Anchor(5, 5))
+    memory.record((5,), Anchor(5, 0))
+    assert memory.longest_known((5,)) is None
