@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 from loadtest.loadgen import median, run_load, spawn, stop, wait_http
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pin", action="store_true",
                         help="give the sidecar CPU 1 and the simulator and load generator "
                              "CPU 0, as a sidecar container with its own core would have")
+    parser.add_argument("--idle", type=float, default=0.0, metavar="S",
+                        help="only measure the sidecar's CPU over S seconds without calls")
     args = parser.parse_args(argv)
     load_cpus = {0} if args.pin else None
     if load_cpus:
@@ -77,6 +80,14 @@ def main(argv: list[str] | None = None) -> None:
         wait_http(direct)
         wait_http(proxied + "/healthz")
         asyncio.run(run_load(proxied, 4, 20, False))  # warm: model loaded, pools open
+        if args.idle > 0:
+            time.sleep(2)
+            before = cpu_seconds(sidecar.pid)
+            time.sleep(args.idle)
+            used_ms = 1e3 * (cpu_seconds(sidecar.pid) - before)
+            print(f"# sidecar idle, {'NATS' if nats else 'embedded'}: "
+                  f"{used_ms / args.idle:.1f} ms of CPU a second over {args.idle:g} s")
+            return
         path = "plain relay (static endpoint)" if args.relay_only else "placed path"
         print(f"# sidecar {path} vs direct, {'NATS' if nats else 'embedded'} state"
               f"{', sidecar pinned to its own CPU' if args.pin else ''}"
