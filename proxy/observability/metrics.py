@@ -14,6 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 SLOW_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4)
 
 
 class Metrics:
@@ -52,6 +53,11 @@ class Metrics:
         self.state_age_seconds = Gauge("kubemoot_provider_state_age_seconds",
                                        "Age of the provider state used for placement",
                                        ["provider"], registry=r)
+        self.prompt_estimate_ratio = Histogram(
+            "kubemoot_prompt_tokens_reported_to_estimated",
+            "The engine's prompt count over the sidecar's estimate, per call: above 1 the "
+            "estimate was short, and a prompt near a context limit risks being cut",
+            buckets=RATIO_BUCKETS, registry=r)
         self.nats_connected = Gauge("kubemoot_nats_connected",
                                     "1 when shared state in NATS is reachable", registry=r)
 

@@ -511,6 +511,9 @@ class Scheduler:
             if outcome.ok:
                 if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
                     self.learning.observe_prompt(call, outcome.prompt_eval_count)
+                    if outcome.prompt_eval_count and route.estimated_tokens:
+                        self.metrics.prompt_estimate_ratio.observe(
+                            outcome.prompt_eval_count / route.estimated_tokens)
                 if placement.kind in ("cold", "evict"):
                     self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
                 self.demand.note_use(placement.model)

@@ -214,7 +214,8 @@ def test_a_dense_conversation_is_sized_from_the_engines_own_count(
     small = sim_factory("small", context_length=4096, time_scale=SCALE)
     big = sim_factory("big", context_length=16384, time_scale=SCALE)
     httpx.post(f"{small.url}/api/generate", json={"model": "qwen3:8b"})  # warm, small context
-    client = ollama.Client(host=sidecar_factory([small, big], **mode).url)
+    url = sidecar_factory([small, big], **mode).url
+    client = ollama.Client(host=url)
     prose = client.chat(model="qwen3:8b", messages=[{"role": "user", "content": "word " * 800}])
     assert prose.done  # the ratio has learned ~4 characters per token
     history: list[Any] = [{"role": "user", "content": "密" * 2500}]
@@ -223,6 +224,12 @@ def test_a_dense_conversation_is_sized_from_the_engines_own_count(
     second = client.chat(model="qwen3:8b", messages=history)
     assert second.done and big.sim.stats.inference_requests == 1
     assert small.sim.stats.truncations == 0 and big.sim.stats.truncations == 0
+    # The first CJK call was estimated at a quarter of the engine's count: operators see it.
+    name = "kubemoot_prompt_tokens_reported_to_estimated"
+    assert eventually(lambda: f"{name}_count 3.0" in httpx.get(f"{url}/metrics").text)
+    metrics = httpx.get(f"{url}/metrics").text
+    assert f'{name}_bucket{{le="2.0"}} 2.0' in metrics  # prose (0.88) and the second call
+    assert f'{name}_bucket{{le="4.0"}} 3.0' in metrics  # the first CJK call: 2504 / 628
 
 
 def test_a_models_trained_context_is_respected(sim_factory: Sims,
