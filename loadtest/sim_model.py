@@ -101,15 +101,19 @@ def parse_keep_alive(value: Any, default_s: float) -> float:
     return math.inf if seconds < 0 else seconds
 
 
+DIGITS = "0123456789"
+
+
 def tokens_for_text(text: str, chars_per_token: float) -> int:
-    """ASCII text at `chars_per_token`; every other character a token of its own, as
-    byte-level tokenizers spend one or more on each CJK character."""
+    """ASCII text at `chars_per_token`, but every digit and every non-ASCII character a token
+    of its own, as Qwen's tokenizer splits numbers into digits and byte-level tokenizers
+    spend one or more on each CJK character."""
     if not text:
         return 0
-    if text.isascii():
-        return math.ceil(len(text) / chars_per_token)
-    wide = sum(1 for c in text if not c.isascii())
-    return math.ceil((len(text) - wide) / chars_per_token) + wide
+    dense = sum(map(text.count, DIGITS))
+    if not text.isascii():
+        dense += sum(1 for c in text if not c.isascii())
+    return math.ceil((len(text) - dense) / chars_per_token) + dense
 
 
 @dataclass

@@ -17,7 +17,7 @@ from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.api import wire
 from proxy.api.errors import JSON, Dialect, dialect_of, error_response, refusal_response
 from proxy.api.relay import forward
-from proxy.core.tokens import conversation_digests, longest_input_chars, prompt_chars
+from proxy.core.tokens import conversation_digests, longest_input_size, prompt_size
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.service.codec import parse_rfc3339, rfc3339
@@ -267,14 +267,16 @@ class SidecarApi:
             wait_header.strip().lower() not in {"false", "0", "no"}
         options: wire.Options | None = getattr(parsed, "options", None)
         num_ctx = options.num_ctx if options is not None else None
+        chars, wide = longest_input_size(body) if isinstance(parsed, wire.EMBEDDINGS) \
+            else prompt_size(body)
         return CallRequest(
             path=path,
             model=parsed.model or None,
             phase=phase if phase in {"mulling", "triage"} else "mulling",
             thread=request.headers.get("x-kubemoot-thread") or None,
             can_wait=can_wait,
-            prompt_chars=longest_input_chars(body) if isinstance(parsed, wire.EMBEDDINGS)
-            else prompt_chars(body),
+            prompt_chars=chars,
+            prompt_wide=wide,
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,

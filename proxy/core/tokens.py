@@ -5,7 +5,9 @@ Responses, Anthropic's messages): the prompt, suffix, system text and instructio
 message's or input item's text, also inside content parts and blocks; thinking; tool calls'
 names and arguments and tool results; each tool's name, description and parameter schema.
 Images are not counted. The chars-per-token ratio starts at 3.5 and follows the engine's own
-counts (SPEC-ADDENDUM §3).
+counts (SPEC-ADDENDUM §3). Characters outside ASCII are counted apart, at a learned number of
+tokens each (1 until taught): one ratio for both would size a CJK prompt, at about a token per
+character, at a quarter of what the engine counts after prose had taught ~4.
 
 A conversation the sidecar has sent before is sized as the design doc's tool loop sizes it:
 the engine's own count for the previous call plus an estimate of what was appended since. The
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -27,6 +29,8 @@ import orjson
 DEFAULT_CHARS_PER_TOKEN = 3.5
 RATIO_ALPHA = 0.3
 RATIO_MIN, RATIO_MAX = 1.0, 8.0
+DEFAULT_TOKENS_PER_WIDE = 1.0
+WIDE_MIN, WIDE_MAX = 0.1, 4.0
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
 TEXT_KEYS = frozenset((
@@ -43,51 +47,80 @@ CONVERSATION_KEYS = ("messages", "input")
 SHARED_KEYS = ("system", "instructions", "tools")
 
 
-def _json_len(value: Any) -> int:
-    return len(orjson.dumps(value).decode())
-
-
-def _text_len(value: Any) -> int:
-    """Characters of prompt text in a string, a list of parts, or one part or message."""
+def _texts(value: Any, out: list[str]) -> None:
+    """Collect the prompt text in a string, a list of parts, or one part or message."""
     if value is None:
-        return 0
+        return
     if isinstance(value, str):
-        return len(value)
-    if isinstance(value, list):
-        return sum(_text_len(v) for v in value)
-    if isinstance(value, dict):
-        total = 0
+        out.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            _texts(item, out)
+    elif isinstance(value, dict):
         for key, item in value.items():
             if key in TEXT_KEYS:
-                total += _text_len(item)
+                _texts(item, out)
+            elif key in DATA_KEYS and isinstance(item, dict):
+                _json_text(item, out)
             elif key in DATA_KEYS:
-                total += _json_len(item) if isinstance(item, dict) else _text_len(item)
-        return total
-    return _json_len(value)
+                _texts(item, out)
+    else:
+        _json_text(value, out)
 
 
-def _tool_spec_len(tool: Any) -> int:
+def _json_text(value: Any, out: list[str]) -> None:
+    out.append(orjson.dumps(value).decode())
+
+
+def _tool_spec_texts(tool: Any, out: list[str]) -> None:
     if not isinstance(tool, dict):
-        return 0
+        return
     nested = tool.get("function")
     function: dict[str, Any] = nested if isinstance(nested, dict) else tool
+    _texts(function.get("name"), out)
+    _texts(function.get("description"), out)
     schema = function.get("parameters", function.get("input_schema"))
-    return (_text_len(function.get("name")) + _text_len(function.get("description"))
-            + (_json_len(schema) if schema is not None else 0))
+    if schema is not None:
+        _json_text(schema, out)
+
+
+def wide_chars(text: str) -> int:
+    """Characters outside ASCII: tokenizers spend far more on each than on ASCII text."""
+    return 0 if text.isascii() else len(text) - len(text.encode("ascii", "ignore"))
+
+
+def _size(texts: list[str]) -> tuple[int, int]:
+    return sum(map(len, texts)), sum(map(wide_chars, texts))
+
+
+def prompt_size(body: dict[str, Any]) -> tuple[int, int]:
+    """Characters of everything in a generation request that ends up in the prompt, and how
+    many of them are outside ASCII."""
+    texts: list[str] = []
+    for key in BODY_KEYS:
+        _texts(body.get(key), texts)
+    for tool in body.get("tools") or []:
+        _tool_spec_texts(tool, texts)
+    return _size(texts)
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
-    """Characters of everything in a generation request that ends up in the prompt."""
-    total = sum(_text_len(body.get(key)) for key in BODY_KEYS)
-    return total + sum(_tool_spec_len(tool) for tool in body.get("tools") or [])
+    return prompt_size(body)[0]
+
+
+def longest_input_size(body: dict[str, Any]) -> tuple[int, int]:
+    """An embedding request's inputs are embedded one by one: the longest must fit."""
+    inputs = body.get("input", body.get("prompt"))
+    sizes = []
+    for item in inputs if isinstance(inputs, list) else [inputs]:
+        texts: list[str] = []
+        _texts(item, texts)
+        sizes.append(_size(texts))
+    return max(sizes, default=(0, 0))
 
 
 def longest_input_chars(body: dict[str, Any]) -> int:
-    """An embedding request's inputs are embedded one by one: the longest must fit."""
-    inputs = body.get("input", body.get("prompt"))
-    if isinstance(inputs, list):
-        return max((_text_len(i) for i in inputs), default=0)
-    return _text_len(inputs)
+    return longest_input_size(body)[0]
 
 
 def tokens_from_chars(chars: int, chars_per_token: float) -> int:
@@ -96,24 +129,41 @@ def tokens_from_chars(chars: int, chars_per_token: float) -> int:
 
 @dataclass(frozen=True)
 class TokenRatio:
-    """The learned chars-per-token ratio; `observe` returns the next state."""
+    """What the engine's counts taught: characters per token of ASCII text, and tokens per
+    character of the rest (CJK ~0.7-1, Cyrillic ~0.3-0.5 depending on the tokenizer; 1 until
+    taught, the safe side). `observe` returns the next state."""
 
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     samples: int = 0
+    tokens_per_wide: float = DEFAULT_TOKENS_PER_WIDE
+    wide_samples: int = 0
 
-    def observe(self, chars: int, prompt_eval_count: int | None) -> TokenRatio:
+    def observe(self, chars: int, prompt_eval_count: int | None, wide: int = 0
+                ) -> TokenRatio:
+        """A prompt mostly of ASCII teaches the ASCII ratio, one mostly of other scripts
+        the other rate; the minor part is taken at the rate already learned."""
         if not prompt_eval_count or prompt_eval_count <= 0 or chars <= 0:
             return self
-        sample = chars / prompt_eval_count
-        if not RATIO_MIN <= sample <= RATIO_MAX:
-            return self  # a truncated prompt or a template-heavy one; not a ratio to learn
-        if self.samples == 0:
-            return TokenRatio(sample, 1)
-        blended = RATIO_ALPHA * sample + (1 - RATIO_ALPHA) * self.chars_per_token
-        return TokenRatio(blended, self.samples + 1)
+        narrow = chars - wide
+        if wide * 2 <= chars:
+            rest = prompt_eval_count - wide * self.tokens_per_wide
+            sample = narrow / rest if rest > 0 else 0.0
+            if not RATIO_MIN <= sample <= RATIO_MAX:
+                return self  # a truncated prompt or a template-heavy one; not a ratio to learn
+            blended = sample if self.samples == 0 else \
+                RATIO_ALPHA * sample + (1 - RATIO_ALPHA) * self.chars_per_token
+            return replace(self, chars_per_token=blended, samples=self.samples + 1)
+        per_wide = (prompt_eval_count - narrow / self.chars_per_token) / wide
+        if not WIDE_MIN <= per_wide <= WIDE_MAX:
+            return self
+        blended = per_wide if self.wide_samples == 0 else \
+            RATIO_ALPHA * per_wide + (1 - RATIO_ALPHA) * self.tokens_per_wide
+        return replace(self, tokens_per_wide=blended, wide_samples=self.wide_samples + 1)
 
-    def tokens(self, chars: int) -> int:
-        return tokens_from_chars(chars, self.chars_per_token)
+    def tokens(self, chars: int, wide: int = 0) -> int:
+        if chars <= 0:
+            return 0
+        return math.ceil((chars - wide) / self.chars_per_token + wide * self.tokens_per_wide)
 
 
 def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
@@ -139,6 +189,7 @@ class Anchor:
 
     chars: int
     tokens: int
+    wide: int = 0
 
 
 class ConversationMemory:
@@ -167,10 +218,14 @@ class ConversationMemory:
         return None
 
 
-def estimate_tokens(chars: int, ratio: TokenRatio, anchor: Anchor | None) -> int:
-    """Tokens of a prompt of `chars` characters: the ratio's estimate, raised to the engine's
-    count of its known prefix plus the ratio's estimate of the rest when that is more."""
-    by_ratio = ratio.tokens(chars)
+def estimate_tokens(chars: int, ratio: TokenRatio, anchor: Anchor | None, wide: int = 0
+                    ) -> int:
+    """Tokens of a prompt of `chars` characters (`wide` of them outside ASCII): the ratio's
+    estimate, raised to the engine's count of its known prefix plus the ratio's estimate of
+    the rest when that is more."""
+    by_ratio = ratio.tokens(chars, wide)
     if anchor is None or chars < anchor.chars:
         return by_ratio
-    return max(by_ratio, anchor.tokens + ratio.tokens(chars - anchor.chars))
+    rest = ratio.tokens(chars - anchor.chars, max(0, min(wide - anchor.wide,
+                                                         chars - anchor.chars)))
+    return max(by_ratio, anchor.tokens + rest)
