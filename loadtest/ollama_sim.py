@@ -35,6 +35,7 @@ from loadtest import sim_dialects
 from loadtest.serving import ThreadedServer
 from loadtest.sim_model import (
     CATALOG,
+    IMAGE_TOKENS,
     MIB,
     PromptTokens,
     SimConfig,
@@ -255,7 +256,8 @@ class OllamaSim:
             calls = msg.get("tool_calls")
             if calls:
                 text += orjson.dumps(calls).decode()
-            prompt.messages.append(tokens_for_text(text, cpt) + 4)
+            images = msg.get("images") or []
+            prompt.messages.append(tokens_for_text(text, cpt) + 4 + IMAGE_TOKENS * len(images))
             prompt.system_flags.append(msg.get("role") == "system")
         tools = body.get("tools")
         if tools:

@@ -102,6 +102,7 @@ def parse_keep_alive(value: Any, default_s: float) -> float:
 
 
 DIGITS = "0123456789"
+IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (OLLAMA-API.md 2.6)
 
 
 def tokens_for_text(text: str, chars_per_token: float) -> int:

@@ -95,7 +95,7 @@ class KubemootApi:
             "candidates": [{"model": c.model, "score": c.score} for c in spec.candidates],
             "promptTokens": spec.prompt_tokens,
             "charsPerToken": round(self.scheduler.learning.ratio.chars_per_token, 3),
-            "tokensPerNonAsciiChar": round(self.scheduler.learning.ratio.tokens_per_wide, 3),
+            "tokensPerDenseChar": round(self.scheduler.learning.ratio.tokens_per_dense, 3),
             "decision": decision_json(decision),
             "verdicts": [verdict_json(v) for v in verdicts],
         })

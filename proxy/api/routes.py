@@ -267,7 +267,7 @@ class SidecarApi:
             wait_header.strip().lower() not in {"false", "0", "no"}
         options: wire.Options | None = getattr(parsed, "options", None)
         num_ctx = options.num_ctx if options is not None else None
-        chars, wide = longest_input_size(body) if isinstance(parsed, wire.EMBEDDINGS) \
+        chars, dense = longest_input_size(body) if isinstance(parsed, wire.EMBEDDINGS) \
             else prompt_size(body)
         return CallRequest(
             path=path,
@@ -276,7 +276,7 @@ class SidecarApi:
             thread=request.headers.get("x-kubemoot-thread") or None,
             can_wait=can_wait,
             prompt_chars=chars,
-            prompt_wide=wide,
+            prompt_dense=dense,
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,

@@ -5,9 +5,11 @@ Responses, Anthropic's messages): the prompt, suffix, system text and instructio
 message's or input item's text, also inside content parts and blocks; thinking; tool calls'
 names and arguments and tool results; each tool's name, description and parameter schema.
 Images are not counted. The chars-per-token ratio starts at 3.5 and follows the engine's own
-counts (SPEC-ADDENDUM §3). Characters outside ASCII are counted apart, at a learned number of
-tokens each (1 until taught): one ratio for both would size a CJK prompt, at about a token per
-character, at a quarter of what the engine counts after prose had taught ~4.
+counts (SPEC-ADDENDUM §3). Dense characters, digits and everything outside ASCII, are
+counted apart, at a learned number of tokens each (1 until taught): most tokenizers spend a
+token on each digit (Qwen, Gemma, Mistral, Phi; Llama 3 one per three) and about one on each
+CJK character, so one ratio for all would size such a prompt at a quarter of what the engine
+counts after prose had taught ~4 characters per token.
 
 A conversation the sidecar has sent before is sized as the design doc's tool loop sizes it:
 the engine's own count for the previous call plus an estimate of what was appended since. The
@@ -29,8 +31,8 @@ import orjson
 DEFAULT_CHARS_PER_TOKEN = 3.5
 RATIO_ALPHA = 0.3
 RATIO_MIN, RATIO_MAX = 1.0, 8.0
-DEFAULT_TOKENS_PER_WIDE = 1.0
-WIDE_MIN, WIDE_MAX = 0.1, 4.0
+DEFAULT_TOKENS_PER_DENSE = 1.0
+DENSE_MIN, DENSE_MAX = 0.1, 4.0
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
 TEXT_KEYS = frozenset((
@@ -84,18 +86,24 @@ def _tool_spec_texts(tool: Any, out: list[str]) -> None:
         _json_text(schema, out)
 
 
-def wide_chars(text: str) -> int:
-    """Characters outside ASCII: tokenizers spend far more on each than on ASCII text."""
-    return 0 if text.isascii() else len(text) - len(text.encode("ascii", "ignore"))
+DIGITS = "0123456789"
+
+
+def dense_chars(text: str) -> int:
+    """Digits and characters outside ASCII: tokenizers seldom merge them as they merge
+    letters."""
+    digits = sum(map(text.count, DIGITS))
+    return digits if text.isascii() else \
+        digits + len(text) - len(text.encode("ascii", "ignore"))
 
 
 def _size(texts: list[str]) -> tuple[int, int]:
-    return sum(map(len, texts)), sum(map(wide_chars, texts))
+    return sum(map(len, texts)), sum(map(dense_chars, texts))
 
 
 def prompt_size(body: dict[str, Any]) -> tuple[int, int]:
     """Characters of everything in a generation request that ends up in the prompt, and how
-    many of them are outside ASCII."""
+    many of them are dense (digits, outside ASCII)."""
     texts: list[str] = []
     for key in BODY_KEYS:
         _texts(body.get(key), texts)
@@ -129,41 +137,41 @@ def tokens_from_chars(chars: int, chars_per_token: float) -> int:
 
 @dataclass(frozen=True)
 class TokenRatio:
-    """What the engine's counts taught: characters per token of ASCII text, and tokens per
-    character of the rest (CJK ~0.7-1, Cyrillic ~0.3-0.5 depending on the tokenizer; 1 until
-    taught, the safe side). `observe` returns the next state."""
+    """What the engine's counts taught: characters per token of the rest of the text, and
+    tokens per dense character (digits ~1, or ~0.33 for Llama 3; CJK ~0.7-1; Cyrillic
+    ~0.3-0.5; 1 until taught, the safe side). `observe` returns the next state."""
 
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     samples: int = 0
-    tokens_per_wide: float = DEFAULT_TOKENS_PER_WIDE
-    wide_samples: int = 0
+    tokens_per_dense: float = DEFAULT_TOKENS_PER_DENSE
+    dense_samples: int = 0
 
-    def observe(self, chars: int, prompt_eval_count: int | None, wide: int = 0
+    def observe(self, chars: int, prompt_eval_count: int | None, dense: int = 0
                 ) -> TokenRatio:
-        """A prompt mostly of ASCII teaches the ASCII ratio, one mostly of other scripts
-        the other rate; the minor part is taken at the rate already learned."""
+        """A prompt mostly of letters teaches the ratio, one mostly of dense characters
+        their rate; the minor part is taken at the rate already learned."""
         if not prompt_eval_count or prompt_eval_count <= 0 or chars <= 0:
             return self
-        narrow = chars - wide
-        if wide * 2 <= chars:
-            rest = prompt_eval_count - wide * self.tokens_per_wide
+        narrow = chars - dense
+        if dense * 2 <= chars:
+            rest = prompt_eval_count - dense * self.tokens_per_dense
             sample = narrow / rest if rest > 0 else 0.0
             if not RATIO_MIN <= sample <= RATIO_MAX:
                 return self  # a truncated prompt or a template-heavy one; not a ratio to learn
             blended = sample if self.samples == 0 else \
                 RATIO_ALPHA * sample + (1 - RATIO_ALPHA) * self.chars_per_token
             return replace(self, chars_per_token=blended, samples=self.samples + 1)
-        per_wide = (prompt_eval_count - narrow / self.chars_per_token) / wide
-        if not WIDE_MIN <= per_wide <= WIDE_MAX:
+        per_dense = (prompt_eval_count - narrow / self.chars_per_token) / dense
+        if not DENSE_MIN <= per_dense <= DENSE_MAX:
             return self
-        blended = per_wide if self.wide_samples == 0 else \
-            RATIO_ALPHA * per_wide + (1 - RATIO_ALPHA) * self.tokens_per_wide
-        return replace(self, tokens_per_wide=blended, wide_samples=self.wide_samples + 1)
+        blended = per_dense if self.dense_samples == 0 else \
+            RATIO_ALPHA * per_dense + (1 - RATIO_ALPHA) * self.tokens_per_dense
+        return replace(self, tokens_per_dense=blended, dense_samples=self.dense_samples + 1)
 
-    def tokens(self, chars: int, wide: int = 0) -> int:
+    def tokens(self, chars: int, dense: int = 0) -> int:
         if chars <= 0:
             return 0
-        return math.ceil((chars - wide) / self.chars_per_token + wide * self.tokens_per_wide)
+        return math.ceil((chars - dense) / self.chars_per_token + dense * self.tokens_per_dense)
 
 
 def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
@@ -189,7 +197,7 @@ class Anchor:
 
     chars: int
     tokens: int
-    wide: int = 0
+    dense: int = 0
 
 
 class ConversationMemory:
@@ -218,14 +226,14 @@ class ConversationMemory:
         return None
 
 
-def estimate_tokens(chars: int, ratio: TokenRatio, anchor: Anchor | None, wide: int = 0
+def estimate_tokens(chars: int, ratio: TokenRatio, anchor: Anchor | None, dense: int = 0
                     ) -> int:
-    """Tokens of a prompt of `chars` characters (`wide` of them outside ASCII): the ratio's
+    """Tokens of a prompt of `chars` characters (`dense` of them dense): the ratio's
     estimate, raised to the engine's count of its known prefix plus the ratio's estimate of
     the rest when that is more."""
-    by_ratio = ratio.tokens(chars, wide)
+    by_ratio = ratio.tokens(chars, dense)
     if anchor is None or chars < anchor.chars:
         return by_ratio
-    rest = ratio.tokens(chars - anchor.chars, max(0, min(wide - anchor.wide,
+    rest = ratio.tokens(chars - anchor.chars, max(0, min(dense - anchor.dense,
                                                          chars - anchor.chars)))
     return max(by_ratio, anchor.tokens + rest)

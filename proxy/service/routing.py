@@ -29,7 +29,7 @@ class CallRequest:
     # Tokens the request sends as tokens: /api/generate's `context`, which Ollama puts
     # before the prompt.
     context_tokens: int = 0
-    prompt_wide: int = 0  # of prompt_chars, those outside ASCII
+    prompt_dense: int = 0  # of prompt_chars, digits and those outside ASCII
     # One digest per prefix of the conversation (core.tokens.conversation_digests).
     conversation: tuple[int, ...] = ()
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends

@@ -68,15 +68,15 @@ class Learning:
 
     def prompt_tokens(self, call: CallRequest) -> int:
         anchor = self.conversations.longest_known(call.conversation)
-        return estimate_tokens(call.prompt_chars, self.ratio, anchor, call.prompt_wide) \
+        return estimate_tokens(call.prompt_chars, self.ratio, anchor, call.prompt_dense) \
             + call.context_tokens
 
     def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
         if prompt_eval_count is not None:  # the ratio is of the text alone
             prompt_eval_count -= call.context_tokens
             self.conversations.record(
-                call.conversation, Anchor(call.prompt_chars, prompt_eval_count, call.prompt_wide))
-        self.ratio = self.ratio.observe(call.prompt_chars, prompt_eval_count, call.prompt_wide)
+                call.conversation, Anchor(call.prompt_chars, prompt_eval_count, call.prompt_dense))
+        self.ratio = self.ratio.observe(call.prompt_chars, prompt_eval_count, call.prompt_dense)
 
     def observe_load(self, mib: int, seconds: float | None) -> None:
         if not seconds or seconds < 0.05 or mib <= 0:

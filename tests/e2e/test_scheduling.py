@@ -204,13 +204,13 @@ def test_a_generate_context_counts_toward_the_prompt(sim_factory: Sims,
     assert big.sim.stats.inference_requests == 1 and big.sim.stats.truncations == 0
 
 
-def test_a_dense_conversation_is_sized_from_the_engines_own_count(
+def test_a_conversation_is_sized_from_the_engines_own_count(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """The design doc's tool-loop rule: the engine's count for the previous call plus what
-    was appended since. Numbers are a token per digit (Qwen's tokenizer; the simulator's too)
-    where the ratio learned from prose says four characters: sized by characters alone, the
-    loop's next call (~4300 tokens by the engine's count, ~2400 by characters) went to the
-    warm copy on the 4096-token card and was cut there."""
+    was appended since. Ollama counts 768 tokens for each image, which no character count
+    sees: sized by characters alone, the loop's next call (~4200 tokens by the engine's
+    count, ~1200 by characters) went to the warm copy on the 4096-token card and was cut
+    there."""
     small = sim_factory("small", context_length=4096, time_scale=SCALE)
     big = sim_factory("big", context_length=16384, time_scale=SCALE)
     httpx.post(f"{small.url}/api/generate", json={"model": "qwen3:8b"})  # warm, small context
@@ -218,19 +218,18 @@ def test_a_dense_conversation_is_sized_from_the_engines_own_count(
     client = ollama.Client(host=url)
     prose = client.chat(model="qwen3:8b", messages=[{"role": "user", "content": "word " * 800}])
     assert prose.done  # the ratio has learned ~4 characters per token
-    history: list[Any] = [{"role": "user", "content": "1234567890" * 250}]
-    first = client.chat(model="qwen3:8b", messages=history)  # ~2500 tokens: fits either card
-    history += [first.message, {"role": "tool", "content": "x" * 7000}]
+    history: list[Any] = [{"role": "user", "content": "what differs?", "images": [b"i"] * 4}]
+    first = client.chat(model="qwen3:8b", messages=history)  # ~3080 tokens: fits either card
+    history += [first.message, {"role": "tool", "content": "x" * 4500}]
     second = client.chat(model="qwen3:8b", messages=history)
     assert second.done and big.sim.stats.inference_requests == 1
     assert small.sim.stats.truncations == 0 and big.sim.stats.truncations == 0
-    # The first call of numbers was estimated at a quarter of the engine's count: operators
-    # see it.
+    # The call with images was estimated far below the engine's count: operators see it.
     name = "kubemoot_prompt_tokens_reported_to_estimated"
     assert eventually(lambda: f"{name}_count 3.0" in httpx.get(f"{url}/metrics").text)
     metrics = httpx.get(f"{url}/metrics").text
     assert f'{name}_bucket{{le="2.0"}} 2.0' in metrics  # prose (0.88) and the second call
-    assert f'{name}_bucket{{le="4.0"}} 3.0' in metrics  # the first call of numbers: 2504 / 628
+    assert f'{name}_bucket{{le="4.0"}} 2.0' in metrics  # the first: ~3080 tokens for 13 chars
 
 
 def test_a_prompt_in_cjk_is_sized_at_a_token_per_character(

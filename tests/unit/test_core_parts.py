@@ -332,22 +332,22 @@ def test_a_conversation_has_one_digest_per_prefix_shared_by_its_continuation() -
 
 def test_a_conversation_is_sized_from_the_engines_count_of_what_it_already_sent() -> None:
     """Design doc: the prompt size the engine reported for the previous call, plus what was
-    appended since. Dense text (numbers, code, JSON) has far fewer characters per token than
-    the ratio learned from prose, and only the engine's count shows it."""
+    appended since. Images, a heavy chat template or text a tokenizer splits finely count
+    for more than their characters say, and only the engine's count shows it."""
     learning = Learning(ratio=TokenRatio(4.0, 20))
-    first_body = _chat("1234567890" * 200)  # the engine counts 2000 tokens, the ratio 500
+    first_body = _chat("x" * 2000)  # the engine counts 2000 tokens, the ratio 500
     first = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(first_body),
                         conversation=conversation_digests(first_body))
     assert learning.prompt_tokens(first) == 500
     learning.observe_prompt(first, 2004)
-    later_body = _chat("1234567890" * 200, "ok", "x" * 800)
+    later_body = _chat("x" * 2000, "ok", "x" * 800)
     later = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(later_body),
                         conversation=conversation_digests(later_body))
     appended = learning.ratio.tokens(2 + 800)
     assert learning.prompt_tokens(later) == 2004 + appended
     assert learning.prompt_tokens(later) > learning.ratio.tokens(later.prompt_chars) * 2
     # Another conversation (other tools) is not sized from this one's count.
-    other = _chat("1234567890" * 200, "ok", "x" * 800, tools=[{"name": "t"}])
+    other = _chat("x" * 2000, "ok", "x" * 800, tools=[{"name": "t"}])
     assert learning.prompt_tokens(replace(later, conversation=conversation_digests(other))) \
         == learning.ratio.tokens(later.prompt_chars)
 
@@ -377,9 +377,9 @@ def test_the_conversation_memory_forgets_the_least_recently_used() -> None:
     assert memory.longest_known((5,)) is None
 
 
-def test_characters_outside_ascii_are_counted_apart() -> None:
-    body = {"messages": [{"role": "user", "content": "héllo 世界"}], "system": "ok"}
-    assert prompt_size(body) == (10, 3)
+def test_digits_and_characters_outside_ascii_are_counted_apart() -> None:
+    body = {"messages": [{"role": "user", "content": "héllo 世界 42"}], "system": "ok"}
+    assert prompt_size(body) == (13, 5)
     assert longest_input_size({"input": ["abc", "Привет!"]}) == (7, 6)
     ratio = TokenRatio(4.0, 5)
     assert ratio.tokens(8 + 1000, 1000) == 2 + 1000  # one token per such character until taught
@@ -387,12 +387,13 @@ def test_characters_outside_ascii_are_counted_apart() -> None:
 
 def test_the_rate_for_other_scripts_is_learned_from_prompts_mostly_in_them() -> None:
     ratio = TokenRatio(4.0, 5)
-    russian = ratio.observe(1000, 400 + 25, wide=900)  # 100 ASCII at 4/token + 0.44 each
-    assert russian.chars_per_token == 4.0 and russian.tokens_per_wide == pytest.approx(0.4444, 1e-3)
-    again = russian.observe(1000, 25 + 300, wide=900)  # then EMA 0.3 of the samples
-    assert again.tokens_per_wide == pytest.approx(0.3 * 300 / 900 + 0.7 * 400 / 900)
+    russian = ratio.observe(1000, 400 + 25, dense=900)  # 100 ASCII at 4/token + 0.44 each
+    assert russian.chars_per_token == 4.0
+    assert russian.tokens_per_dense == pytest.approx(0.4444, 1e-3)
+    again = russian.observe(1000, 25 + 300, dense=900)  # then EMA 0.3 of the samples
+    assert again.tokens_per_dense == pytest.approx(0.3 * 300 / 900 + 0.7 * 400 / 900)
     # A prompt mostly of ASCII teaches the ASCII ratio, its few others taken at their rate.
-    prose = russian.observe(4100, 1000 + 44, wide=100)
-    assert prose.tokens_per_wide == russian.tokens_per_wide
+    prose = russian.observe(4100, 1000 + 44, dense=100)
+    assert prose.tokens_per_dense == russian.tokens_per_dense
     assert prose.chars_per_token == pytest.approx(0.3 * 4000 / (1044 - 44.44) + 0.7 * 4.0, 1e-3)
-    assert ratio.observe(1000, 5000, wide=900) == ratio  # 5.5 tokens each: not a rate to learn
+    assert ratio.observe(1000, 5000, dense=900) == ratio  # 5.5 tokens each: not a rate to learn
