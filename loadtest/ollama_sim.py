@@ -35,7 +35,6 @@ from loadtest import sim_dialects
 from loadtest.serving import ThreadedServer
 from loadtest.sim_model import (
     CATALOG,
-    IMAGE_TOKENS,
     MIB,
     PromptTokens,
     SimConfig,
@@ -257,7 +256,8 @@ class OllamaSim:
             if calls:
                 text += orjson.dumps(calls).decode()
             images = msg.get("images") or []
-            prompt.messages.append(tokens_for_text(text, cpt) + 4 + IMAGE_TOKENS * len(images))
+            prompt.messages.append(tokens_for_text(text, cpt) + 4
+                                   + self.config.image_tokens * len(images))
             prompt.system_flags.append(msg.get("role") == "system")
         tools = body.get("tools")
         if tools:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MIB = 1024 * 1024
+IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (OLLAMA-API.md 2.6)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class SimConfig:
     prompt_tokens_per_s: float = 4000.0
     default_predict: int = 16
     chars_per_token: float = 4.0
+    image_tokens: int = IMAGE_TOKENS  # a vision model's own cost per image (qwen2.5vl: more)
     time_scale: float = 1.0  # multiplies every simulated duration; tests use 0.001-0.01
     evict_idle_on_pressure: bool = True  # Ollama's own eviction; counted as self_evictions
     version: str = "0.12.6"
@@ -102,7 +104,6 @@ def parse_keep_alive(value: Any, default_s: float) -> float:
 
 
 DIGITS = "0123456789"
-IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (OLLAMA-API.md 2.6)
 
 
 def tokens_for_text(text: str, chars_per_token: float) -> int:

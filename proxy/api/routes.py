@@ -267,19 +267,20 @@ class SidecarApi:
             wait_header.strip().lower() not in {"false", "0", "no"}
         options: wire.Options | None = getattr(parsed, "options", None)
         num_ctx = options.num_ctx if options is not None else None
-        chars, dense = longest_input_size(body) if isinstance(parsed, wire.EMBEDDINGS) \
+        size = longest_input_size(body) if isinstance(parsed, wire.EMBEDDINGS) \
             else prompt_size(body)
+        context = len(parsed.context or ()) if path == "/api/generate" and \
+            isinstance(parsed, wire.OllamaInference) else 0
         return CallRequest(
             path=path,
             model=parsed.model or None,
             phase=phase if phase in {"mulling", "triage"} else "mulling",
             thread=request.headers.get("x-kubemoot-thread") or None,
             can_wait=can_wait,
-            prompt_chars=chars,
-            prompt_dense=dense,
+            prompt_chars=size.chars,
+            prompt_dense=size.dense,
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
-            context_tokens=len(parsed.context or ()) if path == "/api/generate" and
-            isinstance(parsed, wire.OllamaInference) else 0,
+            context_tokens=context + size.image_tokens,
             unloads_after=wire.zero_keep_alive(parsed),
             conversation=() if isinstance(parsed, wire.EMBEDDINGS) else
             conversation_digests(body),

@@ -4,18 +4,19 @@ Counted, in every dialect the sidecar places (Ollama's, OpenAI's chat, completio
 Responses, Anthropic's messages): the prompt, suffix, system text and instructions; every
 message's or input item's text, also inside content parts and blocks; thinking; tool calls'
 names and arguments and tool results; each tool's name, description and parameter schema.
-Images are not counted. The chars-per-token ratio starts at 3.5 and follows the engine's own
-counts (SPEC-ADDENDUM §3). Dense characters, digits and everything outside ASCII, are
-counted apart, at a learned number of tokens each (1 until taught): most tokenizers spend a
-token on each digit (Qwen, Gemma, Mistral, Phi; Llama 3 one per three) and about one on each
-CJK character, so one ratio for all would size such a prompt at a quarter of what the engine
-counts after prose had taught ~4 characters per token.
+Images count 768 tokens each, as Ollama counts them when it fits a chat into the context.
+The chars-per-token ratio starts at 3.5 and follows the engine's own counts (SPEC-ADDENDUM
+§3). Dense characters, digits and everything outside ASCII, are counted apart, at a learned
+number of tokens each (1 until taught): most tokenizers spend a token on each digit (Qwen,
+Gemma, Mistral, Phi; Llama 3 one per three) and about one on each CJK character, so one ratio
+for all would size such a prompt at a quarter of what the engine counts after prose had
+taught ~4 characters per token.
 
 A conversation the sidecar has sent before is sized as the design doc's tool loop sizes it:
 the engine's own count for the previous call plus an estimate of what was appended since. The
-engine's count covers what characters miss (dense text such as code, JSON or CJK, images,
-the chat template); the estimate never goes below the ratio's, because some Ollama versions
-count only the tokens a call did not find in the prompt cache.
+engine's count covers what characters miss (a model's own image cost, the chat template, text
+its tokenizer splits finely); the estimate never goes below the ratio's, because some Ollama
+versions count only the tokens a call did not find in the prompt cache.
 """
 
 from __future__ import annotations
@@ -49,16 +50,51 @@ CONVERSATION_KEYS = ("messages", "input")
 SHARED_KEYS = ("system", "instructions", "tools")
 
 
-def _texts(value: Any, out: list[str]) -> None:
-    """Collect the prompt text in a string, a list of parts, or one part or message."""
+# Images: Ollama's `images` lists, OpenAI's and Anthropic's image parts and blocks. Ollama
+# counts each as 768 tokens when it fits a chat into the context.
+IMAGE_KEY = "images"
+IMAGE_TYPES = frozenset(("image_url", "input_image", "image"))
+IMAGE_TOKENS = 768
+
+
+class _Prompt:
+    """What a request puts in the prompt: its texts, and how many images."""
+
+    __slots__ = ("images", "texts")
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.images = 0
+
+    def size(self) -> PromptSize:
+        return PromptSize(sum(map(len, self.texts)), sum(map(dense_chars, self.texts)),
+                          self.images)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    chars: int = 0
+    dense: int = 0  # of `chars`, digits and characters outside ASCII
+    images: int = 0
+
+    @property
+    def image_tokens(self) -> int:
+        return self.images * IMAGE_TOKENS
+
+
+def _texts(value: Any, out: _Prompt) -> None:
+    """Collect the prompt text (and images) in a string, a list of parts, or one part or
+    message."""
     if value is None:
         return
     if isinstance(value, str):
-        out.append(value)
+        out.texts.append(value)
     elif isinstance(value, list):
         for item in value:
             _texts(item, out)
     elif isinstance(value, dict):
+        if value.get("type") in IMAGE_TYPES:
+            out.images += 1
         for key, item in value.items():
             if key in TEXT_KEYS:
                 _texts(item, out)
@@ -66,15 +102,17 @@ def _texts(value: Any, out: list[str]) -> None:
                 _json_text(item, out)
             elif key in DATA_KEYS:
                 _texts(item, out)
+            elif key == IMAGE_KEY and isinstance(item, list):
+                out.images += len(item)
     else:
         _json_text(value, out)
 
 
-def _json_text(value: Any, out: list[str]) -> None:
-    out.append(orjson.dumps(value).decode())
+def _json_text(value: Any, out: _Prompt) -> None:
+    out.texts.append(orjson.dumps(value).decode())
 
 
-def _tool_spec_texts(tool: Any, out: list[str]) -> None:
+def _tool_spec_texts(tool: Any, out: _Prompt) -> None:
     if not isinstance(tool, dict):
         return
     nested = tool.get("function")
@@ -97,38 +135,36 @@ def dense_chars(text: str) -> int:
         digits + len(text) - len(text.encode("ascii", "ignore"))
 
 
-def _size(texts: list[str]) -> tuple[int, int]:
-    return sum(map(len, texts)), sum(map(dense_chars, texts))
-
-
-def prompt_size(body: dict[str, Any]) -> tuple[int, int]:
-    """Characters of everything in a generation request that ends up in the prompt, and how
-    many of them are dense (digits, outside ASCII)."""
-    texts: list[str] = []
+def prompt_size(body: dict[str, Any]) -> PromptSize:
+    """Everything in a generation request that ends up in the prompt."""
+    prompt = _Prompt()
     for key in BODY_KEYS:
-        _texts(body.get(key), texts)
+        _texts(body.get(key), prompt)
+    images = body.get(IMAGE_KEY)  # /api/generate's
+    if isinstance(images, list):
+        prompt.images += len(images)
     for tool in body.get("tools") or []:
-        _tool_spec_texts(tool, texts)
-    return _size(texts)
+        _tool_spec_texts(tool, prompt)
+    return prompt.size()
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
-    return prompt_size(body)[0]
+    return prompt_size(body).chars
 
 
-def longest_input_size(body: dict[str, Any]) -> tuple[int, int]:
+def longest_input_size(body: dict[str, Any]) -> PromptSize:
     """An embedding request's inputs are embedded one by one: the longest must fit."""
     inputs = body.get("input", body.get("prompt"))
     sizes = []
     for item in inputs if isinstance(inputs, list) else [inputs]:
-        texts: list[str] = []
-        _texts(item, texts)
-        sizes.append(_size(texts))
-    return max(sizes, default=(0, 0))
+        prompt = _Prompt()
+        _texts(item, prompt)
+        sizes.append(prompt.size())
+    return max(sizes, key=lambda size: size.chars, default=PromptSize())
 
 
 def longest_input_chars(body: dict[str, Any]) -> int:
-    return longest_input_size(body)[0]
+    return longest_input_size(body).chars
 
 
 def tokens_from_chars(chars: int, chars_per_token: float) -> int:

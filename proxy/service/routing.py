@@ -26,8 +26,8 @@ class CallRequest:
     can_wait: bool = True
     prompt_chars: int = 0
     num_ctx: int | None = None
-    # Tokens the request sends as tokens: /api/generate's `context`, which Ollama puts
-    # before the prompt.
+    # Tokens counted apart from the text: /api/generate's `context`, which Ollama puts
+    # before the prompt, and 768 for each image.
     context_tokens: int = 0
     prompt_dense: int = 0  # of prompt_chars, digits and those outside ASCII
     # One digest per prefix of the conversation (core.tokens.conversation_digests).

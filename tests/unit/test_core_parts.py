@@ -15,6 +15,7 @@ from proxy.core.queueing import victims_cost_s
 from proxy.core.tokens import (
     Anchor,
     ConversationMemory,
+    PromptSize,
     TokenRatio,
     conversation_digests,
     longest_input_chars,
@@ -379,8 +380,8 @@ def test_the_conversation_memory_forgets_the_least_recently_used() -> None:
 
 def test_digits_and_characters_outside_ascii_are_counted_apart() -> None:
     body = {"messages": [{"role": "user", "content": "héllo 世界 42"}], "system": "ok"}
-    assert prompt_size(body) == (13, 5)
-    assert longest_input_size({"input": ["abc", "Привет!"]}) == (7, 6)
+    assert prompt_size(body) == PromptSize(13, 5)
+    assert longest_input_size({"input": ["abc", "Привет!"]}) == PromptSize(7, 6)
     ratio = TokenRatio(4.0, 5)
     assert ratio.tokens(8 + 1000, 1000) == 2 + 1000  # one token per such character until taught
 
@@ -397,3 +398,20 @@ def test_the_rate_for_other_scripts_is_learned_from_prompts_mostly_in_them() -> 
     assert prose.tokens_per_dense == russian.tokens_per_dense
     assert prose.chars_per_token == pytest.approx(0.3 * 4000 / (1044 - 44.44) + 0.7 * 4.0, 1e-3)
     assert ratio.observe(1000, 5000, dense=900) == ratio  # 5.5 tokens each: not a rate to learn
+
+
+def test_images_count_as_ollama_counts_them_in_every_dialect() -> None:
+    ollama_chat = {"messages": [{"role": "user", "content": "what?", "images": ["a", "b"]}]}
+    generate = {"prompt": "what?", "images": ["a"]}
+    openai_chat = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}
+    responses = {"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}
+    anthropic = {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "data": "AAAA"}},
+        {"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "image", "source": {"type": "base64", "data": "AAAA"}}]}]}]}
+    sizes = [prompt_size(b) for b in (ollama_chat, generate, openai_chat, responses, anthropic)]
+    assert [s.images for s in sizes] == [2, 1, 1, 1, 2]
+    assert sizes[0] == PromptSize(5, 0, 2) and sizes[0].image_tokens == 2 * 768
