@@ -2,7 +2,8 @@
 serving agents that use the official `ollama` client with mixed models, prompt sizes,
 streaming, held plans, clients that leave mid-stream, calls with `keep_alive: 0` and unload
 requests (`ollama stop`); with `--dialects`, some calls go through the `openai` client
-(/v1/chat/completions) or the `anthropic` client (/v1/messages) instead.
+(/v1/chat/completions) or the `anthropic` client (/v1/messages) instead; with
+`--conversations`, some are tool loops whose history grows call by call.
 
 It fails on what must never happen, whatever the load: a GPU out of memory, a prompt cut by
 the engine, a ticket left behind, an answer that is neither a success nor one of the
@@ -69,6 +70,7 @@ class Tally:
     waited_ms: list[float] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     dialects: collections.Counter[str] = field(default_factory=collections.Counter)
+    conversation_lengths: list[int] = field(default_factory=list)  # messages, per loop call
 
 
 def prompt_chars(rng: random.Random) -> int:
@@ -79,6 +81,21 @@ def prompt_chars(rng: random.Random) -> int:
     if roll < 0.97:
         return rng.randint(12000, 28000)  # over the 4080's 4096 tokens, under 8192
     return rng.randint(45000, 60000)  # over every GPU's context: refused, never cut
+
+
+def appended(rng: random.Random) -> dict[str, Any]:
+    """What a tool loop adds to its conversation: prose, numbers (a token per digit), CJK (a
+    token per character) or images (768 tokens each), as a tool result or a user turn."""
+    chars = rng.randint(200, 3000)
+    kind = rng.choice(("prose", "prose", "numbers", "cjk", "images"))
+    role = rng.choice(("tool", "user"))
+    if kind == "numbers":
+        return {"role": role, "content": "3141592653 " * (chars // 11)}
+    if kind == "cjk":
+        return {"role": role, "content": "字" * (chars // 3)}
+    if kind == "images":
+        return {"role": "user", "content": "and these?", "images": [b"i"] * rng.randint(1, 3)}
+    return {"role": role, "content": "w " * (chars // 2)}
 
 
 class Failed(Exception):
@@ -142,8 +159,10 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
 
 async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 tally: Tally, churn_s: float = 0.0, tolerated: frozenset[int] = frozenset(),
-                dialects: tuple[str, ...] = ("ollama",)) -> None:
+                dialects: tuple[str, ...] = ("ollama",), conversations: float = 0.0) -> None:
     rng = random.Random(seed)
+    talk = random.Random(seed + 7)  # its own draws: the default run's sequence stays as it was
+    history: list[Any] = []
     first = rng.randrange(len(CHURN))
     plain = ollama.AsyncClient(host=url, timeout=120)
     http = httpx.AsyncClient(base_url=url, timeout=120)
@@ -163,6 +182,13 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         dialect = rng.choice(dialects) if len(dialects) > 1 and not stop else "ollama"
         client, headers = plain, {}
         plan = not stop and rng.random() < 0.1 and "direct" not in name  # at selection
+        converse = (conversations > 0 and dialect == "ollama" and not stop and not plan
+                    and talk.random() < conversations)
+        if converse:  # the tool loop goes on (or starts): the history, then what it adds
+            messages = [*history, appended(talk)]
+            tally.conversation_lengths.append(len(messages))
+        history = []
+        answer = ""
         started = time.monotonic()
         try:
             if plan:
@@ -189,13 +215,17 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                     chunks += 1
                     if part.get("error"):
                         raise ollama.ResponseError(part["error"], 200)
+                    answer += part["message"]["content"] or ""
                     if leave and chunks == 2:
                         break  # the client goes away mid-stream
                 outcome = "left" if leave and chunks == 2 else "200"
             else:
-                await client.chat(model=model, messages=messages, keep_alive=keep_alive,
-                                  options={"num_predict": rng.randint(4, 40)})
+                reply = await client.chat(model=model, messages=messages, keep_alive=keep_alive,
+                                          options={"num_predict": rng.randint(4, 40)})
+                answer = reply["message"]["content"] or ""
                 outcome = "200"
+            if converse and outcome == "200":
+                history = [*messages, {"role": "assistant", "content": answer}]
             if outcome != "unload":
                 tally.seconds.append(time.monotonic() - started)
         except (ollama.ResponseError, Failed) as exc:
@@ -252,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, help="where the processes' logs go "
                                                   "(default: a new temporary directory)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--conversations", type=float, default=0.0, metavar="P",
+                        help="the share of `ollama` calls that go on a tool loop: the history "
+                             "so far plus prose, numbers, CJK or images (refused when it "
+                             "outgrows every context, then the loop starts over)")
     parser.add_argument("--dialects", default="ollama",
                         help="comma-separated, drawn per call: ollama (the `ollama` client on "
                              "/api/chat), openai (/v1/chat/completions), anthropic (/v1/messages)")
@@ -340,7 +374,7 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
     tolerated = frozenset({502, -1}) if args.outage else frozenset()
     await asyncio.gather(*(
         agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
-              args.churn, tolerated, tuple(args.dialects.split(",")))
+              args.churn, tolerated, tuple(args.dialects.split(",")), args.conversations)
         for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
     return tally
 
@@ -356,6 +390,10 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
     print(f"calls {calls}  outcomes {dict(sorted(tally.outcomes.items()))}")
     if len(tally.dialects) > 1:
         print(f"dialects {dict(sorted(tally.dialects.items()))}")
+    if tally.conversation_lengths:
+        lengths = tally.conversation_lengths
+        print(f"tool-loop calls {len(lengths)}  messages p50 {percentile(lengths, 0.5):.0f}  "
+              f"max {max(lengths)}")
     if tally.seconds:
         print(f"call seconds p50 {percentile(tally.seconds, 0.5):.3f}  "
               f"p95 {percentile(tally.seconds, 0.95):.3f}  max {max(tally.seconds):.3f}")

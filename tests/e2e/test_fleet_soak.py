@@ -1,5 +1,6 @@
 """A short fleet soak: real sidecar processes on NATS (or one with embedded state), simulated
-GPUs, agents on the `ollama`, `openai` and `anthropic` clients switching models every 2 s.
+GPUs, agents on the `ollama`, `openai` and `anthropic` clients switching models every 2 s,
+some of their calls tool loops whose history grows by prose, numbers, CJK and images.
 Whatever happens, no GPU runs out of memory, no prompt is cut, no ticket is left behind, and
 every answer is a success or a contract refusal."""
 
@@ -26,7 +27,8 @@ def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_pa
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
     code = fleet_soak.main([*setup, "--seconds", "12", "--churn", "2", "--time-scale", "0.02",
-                            "--dialects", "ollama,openai,anthropic", "--logs", str(tmp_path)])
+                            "--dialects", "ollama,openai,anthropic", "--conversations", "0.6",
+                            "--logs", str(tmp_path)])
     report = capsys.readouterr().out
     assert code == 0, report
     assert "'oom_events': 0" in report and "'truncations': 0" in report
