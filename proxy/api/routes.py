@@ -279,6 +279,7 @@ class SidecarApi:
             can_wait=can_wait,
             prompt_chars=size.chars,
             prompt_dense=size.dense,
+            prompt_pieces=size.pieces,
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
             context_tokens=context + size.image_tokens,
             unloads_after=wire.zero_keep_alive(parsed),

@@ -34,6 +34,10 @@ RATIO_ALPHA = 0.3
 RATIO_MIN, RATIO_MAX = 1.0, 8.0
 DEFAULT_TOKENS_PER_DENSE = 1.0
 DENSE_MIN, DENSE_MAX = 0.1, 4.0
+# The chat template's tokens around each message (role markers, separators: ~5 in Qwen's
+# and Llama 3's). The ratio, learned from whole prompts, carries them on average; what a
+# conversation appends to a counted prefix is a few messages, so they are added there.
+PIECE_TOKENS = 8
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
 TEXT_KEYS = frozenset((
@@ -66,9 +70,9 @@ class _Prompt:
         self.texts: list[str] = []
         self.images = 0
 
-    def size(self) -> PromptSize:
+    def size(self, pieces: int = 0) -> PromptSize:
         return PromptSize(sum(map(len, self.texts)), sum(map(dense_chars, self.texts)),
-                          self.images)
+                          self.images, pieces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,7 @@ class PromptSize:
     chars: int = 0
     dense: int = 0  # of `chars`, digits and characters outside ASCII
     images: int = 0
+    pieces: int = 0  # messages or input items, and a system text, prompt or instructions
 
     @property
     def image_tokens(self) -> int:
@@ -93,7 +98,8 @@ def _texts(value: Any, out: _Prompt) -> None:
         for item in value:
             _texts(item, out)
     elif isinstance(value, dict):
-        if value.get("type") in IMAGE_TYPES:
+        kind = value.get("type")
+        if isinstance(kind, str) and kind in IMAGE_TYPES:
             out.images += 1
         for key, item in value.items():
             if key in TEXT_KEYS:
@@ -145,7 +151,18 @@ def prompt_size(body: dict[str, Any]) -> PromptSize:
         prompt.images += len(images)
     for tool in body.get("tools") or []:
         _tool_spec_texts(tool, prompt)
-    return prompt.size()
+    return prompt.size(_pieces(body))
+
+
+def _pieces(body: dict[str, Any]) -> int:
+    pieces = 0
+    for key in BODY_KEYS:
+        value = body.get(key)
+        if isinstance(value, list):
+            pieces += len(value)
+        elif value:
+            pieces += 1
+    return pieces
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
@@ -165,10 +182,6 @@ def longest_input_size(body: dict[str, Any]) -> PromptSize:
 
 def longest_input_chars(body: dict[str, Any]) -> int:
     return longest_input_size(body).chars
-
-
-def tokens_from_chars(chars: int, chars_per_token: float) -> int:
-    return math.ceil(chars / chars_per_token) if chars > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -204,10 +217,11 @@ class TokenRatio:
             RATIO_ALPHA * per_dense + (1 - RATIO_ALPHA) * self.tokens_per_dense
         return replace(self, tokens_per_dense=blended, dense_samples=self.dense_samples + 1)
 
-    def tokens(self, chars: int, dense: int = 0) -> int:
+    def tokens(self, chars: int, dense: int = 0, pieces: int = 0) -> int:
         if chars <= 0:
-            return 0
-        return math.ceil((chars - dense) / self.chars_per_token + dense * self.tokens_per_dense)
+            return pieces * PIECE_TOKENS
+        return math.ceil((chars - dense) / self.chars_per_token + dense * self.tokens_per_dense
+                         + pieces * PIECE_TOKENS)
 
 
 def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
@@ -234,6 +248,7 @@ class Anchor:
     chars: int
     tokens: int
     dense: int = 0
+    pieces: int = 0
 
 
 class ConversationMemory:
@@ -262,14 +277,13 @@ class ConversationMemory:
         return None
 
 
-def estimate_tokens(chars: int, ratio: TokenRatio, anchor: Anchor | None, dense: int = 0
-                    ) -> int:
-    """Tokens of a prompt of `chars` characters (`dense` of them dense): the ratio's
-    estimate, raised to the engine's count of its known prefix plus the ratio's estimate of
-    the rest when that is more."""
-    by_ratio = ratio.tokens(chars, dense)
-    if anchor is None or chars < anchor.chars:
+def estimate_tokens(size: PromptSize, ratio: TokenRatio, anchor: Anchor | None) -> int:
+    """Tokens of a prompt's text and template: the ratio's estimate, raised to the engine's
+    count of its known prefix plus the ratio's estimate of the rest when that is more."""
+    by_ratio = ratio.tokens(size.chars, size.dense)
+    if anchor is None or size.chars < anchor.chars:
         return by_ratio
-    rest = ratio.tokens(chars - anchor.chars, max(0, min(dense - anchor.dense,
-                                                         chars - anchor.chars)))
+    added = size.chars - anchor.chars
+    rest = ratio.tokens(added, max(0, min(size.dense - anchor.dense, added)),
+                        max(0, size.pieces - anchor.pieces))
     return max(by_ratio, anchor.tokens + rest)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
+from proxy.core.tokens import PromptSize
 from proxy.settings import ProviderConfig, Settings
 
 STATIC = "static"
@@ -30,11 +31,17 @@ class CallRequest:
     # before the prompt, and 768 for each image.
     context_tokens: int = 0
     prompt_dense: int = 0  # of prompt_chars, digits and those outside ASCII
+    prompt_pieces: int = 0  # messages (or input items, system text, prompt): template tokens
     # One digest per prefix of the conversation (core.tokens.conversation_digests).
     conversation: tuple[int, ...] = ()
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def prompt_size(self) -> PromptSize:
+        """The prompt's text and template (images and `context` are in context_tokens)."""
+        return PromptSize(self.prompt_chars, self.prompt_dense, 0, self.prompt_pieces)
 
 
 @dataclass(frozen=True)

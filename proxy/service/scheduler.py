@@ -68,14 +68,13 @@ class Learning:
 
     def prompt_tokens(self, call: CallRequest) -> int:
         anchor = self.conversations.longest_known(call.conversation)
-        return estimate_tokens(call.prompt_chars, self.ratio, anchor, call.prompt_dense) \
-            + call.context_tokens
+        return estimate_tokens(call.prompt_size, self.ratio, anchor) + call.context_tokens
 
     def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
-        if prompt_eval_count is not None:  # the ratio is of the text alone
+        if prompt_eval_count is not None:  # the ratio is of the text (and template) alone
             prompt_eval_count -= call.context_tokens
-            self.conversations.record(
-                call.conversation, Anchor(call.prompt_chars, prompt_eval_count, call.prompt_dense))
+            self.conversations.record(call.conversation, Anchor(
+                call.prompt_chars, prompt_eval_count, call.prompt_dense, call.prompt_pieces))
         self.ratio = self.ratio.observe(call.prompt_chars, prompt_eval_count, call.prompt_dense)
 
     def observe_load(self, mib: int, seconds: float | None) -> None:

@@ -13,6 +13,7 @@ from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.queueing import victims_cost_s
 from proxy.core.tokens import (
+    PIECE_TOKENS,
     Anchor,
     ConversationMemory,
     PromptSize,
@@ -380,7 +381,7 @@ def test_the_conversation_memory_forgets_the_least_recently_used() -> None:
 
 def test_digits_and_characters_outside_ascii_are_counted_apart() -> None:
     body = {"messages": [{"role": "user", "content": "héllo 世界 42"}], "system": "ok"}
-    assert prompt_size(body) == PromptSize(13, 5)
+    assert prompt_size(body) == PromptSize(13, 5, pieces=2)  # the message and the system
     assert longest_input_size({"input": ["abc", "Привет!"]}) == PromptSize(7, 6)
     ratio = TokenRatio(4.0, 5)
     assert ratio.tokens(8 + 1000, 1000) == 2 + 1000  # one token per such character until taught
@@ -414,4 +415,26 @@ def test_images_count_as_ollama_counts_them_in_every_dialect() -> None:
             {"type": "image", "source": {"type": "base64", "data": "AAAA"}}]}]}]}
     sizes = [prompt_size(b) for b in (ollama_chat, generate, openai_chat, responses, anthropic)]
     assert [s.images for s in sizes] == [2, 1, 1, 1, 2]
-    assert sizes[0] == PromptSize(5, 0, 2) and sizes[0].image_tokens == 2 * 768
+    assert sizes[0] == PromptSize(5, 0, 2, 1) and sizes[0].image_tokens == 2 * 768
+    odd = {"messages": [{"role": "user", "content": [{"type": ["image"], "text": "x"}]}]}
+    assert prompt_size(odd) == PromptSize(1, pieces=1)  # a malformed part: text, no crash
+
+
+def test_what_a_conversation_appends_carries_the_chat_templates_tokens() -> None:
+    """Role markers and separators around each appended message: without them a tool loop's
+    next call, sized to the last token, was cut at a card's boundary. (The ratio, learned from
+    whole prompts, carries the template on average.)"""
+    learning = Learning(ratio=TokenRatio(4.0, 20))
+    body = _chat("x" * 400, "y" * 400, "z" * 400)
+    size = prompt_size(body)
+    assert size.pieces == 3
+    call = CallRequest("/api/chat", "m", prompt_chars=size.chars, prompt_pieces=size.pieces,
+                       conversation=conversation_digests(body))
+    assert learning.prompt_tokens(call) == 300
+    learning.observe_prompt(call, 315)
+    longer = _chat("x" * 400, "y" * 400, "z" * 400, "w" * 40, "v" * 40)
+    grown = prompt_size(longer)
+    later = CallRequest("/api/chat", "m", prompt_chars=grown.chars, prompt_pieces=grown.pieces,
+                        conversation=conversation_digests(longer))
+    appended = math.ceil(80 / learning.ratio.chars_per_token) + 2 * PIECE_TOKENS
+    assert learning.prompt_tokens(later) == 315 + appended
