@@ -267,24 +267,23 @@ class SidecarApi:
             wait_header.strip().lower() not in {"false", "0", "no"}
         options: wire.Options | None = getattr(parsed, "options", None)
         num_ctx = options.num_ctx if options is not None else None
-        size = longest_input_size(body) if isinstance(parsed, wire.EMBEDDINGS) \
-            else prompt_size(body)
-        context = len(parsed.context or ()) if path == "/api/generate" and \
-            isinstance(parsed, wire.OllamaInference) else 0
+        conversation: tuple[int, ...] = ()
+        if isinstance(parsed, wire.EMBEDDINGS):
+            size = longest_input_size(body)
+        else:
+            size, conversation = prompt_size(body), conversation_digests(body)
         return CallRequest(
             path=path,
             model=parsed.model or None,
             phase=phase if phase in {"mulling", "triage"} else "mulling",
             thread=request.headers.get("x-kubemoot-thread") or None,
             can_wait=can_wait,
-            prompt_chars=size.chars,
-            prompt_dense=size.dense,
-            prompt_pieces=size.pieces,
+            prompt=size,
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
-            context_tokens=context + size.image_tokens,
+            context_tokens=len(parsed.context or ()) if path == "/api/generate" and
+            isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
-            conversation=() if isinstance(parsed, wire.EMBEDDINGS) else
-            conversation_digests(body),
+            conversation=conversation,
             disconnected=lambda: _disconnect(request),
         )
 
@@ -338,7 +337,7 @@ class SidecarApi:
                 metrics.upstream_errors.labels(route.provider).inc()
             log.info("call", provider=route.provider, model=route.model,
                      placement=route.placement, evicted=list(route.evicted),
-                     waited_ms=route.waited_ms, prompt_chars=call.prompt_chars,
+                     waited_ms=route.waited_ms, prompt_chars=call.prompt.chars,
                      estimated_prompt_tokens=route.estimated_tokens,
                      reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
                      error=outcome.error, seconds=round(time.perf_counter() - started, 4))

@@ -165,10 +165,6 @@ def _pieces(body: dict[str, Any]) -> int:
     return pieces
 
 
-def prompt_chars(body: dict[str, Any]) -> int:
-    return prompt_size(body).chars
-
-
 def longest_input_size(body: dict[str, Any]) -> PromptSize:
     """An embedding request's inputs are embedded one by one: the longest must fit."""
     inputs = body.get("input", body.get("prompt"))
@@ -178,10 +174,6 @@ def longest_input_size(body: dict[str, Any]) -> PromptSize:
         _texts(item, prompt)
         sizes.append(prompt.size())
     return max(sizes, key=lambda size: size.chars, default=PromptSize())
-
-
-def longest_input_chars(body: dict[str, Any]) -> int:
-    return longest_input_size(body).chars
 
 
 @dataclass(frozen=True)
@@ -242,13 +234,11 @@ def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Anchor:
-    """A prompt the engine has counted: its characters as the sidecar counts them, and its
-    tokens as the engine reported them."""
+    """A prompt the engine has counted: its size as the sidecar counts it, and its tokens
+    (text and template) as the engine reported them."""
 
-    chars: int
+    size: PromptSize
     tokens: int
-    dense: int = 0
-    pieces: int = 0
 
 
 class ConversationMemory:
@@ -281,9 +271,10 @@ def estimate_tokens(size: PromptSize, ratio: TokenRatio, anchor: Anchor | None) 
     """Tokens of a prompt's text and template: the ratio's estimate, raised to the engine's
     count of its known prefix plus the ratio's estimate of the rest when that is more."""
     by_ratio = ratio.tokens(size.chars, size.dense)
-    if anchor is None or size.chars < anchor.chars:
+    if anchor is None or size.chars < anchor.size.chars:
         return by_ratio
-    added = size.chars - anchor.chars
-    rest = ratio.tokens(added, max(0, min(size.dense - anchor.dense, added)),
-                        max(0, size.pieces - anchor.pieces))
+    known = anchor.size
+    added = size.chars - known.chars
+    rest = ratio.tokens(added, max(0, min(size.dense - known.dense, added)),
+                        max(0, size.pieces - known.pieces))
     return max(by_ratio, anchor.tokens + rest)

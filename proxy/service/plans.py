@@ -15,6 +15,7 @@ from typing import Any
 
 from proxy.adapters.ollama import UpstreamError
 from proxy.core.placement import in_tolerance, place
+from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec
 from proxy.observability.logging import get_logger
 from proxy.ports import StoreUnavailable
@@ -70,8 +71,8 @@ class PlanBook:
         candidates = s.candidates(phase, model)
         if not candidates:
             return {"thread": thread, "planned": False, "reason": "no model to plan for"}
-        call = CallRequest("/api/chat", model, phase, thread, True,
-                           prompt_chars if prompt_chars is not None else ASSUMED_PROMPT_CHARS)
+        chars = prompt_chars if prompt_chars is not None else ASSUMED_PROMPT_CHARS
+        call = CallRequest("/api/chat", model, phase, thread, prompt=PromptSize(chars))
         spec = s.spec(call, candidates)
         acceptable = tuple(c.model for c in (spec.preferred, *in_tolerance(spec)))
         await s.demand.selected(acceptable)

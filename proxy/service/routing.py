@@ -14,6 +14,7 @@ from proxy.core.tokens import PromptSize
 from proxy.settings import ProviderConfig, Settings
 
 STATIC = "static"
+NO_PROMPT = PromptSize()  # frozen: one instance serves as every default
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,10 @@ class CallRequest:
     phase: str = "mulling"
     thread: str | None = None
     can_wait: bool = True
-    prompt_chars: int = 0
+    prompt: PromptSize = NO_PROMPT
     num_ctx: int | None = None
-    # Tokens counted apart from the text: /api/generate's `context`, which Ollama puts
-    # before the prompt, and 768 for each image.
+    # /api/generate's `context`: an earlier answer's tokens, which Ollama puts first.
     context_tokens: int = 0
-    prompt_dense: int = 0  # of prompt_chars, digits and those outside ASCII
-    prompt_pieces: int = 0  # messages (or input items, system text, prompt): template tokens
     # One digest per prefix of the conversation (core.tokens.conversation_digests).
     conversation: tuple[int, ...] = ()
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
@@ -39,9 +37,9 @@ class CallRequest:
     disconnected: Callable[[], Awaitable[None]] | None = None
 
     @property
-    def prompt_size(self) -> PromptSize:
-        """The prompt's text and template (images and `context` are in context_tokens)."""
-        return PromptSize(self.prompt_chars, self.prompt_dense, 0, self.prompt_pieces)
+    def tokens_apart(self) -> int:
+        """Tokens counted apart from the text: the generate `context` and the images."""
+        return self.context_tokens + self.prompt.image_tokens
 
 
 @dataclass(frozen=True)

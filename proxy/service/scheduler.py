@@ -19,7 +19,13 @@ from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
-from proxy.core.tokens import Anchor, ConversationMemory, TokenRatio, estimate_tokens
+from proxy.core.tokens import (
+    Anchor,
+    ConversationMemory,
+    PromptSize,
+    TokenRatio,
+    estimate_tokens,
+)
 from proxy.core.types import (
     CallSpec,
     Candidate,
@@ -68,14 +74,13 @@ class Learning:
 
     def prompt_tokens(self, call: CallRequest) -> int:
         anchor = self.conversations.longest_known(call.conversation)
-        return estimate_tokens(call.prompt_size, self.ratio, anchor) + call.context_tokens
+        return estimate_tokens(call.prompt, self.ratio, anchor) + call.tokens_apart
 
     def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
         if prompt_eval_count is not None:  # the ratio is of the text (and template) alone
-            prompt_eval_count -= call.context_tokens
-            self.conversations.record(call.conversation, Anchor(
-                call.prompt_chars, prompt_eval_count, call.prompt_dense, call.prompt_pieces))
-        self.ratio = self.ratio.observe(call.prompt_chars, prompt_eval_count, call.prompt_dense)
+            prompt_eval_count -= call.tokens_apart
+            self.conversations.record(call.conversation, Anchor(call.prompt, prompt_eval_count))
+        self.ratio = self.ratio.observe(call.prompt.chars, prompt_eval_count, call.prompt.dense)
 
     def observe_load(self, mib: int, seconds: float | None) -> None:
         if not seconds or seconds < 0.05 or mib <= 0:
@@ -573,7 +578,8 @@ class Scheduler:
         candidates = self.candidates(phase, model)
         if not candidates:
             return None
-        call = CallRequest("/api/chat", model, phase, None, True, prompt_chars, num_ctx)
+        call = CallRequest("/api/chat", model, phase, prompt=PromptSize(prompt_chars),
+                           num_ctx=num_ctx)
         spec = self.spec(call, candidates)
         decision, verdicts = explain(spec, self.snapshot(self.clock()), self.policy)
         return decision, verdicts, spec

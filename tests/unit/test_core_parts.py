@@ -19,9 +19,7 @@ from proxy.core.tokens import (
     PromptSize,
     TokenRatio,
     conversation_digests,
-    longest_input_chars,
     longest_input_size,
-    prompt_chars,
     prompt_size,
 )
 from proxy.core.types import Circuit, ModelDemand, Resident, Ticket
@@ -234,11 +232,12 @@ def test_prompt_chars_counts_messages_tool_calls_results_and_schemas() -> None:
             "name": "ls", "description": "list", "parameters": {"type": "object"}}}],
     }
     # 4 + (2 + len('{"p":"/"}')=9) + 5 + (2 + 4 + len('{"type":"object"}')=17)
-    assert prompt_chars(body) == 4 + 11 + 5 + 23
-    assert prompt_chars({"prompt": "hello", "system": "sys"}) == 8
-    assert prompt_chars({"prompt": "def f(", "suffix": "return x"}) == 14  # fill-in-the-middle
-    assert prompt_chars({"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "abc"}]}]}) == 3
+    assert prompt_size(body).chars == 4 + 11 + 5 + 23
+    assert prompt_size({"prompt": "hello", "system": "sys"}).chars == 8
+    fill_in_the_middle = {"prompt": "def f(", "suffix": "return x"}
+    assert prompt_size(fill_in_the_middle).chars == 14
+    assert prompt_size({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "abc"}]}]}).chars == 3
 
 
 def test_prompt_chars_reads_anthropic_blocks_and_responses_items() -> None:
@@ -256,7 +255,7 @@ def test_prompt_chars_reads_anthropic_blocks_and_responses_items() -> None:
         "tools": [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}],
     }
     # sys + look (not the image) + hmm + ls + {"p":"/"} + a b + (ls + list + schema)
-    assert prompt_chars(anthropic) == 3 + 4 + 3 + 2 + 9 + 3 + (2 + 4 + 17)
+    assert prompt_size(anthropic).chars == 3 + 4 + 3 + 2 + 9 + 3 + (2 + 4 + 17)
     responses = {
         "instructions": "be brief",
         "input": [
@@ -269,14 +268,14 @@ def test_prompt_chars_reads_anthropic_blocks_and_responses_items() -> None:
         "tools": [{"type": "function", "name": "run", "description": "go",
                    "parameters": {"type": "object"}}],
     }
-    assert prompt_chars(responses) == 8 + 2 + 5 + (3 + 7) + 4 + (3 + 2 + 17)
-    assert prompt_chars({"input": "plain text"}) == 10
+    assert prompt_size(responses).chars == 8 + 2 + 5 + (3 + 7) + 4 + (3 + 2 + 17)
+    assert prompt_size({"input": "plain text"}).chars == 10
 
 
 def test_an_embedding_request_is_sized_by_its_longest_input() -> None:
-    assert longest_input_chars({"input": ["ab", "abcd", ""]}) == 4
-    assert longest_input_chars({"input": "abc"}) == 3
-    assert longest_input_chars({"prompt": "legacy"}) == 6  # /api/embeddings
+    assert longest_input_size({"input": ["ab", "abcd", ""]}).chars == 4
+    assert longest_input_size({"input": "abc"}).chars == 3
+    assert longest_input_size({"prompt": "legacy"}).chars == 6  # /api/embeddings
 
 
 def test_token_ratio_learns_from_the_engine() -> None:
@@ -310,7 +309,7 @@ def test_claim_refuses_a_second_load_of_a_model_already_loading() -> None:
 
 def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_ratio() -> None:
     learning = Learning()
-    call = CallRequest("/api/generate", "m", prompt_chars=700, context_tokens=1000)
+    call = CallRequest("/api/generate", "m", prompt=PromptSize(700), context_tokens=1000)
     assert learning.prompt_tokens(call) == 200 + 1000  # 700 chars at 3.5 per token
     learning.observe_prompt(call, 1000 + 175)  # the engine counted the context too
     assert learning.ratio.chars_per_token == 4.0
@@ -338,44 +337,44 @@ def test_a_conversation_is_sized_from_the_engines_count_of_what_it_already_sent(
     for more than their characters say, and only the engine's count shows it."""
     learning = Learning(ratio=TokenRatio(4.0, 20))
     first_body = _chat("x" * 2000)  # the engine counts 2000 tokens, the ratio 500
-    first = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(first_body),
+    first = CallRequest("/api/chat", "m", prompt=PromptSize(prompt_size(first_body).chars),
                         conversation=conversation_digests(first_body))
     assert learning.prompt_tokens(first) == 500
     learning.observe_prompt(first, 2004)
     later_body = _chat("x" * 2000, "ok", "x" * 800)
-    later = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(later_body),
+    later = CallRequest("/api/chat", "m", prompt=PromptSize(prompt_size(later_body).chars),
                         conversation=conversation_digests(later_body))
     appended = learning.ratio.tokens(2 + 800)
     assert learning.prompt_tokens(later) == 2004 + appended
-    assert learning.prompt_tokens(later) > learning.ratio.tokens(later.prompt_chars) * 2
+    assert learning.prompt_tokens(later) > learning.ratio.tokens(later.prompt.chars) * 2
     # Another conversation (other tools) is not sized from this one's count.
     other = _chat("x" * 2000, "ok", "x" * 800, tools=[{"name": "t"}])
     assert learning.prompt_tokens(replace(later, conversation=conversation_digests(other))) \
-        == learning.ratio.tokens(later.prompt_chars)
+        == learning.ratio.tokens(later.prompt.chars)
 
 
 def test_an_engine_count_below_the_ratios_never_lowers_the_estimate() -> None:
     """Some Ollama versions count only the tokens not found in the prompt cache."""
     learning = Learning(ratio=TokenRatio(4.0, 20))
     body = _chat("x" * 4000, "ok", "y" * 400)
-    call = CallRequest("/api/chat", "m", prompt_chars=prompt_chars(body),
+    call = CallRequest("/api/chat", "m", prompt=PromptSize(prompt_size(body).chars),
                        conversation=conversation_digests(body))
     learning.observe_prompt(replace(call, conversation=call.conversation[:1],
-                                    prompt_chars=4000), 30)
-    assert learning.prompt_tokens(call) == learning.ratio.tokens(call.prompt_chars)
+                                    prompt=PromptSize(4000)), 30)
+    assert learning.prompt_tokens(call) == learning.ratio.tokens(call.prompt.chars)
 
 
 def test_the_conversation_memory_forgets_the_least_recently_used() -> None:
     memory = ConversationMemory(size=2)
-    memory.record((1,), Anchor(10, 5))
-    memory.record((2,), Anchor(20, 9))
-    assert memory.longest_known((1,)) == Anchor(10, 5)  # now the most recent
-    memory.record((3,), Anchor(30, 12))
+    memory.record((1,), Anchor(PromptSize(10), 5))
+    memory.record((2,), Anchor(PromptSize(20), 9))
+    assert memory.longest_known((1,)) == Anchor(PromptSize(10), 5)  # now the most recent
+    memory.record((3,), Anchor(PromptSize(30), 12))
     assert memory.longest_known((2,)) is None
-    assert memory.longest_known((1, 3)) == Anchor(30, 12)  # the longest prefix known wins
-    assert memory.longest_known((1, 4)) == Anchor(10, 5)
-    memory.record((), Anchor(5, 5))
-    memory.record((5,), Anchor(5, 0))
+    assert memory.longest_known((1, 3)) == Anchor(PromptSize(30), 12)  # the longest known
+    assert memory.longest_known((1, 4)) == Anchor(PromptSize(10), 5)
+    memory.record((), Anchor(PromptSize(5), 5))
+    memory.record((5,), Anchor(PromptSize(5), 0))
     assert memory.longest_known((5,)) is None
 
 
@@ -428,13 +427,11 @@ def test_what_a_conversation_appends_carries_the_chat_templates_tokens() -> None
     body = _chat("x" * 400, "y" * 400, "z" * 400)
     size = prompt_size(body)
     assert size.pieces == 3
-    call = CallRequest("/api/chat", "m", prompt_chars=size.chars, prompt_pieces=size.pieces,
-                       conversation=conversation_digests(body))
+    call = CallRequest("/api/chat", "m", prompt=size, conversation=conversation_digests(body))
     assert learning.prompt_tokens(call) == 300
     learning.observe_prompt(call, 315)
     longer = _chat("x" * 400, "y" * 400, "z" * 400, "w" * 40, "v" * 40)
     grown = prompt_size(longer)
-    later = CallRequest("/api/chat", "m", prompt_chars=grown.chars, prompt_pieces=grown.pieces,
-                        conversation=conversation_digests(longer))
+    later = CallRequest("/api/chat", "m", prompt=grown, conversation=conversation_digests(longer))
     appended = math.ceil(80 / learning.ratio.chars_per_token) + 2 * PIECE_TOKENS
     assert learning.prompt_tokens(later) == 315 + appended
