@@ -19,7 +19,10 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.adapters.ollama import UpstreamError, UpstreamResponse
 from proxy.api.errors import Dialect, error_response, stream_error_line
+from proxy.observability.logging import get_logger
 from proxy.service.routing import CallOutcome, Route
+
+log = get_logger("kubemoot.relay")
 
 NDJSON = "application/x-ndjson"
 
@@ -245,30 +248,49 @@ def payload_for(route: Route, body: dict[str, Any]) -> bytes:
     return orjson.dumps(out)
 
 
+def engine_error(data: bytes) -> str:
+    """The message of an error answer in any dialect (Ollama's `error` string, OpenAI's and
+    Anthropic's `error.message`), else the start of the body."""
+    with contextlib.suppress(orjson.JSONDecodeError):
+        body = orjson.loads(data)
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            error = error.get("message")
+        if isinstance(error, str) and error:
+            return error[:300]
+    return data[:200].decode(errors="replace").strip() or "no message"
+
+
 async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                   chunk_timeout_s: float, on_route: Callable[[Route], None] | None = None,
                   dialect: Dialect = "ollama") -> Response:
     """Send `body` to the route's provider and relay the answer (or the failure).
 
-    A connection that fails before any byte is retried once on another provider when the
-    route offers it; never after streaming started.
+    A provider that fails before any byte of its answer (the connection fails, or it answers
+    with a 5xx: a load that ran out of memory, a full queue) is replaced once by another
+    when the route offers one; never after streaming started.
     """
     if on_route is not None:
         on_route(route)
     started = time.perf_counter()
     headers = route_headers(route)
-    try:
-        upstream = await route.client.open(path, payload_for(route, body))
-    except UpstreamError as exc:
-        await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
+
+    async def failed(cause: str) -> Response:
+        await route.finish(CallOutcome(False, time.perf_counter() - started, error=cause))
         retry, route.retry = route.retry, None
         other = await retry() if retry is not None else None
         if other is not None:
+            log.info("retrying on another provider", failed=route.provider, cause=cause,
+                     provider=other.provider, model=other.model)
             return await forward(other, path, body, stream, chunk_timeout_s, on_route, dialect)
-        return error_response(
-            502, "upstream-failed",
-            f"provider {route.provider} failed before answering: {exc}", route.model,
-            dialect=dialect)
+        return error_response(502, "upstream-failed",
+                              f"provider {route.provider} failed before answering: {cause}",
+                              route.model, dialect=dialect)
+
+    try:
+        upstream = await route.client.open(path, payload_for(route, body))
+    except UpstreamError as exc:
+        return await failed(str(exc))
 
     if upstream.status_code >= 400 or not stream:
         try:
@@ -281,13 +303,13 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                                   f"provider {route.provider} failed while answering: "
                                   f"{str(exc) or type(exc).__name__}", route.model,
                                   dialect=dialect)
+        if upstream.status_code >= 500:
+            return await failed(f"HTTP {upstream.status_code}: {engine_error(data)}")
         ok = upstream.status_code < 400
         # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
-        healthy = upstream.status_code < 500
-        error = None if ok else data[:200].decode(errors="replace")
-        outcome = outcome_from(final_metrics(data), started, ok, error)
-        if not ok and healthy:
-            outcome = CallOutcome(True, outcome.seconds, error=outcome.error)
+        outcome = outcome_from(final_metrics(data), started, ok)
+        if not ok:
+            outcome = CallOutcome(True, outcome.seconds, error=engine_error(data))
         return SettlingResponse(data, route, outcome, status_code=upstream.status_code,
                                 media_type=upstream.content_type or "application/json",
                                 headers=headers)

@@ -440,6 +440,31 @@ def test_connection_refused_before_any_byte_is_retried_on_another_provider(
     assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
 
 
+def test_an_engine_error_before_any_byte_is_retried_once_then_named(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A 5xx answer (a load that ran out of memory, a full queue) is a provider failing
+    before the agent saw a byte: another provider takes the call. With none left, the agent
+    gets 502 upstream-failed carrying the engine's own words, not a bare 500."""
+    a = sim_factory("a", total_vram_mib=16376, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=24564, time_scale=SCALE)
+    httpx.post(f"{a.url}/api/generate", json={"model": "qwen3:8b"})  # warm on a: a is picked
+    url = sidecar_factory([a, b]).url
+    a.sim.fault.mode, a.sim.fault.count, a.sim.fault.status = "error", 1, 500
+    client = ollama.Client(host=url)
+    streamed = list(client.chat(model="qwen3:8b", messages=HI, stream=True))
+    assert streamed[-1].done and b.sim.stats.inference_requests == 1
+    assert a.sim.stats.inference_requests == 0  # the failure came before any work
+
+    a.sim.fault.mode, a.sim.fault.count, a.sim.fault.status = "error", 2, 503
+    b.sim.fault.mode, b.sim.fault.count, b.sim.fault.status = "error", 2, 503
+    with pytest.raises(ollama.ResponseError) as info:
+        client.chat(model="qwen3:8b", messages=HI)
+    assert info.value.status_code == 502
+    assert "failed before answering: HTTP 503: simulated upstream failure" in info.value.error
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert not state["tickets"]
+
+
 def test_two_sidecars_sharing_nats_converge_on_one_loading_copy(
         sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
     import asyncio

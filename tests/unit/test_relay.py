@@ -17,7 +17,7 @@ from starlette.types import Message
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.api.errors import Dialect, stream_error_line
-from proxy.api.relay import final_metrics, forward, outcome_from, prompt_tokens
+from proxy.api.relay import engine_error, final_metrics, forward, outcome_from, prompt_tokens
 from proxy.service.routing import CallOutcome, Route
 from tests.unit.raw_server import Handler, answering, read_request, serve
 
@@ -73,12 +73,28 @@ async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure(
     assert outcomes[0].ok  # the provider is healthy; the circuit must not count it
 
 
-async def test_upstream_5xx_counts_as_failure(upstream: respx.Router) -> None:
-    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(500, json={"error": "x"}))
+async def test_upstream_5xx_is_a_provider_failure_answered_as_upstream_failed(
+        upstream: respx.Router) -> None:
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
+        500, json={"error": "model requires more system memory (9.1 GiB) than is available"}))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
-    await _deliver(response)
-    assert response.status_code == 500 and not outcomes[0].ok
+    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    body = orjson.loads(response.body)
+    assert response.status_code == 502 and body["reason"] == "upstream-failed"
+    assert "HTTP 500: model requires more system memory" in body["error"]
+    assert not outcomes[0].ok  # counted by the circuit breaker
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (b'{"error": "server busy, please try again."}', "server busy, please try again."),
+    (b'{"error": {"message": "overloaded", "type": "server_error"}}', "overloaded"),
+    (b'{"type": "error", "error": {"type": "api_error", "message": "boom"}}', "boom"),
+    (b"<html>Bad Gateway</html>", "<html>Bad Gateway</html>"),
+    (b"", "no message"),
+])
+def test_an_engines_error_message_is_read_in_every_dialect(answer: bytes, message: str
+                                                          ) -> None:
+    assert engine_error(answer) == message
 
 
 async def test_connect_error_is_502_upstream_failed(upstream: respx.Router) -> None:
