@@ -147,6 +147,7 @@ class OllamaSim:
             raise SimError(
                 f"model requires more system memory ({need_mib} MiB) than is available "
                 f"({total} MiB)", 500)
+        self._keep_count()
         if self.used_vram_mib() + need_mib <= total:
             return
         if self.config.evict_idle_on_pressure:
@@ -165,6 +166,25 @@ class OllamaSim:
             raise SimError(
                 f"model requires more system memory ({need_mib} MiB) than is available "
                 f"({total - self.used_vram_mib()} MiB)", 500)
+
+    def _keep_count(self) -> None:
+        """Ollama's count limit: at OLLAMA_MAX_LOADED_MODELS it unloads one runner before
+        loading another, the idle one it sorts first, else a busy one as soon as its calls
+        end (the load does not wait here; Ollama's would)."""
+        limit = self.config.max_loaded_models
+        staying = [r for r in self.runners.values() if not r.unload_requested]
+        if limit <= 0 or len(staying) < limit:
+            return
+        idle = sorted((r for r in staying if r.refcount == 0 and r.loaded.is_set()),
+                      key=lambda r: (r.keep_alive_s, r.model.name))
+        if idle:
+            self._drop(idle[0].model.name, f"self-eviction: {limit} models loaded")
+        else:
+            victim = min(staying, key=lambda r: (r.keep_alive_s, r.model.name))
+            victim.unload_requested = True  # unloaded by _release when its last call ends
+            log.info("%s self-eviction of busy %s: %d models loaded", self.config.name,
+                     victim.model.name, limit)
+        self.stats.self_evictions += 1
 
     def _context_for(self, model: SimModel, options: dict[str, Any]) -> int:
         requested = options.get("num_ctx")
@@ -679,6 +699,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vram", type=int, default=24564, help="total VRAM in MiB")
     p.add_argument("--parallel", type=int, default=1, help="OLLAMA_NUM_PARALLEL")
     p.add_argument("--context", type=int, default=0, help="OLLAMA_CONTEXT_LENGTH (0 = auto)")
+    p.add_argument("--max-loaded", type=int, default=3,
+                   help="OLLAMA_MAX_LOADED_MODELS (0 = no limit)")
     p.add_argument("--tokens-per-s", type=float, default=50.0)
     p.add_argument("--time-scale", type=float, default=1.0)
     return p.parse_args(argv)
@@ -693,6 +715,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         configs = [SimConfig(name=args.name, total_vram_mib=args.vram, models=CATALOG,
                              num_parallel=args.parallel, context_length=args.context,
+                             max_loaded_models=args.max_loaded,
                              tokens_per_s=args.tokens_per_s, time_scale=args.time_scale)]
     servers = start_fleet(configs, args.host, args.port)
     for s in servers:

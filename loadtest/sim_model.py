@@ -40,6 +40,7 @@ class SimConfig:
     total_vram_mib: int = 24576
     models: tuple[SimModel, ...] = ()
     num_parallel: int = 1  # OLLAMA_NUM_PARALLEL
+    max_loaded_models: int = 3  # OLLAMA_MAX_LOADED_MODELS (default 3 per GPU); 0 no limit
     context_length: int = 0  # OLLAMA_CONTEXT_LENGTH; 0 = automatic, tiered by VRAM
     keep_alive_s: float = 300.0  # OLLAMA_KEEP_ALIVE
     load_mib_per_s: float = 1024.0

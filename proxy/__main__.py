@@ -27,7 +27,8 @@ def _serve(args: argparse.Namespace) -> int:
         fleet = start_fleet(demo_fleet(time_scale=args.demo_time_scale))
         overrides["providers"] = [
             {"name": s.config.name, "endpoint": s.url, "totalVramMiB": s.config.total_vram_mib,
-             "contextLength": s.config.default_context(), "maxParallel": s.config.num_parallel}
+             "contextLength": s.config.default_context(), "maxParallel": s.config.num_parallel,
+             "maxLoadedModels": s.config.max_loaded_models}
             for s in fleet
         ]
         overrides.setdefault("model_model", "qwen3:8b")

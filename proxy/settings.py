@@ -40,6 +40,8 @@ class ProviderConfig(BaseModel):
     total_vram_mib: int | None = Field(default=None, alias="totalVramMiB", ge=0)
     context_length: int | None = Field(default=None, alias="contextLength", ge=0)
     max_parallel: int = Field(default=1, alias="maxParallel", ge=1)
+    # OLLAMA_MAX_LOADED_MODELS: Ollama's default is 3 per GPU, and a provider is one GPU.
+    max_loaded_models: int = Field(default=3, alias="maxLoadedModels", ge=0)
     weight: float = 100.0
     dcgm_url: str | None = Field(default=None, alias="dcgmUrl")
 

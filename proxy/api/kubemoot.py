@@ -106,6 +106,7 @@ class KubemootApi:
             "providers": [{
                 "name": v.name, "ready": v.ready, "totalVramMiB": v.total_vram_mib,
                 "contextLength": v.context_length, "maxParallel": v.max_parallel,
+                "maxLoadedModels": v.max_loaded,
                 "residents": [{"model": r.model, "footprintMiB": r.footprint_mib,
                                "contextLength": r.context_length,
                                **({"leaving": True} if r.leaving else {})}

@@ -27,18 +27,20 @@ def idle_residents(index: ProviderIndex) -> list[Resident]:
 
 
 def choose_victims(index: ProviderIndex, deficit_mib: int, demand: Mapping[str, ModelDemand],
-                   max_candidates: int = 10) -> tuple[Resident, ...] | None:
-    """The fewest victims freeing at least `deficit_mib`; None when no choice makes room.
+                   max_candidates: int = 10, at_least: int = 0
+                   ) -> tuple[Resident, ...] | None:
+    """The fewest victims, `at_least` of them, freeing at least `deficit_mib`; None when no
+    choice makes room.
 
     Models with waiting agents are used only when nothing else makes room.
     """
-    if deficit_mib <= 0:
+    if deficit_mib <= 0 and at_least <= 0:
         return ()
     ordered = sorted(idle_residents(index), key=lambda r: need_key(r, demand))
     without_waiters = [r for r in ordered if not demand.get(r.model, NO_DEMAND).waiters]
     for pool in (without_waiters, ordered):
         pool = pool[:max_candidates]
-        for count in range(1, len(pool) + 1):
+        for count in range(max(1, at_least), len(pool) + 1):
             # combinations() walks in order of the need ranking: the first that fits is the
             # least needed set of this size.
             for combo in combinations(pool, count):

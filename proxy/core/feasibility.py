@@ -55,6 +55,9 @@ def check(index: ProviderIndex, model: str, occupancy: int | None, needed_tokens
         return Fit(False, "being unloaded (keep_alive 0); placed again once it is gone")
     if index.view.disk_mib and model not in index.view.disk_mib:
         return Fit(False, "model not pulled on this provider")
+    if index.models_over_limit(model):
+        return Fit(False, f"{index.view.max_loaded} models loaded, the most this Ollama keeps "
+                          "(OLLAMA_MAX_LOADED_MODELS): one must be unloaded first")
     usable = index.usable_mib
     if usable is None or occupancy is None:
         return Fit(True, "fit unknown (no VRAM total or no footprint published)")

@@ -51,6 +51,9 @@ class ProviderIndex:
     planned_victims: dict[str, int] = field(default_factory=dict)
     making_room: set[str] = field(default_factory=set)  # loads whose victims are still loaded
     leaving: frozenset[str] = frozenset()  # asked to unload, not yet seen gone
+    # What Ollama counts against OLLAMA_MAX_LOADED_MODELS: every copy still listed (expiring
+    # and leaving ones too) and every load in flight.
+    loaded_models: set[str] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -88,6 +91,16 @@ class ProviderIndex:
             return min(configured, trained)
         return configured or trained
 
+    def models_over_limit(self, model: str) -> int:
+        """How many loaded models must go before `model` may load here without Ollama
+        unloading one itself (OLLAMA_MAX_LOADED_MODELS); victims already planned by other
+        loads count as gone. 0: it may load now."""
+        limit = self.view.max_loaded
+        if limit <= 0 or model in self.loaded_models:
+            return 0
+        staying = self.loaded_models.difference(self.planned_victims)
+        return max(0, len(staying) + 1 - limit)
+
     def spills(self) -> bool:
         return self.usable_mib is not None and self.resident_mib > self.usable_mib
 
@@ -112,10 +125,12 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         kept = lasting_residents(view, busy.get(view.name, set()), snapshot.now, policy)
         residents = {r.model: r for r in kept}
         usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
+        listed = {r.model for r in view.residents}
         out[view.name] = ProviderIndex(view, usable, residents,
                                        sum(r.footprint_mib for r in view.residents),
                                        leaving=frozenset(r.model for r in view.residents
-                                                         if r.leaving))
+                                                         if r.leaving),
+                                       loaded_models=listed)
     for ticket in snapshot.tickets:
         index = out.get(ticket.provider)
         if index is None or ticket.expires_at <= snapshot.now:
@@ -125,6 +140,7 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         for victim, mib in ticket.evicts.items():
             index.planned_victims.setdefault(victim, mib)
         if ticket.cold and ticket.model not in index.residents:
+            index.loaded_models.add(ticket.model)
             index.loading_mib += ticket.footprint_mib
             if ticket.evicts and _making_room(ticket, {r.model for r in index.view.residents}):
                 index.making_room.add(ticket.model)  # a call sent now would load it early
@@ -188,6 +204,12 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             if victim in residents:
                 victims[victim] = residents[victim]
     credit = sum(victims.values())
+    if new.cold and view.max_loaded > 0 and new.model not in residents:
+        loaded = set(residents).union(t.model for t in live if t.cold)
+        count = len(loaded.difference(victims) | {new.model})
+        if count > view.max_loaded:
+            return False, (f"{new.model} would be model {count} loaded here "
+                           f"(OLLAMA_MAX_LOADED_MODELS {view.max_loaded})")
 
     def counted(t: Ticket) -> int:
         if t.cold and t.model not in residents:

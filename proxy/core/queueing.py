@@ -83,7 +83,7 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, occupancy: int |
         free = index.free_mib()
         assert free is not None
         victims = choose_victims(index, occupancy - free, snapshot.demand,
-                                 policy.max_victim_candidates)
+                                 policy.max_victim_candidates, index.models_over_limit(model))
         if not victims:
             continue
         cost = load_s + victims_cost_s(victims, snapshot, policy)

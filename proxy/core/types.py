@@ -31,6 +31,9 @@ class ProviderView:
     residents: tuple[Resident, ...] = ()
     context_length: int = 0  # configured per-slot context (OLLAMA_CONTEXT_LENGTH); 0 unknown
     max_parallel: int = 1
+    # OLLAMA_MAX_LOADED_MODELS: beyond it Ollama unloads a model itself, even mid-work, to
+    # load another. 0: no limit.
+    max_loaded: int = 0
     weight: float = 100.0  # the policy's provider weight (phase-aware)
     disk_mib: Mapping[str, int] = field(default_factory=dict)  # on-disk sizes from /api/tags
     # Each on-disk model's trained context (/api/show): Ollama caps a slot's context at it.

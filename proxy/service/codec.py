@@ -39,6 +39,10 @@ def rfc3339(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
 
 
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def parse_rfc3339(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
@@ -54,6 +58,7 @@ class ProviderState:
     total_vram_mib: int | None = None
     context_length: int = 0
     max_parallel: int = 1
+    max_loaded: int | None = None  # OLLAMA_MAX_LOADED_MODELS as configured; 0 no limit
     loaded_mib: dict[str, int] = field(default_factory=dict)
     loaded_ctx: dict[str, int] = field(default_factory=dict)
     loaded_expiry: dict[str, float] = field(default_factory=dict)  # /api/ps expires_at
@@ -75,6 +80,7 @@ class ProviderState:
             "availableModelContextLengths": self.trained_ctx,
             "contextLength": self.context_length,
             "maxParallel": self.max_parallel,
+            "maxLoadedModels": self.max_loaded,
             "ready": self.ready,
             "lastProbedAt": rfc3339(self.last_probed_at),
             "version": self.version,
@@ -88,6 +94,7 @@ class ProviderState:
             last_probed_at=parse_rfc3339(d["lastProbedAt"]),
             total_vram_mib=d.get("totalVramMiB"), context_length=int(d.get("contextLength") or 0),
             max_parallel=int(d.get("maxParallel") or 1),
+            max_loaded=_int_or_none(d.get("maxLoadedModels")),
             loaded_mib=dict(d.get("loadedModelFootprintsMiB") or {}),
             loaded_ctx=dict(d.get("loadedModelContextLengths") or {}),
             loaded_expiry={m: parse_rfc3339(t)

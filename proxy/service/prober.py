@@ -49,6 +49,7 @@ async def dcgm_total_mib(url: str) -> int | None:
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
     return (state.ready, state.total_vram_mib, state.context_length, state.max_parallel,
+            state.max_loaded,
             sorted(state.loaded_mib.items()), sorted(state.loaded_ctx.items()),
             sorted(state.available_mib.items()), sorted(state.trained_ctx.items()))
 
@@ -122,7 +123,8 @@ class Prober:
         state = ProviderState(
             name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
             total_vram_mib=total, context_length=config.context_length or 0,
-            max_parallel=config.max_parallel, loaded_mib=loaded_mib, loaded_ctx=loaded_ctx,
+            max_parallel=config.max_parallel, max_loaded=config.max_loaded_models,
+            loaded_mib=loaded_mib, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry,
             available_mib=available, observed_mib=dict(self.observed), trained_ctx=trained,
             version=str(version.get("version", "")) if isinstance(version, dict) else "")

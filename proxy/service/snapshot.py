@@ -86,13 +86,16 @@ class StateView:
         if state is None:
             return ProviderView(config.name, config.total_vram_mib, ready=False,
                                 context_length=config.context_length or 0,
-                                max_parallel=config.max_parallel, weight=config.weight)
+                                max_parallel=config.max_parallel,
+                                max_loaded=config.max_loaded_models, weight=config.weight)
         view = ProviderView(
             name=config.name,
             total_vram_mib=state.total_vram_mib or config.total_vram_mib,
             ready=state.ready, residents=state.residents(),
             context_length=state.context_length or config.context_length or 0,
-            max_parallel=state.max_parallel or config.max_parallel, weight=config.weight,
+            max_parallel=state.max_parallel or config.max_parallel,
+            max_loaded=config.max_loaded_models if state.max_loaded is None
+            else state.max_loaded, weight=config.weight,
             disk_mib=state.available_mib, trained_context=state.trained_ctx,
             probed_at=state.last_probed_at)
         return merge_residency(view, self.ticket_set(config.name, now).residents)

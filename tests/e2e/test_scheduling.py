@@ -128,6 +128,23 @@ def test_unloads_idle_unwanted_models_to_make_room(sim_factory: Sims,
     assert stats.peak_vram_mib <= 16376
 
 
+def test_at_ollamas_model_count_limit_the_sidecar_picks_the_victim_itself(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """Memory would hold a fourth model, but Ollama keeps at most OLLAMA_MAX_LOADED_MODELS (3
+    per GPU by default) and would unload one of its own choosing, mid-work if need be."""
+    gpu = sim_factory("gpu", total_vram_mib=32605, context_length=4096, time_scale=SCALE)
+    three = ("qwen3:8b", "phi3:mini", "llama3.2:3b")
+    for model in three:
+        httpx.post(f"{gpu.url}/api/generate", json={"model": model})
+    url = sidecar_factory([gpu], **mode).url
+    response = chat(url, "qwen3:14b")
+    assert response.status_code == 200, response.text
+    assert response.headers["x-kubemoot-placement"] == "evict"
+    assert response.headers["x-kubemoot-evicted"] in three
+    assert gpu.sim.stats.self_evictions == 0 and len(gpu.sim.runners) == 3
+    assert gpu.sim.used_vram_mib() <= 32605
+
+
 def test_never_unloads_a_model_with_work_in_flight(sim_factory: Sims,
                                                    sidecar_factory: Sidecars,
                                                    mode: dict[str, Any]) -> None:

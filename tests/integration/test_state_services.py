@@ -114,7 +114,7 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     up = sim_factory("up", total_vram_mib=24564, context_length=8192)
     down = sim_factory("down")
     configs = [ProviderConfig(name="up", endpoint=up.url, totalVramMiB=24564,
-                              contextLength=8192, maxParallel=2),
+                              contextLength=8192, maxParallel=2, maxLoadedModels=4),
                ProviderConfig(name="down", endpoint=down.url)]
     down.stop()
     client = OllamaClient(up.url)
@@ -129,6 +129,7 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     assert raw_up and raw_down
     state = ProviderState.decode(raw_up.value)
     assert state.ready and state.total_vram_mib == 24564 and state.max_parallel == 2
+    assert state.max_loaded == 4 and ProviderState.decode(raw_down.value).max_loaded == 3
     assert state.loaded_mib == {"qwen3:8b": 6000}
     assert state.loaded_ctx == {"qwen3:8b": 8192}
     assert state.loaded_expiry["qwen3:8b"] > state.last_probed_at  # its keep-alive expiry

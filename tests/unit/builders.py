@@ -24,11 +24,11 @@ SIZES = {"qwen3:32b": 27000, "qwen3:14b": 12224, "qwen3:8b": 6000, "phi3:mini": 
 
 def gpu(name: str, total: int | None = GIB24, residents: tuple[str, ...] = (), *,
         ctx: int = 0, parallel: int = 1, ready: bool = True, weight: float = 100.0,
-        resident_ctx: int = 0) -> ProviderView:
+        resident_ctx: int = 0, max_loaded: int = 0) -> ProviderView:
     return ProviderView(
         name=name, total_vram_mib=total, ready=ready,
         residents=tuple(Resident(m, SIZES[m], resident_ctx) for m in residents),
-        context_length=ctx, max_parallel=parallel, weight=weight,
+        context_length=ctx, max_parallel=parallel, max_loaded=max_loaded, weight=weight,
     )
 
 

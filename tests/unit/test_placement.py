@@ -148,6 +148,60 @@ def test_a_card_with_live_work_is_never_made_to_evict() -> None:
     assert decision.outcome == "wait" and decision.unload_option_s is None
 
 
+THREE_SMALL = ("qwen3:8b", "phi3:mini", "llama3.2:3b")  # 12700 MiB: a 14b fits beside them
+
+
+def test_a_card_at_ollamas_model_count_limit_unloads_one_first_though_memory_would_fit() -> None:
+    """Sent as a plain cold load, Ollama (OLLAMA_MAX_LOADED_MODELS 3) would unload a model
+    of its own choosing, busy or not; the sidecar picks the victim, an idle one."""
+    snap = snapshot(gpu("a", GIB32, THREE_SMALL, max_loaded=3))
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.placement and decision.placement.kind == "evict"
+    assert dict(decision.placement.evicts) == {"llama3.2:3b": 3100}  # least needed, by name
+    verdict = next(v for v in decision.verdicts if v.provider == "a")
+    assert "OLLAMA_MAX_LOADED_MODELS" in verdict.reason
+    unlimited = place(call("qwen3:14b"), snapshot(gpu("a", GIB32, THREE_SMALL)))
+    assert unlimited.placement and unlimited.placement.kind == "cold"
+
+
+def test_a_card_with_count_room_is_a_plain_cold_load_and_busy_residents_are_not_victims(
+        ) -> None:
+    snap = snapshot(gpu("a", GIB32, THREE_SMALL, max_loaded=3),
+                    gpu("b", GIB24, ("qwen3:8b",), max_loaded=3))
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
+        "b", "cold")
+    busy = snapshot(gpu("a", GIB32, THREE_SMALL, max_loaded=3),
+                    tickets=tuple(ticket("a", m) for m in THREE_SMALL))
+    waiting = place(call("qwen3:14b"), busy)
+    assert waiting.outcome == "wait" and waiting.unload_option_s is None
+
+
+def test_loads_in_flight_count_toward_the_limit_and_planned_victims_count_as_gone() -> None:
+    two = ("qwen3:8b", "phi3:mini")
+    loading = snapshot(gpu("a", GIB32, two, max_loaded=3),
+                       tickets=(ticket("a", "llama3.2:3b", cold=True),))
+    decision = place(call("qwen3:14b"), loading)
+    assert decision.placement and decision.placement.kind == "evict"
+    making_way = snapshot(gpu("a", GIB32, two, max_loaded=3), tickets=(
+        ticket("a", "llama3.2:3b", cold=True, evicts={"phi3:mini": 3600}),))
+    assert index_providers(loading, DEFAULT_POLICY)["a"].models_over_limit("qwen3:14b") == 1
+    assert index_providers(making_way, DEFAULT_POLICY)["a"].models_over_limit("qwen3:14b") == 0
+
+
+def test_the_claim_rechecks_the_count_limit_against_the_live_tickets() -> None:
+    view = gpu("a", GIB32, ("qwen3:8b", "phi3:mini"), max_loaded=3)
+    first = ticket("a", "llama3.2:3b", cold=True)
+    second = ticket("a", "qwen3:14b", cold=True)
+    assert ticket_budget_ok([], first, view, DEFAULT_POLICY)[0]
+    ok, why = ticket_budget_ok([first], second, view, DEFAULT_POLICY)
+    assert not ok and "would be model 4 loaded here" in why
+    evicting = ticket("a", "qwen3:14b", cold=True, evicts={"phi3:mini": 3600})
+    assert ticket_budget_ok([first], evicting, view, DEFAULT_POLICY)[0]
+    joining = ticket("a", "qwen3:8b")  # a call to a loaded copy adds no model
+    assert ticket_budget_ok([first], joining, replace(view, max_loaded=2), DEFAULT_POLICY)[0]
+
+
 def test_small_model_goes_to_the_smallest_card_that_fits() -> None:
     snap = snapshot(gpu("big", GIB32), gpu("mid", GIB24), gpu("small", GIB16))
     decision = place(call("qwen3:8b"), snap)
