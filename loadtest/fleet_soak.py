@@ -6,8 +6,8 @@ requests (`ollama stop`); with `--dialects`, some calls go through the `openai` 
 `--conversations`, some are tool loops whose history grows call by call.
 
 It fails on what must never happen, whatever the load: a GPU out of memory, a prompt cut by
-the engine, a ticket left behind, an answer that is neither a success nor one of the
-contract's refusals. It reports how often Ollama had to evict a model on its own. `--direct`
+the engine, a model Ollama had to unload on its own (with sidecars), a ticket left behind, an
+answer that is neither a success nor one of the contract's refusals. `--direct`
 runs the same agents against the GPUs themselves (each agent pinned round-robin to one), for
 comparison.
 
@@ -46,6 +46,8 @@ FLEETS = {
     "demo": [("gpu-5090", 32768, 8192), ("gpu-4090", 24564, 8192), ("gpu-4080", 16376, 4096)],
     # Less room than the models want: loads, evictions and waits all the time.
     "tight": [("gpu-4090", 24564, 8192), ("gpu-4080", 16376, 4096), ("gpu-4070", 12282, 4096)],
+    # A card with memory for more models than Ollama keeps loaded (3 per GPU by default).
+    "wide": [("gpu-a6000", 49140, 8192), ("gpu-4080", 16376, 4096)],
 }
 
 # What each sidecar's agents run: (bound model, mulling candidates).
@@ -410,7 +412,9 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
         print(f"first GPU after its outage: {back.get('requests', 0)} requests")
         if not back.get("requests"):
             problems.append("the first GPU got no calls after it came back")
-    for key in ("oom_events", "truncations"):
+    # Ollama unloading a model on its own (for memory, or past its model count) is what the
+    # sidecar plans around; without sidecars (--direct) it is the baseline's to show.
+    for key in ("oom_events", "truncations", *(("self_evictions",) if sidecars else ())):
         if totals[key]:
             problems.append(f"{key}: {totals[key]}")
     for url in sidecars:
