@@ -268,21 +268,26 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
 
     A provider that fails before any byte of its answer (the connection fails, or it answers
     with a 5xx: a load that ran out of memory, a full queue) is replaced once by another
-    when the route offers one; never after streaming started.
+    when the route offers one; never after streaming started. So is one that says it does
+    not have the model (its catalog changed since it was last probed), without counting
+    against its health.
     """
     if on_route is not None:
         on_route(route)
     started = time.perf_counter()
     headers = route_headers(route)
 
-    async def failed(cause: str) -> Response:
-        await route.finish(CallOutcome(False, time.perf_counter() - started, error=cause))
+    async def failed(cause: str, healthy: bool = False, answer: Response | None = None
+                     ) -> Response:
+        await route.finish(CallOutcome(healthy, time.perf_counter() - started, error=cause))
         retry, route.retry = route.retry, None
         other = await retry() if retry is not None else None
         if other is not None:
             log.info("retrying on another provider", failed=route.provider, cause=cause,
                      provider=other.provider, model=other.model)
             return await forward(other, path, body, stream, chunk_timeout_s, on_route, dialect)
+        if answer is not None:
+            return answer
         return error_response(502, "upstream-failed",
                               f"provider {route.provider} failed before answering: {cause}",
                               route.model, dialect=dialect)
@@ -305,13 +310,16 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                                   dialect=dialect)
         if upstream.status_code >= 500:
             return await failed(f"HTTP {upstream.status_code}: {engine_error(data)}")
+        media_type = upstream.content_type or "application/json"
+        if upstream.status_code == 404 and "not found" in engine_error(data):
+            return await failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
+                data, status_code=404, media_type=media_type, headers=headers))
         ok = upstream.status_code < 400
         # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
         outcome = outcome_from(final_metrics(data), started, ok)
         if not ok:
             outcome = CallOutcome(True, outcome.seconds, error=engine_error(data))
         return SettlingResponse(data, route, outcome, status_code=upstream.status_code,
-                                media_type=upstream.content_type or "application/json",
-                                headers=headers)
+                                media_type=media_type, headers=headers)
 
     return RelayStream(upstream, route, started, chunk_timeout_s, headers, dialect)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -455,6 +456,21 @@ def test_connection_refused_before_any_byte_is_retried_on_another_provider(
     a.stop()  # the sidecar's last probe still says it is ready
     r = chat(url, "qwen3:8b")
     assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
+
+
+def test_a_provider_that_no_longer_has_the_model_hands_the_call_to_one_that_does(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The model was removed from the smallest card (`ollama rm`) after its last probe."""
+    a = sim_factory("a", total_vram_mib=16376, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=24564, time_scale=SCALE)
+    url = sidecar_factory([a, b], probe_interval_seconds=60).url
+    a.sim.config = replace(a.sim.config, models=tuple(
+        m for m in a.sim.config.models if m.name != "qwen3:8b"))
+    r = chat(url, "qwen3:8b")
+    assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert {p["name"]: p["circuit"] for p in state["providers"]}["a"] == "closed"
+    assert not state["tickets"]
 
 
 def test_an_engine_error_before_any_byte_is_retried_once_then_named(

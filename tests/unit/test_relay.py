@@ -61,16 +61,21 @@ async def _deliver(response: Response, fail_send: bool = False,
     return sent
 
 
+@pytest.mark.parametrize(("status", "message"), [
+    (400, '"m" does not support thinking'),
+    (404, "model 'm' not found"),  # with no other provider to hand it to
+])
 async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure(
-        upstream: respx.Router) -> None:
+        upstream: respx.Router, status: int, message: str) -> None:
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
-        400, json={"error": '"m" does not support thinking'}))
+        status, json={"error": message}))
     outcomes: list[CallOutcome] = []
     response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
-    assert response.status_code == 400
-    assert orjson.loads(response.body)["error"] == '"m" does not support thinking'
+    assert response.status_code == status
+    assert orjson.loads(response.body)["error"] == message
     await _deliver(response)
     assert outcomes[0].ok  # the provider is healthy; the circuit must not count it
+    assert outcomes[0].error is not None and message in outcomes[0].error
 
 
 async def test_upstream_5xx_is_a_provider_failure_answered_as_upstream_failed(
