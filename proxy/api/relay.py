@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -203,13 +204,14 @@ class RelayStream(StreamingResponse):
         finally:
             watcher.cancel()
             if not self._settled:  # the client left before the stream's end
-                await asyncio.shield(self._settle())
+                await asyncio.shield(self._settle(client_left=True))
 
-    async def _settle(self) -> None:
+    async def _settle(self, client_left: bool = False) -> None:
         self._settled = True
+        outcome = outcome_from(self._final, self.started, self._ok, self._error)
         try:
-            await self.route.finish(outcome_from(self._final, self.started, self._ok,
-                                                 self._error))
+            await self.route.finish(replace(outcome, client_left=True) if client_left
+                                    else outcome)
         finally:
             with contextlib.suppress(Exception):
                 await self.upstream.aclose()

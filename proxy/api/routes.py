@@ -333,7 +333,7 @@ class SidecarApi:
         async def done(outcome: Any) -> None:
             metrics.in_flight.labels(route.provider).dec()
             metrics.upstream_seconds.labels(route.provider).observe(outcome.seconds)
-            if not outcome.ok:
+            if not outcome.ok and not outcome.client_left:
                 metrics.upstream_errors.labels(route.provider).inc()
             log.info("call", provider=route.provider, model=route.model,
                      placement=route.placement, evicted=list(route.evicted),

@@ -42,6 +42,10 @@ class Breaker:
             return Breaker(self.failures, self.opened_at, trial=True)
         return self
 
+    def without_trial(self) -> Breaker:
+        """A trial call that ended telling nothing (its client left): another may go."""
+        return Breaker(self.failures, self.opened_at) if self.trial else self
+
     def record(self, ok: bool, now: float) -> Breaker:
         state = self.state(now)
         if ok:
@@ -79,6 +83,10 @@ class ProviderStats:
         latency = self.latency.add(seconds, LATENCY_ALPHA) if ok else self.latency
         return ProviderStats(self.breaker.record(ok, now), latency,
                              self.success.add(1.0 if ok else 0.0, SUCCESS_ALPHA))
+
+    def abandoned(self) -> ProviderStats:
+        """A call its client left: neither a success nor a failure of the provider."""
+        return ProviderStats(self.breaker.without_trial(), self.latency, self.success)
 
     @property
     def success_rate(self) -> float | None:

@@ -49,6 +49,8 @@ class CallOutcome:
     prompt_eval_count: int | None = None
     load_seconds: float | None = None
     error: str | None = None
+    # The agent went away before the answer ended: nothing is known of the provider's health.
+    client_left: bool = False
 
 
 @dataclass

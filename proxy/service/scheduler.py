@@ -495,7 +495,10 @@ class Scheduler:
         async def done(outcome: CallOutcome) -> None:
             self.unhold(claimed)
             now = self.clock()
-            stats = self.stats[placement.provider].record(outcome.ok, outcome.seconds, now)
+            stats = self.stats[placement.provider]
+            # An agent leaving (Ctrl-C, a cancelled tool call) says nothing of the GPU.
+            stats = stats.abandoned() if outcome.client_left else \
+                stats.record(outcome.ok, outcome.seconds, now)
             self.stats[placement.provider] = stats
             # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
             self.metrics.circuit_open.labels(placement.provider).set(

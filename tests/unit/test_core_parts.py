@@ -203,6 +203,18 @@ def test_breaker_opens_after_three_failures_in_120s_then_half_opens() -> None:
     assert trial.record(False, 161.0).state(161.0) is Circuit.OPEN
 
 
+def test_a_call_its_client_left_is_neither_success_nor_failure() -> None:
+    stats = ProviderStats().record(True, 2.0, 0.0)
+    left = stats.abandoned()
+    assert (left.latency, left.success, left.breaker) == (stats.latency, stats.success,
+                                                          stats.breaker)
+    opened = Breaker().record(False, 0).record(False, 1).record(False, 2)
+    trial = ProviderStats(opened.start_trial(62.0))
+    assert not trial.breaker.allows(62.5)
+    after = trial.abandoned().breaker
+    assert after.state(63.0) is Circuit.HALF_OPEN and after.allows(63.0)  # another trial
+
+
 def test_breaker_forgets_failures_older_than_the_window() -> None:
     b = Breaker().record(False, 0).record(False, 10).record(False, 130.1)
     assert b.state(130.1) is Circuit.CLOSED
