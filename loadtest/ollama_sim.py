@@ -58,6 +58,11 @@ def _json(data: Any, status: int = 200) -> Response:
                     media_type="application/json; charset=utf-8")
 
 
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _error(message: str, status: int) -> Response:
     return _json({"error": message}, status)
 
@@ -105,6 +110,7 @@ class Stats:
     peak_vram_mib: int = 0
     max_prompt_tokens: int = 0
     inference_requests: int = 0
+    abandoned: int = 0  # complete answers whose client left first (generation stopped)
     requests_by_model: dict[str, int] = field(default_factory=dict)
 
 
@@ -565,15 +571,34 @@ class SimApp:
             return StreamingResponse(gen, media_type="application/x-ndjson")
         final: dict[str, Any] = {}
         text: list[str] = []
-        try:
-            async for line in gen:
-                chunk = orjson.loads(line)
-                if "error" in chunk:
-                    return _error(chunk["error"], 500)
-                text.append(chunk["message"]["content"] if chat else chunk["response"])
-                final = chunk
-        finally:
-            await gen.aclose()
+
+        async def generate() -> str | None:
+            """Runs the answer to its end; the engine's error, if any."""
+            nonlocal final
+            try:
+                async for line in gen:
+                    chunk = orjson.loads(line)
+                    if "error" in chunk:
+                        return str(chunk["error"])
+                    text.append(chunk["message"]["content"] if chat else chunk["response"])
+                    final = chunk
+            finally:
+                await gen.aclose()
+            return None
+
+        # Ollama stops a call whose client went away (its request context is cancelled).
+        work = asyncio.ensure_future(generate())
+        gone = asyncio.ensure_future(_client_gone(request))
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            sim.stats.abandoned += 1
+            return Response(status_code=499)
+        if (failure := work.result()) is not None:
+            return _error(failure, 500)
         if chat:
             final["message"]["content"] = "".join(text)
         else:

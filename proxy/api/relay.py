@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -263,16 +263,59 @@ def engine_error(data: bytes) -> str:
     return data[:200].decode(errors="replace").strip() or "no message"
 
 
+class ClientGone(Exception):
+    """The agent closed its connection before the answer began."""
+
+
+class AnswerFailed(Exception):
+    """The provider answered, then failed or fell silent before its answer was complete."""
+
+
+@contextlib.asynccontextmanager
+async def client_watch(disconnected: Callable[[], Awaitable[None]] | None
+                       ) -> AsyncIterator[None]:
+    """Cancel what runs inside when the agent leaves, and raise ClientGone instead. Cancelling
+    a call to Ollama closes its connection, and Ollama stops. (The work stays on this task: a
+    task of its own would cost a loop turn before relaying starts.)"""
+    if disconnected is None:
+        yield
+        return
+    current = asyncio.current_task()
+    assert current is not None
+    active, left = True, False
+
+    async def watch() -> None:
+        nonlocal left
+        await disconnected()
+        if active:
+            left = True
+            current.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not left:
+            raise  # cancelled from outside (shutdown), not by the agent leaving
+        current.uncancel()
+        raise ClientGone from None
+    finally:
+        active = False
+        watcher.cancel()
+
+
 async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                   chunk_timeout_s: float, on_route: Callable[[Route], None] | None = None,
-                  dialect: Dialect = "ollama") -> Response:
+                  dialect: Dialect = "ollama",
+                  disconnected: Callable[[], Awaitable[None]] | None = None) -> Response:
     """Send `body` to the route's provider and relay the answer (or the failure).
 
     A provider that fails before any byte of its answer (the connection fails, or it answers
     with a 5xx: a load that ran out of memory, a full queue) is replaced once by another
     when the route offers one; never after streaming started. So is one that says it does
     not have the model (its catalog changed since it was last probed), without counting
-    against its health.
+    against its health. An agent that leaves before its answer begins (a client timeout
+    during a load or a long complete answer) has the call to Ollama cancelled with it.
     """
     if on_route is not None:
         on_route(route)
@@ -287,41 +330,57 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
         if other is not None:
             log.info("retrying on another provider", failed=route.provider, cause=cause,
                      provider=other.provider, model=other.model)
-            return await forward(other, path, body, stream, chunk_timeout_s, on_route, dialect)
+            return await forward(other, path, body, stream, chunk_timeout_s, on_route, dialect,
+                                 disconnected)
         if answer is not None:
             return answer
         return error_response(502, "upstream-failed",
                               f"provider {route.provider} failed before answering: {cause}",
                               route.model, dialect=dialect)
 
-    try:
+    async def exchange() -> tuple[UpstreamResponse, bytes | None]:
+        """The answer's head, and its whole body unless it is to be streamed."""
         upstream = await route.client.open(path, payload_for(route, body))
-    except UpstreamError as exc:
-        return await failed(str(exc))
-
-    if upstream.status_code >= 400 or not stream:
+        if upstream.status_code < 400 and stream:
+            return upstream, None
         try:
             async with asyncio.timeout(route.client.timeouts.first_byte_s):
-                data = await upstream.read()
+                return upstream, await upstream.read()
         except (UpstreamError, TimeoutError) as exc:
-            await upstream.aclose()
-            await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
-            return error_response(502, "upstream-failed",
-                                  f"provider {route.provider} failed while answering: "
-                                  f"{str(exc) or type(exc).__name__}", route.model,
-                                  dialect=dialect)
-        if upstream.status_code >= 500:
-            return await failed(f"HTTP {upstream.status_code}: {engine_error(data)}")
-        media_type = upstream.content_type or "application/json"
-        if upstream.status_code == 404 and "not found" in engine_error(data):
-            return await failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
-                data, status_code=404, media_type=media_type, headers=headers))
-        ok = upstream.status_code < 400
-        # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
-        outcome = outcome_from(final_metrics(data), started, ok)
-        if not ok:
-            outcome = CallOutcome(True, outcome.seconds, error=engine_error(data))
-        return SettlingResponse(data, route, outcome, status_code=upstream.status_code,
-                                media_type=media_type, headers=headers)
+            raise AnswerFailed(str(exc) or type(exc).__name__) from exc
+        finally:
+            if upstream.status_code >= 400 or not stream:
+                await upstream.aclose()
 
-    return RelayStream(upstream, route, started, chunk_timeout_s, headers, dialect)
+    try:
+        async with client_watch(disconnected):
+            upstream, data = await exchange()
+    except UpstreamError as exc:
+        return await failed(str(exc))
+    except AnswerFailed as exc:
+        await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
+        return error_response(502, "upstream-failed",
+                              f"provider {route.provider} failed while answering: {exc}",
+                              route.model, dialect=dialect)
+    except ClientGone:
+        log.info("client went away before its answer began; call to the provider cancelled",
+                 provider=route.provider, model=route.model)
+        await route.finish(CallOutcome(False, time.perf_counter() - started,
+                                       error="client disconnected", client_left=True))
+        return Response(status_code=499)
+
+    if data is None:
+        return RelayStream(upstream, route, started, chunk_timeout_s, headers, dialect)
+    if upstream.status_code >= 500:
+        return await failed(f"HTTP {upstream.status_code}: {engine_error(data)}")
+    media_type = upstream.content_type or "application/json"
+    if upstream.status_code == 404 and "not found" in engine_error(data):
+        return await failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
+            data, status_code=404, media_type=media_type, headers=headers))
+    ok = upstream.status_code < 400
+    # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
+    outcome = outcome_from(final_metrics(data), started, ok)
+    if not ok:
+        outcome = CallOutcome(True, outcome.seconds, error=engine_error(data))
+    return SettlingResponse(data, route, outcome, status_code=upstream.status_code,
+                            media_type=media_type, headers=headers)

@@ -311,7 +311,7 @@ class SidecarApi:
             stream = parsed.stream is not False if dialect == "ollama" else bool(parsed.stream)
         return await forward(decision, path, body, stream, self.chunk_timeout_s,
                              on_route=lambda route: self._observe(route, call, started),
-                             dialect=dialect)
+                             dialect=dialect, disconnected=call.disconnected)
 
     async def _unload(self, model: str, path: str) -> Response:
         """Ollama's answer to an unload, after asking every provider that has the model."""

@@ -434,6 +434,23 @@ def test_client_disconnect_mid_stream_releases_the_ticket(sim_factory: Sims,
         f"{url}/metrics").text
 
 
+def test_an_agent_that_gives_up_before_its_answer_begins_stops_the_generation(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """A client timeout on a long complete answer: the GPU must not go on generating it for
+    nobody (and the retry queue behind it) while the ticket stays claimed."""
+    gpu = sim_factory("gpu", tokens_per_s=2, time_scale=1.0)  # 16 tokens: 8 s
+    url = sidecar_factory([gpu], **mode).url
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "llama3.2:3b"})
+    with pytest.raises(httpx.ReadTimeout):
+        chat(url, "llama3.2:3b", timeout=0.5)
+    assert eventually(lambda: gpu.sim.stats.abandoned == 1, timeout_s=3)
+    assert gpu.sim.runners["llama3.2:3b"].refcount == 0
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"],
+                      timeout_s=3)
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert [p["circuit"] for p in state["providers"]] == ["closed"]
+
+
 def test_failing_provider_opens_its_circuit_and_calls_go_elsewhere(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     a = sim_factory("a", total_vram_mib=16376, time_scale=SCALE)
