@@ -17,7 +17,15 @@ from starlette.types import Message
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.api.errors import Dialect, stream_error_line
-from proxy.api.relay import engine_error, final_metrics, forward, outcome_from, prompt_tokens
+from proxy.api.relay import (
+    ClientGone,
+    client_watch,
+    engine_error,
+    final_metrics,
+    forward,
+    outcome_from,
+    prompt_tokens,
+)
 from proxy.service.routing import CallOutcome, Route
 from tests.unit.raw_server import Handler, answering, read_request, serve
 
@@ -270,3 +278,39 @@ def test_a_stream_ends_with_an_error_its_client_reads(dialect: Dialect, expected
 def test_the_prompt_count_is_read_from_ollamas_and_openais_answers(
         final: dict[str, Any], expected: int | None) -> None:
     assert outcome_from(final, 0.0, ok=True).prompt_eval_count == expected
+
+
+async def test_client_watch_turns_the_agent_leaving_into_client_gone_and_nothing_else(
+        ) -> None:
+    left = asyncio.Event()
+
+    async def disconnected() -> None:
+        await left.wait()
+
+    async with client_watch(disconnected):  # work done first: no stray cancellation after
+        await asyncio.sleep(0)
+    left.set()
+    await asyncio.sleep(0.01)  # would raise CancelledError here if one had leaked
+
+    stopped = asyncio.Event()
+
+    async def long_call() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            stopped.set()  # what closes the connection to Ollama
+
+    with pytest.raises(ClientGone):
+        async with client_watch(disconnected):
+            await long_call()
+    assert stopped.is_set()
+
+    async def shut_down() -> None:
+        async with client_watch(asyncio.Event().wait):
+            await asyncio.sleep(10)
+
+    task = asyncio.ensure_future(shut_down())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):  # cancelled from outside stays a cancellation
+        await task
