@@ -348,9 +348,8 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                 return upstream, await upstream.read()
         except (UpstreamError, TimeoutError) as exc:
             raise AnswerFailed(str(exc) or type(exc).__name__) from exc
-        finally:
-            if upstream.status_code >= 400 or not stream:
-                await upstream.aclose()
+        finally:  # read whole, failed, or cancelled as the agent left: the connection is done
+            await upstream.aclose()
 
     try:
         async with client_watch(disconnected):
