@@ -39,10 +39,6 @@ def rfc3339(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def parse_rfc3339(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
@@ -94,7 +90,7 @@ class ProviderState:
             last_probed_at=parse_rfc3339(d["lastProbedAt"]),
             total_vram_mib=d.get("totalVramMiB"), context_length=int(d.get("contextLength") or 0),
             max_parallel=int(d.get("maxParallel") or 1),
-            max_loaded=_int_or_none(d.get("maxLoadedModels")),
+            max_loaded=d.get("maxLoadedModels"),  # absent from older publishers: None
             loaded_mib=dict(d.get("loadedModelFootprintsMiB") or {}),
             loaded_ctx=dict(d.get("loadedModelContextLengths") or {}),
             loaded_expiry={m: parse_rfc3339(t)
