@@ -41,13 +41,40 @@ from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-# (name, VRAM MiB, OLLAMA_CONTEXT_LENGTH) per GPU.
+
+
+@dataclass(frozen=True)
+class Card:
+    """One GPU's Ollama: its memory and the OLLAMA_* settings it runs with."""
+
+    name: str
+    vram_mib: int
+    context: int = 0  # OLLAMA_CONTEXT_LENGTH; 0: Ollama's default (by VRAM)
+    parallel: int = 1  # OLLAMA_NUM_PARALLEL
+    kv_cache_type: str = "f16"
+
+    def sim_args(self) -> list[str]:
+        return ["--name", self.name, "--vram", str(self.vram_mib), "--context",
+                str(self.context), "--parallel", str(self.parallel), "--kv-cache-type",
+                self.kv_cache_type]
+
+    def provider(self, endpoint: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name, "endpoint": endpoint,
+                                 "totalVramMiB": self.vram_mib, "maxParallel": self.parallel,
+                                 "kvCacheType": self.kv_cache_type}
+        return {**entry, "contextLength": self.context} if self.context else entry
+
+
+# Mixed contexts and slots, some cards on Ollama's own default context.
 FLEETS = {
-    "demo": [("gpu-5090", 32768, 8192), ("gpu-4090", 24564, 8192), ("gpu-4080", 16376, 4096)],
+    # The demo's: 32k x 1 (default) with a q8_0 cache, 8k x 4, 4k (default) x 2.
+    "demo": [Card("gpu-5090", 32768, kv_cache_type="q8_0"), Card("gpu-4090", 24564, 8192, 4),
+             Card("gpu-4080", 16376, 0, 2)],
     # Less room than the models want: loads, evictions and waits all the time.
-    "tight": [("gpu-4090", 24564, 8192), ("gpu-4080", 16376, 4096), ("gpu-4070", 12282, 4096)],
+    "tight": [Card("gpu-4090", 24564), Card("gpu-4080", 16376, 4096, 2),
+              Card("gpu-4070", 12282, 8192)],
     # A card with memory for more models than Ollama keeps loaded (3 per GPU by default).
-    "wide": [("gpu-a6000", 49140, 8192), ("gpu-4080", 16376, 4096)],
+    "wide": [Card("gpu-a6000", 49140, 16384, 2), Card("gpu-4080", 16376, 4096)],
 }
 
 # What each sidecar's agents run: (bound model, mulling candidates).
@@ -80,9 +107,11 @@ def prompt_chars(rng: random.Random) -> int:
     roll = rng.random()
     if roll < 0.75:
         return rng.randint(100, 4000)
-    if roll < 0.97:
-        return rng.randint(12000, 28000)  # over the 4080's 4096 tokens, under 8192
-    return rng.randint(45000, 60000)  # over every GPU's context: refused, never cut
+    if roll < 0.95:
+        return rng.randint(12000, 28000)  # over 4096 tokens, under 8192
+    if roll < 0.98:
+        return rng.randint(45000, 60000)  # over 8192 tokens: only a 16k or 32k card
+    return rng.randint(140000, 160000)  # over every GPU's context: refused, never cut
 
 
 def appended(rng: random.Random) -> dict[str, Any]:
@@ -300,12 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         fleet = FLEETS[args.fleet]
         gpus = []
         commands = []
-        for name, vram, ctx in fleet:
+        for card in fleet:
             port = free_port()
-            commands.append(["-m", "loadtest.ollama_sim", "--port", str(port), "--name", name,
-                             "--vram", str(vram), "--context", str(ctx),
-                             "--time-scale", str(args.time_scale)])
-            procs.append(start(commands[-1], {}, logs / f"{name}.log"))
+            commands.append(["-m", "loadtest.ollama_sim", "--port", str(port),
+                             *card.sim_args(), "--time-scale", str(args.time_scale)])
+            procs.append(start(commands[-1], {}, logs / f"{card.name}.log"))
             gpus.append(f"http://127.0.0.1:{port}")
         for gpu in gpus:
             wait_http(gpu)
@@ -315,12 +343,10 @@ def main(argv: list[str] | None = None) -> int:
                 procs[0].kill()  # sims are started first: procs[0] is the first GPU
                 procs[0].wait()
                 time.sleep(lasting)
-                procs[0] = start(commands[0], {}, logs / f"{fleet[0][0]}.log", append=True)
+                procs[0] = start(commands[0], {}, logs / f"{fleet[0].name}.log", append=True)
 
             threading.Thread(target=reboot, args=tuple(args.outage), daemon=True).start()
-        providers = [{"name": name, "endpoint": gpu, "totalVramMiB": vram,
-                      "contextLength": ctx, "maxParallel": 1}
-                     for (name, vram, ctx), gpu in zip(fleet, gpus, strict=True)]
+        providers = [card.provider(gpu) for card, gpu in zip(fleet, gpus, strict=True)]
         sidecars: list[tuple[str, str]] = []  # (url, model)
         if not args.direct:
             common = {"KUBEMOOT_PROVIDERS": json.dumps(providers),
@@ -403,8 +429,8 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
     totals: collections.Counter[str] = collections.Counter()
     for gpu in gpus:
         stats = httpx.get(gpu + "/_sim/stats").json()
-        for key in ("requests", "loads", "unloads", "reloads", "self_evictions", "oom_events",
-                    "truncations"):
+        for key in ("requests", "loads", "unloads", "reloads", "self_evictions", "spills",
+                    "oom_events", "truncations", "too_long_refusals", "busy_refusals"):
             totals[key] += int(stats.get(key, 0))
     print("gpus", dict(totals))
     if args.outage:
@@ -412,9 +438,12 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
         print(f"first GPU after its outage: {back.get('requests', 0)} requests")
         if not back.get("requests"):
             problems.append("the first GPU got no calls after it came back")
-    # Ollama unloading a model on its own (for memory, or past its model count) is what the
-    # sidecar plans around; without sidecars (--direct) it is the baseline's to show.
-    for key in ("oom_events", "truncations", *(("self_evictions",) if sidecars else ())):
+    # Ollama unloading a model on its own (for memory, or past its model count), reloading
+    # one for other load options, loading one partly into CPU memory or refusing a prompt
+    # as too long is what the sidecar plans around; without sidecars (--direct) it is the
+    # baseline's to show.
+    planned = ("self_evictions", "reloads", "spills", "too_long_refusals")
+    for key in ("oom_events", "truncations", *(planned if sidecars else ())):
         if totals[key]:
             problems.append(f"{key}: {totals[key]}")
     for url in sidecars:

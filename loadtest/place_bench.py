@@ -38,12 +38,12 @@ def fleet(n: int, seed: int = 7) -> tuple[Snapshot, CallSpec]:
         views.append(ProviderView(f"gpu-{i}", rng.choice([16376, 24564, 32768]),
                                   residents=residents, context_length=8192,
                                   max_parallel=rng.choice([1, 2, 4]),
-                                  disk_mib={m: 5000 for m in MODELS}))
+                                  disk_mib={m: 5000 for m in MODELS},
+                                  observed={m: {0: 6000} for m in MODELS}))
         for r in residents[:1]:
             tickets.append(Ticket(f"t{i}", f"gpu-{i}", r.model, 512, 990.0, 1060.0))
     health = {v.name: ProviderHealth(latency_ema_s=10.0) for v in views}
-    snap = Snapshot(1000.0, tuple(views), tuple(tickets), {}, health,
-                    {m: 6000 for m in MODELS})
+    snap = Snapshot(1000.0, tuple(views), tuple(tickets), {}, health)
     spec = CallSpec(tuple(Candidate(m, 100 - 5 * k) for k, m in enumerate(MODELS[:8])),
                     prompt_tokens=2000, tolerance=10)
     return snap, spec

@@ -123,6 +123,10 @@ class StaticBinding(_Baseline):
         return self.binding[call.agent]
 
 
+# The virtual fleet's models take the same memory at every context: seen at that size.
+SEEN = {m: {0: s.footprint_mib} for m, s in MODELS.items()}
+
+
 @dataclass
 class Kubemoot:
     """The sidecar's decision: a Snapshot of the simulated fleet into `proxy.core.place`."""
@@ -142,7 +146,8 @@ class Kubemoot:
                               for r in gpu.residents.values() if r.ready)
             views.append(ProviderView(name, gpu.spec.total_mib, True, residents,
                                       gpu.spec.context, gpu.spec.slots,
-                                      disk_mib={m: s.footprint_mib for m, s in MODELS.items()}))
+                                      disk_mib={m: s.footprint_mib for m, s in MODELS.items()},
+                                      observed=SEEN))
         demand = {}
         for model in set(self.waiting) | set(self.use):
             rate, at = self.use.get(model, (0.0, now))
@@ -150,8 +155,7 @@ class Kubemoot:
                                         recent_use=rate * 0.5 ** ((now - at) / 600.0),
                                         last_used_at=at)
         health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
-        return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health,
-                        {m: s.footprint_mib for m, s in MODELS.items()})
+        return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health)
 
     def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
         spec = CallSpec(tuple(Candidate(m, s) for m, s in call.candidates),

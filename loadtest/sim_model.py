@@ -1,6 +1,8 @@
 """What a simulated Ollama server is: one GPU, a model catalog and Ollama's knobs.
 
-Pure data and arithmetic shared by the HTTP simulator and the fleet presets.
+Pure data and arithmetic shared by the HTTP simulator and the fleet presets. Models carry
+their architecture (what /api/show's model_info gives), and what a copy takes of the GPU
+follows it (sim_engine.py).
 """
 
 from __future__ import annotations
@@ -10,8 +12,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-MIB = 1024 * 1024
+from loadtest.sim_engine import (
+    INPUT_TOO_LONG,
+    MIB,
+    NUM_KEEP,
+    ONE_SLOT_FAMILIES,
+    PROMPT_TOO_LONG,
+    batch_surcharge_mib,
+    context_shift_limit,
+    default_num_ctx,
+    kv_cache_bytes,
+    predict_server_vram,
+    version_tuple,
+)
+
 IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (OLLAMA-API.md 2.6)
+CURRENT_VERSION = "0.33.0"
 
 
 @dataclass(frozen=True)
@@ -19,17 +35,74 @@ class SimModel:
     """A model on disk: what `/api/tags` and `/api/show` describe."""
 
     name: str
-    disk_mib: int
-    vram_mib: int  # footprint once loaded at the default context (weights + KV slab)
+    disk_mib: int  # the GGUF file
+    arch: str = "qwen3"
+    block_count: int = 36
+    embedding_length: int = 4096
+    head_count: int = 32
+    head_count_kv: int = 8
+    key_length: int = 0  # 0: not in the file (embedding / heads)
+    value_length: int = 0
     trained_ctx: int = 32768
-    family: str = "qwen3"
+    family: str = ""  # details.family; the architecture when empty
     parameter_size: str = "8B"
     quantization: str = "Q4_K_M"
-    kv_mib_per_kctx: float = 0.0  # extra MiB per 1024 tokens of context per slot
+    modelfile_num_ctx: int = 0  # PARAMETER num_ctx in its Modelfile
+    embedding: bool = False  # has <arch>.pooling_type: one slot, /api/embed only
+    vision: bool = False
+    # What of the file lands on the GPU (llama.cpp keeps the token embeddings on the CPU),
+    # and the compute buffers a batch of 512 needs.
+    gpu_weights_share: float = 0.97
+    compute_base_mib: int = 256
 
-    def footprint_mib(self, ctx: int, num_parallel: int) -> int:
-        extra = self.kv_mib_per_kctx * (ctx / 1024) * num_parallel
-        return int(self.vram_mib + extra)
+    @property
+    def model_family(self) -> str:
+        return self.family or self.arch
+
+    def slots(self, num_parallel: int, version: str) -> int:
+        """sched.go:497-510: one slot for embedding models and some families."""
+        if self.embedding:
+            return 1
+        one_slot = ONE_SLOT_FAMILIES if version_tuple(version) >= (0, 30, 0) else ("mllama",)
+        return 1 if self.model_family in one_slot else max(num_parallel, 1)
+
+    def _head_dims(self) -> tuple[int, int]:
+        default = self.embedding_length // self.head_count
+        return self.key_length or default, self.value_length or default
+
+    def footprint_mib(self, num_ctx: int, slots: int, cache_type: str = "f16",
+                      batch: int = 512) -> int:
+        """What a runner really holds of the GPU (HEAD's measured size)."""
+        key, value = self._head_dims()
+        kv = kv_cache_bytes(self.block_count, self.head_count_kv, key, value, num_ctx * slots,
+                            cache_type)
+        return math.ceil(self.disk_mib * self.gpu_weights_share + kv / MIB
+                         + self.compute_base_mib + batch_surcharge_mib(batch))
+
+    def estimate_mib(self, num_ctx: int, slots: int) -> int:
+        """Ollama's own estimate before loading it (PredictServerVRAM)."""
+        return math.ceil(predict_server_vram(
+            self.disk_mib * MIB, self.block_count, self.head_count_kv, self.embedding_length,
+            self.head_count, num_ctx * slots) / MIB)
+
+    def model_info(self) -> dict[str, Any]:
+        arch = self.arch
+        info: dict[str, Any] = {
+            "general.architecture": arch,
+            "general.parameter_count": int(float(self.parameter_size.rstrip("BM")) * 1e9),
+            f"{arch}.context_length": self.trained_ctx,
+            f"{arch}.block_count": self.block_count,
+            f"{arch}.embedding_length": self.embedding_length,
+            f"{arch}.attention.head_count": self.head_count,
+            f"{arch}.attention.head_count_kv": self.head_count_kv,
+        }
+        if self.key_length:
+            info[f"{arch}.attention.key_length"] = self.key_length
+        if self.value_length:
+            info[f"{arch}.attention.value_length"] = self.value_length
+        if self.embedding:
+            info[f"{arch}.pooling_type"] = 1
+        return info
 
 
 @dataclass(frozen=True)
@@ -41,7 +114,10 @@ class SimConfig:
     models: tuple[SimModel, ...] = ()
     num_parallel: int = 1  # OLLAMA_NUM_PARALLEL
     max_loaded_models: int = 3  # OLLAMA_MAX_LOADED_MODELS (default 3 per GPU); 0 no limit
-    context_length: int = 0  # OLLAMA_CONTEXT_LENGTH; 0 = automatic, tiered by VRAM
+    context_length: int = 0  # OLLAMA_CONTEXT_LENGTH; 0 = Ollama's default for its version
+    kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
+    flash_attention: bool = True  # before 0.30 the cache type applies only with it
+    max_queue: int = 512  # OLLAMA_MAX_QUEUE: loads that may wait
     keep_alive_s: float = 300.0  # OLLAMA_KEEP_ALIVE
     load_mib_per_s: float = 1024.0
     tokens_per_s: float = 50.0
@@ -50,9 +126,7 @@ class SimConfig:
     chars_per_token: float = 4.0
     image_tokens: int = IMAGE_TOKENS  # a vision model's own cost per image (qwen2.5vl: more)
     time_scale: float = 1.0  # multiplies every simulated duration; tests use 0.001-0.01
-    evict_idle_on_pressure: bool = True  # Ollama's own eviction; counted as self_evictions
-    version: str = "0.12.6"
-
+    version: str = CURRENT_VERSION
 
     def model(self, name: str) -> SimModel | None:
         wanted = normalise_name(name)
@@ -62,15 +136,26 @@ class SimConfig:
         return None
 
     def default_context(self) -> int:
-        """OLLAMA_CONTEXT_LENGTH, or Ollama's VRAM tiers when unset (OLLAMA-API.md 2.5)."""
-        if self.context_length > 0:
-            return self.context_length
-        gib = self.total_vram_mib / 1024
-        if gib < 23:
-            return 4096
-        if gib < 47:
-            return 32768
-        return 262144
+        """What a request that sets no num_ctx gets: OLLAMA_CONTEXT_LENGTH, else Ollama's
+        default for this version (and this card's memory)."""
+        return self.context_length or default_num_ctx(self.version, self.total_vram_mib)
+
+    def provider_entry(self, endpoint: str) -> dict[str, Any]:
+        """This GPU as an operator lists it for the sidecar: its memory and the OLLAMA_*
+        settings it runs with (no contextLength when OLLAMA_CONTEXT_LENGTH is unset)."""
+        entry: dict[str, Any] = {"name": self.name, "endpoint": endpoint,
+                                 "totalVramMiB": self.total_vram_mib,
+                                 "maxParallel": self.num_parallel,
+                                 "maxLoadedModels": self.max_loaded_models,
+                                 "kvCacheType": self.kv_cache_type}
+        if self.context_length:
+            entry["contextLength"] = self.context_length
+        return entry
+
+    @property
+    def cache_type(self) -> str:
+        newest = version_tuple(self.version) >= (0, 30, 0)
+        return self.kv_cache_type if newest or self.flash_attention else "f16"
 
 
 def normalise_name(name: str) -> str:
@@ -126,67 +211,99 @@ class PromptTokens:
     messages: list[int] = field(default_factory=list)
     system_flags: list[bool] = field(default_factory=list)
     fixed: int = 0  # tools and other never-dropped parts
+    images: int = 0
 
     @property
     def total(self) -> int:
         return self.fixed + sum(self.messages)
 
 
-def fit_to_context(prompt: PromptTokens, ctx: int) -> tuple[int, bool]:
-    """Ollama's silent front truncation: (tokens kept, truncated?).
+@dataclass(frozen=True)
+class Fitted:
+    """What the engine does with a prompt in a context of `num_ctx` tokens."""
 
-    Whole messages are dropped from the front, keeping system messages and the last one;
-    what still does not fit is cut at the token level (OLLAMA-API.md 2.6).
-    """
-    total = prompt.total
-    if total <= ctx:
-        return total, False
-    kept = list(prompt.messages)
-    last = len(kept) - 1
-    for i in range(len(kept)):
-        if sum(kept) + prompt.fixed <= ctx:
-            break
-        if i == last or prompt.system_flags[i]:
-            continue
-        kept[i] = 0
-    remaining = sum(kept) + prompt.fixed
-    return min(remaining, ctx), True
+    tokens: int  # what it evaluates
+    cut: bool  # it dropped or cut part of the prompt, and said nothing
+    error: tuple[int, str] | None = None  # it refused the prompt (status, message)
 
 
-# Catalog used by the demo fleet and the tests: footprints follow SPEC-ADDENDUM's worked figures.
+def drop_old_messages(prompt: PromptTokens, num_ctx: int) -> tuple[int, bool]:
+    """server/prompt.go chatPrompt: the longest run of the newest messages (the last one
+    always, system messages always) whose tokens are at most num_ctx."""
+    last = len(prompt.messages) - 1
+    for first in range(len(prompt.messages)):
+        kept = prompt.fixed + sum(t for i, t in enumerate(prompt.messages)
+                                  if i >= first or prompt.system_flags[i])
+        if kept <= num_ctx or first == last:
+            return kept, first > 0
+    return prompt.total, False
+
+
+def fit_prompt(prompt: PromptTokens, num_ctx: int, version: str, *, chat: bool,
+               truncate: bool = True, shift: bool = True) -> Fitted:
+    """Message dropping, then the runner's check (llm/llama_server.go:279-331 at HEAD: a
+    prompt of num_ctx tokens or more is halved with context shift, else refused with 400;
+    with images or `truncate: false` llama-server refuses it; v0.12.6's runners keep
+    num_keep tokens and fill the context exactly, or refuse with `truncate: false`)."""
+    tokens, cut = drop_old_messages(prompt, num_ctx) if chat and truncate else \
+        (prompt.total, False)
+    tokens += 1  # BOS
+    if version_tuple(version) < (0, 30, 0):
+        if tokens <= num_ctx:
+            return Fitted(tokens, cut)
+        if not truncate:
+            return Fitted(tokens, cut, (400, INPUT_TOO_LONG))
+        return Fitted(num_ctx, True)
+    if tokens <= num_ctx - 1:
+        return Fitted(tokens, cut)
+    if truncate and not prompt.images:
+        if shift:
+            return Fitted(context_shift_limit(num_ctx, NUM_KEEP + 1), True)
+        return Fitted(tokens, cut, (400, PROMPT_TOO_LONG))
+    return Fitted(tokens, cut, (400, llama_server_refusal(tokens, num_ctx)))
+
+
+def llama_server_refusal(tokens: int, num_ctx: int) -> str:
+    """The body llama-server answers an over-long prompt with, which Ollama passes on as a
+    string in `error`."""
+    message = (f"request ({tokens} tokens) exceeds the available context size ({num_ctx} "
+               "tokens), try increasing it")
+    return ('{"error":{"code":400,"message":"' + message + '","type":"exceed_context_size_'
+            f'error","n_prompt_tokens":{tokens},"n_ctx":{num_ctx}}}}}')
+
+
+# The catalog: architectures from the models' published configs (qwen3, Llama 3.2), phi3
+# mini's as Ollama's converter test data has it, file sizes of their Q4_K_M builds.
 CATALOG: tuple[SimModel, ...] = (
-    SimModel("qwen3:32b", disk_mib=20200, vram_mib=27000, trained_ctx=40960,
-             parameter_size="32.8B"),
-    SimModel("qwen3:14b", disk_mib=9300, vram_mib=12224, trained_ctx=40960,
-             parameter_size="14.8B"),
-    SimModel("qwen3:8b", disk_mib=5200, vram_mib=6000, trained_ctx=40960,
-             parameter_size="8.2B"),
-    SimModel(
-        "llama3.2:3b",
-        disk_mib=1926,
-        vram_mib=3100,
-        trained_ctx=131072,
-        family="llama",
-        parameter_size="3.2B",
-    ),
-    SimModel(
-        "phi3:mini",
-        disk_mib=2176,
-        vram_mib=3600,
-        trained_ctx=4096,
-        family="phi3",
-        parameter_size="3.8B",
-    ),
+    SimModel("qwen3:32b", disk_mib=20200, block_count=64, embedding_length=5120,
+             head_count=64, head_count_kv=8, key_length=128, value_length=128,
+             trained_ctx=40960, parameter_size="32.8B"),
+    SimModel("qwen3:14b", disk_mib=9300, block_count=40, embedding_length=5120,
+             head_count=40, head_count_kv=8, key_length=128, value_length=128,
+             trained_ctx=40960, parameter_size="14.8B"),
+    SimModel("qwen3:8b", disk_mib=5200, block_count=36, embedding_length=4096,
+             head_count=32, head_count_kv=8, key_length=128, value_length=128,
+             trained_ctx=40960, parameter_size="8.2B"),
+    SimModel("llama3.2:3b", disk_mib=1926, arch="llama", block_count=28,
+             embedding_length=3072, head_count=24, head_count_kv=8, key_length=128,
+             value_length=128, trained_ctx=131072, parameter_size="3.2B"),
+    SimModel("phi3:mini", disk_mib=2176, arch="phi3", block_count=32, embedding_length=3072,
+             head_count=32, head_count_kv=32, trained_ctx=4096, parameter_size="3.8B"),
+    SimModel("nomic-embed-text:latest", disk_mib=262, arch="nomic-bert", block_count=12,
+             embedding_length=768, head_count=12, head_count_kv=12, trained_ctx=2048,
+             parameter_size="137M", quantization="F16", embedding=True),
 )
 
 
 def demo_fleet(time_scale: float = 1.0) -> list[SimConfig]:
-    """Three heterogeneous GPUs (32, 24 and 16 GiB), each with the whole catalog on disk."""
+    """Three cards, each configured differently, the whole catalog on each: a 32 GiB card on
+    Ollama's default context (32768 there) with a q8_0 KV cache, a 24 GiB card at 8192 x 4
+    slots, and a 16 GiB card on the default (4096 there) x 2 slots."""
     return [
         SimConfig(name="gpu-5090", total_vram_mib=32768, models=CATALOG, time_scale=time_scale,
-                  context_length=8192),
+                  kv_cache_type="q8_0"),
         SimConfig(name="gpu-4090", total_vram_mib=24564, models=CATALOG, time_scale=time_scale,
-                  context_length=8192),
+                  context_length=8192, num_parallel=4),
         SimConfig(name="gpu-4080", total_vram_mib=16376, models=CATALOG, time_scale=time_scale,
-                  context_length=4096),
+                  num_parallel=2),
     ]

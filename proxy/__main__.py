@@ -25,12 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
         from loadtest.sim_model import demo_fleet
 
         fleet = start_fleet(demo_fleet(time_scale=args.demo_time_scale))
-        overrides["providers"] = [
-            {"name": s.config.name, "endpoint": s.url, "totalVramMiB": s.config.total_vram_mib,
-             "contextLength": s.config.default_context(), "maxParallel": s.config.num_parallel,
-             "maxLoadedModels": s.config.max_loaded_models}
-            for s in fleet
-        ]
+        overrides["providers"] = [s.config.provider_entry(s.url) for s in fleet]
         overrides.setdefault("model_model", "qwen3:8b")
     if args.listen:
         overrides["listen"] = args.listen
@@ -88,7 +83,9 @@ def _print_demo_banner(settings: Settings, fleet: Sequence[object]) -> None:
     lines = [f"kubemoot-proxy demo: sidecar on http://{host}:{port} in front of a simulated fleet:"]
     for server in fleet:
         cfg = server.config  # type: ignore[attr-defined]
-        lines.append(f"  {cfg.name:<9} {server.url}  {cfg.total_vram_mib} MiB")  # type: ignore[attr-defined]
+        context = cfg.context_length or f"default ({cfg.default_context()})"
+        lines.append(f"  {cfg.name:<9} {server.url}  {cfg.total_vram_mib} MiB, context "  # type: ignore[attr-defined]
+                     f"{context} x {cfg.num_parallel} slots, KV {cfg.kv_cache_type}")
     lines += [
         "Try it:",
         f"  curl http://{host}:{port}/api/chat -d "

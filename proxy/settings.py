@@ -42,6 +42,8 @@ class ProviderConfig(BaseModel):
     max_parallel: int = Field(default=1, alias="maxParallel", ge=1)
     # OLLAMA_MAX_LOADED_MODELS: Ollama's default is 3 per GPU, and a provider is one GPU.
     max_loaded_models: int = Field(default=3, alias="maxLoadedModels", ge=0)
+    # OLLAMA_KV_CACHE_TYPE (f16 unless set; before 0.30 only with flash attention on)
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(default="f16", alias="kvCacheType")
     weight: float = 100.0
     dcgm_url: str | None = Field(default=None, alias="dcgmUrl")
 

@@ -49,9 +49,7 @@ def sim_factory() -> Iterator[Callable[..., SimServer]]:
 
 
 def provider_entry(server: SimServer, **extra: Any) -> dict[str, Any]:
-    cfg = server.config
-    return {"name": cfg.name, "endpoint": server.url, "totalVramMiB": cfg.total_vram_mib,
-            "contextLength": cfg.default_context(), "maxParallel": cfg.num_parallel, **extra}
+    return {**server.config.provider_entry(server.url), **extra}
 
 
 @pytest.fixture

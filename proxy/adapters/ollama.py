@@ -8,6 +8,7 @@ neither library.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,34 @@ def _hung_up_before_answering(exc: BaseException) -> bool:
     worst the engine sees the call twice, the first one abandoned."""
     cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
     return isinstance(cause, aiohttp.ServerDisconnectedError | httpx.RemoteProtocolError)
+
+
+# What Ollama's own errors say (llm/status.go IsOutOfMemory; sched.go ErrMaxQueue; the
+# refusals of an over-long prompt: Ollama's own, llama-server's, and the 0.12 runners').
+OUT_OF_MEMORY = ("out of memory", "out of device memory", "cudamalloc failed",
+                 "hipmalloc failed", "failed to allocate", "allocation failed",
+                 "not enough memory", "insufficient memory", "erroroutofmemory")
+SERVER_BUSY = "server busy"
+PROMPT_TOO_LONG = ("prompt is longer than the context length",
+                   "exceeds the available context size",
+                   "input length exceeds the context length",
+                   "input exceeds maximum context length")
+_PROMPT_TOKENS = re.compile(r'request \((\d+) tokens\)|"n_prompt_tokens\\*"?:\s*(\d+)')
+
+
+def is_out_of_memory(message: str) -> bool:
+    lowered = message.lower()
+    return any(text in lowered for text in OUT_OF_MEMORY)
+
+
+def prompt_too_long(message: str) -> int | None:
+    """For Ollama's refusal of a prompt longer than the context: the engine's count of it
+    when the message gives one (llama-server's does), else 0; None for any other error."""
+    lowered = message.lower()
+    if not any(text in lowered for text in PROMPT_TOO_LONG):
+        return None
+    match = _PROMPT_TOKENS.search(message)
+    return int(match[1] or match[2]) if match else 0
 
 
 @dataclass(frozen=True)
@@ -172,9 +201,13 @@ class OllamaClient:
         except TRANSPORT_ERRORS as exc:
             raise UpstreamError(f"{self.endpoint}/api/show: {describe(exc)}") from exc
 
-    async def load(self, model: str, timeout_s: float | None = None) -> None:
-        """Start (and wait for) a model load: `/api/generate {"model": m}`."""
-        await self.post_json("/api/generate", {"model": model}, timeout_s)
+    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None) -> None:
+        """Start (and wait for) a model load: `/api/generate {"model": m}`, with the context
+        planned for it (0: Ollama's own)."""
+        body: dict[str, Any] = {"model": model}
+        if num_ctx:
+            body["options"] = {"num_ctx": num_ctx}
+        await self.post_json("/api/generate", body, timeout_s)
 
     async def unload(self, model: str) -> None:
         """Ask Ollama to release a model (`keep_alive: 0`); it returns at once."""

@@ -25,7 +25,7 @@ def _json(data: Any, status: int = 200) -> Response:
 def verdict_json(v: Verdict) -> dict[str, Any]:
     return {"provider": v.provider, "model": v.model, "feasible": v.feasible,
             "reason": v.reason, "terms": {k: round(x, 4) for k, x in v.terms.items()},
-            "cost_s": round(v.cost_s, 4) if v.feasible else None}
+            "cost_s": round(v.cost_s, 4) if v.feasible else None, **dict(v.sizing)}
 
 
 def decision_json(d: Decision) -> dict[str, Any]:
@@ -35,7 +35,8 @@ def decision_json(d: Decision) -> dict[str, Any]:
         "placement": None if p is None else {
             "provider": p.provider, "model": p.model, "kind": p.kind, "step": p.step,
             "footprintMiB": p.footprint_mib, "cost_s": round(p.cost_s, 4),
-            "evicts": dict(p.evicts), "contextLength": p.context_length},
+            "evicts": dict(p.evicts), "contextLength": p.context_length,
+            "numCtx": p.num_ctx, "ollamaEstimateMiB": p.estimate_mib},
         "queueOption_s": d.queue_option_s, "unloadOption_s": d.unload_option_s,
     }
 

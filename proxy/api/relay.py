@@ -18,10 +18,10 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.adapters.ollama import UpstreamError, UpstreamResponse
-from proxy.api.errors import Dialect, error_response, stream_error_line
+from proxy.adapters.ollama import SERVER_BUSY, UpstreamError, UpstreamResponse, prompt_too_long
+from proxy.api.errors import Dialect, error_response, refusal_response, stream_error_line
 from proxy.observability.logging import get_logger
-from proxy.service.routing import CallOutcome, Route
+from proxy.service.routing import CallOutcome, Refusal, Route
 
 log = get_logger("kubemoot.relay")
 
@@ -167,7 +167,8 @@ class RelayStream(StreamingResponse):
             self._ok, self._error = True, None
             self._final = final_metrics(self._tail)
             if "error" in self._final:  # Ollama ends a failed stream this way
-                self._ok, self._error = False, "provider reported an error mid-stream"
+                self._ok = False
+                self._error = f"provider reported an error mid-stream: {self._final['error']}"
         except (UpstreamError, TimeoutError) as exc:
             cause = (f"no data for {self.chunk_timeout_s:g} s"
                      if isinstance(exc, TimeoutError) else str(exc))
@@ -238,15 +239,25 @@ class SettlingResponse(Response):
             await self.route.finish(self.outcome)
 
 
+# Load options: a call whose values differ from the loaded copy's makes Ollama reload it
+# (server/sched.go needsReload), as does `shift: false`. The sidecar loads every copy with
+# Ollama's own values for these, so it leaves them out of what it sends.
+RELOADING_OPTIONS = frozenset(("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
+                               "draft_num_predict"))
+
+
 def payload_for(route: Route, body: dict[str, Any]) -> bytes:
-    """The body as the chosen provider gets it: the picked model, and no num_ctx when the
-    placement already guarantees that context (a differing num_ctx makes Ollama reload)."""
+    """The body as the chosen provider gets it: the picked model, num_ctx set to the context
+    of the copy planned, and no other option that would make Ollama reload it."""
     out = {**body, "model": route.model}
     if route.strip_keep_alive:
         out.pop("keep_alive", None)
-    options = out.get("options")
-    if route.strip_num_ctx and isinstance(options, dict) and "num_ctx" in options:
-        out["options"] = {k: v for k, v in options.items() if k != "num_ctx"}
+    if route.num_ctx:
+        options = out.get("options")
+        options = options if isinstance(options, dict) else {}
+        out["options"] = {**{k: v for k, v in options.items() if k not in RELOADING_OPTIONS},
+                          "num_ctx": route.num_ctx}
+        out.pop("shift", None)
     return orjson.dumps(out)
 
 
@@ -368,10 +379,36 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                                        error="client disconnected", client_left=True))
         return Response(status_code=499)
 
+    async def too_long(counted: int) -> Response:
+        """The engine refused the prompt as longer than its context: the estimate was short.
+        The call is placed again, sized at what the engine counted (at least the context)."""
+        at_least = max(counted, route.context_length)
+        await route.finish(CallOutcome(True, time.perf_counter() - started, at_least,
+                                       error="prompt longer than the context",
+                                       prompt_too_long=True))
+        reroute, route.reroute = route.reroute, None
+        placed = await reroute(at_least) if reroute is not None else Refusal(
+            413, "prompt-too-large", f"provider {route.provider} refused the prompt as longer "
+            f"than its context ({at_least} tokens or more)", route.model)
+        if isinstance(placed, Refusal):
+            return refusal_response(placed, dialect)
+        placed.reroute = None
+        log.info("placed again: the engine counted the prompt longer than its context",
+                 failed=route.provider, tokens=at_least, provider=placed.provider)
+        return await forward(placed, path, body, stream, chunk_timeout_s, on_route, dialect,
+                             disconnected)
+
     if data is None:
         return RelayStream(upstream, route, started, chunk_timeout_s, headers, dialect)
     if upstream.status_code >= 500:
-        return await failed(f"HTTP {upstream.status_code}: {engine_error(data)}")
+        message = engine_error(data)
+        # A full queue says nothing of the provider's health: another may take the call.
+        return await failed(f"HTTP {upstream.status_code}: {message}",
+                            healthy=upstream.status_code == 503 and SERVER_BUSY in message)
+    if upstream.status_code == 400:
+        counted = prompt_too_long(data[:4096].decode(errors="replace"))
+        if counted is not None:
+            return await too_long(counted)
     media_type = upstream.content_type or "application/json"
     if upstream.status_code == 404 and "not found" in engine_error(data):
         return await failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(

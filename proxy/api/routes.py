@@ -54,6 +54,21 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
+# Where each dialect caps the answer (Ollama turns the others into num_predict).
+ANSWER_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def answer_cap(body: dict[str, Any]) -> int:
+    """The call's cap on its answer in tokens (num_predict, max_tokens ...); 0 none (Ollama's
+    -1 and -2 mean none too)."""
+    options = body.get("options")
+    values = [options.get("num_predict") if isinstance(options, dict) else None,
+              *(body.get(key) for key in ANSWER_CAPS)]
+    return next((int(v) for v in values
+                 if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 2**31),
+                0)
+
+
 def unix_time(stamp: Any) -> int:
     """An RFC 3339 time as Unix seconds (OpenAI's `created`); 0 when absent or unreadable."""
     try:
@@ -280,6 +295,7 @@ class SidecarApi:
             can_wait=can_wait,
             prompt=size,
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
+            num_predict=answer_cap(body),
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),

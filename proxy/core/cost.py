@@ -1,14 +1,17 @@
 """The weighted cost, in expected seconds before the call can start (lowest wins).
 
 Physical terms: queue wait at a copy (slot arithmetic over the latency EMA), load time
-(footprint / load speed), remaining load of a copy being loaded. Weights scaled to seconds:
-best fit, contention, reliability, spill and the policy's phase-aware provider weight.
+(footprint / load speed), remaining load of a copy being loaded, and the loads ahead of a new
+one (Ollama loads one model at a time). Weights scaled to seconds: best fit, contention,
+reliability, spill (a copy partly in CPU memory, or residents beyond the usable memory) and
+the policy's phase-aware provider weight.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from proxy.core.feasibility import Fitting
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.policy import Policy
 from proxy.core.types import ProviderHealth, Snapshot
@@ -30,7 +33,7 @@ def queue_wait_s(index: ProviderIndex, model: str, now: float, call_s: float) ->
     """0 with a free slot; else the soonest in-flight call's remaining time plus one call
     time per call queued beyond the slots, spread across the slots."""
     calls = [t for t in index.tickets if t.model == model]
-    slots = max(index.view.max_parallel, 1)
+    slots = max(index.slots(model), 1)
     if len(calls) < slots:
         return 0.0
     soonest = min(max(0.0, call_s - (now - t.started_at)) for t in calls)
@@ -38,13 +41,18 @@ def queue_wait_s(index: ProviderIndex, model: str, now: float, call_s: float) ->
     return soonest + beyond * call_s / slots
 
 
-def remaining_load_s(index: ProviderIndex, model: str, occupancy: int | None,
-                     snapshot: Snapshot, policy: Policy) -> float:
+def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy
+                     ) -> float:
     ticket = index.loading.get(model)
     if ticket is None:
         return 0.0
-    total = load_seconds(occupancy or ticket.footprint_mib, snapshot, policy)
+    total = load_seconds(ticket.footprint_mib, snapshot, policy)
     return max(0.0, total - (snapshot.now - ticket.started_at))
+
+
+def loads_ahead_s(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> float:
+    """Ollama loads one model at a time: what the loads in flight here have left."""
+    return sum(remaining_load_s(index, model, snapshot, policy) for model in index.loading)
 
 
 def shared_terms(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy,
@@ -60,21 +68,28 @@ def shared_terms(index: ProviderIndex, model: str, snapshot: Snapshot, policy: P
     return terms
 
 
-def warm_terms(index: ProviderIndex, model: str, occupancy: int | None, snapshot: Snapshot,
+def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
                policy: Policy, phase: str) -> dict[str, float]:
     call_s = call_seconds(index.name, snapshot.health, policy)
     terms = {"queue": queue_wait_s(index, model, snapshot.now, call_s)}
     if index.is_loading(model):
-        terms["load"] = remaining_load_s(index, model, occupancy, snapshot, policy)
+        terms["load"] = remaining_load_s(index, model, snapshot, policy)
+    resident = index.residents.get(model)
+    if resident is not None and resident.spilled:
+        terms["spill"] = policy.spill_s  # partly in CPU memory: slow
     terms.update(shared_terms(index, model, snapshot, policy, phase))
     return terms
 
 
-def cold_terms(index: ProviderIndex, model: str, occupancy: int | None, snapshot: Snapshot,
+def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
                policy: Policy, phase: str) -> dict[str, float]:
-    terms = {"load": load_seconds(occupancy, snapshot, policy)}
-    if index.usable_mib is not None and occupancy:
-        terms["best_fit"] = policy.best_fit_s * (index.usable_mib - occupancy) / occupancy
+    footprint = fitting.footprint_mib(index, model)
+    terms = {"load": load_seconds(footprint, snapshot, policy)}
+    ahead = loads_ahead_s(index, snapshot, policy)
+    if ahead:
+        terms["loads_ahead"] = ahead
+    if index.usable_mib is not None and footprint:
+        terms["best_fit"] = policy.best_fit_s * (index.usable_mib - footprint) / footprint
     if index.spills():
         terms["spill"] = policy.spill_s
     terms.update(shared_terms(index, model, snapshot, policy, phase))

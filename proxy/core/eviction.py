@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import combinations
 
 from proxy.core.occupancy import ProviderIndex
@@ -26,24 +26,25 @@ def idle_residents(index: ProviderIndex) -> list[Resident]:
             and r.model not in index.loading]
 
 
-def choose_victims(index: ProviderIndex, deficit_mib: int, demand: Mapping[str, ModelDemand],
-                   max_candidates: int = 10, at_least: int = 0
-                   ) -> tuple[Resident, ...] | None:
-    """The fewest victims, `at_least` of them, freeing at least `deficit_mib`; None when no
-    choice makes room.
+def choose_victims(index: ProviderIndex, enough: Callable[[tuple[Resident, ...]], bool],
+                   demand: Mapping[str, ModelDemand], max_candidates: int = 10,
+                   forced: tuple[Resident, ...] = ()) -> tuple[Resident, ...] | None:
+    """The fewest victims (beside `forced`, which go whatever happens) for which `enough`
+    holds; None when no choice makes room.
 
     Models with waiting agents are used only when nothing else makes room.
     """
-    if deficit_mib <= 0 and at_least <= 0:
-        return ()
-    ordered = sorted(idle_residents(index), key=lambda r: need_key(r, demand))
+    if enough(forced):
+        return forced
+    ordered = sorted((r for r in idle_residents(index) if r not in forced),
+                     key=lambda r: need_key(r, demand))
     without_waiters = [r for r in ordered if not demand.get(r.model, NO_DEMAND).waiters]
     for pool in (without_waiters, ordered):
         pool = pool[:max_candidates]
-        for count in range(max(1, at_least), len(pool) + 1):
+        for count in range(1, len(pool) + 1):
             # combinations() walks in order of the need ranking: the first that fits is the
             # least needed set of this size.
             for combo in combinations(pool, count):
-                if sum(r.footprint_mib for r in combo) >= deficit_mib:
-                    return combo
+                if enough((*forced, *combo)):
+                    return (*forced, *combo)
     return None

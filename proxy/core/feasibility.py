@@ -1,12 +1,19 @@
-"""The hard filters, each rejection with a reason: health, context window, VRAM fit."""
+"""The hard filters, each rejection with a reason: health, context window, VRAM fit.
+
+`Fitting` is one call's view of the cards: the context a copy loaded for it would get (as
+Ollama resolves it), whether a loaded copy's context holds it, and what a load takes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from proxy.core import context
+from proxy.core.context import Resolved
 from proxy.core.occupancy import ProviderIndex
-from proxy.core.types import Circuit, ProviderHealth
+from proxy.core.sizing import Footprint, Sizer
+from proxy.core.types import CallSpec, Circuit, ProviderHealth
 
 HEALTHY = ProviderHealth()
 
@@ -17,6 +24,83 @@ class Fit:
     reason: str
     warm: bool = False
     loading: bool = False
+    reload: bool = False  # loaded with a context this call cannot use: a reload would serve it
+
+
+class Fitting:
+    """One call against every card; footprints and contexts worked out once per card."""
+
+    def __init__(self, call: CallSpec, sizer: Sizer, declared: Mapping[str, int | None]
+                 ) -> None:
+        self.call = call
+        self.sizer = sizer
+        self.declared = declared
+        self._loads: dict[tuple[str, str], tuple[Resolved, Footprint | None]] = {}
+
+    def trained(self, index: ProviderIndex, model: str) -> int:
+        info = self.sizer.info(model, index.view)
+        return info.trained_context if info is not None else 0
+
+    def resolve(self, index: ProviderIndex, model: str, requested: int) -> Resolved:
+        view = index.view
+        info = self.sizer.info(model, view)
+        return context.resolve(
+            requested=requested, modelfile=info.modelfile_num_ctx if info else 0,
+            configured=view.context_length, version=context.parse_version(view.version),
+            total_vram_mib=view.total_vram_mib, trained=info.trained_context if info else 0,
+            vision=info.vision if info else False, family=info.family if info else "")
+
+    def load(self, index: ProviderIndex, model: str) -> tuple[Resolved, Footprint | None]:
+        """The context a copy loaded here for this call gets, and its footprint."""
+        key = (index.name, model)
+        hit = self._loads.get(key)
+        if hit is None:
+            requested = self.call.num_ctx if self.call.pins_context else 0
+            resolved = self.resolve(index, model, requested)
+            footprint = self.sizer.footprint(model, index.view, resolved.requested,
+                                             self.declared.get(model))
+            hit = self._loads[key] = (resolved, footprint)
+        return hit
+
+    def footprint_mib(self, index: ProviderIndex, model: str) -> int | None:
+        footprint = self.load(index, model)[1]
+        return footprint.total_mib if footprint is not None else None
+
+    def context_problem(self, index: ProviderIndex, model: str, ctx: int) -> str | None:
+        """Why a copy with `ctx` tokens per slot cannot take this call; None if it can (an
+        unknown context, 0, never refuses)."""
+        call = self.call
+        if not ctx:
+            return None
+        if call.num_ctx:
+            trained = self.trained(index, model)
+            wanted = min(call.num_ctx, trained) if trained else call.num_ctx
+            if ctx < wanted:
+                return f"context {ctx} tokens is less than the num_ctx {wanted} asked for"
+        if not context.fits(call.prompt_tokens, ctx, call.num_predict, call.generates):
+            spare = context.reserve(ctx, call.num_predict, call.generates)
+            return (f"context {ctx} tokens cannot hold the prompt ({call.prompt_tokens} tokens "
+                    f"+ {spare} kept for the answer)")
+        return None
+
+    def copy_problem(self, index: ProviderIndex, model: str, recorded: int) -> str | None:
+        """Why the copy loaded (or being loaded) with num_ctx `recorded` cannot take this
+        call without Ollama reloading it or cutting the prompt."""
+        if recorded and not self.call.pins_context:
+            default = self.resolve(index, model, 0)
+            if default.requested and recorded not in (default.requested, default.context):
+                return (f"loaded with num_ctx {recorded}; a call over the OpenAI or Anthropic "
+                        f"API gets Ollama's default {default.context} there and would reload it")
+        return self.context_problem(index, model,
+                                    context.effective(recorded, self.trained(index, model)))
+
+    def copy_context(self, index: ProviderIndex, model: str) -> int:
+        """num_ctx as recorded for the copy this call would join (resident or loading)."""
+        resident = index.residents.get(model)
+        if resident is not None:
+            return resident.context_length
+        loader = index.loading.get(model)
+        return loader.context if loader is not None else 0
 
 
 def health_reason(index: ProviderIndex, health: Mapping[str, ProviderHealth]) -> str | None:
@@ -28,43 +112,43 @@ def health_reason(index: ProviderIndex, health: Mapping[str, ProviderHealth]) ->
     return None
 
 
-def context_reason(index: ProviderIndex, model: str, needed_tokens: int) -> str | None:
-    """A prompt of exactly the context fits; an unknown context (0) never refuses."""
-    ctx = index.context_for(model)
-    if ctx and needed_tokens > ctx:
-        return f"context {ctx} tokens cannot hold the prompt ({needed_tokens} tokens)"
-    return None
-
-
-def check(index: ProviderIndex, model: str, occupancy: int | None, needed_tokens: int,
+def check(index: ProviderIndex, model: str, fitting: Fitting,
           health: Mapping[str, ProviderHealth]) -> Fit:
-    """Can `model` run on this provider for a prompt of `needed_tokens`?"""
+    """Can `model` run on this provider for this call?"""
     bad = health_reason(index, health)
     if bad:
         return Fit(False, bad)
-    short = context_reason(index, model, needed_tokens)
-    if short:
-        return Fit(False, short)
-    if index.is_warm(model):
-        return Fit(True, "warm", warm=True)
-    if index.is_loading(model):
-        return Fit(True, "loading", loading=True)
+    if index.is_warm(model) or index.is_loading(model):
+        warm = index.is_warm(model)
+        problem = fitting.copy_problem(index, model, fitting.copy_context(index, model))
+        if problem is None:
+            return Fit(True, "warm" if warm else "loading", warm=warm, loading=not warm)
+        return Fit(False, problem, reload=warm)
     if model in index.planned_victims:
         return Fit(False, "resident but planned for eviction by another call")
     if model in index.leaving:
         return Fit(False, "being unloaded (keep_alive 0); placed again once it is gone")
     if index.view.disk_mib and model not in index.view.disk_mib:
         return Fit(False, "model not pulled on this provider")
+    resolved, footprint = fitting.load(index, model)
+    short = fitting.context_problem(index, model, resolved.context)
+    if short:
+        return Fit(False, short)
     if index.models_over_limit(model):
         return Fit(False, f"{index.view.max_loaded} models loaded, the most this Ollama keeps "
                           "(OLLAMA_MAX_LOADED_MODELS): one must be unloaded first")
     usable = index.usable_mib
-    if usable is None or occupancy is None:
+    if usable is None or footprint is None:
         return Fit(True, "fit unknown (no VRAM total or no footprint published)")
-    if occupancy > usable:
-        return Fit(False, f"needs {occupancy} MiB, card has {usable} MiB usable")
+    need = footprint.total_mib
+    if need > usable:
+        return Fit(False, f"needs {need} MiB at context {resolved.context}, card has "
+                          f"{usable} MiB usable")
     free = index.free_mib()
     assert free is not None
-    if occupancy > free:
-        return Fit(False, f"needs {occupancy} MiB, {free} MiB free beside residents")
-    return Fit(True, f"fits: {occupancy} MiB of {free} MiB free")
+    if need > free:
+        return Fit(False, f"needs {need} MiB, {free} MiB free beside residents")
+    if not index.admits(footprint.estimate_mib):
+        return Fit(False, f"Ollama would unload a model first: its estimate "
+                          f"{footprint.estimate_mib} MiB is over 80 % of the memory free")
+    return Fit(True, f"fits: {need} MiB of {free} MiB free")

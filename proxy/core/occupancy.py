@@ -10,30 +10,8 @@ from collections.abc import Container
 from dataclasses import dataclass, field
 
 from proxy.core.policy import Policy
-from proxy.core.types import Candidate, ProviderView, Resident, Snapshot, Ticket
-
-
-def occupancy_mib(model: str, snapshot: Snapshot, policy: Policy,
-                  declared: int | None = None) -> int | None:
-    """Observed footprint (any GPU), else declared vramMib, else on-disk x factor, else None."""
-    observed = snapshot.observed_footprints.get(model)
-    if observed:
-        return observed
-    for provider in snapshot.providers:
-        for resident in provider.residents:
-            if resident.model == model and resident.footprint_mib:
-                return resident.footprint_mib
-    if declared:
-        return declared
-    for provider in snapshot.providers:
-        disk = provider.disk_mib.get(model)
-        if disk:
-            return int(disk * policy.disk_to_vram_factor)
-    return None
-
-
-def candidate_occupancy(candidate: Candidate, snapshot: Snapshot, policy: Policy) -> int | None:
-    return occupancy_mib(candidate.model, snapshot, policy, candidate.vram_mib)
+from proxy.core.sizing import admission_rule, model_slots, ollama_admits
+from proxy.core.types import ProviderView, Resident, Snapshot, Ticket
 
 
 @dataclass(slots=True)
@@ -76,20 +54,26 @@ class ProviderIndex:
     def is_loading(self, model: str) -> bool:
         return model in self.loading and model not in self.planned_victims
 
-    def free_slots(self, model: str) -> int:
-        return self.view.max_parallel - self.calls_by_model.get(model, 0)
+    def slots(self, model: str) -> int:
+        return model_slots(self.view, model)
 
-    def context_for(self, model: str) -> int:
-        """The loaded copy's context, else the configured one capped at the model's trained
-        context (as Ollama caps it when loading); 0 means unknown."""
-        resident = self.residents.get(model)
-        if resident is not None and resident.context_length:
-            return resident.context_length
-        configured = self.view.context_length
-        trained = self.view.trained_context.get(model, 0)
-        if trained and configured:
-            return min(configured, trained)
-        return configured or trained
+    def free_slots(self, model: str) -> int:
+        return self.slots(model) - self.calls_by_model.get(model, 0)
+
+    def others_loaded(self, leaving: Container[str] = ()) -> tuple[bool, int]:
+        """Whether Ollama would see other models loaded (or loading) here once `leaving` is
+        gone, and the memory they take: what its admission rule compares against."""
+        kept = [r for r in self.view.residents if r.model not in leaving]
+        return (bool(kept) or bool(self.loading_mib),
+                sum(r.footprint_mib for r in kept) + self.loading_mib)
+
+    def admits(self, estimate_mib: int, leaving: Container[str] = ()) -> bool:
+        """Ollama's own admission (its 80 % rule, from 0.30) of a load here."""
+        if not estimate_mib or self.view.total_vram_mib is None or \
+                not admission_rule(self.view):
+            return True
+        others, used = self.others_loaded(leaving)
+        return not others or ollama_admits(estimate_mib, self.view.total_vram_mib, used)
 
     def models_over_limit(self, model: str) -> int:
         """How many loaded models must go before `model` may load here without Ollama
@@ -139,7 +123,7 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         index.calls_by_model[ticket.model] = index.calls_by_model.get(ticket.model, 0) + 1
         for victim, mib in ticket.evicts.items():
             index.planned_victims.setdefault(victim, mib)
-        if ticket.cold and ticket.model not in index.residents:
+        if ticket.cold and (ticket.model not in index.residents or ticket.reloads):
             index.loaded_models.add(ticket.model)
             index.loading_mib += ticket.footprint_mib
             if ticket.evicts and _making_room(ticket, {r.model for r in index.view.residents}):
@@ -163,10 +147,11 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
 
     sum(active footprints) + this one <= (total - residents) + credit. A cold ticket counts its
     full footprint only while its model is not resident yet (after that the residents carry
-    it); the credit counts each distinct planned victim once, only while still resident.
+    it), or while it reloads the model at another context; the credit counts each distinct
+    planned victim once, only while still resident.
     A claim whose planned victim picked up in-flight work is refused. A claim that loads a
-    model is held to the usable memory (total - reserve), as the decision was: concurrent
-    first loads are sized from on-disk estimates, and the reserve absorbs their error.
+    model is held to the usable memory (total - reserve), as the decision was, and to
+    Ollama's own admission rule against what stays loaded beside it.
     """
     if view.total_vram_mib is None:
         return True, "provider publishes no VRAM total"
@@ -176,7 +161,7 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     residents = {r.model: r.footprint_mib for r in view.residents}  # memory, expiring or not
     # The decision's own assumptions, re-checked against the authoritative ticket set:
     same_model = [t for t in live if t.model == new.model]
-    if needs_free_slot and len(same_model) >= view.max_parallel:
+    if needs_free_slot and len(same_model) >= model_slots(view, new.model):
         return False, f"no free slot left for {new.model}"
     loaders = [t for t in same_model if t.cold]
     if new.cold and new.model not in lasting and loaders:
@@ -211,11 +196,22 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             return False, (f"{new.model} would be model {count} loaded here "
                            f"(OLLAMA_MAX_LOADED_MODELS {view.max_loaded})")
 
-    def counted(t: Ticket) -> int:
-        if t.cold and t.model not in residents:
-            return t.footprint_mib
-        return min(t.footprint_mib, policy.warm_scratch_mib)
+    def loads(t: Ticket) -> bool:
+        return t.cold and (t.model not in residents or t.reloads)
 
+    def counted(t: Ticket) -> int:
+        return t.footprint_mib if loads(t) else min(t.footprint_mib, policy.warm_scratch_mib)
+
+    if loads(new) and new.estimate_mib and admission_rule(view):
+        # Only this claim's own victims are sure to be gone when its load arrives.
+        staying = [m for m in residents if m not in new.evicts]
+        others = sum(residents[m] for m in staying) + sum(
+            t.footprint_mib for t in live if loads(t) and t.model != new.model)
+        if (staying or others) and not ollama_admits(new.estimate_mib, view.total_vram_mib,
+                                                     others):
+            return False, (f"Ollama would unload a model to load {new.model} "
+                           f"({new.estimate_mib} MiB by its estimate, over 80 % of "
+                           f"{view.total_vram_mib - others} MiB free)")
     spent = sum(counted(t) for t in live) + counted(new)
     limit = policy.usable_mib(view.total_vram_mib) if new.cold else view.total_vram_mib
     headroom = limit - sum(residents.values()) + credit

@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from proxy.core import context
 from proxy.core.cost import cold_terms, warm_terms
-from proxy.core.feasibility import Fit, check
-from proxy.core.occupancy import ProviderIndex, candidate_occupancy, index_providers
+from proxy.core.feasibility import Fit, Fitting, check
+from proxy.core.occupancy import ProviderIndex, index_providers
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import queue_option, queue_wins, unload_option
+from proxy.core.sizing import Sizer
 from proxy.core.types import (
     CallSpec,
     Candidate,
@@ -39,7 +41,7 @@ def in_tolerance(call: CallSpec) -> list[Candidate]:
 
 
 class _Planner:
-    """One placement's working state: indexes and occupancies computed once."""
+    """One placement's working state: indexes, contexts and footprints computed once."""
 
     def __init__(self, call: CallSpec, snapshot: Snapshot, policy: Policy) -> None:
         self.call = call
@@ -48,41 +50,69 @@ class _Planner:
         self.indexes = index_providers(snapshot, policy)
         self.alternatives = in_tolerance(call)
         self.acceptable = [call.preferred, *self.alternatives]
-        self.occupancy = {c.model: candidate_occupancy(c, snapshot, policy)
-                          for c in self.acceptable}
-        self.needed = call.needed_context
+        self.fitting = Fitting(call, Sizer(snapshot.providers, policy.disk_to_vram_factor),
+                               {c.model: c.vram_mib for c in call.candidates})
 
     def fit(self, index: ProviderIndex, model: str) -> Fit:
-        return check(index, model, self.occupancy.get(model), self.needed, self.snapshot.health)
+        return check(index, model, self.fitting, self.snapshot.health)
 
     def verdict(self, index: ProviderIndex, model: str) -> Verdict:
         fit = self.fit(index, model)
+        sizing = self.sizing(index, model, fit)
         if not fit.ok:
-            return Verdict(index.name, model, False, fit.reason)
+            return Verdict(index.name, model, False, fit.reason, sizing=sizing)
         make_terms = warm_terms if (fit.warm or fit.loading) else cold_terms
-        terms = make_terms(index, model, self.occupancy.get(model), self.snapshot, self.policy,
+        terms = make_terms(index, model, self.fitting, self.snapshot, self.policy,
                            self.call.phase)
-        return Verdict(index.name, model, True, fit.reason, terms)
+        return Verdict(index.name, model, True, fit.reason, terms, sizing)
 
-    def placement(self, verdict: Verdict, kind: PlacementKind, step: int) -> Placement:
+    def sizing(self, index: ProviderIndex, model: str, fit: Fit) -> dict[str, int | str]:
+        """The context this call would get on the card and what a copy there takes."""
+        if fit.warm or fit.loading:
+            recorded = self.fitting.copy_context(index, model)
+            return {"contextLength": context.effective(recorded, self.fitting.trained(
+                index, model)), "contextSource": "the loaded copy" if fit.warm else
+                "the copy being loaded", "slots": index.slots(model)}
+        resolved, footprint = self.fitting.load(index, model)
+        out: dict[str, int | str] = {"contextLength": resolved.context,
+                                     "contextSource": resolved.source,
+                                     "slots": index.slots(model)}
+        if footprint is not None:
+            out.update({f"footprint{k[0].upper()}{k[1:]}": v
+                        for k, v in footprint.parts().items()})
+        return out
+
+    def placement(self, verdict: Verdict, kind: PlacementKind, step: int,
+                  evicts: dict[str, int] | None = None, cost_s: float | None = None
+                  ) -> Placement:
         model = verdict.model
-        cold = kind == "cold"
-        occupancy = self.occupancy.get(model)
-        footprint = (occupancy or self.policy.warm_scratch_mib) if cold else \
-            self.policy.warm_scratch_mib
-        return Placement(verdict.provider, model, kind, step, footprint, verdict.cost_s,
-                         context_length=self.indexes[verdict.provider].context_for(model))
+        index = self.indexes[verdict.provider]
+        if kind in ("cold", "evict"):
+            resolved, footprint = self.fitting.load(index, model)
+            return Placement(
+                verdict.provider, model, kind, step,
+                footprint.total_mib if footprint else self.policy.warm_scratch_mib,
+                verdict.cost_s if cost_s is None else cost_s, evicts or {},
+                resolved.requested, resolved.context,
+                footprint.estimate_mib if footprint else 0)
+        recorded = self.fitting.copy_context(index, model)
+        return Placement(verdict.provider, model, kind, step, self.policy.warm_scratch_mib,
+                         verdict.cost_s, num_ctx=recorded,
+                         context_length=context.effective(recorded,
+                                                          self.fitting.trained(index, model)))
 
     def copy_with_room(self, model: str, step: int, loading_only: bool = False
                        ) -> Placement | None:
-        """Steps 1-2: a warm (or loading) copy with a free slot; step 3: a loading copy."""
+        """Steps 1-2: a warm (or loading) copy with a free slot; step 3: a loading copy. A copy
+        partly in CPU memory is no free reuse: step 4 weighs it."""
         best: Verdict | None = None
         for index in self.indexes.values():
             if loading_only:
                 eligible = index.is_loading(model)
             else:
+                resident = index.residents.get(model)
                 eligible = (index.is_warm(model) or index.is_loading(model)) and \
-                    index.free_slots(model) > 0
+                    index.free_slots(model) > 0 and not (resident and resident.spilled)
             if not eligible:
                 continue
             verdict = self.verdict(index, model)
@@ -94,10 +124,14 @@ class _Planner:
         return self.placement(best, kind, step)
 
     def weighted(self, verdicts: Iterable[Verdict]) -> Placement | None:
-        """Step 4: only when a cold load onto free room is possible at all."""
+        """Step 4: when a cold load onto free room is possible at all, the cheapest of it and
+        the copies; else a copy with a free slot that steps 1-3 passed over (one partly in
+        CPU memory). A full copy is step 5's to weigh against unloading."""
         feasible = [v for v in verdicts if v.feasible]
         if not any(v.reason.startswith(("fits", "fit unknown")) for v in feasible):
-            return None
+            feasible = [v for v in feasible if self.indexes[v.provider].free_slots(v.model) > 0]
+            if not feasible:
+                return None
         best = min(feasible, key=lambda v: (v.cost_s, v.provider))
         index = self.indexes[best.provider]
         if index.is_warm(best.model) or index.is_loading(best.model):
@@ -117,45 +151,69 @@ class _Planner:
         preferred = self.call.preferred.model
         if not self.pulled_anywhere(preferred):
             return "model-not-found", f"model '{preferred}' not found"
-        occupancy = self.occupancy.get(preferred)
-        known = [i for i in self.indexes.values() if i.usable_mib is not None]
-        if occupancy is not None and self.indexes and len(known) == len(self.indexes) and all(
-                occupancy > i.usable_mib for i in known if i.usable_mib is not None):
-            largest = max(i.usable_mib or 0 for i in known)
+        if self.too_large_everywhere(preferred):
+            sizes = {i.name: (self.fitting.footprint_mib(i, preferred),
+                              self.fitting.load(i, preferred)[0].context, i.usable_mib or 0)
+                     for i in self.indexes.values()}
+            best = min(sizes, key=lambda n: (sizes[n][0] or 0) - sizes[n][2])
+            need, ctx, usable = sizes[best]
             return "model-too-large", (
-                f"No GPU can hold {preferred}: it needs {occupancy} MiB and the largest card "
-                f"has {largest} MiB usable; add a smaller model to the candidates or a larger GPU.")
+                f"No GPU can hold {preferred}: at a context of {ctx} tokens it needs {need} MiB "
+                f"and {best} has {usable} MiB usable; add a smaller model to the candidates, "
+                "a larger GPU, or a smaller context (OLLAMA_CONTEXT_LENGTH on a provider).")
         holds = [self.holds_prompt(c.model) for c in self.acceptable]
         if any(holds) or all(h is None for h in holds):
             return None
-        largest_ctx = max(i.context_for(c.model) for i in self.indexes.values()
+        largest_ctx = max(self.largest_context(i, c.model) for i in self.indexes.values()
                           for c in self.acceptable)
-        trained = [max(i.view.trained_context.get(c.model, 0) for i in self.indexes.values())
+        trained = [max(self.fitting.trained(i, c.model) for i in self.indexes.values())
                    for c in self.acceptable]
         if all(trained) and largest_ctx >= max(trained):  # the models, not the GPUs, stop it
             advice = ("no acceptable model was trained for a longer context; use one that "
                       "was, or shorten the prompt.")
         else:
             advice = "raise OLLAMA_CONTEXT_LENGTH on a provider or shorten the prompt."
+        spare = context.reserve(largest_ctx, self.call.num_predict, self.call.generates)
         return "prompt-too-large", (
-            f"The prompt needs about {self.needed} tokens but the largest context any GPU gives "
-            f"an acceptable model is {largest_ctx} tokens; {advice}")
+            f"The prompt needs about {self.call.prompt_tokens} tokens (and {spare} kept for the "
+            f"answer) but the largest context any GPU gives an acceptable model is "
+            f"{largest_ctx} tokens; {advice}")
+
+    def too_large_everywhere(self, model: str) -> bool:
+        """Every card's usable memory is known and none holds a copy loaded for this call."""
+        if not self.indexes or any(i.usable_mib is None or i.is_warm(model) or
+                                   i.is_loading(model) for i in self.indexes.values()):
+            return False
+        sizes = [(self.fitting.footprint_mib(i, model), i.usable_mib)
+                 for i in self.indexes.values()]
+        return all(need is not None and usable is not None and need > usable
+                   for need, usable in sizes)
+
+    def largest_context(self, index: ProviderIndex, model: str) -> int:
+        copy = index.residents.get(model)
+        recorded = copy.context_length if copy else 0
+        trained = self.fitting.trained(index, model)
+        return max(context.effective(recorded, trained),
+                   self.fitting.load(index, model)[0].context)
 
     def holds_prompt(self, model: str) -> bool | None:
         """Whether a card that could hold the model gives it a context that holds the prompt
         (an unknown context does); None when no card could hold the model at all."""
-        occupancy = self.occupancy.get(model)
         could_hold = False
         for index in self.indexes.values():
-            if index.usable_mib is not None and occupancy is not None and \
-                    occupancy > index.usable_mib:
+            need = self.fitting.footprint_mib(index, model)
+            if index.usable_mib is not None and need is not None and need > index.usable_mib:
                 continue
             if index.view.disk_mib and model not in index.view.disk_mib and \
                     model not in index.residents:
                 continue
             could_hold = True
-            ctx = index.context_for(model)
-            if not ctx or self.needed <= ctx:
+            copy = index.residents.get(model)
+            if copy is not None and not self.fitting.copy_problem(index, model,
+                                                                  copy.context_length):
+                return True
+            resolved = self.fitting.load(index, model)[0]
+            if not self.fitting.context_problem(index, model, resolved.context):
                 return True
         return False if could_hold else None
 
@@ -202,10 +260,7 @@ class _Planner:
         floor stays where it was)."""
         preferred = self.call.preferred
         for alternative in self.alternatives:
-            occupancy = self.occupancy.get(alternative.model)
-            if occupancy is not None and all(
-                    i.usable_mib is not None and occupancy > i.usable_mib
-                    for i in self.indexes.values()):
+            if self.too_large_everywhere(alternative.model):
                 continue
             rest = tuple(c for c in self.call.candidates
                          if c.model not in (preferred.model, alternative.model))
@@ -220,18 +275,17 @@ class _Planner:
     def queue_or_unload(self, verdicts: list[Verdict]) -> Decision:
         preferred = self.call.preferred.model
         queue = queue_option(self.indexes.values(), [c.model for c in self.acceptable],
-                             self.occupancy, self.needed, self.snapshot, self.policy)
-        unload = unload_option(self.indexes.values(), preferred, self.occupancy.get(preferred),
-                               self.needed, self.snapshot, self.policy)
+                             self.fitting, self.snapshot, self.policy)
+        unload = unload_option(self.indexes.values(), preferred, self.fitting, self.snapshot,
+                               self.policy)
         choice = queue_wins(queue, unload)
         queue_s = queue.wait_s if queue else None
         unload_s = unload.cost_s if unload else None
         if choice is False and unload is not None:
-            occupancy = self.occupancy.get(preferred) or self.policy.warm_scratch_mib
-            placement = Placement(
-                unload.provider, preferred, "evict", 5, occupancy, unload.cost_s,
-                {v.model: v.footprint_mib for v in unload.victims},
-                self.indexes[unload.provider].context_for(preferred))
+            verdict = next(v for v in verdicts if v.provider == unload.provider)
+            placement = self.placement(verdict, "evict", 5,
+                                       {v.model: v.footprint_mib for v in unload.victims},
+                                       unload.cost_s)
             victims = ", ".join(v.model for v in unload.victims)
             return Decision("placed", placement,
                             f"step 5: unloading {victims} on {unload.provider} "

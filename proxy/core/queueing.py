@@ -6,14 +6,15 @@ for memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from proxy.core.cost import call_seconds, load_seconds, queue_wait_s, remaining_load_s
 from proxy.core.eviction import NO_DEMAND, choose_victims
-from proxy.core.feasibility import context_reason, health_reason
+from proxy.core.feasibility import Fitting, health_reason
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.policy import Policy
+from proxy.core.sizing import Footprint
 from proxy.core.types import Resident, Snapshot
 
 
@@ -32,8 +33,7 @@ class UnloadOption:
     load_s: float
 
 
-def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str],
-                 occupancies: Mapping[str, int | None], needed_tokens: int,
+def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fitting: Fitting,
                  snapshot: Snapshot, policy: Policy) -> QueueOption | None:
     """The cheapest warm or loading copy of any acceptable model to queue at."""
     best: QueueOption | None = None
@@ -44,49 +44,78 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str],
         call_s = call_seconds(index.name, snapshot.health, policy)
         for model in wanted:
             warm, loading = index.is_warm(model), index.is_loading(model)
-            if not (warm or loading) or context_reason(index, model, needed_tokens):
+            if not (warm or loading) or fitting.copy_problem(
+                    index, model, fitting.copy_context(index, model)):
                 continue
             wait = queue_wait_s(index, model, snapshot.now, call_s)
             if loading:
-                wait += remaining_load_s(index, model, occupancies.get(model), snapshot, policy)
+                wait += remaining_load_s(index, model, snapshot, policy)
             if best is None or wait < best.wait_s:
                 best = QueueOption(index.name, model, wait)
     return best
 
 
-def victims_cost_s(victims: Iterable[Resident], snapshot: Snapshot, policy: Policy) -> float:
-    """Per victim: the unload, plus reloading it as often as it is expected to be needed."""
+def victims_cost_s(victims: Iterable[Resident], snapshot: Snapshot, policy: Policy,
+                   loading: str = "") -> float:
+    """Per victim: the unload, plus reloading it as often as it is expected to be needed
+    (the model being loaded itself, reloaded at another context, only the unload)."""
     total = 0.0
     for victim in victims:
-        demand = snapshot.demand.get(victim.model, NO_DEMAND)
-        total += policy.unload_s + load_seconds(victim.footprint_mib, snapshot, policy) * \
-            demand.expected_reloads
+        total += policy.unload_s
+        if victim.model != loading:
+            demand = snapshot.demand.get(victim.model, NO_DEMAND)
+            total += load_seconds(victim.footprint_mib, snapshot, policy) * \
+                demand.expected_reloads
     return total
 
 
-def unload_option(indexes: Iterable[ProviderIndex], model: str, occupancy: int | None,
-                  needed_tokens: int, snapshot: Snapshot, policy: Policy) -> UnloadOption | None:
-    """The cheapest plan, over ready cards that could hold the model, to free room for it."""
-    if occupancy is None:
+def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resident, ...] | None:
+    """What must go besides room for a load of `model` here: nothing, its own copy (loaded
+    with a context this call cannot use, and idle: a reload), or None when no load can be
+    planned here (a usable copy is there, or being loaded, or busy)."""
+    if index.view.disk_mib and model not in index.view.disk_mib:
+        return None  # not pulled there
+    if model in index.leaving or model in index.planned_victims or \
+            model in index.loading or model in index.making_room:
         return None
+    copy = index.residents.get(model)
+    if copy is None:
+        return ()
+    if index.calls_by_model.get(model) or fitting.copy_problem(
+            index, model, copy.context_length) is None:
+        return None  # busy, or usable: that is the queue option
+    return (copy,)
+
+
+def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting,
+                  snapshot: Snapshot, policy: Policy) -> UnloadOption | None:
+    """The cheapest plan, over ready cards that could hold the model, to free room for it."""
     best: UnloadOption | None = None
-    load_s = load_seconds(occupancy, snapshot, policy)
     for index in indexes:
         if health_reason(index, snapshot.health) or index.usable_mib is None:
             continue
-        if occupancy > index.usable_mib or context_reason(index, model, needed_tokens):
+        forced = _obstacle(index, model, fitting)
+        resolved, footprint = fitting.load(index, model)
+        if forced is None or footprint is None or footprint.total_mib > index.usable_mib or \
+                fitting.context_problem(index, model, resolved.context):
             continue
-        if index.is_warm(model) or index.is_loading(model):
-            continue  # a copy is there already: that is the queue option
-        if index.view.disk_mib and model not in index.view.disk_mib:
-            continue  # not pulled there
         free = index.free_mib()
         assert free is not None
-        victims = choose_victims(index, occupancy - free, snapshot.demand,
-                                 policy.max_victim_candidates, index.models_over_limit(model))
+        over_limit = index.models_over_limit(model)
+
+        def enough(victims: tuple[Resident, ...], index: ProviderIndex = index,
+                   free: int = free, need: Footprint = footprint, over: int = over_limit
+                   ) -> bool:
+            gone = {v.model for v in victims}
+            return need.total_mib <= free + sum(v.footprint_mib for v in victims) and \
+                len(gone - {model}) >= over and index.admits(need.estimate_mib, gone)
+
+        victims = choose_victims(index, enough, snapshot.demand, policy.max_victim_candidates,
+                                 forced)
         if not victims:
             continue
-        cost = load_s + victims_cost_s(victims, snapshot, policy)
+        load_s = load_seconds(footprint.total_mib, snapshot, policy)
+        cost = load_s + victims_cost_s(victims, snapshot, policy, model)
         if best is None or cost < best.cost_s:
             best = UnloadOption(index.name, cost, victims, load_s)
     return best

@@ -14,11 +14,31 @@ class Resident:
     """A model loaded on a provider, as `/api/ps` reports it."""
 
     model: str
-    footprint_mib: int
-    context_length: int = 0  # 0: unknown (an old Ollama)
+    footprint_mib: int  # what it holds of the GPU's memory (`size_vram`)
+    # num_ctx as Ollama records it (/api/ps `context_length`; older versions report it before
+    # the trained cap); 0: unknown (an old Ollama)
+    context_length: int = 0
     last_used_at: float = 0.0
     expires_at: float = math.inf  # when Ollama's keep-alive unloads it if idle; inf: unknown
     leaving: bool = False  # asked to unload: never joined or loaded again until seen gone
+    spilled: bool = False  # partly or wholly in CPU memory (`size_vram` < `size`): slow
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What `/api/show` says of a model on disk, reduced to what sizing it needs."""
+
+    trained_context: int = 0  # <arch>.context_length; 0 unknown
+    # KV cache bytes per token of context at f16, every layer (llama.cpp's real cache:
+    # per-layer KV heads x (key + value length)); 0: architecture unknown
+    kv_bytes_per_token: int = 0
+    # The same as Ollama's own pre-load estimate counts it (PredictServerVRAM: block count x
+    # the fewest KV heads x embedding / the most heads, key and value)
+    estimate_kv_bytes_per_token: int = 0
+    modelfile_num_ctx: int = 0  # PARAMETER num_ctx in its Modelfile; 0 none
+    family: str = ""
+    embedding: bool = False  # an embedding model: Ollama gives it one slot
+    vision: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +56,11 @@ class ProviderView:
     max_loaded: int = 0
     weight: float = 100.0  # the policy's provider weight (phase-aware)
     disk_mib: Mapping[str, int] = field(default_factory=dict)  # on-disk sizes from /api/tags
-    # Each on-disk model's trained context (/api/show): Ollama caps a slot's context at it.
-    trained_context: Mapping[str, int] = field(default_factory=dict)
+    models: Mapping[str, ModelInfo] = field(default_factory=dict)  # from /api/show
+    # Footprints seen here fully on the GPU: model -> num_ctx as recorded -> MiB
+    observed: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
+    version: str = ""  # /api/version; "" unknown (the newest rules apply)
     probed_at: float = 0.0  # when the residents were last observed
 
 
@@ -54,6 +77,13 @@ class Ticket:
     cold: bool = False  # claimed to load the model (full occupancy), not to share a copy
     evicts: Mapping[str, int] = field(default_factory=dict)  # planned victims: model -> MiB
     holder: str = ""
+    context: int = 0  # num_ctx of the copy it loads or joins, as Ollama records it; 0 unknown
+    estimate_mib: int = 0  # a load: Ollama's own estimate of it (its admission rule reads it)
+
+    @property
+    def reloads(self) -> bool:
+        """A load that first unloads the model's own copy (loaded with another context)."""
+        return self.cold and self.model in self.evicts
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +127,18 @@ class CallSpec:
 
     candidates: tuple[Candidate, ...]  # preferred first
     prompt_tokens: int = 0
-    min_context: int = 0  # the client's num_ctx, a requirement rather than a reload trigger
+    num_ctx: int = 0  # the client's num_ctx: the least context it accepts; 0 none
+    num_predict: int = 0  # the client's cap on the answer; 0 none
+    # Sent over Ollama's own API, the call can name the context of the copy it joins; over
+    # the OpenAI and Anthropic APIs it cannot, and Ollama gives it the default context.
+    pins_context: bool = True
+    generates: bool = True  # False: an embedding (no answer to keep room for)
     tolerance: float = 10.0
     phase: Literal["mulling", "triage"] = "mulling"
 
     @property
     def preferred(self) -> Candidate:
         return self.candidates[0]
-
-    @property
-    def needed_context(self) -> int:
-        return max(self.prompt_tokens, self.min_context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +148,6 @@ class Snapshot:
     tickets: tuple[Ticket, ...] = ()
     demand: Mapping[str, ModelDemand] = field(default_factory=dict)
     health: Mapping[str, ProviderHealth] = field(default_factory=dict)
-    observed_footprints: Mapping[str, int] = field(default_factory=dict)  # first seen, any GPU
     load_mib_per_s: float | None = None  # learned from load_duration; None: the policy default
 
 
@@ -134,6 +164,8 @@ class Verdict:
     feasible: bool
     reason: str
     terms: Mapping[str, float] = field(default_factory=dict)
+    # The context the call would get there and where it comes from; a load's footprint parts
+    sizing: Mapping[str, int | str] = field(default_factory=dict)
 
     @property
     def cost_s(self) -> float:
@@ -149,7 +181,11 @@ class Placement:
     footprint_mib: int  # what the ticket claims
     cost_s: float = 0.0
     evicts: Mapping[str, int] = field(default_factory=dict)
+    # num_ctx of the copy planned as Ollama records it: sent with the call (when the call
+    # can carry options), Ollama keeps or loads exactly that copy; 0 unknown
+    num_ctx: int = 0
     context_length: int = 0  # the context the call will get (0 unknown)
+    estimate_mib: int = 0  # a load: Ollama's own estimate of it
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.types import ProviderView, Resident, Ticket
+from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -43,6 +43,19 @@ def parse_rfc3339(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def encode_model_info(info: ModelInfo) -> dict[str, Any]:
+    return {"trainedContext": info.trained_context, "kvBytesPerToken": info.kv_bytes_per_token,
+            "estimateKvBytesPerToken": info.estimate_kv_bytes_per_token,
+            "numCtx": info.modelfile_num_ctx, "family": info.family,
+            "embedding": info.embedding, "vision": info.vision}
+
+
+def decode_model_info(d: dict[str, Any]) -> ModelInfo:
+    return ModelInfo(int(d.get("trainedContext") or 0), int(d.get("kvBytesPerToken") or 0),
+                     int(d.get("estimateKvBytesPerToken") or 0), int(d.get("numCtx") or 0),
+                     str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")))
+
+
 @dataclass(frozen=True)
 class ProviderState:
     """One `kubemoot_provider_state` entry."""
@@ -55,12 +68,15 @@ class ProviderState:
     context_length: int = 0
     max_parallel: int = 1
     max_loaded: int | None = None  # OLLAMA_MAX_LOADED_MODELS as configured; 0 no limit
-    loaded_mib: dict[str, int] = field(default_factory=dict)
+    kv_cache_type: str = "f16"
+    loaded_mib: dict[str, int] = field(default_factory=dict)  # size_vram: GPU memory held
+    loaded_size_mib: dict[str, int] = field(default_factory=dict)  # size: GPU and CPU
     loaded_ctx: dict[str, int] = field(default_factory=dict)
     loaded_expiry: dict[str, float] = field(default_factory=dict)  # /api/ps expires_at
     available_mib: dict[str, int] = field(default_factory=dict)
-    observed_mib: dict[str, int] = field(default_factory=dict)  # first footprint seen per model
-    trained_ctx: dict[str, int] = field(default_factory=dict)  # on-disk model -> trained context
+    # Footprints seen here fully on the GPU: model -> num_ctx as recorded -> MiB
+    observed: dict[str, dict[int, int]] = field(default_factory=dict)
+    models: dict[str, ModelInfo] = field(default_factory=dict)  # on-disk model -> /api/show
     version: str = ""
 
     def encode(self) -> bytes:
@@ -69,14 +85,20 @@ class ProviderState:
             "endpoint": self.endpoint,
             "totalVramMiB": self.total_vram_mib,
             "loadedModelFootprintsMiB": self.loaded_mib,
+            "loadedModelSizesMiB": self.loaded_size_mib,
             "loadedModelContextLengths": self.loaded_ctx,
             "loadedModelExpiresAt": {m: rfc3339(t) for m, t in self.loaded_expiry.items()},
             "availableModelFootprintsMiB": self.available_mib,
-            "observedModelFootprintsMiB": self.observed_mib,
-            "availableModelContextLengths": self.trained_ctx,
+            "availableModelContextLengths": {m: i.trained_context
+                                             for m, i in self.models.items()
+                                             if i.trained_context},
+            "availableModels": {m: encode_model_info(i) for m, i in self.models.items()},
+            "observedFootprintsMiB": {m: {str(c): mib for c, mib in seen.items()}
+                                      for m, seen in self.observed.items()},
             "contextLength": self.context_length,
             "maxParallel": self.max_parallel,
             "maxLoadedModels": self.max_loaded,
+            "kvCacheType": self.kv_cache_type,
             "ready": self.ready,
             "lastProbedAt": rfc3339(self.last_probed_at),
             "version": self.version,
@@ -85,41 +107,55 @@ class ProviderState:
     @staticmethod
     def decode(raw: bytes) -> ProviderState:
         d = orjson.loads(raw)
+        models = {m: decode_model_info(i) for m, i in (d.get("availableModels") or {}).items()}
+        for model, trained in (d.get("availableModelContextLengths") or {}).items():
+            models.setdefault(model, ModelInfo(trained_context=int(trained)))
         return ProviderState(
             name=str(d["name"]), endpoint=str(d.get("endpoint", "")), ready=bool(d["ready"]),
             last_probed_at=parse_rfc3339(d["lastProbedAt"]),
             total_vram_mib=d.get("totalVramMiB"), context_length=int(d.get("contextLength") or 0),
             max_parallel=int(d.get("maxParallel") or 1),
             max_loaded=d.get("maxLoadedModels"),  # absent from older publishers: None
+            kv_cache_type=str(d.get("kvCacheType") or "f16"),
             loaded_mib=dict(d.get("loadedModelFootprintsMiB") or {}),
+            loaded_size_mib=dict(d.get("loadedModelSizesMiB") or {}),
             loaded_ctx=dict(d.get("loadedModelContextLengths") or {}),
             loaded_expiry={m: parse_rfc3339(t)
                            for m, t in (d.get("loadedModelExpiresAt") or {}).items()},
             available_mib=dict(d.get("availableModelFootprintsMiB") or {}),
-            observed_mib=dict(d.get("observedModelFootprintsMiB") or {}),
-            trained_ctx=dict(d.get("availableModelContextLengths") or {}),
+            observed={m: {int(c): int(mib) for c, mib in seen.items()}
+                      for m, seen in (d.get("observedFootprintsMiB") or {}).items()
+                      if isinstance(seen, dict)},
+            models=models,
             version=str(d.get("version", "")),
         )
 
     def residents(self) -> tuple[Resident, ...]:
         return tuple(Resident(m, mib, self.loaded_ctx.get(m, 0),
-                              expires_at=self.loaded_expiry.get(m, math.inf))
+                              expires_at=self.loaded_expiry.get(m, math.inf),
+                              spilled=mib < self.loaded_size_mib.get(m, mib))
                      for m, mib in sorted(self.loaded_mib.items()))
 
 
 RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next write drops it
+# Ollama lists a copy only once it is loaded: a load that may still be under way counts this
+# long even when probes since do not list it.
+LOAD_GRACE_S = 120.0
 
 
 @dataclass(frozen=True)
 class Residency:
     """What a call changed on the GPU, counted at once rather than at the next probe: a model
     it left loaded, (`mib` 0) a model it unloaded, or (`leaving`) a model asked to unload:
-    nobody may join that copy any more, but its memory counts until it is seen gone."""
+    nobody may join that copy any more, but its memory counts until it is seen gone.
+    (`loading`) a load the call started may still be under way (its call ended before an
+    answer, or its plan went unused)."""
 
     mib: int
     context_length: int
     at: float
     leaving: bool = False
+    loading: bool = False
 
     @property
     def gone(self) -> bool:
@@ -143,10 +179,13 @@ class TicketSet:
         return orjson.dumps({
             "tickets": {tid: {"model": t.model, "mib": t.footprint_mib, "cold": t.cold,
                               "evicts": dict(t.evicts), "holder": t.holder,
-                              "started": t.started_at, "exp": t.expires_at}
+                              "started": t.started_at, "exp": t.expires_at,
+                              **({"ctx": t.context} if t.context else {}),
+                              **({"est": t.estimate_mib} if t.estimate_mib else {})}
                         for tid, t in self.tickets.items()},
             "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at,
-                              **({"leaving": True} if r.leaving else {})}
+                              **({"leaving": True} if r.leaving else {}),
+                              **({"loading": True} if r.loading else {})}
                           for m, r in self.residents.items()},
         })
 
@@ -159,23 +198,26 @@ class TicketSet:
             tid: Ticket(tid, provider, str(t["model"]), int(t["mib"]), float(t["started"]),
                         float(t["exp"]), cold=bool(t.get("cold")),
                         evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
-                        holder=str(t.get("holder", "")))
+                        holder=str(t.get("holder", "")), context=int(t.get("ctx") or 0),
+                        estimate_mib=int(t.get("est") or 0))
             for tid, t in (d.get("tickets") or {}).items()
         }
         residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
-                                  leaving=bool(r.get("leaving")))
+                                  leaving=bool(r.get("leaving")), loading=bool(r.get("loading")))
                      for m, r in (d.get("residents") or {}).items()}
         return TicketSet(tickets, residents)
 
 
 def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
-    """Residents as probed, plus models calls left loaded after that probe, less models calls
-    unloaded after it (otherwise, until the next probe, others would take them as warm and
-    make Ollama load them again)."""
-    newer = {m: r for m, r in residency.items() if r.at > view.probed_at}
+    """Residents as probed, plus models calls left loaded after that probe (or left loading
+    before it: Ollama lists a copy only once loaded), less models calls unloaded after it
+    (otherwise, until the next probe, others would take them as warm and make Ollama load
+    them again)."""
+    known = {r.model for r in view.residents}
+    newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
+        r.loading and not r.gone and m not in known and r.at > view.probed_at - LOAD_GRACE_S)}
     if not newer:
         return view
-    known = {r.model for r in view.residents}
     # A copy asked to unload stays counted, with its keep-alive run out, until seen gone.
     kept = tuple(_replace(r, expires_at=newer[r.model].at, leaving=True)
                  if newer.get(r.model) and newer[r.model].leaving else r

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.adapters.ollama import UpstreamError
+from proxy.core.context import fits
 from proxy.core.placement import in_tolerance, place
 from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec
@@ -34,7 +35,7 @@ class HeldPlan:
     spec: CallSpec
     created: float
     intents: tuple[str, ...]
-    loader: asyncio.Task[None] | None = None
+    loader: asyncio.Task[bool] | None = None
 
 
 class PlanBook:
@@ -96,25 +97,30 @@ class PlanBook:
                 "model": placement.model, "placement": placement.kind,
                 "evicts": list(placement.evicts), "reason": decision.reason}
 
-    async def _load(self, claimed: Claimed) -> None:
-        """Unload the victims and start loading, so the load overlaps prompt building."""
+    async def _load(self, claimed: Claimed) -> bool:
+        """Unload the victims and start loading, so the load overlaps prompt building; True
+        once the model is loaded."""
         placement = claimed.placement
         client = self.scheduler.pool.clients[placement.provider]
         try:
             if placement.evicts:
                 await self.scheduler.make_room(claimed)
-            await client.load(placement.model)
+            await client.load(placement.model, placement.num_ctx)
         except (UpstreamError, StoreUnavailable) as exc:
             log.warning("plan preload failed", provider=placement.provider, error=str(exc))
+            return False
+        return True
 
     async def release(self, thread: str) -> bool:
         plan = self.plans.pop(thread, None)
         if plan is None:
             return False
+        loaded = plan.loader is not None and plan.loader.done() and \
+            not plan.loader.cancelled() and plan.loader.result()
         if plan.loader is not None:
             plan.loader.cancel()
         with contextlib.suppress(Exception):
-            await self.scheduler.release_plan(plan.claimed)
+            await self.scheduler.release_plan(plan.claimed, bool(loaded))
         for m in plan.intents:
             await self.scheduler.demand.drop_intent(m)
         return True
@@ -132,9 +138,11 @@ class PlanBook:
         if placement.kind not in ("cold", "evict") and placement.model not in {
                 r.model for r in view.residents if not r.leaving}:
             return False  # its ticket holds a call's share of a copy that has gone since
-        tokens = max(s.learning.prompt_tokens(call), call.num_ctx or 0)
-        context = placement.context_length or view.context_length
-        return context == 0 or tokens <= context
+        if call.num_ctx and placement.context_length and \
+                call.num_ctx > placement.context_length:
+            return False
+        return fits(s.learning.prompt_tokens(call), placement.context_length,
+                    call.num_predict, call.generates)
 
     async def route(self, call: CallRequest) -> Route | Refusal:
         plan = self.plans.pop(call.thread, None) if call.thread else None

@@ -1,16 +1,19 @@
 """Probing providers and publishing their state (the `publish` command and the sidecar's
 own fallback when the shared store has nothing fresh).
 
-Readiness from `/api/version`; residents with `size_vram` and `context_length` from
-`/api/ps`; on-disk sizes from `/api/tags` and each on-disk model's trained context from
-`/api/show` (once per model and digest); total VRAM, context and slots from the provider
-configuration or a DCGM exporter. The first footprint observed per model is kept.
+Readiness and version from `/api/version`; residents with `size_vram`, `size` and
+`context_length` from `/api/ps` (a copy with `size_vram` < `size` is partly in CPU memory);
+on-disk sizes from `/api/tags` and what sizing needs of each on-disk model from `/api/show`
+(architecture, trained context, Modelfile num_ctx; once per model and digest); total VRAM,
+context, slots and KV cache type from the provider configuration or a DCGM exporter. Each
+footprint seen fully on the GPU is kept per model and context.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +22,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.adapters.ollama import OllamaClient, UpstreamError, model_name
+from proxy.core.sizing import kv_per_token
+from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import PROVIDER_STATE, StateStore, StoreUnavailable
 from proxy.service.codec import ProviderState, parse_rfc3339, token
@@ -49,9 +54,11 @@ async def dcgm_total_mib(url: str) -> int | None:
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
     return (state.ready, state.total_vram_mib, state.context_length, state.max_parallel,
-            state.max_loaded,
+            state.max_loaded, state.kv_cache_type, state.version,
             sorted(state.loaded_mib.items()), sorted(state.loaded_ctx.items()),
-            sorted(state.available_mib.items()), sorted(state.trained_ctx.items()))
+            sorted(state.loaded_size_mib.items()), sorted(state.available_mib.items()),
+            sorted(state.models.items()),
+            sorted((m, sorted(seen.items())) for m, seen in state.observed.items()))
 
 
 def trained_context(show: Any) -> int:
@@ -66,6 +73,41 @@ def trained_context(show: Any) -> int:
     return int(value) if isinstance(value, int | float) and value > 0 else 0
 
 
+_NUM_CTX = re.compile(r"^num_ctx\s+(\S+)\s*$")
+
+
+def modelfile_num_ctx(show: dict[str, Any]) -> int:
+    """PARAMETER num_ctx from /api/show `parameters` (a key padded to 30 columns, then its
+    value, one per line); 0 when the Modelfile sets none."""
+    for line in str(show.get("parameters") or "").splitlines():
+        match = _NUM_CTX.match(line.strip())
+        if match:
+            with contextlib.suppress(ValueError):
+                return max(0, int(float(match[1])))
+    return 0
+
+
+def model_info(show: Any) -> ModelInfo:
+    """What sizing needs of a model from its /api/show answer."""
+    if not isinstance(show, dict):
+        return ModelInfo()
+    info = show.get("model_info")
+    info = info if isinstance(info, dict) else {}
+    arch = str(info.get("general.architecture") or "")
+    real, estimate = kv_per_token(info, arch) if arch else (0, 0)
+    capabilities = show.get("capabilities")
+    capabilities = capabilities if isinstance(capabilities, list) else []
+    details = show.get("details")
+    family = str(details.get("family") or "") if isinstance(details, dict) else ""
+    return ModelInfo(
+        trained_context=trained_context(show), kv_bytes_per_token=real,
+        estimate_kv_bytes_per_token=estimate, modelfile_num_ctx=modelfile_num_ctx(show),
+        family=family or arch,
+        embedding=f"{arch}.pooling_type" in info or (
+            "embedding" in capabilities and "completion" not in capabilities),
+        vision="vision" in capabilities)
+
+
 class Prober:
     def __init__(self, configs: list[ProviderConfig], clients: dict[str, OllamaClient],
                  store: StateStore | None, clock: Callable[[], float] = time.time,
@@ -76,9 +118,10 @@ class Prober:
         self.clock = clock
         self.write_every_s = write_every_s
         self.latest: dict[str, ProviderState] = {}
-        self.observed: dict[str, int] = {}
-        # provider -> model -> (digest, trained context or 0 when the model says none)
-        self._trained: dict[str, dict[str, tuple[str, int]]] = {}
+        # provider -> model -> num_ctx as recorded -> MiB, of copies fully on the GPU
+        self.observed: dict[str, dict[str, dict[int, int]]] = {}
+        # provider -> model -> (digest, what /api/show says of it)
+        self._shown: dict[str, dict[str, tuple[str, ModelInfo]]] = {}
         self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
 
     async def probe(self, name: str) -> ProviderState:
@@ -98,20 +141,24 @@ class Prober:
             total = await dcgm_total_mib(config.dcgm_url)
         ready = isinstance(version, dict) and isinstance(ps, dict)
         loaded_mib: dict[str, int] = {}
+        loaded_size: dict[str, int] = {}
         loaded_ctx: dict[str, int] = {}
         loaded_expiry: dict[str, float] = {}
+        observed = self.observed.setdefault(name, {})
         if isinstance(ps, dict):
             for m in ps.get("models") or []:
                 model = model_name(m)
-                mib = int(m.get("size_vram") or m.get("size") or 0) // MIB
-                loaded_mib[model] = mib
+                size_vram = int(m.get("size_vram") or 0)
+                size = max(int(m.get("size") or 0), size_vram)
+                loaded_mib[model] = size_vram // MIB  # memory on the GPU (0: all on CPU)
+                loaded_size[model] = size // MIB
                 loaded_ctx[model] = int(m.get("context_length") or 0)
                 expires = m.get("expires_at")
                 if isinstance(expires, str):
                     with contextlib.suppress(ValueError):  # an odd date: expiry unknown
                         loaded_expiry[model] = parse_rfc3339(expires)
-                if mib:
-                    self.observed.setdefault(model, mib)
+                if size_vram and size_vram >= size:  # a spilled copy is no footprint
+                    observed.setdefault(model, {})[loaded_ctx[model]] = size_vram // MIB
         available = {}
         digests: dict[str, str] = {}
         if isinstance(tags, dict):
@@ -119,24 +166,25 @@ class Prober:
                 model = model_name(m)
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
-        trained = await self._trained_contexts(name, digests)
+        models = await self._shown_models(name, digests)
         state = ProviderState(
             name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
             total_vram_mib=total, context_length=config.context_length or 0,
             max_parallel=config.max_parallel, max_loaded=config.max_loaded_models,
-            loaded_mib=loaded_mib, loaded_ctx=loaded_ctx,
-            loaded_expiry=loaded_expiry,
-            available_mib=available, observed_mib=dict(self.observed), trained_ctx=trained,
+            kv_cache_type=config.kv_cache_type,
+            loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
+            loaded_expiry=loaded_expiry, available_mib=available,
+            observed={m: dict(seen) for m, seen in observed.items()}, models=models,
             version=str(version.get("version", "")) if isinstance(version, dict) else "")
         if not ready and name in self.latest and self.latest[name].ready:
             log.warning("provider unreachable", provider=name)
         self.latest[name] = state
         return state
 
-    async def _trained_contexts(self, name: str, digests: dict[str, str]) -> dict[str, int]:
+    async def _shown_models(self, name: str, digests: dict[str, str]) -> dict[str, ModelInfo]:
         """Asks /api/show only for models (or digests) not seen before; a failed ask is
         retried on the next probe."""
-        known = self._trained.setdefault(name, {})
+        known = self._shown.setdefault(name, {})
         new = [m for m, digest in digests.items() if m not in known or known[m][0] != digest]
         if new:
             client = self.clients[name]
@@ -145,10 +193,10 @@ class Prober:
                 return_exceptions=True)
             for model, show in zip(new, shows, strict=True):
                 if not isinstance(show, BaseException):
-                    known[model] = (digests[model], trained_context(show))
+                    known[model] = (digests[model], model_info(show))
         for model in [m for m in known if m not in digests]:
             del known[model]  # removed from disk
-        return {m: ctx for m, (_, ctx) in known.items() if ctx}
+        return {m: info for m, (_, info) in known.items()}
 
     async def publish(self, state: ProviderState, force: bool = False) -> bool:
         """Write the state if it changed or the write interval passed; False if not written."""

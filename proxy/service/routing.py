@@ -14,6 +14,8 @@ from proxy.core.tokens import PromptSize
 from proxy.settings import ProviderConfig, Settings
 
 STATIC = "static"
+NATIVE_PATHS = frozenset(("/api/chat", "/api/generate", "/api/embed", "/api/embeddings"))
+EMBEDDING_PATHS = frozenset(("/api/embed", "/api/embeddings", "/v1/embeddings"))
 NO_PROMPT = PromptSize()  # frozen: one instance serves as every default
 
 
@@ -28,6 +30,7 @@ class CallRequest:
     can_wait: bool = True
     prompt: PromptSize = NO_PROMPT
     num_ctx: int | None = None
+    num_predict: int = 0  # the answer's cap (num_predict, max_tokens); 0 none
     # /api/generate's `context`: an earlier answer's tokens, which Ollama puts first.
     context_tokens: int = 0
     # One digest per prefix of the conversation (core.tokens.conversation_digests).
@@ -35,6 +38,15 @@ class CallRequest:
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def pins_context(self) -> bool:
+        """Ollama's own API carries options, so the call can name the context it joins."""
+        return self.path in NATIVE_PATHS
+
+    @property
+    def generates(self) -> bool:
+        return self.path not in EMBEDDING_PATHS
 
     @property
     def tokens_apart(self) -> int:
@@ -51,6 +63,9 @@ class CallOutcome:
     error: str | None = None
     # The agent went away before the answer ended: nothing is known of the provider's health.
     client_left: bool = False
+    # The engine refused the prompt as longer than the context (`prompt_eval_count`: its count,
+    # or the context when it gave none, a lower bound)
+    prompt_too_long: bool = False
 
 
 @dataclass
@@ -65,7 +80,13 @@ class Route:
     waited_ms: int = 0
     on_done: Callable[[CallOutcome], Awaitable[None]] | None = None
     retry: Callable[[], Awaitable[Route | None]] | None = None  # another provider, once
-    strip_num_ctx: bool = False  # the placement guarantees the context num_ctx asked for
+    # Placed again, sized at least at the given tokens, when the engine refused the prompt
+    # as longer than its context (once)
+    reroute: Callable[[int], Awaitable[Route | Refusal]] | None = None
+    context_length: int = 0  # the context the call gets there; 0 unknown
+    # num_ctx to send: the context of the copy planned (Ollama reloads a copy for a call
+    # whose load options differ); 0 leaves the body's options alone
+    num_ctx: int = 0
     strip_keep_alive: bool = False  # keep_alive 0: the sidecar unloads when it is safe
     estimated_tokens: int = 0
 

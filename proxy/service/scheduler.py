@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 
-from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
+from proxy.adapters.ollama import UpstreamError, is_out_of_memory, model_name, normalise_model
 from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
@@ -90,11 +90,13 @@ class Learning:
             LOAD_SPEED_ALPHA * sample + (1 - LOAD_SPEED_ALPHA) * self.load_mib_per_s
 
 
-def left_loaded(placement: Placement, now: float) -> Residency | None:
+def left_loaded(placement: Placement, now: float, answered: bool = True) -> Residency | None:
     """What a finished load leaves on the GPU, to count at once rather than at the next
-    probe; None when the call shared a copy (nothing changed)."""
+    probe; None when the call shared a copy (nothing changed). Without an answer the load
+    may still be under way."""
     if placement.kind in ("cold", "evict"):
-        return Residency(placement.footprint_mib, placement.context_length, now)
+        return Residency(placement.footprint_mib, placement.num_ctx, now,
+                         loading=not answered)
     return None
 
 
@@ -188,18 +190,24 @@ class Scheduler:
             out.extend(TicketSet.decode(untoken(name), entry.value).live(now).tickets.values())
         return out
 
-    def spec(self, call: CallRequest, candidates: tuple[Candidate, ...]) -> CallSpec:
-        return CallSpec(candidates, prompt_tokens=self.learning.prompt_tokens(call),
-                        min_context=call.num_ctx or 0, tolerance=self.settings.tolerance,
+    def spec(self, call: CallRequest, candidates: tuple[Candidate, ...], at_least: int = 0
+             ) -> CallSpec:
+        return CallSpec(candidates,
+                        prompt_tokens=max(at_least, self.learning.prompt_tokens(call)),
+                        num_ctx=call.num_ctx or 0, num_predict=call.num_predict,
+                        pins_context=call.pins_context, generates=call.generates,
+                        tolerance=self.settings.tolerance,
                         phase="triage" if call.phase == "triage" else "mulling")
 
     # -- the call path ---------------------------------------------------------------------
-    async def route(self, call: CallRequest) -> Route | Refusal:
+    async def route(self, call: CallRequest, at_least_tokens: int = 0) -> Route | Refusal:
+        """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
+        engine counted of its prompt after refusing it as longer than a context."""
         candidates = self.candidates(call.phase, call.model)
         if not candidates:
             return Refusal(400, "bad-request", "field 'model': a model is required (none in "
                            "the request and KUBEMOOT_MODEL_MODEL is not set)")
-        spec = self.spec(call, candidates)
+        spec = self.spec(call, candidates, at_least_tokens)
         if not self.pool.clients:  # no provider is known at all: the static endpoint
             return self._static_or_busy(call, spec, Decision("wait", None, "no providers"))
         started = time.monotonic()
@@ -314,7 +322,8 @@ class Scheduler:
         return self.tickets.new_ticket(
             next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
             cold=placement.kind in ("cold", "evict"), evicts=dict(placement.evicts),
-            holder=self.holder)
+            holder=self.holder, context=placement.num_ctx,
+            estimate_mib=placement.estimate_mib)
 
     def _reserve(self, placement: Placement) -> Ticket:
         """A ticket the next decisions count while its claim is on its way to the store."""
@@ -361,11 +370,13 @@ class Scheduler:
         self.hold(claimed)
         route = Route(placement.provider, client, placement.model, placement.kind,
                       evicted=tuple(placement.evicts), waited_ms=waited_ms,
-                      strip_num_ctx=bool(placement.context_length),
+                      num_ctx=placement.num_ctx if call.pins_context else 0,
                       strip_keep_alive=call.unloads_after,
-                      estimated_tokens=spec.prompt_tokens)
+                      estimated_tokens=spec.prompt_tokens,
+                      context_length=placement.context_length)
         route.on_done = self._finisher(claimed, call, route)
         route.retry = self._retry_elsewhere(call, spec, placement.provider)
+        route.reroute = lambda tokens: self.route(call, tokens)
         return route
 
     async def make_room(self, claimed: Claimed) -> None:
@@ -482,10 +493,11 @@ class Scheduler:
             await asyncio.gather(*(self.book(c).renew(c.ticket) for c in held),
                                  return_exceptions=True)  # unreachable store: next sweep
 
-    async def release_plan(self, claimed: Claimed) -> None:
-        """An unused held plan: its ticket goes, the model its load left stays counted."""
+    async def release_plan(self, claimed: Claimed, loaded: bool = False) -> None:
+        """An unused held plan: its ticket goes, the model its load left (or is leaving:
+        `loaded` False) stays counted."""
         self.unhold(claimed)
-        stays = left_loaded(claimed.placement, self.clock())
+        stays = left_loaded(claimed.placement, self.clock(), loaded)
         await self.book(claimed).release(claimed.ticket, stays)
 
     def _finisher(self, claimed: Claimed, call: CallRequest, route: Route
@@ -496,14 +508,15 @@ class Scheduler:
             self.unhold(claimed)
             now = self.clock()
             stats = self.stats[placement.provider]
-            # An agent leaving (Ctrl-C, a cancelled tool call) says nothing of the GPU.
-            stats = stats.abandoned() if outcome.client_left else \
+            # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
+            # as too long, says nothing of the GPU.
+            stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long else \
                 stats.record(outcome.ok, outcome.seconds, now)
             self.stats[placement.provider] = stats
             # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
             self.metrics.circuit_open.labels(placement.provider).set(
                 0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-            loaded = left_loaded(placement, now)
+            loaded = left_loaded(placement, now, outcome.ok and not outcome.client_left)
             # keep_alive 0 is carried out by the sidecar itself (see _release_to_unload).
             release = self._release_to_unload(claimed, loaded) if call.unloads_after else \
                 self.book(claimed).release(claimed.ticket, loaded)
@@ -516,6 +529,8 @@ class Scheduler:
                 log.warning("ticket release not written; no longer counted here, written "
                             "when the store is back", provider=placement.provider,
                             ticket=claimed.ticket.ticket_id)
+            if outcome.error and is_out_of_memory(outcome.error):
+                await self._after_out_of_memory(placement.provider)
             if outcome.ok:
                 if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
                     self.learning.observe_prompt(call, outcome.prompt_eval_count)
@@ -529,6 +544,22 @@ class Scheduler:
                 self._spawn(self.prober.refresh(placement.provider))
 
         return done
+
+    async def _after_out_of_memory(self, provider: str) -> None:
+        """An engine that ran out of memory unloads every model it holds (Ollama >= 0.30
+        expires them all; a load that failed so evicted the others first): every copy there
+        is marked leaving, so nothing joins one that is about to go, and unloaded."""
+        view = self.view.provider_view(
+            next(c for c in self.settings.providers if c.name == provider), self.clock())
+        models = tuple(r.model for r in view.residents if not r.leaving)
+        log.warning("provider ran out of memory; its models are treated as unloading",
+                    provider=provider, models=models)
+        try:
+            await self.tickets.mark_leaving(provider, models)
+        except StoreUnavailable:
+            return  # the probe after this failure tells the truth soon enough
+        for model in models:
+            self._spawn(self._unload_leaving(self.tickets, provider, model))
 
     def _retry_elsewhere(self, call: CallRequest, spec: CallSpec, failed: str
                          ) -> Callable[[], Awaitable[Route | None]]:

@@ -87,7 +87,8 @@ class StateView:
             return ProviderView(config.name, config.total_vram_mib, ready=False,
                                 context_length=config.context_length or 0,
                                 max_parallel=config.max_parallel,
-                                max_loaded=config.max_loaded_models, weight=config.weight)
+                                max_loaded=config.max_loaded_models, weight=config.weight,
+                                kv_cache_type=config.kv_cache_type)
         view = ProviderView(
             name=config.name,
             total_vram_mib=state.total_vram_mib or config.total_vram_mib,
@@ -96,7 +97,8 @@ class StateView:
             max_parallel=state.max_parallel or config.max_parallel,
             max_loaded=config.max_loaded_models if state.max_loaded is None
             else state.max_loaded, weight=config.weight,
-            disk_mib=state.available_mib, trained_context=state.trained_ctx,
+            disk_mib=state.available_mib, models=state.models, observed=state.observed,
+            kv_cache_type=state.kv_cache_type, version=state.version,
             probed_at=state.last_probed_at)
         return merge_residency(view, self.ticket_set(config.name, now).residents)
 
@@ -105,11 +107,6 @@ class StateView:
                  extra_tickets: tuple[Ticket, ...] = ()) -> Snapshot:
         views = tuple(self.provider_view(c, now) for c in self.configs)
         tickets: list[Ticket] = list(extra_tickets)
-        observed: dict[str, int] = {}
         for config in self.configs:
             tickets.extend(self.ticket_set(config.name, now).tickets.values())
-            state = self.provider_state(config.name, now)
-            if state is not None:
-                for model, mib in state.observed_mib.items():
-                    observed.setdefault(model, mib)
-        return Snapshot(now, views, tuple(tickets), demand, health, observed, load_mib_per_s)
+        return Snapshot(now, views, tuple(tickets), demand, health, load_mib_per_s)

@@ -243,10 +243,12 @@ class TicketBook:
             self._owed_changes += 1
 
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
-                   cold: bool, evicts: dict[str, int], holder: str) -> Ticket:
+                   cold: bool, evicts: dict[str, int], holder: str, context: int = 0,
+                   estimate_mib: int = 0) -> Ticket:
         now = self.clock()
         return Ticket(ticket_id, provider, model, footprint_mib, now, now + self.ttl_s,
-                      cold=cold, evicts=evicts, holder=holder)
+                      cold=cold, evicts=evicts, holder=holder, context=context,
+                      estimate_mib=estimate_mib)
 
     async def claim(self, ticket: Ticket, view: ProviderView, needs_free_slot: bool = False
                     ) -> ClaimResult:
@@ -387,6 +389,20 @@ class TicketBook:
             return TicketSet(tickets, current.residents)
 
         return await self._mutate(ticket.provider, extend)
+
+    async def mark_leaving(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
+        """Record `models` as leaving whatever tickets name them (the engine unloads them
+        itself): no claim joins them; their memory counts until they are seen gone."""
+        def leaving(current: TicketSet, now: float) -> TicketSet | str | None:
+            marked = {}
+            for model in models:
+                known = current.residents.get(model)
+                size, ctx = (known.mib, known.context_length) if known and not known.gone \
+                    else (1, 0)
+                marked[model] = Residency(size, ctx, now, leaving=True)
+            return TicketSet(current.tickets, {**current.residents, **marked})
+
+        return await self._mutate(provider, leaving)
 
     async def mark_unloaded(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
         """Record that `models` were unloaded, so every view drops them before the next

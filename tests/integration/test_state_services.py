@@ -130,17 +130,22 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     state = ProviderState.decode(raw_up.value)
     assert state.ready and state.total_vram_mib == 24564 and state.max_parallel == 2
     assert state.max_loaded == 4 and ProviderState.decode(raw_down.value).max_loaded == 3
-    assert state.loaded_mib == {"qwen3:8b": 6000}
+    footprint = up.config.model("qwen3:8b").footprint_mib(8192, 1, batch=1024)
+    assert state.loaded_mib == state.loaded_size_mib == {"qwen3:8b": footprint}
     assert state.loaded_ctx == {"qwen3:8b": 8192}
     assert state.loaded_expiry["qwen3:8b"] > state.last_probed_at  # its keep-alive expiry
     assert state.available_mib["qwen3:32b"] == 20200
-    assert state.trained_ctx["phi3:mini"] == 4096 and state.trained_ctx["qwen3:8b"] == 40960
+    assert state.models["phi3:mini"].trained_context == 4096
+    qwen3 = state.models["qwen3:8b"]
+    assert (qwen3.trained_context, qwen3.kv_bytes_per_token) == (40960, 144 * 1024)
+    assert state.models["nomic-embed-text:latest"].embedding
+    assert state.observed == {"qwen3:8b": {8192: footprint}}
     assert not ProviderState.decode(raw_down.value).ready
     # unchanged state within the interval is not written again; a change is, at once
     assert not await prober.publish(await prober.probe("up"))
     await client.unload("qwen3:8b")
     assert await prober.publish(await prober.probe("up"))
-    assert prober.observed["qwen3:8b"] == 6000  # the first observed footprint is kept
+    assert prober.observed["up"] == {"qwen3:8b": {8192: footprint}}  # kept once unloaded
     for c in [client, *clients.values()]:
         await c.close()
     await store.close()

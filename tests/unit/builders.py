@@ -24,11 +24,15 @@ SIZES = {"qwen3:32b": 27000, "qwen3:14b": 12224, "qwen3:8b": 6000, "phi3:mini": 
 
 def gpu(name: str, total: int | None = GIB24, residents: tuple[str, ...] = (), *,
         ctx: int = 0, parallel: int = 1, ready: bool = True, weight: float = 100.0,
-        resident_ctx: int = 0, max_loaded: int = 0) -> ProviderView:
+        resident_ctx: int = 0, max_loaded: int = 0, **extra: Any) -> ProviderView:
+    """A card on which every model of SIZES was seen at that size (no architecture known, so
+    the figure holds at any context)."""
+    extra.setdefault("observed", {m: {0: mib} for m, mib in SIZES.items()})
     return ProviderView(
         name=name, total_vram_mib=total, ready=ready,
         residents=tuple(Resident(m, SIZES[m], resident_ctx) for m in residents),
         context_length=ctx, max_parallel=parallel, max_loaded=max_loaded, weight=weight,
+        **extra,
     )
 
 
@@ -52,12 +56,12 @@ def snapshot(*providers: ProviderView, tickets: tuple[Ticket, ...] = (),
             circuit=(circuits or {}).get(p.name, Circuit.CLOSED),
             latency_ema_s=(latency or {}).get(p.name))
     return Snapshot(now=NOW, providers=providers, tickets=tickets, demand=demand or {},
-                    health=health, observed_footprints=dict(SIZES), **extra)
+                    health=health, **extra)
 
 
 def call(*models: str | tuple[str, float], tokens: int = 100, tolerance: float = 10,
-         phase: str = "mulling", min_context: int = 0) -> CallSpec:
+         phase: str = "mulling", **extra: Any) -> CallSpec:
     candidates = tuple(Candidate(m) if isinstance(m, str) else Candidate(m[0], m[1])
                        for m in models)
     return CallSpec(candidates, prompt_tokens=tokens, tolerance=tolerance,
-                    phase=phase, min_context=min_context)  # type: ignore[arg-type]
+                    phase=phase, **extra)  # type: ignore[arg-type]

@@ -35,23 +35,27 @@ def _index(*residents: str, tickets: tuple[Ticket, ...] = ()):  # type: ignore[n
 
 # --- victims -------------------------------------------------------------------------------
 
+def frees(mib: int):  # type: ignore[no-untyped-def]
+    return lambda victims: sum(v.footprint_mib for v in victims) >= mib
+
+
 def test_victims_only_idle_residents() -> None:
     index, _ = _index("qwen3:8b", "phi3:mini", tickets=(ticket("a", "qwen3:8b"),))
-    chosen = choose_victims(index, 3000, {})
+    chosen = choose_victims(index, frees(3000), {})
     assert chosen is not None and [r.model for r in chosen] == ["phi3:mini"]
-    assert choose_victims(index, 5000, {}) is None  # the 8b has live work
+    assert choose_victims(index, frees(5000), {}) is None  # the 8b has live work
 
 
 def test_victims_never_one_planned_by_another_ticket() -> None:
     plan = ticket("a", "qwen3:14b", cold=True, evicts={"phi3:mini": 3600})
     index, _ = _index("qwen3:8b", "phi3:mini", tickets=(plan,))
-    chosen = choose_victims(index, 3000, {})
+    chosen = choose_victims(index, frees(3000), {})
     assert chosen is not None and [r.model for r in chosen] == ["qwen3:8b"]
 
 
 def test_victims_fewest_first() -> None:
     index, _ = _index("qwen3:8b", "phi3:mini", "llama3.2:3b")
-    chosen = choose_victims(index, 5000, {})  # the 8b alone beats phi3 + llama together
+    chosen = choose_victims(index, frees(5000), {})  # the 8b alone beats phi3 + llama together
     assert chosen is not None and [r.model for r in chosen] == ["qwen3:8b"]
 
 
@@ -66,16 +70,16 @@ def test_victims_fewest_first() -> None:
 )
 def test_victims_least_needed_first(demand: dict[str, ModelDemand], victim: str) -> None:
     index, _ = _index("phi3:mini", "llama3.2:3b")
-    chosen = choose_victims(index, 3000, demand)
+    chosen = choose_victims(index, frees(3000), demand)
     assert chosen is not None and [r.model for r in chosen] == [victim]
 
 
 def test_models_with_waiters_only_as_a_last_resort() -> None:
     index, _ = _index("qwen3:8b", "phi3:mini", "llama3.2:3b")
     demand = {"qwen3:8b": ModelDemand(waiters=1)}
-    chosen = choose_victims(index, 5000, demand)
+    chosen = choose_victims(index, frees(5000), demand)
     assert chosen is not None and {r.model for r in chosen} == {"phi3:mini", "llama3.2:3b"}
-    chosen = choose_victims(index, 9000, demand)
+    chosen = choose_victims(index, frees(9000), demand)
     assert chosen is not None and "qwen3:8b" in {r.model for r in chosen}
 
 

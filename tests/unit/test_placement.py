@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.core.occupancy import index_providers, occupancy_mib, ticket_budget_ok
+from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY, Policy
-from proxy.core.types import Circuit, ModelDemand, Resident, Snapshot
+from proxy.core.sizing import Sizer
+from proxy.core.types import Circuit, ModelDemand, ModelInfo, ProviderView, Resident
 from tests.unit.builders import GIB16, GIB24, GIB32, NOW, call, gpu, snapshot, ticket
 
 
@@ -19,15 +20,20 @@ def test_reserve_and_usable_reference_figures(total: int, usable: int) -> None:
     assert DEFAULT_POLICY.usable_mib(total) == usable
 
 
-def test_occupancy_observed_then_declared_then_disk_then_unknown() -> None:
-    base = Snapshot(now=0, providers=(gpu("a"),))
-    observed = Snapshot(now=0, providers=(gpu("a"),), observed_footprints={"m": 7000})
-    on_disk = Snapshot(now=0, providers=(
-        gpu("a").__class__(name="a", total_vram_mib=1000, disk_mib={"m": 5000}),))
-    assert occupancy_mib("m", observed, DEFAULT_POLICY, declared=9000) == 7000
-    assert occupancy_mib("m", base, DEFAULT_POLICY, declared=9000) == 9000
-    assert occupancy_mib("m", on_disk, DEFAULT_POLICY) == 6000  # x 1.2
-    assert occupancy_mib("m", base, DEFAULT_POLICY) is None
+def test_without_an_architecture_the_footprint_is_seen_then_declared_then_disk() -> None:
+    seen = gpu("a", observed={"m": {0: 7000}})
+    bare = gpu("a", observed={})
+    on_disk = ProviderView("a", 1000, disk_mib={"m": 5000})
+
+    def total(view: ProviderView, declared: int | None = None) -> int | None:
+        fp = Sizer((view,), DEFAULT_POLICY.disk_to_vram_factor).footprint("m", view, 8192,
+                                                                          declared)
+        return fp.total_mib if fp else None
+
+    assert total(seen, declared=9000) == 7000
+    assert total(bare, declared=9000) == 9000
+    assert total(on_disk) == 6000  # x 1.2
+    assert total(bare) is None
 
 
 # --- the design doc's worked examples ------------------------------------------------------
@@ -244,8 +250,8 @@ def test_half_open_circuit_may_take_a_trial_call() -> None:
 @pytest.mark.parametrize(("extra", "cold"), [(0, True), (1, False)])
 def test_cold_fit_beside_residents_is_inclusive(extra: int, cold: bool) -> None:
     # usable 21616 on a 24563 MiB card; the 14b leaves exactly 9392 MiB
-    snap = snapshot(gpu("a", GIB24, ("qwen3:14b",)))
-    snap = replace(snap, observed_footprints={"qwen3:14b": 12224, "x": 9392 + extra})
+    snap = snapshot(gpu("a", GIB24, ("qwen3:14b",), observed={"qwen3:14b": {0: 12224},
+                                                              "x": {0: 9392 + extra}}))
     decision = place(call("x"), snap)
     assert decision.placement is not None
     assert (decision.placement.kind == "cold") is cold  # one MiB more: unload the idle 14b
@@ -254,7 +260,7 @@ def test_cold_fit_beside_residents_is_inclusive(extra: int, cold: bool) -> None:
 @pytest.mark.parametrize(("footprint", "outcome"), [(21616, "placed"),
                                                      (21617, "model-too-large")])
 def test_usable_vram_bound_is_inclusive(footprint: int, outcome: str) -> None:
-    snap = replace(snapshot(gpu("a", GIB24)), observed_footprints={"x": footprint})
+    snap = snapshot(gpu("a", GIB24, observed={"x": {0: footprint}}))
     assert place(call("x"), snap).outcome == outcome
 
 
@@ -279,29 +285,41 @@ def test_planned_victim_is_not_warm() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ctx", "resident_ctx", "tokens", "placed"),
+    ("total", "ctx", "resident_ctx", "tokens", "outcome"),
     [
-        (8192, 0, 8192, True),  # a prompt of exactly the context fits
-        (8192, 0, 8193, False),
-        (0, 0, 10**6, True),  # an unknown context never refuses
-        (4096, 16384, 9000, True),  # the loaded copy's context wins over the configured one
-        (32768, 4096, 9000, False),
+        # a prompt fits with 256 tokens kept for the answer and the engine's own one
+        (GIB32, 8192, 0, 8192 - 257, "cold"),
+        (GIB32, 8192, 0, 8192 - 256, "prompt-too-large"),
+        (None, 0, 0, 10**6, "cold"),  # an unknown context (no VRAM total) never refuses
+        (GIB32, 0, 0, 32768 - 257, "cold"),  # unset: Ollama's default for a 32 GiB card
+        (GIB32, 4096, 16384, 9000, "warm"),  # the loaded copy's context wins
+        (GIB32, 4096, 0, 5000, "prompt-too-large"),
+        # loaded idle with 4096; a copy loaded for this call gets the card's 32768: reload
+        (GIB32, 32768, 4096, 9000, "evict"),
     ],
 )
-def test_context_window_is_a_hard_filter(ctx: int, resident_ctx: int, tokens: int,
-                                         placed: bool) -> None:
-    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",), ctx=ctx, resident_ctx=resident_ctx))
+def test_context_window_is_a_hard_filter(total: int | None, ctx: int, resident_ctx: int,
+                                         tokens: int, outcome: str) -> None:
+    residents = ("qwen3:8b",) if resident_ctx else ()
+    snap = snapshot(gpu("a", total, residents, ctx=ctx, resident_ctx=resident_ctx))
     decision = place(call("qwen3:8b", tokens=tokens), snap)
-    assert (decision.outcome == "placed") is placed
-    if not placed:
-        assert decision.outcome == "prompt-too-large"
+    kind = decision.placement.kind if decision.placement else decision.outcome
+    assert kind == outcome, decision.reason
+    if outcome == "evict":
+        assert decision.placement is not None
+        assert dict(decision.placement.evicts) == {"qwen3:8b": 6000}
+        assert (decision.placement.num_ctx, decision.placement.context_length) == (32768, 32768)
 
 
-def test_num_ctx_is_a_minimum_on_the_context() -> None:
-    snap = snapshot(gpu("small-ctx", GIB32, ctx=4096), gpu("big-ctx", GIB32, ctx=32768))
-    decision = place(call("qwen3:8b", tokens=100, min_context=16384), snap)
+def test_num_ctx_is_the_least_context_a_call_accepts_and_what_a_load_gets() -> None:
+    small = gpu("small-ctx", GIB32, ("qwen3:8b",), ctx=4096, resident_ctx=4096)
+    big = gpu("big-ctx", GIB32, ("qwen3:8b",), ctx=32768, resident_ctx=32768)
+    decision = place(call("qwen3:8b", tokens=100, num_ctx=16384), snapshot(small, big))
     assert decision.placement and decision.placement.provider == "big-ctx"
-    assert decision.placement.context_length == 32768
+    assert (decision.placement.kind, decision.placement.num_ctx) == ("warm", 32768)
+    cold = place(call("qwen3:8b", tokens=100, num_ctx=16384), snapshot(gpu("a", GIB32)))
+    assert cold.placement and cold.placement.kind == "cold"
+    assert (cold.placement.num_ctx, cold.placement.context_length) == (16384, 16384)
 
 
 # --- refusals ------------------------------------------------------------------------------
@@ -332,8 +350,8 @@ def test_prompt_too_large_names_the_fix() -> None:
 
 def test_a_models_trained_context_caps_the_configured_one() -> None:
     # Ollama loads phi3:mini with at most its trained 4096 tokens, whatever the card allows.
-    big = replace(gpu("a", GIB24, ctx=8192), trained_context={"phi3:mini": 4096,
-                                                              "qwen3:8b": 40960})
+    big = gpu("a", GIB24, ctx=8192, models={"phi3:mini": ModelInfo(trained_context=4096),
+                                            "qwen3:8b": ModelInfo(trained_context=40960)})
     decision = place(call("phi3:mini", tokens=6000), snapshot(big))
     assert decision.outcome == "prompt-too-large"
     assert "trained" in decision.reason and "4096" in decision.reason
@@ -341,7 +359,7 @@ def test_a_models_trained_context_caps_the_configured_one() -> None:
     assert placed.placement and placed.placement.model == "qwen3:8b"
     assert placed.placement.context_length == 8192
     loaded = replace(big, residents=(Resident("phi3:mini", 3600, 4096),))
-    assert place(call("phi3:mini", tokens=4000), snapshot(loaded)).outcome == "placed"
+    assert place(call("phi3:mini", tokens=3800), snapshot(loaded)).outcome == "placed"
 
 
 def test_prompt_too_large_only_when_no_acceptable_model_has_the_context() -> None:

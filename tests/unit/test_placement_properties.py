@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core.context import fits
 from proxy.core.occupancy import index_providers
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
@@ -40,7 +41,8 @@ def providers(draw: st.DrawFn) -> tuple[ProviderView, ...]:
         out.append(ProviderView(
             name=f"p{i}", total_vram_mib=total, ready=draw(st.booleans()) or i == 0,
             residents=tuple(residents), context_length=draw(st.sampled_from([0, 2048, 8192])),
-            max_parallel=draw(st.integers(1, 3))))
+            max_parallel=draw(st.integers(1, 3)),
+            observed={m: {0: mib} for m, mib in SIZES.items()}))
     return tuple(out)
 
 
@@ -61,7 +63,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     health = {v.name: ProviderHealth(draw(st.sampled_from(list(Circuit))),
                                      draw(st.sampled_from([None, 5.0, 30.0])))
               for v in views}
-    return Snapshot(NOW, views, tuple(tickets), {}, health, dict(SIZES))
+    return Snapshot(NOW, views, tuple(tickets), {}, health)
 
 
 @st.composite
@@ -89,8 +91,7 @@ def test_placement_invariants(snap: Snapshot, call: CallSpec) -> None:
     assert view.ready
     assert snap.health[view.name].circuit is not Circuit.OPEN
     # never a provider whose context cannot hold the prompt
-    ctx = index.context_for(placement.model)
-    assert ctx == 0 or call.prompt_tokens <= ctx
+    assert fits(call.prompt_tokens, placement.context_length)
     assert placement.model in {c.model for c in call.candidates}
     if placement.kind == "warm":
         assert index.is_warm(placement.model)

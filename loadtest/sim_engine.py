@@ -1,0 +1,170 @@
+"""Ollama's engine rules as the simulator applies them, written from Ollama's Go source
+(ollama/ollama HEAD fb30760 and tag v0.12.6), not from the sidecar: the simulator is the
+independent Ollama the sidecar is tested against. Each function names its Go original.
+
+Memory a runner really takes (what HEAD's /api/ps measures from llama-server's buffers):
+the weights on the GPU, the KV cache (context x slots x per-layer KV heads x key + value
+length x the cache type's bytes) and the compute buffers (a base plus what the batch size,
+chosen by context x slots, adds). Ollama's own estimate before a load (PredictServerVRAM)
+is coarser: the file size plus an f16 KV cache reckoned from embedding / heads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 1 << 20
+GIB = 1024  # in MiB
+MAX_QUEUE = 512  # OLLAMA_MAX_QUEUE (envconfig/config.go:279)
+SERVER_BUSY = "server busy, please try again.  maximum pending requests exceeded"
+PROMPT_TOO_LONG = ("the prompt is longer than the context length currently available to the "
+                   "model; shorten the prompt, adjust the context length in settings, or use "
+                   "a model with a longer context length")
+INPUT_TOO_LONG = "the input length exceeds the context length"
+NUM_KEEP = 4  # api.DefaultOptions NumKeep
+MINIMUM_MEMORY_MIB = 457  # v0.12.6 discover/gpu.go: what the estimator keeps for CUDA
+# ggml block sizes: q8_0 34 bytes and q4_0 18 bytes per 32 values.
+CACHE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+ONE_SLOT_FAMILIES = ("mllama", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen3next",
+                     "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "nemotron_h_omni")
+NO_CONTEXT_SHIFT = ("deepseek2",)  # resolveContextShift (sched.go:137-147)
+
+
+def version_tuple(text: str) -> tuple[int, int, int]:
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
+    return (int(match[1]), int(match[2]), int(match[3])) if match else (999, 0, 0)
+
+
+def default_num_ctx(version: str, total_vram_mib: int) -> int:
+    """envconfig.ContextLength's default, and from 0.15.5 Serve()'s VRAM tiers
+    (server/routes.go:2043-2058: total memory summed over GPUs)."""
+    v = version_tuple(version)
+    if v < (0, 6, 7):
+        return 2048
+    if v < (0, 15, 5):
+        return 4096
+    if total_vram_mib >= 47 * GIB:
+        return 262144
+    return 32768 if total_vram_mib >= 23 * GIB else 4096
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """api.Runner as a request resolves it, with HEAD's "automatic" flags."""
+
+    num_ctx: int
+    num_ctx_auto: bool
+    num_batch: int
+    num_batch_auto: bool
+    num_gpu: int = -1
+    main_gpu: int | None = None
+    use_mmap: bool | None = None
+    num_thread: int = 0
+    shift: bool = True
+
+
+def _int_option(options: dict[str, Any], key: str) -> int | None:
+    value = options.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
+
+
+def auto_batch(num_ctx: int, num_parallel: int) -> int:
+    """The automatic num_batch (sched.go:859-868) by context x slots."""
+    tokens = num_ctx * num_parallel
+    return 2048 if tokens > 32768 else 1024 if tokens > 4096 else 512
+
+
+def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
+                    default_ctx: int, trained: int, vision: bool, family: str,
+                    num_parallel: int) -> LoadOptions:
+    """routes.go:129-150 (request > Modelfile > env > default), the floors of
+    sched.go:169-177 and the automatic batch; the trained cap comes at load."""
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    assert isinstance(options, dict)
+    requested = _int_option(options, "num_ctx")
+    if requested is not None:
+        num_ctx, auto = requested, False
+    elif modelfile_num_ctx:
+        num_ctx, auto = modelfile_num_ctx, False
+    elif env_num_ctx:
+        num_ctx, auto = env_num_ctx, False
+    else:
+        num_ctx, auto = default_ctx, True
+    num_ctx = max(num_ctx, 4)
+    if vision:
+        num_ctx = max(num_ctx, 2048)
+    batch = _int_option(options, "num_batch")
+    num_gpu = _int_option(options, "num_gpu")
+    use_mmap = options.get("use_mmap")
+    shift = body.get("shift")
+    return LoadOptions(
+        num_ctx=num_ctx, num_ctx_auto=auto,
+        num_batch=batch if batch is not None else auto_batch(min(num_ctx, trained or num_ctx),
+                                                             num_parallel),
+        num_batch_auto=batch is None,
+        num_gpu=-1 if num_gpu is None else num_gpu,
+        main_gpu=_int_option(options, "main_gpu"),
+        use_mmap=use_mmap if isinstance(use_mmap, bool) else None,
+        num_thread=_int_option(options, "num_thread") or 0,
+        shift=(shift is not False) and family not in NO_CONTEXT_SHIFT)
+
+
+def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, version: str
+                 ) -> bool:
+    """sched.go needsReload: HEAD caps the request's num_ctx at the trained context and skips
+    num_ctx (num_batch) when both sides are automatic; v0.12.6 compares the struct as it is
+    and never reloads for `shift`."""
+    if version_tuple(version) < (0, 30, 0):
+        def runner_part(o: LoadOptions) -> tuple[Any, ...]:
+            return (o.num_ctx, o.num_batch, o.num_gpu if o.num_gpu >= 0 else -1,
+                    o.main_gpu or 0, o.use_mmap, o.num_thread)
+        return runner_part(loaded) != runner_part(request)
+    new_ctx = min(request.num_ctx, trained) if trained else request.num_ctx
+    if loaded.num_ctx_auto and request.num_ctx_auto:
+        new_ctx = loaded.num_ctx
+    new_batch = loaded.num_batch if loaded.num_batch_auto and request.num_batch_auto \
+        else request.num_batch
+    new_mmap = loaded.use_mmap if request.use_mmap is None else request.use_mmap
+    new_gpu = -1 if request.num_gpu < 0 else request.num_gpu
+    old_gpu = -1 if request.num_gpu < 0 else loaded.num_gpu
+    if loaded.shift != request.shift:
+        return True
+    return (loaded.num_ctx, loaded.num_batch, old_gpu, loaded.main_gpu, loaded.use_mmap,
+            loaded.num_thread) != (new_ctx, new_batch, new_gpu, request.main_gpu, new_mmap,
+                                   request.num_thread)
+
+
+def kv_cache_bytes(block_count: int, heads_kv: int, key_length: int, value_length: int,
+                   tokens: int, cache_type: str) -> int:
+    """llama.cpp's real KV cache (what GraphSize models): every layer's KV heads x
+    (key + value length) per token, at the cache type's bytes per element."""
+    return int(block_count * heads_kv * (key_length + value_length) * tokens
+               * CACHE_BYTES.get(cache_type, 2.0))
+
+
+def predict_server_vram(file_bytes: int, block_count: int, heads_kv: int,
+                        embedding_length: int, heads: int, tokens: int) -> int:
+    """llm/llama_server.go:2681-2700: the file plus an f16 cache of embedding / heads."""
+    head_dim = embedding_length // heads if heads else 0
+    return file_bytes + 2 * block_count * max(heads_kv, 1) * head_dim * tokens * 2
+
+
+def batch_surcharge_mib(batch: int) -> int:
+    """sched.go:906-915: the compute a larger batch adds."""
+    return 2048 if batch >= 2048 else 768 if batch >= 1024 else 0
+
+
+def fits_in_80(estimate_mib: int, total_mib: int, used_mib: int) -> bool:
+    """sched.go:547-561: beside loaded models, a load needs its estimate within 80 % of the
+    free memory (integer arithmetic, strict >)."""
+    return estimate_mib <= max(0, total_mib - used_mib) * 80 // 100
+
+
+def context_shift_limit(num_ctx: int, num_keep: int) -> int:
+    """llm/llama_server.go:321-331: what a halved prompt keeps."""
+    return num_ctx - max((num_ctx - num_keep) // 2, 1)
+

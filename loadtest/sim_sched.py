@@ -1,0 +1,380 @@
+"""One simulated `ollama serve`: its runners and its scheduler, as Ollama's server/sched.go
+runs them.
+
+- A call for a loaded copy whose load options match goes straight to it; any other waits
+  in one queue (OLLAMA_MAX_QUEUE, then 503 "server busy") for the loader, which handles one
+  load at a time (processPending).
+- The loader reloads a copy whose options differ (needsReload: counted as a reload), unloads
+  a model of its own choosing at OLLAMA_MAX_LOADED_MODELS or when the load does not pass its
+  admission (HEAD: the estimate within 80 % of the free memory; 0.12: the whole footprint
+  free) beside the models loaded (counted as self-evictions), waiting for a busy victim's
+  calls to end, and loads a model that does not fit alone partly into CPU memory (a spill).
+- A runner's memory follows its architecture x context x slots (sim_model.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from loadtest.sim_engine import (
+    MAX_QUEUE,
+    MIB,
+    MINIMUM_MEMORY_MIB,
+    SERVER_BUSY,
+    LoadOptions,
+    fits_in_80,
+    needs_reload,
+    resolve_options,
+    version_tuple,
+)
+from loadtest.sim_model import PromptTokens, SimConfig, SimModel, tokens_for_text
+
+log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
+SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
+
+
+class SimError(Exception):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Runner:
+    """A loaded (or loading) model, like Ollama's runnerRef."""
+
+    model: SimModel
+    options: LoadOptions  # what it was loaded with (num_ctx as Ollama records it)
+    ctx: int  # the context each slot really has (capped at the trained one)
+    footprint_mib: int  # all it takes, GPU and CPU
+    vram_mib: int  # what of it is on the GPU
+    slots: asyncio.Semaphore
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    refcount: int = 0
+    keep_alive_s: float = 300.0
+    expires_at: float = math.inf  # time.time() seconds
+    unload_requested: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def spilled(self) -> bool:
+        return self.vram_mib < self.footprint_mib
+
+    @property
+    def speed(self) -> float:
+        """Layers in CPU memory are slower: the share on the GPU, at least a fifth."""
+        return max(0.2, self.vram_mib / self.footprint_mib) if self.footprint_mib else 1.0
+
+
+@dataclass
+class Fault:
+    mode: str = "none"  # none | error | midstream | stall | slow_first_byte | oom
+    count: int = 0  # how many more requests it hits; -1 forever
+    status: int = 500
+    after_chunks: int = 2
+    delay_s: float = 0.0
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    loads: int = 0
+    unloads: int = 0
+    reloads: int = 0  # copies Ollama reloaded because a call's load options differed
+    self_evictions: int = 0  # models Ollama unloaded itself to load another
+    spills: int = 0  # copies loaded partly into CPU memory
+    oom_events: int = 0
+    truncations: int = 0  # prompts cut or shortened without a word
+    too_long_refusals: int = 0  # prompts refused with 400 as longer than the context
+    busy_refusals: int = 0  # 503 server busy: the load queue was full
+    peak_vram_mib: int = 0
+    max_prompt_tokens: int = 0
+    inference_requests: int = 0
+    abandoned: int = 0  # complete answers whose client left first (generation stopped)
+    requests_by_model: dict[str, int] = field(default_factory=dict)
+
+
+class OllamaSim:
+    """State and behaviour of one simulated `ollama serve` (one GPU)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.runners: dict[str, Runner] = {}
+        self.stats = Stats()
+        self.fault = Fault()
+        self._loader = asyncio.Lock()  # one load at a time
+        self._pending = 0
+
+    @property
+    def newest(self) -> bool:
+        return version_tuple(self.config.version) >= (0, 30, 0)
+
+    # -- time ------------------------------------------------------------------------------
+    async def _sleep(self, seconds: float) -> None:
+        scaled = seconds * self.config.time_scale
+        if scaled > 0:
+            await asyncio.sleep(scaled)
+
+    # -- memory ----------------------------------------------------------------------------
+    def used_vram_mib(self) -> int:
+        return sum(r.vram_mib for r in self.runners.values())
+
+    def _expire_idle(self) -> None:
+        now = time.time()
+        for name, runner in list(self.runners.items()):
+            if runner.refcount == 0 and runner.loaded.is_set() and runner.expires_at <= now:
+                self._drop(name, "keep-alive expiry")
+
+    def _drop(self, name: str, why: str = "unload") -> None:
+        runner = self.runners.pop(name, None)
+        if runner is not None:
+            runner.gone.set()
+            self.stats.unloads += 1
+            log.info("%s %s: %s (%d MiB in use)", self.config.name, why, name,
+                     self.used_vram_mib())
+
+    def _expire(self, runner: Runner, why: str) -> None:
+        """sessionDuration 0: an idle runner goes now, a busy one when its calls end."""
+        if runner.refcount == 0:
+            self._drop(runner.model.name, why)
+        else:
+            runner.unload_requested = True
+            log.info("%s %s: %s once its calls end", self.config.name, why, runner.model.name)
+
+    def expire_all(self) -> None:
+        """An out-of-memory during inference: every runner is expired (sched.go:1632-1661)."""
+        for runner in list(self.runners.values()):
+            self._expire(runner, "expired after running out of memory")
+
+    def _victim(self) -> Runner:
+        """findRunnerToUnload: by keep-alive (forever last), then by name; the first idle
+        one, else the first."""
+        ordered = sorted(self.runners.values(), key=lambda r: (r.keep_alive_s, r.model.name))
+        return next((r for r in ordered if r.refcount == 0), ordered[0])
+
+    async def _evict(self, why: str) -> None:
+        victim = self._victim()
+        self.stats.self_evictions += 1
+        self._expire(victim, f"self-eviction ({why})")
+        await victim.gone.wait()
+
+    def resolve(self, model: SimModel, body: dict[str, Any]) -> LoadOptions:
+        c = self.config
+        return resolve_options(body, model.modelfile_num_ctx, c.context_length,
+                               c.default_context(), model.trained_ctx, model.vision,
+                               model.model_family, model.slots(c.num_parallel, c.version))
+
+    def _usable(self, runner: Runner | None, request: LoadOptions) -> bool:
+        return runner is not None and runner.loaded.is_set() and not runner.unload_requested \
+            and not needs_reload(runner.options, request, runner.model.trained_ctx,
+                                 self.config.version)
+
+    async def acquire(self, model: SimModel, body: dict[str, Any], keep_alive_s: float
+                      ) -> tuple[Runner, float]:
+        """The loaded runner for `model` (loading it if needed) and the seconds until it was
+        ready: Ollama's load_duration (queue, evictions and load; not the slot wait)."""
+        started = time.perf_counter()
+        request = self.resolve(model, body)
+        self._expire_idle()
+        runner = self.runners.get(model.name)
+        if not self._usable(runner, request):
+            if self._pending >= min(self.config.max_queue, MAX_QUEUE):
+                self.stats.busy_refusals += 1
+                raise SimError(SERVER_BUSY, 503)
+            self._pending += 1
+            try:
+                async with self._loader:
+                    runner = await self._schedule(model, request, keep_alive_s)
+            finally:
+                self._pending -= 1
+        assert runner is not None
+        runner.refcount += 1
+        runner.idle.clear()
+        runner.keep_alive_s = keep_alive_s  # last writer wins, as in Ollama
+        return runner, time.perf_counter() - started
+
+    async def _schedule(self, model: SimModel, request: LoadOptions, keep_alive_s: float
+                        ) -> Runner:
+        """processPending for one request, with the loader held."""
+        c = self.config
+        while True:
+            self._expire_idle()
+            runner = self.runners.get(model.name)
+            if runner is not None:
+                if self._usable(runner, request):
+                    return runner  # loaded by a call ahead of this one
+                if not runner.unload_requested:
+                    self.stats.reloads += 1
+                    self._expire(runner, "reload for other load options")
+                await runner.gone.wait()
+                continue
+            if c.max_loaded_models and len(self.runners) >= c.max_loaded_models:
+                await self._evict(f"{c.max_loaded_models} models loaded")
+                continue
+            slots = model.slots(c.num_parallel, c.version)
+            ctx = min(request.num_ctx, model.trained_ctx)
+            need = model.footprint_mib(ctx, slots, c.cache_type, request.num_batch)
+            used = self.used_vram_mib()
+            if self.runners:
+                if self.newest:
+                    fits = fits_in_80(model.estimate_mib(ctx, slots), c.total_vram_mib, used)
+                else:
+                    fits = need + MINIMUM_MEMORY_MIB <= c.total_vram_mib - used
+                if not fits:
+                    await self._evict(f"{model.name} needs room")
+                    continue
+            return await self._load(model, request, ctx, slots, need, keep_alive_s)
+
+    async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
+                    need: int, keep_alive_s: float) -> Runner:
+        free = self.config.total_vram_mib - self.used_vram_mib()
+        vram = need if need <= free else max(0, free - SPILL_MARGIN_MIB)
+        if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
+            request = replace(request, num_ctx=ctx)
+        runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
+                        vram_mib=vram, slots=asyncio.Semaphore(slots), keep_alive_s=keep_alive_s)
+        self.runners[model.name] = runner
+        self.stats.loads += 1
+        if runner.spilled:
+            self.stats.spills += 1
+        log.info("%s load: %s at %d x %d (%d MiB%s; %d MiB in use)", self.config.name,
+                 model.name, ctx, slots, need,
+                 f", {need - vram} MiB on the CPU" if runner.spilled else "",
+                 self.used_vram_mib())
+        self.stats.peak_vram_mib = max(self.stats.peak_vram_mib, self.used_vram_mib())
+        try:
+            await self._sleep(need / self.config.load_mib_per_s)
+        except BaseException:
+            if self.runners.get(model.name) is runner:
+                self._drop(model.name, "load abandoned")
+            raise
+        runner.loaded.set()
+        return runner
+
+    def release(self, runner: Runner) -> None:
+        runner.refcount -= 1
+        if runner.refcount == 0:
+            runner.idle.set()
+            if runner.unload_requested or runner.keep_alive_s <= 0:
+                if self.runners.get(runner.model.name) is runner:
+                    self._drop(runner.model.name)
+            else:
+                runner.expires_at = time.time() + runner.keep_alive_s * self.config.time_scale
+
+    def request_unload(self, model: SimModel) -> None:
+        runner = self.runners.get(model.name)
+        if runner is not None:
+            self._expire(runner, "unload")
+
+    # -- prompts ---------------------------------------------------------------------------
+    def chat_prompt(self, body: dict[str, Any]) -> PromptTokens:
+        cpt = self.config.chars_per_token
+        prompt = PromptTokens()
+        for msg in body.get("messages") or []:
+            text = str(msg.get("content") or "")
+            calls = msg.get("tool_calls")
+            if calls:
+                text += str(calls)
+            images = msg.get("images") or []
+            prompt.images += len(images)
+            prompt.messages.append(tokens_for_text(text, cpt) + 4
+                                   + self.config.image_tokens * len(images))
+            prompt.system_flags.append(msg.get("role") == "system")
+        tools = body.get("tools")
+        if tools:
+            prompt.fixed += tokens_for_text(str(tools), cpt)
+        return prompt
+
+    def generate_prompt(self, body: dict[str, Any]) -> PromptTokens:
+        cpt = self.config.chars_per_token
+        prompt = PromptTokens(images=len(body.get("images") or []))
+        context = body.get("context")
+        if isinstance(context, list) and context:  # an earlier answer's tokens, put first
+            prompt.messages.append(len(context))
+            prompt.system_flags.append(False)
+        for key in ("system", "prompt"):
+            text = body.get(key)
+            if text:
+                prompt.messages.append(tokens_for_text(str(text), cpt) + 4)
+                prompt.system_flags.append(key == "system")
+        return prompt
+
+    # -- fault injection -------------------------------------------------------------------
+    def take_fault(self) -> Fault | None:
+        fault = self.fault
+        if fault.mode == "none" or fault.count == 0:
+            return None
+        if fault.count > 0:
+            fault.count -= 1
+        return Fault(fault.mode, 1, fault.status, fault.after_chunks, fault.delay_s)
+
+    # -- ps / tags / show ------------------------------------------------------------------
+    def ps(self) -> dict[str, Any]:
+        """Loaded runners (not those still loading), with what each holds of the GPU."""
+        self._expire_idle()
+        models = []
+        now = time.time()
+        for runner in self.runners.values():
+            if not runner.loaded.is_set():
+                continue
+            if runner.refcount > 0 or runner.expires_at == math.inf:
+                remaining = runner.keep_alive_s * self.config.time_scale
+            else:
+                remaining = runner.expires_at - now
+            remaining = min(remaining, 292 * 365 * 86400.0)
+            expires = datetime.now(UTC) + timedelta(seconds=remaining)
+            models.append({
+                **self._describe(runner.model),
+                "expires_at": expires.isoformat().replace("+00:00", "Z"),
+                "size": runner.footprint_mib * MIB,
+                "size_vram": runner.vram_mib * MIB,
+                "context_length": runner.options.num_ctx,  # 0.12: as requested, uncapped
+            })
+        models.sort(key=lambda m: m["expires_at"], reverse=True)
+        return {"models": models}
+
+    def _describe(self, model: SimModel) -> dict[str, Any]:
+        return {
+            "name": model.name,
+            "model": model.name,
+            "digest": hashlib.sha256(model.name.encode()).hexdigest(),
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": model.model_family,
+                "families": [model.model_family],
+                "parameter_size": model.parameter_size,
+                "quantization_level": model.quantization,
+            },
+        }
+
+    def tags(self) -> dict[str, Any]:
+        return {"models": [
+            {**self._describe(m), "modified_at": "2026-01-01T00:00:00Z", "size": m.disk_mib * MIB}
+            for m in self.config.models
+        ]}
+
+    def show(self, model: SimModel) -> dict[str, Any]:
+        parameters = ['stop                           "<|im_end|>"']
+        if model.modelfile_num_ctx:
+            parameters.append(f"{'num_ctx':<30} {model.modelfile_num_ctx}")
+        capabilities = ["embedding"] if model.embedding else ["completion", "tools"]
+        if model.vision:
+            capabilities.append("vision")
+        return {
+            "modelfile": f"FROM {model.name}\n",
+            "parameters": "\n".join(parameters),
+            "template": "{{ .Prompt }}",
+            "details": self._describe(model)["details"],
+            "model_info": model.model_info(),
+            "capabilities": capabilities,
+            "modified_at": "2026-01-01T00:00:00Z",
+        }

@@ -1,0 +1,112 @@
+"""The context window as Ollama resolves it, and whether a prompt fits in it.
+
+From Ollama's source (ollama/ollama; README "How memory and context are computed"):
+- precedence: the request's `num_ctx` > the Modelfile's > OLLAMA_CONTEXT_LENGTH > the
+  version's default (server/routes.go:129-150);
+- the default: 2048 before 0.6.7, 4096 up to 0.15.4, from 0.15.5 by the total VRAM
+  (>= 47 GiB 262144, >= 23 GiB 32768, else 4096; routes.go:2043-2058);
+- gpt-oss and qwen3vl at least 8192 on >= 20 GiB from 0.11.0 to 0.15.4 (v0.12.6 routes.go:141);
+- a floor of 4, of 2048 for vision models (sched.go:169-177), then the trained context caps
+  it (llm/server.go:111-116); the cap is what the copy gets, per parallel slot;
+- a prompt of num_ctx tokens or more is cut or refused: it must be <= num_ctx - 1
+  (llm/llama_server.go:290); an embedding input <= num_ctx - 2 (BOS and EOS, routes.go:875).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+Version = tuple[int, int, int]
+# Unknown versions (a source build says "0.0.0") get the newest rules.
+NEWEST: Version = (9999, 0, 0)
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
+
+GIB = 1024
+# Room kept in the context beyond the prompt: the engine's own token (a prompt must be at
+# most num_ctx - 1), and the start of the answer. A call that sets num_predict keeps room for
+# that many tokens, up to half the context: an answer that runs past the end makes the engine
+# shift the context, and the start of the conversation goes.
+ANSWER_RESERVE = 256
+EMBEDDING_RESERVE = 2
+VISION_MIN_CONTEXT = 2048
+BUMPED_FAMILIES = frozenset(("gptoss", "gpt-oss", "qwen3vl", "qwen3vlmoe"))
+
+
+def parse_version(text: str) -> Version:
+    match = _VERSION.match(text.strip())
+    if match is None:
+        return NEWEST
+    version = (int(match[1]), int(match[2]), int(match[3]))
+    return NEWEST if version == (0, 0, 0) else version
+
+
+def default_context(version: Version, total_vram_mib: int | None) -> int:
+    """Ollama's context when nothing sets one; 0 when it depends on a VRAM total not known."""
+    if version < (0, 6, 7):
+        return 2048
+    if version < (0, 15, 5):
+        return 4096
+    if total_vram_mib is None:
+        return 0
+    if total_vram_mib >= 47 * GIB:
+        return 262144
+    return 32768 if total_vram_mib >= 23 * GIB else 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """The context a copy loaded for a call gets."""
+
+    requested: int  # num_ctx as Ollama records it (before the trained cap); 0 unknown
+    context: int  # what each slot gets; 0 unknown
+    source: str  # where it came from: request, modelfile, provider, default <version>
+
+
+def resolve(*, requested: int, modelfile: int, configured: int, version: Version,
+            total_vram_mib: int | None, trained: int = 0, vision: bool = False,
+            family: str = "") -> Resolved:
+    """What Ollama resolves num_ctx to, before and after its caps (`requested` 0: the call
+    does not set one)."""
+    if requested > 0:
+        value, source = requested, "request"
+    elif modelfile > 0:
+        value, source = modelfile, "modelfile"
+    elif configured > 0:
+        value, source = configured, "provider"
+    else:
+        value = default_context(version, total_vram_mib)
+        source = "default " + ".".join(map(str, version)) if version != NEWEST else "default"
+    if not value:
+        return Resolved(0, 0, "unknown (no VRAM total)")
+    if family in BUMPED_FAMILIES and (0, 11, 0) <= version < (0, 15, 5) and \
+            (total_vram_mib or 0) >= 20 * GIB:
+        value = max(value, 8192)
+    value = max(value, 4)
+    if vision:
+        value = max(value, VISION_MIN_CONTEXT)
+    context = min(value, trained) if trained else value
+    if context < value:
+        source += f", trained {trained}"
+    return Resolved(value, context, source)
+
+
+def effective(recorded: int, trained: int) -> int:
+    """A copy's per-slot context from what /api/ps reports (older versions report the
+    requested value, before the trained cap)."""
+    return min(recorded, trained) if trained and recorded else recorded
+
+
+def reserve(context: int, num_predict: int, generates: bool = True) -> int:
+    """Tokens kept free beyond the prompt in a context of `context` tokens."""
+    if not generates:
+        return EMBEDDING_RESERVE
+    wanted = min(num_predict, context // 2) if num_predict > 0 else 0
+    return max(ANSWER_RESERVE, wanted) + 1
+
+
+def fits(prompt_tokens: int, context: int, num_predict: int = 0, generates: bool = True
+         ) -> bool:
+    """Whether the prompt fits with room for the answer; an unknown context (0) never
+    refuses."""
+    return context <= 0 or prompt_tokens + reserve(context, num_predict, generates) <= context
