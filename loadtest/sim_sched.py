@@ -56,6 +56,7 @@ class Runner:
     footprint_mib: int  # all it takes, GPU and CPU
     vram_mib: int  # what of it is on the GPU
     slots: asyncio.Semaphore
+    slot_count: int = 1
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     refcount: int = 0
@@ -240,7 +241,8 @@ class OllamaSim:
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
             request = replace(request, num_ctx=ctx)
         runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
-                        vram_mib=vram, slots=asyncio.Semaphore(slots), keep_alive_s=keep_alive_s)
+                        vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
+                        keep_alive_s=keep_alive_s)
         self.runners[model.name] = runner
         self.stats.loads += 1
         if runner.spilled:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from proxy.core import context
 from proxy.core.context import Resolved
-from proxy.core.occupancy import ProviderIndex
+from proxy.core.occupancy import Load, ProviderIndex
 from proxy.core.sizing import Footprint, Sizer
 from proxy.core.types import CallSpec, Circuit, ProviderHealth
 
@@ -148,7 +148,7 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     assert free is not None
     if need > free:
         return Fit(False, f"needs {need} MiB, {free} MiB free beside residents")
-    if not index.admits(footprint.estimate_mib):
+    if not index.admits(Load(model, need, footprint.estimate_mib)):
         return Fit(False, f"Ollama would unload a model first: its estimate "
                           f"{footprint.estimate_mib} MiB is over 80 % of the memory free")
     return Fit(True, f"fits: {need} MiB of {free} MiB free")

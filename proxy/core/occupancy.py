@@ -6,12 +6,48 @@ filter and cost reads, once per placement rather than once per candidate.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.core.policy import Policy
 from proxy.core.sizing import admission_rule, model_slots, ollama_admits
 from proxy.core.types import ProviderView, Resident, Snapshot, Ticket
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A load in flight on a card, as Ollama's admission rule sees it."""
+
+    model: str
+    footprint_mib: int
+    estimate_mib: int  # Ollama's own estimate of it; 0 unknown (the rule cannot be checked)
+    evicts: Container[str] = ()  # unloaded before it is sent
+
+    @staticmethod
+    def of(ticket: Ticket) -> Load:
+        return Load(ticket.model, ticket.footprint_mib, ticket.estimate_mib,
+                    frozenset(ticket.evicts))
+
+
+def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load]
+                      ) -> Load | None:
+    """Ollama loads one model at a time, in the order the calls reach it: each load in flight
+    must pass its 80 % rule beside the residents it does not evict and every other load.
+    The first that would not, or None."""
+    for load in loads:
+        if not load.estimate_mib:
+            continue
+        staying = [m for m in residents if m not in load.evicts and m != load.model]
+        beside = [o for o in loads if o.model != load.model]
+        used = sum(residents[m] for m in staying) + sum(o.footprint_mib for o in beside)
+        if (staying or beside) and not ollama_admits(load.estimate_mib, total_mib, used):
+            return load
+    return None
+
+
+def _loads(ticket: Ticket, residents: Container[str]) -> bool:
+    """A ticket whose copy is being loaded (or reloaded at another context)."""
+    return ticket.cold and (ticket.model not in residents or ticket.reloads)
 
 
 @dataclass(slots=True)
@@ -60,20 +96,15 @@ class ProviderIndex:
     def free_slots(self, model: str) -> int:
         return self.slots(model) - self.calls_by_model.get(model, 0)
 
-    def others_loaded(self, leaving: Container[str] = ()) -> tuple[bool, int]:
-        """Whether Ollama would see other models loaded (or loading) here once `leaving` is
-        gone, and the memory they take: what its admission rule compares against."""
-        kept = [r for r in self.view.residents if r.model not in leaving]
-        return (bool(kept) or bool(self.loading_mib),
-                sum(r.footprint_mib for r in kept) + self.loading_mib)
-
-    def admits(self, estimate_mib: int, leaving: Container[str] = ()) -> bool:
-        """Ollama's own admission (its 80 % rule, from 0.30) of a load here."""
-        if not estimate_mib or self.view.total_vram_mib is None or \
+    def admits(self, load: Load) -> bool:
+        """Ollama's own admission (its 80 % rule, from 0.30) of `load` here, beside the
+        loads already in flight (in whatever order they reach it)."""
+        if not load.estimate_mib or self.view.total_vram_mib is None or \
                 not admission_rule(self.view):
             return True
-        others, used = self.others_loaded(leaving)
-        return not others or ollama_admits(estimate_mib, self.view.total_vram_mib, used)
+        loads = [Load.of(t) for t in self.tickets if _loads(t, self.residents)]
+        residents = {r.model: r.footprint_mib for r in self.view.residents}
+        return admission_problem(self.view.total_vram_mib, residents, [*loads, load]) is None
 
     def models_over_limit(self, model: str) -> int:
         """How many loaded models must go before `model` may load here without Ollama
@@ -123,7 +154,7 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         index.calls_by_model[ticket.model] = index.calls_by_model.get(ticket.model, 0) + 1
         for victim, mib in ticket.evicts.items():
             index.planned_victims.setdefault(victim, mib)
-        if ticket.cold and (ticket.model not in index.residents or ticket.reloads):
+        if _loads(ticket, index.residents):
             index.loaded_models.add(ticket.model)
             index.loading_mib += ticket.footprint_mib
             if ticket.evicts and _making_room(ticket, {r.model for r in index.view.residents}):
@@ -196,22 +227,17 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             return False, (f"{new.model} would be model {count} loaded here "
                            f"(OLLAMA_MAX_LOADED_MODELS {view.max_loaded})")
 
-    def loads(t: Ticket) -> bool:
-        return t.cold and (t.model not in residents or t.reloads)
-
     def counted(t: Ticket) -> int:
-        return t.footprint_mib if loads(t) else min(t.footprint_mib, policy.warm_scratch_mib)
+        return t.footprint_mib if _loads(t, residents) else \
+            min(t.footprint_mib, policy.warm_scratch_mib)
 
-    if loads(new) and new.estimate_mib and admission_rule(view):
-        # Only this claim's own victims are sure to be gone when its load arrives.
-        staying = [m for m in residents if m not in new.evicts]
-        others = sum(residents[m] for m in staying) + sum(
-            t.footprint_mib for t in live if loads(t) and t.model != new.model)
-        if (staying or others) and not ollama_admits(new.estimate_mib, view.total_vram_mib,
-                                                     others):
-            return False, (f"Ollama would unload a model to load {new.model} "
-                           f"({new.estimate_mib} MiB by its estimate, over 80 % of "
-                           f"{view.total_vram_mib - others} MiB free)")
+    if _loads(new, residents) and new.estimate_mib and admission_rule(view):
+        loads = [Load.of(t) for t in [*live, new] if _loads(t, residents)]
+        refused = admission_problem(view.total_vram_mib, residents, loads)
+        if refused is not None:
+            return False, (f"Ollama would unload a model to load {refused.model} beside the "
+                           f"rest ({refused.estimate_mib} MiB by its estimate, over 80 % of "
+                           "the memory free)")
     spent = sum(counted(t) for t in live) + counted(new)
     limit = policy.usable_mib(view.total_vram_mib) if new.cold else view.total_vram_mib
     headroom = limit - sum(residents.values()) + credit

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from proxy.core.cost import call_seconds, load_seconds, queue_wait_s, remaining_load_s
 from proxy.core.eviction import NO_DEMAND, choose_victims
 from proxy.core.feasibility import Fitting, health_reason
-from proxy.core.occupancy import ProviderIndex
+from proxy.core.occupancy import Load, ProviderIndex
 from proxy.core.policy import Policy
 from proxy.core.sizing import Footprint
 from proxy.core.types import Resident, Snapshot
@@ -108,7 +108,8 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting
                    ) -> bool:
             gone = {v.model for v in victims}
             return need.total_mib <= free + sum(v.footprint_mib for v in victims) and \
-                len(gone - {model}) >= over and index.admits(need.estimate_mib, gone)
+                len(gone - {model}) >= over and \
+                index.admits(Load(model, need.total_mib, need.estimate_mib, gone))
 
         victims = choose_victims(index, enough, snapshot.demand, policy.max_victim_candidates,
                                  forced)

@@ -212,19 +212,28 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     """Residents as probed, plus models calls left loaded after that probe (or left loading
     before it: Ollama lists a copy only once loaded), less models calls unloaded after it
     (otherwise, until the next probe, others would take them as warm and make Ollama load
-    them again)."""
+    them again). A copy a call reloaded at another context since is counted as reloaded."""
     known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
         r.loading and not r.gone and m not in known and r.at > view.probed_at - LOAD_GRACE_S)}
     if not newer:
         return view
-    # A copy asked to unload stays counted, with its keep-alive run out, until seen gone.
-    kept = tuple(_replace(r, expires_at=newer[r.model].at, leaving=True)
-                 if newer.get(r.model) and newer[r.model].leaving else r
-                 for r in view.residents if not (r.model in newer and newer[r.model].gone))
+    kept = tuple(_as_recorded(r, newer.get(r.model)) for r in view.residents
+                 if not (r.model in newer and newer[r.model].gone))
     extra = tuple(Resident(m, r.mib, r.context_length, r.at,
                            expires_at=r.at if r.leaving else math.inf, leaving=r.leaving)
                   for m, r in newer.items() if m not in known and not r.gone)
     if extra or kept != view.residents:
         return _replace(view, residents=kept + extra)
     return view
+
+
+def _as_recorded(probed: Resident, recorded: Residency | None) -> Resident:
+    if recorded is None:
+        return probed
+    if recorded.leaving:  # asked to unload: counted, its keep-alive run out, until seen gone
+        return _replace(probed, expires_at=recorded.at, leaving=True)
+    if recorded.context_length and recorded.context_length != probed.context_length:
+        return _replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
+                        context_length=recorded.context_length, spilled=False)
+    return probed

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from proxy.core.occupancy import index_providers, ticket_budget_ok
+from proxy.core.occupancy import Load, index_providers, ticket_budget_ok
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.sizing import Sizer
-from proxy.core.types import Circuit, ModelDemand, ModelInfo, ProviderView, Resident
+from proxy.core.types import Circuit, ModelDemand, ModelInfo, ProviderView, Resident, Ticket
 from tests.unit.builders import GIB16, GIB24, GIB32, NOW, call, gpu, snapshot, ticket
 
 
@@ -406,3 +406,88 @@ def test_a_preferred_model_too_large_everywhere_falls_back_to_an_in_tolerance_ca
     assert decision.reason.startswith("qwen3:32b fits no GPU")
     # outside the tolerance, the answer stays model-too-large
     assert place(call(("qwen3:32b", 70), ("qwen3:8b", 30)), snap).outcome == "model-too-large"
+
+
+# --- Ollama's own rules, planned for ------------------------------------------------------
+
+QWEN3_14B = ModelInfo(trained_context=40960, kv_bytes_per_token=160 * 1024,
+                      estimate_kv_bytes_per_token=160 * 1024)
+
+
+def _card_with_phi3(version: str) -> ProviderView:
+    """16000 MiB (usable 13952), 4096 x 1, phi3 loaded (3903 MiB): a 14b (9940 MiB) fits the
+    memory beside it, but its estimate (9940) is over 80 % of the 12097 MiB free."""
+    return ProviderView("a", 16000, residents=(Resident("phi3:mini", 3903, 4096),),
+                        context_length=4096, version=version,
+                        disk_mib={"qwen3:14b": 9300, "phi3:mini": 2176},
+                        models={"qwen3:14b": QWEN3_14B})
+
+
+def test_a_load_ollama_would_not_admit_beside_others_is_planned_as_an_eviction() -> None:
+    decision = place(call("qwen3:14b"), snapshot(_card_with_phi3("0.33.0")))
+    assert decision.placement is not None and decision.placement.kind == "evict"
+    assert dict(decision.placement.evicts) == {"phi3:mini": 3903}
+    assert "80 %" in decision.verdicts[0].reason
+    # Before 0.30 Ollama loads beside whatever fits: no such rule.
+    older = place(call("qwen3:14b"), snapshot(_card_with_phi3("0.12.6")))
+    assert older.placement is not None and older.placement.kind == "cold"
+
+
+def test_the_claim_rechecks_ollamas_admission_against_the_live_tickets() -> None:
+    card = replace(_card_with_phi3("0.33.0"), residents=())
+    load = Ticket("t1", "a", "qwen3:14b", 9940, NOW, NOW + 60, cold=True, estimate_mib=9940)
+    ok, _ = ticket_budget_ok([], load, card, Policy())
+    assert ok  # alone on the card: no rule
+    other = Ticket("t0", "a", "phi3:mini", 3903, NOW, NOW + 60, cold=True)
+    ok, why = ticket_budget_ok([other], load, card, Policy())
+    assert not ok and "80 %" in why  # phi3 is being loaded meanwhile
+
+
+def test_a_call_over_the_openai_api_joins_only_a_copy_at_ollamas_default_context() -> None:
+    card = gpu("a", GIB32, ("qwen3:8b",), ctx=8192, resident_ctx=16384)
+    native = place(call("qwen3:8b"), snapshot(card))
+    assert native.placement is not None and native.placement.kind == "warm"
+    assert native.placement.num_ctx == 16384  # sent, so Ollama keeps the copy
+    dialect = place(call("qwen3:8b", pins_context=False), snapshot(card))
+    assert dialect.placement is not None and dialect.placement.kind == "evict"  # a reload
+    assert dict(dialect.placement.evicts) == {"qwen3:8b": 6000}
+    assert "OpenAI" in dialect.verdicts[0].reason
+
+
+def test_a_copy_partly_in_cpu_memory_is_no_free_reuse() -> None:
+    spilled = replace(gpu("a", GIB16), residents=(Resident("qwen3:14b", 15000, spilled=True),))
+    decision = place(call("qwen3:14b"), snapshot(spilled, gpu("b", GIB32)))
+    assert decision.placement is not None
+    assert (decision.placement.provider, decision.placement.kind) == ("b", "cold")
+    alone = place(call("qwen3:14b"), snapshot(spilled))
+    assert alone.placement is not None and alone.placement.kind == "warm"
+    assert alone.verdicts[0].terms["spill"] > 0
+
+
+def test_an_embedding_model_has_one_slot_whatever_the_card_runs() -> None:
+    card = gpu("a", GIB24, ("qwen3:8b",), parallel=4,
+               models={"qwen3:8b": ModelInfo(embedding=True)})
+    busy = snapshot(card, tickets=(ticket("a", "qwen3:8b"),))
+    decision = place(call("qwen3:8b"), busy)
+    assert decision.placement is None or decision.placement.kind != "warm"
+
+
+def test_a_new_load_waits_behind_the_load_in_flight_on_its_card() -> None:
+    loading = snapshot(gpu("a", GIB32), gpu("b", GIB32),
+                       tickets=(ticket("a", "qwen3:14b", cold=True),))
+    verdicts = {v.provider: v for v in place(call("qwen3:8b"), loading).verdicts}
+    assert verdicts["a"].terms["loads_ahead"] == pytest.approx(12224 / 1024)
+    assert "loads_ahead" not in verdicts["b"].terms
+
+
+def test_two_loads_in_flight_must_pass_ollamas_rule_in_either_order() -> None:
+    """Ollama loads them one at a time, in the order the calls reach it: phi3 beside the
+    32b's load passes the rule, but the 32b (estimate 25320) after phi3 would not."""
+    card = ProviderView("a", 32768, version="0.33.0")
+    big = Ticket("t1", "a", "qwen3:32b", 25320, NOW, NOW + 60, cold=True, estimate_mib=25320)
+    small = Ticket("t2", "a", "phi3:mini", 3183, NOW, NOW + 60, cold=True, estimate_mib=3712)
+    ok, why = ticket_budget_ok([big], small, card, Policy())
+    assert not ok and "qwen3:32b" in why
+    index = index_providers(snapshot(card, tickets=(replace(big, ticket_id="t9"),)),
+                            DEFAULT_POLICY)["a"]
+    assert not index.admits(Load("phi3:mini", 3183, 3712))

@@ -314,3 +314,36 @@ async def test_client_watch_turns_the_agent_leaving_into_client_gone_and_nothing
     task.cancel()
     with pytest.raises(asyncio.CancelledError):  # cancelled from outside stays a cancellation
         await task
+
+
+def test_a_placed_call_carries_the_copys_num_ctx_and_no_option_that_reloads() -> None:
+    from proxy.api.relay import payload_for
+
+    route = Route("p", OllamaClient(BASE), "qwen3:8b", "warm", num_ctx=16384)
+    body = {"model": "x", "messages": [], "shift": False,
+            "options": {"num_ctx": 4096, "num_batch": 1024, "num_gpu": 20, "main_gpu": 1,
+                        "use_mmap": False, "num_thread": 8, "temperature": 0.2}}
+    sent = orjson.loads(payload_for(route, body))
+    assert sent["model"] == "qwen3:8b" and "shift" not in sent
+    assert sent["options"] == {"num_ctx": 16384, "temperature": 0.2}
+    no_options = orjson.loads(payload_for(route, {"model": "x", "messages": []}))
+    assert no_options["options"] == {"num_ctx": 16384}
+    untouched = Route("p", OllamaClient(BASE), "qwen3:8b", "static")
+    assert orjson.loads(payload_for(untouched, body))["options"] == body["options"]
+
+
+@pytest.mark.parametrize(("message", "count"), [
+    ("the prompt is longer than the context length currently available to the model; "
+     "shorten the prompt, adjust the context length in settings, or use a model with a "
+     "longer context length", 0),
+    ('{"error":{"code":400,"message":"request (5012 tokens) exceeds the available context '
+     'size (4096 tokens), try increasing it","type":"exceed_context_size_error",'
+     '"n_prompt_tokens":5012,"n_ctx":4096}}', 5012),
+    ("the input length exceeds the context length", 0),
+    ("model 'x' not found", None),
+])
+def test_an_engines_refusal_of_an_over_long_prompt_is_recognised(message: str,
+                                                                 count: int | None) -> None:
+    from proxy.adapters.ollama import prompt_too_long
+
+    assert prompt_too_long(message) == count

@@ -1,0 +1,161 @@
+"""The simulator is the Ollama the sidecar is tested against: these pin it to what Ollama's
+source does (not to what the sidecar expects), over real HTTP, one rule each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.ollama_sim import SimServer
+from loadtest.sim_engine import INPUT_TOO_LONG, PROMPT_TOO_LONG
+from loadtest.sim_model import CATALOG
+
+Sims = Callable[..., SimServer]
+SCALE = 0.002
+
+
+def load(sim: SimServer, model: str, **options: Any) -> httpx.Response:
+    body: dict[str, Any] = {"model": model}
+    if options:
+        body["options"] = options
+    return httpx.post(f"{sim.url}/api/generate", json=body, timeout=30)
+
+
+def ps(sim: SimServer) -> dict[str, dict[str, Any]]:
+    return {m["model"]: m for m in httpx.get(f"{sim.url}/api/ps").json()["models"]}
+
+
+def chat(sim: SimServer, model: str, text: str, **body: Any) -> httpx.Response:
+    payload = {"model": model, "messages": [{"role": "user", "content": text}],
+               "stream": False, **body}
+    return httpx.post(f"{sim.url}/api/chat", json=payload, timeout=30)
+
+
+def test_a_copy_takes_weights_kv_and_compute_by_its_architecture(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=24564, num_parallel=2, time_scale=SCALE)
+    load(sim, "qwen3:8b")  # default on 24 GiB: 32768 per slot, 2 slots
+    copy = ps(sim)["qwen3:8b"]
+    # 5200 x 0.97 on the GPU + 144 KiB x 65536 + 256 + 2048 (a 2048 batch above 32768 tokens)
+    assert copy["size_vram"] == copy["size"] == (5044 + 9216 + 256 + 2048) * 2**20
+    assert copy["context_length"] == 32768
+
+
+def test_ollama_reloads_a_copy_for_other_load_options_but_not_for_equal_ones(
+        sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=8192, time_scale=SCALE)
+    load(sim, "qwen3:8b")
+    load(sim, "qwen3:8b", num_ctx=8192)  # equal, if explicit
+    load(sim, "qwen3:8b", num_ctx=65536)  # capped at the trained 40960: differs
+    assert sim.sim.stats.reloads == 1 and ps(sim)["qwen3:8b"]["context_length"] == 40960
+    load(sim, "qwen3:8b", num_ctx=40960)
+    load(sim, "qwen3:8b", num_ctx=40960, num_batch=1024)  # not the batch it was loaded with
+    assert sim.sim.stats.reloads == 2
+    load(sim, "qwen3:8b", num_ctx=40960, num_batch=1024, num_gpu=-1)  # num_gpu < 0: ignored
+    assert sim.sim.stats.reloads == 2
+
+
+def test_ollama_0_12_compares_num_ctx_as_requested(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=24564, version="0.12.6", time_scale=SCALE)
+    load(sim, "phi3:mini", num_ctx=8192)  # trained for 4096; recorded as asked
+    assert ps(sim)["phi3:mini"]["context_length"] == 8192
+    load(sim, "phi3:mini")  # the default 4096 differs from the recorded 8192
+    assert sim.sim.stats.reloads == 1
+
+
+def test_beside_other_models_ollama_admits_a_load_within_80_percent_of_free_memory(
+        sim_factory: Sims) -> None:
+    new = sim_factory("new", total_vram_mib=16000, context_length=4096, time_scale=SCALE)
+    old = sim_factory("old", total_vram_mib=16000, context_length=4096, version="0.12.6",
+                      time_scale=SCALE)
+    for sim in (new, old):
+        load(sim, "phi3:mini")
+        load(sim, "qwen3:14b")  # estimate 9940 MiB, 12097 free: 80 % is 9677
+    assert new.sim.stats.self_evictions == 1 and sorted(ps(new)) == ["qwen3:14b"]
+    assert old.sim.stats.self_evictions == 0 and sorted(ps(old)) == ["phi3:mini", "qwen3:14b"]
+
+
+def test_a_model_that_does_not_fit_alone_is_loaded_partly_into_cpu_memory(
+        sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    load(sim, "qwen3:14b", num_ctx=40960)
+    copy = ps(sim)["qwen3:14b"]
+    assert copy["size_vram"] < copy["size"] and sim.sim.stats.spills == 1
+
+
+def test_one_load_at_a_time_and_a_full_queue_is_server_busy(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=24564, max_queue=0, time_scale=SCALE)
+    r = load(sim, "qwen3:8b")
+    assert r.status_code == 503 and "server busy" in r.json()["error"]
+
+
+def test_an_embedding_model_gets_one_slot(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=24564, num_parallel=4, context_length=2048,
+                      time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/embed", json={"model": "nomic-embed-text", "input": "x"})
+    assert r.status_code == 200
+    runner = sim.sim.runners["nomic-embed-text:latest"]
+    assert runner.slot_count == 1
+    show = httpx.post(f"{sim.url}/api/show", json={"model": "nomic-embed-text"}).json()
+    assert show["capabilities"] == ["embedding"]
+    assert "nomic-bert.pooling_type" in show["model_info"]
+
+
+@pytest.mark.parametrize(("version", "body", "status", "message", "cut"), [
+    # 0.30+: a prompt of num_ctx tokens or more is halved (context shift), or refused
+    ("0.33.0", {}, 200, None, True),
+    ("0.33.0", {"truncate": False}, 400, "exceeds the available context size", False),
+    ("0.33.0", {"shift": False}, 400, PROMPT_TOO_LONG, False),
+    # 0.12: keep num_keep tokens and fill the context; refused with truncate false
+    ("0.12.6", {}, 200, None, True),
+    ("0.12.6", {"truncate": False}, 400, INPUT_TOO_LONG, False),
+])
+def test_an_over_long_prompt_is_cut_or_refused_as_the_version_does(
+        sim_factory: Sims, version: str, body: dict[str, Any], status: int,
+        message: str | None, cut: bool) -> None:
+    sim = sim_factory("gpu", total_vram_mib=16376, context_length=2048, version=version,
+                      time_scale=SCALE)
+    r = chat(sim, "qwen3:8b", "w " * 6000, **body)  # ~3000 tokens
+    assert r.status_code == status, r.text
+    if message is not None:
+        assert message in r.json()["error"]
+    assert (sim.sim.stats.truncations == 1) is cut
+    if cut:
+        kept = r.json()["prompt_eval_count"]
+        assert kept == (2048 if version == "0.12.6" else 2048 - (2048 - 5) // 2)
+
+
+def test_images_skip_ollamas_own_cut_and_llama_server_refuses(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=16376, context_length=2048, time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/chat", timeout=30, json={
+        "model": "qwen3:8b", "stream": False,
+        "messages": [{"role": "user", "content": "look", "images": ["aW1n"] * 3}]})
+    assert r.status_code == 400 and "n_prompt_tokens" in r.json()["error"]
+
+
+def test_load_duration_covers_the_load_not_the_wait_for_a_slot(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, tokens_per_s=20,
+                      time_scale=0.05)
+    load(sim, "llama3.2:3b")
+    slow = {"model": "llama3.2:3b", "prompt": "hi", "stream": False,
+            "options": {"num_predict": 40}}
+    with httpx.Client(timeout=30) as client:
+        import threading
+
+        first = threading.Thread(target=client.post, args=(f"{sim.url}/api/generate",),
+                                 kwargs={"json": slow})
+        first.start()
+        second = client.post(f"{sim.url}/api/generate", json=slow).json()
+        first.join()
+    # the second waited ~0.1 s for the one slot; its load_duration says nothing of it
+    assert second["load_duration"] < 0.02 * 1e9
+
+
+def test_the_catalog_is_what_ollamas_converters_write(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    info = httpx.post(f"{sim.url}/api/show", json={"model": "phi3:mini"}).json()["model_info"]
+    assert "phi3.attention.key_length" not in info  # phi3's converter writes none
+    assert info["phi3.attention.head_count_kv"] == 32
+    assert {m.name for m in CATALOG} >= {"qwen3:32b", "qwen3:14b", "qwen3:8b", "phi3:mini"}

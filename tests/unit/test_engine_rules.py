@@ -1,0 +1,212 @@
+"""The arithmetic of Ollama's engine as the sidecar does it, one row per worked example.
+
+Expected figures are worked out by hand from Ollama's source (llm/llama_server.go
+PredictServerVRAM, fs/ggml GraphSize's KV term, sched.go's batch tiers and 80 % rule,
+server/routes.go's context defaults) and the models' published architectures.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.core import context
+from proxy.core.context import NEWEST, fits, parse_version, reserve, resolve
+from proxy.core.sizing import (
+    Sizer,
+    graph_mib,
+    kv_mib,
+    kv_per_token,
+    model_slots,
+    ollama_admits,
+    ollama_estimate_mib,
+)
+from proxy.core.types import ModelInfo, ProviderView
+from proxy.service.prober import model_info, modelfile_num_ctx
+
+KIB = 1024
+
+
+def arch(name: str, blocks: int, embedding: int, heads: int | list[int],
+         kv_heads: int | list[int], head_dim: int = 0, trained: int = 40960) -> dict[str, object]:
+    info: dict[str, object] = {
+        f"{name}.block_count": blocks, f"{name}.embedding_length": embedding,
+        f"{name}.attention.head_count": heads, f"{name}.attention.head_count_kv": kv_heads,
+        f"{name}.context_length": trained}
+    if head_dim:
+        info[f"{name}.attention.key_length"] = info[f"{name}.attention.value_length"] = head_dim
+    return info
+
+
+QWEN3_8B = arch("qwen3", 36, 4096, 32, 8, 128)
+QWEN3_14B = arch("qwen3", 40, 5120, 40, 8, 128)
+QWEN3_32B = arch("qwen3", 64, 5120, 64, 8, 128)
+PHI3_MINI = arch("phi3", 32, 3072, 32, 32, trained=4096)  # no key_length: 3072 / 32 = 96
+
+
+@pytest.mark.parametrize(("info", "real", "estimate"), [
+    # 2 (K and V) x blocks x KV heads x head dim x 2 bytes
+    (QWEN3_8B, 144 * KIB, 144 * KIB),  # 36 x 8 x 256 x 2
+    (QWEN3_14B, 160 * KIB, 160 * KIB),  # 40 x 8 x 256 x 2
+    # Ollama's estimate takes embedding / heads = 80, not the real head dim of 128
+    (QWEN3_32B, 256 * KIB, 160 * KIB),
+    (PHI3_MINI, 384 * KIB, 384 * KIB),  # 32 x 32 x 192 x 2: no grouped-query attention
+    # per-layer KV heads: layers without attention (recurrent) hold no KV cache; the
+    # estimate takes the fewest KV heads (1 when 0) on every layer
+    (arch("hybrid", 4, 2048, 16, [8, 0, 0, 8], 128), 2 * 8 * 256 * 2, 4 * 4 * 1 * 128),
+])
+def test_kv_bytes_per_token(info: dict[str, object], real: int, estimate: int) -> None:
+    name = next(iter(info)).split(".")[0]
+    assert kv_per_token(info, name) == (real, estimate)
+
+
+@pytest.mark.parametrize(("info", "ctx", "slots", "mib"), [
+    (QWEN3_8B, 4096, 1, 576), (QWEN3_8B, 32768, 4, 18432),
+    (QWEN3_14B, 4096, 1, 640), (QWEN3_14B, 32768, 4, 20480),
+    (QWEN3_32B, 4096, 1, 1024), (QWEN3_32B, 32768, 4, 32768),
+    (PHI3_MINI, 4096, 1, 1536), (PHI3_MINI, 4096, 4, 6144),  # trained for 4096: capped
+])
+def test_kv_cache_at_4k_x_1_and_32k_x_4(info: dict[str, object], ctx: int, slots: int,
+                                        mib: int) -> None:
+    name = next(iter(info)).split(".")[0]
+    real, _ = kv_per_token(info, name)
+    assert kv_mib(ModelInfo(kv_bytes_per_token=real), ctx, slots) == mib
+
+
+@pytest.mark.parametrize(("cache", "mib"), [("f16", 18432), ("q8_0", 9792), ("q4_0", 5184)])
+def test_the_cache_type_scales_the_kv_cache_by_ggml_block_sizes(cache: str, mib: int) -> None:
+    info = ModelInfo(kv_bytes_per_token=144 * KIB)
+    assert kv_mib(info, 32768, 4, cache) == mib  # q8_0 34/32 bytes, q4_0 18/32
+
+
+@pytest.mark.parametrize(("tokens", "mib"), [(4096, 0), (4097, 768), (32768, 768),
+                                             (32769, 2048), (131072, 2048)])
+def test_compute_follows_ollamas_batch_tiers(tokens: int, mib: int) -> None:
+    assert graph_mib(tokens) == mib
+
+
+QWEN3_32B_INFO = ModelInfo(trained_context=40960, kv_bytes_per_token=256 * KIB,
+                           estimate_kv_bytes_per_token=160 * KIB)
+
+
+def test_a_footprint_from_the_architecture_and_the_file() -> None:
+    card = ProviderView("a", 49140, disk_mib={"qwen3:32b": 20200},
+                        models={"qwen3:32b": QWEN3_32B_INFO})
+    fp = Sizer((card,), 1.2).footprint("qwen3:32b", card, 8192)
+    assert fp is not None
+    # 20200 + 256 KiB x 8192 + 768 (8192 tokens: the 1024 batch)
+    assert (fp.weights_mib, fp.kv_mib, fp.graph_mib, fp.total_mib) == (20200, 2048, 768, 23016)
+    assert fp.estimate_mib == 20200 + 1280  # Ollama's own: 160 KiB x 8192
+    assert ollama_estimate_mib(QWEN3_32B_INFO, 20200, 32768, 1) == 25320
+
+
+def test_a_copy_seen_on_one_card_is_rederived_for_anothers_context_and_slots() -> None:
+    info = ModelInfo(trained_context=40960, kv_bytes_per_token=144 * KIB)
+    # Seen fully on the GPU at 4096 x 1: 5300 MiB, so the weights part is 5300 - 576 - 0.
+    small = ProviderView("small", 16376, disk_mib={"qwen3:8b": 5200},
+                         models={"qwen3:8b": info}, observed={"qwen3:8b": {4096: 5300}})
+    big = ProviderView("big", 49140, max_parallel=4, disk_mib={"qwen3:8b": 5200},
+                       models={"qwen3:8b": info})
+    sizer = Sizer((small, big), 1.2)
+    here = sizer.footprint("qwen3:8b", small, 4096)
+    assert here is not None and here.total_mib == 5300 and "seen on small" in here.source
+    there = sizer.footprint("qwen3:8b", big, 32768)
+    assert there is not None and "calibrated from small" in there.source
+    assert there.total_mib == (5300 - 576) + 18432 + 2048  # not the 5300 seen elsewhere
+
+
+def test_ollamas_80_percent_rule_is_strict_and_counts_what_stays_loaded() -> None:
+    # free 12097 MiB: 80 % is 9677 (integer arithmetic)
+    assert ollama_admits(9677, 16000, 3903)
+    assert not ollama_admits(9678, 16000, 3903)
+
+
+@pytest.mark.parametrize(("version", "family", "embedding", "slots"), [
+    ("0.33.0", "qwen3", False, 4), ("0.33.0", "qwen3vl", False, 1),
+    ("0.33.0", "nomic-bert", True, 1), ("0.12.6", "qwen3vl", False, 4),
+    ("0.12.6", "mllama", False, 1),
+])
+def test_one_slot_for_embedding_models_and_some_families(version: str, family: str,
+                                                         embedding: bool, slots: int) -> None:
+    card = ProviderView("a", 24564, max_parallel=4, version=version,
+                        models={"m": ModelInfo(family=family, embedding=embedding)})
+    assert model_slots(card, "m") == slots
+
+
+@pytest.mark.parametrize(("version", "vram", "expected"), [
+    ("0.6.6", 24564, 2048), ("0.6.7", 24564, 4096), ("0.12.6", 49140, 4096),
+    ("0.15.4", 49140, 4096), ("0.15.5-rc0", 16376, 4096), ("0.15.5", 23552, 32768),
+    ("0.33.0", 23551, 4096), ("0.33.0", 48127, 32768), ("0.33.0", 48128, 262144),
+    ("0.0.0", 32768, 32768), ("", 32768, 32768),  # source builds and unknown: the newest
+    ("0.33.0", None, 0),  # by VRAM, and the VRAM is not known
+])
+def test_ollamas_default_context_by_version(version: str, vram: int | None,
+                                            expected: int) -> None:
+    assert context.default_context(parse_version(version), vram) == expected
+
+
+@pytest.mark.parametrize(("kwargs", "requested", "ctx", "source"), [
+    (dict(requested=8192, modelfile=16384, configured=2048), 8192, 8192, "request"),
+    (dict(modelfile=16384, configured=2048), 16384, 16384, "modelfile"),
+    (dict(configured=2048), 2048, 2048, "provider"),
+    (dict(), 32768, 32768, "default 0.33.0"),
+    (dict(configured=65536), 65536, 40960, "provider, trained 40960"),  # the trained cap
+    (dict(requested=2), 4, 4, "request"),  # a floor of 4
+    (dict(configured=1024, vision=True), 2048, 2048, "provider"),  # 2048 for vision
+])
+def test_context_precedence_floors_and_the_trained_cap(kwargs: dict[str, object],
+                                                        requested: int, ctx: int,
+                                                        source: str) -> None:
+    args: dict[str, object] = dict(requested=0, modelfile=0, configured=0,
+                                   version=(0, 33, 0), total_vram_mib=32768, trained=40960)
+    resolved = resolve(**{**args, **kwargs})  # type: ignore[arg-type]
+    assert (resolved.requested, resolved.context, resolved.source) == (requested, ctx, source)
+
+
+def test_gpt_oss_gets_at_least_8192_on_large_cards_from_0_11_to_0_15_4() -> None:
+    def ctx(version: tuple[int, int, int], vram: int) -> int:
+        return resolve(requested=4096, modelfile=0, configured=0, version=version,
+                       total_vram_mib=vram, family="gptoss").context
+
+    assert ctx((0, 12, 6), 24564) == 8192
+    assert ctx((0, 12, 6), 16376) == 4096  # low-VRAM mode: no bump
+    assert ctx((0, 33, 0), 24564) == 4096
+    assert resolve(requested=0, modelfile=0, configured=0, version=NEWEST,
+                   total_vram_mib=None).context == 0
+
+
+@pytest.mark.parametrize(("prompt", "ctx", "predict", "generates", "fits_"), [
+    (4096 - 257, 4096, 0, True, True),  # 256 kept for the answer, and the engine's one
+    (4096 - 256, 4096, 0, True, False),
+    (4096 - 1025, 4096, 1024, True, True),  # num_predict kept too ...
+    (4096 - 1024, 4096, 1024, True, False),
+    (4096 - 2049, 4096, 100000, True, True),  # ... up to half the context
+    (4096 - 2, 4096, 0, False, True),  # an embedding: BOS and EOS only
+    (4096 - 1, 4096, 0, False, False),
+    (10**9, 0, 0, True, True),  # an unknown context never refuses
+])
+def test_a_prompt_fits_with_room_for_the_answer(prompt: int, ctx: int, predict: int,
+                                                generates: bool, fits_: bool) -> None:
+    assert fits(prompt, ctx, predict, generates) is fits_
+    assert reserve(4096, 0) == 257
+
+
+def test_a_modelfile_num_ctx_is_read_from_show_parameters() -> None:
+    padded = f"{'num_ctx':<30} 8192"
+    assert modelfile_num_ctx({"parameters": f'stop                           "<|im_end|>"\n'
+                                            f"{padded}"}) == 8192
+    assert modelfile_num_ctx({"parameters": f"{'num_ctx':<30} 1.6384e+04"}) == 16384
+    assert modelfile_num_ctx({"parameters": "num_keep                       4"}) == 0
+    assert modelfile_num_ctx({}) == 0
+
+
+def test_what_show_says_of_a_model_is_reduced_to_what_sizing_needs() -> None:
+    show = {"model_info": {"general.architecture": "qwen3", **QWEN3_32B},
+            "details": {"family": "qwen3"}, "capabilities": ["completion", "tools"],
+            "parameters": f"{'num_ctx':<30} 16384"}
+    assert model_info(show) == ModelInfo(40960, 256 * KIB, 160 * KIB, 16384, "qwen3")
+    embed = {"model_info": {"general.architecture": "nomic-bert", "nomic-bert.pooling_type": 1,
+                            **arch("nomic-bert", 12, 768, 12, 12, trained=2048)},
+             "capabilities": ["embedding"]}
+    assert model_info(embed).embedding and model_info(embed).kv_bytes_per_token == 36 * KIB
+    assert model_info({"capabilities": ["vision"]}).vision
+    assert model_info("not a show answer") == ModelInfo()
