@@ -4,7 +4,9 @@
 
 Each fleet has half its cards holding two residents, a few calls in flight, and an
 8-model candidate list whose preferred model is warm nowhere (so the planner walks all
-five steps: the worst case short of waiting).
+five steps: the worst case short of waiting). Every model has an architecture, and each was
+seen loaded on some card, so every footprint is calibrated and sized for the card's context,
+slots and cache type.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from proxy.core.placement import place
 from proxy.core.types import (
     CallSpec,
     Candidate,
+    ModelInfo,
     ProviderHealth,
     ProviderView,
     Resident,
@@ -26,6 +29,8 @@ from proxy.core.types import (
 )
 
 MODELS = [f"m{i}:7b" for i in range(12)]
+INFO = ModelInfo(trained_context=32768, kv_bytes_per_token=128 * 1024,
+                 estimate_kv_bytes_per_token=128 * 1024, family="qwen3")
 
 
 def fleet(n: int, seed: int = 7) -> tuple[Snapshot, CallSpec]:
@@ -36,10 +41,12 @@ def fleet(n: int, seed: int = 7) -> tuple[Snapshot, CallSpec]:
         residents = tuple(Resident(m, rng.choice([3000, 6000, 12000]))
                           for m in rng.sample(MODELS[4:], 2)) if i % 2 else ()
         views.append(ProviderView(f"gpu-{i}", rng.choice([16376, 24564, 32768]),
-                                  residents=residents, context_length=8192,
+                                  residents=residents, context_length=rng.choice([4096, 8192]),
                                   max_parallel=rng.choice([1, 2, 4]),
                                   disk_mib={m: 5000 for m in MODELS},
-                                  observed={m: {0: 6000} for m in MODELS}))
+                                  models={m: INFO for m in MODELS}, version="0.33.0",
+                                  kv_cache_type=rng.choice(["f16", "q8_0"]),
+                                  observed={m: {4096: 5600} for m in MODELS[i % 12:][:2]}))
         for r in residents[:1]:
             tickets.append(Ticket(f"t{i}", f"gpu-{i}", r.model, 512, 990.0, 1060.0))
     health = {v.name: ProviderHealth(latency_ema_s=10.0) for v in views}

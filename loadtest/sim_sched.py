@@ -128,6 +128,11 @@ class OllamaSim:
     def used_vram_mib(self) -> int:
         return sum(r.vram_mib for r in self.runners.values())
 
+    def driver_used_mib(self) -> int:
+        """What the driver says is taken: the runners' buffers and each runner's CUDA
+        context (Ollama's free memory is the driver's figure)."""
+        return self.used_vram_mib() + MINIMUM_MEMORY_MIB * len(self.runners)
+
     def _expire_idle(self) -> None:
         now = time.time()
         for name, runner in list(self.runners.items()):
@@ -223,11 +228,11 @@ class OllamaSim:
             slots = model.slots(c.num_parallel, c.version)
             ctx = min(request.num_ctx, model.trained_ctx)
             need = model.footprint_mib(ctx, slots, c.cache_type, request.num_batch)
-            used = self.used_vram_mib()
+            used = self.driver_used_mib()
             if self.runners:
                 if self.newest:
                     fits = fits_in_80(model.estimate_mib(ctx, slots), c.total_vram_mib, used)
-                else:
+                else:  # 0.12's estimator keeps the same minimum for CUDA
                     fits = need + MINIMUM_MEMORY_MIB <= c.total_vram_mib - used
                 if not fits:
                     await self._evict(f"{model.name} needs room")
@@ -236,7 +241,8 @@ class OllamaSim:
 
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float) -> Runner:
-        free = self.config.total_vram_mib - self.used_vram_mib()
+        # llama-server fits what the driver says is free, its own CUDA context included
+        free = self.config.total_vram_mib - self.driver_used_mib() - MINIMUM_MEMORY_MIB
         vram = need if need <= free else max(0, free - SPILL_MARGIN_MIB)
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
             request = replace(request, num_ctx=ctx)

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.adapters.ollama import SERVER_BUSY, UpstreamError, UpstreamResponse, prompt_too_long
 from proxy.api.errors import Dialect, error_response, refusal_response, stream_error_line
 from proxy.observability.logging import get_logger
-from proxy.service.routing import CallOutcome, Refusal, Route
+from proxy.service.routing import STATIC, CallOutcome, Refusal, Route
 
 log = get_logger("kubemoot.relay")
 
@@ -252,12 +252,15 @@ def payload_for(route: Route, body: dict[str, Any]) -> bytes:
     out = {**body, "model": route.model}
     if route.strip_keep_alive:
         out.pop("keep_alive", None)
-    if route.num_ctx:
-        options = out.get("options")
-        options = options if isinstance(options, dict) else {}
-        out["options"] = {**{k: v for k, v in options.items() if k not in RELOADING_OPTIONS},
-                          "num_ctx": route.num_ctx}
-        out.pop("shift", None)
+    if route.placement == STATIC:
+        return orjson.dumps(out)
+    out.pop("shift", None)
+    options = out.get("options")
+    if isinstance(options, dict) or route.num_ctx:
+        kept = options if isinstance(options, dict) else {}
+        out["options"] = {k: v for k, v in kept.items() if k not in RELOADING_OPTIONS}
+        if route.num_ctx:
+            out["options"]["num_ctx"] = route.num_ctx
     return orjson.dumps(out)
 
 
@@ -335,7 +338,8 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
 
     async def failed(cause: str, healthy: bool = False, answer: Response | None = None
                      ) -> Response:
-        await route.finish(CallOutcome(healthy, time.perf_counter() - started, error=cause))
+        await route.finish(CallOutcome(healthy, time.perf_counter() - started, error=cause,
+                                       began=False))
         retry, route.retry = route.retry, None
         other = await retry() if retry is not None else None
         if other is not None:
@@ -376,7 +380,8 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
         log.info("client went away before its answer began; call to the provider cancelled",
                  provider=route.provider, model=route.model)
         await route.finish(CallOutcome(False, time.perf_counter() - started,
-                                       error="client disconnected", client_left=True))
+                                       error="client disconnected", client_left=True,
+                                       began=False))
         return Response(status_code=499)
 
     async def too_long(counted: int) -> Response:
@@ -417,6 +422,6 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
     outcome = outcome_from(final_metrics(data), started, ok)
     if not ok:
-        outcome = CallOutcome(True, outcome.seconds, error=engine_error(data))
+        outcome = CallOutcome(True, outcome.seconds, error=engine_error(data), began=False)
     return SettlingResponse(data, route, outcome, status_code=upstream.status_code,
                             media_type=media_type, headers=headers)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from proxy.core.types import ModelInfo, ProviderView
+
 Version = tuple[int, int, int]
 # Unknown versions (a source build says "0.0.0") get the newest rules.
 NEWEST: Version = (9999, 0, 0)
@@ -89,6 +91,15 @@ def resolve(*, requested: int, modelfile: int, configured: int, version: Version
     if context < value:
         source += f", trained {trained}"
     return Resolved(value, context, source)
+
+
+def for_card(view: ProviderView, info: ModelInfo | None, requested: int) -> Resolved:
+    """`resolve` with what a card and a model's /api/show say."""
+    return resolve(requested=requested, modelfile=info.modelfile_num_ctx if info else 0,
+                   configured=view.context_length, version=parse_version(view.version),
+                   total_vram_mib=view.total_vram_mib,
+                   trained=info.trained_context if info else 0,
+                   vision=info.vision if info else False, family=info.family if info else "")
 
 
 def effective(recorded: int, trained: int) -> int:

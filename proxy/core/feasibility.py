@@ -13,7 +13,7 @@ from proxy.core import context
 from proxy.core.context import Resolved
 from proxy.core.occupancy import Load, ProviderIndex
 from proxy.core.sizing import Footprint, Sizer
-from proxy.core.types import CallSpec, Circuit, ProviderHealth
+from proxy.core.types import CallSpec, Circuit, ProviderHealth, Resident
 
 HEALTHY = ProviderHealth()
 
@@ -24,7 +24,6 @@ class Fit:
     reason: str
     warm: bool = False
     loading: bool = False
-    reload: bool = False  # loaded with a context this call cannot use: a reload would serve it
 
 
 class Fitting:
@@ -42,13 +41,7 @@ class Fitting:
         return info.trained_context if info is not None else 0
 
     def resolve(self, index: ProviderIndex, model: str, requested: int) -> Resolved:
-        view = index.view
-        info = self.sizer.info(model, view)
-        return context.resolve(
-            requested=requested, modelfile=info.modelfile_num_ctx if info else 0,
-            configured=view.context_length, version=context.parse_version(view.version),
-            total_vram_mib=view.total_vram_mib, trained=info.trained_context if info else 0,
-            vision=info.vision if info else False, family=info.family if info else "")
+        return context.for_card(index.view, self.sizer.info(model, index.view), requested)
 
     def load(self, index: ProviderIndex, model: str) -> tuple[Resolved, Footprint | None]:
         """The context a copy loaded here for this call gets, and its footprint."""
@@ -94,6 +87,20 @@ class Fitting:
         return self.context_problem(index, model,
                                     context.effective(recorded, self.trained(index, model)))
 
+    def stale_copy(self, index: ProviderIndex, model: str) -> Resident | None:
+        """An idle copy Ollama still lists but that may expire before a call arrives, loaded
+        with a context other than this call's load would ask for: a load then makes Ollama
+        reload it, so it is planned as that copy's eviction."""
+        if model in index.residents:
+            return None
+        listed = next((r for r in index.view.residents
+                       if r.model == model and not r.leaving), None)
+        if listed is None or not listed.context_length:
+            return None
+        resolved = self.load(index, model)[0]
+        return None if listed.context_length in (resolved.requested, resolved.context) \
+            else listed
+
     def copy_context(self, index: ProviderIndex, model: str) -> int:
         """num_ctx as recorded for the copy this call would join (resident or loading)."""
         resident = index.residents.get(model)
@@ -123,7 +130,7 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         problem = fitting.copy_problem(index, model, fitting.copy_context(index, model))
         if problem is None:
             return Fit(True, "warm" if warm else "loading", warm=warm, loading=not warm)
-        return Fit(False, problem, reload=warm)
+        return Fit(False, problem)  # a reload may serve it: step 5 weighs that
     if model in index.planned_victims:
         return Fit(False, "resident but planned for eviction by another call")
     if model in index.leaving:
@@ -134,6 +141,10 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     short = fitting.context_problem(index, model, resolved.context)
     if short:
         return Fit(False, short)
+    stale = fitting.stale_copy(index, model)
+    if stale is not None:
+        return Fit(False, f"an idle copy with num_ctx {stale.context_length} is still listed: "
+                          f"a load at {resolved.context} reloads it (planned as its eviction)")
     if index.models_over_limit(model):
         return Fit(False, f"{index.view.max_loaded} models loaded, the most this Ollama keeps "
                           "(OLLAMA_MAX_LOADED_MODELS): one must be unloaded first")

@@ -10,7 +10,7 @@ from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.core.policy import Policy
-from proxy.core.sizing import admission_rule, model_slots, ollama_admits
+from proxy.core.sizing import RUNNER_OVERHEAD_MIB, admission_rule, model_slots, ollama_admits
 from proxy.core.types import ProviderView, Resident, Snapshot, Ticket
 
 
@@ -39,15 +39,17 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
             continue
         staying = [m for m in residents if m not in load.evicts and m != load.model]
         beside = [o for o in loads if o.model != load.model]
-        used = sum(residents[m] for m in staying) + sum(o.footprint_mib for o in beside)
+        used = sum(residents[m] for m in staying) + sum(o.footprint_mib for o in beside) + \
+            RUNNER_OVERHEAD_MIB * (len(staying) + len(beside))
         if (staying or beside) and not ollama_admits(load.estimate_mib, total_mib, used):
             return load
     return None
 
 
-def _loads(ticket: Ticket, residents: Container[str]) -> bool:
-    """A ticket whose copy is being loaded (or reloaded at another context)."""
-    return ticket.cold and (ticket.model not in residents or ticket.reloads)
+def _loads(ticket: Ticket, lasting: Container[str]) -> bool:
+    """A ticket whose copy is being loaded (or reloaded at another context): its model has
+    no copy that lasts (an idle one about to expire may be gone when the call arrives)."""
+    return ticket.cold and (ticket.model not in lasting or ticket.reloads)
 
 
 @dataclass(slots=True)
@@ -62,8 +64,10 @@ class ProviderIndex:
     calls_by_model: dict[str, int] = field(default_factory=dict)
     loading: dict[str, Ticket] = field(default_factory=dict)  # model -> earliest loading ticket
     loading_mib: int = 0  # memory claimed by loads not yet resident
+    scratch_mib: int = 0  # what calls sharing a copy claim beside it
     planned_victims: dict[str, int] = field(default_factory=dict)
     making_room: set[str] = field(default_factory=set)  # loads whose victims are still loaded
+    reloading: set[str] = field(default_factory=set)  # models reloaded at another context
     leaving: frozenset[str] = frozenset()  # asked to unload, not yet seen gone
     # What Ollama counts against OLLAMA_MAX_LOADED_MODELS: every copy still listed (expiring
     # and leaving ones too) and every load in flight.
@@ -78,17 +82,20 @@ class ProviderIndex:
         return len(self.tickets)
 
     def free_mib(self) -> int | None:
-        """Usable memory beside residents and loads in flight; None when unknown."""
+        """Usable memory beside residents, loads in flight and what calls sharing a copy
+        claim (as the claim counts them); None when unknown."""
         if self.usable_mib is None:
             return None
-        return self.usable_mib - self.resident_mib - self.loading_mib
+        return self.usable_mib - self.resident_mib - self.loading_mib - self.scratch_mib
 
     def is_warm(self, model: str) -> bool:
-        """Resident and not planned for eviction by another ticket."""
-        return model in self.residents and model not in self.planned_victims
+        """Resident, and neither planned for eviction by another ticket nor leaving."""
+        return model in self.residents and model not in self.planned_victims and \
+            model not in self.leaving
 
     def is_loading(self, model: str) -> bool:
-        return model in self.loading and model not in self.planned_victims
+        return model in self.loading and model not in self.planned_victims and \
+            model not in self.leaving
 
     def slots(self, model: str) -> int:
         return model_slots(self.view, model)
@@ -113,7 +120,7 @@ class ProviderIndex:
         limit = self.view.max_loaded
         if limit <= 0 or model in self.loaded_models:
             return 0
-        staying = self.loaded_models.difference(self.planned_victims)
+        staying = self.loaded_models.difference(set(self.planned_victims) - self.reloading)
         return max(0, len(staying) + 1 - limit)
 
     def spills(self) -> bool:
@@ -124,10 +131,12 @@ def lasting_residents(view: ProviderView, busy: set[str], now: float, policy: Po
                       ) -> list[Resident]:
     """Residents a call can count on finding loaded: an idle copy whose keep-alive runs out
     within the margin is as good as gone; a copy with live tickets is in use, so Ollama keeps
-    it. (An expiring copy's memory still counts until a probe shows it freed: the expiry
-    published may be seconds old, and the copy may have been used since.)"""
+    it; a load not seen finished is no copy to join yet. (An expiring copy's memory still
+    counts until a probe shows it freed: the expiry published may be seconds old, and the
+    copy may have been used since.)"""
     horizon = now + policy.expiry_margin_s
-    return [r for r in view.residents if r.expires_at > horizon or r.model in busy]
+    return [r for r in view.residents
+            if not r.loading and (r.expires_at > horizon or r.model in busy)]
 
 
 def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:
@@ -154,7 +163,11 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         index.calls_by_model[ticket.model] = index.calls_by_model.get(ticket.model, 0) + 1
         for victim, mib in ticket.evicts.items():
             index.planned_victims.setdefault(victim, mib)
-        if _loads(ticket, index.residents):
+        if ticket.reloads:
+            index.reloading.add(ticket.model)
+        if not _loads(ticket, index.residents):
+            index.scratch_mib += min(ticket.footprint_mib, policy.warm_scratch_mib)
+        else:
             index.loaded_models.add(ticket.model)
             index.loading_mib += ticket.footprint_mib
             if ticket.evicts and _making_room(ticket, {r.model for r in index.view.residents}):
@@ -184,8 +197,6 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     model is held to the usable memory (total - reserve), as the decision was, and to
     Ollama's own admission rule against what stays loaded beside it.
     """
-    if view.total_vram_mib is None:
-        return True, "provider publishes no VRAM total"
     live = [t for t in tickets if t.expires_at > new.started_at and t.ticket_id != new.ticket_id]
     busy = {t.model for t in live}
     lasting = {r.model for r in lasting_residents(view, busy, new.started_at, policy)}
@@ -222,17 +233,21 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     credit = sum(victims.values())
     if new.cold and view.max_loaded > 0 and new.model not in residents:
         loaded = set(residents).union(t.model for t in live if t.cold)
-        count = len(loaded.difference(victims) | {new.model})
+        reloaded = {t.model for t in [*live, new] if t.reloads}  # gone and back: still loaded
+        count = len(loaded.difference(set(victims) - reloaded) | {new.model})
         if count > view.max_loaded:
             return False, (f"{new.model} would be model {count} loaded here "
                            f"(OLLAMA_MAX_LOADED_MODELS {view.max_loaded})")
 
+    if view.total_vram_mib is None:
+        return True, "provider publishes no VRAM total"
+
     def counted(t: Ticket) -> int:
-        return t.footprint_mib if _loads(t, residents) else \
+        return t.footprint_mib if _loads(t, lasting) else \
             min(t.footprint_mib, policy.warm_scratch_mib)
 
-    if _loads(new, residents) and new.estimate_mib and admission_rule(view):
-        loads = [Load.of(t) for t in [*live, new] if _loads(t, residents)]
+    if _loads(new, lasting) and new.estimate_mib and admission_rule(view):
+        loads = [Load.of(t) for t in [*live, new] if _loads(t, lasting)]
         refused = admission_problem(view.total_vram_mib, residents, loads)
         if refused is not None:
             return False, (f"Ollama would unload a model to load {refused.model} beside the "

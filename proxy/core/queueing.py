@@ -80,7 +80,10 @@ def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resid
         return None
     copy = index.residents.get(model)
     if copy is None:
-        return ()
+        stale = fitting.stale_copy(index, model)
+        if stale is None:
+            return ()
+        return None if index.calls_by_model.get(model) else (stale,)
     if index.calls_by_model.get(model) or fitting.copy_problem(
             index, model, copy.context_length) is None:
         return None  # busy, or usable: that is the queue option

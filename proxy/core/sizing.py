@@ -27,7 +27,9 @@ MIB = 1 << 20
 # Bytes per cached element (ggml's block sizes: q8_0 34 B and q4_0 18 B per 32 values).
 KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 ADMISSION_RULE_SINCE: Version = (0, 30, 0)
-ADMISSION_SHARE = 0.8
+# Ollama's free memory is the driver's: each loaded runner's CUDA context comes off it too
+# (its own figure for that, MinimumMemory, ml/device.go:359-364).
+RUNNER_OVERHEAD_MIB = 457
 # Families Ollama runs with one slot whatever OLLAMA_NUM_PARALLEL says (sched.go:497-510);
 # before 0.30 only mllama (and embedding models).
 SINGLE_SLOT_FAMILIES = frozenset((

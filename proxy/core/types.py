@@ -22,6 +22,8 @@ class Resident:
     expires_at: float = math.inf  # when Ollama's keep-alive unloads it if idle; inf: unknown
     leaving: bool = False  # asked to unload: never joined or loaded again until seen gone
     spilled: bool = False  # partly or wholly in CPU memory (`size_vram` < `size`): slow
+    # A load a call started that Ollama may not list yet: its memory counts, nobody joins it
+    loading: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.context import effective
 from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -212,28 +213,36 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     """Residents as probed, plus models calls left loaded after that probe (or left loading
     before it: Ollama lists a copy only once loaded), less models calls unloaded after it
     (otherwise, until the next probe, others would take them as warm and make Ollama load
-    them again). A copy a call reloaded at another context since is counted as reloaded."""
+    them again). A copy a call reloaded at another context since is counted as reloaded; a
+    copy asked to unload stays marked leaving as long as probes still list it."""
     known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
+        r.leaving and m in known) or (
         r.loading and not r.gone and m not in known and r.at > view.probed_at - LOAD_GRACE_S)}
     if not newer:
         return view
-    kept = tuple(_as_recorded(r, newer.get(r.model)) for r in view.residents
+    kept = tuple(_as_recorded(view, r, newer.get(r.model)) for r in view.residents
                  if not (r.model in newer and newer[r.model].gone))
     extra = tuple(Resident(m, r.mib, r.context_length, r.at,
-                           expires_at=r.at if r.leaving else math.inf, leaving=r.leaving)
+                           expires_at=r.at if r.leaving else math.inf, leaving=r.leaving,
+                           loading=r.loading)
                   for m, r in newer.items() if m not in known and not r.gone)
     if extra or kept != view.residents:
         return _replace(view, residents=kept + extra)
     return view
 
 
-def _as_recorded(probed: Resident, recorded: Residency | None) -> Resident:
+def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | None
+                 ) -> Resident:
     if recorded is None:
         return probed
     if recorded.leaving:  # asked to unload: counted, its keep-alive run out, until seen gone
-        return _replace(probed, expires_at=recorded.at, leaving=True)
-    if recorded.context_length and recorded.context_length != probed.context_length:
+        return _replace(probed, expires_at=min(probed.expires_at, recorded.at), leaving=True)
+    info = view.models.get(probed.model)
+    trained = info.trained_context if info else 0
+    if recorded.context_length and effective(recorded.context_length, trained) != \
+            effective(probed.context_length, trained):
         return _replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
-                        context_length=recorded.context_length, spilled=False)
+                        context_length=recorded.context_length, spilled=False,
+                        loading=recorded.loading)
     return probed

@@ -21,7 +21,7 @@ from proxy.core.types import CallSpec
 from proxy.observability.logging import get_logger
 from proxy.ports import StoreUnavailable
 from proxy.service.routing import CallRequest, Refusal, Route
-from proxy.service.scheduler import Claimed, Scheduler
+from proxy.service.scheduler import Claimed, LoadState, Scheduler
 
 log = get_logger("kubemoot.plans")
 PLAN_TTL_S = 180.0
@@ -115,12 +115,14 @@ class PlanBook:
         plan = self.plans.pop(thread, None)
         if plan is None:
             return False
-        loaded = plan.loader is not None and plan.loader.done() and \
-            not plan.loader.cancelled() and plan.loader.result()
-        if plan.loader is not None:
-            plan.loader.cancel()
+        loader = plan.loader
+        state: LoadState = "loading"  # its load may be under way still
+        if loader is not None and loader.done() and not loader.cancelled():
+            state = "loaded" if loader.result() else "failed"
+        if loader is not None:
+            loader.cancel()
         with contextlib.suppress(Exception):
-            await self.scheduler.release_plan(plan.claimed, bool(loaded))
+            await self.scheduler.release_plan(plan.claimed, state)
         for m in plan.intents:
             await self.scheduler.demand.drop_intent(m)
         return True
@@ -141,6 +143,9 @@ class PlanBook:
         if call.num_ctx and placement.context_length and \
                 call.num_ctx > placement.context_length:
             return False
+        if not call.pins_context and placement.num_ctx and placement.num_ctx not in \
+                s.automatic_context(placement.provider, placement.model):
+            return False  # sent without num_ctx, it would make Ollama reload the copy
         return fits(s.learning.prompt_tokens(call), placement.context_length,
                     call.num_predict, call.generates)
 

@@ -66,6 +66,7 @@ class CallOutcome:
     # The engine refused the prompt as longer than the context (`prompt_eval_count`: its count,
     # or the context when it gave none, a lower bound)
     prompt_too_long: bool = False
+    began: bool = True  # the engine began an answer (False: it refused or failed before)
 
 
 @dataclass

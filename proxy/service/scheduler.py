@@ -14,8 +14,11 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from proxy.adapters.ollama import UpstreamError, is_out_of_memory, model_name, normalise_model
+from proxy.core import context
+from proxy.core.context import parse_version
 from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
@@ -55,6 +58,7 @@ LEARNS_RATIO = ("/api/chat", "/api/generate", "/v1/chat/completions", "/v1/compl
 LOAD_SPEED_ALPHA = 0.3
 UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before going anyway
 UNLOAD_POLL_S = 0.05
+RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
 
 
 @dataclass
@@ -90,14 +94,26 @@ class Learning:
             LOAD_SPEED_ALPHA * sample + (1 - LOAD_SPEED_ALPHA) * self.load_mib_per_s
 
 
-def left_loaded(placement: Placement, now: float, answered: bool = True) -> Residency | None:
+LoadState = Literal["loaded", "loading", "failed"]
+
+
+def load_state(outcome: CallOutcome) -> LoadState:
+    """What a call that loaded its model left: the copy (it was answered), maybe a copy still
+    loading (its agent left first, or the answer broke off), or nothing (the engine refused
+    or failed before answering)."""
+    if outcome.prompt_too_long or (outcome.ok and outcome.error is None):
+        return "loaded"
+    return "loading" if outcome.client_left or outcome.began else "failed"
+
+
+def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
+                ) -> Residency | None:
     """What a finished load leaves on the GPU, to count at once rather than at the next
-    probe; None when the call shared a copy (nothing changed). Without an answer the load
-    may still be under way."""
-    if placement.kind in ("cold", "evict"):
-        return Residency(placement.footprint_mib, placement.num_ctx, now,
-                         loading=not answered)
-    return None
+    probe; None when the call shared a copy (nothing changed) or its load failed."""
+    if placement.kind not in ("cold", "evict") or state == "failed":
+        return None
+    return Residency(placement.footprint_mib, placement.num_ctx, now,
+                     loading=state == "loading")
 
 
 class Scheduler:
@@ -234,16 +250,19 @@ class Scheduler:
                         claimed = await self.claim(decision.placement, snapshot, ticket)
                     finally:
                         del self._pending[ticket.ticket_id]
-                    if claimed is None:
-                        claim_rounds += 1
-                        if claim_rounds < MAX_CLAIM_ROUNDS:
-                            continue  # the state moved under us: decide again on fresh state
-                        await self.store.changes.wait_past(seen, 0.05)
-                        claim_rounds = 0
-                        continue
-                    if waiting_for:
-                        self.metrics.wait_seconds.observe(waited)
-                    return await self.start_claimed(claimed, call, spec, int(waited * 1000))
+                    if claimed is not None:
+                        if waiting_for:
+                            self.metrics.wait_seconds.observe(waited)
+                        return await self.start_claimed(claimed, call, spec, int(waited * 1000))
+                    claim_rounds += 1
+                    if claim_rounds < MAX_CLAIM_ROUNDS:
+                        continue  # the state moved under us: decide again on fresh state
+                    # The claims keep refusing what the decisions choose: wait for a change,
+                    # like a busy call, within the same limits.
+                    claim_rounds = 0
+                    decision = replace(decision, outcome="wait", placement=None,
+                                       reason="the GPUs' ticket sets refused "
+                                              f"{MAX_CLAIM_ROUNDS} claims in a row")
                 refusal = self._refusal(decision, call, spec)
                 if refusal is not None:
                     return refusal
@@ -493,11 +512,11 @@ class Scheduler:
             await asyncio.gather(*(self.book(c).renew(c.ticket) for c in held),
                                  return_exceptions=True)  # unreachable store: next sweep
 
-    async def release_plan(self, claimed: Claimed, loaded: bool = False) -> None:
-        """An unused held plan: its ticket goes, the model its load left (or is leaving:
-        `loaded` False) stays counted."""
+    async def release_plan(self, claimed: Claimed, state: LoadState) -> None:
+        """An unused held plan: its ticket goes, the model its load left (or may still be
+        loading) stays counted."""
         self.unhold(claimed)
-        stays = left_loaded(claimed.placement, self.clock(), loaded)
+        stays = left_loaded(claimed.placement, self.clock(), state)
         await self.book(claimed).release(claimed.ticket, stays)
 
     def _finisher(self, claimed: Claimed, call: CallRequest, route: Route
@@ -516,7 +535,7 @@ class Scheduler:
             # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
             self.metrics.circuit_open.labels(placement.provider).set(
                 0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-            loaded = left_loaded(placement, now, outcome.ok and not outcome.client_left)
+            loaded = left_loaded(placement, now, load_state(outcome))
             # keep_alive 0 is carried out by the sidecar itself (see _release_to_unload).
             release = self._release_to_unload(claimed, loaded) if call.unloads_after else \
                 self.book(claimed).release(claimed.ticket, loaded)
@@ -547,10 +566,12 @@ class Scheduler:
 
     async def _after_out_of_memory(self, provider: str) -> None:
         """An engine that ran out of memory unloads every model it holds (Ollama >= 0.30
-        expires them all; a load that failed so evicted the others first): every copy there
-        is marked leaving, so nothing joins one that is about to go, and unloaded."""
+        expires them all, sched.go:1632-1661): every copy there is marked leaving, so nothing
+        joins one that is about to go, and unloaded."""
         view = self.view.provider_view(
             next(c for c in self.settings.providers if c.name == provider), self.clock())
+        if parse_version(view.version) < RUNTIME_OOM_UNLOADS_SINCE:
+            return  # older engines keep their models; the probe after the failure tells
         models = tuple(r.model for r in view.residents if not r.leaving)
         log.warning("provider ran out of memory; its models are treated as unloading",
                     provider=provider, models=models)
@@ -605,6 +626,14 @@ class Scheduler:
         now = self.clock()
         return any((s := self.view.provider_state(c.name, now)) is not None and s.ready
                    for c in self.settings.providers)
+
+    def automatic_context(self, provider: str, model: str) -> tuple[int, int]:
+        """num_ctx as Ollama records it, and the context, of a copy it loads for a call that
+        sets none (all a call over the OpenAI or Anthropic API can join)."""
+        config = next(c for c in self.settings.providers if c.name == provider)
+        view = self.view.provider_view(config, self.clock())
+        resolved = context.for_card(view, view.models.get(model), 0)
+        return resolved.requested, resolved.context
 
     # -- dry run ---------------------------------------------------------------------------
     def explain(self, phase: str, model: str | None, prompt_chars: int, num_ctx: int | None

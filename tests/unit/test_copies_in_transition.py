@@ -1,0 +1,126 @@
+"""Copies between states (leaving, loading, reloading, expiring): what every view counts and
+lets calls join, one row per case. Each is a way the sidecar's view and Ollama's could part."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from proxy.adapters.ollama import OllamaClient
+from proxy.api.relay import payload_for
+from proxy.core.occupancy import index_providers, ticket_budget_ok
+from proxy.core.placement import place
+from proxy.core.policy import DEFAULT_POLICY, Policy
+from proxy.core.types import ModelInfo, Placement, ProviderView, Resident, Ticket
+from proxy.service.codec import Residency, merge_residency
+from proxy.service.routing import CallOutcome, Route
+from proxy.service.scheduler import left_loaded, load_state
+from tests.unit.builders import GIB24, GIB32, NOW, call, gpu, snapshot, ticket
+
+
+def test_a_copy_marked_leaving_is_not_joined_even_while_its_calls_run() -> None:
+    leaving = replace(gpu("a", GIB32, ("qwen3:8b",), parallel=4), residents=(
+        Resident("qwen3:8b", 6000, leaving=True),))
+    snap = snapshot(leaving, gpu("b", GIB32), tickets=(ticket("a", "qwen3:8b"),))
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.placement is not None and decision.placement.provider == "b"
+
+
+def test_a_reload_keeps_its_model_counted_against_ollamas_limit() -> None:
+    card = gpu("a", 49140, ("qwen3:8b", "phi3:mini", "llama3.2:3b"), max_loaded=3)
+    reload = ticket("a", "qwen3:8b", cold=True, evicts={"qwen3:8b": 6000})
+    index = index_providers(snapshot(card, tickets=(reload,)), DEFAULT_POLICY)["a"]
+    assert index.models_over_limit("qwen3:14b") == 1  # the 8b comes back: still three
+    new = Ticket("n", "a", "qwen3:14b", 12224, NOW, NOW + 60, cold=True)
+    ok, why = ticket_budget_ok([reload], new, card, Policy())
+    assert not ok and "OLLAMA_MAX_LOADED_MODELS" in why
+
+
+def test_the_decision_counts_what_calls_sharing_a_copy_claim_as_the_claim_does() -> None:
+    card = gpu("a", GIB24, ("qwen3:8b",), parallel=4)
+    shared = tuple(ticket("a", "qwen3:8b") for _ in range(4))  # 4 x 512 MiB
+    index = index_providers(snapshot(card, tickets=shared), DEFAULT_POLICY)["a"]
+    assert index.free_mib() == 21616 - 6000 - 4 * 512
+
+
+def test_a_load_beside_an_expiring_copy_of_its_model_claims_its_whole_footprint() -> None:
+    """An idle copy about to expire is no copy to count on: a load of its model counts in
+    full (Ollama may have unloaded the copy by the time the call arrives)."""
+    expiring = replace(gpu("a", GIB32), residents=(
+        Resident("qwen3:8b", 6000, 4096, expires_at=NOW + 0.5),))
+    load = Ticket("n", "a", "qwen3:8b", 6000, NOW, NOW + 60, cold=True, context=4096)
+    ok, why = ticket_budget_ok([], load, expiring, Policy())
+    assert ok and why.startswith("6000 MiB claimed")
+
+
+def test_an_expiring_copy_at_another_context_is_reloaded_as_planned() -> None:
+    info = {"qwen3:8b": ModelInfo(trained_context=40960, kv_bytes_per_token=144 * 1024)}
+    card = ProviderView("a", GIB32, residents=(
+        Resident("qwen3:8b", 6000, 4096, expires_at=NOW + 0.5),), context_length=16384,
+        models=info, disk_mib={"qwen3:8b": 5200})
+    decision = place(call("qwen3:8b"), snapshot(card))
+    assert decision.placement is not None and decision.placement.kind == "evict"
+    assert dict(decision.placement.evicts) == {"qwen3:8b": 6000}
+
+
+def test_a_card_without_a_vram_total_still_checks_slots_and_victims() -> None:
+    card = gpu("a", None, ("qwen3:8b",))
+    busy = ticket("a", "qwen3:8b")
+    ok, why = ticket_budget_ok([busy], ticket("a", "qwen3:8b"), card, Policy(),
+                               needs_free_slot=True)
+    assert not ok and "slot" in why
+
+
+PLACED = Placement("a", "qwen3:8b", "cold", 4, 6000, num_ctx=8192, context_length=8192)
+
+
+@pytest.mark.parametrize(("outcome", "recorded"), [
+    (CallOutcome(True, 1.0), "loaded"),
+    (CallOutcome(True, 1.0, 9000, prompt_too_long=True), "loaded"),  # it was loaded to refuse
+    (CallOutcome(False, 1.0, error="client disconnected", client_left=True, began=False),
+     "loading"),  # the agent left during the load: it may go on
+    (CallOutcome(False, 1.0, error="failed mid-stream"), "loading"),
+    (CallOutcome(False, 1.0, error="HTTP 500: out of memory", began=False), "failed"),
+    (CallOutcome(True, 1.0, error="HTTP 404: not found", began=False), "failed"),
+])
+def test_what_a_load_leaves_depends_on_how_its_call_ended(outcome: CallOutcome,
+                                                          recorded: str) -> None:
+    assert load_state(outcome) == recorded
+    left = left_loaded(PLACED, NOW, load_state(outcome))
+    assert (left is None) == (recorded == "failed")
+    assert left is None or left.loading == (recorded == "loading")
+
+
+def test_a_load_not_seen_finished_counts_its_memory_but_is_not_joined() -> None:
+    view = gpu("a", GIB32, probed_at=NOW)
+    merged = merge_residency(view, {"qwen3:8b": Residency(6000, 8192, NOW - 5, loading=True)})
+    assert [(r.model, r.loading) for r in merged.residents] == [("qwen3:8b", True)]
+    index = index_providers(snapshot(merged), DEFAULT_POLICY)["a"]
+    assert not index.is_warm("qwen3:8b") and index.resident_mib == 6000
+
+
+def test_a_copy_asked_to_unload_stays_leaving_while_probes_list_it() -> None:
+    view = gpu("a", GIB32, ("qwen3:8b",), probed_at=NOW)
+    old = {"qwen3:8b": Residency(6000, 0, NOW - 30, leaving=True)}  # older than the probe
+    merged = merge_residency(view, old)
+    assert merged.residents[0].leaving
+    assert not merge_residency(gpu("a", GIB32, probed_at=NOW), old).residents  # seen gone
+
+
+def test_a_copy_recorded_at_its_requested_context_is_the_probed_one() -> None:
+    """0.30+ lists phi3 (trained for 4096) at 4096 where the call asked for 8192."""
+    view = gpu("a", GIB32, ("phi3:mini",), resident_ctx=4096, probed_at=NOW,
+               models={"phi3:mini": ModelInfo(trained_context=4096)})
+    merged = merge_residency(view, {"phi3:mini": Residency(9999, 8192, NOW + 1)})
+    assert merged.residents[0].footprint_mib == 3600  # the probe's measured figure stays
+    assert merged.residents[0].expires_at == math.inf
+
+
+def test_every_placed_call_is_sent_without_the_options_that_reload() -> None:
+    route = Route("p", OllamaClient("http://x"), "qwen3:8b", "cold")  # no num_ctx known
+    body = {"model": "x", "prompt": "hi", "shift": False,
+            "options": {"num_batch": 1024, "num_ctx": 4096, "seed": 1}}
+    assert orjson.loads(payload_for(route, body))["options"] == {"num_ctx": 4096, "seed": 1}
