@@ -62,11 +62,13 @@ def main(argv: list[str] | None = None) -> None:
     nats = NatsServer().start() if args.nats else None
 
     sim_port, proxy_port = free_port(), free_port()
+    # 64 slots of 1024 tokens: qwen3:8b takes ~16 GiB of the 48 GiB card.
     sim = spawn(["-m", "loadtest.ollama_sim", "--port", str(sim_port), "--parallel", "64",
-                 "--vram", "24564", "--tokens-per-s", str(args.tokens_per_s)], cpus=load_cpus)
+                 "--vram", "49140", "--context", "1024", "--tokens-per-s",
+                 str(args.tokens_per_s)], cpus=load_cpus)
     direct = f"http://127.0.0.1:{sim_port}"
-    providers = [{"name": "gpu", "endpoint": direct, "totalVramMiB": 24564, "maxParallel": 64,
-                  "contextLength": 32768}]
+    providers = [{"name": "gpu", "endpoint": direct, "totalVramMiB": 49140, "maxParallel": 64,
+                  "contextLength": 1024}]
     upstream = ({"KUBEMOOT_MODEL_ENDPOINT": direct} if args.relay_only
                 else {"KUBEMOOT_PROVIDERS": json.dumps(providers)})
     env = {**upstream, "KUBEMOOT_MODEL_MODEL": "qwen3:8b",

@@ -14,6 +14,7 @@ From Ollama's source (ollama/ollama; README "How memory and context are computed
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ VISION_MIN_CONTEXT = 2048
 BUMPED_FAMILIES = frozenset(("gptoss", "gpt-oss", "qwen3vl", "qwen3vlmoe"))
 
 
+@functools.lru_cache(maxsize=256)
 def parse_version(text: str) -> Version:
     match = _VERSION.match(text.strip())
     if match is None:

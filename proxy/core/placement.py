@@ -43,7 +43,9 @@ def in_tolerance(call: CallSpec) -> list[Candidate]:
 class _Planner:
     """One placement's working state: indexes, contexts and footprints computed once."""
 
-    def __init__(self, call: CallSpec, snapshot: Snapshot, policy: Policy) -> None:
+    def __init__(self, call: CallSpec, snapshot: Snapshot, policy: Policy,
+                 detailed: bool = False) -> None:
+        self.detailed = detailed  # verdicts say what the call would get (for explain)
         self.call = call
         self.snapshot = snapshot
         self.policy = policy
@@ -58,7 +60,7 @@ class _Planner:
 
     def verdict(self, index: ProviderIndex, model: str) -> Verdict:
         fit = self.fit(index, model)
-        sizing = self.sizing(index, model, fit)
+        sizing = self.sizing(index, model, fit) if self.detailed else {}
         if not fit.ok:
             return Verdict(index.name, model, False, fit.reason, sizing=sizing)
         make_terms = warm_terms if (fit.warm or fit.loading) else cold_terms
@@ -231,10 +233,9 @@ class _Planner:
             if hit is not None:
                 break
             hit = self.copy_with_room(candidate.model, 3, loading_only=True)
+        if hit is not None:  # (every card's verdict is explain's to give)
+            return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}")
         verdicts = [self.verdict(i, preferred) for i in self.indexes.values()]
-        if hit is not None:
-            return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}",
-                            tuple(verdicts))
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
         if hit is not None:
@@ -314,7 +315,7 @@ def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -
 def explain(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY
             ) -> tuple[Decision, tuple[Verdict, ...]]:
     """The decision plus every provider's verdict for every acceptable model."""
-    planner = _Planner(call, snapshot, policy)
+    planner = _Planner(call, snapshot, policy, detailed=True)
     verdicts = tuple(planner.verdict(i, c.model) for c in planner.acceptable
                      for i in planner.indexes.values())
     return planner.place(), verdicts
