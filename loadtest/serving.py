@@ -14,8 +14,9 @@ class ThreadedServer:
     """`start()` binds (port 0 picks a free one) and returns once serving; `stop()` closes
     the socket, so connections are refused until `start()` binds the same port again."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, name: str = "server"
-                 ) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, name: str = "server",
+                 **config: Any) -> None:
+        self.uvicorn_config = config  # more uvicorn.Config settings (the sidecar's protocol)
         self.app = app
         self.host = host
         self.port = port
@@ -33,7 +34,8 @@ class ThreadedServer:
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                lifespan="auto", timeout_graceful_shutdown=1)
+                                lifespan="auto", timeout_graceful_shutdown=1,
+                                **self.uvicorn_config)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         daemon=True, name=self.name)
@@ -44,6 +46,11 @@ class ThreadedServer:
                 raise RuntimeError(f"{self.name} did not start")
             time.sleep(0.005)
         return self
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server's thread (its event loop, all it serves) has used so far."""
+        assert self._thread is not None and self._thread.ident is not None
+        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
 
     def stop(self) -> None:
         if self._server is not None and self._thread is not None:

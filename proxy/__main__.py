@@ -13,8 +13,7 @@ from proxy.settings import ConfigError, Settings, load_settings, parse_listen
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from proxy.api.protocol import listener
     from proxy.app import build_app
     from proxy.observability.logging import configure_logging
 
@@ -41,17 +40,12 @@ def _serve(args: argparse.Namespace) -> int:
     # every call in flight stalled behind it).
     gc.collect()
     gc.freeze()
-    # No proxy-header rewriting: agents in the pod call the sidecar directly.
-    servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                             access_log=False, lifespan="on",
-                                             proxy_headers=False))]
+    servers = [listener(app, host, port, "on")]
     if settings.ops_listen:
         from proxy.app import build_ops_app
 
         ops_host, ops_port = parse_listen(settings.ops_listen)
-        servers.append(uvicorn.Server(uvicorn.Config(
-            build_ops_app(app), host=ops_host, port=ops_port, log_level="warning",
-            access_log=False, lifespan="off")))
+        servers.append(listener(build_ops_app(app), ops_host, ops_port, "off"))
     _run(_serve_all(servers))
     for server in fleet:
         server.stop()

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from proxy import __version__
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.api.errors import install_error_shapes
 from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
 from proxy.core.policy import DEFAULT_POLICY
@@ -123,4 +124,5 @@ def build_ops_app(main: FastAPI) -> FastAPI:
     ops.router.add_route("/healthz", api.healthz, methods=["GET"])
     ops.router.add_route("/readyz", api.readyz, methods=["GET"])
     ops.router.add_route("/metrics", api.prometheus, methods=["GET"])
+    install_error_shapes(ops)
     return ops

@@ -151,6 +151,9 @@ class Settings(BaseSettings):
     probe_interval_seconds: float = Field(default=2.0, gt=0)
     state_stale_seconds: float = Field(default=15.0, gt=0)
     ticket_ttl_seconds: float = Field(default=60.0, ge=5)
+    max_plans: int = Field(default=4, ge=0)  # held plans per agent (this sidecar)
+    # Share of the fleet's usable memory that loads held for plans may take, all agents'
+    plan_memory_share: float = Field(default=0.5, ge=0, le=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("model_candidates_mulling", "model_candidates_triage", mode="before")

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Literal
 
 import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.service.routing import Refusal
@@ -57,3 +60,33 @@ def stream_error_line(message: str, dialect: Dialect = "ollama") -> bytes:
     if dialect == "ollama":
         return body + b"\n"
     return (b"event: error\n" if dialect == "anthropic" else b"") + b"data: " + body + b"\n\n"
+
+
+REASONS = {400: "bad-request", 404: "not-found", 405: "method-not-allowed",
+           413: "request-too-large"}
+
+
+def install_error_shapes(app: Starlette) -> None:
+    """The web framework's own answers in the sidecar's shape: a wrong method (405, with
+    Allow), any other HTTP error it raises, and a fault (500). No redirect is made either:
+    one built from the client's Host header could point anywhere."""
+    app.router.redirect_slashes = False
+
+    async def framework_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        reason = REASONS.get(exc.status_code, "bad-request")
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
+        response = error_response(exc.status_code, reason, message,
+                                  dialect=dialect_of(request.url.path))
+        response.headers.update({k: v for k, v in (exc.headers or {}).items()})
+        return response
+
+    async def fault(request: Request, exc: Exception) -> Response:
+        return error_response(500, "internal-error", "the sidecar failed on this request; "
+                              "its log has the details", dialect=dialect_of(request.url.path))
+
+    app.add_exception_handler(HTTPException, framework_error)
+    app.add_exception_handler(Exception, fault)

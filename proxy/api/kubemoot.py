@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from proxy.api import wire
 from proxy.api.errors import JSON, error_response
+from proxy.api.routes import BodyTooSlow, RequestTooLarge, read_capped
 from proxy.core.types import Decision, Verdict
 from proxy.ports import MODEL_DEMAND
 from proxy.service.demand import DemandBoard
@@ -41,12 +42,17 @@ def decision_json(d: Decision) -> dict[str, Any]:
     }
 
 
+PLAN_REQUEST_BYTES = 64 * 1024
+MAX_PARAM_DIGITS = 9  # 999,999,999 characters or tokens: more than any prompt
+
+
 def _int_param(request: Request, name: str) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return None
-    if not raw.isdigit():
-        raise wire.BadRequest(f"query parameter '{name}' must be a whole number", name)
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > MAX_PARAM_DIGITS:
+        raise wire.BadRequest(f"query parameter '{name}' must be a whole number of at most "
+                              f"{MAX_PARAM_DIGITS} digits", name)
     return int(raw)
 
 
@@ -67,12 +73,19 @@ class KubemootApi:
 
     async def create_plan(self, request: Request) -> Response:
         try:
-            body = wire.parse_body(await request.body())
+            body = wire.parse_body(await read_capped(request, PLAN_REQUEST_BYTES))
             plan = wire.validate(wire.PlanRequest, body)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc))
+        except RequestTooLarge:
+            return error_response(413, "request-too-large",
+                                  f"a plan request is at most {PLAN_REQUEST_BYTES} bytes")
+        except BodyTooSlow:
+            return error_response(408, "request-timeout", "the plan request's body was slow")
         result = await self.plans.create(plan.thread, plan.phase or "mulling", plan.model,
                                          plan.promptChars)
+        if result.get("refusal"):  # over this agent's plans, or the fleet's share for them
+            return error_response(429, result["refusal"], result["reason"], retry_after_s=30)
         return _json(result, 201 if result.get("planned") else 200)
 
     async def delete_plan(self, request: Request) -> Response:
@@ -88,6 +101,9 @@ class KubemootApi:
             return error_response(400, "bad-request", str(exc))
         phase = request.query_params.get("phase", "mulling")
         model = request.query_params.get("model") or None
+        if model is not None and len(model) > wire.MAX_ID_LENGTH:
+            return error_response(400, "bad-request", f"query parameter 'model' must be at "
+                                  f"most {wire.MAX_ID_LENGTH} characters")
         result = self.scheduler.explain(phase, model, prompt_chars, num_ctx)
         if result is None:
             return error_response(400, "bad-request", "field 'model': a model is required")

@@ -342,7 +342,10 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
                                        began=False))
         retry, route.retry = route.retry, None
         other = await retry() if retry is not None else None
+        if isinstance(other, Refusal):  # every other GPU stayed busy, or the agent left
+            return refusal_response(other, dialect)
         if other is not None:
+            other.retry = None
             log.info("retrying on another provider", failed=route.provider, cause=cause,
                      provider=other.provider, model=other.model)
             return await forward(other, path, body, stream, chunk_timeout_s, on_route, dialect,

@@ -15,7 +15,14 @@ from starlette.responses import PlainTextResponse, Response
 
 from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.api import wire
-from proxy.api.errors import JSON, Dialect, dialect_of, error_response, refusal_response
+from proxy.api.errors import (
+    JSON,
+    Dialect,
+    dialect_of,
+    error_response,
+    install_error_shapes,
+    refusal_response,
+)
 from proxy.api.relay import forward
 from proxy.core.tokens import conversation_digests, longest_input_size, prompt_size
 from proxy.observability.logging import get_logger
@@ -33,18 +40,31 @@ class RequestTooLarge(Exception):
     pass
 
 
+BODY_TIMEOUT_S = 30.0  # a request's whole body, once its head is in
+
+
+class BodyTooSlow(Exception):
+    pass
+
+
 async def read_capped(request: Request, cap: int) -> bytes:
-    """The request body, refusing anything over `cap` bytes without reading it all."""
+    """The request body, refusing anything over `cap` bytes without reading it all, or that
+    takes longer than BODY_TIMEOUT_S to arrive."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > cap:
+    if declared is not None and declared.isascii() and declared.isdigit() and \
+            int(declared) > cap:
         raise RequestTooLarge
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise RequestTooLarge
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise RequestTooLarge
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTooSlow from None
     return b"".join(chunks)
 
 
@@ -120,6 +140,7 @@ class SidecarApi:
         add("/readyz", self.readyz, methods=["GET"])
         add("/metrics", self.prometheus, methods=["GET"])
         app.add_exception_handler(404, self.not_found)
+        install_error_shapes(app)
 
     # -- simple endpoints ------------------------------------------------------------------
     async def root(self, request: Request) -> Response:
@@ -176,6 +197,9 @@ class SidecarApi:
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
             return body, wire.validate(schema, body)
+        except BodyTooSlow:
+            return error_response(408, "request-timeout", f"the request's body did not "
+                                  f"arrive within {BODY_TIMEOUT_S:.0f} s", dialect=dialect)
         except RequestTooLarge:
             return error_response(413, "request-too-large",
                                   f"request body exceeds the sidecar's limit of "
@@ -280,8 +304,9 @@ class SidecarApi:
         wait_header = request.headers.get("x-kubemoot-wait")
         can_wait = self.default_can_wait if wait_header is None else \
             wait_header.strip().lower() not in {"false", "0", "no"}
-        options: wire.Options | None = getattr(parsed, "options", None)
-        num_ctx = options.num_ctx if options is not None else None
+        # (Only Ollama's own API has options; on the others an `options` field is extra.)
+        options = getattr(parsed, "options", None)
+        num_ctx = options.num_ctx if isinstance(options, wire.Options) else None
         conversation: tuple[int, ...] = ()
         if isinstance(parsed, wire.EMBEDDINGS):
             size = longest_input_size(body)

@@ -7,10 +7,10 @@ rather than a surprise. Unknown fields are kept and forwarded untouched.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 
 class BadRequest(Exception):
@@ -19,6 +19,12 @@ class BadRequest(Exception):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+# Identifiers become keys in the shared state and words in messages: bounded. Ollama's own
+# model names (registry/namespace/model:tag) stay far below.
+MAX_ID_LENGTH = 256
+ModelName = Annotated[str, StringConstraints(max_length=MAX_ID_LENGTH)]
 
 
 class _Wire(BaseModel):
@@ -52,7 +58,7 @@ class Options(_Wire):
 class OllamaInference(_Wire):
     """Fields of /api/chat and /api/generate the sidecar needs to see."""
 
-    model: str | None = None
+    model: ModelName | None = None
     stream: bool | None = None
     options: Options | None = None
     keep_alive: float | int | str | None = None
@@ -67,7 +73,7 @@ class OllamaInference(_Wire):
 class OllamaEmbed(_Wire):
     """/api/embed (`input`) and the legacy /api/embeddings (`prompt`)."""
 
-    model: str | None = None
+    model: ModelName | None = None
     input: str | list[str] | None = None
     prompt: str | None = None
     options: Options | None = None
@@ -83,21 +89,21 @@ class OpenAIMessage(_Wire):
 
 
 class OpenAIChat(_Wire):
-    model: str | None = None
+    model: ModelName | None = None
     messages: list[OpenAIMessage]
     stream: bool | None = None
     tools: list[dict[str, Any]] | None = None
 
 
 class OpenAICompletion(_Wire):
-    model: str | None = None
+    model: ModelName | None = None
     prompt: str | list[Any] | None = None
     suffix: str | None = None
     stream: bool | None = None
 
 
 class OpenAIEmbed(_Wire):
-    model: str | None = None
+    model: ModelName | None = None
     input: str | list[Any] | None = None
     stream: None = None  # embeddings never stream
 
@@ -106,7 +112,7 @@ class OpenAIResponses(_Wire):
     """OpenAI's Responses API: `input` is text or a list of items (messages, tool calls and
     their outputs)."""
 
-    model: str | None = None
+    model: ModelName | None = None
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
     stream: bool | None = None
@@ -121,7 +127,7 @@ class AnthropicMessage(_Wire):
 class AnthropicMessages(_Wire):
     """Anthropic's Messages API, which Ollama serves on /v1/messages."""
 
-    model: str | None = None
+    model: ModelName | None = None
     messages: list[AnthropicMessage]
     system: str | list[dict[str, Any]] | None = None
     max_tokens: int | None = None
@@ -147,31 +153,57 @@ PLACED: dict[str, type[Inference]] = {
 
 
 class PlanRequest(_Wire):
-    thread: str = Field(min_length=1)
+    thread: str = Field(min_length=1, max_length=MAX_ID_LENGTH)
     phase: Literal["mulling", "triage"] | None = None
-    model: str | None = None
+    model: ModelName | None = None
     promptChars: int | None = Field(default=None, ge=0)
 
 
 class PullRequest(_Wire):
-    model: str | None = None
-    name: str | None = None
+    model: ModelName | None = None
+    name: ModelName | None = None
     stream: bool | None = None
 
 
 class ShowRequest(_Wire):
-    model: str | None = None
-    name: str | None = None
+    model: ModelName | None = None
+    name: ModelName | None = None
 
 
-_ZERO_DURATION = re.compile(r"^[+-]?(?:(?:0+\.?0*|\.0+)(?:ns|us|µs|μs|ms|s|m|h)?)+$")
+DURATION_UNITS = ("ns", "us", "µs", "μs", "ms", "h", "m", "s")  # two letters before one
+DIGITS = frozenset("0123456789")
+
+
+def zero_duration(text: str) -> bool:
+    """Whether a Go duration string ("0", "0s", "0m0s", "-0.0h") is zero: one pass over the
+    text, no backtracking (a regular expression with nested repetition took seconds on a
+    string of twenty zeros and one other character). A unit may be left out, as Ollama
+    reads bare numbers too; anything else is not zero."""
+    s = text.strip()
+    if s[:1] in ("+", "-"):
+        s = s[1:]
+    i, n, parts = 0, len(s), 0
+    while i < n:
+        start, dot = i, False
+        while i < n and (s[i] in DIGITS or (s[i] == "." and not dot)):
+            dot = dot or s[i] == "."
+            i += 1
+        number = s[start:i]
+        if not number.strip(".") or number.strip("0.") != "":
+            return False  # no digits, or not zero
+        unit = next((u for u in DURATION_UNITS if s.startswith(u, i)), "")
+        if not unit and i < n:
+            return False  # only the last number may go without its unit
+        i += len(unit)
+        parts += 1
+    return parts > 0
 
 
 def zero_keep_alive(parsed: BaseModel) -> bool:
     """`keep_alive` 0: a number or a Go duration string such as "0", "0s" or "0m"."""
     keep_alive = getattr(parsed, "keep_alive", None)
     if isinstance(keep_alive, str):
-        return bool(_ZERO_DURATION.match(keep_alive.strip()))
+        return zero_duration(keep_alive)
     return keep_alive is not None and keep_alive == 0
 
 

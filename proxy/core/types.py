@@ -81,6 +81,7 @@ class Ticket:
     holder: str = ""
     context: int = 0  # num_ctx of the copy it loads or joins, as Ollama records it; 0 unknown
     estimate_mib: int = 0  # a load: Ollama's own estimate of it (its admission rule reads it)
+    plan: bool = False  # held for a plan made at selection, not yet a call
 
     @property
     def reloads(self) -> bool:

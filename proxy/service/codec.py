@@ -182,7 +182,8 @@ class TicketSet:
                               "evicts": dict(t.evicts), "holder": t.holder,
                               "started": t.started_at, "exp": t.expires_at,
                               **({"ctx": t.context} if t.context else {}),
-                              **({"est": t.estimate_mib} if t.estimate_mib else {})}
+                              **({"est": t.estimate_mib} if t.estimate_mib else {}),
+                              **({"plan": True} if t.plan else {})}
                         for tid, t in self.tickets.items()},
             "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at,
                               **({"leaving": True} if r.leaving else {}),
@@ -200,7 +201,7 @@ class TicketSet:
                         float(t["exp"]), cold=bool(t.get("cold")),
                         evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
                         holder=str(t.get("holder", "")), context=int(t.get("ctx") or 0),
-                        estimate_mib=int(t.get("est") or 0))
+                        estimate_mib=int(t.get("est") or 0), plan=bool(t.get("plan")))
             for tid, t in (d.get("tickets") or {}).items()
         }
         residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),

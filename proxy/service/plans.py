@@ -17,7 +17,7 @@ from proxy.adapters.ollama import UpstreamError
 from proxy.core.context import fits
 from proxy.core.placement import in_tolerance, place
 from proxy.core.tokens import PromptSize
-from proxy.core.types import CallSpec
+from proxy.core.types import CallSpec, Placement, Snapshot
 from proxy.observability.logging import get_logger
 from proxy.ports import StoreUnavailable
 from proxy.service.routing import CallRequest, Refusal, Route
@@ -67,8 +67,13 @@ class PlanBook:
 
     async def create(self, thread: str, phase: str, model: str | None,
                      prompt_chars: int | None) -> dict[str, Any]:
-        await self.release(thread)
+        await self.release(thread)  # a thread holds one plan: a new one replaces it
         s = self.scheduler
+        limit = s.settings.max_plans
+        if len(self.plans) >= limit:
+            return {"thread": thread, "planned": False, "refusal": "plan-limit",
+                    "reason": f"this agent holds {len(self.plans)} plans already, the most "
+                              f"it may (KUBEMOOT_MAX_PLANS {limit}); release one first"}
         candidates = s.candidates(phase, model)
         if not candidates:
             return {"thread": thread, "planned": False, "reason": "no model to plan for"}
@@ -81,10 +86,15 @@ class PlanBook:
             await s.demand.intend(m)
         snapshot = s.snapshot(s.clock())
         decision = place(spec, snapshot, s.policy)
-        claimed = await s.claim(decision.placement, snapshot) if decision.placement else None
+        over = self._over_share(decision.placement, snapshot)
+        claimed = await s.claim(decision.placement, snapshot, plan=True) \
+            if decision.placement and over is None else None
         if claimed is None:
             for m in acceptable:
                 await s.demand.drop_intent(m)
+            if over is not None:
+                return {"thread": thread, "planned": False, "refusal": "plan-memory",
+                        "reason": over}
             return {"thread": thread, "planned": False, "outcome": decision.outcome,
                     "reason": decision.reason}
         placement = claimed.placement
@@ -96,6 +106,23 @@ class PlanBook:
         return {"thread": thread, "planned": True, "provider": placement.provider,
                 "model": placement.model, "placement": placement.kind,
                 "evicts": list(placement.evicts), "reason": decision.reason}
+
+    def _over_share(self, placement: Placement | None, snapshot: Snapshot) -> str | None:
+        """Loads held for plans (every agent's, as the shared tickets show them) may take at
+        most KUBEMOOT_PLAN_MEMORY_SHARE of the fleet's usable memory, though one alone may
+        always be held; why this one may not, or None."""
+        if placement is None or placement.kind not in ("cold", "evict"):
+            return None
+        share = self.scheduler.settings.plan_memory_share
+        usable = sum(self.scheduler.policy.usable_mib(v.total_vram_mib)
+                     for v in snapshot.providers if v.total_vram_mib)
+        held = sum(t.footprint_mib for t in snapshot.tickets
+                   if t.plan and t.cold and t.expires_at > snapshot.now)
+        if usable and held and held + placement.footprint_mib > share * usable:
+            return (f"plans hold {held} MiB already; {placement.footprint_mib} MiB more would "
+                    f"pass {share:.0%} of the fleet's {usable} MiB usable "
+                    "(KUBEMOOT_PLAN_MEMORY_SHARE)")
+        return None
 
     async def _load(self, claimed: Claimed) -> bool:
         """Unload the victims and start loading, so the load overlaps prompt building; True

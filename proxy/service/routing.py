@@ -80,7 +80,9 @@ class Route:
     evicted: tuple[str, ...] = ()
     waited_ms: int = 0
     on_done: Callable[[CallOutcome], Awaitable[None]] | None = None
-    retry: Callable[[], Awaitable[Route | None]] | None = None  # another provider, once
+    # Placed again without this provider (waiting as a first attempt would), once; None
+    # when no other could take it
+    retry: Callable[[], Awaitable[Route | Refusal | None]] | None = None
     # Placed again, sized at least at the given tokens, when the engine refused the prompt
     # as longer than its context (once)
     reroute: Callable[[int], Awaitable[Route | Refusal]] | None = None

@@ -179,10 +179,14 @@ class Scheduler:
             out[name] = ProviderHealth(circuit, stats.latency.value, stats.success_rate)
         return out
 
-    def snapshot(self, now: float) -> Snapshot:
+    def snapshot(self, now: float, exclude: frozenset[str] = frozenset()) -> Snapshot:
         local = (*self._local_live(now), *self._claims_in_flight())
-        return self.view.snapshot(now, self.health(now), self.demand.view(),
-                                  self.learning.load_mib_per_s, local)
+        snapshot = self.view.snapshot(now, self.health(now), self.demand.view(),
+                                      self.learning.load_mib_per_s, local)
+        if not exclude:
+            return snapshot
+        return replace(snapshot, providers=tuple(
+            replace(v, ready=False) if v.name in exclude else v for v in snapshot.providers))
 
     def _claims_in_flight(self) -> list[Ticket]:
         """Reserved tickets whose claim has not come back (or whose write is not yet in the
@@ -216,9 +220,11 @@ class Scheduler:
                         phase="triage" if call.phase == "triage" else "mulling")
 
     # -- the call path ---------------------------------------------------------------------
-    async def route(self, call: CallRequest, at_least_tokens: int = 0) -> Route | Refusal:
+    async def route(self, call: CallRequest, at_least_tokens: int = 0,
+                    exclude: frozenset[str] = frozenset()) -> Route | Refusal:
         """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
-        engine counted of its prompt after refusing it as longer than a context."""
+        engine counted of its prompt after refusing it as longer than a context; `exclude`:
+        providers that failed it."""
         candidates = self.candidates(call.phase, call.model)
         if not candidates:
             return Refusal(400, "bad-request", "field 'model': a model is required (none in "
@@ -239,7 +245,7 @@ class Scheduler:
                 try:
                     decided_at = time.perf_counter()
                     now = self.clock()
-                    snapshot = self.snapshot(now)
+                    snapshot = self.snapshot(now, exclude)
                     decision = place(spec, snapshot, self.policy)
                     self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
                     ticket = self._reserve(decision.placement) if decision.placement else None
@@ -337,12 +343,12 @@ class Scheduler:
                 spec.preferred.model, retry_after_s=5)
         return Route(STATIC, static, spec.preferred.model, STATIC)
 
-    def _new_ticket(self, placement: Placement) -> Ticket:
+    def _new_ticket(self, placement: Placement, plan: bool = False) -> Ticket:
         return self.tickets.new_ticket(
             next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
             cold=placement.kind in ("cold", "evict"), evicts=dict(placement.evicts),
             holder=self.holder, context=placement.num_ctx,
-            estimate_mib=placement.estimate_mib)
+            estimate_mib=placement.estimate_mib, plan=plan)
 
     def _reserve(self, placement: Placement) -> Ticket:
         """A ticket the next decisions count while its claim is on its way to the store."""
@@ -351,9 +357,9 @@ class Scheduler:
         return ticket
 
     async def claim(self, placement: Placement, snapshot: Snapshot,
-                    ticket: Ticket | None = None) -> Claimed | None:
+                    ticket: Ticket | None = None, plan: bool = False) -> Claimed | None:
         view = next(v for v in snapshot.providers if v.name == placement.provider)
-        ticket = ticket or self._new_ticket(placement)
+        ticket = ticket or self._new_ticket(placement, plan)
         local = False
         needs_slot = placement.kind in ("warm", "loading") and placement.step in (1, 2)
         try:
@@ -583,21 +589,23 @@ class Scheduler:
             self._spawn(self._unload_leaving(self.tickets, provider, model))
 
     def _retry_elsewhere(self, call: CallRequest, spec: CallSpec, failed: str
-                         ) -> Callable[[], Awaitable[Route | None]]:
-        async def retry() -> Route | None:
-            now = self.clock()
-            snapshot = self.snapshot(now)
-            providers = tuple(replace(v, ready=False) if v.name == failed else v
-                              for v in snapshot.providers)
-            decision = place(spec, replace(snapshot, providers=providers), self.policy)
-            if decision.placement is None:
+                         ) -> Callable[[], Awaitable[Route | Refusal | None]]:
+        """The call placed again without the provider that failed it, waiting for a GPU as
+        a first attempt would; None when no other provider could take it at all."""
+        async def retry() -> Route | Refusal | None:
+            excluded = frozenset((failed,))
+            snapshot = self.snapshot(self.clock(), excluded)
+            if place(spec, snapshot, self.policy).outcome not in ("placed", "wait"):
                 return None
-            claimed = await self.claim(decision.placement, snapshot)
-            if claimed is None:
-                return None
-            route = await self.start_claimed(claimed, call, spec, 0)
-            route.retry = None
-            return route
+            wanted = {c.model for c in spec.candidates}
+            if not any(v.ready and v.name != failed and (not v.disk_mib or wanted & set(
+                    v.disk_mib)) for v in snapshot.providers):
+                return None  # nobody else is up with the model: nothing to wait for
+            placed = await self.route(call, exclude=excluded)
+            if isinstance(placed, Refusal) and placed.reason not in ("gpu-busy",
+                                                                     "client-gone"):
+                return None  # no other could ever take it: the failure is the answer
+            return placed
 
         return retry
 

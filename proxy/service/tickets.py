@@ -244,11 +244,11 @@ class TicketBook:
 
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
                    cold: bool, evicts: dict[str, int], holder: str, context: int = 0,
-                   estimate_mib: int = 0) -> Ticket:
+                   estimate_mib: int = 0, plan: bool = False) -> Ticket:
         now = self.clock()
         return Ticket(ticket_id, provider, model, footprint_mib, now, now + self.ttl_s,
                       cold=cold, evicts=evicts, holder=holder, context=context,
-                      estimate_mib=estimate_mib)
+                      estimate_mib=estimate_mib, plan=plan)
 
     async def claim(self, ticket: Ticket, view: ProviderView, needs_free_slot: bool = False
                     ) -> ClaimResult:

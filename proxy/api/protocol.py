@@ -1,0 +1,61 @@
+"""The HTTP protocol the sidecar's listeners run: uvicorn's (httptools), with a limit on how
+long a request's head may take. uvicorn closes a connection idle between requests (its
+keep-alive timeout) but waits forever for the head of one: a client that connects and sends
+nothing, or half a request line, would hold a connection (and a file descriptor) for good."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+HEAD_TIMEOUT_S = 10.0  # from connecting (or a request's first byte) to its last header
+KEEP_ALIVE_TIMEOUT_S = 5  # an idle connection between requests (uvicorn's own default)
+
+
+class HeadTimeoutProtocol(HttpToolsProtocol):
+    """Closes a connection whose request head does not arrive within HEAD_TIMEOUT_S."""
+
+    head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_too_slow)
+
+    def _disarm(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self.head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def listener(app: ASGIApp, host: str, port: int,
+             lifespan: Literal["on", "off"]) -> uvicorn.Server:
+    """One of the sidecar's listeners: these timeouts, no access log, no proxy headers (agents
+    in the pod call it directly)."""
+    return uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, lifespan=lifespan, log_level="warning", access_log=False,
+        proxy_headers=False, http=HeadTimeoutProtocol, timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S))

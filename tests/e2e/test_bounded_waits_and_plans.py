@@ -1,0 +1,89 @@
+"""Every wait ends by its limit, a retry waits as a first attempt would, and plans cannot be
+used to hold the fleet."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
+
+
+def decisions(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics").text
+    match = re.search(r"^kubemoot_decision_seconds_count (\S+)$", metrics, re.M)
+    return float(match[1]) if match else 0.0
+
+
+def plan(url: str, thread: str, model: str) -> httpx.Response:
+    return httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": thread, "model": model,
+                                                         "promptChars": 100}, timeout=30)
+
+
+def test_a_call_waiting_behind_held_plans_answers_at_its_limit_without_spinning(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=2, plan_memory_share=1.0,
+                          **mode).url
+    assert plan(url, "a", "qwen3:32b").status_code == 201  # 21224 of 21616 MiB held
+    before = decisions(url)
+    started = time.monotonic()
+    r = chat(url, "phi3:mini")  # no room beside the plan, and nothing to evict
+    assert r.status_code == 503 and r.json()["reason"] == "gpu-busy"
+    assert r.headers["retry-after"]
+    assert 1.5 < time.monotonic() - started < 5
+    assert decisions(url) - before < 40  # woken by changes, not re-placed 100 times a second
+
+
+def test_a_retry_after_a_failure_waits_for_a_slot_like_a_first_attempt(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """The provider that answered fails; the other has the model but its one slot is busy
+    for ~1 s. The call waits for that slot instead of answering 502."""
+    a = sim_factory("a", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
+    for gpu in (a, b):
+        httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
+    url = sidecar_factory([a, b], **mode).url
+    stream_in_background(url, "qwen3:8b", 2500, threading.Event())  # one slot, ~1 s
+    free = a if not a.sim.runners["qwen3:8b"].refcount else b
+    httpx.post(f"{free.url}/_sim/fault", json={"mode": "error", "count": 1, "status": 500})
+    r = chat(url, "qwen3:8b")  # the free copy fails; the retry must wait for the busy one
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kubemoot-provider"] != free.config.name
+    assert int(r.headers["x-kubemoot-waited-ms"]) > 0
+
+
+def test_an_agent_holds_a_bounded_number_of_plans(sim_factory: Sims,
+                                                   sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=49140, context_length=2048, time_scale=SCALE)
+    url = sidecar_factory([gpu], max_plans=2).url
+    assert plan(url, "t1", "qwen3:8b").status_code == 201
+    assert plan(url, "t2", "llama3.2:3b").status_code == 201
+    assert plan(url, "t2", "phi3:mini").status_code == 201  # replaces t2's: still two
+    refused = plan(url, "t3", "qwen3:8b")
+    assert refused.status_code == 429 and refused.json()["reason"] == "plan-limit"
+    assert "KUBEMOOT_MAX_PLANS" in refused.json()["error"]
+    httpx.delete(f"{url}/kubemoot/v1/plans/t1")
+    assert plan(url, "t3", "qwen3:8b").status_code == 201
+    too_long = httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": "x" * 300})
+    assert too_long.status_code == 400 and "thread" in too_long.json()["error"]
+
+
+@pytest.mark.parametrize("share", [0.2])
+def test_plans_take_at_most_a_share_of_the_fleets_memory(sim_factory: Sims,
+                                                         sidecar_factory: Sidecars,
+                                                         mode: dict[str, Any],
+                                                         share: float) -> None:
+    """One agent cannot hold the fleet through plans: a fifth of 21616 MiB is 4323 MiB (the
+    first plan may take more)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=2048, time_scale=SCALE)
+    url = sidecar_factory([gpu], plan_memory_share=share, **mode).url
+    assert plan(url, "first", "qwen3:8b").status_code == 201  # ~5.7 GiB, alone
+    refused = plan(url, "big", "llama3.2:3b")
+    assert refused.status_code == 429 and refused.json()["reason"] == "plan-memory"
+    assert "KUBEMOOT_PLAN_MEMORY_SHARE" in refused.json()["error"]

@@ -1,0 +1,117 @@
+"""What the web framework and the server would answer on their own, answered in the
+sidecar's shape; connections that never finish a request closed; no input that makes the
+sidecar work for long."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from proxy.api import protocol, routes
+from proxy.api.wire import zero_duration
+from proxy.app import build_app
+from proxy.settings import load_settings
+from tests.conftest import provider_entry
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+
+
+@pytest.mark.parametrize(("method", "path", "shape"), [
+    ("GET", "/api/chat", "error"), ("PUT", "/v1/chat/completions", "openai"),
+    ("GET", "/v1/messages", "anthropic"), ("POST", "/api/tags", "error"),
+    ("PATCH", "/kubemoot/v1/explain", "error")])
+def test_a_wrong_method_is_405_in_the_callers_shape(sim_factory: Sims,
+                                                    sidecar_factory: Sidecars, method: str,
+                                                    path: str, shape: str) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.request(method, f"{url}{path}")
+    assert r.status_code == 405 and r.headers["allow"]
+    body = r.json()
+    assert body["reason"] == "method-not-allowed"
+    if shape == "openai":
+        assert body["error"]["code"] == "method-not-allowed"
+    elif shape == "anthropic":
+        assert body["type"] == "error" and body["error"]["message"]
+    else:
+        assert method in body["error"]
+
+
+def test_no_redirect_is_made_for_a_trailing_slash(sim_factory: Sims,
+                                                  sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.post(f"{url}/api/chat/", json={}, headers={"Host": "evil.example"})
+    assert r.status_code == 404 and "location" not in r.headers
+    assert r.json()["reason"] == "not-found"
+
+
+@pytest.mark.parametrize("value", ["١٢", "1" * 12, "-3", "12abc", "²"])
+def test_explain_refuses_a_malformed_number_plainly(sim_factory: Sims,
+                                                   sidecar_factory: Sidecars,
+                                                   value: str) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:8b",
+                                                        "promptChars": value})
+    assert r.status_code == 400 and r.json()["reason"] == "bad-request"
+    assert "promptChars" in r.json()["error"]
+
+
+def test_a_fault_is_a_500_in_the_sidecars_shape(sim_factory: Sims,
+                                                sidecar_factory: Sidecars) -> None:
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    app.state.scheduler.explain = broken
+    server = ThreadedServer(app, name="sidecar").start()
+    try:
+        r = httpx.get(f"{server.url}/kubemoot/v1/explain", params={"model": "qwen3:8b"})
+        assert r.status_code == 500 and r.json()["reason"] == "internal-error"
+        assert "a bug" not in r.text  # nothing of the internals leaks
+    finally:
+        server.stop()
+
+
+def test_a_keep_alive_string_never_makes_the_sidecar_work_long(sim_factory: Sims,
+                                                              sidecar_factory: Sidecars) -> None:
+    """Twenty zeros and one other character froze the whole sidecar for seconds (a regular
+    expression that backtracked); the parse is now one pass over the text."""
+    started = time.perf_counter()
+    assert not zero_duration("0" * 100_000 + "x")
+    assert time.perf_counter() - started < 0.5
+    url = sidecar_factory([sim_factory("gpu", context_length=2048)]).url
+    started = time.perf_counter()
+    r = httpx.post(f"{url}/api/generate", json={"model": "qwen3:8b", "prompt": "hi",
+                                                "stream": False, "keep_alive": "0" * 30 + "x"})
+    assert r.status_code in (200, 400)  # the engine's own answer to a bad duration
+    assert time.perf_counter() - started < 5
+
+
+def test_a_connection_that_never_finishes_its_request_is_closed(
+        sim_factory: Sims, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "HEAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(routes, "BODY_TIMEOUT_S", 0.5)
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        idle = socket.create_connection((server.host, server.port))
+        idle.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\n")  # and the head never ends
+        idle.settimeout(5)
+        started = time.monotonic()
+        assert idle.recv(100) == b""  # closed, after about the head limit
+        assert time.monotonic() - started < 3
+        slow = socket.create_connection((server.host, server.port))
+        slow.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        slow.settimeout(5)
+        answer = slow.recv(1000)
+        assert b"408" in answer.split(b"\r\n")[0] and b'"reason":"request-timeout"' in answer
+    finally:
+        server.stop()
