@@ -78,3 +78,37 @@ class NatsServer:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsCluster:
+    """`size` JetStream servers routed into one cluster on loopback (names n0, n1, ...)."""
+
+    def __init__(self, size: int = 3) -> None:
+        cluster_ports = [free_tcp_port() for _ in range(size)]
+        routes = ",".join(f"nats://127.0.0.1:{p}" for p in cluster_ports)
+        self.nodes = [NatsServer(port=free_tcp_port(), extra_args=[
+            "--server_name", f"n{i}", "--cluster_name", "kubemoot",
+            "--cluster", f"nats://127.0.0.1:{cluster_ports[i]}", "--routes", routes])
+            for i in range(size)]
+
+    @property
+    def url(self) -> str:
+        return ",".join(node.url for node in self.nodes)
+
+    def start(self) -> NatsCluster:
+        for node in self.nodes:
+            node.start()
+        return self
+
+    def node(self, name: str) -> NatsServer:
+        return self.nodes[int(name.removeprefix("n"))]
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()

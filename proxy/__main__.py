@@ -96,7 +96,7 @@ def _init_buckets(args: argparse.Namespace) -> int:
 
     import nats
 
-    from proxy.adapters.nats_kv import ensure_buckets
+    from proxy.adapters.nats_kv import default_replicas, ensure_buckets
     from proxy.app import nats_options
 
     settings = load_settings(args.config, **({"nats_url": args.nats_url} if args.nats_url
@@ -107,7 +107,9 @@ def _init_buckets(args: argparse.Namespace) -> int:
     async def run() -> list[str]:
         nc = await nats.connect(**nats_options(settings).connect_kwargs())
         try:
-            return await ensure_buckets(nc.jetstream())
+            await asyncio.sleep(0.2)  # the server's INFO names the cluster's other servers
+            replicas = settings.nats_replicas or default_replicas(nc)
+            return await ensure_buckets(nc.jetstream(), replicas=replicas)
         finally:
             await nc.close()
 

@@ -40,7 +40,7 @@ def nats_options(settings: Settings) -> NatsOptions:
 
 def build_store(settings: Settings) -> StateStore:
     if settings.nats_url:
-        return NatsStore(nats_options(settings))
+        return NatsStore(nats_options(settings), replicas=settings.nats_replicas)
     return MemoryStore()
 
 
@@ -106,7 +106,9 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
                      max_request_bytes=settings.max_request_bytes,
                      chunk_timeout_s=settings.chunk_timeout_seconds,
                      default_can_wait=settings.role != "coordinator",
-                     readiness=scheduler.ready)
+                     readiness=scheduler.ready,
+                     shared_state=lambda: "embedded" if not shared else
+                     "connected" if store.connected else "unavailable")
     api.mount(app)
     app.state.api = api
     KubemootApi(scheduler, plans, view, demand).mount(app)

@@ -143,6 +143,8 @@ class Settings(BaseSettings):
     nats_tls_ca: Path | None = None
     nats_tls_cert: Path | None = None
     nats_tls_key: Path | None = None
+    # Copies of every bucket on the cluster; None: 3 when it has at least 3 servers, else 1
+    nats_replicas: int | None = Field(default=None, ge=1, le=5)
     role: Literal["specialist", "coordinator"] = "specialist"
     max_request_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     connect_timeout_seconds: float = Field(default=3.0, gt=0)

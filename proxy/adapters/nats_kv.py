@@ -12,7 +12,7 @@ import contextlib
 import re
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry, 
 log = get_logger("kubemoot.nats")
 WATCH_INACTIVE_S = 10.0  # server drops an abandoned watch consumer after this
 RETRY_CONNECT_S = 2.0  # while NATS was never reached, how often to try again
+SERVING_PROBE_S = 1.0  # while JetStream answers nothing, how often to ask again
 
 
 @dataclass(frozen=True)
@@ -75,30 +76,51 @@ def redact(urls: str) -> str:
     return re.sub(r"(?<=://)[^@/,]*@", "***@", urls)
 
 
-def bucket_config(spec: BucketSpec) -> KeyValueConfig:
+def bucket_config(spec: BucketSpec, replicas: int = 1) -> KeyValueConfig:
     return KeyValueConfig(bucket=spec.name, history=spec.history, ttl=spec.ttl_s,
-                          storage=StorageType.FILE, direct=True)
+                          storage=StorageType.FILE, direct=True, replicas=replicas)
 
 
-async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS) -> list[str]:
-    """Create the buckets if missing (idempotent); returns what was done per bucket."""
+def cluster_size(nc: Any) -> int:
+    """Servers in the cluster, as the one connected to announces them (its connect_urls)."""
+    return len({(u.hostname, u.port) for u in nc.servers}) or 1
+
+
+def default_replicas(nc: Any) -> int:
+    """Three copies of every bucket when the cluster has at least three servers, else one."""
+    return 3 if cluster_size(nc) >= 3 else 1
+
+
+async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS,
+                         replicas: int = 1) -> list[str]:
+    """Create the buckets if missing, with `replicas` copies each; a bucket that exists with
+    another number of replicas is updated to it (idempotent). What was done, per bucket."""
     done = []
     for spec in buckets:
         try:
             await js.key_value(spec.name)
-            done.append(f"{spec.name}: exists")
         except BucketNotFoundError:
-            await js.create_key_value(config=bucket_config(spec))
-            done.append(f"{spec.name}: created (ttl {spec.ttl_s:.0f} s, history {spec.history})")
+            await js.create_key_value(config=bucket_config(spec, replicas))
+            done.append(f"{spec.name}: created (ttl {spec.ttl_s:.0f} s, history "
+                        f"{spec.history}, replicas {replicas})")
+            continue
+        info = await js.stream_info(f"KV_{spec.name}")
+        current = info.config.num_replicas or 1
+        if current == replicas:
+            done.append(f"{spec.name}: exists (replicas {current})")
+            continue
+        await js.update_stream(replace(info.config, num_replicas=replicas))
+        done.append(f"{spec.name}: replicas {current} -> {replicas}")
     return done
 
 
 class NatsStore:
     def __init__(self, options: NatsOptions, buckets: tuple[BucketSpec, ...] = BUCKETS,
-                 create_buckets: bool = True) -> None:
+                 create_buckets: bool = True, replicas: int | None = None) -> None:
         self.options = options
         self.buckets = buckets
-        self.create_buckets = create_buckets
+        self.create_buckets = create_buckets  # those missing (never changes existing ones)
+        self.replicas = replicas  # for buckets it creates; None: by the cluster's size
         self.changes = ChangeCounter()
         self._nc: Any = None
         self._kv: dict[str, Any] = {}
@@ -109,10 +131,35 @@ class NatsStore:
         self._connected = False
         self._retry: asyncio.Task[None] | None = None
         self._closing = False
+        # Connected, yet JetStream answers nothing (its leader for the buckets lost, say):
+        # every sidecar must then place on its own, as when NATS is away.
+        self._failing: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:
-        return self._connected and self._nc is not None and self._nc.is_connected
+        return self._connected and self._failing is None and self._nc is not None and \
+            self._nc.is_connected
+
+    def _unavailable(self, exc: Exception) -> StoreUnavailable:
+        """What an operation that failed though NATS is connected means: JetStream is not
+        serving the buckets. Said at once (connected reads false), until it serves again."""
+        if self._failing is None and self._connected and not self._closing:
+            log.warning("nats connected but not serving the buckets; placing from direct "
+                        "probes until it does", error=str(exc) or type(exc).__name__)
+            self._failing = asyncio.create_task(self._until_serving())
+            self.changes.bump()
+        return StoreUnavailable(str(exc) or type(exc).__name__)
+
+    async def _until_serving(self) -> None:
+        """Ask JetStream about the buckets every second until it answers (their leader is
+        back, or another was elected); then rebuild the watches (they may have stopped)."""
+        while True:
+            await asyncio.sleep(SERVING_PROBE_S)
+            if self._nc.is_connected and await self._serving():
+                break
+        self._failing = None
+        log.info("nats serving the buckets again")
+        await self._rewatch(rebind=False)
 
     async def start(self) -> None:
         """Connect, bind the buckets and start the watches. If NATS cannot be reached,
@@ -166,10 +213,26 @@ class NatsStore:
             raise StoreUnavailable(f"NATS JetStream KV unavailable: {exc}") from exc
         await self._rewatch(rebind=False)
 
+    async def _serving(self) -> bool:
+        """Whether every bucket's stream has a leader to take writes (its info comes from
+        the leader; reads alone could be answered by any replica)."""
+        js = self._nc.jetstream(timeout=self.options.timeout_s)
+        answers = await asyncio.gather(*(js.stream_info(f"KV_{spec.name}")
+                                         for spec in self.buckets), return_exceptions=True)
+        return not any(isinstance(a, BaseException) for a in answers)
+
     async def _bind(self) -> None:
         js = self._nc.jetstream(timeout=self.options.timeout_s)
         if self.create_buckets:
-            await ensure_buckets(js, self.buckets)
+            missing = []
+            for spec in self.buckets:
+                try:
+                    await js.key_value(spec.name)
+                except BucketNotFoundError:
+                    missing.append(spec)
+            if missing:
+                await ensure_buckets(js, tuple(missing),
+                                     self.replicas or default_replicas(self._nc))
         for spec in self.buckets:
             self._kv[spec.name] = await js.key_value(spec.name)
 
@@ -194,7 +257,9 @@ class NatsStore:
             self._connected = True
         except Exception as exc:
             self._connected = False
-            log.warning("nats watch failed", error=str(exc))
+            log.warning("nats watch failed; trying again", error=str(exc) or type(exc).__name__)
+            if self._failing is None and not self._closing:
+                self._failing = asyncio.create_task(self._until_serving())
         self.changes.bump()
 
     async def _drain(self, bucket: str, watcher: Any) -> None:
@@ -213,8 +278,9 @@ class NatsStore:
 
     async def close(self) -> None:
         self._closing = True
-        if self._retry is not None:
-            self._retry.cancel()
+        for task in (self._retry, self._failing):
+            if task is not None:
+                task.cancel()
         for task in self._watch_tasks:
             task.cancel()
         for watcher in self._watchers:
@@ -244,7 +310,7 @@ class NatsStore:
         except StoreUnavailable:
             raise
         except Exception as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            raise self._unavailable(exc) from exc
         if entry.value is None:  # an expiry marker, not a value
             return None
         return Entry(key, entry.value, entry.revision)
@@ -255,7 +321,7 @@ class NatsStore:
         except StoreUnavailable:
             raise
         except Exception as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            raise self._unavailable(exc) from exc
 
     async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
         kv = self._bucket(bucket)
@@ -268,9 +334,11 @@ class NatsStore:
         except BadRequestError as exc:
             if getattr(exc, "err_code", None) == 10071:
                 raise CasConflict(str(exc)) from exc
-            raise StoreUnavailable(str(exc)) from exc
+            raise self._unavailable(exc) from exc
+        except StoreUnavailable:
+            raise
         except Exception as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            raise self._unavailable(exc) from exc
 
     async def delete(self, bucket: str, key: str) -> None:
         try:
@@ -278,4 +346,4 @@ class NatsStore:
         except StoreUnavailable:
             raise
         except Exception as exc:
-            raise StoreUnavailable(str(exc)) from exc
+            raise self._unavailable(exc) from exc

@@ -108,7 +108,7 @@ class SidecarApi:
                  holders: Callable[[str], list[str]],
                  unload: Callable[[str], Awaitable[list[str]]], metrics: Metrics,
                  max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
-                 readiness: Callable[[], bool]) -> None:
+                 readiness: Callable[[], bool], shared_state: Callable[[], str]) -> None:
         self.router = router
         self.pool = pool
         self.holders = holders
@@ -118,6 +118,7 @@ class SidecarApi:
         self.chunk_timeout_s = chunk_timeout_s
         self.default_can_wait = default_can_wait
         self.readiness = readiness
+        self.shared_state = shared_state  # embedded, connected, or unavailable
 
     def mount(self, app: FastAPI) -> None:
         # Plain Starlette routes: the handlers read the request themselves, so FastAPI's
@@ -150,9 +151,11 @@ class SidecarApi:
         return _json({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
+        shared = self.shared_state()
         if self.readiness():
-            return _json({"status": "ready"})
-        return _json({"status": "not ready", "reason": "no provider can take calls"}, 503)
+            return _json({"status": "ready", "sharedState": shared})
+        return _json({"status": "not ready", "reason": "no provider can take calls",
+                      "sharedState": shared}, 503)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
