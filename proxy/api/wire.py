@@ -213,6 +213,29 @@ def asks_to_unload(parsed: BaseModel) -> bool:
         not parsed.messages and zero_keep_alive(parsed)
 
 
+# Deeper than any tool schema; the sidecar's own JSON encoder stops at 255.
+MAX_DEPTH = 128
+
+
+def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """How deep objects and arrays nest in `value`, counting up to `limit` + 1 (no
+    recursion: a stack of what is left to look at)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            break
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return deepest
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise BadRequest("missing request body")
@@ -222,6 +245,9 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    if nesting_depth(body) > MAX_DEPTH:
+        raise BadRequest(f"request body nests objects and arrays deeper than {MAX_DEPTH} "
+                         "levels")
     return body
 
 
