@@ -1,6 +1,6 @@
 """A faithful Ollama simulator: one simulated GPU per HTTP server on loopback.
 
-It speaks Ollama's wire formats (OLLAMA-API.md) and behaves as Ollama's source says it does
+It speaks Ollama's wire formats and behaves as Ollama's source says it does
 (sim_sched.py, sim_engine.py): memory from each model's architecture x context x slots,
 context resolution and the reload rule, one load at a time and its queue limit, its own
 evictions (the 80 % rule, the model count), partial offload to the CPU when a model does not

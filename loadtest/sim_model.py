@@ -26,7 +26,7 @@ from loadtest.sim_engine import (
     version_tuple,
 )
 
-IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (OLLAMA-API.md 2.6)
+IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (server/prompt.go)
 CURRENT_VERSION = "0.33.0"
 
 

@@ -1,6 +1,6 @@
 """Settings: the only module that reads the environment.
 
-Every name in CONTRACT.md is a field here (prefix ``KUBEMOOT_``). A YAML file given with
+Every name in docs/configuration.md is a field here (prefix ``KUBEMOOT_``). A YAML file given with
 ``--config`` may set the same keys (``model_model`` or ``KUBEMOOT_MODEL_MODEL``); the
 environment wins over the file, so a Deployment can override a mounted ConfigMap.
 """

@@ -1,5 +1,5 @@
 """Errors in the caller's dialect (Ollama's, OpenAI's or Anthropic's shape), plus the
-machine-readable `reason` CONTRACT.md names, always at the top level."""
+machine-readable `reason` of docs/interface.md, always at the top level."""
 
 from __future__ import annotations
 

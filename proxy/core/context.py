@@ -1,6 +1,6 @@
 """The context window as Ollama resolves it, and whether a prompt fits in it.
 
-From Ollama's source (ollama/ollama; README "How memory and context are computed"):
+From Ollama's source (ollama/ollama; docs/engine.md):
 - precedence: the request's `num_ctx` > the Modelfile's > OLLAMA_CONTEXT_LENGTH > the
   version's default (server/routes.go:129-150);
 - the default: 2048 before 0.6.7, 4096 up to 0.15.4, from 0.15.5 by the total VRAM

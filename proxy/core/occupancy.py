@@ -187,7 +187,7 @@ def _making_room(ticket: Ticket, present: Container[str]) -> bool:
 
 def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
                      policy: Policy, needs_free_slot: bool = False) -> tuple[bool, str]:
-    """The claim-first budget (SPEC-ADDENDUM §3), checked against one provider's tickets.
+    """The claim-first budget, checked against one provider's tickets.
 
     sum(active footprints) + this one <= (total - residents) + credit. A cold ticket counts its
     full footprint only while its model is not resident yet (after that the residents carry

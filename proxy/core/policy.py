@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    # Memory (SPEC-ADDENDUM §3).
+    # Memory.
     reserve_min_mib: int = 2048  # CUDA context, fragmentation, runtime overhead ...
     reserve_fraction: float = 0.12  # ... whichever is larger
     disk_to_vram_factor: float = 1.2  # occupancy guess from the on-disk size

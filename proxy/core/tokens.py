@@ -5,8 +5,8 @@ Responses, Anthropic's messages): the prompt, suffix, system text and instructio
 message's or input item's text, also inside content parts and blocks; thinking; tool calls'
 names and arguments and tool results; each tool's name, description and parameter schema.
 Images count 768 tokens each, as Ollama counts them when it fits a chat into the context.
-The chars-per-token ratio starts at 3.5 and follows the engine's own counts (SPEC-ADDENDUM
-§3). Dense characters, digits and everything outside ASCII, are counted apart, at a learned
+The chars-per-token ratio starts at 3.5 and follows the engine's own counts (docs/rules.md).
+Dense characters, digits and everything outside ASCII, are counted apart, at a learned
 number of tokens each (1 until taught): most tokenizers spend a token on each digit (Qwen,
 Gemma, Mistral, Phi; Llama 3 one per three) and about one on each CJK character, so one ratio
 for all would size such a prompt at a quarter of what the engine counts after prose had

@@ -1,7 +1,7 @@
 """What the three buckets hold, and how it turns into the core's types.
 
-Key layouts (documented in the README):
-- kubemoot_provider_state / <provider>: the provider's probed state (CONTRACT.md fields).
+Key layouts (documented in docs/operations.md):
+- kubemoot_provider_state / <provider>: the provider's probed state.
 - kubemoot_provider_tickets / <provider>: {"tickets": {id: ticket}, "residents": {model: entry}}
   one key per provider, so a claim is one compare-and-set on one key.
 - kubemoot_model_demand / wait.<model>.<agent>, intent.<model>.<agent>, use.<model>.<agent>,

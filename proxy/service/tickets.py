@@ -2,7 +2,7 @@
 
 Read the provider's ticket set, check the budget (the core's pure rule), write it back at
 the revision read; on a conflict, back off with jitter and try again, a bounded number of
-times. One write per provider is in flight per process (NATS-KV.md §4); changes that queue
+times. One write per provider is in flight per process; changes that queue
 up behind it go out together in the next one, each checked in order. Release
 runs in `finally`; a dead holder's ticket stops counting at its expiry.
 

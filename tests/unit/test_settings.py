@@ -1,4 +1,4 @@
-"""Settings: every CONTRACT.md name from env and from --config, and one-line errors."""
+"""Settings: every documented name from env and from --config, and one-line errors."""
 
 from __future__ import annotations
 
