@@ -3,7 +3,6 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
-COPY loadtest ./loadtest
 RUN pip install --no-cache-dir build && python -m build --wheel --outdir /dist
 
 FROM python:3.11-slim

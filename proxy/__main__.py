@@ -7,6 +7,7 @@ import asyncio
 import gc
 import sys
 from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from proxy.settings import ConfigError, Settings, load_settings, parse_listen
@@ -20,9 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {}
     fleet = []
     if args.demo:
-        from loadtest.ollama_sim import start_fleet
-        from loadtest.sim_model import demo_fleet
-
+        start_fleet, demo_fleet = _simulator()
         fleet = start_fleet(demo_fleet(time_scale=args.demo_time_scale))
         overrides["providers"] = [s.config.provider_entry(s.url) for s in fleet]
         overrides.setdefault("model_model", "qwen3:8b")
@@ -50,6 +49,23 @@ def _serve(args: argparse.Namespace) -> int:
     for server in fleet:
         server.stop()
     return 0
+
+
+def _simulator() -> tuple[Any, Any]:
+    """The simulated fleet of `--demo`: the simulator lives in the source checkout
+    (loadtest/), not in the installed package."""
+    try:
+        from loadtest.ollama_sim import start_fleet
+        from loadtest.sim_model import demo_fleet
+    except ImportError:
+        checkout = Path(__file__).resolve().parents[1]
+        if not (checkout / "loadtest" / "ollama_sim.py").is_file():
+            raise ConfigError("--demo: the simulated fleet comes with a source checkout of "
+                              "kubemoot-proxy (clone it and run `make demo`)") from None
+        sys.path.insert(0, str(checkout))
+        from loadtest.ollama_sim import start_fleet
+        from loadtest.sim_model import demo_fleet
+    return start_fleet, demo_fleet
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
