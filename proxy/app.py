@@ -19,6 +19,7 @@ from proxy.core.policy import DEFAULT_POLICY
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import StateStore, StoreUnavailable
+from proxy.service.calls import CallService
 from proxy.service.demand import DemandBoard
 from proxy.service.plans import PlanBook
 from proxy.service.prober import Prober
@@ -101,7 +102,8 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
-    api = SidecarApi(router=plans, pool=pool, holders=scheduler.providers_with,
+    api = SidecarApi(calls=CallService(scheduler, plans, metrics), pool=pool,
+                     holders=scheduler.providers_with,
                      unload=scheduler.unload_everywhere, metrics=metrics,
                      max_request_bytes=settings.max_request_bytes,
                      chunk_timeout_s=settings.chunk_timeout_seconds,

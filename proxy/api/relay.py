@@ -1,8 +1,8 @@
 """The streaming relay: forward one placed call and pass the answer through chunk by chunk.
 
-Nothing is buffered but the tail of the stream (to read the engine's final metrics). The
-route's `finish` runs exactly once, whatever happens: success, upstream failure, client
-disconnect or timeout.
+Nothing is buffered but the tail of the stream (to read the engine's final metrics). Every
+attempt is reported to the call's `Attempts` exactly once, whatever happens: success, upstream
+failure, client disconnect or timeout; the service decides whether another attempt follows.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -21,22 +21,22 @@ from starlette.types import Receive, Scope, Send
 from proxy.adapters.ollama import SERVER_BUSY, UpstreamError, UpstreamResponse, prompt_too_long
 from proxy.api.errors import Dialect, error_response, refusal_response, stream_error_line
 from proxy.observability.logging import get_logger
-from proxy.service.routing import STATIC, CallOutcome, Refusal, Route
+from proxy.service.routing import STATIC, Attempt, Attempts, CallOutcome, Refusal
 
 log = get_logger("kubemoot.relay")
 
 NDJSON = "application/x-ndjson"
 
 
-def route_headers(route: Route) -> dict[str, str]:
+def route_headers(attempt: Attempt) -> dict[str, str]:
     headers = {
-        "X-Kubemoot-Provider": route.provider,
-        "X-Kubemoot-Model": route.model,
-        "X-Kubemoot-Placement": route.placement,
-        "X-Kubemoot-Waited-Ms": str(route.waited_ms),
+        "X-Kubemoot-Provider": attempt.provider,
+        "X-Kubemoot-Model": attempt.model,
+        "X-Kubemoot-Placement": attempt.placement,
+        "X-Kubemoot-Waited-Ms": str(attempt.waited_ms),
     }
-    if route.evicted:
-        headers["X-Kubemoot-Evicted"] = ",".join(route.evicted)
+    if attempt.evicted:
+        headers["X-Kubemoot-Evicted"] = ",".join(attempt.evicted)
     return headers
 
 
@@ -124,17 +124,18 @@ class Silence:
 class RelayStream(StreamingResponse):
     """A streaming response whose cleanup runs even when the client goes away.
 
-    The route settles at the stream's end, before the client sees it end. Starlette cancels
-    the body iterator on disconnect; then `__call__`'s finally settles the route and closes
+    The attempt settles at the stream's end, before the client sees it end. Starlette cancels
+    the body iterator on disconnect; then `__call__`'s finally settles the attempt and closes
     the upstream (which tells Ollama to stop).
     """
 
-    def __init__(self, upstream: UpstreamResponse, route: Route, started: float,
-                 chunk_timeout_s: float, headers: dict[str, str], dialect: Dialect = "ollama"
-                 ) -> None:
+    def __init__(self, upstream: UpstreamResponse, attempt: Attempt, attempts: Attempts,
+                 started: float, chunk_timeout_s: float, headers: dict[str, str],
+                 dialect: Dialect = "ollama") -> None:
         self.upstream = upstream
         self.dialect = dialect
-        self.route = route
+        self.attempt = attempt
+        self.attempts = attempts
         self.started = started
         self.chunk_timeout_s = chunk_timeout_s
         self._tail = b""
@@ -172,7 +173,7 @@ class RelayStream(StreamingResponse):
         except (UpstreamError, TimeoutError) as exc:
             cause = (f"no data for {self.chunk_timeout_s:g} s"
                      if isinstance(exc, TimeoutError) else str(exc))
-            self._error = f"provider {self.route.provider} failed mid-stream: {cause}"
+            self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
                                                                                self.dialect)
         finally:
@@ -211,32 +212,32 @@ class RelayStream(StreamingResponse):
         self._settled = True
         outcome = outcome_from(self._final, self.started, self._ok, self._error)
         try:
-            await self.route.finish(replace(outcome, client_left=True) if client_left
-                                    else outcome)
+            await self.attempts.settle(replace(outcome, client_left=True) if client_left
+                                       else outcome)
         finally:
             with contextlib.suppress(Exception):
                 await self.upstream.aclose()
 
 
 class SettlingResponse(Response):
-    """A complete answer that settles its route after the last byte is sent.
+    """A complete answer that settles its attempt after the last byte is sent.
 
     The ticket release, metrics and log line are off the caller's critical path; `finally`
-    settles the route also when sending fails.
+    settles the attempt also when sending fails.
     """
 
-    def __init__(self, content: bytes, route: Route, outcome: CallOutcome, **kwargs: Any
-                 ) -> None:
+    def __init__(self, content: bytes, attempts: Attempts, outcome: CallOutcome,
+                 **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
-        self.route = route
+        self.attempts = attempts
         self.outcome = outcome
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            # Not shielded: the route's own writes are (a shield here costs a task per call).
-            await self.route.finish(self.outcome)
+            # Not shielded: the service's own writes are (a shield here costs a task per call).
+            await self.attempts.settle(self.outcome)
 
 
 # Load options: a call whose values differ from the loaded copy's makes Ollama reload it
@@ -246,21 +247,21 @@ RELOADING_OPTIONS = frozenset(("num_batch", "num_gpu", "main_gpu", "use_mmap", "
                                "draft_num_predict"))
 
 
-def payload_for(route: Route, body: dict[str, Any]) -> bytes:
+def payload_for(attempt: Attempt, body: dict[str, Any]) -> bytes:
     """The body as the chosen provider gets it: the picked model, num_ctx set to the context
     of the copy planned, and no other option that would make Ollama reload it."""
-    out = {**body, "model": route.model}
-    if route.strip_keep_alive:
+    out = {**body, "model": attempt.model}
+    if attempt.strip_keep_alive:
         out.pop("keep_alive", None)
-    if route.placement == STATIC:
+    if attempt.placement == STATIC:
         return orjson.dumps(out)
     out.pop("shift", None)
     options = out.get("options")
-    if isinstance(options, dict) or route.num_ctx:
+    if isinstance(options, dict) or attempt.num_ctx:
         kept = options if isinstance(options, dict) else {}
         out["options"] = {k: v for k, v in kept.items() if k not in RELOADING_OPTIONS}
-        if route.num_ctx:
-            out["options"]["num_ctx"] = route.num_ctx
+        if attempt.num_ctx:
+            out["options"]["num_ctx"] = attempt.num_ctx
     return orjson.dumps(out)
 
 
@@ -318,51 +319,63 @@ async def client_watch(disconnected: Callable[[], Awaitable[None]] | None
         watcher.cancel()
 
 
-async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
-                  chunk_timeout_s: float, on_route: Callable[[Route], None] | None = None,
-                  dialect: Dialect = "ollama",
+@dataclass(frozen=True)
+class Unanswered:
+    """An attempt that ended before its answer began: how, and what to answer when no other
+    attempt follows."""
+
+    outcome: CallOutcome
+    answer: Response
+
+
+async def forward(attempts: Attempts, path: str, body: dict[str, Any], stream: bool,
+                  chunk_timeout_s: float, dialect: Dialect = "ollama",
                   disconnected: Callable[[], Awaitable[None]] | None = None) -> Response:
-    """Send `body` to the route's provider and relay the answer (or the failure).
+    """Send `body` to each attempt the service places for the call, until one answers (or
+    the service has no other), and relay that answer (or the failure)."""
+    placed = await attempts.first()
+    while not isinstance(placed, Refusal):
+        sent = await send_attempt(placed, attempts, path, body, stream, chunk_timeout_s,
+                                  dialect, disconnected)
+        if isinstance(sent, Response):
+            return sent
+        another = await attempts.again(sent.outcome)
+        if another is None:
+            return sent.answer
+        placed = another
+    return refusal_response(placed, dialect)
+
+
+async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: dict[str, Any],
+                       stream: bool, chunk_timeout_s: float, dialect: Dialect,
+                       disconnected: Callable[[], Awaitable[None]] | None
+                       ) -> Response | Unanswered:
+    """One attempt: its answer, or how it ended before its answer began.
 
     A provider that fails before any byte of its answer (the connection fails, or it answers
-    with a 5xx: a load that ran out of memory, a full queue) is replaced once by another
-    when the route offers one; never after streaming started. So is one that says it does
-    not have the model (its catalog changed since it was last probed), without counting
-    against its health. An agent that leaves before its answer begins (a client timeout
+    with a 5xx: a load that ran out of memory, a full queue) ends the attempt unanswered, as
+    does one that says it does not have the model (its catalog changed since it was last
+    probed; not counted against its health) and an engine that refuses the prompt as longer
+    than its context. An agent that leaves before its answer begins (a client timeout
     during a load or a long complete answer) has the call to Ollama cancelled with it.
     """
-    if on_route is not None:
-        on_route(route)
     started = time.perf_counter()
-    headers = route_headers(route)
+    headers = route_headers(attempt)
 
-    async def failed(cause: str, healthy: bool = False, answer: Response | None = None
-                     ) -> Response:
-        await route.finish(CallOutcome(healthy, time.perf_counter() - started, error=cause,
-                                       began=False))
-        retry, route.retry = route.retry, None
-        other = await retry() if retry is not None else None
-        if isinstance(other, Refusal):  # every other GPU stayed busy, or the agent left
-            return refusal_response(other, dialect)
-        if other is not None:
-            other.retry = None
-            log.info("retrying on another provider", failed=route.provider, cause=cause,
-                     provider=other.provider, model=other.model)
-            return await forward(other, path, body, stream, chunk_timeout_s, on_route, dialect,
-                                 disconnected)
-        if answer is not None:
-            return answer
-        return error_response(502, "upstream-failed",
-                              f"provider {route.provider} failed before answering: {cause}",
-                              route.model, dialect=dialect)
+    def failed(cause: str, healthy: bool = False, answer: Response | None = None
+               ) -> Unanswered:
+        outcome = CallOutcome(healthy, time.perf_counter() - started, error=cause, began=False)
+        return Unanswered(outcome, answer or error_response(
+            502, "upstream-failed", f"provider {attempt.provider} failed before answering: "
+            f"{cause}", attempt.model, dialect=dialect))
 
     async def exchange() -> tuple[UpstreamResponse, bytes | None]:
         """The answer's head, and its whole body unless it is to be streamed."""
-        upstream = await route.client.open(path, payload_for(route, body))
+        upstream = await attempt.client.open(path, payload_for(attempt, body))
         if upstream.status_code < 400 and stream:
             return upstream, None
         try:
-            async with asyncio.timeout(route.client.timeouts.first_byte_s):
+            async with asyncio.timeout(attempt.client.timeouts.first_byte_s):
                 return upstream, await upstream.read()
         except (UpstreamError, TimeoutError) as exc:
             raise AnswerFailed(str(exc) or type(exc).__name__) from exc
@@ -373,58 +386,47 @@ async def forward(route: Route, path: str, body: dict[str, Any], stream: bool,
         async with client_watch(disconnected):
             upstream, data = await exchange()
     except UpstreamError as exc:
-        return await failed(str(exc))
+        return failed(str(exc))
     except AnswerFailed as exc:
-        await route.finish(CallOutcome(False, time.perf_counter() - started, error=str(exc)))
+        await attempts.settle(CallOutcome(False, time.perf_counter() - started,
+                                          error=str(exc)))
         return error_response(502, "upstream-failed",
-                              f"provider {route.provider} failed while answering: {exc}",
-                              route.model, dialect=dialect)
+                              f"provider {attempt.provider} failed while answering: {exc}",
+                              attempt.model, dialect=dialect)
     except ClientGone:
         log.info("client went away before its answer began; call to the provider cancelled",
-                 provider=route.provider, model=route.model)
-        await route.finish(CallOutcome(False, time.perf_counter() - started,
-                                       error="client disconnected", client_left=True,
-                                       began=False))
+                 provider=attempt.provider, model=attempt.model)
+        await attempts.settle(CallOutcome(False, time.perf_counter() - started,
+                                          error="client disconnected", client_left=True,
+                                          began=False))
         return Response(status_code=499)
 
-    async def too_long(counted: int) -> Response:
-        """The engine refused the prompt as longer than its context: the estimate was short.
-        The call is placed again, sized at what the engine counted (at least the context)."""
-        at_least = max(counted, route.context_length)
-        await route.finish(CallOutcome(True, time.perf_counter() - started, at_least,
-                                       error="prompt longer than the context",
-                                       prompt_too_long=True))
-        reroute, route.reroute = route.reroute, None
-        placed = await reroute(at_least) if reroute is not None else Refusal(
-            413, "prompt-too-large", f"provider {route.provider} refused the prompt as longer "
-            f"than its context ({at_least} tokens or more)", route.model)
-        if isinstance(placed, Refusal):
-            return refusal_response(placed, dialect)
-        placed.reroute = None
-        log.info("placed again: the engine counted the prompt longer than its context",
-                 failed=route.provider, tokens=at_least, provider=placed.provider)
-        return await forward(placed, path, body, stream, chunk_timeout_s, on_route, dialect,
-                             disconnected)
-
     if data is None:
-        return RelayStream(upstream, route, started, chunk_timeout_s, headers, dialect)
+        return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
+                           dialect)
+    media_type = upstream.content_type or "application/json"
     if upstream.status_code >= 500:
         message = engine_error(data)
         # A full queue says nothing of the provider's health: another may take the call.
-        return await failed(f"HTTP {upstream.status_code}: {message}",
-                            healthy=upstream.status_code == 503 and SERVER_BUSY in message)
+        return failed(f"HTTP {upstream.status_code}: {message}",
+                      healthy=upstream.status_code == 503 and SERVER_BUSY in message)
     if upstream.status_code == 400:
         counted = prompt_too_long(data[:4096].decode(errors="replace"))
         if counted is not None:
-            return await too_long(counted)
-    media_type = upstream.content_type or "application/json"
+            # The estimate was short: the call is placed again, sized at what the engine
+            # counted (at least the context).
+            at_least = max(counted, attempt.context_length)
+            return Unanswered(
+                CallOutcome(True, time.perf_counter() - started, at_least,
+                            error="prompt longer than the context", prompt_too_long=True),
+                Response(data, status_code=400, media_type=media_type, headers=headers))
     if upstream.status_code == 404 and "not found" in engine_error(data):
-        return await failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
+        return failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
             data, status_code=404, media_type=media_type, headers=headers))
     ok = upstream.status_code < 400
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
     outcome = outcome_from(final_metrics(data), started, ok)
     if not ok:
         outcome = CallOutcome(True, outcome.seconds, error=engine_error(data), began=False)
-    return SettlingResponse(data, route, outcome, status_code=upstream.status_code,
+    return SettlingResponse(data, attempts, outcome, status_code=upstream.status_code,
                             media_type=media_type, headers=headers)

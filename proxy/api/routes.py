@@ -21,14 +21,13 @@ from proxy.api.errors import (
     dialect_of,
     error_response,
     install_error_shapes,
-    refusal_response,
 )
 from proxy.api.relay import forward
 from proxy.core.tokens import conversation_digests, longest_input_size, prompt_size
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.service.codec import parse_rfc3339, rfc3339
-from proxy.service.routing import CallRequest, ProviderPool, Refusal, Route, Router
+from proxy.service.routing import CallRequest, Calls, ProviderPool
 
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
@@ -104,12 +103,12 @@ def _json(data: Any, status: int = 200) -> Response:
 class SidecarApi:
     """The HTTP surface. Everything it needs is handed in by the composition root."""
 
-    def __init__(self, *, router: Router, pool: ProviderPool,
+    def __init__(self, *, calls: Calls, pool: ProviderPool,
                  holders: Callable[[str], list[str]],
                  unload: Callable[[str], Awaitable[list[str]]], metrics: Metrics,
                  max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
                  readiness: Callable[[], bool], shared_state: Callable[[], str]) -> None:
-        self.router = router
+        self.calls = calls
         self.pool = pool
         self.holders = holders
         self.unload = unload
@@ -342,20 +341,14 @@ class SidecarApi:
         call = self.call_request(request, path, body, parsed)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)
-        decision = await self.router.route(call)
-        if isinstance(decision, Refusal):
-            self.metrics.refusals.labels(decision.reason).inc()
-            log.info("call refused", path=path, model=decision.model or call.model,
-                     reason=decision.reason, status=decision.status)
-            return refusal_response(decision, dialect)
         if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:
             # Ollama's own API streams unless told not to; OpenAI's and Anthropic's only when asked.
             stream = parsed.stream is not False if dialect == "ollama" else bool(parsed.stream)
-        return await forward(decision, path, body, stream, self.chunk_timeout_s,
-                             on_route=lambda route: self._observe(route, call, started),
-                             dialect=dialect, disconnected=call.disconnected)
+        return await forward(self.calls.attempts(call, started), path, body, stream,
+                             self.chunk_timeout_s, dialect=dialect,
+                             disconnected=call.disconnected)
 
     async def _unload(self, model: str, path: str) -> Response:
         """Ollama's answer to an unload, after asking every provider that has the model."""
@@ -367,25 +360,3 @@ class SidecarApi:
         else:
             answer["response"] = ""
         return _json(answer)
-
-    def _observe(self, route: Route, call: CallRequest, started: float) -> None:
-        self.metrics.placements.labels(route.placement, route.provider, route.model).inc()
-        self.metrics.in_flight.labels(route.provider).inc()
-        previous = route.on_done
-        metrics = self.metrics
-
-        async def done(outcome: Any) -> None:
-            metrics.in_flight.labels(route.provider).dec()
-            metrics.upstream_seconds.labels(route.provider).observe(outcome.seconds)
-            if not outcome.ok and not outcome.client_left:
-                metrics.upstream_errors.labels(route.provider).inc()
-            log.info("call", provider=route.provider, model=route.model,
-                     placement=route.placement, evicted=list(route.evicted),
-                     waited_ms=route.waited_ms, prompt_chars=call.prompt.chars,
-                     estimated_prompt_tokens=route.estimated_tokens,
-                     reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
-                     error=outcome.error, seconds=round(time.perf_counter() - started, 4))
-            if previous is not None:
-                await previous(outcome)
-
-        route.on_done = done

@@ -15,13 +15,13 @@ from typing import Any
 
 from proxy.adapters.ollama import UpstreamError
 from proxy.core.context import fits
-from proxy.core.placement import in_tolerance, place
+from proxy.core.placement import in_tolerance
 from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec, Placement, Snapshot
 from proxy.observability.logging import get_logger
 from proxy.ports import StoreUnavailable
-from proxy.service.routing import CallRequest, Refusal, Route
-from proxy.service.scheduler import Claimed, LoadState, Scheduler
+from proxy.service.routing import CallRequest
+from proxy.service.scheduler import Claimed, Granted, LoadState, Scheduler
 
 log = get_logger("kubemoot.plans")
 PLAN_TTL_S = 180.0
@@ -39,7 +39,7 @@ class HeldPlan:
 
 
 class PlanBook:
-    """Implements the Router seam: a held plan first, else the scheduler."""
+    """Plans held for threads; a thread's first call takes its plan (`take`)."""
 
     def __init__(self, scheduler: Scheduler, ttl_s: float = PLAN_TTL_S) -> None:
         self.scheduler = scheduler
@@ -84,11 +84,14 @@ class PlanBook:
         await s.demand.selected(acceptable)
         for m in acceptable:
             await s.demand.intend(m)
-        snapshot = s.snapshot(s.clock())
-        decision = place(spec, snapshot, s.policy)
-        over = self._over_share(decision.placement, snapshot)
-        claimed = await s.claim(decision.placement, snapshot, plan=True) \
-            if decision.placement and over is None else None
+        reserved = await s.decide_and_reserve(spec, plan=True)
+        decision = reserved.decision
+        over = self._over_share(decision.placement, reserved.snapshot)
+        claimed = None
+        if over is not None:
+            s.unreserve(reserved)
+        elif reserved.ticket is not None:
+            claimed = await s.claim_reserved(reserved)
         if claimed is None:
             for m in acceptable:
                 await s.demand.drop_intent(m)
@@ -176,18 +179,17 @@ class PlanBook:
         return fits(s.learning.prompt_tokens(call), placement.context_length,
                     call.num_predict, call.generates)
 
-    async def route(self, call: CallRequest) -> Route | Refusal:
+    async def take(self, call: CallRequest) -> Granted | None:
+        """The call's thread's held plan as its first attempt, when the plan still suits
+        the call; otherwise the plan is released and None says to place the call afresh."""
         plan = self.plans.pop(call.thread, None) if call.thread else None
-        if plan is not None:
-            if self._still_good(plan, call):
-                for m in plan.intents:
-                    await self.scheduler.demand.drop_intent(m)
-                spec = self.scheduler.spec(call, plan.spec.candidates)
-                # The victims were unloaded when the plan was made: do not unload again.
-                route = await self.scheduler.start_claimed(plan.claimed, call, spec, 0,
-                                                           unload=False)
-                route.placement = "held"
-                return route
+        if plan is None:
+            return None
+        if not self._still_good(plan, call):
             self.plans[plan.thread] = plan
             await self.release(plan.thread)
-        return await self.scheduler.route(call)
+            return None
+        for m in plan.intents:
+            await self.scheduler.demand.drop_intent(m)
+        spec = self.scheduler.spec(call, plan.spec.candidates)
+        return await self.scheduler.start_claimed(plan.claimed, call, spec, 0, held_plan=True)

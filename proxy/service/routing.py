@@ -1,6 +1,6 @@
-"""The seam where placement plugs in: a call comes in, a Route (or a Refusal) goes out.
+"""The seam where placement plugs in: a call comes in, its attempts (or a Refusal) go out.
 
-The API layer knows only `Router`; the scheduler (service/scheduler.py) implements it.
+The API layer knows only `Calls` and `Attempts`; service/calls.py implements them.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ class CallOutcome:
     began: bool = True  # the engine began an answer (False: it refused or failed before)
 
 
-@dataclass
-class Route:
-    """Where a call goes, and what to do when it ends."""
+@dataclass(frozen=True)
+class Attempt:
+    """One try at answering a call: where it goes and what is sent there."""
 
     provider: str
     client: OllamaClient
@@ -79,24 +79,12 @@ class Route:
     placement: str
     evicted: tuple[str, ...] = ()
     waited_ms: int = 0
-    on_done: Callable[[CallOutcome], Awaitable[None]] | None = None
-    # Placed again without this provider (waiting as a first attempt would), once; None
-    # when no other could take it
-    retry: Callable[[], Awaitable[Route | Refusal | None]] | None = None
-    # Placed again, sized at least at the given tokens, when the engine refused the prompt
-    # as longer than its context (once)
-    reroute: Callable[[int], Awaitable[Route | Refusal]] | None = None
     context_length: int = 0  # the context the call gets there; 0 unknown
     # num_ctx to send: the context of the copy planned (Ollama reloads a copy for a call
     # whose load options differ); 0 leaves the body's options alone
     num_ctx: int = 0
     strip_keep_alive: bool = False  # keep_alive 0: the sidecar unloads when it is safe
     estimated_tokens: int = 0
-
-    async def finish(self, outcome: CallOutcome) -> None:
-        if self.on_done is not None:
-            callback, self.on_done = self.on_done, None  # at most once
-            await callback(outcome)
 
 
 @dataclass(frozen=True)
@@ -108,8 +96,26 @@ class Refusal:
     retry_after_s: int | None = None
 
 
-class Router(Protocol):
-    async def route(self, call: CallRequest) -> Route | Refusal: ...
+class Attempts(Protocol):
+    """One call's attempts, owned by the placement service. The relay sends each attempt
+    and reports how it ended; the service settles its ticket, learns, writes the call's
+    metrics and log line, and decides whether another attempt follows."""
+
+    async def first(self) -> Attempt | Refusal: ...
+
+    async def again(self, outcome: CallOutcome) -> Attempt | Refusal | None:
+        """The current attempt failed before its answer began (or the engine refused the
+        prompt as too long): settle it, and place another if the call may have one. None:
+        no other attempt, the failure is the answer."""
+        ...
+
+    async def settle(self, outcome: CallOutcome) -> None:
+        """The current attempt ended for good (answered, failed mid-stream, client gone)."""
+        ...
+
+
+class Calls(Protocol):
+    def attempts(self, call: CallRequest, started: float) -> Attempts: ...
 
 
 class ProviderPool:

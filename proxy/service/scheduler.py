@@ -1,8 +1,9 @@
-"""The scheduled call: snapshot -> core.place -> claim -> unload victims -> route -> release.
+"""Placing one attempt: snapshot -> core.place -> reserve -> claim -> unload victims; and
+settling it: release the ticket, learn from the outcome.
 
-This is the imperative shell around `proxy.core`. It implements the `Router` seam the API
-calls for every inference request, and waits for capacity (woken by the store's change
-counter, never by polling) when the core says the GPUs are busy.
+This is the imperative shell around `proxy.core`. A call's attempts (service/calls.py) ask it
+for each placement; it waits for capacity (woken by the store's change counter, never by
+polling) when the core says the GPUs are busy.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import itertools
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -46,7 +47,14 @@ from proxy.ports import PROVIDER_TICKETS, StateStore, StoreUnavailable
 from proxy.service.codec import Residency, TicketSet, untoken
 from proxy.service.demand import DemandBoard
 from proxy.service.prober import Prober
-from proxy.service.routing import STATIC, CallOutcome, CallRequest, ProviderPool, Refusal, Route
+from proxy.service.routing import (
+    STATIC,
+    Attempt,
+    CallOutcome,
+    CallRequest,
+    ProviderPool,
+    Refusal,
+)
 from proxy.service.snapshot import StateView
 from proxy.service.tickets import TicketBook
 from proxy.settings import CandidateModel, Settings
@@ -66,6 +74,25 @@ class Claimed:
     placement: Placement
     ticket: Ticket
     local: bool  # claimed in the in-process book because the shared store was unreachable
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A decision, the state it was made on, and its placement's ticket (None when it
+    placed nothing), counted by the next decisions until its claim comes back."""
+
+    decision: Decision
+    snapshot: Snapshot
+    ticket: Ticket | None
+
+
+@dataclass(frozen=True)
+class Granted:
+    """A placed attempt, and the claimed ticket it settles (None: the static endpoint)."""
+
+    attempt: Attempt
+    claimed: Claimed | None
+    spec: CallSpec
 
 
 @dataclass
@@ -140,11 +167,7 @@ class Scheduler:
         prefix = secrets.token_hex(8)
         self._ticket_ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
         self._background: set[asyncio.Task[object]] = set()
-        # Decisions run one at a time in this process; each reserves its ticket before the
-        # next one decides, so concurrent calls see each other's claims while those are on
-        # their way to the store. Other sidecars are kept honest by compare-and-set.
-        # (See _done_placing for when the next one may start.)
-        self._placing = asyncio.Lock()
+        self._placing = asyncio.Lock()  # see decide_and_reserve
         self._pending: dict[str, Ticket] = {}
         self._held: dict[str, Claimed] = {}  # tickets of calls and plans in progress
         self._renewing: asyncio.Task[None] | None = None
@@ -221,7 +244,7 @@ class Scheduler:
 
     # -- the call path ---------------------------------------------------------------------
     async def route(self, call: CallRequest, at_least_tokens: int = 0,
-                    exclude: frozenset[str] = frozenset()) -> Route | Refusal:
+                    exclude: frozenset[str] = frozenset()) -> Granted | Refusal:
         """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
         engine counted of its prompt after refusing it as longer than a context; `exclude`:
         providers that failed it."""
@@ -241,21 +264,10 @@ class Scheduler:
         try:
             while True:
                 seen = self.store.changes.value
-                await self._placing.acquire()
-                try:
-                    decided_at = time.perf_counter()
-                    now = self.clock()
-                    snapshot = self.snapshot(now, exclude)
-                    decision = place(spec, snapshot, self.policy)
-                    self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
-                    ticket = self._reserve(decision.placement) if decision.placement else None
-                finally:
-                    self._done_placing()
-                if decision.placement is not None and ticket is not None:
-                    try:
-                        claimed = await self.claim(decision.placement, snapshot, ticket)
-                    finally:
-                        del self._pending[ticket.ticket_id]
+                reserved = await self.decide_and_reserve(spec, exclude)
+                decision = reserved.decision
+                if reserved.ticket is not None:
+                    claimed = await self.claim_reserved(reserved)
                     if claimed is not None:
                         if waiting_for:
                             self.metrics.wait_seconds.observe(waited)
@@ -291,7 +303,7 @@ class Scheduler:
                     gone = asyncio.ensure_future(call.disconnected())
                 blocked_at = time.monotonic()
                 changed = asyncio.ensure_future(self.store.changes.wait_past(
-                    seen, self._wake_in(snapshot, remaining)))
+                    seen, self._wake_in(reserved.snapshot, remaining)))
                 await asyncio.wait({changed, *((gone,) if gone else ())},
                                    return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
@@ -305,6 +317,39 @@ class Scheduler:
                 gone.cancel()  # before the response: the relay listens for disconnects too
             if waiting_for:
                 self._spawn(self.demand.done_waiting(waiting_for))
+
+    async def decide_and_reserve(self, spec: CallSpec, exclude: frozenset[str] = frozenset(),
+                                 plan: bool = False) -> Reserved:
+        """Decide on fresh state and reserve the placement's ticket, one decision at a time
+        in this process: each decision counts the tickets reserved before it, also those
+        whose claim is still on its way to the store. Other sidecars are kept honest by the
+        claim's compare-and-set."""
+        await self._placing.acquire()
+        try:
+            decided_at = time.perf_counter()
+            snapshot = self.snapshot(self.clock(), exclude)
+            decision = place(spec, snapshot, self.policy)
+            self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
+            ticket = None
+            if decision.placement is not None:
+                ticket = self._new_ticket(decision.placement, plan)
+                self._pending[ticket.ticket_id] = ticket
+        finally:
+            self._done_placing()
+        return Reserved(decision, snapshot, ticket)
+
+    def unreserve(self, reserved: Reserved) -> None:
+        if reserved.ticket is not None:
+            self._pending.pop(reserved.ticket.ticket_id, None)
+
+    async def claim_reserved(self, reserved: Reserved) -> Claimed | None:
+        """Claim a reserved ticket in the store; None when the store refuses it."""
+        assert reserved.decision.placement is not None and reserved.ticket is not None
+        try:
+            return await self.claim(reserved.decision.placement, reserved.snapshot,
+                                    reserved.ticket)
+        finally:
+            self.unreserve(reserved)
 
     def _done_placing(self) -> None:
         """Let the next decision run on the loop's next turn, not this one. A burst of calls
@@ -334,14 +379,14 @@ class Scheduler:
         return None
 
     def _static_or_busy(self, call: CallRequest, spec: CallSpec, decision: Decision
-                        ) -> Route | Refusal:
+                        ) -> Granted | Refusal:
         static = self.pool.static_triage if call.phase == "triage" else self.pool.static
         if static is None:
             return Refusal(503, "gpu-busy", (
                 f"No GPU has room for {spec.preferred.model} now ({decision.reason}) and this "
                 "call cannot wait; set KUBEMOOT_MODEL_ENDPOINT for such calls or retry."),
                 spec.preferred.model, retry_after_s=5)
-        return Route(STATIC, static, spec.preferred.model, STATIC)
+        return Granted(Attempt(STATIC, static, spec.preferred.model, STATIC), None, spec)
 
     def _new_ticket(self, placement: Placement, plan: bool = False) -> Ticket:
         return self.tickets.new_ticket(
@@ -350,16 +395,9 @@ class Scheduler:
             holder=self.holder, context=placement.num_ctx,
             estimate_mib=placement.estimate_mib, plan=plan)
 
-    def _reserve(self, placement: Placement) -> Ticket:
-        """A ticket the next decisions count while its claim is on its way to the store."""
-        ticket = self._new_ticket(placement)
-        self._pending[ticket.ticket_id] = ticket
-        return ticket
-
-    async def claim(self, placement: Placement, snapshot: Snapshot,
-                    ticket: Ticket | None = None, plan: bool = False) -> Claimed | None:
+    async def claim(self, placement: Placement, snapshot: Snapshot, ticket: Ticket
+                    ) -> Claimed | None:
         view = next(v for v in snapshot.providers if v.name == placement.provider)
-        ticket = ticket or self._new_ticket(placement, plan)
         local = False
         needs_slot = placement.kind in ("warm", "loading") and placement.step in (1, 2)
         try:
@@ -384,25 +422,25 @@ class Scheduler:
         return Claimed(placement, ticket, local)
 
     async def start_claimed(self, claimed: Claimed, call: CallRequest, spec: CallSpec,
-                            waited_ms: int, unload: bool = True) -> Route:
+                            waited_ms: int, held_plan: bool = False) -> Granted:
+        """The claimed call's attempt, once its victims are gone (a held plan's went when
+        the plan was made)."""
         placement = claimed.placement
         client = self.pool.clients[placement.provider]
-        if unload and placement.evicts:
+        if not held_plan and placement.evicts:
             await self.make_room(claimed)
         stats = self.stats[placement.provider]
         self.stats[placement.provider] = replace(
             stats, breaker=stats.breaker.start_trial(self.clock()))
         self.hold(claimed)
-        route = Route(placement.provider, client, placement.model, placement.kind,
-                      evicted=tuple(placement.evicts), waited_ms=waited_ms,
-                      num_ctx=placement.num_ctx if call.pins_context else 0,
-                      strip_keep_alive=call.unloads_after,
-                      estimated_tokens=spec.prompt_tokens,
-                      context_length=placement.context_length)
-        route.on_done = self._finisher(claimed, call, route)
-        route.retry = self._retry_elsewhere(call, spec, placement.provider)
-        route.reroute = lambda tokens: self.route(call, tokens)
-        return route
+        attempt = Attempt(placement.provider, client, placement.model,
+                          "held" if held_plan else placement.kind,
+                          evicted=tuple(placement.evicts), waited_ms=waited_ms,
+                          num_ctx=placement.num_ctx if call.pins_context else 0,
+                          strip_keep_alive=call.unloads_after,
+                          estimated_tokens=spec.prompt_tokens,
+                          context_length=placement.context_length)
+        return Granted(attempt, claimed, spec)
 
     async def make_room(self, claimed: Claimed) -> None:
         """Unload the planned victims, wait until `/api/ps` no longer lists them, and record
@@ -525,50 +563,48 @@ class Scheduler:
         stays = left_loaded(claimed.placement, self.clock(), state)
         await self.book(claimed).release(claimed.ticket, stays)
 
-    def _finisher(self, claimed: Claimed, call: CallRequest, route: Route
-                  ) -> Callable[[CallOutcome], Awaitable[None]]:
+    async def finish(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
+                     outcome: CallOutcome) -> None:
+        """A claimed attempt ended: release its ticket (recording what its load left), and
+        learn from the outcome: the provider's health, the prompt's size, the load's speed."""
         placement = claimed.placement
-
-        async def done(outcome: CallOutcome) -> None:
-            self.unhold(claimed)
-            now = self.clock()
-            stats = self.stats[placement.provider]
-            # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
-            # as too long, says nothing of the GPU.
-            stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long else \
-                stats.record(outcome.ok, outcome.seconds, now)
-            self.stats[placement.provider] = stats
-            # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
-            self.metrics.circuit_open.labels(placement.provider).set(
-                0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-            loaded = left_loaded(placement, now, load_state(outcome))
-            # keep_alive 0 is carried out by the sidecar itself (see _release_to_unload).
-            release = self._release_to_unload(claimed, loaded) if call.unloads_after else \
-                self.book(claimed).release(claimed.ticket, loaded)
-            try:
-                # A plain release finishes without suspending; one that records residency
-                # (left loaded, or leaving) writes at once and must survive a cancelled caller.
-                writes_now = call.unloads_after or loaded is not None
-                await (asyncio.shield(release) if writes_now else release)
-            except StoreUnavailable:
-                log.warning("ticket release not written; no longer counted here, written "
-                            "when the store is back", provider=placement.provider,
-                            ticket=claimed.ticket.ticket_id)
-            if outcome.error and is_out_of_memory(outcome.error):
-                await self._after_out_of_memory(placement.provider)
-            if outcome.ok:
-                if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
-                    self.learning.observe_prompt(call, outcome.prompt_eval_count)
-                    if outcome.prompt_eval_count and route.estimated_tokens:
-                        self.metrics.prompt_estimate_ratio.observe(
-                            outcome.prompt_eval_count / route.estimated_tokens)
-                if placement.kind in ("cold", "evict"):
-                    self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
-                self.demand.note_use(placement.model)
-            if placement.kind in ("cold", "evict") or not outcome.ok:
-                self._spawn(self.prober.refresh(placement.provider))
-
-        return done
+        self.unhold(claimed)
+        now = self.clock()
+        stats = self.stats[placement.provider]
+        # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
+        # as too long, says nothing of the GPU.
+        stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long else \
+            stats.record(outcome.ok, outcome.seconds, now)
+        self.stats[placement.provider] = stats
+        # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
+        self.metrics.circuit_open.labels(placement.provider).set(
+            0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
+        loaded = left_loaded(placement, now, load_state(outcome))
+        # keep_alive 0 is carried out by the sidecar itself (see _release_to_unload).
+        release = self._release_to_unload(claimed, loaded) if call.unloads_after else \
+            self.book(claimed).release(claimed.ticket, loaded)
+        try:
+            # A plain release finishes without suspending; one that records residency
+            # (left loaded, or leaving) writes at once and must survive a cancelled caller.
+            writes_now = call.unloads_after or loaded is not None
+            await (asyncio.shield(release) if writes_now else release)
+        except StoreUnavailable:
+            log.warning("ticket release not written; no longer counted here, written "
+                        "when the store is back", provider=placement.provider,
+                        ticket=claimed.ticket.ticket_id)
+        if outcome.error and is_out_of_memory(outcome.error):
+            await self._after_out_of_memory(placement.provider)
+        if outcome.ok:
+            if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
+                self.learning.observe_prompt(call, outcome.prompt_eval_count)
+                if outcome.prompt_eval_count and estimated_tokens:
+                    self.metrics.prompt_estimate_ratio.observe(
+                        outcome.prompt_eval_count / estimated_tokens)
+            if placement.kind in ("cold", "evict"):
+                self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
+            self.demand.note_use(placement.model)
+        if placement.kind in ("cold", "evict") or not outcome.ok:
+            self._spawn(self.prober.refresh(placement.provider))
 
     async def _after_out_of_memory(self, provider: str) -> None:
         """An engine that ran out of memory unloads every model it holds (Ollama >= 0.30
@@ -588,26 +624,16 @@ class Scheduler:
         for model in models:
             self._spawn(self._unload_leaving(self.tickets, provider, model))
 
-    def _retry_elsewhere(self, call: CallRequest, spec: CallSpec, failed: str
-                         ) -> Callable[[], Awaitable[Route | Refusal | None]]:
-        """The call placed again without the provider that failed it, waiting for a GPU as
-        a first attempt would; None when no other provider could take it at all."""
-        async def retry() -> Route | Refusal | None:
-            excluded = frozenset((failed,))
-            snapshot = self.snapshot(self.clock(), excluded)
-            if place(spec, snapshot, self.policy).outcome not in ("placed", "wait"):
-                return None
-            wanted = {c.model for c in spec.candidates}
-            if not any(v.ready and v.name != failed and (not v.disk_mib or wanted & set(
-                    v.disk_mib)) for v in snapshot.providers):
-                return None  # nobody else is up with the model: nothing to wait for
-            placed = await self.route(call, exclude=excluded)
-            if isinstance(placed, Refusal) and placed.reason not in ("gpu-busy",
-                                                                     "client-gone"):
-                return None  # no other could ever take it: the failure is the answer
-            return placed
-
-        return retry
+    def others_could_take(self, spec: CallSpec, failed: str) -> bool:
+        """Whether a provider other than the one that failed the call could take it, now or
+        after a wait: one that is up and has one of its models."""
+        excluded = frozenset((failed,))
+        snapshot = self.snapshot(self.clock(), excluded)
+        if place(spec, snapshot, self.policy).outcome not in ("placed", "wait"):
+            return False
+        wanted = {c.model for c in spec.candidates}
+        return any(v.ready and v.name != failed and (not v.disk_mib or wanted & set(v.disk_mib))
+                   for v in snapshot.providers)
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.ensure_future(coro)

@@ -679,7 +679,8 @@ class NextTurnWrites(MemoryStore):
 async def test_a_burst_of_calls_does_not_hold_back_the_first_claim(
         sim_factory: Sims, monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy.service import scheduler as scheduler_module
-    from proxy.service.routing import CallOutcome, CallRequest, Route
+    from proxy.service.routing import CallOutcome, CallRequest
+    from proxy.service.scheduler import Granted
 
     gpu = sim_factory("gpu", time_scale=SCALE, num_parallel=8, context_length=2048)
     async with httpx.AsyncClient() as client:  # loaded: every call can join it
@@ -697,9 +698,12 @@ async def test_a_burst_of_calls_does_not_hold_back_the_first_claim(
         events.clear()
         routes = await asyncio.gather(*(app.state.scheduler.route(
             CallRequest("/api/chat", "qwen3:8b")) for _ in range(8)))
-        for route in routes:
-            assert isinstance(route, Route) and route.placement == "warm"
-            await route.finish(CallOutcome(True, 0.01))
+        scheduler = app.state.scheduler
+        for granted in routes:
+            assert isinstance(granted, Granted) and granted.attempt.placement == "warm"
+            assert granted.claimed is not None
+            await scheduler.finish(granted.claimed, CallRequest("/api/chat", "qwen3:8b"), 0,
+                                   CallOutcome(True, 0.01))
     # Eight calls arrived in one loop turn; the first claim left before the second decision
     # (decided all at once, every call would wait for all eight decisions).
     assert events[:3] == ["decided", "sent", "decided"], events

@@ -16,7 +16,7 @@ from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.types import ModelInfo, Placement, ProviderView, Resident, Ticket
 from proxy.service.codec import Residency, merge_residency
-from proxy.service.routing import CallOutcome, Route
+from proxy.service.routing import Attempt, CallOutcome
 from proxy.service.scheduler import left_loaded, load_state
 from tests.unit.builders import GIB24, GIB32, NOW, call, gpu, snapshot, ticket
 
@@ -120,7 +120,7 @@ def test_a_copy_recorded_at_its_requested_context_is_the_probed_one() -> None:
 
 
 def test_every_placed_call_is_sent_without_the_options_that_reload() -> None:
-    route = Route("p", OllamaClient("http://x"), "qwen3:8b", "cold")  # no num_ctx known
+    route = Attempt("p", OllamaClient("http://x"), "qwen3:8b", "cold")  # no num_ctx known
     body = {"model": "x", "prompt": "hi", "shift": False,
             "options": {"num_batch": 1024, "num_ctx": 4096, "seed": 1}}
     assert orjson.loads(payload_for(route, body))["options"] == {"num_ctx": 4096, "seed": 1}

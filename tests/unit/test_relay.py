@@ -26,7 +26,7 @@ from proxy.api.relay import (
     outcome_from,
     prompt_tokens,
 )
-from proxy.service.routing import CallOutcome, Route
+from proxy.service.routing import Attempt, CallOutcome
 from tests.unit.raw_server import Handler, answering, read_request, serve
 
 BASE = "http://ollama.test:11434"
@@ -38,12 +38,30 @@ def upstream() -> respx.Router:
     return respx.Router(base_url=BASE)
 
 
-def _route(outcomes: list[CallOutcome], upstream: respx.Router) -> Route:
-    async def done(outcome: CallOutcome) -> None:
-        outcomes.append(outcome)
+class OneAttempt:
+    """The service's side of a call as the relay sees it: one attempt and no other; each
+    settled outcome is appended to `outcomes`."""
 
+    def __init__(self, attempt: Attempt, outcomes: list[CallOutcome]) -> None:
+        self.attempt = attempt
+        self.outcomes = outcomes
+        self.settled = False
+
+    async def first(self) -> Attempt:
+        return self.attempt
+
+    async def again(self, outcome: CallOutcome) -> None:
+        await self.settle(outcome)
+
+    async def settle(self, outcome: CallOutcome) -> None:
+        if not self.settled:
+            self.settled = True
+            self.outcomes.append(outcome)
+
+
+def _attempts(outcomes: list[CallOutcome], upstream: respx.Router) -> OneAttempt:
     client = OllamaClient(BASE, Timeouts(1, 1, 1), httpx.MockTransport(upstream.async_handler))
-    return Route("p", client, "m", "warm", on_done=done)
+    return OneAttempt(Attempt("p", client, "m", "warm"), outcomes)
 
 
 async def _deliver(response: Response, fail_send: bool = False,
@@ -78,7 +96,7 @@ async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure(
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
         status, json={"error": message}))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     assert response.status_code == status
     assert orjson.loads(response.body)["error"] == message
     await _deliver(response)
@@ -91,7 +109,7 @@ async def test_upstream_5xx_is_a_provider_failure_answered_as_upstream_failed(
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
         500, json={"error": "model requires more system memory (9.1 GiB) than is available"}))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     body = orjson.loads(response.body)
     assert response.status_code == 502 and body["reason"] == "upstream-failed"
     assert "HTTP 500: model requires more system memory" in body["error"]
@@ -113,7 +131,7 @@ def test_an_engines_error_message_is_read_in_every_dialect(answer: bytes, messag
 async def test_connect_error_is_502_upstream_failed(upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(side_effect=httpx.ConnectError("refused"))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     assert response.status_code == 502
     assert orjson.loads(response.body)["reason"] == "upstream-failed"
     assert not outcomes[0].ok
@@ -123,7 +141,7 @@ async def test_non_streaming_reports_engine_metrics(upstream: respx.Router) -> N
     final = {"model": "m", "done": True, "prompt_eval_count": 42, "load_duration": 2_000_000_000}
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(200, json=final))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
+    response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
     assert response.status_code == 200
     assert outcomes == []  # the answer goes out first; the route settles after it
     sent = await _deliver(response)
@@ -135,7 +153,7 @@ async def test_a_complete_answer_settles_its_route_even_when_sending_fails(
         upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(200, json={"done": True}))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
+    response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
     with pytest.raises(OSError):
         await _deliver(response, fail_send=True)
     assert len(outcomes) == 1 and outcomes[0].ok
@@ -145,7 +163,7 @@ async def test_streaming_returns_a_stream_with_route_headers(upstream: respx.Rou
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
         200, content=b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'))
     outcomes: list[CallOutcome] = []
-    response = await forward(_route(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     assert isinstance(response, StreamingResponse)
     assert response.headers["x-kubemoot-provider"] == "p"
     assert response.headers["x-kubemoot-placement"] == "warm"
@@ -165,13 +183,10 @@ async def _stream_through(server: Handler, limit_s: float, outcomes: list[CallOu
     """Stream one call from `server` through `forward` to a client; what the client was sent
     and how long it took. Each settled outcome is appended to `outcomes`."""
 
-    async def done(outcome: CallOutcome) -> None:
-        outcomes.append(outcome)
-
     async for url in serve(server):
         client = OllamaClient(url, Timeouts(1, 1, limit_s))
-        response = await forward(Route("p", client, "m", "warm", on_done=done), "/api/chat",
-                                 {"model": "m"}, True, limit_s)
+        response = await forward(OneAttempt(Attempt("p", client, "m", "warm"), outcomes),
+                                 "/api/chat", {"model": "m"}, True, limit_s)
         started = time.monotonic()
         sent = await _deliver(response, on_send=on_send, slow_send_s=slow_client_s)
         took = time.monotonic() - started
@@ -319,7 +334,7 @@ async def test_client_watch_turns_the_agent_leaving_into_client_gone_and_nothing
 def test_a_placed_call_carries_the_copys_num_ctx_and_no_option_that_reloads() -> None:
     from proxy.api.relay import payload_for
 
-    route = Route("p", OllamaClient(BASE), "qwen3:8b", "warm", num_ctx=16384)
+    route = Attempt("p", OllamaClient(BASE), "qwen3:8b", "warm", num_ctx=16384)
     body = {"model": "x", "messages": [], "shift": False,
             "options": {"num_ctx": 4096, "num_batch": 1024, "num_gpu": 20, "main_gpu": 1,
                         "use_mmap": False, "num_thread": 8, "temperature": 0.2}}
@@ -328,7 +343,7 @@ def test_a_placed_call_carries_the_copys_num_ctx_and_no_option_that_reloads() ->
     assert sent["options"] == {"num_ctx": 16384, "temperature": 0.2}
     no_options = orjson.loads(payload_for(route, {"model": "x", "messages": []}))
     assert no_options["options"] == {"num_ctx": 16384}
-    untouched = Route("p", OllamaClient(BASE), "qwen3:8b", "static")
+    untouched = Attempt("p", OllamaClient(BASE), "qwen3:8b", "static")
     assert orjson.loads(payload_for(untouched, body))["options"] == body["options"]
 
 
