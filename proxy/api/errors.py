@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.service.routing import Refusal
+from proxy.service.routing import Refusal, RefusalReason
 
 JSON = "application/json; charset=utf-8"
 Dialect = Literal["ollama", "openai", "anthropic"]
@@ -48,9 +48,15 @@ def error_response(status: int, reason: str, message: str, model: str | None = N
     return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
 
 
+# 499: the client closed its connection (nginx's code); nobody reads the answer.
+REFUSAL_STATUS: dict[RefusalReason, int] = {
+    "bad-request": 400, "model-not-found": 404, "prompt-too-large": 413, "client-gone": 499,
+    "gpu-busy": 503, "model-too-large": 507}
+
+
 def refusal_response(refusal: Refusal, dialect: Dialect = "ollama") -> Response:
-    return error_response(refusal.status, refusal.reason, refusal.message, refusal.model,
-                          refusal.retry_after_s, dialect)
+    return error_response(REFUSAL_STATUS[refusal.reason], refusal.reason, refusal.message,
+                          refusal.model, refusal.retry_after_s, dialect)
 
 
 def stream_error_line(message: str, dialect: Dialect = "ollama") -> bytes:

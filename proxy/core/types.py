@@ -190,6 +190,16 @@ class Placement:
     context_length: int = 0  # the context the call will get (0 unknown)
     estimate_mib: int = 0  # a load: Ollama's own estimate of it
 
+    @property
+    def loads(self) -> bool:
+        """The call loads a copy (cold, or after evicting others) rather than joining one."""
+        return self.kind in ("cold", "evict")
+
+    @property
+    def needs_free_slot(self) -> bool:
+        """It joins a copy counting on a slot free now (steps 1-2), not on queueing."""
+        return self.kind in ("warm", "loading") and self.step in (1, 2)
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:

@@ -52,8 +52,7 @@ class CallAttempts:
         if isinstance(granted, Refusal):
             s.metrics.refusals.labels(granted.reason).inc()
             log.info("call refused", path=self.call.path,
-                     model=granted.model or self.call.model, reason=granted.reason,
-                     status=granted.status)
+                     model=granted.model or self.call.model, reason=granted.reason)
             return granted
         return self._begin(granted)
 
@@ -130,6 +129,6 @@ class CallAttempts:
 def _too_long(failed: Granted | None, outcome: CallOutcome) -> Refusal:
     provider = failed.attempt.provider if failed else "?"
     model = failed.attempt.model if failed else None
-    return Refusal(413, "prompt-too-large", f"provider {provider} refused the prompt as "
+    return Refusal("prompt-too-large", f"provider {provider} refused the prompt as "
                    f"longer than its context ({outcome.prompt_eval_count} tokens or more)",
                    model)

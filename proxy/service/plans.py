@@ -103,7 +103,7 @@ class PlanBook:
         placement = claimed.placement
         plan = HeldPlan(thread, claimed, spec, time.monotonic(), acceptable)
         s.hold(claimed)
-        if placement.kind in ("cold", "evict"):
+        if placement.loads:
             plan.loader = asyncio.create_task(self._load(claimed))
         self.plans[thread] = plan
         return {"thread": thread, "planned": True, "provider": placement.provider,
@@ -114,7 +114,7 @@ class PlanBook:
         """Loads held for plans (every agent's, as the shared tickets show them) may take at
         most KUBEMOOT_PLAN_MEMORY_SHARE of the fleet's usable memory, though one alone may
         always be held; why this one may not, or None."""
-        if placement is None or placement.kind not in ("cold", "evict"):
+        if placement is None or not placement.loads:
             return None
         share = self.scheduler.settings.plan_memory_share
         usable = sum(self.scheduler.policy.usable_mib(v.total_vram_mib)
@@ -167,7 +167,7 @@ class PlanBook:
             next(c for c in s.settings.providers if c.name == placement.provider), s.clock())
         if not view.ready:
             return False
-        if placement.kind not in ("cold", "evict") and placement.model not in {
+        if not placement.loads and placement.model not in {
                 r.model for r in view.residents if not r.leaving}:
             return False  # its ticket holds a call's share of a copy that has gone since
         if call.num_ctx and placement.context_length and \

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.core.tokens import PromptSize
@@ -87,10 +87,15 @@ class Attempt:
     estimated_tokens: int = 0
 
 
+RefusalReason = Literal["bad-request", "model-not-found", "prompt-too-large", "client-gone",
+                        "gpu-busy", "model-too-large"]
+
+
 @dataclass(frozen=True)
 class Refusal:
-    status: int
-    reason: str
+    """Why the service will not place a call (the API gives each reason its status)."""
+
+    reason: RefusalReason
     message: str
     model: str | None = None
     retry_after_s: int | None = None

@@ -137,7 +137,7 @@ def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
                 ) -> Residency | None:
     """What a finished load leaves on the GPU, to count at once rather than at the next
     probe; None when the call shared a copy (nothing changed) or its load failed."""
-    if placement.kind not in ("cold", "evict") or state == "failed":
+    if not placement.loads or state == "failed":
         return None
     return Residency(placement.footprint_mib, placement.num_ctx, now,
                      loading=state == "loading")
@@ -250,7 +250,7 @@ class Scheduler:
         providers that failed it."""
         candidates = self.candidates(call.phase, call.model)
         if not candidates:
-            return Refusal(400, "bad-request", "field 'model': a model is required (none in "
+            return Refusal("bad-request", "field 'model': a model is required (none in "
                            "the request and KUBEMOOT_MODEL_MODEL is not set)")
         spec = self.spec(call, candidates, at_least_tokens)
         if not self.pool.clients:  # no provider is known at all: the static endpoint
@@ -289,7 +289,7 @@ class Scheduler:
                     return self._static_or_busy(call, spec, decision)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return Refusal(503, "gpu-busy", (
+                    return Refusal("gpu-busy", (
                         f"Every GPU that can run {spec.preferred.model} stayed busy for "
                         f"{self.settings.wait_limit_seconds:.0f} s ({decision.reason}); "
                         "this is the cluster's capacity, ask again in a moment."),
@@ -310,7 +310,7 @@ class Scheduler:
                 waited += time.monotonic() - blocked_at
                 if gone is not None and gone.done():
                     log.info("client went away while waiting", model=waiting_for)
-                    return Refusal(499, "client-gone", "the client went away while "
+                    return Refusal("client-gone", "the client went away while "
                                    "waiting for a GPU", spec.preferred.model)
         finally:
             if gone is not None:
@@ -369,20 +369,20 @@ class Scheduler:
     def _refusal(self, decision: Decision, call: CallRequest, spec: CallSpec) -> Refusal | None:
         model = spec.preferred.model
         if decision.outcome == "model-not-found":
-            return Refusal(404, "model-not-found", decision.reason, model)
+            return Refusal("model-not-found", decision.reason, model)
         if decision.outcome == "prompt-too-large":
-            return Refusal(413, "prompt-too-large", decision.reason, model)
+            return Refusal("prompt-too-large", decision.reason, model)
         if decision.outcome == "model-too-large":
             if not call.can_wait and self.pool.static is not None:
                 return None  # cannot wait: the static endpoint takes it
-            return Refusal(507, "model-too-large", decision.reason, model)
+            return Refusal("model-too-large", decision.reason, model)
         return None
 
     def _static_or_busy(self, call: CallRequest, spec: CallSpec, decision: Decision
                         ) -> Granted | Refusal:
         static = self.pool.static_triage if call.phase == "triage" else self.pool.static
         if static is None:
-            return Refusal(503, "gpu-busy", (
+            return Refusal("gpu-busy", (
                 f"No GPU has room for {spec.preferred.model} now ({decision.reason}) and this "
                 "call cannot wait; set KUBEMOOT_MODEL_ENDPOINT for such calls or retry."),
                 spec.preferred.model, retry_after_s=5)
@@ -391,7 +391,7 @@ class Scheduler:
     def _new_ticket(self, placement: Placement, plan: bool = False) -> Ticket:
         return self.tickets.new_ticket(
             next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
-            cold=placement.kind in ("cold", "evict"), evicts=dict(placement.evicts),
+            cold=placement.loads, evicts=dict(placement.evicts),
             holder=self.holder, context=placement.num_ctx,
             estimate_mib=placement.estimate_mib, plan=plan)
 
@@ -399,16 +399,15 @@ class Scheduler:
                     ) -> Claimed | None:
         view = next(v for v in snapshot.providers if v.name == placement.provider)
         local = False
-        needs_slot = placement.kind in ("warm", "loading") and placement.step in (1, 2)
         try:
-            result = await self.tickets.claim(ticket, view, needs_slot)
+            result = await self.tickets.claim(ticket, view, placement.needs_free_slot)
         except StoreUnavailable:
             local = True
             if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
                 await self.prober.refresh(placement.provider)
                 config = next(c for c in self.settings.providers if c.name == view.name)
                 view = self.view.provider_view(config, self.clock())
-            result = await self.local_tickets.claim(ticket, view, needs_slot)
+            result = await self.local_tickets.claim(ticket, view, placement.needs_free_slot)
         self.metrics.ticket_conflicts.inc(result.conflicts)
         self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
         if not result.ok:
@@ -600,10 +599,10 @@ class Scheduler:
                 if outcome.prompt_eval_count and estimated_tokens:
                     self.metrics.prompt_estimate_ratio.observe(
                         outcome.prompt_eval_count / estimated_tokens)
-            if placement.kind in ("cold", "evict"):
+            if placement.loads:
                 self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
             self.demand.note_use(placement.model)
-        if placement.kind in ("cold", "evict") or not outcome.ok:
+        if placement.loads or not outcome.ok:
             self._spawn(self.prober.refresh(placement.provider))
 
     async def _after_out_of_memory(self, provider: str) -> None:
