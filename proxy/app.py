@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,7 +21,10 @@ from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import StateStore, StoreUnavailable
 from proxy.service.calls import CallService
+from proxy.service.claims import Claims
 from proxy.service.demand import DemandBoard
+from proxy.service.evictions import Evictions
+from proxy.service.experience import Experience
 from proxy.service.plans import PlanBook
 from proxy.service.prober import Prober
 from proxy.service.routing import ProviderPool
@@ -57,11 +61,21 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
     view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds,
                      tickets)
     local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds)
-    demand = DemandBoard(store, f"{settings.namespace}/{settings.agent_name}")
-    scheduler = Scheduler(settings=settings, pool=pool, store=store, tickets=tickets,
-                          local_tickets=local_tickets, view=view, prober=prober, demand=demand,
-                          metrics=metrics, policy=policy)
+    holder = f"{settings.namespace}/{settings.agent_name}"
+    demand = DemandBoard(store, holder)
+    clock = time.time
+    claims = Claims(tickets=tickets, local_tickets=local_tickets, view=view,
+                    providers=tuple(settings.providers), prober=prober, metrics=metrics,
+                    holder=holder, clock=clock)
+    evictions = Evictions(clients=pool.clients, claims=claims, view=view,
+                          providers=tuple(settings.providers), metrics=metrics, clock=clock)
+    experience = Experience(pool.clients)
+    scheduler = Scheduler(settings=settings, pool=pool, store=store, view=view, demand=demand,
+                          claims=claims, evictions=evictions, experience=experience,
+                          metrics=metrics, policy=policy, clock=clock)
     plans = PlanBook(scheduler)
+    calls = CallService(scheduler=scheduler, plans=plans, claims=claims, evictions=evictions,
+                        experience=experience, demand=demand, prober=prober, metrics=metrics)
 
     def to_probe() -> list[str]:
         # Embedded: always probe. Shared: only providers nobody published fresh state for.
@@ -85,13 +99,13 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
             await prober.round()
         probing = asyncio.create_task(prober.run(settings.probe_interval_seconds, to_probe))
         plans.start()
-        scheduler.start()
+        claims.start()
         try:
             yield
         finally:
             probing.cancel()
             await plans.close()
-            await scheduler.close()
+            await claims.close()
             with contextlib.suppress(asyncio.CancelledError):
                 await probing
             await demand.close()
@@ -102,7 +116,7 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
-    api = SidecarApi(calls=CallService(scheduler, plans, metrics), pool=pool,
+    api = SidecarApi(calls=calls, pool=pool,
                      holders=scheduler.providers_with,
                      unload=scheduler.unload_everywhere, metrics=metrics,
                      max_request_bytes=settings.max_request_bytes,

@@ -8,29 +8,91 @@ happens here.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+from proxy.adapters.ollama import is_out_of_memory
+from proxy.core.types import Circuit
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
+from proxy.ports import StoreUnavailable
+from proxy.service.claims import Claimed, Claims, left_loaded, load_state
+from proxy.service.demand import DemandBoard
+from proxy.service.evictions import Evictions
+from proxy.service.experience import Experience
 from proxy.service.plans import PlanBook
+from proxy.service.prober import Prober
 from proxy.service.routing import Attempt, CallOutcome, CallRequest, Refusal
 from proxy.service.scheduler import Granted, Scheduler
 
 log = get_logger("kubemoot.calls")
 # A retry of a failed attempt only when the others could still take the call (after a wait).
 RETRY_REFUSALS = ("gpu-busy", "client-gone")
+# One prompt per call on these, so characters over the engine's count is a ratio.
+LEARNS_RATIO = ("/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions",
+                "/v1/responses", "/v1/messages")
 
 
 class CallService:
     """Implements the `Calls` seam the API calls for every inference request."""
 
-    def __init__(self, scheduler: Scheduler, plans: PlanBook, metrics: Metrics) -> None:
+    def __init__(self, *, scheduler: Scheduler, plans: PlanBook, claims: Claims,
+                 evictions: Evictions, experience: Experience, demand: DemandBoard,
+                 prober: Prober, metrics: Metrics) -> None:
         self.scheduler = scheduler
         self.plans = plans
+        self.claims = claims
+        self.evictions = evictions
+        self.experience = experience
+        self.demand = demand
+        self.prober = prober
         self.metrics = metrics
+        self.clock = scheduler.clock
+        self._background: set[asyncio.Task[None]] = set()
 
     def attempts(self, call: CallRequest, started: float) -> CallAttempts:
         return CallAttempts(self, call, started)
+
+    async def settle(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
+                     outcome: CallOutcome) -> None:
+        """A claimed attempt ended: release its ticket (recording what its load left), and
+        learn from the outcome: the provider's health, the prompt's size, the load's speed."""
+        placement = claimed.placement
+        self.claims.unhold(claimed)
+        now = self.clock()
+        circuit = self.experience.record(placement.provider, outcome, now)
+        # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
+        self.metrics.circuit_open.labels(placement.provider).set(
+            0 if circuit is Circuit.CLOSED else 1)
+        loaded = left_loaded(placement, now, load_state(outcome))
+        # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload).
+        release = self.evictions.release_to_unload(claimed, loaded) if call.unloads_after \
+            else self.claims.book(claimed).release(claimed.ticket, loaded)
+        try:
+            # A plain release finishes without suspending; one that records residency
+            # (left loaded, or leaving) writes at once and must survive a cancelled caller.
+            writes_now = call.unloads_after or loaded is not None
+            await (asyncio.shield(release) if writes_now else release)
+        except StoreUnavailable:
+            log.warning("ticket release not written; no longer counted here, written "
+                        "when the store is back", provider=placement.provider,
+                        ticket=claimed.ticket.ticket_id)
+        if outcome.error and is_out_of_memory(outcome.error):
+            await self.evictions.after_out_of_memory(placement.provider)
+        if outcome.ok:
+            learning = self.experience.learning
+            if call.path in LEARNS_RATIO:
+                learning.observe_prompt(call, outcome.prompt_eval_count)
+                if outcome.prompt_eval_count and estimated_tokens:
+                    self.metrics.prompt_estimate_ratio.observe(
+                        outcome.prompt_eval_count / estimated_tokens)
+            if placement.loads:
+                learning.observe_load(placement.footprint_mib, outcome.load_seconds)
+            self.demand.note_use(placement.model)
+        if placement.loads or not outcome.ok:
+            task = asyncio.ensure_future(self.prober.refresh(placement.provider))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
 
 class CallAttempts:
@@ -122,8 +184,8 @@ class CallAttempts:
                  reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
                  error=outcome.error, seconds=round(time.perf_counter() - self.started, 4))
         if current.claimed is not None:
-            await self.service.scheduler.finish(current.claimed, self.call,
-                                                attempt.estimated_tokens, outcome)
+            await self.service.settle(current.claimed, self.call, attempt.estimated_tokens,
+                                      outcome)
 
 
 def _too_long(failed: Granted | None, outcome: CallOutcome) -> Refusal:

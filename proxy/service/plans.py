@@ -20,8 +20,9 @@ from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec, Placement, Snapshot
 from proxy.observability.logging import get_logger
 from proxy.ports import StoreUnavailable
+from proxy.service.claims import Claimed, LoadState
 from proxy.service.routing import CallRequest
-from proxy.service.scheduler import Claimed, Granted, LoadState, Scheduler
+from proxy.service.scheduler import Granted, Scheduler
 
 log = get_logger("kubemoot.plans")
 PLAN_TTL_S = 180.0
@@ -102,7 +103,7 @@ class PlanBook:
                     "reason": decision.reason}
         placement = claimed.placement
         plan = HeldPlan(thread, claimed, spec, time.monotonic(), acceptable)
-        s.hold(claimed)
+        s.claims.hold(claimed)
         if placement.loads:
             plan.loader = asyncio.create_task(self._load(claimed))
         self.plans[thread] = plan
@@ -134,7 +135,7 @@ class PlanBook:
         client = self.scheduler.pool.clients[placement.provider]
         try:
             if placement.evicts:
-                await self.scheduler.make_room(claimed)
+                await self.scheduler.evictions.make_room(claimed)
             await client.load(placement.model, placement.num_ctx)
         except (UpstreamError, StoreUnavailable) as exc:
             log.warning("plan preload failed", provider=placement.provider, error=str(exc))
@@ -152,7 +153,7 @@ class PlanBook:
         if loader is not None:
             loader.cancel()
         with contextlib.suppress(Exception):
-            await self.scheduler.release_plan(plan.claimed, state)
+            await self.scheduler.claims.release_plan(plan.claimed, state)
         for m in plan.intents:
             await self.scheduler.demand.drop_intent(m)
         return True

@@ -1,5 +1,4 @@
-"""Placing one attempt: snapshot -> core.place -> reserve -> claim -> unload victims; and
-settling it: release the ticket, learn from the outcome.
+"""Placing one attempt: snapshot -> core.place -> reserve -> claim -> unload victims.
 
 This is the imperative shell around `proxy.core`. A call's attempts (service/calls.py) ask it
 for each placement; it waits for capacity (woken by the store's change counter, never by
@@ -9,71 +8,29 @@ polling) when the core says the GPUs are busy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
-import secrets
 import time
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, replace
 
-from proxy.adapters.ollama import UpstreamError, is_out_of_memory, model_name, normalise_model
+from proxy.adapters.ollama import normalise_model
 from proxy.core import context
-from proxy.core.context import parse_version
-from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
-from proxy.core.tokens import (
-    Anchor,
-    ConversationMemory,
-    PromptSize,
-    TokenRatio,
-    estimate_tokens,
-)
-from proxy.core.types import (
-    CallSpec,
-    Candidate,
-    Circuit,
-    Decision,
-    Placement,
-    ProviderHealth,
-    Snapshot,
-    Ticket,
-    Verdict,
-)
+from proxy.core.tokens import PromptSize
+from proxy.core.types import CallSpec, Candidate, Decision, Snapshot, Ticket, Verdict
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import PROVIDER_TICKETS, StateStore, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet, untoken
+from proxy.ports import StateStore
+from proxy.service.claims import Claimed, Claims
 from proxy.service.demand import DemandBoard
-from proxy.service.prober import Prober
-from proxy.service.routing import (
-    STATIC,
-    Attempt,
-    CallOutcome,
-    CallRequest,
-    ProviderPool,
-    Refusal,
-)
+from proxy.service.evictions import Evictions
+from proxy.service.experience import Experience
+from proxy.service.routing import STATIC, Attempt, CallRequest, ProviderPool, Refusal
 from proxy.service.snapshot import StateView
-from proxy.service.tickets import TicketBook
 from proxy.settings import CandidateModel, Settings
 
 log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
-LEARNS_RATIO = ("/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions",
-                "/v1/responses", "/v1/messages")
-LOAD_SPEED_ALPHA = 0.3
-UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before going anyway
-UNLOAD_POLL_S = 0.05
-RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
-
-
-@dataclass
-class Claimed:
-    placement: Placement
-    ticket: Ticket
-    local: bool  # claimed in the in-process book because the shared store was unreachable
 
 
 @dataclass(frozen=True)
@@ -95,82 +52,25 @@ class Granted:
     spec: CallSpec
 
 
-@dataclass
-class Learning:
-    """What the sidecar learns from responses: chars per token and load speed."""
-
-    ratio: TokenRatio = field(default_factory=TokenRatio)
-    load_mib_per_s: float | None = None
-    conversations: ConversationMemory = field(default_factory=ConversationMemory)
-
-    def prompt_tokens(self, call: CallRequest) -> int:
-        anchor = self.conversations.longest_known(call.conversation)
-        return estimate_tokens(call.prompt, self.ratio, anchor) + call.tokens_apart
-
-    def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
-        if prompt_eval_count is not None:  # the ratio is of the text (and template) alone
-            prompt_eval_count -= call.tokens_apart
-            self.conversations.record(call.conversation, Anchor(call.prompt, prompt_eval_count))
-        self.ratio = self.ratio.observe(call.prompt.chars, prompt_eval_count, call.prompt.dense)
-
-    def observe_load(self, mib: int, seconds: float | None) -> None:
-        if not seconds or seconds < 0.05 or mib <= 0:
-            return
-        sample = mib / seconds
-        self.load_mib_per_s = sample if self.load_mib_per_s is None else \
-            LOAD_SPEED_ALPHA * sample + (1 - LOAD_SPEED_ALPHA) * self.load_mib_per_s
-
-
-LoadState = Literal["loaded", "loading", "failed"]
-
-
-def load_state(outcome: CallOutcome) -> LoadState:
-    """What a call that loaded its model left: the copy (it was answered), maybe a copy still
-    loading (its agent left first, or the answer broke off), or nothing (the engine refused
-    or failed before answering)."""
-    if outcome.prompt_too_long or (outcome.ok and outcome.error is None):
-        return "loaded"
-    return "loading" if outcome.client_left or outcome.began else "failed"
-
-
-def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
-                ) -> Residency | None:
-    """What a finished load leaves on the GPU, to count at once rather than at the next
-    probe; None when the call shared a copy (nothing changed) or its load failed."""
-    if not placement.loads or state == "failed":
-        return None
-    return Residency(placement.footprint_mib, placement.num_ctx, now,
-                     loading=state == "loading")
-
-
 class Scheduler:
     def __init__(self, *, settings: Settings, pool: ProviderPool, store: StateStore,
-                 tickets: TicketBook, local_tickets: TicketBook, view: StateView,
-                 prober: Prober, demand: DemandBoard, metrics: Metrics, policy: Policy,
+                 view: StateView, demand: DemandBoard, claims: Claims, evictions: Evictions,
+                 experience: Experience, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.pool = pool
         self.store = store
-        self.tickets = tickets
-        self.local_tickets = local_tickets
         self.view = view
-        self.prober = prober
         self.demand = demand
+        self.claims = claims
+        self.evictions = evictions
+        self.experience = experience
+        self.learning = experience.learning
         self.metrics = metrics
         self.policy = policy
         self.clock = clock
-        self.stats: dict[str, ProviderStats] = {n: ProviderStats() for n in pool.clients}
-        self.learning = Learning()
-        self.holder = f"{settings.namespace}/{settings.agent_name}"
-        # Ticket ids: a random per-process prefix and a counter, unique across sidecars
-        # without a getrandom() call per ticket.
-        prefix = secrets.token_hex(8)
-        self._ticket_ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
         self._background: set[asyncio.Task[object]] = set()
         self._placing = asyncio.Lock()  # see decide_and_reserve
-        self._pending: dict[str, Ticket] = {}
-        self._held: dict[str, Claimed] = {}  # tickets of calls and plans in progress
-        self._renewing: asyncio.Task[None] | None = None
 
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
@@ -193,45 +93,13 @@ class Scheduler:
     def _candidate(c: CandidateModel) -> Candidate:
         return Candidate(normalise_model(c.model), c.score, c.vram_mib)
 
-    def health(self, now: float) -> dict[str, ProviderHealth]:
-        out = {}
-        for name, stats in self.stats.items():
-            circuit = stats.breaker.state(now)
-            if circuit is Circuit.HALF_OPEN and not stats.breaker.allows(now):
-                circuit = Circuit.OPEN  # a trial call is out already
-            out[name] = ProviderHealth(circuit, stats.latency.value, stats.success_rate)
-        return out
-
     def snapshot(self, now: float, exclude: frozenset[str] = frozenset()) -> Snapshot:
-        local = (*self._local_live(now), *self._claims_in_flight())
-        snapshot = self.view.snapshot(now, self.health(now), self.demand.view(),
-                                      self.learning.load_mib_per_s, local)
+        snapshot = self.view.snapshot(now, self.experience.health(now), self.demand.view(),
+                                      self.learning.load_mib_per_s, self.claims.uncounted(now))
         if not exclude:
             return snapshot
         return replace(snapshot, providers=tuple(
             replace(v, ready=False) if v.name in exclude else v for v in snapshot.providers))
-
-    def _claims_in_flight(self) -> list[Ticket]:
-        """Reserved tickets whose claim has not come back (or whose write is not yet in the
-        book: those are counted there)."""
-        if not self._pending:
-            return []
-        known: dict[str, Mapping[str, Ticket]] = {}
-        out = []
-        for ticket in self._pending.values():
-            if ticket.provider not in known:
-                known[ticket.provider] = self.tickets.known(ticket.provider)[0].tickets
-            if ticket.ticket_id not in known[ticket.provider]:
-                out.append(ticket)
-        return out
-
-    def _local_live(self, now: float) -> list[Ticket]:
-        """Tickets claimed in-process while the shared store was unreachable."""
-        mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
-        out: list[Ticket] = []
-        for name, entry in mirror.items():
-            out.extend(TicketSet.decode(untoken(name), entry.value).live(now).tickets.values())
-        return out
 
     def spec(self, call: CallRequest, candidates: tuple[Candidate, ...], at_least: int = 0
              ) -> CallSpec:
@@ -332,24 +200,20 @@ class Scheduler:
             self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
             ticket = None
             if decision.placement is not None:
-                ticket = self._new_ticket(decision.placement, plan)
-                self._pending[ticket.ticket_id] = ticket
+                ticket = self.claims.reserve(decision.placement, plan)
         finally:
             self._done_placing()
         return Reserved(decision, snapshot, ticket)
 
     def unreserve(self, reserved: Reserved) -> None:
         if reserved.ticket is not None:
-            self._pending.pop(reserved.ticket.ticket_id, None)
+            self.claims.unreserve(reserved.ticket)
 
     async def claim_reserved(self, reserved: Reserved) -> Claimed | None:
         """Claim a reserved ticket in the store; None when the store refuses it."""
         assert reserved.decision.placement is not None and reserved.ticket is not None
-        try:
-            return await self.claim(reserved.decision.placement, reserved.snapshot,
-                                    reserved.ticket)
-        finally:
-            self.unreserve(reserved)
+        return await self.claims.claim(reserved.decision.placement, reserved.snapshot,
+                                       reserved.ticket)
 
     def _done_placing(self) -> None:
         """Let the next decision run on the loop's next turn, not this one. A burst of calls
@@ -388,38 +252,6 @@ class Scheduler:
                 spec.preferred.model, retry_after_s=5)
         return Granted(Attempt(STATIC, static, spec.preferred.model, STATIC), None, spec)
 
-    def _new_ticket(self, placement: Placement, plan: bool = False) -> Ticket:
-        return self.tickets.new_ticket(
-            next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
-            cold=placement.loads, evicts=dict(placement.evicts),
-            holder=self.holder, context=placement.num_ctx,
-            estimate_mib=placement.estimate_mib, plan=plan)
-
-    async def claim(self, placement: Placement, snapshot: Snapshot, ticket: Ticket
-                    ) -> Claimed | None:
-        view = next(v for v in snapshot.providers if v.name == placement.provider)
-        local = False
-        try:
-            result = await self.tickets.claim(ticket, view, placement.needs_free_slot)
-        except StoreUnavailable:
-            local = True
-            if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
-                await self.prober.refresh(placement.provider)
-                config = next(c for c in self.settings.providers if c.name == view.name)
-                view = self.view.provider_view(config, self.clock())
-            result = await self.local_tickets.claim(ticket, view, placement.needs_free_slot)
-        self.metrics.ticket_conflicts.inc(result.conflicts)
-        self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
-        if not result.ok:
-            log.info("claim refused", provider=placement.provider, model=placement.model,
-                     reason=result.reason)
-            return None
-        # (The budget arithmetic is the ticket book's "budget" line.)
-        log.debug("ticket claimed", provider=placement.provider, model=placement.model,
-                  ticket=ticket.ticket_id, kind=placement.kind, evicts=placement.evicts,
-                  local=local)
-        return Claimed(placement, ticket, local)
-
     async def start_claimed(self, claimed: Claimed, call: CallRequest, spec: CallSpec,
                             waited_ms: int, held_plan: bool = False) -> Granted:
         """The claimed call's attempt, once its victims are gone (a held plan's went when
@@ -427,11 +259,9 @@ class Scheduler:
         placement = claimed.placement
         client = self.pool.clients[placement.provider]
         if not held_plan and placement.evicts:
-            await self.make_room(claimed)
-        stats = self.stats[placement.provider]
-        self.stats[placement.provider] = replace(
-            stats, breaker=stats.breaker.start_trial(self.clock()))
-        self.hold(claimed)
+            await self.evictions.make_room(claimed)
+        self.experience.start_trial(placement.provider, self.clock())
+        self.claims.hold(claimed)
         attempt = Attempt(placement.provider, client, placement.model,
                           "held" if held_plan else placement.kind,
                           evicted=tuple(placement.evicts), waited_ms=waited_ms,
@@ -440,188 +270,6 @@ class Scheduler:
                           estimated_tokens=spec.prompt_tokens,
                           context_length=placement.context_length)
         return Granted(attempt, claimed, spec)
-
-    async def make_room(self, claimed: Claimed) -> None:
-        """Unload the planned victims, wait until `/api/ps` no longer lists them, and record
-        them as gone. Ollama answers `keep_alive: 0` at once but unloads a copy only when its
-        last call ends (one may be finishing as its ticket goes); a load sent before then
-        would find them still there."""
-        placement = claimed.placement
-        victims = tuple(placement.evicts)
-        for victim in victims:
-            await self._ask_unload(placement.provider, victim)
-        if not await self._seen_gone(placement.provider, victims):
-            log.warning("victims still loaded; sending the call anyway",
-                        provider=placement.provider, victims=victims)
-        await self.book(claimed).mark_unloaded(placement.provider, victims)
-
-    async def _seen_gone(self, provider: str, models: tuple[str, ...]) -> bool:
-        """Poll `/api/ps` until it lists none of `models` (True), for at most 10 s."""
-        client = self.pool.clients[provider]
-        deadline = time.monotonic() + UNLOAD_WAIT_S
-        while True:
-            try:
-                ps = await client.get_json("/api/ps", client.timeouts.connect_s)
-            except UpstreamError:
-                return False
-            listed = ps.get("models") if isinstance(ps, dict) else None
-            if {model_name(m) for m in listed or ()}.isdisjoint(models):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(UNLOAD_POLL_S)
-
-    async def _release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:
-        """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call
-        holds a ticket for it (one may be on its way to Ollama, which would reload it). So
-        the call went to Ollama without `keep_alive`, and the unload is asked for here,
-        after the write that marks the copy leaving."""
-        placement = claimed.placement
-        if await self.book(claimed).release_to_unload(claimed.ticket, loaded):
-            self._spawn(self._unload_leaving(self.book(claimed), placement.provider,
-                                             placement.model))
-
-    async def _unload_leaving(self, book: TicketBook, provider: str, model: str) -> None:
-        """Unload a copy marked leaving; once `/api/ps` no longer lists it, every view frees
-        its memory (until then it counts, so no load is sent to land on it)."""
-        if await self._ask_unload(provider, model) and await self._seen_gone(provider, (model,)):
-            with contextlib.suppress(StoreUnavailable):
-                await book.mark_unloaded(provider, (model,))
-
-    async def _ask_unload(self, provider: str, model: str) -> bool:
-        """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""
-        log.debug("unloading", provider=provider, model=model)
-        try:
-            await self.pool.clients[provider].unload(model)
-        except UpstreamError as exc:
-            log.warning("unload failed", provider=provider, model=model, error=str(exc))
-            return False
-        self.metrics.evictions.labels(provider, model).inc()
-        return True
-
-    async def unload_everywhere(self, model: str) -> list[str]:
-        """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`
-        sends): every provider with the model loaded and no call holding a ticket for it
-        unloads it, after every view has been told it is leaving (as for a call's keep_alive
-        0).
-        Where calls hold tickets for it, it stays: they are running, or on their way to it.
-        Nothing is placed, claimed or loaded."""
-        model = normalise_model(model)
-        snapshot = self.snapshot(self.clock())
-        unloaded, in_use = [], []
-        for view in snapshot.providers:
-            copy = next((r for r in view.residents if r.model == model), None)
-            if copy is None:
-                continue
-            try:
-                unused = await self.tickets.mark_leaving_unless_used(view.name, model,
-                                                                     copy.footprint_mib)
-            except StoreUnavailable:
-                unused = False  # the others could not be told: leave it loaded
-            if unused:
-                unloaded.append(view.name)
-                self._spawn(self._unload_leaving(self.tickets, view.name, model))
-            else:
-                in_use.append(view.name)
-        log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use)
-        return unloaded
-
-    def book(self, claimed: Claimed) -> TicketBook:
-        return self.local_tickets if claimed.local else self.tickets
-
-    def hold(self, claimed: Claimed) -> None:
-        """Keep a ticket counted while its call (or plan) lives: the renewal sweep renews it."""
-        self._held[claimed.ticket.ticket_id] = claimed
-
-    def unhold(self, claimed: Claimed) -> None:
-        self._held.pop(claimed.ticket.ticket_id, None)
-
-    def start(self) -> None:
-        self._renewing = asyncio.create_task(self._renew_held())
-
-    async def close(self) -> None:
-        if self._renewing is not None:
-            self._renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewing
-
-    async def _renew_held(self) -> None:
-        """Every third of the TTL, renew every held ticket: one task for all of them, and
-        the renewals of one GPU share a write."""
-        period = self.tickets.ttl_s / 3
-        while True:
-            await asyncio.sleep(period)
-            held = list(self._held.values())
-            await asyncio.gather(*(self.book(c).renew(c.ticket) for c in held),
-                                 return_exceptions=True)  # unreachable store: next sweep
-
-    async def release_plan(self, claimed: Claimed, state: LoadState) -> None:
-        """An unused held plan: its ticket goes, the model its load left (or may still be
-        loading) stays counted."""
-        self.unhold(claimed)
-        stays = left_loaded(claimed.placement, self.clock(), state)
-        await self.book(claimed).release(claimed.ticket, stays)
-
-    async def finish(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
-                     outcome: CallOutcome) -> None:
-        """A claimed attempt ended: release its ticket (recording what its load left), and
-        learn from the outcome: the provider's health, the prompt's size, the load's speed."""
-        placement = claimed.placement
-        self.unhold(claimed)
-        now = self.clock()
-        stats = self.stats[placement.provider]
-        # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
-        # as too long, says nothing of the GPU.
-        stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long else \
-            stats.record(outcome.ok, outcome.seconds, now)
-        self.stats[placement.provider] = stats
-        # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
-        self.metrics.circuit_open.labels(placement.provider).set(
-            0 if stats.breaker.state(now) is Circuit.CLOSED else 1)
-        loaded = left_loaded(placement, now, load_state(outcome))
-        # keep_alive 0 is carried out by the sidecar itself (see _release_to_unload).
-        release = self._release_to_unload(claimed, loaded) if call.unloads_after else \
-            self.book(claimed).release(claimed.ticket, loaded)
-        try:
-            # A plain release finishes without suspending; one that records residency
-            # (left loaded, or leaving) writes at once and must survive a cancelled caller.
-            writes_now = call.unloads_after or loaded is not None
-            await (asyncio.shield(release) if writes_now else release)
-        except StoreUnavailable:
-            log.warning("ticket release not written; no longer counted here, written "
-                        "when the store is back", provider=placement.provider,
-                        ticket=claimed.ticket.ticket_id)
-        if outcome.error and is_out_of_memory(outcome.error):
-            await self._after_out_of_memory(placement.provider)
-        if outcome.ok:
-            if call.path in LEARNS_RATIO:  # one prompt per call, so chars/tokens is a ratio
-                self.learning.observe_prompt(call, outcome.prompt_eval_count)
-                if outcome.prompt_eval_count and estimated_tokens:
-                    self.metrics.prompt_estimate_ratio.observe(
-                        outcome.prompt_eval_count / estimated_tokens)
-            if placement.loads:
-                self.learning.observe_load(placement.footprint_mib, outcome.load_seconds)
-            self.demand.note_use(placement.model)
-        if placement.loads or not outcome.ok:
-            self._spawn(self.prober.refresh(placement.provider))
-
-    async def _after_out_of_memory(self, provider: str) -> None:
-        """An engine that ran out of memory unloads every model it holds (Ollama >= 0.30
-        expires them all, sched.go:1632-1661): every copy there is marked leaving, so nothing
-        joins one that is about to go, and unloaded."""
-        view = self.view.provider_view(
-            next(c for c in self.settings.providers if c.name == provider), self.clock())
-        if parse_version(view.version) < RUNTIME_OOM_UNLOADS_SINCE:
-            return  # older engines keep their models; the probe after the failure tells
-        models = tuple(r.model for r in view.residents if not r.leaving)
-        log.warning("provider ran out of memory; its models are treated as unloading",
-                    provider=provider, models=models)
-        try:
-            await self.tickets.mark_leaving(provider, models)
-        except StoreUnavailable:
-            return  # the probe after this failure tells the truth soon enough
-        for model in models:
-            self._spawn(self._unload_leaving(self.tickets, provider, model))
 
     def others_could_take(self, spec: CallSpec, failed: str) -> bool:
         """Whether a provider other than the one that failed the call could take it, now or
@@ -633,6 +281,11 @@ class Scheduler:
         wanted = {c.model for c in spec.candidates}
         return any(v.ready and v.name != failed and (not v.disk_mib or wanted & set(v.disk_mib))
                    for v in snapshot.providers)
+
+    async def unload_everywhere(self, model: str) -> list[str]:
+        """A client's explicit unload: see Evictions.unload_everywhere."""
+        return await self.evictions.unload_everywhere(normalise_model(model),
+                                                      self.snapshot(self.clock()))
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.ensure_future(coro)

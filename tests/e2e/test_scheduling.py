@@ -698,12 +698,12 @@ async def test_a_burst_of_calls_does_not_hold_back_the_first_claim(
         events.clear()
         routes = await asyncio.gather(*(app.state.scheduler.route(
             CallRequest("/api/chat", "qwen3:8b")) for _ in range(8)))
-        scheduler = app.state.scheduler
+        calls = app.state.api.calls
         for granted in routes:
             assert isinstance(granted, Granted) and granted.attempt.placement == "warm"
             assert granted.claimed is not None
-            await scheduler.finish(granted.claimed, CallRequest("/api/chat", "qwen3:8b"), 0,
-                                   CallOutcome(True, 0.01))
+            await calls.settle(granted.claimed, CallRequest("/api/chat", "qwen3:8b"), 0,
+                               CallOutcome(True, 0.01))
     # Eight calls arrived in one loop turn; the first claim left before the second decision
     # (decided all at once, every call would wait for all eight decisions).
     assert events[:3] == ["decided", "sent", "decided"], events

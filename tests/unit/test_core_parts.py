@@ -23,8 +23,8 @@ from proxy.core.tokens import (
     prompt_size,
 )
 from proxy.core.types import Circuit, ModelDemand, Resident, Ticket
+from proxy.service.experience import Learning
 from proxy.service.routing import CallRequest
-from proxy.service.scheduler import Learning
 from tests.unit.builders import GIB32, NOW, gpu, snapshot, ticket
 
 

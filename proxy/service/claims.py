@@ -1,0 +1,185 @@
+"""This sidecar's tickets: reserved while their claim is on its way, claimed in the shared
+book (or in-process while the shared store is unreachable), held and renewed while their
+call or plan lives, released with what their load left on the GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from proxy.core.types import Placement, Snapshot, Ticket
+from proxy.observability.logging import get_logger
+from proxy.observability.metrics import Metrics
+from proxy.ports import PROVIDER_TICKETS, StoreUnavailable
+from proxy.service.codec import Residency, TicketSet, untoken
+from proxy.service.prober import Prober
+from proxy.service.routing import CallOutcome
+from proxy.service.snapshot import StateView
+from proxy.service.tickets import TicketBook
+from proxy.settings import ProviderConfig
+
+log = get_logger("kubemoot.claims")
+
+
+@dataclass
+class Claimed:
+    placement: Placement
+    ticket: Ticket
+    local: bool  # claimed in the in-process book because the shared store was unreachable
+
+
+LoadState = Literal["loaded", "loading", "failed"]
+
+
+def load_state(outcome: CallOutcome) -> LoadState:
+    """What a call that loaded its model left: the copy (it was answered), maybe a copy still
+    loading (its agent left first, or the answer broke off), or nothing (the engine refused
+    or failed before answering)."""
+    if outcome.prompt_too_long or (outcome.ok and outcome.error is None):
+        return "loaded"
+    return "loading" if outcome.client_left or outcome.began else "failed"
+
+
+def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
+                ) -> Residency | None:
+    """What a finished load leaves on the GPU, to count at once rather than at the next
+    probe; None when the call shared a copy (nothing changed) or its load failed."""
+    if not placement.loads or state == "failed":
+        return None
+    return Residency(placement.footprint_mib, placement.num_ctx, now,
+                     loading=state == "loading")
+
+
+class Claims:
+    def __init__(self, *, tickets: TicketBook, local_tickets: TicketBook, view: StateView,
+                 providers: tuple[ProviderConfig, ...], prober: Prober, metrics: Metrics,
+                 holder: str, clock: Callable[[], float]) -> None:
+        self.tickets = tickets
+        self.local_tickets = local_tickets
+        self.view = view
+        self.providers = {c.name: c for c in providers}
+        self.prober = prober
+        self.metrics = metrics
+        self.holder = holder
+        self.clock = clock
+        # Ticket ids: a random per-process prefix and a counter, unique across sidecars
+        # without a getrandom() call per ticket.
+        prefix = secrets.token_hex(8)
+        self._ticket_ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
+        self._pending: dict[str, Ticket] = {}
+        self._held: dict[str, Claimed] = {}  # tickets of calls and plans in progress
+        self._renewing: asyncio.Task[None] | None = None
+
+    # -- reserved: counted by this sidecar's next decisions --------------------------------
+    def reserve(self, placement: Placement, plan: bool = False) -> Ticket:
+        ticket = self.tickets.new_ticket(
+            next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
+            cold=placement.loads, evicts=dict(placement.evicts), holder=self.holder,
+            context=placement.num_ctx, estimate_mib=placement.estimate_mib, plan=plan)
+        self._pending[ticket.ticket_id] = ticket
+        return ticket
+
+    def unreserve(self, ticket: Ticket) -> None:
+        self._pending.pop(ticket.ticket_id, None)
+
+    def uncounted(self, now: float) -> tuple[Ticket, ...]:
+        """This sidecar's tickets that the shared book's view does not count: claimed
+        in-process while the store was unreachable, or reserved and not yet written."""
+        return (*self._local_live(now), *self._claims_in_flight())
+
+    def _claims_in_flight(self) -> list[Ticket]:
+        """Reserved tickets whose claim has not come back (or whose write is not yet in the
+        book: those are counted there)."""
+        if not self._pending:
+            return []
+        known: dict[str, Mapping[str, Ticket]] = {}
+        out = []
+        for ticket in self._pending.values():
+            if ticket.provider not in known:
+                known[ticket.provider] = self.tickets.known(ticket.provider)[0].tickets
+            if ticket.ticket_id not in known[ticket.provider]:
+                out.append(ticket)
+        return out
+
+    def _local_live(self, now: float) -> list[Ticket]:
+        mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
+        out: list[Ticket] = []
+        for name, entry in mirror.items():
+            out.extend(TicketSet.decode(untoken(name), entry.value).live(now).tickets.values())
+        return out
+
+    # -- claimed ---------------------------------------------------------------------------
+    async def claim(self, placement: Placement, snapshot: Snapshot, ticket: Ticket
+                    ) -> Claimed | None:
+        """Claim a reserved ticket in the shared book (in-process when the store is
+        unreachable); None when the book refuses it. It stops being reserved either way."""
+        try:
+            return await self._claim(placement, snapshot, ticket)
+        finally:
+            self.unreserve(ticket)
+
+    async def _claim(self, placement: Placement, snapshot: Snapshot, ticket: Ticket
+                     ) -> Claimed | None:
+        view = next(v for v in snapshot.providers if v.name == placement.provider)
+        local = False
+        try:
+            result = await self.tickets.claim(ticket, view, placement.needs_free_slot)
+        except StoreUnavailable:
+            local = True
+            if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
+                await self.prober.refresh(placement.provider)
+                view = self.view.provider_view(self.providers[view.name], self.clock())
+            result = await self.local_tickets.claim(ticket, view, placement.needs_free_slot)
+        self.metrics.ticket_conflicts.inc(result.conflicts)
+        self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
+        if not result.ok:
+            log.info("claim refused", provider=placement.provider, model=placement.model,
+                     reason=result.reason)
+            return None
+        # (The budget arithmetic is the ticket book's "budget" line.)
+        log.debug("ticket claimed", provider=placement.provider, model=placement.model,
+                  ticket=ticket.ticket_id, kind=placement.kind, evicts=placement.evicts,
+                  local=local)
+        return Claimed(placement, ticket, local)
+
+    def book(self, claimed: Claimed) -> TicketBook:
+        return self.local_tickets if claimed.local else self.tickets
+
+    # -- held: renewed while their call or plan lives --------------------------------------
+    def hold(self, claimed: Claimed) -> None:
+        self._held[claimed.ticket.ticket_id] = claimed
+
+    def unhold(self, claimed: Claimed) -> None:
+        self._held.pop(claimed.ticket.ticket_id, None)
+
+    def start(self) -> None:
+        self._renewing = asyncio.create_task(self._renew_held())
+
+    async def close(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewing
+
+    async def _renew_held(self) -> None:
+        """Every third of the TTL, renew every held ticket: one task for all of them, and
+        the renewals of one GPU share a write."""
+        period = self.tickets.ttl_s / 3
+        while True:
+            await asyncio.sleep(period)
+            held = list(self._held.values())
+            await asyncio.gather(*(self.book(c).renew(c.ticket) for c in held),
+                                 return_exceptions=True)  # unreachable store: next sweep
+
+    # -- released --------------------------------------------------------------------------
+    async def release_plan(self, claimed: Claimed, state: LoadState) -> None:
+        """An unused held plan: its ticket goes, the model its load left (or may still be
+        loading) stays counted."""
+        self.unhold(claimed)
+        stays = left_loaded(claimed.placement, self.clock(), state)
+        await self.book(claimed).release(claimed.ticket, stays)

@@ -1,0 +1,147 @@
+"""Unloading copies: a placement's victims, a call's `keep_alive: 0`, a client's explicit
+unload, and every copy of an engine that ran out of memory. Each unload is told to every
+view (the copy marked leaving) before it is asked for, and each copy counts until
+`/api/ps` no longer lists it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Mapping
+
+from proxy.adapters.ollama import OllamaClient, UpstreamError, model_name
+from proxy.core.context import parse_version
+from proxy.core.types import Snapshot
+from proxy.observability.logging import get_logger
+from proxy.observability.metrics import Metrics
+from proxy.ports import StoreUnavailable
+from proxy.service.claims import Claimed, Claims
+from proxy.service.codec import Residency
+from proxy.service.snapshot import StateView
+from proxy.service.tickets import TicketBook
+from proxy.settings import ProviderConfig
+
+log = get_logger("kubemoot.evictions")
+UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before going anyway
+UNLOAD_POLL_S = 0.05
+RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
+
+
+class Evictions:
+    def __init__(self, *, clients: Mapping[str, OllamaClient], claims: Claims,
+                 view: StateView, providers: tuple[ProviderConfig, ...], metrics: Metrics,
+                 clock: Callable[[], float]) -> None:
+        self.clients = clients
+        self.claims = claims
+        self.tickets = claims.tickets
+        self.view = view
+        self.providers = {c.name: c for c in providers}
+        self.metrics = metrics
+        self.clock = clock
+        self._background: set[asyncio.Task[object]] = set()
+
+    async def make_room(self, claimed: Claimed) -> None:
+        """Unload the planned victims, wait until `/api/ps` no longer lists them, and record
+        them as gone. Ollama answers `keep_alive: 0` at once but unloads a copy only when its
+        last call ends (one may be finishing as its ticket goes); a load sent before then
+        would find them still there."""
+        placement = claimed.placement
+        victims = tuple(placement.evicts)
+        for victim in victims:
+            await self._ask_unload(placement.provider, victim)
+        if not await self._seen_gone(placement.provider, victims):
+            log.warning("victims still loaded; sending the call anyway",
+                        provider=placement.provider, victims=victims)
+        await self.claims.book(claimed).mark_unloaded(placement.provider, victims)
+
+    async def release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:
+        """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call
+        holds a ticket for it (one may be on its way to Ollama, which would reload it). So
+        the call went to Ollama without `keep_alive`, and the unload is asked for here,
+        after the write that marks the copy leaving."""
+        placement = claimed.placement
+        book = self.claims.book(claimed)
+        if await book.release_to_unload(claimed.ticket, loaded):
+            self._spawn(self._unload_leaving(book, placement.provider, placement.model))
+
+    async def unload_everywhere(self, model: str, snapshot: Snapshot) -> list[str]:
+        """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`
+        sends): every provider with the model loaded and no call holding a ticket for it
+        unloads it, after every view has been told it is leaving (as for a call's keep_alive
+        0).
+        Where calls hold tickets for it, it stays: they are running, or on their way to it.
+        Nothing is placed, claimed or loaded."""
+        unloaded, in_use = [], []
+        for view in snapshot.providers:
+            copy = next((r for r in view.residents if r.model == model), None)
+            if copy is None:
+                continue
+            try:
+                unused = await self.tickets.mark_leaving_unless_used(view.name, model,
+                                                                     copy.footprint_mib)
+            except StoreUnavailable:
+                unused = False  # the others could not be told: leave it loaded
+            if unused:
+                unloaded.append(view.name)
+                self._spawn(self._unload_leaving(self.tickets, view.name, model))
+            else:
+                in_use.append(view.name)
+        log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use)
+        return unloaded
+
+    async def after_out_of_memory(self, provider: str) -> None:
+        """An engine that ran out of memory unloads every model it holds (Ollama >= 0.30
+        expires them all, sched.go:1632-1661): every copy there is marked leaving, so nothing
+        joins one that is about to go, and unloaded."""
+        view = self.view.provider_view(self.providers[provider], self.clock())
+        if parse_version(view.version) < RUNTIME_OOM_UNLOADS_SINCE:
+            return  # older engines keep their models; the probe after the failure tells
+        models = tuple(r.model for r in view.residents if not r.leaving)
+        log.warning("provider ran out of memory; its models are treated as unloading",
+                    provider=provider, models=models)
+        try:
+            await self.tickets.mark_leaving(provider, models)
+        except StoreUnavailable:
+            return  # the probe after this failure tells the truth soon enough
+        for model in models:
+            self._spawn(self._unload_leaving(self.tickets, provider, model))
+
+    async def _unload_leaving(self, book: TicketBook, provider: str, model: str) -> None:
+        """Unload a copy marked leaving; once `/api/ps` no longer lists it, every view frees
+        its memory (until then it counts, so no load is sent to land on it)."""
+        if await self._ask_unload(provider, model) and await self._seen_gone(provider, (model,)):
+            with contextlib.suppress(StoreUnavailable):
+                await book.mark_unloaded(provider, (model,))
+
+    async def _ask_unload(self, provider: str, model: str) -> bool:
+        """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""
+        log.debug("unloading", provider=provider, model=model)
+        try:
+            await self.clients[provider].unload(model)
+        except UpstreamError as exc:
+            log.warning("unload failed", provider=provider, model=model, error=str(exc))
+            return False
+        self.metrics.evictions.labels(provider, model).inc()
+        return True
+
+    async def _seen_gone(self, provider: str, models: tuple[str, ...]) -> bool:
+        """Poll `/api/ps` until it lists none of `models` (True), for at most 10 s."""
+        client = self.clients[provider]
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+        while True:
+            try:
+                ps = await client.get_json("/api/ps", client.timeouts.connect_s)
+            except UpstreamError:
+                return False
+            listed = ps.get("models") if isinstance(ps, dict) else None
+            if {model_name(m) for m in listed or ()}.isdisjoint(models):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(UNLOAD_POLL_S)
+
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,70 @@
+"""What the sidecar learns from the calls it relays: each provider's health (latency, success
+rate, circuit breaker), the prompt's characters per token, and how fast models load."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from proxy.core.health import ProviderStats
+from proxy.core.tokens import Anchor, ConversationMemory, TokenRatio, estimate_tokens
+from proxy.core.types import Circuit, ProviderHealth
+from proxy.service.routing import CallOutcome, CallRequest
+
+LOAD_SPEED_ALPHA = 0.3
+
+
+@dataclass
+class Learning:
+    """What the sidecar learns from responses: chars per token and load speed."""
+
+    ratio: TokenRatio = field(default_factory=TokenRatio)
+    load_mib_per_s: float | None = None
+    conversations: ConversationMemory = field(default_factory=ConversationMemory)
+
+    def prompt_tokens(self, call: CallRequest) -> int:
+        anchor = self.conversations.longest_known(call.conversation)
+        return estimate_tokens(call.prompt, self.ratio, anchor) + call.tokens_apart
+
+    def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
+        if prompt_eval_count is not None:  # the ratio is of the text (and template) alone
+            prompt_eval_count -= call.tokens_apart
+            self.conversations.record(call.conversation, Anchor(call.prompt, prompt_eval_count))
+        self.ratio = self.ratio.observe(call.prompt.chars, prompt_eval_count, call.prompt.dense)
+
+    def observe_load(self, mib: int, seconds: float | None) -> None:
+        if not seconds or seconds < 0.05 or mib <= 0:
+            return
+        sample = mib / seconds
+        self.load_mib_per_s = sample if self.load_mib_per_s is None else \
+            LOAD_SPEED_ALPHA * sample + (1 - LOAD_SPEED_ALPHA) * self.load_mib_per_s
+
+
+class Experience:
+    def __init__(self, providers: Iterable[str]) -> None:
+        self.stats: dict[str, ProviderStats] = {n: ProviderStats() for n in providers}
+        self.learning = Learning()
+
+    def health(self, now: float) -> dict[str, ProviderHealth]:
+        out = {}
+        for name, stats in self.stats.items():
+            circuit = stats.breaker.state(now)
+            if circuit is Circuit.HALF_OPEN and not stats.breaker.allows(now):
+                circuit = Circuit.OPEN  # a trial call is out already
+            out[name] = ProviderHealth(circuit, stats.latency.value, stats.success_rate)
+        return out
+
+    def start_trial(self, provider: str, now: float) -> None:
+        """A call goes to the provider: a half-open circuit lets no other through meanwhile."""
+        stats = self.stats[provider]
+        self.stats[provider] = replace(stats, breaker=stats.breaker.start_trial(now))
+
+    def record(self, provider: str, outcome: CallOutcome, now: float) -> Circuit:
+        """The provider's health after the outcome; its circuit's state now."""
+        stats = self.stats[provider]
+        # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
+        # as too long, says nothing of the GPU.
+        stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long else \
+            stats.record(outcome.ok, outcome.seconds, now)
+        self.stats[provider] = stats
+        return stats.breaker.state(now)
