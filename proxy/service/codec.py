@@ -6,7 +6,8 @@ Key layouts (documented in docs/operations.md):
   one key per provider, so a claim is one compare-and-set on one key.
 - kubemoot_model_demand / wait.<model>.<agent>, intent.<model>.<agent>, use.<model>.<agent>,
   sel.<agent>: one key per model and agent, so writes need no compare-and-set.
-Names are encoded into KV-safe tokens with `token()`.
+Names are escaped into KV-safe keys with `escape_key()` (NATS key escaping, nothing to do
+with the prompt tokens of `proxy.core.tokens`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
-def token(name: str) -> str:
-    """A KV-safe key token: anything but letters, digits, '_' and '-' becomes =XX."""
+def escape_key(name: str) -> str:
+    """A KV-safe key: anything but letters, digits, '_' and '-' becomes =XX."""
     return _UNSAFE.sub(lambda m: "".join(f"={b:02X}" for b in m.group().encode()), name)
 
 
-def untoken(text: str) -> str:
+def unescape_key(text: str) -> str:
+    """The name `escape_key` escaped into `text`."""
     return re.sub(r"(?:=[0-9A-F]{2})+",
                   lambda m: bytes.fromhex(m.group().replace("=", "")).decode(), text)
 

@@ -43,7 +43,7 @@ from proxy.core.types import (
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import PROVIDER_TICKETS, StateStore, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet, untoken
+from proxy.service.codec import Residency, TicketSet, unescape_key
 from proxy.service.demand import DemandBoard
 from proxy.service.prober import Prober
 from proxy.service.routing import STATIC, CallOutcome, CallRequest, ProviderPool, Refusal, Route
@@ -207,7 +207,7 @@ class Scheduler:
         mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
         out: list[Ticket] = []
         for name, entry in mirror.items():
-            out.extend(TicketSet.decode(untoken(name), entry.value).live(now).tickets.values())
+            out.extend(TicketSet.decode(unescape_key(name), entry.value).live(now).tickets.values())
         return out
 
     def spec(self, call: CallRequest, candidates: tuple[Candidate, ...], at_least: int = 0

@@ -25,7 +25,7 @@ from proxy.core.policy import Policy
 from proxy.core.types import ProviderView, Ticket
 from proxy.observability.logging import get_logger
 from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet, merge_residency, token
+from proxy.service.codec import Residency, TicketSet, escape_key, merge_residency
 
 log = get_logger("kubemoot.tickets")
 
@@ -83,7 +83,7 @@ class TicketBook:
         return self._without_owed(provider, tickets), revision
 
     def _newest(self, provider: str) -> tuple[TicketSet, int]:
-        entry = self.store.view(PROVIDER_TICKETS).get(token(provider))
+        entry = self.store.view(PROVIDER_TICKETS).get(escape_key(provider))
         cached = self._known.get(provider)
         if cached is not None and (entry is None or cached[0] >= entry.revision):
             return cached[1], cached[0]
@@ -130,7 +130,8 @@ class TicketBook:
         tickets, revision = self._newest(provider)
         if stale is None or revision > stale:
             return tickets, revision  # the watch already brought the write we lost to
-        return self._remember(provider, await self.store.get(PROVIDER_TICKETS, token(provider)))
+        entry = await self.store.get(PROVIDER_TICKETS, escape_key(provider))
+        return self._remember(provider, entry)
 
     async def _mutate(self, provider: str, change: Change) -> ClaimResult:
         """Apply `change` to the live ticket set with compare-and-set, retrying conflicts.
@@ -214,7 +215,7 @@ class TicketBook:
                     results.append((True, "written"))
             if dirty:
                 try:
-                    new_revision = await self.store.cas(PROVIDER_TICKETS, token(provider),
+                    new_revision = await self.store.cas(PROVIDER_TICKETS, escape_key(provider),
                                                         state.encode(), revision)
                 except CasConflict:
                     conflicts += 1
