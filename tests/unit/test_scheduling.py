@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.core import scheduling as s
+from proxy.operator import scheduling as s
 
 LABELS = {"family": "qwen3", "params": "14B", "capability/tool-calling": "true",
           "latencyClass": "medium"}

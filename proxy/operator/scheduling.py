@@ -1,7 +1,7 @@
 """Operator-side scheduling: filter -> score -> spread -> bind, from Model, ModelProvider,
 CrewSchedulingPolicy and Agent documents (the design doc's "Scheduling Algorithm").
 
-Pure: documents are parsed into the frozen types below by the shell (`service/candidates.py`);
+Pure: documents are parsed into the frozen types below by the shell (`candidates.py`);
 "now" is passed in. Every rejection carries a reason.
 """
 

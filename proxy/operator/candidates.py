@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from proxy.core import scheduling as s
+from proxy.operator import scheduling as s
 
 KINDS = {"Model", "ModelProvider", "CrewSchedulingPolicy", "Agent", "MootArchetype"}
 CREW_LABEL = "kubemoot.ai/crew"
