@@ -22,6 +22,7 @@ from proxy.core.context import parse_version
 from proxy.core.health import ProviderStats
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
+from proxy.core.tickets import Residency
 from proxy.core.tokens import (
     Anchor,
     ConversationMemory,
@@ -43,7 +44,7 @@ from proxy.core.types import (
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import PROVIDER_TICKETS, StateStore, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet, unescape_key
+from proxy.service.codec import decode_ticket_set, unescape_key
 from proxy.service.demand import DemandBoard
 from proxy.service.prober import Prober
 from proxy.service.routing import STATIC, CallOutcome, CallRequest, ProviderPool, Refusal, Route
@@ -206,8 +207,8 @@ class Scheduler:
         """Tickets claimed in-process while the shared store was unreachable."""
         mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
         out: list[Ticket] = []
-        for name, entry in mirror.items():
-            out.extend(TicketSet.decode(unescape_key(name), entry.value).live(now).tickets.values())
+        for key, entry in mirror.items():
+            out.extend(decode_ticket_set(unescape_key(key), entry.value).live(now).tickets.values())
         return out
 
     def spec(self, call: CallRequest, candidates: tuple[Candidate, ...], at_least: int = 0

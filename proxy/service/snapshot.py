@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+from proxy.core.tickets import TicketSet, merge_residency
 from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
 from proxy.ports import PROVIDER_STATE, Entry, StateStore
-from proxy.service.codec import ProviderState, TicketSet, escape_key, merge_residency
+from proxy.service.codec import ProviderState, escape_key
 from proxy.service.tickets import TicketBook
 from proxy.settings import ProviderConfig
 
