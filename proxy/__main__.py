@@ -182,8 +182,8 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _candidates(args: argparse.Namespace) -> int:
-    from proxy.core.scheduling import Options
-    from proxy.service import candidates
+    from proxy.operator import candidates
+    from proxy.operator.scheduling import Options
 
     try:
         docs = candidates.load(args.file)

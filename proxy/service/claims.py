@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from proxy.core.tickets import Residency
 from proxy.core.types import Placement, Snapshot, Ticket
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import PROVIDER_TICKETS, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet, untoken
+from proxy.service.codec import decode_ticket_set, unescape_key
 from proxy.service.prober import Prober
 from proxy.service.routing import CallOutcome
 from proxy.service.snapshot import StateView
@@ -109,8 +110,9 @@ class Claims:
     def _local_live(self, now: float) -> list[Ticket]:
         mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
         out: list[Ticket] = []
-        for name, entry in mirror.items():
-            out.extend(TicketSet.decode(untoken(name), entry.value).live(now).tickets.values())
+        for key, entry in mirror.items():
+            out.extend(decode_ticket_set(unescape_key(key), entry.value).live(now)
+                       .tickets.values())
         return out
 
     # -- claimed ---------------------------------------------------------------------------

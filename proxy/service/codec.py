@@ -6,7 +6,8 @@ Key layouts (documented in docs/operations.md):
   one key per provider, so a claim is one compare-and-set on one key.
 - kubemoot_model_demand / wait.<model>.<agent>, intent.<model>.<agent>, use.<model>.<agent>,
   sel.<agent>: one key per model and agent, so writes need no compare-and-set.
-Names are encoded into KV-safe tokens with `token()`.
+Names are escaped into KV-safe keys with `escape_key()` (NATS key escaping, nothing to do
+with the prompt tokens of `proxy.core.tokens`).
 """
 
 from __future__ import annotations
@@ -14,24 +15,24 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from dataclasses import replace as _replace
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
-from proxy.core.context import effective
-from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
+from proxy.core.tickets import Residency, TicketSet
+from proxy.core.types import ModelInfo, Resident, Ticket
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
-def token(name: str) -> str:
-    """A KV-safe key token: anything but letters, digits, '_' and '-' becomes =XX."""
+def escape_key(name: str) -> str:
+    """A KV-safe key: anything but letters, digits, '_' and '-' becomes =XX."""
     return _UNSAFE.sub(lambda m: "".join(f"={b:02X}" for b in m.group().encode()), name)
 
 
-def untoken(text: str) -> str:
+def unescape_key(text: str) -> str:
+    """The name `escape_key` escaped into `text`."""
     return re.sub(r"(?:=[0-9A-F]{2})+",
                   lambda m: bytes.fromhex(m.group().replace("=", "")).decode(), text)
 
@@ -138,112 +139,37 @@ class ProviderState:
                      for m, mib in sorted(self.loaded_mib.items()))
 
 
-RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next write drops it
-# Ollama lists a copy only once it is loaded: a load that may still be under way counts this
-# long even when probes since do not list it.
-LOAD_GRACE_S = 120.0
-
-
-@dataclass(frozen=True)
-class Residency:
-    """What a call changed on the GPU, counted at once rather than at the next probe: a model
-    it left loaded, (`mib` 0) a model it unloaded, or (`leaving`) a model asked to unload:
-    nobody may join that copy any more, but its memory counts until it is seen gone.
-    (`loading`) a load the call started may still be under way (its call ended before an
-    answer, or its plan went unused)."""
-
-    mib: int
-    context_length: int
-    at: float
-    leaving: bool = False
-    loading: bool = False
-
-    @property
-    def gone(self) -> bool:
-        return self.mib == 0
-
-
-@dataclass(frozen=True)
-class TicketSet:
+def encode_ticket_set(tickets: TicketSet) -> bytes:
     """One `kubemoot_provider_tickets` entry."""
-
-    tickets: dict[str, Ticket] = field(default_factory=dict)
-    residents: dict[str, Residency] = field(default_factory=dict)
-
-    def live(self, now: float) -> TicketSet:
-        """Unexpired tickets; residency entries young enough that no probe replaced them."""
-        return TicketSet({k: t for k, t in self.tickets.items() if t.expires_at > now},
-                         {m: r for m, r in self.residents.items()
-                          if now - r.at < RESIDENCY_MAX_AGE_S})
-
-    def encode(self) -> bytes:
-        return orjson.dumps({
-            "tickets": {tid: {"model": t.model, "mib": t.footprint_mib, "cold": t.cold,
-                              "evicts": dict(t.evicts), "holder": t.holder,
-                              "started": t.started_at, "exp": t.expires_at,
-                              **({"ctx": t.context} if t.context else {}),
-                              **({"est": t.estimate_mib} if t.estimate_mib else {}),
-                              **({"plan": True} if t.plan else {})}
-                        for tid, t in self.tickets.items()},
-            "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at,
-                              **({"leaving": True} if r.leaving else {}),
-                              **({"loading": True} if r.loading else {})}
-                          for m, r in self.residents.items()},
-        })
-
-    @staticmethod
-    def decode(provider: str, raw: bytes | None) -> TicketSet:
-        if not raw:
-            return TicketSet()
-        d: dict[str, Any] = orjson.loads(raw)
-        tickets = {
-            tid: Ticket(tid, provider, str(t["model"]), int(t["mib"]), float(t["started"]),
-                        float(t["exp"]), cold=bool(t.get("cold")),
-                        evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
-                        holder=str(t.get("holder", "")), context=int(t.get("ctx") or 0),
-                        estimate_mib=int(t.get("est") or 0), plan=bool(t.get("plan")))
-            for tid, t in (d.get("tickets") or {}).items()
-        }
-        residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
-                                  leaving=bool(r.get("leaving")), loading=bool(r.get("loading")))
-                     for m, r in (d.get("residents") or {}).items()}
-        return TicketSet(tickets, residents)
+    return orjson.dumps({
+        "tickets": {tid: {"model": t.model, "mib": t.footprint_mib, "cold": t.cold,
+                          "evicts": dict(t.evicts), "holder": t.holder,
+                          "started": t.started_at, "exp": t.expires_at,
+                          **({"ctx": t.context} if t.context else {}),
+                          **({"est": t.estimate_mib} if t.estimate_mib else {}),
+                          **({"plan": True} if t.plan else {})}
+                    for tid, t in tickets.tickets.items()},
+        "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at,
+                          **({"leaving": True} if r.leaving else {}),
+                          **({"loading": True} if r.loading else {})}
+                      for m, r in tickets.residents.items()},
+    })
 
 
-def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
-    """Residents as probed, plus models calls left loaded after that probe (or left loading
-    before it: Ollama lists a copy only once loaded), less models calls unloaded after it
-    (otherwise, until the next probe, others would take them as warm and make Ollama load
-    them again). A copy a call reloaded at another context since is counted as reloaded; a
-    copy asked to unload stays marked leaving as long as probes still list it."""
-    known = {r.model for r in view.residents}
-    newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
-        r.leaving and m in known) or (
-        r.loading and not r.gone and m not in known and r.at > view.probed_at - LOAD_GRACE_S)}
-    if not newer:
-        return view
-    kept = tuple(_as_recorded(view, r, newer.get(r.model)) for r in view.residents
-                 if not (r.model in newer and newer[r.model].gone))
-    extra = tuple(Resident(m, r.mib, r.context_length, r.at,
-                           expires_at=r.at if r.leaving else math.inf, leaving=r.leaving,
-                           loading=r.loading)
-                  for m, r in newer.items() if m not in known and not r.gone)
-    if extra or kept != view.residents:
-        return _replace(view, residents=kept + extra)
-    return view
-
-
-def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | None
-                 ) -> Resident:
-    if recorded is None:
-        return probed
-    if recorded.leaving:  # asked to unload: counted, its keep-alive run out, until seen gone
-        return _replace(probed, expires_at=min(probed.expires_at, recorded.at), leaving=True)
-    info = view.models.get(probed.model)
-    trained = info.trained_context if info else 0
-    if recorded.context_length and effective(recorded.context_length, trained) != \
-            effective(probed.context_length, trained):
-        return _replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
-                        context_length=recorded.context_length, spilled=False,
-                        loading=recorded.loading)
-    return probed
+def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
+    """The ticket set a `kubemoot_provider_tickets` entry holds (empty when there is none)."""
+    if not raw:
+        return TicketSet()
+    d: dict[str, Any] = orjson.loads(raw)
+    tickets = {
+        tid: Ticket(tid, provider, str(t["model"]), int(t["mib"]), float(t["started"]),
+                    float(t["exp"]), cold=bool(t.get("cold")),
+                    evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
+                    holder=str(t.get("holder", "")), context=int(t.get("ctx") or 0),
+                    estimate_mib=int(t.get("est") or 0), plan=bool(t.get("plan")))
+        for tid, t in (d.get("tickets") or {}).items()
+    }
+    residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
+                              leaving=bool(r.get("leaving")), loading=bool(r.get("loading")))
+                 for m, r in (d.get("residents") or {}).items()}
+    return TicketSet(tickets, residents)

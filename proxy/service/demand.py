@@ -17,7 +17,7 @@ import orjson
 
 from proxy.core.types import ModelDemand
 from proxy.ports import MODEL_DEMAND, Entry, StateStore, StoreUnavailable
-from proxy.service.codec import token, untoken
+from proxy.service.codec import escape_key, unescape_key
 
 WAIT_TTL_S = 600.0
 INTENT_TTL_S = 180.0
@@ -73,7 +73,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
             for model in value.get("models") or []:
                 predicted[model] = predicted.get(model, 0.0) + rate
             continue
-        model = untoken(rest.partition(".")[0])
+        model = unescape_key(rest.partition(".")[0])
         if kind == "wait":
             waiters[model] = waiters.get(model, 0) + 1
         elif kind == "intent":
@@ -91,7 +91,7 @@ class DemandBoard:
     def __init__(self, store: StateStore, agent_id: str,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
-        self.agent = token(agent_id)
+        self.agent = escape_key(agent_id)
         self.clock = clock
         self._decoded: dict[str, tuple[int, dict[str, Any]]] = {}
         self._unwritten_use: dict[str, int] = {}
@@ -99,7 +99,7 @@ class DemandBoard:
         self._flusher: asyncio.Task[None] | None = None
 
     def _key(self, kind: str, model: str) -> str:
-        return f"{kind}.{token(model)}.{self.agent}"
+        return f"{kind}.{escape_key(model)}.{self.agent}"
 
     async def _put(self, key: str, value: dict[str, object]) -> None:
         # Demand only orders victims; losing a write is harmless.

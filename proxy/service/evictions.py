@@ -12,12 +12,12 @@ from collections.abc import Callable, Coroutine, Mapping
 
 from proxy.adapters.ollama import OllamaClient, UpstreamError, model_name
 from proxy.core.context import parse_version
+from proxy.core.tickets import Residency
 from proxy.core.types import Snapshot
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import StoreUnavailable
 from proxy.service.claims import Claimed, Claims
-from proxy.service.codec import Residency
 from proxy.service.snapshot import StateView
 from proxy.service.tickets import TicketBook
 from proxy.settings import ProviderConfig

@@ -26,7 +26,7 @@ from proxy.core.sizing import kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import PROVIDER_STATE, StateStore, StoreUnavailable
-from proxy.service.codec import ProviderState, parse_rfc3339, token
+from proxy.service.codec import ProviderState, escape_key, parse_rfc3339
 from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.prober")
@@ -208,7 +208,7 @@ class Prober:
                 state.last_probed_at - last[1] < self.write_every_s:
             return False
         try:
-            await self.store.put(PROVIDER_STATE, token(state.name), state.encode())
+            await self.store.put(PROVIDER_STATE, escape_key(state.name), state.encode())
         except StoreUnavailable as exc:
             log.warning("provider state not written", provider=state.name, error=str(exc))
             return False

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
+from proxy.core.tickets import TicketSet, merge_residency
 from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
 from proxy.ports import PROVIDER_STATE, Entry, StateStore
-from proxy.service.codec import ProviderState, TicketSet, merge_residency, token
+from proxy.service.codec import ProviderState, escape_key
 from proxy.service.tickets import TicketBook
 from proxy.settings import ProviderConfig
 
@@ -46,7 +47,7 @@ class StateView:
     def provider_state(self, name: str, now: float) -> ProviderState | None:
         """The freshest state for a provider: shared store or own probe, None if stale."""
         best: ProviderState | None = None
-        entry = self.store.view(PROVIDER_STATE).get(token(name))
+        entry = self.store.view(PROVIDER_STATE).get(escape_key(name))
         if entry is not None:
             try:
                 best = self._states.get(name, entry, ProviderState.decode)
@@ -63,7 +64,7 @@ class StateView:
         """Providers whose shared state is missing or older than margin x the limit."""
         out = []
         for config in self.configs:
-            entry = self.store.view(PROVIDER_STATE).get(token(config.name))
+            entry = self.store.view(PROVIDER_STATE).get(escape_key(config.name))
             fresh = False
             if entry is not None:
                 try:

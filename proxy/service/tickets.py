@@ -1,8 +1,9 @@
 """VRAM tickets: race-safe claims by compare-and-set on one key per provider.
 
-Read the provider's ticket set, check the budget (the core's pure rule), write it back at
-the revision read; on a conflict, back off with jitter and try again, a bounded number of
-times. One write per provider is in flight per process; changes that queue
+Read the provider's ticket set, apply a transition to it (the core's pure
+`proxy.core.tickets`: a claim checked against the budget, a renewal, a resident recorded),
+write it back at the revision read; on a conflict, back off with jitter and try again, a
+bounded number of times. One write per provider is in flight per process; changes that queue
 up behind it go out together in the next one, each checked in order. Release
 runs in `finally`; a dead holder's ticket stops counting at its expiry.
 
@@ -18,14 +19,15 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from proxy.core.occupancy import ticket_budget_ok
+from proxy.core import tickets as transition
 from proxy.core.policy import Policy
+from proxy.core.tickets import Refused, Residency, TicketSet
 from proxy.core.types import ProviderView, Ticket
 from proxy.observability.logging import get_logger
 from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet, merge_residency, token
+from proxy.service.codec import decode_ticket_set, encode_ticket_set, escape_key
 
 log = get_logger("kubemoot.tickets")
 
@@ -35,7 +37,8 @@ RELEASE_DELAY_S = 0.05  # how long a plain release may wait for a write to ride 
 SETTLE_RETRY_S = 5.0  # while the store is away, how often to try owed writes again
 
 
-Change = Callable[[TicketSet, float], "TicketSet | str | None"]
+# A transition of the set at `now`: the new set, the same set (nothing to write), or Refused.
+Change = Callable[[TicketSet, float], "TicketSet | Refused"]
 
 
 @dataclass(slots=True)
@@ -83,7 +86,7 @@ class TicketBook:
         return self._without_owed(provider, tickets), revision
 
     def _newest(self, provider: str) -> tuple[TicketSet, int]:
-        entry = self.store.view(PROVIDER_TICKETS).get(token(provider))
+        entry = self.store.view(PROVIDER_TICKETS).get(escape_key(provider))
         cached = self._known.get(provider)
         if cached is not None and (entry is None or cached[0] >= entry.revision):
             return cached[1], cached[0]
@@ -106,10 +109,7 @@ class TicketBook:
         cached = self._filtered.get(provider)
         if cached is not None and cached[0] is tickets and cached[1] == self._owed_changes:
             return cached[2]
-        result = tickets
-        if any(k in tickets.tickets for k in owed):
-            result = TicketSet({k: t for k, t in tickets.tickets.items() if k not in owed},
-                               tickets.residents)
+        result = transition.without(tickets, owed)
         self._filtered[provider] = (tickets, self._owed_changes, result)
         return result
 
@@ -120,7 +120,7 @@ class TicketBook:
     def _remember(self, provider: str, entry: Entry | None) -> tuple[TicketSet, int]:
         if entry is None:
             return TicketSet(), 0
-        tickets = TicketSet.decode(provider, entry.value)
+        tickets = decode_ticket_set(provider, entry.value)
         self._known[provider] = (entry.revision, tickets)
         return tickets, entry.revision
 
@@ -130,12 +130,14 @@ class TicketBook:
         tickets, revision = self._newest(provider)
         if stale is None or revision > stale:
             return tickets, revision  # the watch already brought the write we lost to
-        return self._remember(provider, await self.store.get(PROVIDER_TICKETS, token(provider)))
+        entry = await self.store.get(PROVIDER_TICKETS, escape_key(provider))
+        return self._remember(provider, entry)
 
     async def _mutate(self, provider: str, change: Change) -> ClaimResult:
         """Apply `change` to the live ticket set with compare-and-set, retrying conflicts.
 
-        `change` returns the new set, None for "nothing to write", or a refusal reason.
+        `change` returns the new set, the set it was given for "nothing to write", or
+        Refused.
         Changes queued while a write is in flight go out together in the next one (group
         commit): a burst of claims and releases costs a few round trips, not one each.
         """
@@ -205,17 +207,17 @@ class TicketBook:
                     results.append((False, "cancelled"))
                     continue
                 outcome = item.change(state, now)
-                if outcome is None:
+                if isinstance(outcome, Refused):
+                    results.append((False, outcome.reason))
+                elif outcome is state:
                     results.append((True, "unchanged"))
-                elif isinstance(outcome, str):
-                    results.append((False, outcome))
                 else:
                     state, dirty = outcome, True
                     results.append((True, "written"))
             if dirty:
                 try:
-                    new_revision = await self.store.cas(PROVIDER_TICKETS, token(provider),
-                                                        state.encode(), revision)
+                    new_revision = await self.store.cas(PROVIDER_TICKETS, escape_key(provider),
+                                                        encode_ticket_set(state), revision)
                 except CasConflict:
                     conflicts += 1
                     conflicted_at = revision
@@ -254,19 +256,17 @@ class TicketBook:
                     ) -> ClaimResult:
         """Claim-first: the ticket (with its planned victims) or a reason it does not fit."""
 
-        def add(current: TicketSet, now: float) -> TicketSet | str | None:
-            if ticket.ticket_id in current.tickets:
-                return None  # an earlier attempt committed (ambiguous timeout)
-            fresh = replace(ticket, started_at=now, expires_at=now + self.ttl_s)
-            live = list(current.tickets.values())
-            merged = _with_residency(view, current)
-            ok, why = ticket_budget_ok(live, fresh, merged, self.policy, needs_free_slot)
-            if not ok:
-                return why
-            log.debug("budget", provider=ticket.provider, ticket=ticket.ticket_id,
-                      model=ticket.model, mib=ticket.footprint_mib, cold=ticket.cold, why=why,
-                      residents=merged.residents, live=len(live))
-            return TicketSet({**current.tickets, ticket.ticket_id: fresh}, current.residents)
+        def add(current: TicketSet, now: float) -> TicketSet | Refused:
+            outcome = transition.claim(current, ticket, view, self.policy, self.ttl_s, now,
+                                       needs_free_slot)
+            if isinstance(outcome, Refused):
+                return outcome
+            if outcome.seen is not None:
+                log.debug("budget", provider=ticket.provider, ticket=ticket.ticket_id,
+                          model=ticket.model, mib=ticket.footprint_mib, cold=ticket.cold,
+                          why=outcome.budget, residents=outcome.seen.residents,
+                          live=len(current.tickets))
+            return outcome.tickets
 
         return await self._mutate(ticket.provider, add)
 
@@ -283,11 +283,9 @@ class TicketBook:
             self._write_soon(ticket.provider)
             return ClaimResult(True, "owed")
 
-        def remove(current: TicketSet, now: float) -> TicketSet | str | None:
+        def remove(current: TicketSet, now: float) -> TicketSet:
             # (The ticket itself is owed: the write carries it whatever this returns.)
-            if current.residents.get(ticket.model) == leave_resident:
-                return None
-            return TicketSet(current.tickets, {**current.residents, ticket.model: leave_resident})
+            return transition.record_residency(current, ticket.model, leave_resident)
 
         try:
             return await self._mutate(ticket.provider, remove)
@@ -329,19 +327,10 @@ class TicketBook:
         model stays, `loaded` (a copy the caller loaded) is recorded as any release would."""
         unused = False
 
-        def leaving(current: TicketSet, now: float) -> TicketSet | str | None:
+        def leaving(current: TicketSet, now: float) -> TicketSet:
             nonlocal unused  # (a conflict runs this again on the newer set)
-            unused = not any(t.model == model and t.expires_at > now
-                             for t in current.tickets.values())
-            if not unused:
-                if loaded is None or current.residents.get(model) == loaded:
-                    return None
-                return TicketSet(current.tickets, {**current.residents, model: loaded})
-            known = current.residents.get(model)  # a copy a call recorded it left loaded
-            size, ctx = (known.mib, known.context_length) if known and not known.gone else \
-                (max(mib, 1), 0)
-            return TicketSet(current.tickets, {**current.residents,
-                                               model: Residency(size, ctx, now, leaving=True)})
+            unused = not transition.in_use(current, model, now)
+            return transition.leave_unless_used(current, model, mib, loaded, now)
 
         await self._mutate(provider, leaving)
         return unused
@@ -368,7 +357,7 @@ class TicketBook:
 
     async def settle(self, provider: str) -> ClaimResult:
         """Write the releases owed for `provider` (a no-op when none are)."""
-        return await self._mutate(provider, lambda current, now: None)
+        return await self._mutate(provider, lambda current, now: current)
 
     async def close(self) -> None:
         """Write what is owed (best effort) and stop the background writers."""
@@ -380,39 +369,23 @@ class TicketBook:
             task.cancel()
 
     async def renew(self, ticket: Ticket) -> ClaimResult:
-        def extend(current: TicketSet, now: float) -> TicketSet | str | None:
-            held = current.tickets.get(ticket.ticket_id)
-            if held is None:
-                return "ticket expired before it was renewed"
-            tickets = {**current.tickets,
-                       ticket.ticket_id: replace(held, expires_at=now + self.ttl_s)}
-            return TicketSet(tickets, current.residents)
+        def extend(current: TicketSet, now: float) -> TicketSet | Refused:
+            return transition.extend(current, ticket.ticket_id, self.ttl_s, now)
 
         return await self._mutate(ticket.provider, extend)
 
     async def mark_leaving(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
         """Record `models` as leaving whatever tickets name them (the engine unloads them
         itself): no claim joins them; their memory counts until they are seen gone."""
-        def leaving(current: TicketSet, now: float) -> TicketSet | str | None:
-            marked = {}
-            for model in models:
-                known = current.residents.get(model)
-                size, ctx = (known.mib, known.context_length) if known and not known.gone \
-                    else (1, 0)
-                marked[model] = Residency(size, ctx, now, leaving=True)
-            return TicketSet(current.tickets, {**current.residents, **marked})
+        def leaving(current: TicketSet, now: float) -> TicketSet:
+            return transition.mark_leaving(current, models, now)
 
         return await self._mutate(provider, leaving)
 
     async def mark_unloaded(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
         """Record that `models` were unloaded, so every view drops them before the next
         probe does."""
-        def gone(current: TicketSet, now: float) -> TicketSet | str | None:
-            return TicketSet(current.tickets, {**current.residents,
-                                               **{m: Residency(0, 0, now) for m in models}})
+        def gone(current: TicketSet, now: float) -> TicketSet:
+            return transition.mark_unloaded(current, models, now)
 
         return await self._mutate(provider, gone)
-
-
-def _with_residency(view: ProviderView, tickets: TicketSet) -> ProviderView:
-    return merge_residency(view, tickets.residents)

@@ -17,7 +17,7 @@ from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
 from proxy.ports import BUCKETS, MODEL_DEMAND, PROVIDER_STATE
 from proxy.service import demand as demand_module
-from proxy.service.codec import ProviderState, token, untoken
+from proxy.service.codec import ProviderState, escape_key, unescape_key
 from proxy.service.demand import HALF_LIFE_S, DemandBoard, aggregate
 from proxy.service.prober import Prober
 from proxy.settings import ProviderConfig
@@ -31,11 +31,11 @@ class Clock:
         return self.now
 
 
-def test_tokens_are_kv_safe_and_reversible() -> None:
+def test_escaped_keys_are_kv_safe_and_reversible() -> None:
     for name in ["qwen3:32b", "crew-a/kubectl-agent", "hf.co/org/model:Q4_K_M", "plain"]:
-        encoded = token(name)
+        encoded = escape_key(name)
         assert all(c.isalnum() or c in "_-=" for c in encoded)
-        assert untoken(encoded) == name
+        assert unescape_key(encoded) == name
 
 
 async def test_demand_counts_waiters_intents_use_and_prediction() -> None:

@@ -13,9 +13,10 @@ from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
+from proxy.core.tickets import Residency, merge_residency
 from proxy.core.types import ProviderView, Resident
 from proxy.ports import PROVIDER_TICKETS, Entry, StateStore, StoreUnavailable
-from proxy.service.codec import Residency, TicketSet, merge_residency
+from proxy.service.codec import decode_ticket_set
 from proxy.service.tickets import TicketBook
 from tests.integration.conftest import empty_buckets
 
@@ -191,7 +192,7 @@ class OutageStore(MemoryStore):
 
 def _stored_now(store: MemoryStore) -> set[str]:
     """The embedded store's own copy, readable while the test has it 'down'."""
-    return set(TicketSet.decode("gpu", store.view(PROVIDER_TICKETS)["gpu"].value).tickets)
+    return set(decode_ticket_set("gpu", store.view(PROVIDER_TICKETS)["gpu"].value).tickets)
 
 
 async def test_a_release_stops_counting_at_once_and_is_written_shortly_after(
@@ -325,7 +326,7 @@ async def test_a_cancelled_writer_hands_the_queued_changes_on() -> None:
 async def _stored(store: StateStore) -> dict[str, object]:
     """The tickets in the store itself (not a mirror that may lag)."""
     entry = await store.get(PROVIDER_TICKETS, "gpu")
-    return dict(TicketSet.decode("gpu", entry.value if entry else None).tickets)
+    return dict(decode_ticket_set("gpu", entry.value if entry else None).tickets)
 
 
 def test_processes_racing_for_one_small_budget_never_exceed_it(nats_server: NatsServer
@@ -389,7 +390,7 @@ def test_a_holder_killed_mid_call_stops_counting_within_the_ttl(nats_server: Nat
         at_once = (await book.claim(ticket, view)).ok
         entry = await store.get(PROVIDER_TICKETS, "gpu")
         assert entry is not None
-        dead = TicketSet.decode("gpu", entry.value).tickets["held-by-a-dead-process"]
+        dead = decode_ticket_set("gpu", entry.value).tickets["held-by-a-dead-process"]
         wait_s = dead.expires_at - time.time()
         await asyncio.sleep(max(0.0, wait_s) + 0.05)  # expiry is silent: sleep to it once
         later = (await book.claim(ticket, view)).ok

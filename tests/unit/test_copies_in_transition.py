@@ -14,9 +14,9 @@ from proxy.api.relay import payload_for
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY, Policy
+from proxy.core.tickets import Residency, merge_residency
 from proxy.core.types import ModelInfo, Placement, ProviderView, Resident, Ticket
 from proxy.service.claims import left_loaded, load_state
-from proxy.service.codec import Residency, merge_residency
 from proxy.service.routing import Attempt, CallOutcome
 from tests.unit.builders import GIB24, GIB32, NOW, call, gpu, snapshot, ticket
 

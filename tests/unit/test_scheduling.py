@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.core import scheduling as s
+from proxy.operator import scheduling as s
 
 LABELS = {"family": "qwen3", "params": "14B", "capability/tool-calling": "true",
           "latencyClass": "medium"}
@@ -87,8 +87,8 @@ BIAS = {"reasoning": "0.7", "tool-calling": "0.3", "default": "0.4"}
 
 
 def _policy(*rules: s.Rule, spread: s.Spread | None = None, strategy: str = "spread"
-            ) -> s.Policy:
-    return s.Policy("csp", "ns", rules, BIAS, spread, strategy)
+            ) -> s.CrewSchedulingPolicy:
+    return s.CrewSchedulingPolicy("csp", "ns", rules, BIAS, spread, strategy)
 
 
 def test_quality_bias_puts_reasoning_on_the_large_model_and_toolers_small() -> None:
@@ -128,9 +128,8 @@ def test_ties_go_to_the_smaller_declared_vram_then_the_name() -> None:
     models = [_model("x-undeclared", "a:1b", "small", None), _model("y-big", "b:1b", "small",
                                                                    9000),
               _model("z-small", "c:1b", "small", 3000)]
-    out = s.schedule_agent(s.Agent("a", "ns"), s.Policy("p", "ns", (s.Rule("mulling",
-                                                                           REQUIRE),)),
-                           models, PROVIDERS, s.Options())
+    policy = s.CrewSchedulingPolicy("p", "ns", (s.Rule("mulling", REQUIRE),))
+    out = s.schedule_agent(s.Agent("a", "ns"), policy, models, PROVIDERS, s.Options())
     assert out["mulling"].chosen and out["mulling"].chosen.model.identifier == "c:1b"
 
 
@@ -138,7 +137,7 @@ def test_ties_go_to_the_smaller_declared_vram_then_the_name() -> None:
 def test_provider_weight_is_phase_aware(phase: str, provider: str) -> None:
     models = [_model("q8-big", "qwen3:8b", "big", 6000), _model("q8-small", "qwen3:8b",
                                                                "small", 6000)]
-    policy = s.Policy("p", "ns", (s.Rule(phase, REQUIRE),))
+    policy = s.CrewSchedulingPolicy("p", "ns", (s.Rule(phase, REQUIRE),))
     out = s.schedule_agent(s.Agent("a", "ns"), policy, models, PROVIDERS, s.Options())
     assert out[phase].chosen and out[phase].chosen.provider.name == provider
 
@@ -147,15 +146,15 @@ def test_image_locality_and_capacity_strategy() -> None:
     twins = [_model("q-big", "m:1b", "big", 1000), _model("q-small", "m:1b", "small", 1000)]
     flat = {n: s.Provider(n, "", True, 24564, used, 2, 0, loaded, 100)
             for n, used, loaded in (("big", 20000, ("m:1b",)), ("small", 0, ()))}
-    policy = s.Policy("p", "ns", (s.Rule("other", REQUIRE),))
+    policy = s.CrewSchedulingPolicy("p", "ns", (s.Rule("other", REQUIRE),))
     out = s.schedule_agent(s.Agent("a", "ns"), policy, twins, flat, s.Options())
     assert out["other"].chosen and out["other"].chosen.provider.name == "big"  # locality +10
     no_locality = {n: s.Provider(n, "", True, 24564, p.vram_used_mib, 2, 0, (), 100)
                    for n, p in flat.items()}
     spread = s.schedule_agent(s.Agent("a", "ns"), policy, twins, no_locality, s.Options())
-    binpack = s.schedule_agent(s.Agent("a", "ns"), s.Policy("p", "ns", policy.rules,
-                                                            strategy="binpack"),
-                               twins, no_locality, s.Options())
+    binpack_policy = s.CrewSchedulingPolicy("p", "ns", policy.rules, strategy="binpack")
+    binpack = s.schedule_agent(s.Agent("a", "ns"), binpack_policy, twins, no_locality,
+                               s.Options())
     assert spread["other"].chosen and spread["other"].chosen.provider.name == "small"
     assert binpack["other"].chosen and binpack["other"].chosen.provider.name == "big"
 

@@ -1,7 +1,7 @@
 """Operator-side scheduling: filter -> score -> spread -> bind, from Model, ModelProvider,
 CrewSchedulingPolicy and Agent documents (the design doc's "Scheduling Algorithm").
 
-Pure: documents are parsed into the frozen types below by the shell (`service/candidates.py`);
+Pure: documents are parsed into the frozen types below by the shell (`candidates.py`);
 "now" is passed in. Every rejection carries a reason.
 """
 
@@ -114,7 +114,10 @@ class Spread:
 
 
 @dataclass(frozen=True)
-class Policy:
+class CrewSchedulingPolicy:
+    """A CrewSchedulingPolicy document: the models each phase requires and prefers (the
+    placement's weights are `proxy.core.policy.Policy`, another thing)."""
+
     name: str
     namespace: str
     rules: tuple[Rule, ...]
@@ -272,7 +275,7 @@ def candidate_list(admitted: list[tuple[Model, float]], preferred: str | None
     return tuple((ident, q, mib) for ident, (q, mib) in ordered)
 
 
-def schedule_phase(agent: Agent, policy: Policy, rule: Rule, models: list[Model],
+def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, models: list[Model],
                    providers: Mapping[str, Provider], options: Options,
                    avoid_providers: frozenset[str] = frozenset()) -> PhaseBinding:
     bias = None if rule.prefer else effective_bias(agent, policy.quality_bias)
@@ -312,7 +315,7 @@ def schedule_phase(agent: Agent, policy: Policy, rule: Rule, models: list[Model]
     return PhaseBinding(rule.phase, chosen, candidate_list(qualities, chosen.model.identifier))
 
 
-def schedule_agent(agent: Agent, policy: Policy, models: list[Model],
+def schedule_agent(agent: Agent, policy: CrewSchedulingPolicy, models: list[Model],
                    providers: Mapping[str, Provider], options: Options
                    ) -> dict[str, PhaseBinding]:
     """Every phase of the policy; spread phases bound in phaseKeys order on distinct

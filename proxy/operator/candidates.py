@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from proxy.core import scheduling as s
+from proxy.operator import scheduling as s
 
 KINDS = {"Model", "ModelProvider", "CrewSchedulingPolicy", "Agent", "MootArchetype"}
 CREW_LABEL = "kubemoot.ai/crew"
@@ -27,7 +27,7 @@ class DocumentError(Exception):
 class Documents:
     models: list[s.Model] = field(default_factory=list)
     providers: dict[str, s.Provider] = field(default_factory=dict)
-    policies: list[s.Policy] = field(default_factory=list)
+    policies: list[s.CrewSchedulingPolicy] = field(default_factory=list)
     agents: list[tuple[s.Agent, str | None]] = field(default_factory=list)  # agent, crew
     archetypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     policy_archetype: dict[str, str] = field(default_factory=dict)
@@ -126,7 +126,7 @@ def _add(docs: Documents, doc: dict[str, Any]) -> None:
         strategy = str(spec.get("strategy", "spread"))
         if strategy not in ("spread", "binpack"):
             raise ValueError(f"spec.strategy: unknown {strategy!r} (spread or binpack)")
-        docs.policies.append(s.Policy(
+        docs.policies.append(s.CrewSchedulingPolicy(
             name, namespace, tuple(rules),
             {str(k): str(v) for k, v in _map(spec.get("qualityBias"), "spec.qualityBias").items()},
             spread, strategy, str(spec["crewRef"]) if spec.get("crewRef") else None))
@@ -173,7 +173,7 @@ def load(paths: Iterable[str]) -> Documents:
 
 
 def validate_phases(docs: Documents) -> list[str]:
-    """Policy phases outside their archetype's vocabulary."""
+    """CrewSchedulingPolicy phases outside their archetype's vocabulary."""
     problems = []
     for policy in docs.policies:
         archetype = docs.policy_archetype.get(policy.name)
@@ -191,7 +191,8 @@ def validate_phases(docs: Documents) -> list[str]:
     return problems
 
 
-def policy_for(agent: s.Agent, crew: str | None, policies: list[s.Policy]) -> s.Policy | None:
+def policy_for(agent: s.Agent, crew: str | None, policies: list[s.CrewSchedulingPolicy]
+               ) -> s.CrewSchedulingPolicy | None:
     if crew:
         for policy in policies:
             if policy.crew == crew:

@@ -1,0 +1,188 @@
+"""A provider's ticket set and the changes made to it, as pure functions.
+
+The ticket book (`proxy/service/tickets.py`) reads a provider's set, applies one of these
+transitions and writes the result with compare-and-set; on a conflict it applies the same
+transition to the newer set. So each takes the set and `now` and returns the new set, the
+very same set when nothing changes (nothing to write), or `Refused` with the reason. The
+store's encoding of a set lives in the shell (`proxy/service/codec.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
+
+from proxy.core.context import effective
+from proxy.core.occupancy import ticket_budget_ok
+from proxy.core.policy import Policy
+from proxy.core.types import ProviderView, Resident, Ticket
+
+RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next write drops it
+# Ollama lists a copy only once it is loaded: a load that may still be under way counts this
+# long even when probes since do not list it.
+LOAD_GRACE_S = 120.0
+
+
+@dataclass(frozen=True)
+class Residency:
+    """What a call changed on the GPU, counted at once rather than at the next probe: a model
+    it left loaded, (`mib` 0) a model it unloaded, or (`leaving`) a model asked to unload:
+    nobody may join that copy any more, but its memory counts until it is seen gone.
+    (`loading`) a load the call started may still be under way (its call ended before an
+    answer, or its plan went unused)."""
+
+    mib: int
+    context_length: int
+    at: float
+    leaving: bool = False
+    loading: bool = False
+
+    @property
+    def gone(self) -> bool:
+        return self.mib == 0
+
+
+@dataclass(frozen=True)
+class TicketSet:
+    """One provider's tickets and what calls recorded of its residents (one store entry)."""
+
+    tickets: dict[str, Ticket] = field(default_factory=dict)
+    residents: dict[str, Residency] = field(default_factory=dict)
+
+    def live(self, now: float) -> TicketSet:
+        """Unexpired tickets; residency entries young enough that no probe replaced them."""
+        return TicketSet({k: t for k, t in self.tickets.items() if t.expires_at > now},
+                         {m: r for m, r in self.residents.items()
+                          if now - r.at < RESIDENCY_MAX_AGE_S})
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A transition that may not be made, and why (the caller's refusal reason)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A claim let in: the set with it, the budget arithmetic that let it in, and the provider
+    as that budget saw it (the probe with what calls recorded since)."""
+
+    tickets: TicketSet
+    budget: str
+    seen: ProviderView | None = None  # None: the ticket was there already
+
+
+def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy,
+          ttl_s: float, now: float, needs_free_slot: bool = False) -> Admitted | Refused:
+    """Add `ticket`, started `now` and held `ttl_s`, when the budget lets it in."""
+    if ticket.ticket_id in current.tickets:
+        # An earlier attempt committed it, and the answer to that write was lost.
+        return Admitted(current, "already claimed")
+    fresh = replace(ticket, started_at=now, expires_at=now + ttl_s)
+    seen = merge_residency(view, current.residents)
+    ok, why = ticket_budget_ok(list(current.tickets.values()), fresh, seen, policy,
+                               needs_free_slot)
+    if not ok:
+        return Refused(why)
+    return Admitted(TicketSet({**current.tickets, ticket.ticket_id: fresh}, current.residents),
+                    why, seen)
+
+
+def without(current: TicketSet, ticket_ids: Collection[str]) -> TicketSet:
+    """`current` less the tickets named (released, whatever the store still says)."""
+    if not any(k in current.tickets for k in ticket_ids):
+        return current
+    return TicketSet({k: t for k, t in current.tickets.items() if k not in ticket_ids},
+                     current.residents)
+
+
+def extend(current: TicketSet, ticket_id: str, ttl_s: float, now: float
+           ) -> TicketSet | Refused:
+    """Hold the ticket `ttl_s` from `now`: only while it is still in the set."""
+    held = current.tickets.get(ticket_id)
+    if held is None:
+        return Refused("ticket expired before it was renewed")
+    return TicketSet({**current.tickets, ticket_id: replace(held, expires_at=now + ttl_s)},
+                     current.residents)
+
+
+def record_residency(current: TicketSet, model: str, residency: Residency | None
+                     ) -> TicketSet:
+    """Record what a call left of `model` (a copy loaded; `mib` 0, unloaded); None: nothing."""
+    if residency is None or current.residents.get(model) == residency:
+        return current
+    return TicketSet(current.tickets, {**current.residents, model: residency})
+
+
+def in_use(current: TicketSet, model: str, now: float) -> bool:
+    """Whether a live ticket names `model`."""
+    return any(t.model == model and t.expires_at > now for t in current.tickets.values())
+
+
+def mark_leaving(current: TicketSet, models: Iterable[str], now: float, mib: int = 1
+                 ) -> TicketSet:
+    """Record `models` as asked to unload: no claim joins them, and their memory (as a call
+    recorded it, else `mib`) counts until they are seen gone."""
+    marked = {}
+    for model in models:
+        known = current.residents.get(model)  # a copy a call recorded it left loaded
+        size, ctx = (known.mib, known.context_length) if known and not known.gone else \
+            (max(mib, 1), 0)
+        marked[model] = Residency(size, ctx, now, leaving=True)
+    return TicketSet(current.tickets, {**current.residents, **marked})
+
+
+def leave_unless_used(current: TicketSet, model: str, mib: int, loaded: Residency | None,
+                      now: float) -> TicketSet:
+    """`model` marked leaving unless a live ticket names it (`in_use`); if one does, the copy
+    stays, and `loaded` (the copy the caller loaded) is recorded as any release records it."""
+    if in_use(current, model, now):
+        return record_residency(current, model, loaded)
+    return mark_leaving(current, (model,), now, mib)
+
+
+def mark_unloaded(current: TicketSet, models: Iterable[str], now: float) -> TicketSet:
+    """Record `models` as unloaded, so every view drops them before the next probe does."""
+    return TicketSet(current.tickets,
+                     {**current.residents, **{m: Residency(0, 0, now) for m in models}})
+
+
+def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
+    """Residents as probed, plus models calls left loaded after that probe (or left loading
+    before it: Ollama lists a copy only once loaded), less models calls unloaded after it
+    (otherwise, until the next probe, others would take them as warm and make Ollama load
+    them again). A copy a call reloaded at another context since is counted as reloaded; a
+    copy asked to unload stays marked leaving as long as probes still list it."""
+    known = {r.model for r in view.residents}
+    newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
+        r.leaving and m in known) or (
+        r.loading and not r.gone and m not in known and r.at > view.probed_at - LOAD_GRACE_S)}
+    if not newer:
+        return view
+    kept = tuple(_as_recorded(view, r, newer.get(r.model)) for r in view.residents
+                 if not (r.model in newer and newer[r.model].gone))
+    extra = tuple(Resident(m, r.mib, r.context_length, r.at,
+                           expires_at=r.at if r.leaving else math.inf, leaving=r.leaving,
+                           loading=r.loading)
+                  for m, r in newer.items() if m not in known and not r.gone)
+    if extra or kept != view.residents:
+        return replace(view, residents=kept + extra)
+    return view
+
+
+def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | None
+                 ) -> Resident:
+    if recorded is None:
+        return probed
+    if recorded.leaving:  # asked to unload: counted, its keep-alive run out, until seen gone
+        return replace(probed, expires_at=min(probed.expires_at, recorded.at), leaving=True)
+    info = view.models.get(probed.model)
+    trained = info.trained_context if info else 0
+    if recorded.context_length and effective(recorded.context_length, trained) != \
+            effective(probed.context_length, trained):
+        return replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
+                       context_length=recorded.context_length, spilled=False,
+                       loading=recorded.loading)
+    return probed

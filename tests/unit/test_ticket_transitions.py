@@ -1,0 +1,246 @@
+"""The ticket set's transitions (proxy.core.tickets), one row per case: what each adds or
+refuses, and when it leaves the set as it was (the ticket book then writes nothing).
+
+A 24 GiB card: 24563 MiB, reserve max(2048, 12 %) = 2947, so a load may use 21616 MiB; a
+32 GiB card: 32605 - 3912 = 28693 MiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from proxy.core import tickets as transition
+from proxy.core.policy import Policy
+from proxy.core.tickets import (
+    RESIDENCY_MAX_AGE_S,
+    Admitted,
+    Refused,
+    Residency,
+    TicketSet,
+)
+from proxy.core.types import ProviderView, Ticket
+from tests.unit.builders import GIB24, GIB32, NOW, SIZES, gpu
+
+TTL = 60.0
+POLICY = Policy()
+
+
+def held(ticket_id: str, model: str, *, cold: bool = False, expires_at: float = NOW + TTL,
+         evicts: dict[str, int] | None = None) -> Ticket:
+    """A ticket already in the set (started a little before now)."""
+    return Ticket(ticket_id, "a", model, SIZES[model] if cold else 512, NOW - 5, expires_at,
+                  cold=cold, evicts=evicts or {})
+
+
+def new(model: str, *, cold: bool = False, evicts: dict[str, int] | None = None) -> Ticket:
+    """A ticket as the scheduler makes it, before the claim stamps its times."""
+    return Ticket("new", "a", model, SIZES[model] if cold else 512, 0.0, 0.0, cold=cold,
+                  evicts=evicts or {})
+
+
+def tickets(*held_tickets: Ticket, residents: dict[str, Residency] | None = None
+            ) -> TicketSet:
+    return TicketSet({t.ticket_id: t for t in held_tickets}, residents or {})
+
+
+# -- claim ------------------------------------------------------------------------------------
+
+def test_a_claim_that_fits_is_added_stamped_now_and_held_for_the_ttl() -> None:
+    current = tickets(held("t1", "qwen3:8b"), residents={"phi3:mini": Residency(3600, 0, NOW)})
+    card = gpu("a", GIB32, ("qwen3:8b",))
+    out = transition.claim(current, new("qwen3:14b", cold=True), card, POLICY, TTL, NOW)
+    assert isinstance(out, Admitted)
+    added = out.tickets.tickets["new"]
+    assert (added.started_at, added.expires_at) == (NOW, NOW + TTL)
+    assert set(out.tickets.tickets) == {"t1", "new"}
+    assert out.tickets.residents == current.residents
+    # 14b 12224 + the 8b call's 512 claimed, of usable 32605 - 3912 less 8b 6000 and the
+    # recorded phi3 3600:
+    assert out.budget == "12736 MiB claimed of 19093 MiB"
+    assert out.seen is not None and {r.model for r in out.seen.residents} == {
+        "qwen3:8b", "phi3:mini"}  # the recorded copy counts before any probe lists it
+
+
+def test_a_claim_already_in_the_set_leaves_it_as_it_was() -> None:
+    """A write whose answer was lost committed it: retried, nothing more to write."""
+    current = tickets(held("new", "qwen3:8b"))
+    out = transition.claim(current, new("qwen3:8b"), gpu("a", GIB24, ("qwen3:8b",)), POLICY,
+                           TTL, NOW)
+    assert isinstance(out, Admitted) and out.tickets is current and out.seen is None
+
+
+@pytest.mark.parametrize(("residents", "set_", "ticket", "free_slot", "reason"), [
+    # 27000 MiB on a card that lets a load use 21616:
+    ((), tickets(), new("qwen3:32b", cold=True), False, "27000 MiB would exceed 21616 MiB"),
+    # one slot, taken, and the decision counted on a free one:
+    (("qwen3:8b",), tickets(held("t1", "qwen3:8b")), new("qwen3:8b"), True,
+     "no free slot left for qwen3:8b"),
+    (("qwen3:8b",), tickets(held("t1", "qwen3:8b")), new("qwen3:8b"), False, None),
+    # a second load of a model already being loaded here:
+    ((), tickets(held("t1", "qwen3:8b", cold=True)), new("qwen3:8b", cold=True), False,
+     "qwen3:8b is already being loaded here"),
+    # joining a copy that is neither there nor on its way:
+    ((), tickets(), new("qwen3:8b"), False, "qwen3:8b is neither loaded nor being loaded here"),
+    # joining a copy another claim plans to unload:
+    (("qwen3:8b",), tickets(held("t1", "qwen3:14b", cold=True, evicts={"qwen3:8b": 6000})),
+     new("qwen3:8b"), False, "qwen3:8b is planned for eviction here"),
+    # planning to unload a copy a call is using:
+    (("phi3:mini",), tickets(held("t1", "phi3:mini")),
+     new("qwen3:14b", cold=True, evicts={"phi3:mini": 3600}), False,
+     "planned victim phi3:mini has in-flight work"),
+    # a copy asked to unload (recorded in the set) is not loaded again over it:
+    (("qwen3:8b",), tickets(residents={"qwen3:8b": Residency(6000, 0, NOW - 1, leaving=True)}),
+     new("qwen3:8b", cold=True), False, "qwen3:8b is being unloaded here"),
+])
+def test_a_claim_is_refused_with_the_reason_it_does_not_fit(
+        residents: tuple[str, ...], set_: TicketSet, ticket: Ticket, free_slot: bool,
+        reason: str | None) -> None:
+    out = transition.claim(set_, ticket, gpu("a", GIB24, residents), POLICY, TTL, NOW,
+                           needs_free_slot=free_slot)
+    if reason is None:
+        assert isinstance(out, Admitted) and "new" in out.tickets.tickets
+    else:
+        assert out == Refused(reason)
+
+
+def test_an_expired_ticket_no_longer_takes_budget() -> None:
+    big = held("t1", "qwen3:14b", cold=True, expires_at=NOW)  # ran out this instant
+    current = tickets(big)
+    card = gpu("a", 16376)  # usable 16376 - 2048 = 14328: the 14b or the 8b, not both
+    before = transition.claim(current, new("qwen3:8b", cold=True), card, POLICY, TTL, NOW - 1)
+    assert before == Refused("18224 MiB would exceed 14328 MiB")
+    after = transition.claim(current, new("qwen3:8b", cold=True), card, POLICY, TTL, NOW)
+    assert isinstance(after, Admitted) and after.budget == "6000 MiB claimed of 14328 MiB"
+
+
+def test_a_copy_a_call_recorded_loaded_after_the_probe_can_be_joined() -> None:
+    card = replace(gpu("a", GIB24), probed_at=NOW - 10)  # the probe saw no 8b
+    unknown = transition.claim(tickets(), new("qwen3:8b"), card, POLICY, TTL, NOW)
+    assert unknown == Refused("qwen3:8b is neither loaded nor being loaded here")
+    recorded = tickets(residents={"qwen3:8b": Residency(6000, 8192, NOW - 1)})
+    assert isinstance(transition.claim(recorded, new("qwen3:8b"), card, POLICY, TTL, NOW),
+                      Admitted)
+
+
+# -- extend (renew) ---------------------------------------------------------------------------
+
+def test_extend_holds_the_ticket_the_ttl_from_now_and_changes_nothing_else() -> None:
+    current = tickets(held("t1", "qwen3:8b", expires_at=NOW + 5), held("t2", "phi3:mini"),
+                      residents={"qwen3:8b": Residency(6000, 0, NOW)})
+    out = transition.extend(current, "t1", TTL, NOW)
+    assert isinstance(out, TicketSet)
+    assert out.tickets["t1"] == replace(current.tickets["t1"], expires_at=NOW + TTL)
+    assert out.tickets["t2"] is current.tickets["t2"]
+    assert out.residents == current.residents
+
+
+def test_extend_refuses_a_ticket_that_expired_first() -> None:
+    """The book applies transitions to the live set: an expired ticket is not there."""
+    current = tickets(held("t1", "qwen3:8b", expires_at=NOW - 0.1))
+    assert transition.extend(current.live(NOW), "t1", TTL, NOW) == Refused(
+        "ticket expired before it was renewed")
+    assert transition.extend(tickets(), "t1", TTL, NOW) == Refused(
+        "ticket expired before it was renewed")
+
+
+# -- release: the ticket leaves, what it left loaded is recorded -------------------------------
+
+def test_without_drops_the_named_tickets_and_keeps_the_set_when_none_is_there() -> None:
+    current = tickets(held("t1", "qwen3:8b"), held("t2", "phi3:mini"),
+                      residents={"qwen3:8b": Residency(6000, 0, NOW)})
+    out = transition.without(current, {"t1", "gone-already"})
+    assert set(out.tickets) == {"t2"} and out.residents == current.residents
+    assert transition.without(current, {"gone-already"}) is current
+    assert transition.without(current, ()) is current
+
+
+@pytest.mark.parametrize(("before", "recorded", "changes"), [
+    ({}, Residency(6000, 8192, NOW), True),  # a copy left loaded
+    ({}, Residency(0, 0, NOW), True),  # a copy unloaded
+    ({"qwen3:8b": Residency(6000, 8192, NOW)}, Residency(6000, 8192, NOW), False),  # as known
+    ({"qwen3:8b": Residency(6000, 8192, NOW - 1)}, Residency(6000, 8192, NOW), True),  # newer
+    ({}, None, False),  # nothing to record
+])
+def test_record_residency_writes_only_what_is_new(
+        before: dict[str, Residency], recorded: Residency | None, changes: bool) -> None:
+    current = tickets(held("t1", "phi3:mini"), residents=before)
+    out = transition.record_residency(current, "qwen3:8b", recorded)
+    if not changes:
+        assert out is current
+    else:
+        assert out.residents["qwen3:8b"] == recorded and out.tickets == current.tickets
+
+
+# -- leaving: asked to unload, unless a call still uses the copy -------------------------------
+
+def test_in_use_counts_live_tickets_only() -> None:
+    current = tickets(held("t1", "qwen3:8b", expires_at=NOW), held("t2", "phi3:mini"))
+    assert not transition.in_use(current, "qwen3:8b", NOW)  # expired this instant
+    assert transition.in_use(current, "qwen3:8b", NOW - 1)
+    assert transition.in_use(current, "phi3:mini", NOW)
+    assert not transition.in_use(current, "qwen3:14b", NOW)
+
+
+@pytest.mark.parametrize(("recorded", "mib", "counted"), [
+    (None, 6000, Residency(6000, 0, NOW, leaving=True)),  # the caller's size
+    (None, 0, Residency(1, 0, NOW, leaving=True)),  # never counted as gone
+    (Residency(6200, 8192, NOW - 3), 6000, Residency(6200, 8192, NOW, leaving=True)),  # known
+    (Residency(0, 0, NOW - 3), 6000, Residency(6000, 0, NOW, leaving=True)),  # was unloaded
+])
+def test_an_unused_copy_is_marked_leaving_at_its_known_size(
+        recorded: Residency | None, mib: int, counted: Residency) -> None:
+    current = tickets(held("t1", "phi3:mini"),
+                      residents={"qwen3:8b": recorded} if recorded else {})
+    out = transition.leave_unless_used(current, "qwen3:8b", mib, None, NOW)
+    assert out.residents["qwen3:8b"] == counted and out.tickets == current.tickets
+
+
+def test_a_copy_a_live_ticket_names_stays_and_what_the_caller_loaded_is_recorded() -> None:
+    current = tickets(held("t1", "qwen3:8b"))
+    assert transition.leave_unless_used(current, "qwen3:8b", 6000, None, NOW) is current
+    loaded = Residency(6000, 8192, NOW)
+    out = transition.leave_unless_used(current, "qwen3:8b", 6000, loaded, NOW)
+    assert out.residents == {"qwen3:8b": loaded}
+    # its only ticket expired: unused, so marked leaving
+    expired = tickets(held("t1", "qwen3:8b", expires_at=NOW))
+    left = transition.leave_unless_used(expired, "qwen3:8b", 6000, loaded, NOW)
+    assert left.residents["qwen3:8b"].leaving
+
+
+def test_mark_leaving_marks_every_model_whatever_tickets_name_them() -> None:
+    current = tickets(held("t1", "qwen3:8b"),
+                      residents={"phi3:mini": Residency(3600, 4096, NOW - 2)})
+    out = transition.mark_leaving(current, ("qwen3:8b", "phi3:mini"), NOW)
+    assert out.residents == {"qwen3:8b": Residency(1, 0, NOW, leaving=True),
+                             "phi3:mini": Residency(3600, 4096, NOW, leaving=True)}
+    assert out.tickets == current.tickets
+
+
+# -- gone: seen unloaded ----------------------------------------------------------------------
+
+def test_mark_unloaded_records_each_model_gone_now() -> None:
+    current = tickets(held("t1", "phi3:mini"),
+                      residents={"qwen3:8b": Residency(6000, 0, NOW - 2, leaving=True)})
+    out = transition.mark_unloaded(current, ("qwen3:8b", "qwen3:14b"), NOW)
+    assert out.residents == {"qwen3:8b": Residency(0, 0, NOW), "qwen3:14b": Residency(0, 0, NOW)}
+    assert all(r.gone for r in out.residents.values()) and out.tickets == current.tickets
+    card = replace(gpu("a", GIB24, ("qwen3:8b",)), probed_at=NOW - 1)
+    assert not transition.merge_residency(card, out.residents).residents  # before any probe
+
+
+# -- the live set -----------------------------------------------------------------------------
+
+def test_the_live_set_drops_expired_tickets_and_residency_a_probe_has_long_replaced() -> None:
+    current = tickets(held("t1", "qwen3:8b", expires_at=NOW), held("t2", "phi3:mini"),
+                      residents={"old": Residency(1, 0, NOW - RESIDENCY_MAX_AGE_S),
+                                 "young": Residency(1, 0, NOW - RESIDENCY_MAX_AGE_S + 1)})
+    live = current.live(NOW)
+    assert set(live.tickets) == {"t2"} and set(live.residents) == {"young"}
+
+
+def test_views_are_left_alone_when_nothing_was_recorded_after_the_probe() -> None:
+    card: ProviderView = replace(gpu("a", GIB24, ("qwen3:8b",)), probed_at=NOW)
+    assert transition.merge_residency(card, {}) is card
+    assert transition.merge_residency(card, {"qwen3:8b": Residency(0, 0, NOW - 1)}) is card
