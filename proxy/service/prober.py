@@ -15,17 +15,23 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.adapters.ollama import OllamaClient, UpstreamError, model_name
+from proxy.core.models import model_name
 from proxy.core.sizing import kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
-from proxy.ports import PROVIDER_STATE, StateStore, StoreUnavailable
+from proxy.ports import (
+    PROVIDER_STATE,
+    ModelServer,
+    StateStore,
+    StoreUnavailable,
+    UpstreamError,
+)
 from proxy.service.codec import ProviderState, parse_rfc3339, token
 from proxy.settings import ProviderConfig
 
@@ -108,8 +114,12 @@ def model_info(show: Any) -> ModelInfo:
         vision="vision" in capabilities)
 
 
+async def _details(server: ModelServer, model: str) -> Any:
+    return (await server.show({"model": model}, PROBE_TIMEOUT_S)).details()
+
+
 class Prober:
-    def __init__(self, configs: list[ProviderConfig], clients: dict[str, OllamaClient],
+    def __init__(self, configs: list[ProviderConfig], clients: Mapping[str, ModelServer],
                  store: StateStore | None, clock: Callable[[], float] = time.time,
                  write_every_s: float = 5.0) -> None:
         self.configs = {c.name: c for c in configs}
@@ -130,23 +140,20 @@ class Prober:
         # Stamped when the probe starts: what /api/ps says may be that old, so a change a
         # call records after this moment must win over it (see merge_residency).
         now = self.clock()
-        results: tuple[Any, ...] = await asyncio.gather(
-            client.get_json("/api/version", PROBE_TIMEOUT_S),
-            client.get_json("/api/ps", PROBE_TIMEOUT_S),
-            client.get_json("/api/tags", PROBE_TIMEOUT_S),
-            return_exceptions=True)
-        version, ps, tags = results
+        version, ps, tags = await asyncio.gather(
+            client.version(PROBE_TIMEOUT_S), client.ps(PROBE_TIMEOUT_S),
+            client.tags(PROBE_TIMEOUT_S), return_exceptions=True)
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
             total = await dcgm_total_mib(config.dcgm_url)
-        ready = isinstance(version, dict) and isinstance(ps, dict)
+        ready = not isinstance(version, BaseException) and not isinstance(ps, BaseException)
         loaded_mib: dict[str, int] = {}
         loaded_size: dict[str, int] = {}
         loaded_ctx: dict[str, int] = {}
         loaded_expiry: dict[str, float] = {}
         observed = self.observed.setdefault(name, {})
-        if isinstance(ps, dict):
-            for m in ps.get("models") or []:
+        if not isinstance(ps, BaseException):
+            for m in ps:
                 model = model_name(m)
                 size_vram = int(m.get("size_vram") or 0)
                 size = max(int(m.get("size") or 0), size_vram)
@@ -161,8 +168,8 @@ class Prober:
                     observed.setdefault(model, {})[loaded_ctx[model]] = size_vram // MIB
         available = {}
         digests: dict[str, str] = {}
-        if isinstance(tags, dict):
-            for m in tags.get("models") or []:
+        if not isinstance(tags, BaseException):
+            for m in tags:
                 model = model_name(m)
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
@@ -175,7 +182,7 @@ class Prober:
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
-            version=str(version.get("version", "")) if isinstance(version, dict) else "")
+            version=version if isinstance(version, str) else "")
         if not ready and name in self.latest and self.latest[name].ready:
             log.warning("provider unreachable", provider=name)
         self.latest[name] = state
@@ -187,10 +194,8 @@ class Prober:
         known = self._shown.setdefault(name, {})
         new = [m for m, digest in digests.items() if m not in known or known[m][0] != digest]
         if new:
-            client = self.clients[name]
-            shows = await asyncio.gather(
-                *(client.post_json("/api/show", {"model": m}, PROBE_TIMEOUT_S) for m in new),
-                return_exceptions=True)
+            shows = await asyncio.gather(*(_details(self.clients[name], m) for m in new),
+                                         return_exceptions=True)
             for model, show in zip(new, shows, strict=True):
                 if not isinstance(show, BaseException):
                     known[model] = (digests[model], model_info(show))
