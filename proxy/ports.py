@@ -198,3 +198,10 @@ class ModelServer(Protocol):
 
     async def close(self) -> None: ...
 
+
+class GpuMemoryGauge(Protocol):
+    """Reads a GPU's total memory from a metrics source (a DCGM exporter)."""
+
+    async def total_mib(self, url: str) -> int | None:
+        """The total at `url` in MiB; None when it cannot be read."""
+        ...

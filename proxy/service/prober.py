@@ -5,8 +5,9 @@ Readiness and version from `/api/version`; residents with `size_vram`, `size` an
 `context_length` from `/api/ps` (a copy with `size_vram` < `size` is partly in CPU memory);
 on-disk sizes from `/api/tags` and what sizing needs of each on-disk model from `/api/show`
 (architecture, trained context, Modelfile num_ctx; once per model and digest); total VRAM,
-context, slots and KV cache type from the provider configuration or a DCGM exporter. Each
-footprint seen fully on the GPU is kept per model and context.
+context, slots and KV cache type from the provider configuration, the total VRAM otherwise
+from a GPU memory gauge (a DCGM exporter). Each footprint seen fully on the GPU is kept per
+model and context.
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from proxy.core.models import model_name
 from proxy.core.sizing import kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import (
     PROVIDER_STATE,
+    GpuMemoryGauge,
     ModelServer,
     StateStore,
     StoreUnavailable,
@@ -38,24 +37,6 @@ from proxy.settings import ProviderConfig
 log = get_logger("kubemoot.prober")
 MIB = 1024 * 1024
 PROBE_TIMEOUT_S = 2.0
-
-
-async def dcgm_total_mib(url: str) -> int | None:
-    """Framebuffer total from a DCGM exporter: FB_FREE + FB_USED (+ FB_RESERVED), in MiB."""
-    try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
-            text = (await client.get(url)).text
-    except httpx.HTTPError:
-        return None
-    total = 0.0
-    seen = False
-    for family in text_string_to_metric_families(text):
-        if family.name in ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
-                           "DCGM_FI_DEV_FB_RESERVED"):
-            for sample in family.samples[:1]:  # one GPU per Ollama
-                total += sample.value
-                seen = True
-    return int(total) if seen else None
 
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
@@ -120,11 +101,12 @@ async def _details(server: ModelServer, model: str) -> Any:
 
 class Prober:
     def __init__(self, configs: list[ProviderConfig], clients: Mapping[str, ModelServer],
-                 store: StateStore | None, clock: Callable[[], float] = time.time,
-                 write_every_s: float = 5.0) -> None:
+                 store: StateStore | None, *, gpu_memory: GpuMemoryGauge,
+                 clock: Callable[[], float] = time.time, write_every_s: float = 5.0) -> None:
         self.configs = {c.name: c for c in configs}
         self.clients = clients
         self.store = store
+        self.gpu_memory = gpu_memory  # read when a provider's total VRAM is not configured
         self.clock = clock
         self.write_every_s = write_every_s
         self.latest: dict[str, ProviderState] = {}
@@ -145,7 +127,7 @@ class Prober:
             client.tags(PROBE_TIMEOUT_S), return_exceptions=True)
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
-            total = await dcgm_total_mib(config.dcgm_url)
+            total = await self.gpu_memory.total_mib(config.dcgm_url)
         ready = not isinstance(version, BaseException) and not isinstance(ps, BaseException)
         loaded_mib: dict[str, int] = {}
         loaded_size: dict[str, int] = {}
