@@ -141,12 +141,13 @@ def _init_buckets(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     import asyncio
 
+    from proxy.adapters.dcgm import DcgmExporter
     from proxy.adapters.nats_kv import NatsStore
     from proxy.adapters.ollama import OllamaClient
     from proxy.app import nats_options
     from proxy.observability.logging import configure_logging
     from proxy.ports import StoreUnavailable
-    from proxy.service.prober import Prober
+    from proxy.service.prober import PROBE_TIMEOUT_S, Prober
 
     settings = load_settings(args.config)
     if not settings.nats_url:
@@ -164,7 +165,7 @@ def _publish(args: argparse.Namespace) -> int:
             return 1
         clients = {p.name: OllamaClient(p.endpoint) for p in settings.providers}
         prober = Prober(settings.providers, clients, store,
-                        write_every_s=args.interval)
+                        gpu_memory=DcgmExporter(PROBE_TIMEOUT_S), write_every_s=args.interval)
         try:
             if args.once:
                 for state in await prober.round(force=True):

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from proxy import __version__
+from proxy.adapters.dcgm import DcgmExporter
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.api.errors import install_error_shapes
@@ -26,7 +27,7 @@ from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
 from proxy.service.plans import PlanBook
-from proxy.service.prober import Prober
+from proxy.service.prober import PROBE_TIMEOUT_S, Prober
 from proxy.service.routing import ProviderPool
 from proxy.service.scheduler import Scheduler
 from proxy.service.snapshot import StateView
@@ -56,7 +57,8 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
     shared = settings.nats_url is not None
     local_store = MemoryStore()  # tickets while the shared store is unreachable
     policy = DEFAULT_POLICY
-    prober = Prober(settings.providers, pool.clients, store)
+    prober = Prober(settings.providers, pool.clients, store,
+                    gpu_memory=DcgmExporter(PROBE_TIMEOUT_S))
     tickets = TicketBook(store, policy, settings.ticket_ttl_seconds)
     view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds,
                      tickets)

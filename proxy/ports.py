@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+import orjson
 
 PROVIDER_STATE = "kubemoot_provider_state"
 PROVIDER_TICKETS = "kubemoot_provider_tickets"
@@ -95,3 +97,111 @@ class ChangeCounter:
         except TimeoutError:
             return self.value != seen
         return True
+
+
+# The model server: one inference engine (an Ollama server) the sidecar forwards calls to.
+
+
+class UpstreamError(Exception):
+    """The model server could not be reached or answered garbage."""
+
+    def __init__(self, message: str, *, before_first_byte: bool = True) -> None:
+        super().__init__(message)
+        self.before_first_byte = before_first_byte
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float = 3.0
+    first_byte_s: float = 180.0
+    chunk_s: float = 60.0
+
+
+class UpstreamResponse(Protocol):
+    """An answer whose status and headers are in and whose body may still be streaming.
+    Its reads raise UpstreamError (after the first byte) when the body breaks off."""
+
+    status_code: int
+    content_type: str | None
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, chunk by chunk, undecoded."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the stream; mid-body this drops the connection, which stops the engine."""
+        ...
+
+
+# One model of an /api/ps or /api/tags answer, every field as the server sent it (the API
+# relays them whole); `proxy.core.models.model_name` reads its name.
+ModelEntry = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ShowAnswer:
+    """/api/show's answer whatever its status: the body's bytes as sent, so that an error
+    (a 404 for an unknown model) can be relayed unchanged."""
+
+    status_code: int
+    content: bytes
+
+    def details(self) -> Any:
+        """The parsed answer; UpstreamError when it is an error or not JSON."""
+        if self.status_code >= 400:
+            raise UpstreamError(f"/api/show: HTTP {self.status_code}: "
+                                f"{self.content[:200].decode(errors='replace')}")
+        try:
+            return orjson.loads(self.content)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError("/api/show: response is not JSON") from exc
+
+
+class ModelServer(Protocol):
+    """One inference engine. Every method raises UpstreamError when the server cannot be
+    reached or answers with an error; `timeout_s` None means the server's own limits."""
+
+    timeouts: Timeouts
+
+    async def open(self, path: str, payload: bytes) -> UpstreamResponse:
+        """POST an inference call; returns once the status and headers are in."""
+        ...
+
+    async def version(self, timeout_s: float | None = None) -> str | None:
+        """The server's version; None when its answer names none."""
+        ...
+
+    async def ps(self, timeout_s: float | None = None) -> list[ModelEntry]:
+        """The models loaded now."""
+        ...
+
+    async def tags(self, timeout_s: float | None = None) -> list[ModelEntry]:
+        """The models on disk."""
+        ...
+
+    async def show(self, body: dict[str, Any], timeout_s: float | None = None
+                   ) -> ShowAnswer:
+        """/api/show with the body given; an error status is an answer, not an exception."""
+        ...
+
+    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None
+                   ) -> None:
+        """Load a model and wait until it is in, with the context planned for it (0: the
+        server's own)."""
+        ...
+
+    async def unload(self, model: str) -> None:
+        """Ask for a model to be released; returns at once, before it is gone."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class GpuMemoryGauge(Protocol):
+    """Reads a GPU's total memory from a metrics source (a DCGM exporter)."""
+
+    async def total_mib(self, url: str) -> int | None:
+        """The total at `url` in MiB; None when it cannot be read."""
+        ...

@@ -2,15 +2,13 @@
 
 httpx is the client API; its transport is aiohttp (httpx-aiohttp): a forwarded call costs
 ~0.5 ms of CPU on it against ~0.8 ms on httpx's own pool (BENCHMARKS.md §4). Foreign
-exceptions are translated here into `UpstreamError`, so the rest of the program sees
-neither library.
+exceptions are translated here into the port's `UpstreamError`, so the rest of the program
+sees neither library.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -18,29 +16,22 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
+# Imported "as" themselves: re-exported until scheduler/relay/routes move to the port.
+from proxy.core.engine_errors import SERVER_BUSY as SERVER_BUSY
+from proxy.core.engine_errors import is_out_of_memory as is_out_of_memory
+from proxy.core.engine_errors import prompt_too_long as prompt_too_long
+from proxy.core.models import model_name as model_name
+from proxy.core.models import normalise_model as normalise_model
+from proxy.ports import ModelEntry, ShowAnswer
+from proxy.ports import Timeouts as Timeouts
+from proxy.ports import UpstreamError as UpstreamError
+from proxy.ports import UpstreamResponse as UpstreamResponse
+
 JSON_HEADERS = {"content-type": "application/json"}
 # Streams are relayed byte for byte: ask for them uncompressed (aiohttp would offer gzip).
 CALL_HEADERS = {**JSON_HEADERS, "accept-encoding": "identity"}
 # What either layer may raise: httpx-aiohttp maps most aiohttp errors, not all of them.
 TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
-
-
-class UpstreamError(Exception):
-    """The provider could not be reached or answered garbage."""
-
-    def __init__(self, message: str, *, before_first_byte: bool = True) -> None:
-        super().__init__(message)
-        self.before_first_byte = before_first_byte
-
-
-def model_name(entry: dict[str, Any]) -> str:
-    """The model of an /api/tags or /api/ps entry (`model`, or `name` on older servers)."""
-    return str(entry.get("model") or entry.get("name"))
-
-
-def normalise_model(name: str) -> str:
-    """Ollama's `name[:tag]`, the tag defaulting to `latest`, as /api/ps reports it."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
 def describe(exc: BaseException) -> str:
@@ -62,43 +53,9 @@ def _hung_up_before_answering(exc: BaseException) -> bool:
     return isinstance(cause, aiohttp.ServerDisconnectedError | httpx.RemoteProtocolError)
 
 
-# What Ollama's own errors say (llm/status.go IsOutOfMemory; sched.go ErrMaxQueue; the
-# refusals of an over-long prompt: Ollama's own, llama-server's, and the 0.12 runners').
-OUT_OF_MEMORY = ("out of memory", "out of device memory", "cudamalloc failed",
-                 "hipmalloc failed", "failed to allocate", "allocation failed",
-                 "not enough memory", "insufficient memory", "erroroutofmemory")
-SERVER_BUSY = "server busy"
-PROMPT_TOO_LONG = ("prompt is longer than the context length",
-                   "exceeds the available context size",
-                   "input length exceeds the context length",
-                   "input exceeds maximum context length")
-_PROMPT_TOKENS = re.compile(r'request \((\d+) tokens\)|"n_prompt_tokens\\*"?:\s*(\d+)')
-
-
-def is_out_of_memory(message: str) -> bool:
-    lowered = message.lower()
-    return any(text in lowered for text in OUT_OF_MEMORY)
-
-
-def prompt_too_long(message: str) -> int | None:
-    """For Ollama's refusal of a prompt longer than the context: the engine's count of it
-    when the message gives one (llama-server's does), else 0; None for any other error."""
-    lowered = message.lower()
-    if not any(text in lowered for text in PROMPT_TOO_LONG):
-        return None
-    match = _PROMPT_TOKENS.search(message)
-    return int(match[1] or match[2]) if match else 0
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    connect_s: float = 3.0
-    first_byte_s: float = 180.0
-    chunk_s: float = 60.0
-
-
-class UpstreamResponse:
-    """An answer whose status and headers are in and whose body may still be streaming."""
+class OllamaResponse:
+    """An answer whose status and headers are in and whose body may still be streaming
+    (the port's UpstreamResponse)."""
 
     __slots__ = ("_response", "content_type", "status_code")
 
@@ -149,7 +106,7 @@ class OllamaClient:
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def open(self, path: str, payload: bytes) -> UpstreamResponse:
+    async def open(self, path: str, payload: bytes) -> OllamaResponse:
         """POST and return once the status line and headers are in (body still streaming).
 
         The hot path goes to the transport directly: the client's cookie, auth, redirect and
@@ -162,13 +119,30 @@ class OllamaClient:
             request = httpx.Request("POST", url, content=payload, headers=CALL_HEADERS,
                                     extensions=self._call_extensions)
             try:
-                return UpstreamResponse(await self._transport.handle_async_request(request))
+                return OllamaResponse(await self._transport.handle_async_request(request))
             except TRANSPORT_ERRORS as exc:
                 if attempt == 1 and _hung_up_before_answering(exc):
                     continue  # most likely a pooled connection the server had just closed
                 raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
         raise AssertionError("unreachable")
 
+    async def version(self, timeout_s: float | None = None) -> str | None:
+        data = await self._object("/api/version", timeout_s)
+        return str(data["version"]) if "version" in data else None
+
+    async def ps(self, timeout_s: float | None = None) -> list[ModelEntry]:
+        return list((await self._object("/api/ps", timeout_s)).get("models") or [])
+
+    async def tags(self, timeout_s: float | None = None) -> list[ModelEntry]:
+        return list((await self._object("/api/tags", timeout_s)).get("models") or [])
+
+    async def _object(self, path: str, timeout_s: float | None) -> dict[str, Any]:
+        data = await self.get_json(path, timeout_s)
+        if not isinstance(data, dict):
+            raise UpstreamError(f"{self.endpoint}{path}: response is not a JSON object")
+        return data
+
+    # get_json and post_json: used by scheduler and routes until they move to the port
     async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
         return await self._json("GET", path, None, timeout_s)
 
@@ -178,13 +152,7 @@ class OllamaClient:
 
     async def _json(self, method: str, path: str, body: dict[str, Any] | None,
                     timeout_s: float | None) -> Any:
-        timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
-        try:
-            response = await self._client.request(
-                method, path, content=orjson.dumps(body) if body is not None else None,
-                headers=JSON_HEADERS if body is not None else None, timeout=timeout)
-        except TRANSPORT_ERRORS as exc:
-            raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
+        response = await self._request(method, path, body, timeout_s)
         if response.status_code >= 400:
             raise UpstreamError(f"{self.endpoint}{path}: HTTP {response.status_code}: "
                                 f"{response.text[:200]}")
@@ -193,13 +161,20 @@ class OllamaClient:
         except orjson.JSONDecodeError as exc:
             raise UpstreamError(f"{self.endpoint}{path}: response is not JSON") from exc
 
-    async def show(self, body: dict[str, Any]) -> httpx.Response:
-        """/api/show as the raw response, so 404s relay unchanged."""
+    async def show(self, body: dict[str, Any], timeout_s: float | None = None
+                   ) -> ShowAnswer:
+        response = await self._request("POST", "/api/show", body, timeout_s)
+        return ShowAnswer(response.status_code, response.content)
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None,
+                       timeout_s: float | None) -> httpx.Response:
+        timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
         try:
-            return await self._client.post("/api/show", content=orjson.dumps(body),
-                                           headers=JSON_HEADERS)
+            return await self._client.request(
+                method, path, content=orjson.dumps(body) if body is not None else None,
+                headers=JSON_HEADERS if body is not None else None, timeout=timeout)
         except TRANSPORT_ERRORS as exc:
-            raise UpstreamError(f"{self.endpoint}/api/show: {describe(exc)}") from exc
+            raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
 
     async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None) -> None:
         """Start (and wait for) a model load: `/api/generate {"model": m}`, with the context

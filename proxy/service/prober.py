@@ -5,8 +5,9 @@ Readiness and version from `/api/version`; residents with `size_vram`, `size` an
 `context_length` from `/api/ps` (a copy with `size_vram` < `size` is partly in CPU memory);
 on-disk sizes from `/api/tags` and what sizing needs of each on-disk model from `/api/show`
 (architecture, trained context, Modelfile num_ctx; once per model and digest); total VRAM,
-context, slots and KV cache type from the provider configuration or a DCGM exporter. Each
-footprint seen fully on the GPU is kept per model and context.
+context, slots and KV cache type from the provider configuration, the total VRAM otherwise
+from a GPU memory gauge (a DCGM exporter). Each footprint seen fully on the GPU is kept per
+model and context.
 """
 
 from __future__ import annotations
@@ -15,41 +16,27 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
-from proxy.adapters.ollama import OllamaClient, UpstreamError, model_name
+from proxy.core.models import model_name
 from proxy.core.sizing import kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
-from proxy.ports import PROVIDER_STATE, StateStore, StoreUnavailable
+from proxy.ports import (
+    PROVIDER_STATE,
+    GpuMemoryGauge,
+    ModelServer,
+    StateStore,
+    StoreUnavailable,
+    UpstreamError,
+)
 from proxy.service.codec import ProviderState, escape_key, parse_rfc3339
 from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.prober")
 MIB = 1024 * 1024
 PROBE_TIMEOUT_S = 2.0
-
-
-async def dcgm_total_mib(url: str) -> int | None:
-    """Framebuffer total from a DCGM exporter: FB_FREE + FB_USED (+ FB_RESERVED), in MiB."""
-    try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
-            text = (await client.get(url)).text
-    except httpx.HTTPError:
-        return None
-    total = 0.0
-    seen = False
-    for family in text_string_to_metric_families(text):
-        if family.name in ("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
-                           "DCGM_FI_DEV_FB_RESERVED"):
-            for sample in family.samples[:1]:  # one GPU per Ollama
-                total += sample.value
-                seen = True
-    return int(total) if seen else None
 
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
@@ -108,13 +95,18 @@ def model_info(show: Any) -> ModelInfo:
         vision="vision" in capabilities)
 
 
+async def _details(server: ModelServer, model: str) -> Any:
+    return (await server.show({"model": model}, PROBE_TIMEOUT_S)).details()
+
+
 class Prober:
-    def __init__(self, configs: list[ProviderConfig], clients: dict[str, OllamaClient],
-                 store: StateStore | None, clock: Callable[[], float] = time.time,
-                 write_every_s: float = 5.0) -> None:
+    def __init__(self, configs: list[ProviderConfig], clients: Mapping[str, ModelServer],
+                 store: StateStore | None, *, gpu_memory: GpuMemoryGauge,
+                 clock: Callable[[], float] = time.time, write_every_s: float = 5.0) -> None:
         self.configs = {c.name: c for c in configs}
         self.clients = clients
         self.store = store
+        self.gpu_memory = gpu_memory  # read when a provider's total VRAM is not configured
         self.clock = clock
         self.write_every_s = write_every_s
         self.latest: dict[str, ProviderState] = {}
@@ -130,23 +122,20 @@ class Prober:
         # Stamped when the probe starts: what /api/ps says may be that old, so a change a
         # call records after this moment must win over it (see merge_residency).
         now = self.clock()
-        results: tuple[Any, ...] = await asyncio.gather(
-            client.get_json("/api/version", PROBE_TIMEOUT_S),
-            client.get_json("/api/ps", PROBE_TIMEOUT_S),
-            client.get_json("/api/tags", PROBE_TIMEOUT_S),
-            return_exceptions=True)
-        version, ps, tags = results
+        version, ps, tags = await asyncio.gather(
+            client.version(PROBE_TIMEOUT_S), client.ps(PROBE_TIMEOUT_S),
+            client.tags(PROBE_TIMEOUT_S), return_exceptions=True)
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
-            total = await dcgm_total_mib(config.dcgm_url)
-        ready = isinstance(version, dict) and isinstance(ps, dict)
+            total = await self.gpu_memory.total_mib(config.dcgm_url)
+        ready = not isinstance(version, BaseException) and not isinstance(ps, BaseException)
         loaded_mib: dict[str, int] = {}
         loaded_size: dict[str, int] = {}
         loaded_ctx: dict[str, int] = {}
         loaded_expiry: dict[str, float] = {}
         observed = self.observed.setdefault(name, {})
-        if isinstance(ps, dict):
-            for m in ps.get("models") or []:
+        if not isinstance(ps, BaseException):
+            for m in ps:
                 model = model_name(m)
                 size_vram = int(m.get("size_vram") or 0)
                 size = max(int(m.get("size") or 0), size_vram)
@@ -161,8 +150,8 @@ class Prober:
                     observed.setdefault(model, {})[loaded_ctx[model]] = size_vram // MIB
         available = {}
         digests: dict[str, str] = {}
-        if isinstance(tags, dict):
-            for m in tags.get("models") or []:
+        if not isinstance(tags, BaseException):
+            for m in tags:
                 model = model_name(m)
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
@@ -175,7 +164,7 @@ class Prober:
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
-            version=str(version.get("version", "")) if isinstance(version, dict) else "")
+            version=version if isinstance(version, str) else "")
         if not ready and name in self.latest and self.latest[name].ready:
             log.warning("provider unreachable", provider=name)
         self.latest[name] = state
@@ -187,10 +176,8 @@ class Prober:
         known = self._shown.setdefault(name, {})
         new = [m for m, digest in digests.items() if m not in known or known[m][0] != digest]
         if new:
-            client = self.clients[name]
-            shows = await asyncio.gather(
-                *(client.post_json("/api/show", {"model": m}, PROBE_TIMEOUT_S) for m in new),
-                return_exceptions=True)
+            shows = await asyncio.gather(*(_details(self.clients[name], m) for m in new),
+                                         return_exceptions=True)
             for model, show in zip(new, shows, strict=True):
                 if not isinstance(show, BaseException):
                     known[model] = (digests[model], model_info(show))

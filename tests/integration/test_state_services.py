@@ -12,6 +12,7 @@ import nats
 import pytest
 
 from loadtest.nats_server import NatsServer
+from proxy.adapters.dcgm import DcgmExporter
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
@@ -122,7 +123,7 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     store = NatsStore(NatsOptions(nats_url))
     await store.start()
     clients = {c.name: OllamaClient(c.endpoint) for c in configs}
-    prober = Prober(configs, clients, store)
+    prober = Prober(configs, clients, store, gpu_memory=DcgmExporter(2.0))
     await prober.round()
     raw_up = await store.get(PROVIDER_STATE, "up")
     raw_down = await store.get(PROVIDER_STATE, "down")
@@ -190,7 +191,8 @@ def test_dcgm_exporter_gives_the_vram_total() -> None:
     from starlette.routing import Route
 
     from loadtest.serving import ThreadedServer
-    from proxy.service.prober import dcgm_total_mib
+
+    dcgm_total_mib = DcgmExporter(2.0).total_mib
 
     text = (
         "# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).\n"

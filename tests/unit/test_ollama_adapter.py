@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from proxy.adapters.ollama import OllamaClient, Timeouts, UpstreamError
+from proxy.adapters.ollama import OllamaClient
+from proxy.ports import Timeouts, UpstreamError
 from tests.unit.raw_server import answering, read_request, serve
 
 
