@@ -14,13 +14,14 @@ from proxy import __version__
 from proxy.adapters.dcgm import DcgmExporter
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.adapters.ollama import OllamaClient
 from proxy.api.errors import install_error_shapes
 from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import StateStore, StoreUnavailable
+from proxy.ports import StateStore, StoreUnavailable, Timeouts
 from proxy.service.calls import CallService
 from proxy.service.claims import Claims
 from proxy.service.demand import DemandBoard
@@ -51,7 +52,10 @@ def build_store(settings: Settings) -> StateStore:
 
 
 def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
-    pool = ProviderPool(settings)
+    timeouts = Timeouts(settings.connect_timeout_seconds, settings.first_byte_timeout_seconds,
+                        settings.chunk_timeout_seconds)
+    pool = ProviderPool(settings.providers, settings.model_endpoint, settings.triage_endpoint,
+                        lambda endpoint: OllamaClient(endpoint, timeouts))
     metrics = Metrics()
     store = store or build_store(settings)
     shared = settings.nats_url is not None

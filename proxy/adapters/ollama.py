@@ -16,16 +16,7 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
-# Imported "as" themselves: re-exported until scheduler/relay/routes move to the port.
-from proxy.core.engine_errors import SERVER_BUSY as SERVER_BUSY
-from proxy.core.engine_errors import is_out_of_memory as is_out_of_memory
-from proxy.core.engine_errors import prompt_too_long as prompt_too_long
-from proxy.core.models import model_name as model_name
-from proxy.core.models import normalise_model as normalise_model
-from proxy.ports import ModelEntry, ShowAnswer
-from proxy.ports import Timeouts as Timeouts
-from proxy.ports import UpstreamError as UpstreamError
-from proxy.ports import UpstreamResponse as UpstreamResponse
+from proxy.ports import ModelEntry, ShowAnswer, Timeouts, UpstreamError
 
 JSON_HEADERS = {"content-type": "application/json"}
 # Streams are relayed byte for byte: ask for them uncompressed (aiohttp would offer gzip).

@@ -18,9 +18,10 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.adapters.ollama import SERVER_BUSY, UpstreamError, UpstreamResponse, prompt_too_long
 from proxy.api.errors import Dialect, error_response, refusal_response, stream_error_line
+from proxy.core.engine_errors import SERVER_BUSY, prompt_too_long
 from proxy.observability.logging import get_logger
+from proxy.ports import UpstreamError, UpstreamResponse
 from proxy.service.routing import STATIC, Attempt, Attempts, CallOutcome, Refusal
 
 log = get_logger("kubemoot.relay")

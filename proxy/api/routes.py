@@ -13,7 +13,6 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.adapters.ollama import UpstreamError, model_name, normalise_model
 from proxy.api import wire
 from proxy.api.errors import (
     JSON,
@@ -23,9 +22,11 @@ from proxy.api.errors import (
     install_error_shapes,
 )
 from proxy.api.relay import forward
+from proxy.core.models import model_name, normalise_model
 from proxy.core.tokens import conversation_digests, longest_input_size, prompt_size
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
+from proxy.ports import ModelEntry, ModelServer, UpstreamError
 from proxy.service.codec import parse_rfc3339, rfc3339
 from proxy.service.routing import CallRequest, Calls, ProviderPool
 
@@ -162,24 +163,27 @@ class SidecarApi:
     async def version(self, request: Request) -> Response:
         for _, client in self.pool.everything():
             try:
-                data = await client.get_json("/api/version", 2.0)
-                return _json({"version": str(data.get("version", FALLBACK_VERSION))})
+                version = await client.version(2.0)
+                return _json({"version": version if version is not None else FALLBACK_VERSION})
             except UpstreamError:
                 continue
         return _json({"version": FALLBACK_VERSION})
 
-    async def _gather(self, path: str) -> list[tuple[str, Any]]:
+    async def _gather(self, listing: Callable[[ModelServer], Awaitable[list[ModelEntry]]]
+                      ) -> list[tuple[str, list[ModelEntry]]]:
+        """Each provider's models as `listing` asks for them; those that did not answer are
+        left out."""
         targets = self.pool.everything()
-        results = await asyncio.gather(*(c.get_json(path, 3.0) for _, c in targets),
+        results = await asyncio.gather(*(listing(c) for _, c in targets),
                                        return_exceptions=True)
         return [(name, r) for (name, _), r in zip(targets, results, strict=True)
-                if isinstance(r, dict)]
+                if isinstance(r, list)]
 
     async def _provider_models(self) -> dict[str, dict[str, Any]]:
         """Every provider's `/api/tags` entries, one per model name."""
         seen: dict[str, dict[str, Any]] = {}
-        for _, data in await self._gather("/api/tags"):
-            for model in data.get("models") or []:
+        for _, listed in await self._gather(lambda c: c.tags(3.0)):
+            for model in listed:
                 seen.setdefault(model_name(model), model)
         return seen
 
@@ -188,8 +192,8 @@ class SidecarApi:
 
     async def ps(self, request: Request) -> Response:
         models = []
-        for provider, data in await self._gather("/api/ps"):
-            for model in data.get("models") or []:
+        for provider, listed in await self._gather(lambda c: c.ps(3.0)):
+            for model in listed:
                 models.append({**model, "provider": provider})
         return _json({"models": models})
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from proxy.adapters.ollama import is_out_of_memory
+from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.types import Circuit
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics

@@ -10,13 +10,13 @@ import contextlib
 import time
 from collections.abc import Callable, Coroutine, Mapping
 
-from proxy.adapters.ollama import OllamaClient, UpstreamError, model_name
 from proxy.core.context import parse_version
+from proxy.core.models import model_name
 from proxy.core.tickets import Residency
 from proxy.core.types import Snapshot
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import StoreUnavailable
+from proxy.ports import ModelServer, StoreUnavailable, UpstreamError
 from proxy.service.claims import Claimed, Claims
 from proxy.service.snapshot import StateView
 from proxy.service.tickets import TicketBook
@@ -29,7 +29,7 @@ RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
 
 
 class Evictions:
-    def __init__(self, *, clients: Mapping[str, OllamaClient], claims: Claims,
+    def __init__(self, *, clients: Mapping[str, ModelServer], claims: Claims,
                  view: StateView, providers: tuple[ProviderConfig, ...], metrics: Metrics,
                  clock: Callable[[], float]) -> None:
         self.clients = clients
@@ -131,11 +131,10 @@ class Evictions:
         deadline = time.monotonic() + UNLOAD_WAIT_S
         while True:
             try:
-                ps = await client.get_json("/api/ps", client.timeouts.connect_s)
+                listed = await client.ps(client.timeouts.connect_s)
             except UpstreamError:
                 return False
-            listed = ps.get("models") if isinstance(ps, dict) else None
-            if {model_name(m) for m in listed or ()}.isdisjoint(models):
+            if {model_name(m) for m in listed}.isdisjoint(models):
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.adapters.ollama import UpstreamError
 from proxy.core.context import fits
 from proxy.core.placement import in_tolerance
 from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec, Placement, Snapshot
 from proxy.observability.logging import get_logger
-from proxy.ports import StoreUnavailable
+from proxy.ports import StoreUnavailable, UpstreamError
 from proxy.service.claims import Claimed, LoadState
 from proxy.service.routing import CallRequest
 from proxy.service.scheduler import Granted, Scheduler

@@ -5,13 +5,13 @@ The API layer knows only `Calls` and `Attempts`; service/calls.py implements the
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from proxy.adapters.ollama import OllamaClient, Timeouts
 from proxy.core.tokens import PromptSize
-from proxy.settings import ProviderConfig, Settings
+from proxy.ports import ModelServer
+from proxy.settings import ProviderConfig
 
 STATIC = "static"
 NATIVE_PATHS = frozenset(("/api/chat", "/api/generate", "/api/embed", "/api/embeddings"))
@@ -74,7 +74,7 @@ class Attempt:
     """One try at answering a call: where it goes and what is sent there."""
 
     provider: str
-    client: OllamaClient
+    client: ModelServer
     model: str
     placement: str
     evicted: tuple[str, ...] = ()
@@ -124,27 +124,24 @@ class Calls(Protocol):
 
 
 class ProviderPool:
-    """One pooled client per configured provider, plus the static endpoints."""
+    """One pooled client per configured provider, plus the static endpoints (a provider's
+    own client when it is one of them)."""
 
-    def __init__(self, settings: Settings) -> None:
-        timeouts = Timeouts(settings.connect_timeout_seconds, settings.first_byte_timeout_seconds,
-                            settings.chunk_timeout_seconds)
-        self.configs: dict[str, ProviderConfig] = {p.name: p for p in settings.providers}
-        self.clients: dict[str, OllamaClient] = {
-            p.name: OllamaClient(p.endpoint, timeouts) for p in settings.providers
-        }
-        by_endpoint = {c.endpoint: c for c in self.clients.values()}
+    def __init__(self, providers: Sequence[ProviderConfig], static_endpoint: str | None,
+                 static_triage_endpoint: str | None,
+                 connect: Callable[[str], ModelServer]) -> None:
+        self.clients: dict[str, ModelServer] = {p.name: connect(p.endpoint) for p in providers}
+        by_endpoint = {p.endpoint: self.clients[p.name] for p in providers}
 
-        def _static(endpoint: str | None) -> OllamaClient | None:
+        def _static(endpoint: str | None) -> ModelServer | None:
             if endpoint is None:
                 return None
-            return by_endpoint.get(endpoint) or OllamaClient(endpoint, timeouts)
+            return by_endpoint.get(endpoint) or connect(endpoint)
 
-        self.static = _static(settings.model_endpoint)
-        self.static_triage = _static(settings.triage_endpoint) or self.static
-        self.timeouts = timeouts
+        self.static = _static(static_endpoint)
+        self.static_triage = _static(static_triage_endpoint) or self.static
 
-    def everything(self) -> list[tuple[str, OllamaClient]]:
+    def everything(self) -> list[tuple[str, ModelServer]]:
         """Providers in configured order; the static endpoint when there are none."""
         if self.clients:
             return list(self.clients.items())

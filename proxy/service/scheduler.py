@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 
-from proxy.adapters.ollama import normalise_model
 from proxy.core import context
+from proxy.core.models import normalise_model
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize

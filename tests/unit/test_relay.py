@@ -15,7 +15,7 @@ import respx
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
-from proxy.adapters.ollama import OllamaClient, Timeouts
+from proxy.adapters.ollama import OllamaClient
 from proxy.api.errors import Dialect, stream_error_line
 from proxy.api.relay import (
     ClientGone,
@@ -26,6 +26,7 @@ from proxy.api.relay import (
     outcome_from,
     prompt_tokens,
 )
+from proxy.ports import Timeouts
 from proxy.service.routing import Attempt, CallOutcome
 from tests.unit.raw_server import Handler, answering, read_request, serve
 
@@ -359,6 +360,6 @@ def test_a_placed_call_carries_the_copys_num_ctx_and_no_option_that_reloads() ->
 ])
 def test_an_engines_refusal_of_an_over_long_prompt_is_recognised(message: str,
                                                                  count: int | None) -> None:
-    from proxy.adapters.ollama import prompt_too_long
+    from proxy.core.engine_errors import prompt_too_long
 
     assert prompt_too_long(message) == count
