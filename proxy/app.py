@@ -18,7 +18,9 @@ from proxy.adapters.ollama import OllamaClient
 from proxy.api.errors import install_error_shapes
 from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
+from proxy.core.models import CallModels, normalise_model
 from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.types import Candidate
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import StateStore, StoreUnavailable, Timeouts
@@ -27,10 +29,10 @@ from proxy.service.claims import Claims
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
-from proxy.service.plans import PlanBook
+from proxy.service.plans import PlanBook, PlanLimits
 from proxy.service.prober import PROBE_TIMEOUT_S, Prober
 from proxy.service.routing import ProviderPool
-from proxy.service.scheduler import Scheduler
+from proxy.service.scheduler import PlacementSettings, Scheduler
 from proxy.service.snapshot import StateView
 from proxy.service.tickets import TicketBook
 from proxy.settings import Settings
@@ -49,6 +51,15 @@ def build_store(settings: Settings) -> StateStore:
     if settings.nats_url:
         return NatsStore(nats_options(settings), replicas=settings.nats_replicas)
     return MemoryStore()
+
+
+def placement_settings(settings: Settings) -> PlacementSettings:
+    mulling = tuple(Candidate(normalise_model(c.model), c.score, c.vram_mib)
+                    for c in settings.model_candidates_mulling)
+    if not mulling and settings.model_model:
+        mulling = (Candidate(normalise_model(settings.model_model)),)
+    return PlacementSettings(CallModels(mulling, settings.triage_model), settings.tolerance,
+                             settings.wait_limit_seconds, tuple(settings.providers))
 
 
 def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
@@ -76,10 +87,10 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
     evictions = Evictions(clients=pool.clients, claims=claims, view=view,
                           providers=tuple(settings.providers), metrics=metrics, clock=clock)
     experience = Experience(pool.clients)
-    scheduler = Scheduler(settings=settings, pool=pool, store=store, view=view, demand=demand,
-                          claims=claims, evictions=evictions, experience=experience,
-                          metrics=metrics, policy=policy, clock=clock)
-    plans = PlanBook(scheduler)
+    scheduler = Scheduler(settings=placement_settings(settings), pool=pool, store=store,
+                          view=view, demand=demand, claims=claims, evictions=evictions,
+                          experience=experience, metrics=metrics, policy=policy, clock=clock)
+    plans = PlanBook(scheduler, PlanLimits(settings.max_plans, settings.plan_memory_share))
     calls = CallService(scheduler=scheduler, plans=plans, claims=claims, evictions=evictions,
                         experience=experience, demand=demand, prober=prober, metrics=metrics)
 

@@ -28,6 +28,12 @@ PLAN_TTL_S = 180.0
 ASSUMED_PROMPT_CHARS = 16000
 
 
+@dataclass(frozen=True)
+class PlanLimits:
+    max_plans: int  # held at once by this agent
+    memory_share: float  # of the fleet's usable memory that every agent's plans may hold
+
+
 @dataclass
 class HeldPlan:
     thread: str
@@ -41,8 +47,10 @@ class HeldPlan:
 class PlanBook:
     """Plans held for threads; a thread's first call takes its plan (`take`)."""
 
-    def __init__(self, scheduler: Scheduler, ttl_s: float = PLAN_TTL_S) -> None:
+    def __init__(self, scheduler: Scheduler, limits: PlanLimits, ttl_s: float = PLAN_TTL_S
+                 ) -> None:
         self.scheduler = scheduler
+        self.limits = limits
         self.ttl_s = ttl_s
         self.plans: dict[str, HeldPlan] = {}
         self._reaper: asyncio.Task[None] | None = None
@@ -69,7 +77,7 @@ class PlanBook:
                      prompt_chars: int | None) -> dict[str, Any]:
         await self.release(thread)  # a thread holds one plan: a new one replaces it
         s = self.scheduler
-        limit = s.settings.max_plans
+        limit = self.limits.max_plans
         if len(self.plans) >= limit:
             return {"thread": thread, "planned": False, "refusal": "plan-limit",
                     "reason": f"this agent holds {len(self.plans)} plans already, the most "
@@ -116,7 +124,7 @@ class PlanBook:
         always be held; why this one may not, or None."""
         if placement is None or not placement.loads:
             return None
-        share = self.scheduler.settings.plan_memory_share
+        share = self.limits.memory_share
         usable = sum(self.scheduler.policy.usable_mib(v.total_vram_mib)
                      for v in snapshot.providers if v.total_vram_mib)
         held = sum(t.footprint_mib for t in snapshot.tickets
@@ -163,8 +171,7 @@ class PlanBook:
         candidates = s.candidates(call.phase, call.model) or ()
         if placement.model not in {c.model for c in candidates}:
             return False
-        view = s.view.provider_view(
-            next(c for c in s.settings.providers if c.name == placement.provider), s.clock())
+        view = s.provider_view(placement.provider)
         if not view.ready:
             return False
         if not placement.loads and placement.model not in {

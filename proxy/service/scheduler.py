@@ -13,11 +13,19 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 
 from proxy.core import context
-from proxy.core.models import normalise_model
+from proxy.core.models import CallModels, normalise_model
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize
-from proxy.core.types import CallSpec, Candidate, Decision, Snapshot, Ticket, Verdict
+from proxy.core.types import (
+    CallSpec,
+    Candidate,
+    Decision,
+    ProviderView,
+    Snapshot,
+    Ticket,
+    Verdict,
+)
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import StateStore
@@ -27,7 +35,7 @@ from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
 from proxy.service.routing import STATIC, Attempt, CallRequest, ProviderPool, Refusal
 from proxy.service.snapshot import StateView
-from proxy.settings import CandidateModel, Settings
+from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
@@ -52,12 +60,21 @@ class Granted:
     spec: CallSpec
 
 
+@dataclass(frozen=True)
+class PlacementSettings:
+    models: CallModels
+    tolerance: float  # how far below the preferred score a fallback candidate may be
+    wait_limit_s: float  # how long a call may wait for a GPU
+    providers: tuple[ProviderConfig, ...]
+
+
 class Scheduler:
-    def __init__(self, *, settings: Settings, pool: ProviderPool, store: StateStore,
+    def __init__(self, *, settings: PlacementSettings, pool: ProviderPool, store: StateStore,
                  view: StateView, demand: DemandBoard, claims: Claims, evictions: Evictions,
                  experience: Experience, metrics: Metrics, policy: Policy,
                  clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.providers = {c.name: c for c in settings.providers}
         self.pool = pool
         self.store = store
         self.view = view
@@ -74,24 +91,7 @@ class Scheduler:
 
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
-        s = self.settings
-        if phase == "triage":
-            bound = model or s.triage_model
-            return (Candidate(normalise_model(bound)),) if bound else None
-        listed = [self._candidate(c) for c in s.model_candidates_mulling]
-        if not listed and s.model_model:
-            listed = [Candidate(normalise_model(s.model_model))]
-        if model is None:
-            return tuple(listed) or None
-        wanted = normalise_model(model)
-        mine = next((c for c in listed if c.model == wanted), None)
-        if mine is None:
-            return (Candidate(wanted),)
-        return (mine, *(c for c in listed if c.model != wanted))
-
-    @staticmethod
-    def _candidate(c: CandidateModel) -> Candidate:
-        return Candidate(normalise_model(c.model), c.score, c.vram_mib)
+        return self.settings.models.for_call(phase, model)
 
     def snapshot(self, now: float, exclude: frozenset[str] = frozenset()) -> Snapshot:
         snapshot = self.view.snapshot(now, self.experience.health(now), self.demand.view(),
@@ -124,7 +124,7 @@ class Scheduler:
         if not self.pool.clients:  # no provider is known at all: the static endpoint
             return self._static_or_busy(call, spec, Decision("wait", None, "no providers"))
         started = time.monotonic()
-        deadline = started + self.settings.wait_limit_seconds
+        deadline = started + self.settings.wait_limit_s
         waiting_for: str | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
         claim_rounds = 0
@@ -159,7 +159,7 @@ class Scheduler:
                 if remaining <= 0:
                     return Refusal("gpu-busy", (
                         f"Every GPU that can run {spec.preferred.model} stayed busy for "
-                        f"{self.settings.wait_limit_seconds:.0f} s ({decision.reason}); "
+                        f"{self.settings.wait_limit_s:.0f} s ({decision.reason}); "
                         "this is the cluster's capacity, ask again in a moment."),
                         spec.preferred.model, retry_after_s=5)
                 if waiting_for is None:
@@ -313,11 +313,14 @@ class Scheduler:
         return any((s := self.view.provider_state(c.name, now)) is not None and s.ready
                    for c in self.settings.providers)
 
+    def provider_view(self, provider: str) -> ProviderView:
+        """One provider as the state shows it now (no health, demand or local tickets)."""
+        return self.view.provider_view(self.providers[provider], self.clock())
+
     def automatic_context(self, provider: str, model: str) -> tuple[int, int]:
         """num_ctx as Ollama records it, and the context, of a copy it loads for a call that
         sets none (all a call over the OpenAI or Anthropic API can join)."""
-        config = next(c for c in self.settings.providers if c.name == provider)
-        view = self.view.provider_view(config, self.clock())
+        view = self.provider_view(provider)
         resolved = context.for_card(view, view.models.get(model), 0)
         return resolved.requested, resolved.context
 
