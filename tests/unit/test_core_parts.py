@@ -437,7 +437,7 @@ def test_images_count_as_ollama_counts_them_in_every_dialect() -> None:
 
 def test_what_a_conversation_appends_carries_the_chat_templates_tokens() -> None:
     """Role markers and separators around each appended message: without them a tool loop's
-    next call, sized to the last token, was cut at a card's boundary. (The ratio, learned from
+    next call, sized to the last token, would be cut at a card's boundary. (The ratio, learned from
     whole prompts, carries the template on average.)"""
     learning = Learning(ratio=TokenRatio(4.0, 20))
     body = _chat("x" * 400, "y" * 400, "z" * 400)
