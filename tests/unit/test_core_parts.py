@@ -348,7 +348,7 @@ def test_a_conversation_has_one_digest_per_prefix_shared_by_its_continuation() -
 
 
 def test_a_conversation_is_sized_from_the_engines_count_of_what_it_already_sent() -> None:
-    """Design doc: the prompt size the engine reported for the previous call, plus what was
+    """docs/rules.md: the prompt size the engine reported for the previous call, plus what was
     appended since. Images, a heavy chat template or text a tokenizer splits finely count
     for more than their characters say, and only the engine's count shows it."""
     learning = Learning(ratio=TokenRatio(4.0, 20))
