@@ -5,8 +5,8 @@ the last byte; streaming calls to the first chunk (time to first token). A worke
 call opens its connection and arrives together with every other worker's first call: it is
 timed apart (`first_max_ms`, the cold burst), so p50/p99 describe the steady state.
 
-The generator uses aiohttp: with httpx it needed ~0.9 ms of CPU per call at 32 concurrent
-and became the bottleneck it was meant to measure.
+The generator uses aiohttp: httpx needs ~0.9 ms of CPU per call at 32 concurrent, which
+makes the generator the bottleneck it is meant to measure.
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loadtest import sim_dialects
-from loadtest.serving import ThreadedServer
-from loadtest.sim_engine import INPUT_TOO_LONG
-from loadtest.sim_model import (
+from . import sim_dialects
+from .serving import ThreadedServer
+from .sim_engine import INPUT_TOO_LONG
+from .sim_model import (
     CATALOG,
     CURRENT_VERSION,
     SimConfig,
@@ -44,7 +44,7 @@ from loadtest.sim_model import (
     parse_keep_alive,
     tokens_for_text,
 )
-from loadtest.sim_sched import Fault, OllamaSim, Runner, SimError, Stats, log
+from .sim_sched import Fault, OllamaSim, Runner, SimError, Stats, log
 
 WORDS = ("the", "answer", "is", "forty", "two", "and", "that", "settles", "it", "for", "now")
 
@@ -426,7 +426,8 @@ def start_fleet(configs: list[SimConfig], host: str = "127.0.0.1", base_port: in
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadtest.ollama_sim", description=__doc__,
+    module = __spec__.name if __spec__ else __name__  # loadtest.*, or the demo package
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fleet", choices=["demo"], help="start a preset fleet of several GPUs")
     p.add_argument("--host", default="127.0.0.1")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtest.sim_engine import (
+from .sim_engine import (
     INPUT_TOO_LONG,
     MIB,
     NUM_KEEP,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from loadtest.sim_engine import (
+from .sim_engine import (
     MAX_QUEUE,
     MIB,
     MINIMUM_MEMORY_MIB,
@@ -34,7 +34,7 @@ from loadtest.sim_engine import (
     resolve_options,
     version_tuple,
 )
-from loadtest.sim_model import PromptTokens, SimConfig, SimModel, tokens_for_text
+from .sim_model import PromptTokens, SimConfig, SimModel, tokens_for_text
 
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills

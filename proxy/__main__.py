@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -52,20 +53,25 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _simulator() -> tuple[Any, Any]:
-    """The simulated fleet of `--demo`: the simulator lives in the source checkout
-    (loadtest/), not in the installed package."""
+    """The simulated fleet of `--demo`, which the product does not ship: loadtest/ beside
+    proxy/ in a source checkout, else the kubemoot-proxy-demo distribution built from it."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "loadtest" / "ollama_sim.py").is_file():
+        package = "loadtest"
+        if str(checkout) not in sys.path:  # the console script of an editable install
+            sys.path.insert(0, str(checkout))
+    else:
+        package = "kubemoot_proxy_demo"
     try:
-        from loadtest.ollama_sim import start_fleet
-        from loadtest.sim_model import demo_fleet
-    except ImportError:
-        checkout = Path(__file__).resolve().parents[1]
-        if not (checkout / "loadtest" / "ollama_sim.py").is_file():
-            raise ConfigError("--demo: the simulated fleet comes with a source checkout of "
-                              "kubemoot-proxy (clone it and run `make demo`)") from None
-        sys.path.insert(0, str(checkout))
-        from loadtest.ollama_sim import start_fleet
-        from loadtest.sim_model import demo_fleet
-    return start_fleet, demo_fleet
+        ollama_sim = importlib.import_module(f"{package}.ollama_sim")
+        sim_model = importlib.import_module(f"{package}.sim_model")
+    except ModuleNotFoundError as exc:
+        if exc.name not in (package, f"{package}.ollama_sim", f"{package}.sim_model"):
+            raise  # the simulator is there, one of its dependencies is not
+        raise ConfigError('--demo: the simulated fleet is not installed: pip install '
+                          '"kubemoot-proxy[demo]" (from a source checkout: pip install '
+                          './loadtest, or run `make demo` there)') from None
+    return ollama_sim.start_fleet, sim_model.demo_fleet
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:

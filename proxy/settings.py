@@ -117,7 +117,7 @@ class _YamlFileSource(PydanticBaseSettingsSource):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    # Names from the design doc.
+    # The agent pod's model settings (docs/configuration.md).
     model_model: str | None = None
     model_endpoint: str | None = None
     model_candidates_mulling: Annotated[list[CandidateModel], NoDecode] = []

@@ -227,11 +227,11 @@ def test_a_generate_context_counts_toward_the_prompt(sim_factory: Sims,
 
 def test_a_conversation_is_sized_from_the_engines_own_count(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
-    """The design doc's tool-loop rule: the engine's count for the previous call plus what
+    """The tool-loop rule (docs/rules.md): the engine's count for the previous call plus what
     was appended since. This vision model spends 1500 tokens on an image where the sidecar
     assumes Ollama's 768: sized without the engine's count, the loop's next call (~4160
-    tokens by the engine's count, ~2700 estimated) went to the warm copy on the 4096-token
-    card and was cut there."""
+    tokens by the engine's count, ~2700 estimated) would go to the warm copy on the
+    4096-token card and be cut there."""
     small = sim_factory("small", context_length=4096, time_scale=SCALE, image_tokens=1500)
     big = sim_factory("big", context_length=16384, time_scale=SCALE, image_tokens=1500)
     httpx.post(f"{small.url}/api/generate", json={"model": "qwen3:8b"})  # warm, small context

@@ -348,7 +348,7 @@ def test_a_conversation_has_one_digest_per_prefix_shared_by_its_continuation() -
 
 
 def test_a_conversation_is_sized_from_the_engines_count_of_what_it_already_sent() -> None:
-    """Design doc: the prompt size the engine reported for the previous call, plus what was
+    """docs/rules.md: the prompt size the engine reported for the previous call, plus what was
     appended since. Images, a heavy chat template or text a tokenizer splits finely count
     for more than their characters say, and only the engine's count shows it."""
     learning = Learning(ratio=TokenRatio(4.0, 20))
@@ -437,7 +437,7 @@ def test_images_count_as_ollama_counts_them_in_every_dialect() -> None:
 
 def test_what_a_conversation_appends_carries_the_chat_templates_tokens() -> None:
     """Role markers and separators around each appended message: without them a tool loop's
-    next call, sized to the last token, was cut at a card's boundary. (The ratio, learned from
+    next call, sized to the last token, would be cut at a card's boundary. (The ratio, learned from
     whole prompts, carries the template on average.)"""
     learning = Learning(ratio=TokenRatio(4.0, 20))
     body = _chat("x" * 400, "y" * 400, "z" * 400)

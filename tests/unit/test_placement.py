@@ -1,4 +1,4 @@
-"""CallPlanner.place, one row per behaviour, with the design doc's worked examples."""
+"""CallPlanner.place, one row per behaviour, with worked examples of queue against unload."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_without_an_architecture_the_footprint_is_seen_then_declared_then_disk()
     assert total(bare) is None
 
 
-# --- the design doc's worked examples ------------------------------------------------------
+# --- worked examples: queue against unload -------------------------------------------------
 
 def test_doc_example_queue_beats_a_26_second_unload() -> None:
     """qwen3:32b warm on the 5090 (use 1) costs ~26 s to unload for a qwen3:14b, while the
