@@ -90,8 +90,8 @@ def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
 class Silence:
     """The between-chunk limit of one stream: one timer, re-armed only when it fires, that
     cancels the relaying task once the wait for the next chunk has lasted `limit_s` (a
-    timeout per chunk cost ~12 % of a streamed call's CPU). Time spent sending to a slow
-    client does not count."""
+    timeout armed for every chunk would cost ~12 % of a streamed call's CPU). Time spent
+    sending to a slow client does not count."""
 
     def __init__(self, limit_s: float) -> None:
         self.limit_s = limit_s

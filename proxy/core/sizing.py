@@ -159,7 +159,7 @@ class Sizer:
     def _without_architecture(self, model: str, view: ProviderView, declared: int | None
                               ) -> Footprint | None:
         """No KV arithmetic possible: the largest copy seen, else declared, else disk x
-        factor (the design doc's order; none of them follows the context)."""
+        factor (most measured first; none of them follows the context)."""
         seen = max((mib for v in self.views for mib in v.observed.get(model, {}).values()),
                    default=0)
         if seen:

@@ -12,7 +12,7 @@ Gemma, Mistral, Phi; Llama 3 one per three) and about one on each CJK character,
 for all would size such a prompt at a quarter of what the engine counts after prose had
 taught ~4 characters per token.
 
-A conversation the sidecar has sent before is sized as the design doc's tool loop sizes it:
+A conversation the sidecar has sent before is sized from the engine's count (docs/rules.md):
 the engine's own count for the previous call plus an estimate of what was appended since. The
 engine's count covers what characters miss (a model's own image cost, the chat template, text
 its tokenizer splits finely); the estimate never goes below the ratio's, because some Ollama

@@ -1,5 +1,5 @@
 """Operator-side scheduling: filter -> score -> spread -> bind, from Model, ModelProvider,
-CrewSchedulingPolicy and Agent documents (the design doc's "Scheduling Algorithm").
+CrewSchedulingPolicy and Agent documents (docs/operator-cli.md).
 
 Pure: documents are parsed into the frozen types below by the shell (`candidates.py`);
 "now" is passed in. Every rejection carries a reason.
