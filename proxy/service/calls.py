@@ -120,8 +120,10 @@ class CallAttempts:
 
     async def again(self, outcome: CallOutcome) -> Attempt | Refusal | None:
         failed = self._current
+        if failed is None:
+            return None  # settled already: nothing failed here
         await self.settle(outcome)
-        if failed is None or failed.claimed is None:  # the static endpoint has no other
+        if failed.claimed is None:  # the static endpoint has no other
             return _too_long(failed, outcome) if outcome.prompt_too_long else None
         if outcome.prompt_too_long:
             return await self._resize(failed, outcome)
@@ -188,9 +190,7 @@ class CallAttempts:
                                       outcome)
 
 
-def _too_long(failed: Granted | None, outcome: CallOutcome) -> Refusal:
-    provider = failed.attempt.provider if failed else "?"
-    model = failed.attempt.model if failed else None
-    return Refusal("prompt-too-large", f"provider {provider} refused the prompt as "
-                   f"longer than its context ({outcome.prompt_eval_count} tokens or more)",
-                   model)
+def _too_long(failed: Granted, outcome: CallOutcome) -> Refusal:
+    return Refusal("prompt-too-large", f"provider {failed.attempt.provider} refused the "
+                   f"prompt as longer than its context ({outcome.prompt_eval_count} tokens or "
+                   "more)", failed.attempt.model)
