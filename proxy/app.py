@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
@@ -23,7 +23,14 @@ from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.types import Candidate
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import StateStore, StoreUnavailable, Timeouts
+from proxy.ports import (
+    SYSTEM_CLOCK,
+    Clock,
+    GpuMemoryGauge,
+    StateStore,
+    StoreUnavailable,
+    Timeouts,
+)
 from proxy.service.calls import CallService
 from proxy.service.claims import Claims
 from proxy.service.demand import DemandBoard
@@ -47,10 +54,10 @@ def nats_options(settings: Settings) -> NatsOptions:
                        settings.nats_tls_cert, settings.nats_tls_key)
 
 
-def build_store(settings: Settings) -> StateStore:
+def build_store(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> StateStore:
     if settings.nats_url:
         return NatsStore(nats_options(settings), replicas=settings.nats_replicas)
-    return MemoryStore()
+    return MemoryStore(clock=clock)
 
 
 def placement_settings(settings: Settings) -> PlacementSettings:
@@ -62,25 +69,85 @@ def placement_settings(settings: Settings) -> PlacementSettings:
                              settings.wait_limit_seconds, tuple(settings.providers))
 
 
-def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
-    timeouts = Timeouts(settings.connect_timeout_seconds, settings.first_byte_timeout_seconds,
-                        settings.chunk_timeout_seconds)
-    pool = ProviderPool(settings.providers, settings.model_endpoint, settings.triage_endpoint,
-                        lambda endpoint: OllamaClient(endpoint, timeouts))
+@dataclass
+class Services:
+    """The placement service, wired: what the API calls, and what starts and stops with it."""
+
+    settings: Settings
+    store: StateStore
+    pool: ProviderPool
+    metrics: Metrics
+    prober: Prober
+    tickets: TicketBook
+    local_tickets: TicketBook  # tickets while the shared store is unreachable
+    view: StateView
+    demand: DemandBoard
+    claims: Claims
+    evictions: Evictions
+    experience: Experience
+    scheduler: Scheduler
+    plans: PlanBook
+    calls: CallService
+    _probing: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def shared(self) -> bool:
+        return self.settings.nats_url is not None
+
+    def to_probe(self) -> list[str]:
+        """Embedded: always probe. Shared: only providers nobody published fresh state for."""
+        settings = self.settings
+        now = self.scheduler.clock()
+        names = self.view.stale_providers(now) if self.shared else \
+            [c.name for c in settings.providers]
+        for config in settings.providers:
+            state = self.view.provider_state(config.name, now)
+            age = now - state.last_probed_at if state else settings.state_stale_seconds
+            self.metrics.state_age_seconds.labels(config.name).set(age)
+        return names
+
+    async def start(self) -> None:
+        try:
+            await self.store.start()
+        except StoreUnavailable as exc:
+            log.warning("shared state unavailable; placing from direct probes", error=str(exc))
+        if self.settings.providers:
+            await self.prober.round()
+        self._probing = asyncio.create_task(
+            self.prober.run(self.settings.probe_interval_seconds, self.to_probe))
+        self.plans.start()
+        self.claims.start()
+
+    async def close(self) -> None:
+        probing, self._probing = self._probing, None
+        if probing is not None:
+            probing.cancel()
+        await self.plans.close()
+        await self.claims.close()
+        if probing is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+        await self.demand.close()
+        await self.tickets.close()  # releases not yet written go out now
+        await self.local_tickets.close()
+        await self.store.close()
+        await self.pool.close()
+
+
+def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
+                   gpu_memory: GpuMemoryGauge, clock: Clock = SYSTEM_CLOCK) -> Services:
+    """Every service of the sidecar over the given store and model servers, on one clock."""
     metrics = Metrics()
-    store = store or build_store(settings)
-    shared = settings.nats_url is not None
-    local_store = MemoryStore()  # tickets while the shared store is unreachable
+    local_store = MemoryStore(clock=clock)  # tickets while the shared store is unreachable
     policy = DEFAULT_POLICY
-    prober = Prober(settings.providers, pool.clients, store,
-                    gpu_memory=DcgmExporter(PROBE_TIMEOUT_S))
-    tickets = TicketBook(store, policy, settings.ticket_ttl_seconds)
+    prober = Prober(settings.providers, pool.clients, store, gpu_memory=gpu_memory,
+                    clock=clock)
+    tickets = TicketBook(store, policy, settings.ticket_ttl_seconds, clock=clock)
     view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds,
                      tickets)
-    local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds)
+    local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds, clock=clock)
     holder = f"{settings.namespace}/{settings.agent_name}"
-    demand = DemandBoard(store, holder)
-    clock = time.time
+    demand = DemandBoard(store, holder, clock)
     claims = Claims(tickets=tickets, local_tickets=local_tickets, view=view,
                     providers=tuple(settings.providers), prober=prober, metrics=metrics,
                     holder=holder, clock=clock)
@@ -90,50 +157,36 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
     scheduler = Scheduler(settings=placement_settings(settings), pool=pool, store=store,
                           view=view, demand=demand, claims=claims, evictions=evictions,
                           experience=experience, metrics=metrics, policy=policy, clock=clock)
-    plans = PlanBook(scheduler, PlanLimits(settings.max_plans, settings.plan_memory_share))
+    plans = PlanBook(scheduler, PlanLimits(settings.max_plans, settings.plan_memory_share),
+                     clock=clock)
     calls = CallService(scheduler=scheduler, plans=plans, claims=claims, evictions=evictions,
                         experience=experience, demand=demand, prober=prober, metrics=metrics)
-
-    def to_probe() -> list[str]:
-        # Embedded: always probe. Shared: only providers nobody published fresh state for.
-        now = scheduler.clock()
-        names = view.stale_providers(now) if shared else [c.name for c in settings.providers]
-        for config in settings.providers:
-            state = view.provider_state(config.name, now)
-            age = now - state.last_probed_at if state else settings.state_stale_seconds
-            metrics.state_age_seconds.labels(config.name).set(age)
-        return names
-
     metrics.nats_connected.set_function(lambda: 1.0 if store.connected else 0.0)  # at scrape
+    return Services(settings, store, pool, metrics, prober, tickets, local_tickets, view,
+                    demand, claims, evictions, experience, scheduler, plans, calls)
+
+
+def build_app(settings: Settings, store: StateStore | None = None,
+              clock: Clock = SYSTEM_CLOCK) -> FastAPI:
+    timeouts = Timeouts(settings.connect_timeout_seconds, settings.first_byte_timeout_seconds,
+                        settings.chunk_timeout_seconds)
+    pool = ProviderPool(settings.providers, settings.model_endpoint, settings.triage_endpoint,
+                        lambda endpoint: OllamaClient(endpoint, timeouts))
+    services = build_services(settings, store or build_store(settings, clock), pool,
+                              gpu_memory=DcgmExporter(PROBE_TIMEOUT_S), clock=clock)
+    scheduler, metrics, shared = services.scheduler, services.metrics, services.shared
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        try:
-            await store.start()
-        except StoreUnavailable as exc:
-            log.warning("shared state unavailable; placing from direct probes", error=str(exc))
-        if settings.providers:
-            await prober.round()
-        probing = asyncio.create_task(prober.run(settings.probe_interval_seconds, to_probe))
-        plans.start()
-        claims.start()
+        await services.start()
         try:
             yield
         finally:
-            probing.cancel()
-            await plans.close()
-            await claims.close()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probing
-            await demand.close()
-            await tickets.close()  # releases not yet written go out now
-            await local_tickets.close()
-            await store.close()
-            await pool.close()
+            await services.close()
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
-    api = SidecarApi(calls=calls, pool=pool,
+    api = SidecarApi(calls=services.calls, pool=pool,
                      holders=scheduler.providers_with,
                      unload=scheduler.unload_everywhere, metrics=metrics,
                      max_request_bytes=settings.max_request_bytes,
@@ -141,10 +194,10 @@ def build_app(settings: Settings, store: StateStore | None = None) -> FastAPI:
                      default_can_wait=settings.role != "coordinator",
                      readiness=scheduler.ready,
                      shared_state=lambda: "embedded" if not shared else
-                     "connected" if store.connected else "unavailable")
+                     "connected" if services.store.connected else "unavailable")
     api.mount(app)
     app.state.api = api
-    KubemootApi(scheduler, plans, view, demand).mount(app)
+    KubemootApi(scheduler, services.plans, services.view, services.demand).mount(app)
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.scheduler = scheduler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,6 +75,31 @@ class StateStore(Protocol):
         ...
 
     async def delete(self, bucket: str, key: str) -> None: ...
+
+
+class Clock(Protocol):
+    """What time it is, injected into every service and the memory store so that tests run
+    on a virtual clock. Sleeps and timeouts are the event loop's own (asyncio), which tests
+    fast-forward; a test clock reads the loop's time too."""
+
+    def now(self) -> float:
+        """Wall-clock seconds since the epoch: what travels between processes (a ticket's
+        expiry, a probe's stamp, a demand entry's expiry)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds that only move forward, for waits and ages within this process."""
+        ...
+
+
+class SystemClock:
+    """The machine's clocks (the default everywhere but in tests)."""
+
+    now = staticmethod(time.time)
+    monotonic = staticmethod(time.monotonic)
+
+
+SYSTEM_CLOCK: Clock = SystemClock()
 
 
 class ChangeCounter:

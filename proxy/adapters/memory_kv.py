@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry
+from proxy.ports import (
+    BUCKETS,
+    SYSTEM_CLOCK,
+    BucketSpec,
+    CasConflict,
+    ChangeCounter,
+    Clock,
+    Entry,
+)
 
 
 class MemoryStore:
     """Revisions per bucket, compare-and-set, bucket max-age expiry, change notification."""
 
-    def __init__(self, buckets: tuple[BucketSpec, ...] = BUCKETS) -> None:
+    def __init__(self, buckets: tuple[BucketSpec, ...] = BUCKETS,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock  # entries age on its monotonic time
         self._ttl = {b.name: b.ttl_s for b in buckets}
         self._entries: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
         self._views = {name: MappingProxyType(entries) for name, entries in self._entries.items()}
@@ -36,7 +45,7 @@ class MemoryStore:
         return True
 
     def _expire(self, bucket: str) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now < self._next_expiry[bucket]:
             return
         written_at, ttl = self._written_at[bucket], self._ttl[bucket]
@@ -59,7 +68,7 @@ class MemoryStore:
 
     def _write(self, bucket: str, key: str, value: bytes) -> int:
         self._revision += 1
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self._entries[bucket][key] = Entry(key, value, self._revision)
         self._written_at[bucket][key] = now
         self._next_expiry[bucket] = min(self._next_expiry[bucket], now + self._ttl[bucket])

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,7 +16,7 @@ from proxy.core.tickets import Residency
 from proxy.core.types import Placement, Snapshot, Ticket
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import PROVIDER_TICKETS, StoreUnavailable
+from proxy.ports import PROVIDER_TICKETS, Clock, StoreUnavailable
 from proxy.service.codec import decode_ticket_set, unescape_key
 from proxy.service.prober import Prober
 from proxy.service.routing import CallOutcome
@@ -59,7 +59,7 @@ def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
 class Claims:
     def __init__(self, *, tickets: TicketBook, local_tickets: TicketBook, view: StateView,
                  providers: tuple[ProviderConfig, ...], prober: Prober, metrics: Metrics,
-                 holder: str, clock: Callable[[], float]) -> None:
+                 holder: str, clock: Clock) -> None:
         self.tickets = tickets
         self.local_tickets = local_tickets
         self.view = view
@@ -135,7 +135,7 @@ class Claims:
             local = True
             if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
                 await self.prober.refresh(placement.provider)
-                view = self.view.provider_view(self.providers[view.name], self.clock())
+                view = self.view.provider_view(self.providers[view.name], self.clock.now())
             result = await self.local_tickets.claim(ticket, view, placement.needs_free_slot)
         self.metrics.ticket_conflicts.inc(result.conflicts)
         self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
@@ -183,5 +183,5 @@ class Claims:
         """An unused held plan: its ticket goes, the model its load left (or may still be
         loading) stays counted."""
         self.unhold(claimed)
-        stays = left_loaded(claimed.placement, self.clock(), state)
+        stays = left_loaded(claimed.placement, self.clock.now(), state)
         await self.book(claimed).release(claimed.ticket, stays)

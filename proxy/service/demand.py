@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import orjson
 
 from proxy.core.types import ModelDemand
-from proxy.ports import MODEL_DEMAND, Entry, StateStore, StoreUnavailable
+from proxy.ports import MODEL_DEMAND, SYSTEM_CLOCK, Clock, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import escape_key, unescape_key
 
 WAIT_TTL_S = 600.0
@@ -89,7 +88,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
 
 class DemandBoard:
     def __init__(self, store: StateStore, agent_id: str,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
         self.agent = escape_key(agent_id)
         self.clock = clock
@@ -111,19 +110,19 @@ class DemandBoard:
             await self.store.delete(MODEL_DEMAND, key)
 
     async def waiting(self, model: str) -> None:
-        await self._put(self._key("wait", model), {"expiresAt": self.clock() + WAIT_TTL_S})
+        await self._put(self._key("wait", model), {"expiresAt": self.clock.now() + WAIT_TTL_S})
 
     async def done_waiting(self, model: str) -> None:
         await self._drop(self._key("wait", model))
 
     async def intend(self, model: str) -> None:
-        await self._put(self._key("intent", model), {"expiresAt": self.clock() + INTENT_TTL_S})
+        await self._put(self._key("intent", model), {"expiresAt": self.clock.now() + INTENT_TTL_S})
 
     async def drop_intent(self, model: str) -> None:
         await self._drop(self._key("intent", model))
 
     async def _bump(self, key: str, extra: dict[str, object], count: float = 1.0) -> None:
-        now = self.clock()
+        now = self.clock.now()
         previous = self.store.view(MODEL_DEMAND).get(key)
         rate = 0.0
         if previous is not None:
@@ -160,7 +159,7 @@ class DemandBoard:
         """Demand per model. Every decision asks and a cluster's board holds an entry per
         agent and model, so the answer is reused while the board has not changed, for up to
         VIEW_REUSE_S (rates decay over minutes; entries expire to the second)."""
-        version, now = self.store.version(MODEL_DEMAND), self.clock()
+        version, now = self.store.version(MODEL_DEMAND), self.clock.now()
         cached = self._view
         if cached is not None and cached[0] == version and 0 <= now - cached[1] < VIEW_REUSE_S:
             return cached[2]

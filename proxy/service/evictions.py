@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 
 from proxy.core.context import parse_version
 from proxy.core.models import model_name
@@ -16,7 +15,7 @@ from proxy.core.tickets import Residency
 from proxy.core.types import Snapshot
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import ModelServer, StoreUnavailable, UpstreamError
+from proxy.ports import Clock, ModelServer, StoreUnavailable, UpstreamError
 from proxy.service.claims import Claimed, Claims
 from proxy.service.snapshot import StateView
 from proxy.service.tickets import TicketBook
@@ -31,7 +30,7 @@ RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
 class Evictions:
     def __init__(self, *, clients: Mapping[str, ModelServer], claims: Claims,
                  view: StateView, providers: tuple[ProviderConfig, ...], metrics: Metrics,
-                 clock: Callable[[], float]) -> None:
+                 clock: Clock) -> None:
         self.clients = clients
         self.claims = claims
         self.tickets = claims.tickets
@@ -94,7 +93,7 @@ class Evictions:
         """An engine that ran out of memory unloads every model it holds (Ollama >= 0.30
         expires them all, sched.go:1632-1661): every copy there is marked leaving, so nothing
         joins one that is about to go, and unloaded."""
-        view = self.view.provider_view(self.providers[provider], self.clock())
+        view = self.view.provider_view(self.providers[provider], self.clock.now())
         if parse_version(view.version) < RUNTIME_OOM_UNLOADS_SINCE:
             return  # older engines keep their models; the probe after the failure tells
         models = tuple(r.model for r in view.residents if not r.leaving)
@@ -128,7 +127,7 @@ class Evictions:
     async def _seen_gone(self, provider: str, models: tuple[str, ...]) -> bool:
         """Poll `/api/ps` until it lists none of `models` (True), for at most 10 s."""
         client = self.clients[provider]
-        deadline = time.monotonic() + UNLOAD_WAIT_S
+        deadline = self.clock.monotonic() + UNLOAD_WAIT_S
         while True:
             try:
                 listed = await client.ps(client.timeouts.connect_s)
@@ -136,7 +135,7 @@ class Evictions:
                 return False
             if {model_name(m) for m in listed}.isdisjoint(models):
                 return True
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 return False
             await asyncio.sleep(UNLOAD_POLL_S)
 

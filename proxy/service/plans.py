@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,7 @@ from proxy.core.placement import in_tolerance
 from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec, Placement, Snapshot
 from proxy.observability.logging import get_logger
-from proxy.ports import StoreUnavailable, UpstreamError
+from proxy.ports import SYSTEM_CLOCK, Clock, StoreUnavailable, UpstreamError
 from proxy.service.claims import Claimed, LoadState
 from proxy.service.routing import CallRequest
 from proxy.service.scheduler import Granted, Scheduler
@@ -47,11 +46,12 @@ class HeldPlan:
 class PlanBook:
     """Plans held for threads; a thread's first call takes its plan (`take`)."""
 
-    def __init__(self, scheduler: Scheduler, limits: PlanLimits, ttl_s: float = PLAN_TTL_S
-                 ) -> None:
+    def __init__(self, scheduler: Scheduler, limits: PlanLimits, ttl_s: float = PLAN_TTL_S,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.scheduler = scheduler
         self.limits = limits
         self.ttl_s = ttl_s
+        self.clock = clock
         self.plans: dict[str, HeldPlan] = {}
         self._reaper: asyncio.Task[None] | None = None
 
@@ -67,7 +67,7 @@ class PlanBook:
     async def _reap(self) -> None:
         while True:  # a safety net for plans nobody used or released
             await asyncio.sleep(min(5.0, self.ttl_s / 4))
-            now = time.monotonic()
+            now = self.clock.monotonic()
             for thread, plan in list(self.plans.items()):
                 if now - plan.created > self.ttl_s:
                     log.info("held plan expired unused", thread=thread)
@@ -109,7 +109,7 @@ class PlanBook:
             return {"thread": thread, "planned": False, "outcome": decision.outcome,
                     "reason": decision.reason}
         placement = claimed.placement
-        plan = HeldPlan(thread, claimed, spec, time.monotonic(), acceptable)
+        plan = HeldPlan(thread, claimed, spec, self.clock.monotonic(), acceptable)
         s.claims.hold(claimed)
         if placement.loads:
             plan.loader = asyncio.create_task(self._load(claimed))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +24,8 @@ from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import (
     PROVIDER_STATE,
+    SYSTEM_CLOCK,
+    Clock,
     GpuMemoryGauge,
     ModelServer,
     StateStore,
@@ -102,7 +103,7 @@ async def _details(server: ModelServer, model: str) -> Any:
 class Prober:
     def __init__(self, configs: list[ProviderConfig], clients: Mapping[str, ModelServer],
                  store: StateStore | None, *, gpu_memory: GpuMemoryGauge,
-                 clock: Callable[[], float] = time.time, write_every_s: float = 5.0) -> None:
+                 clock: Clock = SYSTEM_CLOCK, write_every_s: float = 5.0) -> None:
         self.configs = {c.name: c for c in configs}
         self.clients = clients
         self.store = store
@@ -121,7 +122,7 @@ class Prober:
         client = self.clients[name]
         # Stamped when the probe starts: what /api/ps says may be that old, so a change a
         # call records after this moment must win over it (see merge_residency).
-        now = self.clock()
+        now = self.clock.now()
         version, ps, tags = await asyncio.gather(
             client.version(PROBE_TIMEOUT_S), client.ps(PROBE_TIMEOUT_S),
             client.tags(PROBE_TIMEOUT_S), return_exceptions=True)

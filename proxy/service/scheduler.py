@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 
 from proxy.core import context
@@ -28,7 +28,7 @@ from proxy.core.types import (
 )
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import StateStore
+from proxy.ports import SYSTEM_CLOCK, Clock, StateStore
 from proxy.service.claims import Claimed, Claims
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
@@ -72,7 +72,7 @@ class Scheduler:
     def __init__(self, *, settings: PlacementSettings, pool: ProviderPool, store: StateStore,
                  view: StateView, demand: DemandBoard, claims: Claims, evictions: Evictions,
                  experience: Experience, metrics: Metrics, policy: Policy,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.providers = {c.name: c for c in settings.providers}
         self.pool = pool
@@ -85,7 +85,8 @@ class Scheduler:
         self.learning = experience.learning
         self.metrics = metrics
         self.policy = policy
-        self.clock = clock
+        self._clock = clock
+        self.clock = clock.now  # wall-clock seconds (the API's state and explain read them)
         self._background: set[asyncio.Task[object]] = set()
         self._placing = asyncio.Lock()  # see decide_and_reserve
 
@@ -123,7 +124,7 @@ class Scheduler:
         spec = self.spec(call, candidates, at_least_tokens)
         if not self.pool.clients:  # no provider is known at all: the static endpoint
             return self._static_or_busy(call, spec, Decision("wait", None, "no providers"))
-        started = time.monotonic()
+        started = self._clock.monotonic()
         deadline = started + self.settings.wait_limit_s
         waiting_for: str | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
@@ -155,7 +156,7 @@ class Scheduler:
                 # Busy: those who cannot wait go to the static endpoint.
                 if not call.can_wait:
                     return self._static_or_busy(call, spec, decision)
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
                     return Refusal("gpu-busy", (
                         f"Every GPU that can run {spec.preferred.model} stayed busy for "
@@ -169,13 +170,13 @@ class Scheduler:
                     log.info("waiting for a GPU", model=waiting_for, reason=decision.reason)
                 if gone is None and call.disconnected is not None:
                     gone = asyncio.ensure_future(call.disconnected())
-                blocked_at = time.monotonic()
+                blocked_at = self._clock.monotonic()
                 changed = asyncio.ensure_future(self.store.changes.wait_past(
                     seen, self._wake_in(reserved.snapshot, remaining)))
                 await asyncio.wait({changed, *((gone,) if gone else ())},
                                    return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
-                waited += time.monotonic() - blocked_at
+                waited += self._clock.monotonic() - blocked_at
                 if gone is not None and gone.done():
                     log.info("client went away while waiting", model=waiting_for)
                     return Refusal("client-gone", "the client went away while "

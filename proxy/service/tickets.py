@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
@@ -26,7 +25,15 @@ from proxy.core.policy import Policy
 from proxy.core.tickets import Refused, Residency, TicketSet
 from proxy.core.types import ProviderView, Ticket
 from proxy.observability.logging import get_logger
-from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
+from proxy.ports import (
+    PROVIDER_TICKETS,
+    SYSTEM_CLOCK,
+    CasConflict,
+    Clock,
+    Entry,
+    StateStore,
+    StoreUnavailable,
+)
 from proxy.service.codec import decode_ticket_set, encode_ticket_set, escape_key
 
 log = get_logger("kubemoot.tickets")
@@ -57,7 +64,7 @@ class ClaimResult:
 
 class TicketBook:
     def __init__(self, store: StateStore, policy: Policy, ttl_s: float = DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.time,
+                 clock: Clock = SYSTEM_CLOCK,
                  release_delay_s: float = RELEASE_DELAY_S) -> None:
         self.store = store
         self.policy = policy
@@ -96,7 +103,7 @@ class TicketBook:
         owed = self._owed.get(provider)
         if not owed:
             return {}
-        now = self.clock()
+        now = self.clock.now()
         for ticket_id in [k for k, expiry in owed.items() if expiry <= now]:
             del owed[ticket_id]  # expired: gone from every set by itself
             self._owed_changes += 1
@@ -196,7 +203,7 @@ class TicketBook:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             # A stale read only costs a conflict: the server checks the revision.
             current, revision = await self._read(provider, conflicted_at)
-            now = self.clock()
+            now = self.clock.now()
             live = current.live(now)
             settled = set(self._owed.get(provider, ()))
             state = self._without_owed(provider, live)
@@ -247,7 +254,7 @@ class TicketBook:
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
                    cold: bool, evicts: dict[str, int], holder: str, context: int = 0,
                    estimate_mib: int = 0, plan: bool = False) -> Ticket:
-        now = self.clock()
+        now = self.clock.now()
         return Ticket(ticket_id, provider, model, footprint_mib, now, now + self.ttl_s,
                       cold=cold, evicts=evicts, holder=holder, context=context,
                       estimate_mib=estimate_mib, plan=plan)
@@ -295,7 +302,7 @@ class TicketBook:
 
     def _owe(self, ticket: Ticket) -> None:
         """The ticket stops counting here at once; the next write to its set removes it."""
-        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock() + self.ttl_s
+        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock.now() + self.ttl_s
         self._owed_changes += 1
         self.store.changes.bump()  # calls waiting for this room decide again
 

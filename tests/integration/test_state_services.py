@@ -25,11 +25,16 @@ from proxy.settings import ProviderConfig
 
 
 class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
+    """A clock the test moves by hand."""
 
-    def __call__(self) -> float:
-        return self.now
+    def __init__(self, at: float = 1_000_000.0) -> None:
+        self.at = at
+
+    def now(self) -> float:
+        return self.at
+
+    def monotonic(self) -> float:
+        return self.at
 
 
 def test_escaped_keys_are_kv_safe_and_reversible() -> None:
@@ -67,7 +72,7 @@ async def test_the_demand_view_is_reused_only_while_the_board_is_unchanged() -> 
     await DemandBoard(store, "crew/b", clock).waiting("qwen3:14b")
     assert board.view()["qwen3:14b"].waiters == 2  # another agent's write shows at once
     again = board.view()
-    clock.now += 1.5  # rates decay and entries expire: not reused past VIEW_REUSE_S
+    clock.at += 1.5  # rates decay and entries expire: not reused past VIEW_REUSE_S
     assert board.view() is not again
 
 
@@ -91,14 +96,14 @@ async def test_demand_rates_decay_and_entries_expire() -> None:
     board.note_use("m")
     await board.flush_uses()
     await board.intend("m")
-    clock.now += HALF_LIFE_S  # one half-life later
+    clock.at += HALF_LIFE_S  # one half-life later
     assert board.view()["m"].recent_use == pytest.approx(0.5)
     assert board.view()["m"].intents == 0  # intents live 3 minutes
     board.note_use("m")
     await board.close()  # writes what it counted
     assert board.view()["m"].recent_use == pytest.approx(1.5)
-    clock.now += 7 * 3600
-    assert aggregate(store.view(MODEL_DEMAND), clock.now) == {}
+    clock.at += 7 * 3600
+    assert aggregate(store.view(MODEL_DEMAND), clock.now()) == {}
 
 
 def test_trained_context_is_read_from_model_info() -> None:
