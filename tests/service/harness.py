@@ -103,6 +103,11 @@ class Sidecar:
     def circuit(self, provider: str) -> Circuit:
         return self.services.experience.health(self.clock.now())[provider].circuit
 
+    def decisions(self) -> float:
+        """How many placement decisions were made so far."""
+        registry = self.services.metrics.registry
+        return registry.get_sample_value("kubemoot_decision_seconds_count") or 0.0
+
     def residents(self, provider: str) -> list[str]:
         """The models the sidecar counts loaded on `provider`."""
         return sorted(r.model for r in self.services.scheduler.provider_view(provider).residents)

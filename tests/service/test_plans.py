@@ -1,0 +1,92 @@
+"""Held plans: taken by their thread's first call, released, replaced, bounded in number
+and in memory, reaped when unused, and a wait behind them ends at its limit. The decisions
+of tests/e2e/test_scheduling.py and test_bounded_waits_and_plans.py, on fakes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.service.plans import PLAN_TTL_S
+from tests.service.harness import Fleet
+
+
+async def test_a_held_plan_is_taken_by_the_first_call_of_its_thread(fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", total_vram_mib=24564)
+    sidecar = await fleet.sidecar()
+    plan = await sidecar.plan("t-1", "qwen3:14b")
+    assert plan["planned"] and plan["placement"] == "cold"
+    await asyncio.sleep(30)
+    assert "qwen3:14b" in gpu.loaded  # the load started at once
+    assert list(sidecar.services.plans.plans) == ["t-1"] and len(sidecar.tickets()) == 1
+    r = await sidecar.chat("qwen3:14b", thread="t-1")
+    assert (r.status, r.placement) == (200, "held")
+    assert gpu.stats.loads == 1 and not sidecar.tickets()
+    again = await sidecar.plan("t-2", "qwen3:14b")
+    assert again["placement"] == "warm"
+    assert await sidecar.services.plans.release("t-2")
+    assert not sidecar.tickets()
+
+
+async def test_a_plan_on_a_copy_that_went_away_is_not_taken(fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", num_parallel=2)
+    sidecar = await fleet.sidecar(probe_interval_seconds=1)
+    assert (await sidecar.chat("qwen3:8b")).status == 200
+    plan = await sidecar.plan("t-1", "qwen3:8b")
+    assert plan["placement"] == "warm"  # its ticket holds a call's share, not a load
+    await gpu.unload("qwen3:8b")  # someone unloads it on the GPU itself
+    await asyncio.sleep(2)  # the next probe sees it gone
+    r = await sidecar.chat("qwen3:8b", thread="t-1")
+    assert r.placement == "cold"  # placed afresh: the load is claimed
+    assert gpu.stats.loads == 2
+
+
+async def test_an_agent_holds_a_bounded_number_of_plans(fleet: Fleet) -> None:
+    fleet.gpu("gpu", total_vram_mib=49140, context_length=2048)
+    sidecar = await fleet.sidecar(max_plans=2)
+    assert (await sidecar.plan("t1", "qwen3:8b"))["planned"]
+    assert (await sidecar.plan("t2", "llama3.2:3b"))["planned"]
+    assert (await sidecar.plan("t2", "phi3:mini"))["planned"]  # replaces t2's: still two
+    assert len(sidecar.tickets()) == 2
+    refused = await sidecar.plan("t3", "qwen3:8b")
+    assert not refused["planned"] and refused["refusal"] == "plan-limit"
+    assert "KUBEMOOT_MAX_PLANS" in refused["reason"]
+    await sidecar.services.plans.release("t1")
+    assert (await sidecar.plan("t3", "qwen3:8b"))["planned"]
+
+
+async def test_plans_take_at_most_a_share_of_the_fleets_memory(fleet: Fleet) -> None:
+    """One agent cannot hold the fleet through plans: a fifth of 21616 MiB is 4323 MiB (the
+    first plan may take more)."""
+    fleet.gpu("gpu", total_vram_mib=24564, context_length=2048)
+    sidecar = await fleet.sidecar(plan_memory_share=0.2)
+    assert (await sidecar.plan("first", "qwen3:8b"))["planned"]  # ~5.7 GiB, alone
+    refused = await sidecar.plan("big", "llama3.2:3b")
+    assert not refused["planned"] and refused["refusal"] == "plan-memory"
+    assert "KUBEMOOT_PLAN_MEMORY_SHARE" in refused["reason"]
+    assert len(sidecar.tickets()) == 1
+
+
+async def test_an_unused_plan_is_released_after_its_ttl(fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", total_vram_mib=24564)
+    sidecar = await fleet.sidecar()
+    assert (await sidecar.plan("t-1", "qwen3:14b"))["planned"]
+    await asyncio.sleep(PLAN_TTL_S - 10)
+    assert len(sidecar.tickets()) == 1  # renewed while held
+    await asyncio.sleep(20)
+    assert not sidecar.services.plans.plans and not sidecar.tickets()
+    assert sidecar.residents("gpu") == ["qwen3:14b"] and "qwen3:14b" in gpu.loaded
+
+
+async def test_a_call_waiting_behind_held_plans_answers_at_its_limit_without_spinning(
+        fleet: Fleet) -> None:
+    fleet.gpu("gpu", total_vram_mib=24564, context_length=4096)
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=30, plan_memory_share=1.0)
+    assert (await sidecar.plan("a", "qwen3:32b"))["planned"]  # 21224 of 21616 MiB held
+    before = sidecar.decisions()
+    started = asyncio.get_running_loop().time()
+    r = await sidecar.chat("phi3:mini")  # no room beside the plan, and nothing to evict
+    assert (r.status, r.reason) == (503, "gpu-busy")
+    assert r.refusal is not None and r.refusal.retry_after_s
+    assert 30 <= asyncio.get_running_loop().time() - started < 31
+    # Woken by changes (the plan's renewals), not re-placed over and over.
+    assert sidecar.decisions() - before < 40
