@@ -154,9 +154,10 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
     evictions = Evictions(clients=pool.clients, claims=claims, view=view,
                           providers=tuple(settings.providers), metrics=metrics, clock=clock)
     experience = Experience(pool.clients)
-    scheduler = Scheduler(settings=placement_settings(settings), pool=pool, store=store,
-                          view=view, demand=demand, claims=claims, evictions=evictions,
-                          experience=experience, metrics=metrics, policy=policy, clock=clock)
+    scheduler = Scheduler(settings=placement_settings(settings), pool=pool,
+                          changes=store.changes, view=view, demand=demand, claims=claims,
+                          evictions=evictions, experience=experience, metrics=metrics,
+                          policy=policy, clock=clock)
     plans = PlanBook(scheduler, PlanLimits(settings.max_plans, settings.plan_memory_share),
                      clock=clock)
     calls = CallService(scheduler=scheduler, plans=plans, claims=claims, evictions=evictions,

@@ -28,7 +28,7 @@ from proxy.core.types import (
 )
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import SYSTEM_CLOCK, Clock, StateStore
+from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock
 from proxy.service.claims import Claimed, Claims
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
@@ -69,14 +69,15 @@ class PlacementSettings:
 
 
 class Scheduler:
-    def __init__(self, *, settings: PlacementSettings, pool: ProviderPool, store: StateStore,
+    def __init__(self, *, settings: PlacementSettings, pool: ProviderPool,
+                 changes: ChangeCounter,
                  view: StateView, demand: DemandBoard, claims: Claims, evictions: Evictions,
                  experience: Experience, metrics: Metrics, policy: Policy,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.providers = {c.name: c for c in settings.providers}
         self.pool = pool
-        self.store = store
+        self.changes = changes  # every write to state or tickets seen moves it
         self.view = view
         self.demand = demand
         self.claims = claims
@@ -132,7 +133,7 @@ class Scheduler:
         gone: asyncio.Future[None] | None = None
         try:
             while True:
-                seen = self.store.changes.value
+                seen = self.changes.value
                 reserved = await self.decide_and_reserve(spec, exclude)
                 decision = reserved.decision
                 if reserved.ticket is not None:
@@ -171,7 +172,7 @@ class Scheduler:
                 if gone is None and call.disconnected is not None:
                     gone = asyncio.ensure_future(call.disconnected())
                 blocked_at = self._clock.monotonic()
-                changed = asyncio.ensure_future(self.store.changes.wait_past(
+                changed = asyncio.ensure_future(self.changes.wait_past(
                     seen, self._wake_in(reserved.snapshot, remaining)))
                 await asyncio.wait({changed, *((gone,) if gone else ())},
                                    return_when=asyncio.FIRST_COMPLETED)
@@ -294,24 +295,12 @@ class Scheduler:
 
     # -- what the API asks besides routing ------------------------------------------------
     def providers_with(self, model: str) -> list[str]:
-        """Providers whose last probe lists the model on disk or loaded."""
-        now = self.clock()
-        wanted = normalise_model(model)
-        out = []
-        for config in self.settings.providers:
-            state = self.view.provider_state(config.name, now)
-            if state is not None and state.ready and (
-                    wanted in state.available_mib or wanted in state.loaded_mib):
-                out.append(config.name)
-        return out
+        """Providers whose fresh state lists the model on disk or loaded."""
+        return self.view.providers_with(normalise_model(model), self.clock())
 
     def ready(self) -> bool:
         """Can place calls: a static endpoint, or at least one provider with fresh state."""
-        if self.pool.static is not None:
-            return True
-        now = self.clock()
-        return any((s := self.view.provider_state(c.name, now)) is not None and s.ready
-                   for c in self.settings.providers)
+        return self.pool.static is not None or self.view.any_ready(self.clock())
 
     def provider_view(self, provider: str) -> ProviderView:
         """One provider as the state shows it now (no health, demand or local tickets)."""

@@ -60,6 +60,21 @@ class StateView:
             return None
         return best
 
+    def providers_with(self, model: str, now: float) -> list[str]:
+        """Providers whose fresh state lists the model on disk or loaded."""
+        out = []
+        for config in self.configs:
+            state = self.provider_state(config.name, now)
+            if state is not None and state.ready and (
+                    model in state.available_mib or model in state.loaded_mib):
+                out.append(config.name)
+        return out
+
+    def any_ready(self, now: float) -> bool:
+        """At least one provider with fresh state that can take calls."""
+        return any((s := self.provider_state(c.name, now)) is not None and s.ready
+                   for c in self.configs)
+
     def stale_providers(self, now: float, margin: float = 0.5) -> list[str]:
         """Providers whose shared state is missing or older than margin x the limit."""
         out = []
