@@ -97,7 +97,7 @@ class Services:
     def to_probe(self) -> list[str]:
         """Embedded: always probe. Shared: only providers nobody published fresh state for."""
         settings = self.settings
-        now = self.scheduler.clock()
+        now = self.scheduler.clock.now()
         names = self.view.stale_providers(now) if self.shared else \
             [c.name for c in settings.providers]
         for config in settings.providers:

@@ -128,16 +128,15 @@ class OllamaClient:
         return list((await self._object("/api/tags", timeout_s)).get("models") or [])
 
     async def _object(self, path: str, timeout_s: float | None) -> dict[str, Any]:
-        data = await self.get_json(path, timeout_s)
+        data = await self._get_json(path, timeout_s)
         if not isinstance(data, dict):
             raise UpstreamError(f"{self.endpoint}{path}: response is not a JSON object")
         return data
 
-    # get_json and post_json: used by scheduler and routes until they move to the port
-    async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
+    async def _get_json(self, path: str, timeout_s: float | None = None) -> Any:
         return await self._json("GET", path, None, timeout_s)
 
-    async def post_json(self, path: str, body: dict[str, Any],
+    async def _post_json(self, path: str, body: dict[str, Any],
                         timeout_s: float | None = None) -> Any:
         return await self._json("POST", path, body, timeout_s)
 
@@ -173,9 +172,9 @@ class OllamaClient:
         body: dict[str, Any] = {"model": model}
         if num_ctx:
             body["options"] = {"num_ctx": num_ctx}
-        await self.post_json("/api/generate", body, timeout_s)
+        await self._post_json("/api/generate", body, timeout_s)
 
     async def unload(self, model: str) -> None:
         """Ask Ollama to release a model (`keep_alive: 0`); it returns at once."""
-        await self.post_json("/api/generate", {"model": model, "keep_alive": 0},
+        await self._post_json("/api/generate", {"model": model, "keep_alive": 0},
                              self.timeouts.connect_s + 5)

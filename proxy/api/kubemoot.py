@@ -118,7 +118,7 @@ class KubemootApi:
         })
 
     async def state(self, request: Request) -> Response:
-        snap = self.scheduler.snapshot(self.scheduler.clock())
+        snap = self.scheduler.snapshot(self.scheduler.clock.now())
         return _json({
             "providers": [{
                 "name": v.name, "ready": v.ready, "totalVramMiB": v.total_vram_mib,

@@ -29,7 +29,7 @@ log = get_logger("kubemoot.relay")
 NDJSON = "application/x-ndjson"
 
 
-def route_headers(attempt: Attempt) -> dict[str, str]:
+def attempt_headers(attempt: Attempt) -> dict[str, str]:
     headers = {
         "X-Kubemoot-Provider": attempt.provider,
         "X-Kubemoot-Model": attempt.model,
@@ -361,7 +361,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     during a load or a long complete answer) has the call to Ollama cancelled with it.
     """
     started = time.perf_counter()
-    headers = route_headers(attempt)
+    headers = attempt_headers(attempt)
 
     def failed(cause: str, healthy: bool = False, answer: Response | None = None
                ) -> Unanswered:
@@ -415,7 +415,8 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         counted = prompt_too_long(data[:4096].decode(errors="replace"))
         if counted is not None:
             # The estimate was short: the call is placed again, sized at what the engine
-            # counted (at least the context).
+            # counted (at least the context); the engine's answer is the one to give only
+            # if it cannot be.
             at_least = max(counted, attempt.context_length)
             return Unanswered(
                 CallOutcome(True, time.perf_counter() - started, at_least,

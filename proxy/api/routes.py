@@ -1,4 +1,4 @@
-"""FastAPI routes: Ollama's API on the outside, the router and the relay on the inside."""
+"""FastAPI routes: Ollama's API on the outside, the call service and the relay inside."""
 
 from __future__ import annotations
 

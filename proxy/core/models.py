@@ -1,4 +1,4 @@
-"""Model names as Ollama spells them."""
+"""Model names as Ollama spells them, and which models an agent's calls may run."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class CallService:
         learn from the outcome: the provider's health, the prompt's size, the load's speed."""
         placement = claimed.placement
         self.claims.unhold(claimed)
-        now = self.clock()
+        now = self.clock.now()
         circuit = self.experience.record(placement.provider, outcome, now)
         # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
         self.metrics.circuit_open.labels(placement.provider).set(
@@ -110,7 +110,7 @@ class CallAttempts:
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
-        granted = await s.plans.take(self.call) or await s.scheduler.route(self.call)
+        granted = await s.plans.take(self.call) or await s.scheduler.place_call(self.call)
         if isinstance(granted, Refusal):
             s.metrics.refusals.labels(granted.reason).inc()
             log.info("call refused", path=self.call.path,
@@ -135,7 +135,7 @@ class CallAttempts:
             return _too_long(failed, outcome)
         self._resized = True
         tokens = outcome.prompt_eval_count or 0
-        placed = await self.service.scheduler.route(self.call, tokens)
+        placed = await self.service.scheduler.place_call(self.call, tokens)
         if isinstance(placed, Refusal):
             return placed
         log.info("placed again: the engine counted the prompt longer than its context",
@@ -152,7 +152,7 @@ class CallAttempts:
         if self._retried or not scheduler.others_could_take(failed.spec, provider):
             return None
         self._retried = True
-        placed = await scheduler.route(self.call, exclude=frozenset((provider,)))
+        placed = await scheduler.place_call(self.call, exclude=frozenset((provider,)))
         if isinstance(placed, Refusal):
             # Every other GPU stayed busy, or the agent left: that is the answer. Any other
             # refusal means no other could ever take it: the failure is the answer.

@@ -21,7 +21,7 @@ NO_PROMPT = PromptSize()  # frozen: one instance serves as every default
 
 @dataclass(frozen=True)
 class CallRequest:
-    """What the router needs to know about one inference call."""
+    """What the placement service needs to know about one inference call."""
 
     path: str
     model: str | None

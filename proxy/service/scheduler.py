@@ -86,8 +86,7 @@ class Scheduler:
         self.learning = experience.learning
         self.metrics = metrics
         self.policy = policy
-        self._clock = clock
-        self.clock = clock.now  # wall-clock seconds (the API's state and explain read them)
+        self.clock = clock
         self._background: set[asyncio.Task[object]] = set()
         self._placing = asyncio.Lock()  # see decide_and_reserve
 
@@ -113,7 +112,7 @@ class Scheduler:
                         phase="triage" if call.phase == "triage" else "mulling")
 
     # -- the call path ---------------------------------------------------------------------
-    async def route(self, call: CallRequest, at_least_tokens: int = 0,
+    async def place_call(self, call: CallRequest, at_least_tokens: int = 0,
                     exclude: frozenset[str] = frozenset()) -> Granted | Refusal:
         """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
         engine counted of its prompt after refusing it as longer than a context; `exclude`:
@@ -125,7 +124,7 @@ class Scheduler:
         spec = self.spec(call, candidates, at_least_tokens)
         if not self.pool.clients:  # no provider is known at all: the static endpoint
             return self._static_or_busy(call, spec, Decision("wait", None, "no providers"))
-        started = self._clock.monotonic()
+        started = self.clock.monotonic()
         deadline = started + self.settings.wait_limit_s
         waiting_for: str | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
@@ -157,7 +156,7 @@ class Scheduler:
                 # Busy: those who cannot wait go to the static endpoint.
                 if not call.can_wait:
                     return self._static_or_busy(call, spec, decision)
-                remaining = deadline - self._clock.monotonic()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     return Refusal("gpu-busy", (
                         f"Every GPU that can run {spec.preferred.model} stayed busy for "
@@ -171,13 +170,13 @@ class Scheduler:
                     log.info("waiting for a GPU", model=waiting_for, reason=decision.reason)
                 if gone is None and call.disconnected is not None:
                     gone = asyncio.ensure_future(call.disconnected())
-                blocked_at = self._clock.monotonic()
+                blocked_at = self.clock.monotonic()
                 changed = asyncio.ensure_future(self.changes.wait_past(
                     seen, self._wake_in(reserved.snapshot, remaining)))
                 await asyncio.wait({changed, *((gone,) if gone else ())},
                                    return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
-                waited += self._clock.monotonic() - blocked_at
+                waited += self.clock.monotonic() - blocked_at
                 if gone is not None and gone.done():
                     log.info("client went away while waiting", model=waiting_for)
                     return Refusal("client-gone", "the client went away while "
@@ -197,7 +196,7 @@ class Scheduler:
         await self._placing.acquire()
         try:
             decided_at = time.perf_counter()
-            snapshot = self.snapshot(self.clock(), exclude)
+            snapshot = self.snapshot(self.clock.now(), exclude)
             decision = place(spec, snapshot, self.policy)
             self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
             ticket = None
@@ -261,7 +260,7 @@ class Scheduler:
         client = self.pool.clients[placement.provider]
         if not held_plan and placement.evicts:
             await self.evictions.make_room(claimed)
-        self.experience.start_trial(placement.provider, self.clock())
+        self.experience.start_trial(placement.provider, self.clock.now())
         self.claims.hold(claimed)
         attempt = Attempt(placement.provider, client, placement.model,
                           "held" if held_plan else placement.kind,
@@ -276,7 +275,7 @@ class Scheduler:
         """Whether a provider other than the one that failed the call could take it, now or
         after a wait: one that is up and has one of its models."""
         excluded = frozenset((failed,))
-        snapshot = self.snapshot(self.clock(), excluded)
+        snapshot = self.snapshot(self.clock.now(), excluded)
         if place(spec, snapshot, self.policy).outcome not in ("placed", "wait"):
             return False
         wanted = {c.model for c in spec.candidates}
@@ -286,7 +285,7 @@ class Scheduler:
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload: see Evictions.unload_everywhere."""
         return await self.evictions.unload_everywhere(normalise_model(model),
-                                                      self.snapshot(self.clock()))
+                                                      self.snapshot(self.clock.now()))
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.ensure_future(coro)
@@ -296,15 +295,15 @@ class Scheduler:
     # -- what the API asks besides routing ------------------------------------------------
     def providers_with(self, model: str) -> list[str]:
         """Providers whose fresh state lists the model on disk or loaded."""
-        return self.view.providers_with(normalise_model(model), self.clock())
+        return self.view.providers_with(normalise_model(model), self.clock.now())
 
     def ready(self) -> bool:
         """Can place calls: a static endpoint, or at least one provider with fresh state."""
-        return self.pool.static is not None or self.view.any_ready(self.clock())
+        return self.pool.static is not None or self.view.any_ready(self.clock.now())
 
     def provider_view(self, provider: str) -> ProviderView:
         """One provider as the state shows it now (no health, demand or local tickets)."""
-        return self.view.provider_view(self.providers[provider], self.clock())
+        return self.view.provider_view(self.providers[provider], self.clock.now())
 
     def automatic_context(self, provider: str, model: str) -> tuple[int, int]:
         """num_ctx as Ollama records it, and the context, of a copy it loads for a call that
@@ -322,6 +321,6 @@ class Scheduler:
         call = CallRequest("/api/chat", model, phase, prompt=PromptSize(prompt_chars),
                            num_ctx=num_ctx)
         spec = self.spec(call, candidates)
-        decision, verdicts = explain(spec, self.snapshot(self.clock()), self.policy)
+        decision, verdicts = explain(spec, self.snapshot(self.clock.now()), self.policy)
         return decision, verdicts, spec
 

@@ -696,7 +696,7 @@ async def test_a_burst_of_calls_does_not_hold_back_the_first_claim(
     app = build_app(load_settings(providers=[provider_entry(gpu)]), NextTurnWrites(events))
     async with app.router.lifespan_context(app):
         events.clear()
-        routes = await asyncio.gather(*(app.state.scheduler.route(
+        routes = await asyncio.gather(*(app.state.scheduler.place_call(
             CallRequest("/api/chat", "qwen3:8b")) for _ in range(8)))
         calls = app.state.api.calls
         for granted in routes:

@@ -160,7 +160,7 @@ async def test_a_complete_answer_settles_its_route_even_when_sending_fails(
     assert len(outcomes) == 1 and outcomes[0].ok
 
 
-async def test_streaming_returns_a_stream_with_route_headers(upstream: respx.Router) -> None:
+async def test_streaming_returns_a_stream_with_attempt_headers(upstream: respx.Router) -> None:
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
         200, content=b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'))
     outcomes: list[CallOutcome] = []
