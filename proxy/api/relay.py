@@ -336,8 +336,16 @@ async def forward(attempts: Attempts, path: str, body: dict[str, Any], stream: b
     the service has no other), and relay that answer (or the failure)."""
     placed = await attempts.first()
     while not isinstance(placed, Refusal):
-        sent = await send_attempt(placed, attempts, path, body, stream, chunk_timeout_s,
-                                  dialect, disconnected)
+        try:
+            sent = await send_attempt(placed, attempts, path, body, stream, chunk_timeout_s,
+                                      dialect, disconnected)
+        except BaseException as exc:
+            # Shutdown, or a fault of the relay's own: the ticket must not stay held. Nothing
+            # is known of the provider's health.
+            await asyncio.shield(attempts.settle(CallOutcome(
+                False, 0.0, error=f"relay stopped: {type(exc).__name__}", client_left=True,
+                began=False)))
+            raise
         if isinstance(sent, Response):
             return sent
         another = await attempts.again(sent.outcome)

@@ -138,6 +138,15 @@ async def test_connect_error_is_502_upstream_failed(upstream: respx.Router) -> N
     assert not outcomes[0].ok
 
 
+async def test_an_attempt_is_settled_when_the_relay_itself_fails(
+        upstream: respx.Router) -> None:
+    upstream.post(f"{BASE}/api/chat").mock(side_effect=RuntimeError("a fault of our own"))
+    outcomes: list[CallOutcome] = []
+    with pytest.raises(RuntimeError):
+        await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    assert len(outcomes) == 1 and outcomes[0].client_left  # released, not held to shutdown
+
+
 async def test_non_streaming_reports_engine_metrics(upstream: respx.Router) -> None:
     final = {"model": "m", "done": True, "prompt_eval_count": 42, "load_duration": 2_000_000_000}
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(200, json=final))
