@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from proxy.adapters.memory_kv import MemoryStore
+from proxy.api.errors import REFUSAL_STATUS
 from proxy.app import Services, build_services
 from proxy.core.engine_errors import SERVER_BUSY, prompt_too_long
 from proxy.core.tokens import PromptSize
@@ -146,8 +147,7 @@ async def send(attempt: Attempt, call: CallRequest) -> tuple[CallOutcome, bool]:
 
 
 def _status(refusal: Refusal) -> int:
-    return {"gpu-busy": 503, "model-too-large": 507, "prompt-too-large": 413,
-            "model-not-found": 404, "client-gone": 499}.get(refusal.reason, 400)
+    return REFUSAL_STATUS[refusal.reason]
 
 
 class Fleet:

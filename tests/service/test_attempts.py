@@ -47,7 +47,7 @@ async def test_a_refused_connection_is_retried_on_another_provider(fleet: Fleet)
     sidecar = await fleet.sidecar(probe_interval_seconds=60)
     a.script(Answer(refused=True))  # the last probe still says it is ready
     r = await sidecar.chat("qwen3:8b")
-    assert (r.status, r.provider) == (200, "b")
+    assert (r.status, [t.provider for t in r.attempts]) == (200, ["a", "b"])
 
 
 async def test_a_retry_waits_for_a_slot_like_a_first_attempt(fleet: Fleet) -> None:
@@ -65,7 +65,9 @@ async def test_a_retry_waits_for_a_slot_like_a_first_attempt(fleet: Fleet) -> No
     free = b if a.stats.calls else a
     free.script(Answer.failing(500))
     r = await sidecar.chat("qwen3:8b")  # the free copy fails; the retry waits for the busy one
-    assert r.status == 200 and r.provider != free.config.name
+    other = b if free is a else a
+    assert (r.status, [t.provider for t in r.attempts]) == (
+        200, [free.config.name, other.config.name])
     assert r.last.waited_ms > 0
     await busy
 
@@ -93,6 +95,24 @@ async def test_a_prompt_is_placed_again_once_not_twice(fleet: Fleet) -> None:
     r = await sidecar.chat("qwen3:8b", prompt_chars=8000)
     assert (r.status, r.reason) == (413, "prompt-too-large")
     assert [t.provider for t in r.attempts] == ["small", "big"]
+    assert not sidecar.tickets()
+
+
+async def test_a_call_has_one_retry_and_one_re_sizing_in_all(fleet: Fleet) -> None:
+    """a fails, b (the retry) finds the prompt too long, c (the re-sizing) fails: the call
+    has used both and ends with c's failure, not a second retry."""
+    a = fleet.gpu("a", context_length=4096)
+    b = fleet.gpu("b", context_length=4096)
+    c = fleet.gpu("c", context_length=16384)
+    a.preload("qwen3:8b")
+    b.preload("qwen3:8b")
+    sidecar = await fleet.sidecar()
+    a.script(Answer.failing(500))
+    b.script(Answer.too_long())
+    c.script(Answer.failing(500), Answer.failing(500))
+    r = await sidecar.chat("qwen3:8b", prompt_chars=2000)
+    assert r.status == 502
+    assert [t.provider for t in r.attempts] == ["a", "b", "c"]
     assert not sidecar.tickets()
 
 

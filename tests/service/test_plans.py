@@ -36,8 +36,9 @@ async def test_a_plan_on_a_copy_that_went_away_is_not_taken(fleet: Fleet) -> Non
     await gpu.unload("qwen3:8b")  # someone unloads it on the GPU itself
     await asyncio.sleep(2)  # the next probe sees it gone
     r = await sidecar.chat("qwen3:8b", thread="t-1")
-    assert r.placement == "cold"  # placed afresh: the load is claimed
+    assert (r.status, r.placement) == (200, "cold")  # placed afresh: the load is claimed
     assert gpu.stats.loads == 2
+    assert not sidecar.services.plans.plans and not sidecar.tickets()  # the plan's released
 
 
 async def test_an_agent_holds_a_bounded_number_of_plans(fleet: Fleet) -> None:
