@@ -18,9 +18,11 @@ from proxy.adapters.ollama import OllamaClient
 from proxy.api.errors import install_error_shapes
 from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
+from proxy.core.fleet import fleet_figures
 from proxy.core.models import CallModels, normalise_model
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.types import Candidate
+from proxy.observability.fleet import FleetCollector
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import (
@@ -163,6 +165,8 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
     calls = CallService(scheduler=scheduler, plans=plans, claims=claims, evictions=evictions,
                         experience=experience, demand=demand, prober=prober, metrics=metrics)
     metrics.nats_connected.set_function(lambda: 1.0 if store.connected else 0.0)  # at scrape
+    metrics.registry.register(FleetCollector(
+        lambda: fleet_figures(scheduler.snapshot(clock.now()), policy)))
     return Services(settings, store, pool, metrics, prober, tickets, local_tickets, view,
                     demand, claims, evictions, experience, scheduler, plans, calls)
 
