@@ -15,8 +15,10 @@ install: $(BIN)/python
 dev: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 
-# Command 1: the sidecar in front of a simulated 3-GPU fleet, embedded state.
+# Command 1: the sidecar in front of a simulated 3-GPU fleet, embedded state; with the
+# official ollama client, which the demo's banner and the README's examples use.
 demo: install
+	$(BIN)/pip install --quiet ollama
 	$(BIN)/kubemoot-proxy serve --demo
 
 # Command 2: dev dependencies, lint, types, tests.

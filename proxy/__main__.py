@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib
+import importlib.util
+import socket
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from proxy import __version__
 from proxy.settings import ConfigError, Settings, load_settings, parse_listen
 
 
@@ -28,10 +31,19 @@ def _serve(args: argparse.Namespace) -> int:
         overrides.setdefault("model_model", "qwen3:8b")
     if args.listen:
         overrides["listen"] = args.listen
-    settings = load_settings(args.config, **overrides)
-    _require_something_to_call(settings)
+    try:
+        settings = load_settings(args.config, **overrides)
+        _require_something_to_call(settings)
+        # Bound before anything is printed: an address in use is a one-line error.
+        sockets = [_bind("--listen" if args.listen else "KUBEMOOT_LISTEN", settings.listen)]
+        if settings.ops_listen:
+            sockets.append(_bind("KUBEMOOT_OPS_LISTEN", settings.ops_listen))
+    except ConfigError:
+        for server in fleet:
+            server.stop()
+        raise
     configure_logging(settings.log_level)
-    host, port = settings.listen_host_port
+    print(_startup_line(settings), flush=True)
     if fleet:
         _print_demo_banner(settings, fleet)
     app = build_app(settings)
@@ -40,16 +52,52 @@ def _serve(args: argparse.Namespace) -> int:
     # every call in flight stalled behind it).
     gc.collect()
     gc.freeze()
-    servers = [listener(app, host, port, "on")]
+    host, port = settings.listen_host_port
+    servers = [(listener(app, host, port, "on"), sockets[0])]
     if settings.ops_listen:
         from proxy.app import build_ops_app
 
         ops_host, ops_port = parse_listen(settings.ops_listen)
-        servers.append(listener(build_ops_app(app), ops_host, ops_port, "off"))
+        servers.append((listener(build_ops_app(app), ops_host, ops_port, "off"), sockets[1]))
     _run(_serve_all(servers))
     for server in fleet:
         server.stop()
     return 0
+
+
+def _bind(setting: str, address: str) -> socket.socket:
+    host, port = parse_listen(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise ConfigError(f"{setting}: cannot listen on {address}: "
+                          f"{exc.strerror or exc}") from None
+
+
+def _startup_line(settings: Settings) -> str:
+    """Where the sidecar listens, what it places calls on and where its state lives (no
+    credentials: a NATS URL's user and password are left out)."""
+    host, port = settings.listen_host_port
+    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    ops = f", ops on {settings.ops_listen}" if settings.ops_listen else ""
+    targets = f"{len(settings.providers)} providers" if settings.providers else \
+        "the static endpoint"
+    if settings.nats_url:
+        servers = ", ".join(_without_credentials(u) for u in settings.nats_url.split(","))
+        state = f"shared state in NATS at {servers}"
+    else:
+        state = "embedded state (this process only)"
+    return f"kubemoot-proxy {__version__} listening on {where}{ops}: {targets}, {state}"
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url.strip())
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return parts._replace(netloc=netloc).geturl()
 
 
 def _simulator() -> tuple[Any, Any]:
@@ -84,8 +132,8 @@ def _run(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
-async def _serve_all(servers: list[Any]) -> None:
-    await asyncio.gather(*(server.serve() for server in servers))
+async def _serve_all(servers: list[tuple[Any, socket.socket]]) -> None:
+    await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
 
 
 def _require_something_to_call(settings: Settings) -> None:
@@ -106,7 +154,9 @@ def _print_demo_banner(settings: Settings, fleet: Sequence[object]) -> None:
         "Try it:",
         f"  curl http://{host}:{port}/api/chat -d "
         "'{\"model\":\"qwen3:8b\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'",
-        f"  OLLAMA_HOST={host}:{port} python -c \"import ollama; "
+        *([] if importlib.util.find_spec("ollama") else
+          [f"  {sys.executable} -m pip install ollama   # the client, for the next line"]),
+        f"  OLLAMA_HOST={host}:{port} {sys.executable} -c \"import ollama; "
         "print(ollama.chat(model='qwen3:14b', messages=[{'role':'user','content':'hi'}]))\"",
         f"  curl http://{host}:{port}/api/ps",
     ]

@@ -229,6 +229,9 @@ class Settings(BaseSettings):
 
 def parse_listen(value: str) -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` into (host, port)."""
+    if "://" in value:
+        raise ValueError(f"expected host:port without a scheme (like 127.0.0.1:11434), got "
+                         f"{value!r}")
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise ValueError(f"expected host:port, got {value!r}")

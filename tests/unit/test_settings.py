@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from proxy import __version__
 from proxy.settings import ConfigError, load_settings
 
 PROVIDERS = [{"name": "a", "endpoint": "http://127.0.0.1:1", "totalVramMiB": 24564,
@@ -97,6 +99,8 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         ({"KUBEMOOT_PROVIDERS": "/no/such/file.yaml"}, "KUBEMOOT_PROVIDERS"),
         ({"KUBEMOOT_LISTEN": "localhost"}, "KUBEMOOT_LISTEN"),
         ({"KUBEMOOT_LISTEN": "127.0.0.1:99999"}, "KUBEMOOT_LISTEN"),
+        ({"KUBEMOOT_LISTEN": "http://127.0.0.1:11434"}, "KUBEMOOT_LISTEN"),
+        ({"KUBEMOOT_OPS_LISTEN": "https://0.0.0.0:9090"}, "KUBEMOOT_OPS_LISTEN"),
         ({"KUBEMOOT_ROLE": "boss"}, "KUBEMOOT_ROLE"),
         ({"KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": "lots"}, "KUBEMOOT_MODEL_CANDIDATE_TOLERANCE"),
     ],
@@ -137,3 +141,36 @@ def test_secrets_stay_out_of_logs_and_reprs(monkeypatch: pytest.MonkeyPatch) -> 
     assert "hunter2" not in text and "t0ken" not in text
     assert redact("nats://agent:hunter2@nats-1:4222,tls://t0ken@nats-2:4222") == (
         "nats://***@nats-1:4222,tls://***@nats-2:4222")
+
+
+def _serve(*args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "proxy", "serve", *args],
+                            env={"PATH": "/usr/bin:/bin", **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_an_address_in_use_exits_2_with_one_line_before_any_banner() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        serve = _serve("--listen", f"127.0.0.1:{port}",
+                       KUBEMOOT_MODEL_ENDPOINT="http://127.0.0.1:9")
+        out, err = serve.communicate(timeout=60)
+    assert serve.returncode == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"--listen: cannot listen on 127.0.0.1:{port}" in lines[0], err
+
+
+def test_serve_says_in_one_line_where_it_listens_and_what_state_it_uses() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        port = free.getsockname()[1]
+    serve = _serve("--listen", f"127.0.0.1:{port}", KUBEMOOT_MODEL_ENDPOINT="http://127.0.0.1:9",
+                   KUBEMOOT_NATS_URL="nats://agent:s3cret@127.0.0.1:9")
+    try:
+        assert serve.stdout is not None
+        line = serve.stdout.readline()
+    finally:
+        serve.kill()
+        serve.communicate()
+    assert line.startswith(f"kubemoot-proxy {__version__} listening on http://127.0.0.1:{port}")
+    assert "the static endpoint" in line and "NATS at nats://127.0.0.1:9" in line
+    assert "s3cret" not in line and "agent" not in line
