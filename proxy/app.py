@@ -15,6 +15,7 @@ from proxy.adapters.dcgm import DcgmExporter
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
+from proxy.api.cors import OllamaCors
 from proxy.api.errors import install_error_shapes
 from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
@@ -191,6 +192,7 @@ def build_app(settings: Settings, store: StateStore | None = None,
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(OllamaCors, extra_origins=settings.origins)
     api = SidecarApi(calls=services.calls, pool=pool,
                      holders=scheduler.providers_with,
                      unload=scheduler.unload_everywhere, metrics=metrics,

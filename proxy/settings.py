@@ -157,6 +157,9 @@ class Settings(BaseSettings):
     # Share of the fleet's usable memory that loads held for plans may take, all agents'
     plan_memory_share: float = Field(default=0.5, ge=0, le=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # CORS origins beyond Ollama's own (localhost, 127.0.0.1, 0.0.0.0, app://, file://, ...),
+    # comma-separated, `*` a wildcard, as OLLAMA_ORIGINS
+    origins: Annotated[list[str], NoDecode] = []
 
     @field_validator("model_candidates_mulling", "model_candidates_triage", mode="before")
     @classmethod
@@ -185,6 +188,13 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("origins", mode="before")
+    @classmethod
+    def _origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [o.strip() for o in value.split(",") if o.strip()]
+        return value
 
     @field_validator("listen", "ops_listen")
     @classmethod

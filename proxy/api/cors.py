@@ -1,0 +1,52 @@
+"""CORS as Ollama answers it (envconfig.AllowedOrigins, server/routes.go): browsers on
+localhost, 127.0.0.1 and 0.0.0.0 (any port, http or https), app://, file://, tauri://, VS Code
+webviews and browser extensions, plus the operator's KUBEMOOT_ORIGINS; the headers Ollama
+allows, and the sidecar's own X-Kubemoot-* request and answer headers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp
+
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
+SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
+EXTENSIONS = ("chrome-extension", "safari-extension", "moz-extension", "ms-browser-extension")
+ALLOWED_HEADERS = ("Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With",
+                   "OpenAI-Beta", "x-stainless-arch", "x-stainless-async",
+                   "x-stainless-custom-poll-interval", "x-stainless-helper-method",
+                   "x-stainless-lang", "x-stainless-os", "x-stainless-package-version",
+                   "x-stainless-poll-helper", "x-stainless-retry-count",
+                   "x-stainless-runtime", "x-stainless-runtime-version", "x-stainless-timeout",
+                   "anthropic-version", "anthropic-beta", "x-api-key",
+                   "X-Kubemoot-Phase", "X-Kubemoot-Wait", "X-Kubemoot-Thread")
+EXPOSED_HEADERS = ("X-Kubemoot-Provider", "X-Kubemoot-Model", "X-Kubemoot-Placement",
+                   "X-Kubemoot-Waited-Ms", "X-Kubemoot-Evicted", "Retry-After")
+
+
+def origin_pattern(extra: Iterable[str]) -> str:
+    """One regular expression for every allowed origin; `*` in an origin matches any run of
+    characters but a slash (so `http://*.example.com` cannot reach into a path)."""
+    wildcards = [f"{scheme}://{host}" for host in LOCAL_HOSTS for scheme in ("http", "https")]
+    wildcards += [f"{scheme}://{host}:*" for host in LOCAL_HOSTS for scheme in ("http", "https")]
+    wildcards += [f"{scheme}://*" for scheme in (*SCHEMES, *EXTENSIONS)]
+    wildcards += list(extra)
+    parts = (re.escape(w).replace(r"\*", "[^/]*") for w in wildcards)
+    return "(?:" + "|".join(parts) + ")"
+
+
+MAX_ORIGIN_CHARS = 256  # longer is no origin a browser sends; the pattern never sees it
+
+
+class OllamaCors(CORSMiddleware):
+    def __init__(self, app: ASGIApp, extra_origins: Iterable[str] = ()) -> None:
+        super().__init__(app, allow_origin_regex=origin_pattern(extra_origins),
+                         allow_methods=("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
+                                        "OPTIONS"),
+                         allow_headers=ALLOWED_HEADERS, expose_headers=EXPOSED_HEADERS,
+                         max_age=12 * 3600)
+
+    def is_allowed_origin(self, origin: str) -> bool:
+        return len(origin) <= MAX_ORIGIN_CHARS and super().is_allowed_origin(origin)

@@ -1,0 +1,57 @@
+"""CORS as Ollama answers it: browser pages on localhost (any port) and local app schemes may
+call the sidecar; other origins only when KUBEMOOT_ORIGINS lets them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+
+
+@pytest.mark.parametrize(("origin", "allowed"), [
+    ("http://localhost:3000", True), ("https://127.0.0.1", True), ("http://0.0.0.0:8080", True),
+    ("app://obsidian.md", True), ("chrome-extension://abcdef", True),
+    ("https://evil.example", False), ("http://localhost.evil.example", False),
+    ("http://127.0.0.1:80/path", False)])
+def test_origins_as_ollama_allows_them(origin: str, allowed: bool, sim_factory: Sims,
+                                       sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.get(f"{url}/api/tags", headers={"Origin": origin})
+    assert r.status_code == 200
+    assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+
+
+def test_a_browser_preflight_for_a_chat_call_is_answered(sim_factory: Sims,
+                                                         sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.options(f"{url}/api/chat", headers={
+        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,x-kubemoot-phase"})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://localhost:5173"
+    assert "POST" in r.headers["access-control-allow-methods"]
+    chat = httpx.post(f"{url}/api/chat", headers={"Origin": "http://localhost:5173"}, json={
+        "model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}], "stream": False})
+    assert chat.status_code == 200
+    assert "X-Kubemoot-Provider" in chat.headers["access-control-expose-headers"]
+
+
+def test_more_origins_from_the_setting_and_no_work_for_a_huge_one(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")], origins="https://*.example.com").url
+    ok = httpx.get(f"{url}/api/tags", headers={"Origin": "https://app.example.com"})
+    assert ok.headers.get("access-control-allow-origin") == "https://app.example.com"
+    other = httpx.get(f"{url}/api/tags", headers={"Origin": "https://example.com.evil.net"})
+    assert "access-control-allow-origin" not in other.headers
+    started = time.perf_counter()
+    huge = httpx.get(f"{url}/api/tags", headers={"Origin": "https://" + "a." * 3000 + "x"})
+    assert huge.status_code == 200 and "access-control-allow-origin" not in huge.headers
+    assert time.perf_counter() - started < 1.0
