@@ -200,6 +200,7 @@ def build_app(settings: Settings, store: StateStore | None = None,
                      chunk_timeout_s=settings.chunk_timeout_seconds,
                      default_can_wait=settings.role != "coordinator",
                      readiness=scheduler.ready,
+                     prompt_tokens=services.experience.learning.prompt_tokens,
                      shared_state=lambda: "embedded" if not shared else
                      "connected" if services.store.connected else "unavailable")
     api.mount(app)

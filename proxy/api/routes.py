@@ -108,7 +108,8 @@ class SidecarApi:
                  holders: Callable[[str], list[str]],
                  unload: Callable[[str], Awaitable[list[str]]], metrics: Metrics,
                  max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
-                 readiness: Callable[[], bool], shared_state: Callable[[], str]) -> None:
+                 readiness: Callable[[], bool], shared_state: Callable[[], str],
+                 prompt_tokens: Callable[[CallRequest], int]) -> None:
         self.calls = calls
         self.pool = pool
         self.holders = holders
@@ -119,6 +120,7 @@ class SidecarApi:
         self.default_can_wait = default_can_wait
         self.readiness = readiness
         self.shared_state = shared_state  # embedded, connected, or unavailable
+        self.prompt_tokens = prompt_tokens  # the placement's own estimate of a prompt
 
     def mount(self, app: FastAPI) -> None:
         # Plain Starlette routes: the handlers read the request themselves, so FastAPI's
@@ -135,6 +137,7 @@ class SidecarApi:
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
+        add("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
         add("/v1/models/{model:path}", self.openai_model, methods=["GET"])
         add("/healthz", self.healthz, methods=["GET"])
@@ -296,6 +299,16 @@ class SidecarApi:
             return error_response(404, "model-not-found",
                                   f"model '{name}' is on no provider", name, dialect="openai")
         return _json(self._openai_model(key, models[key]))
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's token count, as the sidecar sizes the prompt to place it (the
+        characters per token it has learned from this agent's answers)."""
+        read = await self._read(request, wire.AnthropicMessages, "anthropic")
+        if isinstance(read, Response):
+            return read
+        body, parsed = read
+        call = self.call_request(request, "/v1/messages", body, parsed)
+        return _json({"input_tokens": self.prompt_tokens(call)})
 
     # -- inference -------------------------------------------------------------------------
     def _inference(self, path: str, schema: type[wire.Inference]

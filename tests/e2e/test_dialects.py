@@ -206,3 +206,17 @@ def test_the_responses_api_is_placed(sim_factory: Sims, sidecar_factory: Sidecar
     assert info.value.status_code == 413
     assert gpu.sim.stats.inference_requests == 2 and gpu.sim.stats.truncations == 0
     assert no_tickets(url)
+
+
+def test_anthropic_token_counts_come_from_the_sidecars_own_sizing(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    client = anthropic_for(sidecar_factory([sim_factory("gpu")]).url)
+    short = client.messages.count_tokens(
+        model="qwen3:8b", messages=[{"role": "user", "content": "hi"}])
+    long = client.messages.count_tokens(
+        model="qwen3:8b", system="You are terse.",
+        messages=[{"role": "user", "content": "tell me about GPUs " * 200}])
+    assert 0 < short.input_tokens < long.input_tokens
+    assert 700 < long.input_tokens < 2000  # ~3,800 characters at 3-4 per token
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.count_tokens(model="qwen3:8b", messages="not a list")  # type: ignore[arg-type]
