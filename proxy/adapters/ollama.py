@@ -25,12 +25,24 @@ CALL_HEADERS = {**JSON_HEADERS, "accept-encoding": "identity"}
 TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError)
 
 
+# What an operator reads in an error, for the transport failures that have a plain name.
+CUT_OFF = (aiohttp.ClientPayloadError, httpx.ReadError)
+HUNG_UP = (aiohttp.ServerDisconnectedError, httpx.RemoteProtocolError)
+
+
 def describe(exc: BaseException) -> str:
-    """The root cause in a few words: httpx-aiohttp re-raises aiohttp's errors under coarse
-    httpx names (a refused connection arrives as ConnectTimeout), so name the original."""
+    """The root cause in a few words, without the client libraries' internals: httpx-aiohttp
+    re-raises aiohttp's errors under coarse httpx names (a refused connection arrives as
+    ConnectTimeout), so the original is named."""
     cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
     if isinstance(cause, TimeoutError | httpx.TimeoutException):
-        return f"timed out ({type(cause).__name__})"
+        return "timed out"
+    if isinstance(cause, CUT_OFF):
+        return "the connection closed before the answer was complete"
+    if isinstance(cause, HUNG_UP):
+        return "the server disconnected"
+    if isinstance(cause, aiohttp.ClientConnectorError):
+        return f"cannot connect ({cause.strerror or 'connection failed'})"
     text = str(cause)
     return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
 
@@ -41,7 +53,7 @@ def _hung_up_before_answering(exc: BaseException) -> bool:
     proxies and meshes have their own). Nothing was answered, so one fresh try is safe: at
     worst the engine sees the call twice, the first one abandoned."""
     cause = exc.__cause__ if isinstance(exc, httpx.HTTPError) and exc.__cause__ else exc
-    return isinstance(cause, aiohttp.ServerDisconnectedError | httpx.RemoteProtocolError)
+    return isinstance(cause, HUNG_UP)
 
 
 class OllamaResponse:

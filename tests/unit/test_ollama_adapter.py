@@ -104,3 +104,21 @@ async def test_calls_ask_for_an_uncompressed_answer() -> None:
         assert await response.read() == b"{}"
         await client.close()
     assert b"accept-encoding: identity" in heads[0]
+
+
+async def test_an_answer_cut_off_mid_body_is_named_without_library_internals() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
+                     b"content-length: 100\r\n\r\n{\"done\":false}\n")
+        await writer.drain()
+        writer.close()
+
+    async for url in serve(cut):
+        client = OllamaClient(url, Timeouts(1, 1, 1))
+        answer = await client.open("/api/chat", b"{}")
+        with pytest.raises(UpstreamError) as caught:
+            async for _ in answer.chunks():
+                pass
+        await client.close()
+    assert str(caught.value) == "the connection closed before the answer was complete"
