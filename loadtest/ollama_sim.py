@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import sim_dialects
+from . import sim_dialects, sim_output
 from .serving import ThreadedServer
 from .sim_engine import INPUT_TOO_LONG
 from .sim_model import (
@@ -44,9 +44,8 @@ from .sim_model import (
     parse_keep_alive,
     tokens_for_text,
 )
+from .sim_output import Piece, Reply
 from .sim_sched import Fault, OllamaSim, Runner, SimError, Stats, log
-
-WORDS = ("the", "answer", "is", "forty", "two", "and", "that", "settles", "it", "for", "now")
 
 
 def _now_rfc3339() -> str:
@@ -246,6 +245,8 @@ class SimApp:
         except ValueError as exc:
             return _error(str(exc), 400)
         stream = body.get("stream", True) is not False
+        if sim_output.wants_thinking(body) and not model.thinks:
+            return _error(f'"{model.name}" does not support thinking', 400)
         load_only = not body.get("messages") if chat else not body.get("prompt")
         fault = None if load_only else sim.take_fault()
         if fault and fault.mode == "error":
@@ -280,13 +281,15 @@ class SimApp:
             log.info("%s cut a prompt of %d tokens to %d (context %d)", sim.config.name,
                      prompt.total, fitted.tokens, runner.ctx)
         predict = options.get("num_predict")
-        n_tokens = int(predict) if isinstance(predict, int) and predict > 0 else \
-            sim.config.default_predict
-        gen = self._generate(runner, fitted.tokens, n_tokens, load_s, chat, fault, request)
+        limit = int(predict) if isinstance(predict, int) and predict > 0 else None
+        reply = sim_output.reply_for(body, chat, limit or sim.config.default_predict, limit)
+        gen = self._generate(runner, fitted.tokens, reply, load_s, chat, fault, request)
         if stream:
             return StreamingResponse(gen, media_type="application/x-ndjson")
         final: dict[str, Any] = {}
         text: list[str] = []
+        thinking: list[str] = []
+        calls: list[Any] = []
 
         async def generate() -> str | None:
             """Runs the answer to its end; the engine's error, if any."""
@@ -296,7 +299,10 @@ class SimApp:
                     chunk = orjson.loads(line)
                     if "error" in chunk:
                         return str(chunk["error"])
-                    text.append(chunk["message"]["content"] if chat else chunk["response"])
+                    said = chunk["message"] if chat else chunk
+                    text.append(said["content"] if chat else said["response"])
+                    thinking.append(said.get("thinking", ""))
+                    calls.extend(said.get("tool_calls", ()))
                     final = chunk
             finally:
                 await gen.aclose()
@@ -315,10 +321,13 @@ class SimApp:
             return Response(status_code=499)
         if (failure := work.result()) is not None:
             return _error(failure, 500)
-        if chat:
-            final["message"]["content"] = "".join(text)
-        else:
-            final["response"] = "".join(text)
+        # As Ollama's writeChatResponse: the pieces gathered into the last chunk.
+        said = final["message"] if chat else final
+        said["content" if chat else "response"] = "".join(text)
+        if any(thinking):
+            said["thinking"] = "".join(thinking)
+        if calls:
+            said["tool_calls"] = calls
         return _json(final)
 
     async def _load_only(self, model: SimModel, body: dict[str, Any], keep_alive: float,
@@ -342,7 +351,7 @@ class SimApp:
         out.update({"done_reason": reason, "done": True})
         return _json(out)
 
-    async def _generate(self, runner: Runner, prompt_tokens: int, n_tokens: int,
+    async def _generate(self, runner: Runner, prompt_tokens: int, reply: Reply,
                         load_s: float, chat: bool, fault: Fault | None, request: Request
                         ) -> AsyncGenerator[bytes, None]:
         sim = self.sim
@@ -356,18 +365,19 @@ class SimApp:
             prompt_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             per_token = sim.config.time_scale / (sim.config.tokens_per_s * runner.speed)
-            for i in range(n_tokens):
+            spent = 0
+            for i, piece in enumerate(reply.pieces):
                 if fault and fault.mode == "midstream" and i == fault.after_chunks:
                     raise RuntimeError("simulated crash mid-stream")
                 if fault and fault.mode == "stall" and i == fault.after_chunks:
                     await asyncio.sleep(fault.delay_s)  # a hung runner: silence, then on
                 # Sleep to an absolute schedule: timers are coarse (1 ms under uvloop), and
                 # sub-millisecond sleeps would otherwise make the stream run fast.
-                ahead = t1 + (i + 1) * per_token - time.perf_counter()
+                spent += piece.tokens
+                ahead = t1 + spent * per_token - time.perf_counter()
                 if ahead > 0:
                     await asyncio.sleep(ahead)
-                word = WORDS[i % len(WORDS)] + ("" if i == n_tokens - 1 else " ")
-                yield self._chunk(runner.model.name, word, chat)
+                yield self._chunk(runner.model.name, piece, chat)
             eval_s = time.perf_counter() - t1
             final: dict[str, Any] = {"model": runner.model.name, "created_at": _now_rfc3339()}
             if chat:
@@ -375,13 +385,13 @@ class SimApp:
             else:
                 final["response"] = ""
             final.update({
-                "done_reason": "stop",
+                "done_reason": reply.done_reason,
                 "done": True,
                 "total_duration": int((time.perf_counter() - started + load_s) * 1e9),
                 "load_duration": max(1, int(load_s * 1e9)),  # not the slot wait
                 "prompt_eval_count": prompt_tokens,
                 "prompt_eval_duration": int(prompt_s * 1e9),
-                "eval_count": n_tokens,
+                "eval_count": reply.tokens,
                 "eval_duration": int(eval_s * 1e9),
             })
             if not chat:
@@ -393,12 +403,17 @@ class SimApp:
             sim.release(runner)
 
     @staticmethod
-    def _chunk(model: str, text: str, chat: bool) -> bytes:
+    def _chunk(model: str, piece: Piece, chat: bool) -> bytes:
+        """A piece in Ollama's chunk: the message's (or /api/generate's) `content` (or
+        `response`), `thinking` or `tool_calls`, the text fields always present."""
+        text = "content" if chat else "response"
+        said: dict[str, Any] = {text: ""}
+        said[text if piece.kind == "content" else piece.kind] = piece.value
         chunk: dict[str, Any] = {"model": model, "created_at": _now_rfc3339()}
         if chat:
-            chunk["message"] = {"role": "assistant", "content": text}
+            chunk["message"] = {"role": "assistant", **said}
         else:
-            chunk["response"] = text
+            chunk.update(said)
         chunk["done"] = False
         return orjson.dumps(chunk) + b"\n"
 

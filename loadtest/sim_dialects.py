@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, AsyncIterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
@@ -16,6 +17,9 @@ from starlette.responses import Response, StreamingResponse
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
 CHAT_PATHS = (CHAT, RESPONSES, MESSAGES)  # served by the native chat; completions by generate
+EFFORT_TO_THINK: dict[Any, Any] = {"none": False, "minimal": "low", "low": "low",
+                                   "medium": "medium", "high": "high", "max": "max",
+                                   "xhigh": "max", "ultra": "max"}
 OPENAI_ERRORS = {400: "invalid_request_error", 404: "not_found_error"}
 ANTHROPIC_ERRORS = {400: "invalid_request_error", 404: "not_found_error",
                     503: "overloaded_error"}
@@ -81,9 +85,30 @@ def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
         native["messages"] = [{**m, "content": _text(m.get("content"))}
                               for m in body.get("messages") or [] if isinstance(m, dict)]
         tools = body.get("tools") or []
-    if tools:
+        native.update(_openai_format_and_think(body))
+    if tools:  # `tool_choice` is not read: Ollama offers the model every tool regardless
         native["tools"] = tools
     return native
+
+
+def _openai_format_and_think(body: dict[str, Any]) -> dict[str, Any]:
+    """openai.go FromChatRequest: `response_format` json_object is format "json", a
+    json_schema's schema the format; a reasoning effort is a think level ("none" is off)."""
+    out: dict[str, Any] = {}
+    wanted = body.get("response_format")
+    if isinstance(wanted, dict):
+        kind = str(wanted.get("type") or "").strip().lower()
+        schema = wanted.get("json_schema")
+        if kind == "json_object":
+            out["format"] = "json"
+        elif kind == "json_schema" and isinstance(schema, dict) and "schema" in schema:
+            out["format"] = schema["schema"]
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else \
+        body.get("reasoning_effort")
+    if effort in EFFORT_TO_THINK:
+        out["think"] = EFFORT_TO_THINK[effort]
+    return out
 
 
 def _call(name: Any, arguments: Any) -> dict[str, Any]:
@@ -138,9 +163,35 @@ class Translation(Protocol):
     """How one dialect tells a native answer: as a stream of events, or whole."""
 
     def opening(self) -> list[bytes]: ...
-    def piece(self, text: str) -> list[bytes]: ...
+    def piece(self, said: Said) -> list[bytes]: ...
     def closing(self, final: dict[str, Any]) -> list[bytes]: ...
-    def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]: ...
+    def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass
+class Said:
+    """What a native chunk (or a whole answer) says: text, thinking and tool calls."""
+
+    content: str = ""
+    thinking: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, other: Said) -> None:
+        self.content += other.content
+        self.thinking += other.thinking
+        self.tool_calls += other.tool_calls
+
+
+def _openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """openai.go ToToolCalls: arguments as a JSON string, the index beside the id."""
+    out = []
+    for call in calls:
+        function = call.get("function") or {}
+        out.append({"id": call.get("id", ""), "index": function.get("index", 0),
+                    "type": "function",
+                    "function": {"name": function.get("name", ""),
+                                 "arguments": orjson.dumps(function.get("arguments")).decode()}})
+    return out
 
 
 def _ident(prefix: str) -> str:
@@ -155,40 +206,57 @@ class OpenAIChat:
         self.ident, self.created = _ident("chatcmpl-" if chat else "cmpl-"), int(time.time())
         options = body.get("stream_options")
         self.usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        self.called = False  # a tool call went out: the finish reason is "tool_calls"
 
     def _object(self, obj: str, choice: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": "fp_ollama", "choices": [choice]}
 
-    def _chunk(self, text: str, finish: str | None) -> dict[str, Any]:
+    def _chunk(self, said: Said, finish: str | None) -> dict[str, Any]:
         if self.chat:
-            delta = {"role": "assistant", "content": text} if finish is None else {}
+            delta = self._message(said) if finish is None else {}
             return self._object("chat.completion.chunk",
                                 {"index": 0, "delta": delta, "finish_reason": finish})
-        return self._object("text_completion", {"index": 0, "text": text,
+        return self._object("text_completion", {"index": 0, "text": said.content,
                                                 "finish_reason": finish})
+
+    @staticmethod
+    def _message(said: Said) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": said.content}
+        if said.thinking:
+            message["reasoning"] = said.thinking
+        if said.tool_calls:
+            message["tool_calls"] = _openai_calls(said.tool_calls)
+        return message
+
+    def _finish(self, final: dict[str, Any]) -> str:
+        """openai.go: Ollama's done_reason, "stop" turned "tool_calls" after a call."""
+        reason = str(final.get("done_reason") or "stop")
+        return "tool_calls" if reason == "stop" and self.called else reason
 
     def opening(self) -> list[bytes]:
         return []
 
-    def piece(self, text: str) -> list[bytes]:
-        return [_event(self._chunk(text, None))]
+    def piece(self, said: Said) -> list[bytes]:
+        self.called = self.called or bool(said.tool_calls)
+        return [_event(self._chunk(said, None))]
 
     def closing(self, final: dict[str, Any]) -> list[bytes]:
-        events = [_event(self._chunk("", "stop"))]
+        events = [_event(self._chunk(Said(), self._finish(final)))]
         if self.usage:  # a last chunk with no choices, as OpenAI's include_usage asks
-            events.append(_event({**self._chunk("", None), "choices": [],
+            events.append(_event({**self._chunk(Said(), None), "choices": [],
                                   "usage": _openai_usage(final)}))
         return [*events, b"data: [DONE]\n\n"]
 
-    def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
+    def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
+        self.called = bool(said.tool_calls)
         if self.chat:
             out = self._object("chat.completion", {
-                "index": 0, "finish_reason": "stop",
-                "message": {"role": "assistant", "content": text}})
+                "index": 0, "finish_reason": self._finish(final),
+                "message": self._message(said)})
         else:
-            out = self._object("text_completion",
-                               {"index": 0, "text": text, "finish_reason": "stop"})
+            out = self._object("text_completion", {
+                "index": 0, "text": said.content, "finish_reason": self._finish(final)})
         return {**out, "usage": _openai_usage(final)}
 
 
@@ -240,10 +308,11 @@ class OpenAIResponses:
                             {"output_index": 0, "item": self._message("in_progress")}),
                 self._event("response.content_part.added", {**where, "part": self._part()})]
 
-    def piece(self, text: str) -> list[bytes]:
-        self.text += text
+    def piece(self, said: Said) -> list[bytes]:
+        self.text += said.content
         return [self._event("response.output_text.delta", {
-            "item_id": self.item, "output_index": 0, "content_index": 0, "delta": text})]
+            "item_id": self.item, "output_index": 0, "content_index": 0,
+            "delta": said.content})]
 
     def closing(self, final: dict[str, Any]) -> list[bytes]:
         where = {"item_id": self.item, "output_index": 0, "content_index": 0}
@@ -254,8 +323,8 @@ class OpenAIResponses:
                 self._event("response.completed",
                             {"response": self._response("completed", final)})]
 
-    def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
-        self.text = text
+    def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
+        self.text = said.content
         return self._response("completed", final)
 
 
@@ -279,9 +348,10 @@ class AnthropicMessages:
                 _event({"type": "content_block_start", "index": 0,
                         "content_block": {"type": "text", "text": ""}}, "content_block_start")]
 
-    def piece(self, text: str) -> list[bytes]:
+    def piece(self, said: Said) -> list[bytes]:
         return [_event({"type": "content_block_delta", "index": 0,
-                        "delta": {"type": "text_delta", "text": text}}, "content_block_delta")]
+                        "delta": {"type": "text_delta", "text": said.content}},
+                       "content_block_delta")]
 
     def closing(self, final: dict[str, Any]) -> list[bytes]:
         usage = self._message([], None, final)["usage"]
@@ -290,8 +360,8 @@ class AnthropicMessages:
                         "usage": usage}, "message_delta"),
                 _event({"type": "message_stop"}, "message_stop")]
 
-    def whole(self, text: str, final: dict[str, Any]) -> dict[str, Any]:
-        return self._message([{"type": "text", "text": text}], "end_turn", final)
+    def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
+        return self._message([{"type": "text", "text": said.content}], "end_turn", final)
 
 
 def translation_for(path: str, body: dict[str, Any]) -> Translation:
@@ -302,9 +372,11 @@ def translation_for(path: str, body: dict[str, Any]) -> Translation:
     return OpenAIChat(body, chat=path == CHAT)
 
 
-def _piece(data: dict[str, Any]) -> str:
+def _said(data: dict[str, Any]) -> Said:
     message = data.get("message")
-    return str(message["content"] if isinstance(message, dict) else data.get("response", ""))
+    said = message if isinstance(message, dict) else data
+    return Said(str(said.get("content" if said is message else "response", "")),
+                str(said.get("thinking", "")), list(said.get("tool_calls", ())))
 
 
 async def answer(path: str, native: Response, body: dict[str, Any]) -> Response:
@@ -313,19 +385,19 @@ async def answer(path: str, native: Response, body: dict[str, Any]) -> Response:
         return translated_error(path, native)
     shape = translation_for(path, body)
     if not isinstance(native, StreamingResponse):  # a load-only call: nothing generated
-        return _json(shape.whole("", {}))
+        return _json(shape.whole(Said(), {}))
     lines: AsyncIterable[Any] = native.body_iterator
     if body.get("stream"):
         return StreamingResponse(_events(lines, shape), media_type="text/event-stream")
-    text, final = [], {}
+    said, final = Said(), {}
     try:
         async for line in lines:
             data = orjson.loads(line)
-            text.append(_piece(data))
+            said.add(_said(data))
             final = data
     finally:
         await _close(lines)
-    return _json(shape.whole("".join(text), final))
+    return _json(shape.whole(said, final))
 
 
 async def _events(lines: AsyncIterable[Any], shape: Translation) -> AsyncGenerator[bytes, None]:
@@ -333,7 +405,7 @@ async def _events(lines: AsyncIterable[Any], shape: Translation) -> AsyncGenerat
     try:
         async for line in lines:
             data = orjson.loads(line)
-            events = shape.closing(data) if data.get("done") else shape.piece(_piece(data))
+            events = shape.closing(data) if data.get("done") else shape.piece(_said(data))
             if not opened:  # as Ollama: the opening events go with the first chunk
                 opened, events = True, [*shape.opening(), *events]
             for event in events:

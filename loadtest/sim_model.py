@@ -28,6 +28,7 @@ from .sim_engine import (
 
 IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (server/prompt.go)
 CURRENT_VERSION = "0.33.0"
+THINKING_ARCHS = ("qwen3",)  # of the catalog's, the ones that think as Ollama serves them
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class SimModel:
     @property
     def model_family(self) -> str:
         return self.family or self.arch
+
+    @property
+    def thinks(self) -> bool:
+        """Reports the "thinking" capability: `think` is refused (400) by models without."""
+        return self.arch in THINKING_ARCHS and not self.embedding
 
     def slots(self, num_parallel: int, version: str) -> int:
         """sched.go:497-510: one slot for embedding models and some families."""

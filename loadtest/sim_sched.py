@@ -375,6 +375,8 @@ class OllamaSim:
         if model.modelfile_num_ctx:
             parameters.append(f"{'num_ctx':<30} {model.modelfile_num_ctx}")
         capabilities = ["embedding"] if model.embedding else ["completion", "tools"]
+        if model.thinks:
+            capabilities.append("thinking")
         if model.vision:
             capabilities.append("vision")
         return {

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR = {"__init__", "ollama_sim", "serving", "sim_dialects", "sim_engine", "sim_model",
-             "sim_sched"}
+             "sim_output", "sim_sched"}
 
 
 def _setuptools_major() -> int:
