@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -101,10 +102,30 @@ class NatsCluster:
     def url(self) -> str:
         return ",".join(node.url for node in self.nodes)
 
-    def start(self) -> NatsCluster:
+    def start(self, ready_s: float = 30.0) -> NatsCluster:
+        """Every node up, and JetStream answering: its meta leader elected, which on a
+        loaded machine may come seconds after the nodes accept connections."""
         for node in self.nodes:
             node.start()
+        asyncio.run(self._jetstream_ready(ready_s))
         return self
+
+    async def _jetstream_ready(self, ready_s: float) -> None:
+        import nats
+
+        deadline = time.monotonic() + ready_s
+        nc = await nats.connect(servers=self.url.split(","))
+        try:
+            while True:
+                try:
+                    await nc.jetstream().account_info()
+                    return
+                except (TimeoutError, nats.errors.Error):  # JetStream's errors among them
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
 
     def node(self, name: str) -> NatsServer:
         return self.nodes[int(name.removeprefix("n"))]
