@@ -197,3 +197,70 @@ def test_monitoring_renders_with_the_dashboard_for_grafana() -> None:
     kubernetes_validate.validate(config_map, "1.32", strict=True)
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"][DASHBOARD.name]) == _dashboard()
+
+
+def _series(name: str, values: str, **labels: str) -> dict[str, str]:
+    matchers = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{matchers}}}", "values": values}
+
+
+SIDECAR = {"job": "kubectl-agent-ops", "instance": "10.0.0.7:9464"}
+OTHER_PROCESS = {"job": "node", "instance": "10.0.0.9:9100"}
+WARNING = {"severity": "warning"}
+
+# promtool unit tests of the alerts on made-up series (one sample a minute): each alert fires
+# on what it is for, and not on what merely looks like it.
+RULE_TESTS: list[dict[str, Any]] = [
+    {"input_series": [
+        _series("process_cpu_seconds_total", "0+60x30", **SIDECAR),   # a full core
+        _series("kubemoot_decision_seconds_count", "0x30", **SIDECAR),
+        _series("process_cpu_seconds_total", "0+60x30", **OTHER_PROCESS)],  # not a sidecar
+     "alert_rule_test": [
+         {"eval_time": "8m", "alertname": "KubemootSidecarCpuSaturated", "exp_alerts": []},
+         {"eval_time": "20m", "alertname": "KubemootSidecarCpuSaturated",
+          "exp_alerts": [{"exp_labels": SIDECAR | WARNING}]}]},
+    {"input_series": [_series("kubemoot_nats_connected", "1x3 0x10", **SIDECAR)],
+     "alert_rule_test": [
+         {"eval_time": "6m", "alertname": "KubemootSharedStateDisconnected",
+          "exp_alerts": [{"exp_labels": SIDECAR | WARNING}]}]},
+    {"input_series": [
+        _series("kubemoot_provider_circuit_state", "2x10", provider="gpu-a", **SIDECAR),
+        _series("kubemoot_provider_circuit_state", "1x10", provider="gpu-b", **SIDECAR)],
+     "alert_rule_test": [
+         {"eval_time": "5m", "alertname": "KubemootCircuitOpen",
+          "exp_alerts": [{"exp_labels": {"provider": "gpu-a"} | WARNING}]}]},
+    {"input_series": [  # quiet for 70 minutes, then 10 refusals a minute
+        _series("kubemoot_refusals_total", "0x70 0+10x30", reason="gpu-busy", **SIDECAR),
+        _series("kubemoot_refusals_total", "0+100x100", reason="model-not-found", **SIDECAR)],
+     "alert_rule_test": [
+         {"eval_time": "90m", "alertname": "KubemootGpuBusyRefusalsRising",
+          "exp_alerts": [{"exp_labels": WARNING}]}]},
+    {"input_series": [  # 10 a minute for two hours: busy, but not rising
+        _series("kubemoot_refusals_total", "0+10x150", reason="gpu-busy", **SIDECAR)],
+     "alert_rule_test": [
+         {"eval_time": "140m", "alertname": "KubemootGpuBusyRefusalsRising", "exp_alerts": []}]},
+    {"input_series": [  # gpu-a is stale to one sidecar only; gpu-b to both
+        _series("kubemoot_provider_state_age_seconds", "100x10", provider="gpu-a", **SIDECAR),
+        _series("kubemoot_provider_state_age_seconds", "3x10", provider="gpu-a",
+                job="kubectl-agent-ops", instance="10.0.0.8:9464"),
+        _series("kubemoot_provider_state_age_seconds", "100x10", provider="gpu-b", **SIDECAR),
+        _series("kubemoot_provider_state_age_seconds", "100x10", provider="gpu-b",
+                job="kubectl-agent-ops", instance="10.0.0.8:9464")],
+     "alert_rule_test": [
+         {"eval_time": "8m", "alertname": "KubemootProviderStateStale",
+          "exp_alerts": [{"exp_labels": {"provider": "gpu-b"} | WARNING}]}]},
+]
+
+
+def test_promtool_alerts_fire_on_what_they_are_for(tmp_path: Path) -> None:
+    promtool = _promtool()
+    # Without annotations: the tests are about when an alert fires, not its wording.
+    groups = [{**group, "rules": [{k: v for k, v in rule.items() if k != "annotations"}
+                                  for rule in group["rules"]]} for group in _rule_groups()]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+             "tests": [{"interval": "1m", **case} for case in RULE_TESTS]}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    done = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
