@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,14 +14,27 @@ import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S_VERSION = "1.32"
-MANIFESTS = sorted(p for p in (DEPLOY / "base").glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def _resources(kustomization_dir: Path) -> list[Path]:
+    """The whole manifests a kustomization lists (patches are partial and validate rendered)."""
+    kustomization = yaml.safe_load((kustomization_dir / "kustomization.yaml").read_text())
+    return [kustomization_dir / r for r in kustomization.get("resources", [])
+            if r.endswith(".yaml")]
+
+
+MANIFESTS = _resources(DEPLOY / "base") + _resources(DEPLOY / "components" / "shared-state")
 
 
 def _validate(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def _sidecar(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["initContainers"] if c["name"] == "kubemoot-proxy")
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_manifest_is_valid(path: Path) -> None:
     for doc in yaml.safe_load_all(path.read_text()):
         _validate(doc)
@@ -29,7 +43,7 @@ def test_manifest_is_valid(path: Path) -> None:
 def test_sidecar_is_locked_down() -> None:
     deployment = yaml.safe_load((DEPLOY / "base" / "agent-deployment.yaml").read_text())
     pod = deployment["spec"]["template"]["spec"]
-    sidecar = next(c for c in pod["containers"] if c["name"] == "kubemoot-proxy")
+    sidecar = _sidecar(pod)
     env = {e["name"]: e.get("value") for e in sidecar["env"]}
     assert env["KUBEMOOT_LISTEN"].startswith("127.0.0.1:")
     assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
@@ -40,14 +54,76 @@ def test_sidecar_is_locked_down() -> None:
     assert annotations["prometheus.io/scrape"] == "true"
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
-@pytest.mark.parametrize("overlay", ["dev", "prod"])
-def test_overlay_renders_and_validates(overlay: str) -> None:
+def test_sidecar_is_native_and_listening_before_the_agent_starts() -> None:
+    """An init container with restartPolicy Always runs beside the agent, and the kubelet
+    starts the agent only after its startupProbe passes: that probe must reach the API's
+    own port, where the agent's first call goes."""
+    pod = yaml.safe_load((DEPLOY / "base" / "agent-deployment.yaml").read_text())
+    pod = pod["spec"]["template"]["spec"]
+    sidecar = _sidecar(pod)
+    assert sidecar["restartPolicy"] == "Always"
+    assert all(c["name"] != "kubemoot-proxy" for c in pod["containers"])
+    api_port = {e["name"]: e.get("value") for e in sidecar["env"]}["KUBEMOOT_LISTEN"]
+    probe = " ".join(sidecar["startupProbe"]["exec"]["command"])
+    assert api_port.rpartition(":")[2] in probe and "127.0.0.1" in probe
+
+
+def test_ops_service_reaches_the_sidecars_ops_port() -> None:
+    deployment = yaml.safe_load((DEPLOY / "base" / "agent-deployment.yaml").read_text())
+    service = yaml.safe_load((DEPLOY / "base" / "ops-service.yaml").read_text())
+    template = deployment["spec"]["template"]
+    ops_port = next(p for p in _sidecar(template["spec"])["ports"] if p["name"] == "ops")
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [ops_port["containerPort"]]
+
+
+def test_no_patch_addresses_a_list_by_index() -> None:
+    """Patches name what they change (strategic merge by name), so reordering a list in the
+    base cannot make them change something else."""
+    for path in DEPLOY.rglob("kustomization.yaml"):
+        for patch in yaml.safe_load(path.read_text()).get("patches", []):
+            assert not re.search(r"path:\s*\S*/\d+(/|\s|$)", patch.get("patch", "")), path
+
+
+def _render(overlay: str) -> list[dict[str, Any]]:
     done = subprocess.run(["kubectl", "kustomize", str(DEPLOY / "overlays" / overlay)],
                           capture_output=True, text=True, timeout=120, check=True)
-    docs = list(yaml.safe_load_all(done.stdout))
-    assert {d["kind"] for d in docs} >= {"Deployment", "Job", "NetworkPolicy",
+    return list(yaml.safe_load_all(done.stdout))
+
+
+needs_kustomize = pytest.mark.skipif(shutil.which("kubectl") is None,
+                                     reason="kubectl (kustomize) not installed")
+
+
+@needs_kustomize
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_overlay_renders_and_validates(overlay: str) -> None:
+    docs = _render(overlay)
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "NetworkPolicy",
                                           "ServiceAccount", "ConfigMap"}
     for doc in docs:
         assert doc["metadata"]["namespace"].startswith("crew-")
         _validate(doc)
+
+
+@needs_kustomize
+def test_dev_overlay_has_no_nats() -> None:
+    docs = _render("dev")
+    assert "Job" not in {d["kind"] for d in docs}
+    agent = next(d for d in docs if d["metadata"]["name"] == "kubectl-agent")
+    env = {e["name"]: e.get("value") for e in _sidecar(agent["spec"]["template"]["spec"])["env"]}
+    assert "KUBEMOOT_NATS_URL" not in env
+    assert env["KUBEMOOT_MODEL_MODEL"] == "phi3:mini"
+
+
+@needs_kustomize
+def test_prod_overlay_shares_state_in_nats() -> None:
+    docs = _render("prod")
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert {("Job", "kubemoot-init-buckets"), ("Deployment", "kubemoot-publisher")} <= names
+    agent = next(d for d in docs if d["metadata"]["name"] == "kubectl-agent")
+    sidecar = _sidecar(agent["spec"]["template"]["spec"])
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["KUBEMOOT_NATS_URL"].startswith("nats://")
+    assert env["KUBEMOOT_LISTEN"] == "127.0.0.1:11434"  # the base's entries survive the merge
+    assert sidecar["resources"]["limits"]["cpu"] == "2"
