@@ -15,6 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from proxy.core.fleet import FleetFigures
+from proxy.observability.fleet import FleetCollector
 from proxy.observability.metrics import Metrics
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
@@ -22,14 +24,6 @@ DASHBOARD = MONITORING / "kubemoot-fleet.json"
 RULES = MONITORING / "prometheusrule.yaml"
 SERVICE_MONITOR = MONITORING / "servicemonitor.yaml"
 
-# The per-provider fleet gauges of issue #20 (item 2). metrics.py declares them alongside
-# this work; listed here so the dashboard and alerts can use them either way.
-FLEET_GAUGES = {
-    "kubemoot_provider_memory_total_mib", "kubemoot_provider_memory_usable_mib",
-    "kubemoot_provider_memory_used_mib", "kubemoot_provider_memory_ticketed_mib",
-    "kubemoot_provider_residents", "kubemoot_provider_slots_busy", "kubemoot_waiters",
-    "kubemoot_provider_circuit_state",
-}
 # prometheus_client's ProcessCollector exports these on Linux only.
 PROCESS_METRICS = {
     "process_cpu_seconds_total", "process_resident_memory_bytes",
@@ -47,8 +41,10 @@ GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$namespace": ".*", "${datasource
 def exported_metrics() -> set[str]:
     """Every series name the sidecar's registry exports, labelled families included (those
     have no samples until a call labels them)."""
-    names = set(FLEET_GAUGES | PROCESS_METRICS)
-    for family in Metrics().registry.collect():
+    names = set(PROCESS_METRICS)
+    # The fleet's gauges come from a collector over a snapshot; an empty fleet names them all.
+    fleet = FleetCollector(lambda: FleetFigures((), {})).collect()
+    for family in (*Metrics().registry.collect(), *fleet):
         names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
         names.update(sample.name for sample in family.samples)
     return names
@@ -109,7 +105,7 @@ def test_dashboard_is_a_grafana_dashboard() -> None:
 
 def test_dashboard_shows_what_operators_ask_about() -> None:
     queries = " ".join(expr for _, expr in _dashboard_queries())
-    for metric in ("kubemoot_provider_memory_used_mib", "kubemoot_placements_total",
+    for metric in ("kubemoot_provider_memory_resident_bytes", "kubemoot_placements_total",
                    "kubemoot_wait_seconds_bucket", "kubemoot_refusals_total",
                    "kubemoot_decision_seconds_bucket", "process_cpu_seconds_total"):
         assert metric in queries
