@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -19,13 +19,15 @@ from proxy.api.cors import OllamaCors
 from proxy.api.errors import install_error_shapes
 from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
-from proxy.core.fleet import fleet_figures
+from proxy.api.status import StatusApi
+from proxy.core.fleet import FleetFigures, fleet_figures
 from proxy.core.models import CallModels, normalise_model
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.types import Candidate
 from proxy.observability.fleet import FleetCollector
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
+from proxy.observability.recent import RecentCalls
 from proxy.ports import (
     SYSTEM_CLOCK,
     Clock,
@@ -91,6 +93,7 @@ class Services:
     scheduler: Scheduler
     plans: PlanBook
     calls: CallService
+    figures: Callable[[], FleetFigures]  # the fleet now, as the metrics and status page show it
     _probing: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -164,12 +167,16 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
     plans = PlanBook(scheduler, PlanLimits(settings.max_plans, settings.plan_memory_share),
                      clock=clock)
     calls = CallService(scheduler=scheduler, plans=plans, claims=claims, evictions=evictions,
-                        experience=experience, demand=demand, prober=prober, metrics=metrics)
+                        experience=experience, demand=demand, prober=prober, metrics=metrics,
+                        recent=RecentCalls())
     metrics.nats_connected.set_function(lambda: 1.0 if store.connected else 0.0)  # at scrape
-    metrics.registry.register(FleetCollector(
-        lambda: fleet_figures(scheduler.snapshot(clock.now()), policy)))
+
+    def figures() -> FleetFigures:
+        return fleet_figures(scheduler.snapshot(clock.now()), policy)
+
+    metrics.registry.register(FleetCollector(figures))
     return Services(settings, store, pool, metrics, prober, tickets, local_tickets, view,
-                    demand, claims, evictions, experience, scheduler, plans, calls)
+                    demand, claims, evictions, experience, scheduler, plans, calls, figures)
 
 
 def build_app(settings: Settings, store: StateStore | None = None,
@@ -206,6 +213,11 @@ def build_app(settings: Settings, store: StateStore | None = None,
     api.mount(app)
     app.state.api = api
     KubemootApi(scheduler, services.plans, services.view, services.demand).mount(app)
+    status = StatusApi(services.figures, services.store.changes, services.calls.recent,
+                       f"{settings.namespace}/{settings.agent_name}",
+                       lambda: "shared" if shared else "embedded")
+    status.mount(app)
+    app.state.status = status
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.scheduler = scheduler
@@ -213,12 +225,14 @@ def build_app(settings: Settings, store: StateStore | None = None,
 
 
 def build_ops_app(main: FastAPI) -> FastAPI:
-    """The operations listener: probes and scrapes only, never the inference API, so the
-    sidecar's API can stay on loopback while kubelet and Prometheus reach the pod IP."""
+    """The operations listener: probes, scrapes and the status page, never the inference
+    API, so the sidecar's API can stay on loopback while kubelet and Prometheus reach the
+    pod IP."""
     api: SidecarApi = main.state.api
     ops = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     ops.router.add_route("/healthz", api.healthz, methods=["GET"])
     ops.router.add_route("/readyz", api.readyz, methods=["GET"])
     ops.router.add_route("/metrics", api.prometheus, methods=["GET"])
+    main.state.status.mount(ops)  # the status page, read-only like the scrape
     install_error_shapes(ops)
     return ops

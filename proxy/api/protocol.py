@@ -12,6 +12,8 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.api.status import EVENTS_PATH
+
 HEAD_TIMEOUT_S = 10.0  # from connecting (or a request's first byte) to its last header
 KEEP_ALIVE_TIMEOUT_S = 5  # an idle connection between requests (uvicorn's own default)
 
@@ -36,6 +38,16 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """A server shutting down waits for responses to finish; an event stream never does,
+        so it is closed (the browser reconnects to whichever sidecar comes up)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and \
+                cycle.scope.get("path") == EVENTS_PATH:
+            self.transport.close()
+            return
+        super().shutdown()
 
     def _arm(self) -> None:
         self._disarm()

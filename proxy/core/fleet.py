@@ -32,12 +32,24 @@ class GpuFigures:
     calls: int  # calls (and held plans) holding a ticket here
     circuit: Circuit
     state_age_s: float
+    reserve_mib: int | None  # the policy's reserve: total less usable
+    scratch_mib: int  # the part of claimed_mib that calls sharing a copy claim beside it
+    parallel: int  # calls one copy serves at once
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFigures:
+    model: str
+    waiters: int  # calls waiting for a GPU, every sidecar's
+    intents: int  # held plans announcing a call soon
+    recent_use: float  # the decayed count of recent calls
 
 
 @dataclass(frozen=True, slots=True)
 class FleetFigures:
     gpus: tuple[GpuFigures, ...]
     waiters: dict[str, int]  # model -> calls waiting for a GPU, every sidecar's
+    demand: tuple[ModelFigures, ...] = ()  # every model anyone waits for, plans or used
 
 
 def fleet_figures(snapshot: Snapshot, policy: Policy) -> FleetFigures:
@@ -55,6 +67,12 @@ def fleet_figures(snapshot: Snapshot, policy: Policy) -> FleetFigures:
             view.name, view.ready, view.total_vram_mib, index.usable_mib, index.resident_mib,
             index.loading_mib + index.scratch_mib, tuple(copies), index.active_calls,
             health.circuit if health else Circuit.CLOSED,
-            max(0.0, snapshot.now - view.probed_at) if view.probed_at else 0.0))
+            max(0.0, snapshot.now - view.probed_at) if view.probed_at else 0.0,
+            None if index.usable_mib is None or view.total_vram_mib is None
+            else view.total_vram_mib - index.usable_mib,
+            index.scratch_mib, view.max_parallel))
     waiters = {model: d.waiters for model, d in snapshot.demand.items() if d.waiters}
-    return FleetFigures(tuple(gpus), waiters)
+    demand = tuple(ModelFigures(model, d.waiters, d.intents, d.recent_use)
+                   for model, d in sorted(snapshot.demand.items())
+                   if d.waiters or d.intents or d.recent_use)
+    return FleetFigures(tuple(gpus), waiters, demand)

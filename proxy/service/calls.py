@@ -15,6 +15,7 @@ from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.types import Circuit
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
+from proxy.observability.recent import RecentCalls
 from proxy.ports import StoreUnavailable
 from proxy.service.claims import Claimed, Claims, left_loaded, load_state
 from proxy.service.demand import DemandBoard
@@ -38,7 +39,7 @@ class CallService:
 
     def __init__(self, *, scheduler: Scheduler, plans: PlanBook, claims: Claims,
                  evictions: Evictions, experience: Experience, demand: DemandBoard,
-                 prober: Prober, metrics: Metrics) -> None:
+                 prober: Prober, metrics: Metrics, recent: RecentCalls | None = None) -> None:
         self.scheduler = scheduler
         self.plans = plans
         self.claims = claims
@@ -47,6 +48,7 @@ class CallService:
         self.demand = demand
         self.prober = prober
         self.metrics = metrics
+        self.recent = recent or RecentCalls()  # this sidecar's, for the status page
         self.clock = scheduler.clock
         self._background: set[asyncio.Task[None]] = set()
 
@@ -115,6 +117,8 @@ class CallAttempts:
             s.metrics.refusals.labels(granted.reason).inc()
             log.info("call refused", path=self.call.path,
                      model=granted.model or self.call.model, reason=granted.reason)
+            s.recent.add_refusal(granted.model or self.call.model, granted.reason,
+                                 granted.message)
             return granted
         return self._begin(granted)
 
@@ -179,12 +183,16 @@ class CallAttempts:
         metrics.upstream_seconds.labels(attempt.provider).observe(outcome.seconds)
         if not outcome.ok and not outcome.client_left:
             metrics.upstream_errors.labels(attempt.provider).inc()
+        seconds = round(time.perf_counter() - self.started, 4)
         log.info("call", provider=attempt.provider, model=attempt.model,
                  placement=attempt.placement, evicted=list(attempt.evicted),
                  waited_ms=attempt.waited_ms, prompt_chars=self.call.prompt.chars,
                  estimated_prompt_tokens=attempt.estimated_tokens,
                  reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
-                 error=outcome.error, seconds=round(time.perf_counter() - self.started, 4))
+                 error=outcome.error, seconds=seconds)
+        self.service.recent.add_call(attempt.model, attempt.provider, attempt.placement,
+                                     attempt.evicted, attempt.waited_ms, seconds, outcome.ok,
+                                     outcome.error)
         if current.claimed is not None:
             await self.service.settle(current.claimed, self.call, attempt.estimated_tokens,
                                       outcome)

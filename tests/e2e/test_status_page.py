@@ -1,0 +1,111 @@
+"""The status page and its live feed, over real sockets: the page is served, the feed sends
+the fleet at once and again after a call, and a client leaving ends its stream."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from tests.conftest import eventually, provider_entry
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+MODEL = "qwen3:8b"
+
+
+def views(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    """The `view` events of a server-sent event stream, as they come."""
+    event, data = "message", b""
+    for line in response.iter_lines():
+        if line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+        elif line.startswith("data:"):
+            data += line.split(":", 1)[1].strip().encode()
+        elif line == "":
+            if event == "view" and data:
+                yield orjson.loads(data)
+            event, data = "message", b""
+
+
+def call(url: str) -> httpx.Response:
+    return httpx.post(f"{url}/api/chat", timeout=30, json={
+        "model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_ui_is_one_self_contained_page(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("a")]).url
+    r = httpx.get(f"{url}/kubemoot/ui")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/html")
+    assert "EventSource" in r.text
+    assert "http://" not in r.text and "https://" not in r.text  # nothing from outside
+
+
+def test_events_send_the_fleet_then_a_view_after_a_call(sim_factory: Sims,
+                                                        sidecar_factory: Sidecars) -> None:
+    a, b = sim_factory("a", total_vram_mib=32768), sim_factory("b", total_vram_mib=16376)
+    sidecar = sidecar_factory([a, b])
+    status = sidecar.app.state.status
+    with httpx.stream("GET", f"{sidecar.url}/kubemoot/v1/events", timeout=10) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        stream = views(r)
+        first = next(stream)
+        assert {g["name"] for g in first["gpus"]} == {"a", "b"}
+        assert all(g["totalMiB"] and g["freeMiB"] and g["reserveMiB"] for g in first["gpus"])
+        assert first["calls"] == [] and first["state"] == "embedded"
+        answered = threading.Thread(target=lambda: call(sidecar.url).raise_for_status())
+        answered.start()
+        after = next(v for v in stream if v["calls"])
+        answered.join()
+        assert after["calls"][0]["model"] == MODEL and after["calls"][0]["ok"]
+        placed = after["calls"][0]["provider"]
+        assert after["calls"][0]["placement"] == "cold"
+        # The copy it loaded shows on its GPU, in this view or one soon after.
+        gpu = next(g for g in after["gpus"] if g["name"] == placed)
+        if not [c for c in gpu["copies"] if c["model"] == MODEL]:
+            later = next(v for v in stream if any(
+                c["model"] == MODEL for g in v["gpus"] if g["name"] == placed
+                for c in g["copies"]))
+            assert later["calls"]
+        assert status.watchers == 1
+    assert eventually(lambda: status.watchers == 0)  # the client left: its stream ended
+
+
+def test_refusals_show_with_their_reason(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    sidecar = sidecar_factory([sim_factory("small", total_vram_mib=4096)])
+    with httpx.stream("GET", f"{sidecar.url}/kubemoot/v1/events", timeout=10) as r:
+        stream = views(r)
+        assert next(stream)["refusals"] == []
+        assert call(sidecar.url).status_code >= 400  # fits on no GPU
+        refused = next(v for v in stream if v["refusals"])["refusals"][0]
+        assert refused["model"] == MODEL and refused["reason"] and refused["message"]
+
+
+def test_ops_listener_serves_the_status_page(sim_factory: Sims) -> None:
+    from proxy.app import build_app, build_ops_app
+    from proxy.settings import load_settings
+
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("a"))]))
+    main = ThreadedServer(app, name="sidecar").start()
+    ops = ThreadedServer(build_ops_app(app), name="ops").start()
+    try:
+        assert "EventSource" in httpx.get(f"{ops.url}/kubemoot/ui").text
+        with httpx.stream("GET", f"{ops.url}/kubemoot/v1/events", timeout=10) as r:
+            assert [g["name"] for g in next(views(r))["gpus"]] == ["a"]
+    finally:
+        ops.stop()
+        main.stop()
+
+
+@pytest.mark.parametrize("path", ["/kubemoot/ui", "/kubemoot/v1/events"])
+def test_status_paths_answer_get_only(sim_factory: Sims, sidecar_factory: Sidecars,
+                                      path: str) -> None:
+    url = sidecar_factory([sim_factory("a")]).url
+    assert httpx.post(f"{url}{path}").status_code == 405
