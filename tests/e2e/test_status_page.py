@@ -3,6 +3,7 @@ the fleet at once and again after a call, and a client leaving ends its stream."
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -49,9 +50,10 @@ def test_ui_is_one_self_contained_page(sim_factory: Sims, sidecar_factory: Sidec
 
 
 def test_events_send_the_fleet_then_a_view_after_a_call(sim_factory: Sims,
-                                                        sidecar_factory: Sidecars) -> None:
+                                                        sidecar_factory: Sidecars,
+                                                        mode: dict[str, Any]) -> None:
     a, b = sim_factory("a", total_vram_mib=32768), sim_factory("b", total_vram_mib=16376)
-    sidecar = sidecar_factory([a, b])
+    sidecar = sidecar_factory([a, b], **mode)
     status = sidecar.app.state.status
     with httpx.stream("GET", f"{sidecar.url}/kubemoot/v1/events", timeout=10) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -59,7 +61,8 @@ def test_events_send_the_fleet_then_a_view_after_a_call(sim_factory: Sims,
         first = next(stream)
         assert {g["name"] for g in first["gpus"]} == {"a", "b"}
         assert all(g["totalMiB"] and g["freeMiB"] and g["reserveMiB"] for g in first["gpus"])
-        assert first["calls"] == [] and first["state"] == "embedded"
+        assert first["calls"] == []
+        assert first["state"] == ("shared" if mode else "embedded")
         answered = threading.Thread(target=lambda: call(sidecar.url).raise_for_status())
         answered.start()
         after = next(v for v in stream if v["calls"])
@@ -109,3 +112,33 @@ def test_status_paths_answer_get_only(sim_factory: Sims, sidecar_factory: Sideca
                                       path: str) -> None:
     url = sidecar_factory([sim_factory("a")]).url
     assert httpx.post(f"{url}{path}").status_code == 405
+
+
+def test_a_sidecar_shutting_down_ends_its_event_streams(sim_factory: Sims) -> None:
+    """uvicorn waits for open responses when it stops, and an event stream never ends by
+    itself: the sidecar's own listener closes it, so a watched sidecar still stops."""
+    from proxy.api.protocol import listener
+    from proxy.app import build_app
+    from proxy.settings import load_settings
+
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("a"))]))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = listener(app, "127.0.0.1", port, "on")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        assert eventually(lambda: server.started)
+        with httpx.stream("GET", f"http://127.0.0.1:{port}/kubemoot/v1/events",
+                          timeout=10) as r:
+            stream = views(r)
+            next(stream)
+            server.should_exit = True
+            thread.join(timeout=5)
+            assert not thread.is_alive()
+            with pytest.raises(httpx.RemoteProtocolError):  # closed with the server
+                next(stream)
+    finally:
+        server.force_exit = True
+        thread.join(timeout=5)
