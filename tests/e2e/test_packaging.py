@@ -65,6 +65,7 @@ def test_product_wheel_ships_only_the_sidecar(wheels: dict[str, Path]) -> None:
     names = _names(wheels["product"])
     assert {n.split("/")[0] for n in names} == {"proxy", "kubemoot_proxy-0.1.0.dist-info"}
     assert not [n for n in names if "loadtest" in n or "sim_" in n or "bench" in n]
+    assert "proxy/api/ui.html" in names  # the status page, read as a package resource
     with zipfile.ZipFile(wheels["product"]) as archive:
         metadata = archive.read("kubemoot_proxy-0.1.0.dist-info/METADATA").decode()
     assert 'Requires-Dist: kubemoot-proxy-demo==0.1.0; extra == "demo"' in metadata
