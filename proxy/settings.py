@@ -133,7 +133,7 @@ class Settings(BaseSettings):
 
     # Settings this project adds.
     listen: str = "127.0.0.1:11434"
-    ops_listen: str | None = None  # /metrics, /healthz, /readyz for probes and scrapers
+    ops_listen: str | None = None  # /metrics, /healthz, /readyz and the status page
     providers: Annotated[list[ProviderConfig], NoDecode] = []
     nats_url: str | None = None
     nats_creds: Path | None = None
