@@ -1,6 +1,6 @@
 """The weighted cost, in expected seconds before the call can start (lowest wins).
 
-Physical terms: queue wait at a copy (slot arithmetic over the latency EMA), load time
+Physical terms: queue wait at a copy (slot arithmetic over the call's learned length), load time
 (footprint / load speed), remaining load of a copy being loaded, and the loads ahead of a new
 one (Ollama loads one model at a time). Weights scaled to seconds: best fit, contention,
 reliability, spill (a copy partly in CPU memory, or residents beyond the usable memory) and
@@ -9,19 +9,22 @@ the policy's phase-aware provider weight.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from proxy.core.feasibility import Fitting
+from proxy.core.lengths import CallLength
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.policy import Policy
-from proxy.core.types import ProviderHealth, Snapshot
+from proxy.core.types import CallSpec, ProviderHealth, Snapshot
 
 NO_HEALTH = ProviderHealth()
 
 
-def call_seconds(provider: str, health: Mapping[str, ProviderHealth], policy: Policy) -> float:
-    latency = health.get(provider, NO_HEALTH).latency_ema_s
-    return latency if latency else policy.default_call_s
+def call_length(provider: str, model: str, call: CallSpec, snapshot: Snapshot, policy: Policy
+                ) -> CallLength:
+    """How long a call of `model` holds a slot on `provider` (core/lengths.py)."""
+    return snapshot.lengths.estimate(
+        provider, model, num_predict=call.num_predict, prompt_tokens=call.prompt_tokens,
+        provider_latency_s=snapshot.health.get(provider, NO_HEALTH).latency_ema_s,
+        default_s=policy.default_call_s)
 
 
 def load_seconds(mib: int | None, snapshot: Snapshot, policy: Policy) -> float:
@@ -70,7 +73,7 @@ def shared_terms(index: ProviderIndex, model: str, snapshot: Snapshot, policy: P
 
 def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
                policy: Policy, phase: str) -> dict[str, float]:
-    call_s = call_seconds(index.name, snapshot.health, policy)
+    call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
     terms = {"queue": queue_wait_s(index, model, snapshot.now, call_s)}
     if index.is_loading(model):
         terms["load"] = remaining_load_s(index, model, snapshot, policy)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from proxy.core import context
-from proxy.core.cost import cold_terms, warm_terms
+from proxy.core.cost import call_length, cold_terms, warm_terms
 from proxy.core.feasibility import Fit, Fitting, check
 from proxy.core.occupancy import ProviderIndex, index_providers
 from proxy.core.policy import DEFAULT_POLICY, Policy
@@ -66,7 +66,9 @@ class _Planner:
         make_terms = warm_terms if (fit.warm or fit.loading) else cold_terms
         terms = make_terms(index, model, self.fitting, self.snapshot, self.policy,
                            self.call.phase)
-        return Verdict(index.name, model, True, fit.reason, terms, sizing)
+        length = call_length(index.name, model, self.call, self.snapshot, self.policy) \
+            if self.detailed else None
+        return Verdict(index.name, model, True, fit.reason, terms, sizing, length)
 
     def sizing(self, index: ProviderIndex, model: str, fit: Fit) -> dict[str, int | str]:
         """The context this call would get on the card and what a copy there takes."""
