@@ -11,6 +11,7 @@ from typing import Protocol
 
 from loadtest.fleet_model import Gpu, SimCall
 from loadtest.scenarios import MODELS
+from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.types import (
@@ -137,6 +138,7 @@ class Kubemoot:
     latency: dict[str, float] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)
     use: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (rate, at)
+    lengths: CallLengths = NO_LENGTHS  # learned from each answer, as the sidecar learns
 
     def snapshot(self, gpus: Mapping[str, Gpu], now: float) -> Snapshot:
         views = []
@@ -155,7 +157,8 @@ class Kubemoot:
                                         recent_use=rate * 0.5 ** ((now - at) / 600.0),
                                         last_used_at=at)
         health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
-        return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health)
+        return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health,
+                        lengths=self.lengths)
 
     def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
         spec = CallSpec(tuple(Candidate(m, s) for m, s in call.candidates),
@@ -181,6 +184,16 @@ class Kubemoot:
             previous = self.latency.get(ticket.provider)
             self.latency[ticket.provider] = seconds if previous is None else \
                 0.4 * seconds + 0.6 * previous
+            self.lengths = self.lengths.observe(ticket.provider, ticket.model, _sample(call))
+
+
+def _sample(call: SimCall) -> CallSample:
+    """What Ollama's closing figures say of a finished call: the time it ran (not its queue
+    or load) and its counts and durations."""
+    answer_s = call.output_tokens / MODELS[call.model].tokens_per_s
+    ran_s = call.finished - call.started
+    return CallSample(ran_s, call.output_tokens, answer_s, call.prompt_tokens,
+                      max(ran_s - answer_s, 1e-6))
 
 
 POLICIES = {

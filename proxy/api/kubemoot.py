@@ -24,9 +24,11 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 def verdict_json(v: Verdict) -> dict[str, Any]:
+    length = {} if v.call_length is None else {
+        "callSeconds": round(v.call_length.seconds, 3), "callSource": v.call_length.source}
     return {"provider": v.provider, "model": v.model, "feasible": v.feasible,
             "reason": v.reason, "terms": {k: round(x, 4) for k, x in v.terms.items()},
-            "cost_s": round(v.cost_s, 4) if v.feasible else None, **dict(v.sizing)}
+            "cost_s": round(v.cost_s, 4) if v.feasible else None, **dict(v.sizing), **length}
 
 
 def decision_json(d: Decision) -> dict[str, Any]:

@@ -73,17 +73,37 @@ def prompt_tokens(final: dict[str, Any]) -> int | None:
     return count if isinstance(count, int) else None
 
 
+def answer_tokens(final: dict[str, Any]) -> int | None:
+    """The engine's count of the answer: Ollama's `eval_count`, OpenAI's
+    `usage.completion_tokens`, or `usage.output_tokens` (Anthropic; the Responses API)."""
+    count = final.get("eval_count")
+    if count is None:
+        closing = final.get("response")
+        usage = final.get("usage") or (closing.get("usage") if isinstance(closing, dict)
+                                       else None)
+        if isinstance(usage, dict):
+            count = usage.get("completion_tokens", usage.get("output_tokens"))
+    return count if isinstance(count, int) else None
+
+
+def _seconds(final: dict[str, Any], key: str) -> float | None:
+    nanoseconds = final.get(key)
+    return nanoseconds / 1e9 if isinstance(nanoseconds, int) else None
+
+
 def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
                  error: str | None = None) -> CallOutcome:
     """The call's outcome from the engine's final metrics (ignored when it failed)."""
     metrics = metrics if ok else {}
-    load_ns = metrics.get("load_duration")
     return CallOutcome(
         ok=ok,
         seconds=time.perf_counter() - started,
         prompt_eval_count=prompt_tokens(metrics),
-        load_seconds=load_ns / 1e9 if isinstance(load_ns, int) else None,
+        load_seconds=_seconds(metrics, "load_duration"),
         error=error,
+        answer_tokens=answer_tokens(metrics),
+        answer_seconds=_seconds(metrics, "eval_duration"),
+        prompt_seconds=_seconds(metrics, "prompt_eval_duration"),
     )
 
 

@@ -1,6 +1,7 @@
 """The weighted cost, in expected seconds before the call can start (lowest wins).
 
-Physical terms: queue wait at a copy (slot arithmetic over the latency EMA), load time
+Physical terms: queue wait at a copy (slot arithmetic over the call's learned length), what
+queueing there adds to the model's backlog (the calls that find no free slot), load time
 (footprint / load speed), remaining load of a copy being loaded, and the loads ahead of a new
 one (Ollama loads one model at a time). Weights scaled to seconds: best fit, contention,
 reliability, spill (a copy partly in CPU memory, or residents beyond the usable memory) and
@@ -9,19 +10,25 @@ the policy's phase-aware provider weight.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from proxy.core.feasibility import Fitting
+from proxy.core.lengths import CallLength
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.policy import Policy
-from proxy.core.types import ProviderHealth, Snapshot
+from proxy.core.types import CallSpec, ProviderHealth, Snapshot
 
 NO_HEALTH = ProviderHealth()
 
 
-def call_seconds(provider: str, health: Mapping[str, ProviderHealth], policy: Policy) -> float:
-    latency = health.get(provider, NO_HEALTH).latency_ema_s
-    return latency if latency else policy.default_call_s
+def call_length(provider: str, model: str, call: CallSpec, snapshot: Snapshot, policy: Policy
+                ) -> CallLength:
+    """How long a call of `model` holds a slot on `provider` (core/lengths.py)."""
+    return snapshot.lengths.estimate(
+        provider, model, num_predict=call.num_predict, prompt_tokens=call.prompt_tokens,
+        provider_latency_s=snapshot.health.get(provider, NO_HEALTH).latency_ema_s,
+        default_s=policy.default_call_s)
 
 
 def load_seconds(mib: int | None, snapshot: Snapshot, policy: Policy) -> float:
@@ -39,6 +46,36 @@ def queue_wait_s(index: ProviderIndex, model: str, now: float, call_s: float) ->
     soonest = min(max(0.0, call_s - (now - t.started_at)) for t in calls)
     beyond = len(calls) - slots
     return soonest + beyond * call_s / slots
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A model's calls that find no free slot (queued at its copies beyond their slots, or
+    waiting in a sidecar), and the slots of its copies (warm or loading)."""
+
+    calls: int = 0
+    slots: int = 0
+
+    def delay_s(self, call_s: float) -> float:
+        """What queueing one more call of `call_s` adds to the backlog's waits: the backlog
+        shows the demand outrunning the slots, so as many calls come after this one and
+        each starts one call length spread over the slots later."""
+        return self.calls * call_s / max(self.slots, 1)
+
+
+NO_BACKLOG = Backlog()
+
+
+def backlog(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) -> Backlog:
+    """Calls of `model` queued beyond its copies' slots, on every card, and its waiters on
+    the demand board (a waiting call placed again counts itself among them)."""
+    calls = slots = 0
+    for index in indexes:
+        if index.is_warm(model) or index.is_loading(model):
+            slots += index.slots(model)
+            calls += max(0, -index.free_slots(model))
+    waiters = snapshot.demand[model].waiters if model in snapshot.demand else 0
+    return Backlog(calls + waiters, slots)
 
 
 def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy
@@ -69,9 +106,11 @@ def shared_terms(index: ProviderIndex, model: str, snapshot: Snapshot, policy: P
 
 
 def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
-               policy: Policy, phase: str) -> dict[str, float]:
-    call_s = call_seconds(index.name, snapshot.health, policy)
+               policy: Policy, phase: str, demand: Backlog = NO_BACKLOG) -> dict[str, float]:
+    call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
     terms = {"queue": queue_wait_s(index, model, snapshot.now, call_s)}
+    if terms["queue"] > 0 and demand.calls:
+        terms["backlog"] = demand.delay_s(call_s)
     if index.is_loading(model):
         terms["load"] = remaining_load_s(index, model, snapshot, policy)
     resident = index.residents.get(model)

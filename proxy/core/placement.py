@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from proxy.core import context
-from proxy.core.cost import cold_terms, warm_terms
+from proxy.core.cost import Backlog, backlog, call_length, cold_terms, warm_terms
 from proxy.core.feasibility import Fit, Fitting, check
 from proxy.core.occupancy import ProviderIndex, index_providers
 from proxy.core.policy import DEFAULT_POLICY, Policy
@@ -54,6 +54,7 @@ class _Planner:
         self.acceptable = [call.preferred, *self.alternatives]
         self.fitting = Fitting(call, Sizer(snapshot.providers, policy.disk_to_vram_factor),
                                {c.model: c.vram_mib for c in call.candidates})
+        self.backlogs: dict[str, Backlog] = {}
 
     def fit(self, index: ProviderIndex, model: str) -> Fit:
         return check(index, model, self.fitting, self.snapshot.health)
@@ -63,10 +64,21 @@ class _Planner:
         sizing = self.sizing(index, model, fit) if self.detailed else {}
         if not fit.ok:
             return Verdict(index.name, model, False, fit.reason, sizing=sizing)
-        make_terms = warm_terms if (fit.warm or fit.loading) else cold_terms
-        terms = make_terms(index, model, self.fitting, self.snapshot, self.policy,
-                           self.call.phase)
-        return Verdict(index.name, model, True, fit.reason, terms, sizing)
+        if fit.warm or fit.loading:
+            terms = warm_terms(index, model, self.fitting, self.snapshot, self.policy,
+                               self.call.phase, self.backlog(model))
+        else:
+            terms = cold_terms(index, model, self.fitting, self.snapshot, self.policy,
+                               self.call.phase)
+        length = call_length(index.name, model, self.call, self.snapshot, self.policy) \
+            if self.detailed else None
+        return Verdict(index.name, model, True, fit.reason, terms, sizing, length)
+
+    def backlog(self, model: str) -> Backlog:
+        found = self.backlogs.get(model)
+        if found is None:
+            found = self.backlogs[model] = backlog(self.indexes.values(), model, self.snapshot)
+        return found
 
     def sizing(self, index: ProviderIndex, model: str, fit: Fit) -> dict[str, int | str]:
         """The context this call would get on the card and what a copy there takes."""

@@ -21,7 +21,9 @@ class Policy:
     # Time (seconds).
     load_mib_per_s: float = 1024.0  # Ollama loads ~1 GiB/s; learned from load_duration
     unload_s: float = 1.0  # keep_alive:0 round trip plus the driver giving memory back
-    default_call_s: float = 30.0  # call time before any latency was observed
+    # A call's length when nothing is known of it (docs/rules.md, "How long a call is
+    # expected to take"): long, because a queue thought short can hide a minutes-long answer
+    default_call_s: float = 30.0
     expiry_margin_s: float = 1.0  # an idle copy this close to its keep-alive expiry is gone
 
     # Weights without a physical unit, in seconds-equivalent.

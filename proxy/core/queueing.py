@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.core.cost import call_seconds, load_seconds, queue_wait_s, remaining_load_s
+from proxy.core.cost import call_length, load_seconds, queue_wait_s, remaining_load_s
 from proxy.core.eviction import NO_DEMAND, choose_victims
 from proxy.core.feasibility import Fitting, health_reason
 from proxy.core.occupancy import Load, ProviderIndex
@@ -41,12 +41,12 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
     for index in indexes:
         if health_reason(index, snapshot.health):
             continue
-        call_s = call_seconds(index.name, snapshot.health, policy)
         for model in wanted:
             warm, loading = index.is_warm(model), index.is_loading(model)
             if not (warm or loading) or fitting.copy_problem(
                     index, model, fitting.copy_context(index, model)):
                 continue
+            call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
             wait = queue_wait_s(index, model, snapshot.now, call_s)
             if loading:
                 wait += remaining_load_s(index, model, snapshot, policy)

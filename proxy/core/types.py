@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
+from proxy.core.lengths import NO_LENGTHS, CallLength, CallLengths
+
 
 @dataclass(frozen=True, slots=True)
 class Resident:
@@ -152,6 +154,7 @@ class Snapshot:
     demand: Mapping[str, ModelDemand] = field(default_factory=dict)
     health: Mapping[str, ProviderHealth] = field(default_factory=dict)
     load_mib_per_s: float | None = None  # learned from load_duration; None: the policy default
+    lengths: CallLengths = NO_LENGTHS  # how long calls took, learned from the answers
 
 
 PlacementKind = Literal["warm", "loading", "cold", "queued", "evict"]
@@ -169,6 +172,7 @@ class Verdict:
     terms: Mapping[str, float] = field(default_factory=dict)
     # The context the call would get there and where it comes from; a load's footprint parts
     sizing: Mapping[str, int | str] = field(default_factory=dict)
+    call_length: CallLength | None = None  # how long a call there is expected to take (explain)
 
     @property
     def cost_s(self) -> float:

@@ -58,7 +58,8 @@ class CallService:
     async def settle(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
                      outcome: CallOutcome) -> None:
         """A claimed attempt ended: release its ticket (recording what its load left), and
-        learn from the outcome: the provider's health, the prompt's size, the load's speed."""
+        learn from the outcome: the provider's health, the prompt's size, the load's speed,
+        the call's length."""
         placement = claimed.placement
         self.claims.unhold(claimed)
         now = self.clock.now()
@@ -90,6 +91,8 @@ class CallService:
                         outcome.prompt_eval_count / estimated_tokens)
             if placement.loads:
                 learning.observe_load(placement.footprint_mib, outcome.load_seconds)
+            if outcome.began and not outcome.prompt_too_long:
+                learning.observe_call(placement.provider, placement.model, outcome)
             self.demand.note_use(placement.model)
         if placement.loads or not outcome.ok:
             task = asyncio.ensure_future(self.prober.refresh(placement.provider))

@@ -1,5 +1,6 @@
 """What the sidecar learns from the calls it relays: each provider's health (latency, success
-rate, circuit breaker), the prompt's characters per token, and how fast models load."""
+rate, circuit breaker), the prompt's characters per token, how fast models load, and how long
+calls of each model take on each card."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from proxy.core.health import ProviderStats
+from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
 from proxy.core.tokens import Anchor, ConversationMemory, TokenRatio, estimate_tokens
 from proxy.core.types import Circuit, ProviderHealth
 from proxy.service.routing import CallOutcome, CallRequest
@@ -16,11 +18,12 @@ LOAD_SPEED_ALPHA = 0.3
 
 @dataclass
 class Learning:
-    """What the sidecar learns from responses: chars per token and load speed."""
+    """What the sidecar learns from responses: chars per token, load speed, call lengths."""
 
     ratio: TokenRatio = field(default_factory=TokenRatio)
     load_mib_per_s: float | None = None
     conversations: ConversationMemory = field(default_factory=ConversationMemory)
+    lengths: CallLengths = NO_LENGTHS
 
     def prompt_tokens(self, call: CallRequest) -> int:
         anchor = self.conversations.longest_known(call.conversation)
@@ -31,6 +34,18 @@ class Learning:
             prompt_eval_count -= call.tokens_apart
             self.conversations.record(call.conversation, Anchor(call.prompt, prompt_eval_count))
         self.ratio = self.ratio.observe(call.prompt.chars, prompt_eval_count, call.prompt.dense)
+
+    def observe_call(self, provider: str, model: str, outcome: CallOutcome) -> None:
+        """An answer's length on the engine: its reading and generating time when the engine
+        reports them (time queued inside Ollama is no part of a call's length), else the
+        relay's time less the load."""
+        if outcome.prompt_seconds is not None and outcome.answer_seconds is not None:
+            seconds = outcome.prompt_seconds + outcome.answer_seconds
+        else:
+            seconds = max(0.0, outcome.seconds - (outcome.load_seconds or 0.0))
+        self.lengths = self.lengths.observe(provider, model, CallSample(
+            seconds, outcome.answer_tokens, outcome.answer_seconds,
+            outcome.prompt_eval_count, outcome.prompt_seconds))
 
     def observe_load(self, mib: int, seconds: float | None) -> None:
         if not seconds or seconds < 0.05 or mib <= 0:

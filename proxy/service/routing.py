@@ -67,6 +67,12 @@ class CallOutcome:
     # or the context when it gave none, a lower bound)
     prompt_too_long: bool = False
     began: bool = True  # the engine began an answer (False: it refused or failed before)
+    # The engine's own figures, when it gives them: the answer's tokens (Ollama's eval_count,
+    # or the usage of the OpenAI and Anthropic APIs) and the seconds it spent generating them
+    # (eval_duration) and reading the prompt (prompt_eval_duration).
+    answer_tokens: int | None = None
+    answer_seconds: float | None = None
+    prompt_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,8 @@ class Scheduler:
 
     def snapshot(self, now: float, exclude: frozenset[str] = frozenset()) -> Snapshot:
         snapshot = self.view.snapshot(now, self.experience.health(now), self.demand.view(),
-                                      self.learning.load_mib_per_s, self.claims.uncounted(now))
+                                      self.learning.load_mib_per_s, self.claims.uncounted(now),
+                                      self.learning.lengths)
         if not exclude:
             return snapshot
         return replace(snapshot, providers=tuple(

@@ -19,6 +19,7 @@ from proxy.adapters.ollama import OllamaClient
 from proxy.api.errors import Dialect, stream_error_line
 from proxy.api.relay import (
     ClientGone,
+    answer_tokens,
     client_watch,
     engine_error,
     final_metrics,
@@ -275,6 +276,18 @@ def test_the_counts_are_found_before_anthropics_closing_event() -> None:
     completed = (b'event: response.completed\ndata: {"type":"response.completed","response":'
                  b'{"status":"completed","usage":{"input_tokens":30,"output_tokens":2}}}\n\n')
     assert prompt_tokens(final_metrics(completed)) == 30
+    assert (answer_tokens(final_metrics(tail)), answer_tokens(final_metrics(completed))) == (5, 2)
+
+
+def test_the_outcome_carries_the_engine_s_counts_and_durations() -> None:
+    final = {"done": True, "prompt_eval_count": 800, "prompt_eval_duration": 400_000_000,
+             "eval_count": 120, "eval_duration": 3_000_000_000, "load_duration": 2_000_000}
+    outcome = outcome_from(final, 0.0, True)
+    assert (outcome.prompt_eval_count, outcome.prompt_seconds, outcome.answer_tokens,
+            outcome.answer_seconds, outcome.load_seconds) == (800, 0.4, 120, 3.0, 0.002)
+    openai = {"usage": {"prompt_tokens": 10, "completion_tokens": 7}}
+    assert outcome_from(openai, 0.0, True).answer_tokens == 7
+    assert outcome_from(final, 0.0, False).answer_tokens is None  # a failure tells nothing
 
 
 @pytest.mark.parametrize(
