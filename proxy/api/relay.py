@@ -59,31 +59,29 @@ def final_metrics(tail: bytes) -> dict[str, Any]:
     return {}
 
 
-def prompt_tokens(final: dict[str, Any]) -> int | None:
-    """The engine's prompt count: Ollama's `prompt_eval_count`, OpenAI's
-    `usage.prompt_tokens`, or `usage.input_tokens` (Anthropic; OpenAI's Responses API,
-    whose stream carries it in the closing `response`)."""
-    count = final.get("prompt_eval_count")
+def _count(final: dict[str, Any], native: str, openai: str, anthropic: str) -> int | None:
+    """A count from the closing figures: Ollama's own key, else the `usage` block (OpenAI's
+    or Anthropic's key; the Responses API's stream carries it in the closing `response`)."""
+    count = final.get(native)
     if count is None:
         closing = final.get("response")
         usage = final.get("usage") or (closing.get("usage") if isinstance(closing, dict)
                                        else None)
         if isinstance(usage, dict):
-            count = usage.get("prompt_tokens", usage.get("input_tokens"))
+            count = usage.get(openai, usage.get(anthropic))
     return count if isinstance(count, int) else None
+
+
+def prompt_tokens(final: dict[str, Any]) -> int | None:
+    """The engine's prompt count: `prompt_eval_count`, `usage.prompt_tokens` or
+    `usage.input_tokens`."""
+    return _count(final, "prompt_eval_count", "prompt_tokens", "input_tokens")
 
 
 def answer_tokens(final: dict[str, Any]) -> int | None:
-    """The engine's count of the answer: Ollama's `eval_count`, OpenAI's
-    `usage.completion_tokens`, or `usage.output_tokens` (Anthropic; the Responses API)."""
-    count = final.get("eval_count")
-    if count is None:
-        closing = final.get("response")
-        usage = final.get("usage") or (closing.get("usage") if isinstance(closing, dict)
-                                       else None)
-        if isinstance(usage, dict):
-            count = usage.get("completion_tokens", usage.get("output_tokens"))
-    return count if isinstance(count, int) else None
+    """The engine's count of the answer: `eval_count`, `usage.completion_tokens` or
+    `usage.output_tokens`."""
+    return _count(final, "eval_count", "completion_tokens", "output_tokens")
 
 
 def _seconds(final: dict[str, Any], key: str) -> float | None:
