@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import importlib.util
+import os
 import socket
 import sys
 from collections.abc import Coroutine, Sequence
@@ -71,8 +72,8 @@ def _bind(setting: str, address: str) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
-        raise ConfigError(f"{setting}: cannot listen on {address}: "
-                          f"{exc.strerror or exc}") from None
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ConfigError(f"{setting}: cannot listen on {address}: {reason}") from None
 
 
 def _startup_line(settings: Settings) -> str:
