@@ -245,6 +245,8 @@ class SimApp:
         except ValueError as exc:
             return _error(str(exc), 400)
         stream = body.get("stream", True) is not False
+        # server/routes.go:461 (generate) and :2628 (chat): think on a model without the
+        # capability is a 400 (Ollama relaxes it only behind its Anthropic layer).
         if sim_output.wants_thinking(body) and not model.thinks:
             return _error(f'"{model.name}" does not support thinking', 400)
         load_only = not body.get("messages") if chat else not body.get("prompt")

@@ -206,7 +206,8 @@ class OpenAIChat:
         self.ident, self.created = _ident("chatcmpl-" if chat else "cmpl-"), int(time.time())
         options = body.get("stream_options")
         self.usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        self.called = False  # a tool call went out: the finish reason is "tool_calls"
+        # A tool call went out: the finish reason is "tool_calls" (openai/openai.go:288, 375).
+        self.called = False
 
     def _object(self, obj: str, choice: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.ident, "object": obj, "created": self.created, "model": self.model,

@@ -99,7 +99,8 @@ def _tool_to_call(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _tool_call(tool: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    """Ollama's wire shape (api.ToolCall): an id, the call's index, arguments an object."""
+    """Ollama's wire shape (api/types.go:221-230, ToolCall and ToolCallFunction): an id, the
+    call's index, arguments an object."""
     seed = orjson.dumps([tool["name"], len(body.get("messages") or [])])
     ident = "call_" + hashlib.sha256(seed).hexdigest()[:8]
     parameters = tool.get("parameters")
