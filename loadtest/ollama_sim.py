@@ -227,6 +227,7 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return body
+        body.pop(sim_dialects.RELAX_THINKING, None)  # the Anthropic layer's mark, never a client's
         return await self._run(body, chat, request)
 
     async def _run(self, body: dict[str, Any], chat: bool, request: Request) -> Response:
@@ -248,7 +249,9 @@ class SimApp:
         # server/routes.go:461 (generate) and :2628 (chat): think on a model without the
         # capability is a 400 (Ollama relaxes it only behind its Anthropic layer).
         if sim_output.wants_thinking(body) and not model.thinks:
-            return _error(f'"{model.name}" does not support thinking', 400)
+            if not body.get(sim_dialects.RELAX_THINKING):
+                return _error(f'"{model.name}" does not support thinking', 400)
+            body = {**body, "think": None}
         load_only = not body.get("messages") if chat else not body.get("prompt")
         fault = None if load_only else sim.take_fault()
         if fault and fault.mode == "error":

@@ -17,6 +17,7 @@ from starlette.responses import Response, StreamingResponse
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
 CHAT_PATHS = (CHAT, RESPONSES, MESSAGES)  # served by the native chat; completions by generate
+RELAX_THINKING = "relax_thinking"  # a native body's mark: think is dropped, not refused
 EFFORT_TO_THINK: dict[Any, Any] = {"none": False, "minimal": "low", "low": "low",
                                    "medium": "medium", "high": "high", "max": "max",
                                    "xhigh": "max", "ultra": "max"}
@@ -76,11 +77,13 @@ def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
     if path == RESPONSES:
         native["messages"], tools = _responses_messages(body), [
             _tool(t.get("name"), t.get("description"), t.get("parameters"))
-            for t in body.get("tools") or []]
+            for t in body.get("tools") or [] if isinstance(t, dict)]
+        native.update(_responses_format_and_think(body))
     elif path == MESSAGES:
         native["messages"], tools = _anthropic_messages(body), [
             _tool(t.get("name"), t.get("description"), t.get("input_schema"))
-            for t in body.get("tools") or []]
+            for t in body.get("tools") or [] if isinstance(t, dict)]
+        native.update(_anthropic_think(body))
     else:
         native["messages"] = [{**m, "content": _text(m.get("content"))}
                               for m in body.get("messages") or [] if isinstance(m, dict)]
@@ -109,6 +112,34 @@ def _openai_format_and_think(body: dict[str, Any]) -> dict[str, Any]:
     if effort in EFFORT_TO_THINK:
         out["think"] = EFFORT_TO_THINK[effort]
     return out
+
+
+def _responses_format_and_think(body: dict[str, Any]) -> dict[str, Any]:
+    """responses.go:575, 602-612 FromResponsesRequest: `text.format` json_schema's schema is the
+    format (no "json" mode on this API); `reasoning.effort` a think level as on chat."""
+    out = _openai_format_and_think({"reasoning": body.get("reasoning")})
+    text = body.get("text")
+    wanted = text.get("format") if isinstance(text, dict) else None
+    if isinstance(wanted, dict) and wanted.get("type") == "json_schema" and \
+            wanted.get("schema") is not None:
+        out["format"] = wanted["schema"]
+    return out
+
+
+def _anthropic_think(body: dict[str, Any]) -> dict[str, Any]:
+    """anthropic.go:381-401 FromMessagesRequest: `thinking` enabled or disabled, else
+    `output_config.effort` as a level. Behind this layer a model that cannot think is not
+    refused (middleware/anthropic.go:763, server/routes.go:2621-2626): RELAX_THINKING."""
+    thinking, config = body.get("thinking"), body.get("output_config")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    effort = str(config.get("effort") or "").strip().lower() if isinstance(config, dict) \
+        else ""
+    effort = "high" if effort == "xhigh" else effort
+    if kind in ("enabled", "disabled"):
+        return {"think": kind == "enabled", RELAX_THINKING: True}
+    if effort in ("low", "medium", "high", "max"):
+        return {"think": effort, RELAX_THINKING: True}
+    return {}
 
 
 def _call(name: Any, arguments: Any) -> dict[str, Any]:
@@ -268,73 +299,201 @@ def _openai_usage(final: dict[str, Any]) -> dict[str, int]:
 
 
 class OpenAIResponses:
-    """The Responses API: `response.*` events, the last one carrying the whole response."""
+    """The Responses API as Ollama's converter tells it (openai/responses.go): a reasoning
+    item for thinking (:1238-1308), a function_call item per tool call (:1316-1366) and then
+    no text, else a message item opened at the first text (:1485-1534); `response.created`
+    and `response.in_progress` first, `response.completed` with every item last
+    (:1557-1624). Whole, `ToResponse` (:898-1021): reasoning, then the calls or the message."""
 
     def __init__(self, body: dict[str, Any]) -> None:
-        self.model, self.sequence = str(body.get("model")), 0
-        self.ident, self.item = _ident("resp_"), _ident("msg_")
-        self.text = ""
+        self.request, self.model, self.sequence = body, str(body.get("model")), 0
+        self.ident = _ident("resp_")
+        self.item = f"msg_{self.ident.removeprefix('resp_')}"
+        self.index = 0  # output index of the item being told
+        self.done: list[dict[str, Any]] = []  # items told whole, in output order
+        self.thinking: str | None = None  # a reasoning item is open
+        self.reasoning_id = ""
+        self.text: str | None = None  # a message item is open
+        self.called = False
 
     def _event(self, kind: str, data: dict[str, Any]) -> bytes:
         self.sequence += 1
         return _event({"type": kind, "sequence_number": self.sequence - 1, **data}, kind)
 
-    def _message(self, status: str) -> dict[str, Any]:
+    @staticmethod
+    def _output_text(text: str) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def _message(self, status: str, text: str | None) -> dict[str, Any]:
         return {"id": self.item, "type": "message", "status": status, "role": "assistant",
-                "content": [self._part()] if status == "completed" else []}
+                "content": [] if text is None else [self._output_text(text)]}
 
-    def _part(self) -> dict[str, Any]:
-        return {"type": "output_text", "text": self.text, "annotations": []}
+    @staticmethod
+    def _reasoning(ident: str, thinking: str) -> dict[str, Any]:
+        return {"id": ident, "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": thinking}],
+                "encrypted_content": thinking}  # Ollama's: the plain text
 
-    def _response(self, status: str, final: dict[str, Any] | None) -> dict[str, Any]:
-        usage = None
+    @staticmethod
+    def _function_call(ident: str, call: dict[str, Any], status: str, arguments: str
+                       ) -> dict[str, Any]:
+        return {"id": ident, "type": "function_call", "status": status,
+                "call_id": call["id"], "name": call["function"]["name"],
+                "arguments": arguments}
+
+    def _response(self, status: str, output: list[dict[str, Any]],
+                  final: dict[str, Any] | None) -> dict[str, Any]:
+        """responses.go:1122-1224, the request's tools, text format and reasoning echoed."""
+        body, usage = self.request, None
         if final is not None:
-            prompt, output = final.get("prompt_eval_count", 0), final.get("eval_count", 0)
-            usage = {"input_tokens": prompt, "output_tokens": output,
-                     "total_tokens": prompt + output,
+            prompt, output_tokens = final.get("prompt_eval_count", 0), final.get(
+                "eval_count", 0)
+            usage = {"input_tokens": prompt, "output_tokens": output_tokens,
+                     "total_tokens": prompt + output_tokens,
                      "input_tokens_details": {"cached_tokens": 0},
                      "output_tokens_details": {"reasoning_tokens": 0}}
+        text = body.get("text")
+        wanted = text.get("format") if isinstance(text, dict) else None
+        reasoning = body.get("reasoning")
+        reasoning = {k: reasoning[k] for k in ("effort", "summary") if reasoning.get(k)} \
+            if isinstance(reasoning, dict) else {}
         return {"id": self.ident, "object": "response", "created_at": int(time.time()),
                 "status": status, "model": self.model, "error": None,
-                "incomplete_details": None, "instructions": None, "metadata": {},
-                "output": [self._message("completed")] if final is not None else [],
-                "parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto",
-                "tools": [], "top_p": 1.0, "usage": usage}
+                "incomplete_details": None, "instructions": body.get("instructions") or None,
+                "metadata": {}, "output": output, "parallel_tool_calls": True,
+                "temperature": 1.0, "tool_choice": "auto", "tools": body.get("tools") or [],
+                "top_p": 1.0, "truncation": "disabled", "usage": usage,
+                "text": {"format": wanted if isinstance(wanted, dict) else {"type": "text"}},
+                "reasoning": reasoning or None}
 
     def opening(self) -> list[bytes]:
-        where = {"item_id": self.item, "output_index": 0, "content_index": 0}
-        return [self._event("response.created", {"response": self._response("in_progress",
-                                                                             None)}),
-                self._event("response.output_item.added",
-                            {"output_index": 0, "item": self._message("in_progress")}),
-                self._event("response.content_part.added", {**where, "part": self._part()})]
+        return [self._event("response.created",
+                            {"response": self._response("in_progress", [], None)}),
+                self._event("response.in_progress",
+                            {"response": self._response("in_progress", [], None)})]
 
     def piece(self, said: Said) -> list[bytes]:
-        self.text += said.content
-        return [self._event("response.output_text.delta", {
-            "item_id": self.item, "output_index": 0, "content_index": 0,
-            "delta": said.content})]
+        events = []
+        if said.thinking:
+            events += self._think(said.thinking)
+        if said.tool_calls:
+            events += [*self._end_reasoning(), *self._calls(said.tool_calls)]
+            self.called = True
+        elif said.content and not self.called:
+            events += [*self._end_reasoning(), *self._say(said.content)]
+        return events
+
+    def _think(self, thinking: str) -> list[bytes]:
+        events = []
+        if self.thinking is None:
+            self.thinking, self.reasoning_id = "", _ident("rs_")
+            events.append(self._event("response.output_item.added", {
+                "output_index": self.index,
+                "item": {"id": self.reasoning_id, "type": "reasoning", "summary": []}}))
+        self.thinking += thinking
+        return [*events, self._event("response.reasoning_summary_text.delta", {
+            "item_id": self.reasoning_id, "output_index": self.index, "summary_index": 0,
+            "delta": thinking})]
+
+    def _end_reasoning(self) -> list[bytes]:
+        if self.thinking is None:
+            return []
+        item = self._reasoning(self.reasoning_id, self.thinking)
+        where = {"output_index": self.index}
+        events = [self._event("response.reasoning_summary_text.done", {
+                      "item_id": self.reasoning_id, **where, "summary_index": 0,
+                      "text": self.thinking}),
+                  self._event("response.output_item.done", {**where, "item": item})]
+        self.done.append(item)
+        self.thinking, self.index = None, self.index + 1
+        return events
+
+    def _calls(self, calls: list[dict[str, Any]]) -> list[bytes]:
+        events = []
+        for call in _openai_calls(calls):
+            ident, arguments = _ident(f"fc_{self.index}_"), call["function"]["arguments"]
+            item = self._function_call(ident, call, "completed", arguments)
+            where = {"output_index": self.index}
+            events += [
+                self._event("response.output_item.added", {
+                    **where, "item": self._function_call(ident, call, "in_progress", "")}),
+                self._event("response.function_call_arguments.delta",
+                            {"item_id": ident, **where, "delta": arguments}),
+                self._event("response.function_call_arguments.done",
+                            {"item_id": ident, **where, "arguments": arguments}),
+                self._event("response.output_item.done", {**where, "item": item})]
+            self.done.append(item)
+            self.index += 1
+        return events
+
+    def _say(self, content: str) -> list[bytes]:
+        where = {"item_id": self.item, "output_index": self.index, "content_index": 0}
+        events = []
+        if self.text is None:
+            self.text = ""
+            events += [self._event("response.output_item.added", {
+                           "output_index": self.index,
+                           "item": self._message("in_progress", None)}),
+                       self._event("response.content_part.added",
+                                   {**where, "part": self._output_text("")})]
+        self.text += content
+        return [*events, self._event("response.output_text.delta",
+                                     {**where, "delta": content, "logprobs": []})]
 
     def closing(self, final: dict[str, Any]) -> list[bytes]:
-        where = {"item_id": self.item, "output_index": 0, "content_index": 0}
-        return [self._event("response.output_text.done", {**where, "text": self.text}),
-                self._event("response.content_part.done", {**where, "part": self._part()}),
-                self._event("response.output_item.done",
-                            {"output_index": 0, "item": self._message("completed")}),
-                self._event("response.completed",
-                            {"response": self._response("completed", final)})]
+        events = [*self.piece(_said(final)), *self._end_reasoning()]
+        output = list(self.done)
+        if self.text is not None:
+            where = {"item_id": self.item, "output_index": self.index, "content_index": 0}
+            message = self._message("completed", self.text)
+            events += [self._event("response.output_text.done",
+                                   {**where, "text": self.text, "logprobs": []}),
+                       self._event("response.content_part.done",
+                                   {**where, "part": self._output_text(self.text)}),
+                       self._event("response.output_item.done",
+                                   {"output_index": self.index, "item": message})]
+            output.append(message)
+        response = {**self._response("completed", output, final),
+                    "completed_at": int(time.time())}
+        return [*events, self._event("response.completed", {"response": response})]
 
     def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
-        self.text = said.content
-        return self._response("completed", final)
+        output = []
+        if said.thinking:
+            output.append(self._reasoning(f"rs_{self.ident}", said.thinking))
+        if said.tool_calls:
+            output += [self._function_call(f"fc_{self.ident}_{i}", call, "completed",
+                                           call["function"]["arguments"])
+                       for i, call in enumerate(_openai_calls(said.tool_calls))]
+        else:
+            output.append(self._message("completed", said.content))
+        return self._response("completed", output, final)
+
+
+def _stop_reason(done_reason: Any, called: bool) -> str | None:
+    """anthropic.go:699-714 mapStopReason: tool_use after a call, else Ollama's reason."""
+    if called:
+        return "tool_use"
+    if done_reason == "stop":
+        return "end_turn"
+    if done_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if done_reason else None
 
 
 class AnthropicMessages:
-    """Anthropic's messages: `message_start`, text block events, `message_delta` with the
-    counts, then `message_stop`."""
+    """Anthropic's messages as Ollama's StreamConverter tells them (anthropic/anthropic.go
+    :749-981): `message_start`, a `thinking` block, a `text` block, a `tool_use` block per
+    call (its input as one `input_json_delta`), each opened and stopped in turn, then
+    `message_delta` with the stop reason and counts and `message_stop`. Whole,
+    ToMessagesResponse (:656-697): thinking, text, then tool_use blocks."""
 
     def __init__(self, body: dict[str, Any]) -> None:
         self.model, self.ident = str(body.get("model")), _ident("msg_")
+        self.index = 0  # the content block being told
+        self.open: str | None = None  # its kind while open: "thinking" or "text"
+        self.thought = False  # a thinking block was told whole
+        self.called = False
 
     def _message(self, content: list[dict[str, Any]], stop: str | None,
                  final: dict[str, Any]) -> dict[str, Any]:
@@ -343,26 +502,73 @@ class AnthropicMessages:
                 "usage": {"input_tokens": final.get("prompt_eval_count", 0),
                           "output_tokens": final.get("eval_count", 0)}}
 
+    def _block_event(self, kind: str, **data: Any) -> bytes:
+        return _event({"type": kind, "index": self.index, **data}, kind)
+
+    def _stop_block(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.thought = self.thought or self.open == "thinking"
+        event, self.open = self._block_event("content_block_stop"), None
+        self.index += 1
+        return [event]
+
+    def _delta(self, kind: str, text: str) -> list[bytes]:
+        events = []
+        if self.open != kind:
+            events = self._stop_block()
+            self.open = kind
+            events.append(self._block_event("content_block_start",
+                                            content_block={"type": kind, kind: ""}))
+        field = "thinking" if kind == "thinking" else "text"
+        return [*events, self._block_event("content_block_delta", delta={
+            "type": f"{field}_delta", field: text})]
+
     def opening(self) -> list[bytes]:
         return [_event({"type": "message_start", "message": self._message([], None, {})},
-                       "message_start"),
-                _event({"type": "content_block_start", "index": 0,
-                        "content_block": {"type": "text", "text": ""}}, "content_block_start")]
+                       "message_start")]
 
     def piece(self, said: Said) -> list[bytes]:
-        return [_event({"type": "content_block_delta", "index": 0,
-                        "delta": {"type": "text_delta", "text": said.content}},
-                       "content_block_delta")]
+        events = []
+        if said.thinking and not self.thought:
+            events += self._delta("thinking", said.thinking)
+        if said.content:
+            events += self._delta("text", said.content)
+        for call in said.tool_calls:
+            function = call.get("function") or {}
+            events += [*self._stop_block(),
+                       self._block_event("content_block_start", content_block={
+                           "type": "tool_use", "id": call.get("id", ""),
+                           "name": function.get("name", ""), "input": {}}),
+                       self._block_event("content_block_delta", delta={
+                           "type": "input_json_delta",
+                           "partial_json": orjson.dumps(function.get("arguments") or {}
+                                                        ).decode()}),
+                       self._block_event("content_block_stop")]
+            self.index += 1
+            self.called = True
+        return events
 
     def closing(self, final: dict[str, Any]) -> list[bytes]:
         usage = self._message([], None, final)["usage"]
-        return [_event({"type": "content_block_stop", "index": 0}, "content_block_stop"),
-                _event({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+        stop = _stop_reason(final.get("done_reason"), self.called)
+        return [*self.piece(_said(final)), *self._stop_block(),
+                _event({"type": "message_delta", "delta": {"stop_reason": stop},
                         "usage": usage}, "message_delta"),
                 _event({"type": "message_stop"}, "message_stop")]
 
     def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
-        return self._message([{"type": "text", "text": said.content}], "end_turn", final)
+        content: list[dict[str, Any]] = []
+        if said.thinking:
+            content.append({"type": "thinking", "thinking": said.thinking})
+        if said.content:
+            content.append({"type": "text", "text": said.content})
+        content += [{"type": "tool_use", "id": call.get("id", ""),
+                     "name": (call.get("function") or {}).get("name", ""),
+                     "input": (call.get("function") or {}).get("arguments") or {}}
+                    for call in said.tool_calls]
+        stop = _stop_reason(final.get("done_reason") or "stop", bool(said.tool_calls))
+        return self._message(content, stop, final)
 
 
 def translation_for(path: str, body: dict[str, Any]) -> Translation:

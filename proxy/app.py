@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from proxy import __version__
 from proxy.adapters.dcgm import DcgmExporter
 from proxy.adapters.memory_kv import MemoryStore
+from proxy.adapters.nats_bus import NatsBus
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
 from proxy.api.cors import OllamaCors
@@ -41,6 +42,7 @@ from proxy.service.claims import Claims
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
+from proxy.service.fleet_calls import CallExchange
 from proxy.service.plans import PlanBook, PlanLimits
 from proxy.service.prober import PROBE_TIMEOUT_S, Prober
 from proxy.service.routing import ProviderPool
@@ -188,13 +190,23 @@ def build_app(settings: Settings, store: StateStore | None = None,
     services = build_services(settings, store or build_store(settings, clock), pool,
                               gpu_memory=DcgmExporter(PROBE_TIMEOUT_S), clock=clock)
     scheduler, metrics, shared = services.scheduler, services.metrics, services.shared
+    sidecar = f"{settings.namespace}/{settings.agent_name}"
+    exchange = None  # NATS mode: the status page shows every sidecar's calls
+    if isinstance(services.store, NatsStore):
+        bus = NatsBus()
+        services.store.on_connect.append(bus.attach)
+        exchange = CallExchange(bus, services.calls.recent, sidecar, clock)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.start()
+        if exchange is not None:
+            await exchange.start()
         try:
             yield
         finally:
+            if exchange is not None:
+                await exchange.close()
             await services.close()
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
@@ -214,8 +226,7 @@ def build_app(settings: Settings, store: StateStore | None = None,
     app.state.api = api
     KubemootApi(scheduler, services.plans, services.view, services.demand).mount(app)
     status = StatusApi(services.figures, services.store.changes, services.calls.recent,
-                       f"{settings.namespace}/{settings.agent_name}",
-                       lambda: "shared" if shared else "embedded")
+                       sidecar, lambda: "shared" if shared else "embedded", exchange)
     status.mount(app)
     app.state.status = status
     app.state.settings = settings

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,8 @@ class NatsStore:
         # Connected, yet JetStream answers nothing (its leader for the buckets lost, say):
         # every sidecar must then place on its own, as when NATS is away.
         self._failing: asyncio.Task[None] | None = None
+        # Called with each new client once its buckets are bound (the messaging beside them).
+        self.on_connect: list[Callable[[Any], Awaitable[None]]] = []
 
     @property
     def connected(self) -> bool:
@@ -212,6 +214,8 @@ class NatsStore:
         except Exception as exc:
             raise StoreUnavailable(f"NATS JetStream KV unavailable: {exc}") from exc
         await self._rewatch(rebind=False)
+        for hook in self.on_connect:
+            await hook(client)
 
     async def _serving(self) -> bool:
         """Whether every bucket's stream has a leader to take writes (its info comes from

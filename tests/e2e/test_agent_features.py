@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import httpx
 import jsonschema
 import ollama
@@ -158,3 +159,88 @@ def test_langchain_ollama_bind_tools_and_structured_output(sidecar: str) -> None
     assert isinstance(forecast, Forecast)
     as_tool = model.with_structured_output(Forecast, method="function_calling").invoke("go")
     assert isinstance(as_tool, Forecast)
+
+
+RESPONSES_TOOLS: Any = [{"type": "function", "name": t["function"]["name"],
+                         "description": t["function"]["description"],
+                         "parameters": t["function"]["parameters"]} for t in TOOLS]
+ANTHROPIC_TOOLS: Any = [{"name": t["function"]["name"],
+                         "description": t["function"]["description"],
+                         "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+
+def test_openai_responses_api_tools_reasoning_and_json_schema(sidecar: str) -> None:
+    client = openai.OpenAI(base_url=f"{sidecar}/v1", api_key="unused", max_retries=0)
+    ask: Any = [{"role": "user", "content": ASK["content"]}]
+    first = client.responses.create(model="qwen3:8b", input=ask, tools=RESPONSES_TOOLS,
+                                    reasoning={"effort": "low"})
+    kinds = [item.type for item in first.output]
+    assert kinds == ["reasoning", "function_call"] and not first.output_text
+    call = first.output[1]
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning" and reasoning.summary[0].text
+
+    answer = client.responses.create(model="qwen3:8b", tools=RESPONSES_TOOLS, input=[
+        *ask, call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert [item.type for item in answer.output] == ["message"] and answer.output_text
+
+    with client.responses.stream(model="qwen3:8b", input=ask, tools=RESPONSES_TOOLS,
+                                 reasoning={"effort": "high"}) as stream:
+        events = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    assert events[:2] == ["response.created", "response.in_progress"]
+    assert "response.reasoning_summary_text.delta" in events
+    assert "response.function_call_arguments.done" in events
+    assert "response.output_text.delta" not in events and events[-1] == "response.completed"
+    assert [(i.type, getattr(i, "name", None)) for i in streamed.output] == [
+        ("reasoning", None), ("function_call", "get_weather")]
+
+    parsed = client.responses.parse(model="qwen3:8b", input="forecast for Paris",
+                                    text_format=Forecast)
+    assert isinstance(parsed.output_parsed, Forecast)
+    schema = Forecast.model_json_schema()
+    parts = list(client.responses.create(
+        model="qwen3:8b", input="forecast", stream=True,
+        text={"format": {"type": "json_schema", "name": "forecast", "schema": schema}}))
+    text = "".join(p.delta for p in parts if p.type == "response.output_text.delta")
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_anthropic_sdk_tools_and_thinking(sidecar: str) -> None:
+    client = anthropic.Anthropic(base_url=sidecar, api_key="unused", max_retries=0)
+    ask: Any = [{"role": "user", "content": ASK["content"]}]
+    first = client.messages.create(model="qwen3:8b", max_tokens=256, messages=ask,
+                                   tools=ANTHROPIC_TOOLS,
+                                   thinking={"type": "enabled", "budget_tokens": 1024})
+    assert first.stop_reason == "tool_use"
+    assert [block.type for block in first.content] == ["thinking", "tool_use"]
+    use = first.content[1]
+    assert use.type == "tool_use" and use.name == "get_weather" and use.id
+    jsonschema.validate(use.input, WEATHER)
+
+    answer = client.messages.create(model="qwen3:8b", max_tokens=256, tools=ANTHROPIC_TOOLS,
+                                    messages=[*ask, {"role": "assistant",
+                                                     "content": first.content},
+                                              {"role": "user", "content": [{
+                                                  "type": "tool_result", "tool_use_id": use.id,
+                                                  "content": "sunny"}]}])
+    assert answer.stop_reason == "end_turn" and answer.content[0].type == "text"
+
+    with client.messages.stream(model="qwen3:8b", max_tokens=256, messages=ask,
+                                tools=ANTHROPIC_TOOLS,
+                                thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        deltas = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert "thinking_delta" in deltas and "input_json_delta" in deltas
+    assert final.stop_reason == "tool_use"
+    assert [block.type for block in final.content] == ["thinking", "tool_use"]
+    streamed_use = final.content[1]
+    assert streamed_use.type == "tool_use" and streamed_use.input == use.input
+
+    # A model without the capability is not refused behind this layer, as on Ollama.
+    relaxed = client.messages.create(model="llama3.2:3b", max_tokens=64, messages=[
+        {"role": "user", "content": "hi"}], thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [block.type for block in relaxed.content] == ["text"]

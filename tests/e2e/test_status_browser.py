@@ -3,6 +3,7 @@ person would: the demo fleet's bars and rows appear, and they change after a cal
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,8 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
+from tests.conftest import empty_buckets
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="pip install -e '.[dev]'")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -71,3 +74,22 @@ def test_the_page_shows_the_fleet_and_a_call_as_it_happens(
     row = browser.find_element(By.CSS_SELECTOR, "#calls tbody tr").text
     assert MODEL in row and placed in row and "cold" in row and "ok" in row
     wait.until(lambda _: css(f'[data-gpu="{placed}"] .seg[data-model="{MODEL}"]'))
+
+
+def test_with_nats_the_page_shows_another_sidecars_call(
+        nats_server: NatsServer, sim_factory: Callable[..., SimServer],
+        sidecar_factory: Callable[..., ThreadedServer], browser: webdriver.Chrome) -> None:
+    asyncio.run(empty_buckets(nats_server.url))
+    gpus = [sim_factory("a", total_vram_mib=32768)]
+    one = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="one").url
+    two = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="two").url
+    browser.get(f"{one}/kubemoot/ui")
+    wait = WebDriverWait(browser, 8)
+    wait.until(lambda _: "2 heard from" in browser.find_element(By.ID, "calls-from").text)
+
+    httpx.post(f"{two}/api/chat", timeout=30, json={
+        "model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+    ).raise_for_status()
+    wait.until(lambda _: "default/two" in browser.find_element(By.ID, "calls").text)
+    row = browser.find_element(By.CSS_SELECTOR, "#calls tbody tr").text
+    assert "default/two" in row and MODEL in row and "ok" in row

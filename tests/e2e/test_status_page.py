@@ -1,20 +1,26 @@
 """The status page and its live feed, over real sockets: the page is served, the feed sends
-the fleet at once and again after a call, and a client leaving ends its stream."""
+the fleet at once and again after a call, and a client leaving ends its stream; with NATS,
+one page shows every sidecar's calls, and sidecars nobody watches publish nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import nats
 import orjson
 import pytest
 
+from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
-from tests.conftest import eventually, provider_entry
+from proxy.service import fleet_calls
+from tests.conftest import empty_buckets, eventually, provider_entry
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -142,3 +148,84 @@ def test_a_sidecar_shutting_down_ends_its_event_streams(sim_factory: Sims) -> No
     finally:
         server.force_exit = True
         thread.join(timeout=5)
+
+
+def two_sidecars(nats_server: NatsServer, sim_factory: Sims, sidecar_factory: Sidecars
+                 ) -> tuple[str, str]:
+    """Two agents' sidecars on one shared fleet of two GPUs."""
+    asyncio.run(empty_buckets(nats_server.url))
+    gpus = [sim_factory("a", total_vram_mib=32768), sim_factory("b", total_vram_mib=32768)]
+    return (sidecar_factory(gpus, nats_url=nats_server.url, agent_name="one").url,
+            sidecar_factory(gpus, nats_url=nats_server.url, agent_name="two").url)
+
+
+def subjects_during(url: str, action: Callable[[], None]) -> list[str]:
+    """The subjects of every kubemoot.* message a bystander saw while `action` ran."""
+    async def listen() -> list[str]:
+        seen: list[str] = []
+        nc = await nats.connect(url)
+
+        async def note(msg: Any) -> None:
+            seen.append(msg.subject)
+
+        await nc.subscribe("kubemoot.>", cb=note)
+        await nc.flush()
+        await asyncio.to_thread(action)
+        await asyncio.sleep(0.3)  # anything still in flight arrives
+        await nc.close()
+        return seen
+
+    return asyncio.run(listen())
+
+
+def test_a_page_shows_every_sidecars_calls_with_nats(nats_server: NatsServer,
+                                                     sim_factory: Sims,
+                                                     sidecar_factory: Sidecars) -> None:
+    one, two = two_sidecars(nats_server, sim_factory, sidecar_factory)
+    call(two).raise_for_status()  # before any page: in two's ring only
+    with httpx.stream("GET", f"{one}/kubemoot/v1/events", timeout=10) as r:
+        stream = views(r)
+        gathered = next(v for v in stream if v["calls"])  # asked of the fleet when it opened
+        assert [(c["sidecar"], c["model"], c["ok"]) for c in gathered["calls"]] == [
+            ("default/two", MODEL, True)]
+        assert gathered["sidecars"] == ["default/one", "default/two"]
+        call(one).raise_for_status()
+        call(two).raise_for_status()  # pushed by two while the page watches
+        both = next(v for v in stream if len(v["calls"]) == 3)
+        assert sorted(c["sidecar"] for c in both["calls"]) == [
+            "default/one", "default/two", "default/two"]
+        assert [c["at"] for c in both["calls"]] == sorted(
+            (c["at"] for c in both["calls"]), reverse=True)
+
+
+def test_sidecars_publish_nothing_unless_a_page_watches(nats_server: NatsServer,
+                                                        sim_factory: Sims,
+                                                        sidecar_factory: Sidecars,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    monkeypatch.setattr(fleet_calls, "WATCHED_S", 1.0)  # pushes stop a second after a page
+    one, two = two_sidecars(nats_server, sim_factory, sidecar_factory)
+
+    def unwatched_calls() -> None:
+        for url in (one, two, one, two):
+            call(url).raise_for_status()
+
+    assert subjects_during(nats_server.url, unwatched_calls) == []
+
+    def watched_call() -> None:
+        with httpx.stream("GET", f"{one}/kubemoot/v1/events", timeout=10) as r:
+            stream = views(r)
+            # Two answered the page's gather: from now on it pushes.
+            seen = len(next(v for v in stream if "default/two" in v["sidecars"])["calls"])
+            call(two).raise_for_status()
+            next(v for v in stream if len(v["calls"]) > seen
+                 and v["calls"][0]["sidecar"] == "default/two")
+
+    watched = subjects_during(nats_server.url, watched_call)
+    assert "kubemoot.recent" in watched and watched.count("kubemoot.calls") == 1
+
+    def after_the_page_left() -> None:
+        time.sleep(1.2)  # past WATCHED_S since the page's last word
+        call(two).raise_for_status()
+
+    assert subjects_during(nats_server.url, after_the_page_left) == []
