@@ -101,8 +101,9 @@ async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS,
             await js.key_value(spec.name)
         except BucketNotFoundError:
             await js.create_key_value(config=bucket_config(spec, replicas))
-            done.append(f"{spec.name}: created (ttl {spec.ttl_s:.0f} s, history "
-                        f"{spec.history}, replicas {replicas})")
+            ttl = f"ttl {spec.ttl_s:.0f} s" if spec.ttl_s else "no ttl"
+            done.append(f"{spec.name}: created ({ttl}, history {spec.history}, "
+                        f"replicas {replicas})")
             continue
         info = await js.stream_info(f"KV_{spec.name}")
         current = info.config.num_replicas or 1
@@ -337,6 +338,16 @@ class NatsStore:
             raise self._unavailable(exc) from exc
         except StoreUnavailable:
             raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        """A plain NATS message (no stream): for listeners that want to hear of a change as
+        it happens; what must outlive them goes to a bucket as well."""
+        if not self.connected:
+            raise StoreUnavailable("NATS is not connected")
+        try:
+            await self._nc.publish(subject, data)
         except Exception as exc:
             raise self._unavailable(exc) from exc
 
