@@ -127,6 +127,8 @@ class NatsStore:
         self._kv: dict[str, Any] = {}
         self._mirror: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
         self._versions = {b.name: 0 for b in buckets}
+        # Set once a bucket's watch has replayed what the bucket held (reset on rewatch)
+        self._replayed = {b.name: asyncio.Event() for b in buckets}
         self._watch_tasks: list[asyncio.Task[None]] = []
         self._watchers: list[Any] = []
         self._connected = False
@@ -252,6 +254,7 @@ class NatsStore:
                     ">", inactive_threshold=WATCH_INACTIVE_S)
                 self._watchers.append(watcher)
                 self._mirror[spec.name] = {}
+                self._replayed[spec.name].clear()
                 self._versions[spec.name] += 1
                 self._watch_tasks.append(asyncio.create_task(
                     self._drain(spec.name, watcher), name=f"watch-{spec.name}"))
@@ -267,6 +270,7 @@ class NatsStore:
         mirror = self._mirror[bucket]
         async for entry in watcher:
             if entry is None:  # end of the initial replay
+                self._replayed[bucket].set()
                 self.changes.bump()
                 continue
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
@@ -294,6 +298,16 @@ class NatsStore:
 
     def view(self, bucket: str) -> Mapping[str, Entry]:
         return self._mirror[bucket]
+
+    async def replayed(self, timeout_s: float) -> bool:
+        """Wait until every bucket's view holds what the bucket held when its watch began
+        (after a connect or reconnect); False when that did not happen in time. A writer
+        that compares with the view must not compare with a view still filling."""
+        waits = [asyncio.ensure_future(e.wait()) for e in self._replayed.values()]
+        _, pending = await asyncio.wait(waits, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        return not pending
 
     def version(self, bucket: str) -> int:
         return self._versions[bucket]

@@ -157,6 +157,8 @@ class Binder:
         docs = self.source.docs
         if docs is None or not self.store.connected:
             return 0
+        if not await self.store.replayed(self.timing.echo_s):
+            raise StoreUnavailable("the bindings' watch has not replayed the bucket yet")
         self.evaluations += 1
         now = self.clock.now()
         live = replace(docs, providers=b.live_providers(docs.providers, self._states(), now,
