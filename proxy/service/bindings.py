@@ -72,6 +72,7 @@ class Bindings:
         self.clock = clock
         self._decoded: dict[str, tuple[int, dict[str, Any] | None]] = {}
         self._asked: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._used: OrderedDict[tuple[str, str | None], Resolved] = OrderedDict()
         self._background: set[asyncio.Task[None]] = set()
 
     def _value(self, view: Mapping[str, Entry], key: str) -> dict[str, Any] | None:
@@ -140,11 +141,33 @@ class Bindings:
 
     def for_call(self, phase: str, model: str | None, thread: str | None = None
                  ) -> tuple[Candidate, ...] | None:
-        """The call's candidates (the model it names first); asks for a discussion binding
+        """The call's candidates: the model it names first, unless that is the model the
+        agent was deployed with, which follows the binding. Asks for a discussion binding
         when the call carries a thread."""
         if thread:
             self.ask(thread, phase)
-        return self.resolve(phase, thread).models.for_call(phase, model)
+        resolved = self.resolve(phase, thread)
+        self._used[(phase, thread)] = resolved
+        self._used.move_to_end((phase, thread))
+        while len(self._used) > ASKS_REMEMBERED:
+            self._used.popitem(last=False)
+        if model is not None and resolved.source != "env" and self._deployed(phase, model):
+            model = None  # the model it was deployed with stands for its binding
+        return resolved.models.for_call(phase, model)
+
+    def _deployed(self, phase: str, model: str) -> bool:
+        """Whether the call names the model the agent was deployed with (the environment's
+        preferred model for the phase): what an agent that reads KUBEMOOT_MODEL_MODEL, or
+        was configured with the same name, sends for "my bound model"."""
+        env = self.env.models
+        deployed = env.triage_model if phase == "triage" else \
+            (env.mulling[0].model if env.mulling else None)
+        return deployed is not None and normalise_model(deployed) == normalise_model(model)
+
+    def used(self, phase: str, thread: str | None = None) -> Resolved:
+        """The binding the last placement of this phase and thread ran on (what its log
+        line reports: the binding may have moved on while the call ran)."""
+        return self._used.get((phase, thread)) or self.resolve(phase, thread)
 
     def tolerance(self, phase: str, thread: str | None = None) -> float:
         return self.resolve(phase, thread).tolerance

@@ -13,7 +13,7 @@ from proxy.core.types import Candidate
 from proxy.ports import BINDINGS
 from proxy.service.bindings import Bindings
 
-ENV = CallModels((Candidate("qwen3:8b:latest"),), "phi3:mini")
+ENV = CallModels((Candidate("qwen3:32b"),), "phi3:mini")  # as deployed
 
 
 def agent_binding(generation: int = 1, **extra: object) -> bytes:
@@ -52,8 +52,10 @@ async def test_the_agents_binding_applies_to_the_next_call_when_it_changes() -> 
         ["qwen3:8b", "qwen3:14b"]
     assert chooser.resolve("mulling").label() == "agent@2"
     assert chooser.tolerance("mulling") == 0.0
-    # a call naming a model still runs that model first
+    # a call naming a model still runs that model first; the deployed one follows the binding
     assert (chooser.for_call("mulling", "qwen3:14b") or ())[0].model == "qwen3:14b"
+    assert (chooser.for_call("mulling", "qwen3:32b") or ())[0].model == "qwen3:8b"
+    assert (chooser.for_call("triage", "phi3:mini") or ())[0].model == "qwen3:8b"
 
 
 async def test_an_empty_phase_falls_back_to_the_environment_and_says_why() -> None:
