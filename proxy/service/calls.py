@@ -193,7 +193,7 @@ class CallAttempts:
                  estimated_prompt_tokens=attempt.estimated_tokens,
                  reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
                  error=outcome.error, seconds=seconds,
-                 binding=b.resolve(self.call.phase, self.call.thread).label()
+                 binding=b.used(self.call.phase, self.call.thread).label()
                  if (b := self.service.scheduler.bindings) else "env")
         self.service.recent.add_call(attempt.model, attempt.provider, attempt.placement,
                                      attempt.evicted, attempt.waited_ms, seconds, outcome.ok,
