@@ -38,7 +38,11 @@ def files(paths: Iterable[str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml")))
+            # Hidden entries skipped: a mounted ConfigMap keeps every file twice, once in
+            # its timestamped `..<date>` directory behind the `..data` symlink.
+            out.extend(sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml")
+                              and not any(part.startswith(".")
+                                          for part in p.relative_to(path).parts)))
         elif path.is_file():
             out.append(path)
         else:

@@ -125,3 +125,39 @@ def test_a_discussion_ignores_asks_of_agents_the_documents_do_not_have(tmp_path:
     docs = live(tmp_path, {"gpu-a": state("gpu-a", NOW), "gpu-b": state("gpu-b", NOW)})
     ask = b.Ask("t1", "mulling", "other", "stranger", NOW)
     assert b.discussion_agents([ask], None, {}, {}, docs, Options()) == {}
+
+
+def _configmap_update(volume: Path, files: dict[str, str], version: int) -> None:
+    """What the kubelet does to a mounted ConfigMap: a new timestamped directory, the
+    `..data` symlink swapped to it, each file a symlink through `..data`."""
+    target = volume / f"..2026_12_01_00_00_0{version}"
+    target.mkdir()
+    for name, text in files.items():
+        (target / name).write_text(text)
+    staged = volume / "..data_tmp"
+    staged.symlink_to(target.name)
+    staged.replace(volume / "..data")
+    for name in files:
+        link = volume / name
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{name}")
+
+
+def test_a_mounted_configmap_is_read_once_and_again_when_its_content_changes(
+        tmp_path: Path) -> None:
+    from proxy.operator.binder import DocumentSource
+    from tests.binding_docs import documents
+
+    _configmap_update(tmp_path, {"crew.yaml": documents()}, 1)
+    source = DocumentSource([str(tmp_path)])
+    assert source.poll() and source.docs is not None
+    assert len(source.docs.agents) == 1 and len(source.docs.models) == 2  # not twice
+    assert not source.poll()  # nothing changed
+    _configmap_update(tmp_path, {"crew.yaml": documents(big=20, small=100)}, 2)
+    assert source.poll()
+    policy = source.docs.policies[0]
+    assert [p.weight for p in policy.rules[0].prefer] == [20, 100]
+    # a broken edit keeps the last good documents in force
+    _configmap_update(tmp_path, {"crew.yaml": "kind: [unclosed"}, 3)
+    assert source.poll() and source.error and "malformed YAML" in source.error
+    assert source.docs.policies[0] is policy
