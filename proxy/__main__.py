@@ -1,9 +1,10 @@
-"""Command line: `kubemoot-proxy serve | publish | init-buckets | candidates`."""
+"""Command line: `kubemoot-proxy serve | publish | init-buckets | candidates | bind`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import os
@@ -258,6 +259,52 @@ def _candidates(args: argparse.Namespace) -> int:
     return 1 if args.strict and (unschedulable or problems) else 0
 
 
+def _bind_command(args: argparse.Namespace) -> int:
+    from proxy.adapters.nats_kv import NatsStore
+    from proxy.app import nats_options
+    from proxy.observability.logging import configure_logging
+    from proxy.operator.binder import Binder, BinderTiming, DocumentSource, paths_exist
+    from proxy.operator.scheduling import Options
+    from proxy.ports import BINDINGS, BUCKETS, PROVIDER_STATE, StoreUnavailable
+
+    settings = load_settings(args.config)
+    if not settings.nats_url:
+        raise ConfigError("KUBEMOOT_NATS_URL: required for bind")
+    missing = paths_exist(args.file)
+    if missing:
+        raise ConfigError(f"-f {missing[0]}: no such file or directory")
+    configure_logging(settings.log_level)
+    source = DocumentSource(args.file)
+    source.poll()
+    if source.docs is None:
+        print(f"kubemoot-proxy bind: {source.error}", file=sys.stderr)
+        return 2
+    timing = BinderTiming(poll_s=args.poll_interval, stale_s=settings.state_stale_seconds,
+                          thread_ttl_s=args.thread_ttl)
+
+    async def run() -> int:
+        store = NatsStore(nats_options(settings),
+                          tuple(b for b in BUCKETS if b.name in (PROVIDER_STATE, BINDINGS)),
+                          replicas=settings.nats_replicas)
+        try:
+            await store.start()
+        except StoreUnavailable as exc:
+            print(f"kubemoot-proxy bind: {exc}", file=sys.stderr)
+            await store.close()
+            return 1
+        binder = Binder(store, source, Options(args.eviction_overhead_mib,
+                                               args.concurrency_factor), timing)
+        try:
+            await binder.run()
+        finally:
+            await store.close()
+        return 0
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(run())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubemoot-proxy", description=(
         "GPU-aware scheduling sidecar for Ollama fleets."))
@@ -280,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "changes are written at the next probe, within 1 s")
     publish.set_defaults(func=_publish)
 
-    init = sub.add_parser("init-buckets", help="create the three KV buckets (idempotent)")
+    init = sub.add_parser("init-buckets", help="create the KV buckets (idempotent)")
     init.add_argument("--config", help="YAML file with settings (env vars win)")
     init.add_argument("--nats-url", help="overrides KUBEMOOT_NATS_URL")
     init.set_defaults(func=_init_buckets)
@@ -297,6 +344,23 @@ def build_parser() -> argparse.ArgumentParser:
     cands.add_argument("--concurrency-factor", type=float, default=4.0,
                        help="agents per parallel slot a provider may serve (default 4)")
     cands.set_defaults(func=_candidates)
+
+    bind = sub.add_parser("bind", help="bind agents live: publish their bindings to NATS as "
+                                       "documents and providers change")
+    bind.add_argument("-f", "--file", action="append", required=True, metavar="FILE_OR_DIR",
+                      help="the documents `candidates` reads (repeatable; directories are "
+                           "read whole, and read again when their content changes)")
+    bind.add_argument("--config", help="YAML file with settings (env vars win)")
+    bind.add_argument("--poll-interval", type=float, default=0.5,
+                      help="seconds between reads of the documents (default 0.5)")
+    bind.add_argument("--thread-ttl", type=float, default=3600.0,
+                      help="seconds a discussion binding lives after its last ask "
+                           "(default 3600)")
+    bind.add_argument("--eviction-overhead-mib", type=int, default=None,
+                      help="VRAM kept free beside a model (default: max(2048, 12%% of total))")
+    bind.add_argument("--concurrency-factor", type=float, default=4.0,
+                      help="agents per parallel slot a provider may serve (default 4)")
+    bind.set_defaults(func=_bind_command)
     return parser
 
 

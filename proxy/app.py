@@ -37,6 +37,7 @@ from proxy.ports import (
     StoreUnavailable,
     Timeouts,
 )
+from proxy.service.bindings import Bindings
 from proxy.service.calls import CallService
 from proxy.service.claims import Claims
 from proxy.service.demand import DemandBoard
@@ -166,6 +167,9 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
                           changes=store.changes, view=view, demand=demand, claims=claims,
                           evictions=evictions, experience=experience, metrics=metrics,
                           policy=policy, clock=clock)
+    scheduler.bindings = Bindings(store, settings.namespace, settings.agent_name,
+                                  scheduler.settings.models, settings.tolerance,
+                                  shared=settings.nats_url is not None, clock=clock)
     plans = PlanBook(scheduler, PlanLimits(settings.max_plans, settings.plan_memory_share),
                      clock=clock)
     calls = CallService(scheduler=scheduler, plans=plans, claims=claims, evictions=evictions,

@@ -13,12 +13,13 @@ import orjson
 PROVIDER_STATE = "kubemoot_provider_state"
 PROVIDER_TICKETS = "kubemoot_provider_tickets"
 MODEL_DEMAND = "kubemoot_model_demand"
+BINDINGS = "kubemoot_bindings"
 
 
 @dataclass(frozen=True, slots=True)
 class BucketSpec:
     name: str
-    ttl_s: float  # every entry ages out this long after its last write (garbage collection)
+    ttl_s: float  # entries age out this long after their last write (garbage collection); 0 never
     history: int = 1
 
 
@@ -26,6 +27,9 @@ BUCKETS = (
     BucketSpec(PROVIDER_STATE, ttl_s=3600.0),
     BucketSpec(PROVIDER_TICKETS, ttl_s=6 * 3600.0),
     BucketSpec(MODEL_DEMAND, ttl_s=6 * 3600.0),
+    # A binding stays until the binder replaces it: unchanged bindings are never rewritten,
+    # so an age limit would drop them; the binder prunes the discussions' keys itself.
+    BucketSpec(BINDINGS, ttl_s=0.0),
 )
 
 

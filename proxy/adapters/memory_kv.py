@@ -23,7 +23,7 @@ class MemoryStore:
     def __init__(self, buckets: tuple[BucketSpec, ...] = BUCKETS,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock  # entries age on its monotonic time
-        self._ttl = {b.name: b.ttl_s for b in buckets}
+        self._ttl = {b.name: b.ttl_s or math.inf for b in buckets}  # 0: never
         self._entries: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
         self._views = {name: MappingProxyType(entries) for name, entries in self._entries.items()}
         self._written_at: dict[str, dict[str, float]] = {b.name: {} for b in buckets}

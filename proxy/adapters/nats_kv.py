@@ -101,8 +101,9 @@ async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS,
             await js.key_value(spec.name)
         except BucketNotFoundError:
             await js.create_key_value(config=bucket_config(spec, replicas))
-            done.append(f"{spec.name}: created (ttl {spec.ttl_s:.0f} s, history "
-                        f"{spec.history}, replicas {replicas})")
+            ttl = f"ttl {spec.ttl_s:.0f} s" if spec.ttl_s else "no ttl"
+            done.append(f"{spec.name}: created ({ttl}, history {spec.history}, "
+                        f"replicas {replicas})")
             continue
         info = await js.stream_info(f"KV_{spec.name}")
         current = info.config.num_replicas or 1
@@ -126,6 +127,8 @@ class NatsStore:
         self._kv: dict[str, Any] = {}
         self._mirror: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
         self._versions = {b.name: 0 for b in buckets}
+        # Set once a bucket's watch has replayed what the bucket held (reset on rewatch)
+        self._replayed = {b.name: asyncio.Event() for b in buckets}
         self._watch_tasks: list[asyncio.Task[None]] = []
         self._watchers: list[Any] = []
         self._connected = False
@@ -255,6 +258,7 @@ class NatsStore:
                     ">", inactive_threshold=WATCH_INACTIVE_S)
                 self._watchers.append(watcher)
                 self._mirror[spec.name] = {}
+                self._replayed[spec.name].clear()
                 self._versions[spec.name] += 1
                 self._watch_tasks.append(asyncio.create_task(
                     self._drain(spec.name, watcher), name=f"watch-{spec.name}"))
@@ -270,6 +274,7 @@ class NatsStore:
         mirror = self._mirror[bucket]
         async for entry in watcher:
             if entry is None:  # end of the initial replay
+                self._replayed[bucket].set()
                 self.changes.bump()
                 continue
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
@@ -297,6 +302,16 @@ class NatsStore:
 
     def view(self, bucket: str) -> Mapping[str, Entry]:
         return self._mirror[bucket]
+
+    async def replayed(self, timeout_s: float) -> bool:
+        """Wait until every bucket's view holds what the bucket held when its watch began
+        (after a connect or reconnect); False when that did not happen in time. A writer
+        that compares with the view must not compare with a view still filling."""
+        waits = [asyncio.ensure_future(e.wait()) for e in self._replayed.values()]
+        _, pending = await asyncio.wait(waits, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        return not pending
 
     def version(self, bucket: str) -> int:
         return self._versions[bucket]
@@ -341,6 +356,16 @@ class NatsStore:
             raise self._unavailable(exc) from exc
         except StoreUnavailable:
             raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        """A plain NATS message (no stream): for listeners that want to hear of a change as
+        it happens; what must outlive them goes to a bucket as well."""
+        if not self.connected:
+            raise StoreUnavailable("NATS is not connected")
+        try:
+            await self._nc.publish(subject, data)
         except Exception as exc:
             raise self._unavailable(exc) from exc
 

@@ -106,12 +106,19 @@ class KubemootApi:
         if model is not None and len(model) > wire.MAX_ID_LENGTH:
             return error_response(400, "bad-request", f"query parameter 'model' must be at "
                                   f"most {wire.MAX_ID_LENGTH} characters")
-        result = self.scheduler.explain(phase, model, prompt_chars, num_ctx)
+        thread = request.query_params.get("thread") or None
+        if thread is not None and len(thread) > wire.MAX_ID_LENGTH:
+            return error_response(400, "bad-request", f"query parameter 'thread' must be at "
+                                  f"most {wire.MAX_ID_LENGTH} characters")
+        result = self.scheduler.explain(phase, model, prompt_chars, num_ctx, thread)
         if result is None:
             return error_response(400, "bad-request", "field 'model': a model is required")
         decision, verdicts, spec = result
         return _json({
             "candidates": [{"model": c.model, "score": c.score} for c in spec.candidates],
+            "binding": self.scheduler.bindings.resolve(phase, thread).json()
+            if self.scheduler.bindings else {"source": "env", "revision": None},
+            "tolerance": spec.tolerance,
             "promptTokens": spec.prompt_tokens,
             "charsPerToken": round(self.scheduler.learning.ratio.chars_per_token, 3),
             "tokensPerDenseChar": round(self.scheduler.learning.ratio.tokens_per_dense, 3),

@@ -33,12 +33,16 @@ class Documents:
     policy_archetype: dict[str, str] = field(default_factory=dict)
 
 
-def _files(paths: Iterable[str]) -> list[Path]:
+def files(paths: Iterable[str]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml")))
+            # Hidden entries skipped: a mounted ConfigMap keeps every file twice, once in
+            # its timestamped `..<date>` directory behind the `..data` symlink.
+            out.extend(sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml")
+                              and not any(part.startswith(".")
+                                          for part in p.relative_to(path).parts)))
         elif path.is_file():
             out.append(path)
         else:
@@ -129,7 +133,9 @@ def _add(docs: Documents, doc: dict[str, Any]) -> None:
         docs.policies.append(s.CrewSchedulingPolicy(
             name, namespace, tuple(rules),
             {str(k): str(v) for k, v in _map(spec.get("qualityBias"), "spec.qualityBias").items()},
-            spread, strategy, str(spec["crewRef"]) if spec.get("crewRef") else None))
+            spread, strategy, str(spec["crewRef"]) if spec.get("crewRef") else None,
+            None if spec.get("candidateTolerance") is None
+            else float(spec["candidateTolerance"])))
         if spec.get("archetypeRef"):
             docs.policy_archetype[name] = str(spec["archetypeRef"])
     elif kind == "Agent":
@@ -148,7 +154,7 @@ def _add(docs: Documents, doc: dict[str, Any]) -> None:
 
 def load(paths: Iterable[str]) -> Documents:
     docs = Documents()
-    for path in _files(paths):
+    for path in files(paths):
         try:
             loaded = list(yaml.safe_load_all(path.read_text()))
         except yaml.YAMLError as exc:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from proxy.core.models import normalise_model
 from proxy.core.policy import DEFAULT_POLICY
 
 IMAGE_LOCALITY_BONUS = 10.0
@@ -91,6 +92,10 @@ class Provider:
     agent_count: int = 0
     loaded: tuple[str, ...] = ()
     weight: float = 100.0
+    # The models on its disk, when its live state says (None: unknown, not checked)
+    on_disk: frozenset[str] | None = None
+    # Why it is not Ready, when something more precise than its document's status says so
+    not_ready: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,8 @@ class CrewSchedulingPolicy:
     spread: Spread | None = None
     strategy: str = "spread"  # capacity score: spread (more free) or binpack (less free)
     crew: str | None = None
+    # spec.candidateTolerance: published with live bindings (None: the sidecar's own setting)
+    candidate_tolerance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +222,11 @@ def feasibility(model: Model, providers: Mapping[str, Provider], options: Option
     if provider is None:
         return None, f"{model.name}: provider {model.provider_ref} not found"
     if not provider.ready:
-        return None, f"{model.name}: provider {provider.name} not Ready"
+        return None, f"{model.name}: provider {provider.name} not Ready" + (
+            f" ({provider.not_ready})" if provider.not_ready else "")
+    if provider.on_disk is not None and normalise_model(model.identifier) not in \
+            provider.on_disk:
+        return None, f"{model.name}: {model.identifier} is not on {provider.name}"
     total = provider.vram_total_mib
     if total and model.vram_mib:
         overhead = options.eviction_overhead_mib

@@ -29,6 +29,7 @@ from proxy.core.types import (
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock
+from proxy.service.bindings import Bindings
 from proxy.service.claims import Claimed, Claims
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
@@ -69,6 +70,8 @@ class PlacementSettings:
 
 
 class Scheduler:
+    bindings: Bindings | None = None  # the binder's live bindings (shared state), set by app
+
     def __init__(self, *, settings: PlacementSettings, pool: ProviderPool,
                  changes: ChangeCounter,
                  view: StateView, demand: DemandBoard, claims: Claims, evictions: Evictions,
@@ -91,7 +94,10 @@ class Scheduler:
         self._placing = asyncio.Lock()  # see decide_and_reserve
 
     # -- inputs ----------------------------------------------------------------------------
-    def candidates(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
+    def candidates(self, phase: str, model: str | None, thread: str | None = None
+                   ) -> tuple[Candidate, ...] | None:
+        if self.bindings is not None:
+            return self.bindings.for_call(phase, model, thread)
         return self.settings.models.for_call(phase, model)
 
     def snapshot(self, now: float, exclude: frozenset[str] = frozenset()) -> Snapshot:
@@ -109,7 +115,8 @@ class Scheduler:
                         prompt_tokens=max(at_least, self.learning.prompt_tokens(call)),
                         num_ctx=call.num_ctx or 0, num_predict=call.num_predict,
                         pins_context=call.pins_context, generates=call.generates,
-                        tolerance=self.settings.tolerance,
+                        tolerance=self.bindings.tolerance(call.phase, call.thread)
+                        if self.bindings else self.settings.tolerance,
                         phase="triage" if call.phase == "triage" else "mulling")
 
     # -- the call path ---------------------------------------------------------------------
@@ -118,7 +125,7 @@ class Scheduler:
         """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
         engine counted of its prompt after refusing it as longer than a context; `exclude`:
         providers that failed it."""
-        candidates = self.candidates(call.phase, call.model)
+        candidates = self.candidates(call.phase, call.model, call.thread)
         if not candidates:
             return Refusal("bad-request", "field 'model': a model is required (none in "
                            "the request and KUBEMOOT_MODEL_MODEL is not set)")
@@ -314,12 +321,13 @@ class Scheduler:
         return resolved.requested, resolved.context
 
     # -- dry run ---------------------------------------------------------------------------
-    def explain(self, phase: str, model: str | None, prompt_chars: int, num_ctx: int | None
+    def explain(self, phase: str, model: str | None, prompt_chars: int, num_ctx: int | None,
+                thread: str | None = None
                 ) -> tuple[Decision, tuple[Verdict, ...], CallSpec] | None:
-        candidates = self.candidates(phase, model)
+        candidates = self.candidates(phase, model, thread)
         if not candidates:
             return None
-        call = CallRequest("/api/chat", model, phase, prompt=PromptSize(prompt_chars),
+        call = CallRequest("/api/chat", model, phase, thread, prompt=PromptSize(prompt_chars),
                            num_ctx=num_ctx)
         spec = self.spec(call, candidates)
         decision, verdicts = explain(spec, self.snapshot(self.clock.now()), self.policy)

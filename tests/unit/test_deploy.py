@@ -77,6 +77,34 @@ def test_ops_service_reaches_the_sidecars_ops_port() -> None:
     assert [p["targetPort"] for p in service["spec"]["ports"]] == [ops_port["containerPort"]]
 
 
+SHARED = DEPLOY / "components" / "shared-state"
+CONFIG = DEPLOY.parent / "config"
+
+
+def test_the_binder_reads_the_mounted_documents_without_api_access() -> None:
+    deployment = yaml.safe_load((SHARED / "binder-deployment.yaml").read_text())
+    assert deployment["spec"]["replicas"] == 1  # one writer counts the generations
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    [binder] = pod["containers"]
+    assert binder["args"][0] == "bind"
+    mounts = {m["name"]: m["mountPath"] for m in binder["volumeMounts"]}
+    assert binder["args"][1:] == ["-f", mounts["documents"]]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["documents"]["configMap"]["name"] == "kubemoot-documents"
+    env = {e["name"]: e.get("value") for e in binder["env"]}
+    assert env["KUBEMOOT_NATS_URL"].startswith("nats://")
+    assert binder["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_documents_configmap_holds_the_shipped_documents() -> None:
+    configmap = yaml.safe_load((SHARED / "documents-configmap.yaml").read_text())
+    shipped = [CONFIG / "crew" / "agents.yaml", CONFIG / "crew" / "policy.yaml",
+               CONFIG / "bundles" / "prod" / "models.yaml",
+               CONFIG / "archetypes" / "consent-3.yaml"]
+    assert configmap["data"] == {p.name: p.read_text() for p in shipped}
+
+
 def test_no_patch_addresses_a_list_by_index() -> None:
     """Patches name what they change (strategic merge by name), so reordering a list in the
     base cannot make them change something else."""
@@ -120,7 +148,8 @@ def test_dev_overlay_has_no_nats() -> None:
 def test_prod_overlay_shares_state_in_nats() -> None:
     docs = _render("prod")
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert {("Job", "kubemoot-init-buckets"), ("Deployment", "kubemoot-publisher")} <= names
+    assert {("Job", "kubemoot-init-buckets"), ("Deployment", "kubemoot-publisher"),
+            ("Deployment", "kubemoot-binder"), ("ConfigMap", "kubemoot-documents")} <= names
     agent = next(d for d in docs if d["metadata"]["name"] == "kubectl-agent")
     sidecar = _sidecar(agent["spec"]["template"]["spec"])
     env = {e["name"]: e.get("value") for e in sidecar["env"]}

@@ -1,0 +1,218 @@
+"""Live bindings: the operator's filter -> score -> bind over the documents and the
+providers' live state, as the binder publishes them to `kubemoot_bindings` (docs/binding.md).
+
+Pure: the shell (`binder.py`) gathers the documents and the live state and writes what these
+functions return. Bindings are JSON-ready dicts, because that is what travels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.core.models import normalise_model
+from proxy.operator import scheduling as s
+from proxy.operator.candidates import Documents, policy_for
+from proxy.service.codec import ProviderState, escape_key
+
+# What a binding says beyond its substance: not compared, so a new score or "now" alone
+# never rewrites a binding.
+VOLATILE = ("generation", "observedAt")
+
+
+def agent_id(namespace: str, agent: str) -> str:
+    return f"{namespace}/{agent}"
+
+
+def agent_key(namespace: str, agent: str) -> str:
+    """`<namespace>/<agent>`, KV-safe (escaped keys have no dot, thread keys do)."""
+    return escape_key(agent_id(namespace, agent))
+
+
+def thread_key(thread: str, phase: str) -> str:
+    return f"thread.{escape_key(thread)}.{escape_key(phase)}"
+
+
+def ask_key(thread: str, phase: str, namespace: str, agent: str) -> str:
+    return f"ask.{escape_key(thread)}.{escape_key(phase)}.{agent_key(namespace, agent)}"
+
+
+def thread_subject(thread: str, phase: str) -> str:
+    return f"kubemoot.scheduling.{escape_key(thread)}.{escape_key(phase)}"
+
+
+# -- the providers as their live state shows them ----------------------------------------------
+
+def live_providers(declared: Mapping[str, s.Provider], states: Mapping[str, ProviderState],
+                   now: float, stale_s: float) -> dict[str, s.Provider]:
+    """Every provider a document declares or the publisher reports. The live state decides
+    readiness and capacity; a provider without fresh state is not Ready (its publisher stopped
+    hearing from it, or never did). Weight and agent count stay the documents'."""
+    out: dict[str, s.Provider] = {}
+    for name in sorted(set(declared) | set(states)):
+        doc = declared.get(name)
+        state = states.get(name)
+        if state is None or now - state.last_probed_at > stale_s:
+            base = doc or s.Provider(name, state.endpoint if state else "")
+            why = "no state published" if state is None else \
+                f"state {now - state.last_probed_at:.0f} s old"
+            out[name] = replace(base, ready=False, not_ready=why)
+            continue
+        on_disk = frozenset(normalise_model(m) for m in (*state.available_mib,
+                                                          *state.loaded_mib))
+        out[name] = s.Provider(
+            name, (doc.endpoint if doc and doc.endpoint else state.endpoint), state.ready,
+            state.total_vram_mib or (doc.vram_total_mib if doc else None),
+            sum(state.loaded_mib.values()), state.max_parallel,
+            doc.agent_count if doc else 0, tuple(sorted(state.loaded_mib)),
+            doc.weight if doc else 100.0, on_disk,
+            None if state.ready else "its probe failed")
+    return out
+
+
+def next_stale_at(states: Mapping[str, ProviderState], now: float, stale_s: float
+                  ) -> float | None:
+    """When the next fresh state turns stale: a silent change the binder must wake for."""
+    times = [st.last_probed_at + stale_s for st in states.values()
+             if st.last_probed_at + stale_s > now]
+    return min(times, default=None)
+
+
+# -- an agent's binding -------------------------------------------------------------------------
+
+def _candidates(binding: s.PhaseBinding) -> list[dict[str, Any]]:
+    out = []
+    for ident, quality, mib in binding.candidates:
+        entry: dict[str, Any] = {"model": ident, "score": s.number(quality)}
+        if mib is not None:
+            entry["vramMib"] = mib
+        out.append(entry)
+    return out
+
+
+def _chosen(binding: s.PhaseBinding) -> dict[str, Any] | None:
+    chosen = binding.chosen
+    if chosen is None:
+        return None
+    return {"model": chosen.model.identifier, "modelRef": chosen.model.name,
+            "provider": chosen.provider.name, "endpoint": chosen.provider.endpoint,
+            "score": s.number(round(chosen.total, 3)), "reasons": list(chosen.reasons)}
+
+
+def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.Options
+                  ) -> dict[str, Any]:
+    """One agent's binding over `docs` (their providers already live): the preferred model,
+    each phase's choice and candidates, the tolerance and the unschedulable phases."""
+    policy = policy_for(agent, crew, docs.policies)
+    binding: dict[str, Any] = {"namespace": agent.namespace, "agent": agent.name}
+    if policy is None:
+        return {**binding, "crewSchedulingPolicy": None, "preferred": None, "phases": {},
+                "candidates": {}, "tolerance": None, "unschedulable": [{
+                    "phase": None, "reason": "no CrewSchedulingPolicy applies to this agent",
+                    "crewSchedulingPolicy": None}]}
+    phases = s.schedule_agent(agent, policy, docs.models, docs.providers, options)
+    mulling = phases.get("mulling")
+    return {**binding, "crewSchedulingPolicy": policy.name,
+            "preferred": mulling.chosen.model.identifier if mulling and mulling.chosen
+            else None,
+            "phases": {p: _chosen(b) for p, b in phases.items()},
+            "candidates": {p: _candidates(b) for p, b in phases.items()},
+            "tolerance": policy.candidate_tolerance,
+            "unschedulable": [{"phase": p, "reason": b.unschedulable,
+                               "crewSchedulingPolicy": policy.name}
+                              for p, b in phases.items() if b.unschedulable]}
+
+
+def substance(binding: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides whether a binding changed: the choices and lists, not their scores."""
+    out = {k: v for k, v in binding.items() if k not in VOLATILE}
+    if isinstance(out.get("phases"), dict):
+        out["phases"] = {p: None if c is None else
+                         {k: v for k, v in c.items() if k not in ("score", "reasons")}
+                         for p, c in out["phases"].items()}
+    if isinstance(out.get("agents"), dict):
+        out["agents"] = {a: {k: v for k, v in e.items() if k != "reason"}
+                         for a, e in out["agents"].items()}
+    return out
+
+
+# -- a discussion's binding ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ask:
+    """A sidecar's request for a discussion binding: its agent, in a thread, in a phase."""
+
+    thread: str
+    phase: str
+    namespace: str
+    agent: str
+    at: float  # when it last asked (wall clock)
+
+
+def phase_entry(binding: Mapping[str, Any], phase: str, reason: str) -> dict[str, Any]:
+    """An agent's part of a discussion binding: the agent binding's phase, as of now."""
+    chosen = (binding.get("phases") or {}).get(phase)
+    unschedulable = next((u["reason"] for u in binding.get("unschedulable") or ()
+                          if u.get("phase") == phase), None)
+    return {"model": chosen["model"] if chosen else None,
+            "provider": chosen["provider"] if chosen else None,
+            "candidates": list((binding.get("candidates") or {}).get(phase) or ()),
+            "tolerance": binding.get("tolerance"), "unschedulable": unschedulable,
+            "reason": reason}
+
+
+def still_feasible(entry: Mapping[str, Any], agent: s.Agent, crew: str | None, phase: str,
+                   docs: Documents, options: s.Options) -> str | None:
+    """None while the discussion's pinned model can still run where it was bound (the
+    policy's rule admits it and its provider is feasible); else why not."""
+    model, provider = entry.get("model"), entry.get("provider")
+    if not model or not provider:
+        return "it had no model bound"
+    policy = policy_for(agent, crew, docs.policies)
+    rule = next((r for r in policy.rules if r.phase == phase), None) if policy else None
+    if rule is None:
+        return f"no rule for phase {phase} applies any more"
+    matching = [m for m in docs.models if m.identifier == model and m.provider_ref == provider]
+    if not matching:
+        return f"no Model {model} on {provider} any more"
+    reasons = []
+    for candidate in matching:
+        if not candidate.ready or not rule.require.matches(candidate.labels):
+            reasons.append(f"{candidate.name}: no longer admitted by the phase's require")
+            continue
+        found, why = s.feasibility(candidate, docs.providers, options)
+        if found is not None:
+            return None
+        reasons.append(why)
+    return "; ".join(reasons)
+
+
+def discussion_agents(asks: list[Ask], current: Mapping[str, Any] | None,
+                      bindings: Mapping[str, Mapping[str, Any]],
+                      agents: Mapping[str, tuple[s.Agent, str | None]], docs: Documents,
+                      options: s.Options) -> dict[str, dict[str, Any]]:
+    """The agents' entries of one (thread, phase) binding. Pinned: an agent keeps the model
+    it was bound when its thread asked for as long as that model can run where it was bound,
+    so a re-score (a model loading elsewhere, a policy edit) never switches models in the
+    middle of a discussion; when capacity is lost (its provider drops, the model leaves the
+    bundle or the disk) it is re-bound to the agent's binding of now."""
+    before = dict((current or {}).get("agents") or {})
+    out: dict[str, dict[str, Any]] = {}
+    for ask in asks:
+        who = agent_id(ask.namespace, ask.agent)
+        binding = bindings.get(who)
+        known = agents.get(who)
+        if binding is None or known is None:
+            continue  # not an agent of these documents
+        agent, crew = known
+        old = before.get(who)
+        if old is not None:
+            lost = still_feasible(old, agent, crew, ask.phase, docs, options)
+            if lost is None:
+                out[who] = old
+                continue
+            out[who] = phase_entry(binding, ask.phase, f"re-bound: {lost}")
+        else:
+            out[who] = phase_entry(binding, ask.phase, "bound when the thread asked")
+    return out

@@ -1,0 +1,163 @@
+"""Live bindings, pure: the providers' live state over the documents, an agent's binding,
+what counts as a change, and a discussion's pinned binding."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from proxy.operator import binding as b
+from proxy.operator import candidates
+from proxy.operator.scheduling import Options
+from tests.binding_docs import AGENT, NAMESPACE, state, write_documents
+
+NOW = 1_700_000_000.0
+STALE_S = 15.0
+
+
+def live(tmp_path: Path, states: dict[str, object], **weights: object) -> candidates.Documents:
+    write_documents(tmp_path, **weights)
+    docs = candidates.load([str(tmp_path)])
+    return replace(docs, providers=b.live_providers(docs.providers, states, NOW,  # type: ignore[arg-type]
+                                                     STALE_S))
+
+
+def bind(docs: candidates.Documents) -> dict[str, object]:
+    agent, crew = docs.agents[0]
+    return b.agent_binding(agent, crew, docs, Options())
+
+
+def test_keys_are_kv_safe_and_agent_keys_never_look_like_thread_keys() -> None:
+    assert b.agent_key("crew", "tooler") == "crew=2Ftooler"
+    assert b.thread_key("t.1 x", "mulling") == "thread.t=2E1=20x.mulling"
+    assert "." not in b.agent_key("a.b", "c.d")
+    assert b.thread_subject("t.1", "triage") == "kubemoot.scheduling.t=2E1.triage"
+
+
+def test_live_state_decides_readiness_and_capacity(tmp_path: Path) -> None:
+    fresh = state("gpu-a", NOW - 1)
+    old = state("gpu-b", NOW - STALE_S - 1)
+    docs = live(tmp_path, {"gpu-a": replace(fresh, loaded_mib={"qwen3:14b": 9000}),
+                           "gpu-b": old})
+    a, b_ = docs.providers["gpu-a"], docs.providers["gpu-b"]
+    assert a.ready and a.vram_used_mib == 9000 and a.loaded == ("qwen3:14b",)
+    assert a.endpoint == "http://gpu-a:11434" and a.on_disk == {"qwen3:14b", "qwen3:8b"}
+    assert not b_.ready and b_.not_ready == "state 16 s old"
+
+
+def test_a_provider_nobody_publishes_for_is_not_ready(tmp_path: Path) -> None:
+    docs = live(tmp_path, {"gpu-b": state("gpu-b", NOW)})
+    binding = bind(docs)
+    # the 14B model's provider has no state: the 8B one is preferred, the 14B still listed
+    assert binding["preferred"] == "qwen3:8b"
+    assert [c["model"] for c in binding["candidates"]["mulling"]] == ["qwen3:8b", "qwen3:14b"]
+
+
+def test_the_agent_binding_names_preferred_candidates_and_unschedulable_phases(
+        tmp_path: Path) -> None:
+    docs = live(tmp_path, {"gpu-a": state("gpu-a", NOW)})  # gpu-b (triage's only) is silent
+    binding = bind(docs)
+    assert binding["preferred"] == "qwen3:14b"
+    assert binding["phases"]["mulling"]["provider"] == "gpu-a"
+    assert binding["candidates"]["mulling"] == [
+        {"model": "qwen3:14b", "score": 100, "vramMib": 9300},
+        {"model": "qwen3:8b", "score": 50, "vramMib": 5200}]
+    assert binding["phases"]["triage"] is None
+    [failed] = binding["unschedulable"]
+    assert failed["phase"] == "triage" and "gpu-b not Ready (no state published)" in \
+        failed["reason"] and failed["crewSchedulingPolicy"] == "crew-policy"
+
+
+def test_a_model_missing_from_the_providers_disk_is_not_feasible(tmp_path: Path) -> None:
+    without = replace(state("gpu-a", NOW), available_mib={"qwen3:8b": 5200})
+    binding = bind(live(tmp_path, {"gpu-a": without, "gpu-b": state("gpu-b", NOW)}))
+    assert binding["preferred"] == "qwen3:8b"
+
+
+def test_a_new_score_alone_is_no_change_a_new_order_is(tmp_path: Path) -> None:
+    states = {"gpu-a": state("gpu-a", NOW), "gpu-b": state("gpu-b", NOW)}
+    first = bind(live(tmp_path, states))
+    loaded = replace(states["gpu-a"], loaded_mib={"qwen3:8b": 5000})  # capacity moves
+    second = bind(live(tmp_path, {**states, "gpu-a": loaded}))
+    assert first["phases"]["mulling"]["score"] != second["phases"]["mulling"]["score"]
+    assert b.substance(first) == b.substance(second)
+    flipped = bind(live(tmp_path, states, big=20, small=100))
+    assert b.substance(first) != b.substance(flipped)
+
+
+def test_next_stale_at_is_the_earliest_fresh_state_turning_stale() -> None:
+    states = {"a": state("a", NOW - 10), "b": state("b", NOW - 2), "c": state("c", NOW - 99)}
+    assert b.next_stale_at(states, NOW, STALE_S) == NOW - 10 + STALE_S
+    assert b.next_stale_at({}, NOW, STALE_S) is None
+
+
+def _discussion(docs: candidates.Documents, current: dict[str, object] | None
+                ) -> dict[str, dict[str, object]]:
+    agent, crew = docs.agents[0]
+    who = b.agent_id(NAMESPACE, AGENT)
+    ask = b.Ask("t1", "mulling", NAMESPACE, AGENT, NOW)
+    return b.discussion_agents([ask], current, {who: bind(docs)}, {who: (agent, crew)},
+                               docs, Options())
+
+
+def test_a_discussion_keeps_its_model_through_a_rescore_and_rebinds_when_it_is_lost(
+        tmp_path: Path) -> None:
+    states = {"gpu-a": state("gpu-a", NOW), "gpu-b": state("gpu-b", NOW)}
+    who = b.agent_id(NAMESPACE, AGENT)
+    first = _discussion(live(tmp_path, states), None)
+    assert first[who]["model"] == "qwen3:14b" and first[who]["provider"] == "gpu-a"
+    assert first[who]["reason"] == "bound when the thread asked"
+    current = {"agents": first}
+    # the policy now prefers the 8B: the agent's binding moves, the discussion does not
+    rescored = live(tmp_path, states, big=20, small=100)
+    assert bind(rescored)["preferred"] == "qwen3:8b"
+    assert _discussion(rescored, current) == first
+    # the 14B's provider drops: the discussion is re-bound to the agent's binding of now
+    dropped = live(tmp_path, {**states, "gpu-a": replace(states["gpu-a"], ready=False)},
+                   big=20, small=100)
+    moved = _discussion(dropped, current)
+    assert moved[who]["model"] == "qwen3:8b"
+    assert moved[who]["reason"].startswith("re-bound: big: provider gpu-a not Ready")
+    assert [c["model"] for c in moved[who]["candidates"]] == ["qwen3:8b", "qwen3:14b"]
+
+
+def test_a_discussion_ignores_asks_of_agents_the_documents_do_not_have(tmp_path: Path) -> None:
+    docs = live(tmp_path, {"gpu-a": state("gpu-a", NOW), "gpu-b": state("gpu-b", NOW)})
+    ask = b.Ask("t1", "mulling", "other", "stranger", NOW)
+    assert b.discussion_agents([ask], None, {}, {}, docs, Options()) == {}
+
+
+def _configmap_update(volume: Path, files: dict[str, str], version: int) -> None:
+    """What the kubelet does to a mounted ConfigMap: a new timestamped directory, the
+    `..data` symlink swapped to it, each file a symlink through `..data`."""
+    target = volume / f"..2026_12_01_00_00_0{version}"
+    target.mkdir()
+    for name, text in files.items():
+        (target / name).write_text(text)
+    staged = volume / "..data_tmp"
+    staged.symlink_to(target.name)
+    staged.replace(volume / "..data")
+    for name in files:
+        link = volume / name
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{name}")
+
+
+def test_a_mounted_configmap_is_read_once_and_again_when_its_content_changes(
+        tmp_path: Path) -> None:
+    from proxy.operator.binder import DocumentSource
+    from tests.binding_docs import documents
+
+    _configmap_update(tmp_path, {"crew.yaml": documents()}, 1)
+    source = DocumentSource([str(tmp_path)])
+    assert source.poll() and source.docs is not None
+    assert len(source.docs.agents) == 1 and len(source.docs.models) == 2  # not twice
+    assert not source.poll()  # nothing changed
+    _configmap_update(tmp_path, {"crew.yaml": documents(big=20, small=100)}, 2)
+    assert source.poll()
+    policy = source.docs.policies[0]
+    assert [p.weight for p in policy.rules[0].prefer] == [20, 100]
+    # a broken edit keeps the last good documents in force
+    _configmap_update(tmp_path, {"crew.yaml": "kind: [unclosed"}, 3)
+    assert source.poll() and source.error and "malformed YAML" in source.error
+    assert source.docs.policies[0] is policy
