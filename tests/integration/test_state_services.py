@@ -49,7 +49,7 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     a = DemandBoard(store, "crew/a", clock)
     b = DemandBoard(store, "crew/b", clock)
     await a.waiting("qwen3:14b")
-    await b.waiting("qwen3:14b")
+    theirs = await b.waiting("qwen3:14b")
     await a.intend("qwen3:8b")
     a.note_use("qwen3:8b")
     a.note_use("qwen3:8b")
@@ -59,7 +59,7 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     assert d["qwen3:14b"].waiters == 2
     assert d["qwen3:8b"].intents == 1 and d["qwen3:8b"].recent_use == pytest.approx(2.0)
     assert d["qwen3:32b"].predicted == pytest.approx(1.0)
-    await b.done_waiting("qwen3:14b")
+    await b.done_waiting(theirs)
     assert a.view()["qwen3:14b"].waiters == 1
 
 
