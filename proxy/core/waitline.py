@@ -15,6 +15,11 @@ from proxy.core.occupancy import index_providers
 from proxy.core.policy import Policy
 from proxy.core.types import Placement, Snapshot
 
+# How long a free slot is left to the model's older waiting calls before a younger call takes
+# it: an older call on any sidecar gets it within a store round trip; one that cannot use it,
+# or whose sidecar died, must not hold it.
+YIELD_S = 1.0
+
 
 def waiters_ahead(snapshot: Snapshot, model: str, since: float) -> int:
     """Calls waiting for `model` that arrived before `since` (the call's own entry is not in

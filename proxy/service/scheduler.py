@@ -26,7 +26,7 @@ from proxy.core.types import (
     Ticket,
     Verdict,
 )
-from proxy.core.waitline import yields_to_older
+from proxy.core.waitline import YIELD_S, yields_to_older
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock
@@ -40,10 +40,6 @@ from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
-# How long a free slot is left to the model's older waiting calls (on any sidecar) before a
-# younger call takes it: an older call gets it within a store round trip; one that cannot use
-# it, or whose sidecar died, must not hold it.
-YIELD_S = 1.0
 
 
 @dataclass(frozen=True)
