@@ -5,16 +5,17 @@ The contention-free limit: every call served at once on a warm copy of its prefe
 
 The slot-aware bound adds what no policy can avoid: a model runs at most as many calls at
 once as its copies have slots, and a copy costs its load time. Each model is given a copy on
-every card that could hold it, loaded in parallel from the moment its first call arrives (as
-if the model had the cards to itself: no other model's memory or slots compete), and its
-calls, in arrival order, each take the slot that frees first. A call's model is its first
-candidate that fits some card; its length is the limit's with that model's token rate. No
-policy serving calls in arrival order, without preempting them, starts any call earlier.
+every card that could hold it (as if the model had the cards to itself: no other model's
+memory or slots compete), and its calls, in arrival order, each start at the soonest moment
+any card can run them: a free slot of a loaded copy, or a new copy loaded from the call's
+arrival on a card without one (a copy left idle for the card's keep-alive is gone, as
+Ollama unloads it). A call's model is its first candidate that fits some card; its length is
+the limit's with that model's token rate.
 """
 
 from __future__ import annotations
 
-import heapq
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from loadtest.fleet_model import GpuSpec, ModelSpec, SimCall
@@ -42,23 +43,32 @@ def slot_aware(calls: Sequence[SimCall], models: Mapping[str, ModelSpec],
                gpus: Sequence[GpuSpec]) -> list[float]:
     """Each call's latency in the slot-aware schedule (calls no card can run are left out)."""
     by_model: dict[str, list[SimCall]] = {}
-    chosen: dict[int, ModelSpec] = {}
     for call in sorted(calls, key=lambda c: (c.arrived, c.ident)):
         model = runnable_model(call, models, gpus)
         if model is not None:
-            chosen[call.ident] = model
             by_model.setdefault(model.name, []).append(call)
+    rate = max(g.prompt_tokens_per_s for g in gpus)
     out: list[float] = []
     for name, queue in by_model.items():
         model = models[name]
-        first = queue[0].arrived
-        slots = [first + model.footprint_mib / g.load_mib_per_s
-                 for g in gpus if model.footprint_mib <= g.total_mib for _ in range(g.slots)]
-        heapq.heapify(slots)
-        rate = max(g.prompt_tokens_per_s for g in gpus)
+        cards = [g for g in gpus if model.footprint_mib <= g.total_mib]
+        free: dict[str, list[float]] = {g.name: [] for g in cards}  # per slot; [] not loaded
         for call in queue:
-            free_at = heapq.heappop(slots)
-            finish = max(call.arrived, free_at) + call_seconds(call, model, rate)
-            heapq.heappush(slots, finish)
-            out.append(finish - call.arrived)
+            best: tuple[float, GpuSpec] | None = None
+            for g in cards:
+                slots = free[g.name]
+                soonest = max(call.arrived, min(slots)) if slots else math.inf
+                if not slots or max(slots) + g.keep_alive_s < soonest:
+                    # no copy, or it expired idle: a new one, loaded from the call's arrival
+                    soonest = call.arrived + model.footprint_mib / g.load_mib_per_s
+                if best is None or soonest < best[0]:
+                    best = (soonest, g)
+            assert best is not None
+            start, g = best
+            slots = free[g.name]
+            if not slots or max(slots) + g.keep_alive_s < start or min(slots) > start:
+                slots[:] = [start] * g.slots  # (re)loaded: every slot free at `start`
+            slots.sort()
+            slots[0] = start + call_seconds(call, model, rate)
+            out.append(slots[0] - call.arrived)
     return out

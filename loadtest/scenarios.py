@@ -77,11 +77,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         discussion_every_s=30.0, duration_s=1800.0),
     Scenario(
         "burst-while-loading",
-        "a tooler keeps an 8B copy busy; every ~60 s eight analysts ask for the 14B at once, "
-        "which is not loaded (keep-alive 20 s): the burst arrives while its copies load (12 s)",
+        "a tooler keeps an 8B copy busy; every ~60 s eight analysts that accept only the 14B "
+        "ask for it at once, and it is not loaded (keep-alive 20 s): the burst arrives while "
+        "its copies load (12 s)",
         tuple(GpuSpec(n, 24564, keep_alive_s=20.0) for n in ("gpu-24a", "gpu-24b")),
         (AgentSpec("steady", TOOLER, 20, 0.5, (0.0, 0.0), (500, 1500), (50, 150)),
-         *(AgentSpec(f"burst-{i}", ANALYST, 1, 0.0, (30.0, 31.0), (500, 1500), (100, 250))
+         *(AgentSpec(f"burst-{i}", (("qwen3:14b", 60.0),), 1, 0.0, (30.0, 31.0), (500, 1500),
+                     (100, 250))
            for i in range(8))),
         discussion_every_s=60.0, duration_s=1800.0),
     Scenario(
