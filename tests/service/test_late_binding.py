@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.service.demand import DemandBoard
-from tests.service.fakes import Answer
+import orjson
+
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.ports import MODEL_DEMAND
+from proxy.service.codec import escape_key
+from proxy.service.demand import WAIT_TTL_S, DemandBoard
+from tests.service.fakes import Answer, LoopClock
 from tests.service.harness import Fleet, Sidecar
 
 
@@ -133,3 +138,18 @@ async def test_a_free_slot_is_left_to_an_older_waiting_call_of_another_sidecar(
     assert r.status == 200
     assert 990 <= r.last.waited_ms <= 1010  # the older call's turn, then its own
     await other.close()
+
+
+async def test_a_dead_sidecars_wait_entries_leave_the_board_while_a_live_ones_stay() -> None:
+    clock = LoopClock()
+    store = MemoryStore(clock=clock)
+    live = DemandBoard(store, "crew/live", clock)
+    reader = DemandBoard(store, "crew/reader", clock)
+    dead = {"expiresAt": clock.now() + WAIT_TTL_S, "since": clock.now() - 1}
+    key = f"wait.{escape_key('qwen3:8b')}.{escape_key('crew/dead')}.1"
+    await store.put(MODEL_DEMAND, key, orjson.dumps(dead))  # written once, never again
+    await live.waiting("qwen3:8b")
+    assert reader.view()["qwen3:8b"].waiters == 2
+    await asyncio.sleep(WAIT_TTL_S + 1)  # the live sidecar rewrote its entry meanwhile
+    assert reader.view()["qwen3:8b"].waiters == 1
+    await live.close()
