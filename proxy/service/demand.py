@@ -175,6 +175,13 @@ class DemandBoard:
                 if entry.key in self._waits:
                     await self._write_wait(entry)
 
+    def others_waiting(self, model: str) -> bool:
+        """Whether calls of other sidecars wait for `model` (this one's are not counted)."""
+        found = self.view().get(model)
+        if found is None or not found.waiters:
+            return False
+        return found.waiters > sum(1 for e in self._waits.values() if e.model == model)
+
     def stop_waiting(self, entry: WaitEntry) -> bool:
         """Leave this sidecar's view at once (the board's entry goes with done_waiting);
         False when it had left already."""
