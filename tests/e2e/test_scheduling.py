@@ -534,7 +534,9 @@ def test_two_sidecars_sharing_nats_converge_on_one_loading_copy(
     from tests.conftest import empty_buckets
 
     asyncio.run(empty_buckets(nats_server.url))
-    gpus = [sim_factory(n, total_vram_mib=24564, time_scale=0.1) for n in ("a", "b")]
+    # Two slots: the loading copy has one no call is bound to yet
+    gpus = [sim_factory(n, total_vram_mib=24564, time_scale=0.1, num_parallel=2)
+            for n in ("a", "b")]
     one = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="one").url
     two = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="two").url
     results: dict[str, httpx.Response] = {}
