@@ -24,6 +24,7 @@ from proxy.core.types import (
     Snapshot,
     Ticket,
 )
+from proxy.core.waitline import YIELD_S, yields_to_older
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Choice:
     evicts: tuple[str, ...] = ()
     footprint_mib: int = 0
     cold: bool = False
+    retry_in_s: float = 0.0  # a wait with a deadline of its own: place it again by then
 
 
 class PlacementPolicy(Protocol):
@@ -136,11 +138,20 @@ class Kubemoot:
     name: str = "kubemoot"
     tickets: dict[int, Ticket] = field(default_factory=dict)
     latency: dict[str, float] = field(default_factory=dict)
-    waiting: dict[str, int] = field(default_factory=dict)
+    waiting: dict[int, tuple[str, float]] = field(default_factory=dict)  # call -> model, arrival
+    yielding: dict[int, float] = field(default_factory=dict)  # call -> since when it yields
     use: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (rate, at)
     lengths: CallLengths = NO_LENGTHS  # learned from each answer, as the sidecar learns
 
-    def snapshot(self, gpus: Mapping[str, Gpu], now: float) -> Snapshot:
+    def wait(self, call: SimCall, waits: bool) -> None:
+        """The call's wait entry comes (it waits) or goes (placed, refused or given up)."""
+        if waits:
+            self.waiting[call.ident] = (call.preferred, call.arrived)
+        else:
+            self.waiting.pop(call.ident, None)
+            self.yielding.pop(call.ident, None)
+
+    def snapshot(self, gpus: Mapping[str, Gpu], now: float, for_call: int = 0) -> Snapshot:
         views = []
         for name, gpu in gpus.items():
             residents = tuple(Resident(r.model.name, r.model.footprint_mib, gpu.spec.context,
@@ -150,12 +161,17 @@ class Kubemoot:
                                       gpu.spec.context, gpu.spec.slots,
                                       disk_mib={m: s.footprint_mib for m, s in MODELS.items()},
                                       observed=SEEN))
+        arrivals: dict[str, list[float]] = {}
+        for ident, (model, arrived) in self.waiting.items():
+            if ident != for_call:  # a waiting call does not weigh its own entry
+                arrivals.setdefault(model, []).append(arrived)
         demand = {}
-        for model in set(self.waiting) | set(self.use):
+        for model in set(arrivals) | set(self.use):
             rate, at = self.use.get(model, (0.0, now))
-            demand[model] = ModelDemand(waiters=self.waiting.get(model, 0),
+            waiting = tuple(sorted(arrivals.get(model, ())))
+            demand[model] = ModelDemand(waiters=len(waiting),
                                         recent_use=rate * 0.5 ** ((now - at) / 600.0),
-                                        last_used_at=at)
+                                        last_used_at=at, arrivals=waiting)
         health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
         return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health,
                         lengths=self.lengths)
@@ -163,10 +179,16 @@ class Kubemoot:
     def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
         spec = CallSpec(tuple(Candidate(m, s) for m, s in call.candidates),
                         prompt_tokens=call.prompt_tokens, tolerance=self.tolerance)
-        decision = place(spec, self.snapshot(gpus, now), DEFAULT_POLICY)
+        snapshot = self.snapshot(gpus, now, call.ident)
+        decision = place(spec, snapshot, DEFAULT_POLICY)
         p = decision.placement
         if p is None:
             return Choice(decision.outcome)
+        # The service's arrival order: the slot is due to older waiting calls, for YIELD_S
+        if yields_to_older(p, snapshot, DEFAULT_POLICY, call.arrived):
+            since = self.yielding.setdefault(call.ident, now)
+            if now - since < YIELD_S:
+                return Choice("wait", retry_in_s=YIELD_S - (now - since))
         return Choice("placed", p.provider, p.model, p.kind, tuple(p.evicts), p.footprint_mib,
                       p.kind in ("cold", "evict"))
 

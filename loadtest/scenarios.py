@@ -59,6 +59,34 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
          *_toolers(4)),
         discussion_every_s=40.0, duration_s=1800.0),
     Scenario(
+        "crews-single-slot",
+        "two crews in bursts on single-slot 24 GiB cards: six toolers (8B, four calls a "
+        "burst) and three analysts (14B, three calls a burst), every ~30 s",
+        (GpuSpec("gpu-24a", 24564), GpuSpec("gpu-24b", 24564), GpuSpec("gpu-24c", 24564)),
+        (*_toolers(6),
+         *(AgentSpec(f"analyst-{i}", ANALYST, 3, 1.0, (0.0, 4.0), (1000, 3000), (150, 300))
+           for i in range(3))),
+        discussion_every_s=30.0, duration_s=1800.0),
+    Scenario(
+        "mixed-lengths",
+        "eight agents on one 8B model, half with short answers (20-60 tokens) and half with "
+        "long ones (200-500), in bursts every ~30 s on two single-slot 16 GiB cards",
+        (GpuSpec("gpu-16a", 16376), GpuSpec("gpu-16b", 16376)),
+        tuple(AgentSpec(f"{'short' if i % 2 else 'long'}-{i}", TOOLER, 2, 1.0, (0.0, 5.0),
+                        (300, 1500), (20, 60) if i % 2 else (200, 500)) for i in range(8)),
+        discussion_every_s=30.0, duration_s=1800.0),
+    Scenario(
+        "burst-while-loading",
+        "a tooler keeps an 8B copy busy; every ~60 s eight analysts that accept only the 14B "
+        "ask for it at once, and it is not loaded (keep-alive 20 s): the burst arrives while "
+        "its copies load (12 s)",
+        tuple(GpuSpec(n, 24564, keep_alive_s=20.0) for n in ("gpu-24a", "gpu-24b")),
+        (AgentSpec("steady", TOOLER, 20, 0.5, (0.0, 0.0), (500, 1500), (50, 150)),
+         *(AgentSpec(f"burst-{i}", (("qwen3:14b", 60.0),), 1, 0.0, (30.0, 31.0), (500, 1500),
+                     (100, 250))
+           for i in range(8))),
+        discussion_every_s=60.0, duration_s=1800.0),
+    Scenario(
         "steady-mixed",
         "nine agents spread over the three model sizes, a call every ~15 s each",
         (GpuSpec("gpu-24a", 24564), GpuSpec("gpu-24b", 24564), GpuSpec("gpu-16g", 16376)),

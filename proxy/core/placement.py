@@ -2,11 +2,17 @@
 
 1. a warm copy of the preferred model with a free slot;
 2. a warm copy with a free slot of an in-tolerance candidate, highest score first;
-3. a copy another call is loading right now, of any in-tolerance candidate;
-4. the full weighted cost for the preferred model: queue at a warm copy, or cold-load onto
-   free room (only when a cold load is possible at all);
-5. otherwise classify: model-too-large, prompt-too-large, or busy; when busy, queue or
-   unload (an unload wins only when cheaper than queueing).
+3. a copy another call is loading right now, of any in-tolerance candidate, while it has a
+   slot no call is bound to yet;
+4. the full weighted cost for the preferred model: wait for a slot of a busy copy, or
+   cold-load onto free room (only when a cold load is possible at all);
+5. otherwise classify: model-too-large, prompt-too-large, or busy; when busy, wait for a slot
+   or unload (an unload wins only when cheaper than waiting).
+
+Late binding: a call is only ever placed on a slot free now or on a load. When waiting for a
+slot of a busy copy wins, the decision is "wait": the call stays with the sidecar and is
+placed again on the next change, so it takes the first slot that frees on any card, or a load
+once that has become the cheaper option, instead of queueing inside one engine.
 """
 
 from __future__ import annotations
@@ -117,12 +123,13 @@ class _Planner:
 
     def copy_with_room(self, model: str, step: int, loading_only: bool = False
                        ) -> Placement | None:
-        """Steps 1-2: a warm (or loading) copy with a free slot; step 3: a loading copy. A copy
-        partly in CPU memory is no free reuse: step 4 weighs it."""
+        """Steps 1-2: a warm (or loading) copy with a free slot; step 3: a loading copy with a
+        slot no call is bound to (its slots minus its tickets). A copy partly in CPU memory is
+        no free reuse: step 4 weighs it."""
         best: Verdict | None = None
         for index in self.indexes.values():
             if loading_only:
-                eligible = index.is_loading(model)
+                eligible = index.is_loading(model) and index.free_slots(model) > 0
             else:
                 resident = index.residents.get(model)
                 eligible = (index.is_warm(model) or index.is_loading(model)) and \
@@ -139,8 +146,9 @@ class _Planner:
 
     def weighted(self, verdicts: Iterable[Verdict]) -> Placement | None:
         """Step 4: when a cold load onto free room is possible at all, the cheapest of it and
-        the copies; else a copy with a free slot that steps 1-3 passed over (one partly in
-        CPU memory). A full copy is step 5's to weigh against unloading."""
+        the copies (a full copy: "queued", which place() turns into a wait for a slot); else a
+        copy with a free slot that steps 1-3 passed over (one partly in CPU memory). A full
+        copy is then step 5's to weigh against unloading."""
         feasible = [v for v in verdicts if v.feasible]
         if not any(v.reason.startswith(("fits", "fit unknown")) for v in feasible):
             feasible = [v for v in feasible if self.indexes[v.provider].free_slots(v.model) > 0]
@@ -250,6 +258,10 @@ class _Planner:
         verdicts = [self.verdict(i, preferred) for i in self.indexes.values()]
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
+        if hit is not None and hit.kind == "queued":
+            return Decision("wait", None, f"step 4: wait for a slot of {hit.model} on "
+                            f"{hit.provider} ({hit.cost_s:.1f} s), cheaper than a load",
+                            tuple(verdicts), hit.cost_s)
         if hit is not None:
             return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}",
                             tuple(verdicts))
@@ -306,7 +318,8 @@ class _Planner:
                             f"({'none' if queue is None else f'{queue.wait_s:.1f} s'})",
                             tuple(verdicts), queue_s, unload_s)
         if choice is True and queue is not None:
-            reason = (f"busy: queue for {queue.model} on {queue.provider} ({queue.wait_s:.1f} s)"
+            reason = (f"busy: wait for a slot of {queue.model} on {queue.provider} "
+                      f"({queue.wait_s:.1f} s)"
                       f" is no worse than unloading "
                       f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
         else:

@@ -100,6 +100,7 @@ class ModelDemand:
     recent_use: float = 0.0
     predicted: float = 0.0
     last_used_at: float = 0.0
+    arrivals: tuple[float, ...] = ()  # when each waiting call arrived, oldest first
 
     @property
     def expected_reloads(self) -> float:
@@ -201,8 +202,9 @@ class Placement:
 
     @property
     def needs_free_slot(self) -> bool:
-        """It joins a copy counting on a slot free now (steps 1-2), not on queueing."""
-        return self.kind in ("warm", "loading") and self.step in (1, 2)
+        """It joins a copy counting on a slot free now: with late binding every join does (a
+        call never queues inside an engine), so its claim re-checks that slot."""
+        return self.kind in ("warm", "loading")
 
 
 @dataclass(frozen=True, slots=True)

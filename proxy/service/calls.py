@@ -9,6 +9,7 @@ happens here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from proxy.core.engine_errors import is_out_of_memory
@@ -80,6 +81,10 @@ class CallService:
             log.warning("ticket release not written; no longer counted here, written "
                         "when the store is back", provider=placement.provider,
                         ticket=claimed.ticket.ticket_id)
+        if not writes_now and self.demand.others_waiting(placement.model):
+            # Another sidecar's call waits for this slot: it sees the slot free only once the
+            # release is written, so it is written now, not with the next write.
+            self._spawn_release(claimed)
         if outcome.error and is_out_of_memory(outcome.error):
             await self.evictions.after_out_of_memory(placement.provider)
         if outcome.ok:
@@ -98,6 +103,16 @@ class CallService:
             task = asyncio.ensure_future(self.prober.refresh(placement.provider))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+
+    def _spawn_release(self, claimed: Claimed) -> None:
+        async def write() -> None:
+            with contextlib.suppress(StoreUnavailable):
+                await self.claims.book(claimed).settle(claimed.placement.provider)
+
+        task = asyncio.ensure_future(write())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
 
 class CallAttempts:

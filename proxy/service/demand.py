@@ -1,14 +1,22 @@
 """The demand board: who waits for, intends, uses and is selected for which model.
 
-One key per model and agent (no compare-and-set needed); every value carries expiresAt and
-readers ignore expired entries. Rates decay with a 10-minute half-life.
+One key per model and agent (no compare-and-set needed), and one per waiting call; every
+value carries expiresAt and readers ignore expired entries. Rates decay with a 10-minute
+half-life.
+
+A waiting call's entry (`wait.<model>.<agent>.<n>`) carries its arrival time (`since`, the
+wall clock) so every sidecar serves a model's waiters in arrival order (docs/rules.md,
+"Late binding"). It lives WAIT_TTL_S and is rewritten every WAIT_REFRESH_S while the call
+waits: a sidecar that dies stops holding its place within seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -18,7 +26,8 @@ from proxy.core.types import ModelDemand
 from proxy.ports import MODEL_DEMAND, SYSTEM_CLOCK, Clock, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import escape_key, unescape_key
 
-WAIT_TTL_S = 600.0
+WAIT_TTL_S = 15.0
+WAIT_REFRESH_S = 5.0
 INTENT_TTL_S = 180.0
 USE_TTL_S = 6 * 3600.0
 HALF_LIFE_S = 600.0
@@ -58,6 +67,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
               ) -> dict[str, ModelDemand]:
     """Per model: waiters, intents, recent use, predicted demand and last use."""
     waiters: dict[str, int] = {}
+    arrivals: dict[str, list[float]] = {}
     intents: dict[str, int] = {}
     use: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -75,6 +85,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
         model = unescape_key(rest.partition(".")[0])
         if kind == "wait":
             waiters[model] = waiters.get(model, 0) + 1
+            arrivals.setdefault(model, []).append(float(value.get("since", 0.0)))
         elif kind == "intent":
             intents[model] = intents.get(model, 0) + 1
         elif kind == "use":
@@ -83,7 +94,31 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
             last[model] = max(last.get(model, 0.0), at)
     models = set(waiters) | set(intents) | set(use) | set(predicted)
     return {m: ModelDemand(waiters.get(m, 0), intents.get(m, 0), use.get(m, 0.0),
-                           predicted.get(m, 0.0), last.get(m, 0.0)) for m in models}
+                           predicted.get(m, 0.0), last.get(m, 0.0),
+                           tuple(sorted(arrivals.get(m, ())))) for m in models}
+
+
+def without_waiter(demand: Mapping[str, ModelDemand], model: str, since: float
+                   ) -> Mapping[str, ModelDemand]:
+    """The demand as one waiting call sees it: without its own entry."""
+    found = demand.get(model)
+    if found is None or not found.waiters:
+        return demand
+    arrivals = list(found.arrivals)
+    if since in arrivals:
+        arrivals.remove(since)
+    out = dict(demand)
+    out[model] = replace(found, waiters=found.waiters - 1, arrivals=tuple(arrivals))
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEntry:
+    """One waiting call's place on the board."""
+
+    key: str
+    model: str
+    since: float  # when the call arrived (wall clock: compared across sidecars)
 
 
 class DemandBoard:
@@ -94,8 +129,16 @@ class DemandBoard:
         self.clock = clock
         self._decoded: dict[str, tuple[int, dict[str, Any]]] = {}
         self._unwritten_use: dict[str, int] = {}
-        self._view: tuple[int, float, Mapping[str, ModelDemand]] | None = None
+        self._view: tuple[tuple[int, int], float, Mapping[str, ModelDemand]] | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._waits: dict[str, WaitEntry] = {}  # this sidecar's waiting calls
+        self._wait_seq = itertools.count(1)
+        self._own_version = 0  # moves when a wait entry of ours comes or goes
+        self._refresher: asyncio.Task[None] | None = None
+
+    def _own_wait(self, key: str) -> bool:
+        kind, _, agent, *_ = [*key.split("."), "", ""]
+        return kind == "wait" and agent == self.agent
 
     def _key(self, kind: str, model: str) -> str:
         return f"{kind}.{escape_key(model)}.{self.agent}"
@@ -109,11 +152,47 @@ class DemandBoard:
         with contextlib.suppress(StoreUnavailable):
             await self.store.delete(MODEL_DEMAND, key)
 
-    async def waiting(self, model: str) -> None:
-        await self._put(self._key("wait", model), {"expiresAt": self.clock.now() + WAIT_TTL_S})
+    async def waiting(self, model: str, since: float | None = None) -> WaitEntry:
+        """A call starts waiting for `model`; it counts in this sidecar's view at once, in
+        the others' once the write arrives."""
+        entry = WaitEntry(f"{self._key('wait', model)}.{next(self._wait_seq)}", model,
+                          self.clock.now() if since is None else since)
+        self._waits[entry.key] = entry
+        self._own_version += 1
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_waits())
+        await self._write_wait(entry)
+        return entry
 
-    async def done_waiting(self, model: str) -> None:
-        await self._drop(self._key("wait", model))
+    async def _write_wait(self, entry: WaitEntry) -> None:
+        await self._put(entry.key, {"expiresAt": self.clock.now() + WAIT_TTL_S,
+                                    "since": entry.since})
+
+    async def _refresh_waits(self) -> None:
+        while self._waits:
+            await asyncio.sleep(WAIT_REFRESH_S)
+            for entry in list(self._waits.values()):
+                if entry.key in self._waits:
+                    await self._write_wait(entry)
+
+    def others_waiting(self, model: str) -> bool:
+        """Whether calls of other sidecars wait for `model` (this one's are not counted)."""
+        found = self.view().get(model)
+        if found is None or not found.waiters:
+            return False
+        return found.waiters > sum(1 for e in self._waits.values() if e.model == model)
+
+    def stop_waiting(self, entry: WaitEntry) -> bool:
+        """Leave this sidecar's view at once (the board's entry goes with done_waiting);
+        False when it had left already."""
+        if self._waits.pop(entry.key, None) is None:
+            return False
+        self._own_version += 1
+        return True
+
+    async def done_waiting(self, entry: WaitEntry) -> None:
+        self.stop_waiting(entry)
+        await self._drop(entry.key)
 
     async def intend(self, model: str) -> None:
         await self._put(self._key("intent", model), {"expiresAt": self.clock.now() + INTENT_TTL_S})
@@ -150,6 +229,8 @@ class DemandBoard:
         """Write what is counted and stop the timer (at shutdown)."""
         if self._flusher is not None:
             self._flusher.cancel()
+        if self._refresher is not None:
+            self._refresher.cancel()
         await self.flush_uses()
 
     async def selected(self, models: Iterable[str]) -> None:
@@ -159,13 +240,19 @@ class DemandBoard:
         """Demand per model. Every decision asks and a cluster's board holds an entry per
         agent and model, so the answer is reused while the board has not changed, for up to
         VIEW_REUSE_S (rates decay over minutes; entries expire to the second)."""
-        version, now = self.store.version(MODEL_DEMAND), self.clock.now()
+        version, now = (self.store.version(MODEL_DEMAND), self._own_version), self.clock.now()
         cached = self._view
         if cached is not None and cached[0] == version and 0 <= now - cached[1] < VIEW_REUSE_S:
             return cached[2]
         entries = self.store.view(MODEL_DEMAND)
         for gone in set(self._decoded) - set(entries):
             del self._decoded[gone]
-        demand = MappingProxyType(aggregate(decode_entries(entries, self._decoded), now))
+        # This sidecar's own waiting calls as it knows them, not as the store echoes them
+        values = [(k, v) for k, v in decode_entries(entries, self._decoded)
+                  if k in self._waits or not self._own_wait(k)]
+        seen = {k for k, _ in values}
+        values += [(e.key, {"expiresAt": now + WAIT_TTL_S, "since": e.since})
+                   for e in self._waits.values() if e.key not in seen]
+        demand = MappingProxyType(aggregate(values, now))
         self._view = (version, now, demand)
         return demand

@@ -26,12 +26,13 @@ from proxy.core.types import (
     Ticket,
     Verdict,
 )
+from proxy.core.waitline import YIELD_S, yields_to_older
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock
 from proxy.service.bindings import Bindings
 from proxy.service.claims import Claimed, Claims
-from proxy.service.demand import DemandBoard
+from proxy.service.demand import DemandBoard, WaitEntry, without_waiter
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
 from proxy.service.routing import STATIC, Attempt, CallRequest, ProviderPool, Refusal
@@ -100,8 +101,14 @@ class Scheduler:
             return self.bindings.for_call(phase, model, thread)
         return self.settings.models.for_call(phase, model)
 
-    def snapshot(self, now: float, exclude: frozenset[str] = frozenset()) -> Snapshot:
-        snapshot = self.view.snapshot(now, self.experience.health(now), self.demand.view(),
+    def snapshot(self, now: float, exclude: frozenset[str] = frozenset(),
+                 waiter: WaitEntry | None = None) -> Snapshot:
+        """The state a decision reads; a waiting call's (`waiter`) without its own wait
+        entry among the demand it weighs."""
+        demand = self.demand.view()
+        if waiter is not None:
+            demand = without_waiter(demand, waiter.model, waiter.since)
+        snapshot = self.view.snapshot(now, self.experience.health(now), demand,
                                       self.learning.load_mib_per_s, self.claims.uncounted(now),
                                       self.learning.lengths)
         if not exclude:
@@ -124,7 +131,13 @@ class Scheduler:
                     exclude: frozenset[str] = frozenset()) -> Granted | Refusal:
         """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
         engine counted of its prompt after refusing it as longer than a context; `exclude`:
-        providers that failed it."""
+        providers that failed it.
+
+        Late binding: a call that must wait for a slot stays here, not in an engine's queue,
+        as a wait entry carrying its arrival; every change places it again, so it takes the
+        first slot that frees on any card (or a load once cheaper). A slot is due to the
+        model's older waiting calls first, on any sidecar (core/waitline.py), for at most
+        YIELD_S."""
         candidates = self.candidates(call.phase, call.model, call.thread)
         if not candidates:
             return Refusal("bad-request", "field 'model': a model is required (none in "
@@ -133,31 +146,54 @@ class Scheduler:
         if not self.pool.clients:  # no provider is known at all: the static endpoint
             return self._static_or_busy(call, spec, Decision("wait", None, "no providers"))
         started = self.clock.monotonic()
+        arrived = self.clock.now()
         deadline = started + self.settings.wait_limit_s
-        waiting_for: str | None = None
+        wait: WaitEntry | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
         claim_rounds = 0
+        yielding_since: float | None = None
         gone: asyncio.Future[None] | None = None
         try:
             while True:
                 seen = self.changes.value
-                reserved = await self.decide_and_reserve(spec, exclude)
+                reserved = await self.decide_and_reserve(spec, exclude, waiter=wait)
                 decision = reserved.decision
+                hold_s: float | None = None
                 if reserved.ticket is not None:
-                    claimed = await self.claim_reserved(reserved)
-                    if claimed is not None:
-                        if waiting_for:
-                            self.metrics.wait_seconds.observe(waited)
-                        return await self.start_claimed(claimed, call, spec, int(waited * 1000))
-                    claim_rounds += 1
-                    if claim_rounds < MAX_CLAIM_ROUNDS:
-                        continue  # the state moved under us: decide again on fresh state
-                    # The claims keep refusing what the decisions choose: wait for a change,
-                    # like a busy call, within the same limits.
-                    claim_rounds = 0
-                    decision = replace(decision, outcome="wait", placement=None,
-                                       reason="the GPUs' ticket sets refused "
-                                              f"{MAX_CLAIM_ROUNDS} claims in a row")
+                    placement = decision.placement
+                    assert placement is not None
+                    ahead = yields_to_older(placement, reserved.snapshot, self.policy, arrived)
+                    now = self.clock.monotonic()
+                    if ahead and (yielding_since is None or now - yielding_since < YIELD_S):
+                        yielding_since = now if yielding_since is None else yielding_since
+                        hold_s = YIELD_S - (now - yielding_since)
+                        self.unreserve(reserved)
+                        decision = replace(decision, outcome="wait", placement=None, reason=(
+                            f"{ahead} call(s) waiting longer for {placement.model} "
+                            "are due its free slot(s) first"))
+                    else:
+                        if ahead:
+                            log.info("taking a slot the older waiting calls left unused",
+                                     model=placement.model, older=ahead)
+                        claimed = await self.claim_reserved(reserved)
+                        if claimed is not None:
+                            if wait is not None and self.demand.stop_waiting(wait):
+                                self.changes.bump()  # our next waiter is next in line
+                            if wait is not None:
+                                self.metrics.wait_seconds.observe(waited)
+                            return await self.start_claimed(claimed, call, spec,
+                                                            int(waited * 1000))
+                        claim_rounds += 1
+                        if claim_rounds < MAX_CLAIM_ROUNDS:
+                            continue  # the state moved under us: decide again on fresh state
+                        # The claims keep refusing what the decisions choose: wait for a
+                        # change, like a busy call, within the same limits.
+                        claim_rounds = 0
+                        decision = replace(decision, outcome="wait", placement=None,
+                                           reason="the GPUs' ticket sets refused "
+                                                  f"{MAX_CLAIM_ROUNDS} claims in a row")
+                else:
+                    yielding_since = None
                 refusal = self._refusal(decision, call, spec)
                 if refusal is not None:
                     return refusal
@@ -171,32 +207,36 @@ class Scheduler:
                         f"{self.settings.wait_limit_s:.0f} s ({decision.reason}); "
                         "this is the cluster's capacity, ask again in a moment."),
                         spec.preferred.model, retry_after_s=5)
-                if waiting_for is None:
-                    waiting_for = spec.preferred.model
-                    self.metrics.placements.labels("waiting", "-", waiting_for).inc()
-                    await self.demand.waiting(waiting_for)
-                    log.info("waiting for a GPU", model=waiting_for, reason=decision.reason)
+                if wait is None:
+                    self.metrics.placements.labels("waiting", "-", spec.preferred.model).inc()
+                    wait = await self.demand.waiting(spec.preferred.model, arrived)
+                    log.info("waiting for a GPU", model=wait.model, reason=decision.reason)
                 if gone is None and call.disconnected is not None:
                     gone = asyncio.ensure_future(call.disconnected())
                 blocked_at = self.clock.monotonic()
-                changed = asyncio.ensure_future(self.changes.wait_past(
-                    seen, self._wake_in(reserved.snapshot, remaining)))
+                wake_in = self._wake_in(reserved.snapshot, remaining)
+                if hold_s is not None:  # the older calls' turn lasts YIELD_S at most
+                    wake_in = max(0.001, min(wake_in, hold_s))
+                changed = asyncio.ensure_future(self.changes.wait_past(seen, wake_in))
                 await asyncio.wait({changed, *((gone,) if gone else ())},
                                    return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
                 waited += self.clock.monotonic() - blocked_at
                 if gone is not None and gone.done():
-                    log.info("client went away while waiting", model=waiting_for)
+                    log.info("client went away while waiting", model=wait.model)
                     return Refusal("client-gone", "the client went away while "
                                    "waiting for a GPU", spec.preferred.model)
         finally:
             if gone is not None:
                 gone.cancel()  # before the response: the relay listens for disconnects too
-            if waiting_for:
-                self._spawn(self.demand.done_waiting(waiting_for))
+            if wait is not None:
+                if self.demand.stop_waiting(wait):
+                    self.changes.bump()  # it left the line: the next call in it goes now
+                self._spawn(self.demand.done_waiting(wait))
 
     async def decide_and_reserve(self, spec: CallSpec, exclude: frozenset[str] = frozenset(),
-                                 plan: bool = False) -> Reserved:
+                                 plan: bool = False, waiter: WaitEntry | None = None
+                                 ) -> Reserved:
         """Decide on fresh state and reserve the placement's ticket, one decision at a time
         in this process: each decision counts the tickets reserved before it, also those
         whose claim is still on its way to the store. Other sidecars are kept honest by the
@@ -204,7 +244,7 @@ class Scheduler:
         await self._placing.acquire()
         try:
             decided_at = time.perf_counter()
-            snapshot = self.snapshot(self.clock.now(), exclude)
+            snapshot = self.snapshot(self.clock.now(), exclude, waiter)
             decision = place(spec, snapshot, self.policy)
             self.metrics.decision_seconds.observe(time.perf_counter() - decided_at)
             ticket = None

@@ -19,7 +19,7 @@ from proxy.adapters.ollama import OllamaClient
 from proxy.ports import BUCKETS, MODEL_DEMAND, PROVIDER_STATE
 from proxy.service import demand as demand_module
 from proxy.service.codec import ProviderState, escape_key, unescape_key
-from proxy.service.demand import HALF_LIFE_S, DemandBoard, aggregate
+from proxy.service.demand import HALF_LIFE_S, DemandBoard, aggregate, without_waiter
 from proxy.service.prober import Prober
 from proxy.settings import ProviderConfig
 
@@ -49,7 +49,7 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     a = DemandBoard(store, "crew/a", clock)
     b = DemandBoard(store, "crew/b", clock)
     await a.waiting("qwen3:14b")
-    await b.waiting("qwen3:14b")
+    theirs = await b.waiting("qwen3:14b")
     await a.intend("qwen3:8b")
     a.note_use("qwen3:8b")
     a.note_use("qwen3:8b")
@@ -59,8 +59,32 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     assert d["qwen3:14b"].waiters == 2
     assert d["qwen3:8b"].intents == 1 and d["qwen3:8b"].recent_use == pytest.approx(2.0)
     assert d["qwen3:32b"].predicted == pytest.approx(1.0)
-    await b.done_waiting("qwen3:14b")
+    await b.done_waiting(theirs)
     assert a.view()["qwen3:14b"].waiters == 1
+
+
+async def test_each_waiting_call_has_its_own_entry_carrying_its_arrival() -> None:
+    store, clock = MemoryStore(), Clock()
+    a = DemandBoard(store, "crew/a", clock)
+    b = DemandBoard(store, "crew/b", clock)
+    first = await a.waiting("qwen3:8b", since=clock.at - 3)
+    theirs = await b.waiting("qwen3:8b", since=clock.at - 2)
+    await a.waiting("qwen3:8b", since=clock.at - 1)
+    seen = b.view()["qwen3:8b"]
+    assert seen.waiters == 3  # two calls of one sidecar are two waiters
+    assert seen.arrivals == (clock.at - 3, clock.at - 2, clock.at - 1)
+    assert without_waiter(b.view(), "qwen3:8b", clock.at - 2)["qwen3:8b"].arrivals == (
+        clock.at - 3, clock.at - 1)
+    assert b.others_waiting("qwen3:8b") and a.others_waiting("qwen3:8b")
+    assert not b.others_waiting("qwen3:14b")
+    assert a.stop_waiting(first)  # gone from its own sidecar's view before the delete
+    assert a.view()["qwen3:8b"].arrivals == (clock.at - 2, clock.at - 1)
+    await a.done_waiting(first)
+    assert b.view()["qwen3:8b"].waiters == 2
+    await b.done_waiting(theirs)
+    assert not a.others_waiting("qwen3:8b")  # only its own call waits
+    await a.close()
+    await b.close()
 
 
 async def test_the_demand_view_is_reused_only_while_the_board_is_unchanged() -> None:

@@ -23,14 +23,16 @@ async def _long_14b_then_short_8b(fleet: Fleet) -> Sidecar:
     return sidecar
 
 
-async def test_one_short_call_seen_makes_the_model_queue_instead_of_loading_a_copy(
+async def test_one_short_call_seen_makes_the_model_wait_for_a_slot_instead_of_loading_a_copy(
         fleet: Fleet) -> None:
     sidecar = await _long_14b_then_short_8b(fleet)
     fleet.servers["a"].script(Answer(seconds=1), Answer(seconds=1))
     working = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(0.2)
     r = await sidecar.chat("qwen3:8b")  # the one slot is taken for another 0.8 s or so
-    assert (r.status, r.provider, r.placement) == (200, "a", "queued")
+    # It waits in the sidecar for that slot and takes it once free
+    assert (r.status, r.provider, r.placement) == (200, "a", "warm")
+    assert 500 <= r.last.waited_ms <= 1000
     assert fleet.servers["b"].stats.loads == 0  # no second copy to dodge a 1 s queue
     assert (await working).status == 200
 

@@ -110,7 +110,7 @@ async def test_a_client_that_leaves_while_waiting_is_never_placed(fleet: Fleet) 
         not sidecar.services.demand.view()["qwen3:14b"].waiters
 
 
-async def test_a_busy_warm_copy_is_queued_at_until_the_queue_is_long(fleet: Fleet) -> None:
+async def test_a_busy_warm_copy_is_waited_for_until_the_wait_is_long(fleet: Fleet) -> None:
     a = fleet.gpu("a", total_vram_mib=24564)
     b = fleet.gpu("b", total_vram_mib=24564)
     sidecar = await fleet.sidecar()
@@ -120,7 +120,8 @@ async def test_a_busy_warm_copy_is_queued_at_until_the_queue_is_long(fleet: Flee
     answers = await asyncio.gather(*(sidecar.chat("qwen3:8b") for _ in range(24)))
     placements = [(r.provider, r.placement) for r in answers]
     assert all(r.status == 200 for r in answers)
-    assert (home, "queued") in placements  # a short queue does not duplicate the model
+    # a short wait for a slot does not duplicate the model
+    assert any(r.provider == home and r.last.waited_ms > 0 for r in answers)
     second = {kind for provider, kind in placements if provider != home}
     assert "cold" in second, placements  # a long one does
     assert a.stats.loads == b.stats.loads == 1

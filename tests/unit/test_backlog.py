@@ -42,8 +42,9 @@ def test_a_model_nobody_else_waits_for_queues_behind_one_call() -> None:
     assert warm.terms["queue"] == pytest.approx(1.0 + CALL_S)
     assert warm.terms["backlog"] == pytest.approx(CALL_S)
     assert warm.terms["queue"] + warm.terms["backlog"] < LOAD_S
-    assert decision.placement is not None
-    assert (decision.placement.provider, decision.placement.kind) == ("a", "queued")
+    # Late binding: it waits in the sidecar for a's slot rather than queueing inside a
+    assert (decision.outcome, decision.placement) == ("wait", None)
+    assert "slot of qwen3:8b on a" in decision.reason
 
 
 def test_a_hot_model_with_waiters_gets_a_second_copy() -> None:

@@ -118,8 +118,8 @@ def test_a_short_learned_call_queues_behind_one_running_instead_of_loading_a_cop
     assert unknown.placement is not None and unknown.placement.kind == "cold"
     learned = answered(NO_LENGTHS, "a", "qwen3:8b", 1.0)
     known = place(call("qwen3:8b"), snapshot(*cards, tickets=running, lengths=learned))
-    assert known.placement is not None
-    assert (known.placement.provider, known.placement.kind) == ("a", "queued")
+    assert (known.outcome, known.placement) == ("wait", None)
+    assert "slot of qwen3:8b on a" in known.reason
 
 
 def test_explain_gives_each_verdict_its_call_length_and_source() -> None:

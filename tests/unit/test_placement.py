@@ -114,20 +114,34 @@ def test_step1_shares_a_copy_being_loaded_when_it_has_a_free_slot() -> None:
     assert (decision.placement.kind, decision.placement.step) == ("loading", 1)
 
 
-def test_step3_joins_a_loading_copy_with_full_slots_rather_than_load_twice() -> None:
-    snap = snapshot(gpu("a", GIB32), gpu("b", GIB32),
+def test_step3_joins_a_loading_copy_while_a_slot_is_not_bound() -> None:
+    snap = snapshot(gpu("a", GIB32, parallel=2), gpu("b", GIB32),
                     tickets=(ticket("a", "qwen3:14b", cold=True, elapsed=2),))
     decision = place(call("qwen3:14b"), snap)
-    assert decision.placement and (decision.placement.provider, decision.placement.step) == (
-        "a", 3)
+    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
+        "a", "loading")
+
+
+def test_a_loading_copy_whose_slots_are_bound_is_no_free_slot() -> None:
+    """Its one slot belongs to the call loading it: a second call weighs waiting for that
+    slot (the rest of the load and a call) against a load of its own."""
+    loader = ticket("a", "qwen3:14b", cold=True, elapsed=2)
+    two_cards = place(call("qwen3:14b"), snapshot(gpu("a", GIB32), gpu("b", GIB32),
+                                                    tickets=(loader,)))
+    assert two_cards.placement and (two_cards.placement.provider,
+                                    two_cards.placement.kind) == ("b", "cold")
+    one_card = place(call("qwen3:14b"), snapshot(gpu("a", GIB32), tickets=(loader,)))
+    assert (one_card.outcome, one_card.placement) == ("wait", None)
+    assert "slot of qwen3:14b on a" in one_card.reason
 
 
 def test_step4_short_queue_does_not_duplicate_a_model() -> None:
     snap = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32),
                     tickets=(ticket("a", "qwen3:8b", elapsed=8),), latency={"a": 10.0})
     decision = place(call("qwen3:8b"), snap)  # 2 s wait < ~5.9 s load
-    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
-        "a", "queued")
+    assert (decision.outcome, decision.placement) == ("wait", None)
+    assert decision.queue_option_s is not None and decision.queue_option_s < 5.9
+    assert "slot of qwen3:8b on a" in decision.reason
 
 
 def test_step4_long_queue_makes_a_second_copy_on_an_idle_card() -> None:

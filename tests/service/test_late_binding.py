@@ -1,0 +1,155 @@
+"""Late binding: a call that must wait for a slot waits in the sidecar, not in one engine's
+queue, and takes the first slot that frees on any card, the oldest waiting call first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.ports import MODEL_DEMAND
+from proxy.service.codec import escape_key
+from proxy.service.demand import WAIT_TTL_S, DemandBoard
+from tests.service.fakes import Answer, LoopClock
+from tests.service.harness import Fleet, Sidecar
+
+
+def waiters(sidecar: Sidecar, model: str) -> int:
+    found = sidecar.services.demand.view().get(model)
+    return found.waiters if found else 0
+
+
+async def test_a_burst_while_a_copy_loads_spreads_over_both_copies(fleet: Fleet) -> None:
+    """The 14b is warm on "a" and busy for 3 s; a burst of four arrives. The first loads a
+    second copy on "b" (~12 s); the others wait, and "a" serves them as it frees, long before
+    "b" has loaded: none is bound to the loading copy's one slot."""
+    a = fleet.gpu("a", total_vram_mib=24564)
+    b = fleet.gpu("b", total_vram_mib=24564)
+    a.preload("qwen3:14b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    a.script(Answer(seconds=3), Answer(seconds=1), Answer(seconds=1), Answer(seconds=1))
+    b.script(Answer(seconds=1))
+    busy = sidecar.start_chat("qwen3:14b")
+    await asyncio.sleep(0.1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    burst = [sidecar.start_chat("qwen3:14b") for _ in range(4)]
+    ended: dict[int, float] = {}
+    for i, task in enumerate(burst):
+        task.add_done_callback(lambda _, i=i: ended.setdefault(i, loop.time()))
+    answers = await asyncio.gather(*burst)
+    assert (await busy).provider == "a"
+    assert all(r.status == 200 for r in answers)
+    on = [r.provider for r in answers]
+    assert on.count("b") == 1 and answers[on.index("b")].placement == "cold"
+    assert on.count("a") == 3
+    load_ended = max(ended[i] for i, r in enumerate(answers) if r.provider == "b") - 1
+    assert all(ended[i] < load_ended for i, r in enumerate(answers) if r.provider == "a")
+    assert max(ended.values()) - started < 16  # not 4 calls queued behind one load
+    assert a.stats.loads == b.stats.loads == 1
+    assert waiters(sidecar, "qwen3:14b") == 0
+
+
+async def test_a_slot_freeing_on_another_card_takes_the_oldest_waiting_call(
+        fleet: Fleet) -> None:
+    """Both cards hold the 8b, both busy ("b" frees first); three calls wait. The oldest
+    goes to "b" the moment it frees, the next to "a" when that frees."""
+    a = fleet.gpu("a", total_vram_mib=24564)
+    b = fleet.gpu("b", total_vram_mib=24564)
+    a.preload("qwen3:8b")
+    b.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    a.script(Answer(seconds=10), Answer(seconds=1))
+    b.script(Answer(seconds=5), Answer(seconds=20))
+    holding = [sidecar.start_chat("qwen3:8b"), sidecar.start_chat("qwen3:8b")]
+    waiting = []
+    for _ in range(3):
+        await asyncio.sleep(1)
+        waiting.append(sidecar.start_chat("qwen3:8b"))
+    await asyncio.sleep(0.5)
+    assert waiters(sidecar, "qwen3:8b") == 3
+    first, second, third = await asyncio.gather(*waiting)
+    await asyncio.gather(*holding)
+    assert (first.provider, first.placement) == ("b", "warm")
+    assert 3900 <= first.last.waited_ms <= 4100  # arrived at 1 s, "b" freed at 5 s
+    assert (second.provider, second.placement) == ("a", "warm")
+    assert 7900 <= second.last.waited_ms <= 8100  # arrived at 2 s, "a" freed at 10 s
+    assert third.provider == "a"  # arrived at 3 s; the second's 1 s call on "a" ends at 11 s
+    assert 7900 <= third.last.waited_ms <= 8100
+
+
+async def test_a_waiting_call_still_ends_at_its_wait_limit_with_gpu_busy(fleet: Fleet) -> None:
+    gpu = fleet.gpu("a", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20)
+    gpu.script(Answer(seconds=60))
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.reason) == (503, "gpu-busy")
+    assert 19.9 <= loop.time() - asked <= 20.1
+    assert waiters(sidecar, "qwen3:8b") == 0
+    assert gpu.stats.calls == ["qwen3:8b"]  # it never reached the engine
+    assert (await working).status == 200
+
+
+async def test_a_client_that_leaves_while_waiting_frees_its_place_at_once(
+        fleet: Fleet) -> None:
+    """Two calls wait for the one busy slot; the older leaves. Its entry goes at once and
+    the younger takes the slot the moment it frees (no turn is left to the one gone)."""
+    gpu = fleet.gpu("a", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    gpu.script(Answer(seconds=10))
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    gone = asyncio.Event()
+    leaving = sidecar.start_chat("qwen3:8b", client_gone=gone)
+    await asyncio.sleep(1)
+    staying = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    assert waiters(sidecar, "qwen3:8b") == 2
+    gone.set()
+    left = await leaving
+    assert (left.status, left.reason) == (499, "client-gone")
+    assert waiters(sidecar, "qwen3:8b") == 1
+    r = await staying
+    assert (r.status, r.provider) == (200, "a")
+    assert 7900 <= r.last.waited_ms <= 8100  # arrived at 2 s, the slot freed at 10 s
+    assert waiters(sidecar, "qwen3:8b") == 0
+    await working
+
+
+async def test_a_free_slot_is_left_to_an_older_waiting_call_of_another_sidecar(
+        fleet: Fleet) -> None:
+    """Another sidecar's call has waited longer for the 8b (its entry on the board): a call
+    arriving here when the slot frees leaves it that slot, for YIELD_S at most (that sidecar
+    never takes it here: it is only an entry), then takes it."""
+    gpu = fleet.gpu("a", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar()
+    other = DemandBoard(sidecar.services.store, "elsewhere", sidecar.clock)
+    await other.waiting("qwen3:8b")
+    await asyncio.sleep(2)
+    r = await sidecar.chat("qwen3:8b")
+    assert r.status == 200
+    assert 990 <= r.last.waited_ms <= 1010  # the older call's turn, then its own
+    await other.close()
+
+
+async def test_a_dead_sidecars_wait_entries_leave_the_board_while_a_live_ones_stay() -> None:
+    clock = LoopClock()
+    store = MemoryStore(clock=clock)
+    live = DemandBoard(store, "crew/live", clock)
+    reader = DemandBoard(store, "crew/reader", clock)
+    dead = {"expiresAt": clock.now() + WAIT_TTL_S, "since": clock.now() - 1}
+    key = f"wait.{escape_key('qwen3:8b')}.{escape_key('crew/dead')}.1"
+    await store.put(MODEL_DEMAND, key, orjson.dumps(dead))  # written once, never again
+    await live.waiting("qwen3:8b")
+    assert reader.view()["qwen3:8b"].waiters == 2
+    await asyncio.sleep(WAIT_TTL_S + 1)  # the live sidecar rewrote its entry meanwhile
+    assert reader.view()["qwen3:8b"].waiters == 1
+    await live.close()
