@@ -1,0 +1,54 @@
+"""Conversation cache affinity as a cost in seconds (docs/affinity.md).
+
+A call's prefill on a copy: the tokens it will evaluate there (its prompt, less the prefix the
+copy is expected to hold) at the copy's learned prompt rate. It adds to the queue and load
+terms, so a tool loop's next call goes back to the copy holding its history when that saves
+more than it waits, and elsewhere when that copy's queue costs more than reading it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from proxy.core.conversations import cache_slots
+from proxy.core.occupancy import ProviderIndex
+from proxy.core.types import CallSpec, Snapshot
+
+
+def expected_cached(index: ProviderIndex, model: str, call: CallSpec, snapshot: Snapshot
+                    ) -> int:
+    """The tokens of the call's prompt this copy is expected to hold: none on a copy being
+    loaded or not loaded, nor where the prompt no longer fits the copy's context."""
+    conversation = call.conversation
+    resident = index.residents.get(model)
+    if conversation is None or resident is None or not index.is_warm(model):
+        return 0
+    if resident.context_length and conversation.tokens >= resident.context_length:
+        return 0  # cut to fit: it starts differently from anything a slot holds
+    slots = cache_slots(index.slots(model), index.view.version)
+    return snapshot.caches.expected_cached(index.name, model, conversation, slots)
+
+
+def prefill_terms(index: ProviderIndex, model: str, call: CallSpec, snapshot: Snapshot
+                  ) -> dict[str, float]:
+    """{"prefill": seconds} for a call that carries a conversation; nothing otherwise (a
+    call without one reads its whole prompt wherever it goes)."""
+    conversation = call.conversation
+    if conversation is None or not conversation.digests:
+        return {}
+    evaluated = conversation.tokens - expected_cached(index, model, call, snapshot)
+    return {"prefill": max(evaluated, 0) / snapshot.prefill.rate(index.name, model)}
+
+
+def holder(indexes: Iterable[ProviderIndex], models: Sequence[str], call: CallSpec,
+           snapshot: Snapshot) -> tuple[ProviderIndex, str] | None:
+    """The warm copy of an acceptable model expected to hold most of the call's prompt."""
+    if call.conversation is None:
+        return None
+    best: tuple[int, str, ProviderIndex, str] | None = None
+    for index in indexes:
+        for model in models:
+            cached = expected_cached(index, model, call, snapshot)
+            if cached and (best is None or (-cached, index.name) < (-best[0], best[1])):
+                best = (cached, index.name, index, model)
+    return None if best is None else (best[2], best[3])
