@@ -14,6 +14,10 @@ from proxy.core.conversations import cache_slots
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.types import CallSpec, Snapshot
 
+# What pushing another conversation's prompt out of a copy is charged, of the prefill it will
+# cost that conversation later: a tool loop's conversation nearly always comes back.
+DISPLACED_WEIGHT = 1.0
+
 
 def expected_cached(index: ProviderIndex, model: str, call: CallSpec, snapshot: Snapshot
                     ) -> int:
@@ -31,13 +35,21 @@ def expected_cached(index: ProviderIndex, model: str, call: CallSpec, snapshot: 
 
 def prefill_terms(index: ProviderIndex, model: str, call: CallSpec, snapshot: Snapshot
                   ) -> dict[str, float]:
-    """{"prefill": seconds} for a call that carries a conversation; nothing otherwise (a
-    call without one reads its whole prompt wherever it goes)."""
+    """{"prefill": seconds} for a call that carries a conversation, and {"cache_eviction":
+    seconds} where it would push another conversation's prompt out of a full copy; nothing
+    for a call without one (it reads its whole prompt wherever it goes)."""
     conversation = call.conversation
     if conversation is None or not conversation.digests:
         return {}
+    rate = snapshot.prefill.rate(index.name, model)
     evaluated = conversation.tokens - expected_cached(index, model, call, snapshot)
-    return {"prefill": max(evaluated, 0) / snapshot.prefill.rate(index.name, model)}
+    terms = {"prefill": max(evaluated, 0) / rate}
+    if index.is_warm(model):
+        slots = cache_slots(index.slots(model), index.view.version)
+        displaced = snapshot.caches.displaced(index.name, model, conversation, slots)
+        if displaced:  # its conversation will read it again, here or elsewhere
+            terms["cache_eviction"] = DISPLACED_WEIGHT * displaced / rate
+    return terms
 
 
 def holder(indexes: Iterable[ProviderIndex], models: Sequence[str], call: CallSpec,

@@ -104,6 +104,25 @@ class PromptCaches:
             others.append(held)
         return min(best, conversation.tokens)
 
+    def displaced(self, provider: str, model: str, conversation: Conversation | None,
+                  slots: int) -> int:
+        """The tokens of another conversation's prompt that sending this call to the copy
+        is expected to push out: the least recent of those it holds when they fill its
+        slots and this conversation is not among them (Ollama's least recently used)."""
+        if conversation is None or not conversation.digests:
+            return 0
+        loaded = self.loaded_at.get((provider, model), float("-inf"))
+        ident = Held.of(conversation, 0.0).ident
+        kept: list[Held] = []
+        for held in self.held.get((provider, model), ()):
+            if held.at < loaded or len(kept) >= slots:
+                break
+            if held.ident == ident:
+                return 0
+            if not any(held.same_conversation(k) for k in kept):
+                kept.append(held)
+        return kept[-1].tokens if len(kept) >= slots else 0
+
     def sent(self, provider: str, model: str, conversation: Conversation, now: float
              ) -> PromptCaches:
         """A call of this conversation went to the copy: its prompt is the newest there."""

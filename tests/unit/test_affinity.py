@@ -148,3 +148,16 @@ def test_only_misses_teach_the_prefill_rate() -> None:
     assert learned.rate("a", "m") == 2000.0
     assert (learned.hits, learned.calls) == (1, 2)
     assert learned.rate("b", "m") == 2000.0  # the model's rate on another card
+
+
+def test_a_call_that_would_push_a_live_history_out_of_a_full_copy_is_charged_for_it() -> None:
+    # "a" (one slot) holds conversation 1's 18000 tokens; conversation 2 is new everywhere
+    new = loop(2, 0)
+    _, verdicts = explain(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                          two_cards(caches_after(("a", loop(1, 4)))))
+    terms = {v.provider: v.terms for v in verdicts}
+    assert terms["a"]["cache_eviction"] == pytest.approx(18000 / RATE)
+    assert "cache_eviction" not in terms["b"]
+    placed = place(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                   two_cards(caches_after(("a", loop(1, 4))))).placement
+    assert placed is not None and placed.provider == "b"
