@@ -9,9 +9,11 @@ more than it waits, and elsewhere when that copy's queue costs more than reading
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from proxy.core.conversations import cache_slots
 from proxy.core.occupancy import ProviderIndex
+from proxy.core.tokens import CONVERSATION_KEYS, SHARED_KEYS, PromptSize, prompt_size
 from proxy.core.types import CallSpec, Snapshot
 
 # What pushing another conversation's prompt out of a copy is charged, of the prefill it will
@@ -64,3 +66,15 @@ def holder(indexes: Iterable[ProviderIndex], models: Sequence[str], call: CallSp
             if cached and (best is None or (-cached, index.name) < (-best[0], best[1])):
                 best = (cached, index.name, index, model)
     return None if best is None else (best[2], best[3])
+
+
+def shared_prompt_size(body: dict[str, Any]) -> PromptSize:
+    """What every conversation of the agent shares at the start of its prompt: the system
+    text, instructions and tools, and the first message (its system prompt, in chat)."""
+    shared: dict[str, Any] = {k: body[k] for k in SHARED_KEYS if k in body}
+    for key in CONVERSATION_KEYS:
+        items = body.get(key)
+        if isinstance(items, list) and items:
+            shared[key] = items[:1]
+            break
+    return prompt_size(shared)
