@@ -98,6 +98,7 @@ class Scheduler:
         snapshot = self.view.snapshot(now, self.experience.health(now), self.demand.view(),
                                       self.learning.load_mib_per_s, self.claims.uncounted(now),
                                       self.learning.lengths)
+        snapshot = self.learning.with_caches(snapshot)
         if not exclude:
             return snapshot
         return replace(snapshot, providers=tuple(
@@ -110,7 +111,9 @@ class Scheduler:
                         num_ctx=call.num_ctx or 0, num_predict=call.num_predict,
                         pins_context=call.pins_context, generates=call.generates,
                         tolerance=self.settings.tolerance,
-                        phase="triage" if call.phase == "triage" else "mulling")
+                        phase="triage" if call.phase == "triage" else "mulling",
+                        conversation=self.learning.conversation(
+                            call, max(at_least, self.learning.prompt_tokens(call))))
 
     # -- the call path ---------------------------------------------------------------------
     async def place_call(self, call: CallRequest, at_least_tokens: int = 0,
@@ -262,6 +265,8 @@ class Scheduler:
         if not held_plan and placement.evicts:
             await self.evictions.make_room(claimed)
         self.experience.start_trial(placement.provider, self.clock.now())
+        self.learning.sent(placement, spec.conversation, self.provider_view(placement.provider),
+                           claimed.ticket.ticket_id, self.clock.now())
         self.claims.hold(claimed)
         attempt = Attempt(placement.provider, client, placement.model,
                           "held" if held_plan else placement.kind,
