@@ -50,9 +50,18 @@ class Learning:
         shared = estimate_tokens(call.shared_prompt, self.ratio, None)
         return Conversation(call.conversation, prompt_tokens, min(shared, prompt_tokens))
 
-    def with_caches(self, snapshot: Snapshot) -> Snapshot:
+    def with_caches(self, snapshot: Snapshot,
+                    shared: Mapping[Copy, tuple[Held, ...]] | None = None) -> Snapshot:
+        """The snapshot with the copies' expected prompt caches (this sidecar's, and
+        `shared`: the other sidecars') and the learned prefill rates."""
+        if shared is not None:
+            self.shared_caches = shared
         caches = self.caches.merged(self.shared_caches) if self.shared_caches else self.caches
         return replace(snapshot, caches=caches, prefill=self.prefill)
+
+    def take_unshared(self) -> list[tuple[Copy, Held]]:
+        taken, self.unshared = self.unshared, []
+        return taken
 
     def sent(self, placement: Placement, conversation: Conversation | None,
              view: ProviderView, ticket: str, now: float) -> None:

@@ -98,7 +98,7 @@ class Scheduler:
         snapshot = self.view.snapshot(now, self.experience.health(now), self.demand.view(),
                                       self.learning.load_mib_per_s, self.claims.uncounted(now),
                                       self.learning.lengths)
-        snapshot = self.learning.with_caches(snapshot)
+        snapshot = self.learning.with_caches(snapshot, self.demand.shared_caches())
         if not exclude:
             return snapshot
         return replace(snapshot, providers=tuple(

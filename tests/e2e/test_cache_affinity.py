@@ -4,14 +4,17 @@ does (loadtest/sim_cache.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import ollama
 
+from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
+from tests.conftest import empty_buckets, eventually
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -61,3 +64,32 @@ def test_two_interleaved_tool_loops_each_go_back_to_the_copy_holding_its_history
     assert 0 < shared < 1000 < verdicts[home]["expectedCachedTokens"]
     assert verdicts[home]["terms"]["prefill"] < verdicts[away]["terms"]["prefill"]
     assert r.json()["decision"]["provider"] == home
+
+
+def test_sidecars_on_nats_send_a_conversation_back_to_the_copy_another_sent_it_to(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    asyncio.run(empty_buckets(nats_server.url))
+    nats_mode = {"nats_url": nats_server.url}
+    gpus = [sim_factory(name, total_vram_mib=24564, context_length=16384, time_scale=SCALE)
+            for name in ("a", "b")]
+    for gpu in gpus:
+        httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
+    first, second = (sidecar_factory(gpus, agent_name=name, **nats_mode)
+                     for name in ("one", "two"))
+    history = task("x")
+    answer = ollama.Client(host=first.url, timeout=60).chat(
+        model="qwen3:8b", messages=history, options={"num_predict": 8})
+    home = next(g.config.name for g in gpus if g.sim.stats.inference_requests)
+    history += [{"role": "assistant", "content": answer.message.content or ""},
+                {"role": "tool", "content": "x result 0 " + "data " * 200}]
+
+    def expected_home() -> bool:  # the first sidecar's flush reached the second
+        r = httpx.post(f"{second.url}/kubemoot/v1/explain", timeout=30,
+                       json={"model": "qwen3:8b", "messages": history})
+        return {v["provider"]: v["expectedCachedTokens"] for v in r.json()["verdicts"]
+                }[home] > 1000
+
+    assert eventually(expected_home, timeout_s=10)
+    ollama.Client(host=second.url, timeout=60).chat(model="qwen3:8b", messages=history,
+                                                   options={"num_predict": 8})
+    assert sum(g.sim.stats.cache_hits for g in gpus) == 1
