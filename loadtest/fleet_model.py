@@ -13,6 +13,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from loadtest.sim_cache import Block, CacheSlot, PromptCache
+from proxy.core.conversations import Conversation
+
+CACHE_VERSION = "0.33.0"  # the slot choice of Ollama's current llama-server runner
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -49,6 +54,12 @@ class SimCall:
     truncated: bool = False
     failed: str = ""  # why it never ran: oom, model-too-large, prompt-too-large, gpu-busy
     on_done: Callable[[SimCall], None] | None = None
+    # A tool loop's call: its prompt as the sidecar knows it and as the prompt cache
+    # compares it (loadtest/tool_loops.py); what it found cached and its prefill time
+    conversation: Conversation | None = None
+    blocks: tuple[Block, ...] = ()
+    cached_tokens: int = 0
+    prefill_s: float = 0.0
 
     @property
     def preferred(self) -> str:
@@ -63,6 +74,8 @@ class Resident:
     queue: deque[SimCall] = field(default_factory=deque)
     last_used: float = 0.0
     expiry_token: int = 0
+    cache: PromptCache | None = None  # its slots' prompt caches (sim_cache.py): empty at load
+    slots_held: dict[int, CacheSlot] = field(default_factory=dict)  # call ident -> its slot
 
 
 @dataclass
@@ -143,7 +156,7 @@ class Gpu:
         self._start_load(model, call)
 
     def _start_load(self, model: ModelSpec, call: SimCall) -> None:
-        resident = Resident(model)
+        resident = Resident(model, cache=PromptCache(self.spec.slots, CACHE_VERSION))
         resident.queue.append(call)
         self.residents[model.name] = resident
         self.counters.cold_loads += 1
@@ -179,11 +192,17 @@ class Gpu:
             resident.running += 1
             call.started = self.now()
             prompt = min(call.prompt_tokens, self.spec.context)
-            duration = prompt / self.spec.prompt_tokens_per_s + \
-                call.output_tokens / resident.model.tokens_per_s
+            if resident.cache is not None and call.blocks and not call.truncated:
+                slot, call.cached_tokens = resident.cache.take(call.blocks, prompt)
+                resident.slots_held[call.ident] = slot
+            call.prefill_s = (prompt - call.cached_tokens) / self.spec.prompt_tokens_per_s
+            duration = call.prefill_s + call.output_tokens / resident.model.tokens_per_s
             self.schedule(self.now() + duration, lambda c=call, r=resident: self._done(c, r))
 
     def _done(self, call: SimCall, resident: Resident) -> None:
+        slot = resident.slots_held.pop(call.ident, None)
+        if slot is not None:
+            PromptCache.release(slot)
         resident.running -= 1
         resident.last_used = call.finished = self.now()
         self._start_calls(resident)

@@ -3,7 +3,8 @@ serving agents that use the official `ollama` client with mixed models, prompt s
 streaming, held plans, clients that leave mid-stream, calls with `keep_alive: 0` and unload
 requests (`ollama stop`); with `--dialects`, some calls go through the `openai` client
 (/v1/chat/completions) or the `anthropic` client (/v1/messages) instead; with
-`--conversations`, some are tool loops whose history grows call by call.
+`--conversations`, some are tool loops whose history grows call by call (three per agent,
+interleaved, sharing the agent's system prompt).
 
 It fails on what must never happen, whatever the load: a GPU out of memory, a prompt cut by
 the engine, a model Ollama had to unload on its own (with sidecars), a ticket left behind, an
@@ -89,6 +90,9 @@ PROFILES: list[tuple[str, list[dict[str, Any]]]] = [
 REFUSALS = {413: "prompt-too-large", 503: "gpu-busy", 507: "model-too-large"}
 # --churn: every agent moves through these, one every few seconds, each from its own start.
 CHURN = ["qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b", "phi3:mini"]
+
+
+LOOPS_PER_AGENT = 3  # an agent's tool loops running at once, interleaved
 
 
 @dataclass
@@ -193,7 +197,10 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 dialects: tuple[str, ...] = ("ollama",), conversations: float = 0.0) -> None:
     rng = random.Random(seed)
     talk = random.Random(seed + 7)  # its own draws: the default run's sequence stays as it was
-    history: list[Any] = []
+    # Its tool loops: several conversations, interleaved, all opening with its system prompt
+    # (the prefix a copy's prompt cache can share among them).
+    histories: list[list[Any]] = [[] for _ in range(LOOPS_PER_AGENT)]
+    system = {"role": "system", "content": f"You are {name}, a careful agent. " * 60}
     first = rng.randrange(len(CHURN))
     plain = ollama.AsyncClient(host=url, timeout=120)
     http = httpx.AsyncClient(base_url=url, timeout=120)
@@ -215,10 +222,11 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         plan = not stop and rng.random() < 0.1 and "direct" not in name  # at selection
         converse = (conversations > 0 and dialect == "ollama" and not stop and not plan
                     and talk.random() < conversations)
+        loop = talk.randrange(LOOPS_PER_AGENT) if converse else 0
         if converse:  # the tool loop goes on (or starts): the history, then what it adds
-            messages = [*history, appended(talk)]
+            messages = [*(histories[loop] or [system]), appended(talk)]
             tally.conversation_lengths.append(len(messages))
-        history = []
+            histories[loop] = []
         answer = ""
         started = time.monotonic()
         try:
@@ -256,7 +264,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 answer = reply["message"]["content"] or ""
                 outcome = "200"
             if converse and outcome == "200":
-                history = [*messages, {"role": "assistant", "content": answer}]
+                histories[loop] = [*messages, {"role": "assistant", "content": answer}]
             if outcome != "unload":
                 tally.seconds.append(time.monotonic() - started)
         except (ollama.ResponseError, Failed) as exc:

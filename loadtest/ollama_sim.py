@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from . import sim_dialects, sim_output
 from .serving import ThreadedServer
-from .sim_engine import INPUT_TOO_LONG
+from .sim_cache import Block, CacheSlot, PromptCache
+from .sim_engine import INPUT_TOO_LONG, reported_prompt_eval_count
 from .sim_model import (
     CATALOG,
     CURRENT_VERSION,
@@ -288,7 +289,10 @@ class SimApp:
         predict = options.get("num_predict")
         limit = int(predict) if isinstance(predict, int) and predict > 0 else None
         reply = sim_output.reply_for(body, chat, limit or sim.config.default_predict, limit)
-        gen = self._generate(runner, fitted.tokens, reply, load_s, chat, fault, request)
+        # A prompt cut to fit starts differently from what any slot holds.
+        blocks = () if fitted.cut else tuple(prompt.blocks)
+        gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault,
+                             request)
         if stream:
             return StreamingResponse(gen, media_type="application/x-ndjson")
         final: dict[str, Any] = {}
@@ -356,17 +360,26 @@ class SimApp:
         out.update({"done_reason": reason, "done": True})
         return _json(out)
 
-    async def _generate(self, runner: Runner, prompt_tokens: int, reply: Reply,
-                        load_s: float, chat: bool, fault: Fault | None, request: Request
-                        ) -> AsyncGenerator[bytes, None]:
+    async def _generate(self, runner: Runner, prompt_tokens: int, blocks: tuple[Block, ...],
+                        reply: Reply, load_s: float, chat: bool, fault: Fault | None,
+                        request: Request) -> AsyncGenerator[bytes, None]:
         sim = self.sim
         started = time.perf_counter()
         acquired = False
+        slot: CacheSlot | None = None
         try:
             await runner.slots.acquire()
             acquired = True
+            cached = 0
+            if runner.cache is not None:
+                slot, cached = runner.cache.take(blocks, prompt_tokens)
+            sim.stats.cached_tokens += cached
+            sim.stats.evaluated_tokens += prompt_tokens - cached
+            sim.stats.cache_hits += cached > 0
             t0 = time.perf_counter()
-            await sim._sleep(prompt_tokens / (sim.config.prompt_tokens_per_s * runner.speed))
+            # Prefill time follows the tokens evaluated: the cached prefix costs nothing.
+            await sim._sleep((prompt_tokens - cached)
+                             / (sim.config.prompt_tokens_per_s * runner.speed))
             prompt_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             per_token = sim.config.time_scale / (sim.config.tokens_per_s * runner.speed)
@@ -394,7 +407,8 @@ class SimApp:
                 "done": True,
                 "total_duration": int((time.perf_counter() - started + load_s) * 1e9),
                 "load_duration": max(1, int(load_s * 1e9)),  # not the slot wait
-                "prompt_eval_count": prompt_tokens,
+                "prompt_eval_count": reported_prompt_eval_count(sim.config.version,
+                                                                prompt_tokens, cached),
                 "prompt_eval_duration": int(prompt_s * 1e9),
                 "eval_count": reply.tokens,
                 "eval_duration": int(eval_s * 1e9),
@@ -403,6 +417,8 @@ class SimApp:
                 final["context"] = [1, 2, 3]
             yield orjson.dumps(final) + b"\n"
         finally:
+            if slot is not None:
+                PromptCache.release(slot)
             if acquired:
                 runner.slots.release()
             sim.release(runner)

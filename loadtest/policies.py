@@ -11,9 +11,11 @@ from typing import Protocol
 
 from loadtest.fleet_model import Gpu, SimCall
 from loadtest.scenarios import MODELS
+from proxy.core.conversations import NO_CACHES, PromptCaches, cache_slots
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.prefill import NO_RATES, PrefillRates, read_answer
 from proxy.core.types import (
     CallSpec,
     Candidate,
@@ -142,6 +144,12 @@ class Kubemoot:
     yielding: dict[int, float] = field(default_factory=dict)  # call -> since when it yields
     use: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (rate, at)
     lengths: CallLengths = NO_LENGTHS  # learned from each answer, as the sidecar learns
+    # Conversation cache affinity (core/affinity.py): what each copy is expected to hold,
+    # kept as the sidecar keeps it, and each copy's prefill rate learned from the answers
+    affinity: bool = True
+    caches: PromptCaches = NO_CACHES
+    prefill: PrefillRates = NO_RATES
+    expected: dict[int, int] = field(default_factory=dict)  # call -> tokens expected cached
 
     def wait(self, call: SimCall, waits: bool) -> None:
         """The call's wait entry comes (it waits) or goes (placed, refused or given up)."""
@@ -174,11 +182,12 @@ class Kubemoot:
                                         last_used_at=at, arrivals=waiting)
         health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
         return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health,
-                        lengths=self.lengths)
+                        lengths=self.lengths, caches=self.caches, prefill=self.prefill)
 
     def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
         spec = CallSpec(tuple(Candidate(m, s) for m, s in call.candidates),
-                        prompt_tokens=call.prompt_tokens, tolerance=self.tolerance)
+                        prompt_tokens=call.prompt_tokens, tolerance=self.tolerance,
+                        conversation=call.conversation if self.affinity else None)
         snapshot = self.snapshot(gpus, now, call.ident)
         decision = place(spec, snapshot, DEFAULT_POLICY)
         p = decision.placement
@@ -189,6 +198,10 @@ class Kubemoot:
             since = self.yielding.setdefault(call.ident, now)
             if now - since < YIELD_S:
                 return Choice("wait", retry_in_s=YIELD_S - (now - since))
+        if spec.conversation is not None:
+            self.expected[call.ident] = 0 if p.loads else self.caches.expected_cached(
+                p.provider, p.model, spec.conversation,
+                cache_slots(gpus[p.provider].spec.slots, ""))
         return Choice("placed", p.provider, p.model, p.kind, tuple(p.evicts), p.footprint_mib,
                       p.kind in ("cold", "evict"))
 
@@ -198,6 +211,12 @@ class Kubemoot:
             cold=choice.cold, evicts={v: MODELS[v].footprint_mib for v in choice.evicts})
         rate, at = self.use.get(choice.model, (0.0, now))
         self.use[choice.model] = (rate * 0.5 ** ((now - at) / 600.0) + 1.0, now)
+        if self.affinity:
+            if choice.cold:
+                self.caches = self.caches.loaded(choice.gpu, choice.model, now)
+            if call.conversation is not None:
+                self.caches = self.caches.sent(choice.gpu, choice.model, call.conversation,
+                                               now)
 
     def finished(self, call: SimCall, now: float) -> None:
         ticket = self.tickets.pop(call.ident, None)
@@ -207,6 +226,22 @@ class Kubemoot:
             self.latency[ticket.provider] = seconds if previous is None else \
                 0.4 * seconds + 0.6 * previous
             self.lengths = self.lengths.observe(ticket.provider, ticket.model, _sample(call))
+            if self.affinity and call.conversation is not None:
+                self._learn_prefill(call, ticket.provider, ticket.model)
+
+    def _learn_prefill(self, call: SimCall, provider: str, model: str) -> None:
+        """As the sidecar learns it: the answer's count (whole prompt, as 0.30.1+ reports
+        it) and its prefill time tell the tokens found cached; less than expected, and the
+        copy is taken to hold only this prompt now."""
+        assert call.conversation is not None
+        expected = self.expected.pop(call.ident, 0)
+        observed = read_answer(call.prompt_tokens, call.prefill_s, "", call.prompt_tokens,
+                               self.prefill.known(provider, model), expected)
+        if observed is None:
+            return
+        self.prefill = self.prefill.observe(provider, model, observed, call.prefill_s)
+        if observed.cached is not None and observed.cached < expected // 2:
+            self.caches = self.caches.lost(provider, model, call.conversation)
 
 
 def _sample(call: SimCall) -> CallSample:
@@ -218,6 +253,33 @@ def _sample(call: SimCall) -> CallSample:
                       max(ran_s - answer_s, 1e-6))
 
 
+class StickySession(_Baseline):
+    """Session affinity as a load balancer does it: a conversation's calls always go back to
+    the card its first call went to (that one chosen as model-affinity does), whatever its
+    queue."""
+
+    name = "sticky"
+
+    def __init__(self) -> None:
+        self.binding: dict[int, str] = {}
+
+    def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
+        if call.conversation is None:
+            return ModelAffinity().pick(call, gpus)
+        ident = call.conversation.digests[min(1, len(call.conversation.digests) - 1)]
+        if ident not in self.binding:
+            self.binding[ident] = ModelAffinity().pick(call, gpus)
+        return self.binding[ident]
+
+
+@dataclass
+class KubemootWithoutAffinity(Kubemoot):
+    """The shipped placement, blind to what copies hold in their prompt caches."""
+
+    name: str = "kubemoot-no-affinity"
+    affinity: bool = False
+
+
 POLICIES = {
     "kubemoot": Kubemoot,
     "round-robin": RoundRobin,
@@ -225,4 +287,6 @@ POLICIES = {
     "least-busy": LeastBusy,
     "model-affinity": ModelAffinity,
     "static": StaticBinding,
+    "sticky": StickySession,
+    "kubemoot-no-affinity": KubemootWithoutAffinity,
 }

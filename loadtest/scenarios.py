@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loadtest.fleet_model import GpuSpec, ModelSpec
+from loadtest.tool_loops import LoopSpec
 
 QWEN32 = ModelSpec("qwen3:32b", 27000, 25.0)
 QWEN14 = ModelSpec("qwen3:14b", 12224, 45.0)
@@ -22,6 +23,7 @@ class AgentSpec:
     offset_s: tuple[float, float]  # when in a discussion its burst starts
     prompt_tokens: tuple[int, int]
     output_tokens: tuple[int, int]
+    loops: LoopSpec | None = None  # its calls are tool loops' (prompt_tokens unused)
 
 
 @dataclass(frozen=True)
@@ -112,3 +114,22 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
         _toolers(12, calls=3),
         discussion_every_s=30.0, duration_s=1800.0),
 )}
+
+
+def _loopers(n: int) -> tuple[AgentSpec, ...]:
+    """Agents each running two tool loops at once, interleaved: bursts of four calls two
+    seconds apart; a 1k-token system prompt and tools, a 9-14k task (the files it read),
+    1-3k tokens more a call, up to 30k."""
+    loops = LoopSpec(loops=2, system_tokens=1000, task_tokens=(9000, 14000))
+    return tuple(AgentSpec(f"looper-{i}", TOOLER if i % 3 else ANALYST, 4, 2.0, (0.0, 6.0),
+                           (0, 0), (100, 300), loops) for i in range(n))
+
+
+SCENARIOS["tool-loops"] = Scenario(
+    "tool-loops",
+    "six agents (four 8B, two 14B), each running two interleaved tool loops with histories "
+    "of 10k to 30k tokens, on 32/24/16 GiB cards with four slots and 32k contexts, prompts "
+    "read at 2000 tokens/s",
+    tuple(GpuSpec(g.name, g.total_mib, context=32768, slots=4) for g in HETERO),
+    _loopers(6),
+    discussion_every_s=60.0, duration_s=1800.0)

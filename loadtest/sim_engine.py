@@ -168,3 +168,13 @@ def context_shift_limit(num_ctx: int, num_keep: int) -> int:
     """llm/llama_server.go:321-331: what a halved prompt keeps."""
     return num_ctx - max((num_ctx - num_keep) // 2, 1)
 
+
+
+def reported_prompt_eval_count(version: str, total: int, cached: int) -> int:
+    """prompt_eval_count as each version reports it: 0.12's runners the whole prompt
+    (runner/ollamarunner/runner.go:181, 922 at v0.12.6: numPromptInputs, counted before the
+    cache is looked up), 0.30.0 llama-server's prompt_n, the tokens it evaluated
+    (llm/llama_server.go:1470 at v0.30.0), and from 0.30.1 cache_n + prompt_n, the whole
+    prompt again (llm/llama_server.go:1511-1513 at HEAD). prompt_eval_duration is always the
+    time spent evaluating (prompt_ms; processingDuration)."""
+    return total - cached if version_tuple(version)[:3] == (0, 30, 0) else total

@@ -218,6 +218,9 @@ class PromptTokens:
     system_flags: list[bool] = field(default_factory=list)
     fixed: int = 0  # tools and other never-dropped parts
     images: int = 0
+    # The prompt as the prompt cache compares it: (digest of a part's content, its tokens)
+    # in the order the template renders them (sim_cache.py)
+    blocks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def total(self) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .sim_cache import PromptCache
 from .sim_engine import (
     MAX_QUEUE,
     MIB,
@@ -38,6 +39,7 @@ from .sim_model import PromptTokens, SimConfig, SimModel, tokens_for_text
 
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
+BOS_BLOCK = (0, 1)  # the prompt's first token, the same in every prompt
 
 
 class SimError(Exception):
@@ -64,6 +66,7 @@ class Runner:
     expires_at: float = math.inf  # time.time() seconds
     unload_requested: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    cache: PromptCache | None = None  # its slots' prompt caches: empty at every (re)load
 
     @property
     def spilled(self) -> bool:
@@ -100,6 +103,9 @@ class Stats:
     max_prompt_tokens: int = 0
     inference_requests: int = 0
     abandoned: int = 0  # complete answers whose client left first (generation stopped)
+    evaluated_tokens: int = 0  # prompt tokens evaluated
+    cached_tokens: int = 0  # prompt tokens found in a slot's cache instead
+    cache_hits: int = 0  # calls that found any of their prompt cached
     requests_by_model: dict[str, int] = field(default_factory=dict)
 
 
@@ -248,7 +254,8 @@ class OllamaSim:
             request = replace(request, num_ctx=ctx)
         runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
                         vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
-                        keep_alive_s=keep_alive_s)
+                        keep_alive_s=keep_alive_s,
+                        cache=PromptCache(slots, self.config.version))
         self.runners[model.name] = runner
         self.stats.loads += 1
         if runner.spilled:
@@ -285,7 +292,11 @@ class OllamaSim:
     # -- prompts ---------------------------------------------------------------------------
     def chat_prompt(self, body: dict[str, Any]) -> PromptTokens:
         cpt = self.config.chars_per_token
-        prompt = PromptTokens()
+        prompt = PromptTokens(blocks=[BOS_BLOCK])
+        tools = body.get("tools")
+        if tools:
+            prompt.fixed += tokens_for_text(str(tools), cpt)
+            prompt.blocks.append((hash(str(tools)), prompt.fixed))
         for msg in body.get("messages") or []:
             text = str(msg.get("content") or "")
             calls = msg.get("tool_calls")
@@ -293,26 +304,26 @@ class OllamaSim:
                 text += str(calls)
             images = msg.get("images") or []
             prompt.images += len(images)
-            prompt.messages.append(tokens_for_text(text, cpt) + 4
-                                   + self.config.image_tokens * len(images))
+            tokens = tokens_for_text(text, cpt) + 4 + self.config.image_tokens * len(images)
+            prompt.messages.append(tokens)
             prompt.system_flags.append(msg.get("role") == "system")
-        tools = body.get("tools")
-        if tools:
-            prompt.fixed += tokens_for_text(str(tools), cpt)
+            prompt.blocks.append((hash((msg.get("role"), text, str(images))), tokens))
         return prompt
 
     def generate_prompt(self, body: dict[str, Any]) -> PromptTokens:
         cpt = self.config.chars_per_token
-        prompt = PromptTokens(images=len(body.get("images") or []))
+        prompt = PromptTokens(images=len(body.get("images") or []), blocks=[BOS_BLOCK])
         context = body.get("context")
         if isinstance(context, list) and context:  # an earlier answer's tokens, put first
             prompt.messages.append(len(context))
             prompt.system_flags.append(False)
+            prompt.blocks.append((hash(str(context)), len(context)))
         for key in ("system", "prompt"):
             text = body.get(key)
             if text:
                 prompt.messages.append(tokens_for_text(str(text), cpt) + 4)
                 prompt.system_flags.append(key == "system")
+                prompt.blocks.append((hash((key, str(text))), prompt.messages[-1]))
         return prompt
 
     # -- fault injection -------------------------------------------------------------------

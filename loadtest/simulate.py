@@ -28,6 +28,7 @@ from loadtest import bounds
 from loadtest.fleet_model import Counters, Gpu, SimCall
 from loadtest.policies import POLICIES, Choice, PlacementPolicy
 from loadtest.scenarios import MODELS, SCENARIOS, AgentSpec, Scenario
+from loadtest.tool_loops import ToolLoops
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -56,13 +57,15 @@ class Result:
     overcommits: int
     truncations: int
     refusals: dict[str, int] = field(default_factory=dict)
+    prefill_s: float = 0.0  # prompt evaluation, summed over completed calls
+    cache_hit_rate: float = 0.0  # of tool-loop calls, those that found their history cached
     latencies: list[float] = field(default_factory=list, repr=False)
     memory: dict[str, list[tuple[float, int]]] = field(default_factory=dict, repr=False)
 
     def summary(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("latencies", "memory")}
         for key in ("p50_s", "p95_s", "p95_all_s", "mean_s", "limit_p95_s", "bound_p95_s",
-                    "loaded_gib"):
+                    "loaded_gib", "prefill_s", "cache_hit_rate"):
             out[key] = round(out[key], 3) if out[key] != float("inf") else None
         out["p95_vs_limit"] = round(self.p95_s / self.limit_p95_s, 3) \
             if self.limit_p95_s else None
@@ -93,6 +96,7 @@ class Simulation:
         self._retrying = False
         # One generator per agent: every policy sees the same calls in the same order.
         self._agent_rng = {a.name: random.Random(f"{seed}/{a.name}") for a in scenario.agents}
+        self.loops = ToolLoops()
 
     def schedule(self, at: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (at, next(self._seq), action))
@@ -113,6 +117,9 @@ class Simulation:
         call = SimCall(next(self._ids), agent.name, agent.candidates,
                        rng.randint(*agent.prompt_tokens), rng.randint(*agent.output_tokens),
                        self.now)
+        if agent.loops is not None:
+            call.prompt_tokens, call.conversation, call.blocks = \
+                self.loops.next_call(agent.name, agent.loops, rng)
         self.calls.append(call)
 
         def then(done: SimCall) -> None:
@@ -218,7 +225,18 @@ class Simulation:
             loaded_gib=self.counters.loaded_mib / 1024, evictions=self.counters.evictions,
             overcommits=self.counters.overcommits + self.counters.oom_events,
             truncations=self.counters.truncations, refusals=refusals,
+            prefill_s=sum(c.prefill_s for c in done),
+            cache_hit_rate=_hit_rate([c for c in done if c.conversation is not None]),
             latencies=latencies, memory={n: g.memory_trace for n, g in self.gpus.items()})
+
+
+def _hit_rate(calls: list[SimCall]) -> float:
+    """Of the calls that had a history to find (beyond their first turn), those that found
+    more than their agent's shared prefix cached."""
+    later = [c for c in calls if c.conversation is not None and len(c.conversation.digests) > 2]
+    found = [c for c in later if c.conversation is not None
+             and c.cached_tokens > c.conversation.shared_tokens]
+    return len(found) / len(later) if later else 0.0
 
 
 def simulate(scenario: str, policy: str, seed: int = 7) -> Result:

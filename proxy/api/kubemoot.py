@@ -11,10 +11,15 @@ from starlette.responses import Response
 from proxy.api import wire
 from proxy.api.errors import JSON, error_response
 from proxy.api.routes import BodyTooSlow, RequestTooLarge, read_capped
+from proxy.core.affinity import expected_cached, shared_prompt_size
+from proxy.core.occupancy import index_providers
+from proxy.core.placement import explain
+from proxy.core.tokens import conversation_digests, prompt_size
 from proxy.core.types import Decision, Verdict
 from proxy.ports import MODEL_DEMAND
 from proxy.service.demand import DemandBoard
 from proxy.service.plans import PlanBook
+from proxy.service.routing import NO_PROMPT, CallRequest
 from proxy.service.scheduler import Scheduler
 from proxy.service.snapshot import StateView
 
@@ -45,6 +50,7 @@ def decision_json(d: Decision) -> dict[str, Any]:
 
 
 PLAN_REQUEST_BYTES = 64 * 1024
+EXPLAIN_REQUEST_BYTES = 16 * 1024 * 1024  # a call's body with a long history
 MAX_PARAM_DIGITS = 9  # 999,999,999 characters or tokens: more than any prompt
 
 
@@ -71,6 +77,7 @@ class KubemootApi:
         app.router.add_route("/kubemoot/v1/plans/{thread}", self.delete_plan,
                              methods=["DELETE"])
         app.router.add_route("/kubemoot/v1/explain", self.explain, methods=["GET"])
+        app.router.add_route("/kubemoot/v1/explain", self.explain_call, methods=["POST"])
         app.router.add_route("/kubemoot/v1/state", self.state, methods=["GET"])
 
     async def create_plan(self, request: Request) -> Response:
@@ -124,6 +131,50 @@ class KubemootApi:
             "tokensPerDenseChar": round(self.scheduler.learning.ratio.tokens_per_dense, 3),
             "decision": decision_json(decision),
             "verdicts": [verdict_json(v) for v in verdicts],
+        })
+
+    async def explain_call(self, request: Request) -> Response:
+        """Explain for a call's own body (a chat or generate request, as the agent would send
+        it): its conversation's prefill on each copy, and the tokens each copy is expected
+        to hold of it (`expectedCachedTokens`)."""
+        try:
+            body = wire.parse_body(await read_capped(request, EXPLAIN_REQUEST_BYTES))
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc))
+        except RequestTooLarge:
+            return error_response(413, "request-too-large",
+                                  f"an explain request is at most {EXPLAIN_REQUEST_BYTES} bytes")
+        except BodyTooSlow:
+            return error_response(408, "request-timeout", "the explain request's body was slow")
+        model = body.get("model")
+        if not isinstance(model, str) or not model or len(model) > wire.MAX_ID_LENGTH:
+            return error_response(400, "bad-request", "field 'model': a model is required")
+        phase = request.query_params.get("phase", "mulling")
+        candidates = self.scheduler.candidates(phase, model)
+        if not candidates:
+            return error_response(400, "bad-request", "field 'model': a model is required")
+        digests = conversation_digests(body)
+        call = CallRequest("/api/chat", model, phase, prompt=prompt_size(body),
+                           conversation=digests,
+                           shared_prompt=shared_prompt_size(body) if digests else NO_PROMPT)
+        spec = self.scheduler.spec(call, candidates)
+        snapshot = self.scheduler.snapshot(self.scheduler.clock.now())
+        decision, verdicts = explain(spec, snapshot, self.scheduler.policy)
+        indexes = index_providers(snapshot, self.scheduler.policy)
+        cached = {(v.provider, v.model): expected_cached(indexes[v.provider], v.model, spec,
+                                                          snapshot)
+                  for v in verdicts if v.provider in indexes}
+        return _json({
+            "candidates": [{"model": c.model, "score": c.score} for c in spec.candidates],
+            "promptTokens": spec.prompt_tokens,
+            "conversation": len(digests),
+            "prefillTokensPerS": {v.provider: round(snapshot.prefill.rate(v.provider, v.model))
+                                  for v in verdicts if v.model == model},
+            "decision": {**decision_json(decision), "provider": None if decision.placement
+                         is None else decision.placement.provider},
+            "verdicts": [{**verdict_json(v),
+                          "expectedCachedTokens": cached.get((v.provider, v.model), 0)}
+                         for v in verdicts],
         })
 
     async def state(self, request: Request) -> Response:

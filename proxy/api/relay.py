@@ -102,7 +102,16 @@ def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
         answer_tokens=answer_tokens(metrics),
         answer_seconds=_seconds(metrics, "eval_duration"),
         prompt_seconds=_seconds(metrics, "prompt_eval_duration"),
+        prompt_cached_count=cached_tokens(metrics),
     )
+
+
+def cached_tokens(final: dict[str, Any]) -> int | None:
+    """The prompt tokens the engine says it found cached, when it says so in Ollama's key
+    (`prompt_eval_cached_count`); no Ollama version does yet, and its Responses API's
+    `cached_tokens` is always 0, so OpenAI's and Anthropic's usage keys are not read."""
+    count = final.get("prompt_eval_cached_count")
+    return count if isinstance(count, int) and count >= 0 else None
 
 
 class Silence:

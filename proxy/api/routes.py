@@ -22,13 +22,14 @@ from proxy.api.errors import (
     install_error_shapes,
 )
 from proxy.api.relay import forward
+from proxy.core.affinity import shared_prompt_size
 from proxy.core.models import model_name, normalise_model
 from proxy.core.tokens import conversation_digests, longest_input_size, prompt_size
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import ModelEntry, ModelServer, UpstreamError
 from proxy.service.codec import parse_rfc3339, rfc3339
-from proxy.service.routing import CallRequest, Calls, ProviderPool
+from proxy.service.routing import NO_PROMPT, CallRequest, Calls, ProviderPool
 
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
@@ -344,6 +345,7 @@ class SidecarApi:
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
             conversation=conversation,
+            shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,
             disconnected=lambda: _disconnect(request),
         )
 

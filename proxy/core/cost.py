@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from proxy.core.affinity import prefill_terms
 from proxy.core.feasibility import Fitting
 from proxy.core.lengths import CallLength
 from proxy.core.occupancy import ProviderIndex
@@ -116,6 +117,7 @@ def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     resident = index.residents.get(model)
     if resident is not None and resident.spilled:
         terms["spill"] = policy.spill_s  # partly in CPU memory: slow
+    terms.update(prefill_terms(index, model, fitting.call, snapshot))
     terms.update(shared_terms(index, model, snapshot, policy, phase))
     return terms
 
@@ -131,5 +133,6 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
         terms["best_fit"] = policy.best_fit_s * (index.usable_mib - footprint) / footprint
     if index.spills():
         terms["spill"] = policy.spill_s
+    terms.update(prefill_terms(index, model, fitting.call, snapshot))
     terms.update(shared_terms(index, model, snapshot, policy, phase))
     return terms

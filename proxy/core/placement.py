@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from proxy.core import context
+from proxy.core import affinity, context
 from proxy.core.cost import Backlog, backlog, call_length, cold_terms, warm_terms
 from proxy.core.feasibility import Fit, Fitting, check
 from proxy.core.occupancy import ProviderIndex, index_providers
@@ -163,6 +163,19 @@ class _Planner:
             kind = "cold"
         return self.placement(best, kind, 4)
 
+    def cache_holder_instead(self, hit: Placement) -> Placement | None:
+        """The copy expected to hold the call's prompt, busy or passed over, when waiting
+        there costs less than reading the whole prompt again on `hit` (core/affinity.py)."""
+        found = affinity.holder(self.indexes.values(), [c.model for c in self.acceptable],
+                                self.call, self.snapshot)
+        if found is None or (found[0].name, found[1]) == (hit.provider, hit.model):
+            return None
+        index, model = found
+        verdict = self.verdict(index, model)
+        if not verdict.feasible or verdict.cost_s >= hit.cost_s:
+            return None
+        return self.placement(verdict, "queued" if index.free_slots(model) <= 0 else "warm", 4)
+
     def pulled_anywhere(self, model: str) -> bool:
         """False only when every provider's catalog is known and none has the model."""
         return any(not i.view.disk_mib or model in i.view.disk_mib or model in i.residents
@@ -253,6 +266,14 @@ class _Planner:
             if hit is not None:
                 break
             hit = self.copy_with_room(candidate.model, 3, loading_only=True)
+        if hit is not None and self.call.conversation is not None:
+            holder = self.cache_holder_instead(hit)
+            if holder is not None and holder.kind == "queued":  # late binding: wait here
+                return Decision("wait", None, f"wait for a slot of {holder.model} on "
+                                f"{holder.provider}, which holds the conversation "
+                                f"({holder.cost_s:.1f} s), cheaper than reading it again on "
+                                f"{hit.provider} ({hit.cost_s:.1f} s)", (), holder.cost_s)
+            hit = holder or hit
         if hit is not None:  # (every card's verdict is explain's to give)
             return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}")
         verdicts = [self.verdict(i, preferred) for i in self.indexes.values()]

@@ -21,6 +21,7 @@ versions count only the tokens a call did not find in the prompt cache.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -224,12 +225,28 @@ def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
                   if isinstance(v := body.get(k), list) and v), None)
     if items is None:
         return ()
-    digest = hash(orjson.dumps([body.get(key) for key in SHARED_KEYS]))
+    digest = _stable_digest(orjson.dumps([body.get(key) or None for key in SHARED_KEYS],
+                                         option=orjson.OPT_SORT_KEYS))
     digests = []
     for item in items:
-        digest = hash((digest, orjson.dumps(item)))
+        digest = _stable_digest(digest.to_bytes(8, "big", signed=True) + _canonical(item))
         digests.append(digest)
     return tuple(digests)
+
+
+def _canonical(item: Any) -> bytes:
+    """An item as its content: keys sorted, empty fields dropped (clients differ in sending
+    `"images": null` or nothing, and a field's order says nothing of the prompt)."""
+    if isinstance(item, dict):
+        item = {k: v for k, v in item.items() if v is not None and v != "" and v != [] and
+                v != {}}
+    return orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+
+
+def _stable_digest(data: bytes) -> int:
+    """The same in every process (Python's hash of bytes is not), so sidecars can share
+    which copy holds a conversation (core/conversations.py)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
+from proxy.core.conversations import NO_CACHES, Conversation, PromptCaches
 from proxy.core.lengths import NO_LENGTHS, CallLength, CallLengths
+from proxy.core.prefill import NO_RATES, PrefillRates
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,8 @@ class CallSpec:
     generates: bool = True  # False: an embedding (no answer to keep room for)
     tolerance: float = 10.0
     phase: Literal["mulling", "triage"] = "mulling"
+    # The conversation its prompt continues, for the prompt cache (core/conversations.py)
+    conversation: Conversation | None = None
 
     @property
     def preferred(self) -> Candidate:
@@ -156,6 +160,8 @@ class Snapshot:
     health: Mapping[str, ProviderHealth] = field(default_factory=dict)
     load_mib_per_s: float | None = None  # learned from load_duration; None: the policy default
     lengths: CallLengths = NO_LENGTHS  # how long calls took, learned from the answers
+    caches: PromptCaches = NO_CACHES  # what each copy's prompt cache is expected to hold
+    prefill: PrefillRates = NO_RATES  # how fast each copy reads a prompt, learned
 
 
 PlacementKind = Literal["warm", "loading", "cold", "queued", "evict"]

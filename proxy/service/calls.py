@@ -99,6 +99,10 @@ class CallService:
             if outcome.began and not outcome.prompt_too_long:
                 learning.observe_call(placement.provider, placement.model, outcome)
             self.demand.note_use(placement.model)
+            self.demand.note_held(self.experience.learning.take_unshared())
+        self.experience.learning.observe_prefill(
+            placement.provider, placement.model, claimed.ticket.ticket_id,
+            self.scheduler.provider_view(placement.provider).version, outcome)
         if placement.loads or not outcome.ok:
             task = asyncio.ensure_future(self.prober.refresh(placement.provider))
             self._background.add(task)

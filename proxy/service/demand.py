@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.conversations import KEEP_PER_COPY, Copy, Held
 from proxy.core.types import ModelDemand
 from proxy.ports import MODEL_DEMAND, SYSTEM_CLOCK, Clock, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import escape_key, unescape_key
@@ -36,6 +37,10 @@ HALF_LIFE_S = 600.0
 # need the last second.
 USE_FLUSH_S = 1.0
 VIEW_REUSE_S = 1.0  # the longest a demand view is reused when the board has not changed
+# What this sidecar sent to each copy lately, for the others' expected prompt caches
+# (docs/affinity.md): written with the use counts, one key per sidecar; a prompt older than
+# this is not expected to be cached anywhere.
+CACHE_TTL_S = 600.0
 
 
 def decayed(rate: float, at: float, now: float) -> float:
@@ -135,6 +140,9 @@ class DemandBoard:
         self._wait_seq = itertools.count(1)
         self._own_version = 0  # moves when a wait entry of ours comes or goes
         self._refresher: asyncio.Task[None] | None = None
+        self._held: dict[Copy, tuple[Held, ...]] = {}  # mine, newest first
+        self._held_unwritten = False
+        self._shared: tuple[int, Mapping[Copy, tuple[Held, ...]]] | None = None
 
     def _own_wait(self, key: str) -> bool:
         kind, _, agent, *_ = [*key.split("."), "", ""]
@@ -224,6 +232,50 @@ class DemandBoard:
         pending, self._unwritten_use = self._unwritten_use, {}
         for model, count in pending.items():
             await self._bump(self._key("use", model), {}, count)
+        if self._held_unwritten:
+            self._held_unwritten = False
+            await self._put(f"cache.{self.agent}", {
+                "expiresAt": self.clock.now() + CACHE_TTL_S,
+                "copies": [[provider, model, [list(_held_row(h)) for h in held]]
+                           for (provider, model), held in self._held.items()]})
+
+    def note_held(self, sent: list[tuple[Copy, Held]]) -> None:
+        """Prompts this sidecar sent to copies; the others see them within USE_FLUSH_S (with
+        the use counts: no write of its own per call)."""
+        if not sent:
+            return
+        for copy, held in sent:
+            mine = tuple(h for h in self._held.get(copy, ()) if h.ident != held.ident)
+            self._held[copy] = (held, *mine)[:KEEP_PER_COPY]
+        self._held_unwritten = True
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+
+    def shared_caches(self) -> Mapping[Copy, tuple[Held, ...]]:
+        """What the other sidecars sent to each copy lately (reread when the board
+        changes)."""
+        version = self.store.version(MODEL_DEMAND)
+        if self._shared is not None and self._shared[0] == version:
+            return self._shared[1]
+        now = self.clock.now()
+        shared: dict[Copy, list[Held]] = {}
+        mine = f"cache.{self.agent}"
+        entries = self.store.view(MODEL_DEMAND)
+        for _key, value in decode_entries({k: e for k, e in entries.items()
+                                          if k.startswith("cache.") and k != mine},
+                                         self._decoded):
+            if float(value.get("expiresAt", 0)) <= now:
+                continue
+            for row in value.get("copies") or []:
+                try:
+                    provider, model, held = str(row[0]), str(row[1]), row[2]
+                    shared.setdefault((provider, model), []).extend(
+                        _held_of(h) for h in held)
+                except (IndexError, TypeError, ValueError):
+                    continue  # another version's shape: nothing to share
+        result = MappingProxyType({k: tuple(v) for k, v in shared.items()})
+        self._shared = (version, result)
+        return result
 
     async def close(self) -> None:
         """Write what is counted and stop the timer (at shutdown)."""
@@ -256,3 +308,13 @@ class DemandBoard:
         demand = MappingProxyType(aggregate(values, now))
         self._view = (version, now, demand)
         return demand
+
+
+def _held_row(held: Held) -> tuple[int | float, ...]:
+    return (held.first, held.ident, held.last, held.items, held.tokens, held.shared_tokens,
+            round(held.at, 3))
+
+
+def _held_of(row: list[int | float]) -> Held:
+    first, ident, last, items, tokens, shared = (int(x) for x in row[:6])
+    return Held(first, ident, last, items, tokens, shared, float(row[6]))

@@ -4,16 +4,27 @@ calls of each model take on each card."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from proxy.core.conversations import (
+    NO_CACHES,
+    Conversation,
+    Copy,
+    Held,
+    PromptCaches,
+    cache_slots,
+)
 from proxy.core.health import ProviderStats
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
+from proxy.core.prefill import NO_RATES, PrefillRates, read_answer
+from proxy.core.sizing import model_slots
 from proxy.core.tokens import Anchor, ConversationMemory, TokenRatio, estimate_tokens
-from proxy.core.types import Circuit, ProviderHealth
+from proxy.core.types import Circuit, Placement, ProviderHealth, ProviderView, Snapshot
 from proxy.service.routing import CallOutcome, CallRequest
 
 LOAD_SPEED_ALPHA = 0.3
+MAX_IN_FLIGHT = 4096  # calls remembered between placement and answer, or until shared
 
 
 @dataclass
@@ -24,6 +35,68 @@ class Learning:
     load_mib_per_s: float | None = None
     conversations: ConversationMemory = field(default_factory=ConversationMemory)
     lengths: CallLengths = NO_LENGTHS
+    # Conversation cache affinity (docs/affinity.md): what this sidecar sent to each copy,
+    # merged with what other sidecars report; each copy's prefill rate; and per call in
+    # flight (its ticket) the tokens its copy was expected to hold
+    caches: PromptCaches = NO_CACHES
+    shared_caches: Mapping[Copy, tuple[Held, ...]] = field(default_factory=dict)
+    prefill: PrefillRates = NO_RATES
+    expected_cached: dict[str, tuple[Conversation, int]] = field(default_factory=dict)
+    unshared: list[tuple[Copy, Held]] = field(default_factory=list)  # for the next flush
+
+    def conversation(self, call: CallRequest, prompt_tokens: int) -> Conversation | None:
+        if not call.conversation:
+            return None
+        shared = estimate_tokens(call.shared_prompt, self.ratio, None)
+        return Conversation(call.conversation, prompt_tokens, min(shared, prompt_tokens))
+
+    def with_caches(self, snapshot: Snapshot,
+                    shared: Mapping[Copy, tuple[Held, ...]] | None = None) -> Snapshot:
+        """The snapshot with the copies' expected prompt caches (this sidecar's, and
+        `shared`: the other sidecars') and the learned prefill rates."""
+        if shared is not None:
+            self.shared_caches = shared
+        caches = self.caches.merged(self.shared_caches) if self.shared_caches else self.caches
+        return replace(snapshot, caches=caches, prefill=self.prefill)
+
+    def take_unshared(self) -> list[tuple[Copy, Held]]:
+        taken, self.unshared = self.unshared, []
+        return taken
+
+    def sent(self, placement: Placement, conversation: Conversation | None,
+             view: ProviderView, ticket: str, now: float) -> None:
+        """A call goes to a copy: a load empties its slots; its prompt is the newest there."""
+        provider, model = placement.provider, placement.model
+        if placement.loads:
+            self.caches = self.caches.loaded(provider, model, now)
+        if conversation is None:
+            return
+        slots = cache_slots(model_slots(view, model), view.version)
+        expected = 0 if placement.loads else self.caches.merged(self.shared_caches) \
+            .expected_cached(provider, model, conversation, slots)
+        self.expected_cached[ticket] = (conversation, expected)
+        if len(self.expected_cached) > MAX_IN_FLIGHT:  # an attempt never settled
+            del self.expected_cached[next(iter(self.expected_cached))]
+        self.caches = self.caches.sent(provider, model, conversation, now)
+        self.unshared.append(((provider, model), Held.of(conversation, now)))
+        del self.unshared[:-MAX_IN_FLIGHT]
+
+    def observe_prefill(self, provider: str, model: str, ticket: str, version: str,
+                        outcome: CallOutcome) -> None:
+        """What the answer says of the prompt cache: the copy's prefill rate from a miss,
+        and, when the copy held less than expected, that it holds only this prompt now."""
+        found = self.expected_cached.pop(ticket, None)
+        if found is None or not outcome.ok:
+            return
+        conversation, expected = found
+        observed = read_answer(outcome.prompt_eval_count, outcome.prompt_seconds, version,
+                               conversation.tokens, self.prefill.known(provider, model),
+                               expected, outcome.prompt_cached_count)
+        if observed is None or outcome.prompt_seconds is None:
+            return
+        self.prefill = self.prefill.observe(provider, model, observed, outcome.prompt_seconds)
+        if observed.cached is not None and observed.cached < expected // 2:
+            self.caches = self.caches.lost(provider, model, conversation)
 
     def prompt_tokens(self, call: CallRequest) -> int:
         anchor = self.conversations.longest_known(call.conversation)

@@ -35,6 +35,8 @@ class CallRequest:
     context_tokens: int = 0
     # One digest per prefix of the conversation (core.tokens.conversation_digests).
     conversation: tuple[int, ...] = ()
+    # Of the prompt, the agent's prefix every conversation of it shares (core/affinity.py)
+    shared_prompt: PromptSize = NO_PROMPT
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
@@ -73,6 +75,9 @@ class CallOutcome:
     answer_tokens: int | None = None
     answer_seconds: float | None = None
     prompt_seconds: float | None = None
+    # Of the prompt, the tokens the engine says it found cached (no Ollama version says it
+    # yet; docs/affinity.md)
+    prompt_cached_count: int | None = None
 
 
 @dataclass(frozen=True)

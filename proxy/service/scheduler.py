@@ -111,6 +111,7 @@ class Scheduler:
         snapshot = self.view.snapshot(now, self.experience.health(now), demand,
                                       self.learning.load_mib_per_s, self.claims.uncounted(now),
                                       self.learning.lengths)
+        snapshot = self.learning.with_caches(snapshot, self.demand.shared_caches())
         if not exclude:
             return snapshot
         return replace(snapshot, providers=tuple(
@@ -118,13 +119,14 @@ class Scheduler:
 
     def spec(self, call: CallRequest, candidates: tuple[Candidate, ...], at_least: int = 0
              ) -> CallSpec:
-        return CallSpec(candidates,
-                        prompt_tokens=max(at_least, self.learning.prompt_tokens(call)),
+        tokens = max(at_least, self.learning.prompt_tokens(call))
+        return CallSpec(candidates, prompt_tokens=tokens,
                         num_ctx=call.num_ctx or 0, num_predict=call.num_predict,
                         pins_context=call.pins_context, generates=call.generates,
                         tolerance=self.bindings.tolerance(call.phase, call.thread)
                         if self.bindings else self.settings.tolerance,
-                        phase="triage" if call.phase == "triage" else "mulling")
+                        phase="triage" if call.phase == "triage" else "mulling",
+                        conversation=self.learning.conversation(call, tokens))
 
     # -- the call path ---------------------------------------------------------------------
     async def place_call(self, call: CallRequest, at_least_tokens: int = 0,
@@ -309,6 +311,8 @@ class Scheduler:
         if not held_plan and placement.evicts:
             await self.evictions.make_room(claimed)
         self.experience.start_trial(placement.provider, self.clock.now())
+        self.learning.sent(placement, spec.conversation, self.provider_view(placement.provider),
+                           claimed.ticket.ticket_id, self.clock.now())
         self.claims.hold(claimed)
         attempt = Attempt(placement.provider, client, placement.model,
                           "held" if held_plan else placement.kind,

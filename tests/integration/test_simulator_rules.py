@@ -159,3 +159,122 @@ def test_the_catalog_is_what_ollamas_converters_write(sim_factory: Sims) -> None
     assert "phi3.attention.key_length" not in info  # phi3's converter writes none
     assert info["phi3.attention.head_count_kv"] == 32
     assert {m.name for m in CATALOG} >= {"qwen3:32b", "qwen3:14b", "qwen3:8b", "phi3:mini"}
+
+
+SYSTEM = {"role": "system", "content": "You are a careful agent. " * 200}  # ~1250 tokens
+
+
+def turn(sim: SimServer, messages: list[dict[str, Any]], **body: Any) -> dict[str, Any]:
+    r = httpx.post(f"{sim.url}/api/chat", timeout=30, json={
+        "model": "qwen3:8b", "messages": messages, "stream": False,
+        "options": {"num_predict": 4}, **body})
+    assert r.status_code == 200, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+def conversation(topic: str, turns: int, system: bool = True) -> list[dict[str, Any]]:
+    """A tool loop's history: the agent's system prompt, the task, then calls and results."""
+    messages = [SYSTEM] if system else []
+    messages.append({"role": "user", "content": f"{topic}: " + "go on " * 400})
+    for i in range(turns):
+        messages += [{"role": "assistant", "content": f"calling tool {i}"},
+                     {"role": "tool", "content": f"{topic} result {i} " + "data " * 300}]
+    return messages
+
+
+def evaluated(sim: SimServer, messages: list[dict[str, Any]], **body: Any) -> int:
+    """The prompt tokens the copy evaluated for one call (the simulator's own count)."""
+    before = sim.sim.stats.evaluated_tokens
+    turn(sim, messages, **body)
+    return sim.sim.stats.evaluated_tokens - before
+
+
+def test_a_conversations_next_call_on_the_same_copy_evaluates_only_the_tail(
+        sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", context_length=32768, time_scale=SCALE)
+    first = evaluated(sim, conversation("a", 1))
+    tail = evaluated(sim, conversation("a", 2))
+    # the whole first prompt was cached; what the second added is one call and its result
+    assert first > 2000 and 0 < tail < 500
+    assert sim.sim.stats.cache_hits == 1
+    assert sim.sim.stats.cached_tokens == first
+
+
+def test_another_conversation_taking_the_only_slot_wipes_it(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", context_length=32768, time_scale=SCALE)
+    evaluated(sim, conversation("a", 1))
+    evaluated(sim, [{"role": "user", "content": "b " * 3000}])  # shares only the first token
+    again = conversation("a", 2)
+    assert evaluated(sim, again) == sim.sim.chat_prompt({"messages": again}).total
+
+
+@pytest.mark.parametrize(("version", "both_kept"), [
+    ("0.33.0", True),  # llama-server: an empty slot before one that holds only the BOS
+    # Ollama 0.12's runner: the slot with the longest common prefix, and a used slot shares
+    # the first token: b takes a's slot and the second stays empty
+    ("0.12.6", False),
+])
+def test_two_slots_keep_two_interleaved_conversations_as_the_version_does(
+        sim_factory: Sims, version: str, both_kept: bool) -> None:
+    sim = sim_factory("gpu", context_length=32768, num_parallel=2, version=version,
+                      time_scale=SCALE)
+    evaluated(sim, conversation("a", 1, system=False))
+    evaluated(sim, conversation("b", 1, system=False))
+    assert (evaluated(sim, conversation("a", 2, system=False)) < 500) is both_kept
+    assert (evaluated(sim, conversation("b", 2, system=False)) < 500) is both_kept
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.12.6"])
+def test_a_conversation_sharing_the_system_prompt_takes_the_slot_that_holds_it(
+        sim_factory: Sims, version: str) -> None:
+    """0.12's longest common prefix and llama-server's similarity both pick the slot that
+    holds the shared system prompt over an empty one: the first conversation's history
+    goes."""
+    sim = sim_factory("gpu", context_length=32768, num_parallel=2, version=version,
+                      time_scale=SCALE)
+    evaluated(sim, conversation("a", 1))
+    system = sim.sim.chat_prompt({"messages": [SYSTEM]}).total + 1
+    b = conversation("b", 1)
+    assert evaluated(sim, b) == sim.sim.chat_prompt({"messages": b}).total + 1 - system
+    a = conversation("a", 2)
+    assert evaluated(sim, a) == sim.sim.chat_prompt({"messages": a}).total + 1 - system
+
+
+def test_llama_server_gives_an_unrelated_conversation_the_least_recently_used_slot(
+        sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", context_length=32768, num_parallel=2, time_scale=SCALE)
+    evaluated(sim, conversation("a", 1, system=False))  # slot 0
+    evaluated(sim, conversation("b", 1, system=False))  # slot 1
+    evaluated(sim, conversation("a", 2, system=False))  # slot 0 again, now the newest
+    evaluated(sim, [{"role": "user", "content": "c " * 3000}])
+    # nothing shares enough of c: it took b's slot, the least recently used
+    assert evaluated(sim, conversation("a", 3, system=False)) < 500
+    b = conversation("b", 2, system=False)
+    assert evaluated(sim, b) == sim.sim.chat_prompt({"messages": b}).total
+
+
+def test_a_reload_wipes_every_slot(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", context_length=32768, num_parallel=2, time_scale=SCALE)
+    evaluated(sim, conversation("a", 1))
+    load(sim, "qwen3:8b", num_ctx=16384)  # other load options: a new runner
+    assert sim.sim.stats.reloads == 1
+    again = conversation("a", 2)
+    assert evaluated(sim, again, options={"num_ctx": 16384, "num_predict": 4}) == \
+        sim.sim.chat_prompt({"messages": again}).total + 1
+
+
+@pytest.mark.parametrize(("version", "counts_cached"), [
+    ("0.12.6", True),  # numPromptInputs: the whole prompt
+    ("0.30.0", False),  # llama-server's prompt_n: the tokens evaluated
+    ("0.33.0", True),  # cache_n + prompt_n
+])
+def test_prompt_eval_count_counts_cached_tokens_as_the_version_does(
+        sim_factory: Sims, version: str, counts_cached: bool) -> None:
+    sim = sim_factory("gpu", context_length=32768, version=version, time_scale=SCALE)
+    turn(sim, conversation("a", 1))
+    messages = conversation("a", 2)
+    whole = sim.sim.chat_prompt({"messages": messages}).total + 1  # and the BOS
+    count = turn(sim, messages)["prompt_eval_count"]
+    assert (count == whole) is counts_cached
+    assert count == whole or count < 500

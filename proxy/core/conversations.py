@@ -1,0 +1,162 @@
+"""What each loaded copy is expected to hold in its prompt cache (docs/affinity.md).
+
+Ollama keeps one KV cache per slot of a loaded copy and evaluates a prompt from the end of
+the longest prefix a slot holds (docs/engine.md, "The prompt cache"). The sidecar cannot see
+the slots; it keeps, per copy (provider and model), the prompts it sent there, newest first,
+and expects a prompt to survive while:
+
+- fewer other conversations than the copy's cache slots were sent there since (Ollama before
+  0.30 keeps one conversation per copy whatever its slots: a used slot shares the first token
+  with any prompt, so the longest-prefix rule hands it the next conversation);
+- the copy has not been loaded again since (a reload starts every slot empty);
+- the prompt still fits the context the copy gives it.
+
+A prompt is known by the conversation digests of core/tokens.py: one per prefix of its
+messages, each also covering the system text and tools. A call continues a held prompt when
+its digest at the held prompt's length is the held prompt's last digest; it shares the
+agent's prefix (system prompt, tools, the first message) when its first digest is the held
+prompt's first. Standard library only: the snapshot carries it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+KEEP_PER_COPY = 16  # prompts remembered per copy, beyond any slot count Ollama runs
+Copy = tuple[str, str]  # (provider, model)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A call's prompt as the cache sees it."""
+
+    digests: tuple[int, ...]  # core.tokens.conversation_digests
+    tokens: int  # the whole prompt's expected tokens
+    shared_tokens: int = 0  # of those, the agent's prefix (system text, tools, first message)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A prompt sent to a copy, as compact as sharing it across sidecars needs."""
+
+    first: int  # its first digest (the agent's prefix)
+    ident: int  # its second digest (the prefix and the task): which conversation it is
+    last: int  # its last digest (the whole prompt)
+    items: int  # how many digests (messages) it had
+    tokens: int
+    shared_tokens: int
+    at: float
+
+    @staticmethod
+    def of(conversation: Conversation, at: float) -> Held:
+        digests = conversation.digests
+        return Held(digests[0], digests[min(1, len(digests) - 1)], digests[-1],
+                    len(digests), conversation.tokens, conversation.shared_tokens, at)
+
+    def same_conversation(self, other: Held) -> bool:
+        return self.ident == other.ident
+
+    def prefix_of(self, conversation: Conversation) -> int:
+        """The tokens of `conversation` this held prompt gives it: all of it when the call
+        continues it, the agent's prefix when they share only that, else none."""
+        digests = conversation.digests
+        if not digests or digests[0] != self.first:
+            return 0
+        if self.items <= len(digests) and digests[self.items - 1] == self.last:
+            return self.tokens
+        return min(self.shared_tokens, conversation.shared_tokens)
+
+
+def cache_slots(slots: int, version: str) -> int:
+    """How many conversations a copy keeps at once (see the module's docstring)."""
+    numbers = version.split(".")
+    try:
+        major, minor = int(numbers[0]), int(numbers[1])
+    except (IndexError, ValueError):
+        return max(slots, 1)  # unknown: the newest rules
+    return 1 if (major, minor) < (0, 30) else max(slots, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCaches:
+    """Per copy, the prompts sent there newest first, and when it was last (re)loaded."""
+
+    held: Mapping[Copy, tuple[Held, ...]] = field(default_factory=dict)
+    loaded_at: Mapping[Copy, float] = field(default_factory=dict)
+
+    def expected_cached(self, provider: str, model: str, conversation: Conversation | None,
+                        slots: int) -> int:
+        """The tokens of the call's prompt the copy is expected to hold."""
+        if conversation is None or not conversation.digests:
+            return 0
+        best = 0
+        loaded = self.loaded_at.get((provider, model), float("-inf"))
+        others: list[Held] = []  # other conversations sent since, newest first
+        for held in self.held.get((provider, model), ()):
+            if held.at < loaded:
+                break  # a load since wiped it, and everything older
+            if any(held.same_conversation(o) for o in others):
+                continue  # an older prompt of a conversation already counted
+            if len(others) >= slots:
+                break
+            best = max(best, held.prefix_of(conversation))
+            others.append(held)
+        return min(best, conversation.tokens)
+
+    def displaced(self, provider: str, model: str, conversation: Conversation | None,
+                  slots: int) -> int:
+        """The tokens of another conversation's prompt that sending this call to the copy
+        is expected to push out: the least recent of those it holds when they fill its
+        slots and this conversation is not among them (Ollama's least recently used)."""
+        if conversation is None or not conversation.digests:
+            return 0
+        loaded = self.loaded_at.get((provider, model), float("-inf"))
+        ident = Held.of(conversation, 0.0).ident
+        kept: list[Held] = []
+        for held in self.held.get((provider, model), ()):
+            if held.at < loaded or len(kept) >= slots:
+                break
+            if held.ident == ident:
+                return 0
+            if not any(held.same_conversation(k) for k in kept):
+                kept.append(held)
+        return kept[-1].tokens if len(kept) >= slots else 0
+
+    def sent(self, provider: str, model: str, conversation: Conversation, now: float
+             ) -> PromptCaches:
+        """A call of this conversation went to the copy: its prompt is the newest there."""
+        if not conversation.digests:
+            return self
+        new = Held.of(conversation, now)
+        key = (provider, model)
+        kept = tuple(h for h in self.held.get(key, ()) if not h.same_conversation(new))
+        return replace(self, held={**self.held, key: (new, *kept)[:KEEP_PER_COPY]})
+
+    def loaded(self, provider: str, model: str, now: float) -> PromptCaches:
+        """The copy was (re)loaded: every slot starts empty."""
+        key = (provider, model)
+        held = {k: v for k, v in self.held.items() if k != key}
+        return PromptCaches(held, {**self.loaded_at, key: now})
+
+    def lost(self, provider: str, model: str, conversation: Conversation) -> PromptCaches:
+        """An answer showed the copy held less than expected: it holds this call's prompt
+        now, and nothing older is counted on."""
+        key = (provider, model)
+        newest = tuple(h for h in self.held.get(key, ())[:1]
+                       if h.first == conversation.digests[0])
+        return replace(self, held={**self.held, key: newest})
+
+    def merged(self, shared: Mapping[Copy, tuple[Held, ...]]) -> PromptCaches:
+        """Other sidecars' prompts on the same copies, interleaved by time."""
+        held = dict(self.held)
+        for key, theirs in shared.items():
+            mine = held.get(key, ())
+            seen = set(mine)
+            both = sorted((*mine, *(h for h in theirs if h not in seen)),
+                          key=lambda h: -h.at)
+            held[key] = tuple(both[:KEEP_PER_COPY])
+        return replace(self, held=held)
+
+
+NO_CACHES = PromptCaches()

@@ -1,0 +1,95 @@
+"""Conversation cache affinity end to end: the official `ollama` client running two tool
+loops through the sidecar onto simulated GPUs that keep a prompt cache per slot as Ollama
+does (loadtest/sim_cache.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import ollama
+
+from loadtest.nats_server import NatsServer
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from tests.conftest import empty_buckets, eventually
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+SCALE = 0.02
+SYSTEM = {"role": "system", "content": "You are a careful agent with tools. " * 40}
+
+
+def task(topic: str) -> list[dict[str, Any]]:
+    return [SYSTEM, {"role": "user", "content": f"{topic}: " + "read this file " * 1500}]
+
+
+def test_two_interleaved_tool_loops_each_go_back_to_the_copy_holding_its_history(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    gpus = [sim_factory(name, total_vram_mib=24564, context_length=16384, time_scale=SCALE)
+            for name in ("a", "b")]
+    for gpu in gpus:  # the 8b warm on both cards, one slot each
+        httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
+    sidecar = sidecar_factory(gpus, **mode)
+    client = ollama.Client(host=sidecar.url, timeout=60)
+    histories = {"x": task("x"), "y": task("y")}
+    where: dict[str, list[str]] = {"x": [], "y": []}
+    for turn in range(3):
+        for loop, history in histories.items():
+            before = [g.sim.stats.inference_requests for g in gpus]
+            response = client.chat(model="qwen3:8b", messages=history,
+                                   options={"num_predict": 8})
+            where[loop] += [g.config.name for g, n in zip(gpus, before, strict=True)
+                            if g.sim.stats.inference_requests > n]
+            history += [{"role": "assistant", "content": response.message.content or ""},
+                        {"role": "tool", "content": f"{loop} result {turn} " + "data " * 200}]
+    # each loop stayed on one card, not the other's
+    assert len(set(where["x"])) == 1 and len(set(where["y"])) == 1
+    assert where["x"][0] != where["y"][0]
+    # and every call after its first found its history there: 2 turns x 2 loops
+    assert sum(g.sim.stats.cache_hits for g in gpus) >= 4
+    evaluated = sum(g.sim.stats.evaluated_tokens for g in gpus)
+    cached = sum(g.sim.stats.cached_tokens for g in gpus)
+    assert cached > evaluated
+    # explain shows the next call's prefill and what each copy is expected to hold of it
+    r = httpx.post(f"{sidecar.url}/kubemoot/v1/explain", timeout=30,
+                   json={"model": "qwen3:8b", "messages": histories["x"]})
+    assert r.status_code == 200, r.text
+    verdicts = {v["provider"]: v for v in r.json()["verdicts"]}
+    home, away = where["x"][0], where["y"][0]
+    # the other card holds the other loop: only the agent's system prompt is shared
+    shared = verdicts[away]["expectedCachedTokens"]
+    assert 0 < shared < 1000 < verdicts[home]["expectedCachedTokens"]
+    assert verdicts[home]["terms"]["prefill"] < verdicts[away]["terms"]["prefill"]
+    assert r.json()["decision"]["provider"] == home
+
+
+def test_sidecars_on_nats_send_a_conversation_back_to_the_copy_another_sent_it_to(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    asyncio.run(empty_buckets(nats_server.url))
+    nats_mode = {"nats_url": nats_server.url}
+    gpus = [sim_factory(name, total_vram_mib=24564, context_length=16384, time_scale=SCALE)
+            for name in ("a", "b")]
+    for gpu in gpus:
+        httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
+    first, second = (sidecar_factory(gpus, agent_name=name, **nats_mode)
+                     for name in ("one", "two"))
+    history = task("x")
+    answer = ollama.Client(host=first.url, timeout=60).chat(
+        model="qwen3:8b", messages=history, options={"num_predict": 8})
+    home = next(g.config.name for g in gpus if g.sim.stats.inference_requests)
+    history += [{"role": "assistant", "content": answer.message.content or ""},
+                {"role": "tool", "content": "x result 0 " + "data " * 200}]
+
+    def expected_home() -> bool:  # the first sidecar's flush reached the second
+        r = httpx.post(f"{second.url}/kubemoot/v1/explain", timeout=30,
+                       json={"model": "qwen3:8b", "messages": history})
+        return {v["provider"]: v["expectedCachedTokens"] for v in r.json()["verdicts"]
+                }[home] > 1000
+
+    assert eventually(expected_home, timeout_s=10)
+    ollama.Client(host=second.url, timeout=60).chat(model="qwen3:8b", messages=history,
+                                                   options={"num_predict": 8})
+    assert sum(g.sim.stats.cache_hits for g in gpus) == 1

@@ -1,0 +1,163 @@
+"""Conversation cache affinity: what a copy is expected to hold, the prefill it spares, and
+how answers tell a hit (docs/affinity.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.core import affinity
+from proxy.core.conversations import NO_CACHES, Conversation, PromptCaches, cache_slots
+from proxy.core.lengths import NO_LENGTHS, CallSample
+from proxy.core.occupancy import index_providers
+from proxy.core.placement import explain, place
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.prefill import NO_RATES, Observed, PrefillRates, read_answer
+from proxy.core.types import Snapshot
+from tests.unit.builders import GIB24, NOW, call, gpu, snapshot, ticket
+
+RATE = 1000.0  # tokens/s, learned on both cards
+
+
+def loop(name: int, turns: int, per_turn: int = 4000) -> Conversation:
+    """A tool loop's prompt after `turns` calls: the agent's prefix (digest 1), its task
+    (digest 100 + name), then a digest per turn."""
+    digests = (1, 100 + name, *(1000 * name + t for t in range(turns)))
+    return Conversation(digests, 2000 + per_turn * turns, shared_tokens=2000)
+
+
+def caches_after(*sent: tuple[str, Conversation], start: float = NOW - 100) -> PromptCaches:
+    caches = NO_CACHES
+    for i, (provider, conversation) in enumerate(sent):
+        caches = caches.sent(provider, "qwen3:8b", conversation, start + i)
+    return caches
+
+
+def rates() -> PrefillRates:
+    out = NO_RATES
+    for provider in ("a", "b"):
+        out = out.observe(provider, "qwen3:8b", Observed(10_000, 0), 10_000 / RATE)
+    return out
+
+
+def two_cards(caches: PromptCaches, busy_a: int = 0, elapsed: float = 0.0,
+              parallel: int = 1, version: str = "") -> Snapshot:
+    return snapshot(
+        gpu("a", GIB24, ("qwen3:8b",), parallel=parallel, version=version),
+        gpu("b", GIB24, ("qwen3:8b",), parallel=parallel, version=version),
+        tickets=tuple(ticket("a", "qwen3:8b", elapsed=elapsed) for _ in range(busy_a)),
+        caches=caches, prefill=rates(),
+        lengths=NO_LENGTHS.observe("a", "qwen3:8b", CallSample(20.0))
+        .observe("b", "qwen3:8b", CallSample(20.0)))
+
+
+def test_the_next_call_goes_back_to_the_copy_holding_its_history() -> None:
+    nxt = loop(1, 5)
+    decision, verdicts = explain(call("qwen3:8b", tokens=nxt.tokens, conversation=nxt),
+                                 two_cards(caches_after(("a", loop(1, 4)))))
+    assert decision.placement is not None and decision.placement.provider == "a"
+    prefill = {v.provider: v.terms["prefill"] for v in verdicts}
+    # a holds 2000 + 4 x 4000 of the 22000 tokens: it reads the last turn; b reads them all
+    assert prefill == pytest.approx({"a": 4000 / RATE, "b": 22000 / RATE})
+
+
+@pytest.mark.parametrize(("elapsed", "expected"), [
+    # the call on "a" has 2 s left: waiting beats reading 22000 tokens again (22 s)
+    (18.0, "a"),
+    # it has just begun (20 s left): the free copy reads the history sooner
+    (0.0, "b"),
+])
+def test_a_busy_holder_is_waited_for_only_when_that_is_cheaper(elapsed: float,
+                                                              expected: str) -> None:
+    nxt = loop(1, 5)
+    decision = place(call("qwen3:8b", tokens=nxt.tokens, conversation=nxt),
+                     two_cards(caches_after(("a", loop(1, 4))), busy_a=1, elapsed=elapsed))
+    assert decision.placement is not None and decision.placement.provider == expected
+    assert decision.placement.kind == ("queued" if expected == "a" else "warm")
+
+
+@pytest.mark.parametrize(("others", "parallel", "version", "survives"), [
+    (0, 1, "", True),
+    (1, 1, "", False),  # another conversation took the only slot
+    (1, 2, "", True),
+    (2, 2, "", False),
+    (1, 4, "0.12.6", False),  # Ollama 0.12 keeps one conversation per copy
+    (1, 4, "0.33.0", True),
+])
+def test_a_prefix_survives_while_fewer_other_conversations_than_slots_came_since(
+        others: int, parallel: int, version: str, survives: bool) -> None:
+    sent = [("a", loop(1, 4)), *(("a", loop(10 + i, 1)) for i in range(others))]
+    # the other conversations are another agent's: no shared prefix
+    sent = [sent[0], *((p, Conversation((2, *c.digests[1:]), c.tokens, 2000))
+                       for p, c in sent[1:])]
+    nxt = loop(1, 5)
+    slots = cache_slots(parallel, version)
+    cached = caches_after(*sent).expected_cached("a", "qwen3:8b", nxt, slots)
+    assert cached == (18000 if survives else 0)
+
+
+def test_the_same_conversation_again_does_not_count_as_another() -> None:
+    caches = caches_after(("a", loop(1, 1)), ("a", loop(2, 1)), ("a", loop(2, 2)),
+                          ("a", loop(2, 3)))
+    assert caches.expected_cached("a", "qwen3:8b", loop(1, 2), 2) == 6000
+
+
+def test_a_reload_wipes_what_the_copy_held() -> None:
+    caches = caches_after(("a", loop(1, 4))).loaded("a", "qwen3:8b", NOW)
+    assert caches.expected_cached("a", "qwen3:8b", loop(1, 5), 4) == 0
+
+
+def test_a_new_conversation_of_the_agent_finds_its_shared_prefix() -> None:
+    caches = caches_after(("a", loop(1, 4)))
+    assert caches.expected_cached("a", "qwen3:8b", loop(2, 0), 1) == 2000
+
+
+def test_a_prompt_longer_than_the_copys_context_is_cut_and_finds_nothing() -> None:
+    nxt = loop(1, 5)
+    caches = caches_after(("a", loop(1, 4)))
+    for context, cached in ((32768, 18000), (16384, 0)):
+        snap = snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=context), caches=caches)
+        index = index_providers(snap, DEFAULT_POLICY)["a"]
+        spec = call("qwen3:8b", tokens=nxt.tokens, conversation=nxt)
+        assert affinity.expected_cached(index, "qwen3:8b", spec, snap) == cached
+
+
+def test_other_sidecars_prompts_interleave_by_time() -> None:
+    mine = caches_after(("a", loop(1, 4)))
+    theirs = caches_after(("a", loop(2, 1)), ("a", loop(3, 1)), start=NOW - 50)
+    merged = mine.merged(theirs.held)
+    # theirs came after mine: with 2 slots, conversation 1 is gone but for the agent's prefix
+    assert merged.expected_cached("a", "qwen3:8b", loop(1, 5), 2) == 2000
+    assert merged.expected_cached("a", "qwen3:8b", loop(1, 5), 3) == 18000
+
+
+@pytest.mark.parametrize(("count", "seconds", "version", "expected"), [
+    (20000, 20.0, "0.33.0", Observed(20000, 0)),  # at the learned rate: a miss
+    (20000, 1.0, "0.33.0", Observed(1000, 19000)),  # 20x faster: 19000 were cached
+    (20000, 1.0, "0.12.6", Observed(1000, 19000)),
+    (1000, 1.0, "0.30.0", Observed(1000, 19000)),  # 0.30.0 counts only what it evaluated
+])
+def test_an_answer_tells_its_cached_tokens_by_version(count: int, seconds: float,
+                                                      version: str, expected: Observed
+                                                      ) -> None:
+    assert read_answer(count, seconds, version, 20000, RATE) == expected
+
+
+def test_only_misses_teach_the_prefill_rate() -> None:
+    learned = NO_RATES.observe("a", "m", Observed(4000, 0), 2.0)
+    learned = learned.observe("a", "m", Observed(100, 3900), 0.05)
+    assert learned.rate("a", "m") == 2000.0
+    assert (learned.hits, learned.calls) == (1, 2)
+    assert learned.rate("b", "m") == 2000.0  # the model's rate on another card
+
+
+def test_a_call_that_would_push_a_live_history_out_of_a_full_copy_is_charged_for_it() -> None:
+    # "a" (one slot) holds conversation 1's 18000 tokens; conversation 2 is new everywhere
+    new = loop(2, 0)
+    _, verdicts = explain(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                          two_cards(caches_after(("a", loop(1, 4)))))
+    terms = {v.provider: v.terms for v in verdicts}
+    assert terms["a"]["cache_eviction"] == pytest.approx(18000 / RATE)
+    assert "cache_eviction" not in terms["b"]
+    placed = place(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                   two_cards(caches_after(("a", loop(1, 4))))).placement
+    assert placed is not None and placed.provider == "b"
