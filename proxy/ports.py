@@ -21,12 +21,17 @@ class BucketSpec:
     name: str
     ttl_s: float  # entries age out this long after their last write (garbage collection); 0 never
     history: int = 1
+    # Whether rewriting an existing key moves `changes`. Waiting calls decide again on every
+    # move; a bucket whose rewrites only refresh (wait entries every few seconds, use counts
+    # every second) would wake every waiter on every refresh: N waiters, N^2 decisions.
+    wake_on_rewrite: bool = True
 
 
 BUCKETS = (
     BucketSpec(PROVIDER_STATE, ttl_s=3600.0),
     BucketSpec(PROVIDER_TICKETS, ttl_s=6 * 3600.0),
-    BucketSpec(MODEL_DEMAND, ttl_s=6 * 3600.0),
+    # A wait or intent coming or going wakes waiters; its refreshes and use counts do not.
+    BucketSpec(MODEL_DEMAND, ttl_s=6 * 3600.0, wake_on_rewrite=False),
     # A binding stays until the binder replaces it: unchanged bindings are never rewritten,
     # so an age limit would drop them; the binder prunes the discussions' keys itself.
     BucketSpec(BINDINGS, ttl_s=0.0),

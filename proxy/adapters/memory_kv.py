@@ -32,6 +32,7 @@ class MemoryStore:
         self._next_expiry = {b.name: math.inf for b in buckets}
         self._revision = 0
         self._versions = {b.name: 0 for b in buckets}
+        self._quiet_rewrites = {b.name for b in buckets if not b.wake_on_rewrite}
         self.changes = ChangeCounter()
 
     async def start(self) -> None:
@@ -69,11 +70,13 @@ class MemoryStore:
     def _write(self, bucket: str, key: str, value: bytes) -> int:
         self._revision += 1
         now = self.clock.monotonic()
+        rewrite = key in self._entries[bucket]
         self._entries[bucket][key] = Entry(key, value, self._revision)
         self._written_at[bucket][key] = now
         self._next_expiry[bucket] = min(self._next_expiry[bucket], now + self._ttl[bucket])
         self._versions[bucket] += 1
-        self.changes.bump()
+        if not (rewrite and bucket in self._quiet_rewrites):
+            self.changes.bump()
         return self._revision
 
     async def put(self, bucket: str, key: str, value: bytes) -> int:

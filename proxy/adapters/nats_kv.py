@@ -272,17 +272,20 @@ class NatsStore:
 
     async def _drain(self, bucket: str, watcher: Any) -> None:
         mirror = self._mirror[bucket]
+        quiet_rewrites = any(s.name == bucket and not s.wake_on_rewrite for s in self.buckets)
         async for entry in watcher:
             if entry is None:  # end of the initial replay
                 self._replayed[bucket].set()
                 self.changes.bump()
                 continue
+            wakes = True
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
                 mirror.pop(entry.key, None)
             else:
+                wakes = not (quiet_rewrites and entry.key in mirror)
                 mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
             self._versions[bucket] += 1
-            if entry.delta == 0:
+            if entry.delta == 0 and wakes:
                 self.changes.bump()
 
     async def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.ports import (
     BUCKETS,
+    MODEL_DEMAND,
     PROVIDER_STATE,
     BucketSpec,
     CasConflict,
@@ -87,6 +89,25 @@ async def test_change_counter_wakes_waiters(store: StateStore) -> None:
     await store.put(PROVIDER_STATE, "wake", b"1")
     assert await asyncio.wait_for(waiter, 3.0)
     assert not await store.changes.wait_past(store.changes.value, 0.05)  # times out
+
+
+async def test_a_refresh_in_a_quiet_bucket_wakes_nobody(store: StateStore) -> None:
+    """A demand entry coming or going wakes waiters; rewriting it (a wait entry's refresh,
+    a use count) does not, so N waiting calls do not make N^2 decisions."""
+    async def wakes(write: Any) -> bool:
+        seen = store.changes.value
+        await write()
+        return await store.changes.wait_past(seen, 0.3)
+
+    assert await wakes(lambda: store.put(MODEL_DEMAND, "wait.m.a.1", b"1"))
+    assert await _until(lambda: "wait.m.a.1" in store.view(MODEL_DEMAND))
+    before = store.version(MODEL_DEMAND)
+    assert not await wakes(lambda: store.put(MODEL_DEMAND, "wait.m.a.1", b"2"))
+    assert await _until(lambda: store.version(MODEL_DEMAND) > before)  # the view still moves
+    assert await wakes(lambda: store.delete(MODEL_DEMAND, "wait.m.a.1"))
+    await store.put(PROVIDER_STATE, "p", b"1")
+    assert await _until(lambda: "p" in store.view(PROVIDER_STATE))
+    assert await wakes(lambda: store.put(PROVIDER_STATE, "p", b"2"))
 
 
 async def test_entries_expire_after_the_bucket_ttl(store: StateStore) -> None:
