@@ -165,8 +165,9 @@ class Bindings:
         return deployed is not None and normalise_model(deployed) == normalise_model(model)
 
     def used(self, phase: str, thread: str | None = None) -> Resolved:
-        """The binding the last placement of this phase and thread ran on (what its log
-        line reports: the binding may have moved on while the call ran)."""
+        """The binding the last resolution for this phase and thread ran on: read at once
+        after `for_call`, it is that call's (the scheduler keeps it with the attempt, as the
+        binding may move while the call waits or runs)."""
         return self._used.get((phase, thread)) or self.resolve(phase, thread)
 
     def tolerance(self, phase: str, thread: str | None = None) -> float:

@@ -211,9 +211,7 @@ class CallAttempts:
                  waited_ms=attempt.waited_ms, prompt_chars=self.call.prompt.chars,
                  estimated_prompt_tokens=attempt.estimated_tokens,
                  reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
-                 error=outcome.error, seconds=seconds,
-                 binding=b.used(self.call.phase, self.call.thread).label()
-                 if (b := self.service.scheduler.bindings) else "env")
+                 error=outcome.error, seconds=seconds, binding=attempt.binding)
         self.service.recent.add_call(attempt.model, attempt.provider, attempt.placement,
                                      attempt.evicted, attempt.waited_ms, seconds, outcome.ok,
                                      outcome.error)

@@ -96,6 +96,7 @@ class Attempt:
     num_ctx: int = 0
     strip_keep_alive: bool = False  # keep_alive 0: the sidecar unloads when it is safe
     estimated_tokens: int = 0
+    binding: str = "env"  # the candidates' source and revision, as resolved for this call
 
 
 RefusalReason = Literal["bad-request", "model-not-found", "prompt-too-large", "client-gone",

@@ -101,6 +101,10 @@ class Scheduler:
             return self.bindings.for_call(phase, model, thread)
         return self.settings.models.for_call(phase, model)
 
+    def binding_label(self, call: CallRequest) -> str:
+        """Where the candidates just resolved for `call` came from (source@revision)."""
+        return self.bindings.used(call.phase, call.thread).label() if self.bindings else "env"
+
     def snapshot(self, now: float, exclude: frozenset[str] = frozenset(),
                  waiter: WaitEntry | None = None) -> Snapshot:
         """The state a decision reads; a waiting call's (`waiter`) without its own wait
@@ -141,6 +145,7 @@ class Scheduler:
         model's older waiting calls first, on any sidecar (core/waitline.py), for at most
         YIELD_S."""
         candidates = self.candidates(call.phase, call.model, call.thread)
+        binding = self.binding_label(call)  # now: the binding may move while the call waits
         if not candidates:
             return Refusal("bad-request", "field 'model': a model is required (none in "
                            "the request and KUBEMOOT_MODEL_MODEL is not set)")
@@ -184,7 +189,7 @@ class Scheduler:
                             if wait is not None:
                                 self.metrics.wait_seconds.observe(waited)
                             return await self.start_claimed(claimed, call, spec,
-                                                            int(waited * 1000))
+                                                            int(waited * 1000), binding=binding)
                         claim_rounds += 1
                         if claim_rounds < MAX_CLAIM_ROUNDS:
                             continue  # the state moved under us: decide again on fresh state
@@ -303,7 +308,8 @@ class Scheduler:
         return Granted(Attempt(STATIC, static, spec.preferred.model, STATIC), None, spec)
 
     async def start_claimed(self, claimed: Claimed, call: CallRequest, spec: CallSpec,
-                            waited_ms: int, held_plan: bool = False) -> Granted:
+                            waited_ms: int, held_plan: bool = False,
+                            binding: str | None = None) -> Granted:
         """The claimed call's attempt, once its victims are gone (a held plan's went when
         the plan was made)."""
         placement = claimed.placement
@@ -320,7 +326,8 @@ class Scheduler:
                           num_ctx=placement.num_ctx if call.pins_context else 0,
                           strip_keep_alive=call.unloads_after,
                           estimated_tokens=spec.prompt_tokens,
-                          context_length=placement.context_length)
+                          context_length=placement.context_length,
+                          binding=self.binding_label(call) if binding is None else binding)
         return Granted(attempt, claimed, spec)
 
     def others_could_take(self, spec: CallSpec, failed: str) -> bool:
