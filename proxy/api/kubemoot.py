@@ -81,16 +81,13 @@ class KubemootApi:
         app.router.add_route("/kubemoot/v1/state", self.state, methods=["GET"])
 
     async def create_plan(self, request: Request) -> Response:
+        body = await _json_body(request, PLAN_REQUEST_BYTES, "plan")
+        if isinstance(body, Response):
+            return body
         try:
-            body = wire.parse_body(await read_capped(request, PLAN_REQUEST_BYTES))
             plan = wire.validate(wire.PlanRequest, body)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc))
-        except RequestTooLarge:
-            return error_response(413, "request-too-large",
-                                  f"a plan request is at most {PLAN_REQUEST_BYTES} bytes")
-        except BodyTooSlow:
-            return error_response(408, "request-timeout", "the plan request's body was slow")
         result = await self.plans.create(plan.thread, plan.phase or "mulling", plan.model,
                                          plan.promptChars)
         if result.get("refusal"):  # over this agent's plans, or the fleet's share for them
@@ -137,15 +134,9 @@ class KubemootApi:
         """Explain for a call's own body (a chat or generate request, as the agent would send
         it): its conversation's prefill on each copy, and the tokens each copy is expected
         to hold of it (`expectedCachedTokens`)."""
-        try:
-            body = wire.parse_body(await read_capped(request, EXPLAIN_REQUEST_BYTES))
-        except wire.BadRequest as exc:
-            return error_response(400, "bad-request", str(exc))
-        except RequestTooLarge:
-            return error_response(413, "request-too-large",
-                                  f"an explain request is at most {EXPLAIN_REQUEST_BYTES} bytes")
-        except BodyTooSlow:
-            return error_response(408, "request-timeout", "the explain request's body was slow")
+        body = await _json_body(request, EXPLAIN_REQUEST_BYTES, "explain")
+        if isinstance(body, Response):
+            return body
         model = body.get("model")
         if not isinstance(model, str) or not model or len(model) > wire.MAX_ID_LENGTH:
             return error_response(400, "bad-request", "field 'model': a model is required")
@@ -203,3 +194,17 @@ class KubemootApi:
             "plans": sorted(self.plans.plans),
             "sharedStateConnected": self.view.store.connected,
         })
+
+
+async def _json_body(request: Request, limit: int, what: str) -> dict[str, Any] | Response:
+    """The request's JSON object, or the error to answer: malformed, over `limit` bytes, or
+    too slow to arrive."""
+    try:
+        return wire.parse_body(await read_capped(request, limit))
+    except wire.BadRequest as exc:
+        return error_response(400, "bad-request", str(exc))
+    except RequestTooLarge:
+        return error_response(413, "request-too-large",
+                              f"the {what} request is over its {limit} bytes")
+    except BodyTooSlow:
+        return error_response(408, "request-timeout", f"the {what} request's body was slow")

@@ -91,15 +91,6 @@ def _candidates(binding: s.PhaseBinding) -> list[dict[str, Any]]:
     return out
 
 
-def _chosen(binding: s.PhaseBinding) -> dict[str, Any] | None:
-    chosen = binding.chosen
-    if chosen is None:
-        return None
-    return {"model": chosen.model.identifier, "modelRef": chosen.model.name,
-            "provider": chosen.provider.name, "endpoint": chosen.provider.endpoint,
-            "score": s.number(round(chosen.total, 3)), "reasons": list(chosen.reasons)}
-
-
 def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.Options
                   ) -> dict[str, Any]:
     """One agent's binding over `docs` (their providers already live): the preferred model,
@@ -116,7 +107,7 @@ def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.
     return {**binding, "crewSchedulingPolicy": policy.name,
             "preferred": mulling.chosen.model.identifier if mulling and mulling.chosen
             else None,
-            "phases": {p: _chosen(b) for p, b in phases.items()},
+            "phases": {p: s.chosen_json(b, digits=3) for p, b in phases.items()},
             "candidates": {p: _candidates(b) for p, b in phases.items()},
             "tolerance": policy.candidate_tolerance,
             "unschedulable": [{"phase": p, "reason": b.unschedulable,

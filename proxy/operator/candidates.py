@@ -209,15 +209,6 @@ def policy_for(agent: s.Agent, crew: str | None, policies: list[s.CrewScheduling
     return policies[0] if len(policies) == 1 else None
 
 
-def _phase_json(binding: s.PhaseBinding) -> dict[str, Any] | None:
-    chosen = binding.chosen
-    if chosen is None:
-        return None
-    return {"model": chosen.model.identifier, "modelRef": chosen.model.name,
-            "provider": chosen.provider.name, "endpoint": chosen.provider.endpoint,
-            "score": chosen.total, "reasons": list(chosen.reasons)}
-
-
 def schedule(docs: Documents, options: s.Options, now: datetime | None = None
              ) -> dict[str, Any]:
     observed_at = (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
@@ -233,7 +224,7 @@ def schedule(docs: Documents, options: s.Options, now: datetime | None = None
             continue
         bindings = s.schedule_agent(agent, policy, docs.models, docs.providers, options)
         entry["crewSchedulingPolicy"] = policy.name
-        entry["phases"] = {p: _phase_json(b) for p, b in bindings.items()}
+        entry["phases"] = {p: s.chosen_json(b) for p, b in bindings.items()}
         entry["candidates"] = {p: [{"model": m, "score": s.number(q)}
                                    for m, q, _ in b.candidates]
                                for p, b in bindings.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.core.models import normalise_model
 from proxy.core.policy import DEFAULT_POLICY
@@ -362,6 +363,18 @@ def candidates_json(binding: PhaseBinding | None) -> str:
 
 def number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
+
+
+def chosen_json(binding: PhaseBinding, digits: int | None = None) -> dict[str, Any] | None:
+    """The model and provider a phase is bound to; `digits` rounds the score (a binding
+    compared for changes must not move with float noise)."""
+    chosen = binding.chosen
+    if chosen is None:
+        return None
+    score = chosen.total if digits is None else number(round(chosen.total, digits))
+    return {"model": chosen.model.identifier, "modelRef": chosen.model.name,
+            "provider": chosen.provider.name, "endpoint": chosen.provider.endpoint,
+            "score": score, "reasons": list(chosen.reasons)}
 
 
 def agent_env(bindings: Mapping[str, PhaseBinding]) -> dict[str, str]:
