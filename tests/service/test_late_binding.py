@@ -153,3 +153,24 @@ async def test_a_dead_sidecars_wait_entries_leave_the_board_while_a_live_ones_st
     await asyncio.sleep(WAIT_TTL_S + 1)  # the live sidecar rewrote its entry meanwhile
     assert reader.view()["qwen3:8b"].waiters == 1
     await live.close()
+
+
+async def test_waiting_calls_do_not_wake_each_other_with_their_refreshes(fleet: Fleet) -> None:
+    """Twenty calls wait a minute for one busy slot. Each rewrites its wait entry every
+    WAIT_REFRESH_S; were a refresh a change, every one would wake all twenty (300 decisions
+    in the minute, measured). Arrivals and departures wake them, and the busy call's ticket
+    renewals (three a minute: 60), and probes, which this test keeps out of the minute."""
+    gpu = fleet.gpu("a", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120,
+                                  probe_interval_seconds=600)
+    gpu.script(Answer(seconds=70), *[Answer(seconds=0.1)] * 20)
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    waiting = [sidecar.start_chat("qwen3:8b") for _ in range(20)]
+    await asyncio.sleep(5)
+    before = sidecar.decisions()
+    await asyncio.sleep(60)
+    assert waiters(sidecar, "qwen3:8b") == 20
+    assert sidecar.decisions() - before < 100
+    assert all(r.status == 200 for r in await asyncio.gather(working, *waiting))
