@@ -268,7 +268,7 @@ class _Planner:
             hit = self.copy_with_room(candidate.model, 3, loading_only=True)
         if hit is not None and self.call.conversation is not None:
             holder = self.cache_holder_instead(hit)
-            if holder is not None and holder.kind == "queued":  # late binding: wait here
+            if holder is not None and holder.kind == "queued" and self.call.can_wait:
                 return Decision("wait", None, f"wait for a slot of {holder.model} on "
                                 f"{holder.provider}, which holds the conversation "
                                 f"({holder.cost_s:.1f} s), cheaper than reading it again on "
@@ -279,7 +279,9 @@ class _Planner:
         verdicts = [self.verdict(i, preferred) for i in self.indexes.values()]
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
-        if hit is not None and hit.kind == "queued":
+        # Late binding: a full copy worth waiting for is waited for in the sidecar; a call
+        # that cannot wait there queues at that copy inside its engine instead
+        if hit is not None and hit.kind == "queued" and self.call.can_wait:
             return Decision("wait", None, f"step 4: wait for a slot of {hit.model} on "
                             f"{hit.provider} ({hit.cost_s:.1f} s), cheaper than a load",
                             tuple(verdicts), hit.cost_s)

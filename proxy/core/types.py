@@ -145,6 +145,9 @@ class CallSpec:
     phase: Literal["mulling", "triage"] = "mulling"
     # The conversation its prompt continues, for the prompt cache (core/conversations.py)
     conversation: Conversation | None = None
+    # False: the call cannot wait in the sidecar (X-Kubemoot-Wait: false); where a slot is
+    # worth waiting for it queues inside that engine instead of going to a static endpoint
+    can_wait: bool = True
 
     @property
     def preferred(self) -> Candidate:

@@ -46,7 +46,7 @@ def free_slots(snapshot: Snapshot, policy: Policy, model: str) -> int:
 def yields_to_older(placement: Placement, snapshot: Snapshot, policy: Policy, since: float
                     ) -> int:
     """How many older waiting calls the placement's slot is due to first; 0: take it."""
-    if placement.loads:
+    if placement.loads or placement.kind == "queued":  # no free slot taken
         return 0
     ahead = waiters_ahead(snapshot, placement.model, since)
     if ahead == 0 or ahead < free_slots(snapshot, policy, placement.model):

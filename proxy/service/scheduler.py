@@ -130,6 +130,7 @@ class Scheduler:
                         tolerance=self.bindings.tolerance(call.phase, call.thread)
                         if self.bindings else self.settings.tolerance,
                         phase="triage" if call.phase == "triage" else "mulling",
+                        can_wait=call.can_wait,
                         conversation=self.learning.conversation(call, tokens))
 
     # -- the call path ---------------------------------------------------------------------

@@ -90,6 +90,30 @@ async def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(fleet: Fleet)
     await working
 
 
+async def test_a_call_that_cannot_wait_queues_at_a_busy_copy_worth_waiting_for(
+        fleet: Fleet) -> None:
+    """The 8b's calls on "gpu" are learned to take 1 s and its one slot is busy: waiting
+    costs less than loading another copy on "idle". A call that may wait waits in the
+    sidecar; one that cannot (X-Kubemoot-Wait: false) queues at that copy inside its engine,
+    as Ollama would, rather than go to the static endpoint."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    idle = fleet.gpu("idle", total_vram_mib=16376)
+    static = fleet.static_endpoint("static", total_vram_mib=49152)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(model_endpoint=static.endpoint)
+    gpu.script(*[Answer(seconds=1)] * 6)
+    for _ in range(3):
+        assert (await sidecar.chat("qwen3:8b")).provider == "gpu"
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(0.5)
+    waits = sidecar.start_chat("qwen3:8b")
+    r = await sidecar.chat("qwen3:8b", can_wait=False)
+    assert (r.status, r.provider, r.placement) == (200, "gpu", "queued")
+    assert (await waits).placement == "warm"  # it waited for the slot here
+    assert static.stats.calls == [] and idle.stats.loads == 0
+    await working
+
+
 async def test_a_client_that_leaves_while_waiting_is_never_placed(fleet: Fleet) -> None:
     gpu = fleet.gpu("gpu", total_vram_mib=16376)
     sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=300)

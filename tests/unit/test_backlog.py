@@ -4,6 +4,8 @@ call of a model nobody else waits for still queues."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from proxy.core.cost import Backlog, backlog
@@ -45,6 +47,13 @@ def test_a_model_nobody_else_waits_for_queues_behind_one_call() -> None:
     # Late binding: it waits in the sidecar for a's slot rather than queueing inside a
     assert (decision.outcome, decision.placement) == ("wait", None)
     assert "slot of qwen3:8b on a" in decision.reason
+
+
+def test_a_call_that_cannot_wait_queues_inside_the_engine_instead() -> None:
+    decision = place(replace(call("qwen3:8b"), can_wait=False), busy_copy(waiters=0))
+    assert decision.outcome == "placed" and decision.placement is not None
+    assert (decision.placement.provider, decision.placement.kind) == ("a", "queued")
+    assert not decision.placement.needs_free_slot  # its claim does not ask for a free slot
 
 
 def test_a_hot_model_with_waiters_gets_a_second_copy() -> None:
