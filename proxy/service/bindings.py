@@ -139,12 +139,12 @@ class Bindings:
                         int(generation) if isinstance(generation, int) else None,
                         mine.get("unschedulable"))
 
-    def for_call(self, phase: str, model: str | None, thread: str | None = None
-                 ) -> tuple[Candidate, ...] | None:
+    def for_call(self, phase: str, model: str | None, thread: str | None = None,
+                 ask: bool = True) -> tuple[Candidate, ...] | None:
         """The call's candidates: the model it names first, unless that is the model the
         agent was deployed with, which follows the binding. Asks for a discussion binding
-        when the call carries a thread."""
-        if thread:
+        when the call carries a thread (`ask` False: only looking, as explain does)."""
+        if thread and ask:
             self.ask(thread, phase)
         resolved = self.resolve(phase, thread)
         self._used[(phase, thread)] = resolved

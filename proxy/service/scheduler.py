@@ -95,10 +95,10 @@ class Scheduler:
         self._placing = asyncio.Lock()  # see decide_and_reserve
 
     # -- inputs ----------------------------------------------------------------------------
-    def candidates(self, phase: str, model: str | None, thread: str | None = None
-                   ) -> tuple[Candidate, ...] | None:
+    def candidates(self, phase: str, model: str | None, thread: str | None = None,
+                   ask: bool = True) -> tuple[Candidate, ...] | None:
         if self.bindings is not None:
-            return self.bindings.for_call(phase, model, thread)
+            return self.bindings.for_call(phase, model, thread, ask)
         return self.settings.models.for_call(phase, model)
 
     def binding_label(self, call: CallRequest) -> str:
@@ -376,7 +376,7 @@ class Scheduler:
     def explain(self, phase: str, model: str | None, prompt_chars: int, num_ctx: int | None,
                 thread: str | None = None
                 ) -> tuple[Decision, tuple[Verdict, ...], CallSpec] | None:
-        candidates = self.candidates(phase, model, thread)
+        candidates = self.candidates(phase, model, thread, ask=False)  # looking only
         if not candidates:
             return None
         call = CallRequest("/api/chat", model, phase, thread, prompt=PromptSize(prompt_chars),

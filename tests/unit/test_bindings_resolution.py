@@ -90,6 +90,9 @@ async def test_a_thread_asks_once_and_only_with_shared_state() -> None:
     await asyncio.sleep(0)
     assert not store.view(BINDINGS)  # embedded: no binder to ask
     shared = bindings(store, shared=True)
+    shared.for_call("mulling", None, "t.1", ask=False)  # explain only looks
+    await asyncio.sleep(0.01)
+    assert not store.view(BINDINGS)
     for _ in range(3):
         shared.for_call("mulling", None, "t.1")
     await asyncio.sleep(0.01)
