@@ -1,7 +1,8 @@
 """Conversation cache affinity as a cost in seconds (docs/affinity.md).
 
-A call's prefill on a copy: the tokens it will evaluate there (its prompt, less the prefix the
-copy is expected to hold) at the copy's learned prompt rate. It adds to the queue and load
+A call's prefill on a copy: the time to evaluate its prompt there from the end of the prefix
+the copy is expected to hold to its end, at the copy's learned rate (deeper tokens slower:
+core/prefill.py). It adds to the queue and load
 terms, so a tool loop's next call goes back to the copy holding its history when that saves
 more than it waits, and elsewhere when that copy's queue costs more than reading it again.
 """
@@ -43,14 +44,14 @@ def prefill_terms(index: ProviderIndex, model: str, call: CallSpec, snapshot: Sn
     conversation = call.conversation
     if conversation is None or not conversation.digests:
         return {}
-    rate = snapshot.prefill.rate(index.name, model)
-    evaluated = conversation.tokens - expected_cached(index, model, call, snapshot)
-    terms = {"prefill": max(evaluated, 0) / rate}
+    speed = snapshot.prefill.speed(index.name, model)
+    cached = expected_cached(index, model, call, snapshot)
+    terms = {"prefill": speed.seconds(cached, conversation.tokens)}
     if index.is_warm(model):
         slots = cache_slots(index.slots(model), index.view.version)
         displaced = snapshot.caches.displaced(index.name, model, conversation, slots)
         if displaced:  # its conversation will read it again, here or elsewhere
-            terms["cache_eviction"] = DISPLACED_WEIGHT * displaced / rate
+            terms["cache_eviction"] = DISPLACED_WEIGHT * speed.seconds(0, displaced)
     return terms
 
 
