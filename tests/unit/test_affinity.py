@@ -3,6 +3,8 @@ how answers tell a hit (docs/affinity.md)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from proxy.core import affinity
@@ -177,3 +179,59 @@ def test_a_call_that_would_push_a_live_history_out_of_a_full_copy_is_charged_for
     placed = place(call("qwen3:8b", tokens=new.tokens, conversation=new),
                    two_cards(caches_after(("a", loop(1, 4))))).placement
     assert placed is not None and placed.provider == "b"
+
+
+def held_on(caches: PromptCaches, snap: Snapshot, provider: str = "a") -> int:
+    """What copy `provider` is expected to hold of conversation 1's next call, with four
+    slots, after the loads `snap` shows."""
+    return affinity.seen_loads(caches, snap).expected_cached(provider, "qwen3:8b", loop(1, 5),
+                                                             4)
+
+
+def test_another_sidecars_load_of_a_copy_wipes_what_was_sent_there_before() -> None:
+    caches = caches_after(("a", loop(1, 4)))  # sent at NOW - 100
+    warm = gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384)
+    assert held_on(caches, snapshot(warm)) == 18000
+    # a claim that loads the copy (another sidecar's cold call) started after it: wiped
+    reload = ticket("a", "qwen3:8b", cold=True, evicts={"qwen3:8b": 5000}, elapsed=10)
+    assert held_on(caches, snapshot(warm, tickets=(reload,))) == 0
+    # one that started before it: what was sent after the load stays
+    early = ticket("a", "qwen3:8b", cold=True, elapsed=200)
+    assert held_on(caches, snapshot(warm, tickets=(early,))) == 18000
+    # a claim that evicts the copy to load another model
+    evicts = ticket("a", "qwen3:14b", cold=True, evicts={"qwen3:8b": 5000}, elapsed=10)
+    assert held_on(caches, snapshot(warm, tickets=(evicts,))) == 0
+    # a plan loads nothing yet
+    plan = replace(reload, plan=True)
+    assert held_on(caches, snapshot(warm, tickets=(plan,))) == 18000
+
+
+def test_a_copy_seen_gone_or_with_another_context_was_reloaded() -> None:
+    caches = affinity.seen_loads(caches_after(("a", loop(1, 4))),
+                                 snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384)))
+    # the copy's context changed since it was seen: reloaded since
+    other_ctx = gpu("a", GIB24, ("qwen3:8b",), resident_ctx=8192)
+    assert held_on(caches, snapshot(other_ctx)) == 0
+    # gone from a reachable provider: nothing is held, even once it is back
+    gone = affinity.seen_loads(caches, snapshot(gpu("a", GIB24, ())))
+    assert held_on(gone, snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384))) == 0
+    # an unreachable provider says nothing of its copies
+    unknown = affinity.seen_loads(caches, snapshot(gpu("a", GIB24, (), ready=False)))
+    assert held_on(unknown, snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384))) \
+        == 18000
+    # nor does a copy gone while a load of it is under way (its claim marks the wipe)
+    loading = ticket("a", "qwen3:8b", cold=True, elapsed=200)
+    assert held_on(affinity.seen_loads(caches, snapshot(gpu("a", GIB24, ()),
+                                                        tickets=(loading,))),
+                   snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384))) == 18000
+
+
+def test_another_sidecars_prompts_are_wiped_by_a_load_after_them() -> None:
+    theirs = caches_after(("a", loop(1, 4)))
+    mine = affinity.seen_loads(NO_CACHES, snapshot(
+        gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384),
+        tickets=(ticket("a", "qwen3:8b", cold=True, elapsed=10),)))
+    assert mine.merged(theirs.held).expected_cached("a", "qwen3:8b", loop(1, 5), 4) == 0
+    absent = affinity.seen_loads(NO_CACHES, snapshot(gpu("a", GIB24, ())),
+                                 shared=theirs.held)
+    assert absent.merged(theirs.held).expected_cached("a", "qwen3:8b", loop(1, 5), 4) == 0
