@@ -13,10 +13,20 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from loadtest.sim_cache import Block, CacheSlot, PromptCache
+from loadtest.sim_cache import (
+    DEFAULT_DEPTH_SCALE,
+    Block,
+    CacheSlot,
+    PromptCache,
+    depth_scale,
+    prefill_seconds,
+)
+from loadtest.sim_model import CATALOG
 from proxy.core.conversations import Conversation
 
 CACHE_VERSION = "0.33.0"  # the slot choice of Ollama's current llama-server runner
+# Prefill slows with depth (sim_cache.py): each model's depth scale from its architecture
+DEPTH_SCALES = {m.name: depth_scale(m) for m in CATALOG}
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,7 @@ class GpuSpec:
     load_mib_per_s: float = 1024.0
     unload_s: float = 1.0
     keep_alive_s: float = 300.0
-    prompt_tokens_per_s: float = 2000.0
+    prompt_tokens_per_s: float = 2000.0  # at depth 0: deeper tokens are slower (sim_cache)
 
 
 @dataclass
@@ -195,7 +205,9 @@ class Gpu:
             if resident.cache is not None and call.blocks and not call.truncated:
                 slot, call.cached_tokens = resident.cache.take(call.blocks, prompt)
                 resident.slots_held[call.ident] = slot
-            call.prefill_s = (prompt - call.cached_tokens) / self.spec.prompt_tokens_per_s
+            call.prefill_s = prefill_seconds(
+                call.cached_tokens, prompt, self.spec.prompt_tokens_per_s,
+                DEPTH_SCALES.get(resident.model.name, DEFAULT_DEPTH_SCALE))
             duration = call.prefill_s + call.output_tokens / resident.model.tokens_per_s
             self.schedule(self.now() + duration, lambda c=call, r=resident: self._done(c, r))
 

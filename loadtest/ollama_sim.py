@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from . import sim_dialects, sim_output
 from .serving import ThreadedServer
-from .sim_cache import Block, CacheSlot, PromptCache
+from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import INPUT_TOO_LONG, reported_prompt_eval_count
 from .sim_model import (
     CATALOG,
@@ -377,9 +377,10 @@ class SimApp:
             sim.stats.evaluated_tokens += prompt_tokens - cached
             sim.stats.cache_hits += cached > 0
             t0 = time.perf_counter()
-            # Prefill time follows the tokens evaluated: the cached prefix costs nothing.
-            await sim._sleep((prompt_tokens - cached)
-                             / (sim.config.prompt_tokens_per_s * runner.speed))
+            # Prefill time follows the tokens evaluated and their depth (sim_cache.py): the
+            # cached prefix costs nothing.
+            await sim._sleep(prefill_seconds(cached, prompt_tokens, sim.config.prompt_tokens_per_s
+                                             * runner.speed, depth_scale(runner.model)))
             prompt_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             per_token = sim.config.time_scale / (sim.config.tokens_per_s * runner.speed)

@@ -16,6 +16,15 @@ content is the same, so the common prefix is counted in whole blocks.
   (cache.go:121-124 at v0.12.6: "Leave one input to sample"); the slot then holds this
   prompt (cache.go:145).
 - A reload is a new runner: every slot starts empty.
+
+Prefill time (`prefill_seconds`) is llama.cpp's compute, not an Ollama rule: each token
+evaluated attends to every token before it, so a token at depth d costs the weights' work
+(2 FLOPs per parameter) plus the attention's (4 x layers x query width x d FLOPs: Q.K and
+the weighted sum of V). The time to evaluate from depth d0 to d1 is then
+(d1 - d0) / r0 x (1 + (d0 + d1) / 2 / D), with r0 the rate at depth 0 and
+D = parameters / (2 x layers x query width) the depth at which a token costs twice as much
+(`depth_scale`; from each model's architecture: about 28k tokens for qwen3:8b, 36k for
+qwen3:14b, 31k for qwen3:32b, 19k for llama3.2:3b).
 """
 
 from __future__ import annotations
@@ -23,8 +32,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .sim_engine import version_tuple
+from .sim_model import SimModel
 
 SLOT_PROMPT_SIMILARITY = 0.1  # llama.cpp server's default (--slot-prompt-similarity)
+DEFAULT_DEPTH_SCALE = 32768.0  # a model whose architecture the simulator does not know
+
+
+def depth_scale(model: SimModel) -> float:
+    """The depth (tokens) at which evaluating one more token costs twice as much as at
+    depth 0: the weights' FLOPs over the attention's per token of depth (module docstring)."""
+    size = model.parameter_size
+    parameters = float(size.rstrip("BM")) * (1e6 if size.endswith("M") else 1e9)
+    width = model.head_count * model.key_length if model.key_length else model.embedding_length
+    return parameters / (2 * model.block_count * width)
+
+
+def prefill_seconds(start: int, end: int, tokens_per_s: float, scale: float) -> float:
+    """The time to evaluate a prompt's tokens from depth `start` to depth `end`."""
+    evaluated = max(end - start, 0)
+    return evaluated / tokens_per_s * (1 + (start + end) / 2 / scale)
 
 Block = tuple[int, int]  # (digest of the content, tokens)
 

@@ -1,7 +1,8 @@
 """Conversation cache affinity as a cost in seconds (docs/affinity.md).
 
-A call's prefill on a copy: the tokens it will evaluate there (its prompt, less the prefix the
-copy is expected to hold) at the copy's learned prompt rate. It adds to the queue and load
+A call's prefill on a copy: the time to evaluate its prompt there from the end of the prefix
+the copy is expected to hold to its end, at the copy's learned rate (deeper tokens slower:
+core/prefill.py). It adds to the queue and load
 terms, so a tool loop's next call goes back to the copy holding its history when that saves
 more than it waits, and elsewhere when that copy's queue costs more than reading it again.
 """
@@ -9,9 +10,10 @@ more than it waits, and elsewhere when that copy's queue costs more than reading
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from proxy.core.conversations import cache_slots
+from proxy.core.conversations import PromptCaches, cache_slots
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.tokens import CONVERSATION_KEYS, SHARED_KEYS, PromptSize, prompt_size
 from proxy.core.types import CallSpec, Snapshot
@@ -43,15 +45,50 @@ def prefill_terms(index: ProviderIndex, model: str, call: CallSpec, snapshot: Sn
     conversation = call.conversation
     if conversation is None or not conversation.digests:
         return {}
-    rate = snapshot.prefill.rate(index.name, model)
-    evaluated = conversation.tokens - expected_cached(index, model, call, snapshot)
-    terms = {"prefill": max(evaluated, 0) / rate}
+    speed = snapshot.prefill.speed(index.name, model)
+    cached = expected_cached(index, model, call, snapshot)
+    terms = {"prefill": speed.seconds(cached, conversation.tokens)}
     if index.is_warm(model):
         slots = cache_slots(index.slots(model), index.view.version)
         displaced = snapshot.caches.displaced(index.name, model, conversation, slots)
         if displaced:  # its conversation will read it again, here or elsewhere
-            terms["cache_eviction"] = DISPLACED_WEIGHT * displaced / rate
+            terms["cache_eviction"] = DISPLACED_WEIGHT * speed.seconds(0, displaced)
     return terms
+
+
+def seen_loads(caches: PromptCaches, snapshot: Snapshot,
+               shared: Iterable[tuple[str, str]] = ()) -> PromptCaches:
+    """The caches less what any sidecar's loads wiped: a live claim that loads a copy (cold,
+    a reload) or evicts it, from its start; a copy absent from a reachable provider with no
+    load under way, from now; a copy whose context changed, from when the old one was last
+    seen. `shared`: the copies other sidecars hold prompts on (their loaded_at filters them)."""
+    loading: set[tuple[str, str]] = set()
+    for ticket in snapshot.tickets:
+        if ticket.plan:
+            continue  # a plan loads nothing until a call takes it
+        if ticket.cold:
+            loading.add((ticket.provider, ticket.model))
+            caches = caches.wiped(ticket.provider, ticket.model, ticket.started_at)
+        for victim in ticket.evicts:
+            caches = caches.wiped(ticket.provider, victim, ticket.started_at)
+    contexts = dict(caches.contexts)
+    known = {*caches.held, *contexts, *shared}
+    for view in snapshot.providers:
+        if not view.ready:
+            continue  # unreachable: its state is unknown, not empty
+        present = {r.model: r for r in view.residents if not r.loading and not r.leaving}
+        for provider, model in known:
+            if provider == view.name and model not in present and \
+                    (provider, model) not in loading:
+                caches = caches.wiped(provider, model, snapshot.now)
+                contexts.pop((provider, model), None)
+        for model, resident in present.items():
+            key = (view.name, model)
+            before = contexts.get(key)
+            if before is not None and 0 < before[0] != resident.context_length > 0:
+                caches = caches.wiped(view.name, model, before[1])
+            contexts[key] = (resident.context_length, snapshot.now)
+    return replace(caches, contexts=contexts)
 
 
 def holder(indexes: Iterable[ProviderIndex], models: Sequence[str], call: CallSpec,

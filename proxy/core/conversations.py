@@ -84,6 +84,8 @@ class PromptCaches:
 
     held: Mapping[Copy, tuple[Held, ...]] = field(default_factory=dict)
     loaded_at: Mapping[Copy, float] = field(default_factory=dict)
+    # each loaded copy's context as last seen, and when: another context means a reload
+    contexts: Mapping[Copy, tuple[int, float]] = field(default_factory=dict)
 
     def expected_cached(self, provider: str, model: str, conversation: Conversation | None,
                         slots: int) -> int:
@@ -137,7 +139,16 @@ class PromptCaches:
         """The copy was (re)loaded: every slot starts empty."""
         key = (provider, model)
         held = {k: v for k, v in self.held.items() if k != key}
-        return PromptCaches(held, {**self.loaded_at, key: now})
+        return PromptCaches(held, {**self.loaded_at, key: now}, self.contexts)
+
+    def wiped(self, provider: str, model: str, at: float) -> PromptCaches:
+        """The copy was (re)loaded at `at`, by anyone: whatever was sent there before, by
+        this sidecar or another, is gone."""
+        key = (provider, model)
+        if self.loaded_at.get(key, float("-inf")) >= at:
+            return self
+        held = {**self.held, key: tuple(h for h in self.held.get(key, ()) if h.at >= at)}
+        return replace(self, held=held, loaded_at={**self.loaded_at, key: at})
 
     def lost(self, provider: str, model: str, conversation: Conversation) -> PromptCaches:
         """An answer showed the copy held less than expected: it holds this call's prompt

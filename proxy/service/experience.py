@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from proxy.core.affinity import seen_loads
 from proxy.core.conversations import (
     NO_CACHES,
     Conversation,
@@ -53,9 +54,11 @@ class Learning:
     def with_caches(self, snapshot: Snapshot,
                     shared: Mapping[Copy, tuple[Held, ...]] | None = None) -> Snapshot:
         """The snapshot with the copies' expected prompt caches (this sidecar's, and
-        `shared`: the other sidecars') and the learned prefill rates."""
+        `shared`: the other sidecars', less what any sidecar's loads wiped) and the learned
+        prefill rates."""
         if shared is not None:
             self.shared_caches = shared
+        self.caches = seen_loads(self.caches, snapshot, self.shared_caches)
         caches = self.caches.merged(self.shared_caches) if self.shared_caches else self.caches
         return replace(snapshot, caches=caches, prefill=self.prefill)
 

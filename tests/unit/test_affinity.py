@@ -3,6 +3,8 @@ how answers tell a hit (docs/affinity.md)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from proxy.core import affinity
@@ -11,7 +13,14 @@ from proxy.core.lengths import NO_LENGTHS, CallSample
 from proxy.core.occupancy import index_providers
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.prefill import NO_RATES, Observed, PrefillRates, read_answer
+from proxy.core.prefill import (
+    DEFAULT_DEPTH_SCALE,
+    NO_RATES,
+    Observed,
+    PrefillRates,
+    PrefillSpeed,
+    read_answer,
+)
 from proxy.core.types import Snapshot
 from tests.unit.builders import GIB24, NOW, call, gpu, snapshot, ticket
 
@@ -35,7 +44,7 @@ def caches_after(*sent: tuple[str, Conversation], start: float = NOW - 100) -> P
 def rates() -> PrefillRates:
     out = NO_RATES
     for provider in ("a", "b"):
-        out = out.observe(provider, "qwen3:8b", Observed(10_000, 0), 10_000 / RATE)
+        out = out.observe(provider, "qwen3:8b", Observed(10_000, 0, 0), 10_000 / RATE)
     return out
 
 
@@ -57,7 +66,9 @@ def test_the_next_call_goes_back_to_the_copy_holding_its_history() -> None:
     assert decision.placement is not None and decision.placement.provider == "a"
     prefill = {v.provider: v.terms["prefill"] for v in verdicts}
     # a holds 2000 + 4 x 4000 of the 22000 tokens: it reads the last turn; b reads them all
-    assert prefill == pytest.approx({"a": 4000 / RATE, "b": 22000 / RATE})
+    speed = rates().speed("a", "qwen3:8b")
+    assert prefill == pytest.approx({"a": speed.seconds(18000, 22000),
+                                     "b": speed.seconds(0, 22000)})
 
 
 def test_a_busy_holder_is_waited_for_when_that_is_cheaper() -> None:
@@ -135,7 +146,7 @@ def test_other_sidecars_prompts_interleave_by_time() -> None:
 
 
 @pytest.mark.parametrize(("count", "seconds", "version", "expected"), [
-    (20000, 20.0, "0.33.0", Observed(20000, 0)),  # at the learned rate: a miss
+    (20000, 20.0, "0.33.0", Observed(20000, 0, 0)),  # at the learned rate: a miss
     (20000, 1.0, "0.33.0", Observed(1000, 19000)),  # 20x faster: 19000 were cached
     (20000, 1.0, "0.12.6", Observed(1000, 19000)),
     (1000, 1.0, "0.30.0", Observed(1000, 19000)),  # 0.30.0 counts only what it evaluated
@@ -143,15 +154,17 @@ def test_other_sidecars_prompts_interleave_by_time() -> None:
 def test_an_answer_tells_its_cached_tokens_by_version(count: int, seconds: float,
                                                       version: str, expected: Observed
                                                       ) -> None:
-    assert read_answer(count, seconds, version, 20000, RATE) == expected
+    flat = PrefillSpeed(1 / RATE, 0.0)  # no slowing with depth: the counts are exact
+    assert read_answer(count, seconds, version, 20000, flat) == expected
 
 
 def test_only_misses_teach_the_prefill_rate() -> None:
-    learned = NO_RATES.observe("a", "m", Observed(4000, 0), 2.0)
+    learned = NO_RATES.observe("a", "m", Observed(4000, 0, 0), 2.0)
     learned = learned.observe("a", "m", Observed(100, 3900), 0.05)
-    assert learned.rate("a", "m") == 2000.0
+    # one sample at a mean depth of 2000: the default slope through it
+    assert learned.rate("a", "m") == pytest.approx(2000.0 * (1 + 2000 / DEFAULT_DEPTH_SCALE))
     assert (learned.hits, learned.calls) == (1, 2)
-    assert learned.rate("b", "m") == 2000.0  # the model's rate on another card
+    assert learned.rate("b", "m") == learned.rate("a", "m")  # the model's on another card
 
 
 def test_a_call_that_would_push_a_live_history_out_of_a_full_copy_is_charged_for_it() -> None:
@@ -160,8 +173,65 @@ def test_a_call_that_would_push_a_live_history_out_of_a_full_copy_is_charged_for
     _, verdicts = explain(call("qwen3:8b", tokens=new.tokens, conversation=new),
                           two_cards(caches_after(("a", loop(1, 4)))))
     terms = {v.provider: v.terms for v in verdicts}
-    assert terms["a"]["cache_eviction"] == pytest.approx(18000 / RATE)
+    assert terms["a"]["cache_eviction"] == pytest.approx(
+        rates().speed("a", "qwen3:8b").seconds(0, 18000))
     assert "cache_eviction" not in terms["b"]
     placed = place(call("qwen3:8b", tokens=new.tokens, conversation=new),
                    two_cards(caches_after(("a", loop(1, 4))))).placement
     assert placed is not None and placed.provider == "b"
+
+
+def held_on(caches: PromptCaches, snap: Snapshot, provider: str = "a") -> int:
+    """What copy `provider` is expected to hold of conversation 1's next call, with four
+    slots, after the loads `snap` shows."""
+    return affinity.seen_loads(caches, snap).expected_cached(provider, "qwen3:8b", loop(1, 5),
+                                                             4)
+
+
+def test_another_sidecars_load_of_a_copy_wipes_what_was_sent_there_before() -> None:
+    caches = caches_after(("a", loop(1, 4)))  # sent at NOW - 100
+    warm = gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384)
+    assert held_on(caches, snapshot(warm)) == 18000
+    # a claim that loads the copy (another sidecar's cold call) started after it: wiped
+    reload = ticket("a", "qwen3:8b", cold=True, evicts={"qwen3:8b": 5000}, elapsed=10)
+    assert held_on(caches, snapshot(warm, tickets=(reload,))) == 0
+    # one that started before it: what was sent after the load stays
+    early = ticket("a", "qwen3:8b", cold=True, elapsed=200)
+    assert held_on(caches, snapshot(warm, tickets=(early,))) == 18000
+    # a claim that evicts the copy to load another model
+    evicts = ticket("a", "qwen3:14b", cold=True, evicts={"qwen3:8b": 5000}, elapsed=10)
+    assert held_on(caches, snapshot(warm, tickets=(evicts,))) == 0
+    # a plan loads nothing yet
+    plan = replace(reload, plan=True)
+    assert held_on(caches, snapshot(warm, tickets=(plan,))) == 18000
+
+
+def test_a_copy_seen_gone_or_with_another_context_was_reloaded() -> None:
+    caches = affinity.seen_loads(caches_after(("a", loop(1, 4))),
+                                 snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384)))
+    # the copy's context changed since it was seen: reloaded since
+    other_ctx = gpu("a", GIB24, ("qwen3:8b",), resident_ctx=8192)
+    assert held_on(caches, snapshot(other_ctx)) == 0
+    # gone from a reachable provider: nothing is held, even once it is back
+    gone = affinity.seen_loads(caches, snapshot(gpu("a", GIB24, ())))
+    assert held_on(gone, snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384))) == 0
+    # an unreachable provider says nothing of its copies
+    unknown = affinity.seen_loads(caches, snapshot(gpu("a", GIB24, (), ready=False)))
+    assert held_on(unknown, snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384))) \
+        == 18000
+    # nor does a copy gone while a load of it is under way (its claim marks the wipe)
+    loading = ticket("a", "qwen3:8b", cold=True, elapsed=200)
+    assert held_on(affinity.seen_loads(caches, snapshot(gpu("a", GIB24, ()),
+                                                        tickets=(loading,))),
+                   snapshot(gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384))) == 18000
+
+
+def test_another_sidecars_prompts_are_wiped_by_a_load_after_them() -> None:
+    theirs = caches_after(("a", loop(1, 4)))
+    mine = affinity.seen_loads(NO_CACHES, snapshot(
+        gpu("a", GIB24, ("qwen3:8b",), resident_ctx=16384),
+        tickets=(ticket("a", "qwen3:8b", cold=True, elapsed=10),)))
+    assert mine.merged(theirs.held).expected_cached("a", "qwen3:8b", loop(1, 5), 4) == 0
+    absent = affinity.seen_loads(NO_CACHES, snapshot(gpu("a", GIB24, ())),
+                                 shared=theirs.held)
+    assert absent.merged(theirs.held).expected_cached("a", "qwen3:8b", loop(1, 5), 4) == 0
