@@ -58,6 +58,20 @@ class Metrics:
             "The engine's prompt count over the sidecar's estimate, per call: above 1 the "
             "estimate was short, and a prompt near a context limit risks being cut",
             buckets=RATIO_BUCKETS, registry=r)
+        # Calls that continue a conversation: what the copies were expected to hold of their
+        # prompts, what the answers say they held, and how often a copy held less than half
+        self.prompt_tokens = Counter(
+            "kubemoot_prompt_tokens", "Prompt tokens of conversation calls by what the "
+            "engine did with them: cached (found in the slot) or evaluated",
+            ["provider", "result"], registry=r)
+        self.prompt_cache_expected_tokens = Counter(
+            "kubemoot_prompt_cache_expected_tokens",
+            "Prompt tokens the sidecar expected the copy to hold, per conversation call",
+            ["provider"], registry=r)
+        self.prompt_cache_lost = Counter(
+            "kubemoot_prompt_cache_lost",
+            "Conversation calls whose copy held less than half of what was expected (the "
+            "expectation is corrected)", ["provider"], registry=r)
         self.nats_connected = Gauge("kubemoot_nats_connected",
                                     "1 when shared state in NATS is reachable", registry=r)
 

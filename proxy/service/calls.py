@@ -21,7 +21,7 @@ from proxy.ports import StoreUnavailable
 from proxy.service.claims import Claimed, Claims, left_loaded, load_state
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
-from proxy.service.experience import Experience
+from proxy.service.experience import CacheCheck, Experience
 from proxy.service.plans import PlanBook
 from proxy.service.prober import Prober
 from proxy.service.routing import Attempt, CallOutcome, CallRequest, Refusal
@@ -100,14 +100,25 @@ class CallService:
                 learning.observe_call(placement.provider, placement.model, outcome)
             self.demand.note_use(placement.model)
             self.demand.note_held(self.experience.learning.take_unshared())
-        self.experience.learning.observe_prefill(
+        check = self.experience.learning.observe_prefill(
             placement.provider, placement.model, claimed.ticket.ticket_id,
             self.scheduler.provider_view(placement.provider).version, outcome)
+        if check is not None:
+            self._count_cache(placement.provider, check)
         if placement.loads or not outcome.ok:
             task = asyncio.ensure_future(self.prober.refresh(placement.provider))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
+
+    def _count_cache(self, provider: str, check: CacheCheck) -> None:
+        metrics = self.metrics
+        metrics.prompt_cache_expected_tokens.labels(provider).inc(check.expected)
+        metrics.prompt_tokens.labels(provider, "evaluated").inc(check.evaluated)
+        if check.found is not None:
+            metrics.prompt_tokens.labels(provider, "cached").inc(check.found)
+        if check.lost:
+            metrics.prompt_cache_lost.labels(provider).inc()
 
     def _spawn_release(self, claimed: Claimed) -> None:
         async def write() -> None:

@@ -24,6 +24,18 @@ from proxy.core.tokens import Anchor, ConversationMemory, TokenRatio, estimate_t
 from proxy.core.types import Circuit, Placement, ProviderHealth, ProviderView, Snapshot
 from proxy.service.routing import CallOutcome, CallRequest
 
+
+@dataclass(frozen=True, slots=True)
+class CacheCheck:
+    """A conversation call's prompt tokens: expected held, found held (None: the answer
+    cannot tell), evaluated; and whether the copy held less than half of the expectation."""
+
+    expected: int
+    found: int | None
+    evaluated: int
+    lost: bool
+
+
 LOAD_SPEED_ALPHA = 0.3
 MAX_IN_FLIGHT = 4096  # calls remembered between placement and answer, or until shared
 
@@ -85,21 +97,24 @@ class Learning:
         del self.unshared[:-MAX_IN_FLIGHT]
 
     def observe_prefill(self, provider: str, model: str, ticket: str, version: str,
-                        outcome: CallOutcome) -> None:
+                        outcome: CallOutcome) -> CacheCheck | None:
         """What the answer says of the prompt cache: the copy's prefill rate from a miss,
-        and, when the copy held less than expected, that it holds only this prompt now."""
+        and, when the copy held less than expected, that it holds only this prompt now.
+        None: the call carried no conversation, or its answer tells nothing of it."""
         found = self.expected_cached.pop(ticket, None)
         if found is None or not outcome.ok:
-            return
+            return None
         conversation, expected = found
         observed = read_answer(outcome.prompt_eval_count, outcome.prompt_seconds, version,
                                conversation.tokens, self.prefill.known(provider, model),
                                expected, outcome.prompt_cached_count)
         if observed is None or outcome.prompt_seconds is None:
-            return
+            return None
         self.prefill = self.prefill.observe(provider, model, observed, outcome.prompt_seconds)
-        if observed.cached is not None and observed.cached < expected // 2:
+        lost = observed.cached is not None and observed.cached < expected // 2
+        if lost:
             self.caches = self.caches.lost(provider, model, conversation)
+        return CacheCheck(expected, observed.cached, observed.evaluated, lost)
 
     def prompt_tokens(self, call: CallRequest) -> int:
         anchor = self.conversations.longest_known(call.conversation)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import ollama
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
@@ -64,6 +65,20 @@ def test_two_interleaved_tool_loops_each_go_back_to_the_copy_holding_its_history
     assert 0 < shared < 1000 < verdicts[home]["expectedCachedTokens"]
     assert verdicts[home]["terms"]["prefill"] < verdicts[away]["terms"]["prefill"]
     assert r.json()["decision"]["provider"] == home
+    # /metrics: what the copies were expected to hold and what the answers say they held
+    metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(
+                   httpx.get(f"{sidecar.url}/metrics", timeout=10).text)
+               for s in f.samples}
+
+    def total(name: str, **labels: str) -> float:
+        return sum(v for (n, got), v in metrics.items()
+                   if n == name and labels.items() <= dict(got).items())
+
+    assert total("kubemoot_prompt_tokens_total", result="cached") > \
+        total("kubemoot_prompt_tokens_total", result="evaluated") > 0
+    assert total("kubemoot_prompt_cache_expected_tokens_total") > 0
+    assert total("kubemoot_prompt_cache_lost_total") == 0
 
 
 def test_sidecars_on_nats_send_a_conversation_back_to_the_copy_another_sent_it_to(
