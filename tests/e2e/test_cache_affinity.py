@@ -108,3 +108,47 @@ def test_sidecars_on_nats_send_a_conversation_back_to_the_copy_another_sent_it_t
     ollama.Client(host=second.url, timeout=60).chat(model="qwen3:8b", messages=history,
                                                    options={"num_predict": 8})
     assert sum(g.sim.stats.cache_hits for g in gpus) == 1
+
+
+def test_another_sidecars_reload_wipes_what_a_copy_was_expected_to_hold(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    """Sidecar one sends a conversation to a copy; sidecar two, serving only that card,
+    reloads the copy with a larger context (Ollama empties every slot on a reload). Sidecar
+    one then expects the copy to hold nothing of the conversation, not its whole history."""
+    asyncio.run(empty_buckets(nats_server.url))
+    nats_mode = {"nats_url": nats_server.url}
+    gpus = [sim_factory(name, total_vram_mib=24564, context_length=8192, num_parallel=2,
+                        time_scale=SCALE) for name in ("a", "b")]
+    for gpu in gpus:
+        httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
+    one = sidecar_factory(gpus, agent_name="one", **nats_mode)
+    history = [SYSTEM, {"role": "user", "content": "x: " + "read this file " * 700}]
+    answer = ollama.Client(host=one.url, timeout=60).chat(
+        model="qwen3:8b", messages=history, options={"num_predict": 8})
+    home = next(g for g in gpus if g.sim.stats.inference_requests)
+    history += [{"role": "assistant", "content": answer.message.content or ""},
+                {"role": "tool", "content": "x result 0 " + "data " * 100}]
+
+    def expected_at_home() -> int:
+        r = httpx.post(f"{one.url}/kubemoot/v1/explain", timeout=30,
+                       json={"model": "qwen3:8b", "messages": history})
+        return int({v["provider"]: v["expectedCachedTokens"]
+                    for v in r.json()["verdicts"]}[home.config.name])
+
+    assert expected_at_home() > 1000
+    two = sidecar_factory([home], agent_name="two", **nats_mode)
+    loads = home.sim.stats.loads
+    ollama.Client(host=two.url, timeout=60).chat(
+        model="qwen3:8b", messages=[{"role": "user", "content": "hi"}],
+        options={"num_predict": 8, "num_ctx": 16384})
+    assert home.sim.stats.loads > loads  # the copy was loaded again, its slots empty
+
+    def one_sees_it_back() -> bool:  # warm again, with the new context, its load claim gone
+        state = httpx.get(f"{one.url}/kubemoot/v1/state", timeout=10).json()
+        card = next(p for p in state["providers"] if p["name"] == home.config.name)
+        return any(r["model"] == "qwen3:8b" and r["contextLength"] == 16384
+                   for r in card["residents"]) and \
+            not any(t["provider"] == home.config.name for t in state["tickets"])
+
+    assert eventually(one_sees_it_back, timeout_s=10)
+    assert expected_at_home() < 1000  # the agent's system prompt at most, not the history
