@@ -1,7 +1,8 @@
 """Bounds a placement policy is measured against, from a run's own calls.
 
 The contention-free limit: every call served at once on a warm copy of its preferred model
-(its prompt read at the card's prompt rate, its answer at the model's token rate).
+(its whole prompt read as the fleet model reads it, slower per token the deeper, with
+nothing cached; its answer at the model's token rate).
 
 The slot-aware bound adds what no policy can avoid: a model runs at most as many calls at
 once as its copies have slots, and a copy costs its load time. Each model is given a copy on
@@ -18,11 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from loadtest.fleet_model import GpuSpec, ModelSpec, SimCall
+from loadtest.fleet_model import DEPTH_SCALES, GpuSpec, ModelSpec, SimCall
+from loadtest.sim_cache import DEFAULT_DEPTH_SCALE, prefill_seconds
 
 
 def call_seconds(call: SimCall, model: ModelSpec, prompt_tokens_per_s: float) -> float:
-    return call.prompt_tokens / prompt_tokens_per_s + call.output_tokens / model.tokens_per_s
+    prefill = prefill_seconds(0, call.prompt_tokens, prompt_tokens_per_s,
+                              DEPTH_SCALES.get(model.name, DEFAULT_DEPTH_SCALE))
+    return prefill + call.output_tokens / model.tokens_per_s
 
 
 def contention_free(calls: Iterable[SimCall], models: Mapping[str, ModelSpec],
