@@ -52,7 +52,11 @@ class Evictions:
         if not await self._seen_gone(placement.provider, victims):
             log.warning("victims still loaded; sending the call anyway",
                         provider=placement.provider, victims=victims)
-        await self.claims.book(claimed).mark_unloaded(placement.provider, victims)
+        try:
+            await self.claims.book(claimed).mark_unloaded(placement.provider, victims)
+        except StoreUnavailable:  # the next probe shows them gone; counting them is safe
+            log.warning("victims' unload not recorded: shared state unreachable",
+                        provider=placement.provider, victims=victims)
 
     async def release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:
         """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call

@@ -316,7 +316,11 @@ class Scheduler:
         placement = claimed.placement
         client = self.pool.clients[placement.provider]
         if not held_plan and placement.evicts:
-            await self.evictions.make_room(claimed)
+            try:
+                await self.evictions.make_room(claimed)
+            except BaseException:  # failed or cancelled: the call never reaches its GPU
+                self._spawn(self.claims.book(claimed).release(claimed.ticket))
+                raise
         self.experience.start_trial(placement.provider, self.clock.now())
         self.learning.sent(placement, spec.conversation, self.provider_view(placement.provider),
                            claimed.ticket.ticket_id, self.clock.now())

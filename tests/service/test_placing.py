@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from proxy.ports import StoreUnavailable
 from tests.service.fakes import Answer
 from tests.service.harness import Fleet
 
@@ -153,3 +154,36 @@ async def test_a_busy_warm_copy_is_waited_for_until_the_wait_is_long(fleet: Flee
 
 def loop_time() -> float:
     return asyncio.get_running_loop().time()
+
+
+async def test_an_unload_the_shared_state_cannot_record_still_serves_the_call(
+        fleet: Fleet) -> None:
+    """The 8b makes room for the 14b; the store is unreachable when the unload is to be
+    recorded. The call is served (the next probe shows the 8b gone) and leaves no ticket."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar()
+
+    async def unreachable(provider: str, models: tuple[str, ...]) -> object:
+        raise StoreUnavailable("NATS is not connected")
+
+    sidecar.services.claims.tickets.mark_unloaded = unreachable  # type: ignore[method-assign]
+    r = await sidecar.chat("qwen3:14b")
+    assert (r.status, r.placement, r.last.evicted) == (200, "evict", ("qwen3:8b",))
+    await asyncio.sleep(1)
+    assert sidecar.tickets() == []
+
+
+async def test_a_call_whose_room_cannot_be_made_leaves_no_ticket(fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar()
+
+    async def broken(claimed: object) -> None:
+        raise RuntimeError("unload failed")
+
+    sidecar.services.scheduler.evictions.make_room = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await sidecar.chat("qwen3:14b")
+    await asyncio.sleep(1)
+    assert sidecar.tickets() == []
