@@ -26,6 +26,7 @@ from proxy.service.codec import escape_key
 log = get_logger("kubemoot.bindings")
 ASK_AGAIN_S = 600.0  # a discussion still calling asks again, well within the binder's TTL
 ASKS_REMEMBERED = 1024
+DECODED_KEPT = 1024  # decoded bindings kept before those no longer in the bucket are dropped
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,9 @@ class Bindings:
         except orjson.JSONDecodeError:
             value = None
         decoded = value if isinstance(value, dict) else None
+        if len(self._decoded) >= DECODED_KEPT:  # discussions' keys the binder has pruned
+            for gone in [k for k in self._decoded if k not in view]:
+                del self._decoded[gone]
         self._decoded[key] = (entry.revision, decoded)
         return decoded
 

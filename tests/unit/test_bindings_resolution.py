@@ -11,7 +11,7 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.core.models import CallModels
 from proxy.core.types import Candidate
 from proxy.ports import BINDINGS
-from proxy.service.bindings import Bindings
+from proxy.service.bindings import DECODED_KEPT, Bindings
 
 ENV = CallModels((Candidate("qwen3:32b"),), "phi3:mini")  # as deployed
 
@@ -102,3 +102,16 @@ async def test_a_thread_asks_once_and_only_with_shared_state() -> None:
     assert (ask["thread"], ask["phase"], ask["namespace"], ask["agent"]) == \
         ("t.1", "mulling", "crew", "tooler")
     assert store.view(BINDINGS)[key].revision == 1  # written once
+
+
+async def test_bindings_the_binder_pruned_are_not_kept_decoded() -> None:
+    store = MemoryStore()
+    chooser = bindings(store)
+    for i in range(DECODED_KEPT + 10):
+        await store.put(BINDINGS, f"thread.t{i}.mulling", orjson.dumps({"agents": {}}))
+        chooser.resolve("mulling", f"t{i}")
+    for i in range(DECODED_KEPT + 10):
+        await store.delete(BINDINGS, f"thread.t{i}.mulling")
+    await store.put(BINDINGS, "thread.last.mulling", orjson.dumps({"agents": {}}))
+    chooser.resolve("mulling", "last")
+    assert len(chooser._decoded) <= 2  # "last" and the agent's key, not the pruned ones
