@@ -56,6 +56,9 @@ class Learning:
     prefill: PrefillRates = NO_RATES
     expected_cached: dict[str, tuple[Conversation, int]] = field(default_factory=dict)
     unshared: list[tuple[Copy, Held]] = field(default_factory=list)  # for the next flush
+    # The last merge of this sidecar's prompts with the shared ones, by the identity of both:
+    # every decision asks, and with many sidecars a merge sorts thousands of entries
+    _merged: tuple[object, object, PromptCaches] | None = field(default=None, repr=False)
 
     def conversation(self, call: CallRequest, prompt_tokens: int) -> Conversation | None:
         if not call.conversation:
@@ -71,8 +74,18 @@ class Learning:
         if shared is not None:
             self.shared_caches = shared
         self.caches = seen_loads(self.caches, snapshot, self.shared_caches)
-        caches = self.caches.merged(self.shared_caches) if self.shared_caches else self.caches
-        return replace(snapshot, caches=caches, prefill=self.prefill)
+        return replace(snapshot, caches=self.merged_caches(), prefill=self.prefill)
+
+    def merged_caches(self) -> PromptCaches:
+        """This sidecar's expected prompt caches with the other sidecars' merged in."""
+        if not self.shared_caches:
+            return self.caches
+        memo = self._merged
+        if memo is None or memo[0] is not self.caches.held or memo[1] is not self.shared_caches:
+            memo = (self.caches.held, self.shared_caches,
+                    self.caches.merged(self.shared_caches))
+            self._merged = memo
+        return replace(self.caches, held=memo[2].held)
 
     def take_unshared(self) -> list[tuple[Copy, Held]]:
         taken, self.unshared = self.unshared, []
@@ -87,7 +100,7 @@ class Learning:
         if conversation is None:
             return
         slots = cache_slots(model_slots(view, model), view.version)
-        expected = 0 if placement.loads else self.caches.merged(self.shared_caches) \
+        expected = 0 if placement.loads else self.merged_caches() \
             .expected_cached(provider, model, conversation, slots)
         self.expected_cached[ticket] = (conversation, expected)
         if len(self.expected_cached) > MAX_IN_FLIGHT:  # an attempt never settled
