@@ -233,11 +233,16 @@ class Binder:
         """Until the watch shows the binder's own writes: the next evaluation compares with
         what the bucket holds, so it must not read a mirror from before them."""
         deadline = self.clock.monotonic() + self.timing.echo_s
-        view = self.store.view(BINDINGS)
-        while any((e := view.get(k)) is None or e.revision < r for k, r in written.items()):
-            if self.clock.monotonic() > deadline:
+        while True:
+            seen = self.store.changes.value
+            view = self.store.view(BINDINGS)
+            if all((e := view.get(k)) is not None and e.revision >= r
+                   for k, r in written.items()):
                 return
-            await asyncio.sleep(0.005)
+            left = deadline - self.clock.monotonic()
+            if left <= 0:
+                return
+            await self.store.changes.wait_past(seen, left)  # each watched write moves it
 
     def _log_unschedulable(self, who: str, binding: Mapping[str, Any]) -> None:
         """Logged once per change: the same zero match every second is noise."""
