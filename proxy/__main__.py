@@ -260,6 +260,7 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _bind_command(args: argparse.Namespace) -> int:
+    from proxy.adapters.nats_bus import NatsBus
     from proxy.adapters.nats_kv import NatsStore
     from proxy.app import nats_options
     from proxy.observability.logging import configure_logging
@@ -286,14 +287,16 @@ def _bind_command(args: argparse.Namespace) -> int:
         store = NatsStore(nats_options(settings),
                           tuple(b for b in BUCKETS if b.name in (PROVIDER_STATE, BINDINGS)),
                           replicas=settings.nats_replicas)
+        bus = NatsBus()
+        store.on_connect.append(bus.attach)
         try:
             await store.start()
         except StoreUnavailable as exc:
             print(f"kubemoot-proxy bind: {exc}", file=sys.stderr)
             await store.close()
             return 1
-        binder = Binder(store, source, Options(args.eviction_overhead_mib,
-                                               args.concurrency_factor), timing)
+        binder = Binder(store, bus, source, Options(args.eviction_overhead_mib,
+                                                    args.concurrency_factor), timing)
         try:
             await binder.run()
         finally:

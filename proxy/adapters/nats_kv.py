@@ -362,16 +362,6 @@ class NatsStore:
         except Exception as exc:
             raise self._unavailable(exc) from exc
 
-    async def publish(self, subject: str, data: bytes) -> None:
-        """A plain NATS message (no stream): for listeners that want to hear of a change as
-        it happens; what must outlive them goes to a bucket as well."""
-        if not self.connected:
-            raise StoreUnavailable("NATS is not connected")
-        try:
-            await self._nc.publish(subject, data)
-        except Exception as exc:
-            raise self._unavailable(exc) from exc
-
     async def delete(self, bucket: str, key: str) -> None:
         try:
             await self._bucket(bucket).delete(key)

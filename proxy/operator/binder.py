@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from proxy.adapters.nats_bus import NatsBus
 from proxy.adapters.nats_kv import NatsStore
 from proxy.observability.logging import get_logger
 from proxy.operator import binding as b
@@ -80,9 +81,11 @@ class DocumentSource:
 
 
 class Binder:
-    def __init__(self, store: NatsStore, source: DocumentSource, options: s.Options,
-                 timing: BinderTiming = BinderTiming(), clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, store: NatsStore, bus: NatsBus, source: DocumentSource,
+                 options: s.Options, timing: BinderTiming = BinderTiming(),
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.store = store
+        self.bus = bus  # the discussions' subjects (what must outlive a listener is in KV)
         self.source = source
         self.options = options
         self.timing = timing
@@ -209,8 +212,7 @@ class Binder:
             revision = await self._write_if_changed(key, binding, now)
             if revision is not None:
                 written[key] = revision
-                await self.store.publish(b.thread_subject(thread, phase),
-                                         orjson.dumps(binding))
+                await self.bus.publish(b.thread_subject(thread, phase), orjson.dumps(binding))
                 log.info("discussion bound", thread=thread, phase=phase,
                          agents={a: e["model"] for a, e in entries.items()},
                          generation=binding["generation"])
