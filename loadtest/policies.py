@@ -26,7 +26,7 @@ from proxy.core.types import (
     Snapshot,
     Ticket,
 )
-from proxy.core.waitline import YIELD_S, yields_to_older
+from proxy.core.waitline import YIELD_S, slack_s, yields_to_sooner
 
 
 @dataclass(frozen=True)
@@ -140,10 +140,12 @@ class Kubemoot:
     name: str = "kubemoot"
     tickets: dict[int, Ticket] = field(default_factory=dict)
     latency: dict[str, float] = field(default_factory=dict)
-    waiting: dict[int, tuple[str, float]] = field(default_factory=dict)  # call -> model, arrival
+    waiting: dict[int, tuple[str, float]] = field(default_factory=dict)  # call -> model, turn
+    turns: dict[int, float] = field(default_factory=dict)  # call -> its turn (waitline.py)
     yielding: dict[int, float] = field(default_factory=dict)  # call -> since when it yields
     use: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (rate, at)
-    lengths: CallLengths = NO_LENGTHS  # learned from each answer, as the sidecar learns
+    # agent -> what its sidecar learned of call lengths from its own answers
+    lengths: dict[str, CallLengths] = field(default_factory=dict)
     # Conversation cache affinity (core/affinity.py): what each copy is expected to hold,
     # kept as the sidecar keeps it, and each copy's prefill rate learned from the answers
     affinity: bool = True
@@ -154,12 +156,14 @@ class Kubemoot:
     def wait(self, call: SimCall, waits: bool) -> None:
         """The call's wait entry comes (it waits) or goes (placed, refused or given up)."""
         if waits:
-            self.waiting[call.ident] = (call.preferred, call.arrived)
+            self.waiting[call.ident] = (call.preferred, self.turns[call.ident])
         else:
             self.waiting.pop(call.ident, None)
             self.yielding.pop(call.ident, None)
+            self.turns.pop(call.ident, None)
 
-    def snapshot(self, gpus: Mapping[str, Gpu], now: float, for_call: int = 0) -> Snapshot:
+    def snapshot(self, gpus: Mapping[str, Gpu], now: float, for_call: SimCall | None = None
+                 ) -> Snapshot:
         views = []
         for name, gpu in gpus.items():
             residents = tuple(Resident(r.model.name, r.model.footprint_mib, gpu.spec.context,
@@ -169,32 +173,36 @@ class Kubemoot:
                                       gpu.spec.context, gpu.spec.slots,
                                       disk_mib={m: s.footprint_mib for m, s in MODELS.items()},
                                       observed=SEEN))
-        arrivals: dict[str, list[float]] = {}
-        for ident, (model, arrived) in self.waiting.items():
-            if ident != for_call:  # a waiting call does not weigh its own entry
-                arrivals.setdefault(model, []).append(arrived)
+        turns: dict[str, list[float]] = {}
+        for ident, (model, due) in self.waiting.items():
+            if for_call is None or ident != for_call.ident:  # not weighing its own entry
+                turns.setdefault(model, []).append(due)
         demand = {}
-        for model in set(arrivals) | set(self.use):
+        for model in set(turns) | set(self.use):
             rate, at = self.use.get(model, (0.0, now))
-            waiting = tuple(sorted(arrivals.get(model, ())))
+            waiting = tuple(sorted(turns.get(model, ())))
             demand[model] = ModelDemand(waiters=len(waiting),
                                         recent_use=rate * 0.5 ** ((now - at) / 600.0),
-                                        last_used_at=at, arrivals=waiting)
+                                        last_used_at=at, turns=waiting)
         health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
+        lengths = NO_LENGTHS if for_call is None else \
+            self.lengths.get(for_call.agent, NO_LENGTHS)
         return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health,
-                        lengths=self.lengths, caches=self.caches, prefill=self.prefill)
+                        lengths=lengths, caches=self.caches, prefill=self.prefill)
 
     def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
         spec = CallSpec(tuple(Candidate(m, s) for m, s in call.candidates),
                         prompt_tokens=call.prompt_tokens, tolerance=self.tolerance,
                         conversation=call.conversation if self.affinity else None)
-        snapshot = self.snapshot(gpus, now, call.ident)
+        snapshot = self.snapshot(gpus, now, call)
+        due = self.turns.setdefault(call.ident, call.arrived + slack_s(snapshot.lengths.work(
+            call.preferred, prompt_tokens=call.prompt_tokens)))
         decision = place(spec, snapshot, DEFAULT_POLICY)
         p = decision.placement
         if p is None:
             return Choice(decision.outcome)
-        # The service's arrival order: the slot is due to older waiting calls, for YIELD_S
-        if yields_to_older(p, snapshot, DEFAULT_POLICY, call.arrived):
+        # The service's waiting line: the slot is due to sooner turns first, for YIELD_S
+        if yields_to_sooner(p, snapshot, DEFAULT_POLICY, due):
             since = self.yielding.setdefault(call.ident, now)
             if now - since < YIELD_S:
                 return Choice("wait", retry_in_s=YIELD_S - (now - since))
@@ -225,7 +233,8 @@ class Kubemoot:
             previous = self.latency.get(ticket.provider)
             self.latency[ticket.provider] = seconds if previous is None else \
                 0.4 * seconds + 0.6 * previous
-            self.lengths = self.lengths.observe(ticket.provider, ticket.model, _sample(call))
+            self.lengths[call.agent] = self.lengths.get(call.agent, NO_LENGTHS).observe(
+                ticket.provider, ticket.model, _sample(call))
             if self.affinity and call.conversation is not None:
                 self._learn_prefill(call, ticket.provider, ticket.model)
 

@@ -6,8 +6,9 @@
 
 Every policy sees the same trace (same seed). kubemoot runs `proxy.core.place` as shipped,
 with the sidecar's late binding: when it says "wait" the call waits here (not in a GPU's
-queue) and is placed again on every change in the fleet, the waiting calls in arrival order,
-for at most the wait limit.
+queue) and is placed again on every change in the fleet, a free slot going to the waiting
+call with the soonest turn (proxy/core/waitline.py), for at most the wait limit. Each agent's
+sidecar learns call lengths from its own answers only.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class Simulation:
 
     # -- placement -------------------------------------------------------------------------
     def _place(self, call: SimCall, then: Callable[[SimCall], None]) -> bool:
-        """Place the call, or keep it waiting (in arrival order); True once it left the line."""
+        """Place the call, or keep it waiting; True once it left the line."""
         choice = self.policy.choose(call, self.gpus, self.now)
         waiting = any(c is call for c, _ in self.waiting)
         if choice.outcome == "wait":
@@ -183,7 +184,8 @@ class Simulation:
                 return
 
     def _changed(self) -> None:
-        """Every change in the fleet places the waiting calls again, oldest first."""
+        """Every change in the fleet places the waiting calls again (oldest first; the
+        waiting line's yields give each slot to the soonest turn)."""
         if self._retrying or not self.waiting:
             return
         self._retrying = True

@@ -10,12 +10,13 @@ from starlette.responses import Response
 
 from proxy.api import wire
 from proxy.api.errors import JSON, error_response
-from proxy.api.routes import BodyTooSlow, RequestTooLarge, read_capped
+from proxy.api.routes import BodyTooSlow, RequestTooLarge, answer_cap, read_capped
 from proxy.core.affinity import expected_cached, shared_prompt_size
 from proxy.core.occupancy import index_providers
 from proxy.core.placement import explain
 from proxy.core.tokens import conversation_digests, prompt_size
-from proxy.core.types import Decision, Verdict
+from proxy.core.types import CallSpec, Decision, Verdict
+from proxy.core.waitline import slack_s
 from proxy.ports import MODEL_DEMAND
 from proxy.service.demand import DemandBoard
 from proxy.service.plans import PlanBook
@@ -126,9 +127,18 @@ class KubemootApi:
             "promptTokens": spec.prompt_tokens,
             "charsPerToken": round(self.scheduler.learning.ratio.chars_per_token, 3),
             "tokensPerDenseChar": round(self.scheduler.learning.ratio.tokens_per_dense, 3),
+            "waitSlack": self._wait_slack(spec),
             "decision": decision_json(decision),
             "verdicts": [verdict_json(v) for v in verdicts],
         })
+
+    def _wait_slack(self, spec: CallSpec) -> dict[str, Any]:
+        """Where the call would stand among the calls waiting for its model: its turn comes
+        this long after its arrival (core/waitline.py), from this expected length."""
+        length = self.scheduler.work(spec)
+        return {"seconds": round(slack_s(length), 3),
+                "lengthSeconds": None if length is None else round(length.seconds, 3),
+                "lengthSource": "unknown" if length is None else length.source}
 
     async def explain_call(self, request: Request) -> Response:
         """Explain for a call's own body (a chat or generate request, as the agent would send
@@ -146,7 +156,7 @@ class KubemootApi:
             return error_response(400, "bad-request", "field 'model': a model is required")
         digests = conversation_digests(body)
         call = CallRequest("/api/chat", model, phase, prompt=prompt_size(body),
-                           conversation=digests,
+                           num_predict=answer_cap(body), conversation=digests,
                            shared_prompt=shared_prompt_size(body) if digests else NO_PROMPT)
         spec = self.scheduler.spec(call, candidates)
         snapshot = self.scheduler.snapshot(self.scheduler.clock.now())
@@ -159,6 +169,7 @@ class KubemootApi:
             "candidates": [{"model": c.model, "score": c.score} for c in spec.candidates],
             "promptTokens": spec.prompt_tokens,
             "conversation": len(digests),
+            "waitSlack": self._wait_slack(spec),
             "prefillTokensPerS": {v.provider: round(snapshot.prefill.rate(v.provider, v.model))
                                   for v in verdicts if v.model == model},
             "decision": {**decision_json(decision), "provider": None if decision.placement

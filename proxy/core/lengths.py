@@ -17,6 +17,7 @@ Standard library only: the core's types import it.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -113,6 +114,27 @@ class CallLengths:
         if provider_latency_s:
             return CallLength(provider_latency_s, f"{provider}'s calls, any model")
         return CallLength(default_s, "default")
+
+    def work(self, model: str, *, prompt_tokens: int = 0, num_predict: int = 0
+             ) -> CallLength | None:
+        """A call's expected seconds on `model` wherever it runs, to order the calls waiting
+        for it (core/waitline.py): its answer (`num_predict`, else this agent's recent
+        answers for the model) at the model's token rate over the cards that answered it,
+        plus its prompt at their prompt rate. None while either is unknown."""
+        if num_predict > 0:
+            tokens, source = float(num_predict), "num_predict"
+        elif model in self.answers:
+            tokens, source = self.answers[model].value, f"this agent's {model} answers"
+        else:
+            return None
+        rates = [seen[model].value for seen in self.rates.values() if model in seen]
+        if not rates:
+            return None
+        prompt_rates = [rate.value for rate in self.prompt_rates.values()]
+        prompt_s = prompt_tokens / statistics.fmean(prompt_rates) \
+            if prompt_rates and prompt_tokens else 0.0
+        return CallLength(prompt_s + tokens / statistics.fmean(rates),
+                          f"{source} at {model}'s token rate")
 
     def _elsewhere(self, provider: str, model: str) -> CallLength | None:
         """The model's calls on the card that answered it most, scaled to this card."""

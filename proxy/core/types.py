@@ -102,7 +102,7 @@ class ModelDemand:
     recent_use: float = 0.0
     predicted: float = 0.0
     last_used_at: float = 0.0
-    arrivals: tuple[float, ...] = ()  # when each waiting call arrived, oldest first
+    turns: tuple[float, ...] = ()  # each waiting call's turn (core/waitline.py), soonest first
 
     @property
     def expected_reloads(self) -> float:

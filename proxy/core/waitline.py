@@ -1,33 +1,53 @@
-"""Late binding's arrival order: a call that would take a free slot of a copy yields it to the
-calls that have waited longer for that model, on any sidecar.
+"""Late binding's waiting line: which of the calls waiting for a model a free slot is due to,
+on any sidecar.
 
-The demand board lists every waiting call's arrival (ModelDemand.arrivals). A call may take a
-slot while fewer calls older than it wait for the model than the model has free slots; else
-the older calls are due those slots first. A load is never yielded: it takes no slot an older
-call could use (it makes new ones). The service bounds how long a call yields (an older call
-that cannot use the slot, or whose sidecar died, must not hold it), so the order cannot
-deadlock.
+Each waiting call has a turn: its arrival plus a slack of its expected length
+(`lengths.CallLengths.work`), at most MAX_SLACK_S; a call whose length is not known yet has
+no slack. Free slots go to the soonest turns first. Calls of equal length keep arrival
+order; a short call may pass a longer one that arrived before it, but only if it arrived
+within that call's slack, so a call is passed only by calls that arrived before its turn:
+no call starves, and its extra wait is bounded by the work of the calls that arrived in its
+slack (docs/rules.md, "Late binding").
+
+The demand board lists every waiting call's turn (ModelDemand.turns). A call may take a slot
+while fewer calls with sooner turns wait for the model than the model has free slots; else
+those calls are due the slots first. A load is never yielded: it takes no slot another call
+could use (it makes new ones). The service bounds how long a call yields (a call that cannot
+use the slot, or whose sidecar died, must not hold it), so the line cannot deadlock.
 """
 
 from __future__ import annotations
 
+from proxy.core.lengths import CallLength
 from proxy.core.occupancy import index_providers
 from proxy.core.policy import Policy
 from proxy.core.types import Placement, Snapshot
 
-# How long a free slot is left to the model's older waiting calls before a younger call takes
-# it: an older call on any sidecar gets it within a store round trip; one that cannot use it,
-# or whose sidecar died, must not hold it.
+# How long a free slot is left to the calls due it first before another call takes it: a
+# waiting call on any sidecar gets it within a store round trip; one that cannot use it, or
+# whose sidecar died, must not hold it.
 YIELD_S = 1.0
+# A call may be passed by calls that arrive within this many of its own expected lengths
+# after it: short calls do not queue behind long ones, and a long call waits at most about
+# its own length more than in arrival order.
+SLACK_LENGTHS = 0.5
+MAX_SLACK_S = 30.0
 
 
-def waiters_ahead(snapshot: Snapshot, model: str, since: float) -> int:
-    """Calls waiting for `model` that arrived before `since` (the call's own entry is not in
-    the snapshot's demand)."""
+def slack_s(length: CallLength | None) -> float:
+    """How long after its arrival a call's turn comes: none while its length is unknown."""
+    if length is None:
+        return 0.0
+    return min(MAX_SLACK_S, SLACK_LENGTHS * max(0.0, length.seconds))
+
+
+def waiters_ahead(snapshot: Snapshot, model: str, turn_at: float) -> int:
+    """Calls waiting for `model` whose turn comes before `turn_at` (the call's own entry is
+    not in the snapshot's demand)."""
     demand = snapshot.demand.get(model)
     if demand is None:
         return 0
-    return sum(1 for arrived in demand.arrivals if arrived < since)
+    return sum(1 for other in demand.turns if other < turn_at)
 
 
 def free_slots(snapshot: Snapshot, policy: Policy, model: str) -> int:
@@ -43,12 +63,13 @@ def free_slots(snapshot: Snapshot, policy: Policy, model: str) -> int:
     return total
 
 
-def yields_to_older(placement: Placement, snapshot: Snapshot, policy: Policy, since: float
-                    ) -> int:
-    """How many older waiting calls the placement's slot is due to first; 0: take it."""
+def yields_to_sooner(placement: Placement, snapshot: Snapshot, policy: Policy,
+                     turn_at: float) -> int:
+    """How many waiting calls with sooner turns the placement's slot is due to first; 0: take
+    it."""
     if placement.loads or placement.kind == "queued":  # no free slot taken
         return 0
-    ahead = waiters_ahead(snapshot, placement.model, since)
+    ahead = waiters_ahead(snapshot, placement.model, turn_at)
     if ahead == 0 or ahead < free_slots(snapshot, policy, placement.model):
         return 0
     return ahead

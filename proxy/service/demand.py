@@ -5,9 +5,11 @@ value carries expiresAt and readers ignore expired entries. Rates decay with a 1
 half-life.
 
 A waiting call's entry (`wait.<model>.<agent>.<n>`) carries its arrival time (`since`, the
-wall clock) so every sidecar serves a model's waiters in arrival order (docs/rules.md,
-"Late binding"). It lives WAIT_TTL_S and is rewritten every WAIT_REFRESH_S while the call
-waits: a sidecar that dies stops holding its place within seconds.
+wall clock) and its turn (`turn`: the arrival plus its slack, core/waitline.py) so every
+sidecar serves a model's waiters in the same order (docs/rules.md, "Late binding"); an
+entry without a turn is due at its arrival. It lives WAIT_TTL_S and is rewritten every
+WAIT_REFRESH_S while the call waits: a sidecar that dies stops holding its place within
+seconds.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
               ) -> dict[str, ModelDemand]:
     """Per model: waiters, intents, recent use, predicted demand and last use."""
     waiters: dict[str, int] = {}
-    arrivals: dict[str, list[float]] = {}
+    turns: dict[str, list[float]] = {}
     intents: dict[str, int] = {}
     use: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -90,7 +92,8 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
         model = unescape_key(rest.partition(".")[0])
         if kind == "wait":
             waiters[model] = waiters.get(model, 0) + 1
-            arrivals.setdefault(model, []).append(float(value.get("since", 0.0)))
+            since = float(value.get("since", 0.0))
+            turns.setdefault(model, []).append(float(value.get("turn", since)))
         elif kind == "intent":
             intents[model] = intents.get(model, 0) + 1
         elif kind == "use":
@@ -100,20 +103,20 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
     models = set(waiters) | set(intents) | set(use) | set(predicted)
     return {m: ModelDemand(waiters.get(m, 0), intents.get(m, 0), use.get(m, 0.0),
                            predicted.get(m, 0.0), last.get(m, 0.0),
-                           tuple(sorted(arrivals.get(m, ())))) for m in models}
+                           tuple(sorted(turns.get(m, ())))) for m in models}
 
 
-def without_waiter(demand: Mapping[str, ModelDemand], model: str, since: float
+def without_waiter(demand: Mapping[str, ModelDemand], model: str, turn: float
                    ) -> Mapping[str, ModelDemand]:
     """The demand as one waiting call sees it: without its own entry."""
     found = demand.get(model)
     if found is None or not found.waiters:
         return demand
-    arrivals = list(found.arrivals)
-    if since in arrivals:
-        arrivals.remove(since)
+    turns = list(found.turns)
+    if turn in turns:
+        turns.remove(turn)
     out = dict(demand)
-    out[model] = replace(found, waiters=found.waiters - 1, arrivals=tuple(arrivals))
+    out[model] = replace(found, waiters=found.waiters - 1, turns=tuple(turns))
     return MappingProxyType(out)
 
 
@@ -124,6 +127,7 @@ class WaitEntry:
     key: str
     model: str
     since: float  # when the call arrived (wall clock: compared across sidecars)
+    turn: float  # when it is due a free slot (core/waitline.py; wall clock)
 
 
 class DemandBoard:
@@ -160,11 +164,13 @@ class DemandBoard:
         with contextlib.suppress(StoreUnavailable):
             await self.store.delete(MODEL_DEMAND, key)
 
-    async def waiting(self, model: str, since: float | None = None) -> WaitEntry:
-        """A call starts waiting for `model`; it counts in this sidecar's view at once, in
-        the others' once the write arrives."""
+    async def waiting(self, model: str, since: float | None = None,
+                      turn: float | None = None) -> WaitEntry:
+        """A call starts waiting for `model` (due a slot at `turn`, by default its arrival);
+        it counts in this sidecar's view at once, in the others' once the write arrives."""
+        arrived = self.clock.now() if since is None else since
         entry = WaitEntry(f"{self._key('wait', model)}.{next(self._wait_seq)}", model,
-                          self.clock.now() if since is None else since)
+                          arrived, arrived if turn is None else turn)
         self._waits[entry.key] = entry
         self._own_version += 1
         if self._refresher is None or self._refresher.done():
@@ -173,8 +179,11 @@ class DemandBoard:
         return entry
 
     async def _write_wait(self, entry: WaitEntry) -> None:
-        await self._put(entry.key, {"expiresAt": self.clock.now() + WAIT_TTL_S,
-                                    "since": entry.since})
+        await self._put(entry.key, self._wait_value(entry, self.clock.now()))
+
+    @staticmethod
+    def _wait_value(entry: WaitEntry, now: float) -> dict[str, object]:
+        return {"expiresAt": now + WAIT_TTL_S, "since": entry.since, "turn": entry.turn}
 
     async def _refresh_waits(self) -> None:
         while self._waits:
@@ -303,7 +312,7 @@ class DemandBoard:
         values = [(k, v) for k, v in decode_entries(entries, self._decoded)
                   if k in self._waits or not self._own_wait(k)]
         seen = {k for k, _ in values}
-        values += [(e.key, {"expiresAt": now + WAIT_TTL_S, "since": e.since})
+        values += [(e.key, self._wait_value(e, now))
                    for e in self._waits.values() if e.key not in seen]
         demand = MappingProxyType(aggregate(values, now))
         self._view = (version, now, demand)

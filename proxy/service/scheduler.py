@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, replace
 
 from proxy.core import context
+from proxy.core.lengths import CallLength
 from proxy.core.models import CallModels, normalise_model
 from proxy.core.placement import explain, place
 from proxy.core.policy import Policy
@@ -26,7 +27,7 @@ from proxy.core.types import (
     Ticket,
     Verdict,
 )
-from proxy.core.waitline import YIELD_S, yields_to_older
+from proxy.core.waitline import YIELD_S, slack_s, yields_to_sooner
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock
@@ -111,7 +112,7 @@ class Scheduler:
         entry among the demand it weighs."""
         demand = self.demand.view()
         if waiter is not None:
-            demand = without_waiter(demand, waiter.model, waiter.since)
+            demand = without_waiter(demand, waiter.model, waiter.turn)
         snapshot = self.view.snapshot(now, self.experience.health(now), demand,
                                       self.learning.load_mib_per_s, self.claims.uncounted(now),
                                       self.learning.lengths)
@@ -133,6 +134,12 @@ class Scheduler:
                         can_wait=call.can_wait,
                         conversation=self.learning.conversation(call, tokens))
 
+    def work(self, spec: CallSpec) -> CallLength | None:
+        """The call's expected length, wherever it runs: what orders it among the calls
+        waiting for its model (core/waitline.py)."""
+        return self.learning.lengths.work(spec.preferred.model, prompt_tokens=spec.prompt_tokens,
+                                          num_predict=spec.num_predict)
+
     # -- the call path ---------------------------------------------------------------------
     async def place_call(self, call: CallRequest, at_least_tokens: int = 0,
                     exclude: frozenset[str] = frozenset()) -> Granted | Refusal:
@@ -141,10 +148,10 @@ class Scheduler:
         providers that failed it.
 
         Late binding: a call that must wait for a slot stays here, not in an engine's queue,
-        as a wait entry carrying its arrival; every change places it again, so it takes the
+        as a wait entry carrying its turn; every change places it again, so it takes the
         first slot that frees on any card (or a load once cheaper). A slot is due to the
-        model's older waiting calls first, on any sidecar (core/waitline.py), for at most
-        YIELD_S."""
+        model's waiting calls with sooner turns first, on any sidecar (core/waitline.py), for
+        at most YIELD_S."""
         candidates = self.candidates(call.phase, call.model, call.thread)
         binding = self.binding_label(call)  # now: the binding may move while the call waits
         if not candidates:
@@ -155,6 +162,7 @@ class Scheduler:
             return self._static_or_busy(call, spec, Decision("wait", None, "no providers"))
         started = self.clock.monotonic()
         arrived = self.clock.now()
+        due = arrived + slack_s(self.work(spec))
         deadline = started + self.settings.wait_limit_s
         wait: WaitEntry | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
@@ -170,18 +178,18 @@ class Scheduler:
                 if reserved.ticket is not None:
                     placement = decision.placement
                     assert placement is not None
-                    ahead = yields_to_older(placement, reserved.snapshot, self.policy, arrived)
+                    ahead = yields_to_sooner(placement, reserved.snapshot, self.policy, due)
                     now = self.clock.monotonic()
                     if ahead and (yielding_since is None or now - yielding_since < YIELD_S):
                         yielding_since = now if yielding_since is None else yielding_since
                         hold_s = YIELD_S - (now - yielding_since)
                         self.unreserve(reserved)
                         decision = replace(decision, outcome="wait", placement=None, reason=(
-                            f"{ahead} call(s) waiting longer for {placement.model} "
-                            "are due its free slot(s) first"))
+                            f"{ahead} call(s) waiting for {placement.model} are due its "
+                            "free slot(s) first"))
                     else:
                         if ahead:
-                            log.info("taking a slot the older waiting calls left unused",
+                            log.info("taking a slot the calls due it first left unused",
                                      model=placement.model, older=ahead)
                         claimed = await self.claim_reserved(reserved)
                         if claimed is not None:
@@ -217,7 +225,7 @@ class Scheduler:
                         spec.preferred.model, retry_after_s=5)
                 if wait is None:
                     self.metrics.placements.labels("waiting", "-", spec.preferred.model).inc()
-                    wait = await self.demand.waiting(spec.preferred.model, arrived)
+                    wait = await self.demand.waiting(spec.preferred.model, arrived, due)
                     log.info("waiting for a GPU", model=wait.model, reason=decision.reason)
                 if gone is None and call.disconnected is not None:
                     gone = asyncio.ensure_future(call.disconnected())

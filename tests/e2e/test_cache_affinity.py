@@ -65,6 +65,10 @@ def test_two_interleaved_tool_loops_each_go_back_to_the_copy_holding_its_history
     assert 0 < shared < 1000 < verdicts[home]["expectedCachedTokens"]
     assert verdicts[home]["terms"]["prefill"] < verdicts[away]["terms"]["prefill"]
     assert r.json()["decision"]["provider"] == home
+    # where it would stand among waiting calls: half its expected length after its arrival
+    slack = r.json()["waitSlack"]
+    assert slack["lengthSource"] == "this agent's qwen3:8b answers at qwen3:8b's token rate"
+    assert 0 < slack["seconds"] < slack["lengthSeconds"]
     # /metrics: what the copies were expected to hold and what the answers say they held
     metrics = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(

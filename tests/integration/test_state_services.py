@@ -63,22 +63,22 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     assert a.view()["qwen3:14b"].waiters == 1
 
 
-async def test_each_waiting_call_has_its_own_entry_carrying_its_arrival() -> None:
+async def test_each_waiting_call_has_its_own_entry_carrying_its_turn() -> None:
     store, clock = MemoryStore(), Clock()
     a = DemandBoard(store, "crew/a", clock)
     b = DemandBoard(store, "crew/b", clock)
-    first = await a.waiting("qwen3:8b", since=clock.at - 3)
-    theirs = await b.waiting("qwen3:8b", since=clock.at - 2)
-    await a.waiting("qwen3:8b", since=clock.at - 1)
+    first = await a.waiting("qwen3:8b", since=clock.at - 3, turn=clock.at + 4)
+    theirs = await b.waiting("qwen3:8b", since=clock.at - 2)  # no slack: due at arrival
+    await a.waiting("qwen3:8b", since=clock.at - 1, turn=clock.at)
     seen = b.view()["qwen3:8b"]
     assert seen.waiters == 3  # two calls of one sidecar are two waiters
-    assert seen.arrivals == (clock.at - 3, clock.at - 2, clock.at - 1)
-    assert without_waiter(b.view(), "qwen3:8b", clock.at - 2)["qwen3:8b"].arrivals == (
-        clock.at - 3, clock.at - 1)
+    assert seen.turns == (clock.at - 2, clock.at, clock.at + 4)
+    assert without_waiter(b.view(), "qwen3:8b", clock.at - 2)["qwen3:8b"].turns == (
+        clock.at, clock.at + 4)
     assert b.others_waiting("qwen3:8b") and a.others_waiting("qwen3:8b")
     assert not b.others_waiting("qwen3:14b")
     assert a.stop_waiting(first)  # gone from its own sidecar's view before the delete
-    assert a.view()["qwen3:8b"].arrivals == (clock.at - 2, clock.at - 1)
+    assert a.view()["qwen3:8b"].turns == (clock.at - 2, clock.at)
     await a.done_waiting(first)
     assert b.view()["qwen3:8b"].waiters == 2
     await b.done_waiting(theirs)

@@ -49,6 +49,7 @@ class Answer:
     refused: bool = False  # the connection fails: no answer at all
     breaks: bool = False  # the answer begins, then breaks off
     prompt_tokens: int | None = None  # what the engine counts (default: chars / 4)
+    answer_tokens: int | None = None  # eval_count, generated over the answer's seconds
 
     @classmethod
     def failing(cls, status: int = 500, error: str = "simulated upstream failure") -> Answer:
@@ -167,6 +168,9 @@ class FakeModelServer:
         prompt = answer.prompt_tokens or math.ceil(int(body.get("prompt_chars", 0)) / 4) + 1
         final = {"model": model.name, "done": True, "prompt_eval_count": prompt,
                  "load_duration": int(load_seconds * 1e9)}
+        if answer.answer_tokens is not None:
+            final |= {"eval_count": answer.answer_tokens,
+                      "eval_duration": int(answer.seconds * 1e9)}
         return FakeResponse(200, orjson.dumps(final), answer.seconds, answer.breaks,
                             lambda: self._call_ended(copy))
 

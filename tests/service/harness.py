@@ -63,13 +63,13 @@ class Sidecar:
 
     async def chat(self, model: str | None, *, prompt_chars: int = 100,
                    thread: str | None = None, can_wait: bool = True,
-                   num_ctx: int | None = None, client_gone: asyncio.Event | None = None
-                   ) -> Answered:
+                   num_ctx: int | None = None, num_predict: int = 0,
+                   client_gone: asyncio.Event | None = None) -> Answered:
         """One /api/chat call, relayed to its end."""
         disconnected = client_gone.wait if client_gone is not None else None
         call = CallRequest("/api/chat", model, thread=thread, can_wait=can_wait,
                            prompt=PromptSize(prompt_chars), num_ctx=num_ctx,
-                           disconnected=disconnected)
+                           num_predict=num_predict, disconnected=disconnected)
         attempts = self.services.calls.attempts(call, time.perf_counter())
         placed = await attempts.first()
         tried: list[Attempt] = []
@@ -142,8 +142,11 @@ async def send(attempt: Attempt, call: CallRequest) -> tuple[CallOutcome, bool]:
             at_least = max(counted, attempt.context_length)
             return CallOutcome(True, seconds, at_least, error="prompt longer than the context",
                                prompt_too_long=True), False
+    generating = answer.get("eval_duration")
     return CallOutcome(True, seconds, answer.get("prompt_eval_count"),
-                       answer.get("load_duration", 0) / 1e9), True
+                       answer.get("load_duration", 0) / 1e9,
+                       answer_tokens=answer.get("eval_count"),
+                       answer_seconds=None if generating is None else generating / 1e9), True
 
 
 def _status(refusal: Refusal) -> int:

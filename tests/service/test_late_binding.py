@@ -1,5 +1,7 @@
 """Late binding: a call that must wait for a slot waits in the sidecar, not in one engine's
-queue, and takes the first slot that frees on any card, the oldest waiting call first."""
+queue, and takes the first slot that frees on any card, the soonest turn first (arrival
+order for calls of unknown or equal lengths; a short call may pass a long one that arrived
+within its slack)."""
 
 from __future__ import annotations
 
@@ -77,6 +79,55 @@ async def test_a_slot_freeing_on_another_card_takes_the_oldest_waiting_call(
     assert 7900 <= second.last.waited_ms <= 8100  # arrived at 2 s, "a" freed at 10 s
     assert third.provider == "a"  # arrived at 3 s; the second's 1 s call on "a" ends at 11 s
     assert 7900 <= third.last.waited_ms <= 8100
+
+
+async def test_a_short_call_passes_a_long_one_that_arrived_within_its_slack(
+        fleet: Fleet) -> None:
+    """The agent's 8b answers run 200 tokens at 100 tokens/s (2 s: a 1 s slack). The one
+    slot is busy until 10 s. A call of that usual length waits from 1 s (turn 2 s); one
+    capped at 10 tokens arrives at 1.5 s (turn 1.55 s) and goes first; another capped one
+    arrives at 3 s, after the long call's turn, and goes after it."""
+    gpu = fleet.gpu("a", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    gpu.script(Answer(seconds=2, answer_tokens=200))
+    assert (await sidecar.chat("qwen3:8b")).status == 200
+    gpu.script(Answer(seconds=10), Answer(seconds=1, answer_tokens=10),
+               Answer(seconds=2, answer_tokens=200), Answer(seconds=1, answer_tokens=10))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    busy = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    long = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(0.5)
+    short = sidecar.start_chat("qwen3:8b", num_predict=10)
+    await asyncio.sleep(1.5)
+    late = sidecar.start_chat("qwen3:8b", num_predict=10)
+    ended: dict[str, float] = {}
+    for name, task in (("long", long), ("short", short), ("late", late)):
+        task.add_done_callback(lambda _, name=name: ended.setdefault(name, loop.time()))
+    answers = await asyncio.gather(busy, long, short, late)
+    assert [r.status for r in answers] == [200] * 4
+    assert ended["short"] < ended["long"] < ended["late"]
+    assert 10.9 <= ended["short"] - started <= 11.2  # the slot freed at 10 s
+    assert 8400 <= answers[2].last.waited_ms <= 8600  # arrived at 1.5 s
+
+
+async def test_calls_of_unknown_length_keep_arrival_order(fleet: Fleet) -> None:
+    """Nothing is known of the 8b's answers yet: a capped call that arrives later does not
+    pass an uncapped one (no rate to say how short it is)."""
+    gpu = fleet.gpu("a", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    gpu.script(Answer(seconds=5), Answer(seconds=2), Answer(seconds=1))
+    busy = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    first = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(0.5)
+    capped = sidecar.start_chat("qwen3:8b", num_predict=10)
+    answers = await asyncio.gather(busy, first, capped)
+    assert 3900 <= answers[1].last.waited_ms <= 4100  # took the slot at 5 s
+    assert 5400 <= answers[2].last.waited_ms <= 5600  # then the capped call, at 7 s
 
 
 async def test_a_waiting_call_still_ends_at_its_wait_limit_with_gpu_busy(fleet: Fleet) -> None:
