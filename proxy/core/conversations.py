@@ -11,6 +11,10 @@ and expects a prompt to survive while:
 - the copy has not been loaded again since (a reload starts every slot empty);
 - the prompt still fits the context the copy gives it.
 
+Sending a call to a copy whose slots all hold other conversations pushes out the least
+recent one, which costs a re-read unless that conversation has ended: idle longer than the
+longest pause between calls seen on the copy.
+
 A prompt is known by the conversation digests of core/tokens.py: one per prefix of its
 messages, each also covering the system text and tools. A call continues a held prompt when
 its digest at the held prompt's length is the held prompt's last digest; it shares the
