@@ -50,7 +50,8 @@ def prefill_terms(index: ProviderIndex, model: str, call: CallSpec, snapshot: Sn
     terms = {"prefill": speed.seconds(cached, conversation.tokens)}
     if index.is_warm(model):
         slots = cache_slots(index.slots(model), index.view.version)
-        displaced = snapshot.caches.displaced(index.name, model, conversation, slots)
+        displaced = snapshot.caches.displaced(index.name, model, conversation, slots,
+                                              snapshot.now)
         if displaced:  # its conversation will read it again, here or elsewhere
             terms["cache_eviction"] = DISPLACED_WEIGHT * speed.seconds(0, displaced)
     return terms

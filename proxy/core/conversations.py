@@ -11,6 +11,10 @@ and expects a prompt to survive while:
 - the copy has not been loaded again since (a reload starts every slot empty);
 - the prompt still fits the context the copy gives it.
 
+Sending a call to a copy whose slots all hold other conversations pushes out the least
+recent one, which costs a re-read unless that conversation has ended: idle longer than the
+longest pause between calls seen on the copy.
+
 A prompt is known by the conversation digests of core/tokens.py: one per prefix of its
 messages, each also covering the system text and tools. A call continues a held prompt when
 its digest at the held prompt's length is the held prompt's last digest; it shares the
@@ -24,6 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 KEEP_PER_COPY = 16  # prompts remembered per copy, beyond any slot count Ollama runs
+# A conversation idle for this many times the longest pause between calls seen on its copy
+# is taken as ended: a tool loop comes back within its cadence, one that outgrew its task
+# or finished never does, and pushing its history out costs nobody a re-read.
+ENDED_AFTER_PAUSES = 1.0
 Copy = tuple[str, str]  # (provider, model)
 
 
@@ -47,12 +55,15 @@ class Held:
     tokens: int
     shared_tokens: int
     at: float
+    # the longest time between two of its calls seen (0: one call known); not part of what
+    # makes two entries the same
+    pause: float = field(default=0.0, compare=False)
 
     @staticmethod
-    def of(conversation: Conversation, at: float) -> Held:
+    def of(conversation: Conversation, at: float, pause: float = 0.0) -> Held:
         digests = conversation.digests
         return Held(digests[0], digests[min(1, len(digests) - 1)], digests[-1],
-                    len(digests), conversation.tokens, conversation.shared_tokens, at)
+                    len(digests), conversation.tokens, conversation.shared_tokens, at, pause)
 
     def same_conversation(self, other: Held) -> bool:
         return self.ident == other.ident
@@ -107,10 +118,11 @@ class PromptCaches:
         return min(best, conversation.tokens)
 
     def displaced(self, provider: str, model: str, conversation: Conversation | None,
-                  slots: int) -> int:
+                  slots: int, now: float) -> int:
         """The tokens of another conversation's prompt that sending this call to the copy
         is expected to push out: the least recent of those it holds when they fill its
-        slots and this conversation is not among them (Ollama's least recently used)."""
+        slots, this conversation is not among them (Ollama's least recently used), and
+        that one has not ended (`ended`)."""
         if conversation is None or not conversation.digests:
             return 0
         loaded = self.loaded_at.get((provider, model), float("-inf"))
@@ -123,14 +135,27 @@ class PromptCaches:
                 return 0
             if not any(held.same_conversation(k) for k in kept):
                 kept.append(held)
-        return kept[-1].tokens if len(kept) >= slots else 0
+        if len(kept) < slots or self.ended(provider, model, kept[-1], now):
+            return 0
+        return kept[-1].tokens
+
+    def ended(self, provider: str, model: str, held: Held, now: float) -> bool:
+        """Whether the conversation is taken as over: idle for ENDED_AFTER_PAUSES times the
+        longest pause between calls of any conversation the copy holds (its calls' cadence:
+        think time, tools, the other loops' turns). Never while no pause is known."""
+        cadence = max((h.pause for h in self.held.get((provider, model), ())), default=0.0)
+        return cadence > 0 and now - held.at > ENDED_AFTER_PAUSES * cadence
 
     def sent(self, provider: str, model: str, conversation: Conversation, now: float
              ) -> PromptCaches:
         """A call of this conversation went to the copy: its prompt is the newest there."""
         if not conversation.digests:
             return self
-        new = Held.of(conversation, now)
+        ident = Held.of(conversation, now).ident
+        earlier = [h for kept in self.held.values() for h in kept if h.ident == ident]
+        pause = 0.0 if not earlier else max(now - max(h.at for h in earlier),
+                                            *(h.pause for h in earlier))
+        new = Held.of(conversation, now, pause)
         key = (provider, model)
         kept = tuple(h for h in self.held.get(key, ()) if not h.same_conversation(new))
         return replace(self, held={**self.held, key: (new, *kept)[:KEEP_PER_COPY]})

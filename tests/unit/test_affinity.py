@@ -181,6 +181,42 @@ def test_a_call_that_would_push_a_live_history_out_of_a_full_copy_is_charged_for
     assert placed is not None and placed.provider == "b"
 
 
+def sent_at(*sent: tuple[str, Conversation, float]) -> PromptCaches:
+    """The caches after each (card, prompt, seconds before NOW) in turn."""
+    caches = NO_CACHES
+    for provider, conversation, ago in sent:
+        caches = caches.sent(provider, "qwen3:8b", conversation, NOW - ago)
+    return caches
+
+
+def test_a_conversation_remembers_its_longest_pause_between_calls() -> None:
+    caches = sent_at(("a", loop(1, 1), 100), ("b", loop(1, 2), 70), ("b", loop(1, 3), 60))
+    held = caches.held[("b", "qwen3:8b")][0]
+    assert held.pause == 30  # between its calls, wherever they went
+    assert held == replace(held, pause=0.0)  # the same entry as one shared without it
+
+
+def test_a_conversation_idle_past_the_copys_cadence_has_ended_and_costs_nothing_to_displace(
+) -> None:
+    # a (one slot) holds conversation 1, which came every 20 s and has not come for 60 s:
+    # ended; b holds conversation 2, which came every 20 s and last 10 s ago: live
+    caches = sent_at(("a", loop(1, 4), 80), ("a", loop(1, 5), 60),
+                     ("b", loop(2, 1), 30), ("b", loop(2, 2), 10))
+    new = loop(3, 0)
+    assert caches.displaced("a", "qwen3:8b", new, 1, NOW) == 0
+    assert caches.displaced("b", "qwen3:8b", new, 1, NOW) == 10000
+    # the new conversation takes the ended one's slot, though its history is the longer
+    decision, verdicts = explain(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                                 two_cards(caches))
+    assert "cache_eviction" not in {v.provider: v.terms for v in verdicts}["a"]
+    assert decision.placement is not None and decision.placement.provider == "a"
+
+
+def test_a_conversation_is_not_taken_as_ended_while_no_pause_is_known() -> None:
+    caches = sent_at(("a", loop(1, 4), 600))  # one call: its cadence is unknown
+    assert caches.displaced("a", "qwen3:8b", loop(3, 0), 1, NOW) == 18000
+
+
 def held_on(caches: PromptCaches, snap: Snapshot, provider: str = "a") -> int:
     """What copy `provider` is expected to hold of conversation 1's next call, with four
     slots, after the loads `snap` shows."""
