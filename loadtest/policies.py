@@ -200,6 +200,7 @@ class Kubemoot:
         decision = place(spec, snapshot, DEFAULT_POLICY)
         p = decision.placement
         if p is None:
+            self.yielding.pop(call.ident, None)  # a yield lasts YIELD_S in a row, as there
             return Choice(decision.outcome)
         # The service's waiting line: the slot is due to sooner turns first, for YIELD_S
         if yields_to_sooner(p, snapshot, DEFAULT_POLICY, due):
