@@ -9,6 +9,10 @@
 5. otherwise classify: model-too-large, prompt-too-large, or busy; when busy, wait for a slot
    or unload (an unload wins only when cheaper than waiting).
 
+A call that carries a conversation goes back to the copy holding it when that is sooner
+(core/affinity.py); when the copy of steps 1-3 would push another live history out, a load
+onto free room and a busy copy with a cache slot to spare are weighed against it.
+
 Late binding: a call is only ever placed on a slot free now or on a load. When waiting for a
 slot of a busy copy wins, the decision is "wait": the call stays with the sidecar and is
 placed again on the next change, so it takes the first slot that frees on any card, or a load
@@ -176,6 +180,67 @@ class _Planner:
             return None
         return self.placement(verdict, "queued" if index.free_slots(model) <= 0 else "warm", 4)
 
+    def instead_of_displacing(self, hit: Placement) -> Placement | None:
+        """A free call slot is not a free cache slot: when `hit` would push another live
+        conversation's history out (`cache_eviction`), the cheapest of a load of an acceptable
+        model onto free room and a busy copy with a cache slot to spare, when it costs less.
+        No load takes the room a model in demand with no copy can have nowhere else."""
+        if hit.kind != "warm" or not self.verdict(self.indexes[hit.provider],
+                                                  hit.model).terms.get("cache_eviction"):
+            return None
+        best: Verdict | None = None
+        for candidate in self.acceptable:
+            for index in self.indexes.values():
+                verdict = self.alternative_to_displacing(index, candidate.model)
+                if verdict is not None and (best is None or _better(verdict, best)):
+                    best = verdict
+        if best is None or best.cost_s >= hit.cost_s:
+            return None
+        index = self.indexes[best.provider]
+        copy = index.is_warm(best.model) or index.is_loading(best.model)
+        return self.placement(best, "queued" if copy else "cold", 4)
+
+    def alternative_to_displacing(self, index: ProviderIndex, model: str) -> Verdict | None:
+        """A busy copy that pushes no history out, or a load onto free room that takes no
+        room needed elsewhere (a copy with a free call slot is steps 1-3's)."""
+        copy = index.is_warm(model) or index.is_loading(model)
+        if copy and index.free_slots(model) > 0:
+            return None
+        verdict = self.verdict(index, model)
+        if not verdict.feasible or verdict.terms.get("cache_eviction"):
+            return None
+        if not copy and (not verdict.reason.startswith(("fits", "fit unknown")) or
+                         self.takes_needed_room(index, model)):
+            return None
+        return verdict
+
+    def takes_needed_room(self, index: ProviderIndex, model: str) -> bool:
+        """Loading `model` here leaves too little room for another model the demand board
+        wants (waiting, recently used or predicted) that has no copy anywhere and whose
+        only free room is here."""
+        free = index.free_mib()
+        need = self.fitting.footprint_mib(index, model)
+        if free is None or need is None:
+            return False
+        for other, demand in self.snapshot.demand.items():
+            if other == model or not (demand.waiters or demand.recent_use or
+                                      demand.predicted):
+                continue
+            if any(i.is_warm(other) or i.is_loading(other) for i in self.indexes.values()):
+                continue
+            fits_here = self.fits_free_room(index, other, free)
+            if fits_here and not self.fits_free_room(index, other, free - need) and not any(
+                    self.fits_free_room(i, other, i.free_mib())
+                    for i in self.indexes.values() if i is not index):
+                return True
+        return False
+
+    def fits_free_room(self, index: ProviderIndex, model: str, free: int | None) -> bool:
+        if index.view.disk_mib and model not in index.view.disk_mib:
+            return False  # not pulled there
+        need = self.fitting.footprint_mib(index, model)
+        return free is not None and need is not None and need <= free
+
     def pulled_anywhere(self, model: str) -> bool:
         """False only when every provider's catalog is known and none has the model."""
         return any(not i.view.disk_mib or model in i.view.disk_mib or model in i.residents
@@ -274,6 +339,18 @@ class _Planner:
                                 f"({holder.cost_s:.1f} s), cheaper than reading it again on "
                                 f"{hit.provider} ({hit.cost_s:.1f} s)", (), holder.cost_s)
             hit = holder or hit
+            instead = self.instead_of_displacing(hit)
+            if instead is not None and instead.kind == "queued" and self.call.can_wait:
+                return Decision("wait", None, f"wait for a slot of {instead.model} on "
+                                f"{instead.provider}, which has a free cache slot "
+                                f"({instead.cost_s:.1f} s), cheaper than pushing a live "
+                                f"history out of {hit.provider} ({hit.cost_s:.1f} s)",
+                                (), instead.cost_s)
+            if instead is not None:
+                return Decision("placed", instead, f"step 4: {instead.kind} on "
+                                f"{instead.provider} ({instead.cost_s:.1f} s), cheaper than "
+                                f"pushing a live history out of {hit.provider} "
+                                f"({hit.cost_s:.1f} s)")
         if hit is not None:  # (every card's verdict is explain's to give)
             return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}")
         verdicts = [self.verdict(i, preferred) for i in self.indexes.values()]

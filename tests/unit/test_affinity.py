@@ -21,8 +21,8 @@ from proxy.core.prefill import (
     PrefillSpeed,
     read_answer,
 )
-from proxy.core.types import Snapshot
-from tests.unit.builders import GIB24, NOW, call, gpu, snapshot, ticket
+from proxy.core.types import ModelDemand, Snapshot
+from tests.unit.builders import GIB16, GIB24, NOW, call, gpu, snapshot, ticket
 
 RATE = 1000.0  # tokens/s, learned on both cards
 
@@ -271,3 +271,58 @@ def test_another_sidecars_prompts_are_wiped_by_a_load_after_them() -> None:
     absent = affinity.seen_loads(NO_CACHES, snapshot(gpu("a", GIB24, ())),
                                  shared=theirs.held)
     assert absent.merged(theirs.held).expected_cached("a", "qwen3:8b", loop(1, 5), 4) == 0
+
+
+def room_test_cards(caches: PromptCaches, b_total: int = GIB24, busy_b: int = 0,
+                    demand: dict[str, ModelDemand] | None = None) -> Snapshot:
+    """"a" (16 GiB, one slot) runs qwen3:8b; "b" is empty, or runs it busy with `busy_b`."""
+    return snapshot(
+        gpu("a", GIB16, ("qwen3:8b",)),
+        gpu("b", b_total, ("qwen3:8b",) if busy_b else ()),
+        tickets=tuple(ticket("b", "qwen3:8b", elapsed=18.0) for _ in range(busy_b)),
+        caches=caches, prefill=rates(), demand=demand or {},
+        lengths=NO_LENGTHS.observe("a", "qwen3:8b", CallSample(20.0))
+        .observe("b", "qwen3:8b", CallSample(20.0)))
+
+
+def test_a_new_conversation_loads_onto_free_room_rather_than_push_a_live_history_out() -> None:
+    # a's one cache slot holds conversation 1 (18000 tokens, live); its call slot is free.
+    # Taking it would make conversation 1 read 18000 tokens again (18 s); loading a copy on
+    # b costs about 6 s
+    new = loop(2, 0)
+    decision = place(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                     room_test_cards(caches_after(("a", loop(1, 4)))))
+    assert decision.placement is not None
+    assert (decision.placement.provider, decision.placement.kind) == ("b", "cold")
+    assert "pushing a live history out of a" in decision.reason
+    # a call without a conversation takes the warm copy, as before
+    plain = place(call("qwen3:8b", tokens=new.tokens),
+                  room_test_cards(caches_after(("a", loop(1, 4))))).placement
+    assert plain is not None and (plain.provider, plain.kind) == ("a", "warm")
+
+
+@pytest.mark.parametrize(("demand", "provider"), [
+    ({}, "b"),
+    # qwen3:14b was used lately, has no copy, and b is the only card with room for it: a
+    # load of qwen3:8b there would leave it none
+    ({"qwen3:14b": ModelDemand(recent_use=1.0)}, "a"),
+    ({"qwen3:14b": ModelDemand(waiters=1)}, "a"),
+])
+def test_the_load_leaves_the_room_a_model_in_demand_has_nowhere_else(
+        demand: dict[str, ModelDemand], provider: str) -> None:
+    new = loop(2, 0)
+    decision = place(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                     room_test_cards(caches_after(("a", loop(1, 4))), b_total=GIB16,
+                                     demand=demand))
+    assert decision.placement is not None and decision.placement.provider == provider
+
+
+def test_a_busy_copy_with_a_cache_slot_to_spare_is_waited_for_rather_than_push_one_out(
+) -> None:
+    # b's one call has 2 s left and b holds no conversation; no card has room for a load
+    new = loop(2, 0)
+    decision = place(call("qwen3:8b", tokens=new.tokens, conversation=new),
+                     room_test_cards(caches_after(("a", loop(1, 4))), b_total=GIB16,
+                                     busy_b=1))
+    assert decision.outcome == "wait" and decision.placement is None
+    assert "a slot of qwen3:8b on b, which has a free cache slot" in decision.reason
