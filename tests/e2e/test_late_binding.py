@@ -21,12 +21,18 @@ Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
 
 
-def test_two_sidecars_serve_a_shared_models_waiting_calls_in_arrival_order(
-        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+def two_sidecars_on_one_card(sim_factory: Sims, sidecar_factory: Sidecars,
+                             nats_server: NatsServer) -> tuple[str, str]:
+    """Sidecars "one" and "two" sharing NATS and one card with one slot of the 8b."""
     asyncio.run(empty_buckets(nats_server.url))
     gpu = sim_factory("a", total_vram_mib=24564, time_scale=0.2)
-    one = sidecar_factory([gpu], nats_url=nats_server.url, agent_name="one").url
-    two = sidecar_factory([gpu], nats_url=nats_server.url, agent_name="two").url
+    return (sidecar_factory([gpu], nats_url=nats_server.url, agent_name="one").url,
+            sidecar_factory([gpu], nats_url=nats_server.url, agent_name="two").url)
+
+
+def test_two_sidecars_serve_a_shared_models_waiting_calls_in_arrival_order(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    one, two = two_sidecars_on_one_card(sim_factory, sidecar_factory, nats_server)
     assert chat(one, "qwen3:8b").status_code == 200  # a warm copy with one slot
     holding = stream_in_background(one, "qwen3:8b", 600, threading.Event())  # ~2.4 s
     ended: dict[int, float] = {}
@@ -54,10 +60,7 @@ def test_two_sidecars_serve_a_shared_models_waiting_calls_in_arrival_order(
 
 def test_a_short_call_through_one_sidecar_passes_a_long_one_waiting_on_another(
         sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
-    asyncio.run(empty_buckets(nats_server.url))
-    gpu = sim_factory("a", total_vram_mib=24564, time_scale=0.2)
-    one = sidecar_factory([gpu], nats_url=nats_server.url, agent_name="one").url
-    two = sidecar_factory([gpu], nats_url=nats_server.url, agent_name="two").url
+    one, two = two_sidecars_on_one_card(sim_factory, sidecar_factory, nats_server)
     for url in (one, two):  # each sidecar learns the 8b's token rate from an answer
         assert chat(url, "qwen3:8b", options={"num_predict": 20}).status_code == 200
     slack = httpx.post(f"{one}/kubemoot/v1/explain", timeout=10, json={
