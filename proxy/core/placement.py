@@ -65,6 +65,7 @@ class _Planner:
         self.fitting = Fitting(call, Sizer(snapshot.providers, policy.disk_to_vram_factor),
                                {c.model: c.vram_mib for c in call.candidates})
         self.backlogs: dict[str, Backlog] = {}
+        self.wanted_models: list[str] | None = None
 
     def fit(self, index: ProviderIndex, model: str) -> Fit:
         return check(index, model, self.fitting, self.snapshot.health)
@@ -79,7 +80,7 @@ class _Planner:
                                self.call.phase, self.backlog(model))
         else:
             terms = cold_terms(index, model, self.fitting, self.snapshot, self.policy,
-                               self.call.phase)
+                               self.call.phase, self.shuts_out(index, model))
         length = call_length(index.name, model, self.call, self.snapshot, self.policy) \
             if self.detailed else None
         return Verdict(index.name, model, True, fit.reason, terms, sizing, length)
@@ -213,6 +214,38 @@ class _Planner:
                          self.takes_needed_room(index, model)):
             return None
         return verdict
+
+    def wanted(self) -> list[str]:
+        """The models in demand: on the demand board (waiting, announced, recently used or
+        predicted) or acceptable to this call."""
+        if self.wanted_models is None:
+            board = [m for m, d in self.snapshot.demand.items() if d.expected_reloads > 0]
+            self.wanted_models = sorted({*board, *(c.model for c in self.acceptable)})
+        return self.wanted_models
+
+    def blocked_by(self, index: ProviderIndex, model: str) -> list[str]:
+        """The models in demand, with no copy here, that fit this card's free room now and
+        would not fit beside a load of `model`."""
+        free = index.free_mib()
+        need = self.fitting.footprint_mib(index, model)
+        if free is None or need is None:
+            return []
+        return [other for other in self.wanted() if other != model
+                and not (index.is_warm(other) or index.is_loading(other))
+                and self.fits_free_room(index, other, free)
+                and not self.fits_free_room(index, other, free - need)]
+
+    def shuts_out(self, index: ProviderIndex, model: str) -> tuple[str, ...]:
+        """The models in demand a load of `model` here shuts out of this card, when another
+        card could take the load onto free room and still have room for every model in
+        demand; else ()."""
+        blocked = self.blocked_by(index, model)
+        if blocked and any(
+                self.fit(other, model).reason.startswith("fits:")
+                and not self.blocked_by(other, model)
+                for other in self.indexes.values() if other is not index):
+            return tuple(blocked)
+        return ()
 
     def takes_needed_room(self, index: ProviderIndex, model: str) -> bool:
         """Loading `model` here leaves too little room for another model the demand board
