@@ -2,10 +2,11 @@
 
 Physical terms: queue wait at a copy (slot arithmetic over the call's learned length), what
 queueing there adds to the model's backlog (the calls that find no free slot), load time
-(footprint / load speed), remaining load of a copy being loaded, and the loads ahead of a new
-one (Ollama loads one model at a time). Weights scaled to seconds: best fit, contention,
-reliability, spill (a copy partly in CPU memory, or residents beyond the usable memory) and
-the policy's phase-aware provider weight.
+(footprint / load speed), remaining load of a copy being loaded, the loads ahead of a new
+one (Ollama loads one model at a time), and the unload a model in demand would first wait
+for on a card a load shuts it out of when another card would not (docs/rules.md). Weights
+scaled to seconds: best fit, contention, reliability, spill (a copy partly in CPU memory,
+or residents beyond the usable memory) and the policy's phase-aware provider weight.
 """
 
 from __future__ import annotations
@@ -123,9 +124,15 @@ def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
 
 
 def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
-               policy: Policy, phase: str) -> dict[str, float]:
+               policy: Policy, phase: str, shuts_out: tuple[str, ...] = ()
+               ) -> dict[str, float]:
+    """`shuts_out`: models in demand this load leaves no room for on the card while another
+    card could hold it with room for them; a load of one of them here would first have to
+    wait for this copy's unload."""
     footprint = fitting.footprint_mib(index, model)
     terms = {"load": load_seconds(footprint, snapshot, policy)}
+    if shuts_out:
+        terms["takes_room"] = policy.unload_s
     ahead = loads_ahead_s(index, snapshot, policy)
     if ahead:
         terms["loads_ahead"] = ahead

@@ -65,9 +65,17 @@ class _Planner:
         self.fitting = Fitting(call, Sizer(snapshot.providers, policy.disk_to_vram_factor),
                                {c.model: c.vram_mib for c in call.candidates})
         self.backlogs: dict[str, Backlog] = {}
+        self.wanted_models: list[str] | None = None
+        self.fits: dict[tuple[str, str], Fit] = {}
+        self.blocked: dict[tuple[str, str], list[str]] = {}
+        self.roomy_cards: dict[str, list[str]] = {}  # per model: loads that shut none out
 
     def fit(self, index: ProviderIndex, model: str) -> Fit:
-        return check(index, model, self.fitting, self.snapshot.health)
+        key = (index.name, model)
+        found = self.fits.get(key)
+        if found is None:
+            found = self.fits[key] = check(index, model, self.fitting, self.snapshot.health)
+        return found
 
     def verdict(self, index: ProviderIndex, model: str) -> Verdict:
         fit = self.fit(index, model)
@@ -79,7 +87,7 @@ class _Planner:
                                self.call.phase, self.backlog(model))
         else:
             terms = cold_terms(index, model, self.fitting, self.snapshot, self.policy,
-                               self.call.phase)
+                               self.call.phase, self.shuts_out(index, model))
         length = call_length(index.name, model, self.call, self.snapshot, self.policy) \
             if self.detailed else None
         return Verdict(index.name, model, True, fit.reason, terms, sizing, length)
@@ -213,6 +221,44 @@ class _Planner:
                          self.takes_needed_room(index, model)):
             return None
         return verdict
+
+    def wanted(self) -> list[str]:
+        """The models in demand: on the demand board (waiting, announced, recently used or
+        predicted) or acceptable to this call."""
+        if self.wanted_models is None:
+            board = [m for m, d in self.snapshot.demand.items() if d.expected_reloads > 0]
+            self.wanted_models = sorted({*board, *(c.model for c in self.acceptable)})
+        return self.wanted_models
+
+    def blocked_by(self, index: ProviderIndex, model: str) -> list[str]:
+        """The models in demand, with no copy here, that fit this card's free room now and
+        would not fit beside a load of `model`."""
+        found = self.blocked.get((index.name, model))
+        if found is not None:
+            return found
+        free = index.free_mib()
+        need = self.fitting.footprint_mib(index, model)
+        found = self.blocked[index.name, model] = [] if free is None or need is None else [
+            other for other in self.wanted() if other != model
+            and not (index.is_warm(other) or index.is_loading(other))
+            and self.fits_free_room(index, other, free)
+            and not self.fits_free_room(index, other, free - need)]
+        return found
+
+    def shuts_out(self, index: ProviderIndex, model: str) -> tuple[str, ...]:
+        """The models in demand a load of `model` here shuts out of this card, when another
+        card could take the load onto free room and still have room for every model in
+        demand; else ()."""
+        blocked = self.blocked_by(index, model)
+        if not blocked:
+            return ()
+        roomy = self.roomy_cards.get(model)
+        if roomy is None:
+            roomy = self.roomy_cards[model] = [
+                other.name for other in self.indexes.values()
+                if self.fit(other, model).reason.startswith("fits:")
+                and not self.blocked_by(other, model)]
+        return tuple(blocked) if any(name != index.name for name in roomy) else ()
 
     def takes_needed_room(self, index: ProviderIndex, model: str) -> bool:
         """Loading `model` here leaves too little room for another model the demand board

@@ -228,6 +228,45 @@ def test_small_model_goes_to_the_smallest_card_that_fits() -> None:
     assert decision.placement and decision.placement.provider == "small"
 
 
+def test_a_load_leaves_a_model_in_demand_room_when_another_card_can() -> None:
+    """The 14B on the 16 GiB card would leave no room there for the 8B this call also
+    accepts; the 24 GiB card holds the 14B with room for the 8B beside it."""
+    snap = snapshot(gpu("big", GIB32), gpu("mid", GIB24), gpu("small", GIB16))
+    decision = place(call("qwen3:14b", ("qwen3:8b", -5)), snap)
+    assert decision.placement and decision.placement.provider == "mid"
+    terms = {v.provider: v.terms for v in decision.verdicts}
+    assert terms["small"]["takes_room"] == DEFAULT_POLICY.unload_s
+    assert "takes_room" not in terms["mid"] and "takes_room" not in terms["big"]
+
+
+def test_a_model_on_the_demand_board_counts_as_in_demand() -> None:
+    """The 14B is used elsewhere: the 8B's load keeps the 16 GiB card free for a 14B copy
+    and goes beside the 14B on the 24 GiB card."""
+    snap = snapshot(gpu("big", GIB32), gpu("mid", GIB24, ("qwen3:14b",)), gpu("small", GIB16),
+                    demand={"qwen3:14b": ModelDemand(recent_use=2)})
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.placement and decision.placement.provider == "mid"
+    assert decision.placement.kind == "cold"
+
+
+def test_room_is_taken_freely_when_no_card_could_spare_it() -> None:
+    """Every card the 8B fits leaves the 32B no room: best fit alone decides. A model
+    nobody wants, or one already on the card, is no reason either."""
+    shut_everywhere = snapshot(gpu("big", GIB32), gpu("other", GIB32),
+                               demand={"qwen3:32b": ModelDemand(waiters=1)})
+    decision = place(call("qwen3:8b"), shut_everywhere)
+    assert decision.placement and decision.placement.provider == "big"
+    assert all("takes_room" not in v.terms for v in decision.verdicts)
+    unwanted = snapshot(gpu("big", GIB32), gpu("mid", GIB24), gpu("small", GIB16))
+    decision = place(call("qwen3:14b"), unwanted)
+    assert decision.placement and decision.placement.provider == "small"
+    already_there = snapshot(gpu("big", GIB32), gpu("mid", GIB24, ("qwen3:8b",)),
+                             demand={"qwen3:8b": ModelDemand(recent_use=2)})
+    decision = place(call("qwen3:14b"), already_there)
+    assert decision.placement and decision.placement.provider == "mid"
+    assert all("takes_room" not in v.terms for v in decision.verdicts)
+
+
 def test_distinct_models_spread_while_one_model_concentrates() -> None:
     busy_a = snapshot(gpu("a", GIB32, ("qwen3:8b",)), gpu("b", GIB32),
                       tickets=(ticket("a", "qwen3:8b"),))
