@@ -6,6 +6,7 @@ within its slack)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 
@@ -13,13 +14,20 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.ports import MODEL_DEMAND
 from proxy.service.codec import escape_key
 from proxy.service.demand import WAIT_TTL_S, DemandBoard
-from tests.service.fakes import Answer, LoopClock
+from tests.service.fakes import Answer, FakeModelServer, LoopClock
 from tests.service.harness import Fleet, Sidecar
 
 
 def waiters(sidecar: Sidecar, model: str) -> int:
     found = sidecar.services.demand.view().get(model)
     return found.waiters if found else 0
+
+
+async def warm_8b(fleet: Fleet, **settings: Any) -> tuple[FakeModelServer, Sidecar]:
+    """One 24 GiB card holding the 8b (one slot) and a sidecar placing calls on it."""
+    gpu = fleet.gpu("a", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    return gpu, await fleet.sidecar(**settings)
 
 
 async def test_a_burst_while_a_copy_loads_spreads_over_both_copies(fleet: Fleet) -> None:
@@ -87,9 +95,7 @@ async def test_a_short_call_passes_a_long_one_that_arrived_within_its_slack(
     slot is busy until 10 s. A call of that usual length waits from 1 s (turn 2 s); one
     capped at 10 tokens arrives at 1.5 s (turn 1.55 s) and goes first; another capped one
     arrives at 3 s, after the long call's turn, and goes after it."""
-    gpu = fleet.gpu("a", total_vram_mib=24564)
-    gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    gpu, sidecar = await warm_8b(fleet, discuss_gpu_wait_limit_seconds=120)
     gpu.script(Answer(seconds=2, answer_tokens=200))
     assert (await sidecar.chat("qwen3:8b")).status == 200
     gpu.script(Answer(seconds=10), Answer(seconds=1, answer_tokens=10),
@@ -116,9 +122,7 @@ async def test_a_short_call_passes_a_long_one_that_arrived_within_its_slack(
 async def test_calls_of_unknown_length_keep_arrival_order(fleet: Fleet) -> None:
     """Nothing is known of the 8b's answers yet: a capped call that arrives later does not
     pass an uncapped one (no rate to say how short it is)."""
-    gpu = fleet.gpu("a", total_vram_mib=24564)
-    gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    gpu, sidecar = await warm_8b(fleet, discuss_gpu_wait_limit_seconds=120)
     gpu.script(Answer(seconds=5), Answer(seconds=2), Answer(seconds=1))
     busy = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(1)
@@ -131,9 +135,7 @@ async def test_calls_of_unknown_length_keep_arrival_order(fleet: Fleet) -> None:
 
 
 async def test_a_waiting_call_still_ends_at_its_wait_limit_with_gpu_busy(fleet: Fleet) -> None:
-    gpu = fleet.gpu("a", total_vram_mib=24564)
-    gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20)
+    gpu, sidecar = await warm_8b(fleet, discuss_gpu_wait_limit_seconds=20)
     gpu.script(Answer(seconds=60))
     working = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(1)
@@ -151,9 +153,7 @@ async def test_a_client_that_leaves_while_waiting_frees_its_place_at_once(
         fleet: Fleet) -> None:
     """Two calls wait for the one busy slot; the older leaves. Its entry goes at once and
     the younger takes the slot the moment it frees (no turn is left to the one gone)."""
-    gpu = fleet.gpu("a", total_vram_mib=24564)
-    gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    gpu, sidecar = await warm_8b(fleet, discuss_gpu_wait_limit_seconds=120)
     gpu.script(Answer(seconds=10))
     working = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(1)
@@ -179,9 +179,7 @@ async def test_a_free_slot_is_left_to_an_older_waiting_call_of_another_sidecar(
     """Another sidecar's call has waited longer for the 8b (its entry on the board): a call
     arriving here when the slot frees leaves it that slot, for YIELD_S at most (that sidecar
     never takes it here: it is only an entry), then takes it."""
-    gpu = fleet.gpu("a", total_vram_mib=24564)
-    gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar()
+    _, sidecar = await warm_8b(fleet)
     other = DemandBoard(sidecar.services.store, "elsewhere", sidecar.clock)
     await other.waiting("qwen3:8b")
     await asyncio.sleep(2)
@@ -212,9 +210,7 @@ async def test_waiting_calls_do_not_wake_each_other_with_their_refreshes(fleet: 
     in the minute, measured). Arrivals and departures wake them, and the busy call's ticket
     renewals (three a minute: 60), and probes, which this test keeps out of the minute
     (their state kept fresh meanwhile)."""
-    gpu = fleet.gpu("a", total_vram_mib=24564)
-    gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120,
+    gpu, sidecar = await warm_8b(fleet, discuss_gpu_wait_limit_seconds=120,
                                   probe_interval_seconds=600, state_stale_seconds=900)
     gpu.script(Answer(seconds=70), *[Answer(seconds=0.1)] * 20)
     working = sidecar.start_chat("qwen3:8b")
