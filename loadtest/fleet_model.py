@@ -70,6 +70,7 @@ class SimCall:
     blocks: tuple[Block, ...] = ()
     cached_tokens: int = 0
     prefill_s: float = 0.0
+    ends_loop: bool = False  # its answer calls no tool: the loop's last call
 
     @property
     def preferred(self) -> str:

@@ -238,6 +238,9 @@ class Kubemoot:
                 ticket.provider, ticket.model, _sample(call))
             if self.affinity and call.conversation is not None:
                 self._learn_prefill(call, ticket.provider, ticket.model)
+                if call.ends_loop:  # as the relay reads it: tools offered, none called
+                    self.caches = self.caches.finished(ticket.provider, ticket.model,
+                                                       call.conversation.digests)
 
     def _learn_prefill(self, call: SimCall, provider: str, model: str) -> None:
         """As the sidecar learns it: the answer's count (whole prompt, as 0.30.1+ reports

@@ -120,7 +120,7 @@ class Simulation:
                        rng.randint(*agent.prompt_tokens), rng.randint(*agent.output_tokens),
                        self.now)
         if agent.loops is not None:
-            call.prompt_tokens, call.conversation, call.blocks = \
+            call.prompt_tokens, call.conversation, call.blocks, call.ends_loop = \
                 self.loops.next_call(agent.name, agent.loops, rng)
         self.calls.append(call)
 

@@ -46,8 +46,9 @@ class ToolLoops:
         self._turn: dict[str, int] = {}
 
     def next_call(self, agent: str, spec: LoopSpec, rng: random.Random
-                  ) -> tuple[int, Conversation, tuple[Block, ...]]:
-        """(prompt tokens, the conversation, its blocks) of the agent's next call."""
+                  ) -> tuple[int, Conversation, tuple[Block, ...], bool]:
+        """(prompt tokens, the conversation, its blocks, whether it is the loop's last: its
+        answer calls no tool) of the agent's next call."""
         loops = self._loops.setdefault(agent, [])
         turn = self._turn.get(agent, 0)
         self._turn[agent] = turn + 1
@@ -63,7 +64,8 @@ class ToolLoops:
         digests = tuple(itertools.accumulate(blocks[1:], lambda d, b: hash((d, b)), initial=0)
                         )[1:]
         total = sum(t for _, t in blocks)
-        return total, Conversation(digests, total, 1 + spec.system_tokens), blocks
+        last = total > spec.max_tokens  # the next call of this loop starts a new one
+        return total, Conversation(digests, total, 1 + spec.system_tokens), blocks, last
 
     def _start(self, rng: random.Random, spec: LoopSpec) -> _Loop:
         return _Loop(next(self._ids), [(next(self._ids), rng.randint(*spec.task_tokens))])

@@ -89,8 +89,19 @@ def _seconds(final: dict[str, Any], key: str) -> float | None:
     return nanoseconds / 1e9 if isinstance(nanoseconds, int) else None
 
 
+# How an answer calls a tool, as a JSON key or value: Ollama's and OpenAI's `tool_calls`,
+# Anthropic's `tool_use` blocks, the Responses API's `function_call` items. In the answer's
+# text the quotes would be escaped, so the model writing these words does not match.
+TOOL_CALL_MARKS = (b'"tool_calls"', b'"tool_use"', b'"function_call"')
+MARK_OVERLAP = max(len(mark) for mark in TOOL_CALL_MARKS) - 1
+
+
+def calls_tool(data: bytes) -> bool:
+    return any(mark in data for mark in TOOL_CALL_MARKS)
+
+
 def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
-                 error: str | None = None) -> CallOutcome:
+                 error: str | None = None, called_tools: bool | None = None) -> CallOutcome:
     """The call's outcome from the engine's final metrics (ignored when it failed)."""
     metrics = metrics if ok else {}
     return CallOutcome(
@@ -103,6 +114,7 @@ def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
         answer_seconds=_seconds(metrics, "eval_duration"),
         prompt_seconds=_seconds(metrics, "prompt_eval_duration"),
         prompt_cached_count=cached_tokens(metrics),
+        called_tools=called_tools if ok else None,
     )
 
 
@@ -167,6 +179,7 @@ class RelayStream(StreamingResponse):
         self.started = started
         self.chunk_timeout_s = chunk_timeout_s
         self._tail = b""
+        self._called_tools = False
         self._final: dict[str, Any] = {}
         self._ok = False
         self._error: str | None = "client disconnected"
@@ -192,6 +205,10 @@ class RelayStream(StreamingResponse):
                     break
                 ended_with_newline = chunk.endswith(b"\n")
                 self._tail = (self._tail + chunk)[-8192:]
+                # (a mark may straddle two chunks)
+                if not self._called_tools and calls_tool(
+                        self._tail[-len(chunk) - MARK_OVERLAP:]):
+                    self._called_tools = True
                 yield chunk
             self._ok, self._error = True, None
             self._final = final_metrics(self._tail)
@@ -238,7 +255,8 @@ class RelayStream(StreamingResponse):
 
     async def _settle(self, client_left: bool = False) -> None:
         self._settled = True
-        outcome = outcome_from(self._final, self.started, self._ok, self._error)
+        outcome = outcome_from(self._final, self.started, self._ok, self._error,
+                               self._called_tools)
         try:
             await self.attempts.settle(replace(outcome, client_left=True) if client_left
                                        else outcome)
@@ -462,7 +480,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
             data, status_code=404, media_type=media_type, headers=headers))
     ok = upstream.status_code < 400
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
-    outcome = outcome_from(final_metrics(data), started, ok)
+    outcome = outcome_from(final_metrics(data), started, ok, called_tools=calls_tool(data))
     if not ok:
         outcome = CallOutcome(True, outcome.seconds, error=engine_error(data), began=False)
     return SettlingResponse(data, attempts, outcome, status_code=upstream.status_code,

@@ -345,6 +345,7 @@ class SidecarApi:
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
             conversation=conversation,
+            offers_tools=bool(conversation) and bool(body.get("tools")),
             shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,
             disconnected=lambda: _disconnect(request),
         )

@@ -12,8 +12,9 @@ and expects a prompt to survive while:
 - the prompt still fits the context the copy gives it.
 
 Sending a call to a copy whose slots all hold other conversations pushes out the least
-recent one, which costs a re-read unless that conversation has ended: idle longer than the
-longest pause between calls seen on the copy.
+recent one, which costs a re-read unless that conversation has ended: its last call offered
+tools and was answered without a tool call (the loop's final answer), or it has been idle
+longer than the longest pause between calls seen on the copy.
 
 A prompt is known by the conversation digests of core/tokens.py: one per prefix of its
 messages, each also covering the system text and tools. A call continues a held prompt when
@@ -58,11 +59,13 @@ class Held:
     # the longest time between two of its calls seen (0: one call known); not part of what
     # makes two entries the same
     pause: float = field(default=0.0, compare=False)
+    # its answer ended the loop: tools were offered and none was called
+    finished: bool = field(default=False, compare=False)
 
     @staticmethod
     def of(conversation: Conversation, at: float, pause: float = 0.0) -> Held:
         digests = conversation.digests
-        return Held(digests[0], digests[min(1, len(digests) - 1)], digests[-1],
+        return Held(digests[0], ident_of(digests), digests[-1],
                     len(digests), conversation.tokens, conversation.shared_tokens, at, pause)
 
     def same_conversation(self, other: Held) -> bool:
@@ -77,6 +80,12 @@ class Held:
         if self.items <= len(digests) and digests[self.items - 1] == self.last:
             return self.tokens
         return min(self.shared_tokens, conversation.shared_tokens)
+
+
+def ident_of(digests: tuple[int, ...]) -> int:
+    """Which conversation a prompt belongs to: its digest of the agent's prefix and the
+    task (the first message after the system text)."""
+    return digests[min(1, len(digests) - 1)]
 
 
 def cache_slots(slots: int, version: str) -> int:
@@ -126,7 +135,7 @@ class PromptCaches:
         if conversation is None or not conversation.digests:
             return 0
         loaded = self.loaded_at.get((provider, model), float("-inf"))
-        ident = Held.of(conversation, 0.0).ident
+        ident = ident_of(conversation.digests)
         kept: list[Held] = []
         for held in self.held.get((provider, model), ()):
             if held.at < loaded or len(kept) >= slots:
@@ -140,9 +149,12 @@ class PromptCaches:
         return kept[-1].tokens
 
     def ended(self, provider: str, model: str, held: Held, now: float) -> bool:
-        """Whether the conversation is taken as over: idle for ENDED_AFTER_PAUSES times the
-        longest pause between calls of any conversation the copy holds (its calls' cadence:
-        think time, tools, the other loops' turns). Never while no pause is known."""
+        """Whether the conversation is taken as over: its last answer ended its loop, or it
+        has been idle for ENDED_AFTER_PAUSES times the longest pause between calls of any
+        conversation the copy holds (its calls' cadence: think time, tools, the other loops'
+        turns; never while no pause is known)."""
+        if held.finished:
+            return True
         cadence = max((h.pause for h in self.held.get((provider, model), ())), default=0.0)
         return cadence > 0 and now - held.at > ENDED_AFTER_PAUSES * cadence
 
@@ -151,14 +163,27 @@ class PromptCaches:
         """A call of this conversation went to the copy: its prompt is the newest there."""
         if not conversation.digests:
             return self
-        ident = Held.of(conversation, now).ident
+        ident = ident_of(conversation.digests)
         earlier = [h for kept in self.held.values() for h in kept if h.ident == ident]
-        pause = 0.0 if not earlier else max(now - max(h.at for h in earlier),
-                                            *(h.pause for h in earlier))
+        pause = max((h.pause for h in earlier), default=0.0)
+        latest = max(earlier, key=lambda h: h.at, default=None)
+        if latest is not None and not latest.finished:  # after a final answer: no cadence
+            pause = max(pause, now - latest.at)
         new = Held.of(conversation, now, pause)
         key = (provider, model)
         kept = tuple(h for h in self.held.get(key, ()) if not h.same_conversation(new))
         return replace(self, held={**self.held, key: (new, *kept)[:KEEP_PER_COPY]})
+
+    def finished(self, provider: str, model: str, digests: tuple[int, ...]) -> PromptCaches:
+        """The call of this conversation sent to the copy was answered without a tool call
+        although it offered tools: the loop is over, its slot free to the next."""
+        key = (provider, model)
+        held = self.held.get(key, ())
+        if not digests or not held:
+            return self
+        ident = ident_of(digests)
+        marked = tuple(replace(h, finished=True) if h.ident == ident else h for h in held)
+        return replace(self, held={**self.held, key: marked})
 
     def loaded(self, provider: str, model: str, now: float) -> PromptCaches:
         """The copy was (re)loaded: every slot starts empty."""

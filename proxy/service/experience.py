@@ -15,6 +15,7 @@ from proxy.core.conversations import (
     Held,
     PromptCaches,
     cache_slots,
+    ident_of,
 )
 from proxy.core.health import ProviderStats
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
@@ -107,6 +108,15 @@ class Learning:
             del self.expected_cached[next(iter(self.expected_cached))]
         self.caches = self.caches.sent(provider, model, conversation, now)
         self.unshared.append(((provider, model), Held.of(conversation, now)))
+        del self.unshared[:-MAX_IN_FLIGHT]
+
+    def finished(self, provider: str, model: str, digests: tuple[int, ...]) -> None:
+        """The call's answer ended its tool loop: the copy's slot holding it is free to the
+        next conversation, here and, with the next share, on every sidecar."""
+        self.caches = self.caches.finished(provider, model, digests)
+        ident = ident_of(digests)
+        self.unshared += [((provider, model), h) for h in self.caches.held.get(
+            (provider, model), ()) if h.ident == ident]
         del self.unshared[:-MAX_IN_FLIGHT]
 
     def observe_prefill(self, provider: str, model: str, ticket: str, version: str,

@@ -38,6 +38,7 @@ class CallRequest:
     # Of the prompt, the agent's prefix every conversation of it shares (core/affinity.py)
     shared_prompt: PromptSize = NO_PROMPT
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
+    offers_tools: bool = False  # an answer without a tool call then ends the agent's loop
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 
@@ -78,6 +79,8 @@ class CallOutcome:
     # Of the prompt, the tokens the engine says it found cached (no Ollama version says it
     # yet; docs/affinity.md)
     prompt_cached_count: int | None = None
+    # Whether the answer called a tool (None: not read, or it failed)
+    called_tools: bool | None = None
 
 
 @dataclass(frozen=True)

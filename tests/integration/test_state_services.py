@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
 
 import nats
+import orjson
 import pytest
 
 from loadtest.nats_server import NatsServer
 from proxy.adapters.dcgm import DcgmExporter
+from proxy.core.conversations import Held
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
@@ -112,6 +115,24 @@ async def test_use_counts_are_written_once_per_flush_not_per_call(
     await asyncio.sleep(0.1)
     assert board.view()["m"].recent_use == pytest.approx(5.0)
     assert store.changes.value == writes_before + 1
+
+
+async def test_a_loops_end_is_shared_with_the_prompts_each_sidecar_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demand_module, "USE_FLUSH_S", 0.02)
+    store, clock = MemoryStore(), Clock()
+    one, two = DemandBoard(store, "crew/one", clock), DemandBoard(store, "crew/two", clock)
+    live = Held(1, 2, 3, 4, 5000, 100, clock.now())
+    one.note_held([(("a", "m"), live), (("b", "m"), replace(live, ident=7, finished=True))])
+    await asyncio.sleep(0.1)
+    shared = two.shared_caches()
+    assert [h.finished for h in shared[("a", "m")]] == [False]
+    assert [h.finished for h in shared[("b", "m")]] == [True]
+    assert one.shared_caches() == {}  # its own are not echoed back
+    # a row from a sidecar that does not say it (seven fields) is a live loop's
+    await store.put(MODEL_DEMAND, "cache.crew/old", orjson.dumps({
+        "expiresAt": clock.now() + 60, "copies": [["c", "m", [[1, 9, 3, 4, 5000, 100, 0.0]]]]}))
+    assert [h.finished for h in two.shared_caches()[("c", "m")]] == [False]
 
 
 async def test_demand_rates_decay_and_entries_expire() -> None:

@@ -217,6 +217,30 @@ def test_a_conversation_is_not_taken_as_ended_while_no_pause_is_known() -> None:
     assert caches.displaced("a", "qwen3:8b", loop(3, 0), 1, NOW) == 18000
 
 
+def test_a_loop_whose_answer_called_no_tool_has_ended_at_once() -> None:
+    # a (one slot) holds conversation 1, which came every 20 s and last 10 s ago: live by its
+    # cadence, but its last answer called no tool although tools were offered
+    caches = sent_at(("a", loop(1, 4), 30), ("a", loop(1, 5), 10))
+    assert caches.displaced("a", "qwen3:8b", loop(3, 0), 1, NOW) == 22000
+    finished = caches.finished("a", "qwen3:8b", loop(1, 5).digests)
+    assert finished.displaced("a", "qwen3:8b", loop(3, 0), 1, NOW) == 0
+    assert finished.held[("a", "qwen3:8b")][0] == caches.held[("a", "qwen3:8b")][0]
+    # another copy's entry of the conversation, or another conversation, is not marked
+    assert finished.finished("b", "qwen3:8b", loop(1, 5).digests) == finished
+    assert not caches.finished("a", "qwen3:8b", loop(2, 5).digests).held[
+        ("a", "qwen3:8b")][0].finished
+
+
+def test_a_loop_resumed_after_its_final_answer_does_not_count_the_gap_as_its_cadence(
+) -> None:
+    caches = sent_at(("a", loop(1, 4), 300), ("a", loop(1, 5), 280))
+    resumed = caches.finished("a", "qwen3:8b", loop(1, 5).digests) \
+        .sent("a", "qwen3:8b", loop(1, 6), NOW)
+    held = resumed.held[("a", "qwen3:8b")][0]
+    assert held.pause == 20 and not held.finished  # live again; its cadence stays 20 s
+    assert caches.sent("a", "qwen3:8b", loop(1, 6), NOW).held[("a", "qwen3:8b")][0].pause == 280
+
+
 def held_on(caches: PromptCaches, snap: Snapshot, provider: str = "a") -> int:
     """What copy `provider` is expected to hold of conversation 1's next call, with four
     slots, after the loads `snap` shows."""

@@ -20,6 +20,7 @@ from proxy.api.errors import Dialect, stream_error_line
 from proxy.api.relay import (
     ClientGone,
     answer_tokens,
+    calls_tool,
     client_watch,
     engine_error,
     final_metrics,
@@ -218,6 +219,50 @@ async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
                           on_send=check)
     # The client's next call may come as soon as the stream ends: the ticket must be gone.
     assert settled_at_end == [True] and outcomes[0].prompt_eval_count == 3
+
+
+@pytest.mark.parametrize(("answer", "called"), [
+    (b'{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"ls",'
+     b'"arguments":{}}}]},"done":false}', True),  # Ollama
+    (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":'
+     b'[{"id":"c1","index":0,"type":"function"}]}}]}', True),  # OpenAI chat
+    (b'data: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use",'
+     b'"id":"t1","name":"ls","input":{}}}', True),  # Anthropic
+    (b'data: {"type":"response.output_item.added","item":{"type":"function_call",'
+     b'"name":"ls"}}', True),  # the Responses API
+    (b'{"message":{"role":"assistant","content":"Done."},"done":true}', False),
+    # the model writing the words: escaped inside the text
+    (b'{"message":{"role":"assistant","content":"no \\"tool_calls\\" needed"},"done":true}',
+     False),
+    (b'data: {"type":"response.function_call_arguments.delta","delta":"{}"}', False),
+])
+def test_an_answer_calling_a_tool_is_recognised_in_every_dialect(answer: bytes, called: bool
+                                                                 ) -> None:
+    assert calls_tool(answer) is called
+
+
+async def test_a_streamed_answer_says_whether_it_called_a_tool_though_a_chunk_cuts_the_mark(
+) -> None:
+    line = b'{"message":{"content":"","tool_calls":[{"function":{"name":"ls"}}]}}\n'
+    cut = line.index(b"tool_calls") + 4
+    end = b'{"done":true,"prompt_eval_count":3}\n'
+    outcomes: list[CallOutcome] = []
+    await _stream_through(answering(NDJSON_HEAD + _chunked(line[:cut], line[cut:], end, b"")),
+                          1, outcomes)
+    plain = b'{"message":{"content":"Done."}}\n'
+    await _stream_through(answering(NDJSON_HEAD + _chunked(plain, end, b"")), 1, outcomes)
+    assert [o.called_tools for o in outcomes] == [True, False]
+
+
+async def test_a_complete_answer_says_whether_it_called_a_tool(upstream: respx.Router) -> None:
+    outcomes: list[CallOutcome] = []
+    for message in ({"content": "", "tool_calls": [{"function": {"name": "ls"}}]},
+                    {"content": "Done."}):
+        upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
+            200, json={"message": message, "done": True}))
+        await _deliver(await forward(_attempts(outcomes, upstream), "/api/chat",
+                                     {"model": "m"}, False, 1))
+    assert [o.called_tools for o in outcomes] == [True, False]
 
 
 async def test_a_stalled_stream_ends_with_an_error_line_after_the_chunk_timeout() -> None:
