@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -92,12 +93,12 @@ def _seconds(final: dict[str, Any], key: str) -> float | None:
 # How an answer calls a tool, as a JSON key or value: Ollama's and OpenAI's `tool_calls`,
 # Anthropic's `tool_use` blocks, the Responses API's `function_call` items. In the answer's
 # text the quotes would be escaped, so the model writing these words does not match.
-TOOL_CALL_MARKS = (b'"tool_calls"', b'"tool_use"', b'"function_call"')
-MARK_OVERLAP = max(len(mark) for mark in TOOL_CALL_MARKS) - 1
+TOOL_CALL = re.compile(rb'"(?:tool_calls|tool_use|function_call)"')
+MARK_OVERLAP = len(b'"function_call"') - 1  # (a mark may straddle two chunks)
 
 
-def calls_tool(data: bytes) -> bool:
-    return any(mark in data for mark in TOOL_CALL_MARKS)
+def calls_tool(data: bytes, start: int = 0) -> bool:
+    return TOOL_CALL.search(data, max(start, 0)) is not None
 
 
 def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
@@ -205,9 +206,8 @@ class RelayStream(StreamingResponse):
                     break
                 ended_with_newline = chunk.endswith(b"\n")
                 self._tail = (self._tail + chunk)[-8192:]
-                # (a mark may straddle two chunks)
                 if not self._called_tools and calls_tool(
-                        self._tail[-len(chunk) - MARK_OVERLAP:]):
+                        self._tail, len(self._tail) - len(chunk) - MARK_OVERLAP):
                     self._called_tools = True
                 yield chunk
             self._ok, self._error = True, None

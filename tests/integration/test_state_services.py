@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import nats
@@ -15,10 +15,10 @@ import pytest
 
 from loadtest.nats_server import NatsServer
 from proxy.adapters.dcgm import DcgmExporter
-from proxy.core.conversations import Held
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
+from proxy.core.conversations import Held
 from proxy.ports import BUCKETS, MODEL_DEMAND, PROVIDER_STATE
 from proxy.service import demand as demand_module
 from proxy.service.codec import ProviderState, escape_key, unescape_key
