@@ -24,7 +24,12 @@ from proxy.api.errors import (
 from proxy.api.relay import forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.models import model_name, normalise_model
-from proxy.core.tokens import conversation_digests, longest_input_size, prompt_size
+from proxy.core.tokens import (
+    answers_tool_result,
+    conversation_digests,
+    longest_input_size,
+    prompt_size,
+)
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import ModelEntry, ModelServer, UpstreamError
@@ -345,7 +350,7 @@ class SidecarApi:
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
             conversation=conversation,
-            offers_tools=bool(conversation) and bool(body.get("tools")),
+            ends_loop_unless_tool_called=bool(conversation) and answers_tool_result(body),
             shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,
             disconnected=lambda: _disconnect(request),
         )

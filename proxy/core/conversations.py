@@ -12,9 +12,9 @@ and expects a prompt to survive while:
 - the prompt still fits the context the copy gives it.
 
 Sending a call to a copy whose slots all hold other conversations pushes out the least
-recent one, which costs a re-read unless that conversation has ended: its last call offered
-tools and was answered without a tool call (the loop's final answer), or it has been idle
-longer than the longest pause between calls seen on the copy.
+recent one, which costs a re-read unless that conversation has ended: its last call gave
+the model a tool's result and the answer called no tool (the loop's final answer), or it has
+been idle longer than the longest pause between calls seen on the copy.
 
 A prompt is known by the conversation digests of core/tokens.py: one per prefix of its
 messages, each also covering the system text and tools. A call continues a held prompt when
@@ -59,7 +59,7 @@ class Held:
     # the longest time between two of its calls seen (0: one call known); not part of what
     # makes two entries the same
     pause: float = field(default=0.0, compare=False)
-    # its answer ended the loop: tools were offered and none was called
+    # its answer ended the loop: a tool's result answered without a tool call
     finished: bool = field(default=False, compare=False)
 
     @staticmethod
@@ -175,8 +175,8 @@ class PromptCaches:
         return replace(self, held={**self.held, key: (new, *kept)[:KEEP_PER_COPY]})
 
     def finished(self, provider: str, model: str, digests: tuple[int, ...]) -> PromptCaches:
-        """The call of this conversation sent to the copy was answered without a tool call
-        although it offered tools: the loop is over, its slot free to the next."""
+        """The call of this conversation sent to the copy answered a tool's result without
+        calling a tool: the loop is over, its slot free to the next."""
         key = (provider, model)
         held = self.held.get(key, ())
         if not digests or not held:

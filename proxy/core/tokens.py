@@ -234,6 +234,25 @@ def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
     return tuple(digests)
 
 
+def answers_tool_result(body: dict[str, Any]) -> bool:
+    """Whether the call offers tools and its conversation ends with a tool's result (Ollama's
+    and OpenAI's `tool` message, Anthropic's `tool_result` block, the Responses API's
+    `function_call_output` item): an agent's loop, whose answer without a tool call is its
+    last. A chat turn (the user spoke last) is not: the user may go on."""
+    if not body.get("tools"):
+        return False
+    items = next((v for k in CONVERSATION_KEYS
+                  if isinstance(v := body.get(k), list) and v), None)
+    last = items[-1] if items else None
+    if not isinstance(last, dict):
+        return False
+    if last.get("role") == "tool" or last.get("type") == "function_call_output":
+        return True
+    content = last.get("content")
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and block.get("type") == "tool_result" for block in content)
+
+
 def _canonical(item: Any) -> bytes:
     """An item as its content: keys sorted, empty fields dropped (clients differ in sending
     `"images": null` or nothing, and a field's order says nothing of the prompt)."""

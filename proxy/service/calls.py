@@ -98,7 +98,7 @@ class CallService:
                 learning.observe_load(placement.footprint_mib, outcome.load_seconds)
             if outcome.began and not outcome.prompt_too_long:
                 learning.observe_call(placement.provider, placement.model, outcome)
-            if call.offers_tools and outcome.called_tools is False:
+            if call.ends_loop_unless_tool_called and outcome.called_tools is False:
                 learning.finished(placement.provider, placement.model, call.conversation)
             self.demand.note_use(placement.model)
             self.demand.note_held(self.experience.learning.take_unshared())

@@ -38,7 +38,9 @@ class CallRequest:
     # Of the prompt, the agent's prefix every conversation of it shares (core/affinity.py)
     shared_prompt: PromptSize = NO_PROMPT
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
-    offers_tools: bool = False  # an answer without a tool call then ends the agent's loop
+    # tools offered, a tool's result last (core.tokens.answers_tool_result): an answer that
+    # calls no tool ends the agent's loop
+    ends_loop_unless_tool_called: bool = False
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 

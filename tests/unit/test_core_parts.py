@@ -18,6 +18,7 @@ from proxy.core.tokens import (
     ConversationMemory,
     PromptSize,
     TokenRatio,
+    answers_tool_result,
     conversation_digests,
     longest_input_size,
     prompt_size,
@@ -451,3 +452,23 @@ def test_what_a_conversation_appends_carries_the_chat_templates_tokens() -> None
     later = CallRequest("/api/chat", "m", prompt=grown, conversation=conversation_digests(longer))
     appended = math.ceil(80 / learning.ratio.chars_per_token) + 2 * PIECE_TOKENS
     assert learning.prompt_tokens(later) == 315 + appended
+
+
+TOOLS = [{"type": "function", "function": {"name": "ls"}}]
+ASKED = {"role": "user", "content": "list the files"}
+
+
+@pytest.mark.parametrize(("body", "loop"), [
+    ({"tools": TOOLS, "messages": [ASKED, {"role": "assistant", "tool_calls": []},
+                                   {"role": "tool", "content": "a.py"}]}, True),  # Ollama
+    ({"tools": TOOLS, "messages": [ASKED, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "a.py"}]}]}, True),  # Anthropic
+    ({"tools": TOOLS, "input": [ASKED, {"type": "function_call_output", "call_id": "c1",
+                                        "output": "a.py"}]}, True),  # the Responses API
+    ({"tools": TOOLS, "messages": [ASKED]}, False),  # a chat turn: the user may go on
+    ({"messages": [ASKED, {"role": "tool", "content": "a.py"}]}, False),  # no tools offered
+    ({"tools": TOOLS, "input": "list the files"}, False),
+])
+def test_a_call_answering_a_tools_result_is_an_agents_loop(body: dict[str, object],
+                                                             loop: bool) -> None:
+    assert answers_tool_result(body) is loop
