@@ -238,7 +238,8 @@ class Kubemoot:
                 ticket.provider, ticket.model, _sample(call))
             if self.affinity and call.conversation is not None:
                 self._learn_prefill(call, ticket.provider, ticket.model)
-                if call.ends_loop:  # as the sidecar reads it: a tool's result answered, no tool called
+                # as the sidecar reads it: a tool's result answered, no tool called
+                if call.ends_loop:
                     self.caches = self.caches.finished(ticket.provider, ticket.model,
                                                        call.conversation.digests)
 

@@ -321,10 +321,12 @@ class DemandBoard:
 
 def _held_row(held: Held) -> tuple[int | float, ...]:
     return (held.first, held.ident, held.last, held.items, held.tokens, held.shared_tokens,
-            round(held.at, 3), int(held.finished))
+            round(held.at, 3), int(held.finished), round(held.pause, 3))
 
 
 def _held_of(row: list[int | float]) -> Held:
     first, ident, last, items, tokens, shared = (int(x) for x in row[:6])
-    finished = len(row) > 7 and bool(row[7])  # rows from sidecars before it have seven
-    return Held(first, ident, last, items, tokens, shared, float(row[6]), finished=finished)
+    # older sidecars' rows end after `at`: a live loop, its cadence unknown
+    finished = len(row) > 7 and bool(row[7])
+    pause = float(row[8]) if len(row) > 8 else 0.0
+    return Held(first, ident, last, items, tokens, shared, float(row[6]), pause, finished)

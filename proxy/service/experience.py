@@ -98,7 +98,7 @@ class Learning:
         provider, model = placement.provider, placement.model
         if placement.loads:
             self.caches = self.caches.loaded(provider, model, now)
-        if conversation is None:
+        if conversation is None or not conversation.digests:
             return
         slots = cache_slots(model_slots(view, model), view.version)
         expected = 0 if placement.loads else self.merged_caches() \
@@ -107,7 +107,8 @@ class Learning:
         if len(self.expected_cached) > MAX_IN_FLIGHT:  # an attempt never settled
             del self.expected_cached[next(iter(self.expected_cached))]
         self.caches = self.caches.sent(provider, model, conversation, now)
-        self.unshared.append(((provider, model), Held.of(conversation, now)))
+        newest = self.caches.held[(provider, model)][0]  # with its conversation's cadence
+        self.unshared.append(((provider, model), newest))
         del self.unshared[:-MAX_IN_FLIGHT]
 
     def finished(self, provider: str, model: str, digests: tuple[int, ...]) -> None:

@@ -117,22 +117,22 @@ async def test_use_counts_are_written_once_per_flush_not_per_call(
     assert store.changes.value == writes_before + 1
 
 
-async def test_a_loops_end_is_shared_with_the_prompts_each_sidecar_sent(
+async def test_a_loops_end_and_cadence_are_shared_with_the_prompts_each_sidecar_sent(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(demand_module, "USE_FLUSH_S", 0.02)
     store, clock = MemoryStore(), Clock()
     one, two = DemandBoard(store, "crew/one", clock), DemandBoard(store, "crew/two", clock)
-    live = Held(1, 2, 3, 4, 5000, 100, clock.now())
+    live = Held(1, 2, 3, 4, 5000, 100, clock.now(), pause=12.5)
     one.note_held([(("a", "m"), live), (("b", "m"), replace(live, ident=7, finished=True))])
     await asyncio.sleep(0.1)
     shared = two.shared_caches()
-    assert [h.finished for h in shared[("a", "m")]] == [False]
-    assert [h.finished for h in shared[("b", "m")]] == [True]
+    assert [(h.finished, h.pause) for h in shared[("a", "m")]] == [(False, 12.5)]
+    assert [(h.finished, h.pause) for h in shared[("b", "m")]] == [(True, 12.5)]
     assert one.shared_caches() == {}  # its own are not echoed back
-    # a row from a sidecar that does not say it (seven fields) is a live loop's
+    # a row from a sidecar that does not say it (seven fields): a live loop, cadence unknown
     await store.put(MODEL_DEMAND, "cache.crew/old", orjson.dumps({
         "expiresAt": clock.now() + 60, "copies": [["c", "m", [[1, 9, 3, 4, 5000, 100, 0.0]]]]}))
-    assert [h.finished for h in two.shared_caches()[("c", "m")]] == [False]
+    assert [(h.finished, h.pause) for h in two.shared_caches()[("c", "m")]] == [(False, 0)]
 
 
 async def test_demand_rates_decay_and_entries_expire() -> None:
