@@ -106,10 +106,10 @@ class _Planner:
         for i in sorted((i for i, v in enumerate(out) if v.feasible), key=lambda i: out[i].cost_s):
             if out[i].cost_s > cheapest:
                 break
-            index = self.indexes[out[i].provider]
-            fit = self.fit(index, out[i].model)
-            if not (fit.warm or fit.loading):
-                out[i] = self.verdict(index, out[i].model)
+            index, model = self.indexes[out[i].provider], out[i].model
+            fit = self.fit(index, model)
+            if not (fit.warm or fit.loading) and self.shuts_out(index, model):
+                out[i] = self.verdict(index, model)
             cheapest = min(cheapest, out[i].cost_s)
         return out
 
