@@ -68,7 +68,7 @@ class _Planner:
         self.wanted_models: list[str] | None = None
         self.fits: dict[tuple[str, str], Fit] = {}
         self.blocked: dict[tuple[str, str], list[str]] = {}
-        self.roomy_cards: dict[str, list[str]] = {}  # per model: loads that shut none out
+        self.roomy: dict[str, bool] = {}  # per model: a card takes a load of it shutting none out
 
     def fit(self, index: ProviderIndex, model: str) -> Fit:
         key = (index.name, model)
@@ -77,7 +77,9 @@ class _Planner:
             found = self.fits[key] = check(index, model, self.fitting, self.snapshot.health)
         return found
 
-    def verdict(self, index: ProviderIndex, model: str) -> Verdict:
+    def verdict(self, index: ProviderIndex, model: str, room: bool = True) -> Verdict:
+        """`room=False` leaves a cold load's `takes_room` out (unless detailed: explain shows
+        every term), for `weigh_room` to add where it can decide."""
         fit = self.fit(index, model)
         sizing = self.sizing(index, model, fit) if self.detailed else {}
         if not fit.ok:
@@ -86,11 +88,30 @@ class _Planner:
             terms = warm_terms(index, model, self.fitting, self.snapshot, self.policy,
                                self.call.phase, self.backlog(model))
         else:
+            shut = self.shuts_out(index, model) if room or self.detailed else ()
             terms = cold_terms(index, model, self.fitting, self.snapshot, self.policy,
-                               self.call.phase, self.shuts_out(index, model))
+                               self.call.phase, shut)
         length = call_length(index.name, model, self.call, self.snapshot, self.policy) \
             if self.detailed else None
         return Verdict(index.name, model, True, fit.reason, terms, sizing, length)
+
+    def weigh_room(self, verdicts: list[Verdict]) -> list[Verdict]:
+        """Verdicts made with `room=False`, `takes_room` added wherever it can change which
+        is cheapest (sizing every model in demand on the card for it is most of a cold
+        verdict's work). The term only adds to a cold verdict's cost, so going up from the
+        lowest cost, once a verdict costs more than the cheapest complete one so far, neither
+        it nor any after it can win or tie: those stay without it."""
+        out = list(verdicts)
+        cheapest = float("inf")
+        for i in sorted((i for i, v in enumerate(out) if v.feasible), key=lambda i: out[i].cost_s):
+            if out[i].cost_s > cheapest:
+                break
+            index, model = self.indexes[out[i].provider], out[i].model
+            fit = self.fit(index, model)
+            if not (fit.warm or fit.loading) and self.shuts_out(index, model):
+                out[i] = self.verdict(index, model)
+            cheapest = min(cheapest, out[i].cost_s)
+        return out
 
     def backlog(self, model: str) -> Backlog:
         found = self.backlogs.get(model)
@@ -196,13 +217,14 @@ class _Planner:
         if hit.kind != "warm" or not self.verdict(self.indexes[hit.provider],
                                                   hit.model).terms.get("cache_eviction"):
             return None
-        best: Verdict | None = None
-        for candidate in self.acceptable:
-            for index in self.indexes.values():
-                verdict = self.alternative_to_displacing(index, candidate.model)
-                if verdict is not None and (best is None or _better(verdict, best)):
-                    best = verdict
-        if best is None or best.cost_s >= hit.cost_s:
+        alternatives = [verdict for candidate in self.acceptable
+                        for index in self.indexes.values()
+                        if (verdict := self.alternative_to_displacing(index, candidate.model))
+                        is not None]
+        if not alternatives:
+            return None
+        best = min(self.weigh_room(alternatives), key=lambda v: (v.cost_s, v.provider))
+        if best.cost_s >= hit.cost_s:
             return None
         index = self.indexes[best.provider]
         copy = index.is_warm(best.model) or index.is_loading(best.model)
@@ -210,11 +232,12 @@ class _Planner:
 
     def alternative_to_displacing(self, index: ProviderIndex, model: str) -> Verdict | None:
         """A busy copy that pushes no history out, or a load onto free room that takes no
-        room needed elsewhere (a copy with a free call slot is steps 1-3's)."""
+        room needed elsewhere (a copy with a free call slot is steps 1-3's); `takes_room` is
+        `weigh_room`'s to add."""
         copy = index.is_warm(model) or index.is_loading(model)
         if copy and index.free_slots(model) > 0:
             return None
-        verdict = self.verdict(index, model)
+        verdict = self.verdict(index, model, room=False)
         if not verdict.feasible or verdict.terms.get("cache_eviction"):
             return None
         if not copy and (not verdict.reason.startswith(("fits", "fit unknown")) or
@@ -252,13 +275,12 @@ class _Planner:
         blocked = self.blocked_by(index, model)
         if not blocked:
             return ()
-        roomy = self.roomy_cards.get(model)
-        if roomy is None:
-            roomy = self.roomy_cards[model] = [
-                other.name for other in self.indexes.values()
-                if self.fit(other, model).reason.startswith("fits:")
-                and not self.blocked_by(other, model)]
-        return tuple(blocked) if any(name != index.name for name in roomy) else ()
+        roomy = self.roomy.get(model)
+        if roomy is None:  # (not `index`: it shuts `blocked` out)
+            roomy = self.roomy[model] = any(
+                self.fit(other, model).reason.startswith("fits:")
+                and not self.blocked_by(other, model) for other in self.indexes.values())
+        return tuple(blocked) if roomy else ()
 
     def takes_needed_room(self, index: ProviderIndex, model: str) -> bool:
         """Loading `model` here leaves too little room for another model the demand board
@@ -399,7 +421,8 @@ class _Planner:
                                 f"({hit.cost_s:.1f} s)")
         if hit is not None:  # (every card's verdict is explain's to give)
             return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}")
-        verdicts = [self.verdict(i, preferred) for i in self.indexes.values()]
+        verdicts = self.weigh_room([self.verdict(i, preferred, room=False)
+                                 for i in self.indexes.values()])
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
         # Late binding: a full copy worth waiting for is waited for in the sidecar; a call
@@ -479,7 +502,8 @@ def _better(a: Verdict, b: Verdict) -> bool:
 
 
 def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Decision:
-    """Pure and deterministic: the same inputs always give the same decision."""
+    """Pure and deterministic: the same inputs always give the same decision. Its verdicts
+    carry `takes_room` where it could decide; explain's carry it wherever it applies."""
     return _Planner(call, snapshot, policy).place()
 
 

@@ -141,10 +141,13 @@ class Sizer:
             return self._weights[model]
         best: tuple[int, str] | None = None
         for view in self.views:
+            seen = view.observed.get(model)
+            if not seen:
+                continue
             info = self.info(model, view)
             if info is None or not info.kv_bytes_per_token:
                 continue
-            for recorded, mib in view.observed.get(model, {}).items():
+            for recorded, mib in seen.items():
                 if not recorded:
                     continue
                 context = effective(recorded, info.trained_context)

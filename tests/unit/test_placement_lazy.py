@@ -1,0 +1,109 @@
+"""place() weighs `takes_room` only where it can decide; explain() weighs it on every verdict.
+Both must reach the same decision (docs/rules.md, "A load leaves room for the models in
+demand")."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.core.conversations import NO_CACHES, Conversation
+from proxy.core.placement import explain, place
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.types import CallSpec, Candidate, Decision, ModelDemand, Snapshot
+from tests.unit.builders import GIB16, GIB24, GIB32, SIZES, call, gpu, snapshot, ticket
+
+MODELS = sorted(SIZES)
+ASKED = Conversation((1, 2, 3), 9000, shared_tokens=2000)  # the call's prompt
+LIVE = Conversation((1, 7, 8, 9), 12000, shared_tokens=2000)  # another conversation's
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> Snapshot:
+    """Cards of a few equal sizes and provider weights a fraction of `unload_s` apart (so
+    cold loads tie or come within it), some residents and calls, a demand board, and live
+    histories on some copies."""
+    views = []
+    count = draw(st.integers(2, 6))
+    # names out of the cards' order, so that a tie broken by name is not broken by order
+    for name in draw(st.permutations([f"p{i}" for i in range(count)])):
+        total = draw(st.sampled_from([GIB16, GIB24, GIB32]))
+        residents: list[str] = []
+        for model in draw(st.lists(st.sampled_from(MODELS), unique=True, max_size=1)):
+            if sum(SIZES[m] for m in (*residents, model)) <= total - 4000:
+                residents.append(model)
+        views.append(gpu(name, total, tuple(residents), parallel=draw(st.integers(1, 2)),
+                         weight=draw(st.sampled_from([100.0, 130.0, 170.0]))))
+    tickets = tuple(ticket(view.name, resident.model, elapsed=draw(st.floats(0, 30)))
+                    for view in views for resident in view.residents if draw(st.booleans()))
+    demand = {model: ModelDemand(waiters=draw(st.integers(0, 1)),
+                                 recent_use=draw(st.sampled_from([0.0, 1.0])))
+              for model in draw(st.lists(st.sampled_from(MODELS), unique=True, max_size=4))}
+    caches = NO_CACHES
+    for view in views:
+        for resident in view.residents:
+            if draw(st.booleans()):
+                caches = caches.sent(view.name, resident.model, LIVE, 900.0)
+    return snapshot(*views, tickets=tickets, demand=demand, caches=caches)
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> CallSpec:
+    models = draw(st.lists(st.sampled_from(MODELS), unique=True, min_size=1, max_size=3))
+    scores = sorted(draw(st.lists(st.integers(70, 100), min_size=len(models),
+                                  max_size=len(models))), reverse=True)
+    conversation = ASKED if draw(st.booleans()) else None
+    return CallSpec(tuple(Candidate(m, s) for m, s in zip(models, scores, strict=True)),
+                    prompt_tokens=9000, tolerance=draw(st.sampled_from([0, 10, 30])),
+                    conversation=conversation, can_wait=draw(st.booleans()))
+
+
+def without_verdicts(decision: Decision) -> tuple[object, ...]:
+    return (decision.outcome, decision.placement, decision.reason,
+            decision.queue_option_s, decision.unload_option_s)
+
+
+@settings(max_examples=500, deadline=None)
+@given(fleets(), calls())
+def test_weighing_the_room_lazily_decides_as_weighing_it_everywhere(
+        snap: Snapshot, spec: CallSpec) -> None:
+    lazy = place(spec, snap)
+    every, _ = explain(spec, snap)
+    assert without_verdicts(lazy) == without_verdicts(every)
+    complete = {(v.provider, v.model): v.terms for v in every.verdicts}
+    for verdict in lazy.verdicts:  # a term left out is takes_room, and only that
+        terms = dict(complete[verdict.provider, verdict.model])
+        if "takes_room" not in verdict.terms:
+            terms.pop("takes_room", None)
+        assert verdict.terms == terms
+
+
+def test_a_load_too_dear_to_win_is_not_charged_for_the_room_it_takes() -> None:
+    """The 14B on the 16 GiB card shuts the 8B out while the 24 GiB card would not; the
+    24 GiB card's provider weight makes it cheaper by more than the unload already
+    (0.01 s x 200 points), so place() leaves the term out on the 16 GiB card and explain()
+    shows it."""
+    snap = snapshot(gpu("mid", GIB24, weight=300), gpu("small", GIB16))
+    spec = call("qwen3:14b", ("qwen3:8b", -5))
+    lazy = place(spec, snap)
+    decision, verdicts = explain(spec, snap)
+    assert lazy.placement and lazy.placement.provider == "mid"
+    assert without_verdicts(lazy) == without_verdicts(decision)
+    small = {v.provider: v for v in lazy.verdicts}["small"]
+    explained = next(v for v in verdicts if (v.provider, v.model) == ("small", "qwen3:14b"))
+    assert "takes_room" not in small.terms
+    assert explained.terms["takes_room"] == DEFAULT_POLICY.unload_s
+    assert small.cost_s > lazy.placement.cost_s
+
+
+def test_of_two_loads_that_tie_the_one_that_takes_room_loses_though_its_name_comes_first(
+) -> None:
+    """Two 24 GiB cards, "b" listed first: the 14B costs the same on both, but beside the
+    3.6 GiB phi3 on "a" it leaves 5792 MiB, too little for the 8B the call also accepts, so
+    "a" pays the unload and the tie it would win by name goes to "b"."""
+    snap = snapshot(gpu("b", GIB24), gpu("a", GIB24, ("phi3:mini",)))
+    decision = place(call("qwen3:14b", ("qwen3:8b", -5)), snap)
+    assert decision.placement and decision.placement.provider == "b"
+    terms = {v.provider: v.terms for v in decision.verdicts}
+    assert terms["a"]["takes_room"] == DEFAULT_POLICY.unload_s
+    assert {k: v for k, v in terms["a"].items() if k != "takes_room"} == terms["b"]
