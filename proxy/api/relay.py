@@ -94,11 +94,11 @@ def _seconds(final: dict[str, Any], key: str) -> float | None:
 # Anthropic's `tool_use` blocks, the Responses API's `function_call` items. In the answer's
 # text the quotes would be escaped, so the model writing these words does not match.
 TOOL_CALL = re.compile(rb'"(?:tool_calls|tool_use|function_call)"')
-MARK_OVERLAP = len(b'"function_call"') - 1  # (a mark may straddle two chunks)
+MARK_OVERLAP = len(b'"function_call"') - 1
 
 
-def calls_tool(data: bytes, start: int = 0) -> bool:
-    return TOOL_CALL.search(data, max(start, 0)) is not None
+def calls_tool(data: bytes) -> bool:
+    return TOOL_CALL.search(data) is not None
 
 
 def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
@@ -204,11 +204,12 @@ class RelayStream(StreamingResponse):
                 silence.since = None
                 if chunk is None:
                     break
+                if not self._called_tools:  # (a mark may straddle two chunks mid-line)
+                    self._called_tools = calls_tool(chunk) or (
+                        not ended_with_newline and calls_tool(
+                            self._tail[-MARK_OVERLAP:] + chunk[:MARK_OVERLAP]))
                 ended_with_newline = chunk.endswith(b"\n")
                 self._tail = (self._tail + chunk)[-8192:]
-                if not self._called_tools and calls_tool(
-                        self._tail, len(self._tail) - len(chunk) - MARK_OVERLAP):
-                    self._called_tools = True
                 yield chunk
             self._ok, self._error = True, None
             self._final = final_metrics(self._tail)

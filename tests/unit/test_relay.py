@@ -251,7 +251,11 @@ async def test_a_streamed_answer_says_whether_it_called_a_tool_though_a_chunk_cu
                           1, outcomes)
     plain = b'{"message":{"content":"Done."}}\n'
     await _stream_through(answering(NDJSON_HEAD + _chunked(plain, end, b"")), 1, outcomes)
-    assert [o.called_tools for o in outcomes] == [True, False]
+    # a tool call whole in one chunk longer than the tail kept for the closing figures
+    long_call = line.replace(b'"ls"', b'"write","arguments":{"text":"%s"}' % (b"x" * 20000))
+    await _stream_through(answering(NDJSON_HEAD + _chunked(long_call, end, b"")), 1,
+                          outcomes)
+    assert [o.called_tools for o in outcomes] == [True, False, True]
 
 
 async def test_a_complete_answer_says_whether_it_called_a_tool(upstream: respx.Router) -> None:
