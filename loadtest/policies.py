@@ -240,8 +240,7 @@ class Kubemoot:
                 self._learn_prefill(call, ticket.provider, ticket.model)
                 # as the sidecar reads it: a tool's result answered, no tool called
                 if call.ends_loop:
-                    self.caches = self.caches.finished(ticket.provider, ticket.model,
-                                                       call.conversation.digests)
+                    self.caches = self.caches.finished(call.conversation.digests)
 
     def _learn_prefill(self, call: SimCall, provider: str, model: str) -> None:
         """As the sidecar learns it: the answer's count (whole prompt, as 0.30.1+ reports

@@ -91,14 +91,26 @@ def _seconds(final: dict[str, Any], key: str) -> float | None:
 
 
 # How an answer calls a tool, as a JSON key or value: Ollama's and OpenAI's `tool_calls`,
-# Anthropic's `tool_use` blocks, the Responses API's `function_call` items. In the answer's
-# text the quotes would be escaped, so the model writing these words does not match.
-TOOL_CALL = re.compile(rb'"(?:tool_calls|tool_use|function_call)"')
-MARK_OVERLAP = len(b'"function_call"') - 1
+# Anthropic's `tool_use` blocks, the Responses API's `function_call` items (that API's
+# events also echo the request's tools, hence the item's type). In the answer's text the
+# quotes would be escaped, so the model writing these words does not match.
+TOOL_CALL = re.compile(rb'"(?:tool_calls|tool_use)"|"type":\s*"function_call"')
+MARK_OVERLAP = 31  # longer than any mark: one may straddle two chunks
+# An answer stopped at its token cap: a tool call cut off there comes back as text.
+CUT_SHORT = re.compile(rb'"(?:done_reason|finish_reason)":\s*"length"'
+                       rb'|"stop_reason":\s*"max_tokens"|"status":\s*"incomplete"')
 
 
 def calls_tool(data: bytes) -> bool:
     return TOOL_CALL.search(data) is not None
+
+
+def answer_calls_tool(data: bytes, called: bool) -> bool | None:
+    """Whether a whole answer (or, with `called`, a stream seen calling one; `data` its
+    tail) called a tool; None when it was cut short at its token cap."""
+    if called:
+        return True
+    return None if CUT_SHORT.search(data) else False
 
 
 def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
@@ -180,6 +192,7 @@ class RelayStream(StreamingResponse):
         self.started = started
         self.chunk_timeout_s = chunk_timeout_s
         self._tail = b""
+        self._watch = attempt.watches_tool_calls
         self._called_tools = False
         self._final: dict[str, Any] = {}
         self._ok = False
@@ -204,7 +217,7 @@ class RelayStream(StreamingResponse):
                 silence.since = None
                 if chunk is None:
                     break
-                if not self._called_tools:  # (a mark may straddle two chunks mid-line)
+                if self._watch and not self._called_tools:  # (may straddle, mid-line)
                     self._called_tools = calls_tool(chunk) or (
                         not ended_with_newline and calls_tool(
                             self._tail[-MARK_OVERLAP:] + chunk[:MARK_OVERLAP]))
@@ -257,7 +270,8 @@ class RelayStream(StreamingResponse):
     async def _settle(self, client_left: bool = False) -> None:
         self._settled = True
         outcome = outcome_from(self._final, self.started, self._ok, self._error,
-                               self._called_tools)
+                               answer_calls_tool(self._tail, self._called_tools)
+                               if self._watch else None)
         try:
             await self.attempts.settle(replace(outcome, client_left=True) if client_left
                                        else outcome)
@@ -481,7 +495,8 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
             data, status_code=404, media_type=media_type, headers=headers))
     ok = upstream.status_code < 400
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
-    outcome = outcome_from(final_metrics(data), started, ok, called_tools=calls_tool(data))
+    outcome = outcome_from(final_metrics(data), started, ok, called_tools=answer_calls_tool(
+        data, calls_tool(data)) if attempt.watches_tool_calls else None)
     if not ok:
         outcome = CallOutcome(True, outcome.seconds, error=engine_error(data), began=False)
     return SettlingResponse(data, attempts, outcome, status_code=upstream.status_code,

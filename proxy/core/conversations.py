@@ -68,6 +68,10 @@ class Held:
         return Held(digests[0], ident_of(digests), digests[-1],
                     len(digests), conversation.tokens, conversation.shared_tokens, at, pause)
 
+    def leads_to(self, digests: tuple[int, ...]) -> bool:
+        """Whether this is the prompt with these digests or an earlier one of it."""
+        return self.items <= len(digests) and digests[self.items - 1] == self.last
+
     def same_conversation(self, other: Held) -> bool:
         return self.ident == other.ident
 
@@ -77,7 +81,7 @@ class Held:
         digests = conversation.digests
         if not digests or digests[0] != self.first:
             return 0
-        if self.items <= len(digests) and digests[self.items - 1] == self.last:
+        if self.leads_to(digests):
             return self.tokens
         return min(self.shared_tokens, conversation.shared_tokens)
 
@@ -174,16 +178,15 @@ class PromptCaches:
         kept = tuple(h for h in self.held.get(key, ()) if not h.same_conversation(new))
         return replace(self, held={**self.held, key: (new, *kept)[:KEEP_PER_COPY]})
 
-    def finished(self, provider: str, model: str, digests: tuple[int, ...]) -> PromptCaches:
-        """The call of this conversation sent to the copy answered a tool's result without
-        calling a tool: the loop is over, its slot free to the next."""
-        key = (provider, model)
-        held = self.held.get(key, ())
-        if not digests or not held:
+    def finished(self, digests: tuple[int, ...]) -> PromptCaches:
+        """A call with this prompt answered a tool's result without calling a tool: its loop
+        is over. Its prompt and the earlier ones of its conversation are marked, on every
+        copy; a later call of it (sent before this answer came) is not."""
+        if not digests:
             return self
-        ident = ident_of(digests)
-        marked = tuple(replace(h, finished=True) if h.ident == ident else h for h in held)
-        return replace(self, held={**self.held, key: marked})
+        held = {key: tuple(replace(h, finished=True) if h.leads_to(digests) else h
+                           for h in kept) for key, kept in self.held.items()}
+        return replace(self, held=held)
 
     def loaded(self, provider: str, model: str, now: float) -> PromptCaches:
         """The copy was (re)loaded: every slot starts empty."""

@@ -422,7 +422,7 @@ class _Planner:
         if hit is not None:  # (every card's verdict is explain's to give)
             return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}")
         verdicts = self.weigh_room([self.verdict(i, preferred, room=False)
-                                 for i in self.indexes.values()])
+                                    for i in self.indexes.values()])
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
         # Late binding: a full copy worth waiting for is waited for in the sidecar; a call

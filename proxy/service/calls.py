@@ -99,7 +99,7 @@ class CallService:
             if outcome.began and not outcome.prompt_too_long:
                 learning.observe_call(placement.provider, placement.model, outcome)
             if call.ends_loop_unless_tool_called and outcome.called_tools is False:
-                learning.finished(placement.provider, placement.model, call.conversation)
+                learning.finished(call.conversation)
             self.demand.note_use(placement.model)
             self.demand.note_held(self.experience.learning.take_unshared())
         check = self.experience.learning.observe_prefill(

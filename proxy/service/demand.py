@@ -254,8 +254,10 @@ class DemandBoard:
         if not sent:
             return
         for copy, held in sent:
-            mine = tuple(h for h in self._held.get(copy, ()) if h.ident != held.ident)
-            self._held[copy] = (held, *mine)[:KEEP_PER_COPY]
+            mine = [h for h in self._held.get(copy, ()) if h.ident != held.ident]
+            # (a loop's end re-shares an entry sent earlier: it goes back to its place)
+            self._held[copy] = tuple(sorted((held, *mine), key=lambda h: -h.at)
+                                     )[:KEEP_PER_COPY]
         self._held_unwritten = True
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_later())

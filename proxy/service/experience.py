@@ -15,7 +15,6 @@ from proxy.core.conversations import (
     Held,
     PromptCaches,
     cache_slots,
-    ident_of,
 )
 from proxy.core.health import ProviderStats
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
@@ -111,13 +110,12 @@ class Learning:
         self.unshared.append(((provider, model), newest))
         del self.unshared[:-MAX_IN_FLIGHT]
 
-    def finished(self, provider: str, model: str, digests: tuple[int, ...]) -> None:
-        """The call's answer ended its tool loop: the copy's slot holding it is free to the
-        next conversation, here and, with the next share, on every sidecar."""
-        self.caches = self.caches.finished(provider, model, digests)
-        ident = ident_of(digests)
-        self.unshared += [((provider, model), h) for h in self.caches.held.get(
-            (provider, model), ()) if h.ident == ident]
+    def finished(self, digests: tuple[int, ...]) -> None:
+        """A call's answer ended its tool loop: the slots holding it are free to the next
+        conversation, here and, with the next share, on every sidecar."""
+        self.caches = self.caches.finished(digests)
+        self.unshared += [(key, h) for key, kept in self.caches.held.items() for h in kept
+                          if h.finished and h.leads_to(digests)]
         del self.unshared[:-MAX_IN_FLIGHT]
 
     def observe_prefill(self, provider: str, model: str, ticket: str, version: str,

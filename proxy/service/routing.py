@@ -102,6 +102,7 @@ class Attempt:
     strip_keep_alive: bool = False  # keep_alive 0: the sidecar unloads when it is safe
     estimated_tokens: int = 0
     binding: str = "env"  # the candidates' source and revision, as resolved for this call
+    watches_tool_calls: bool = False  # a loop's step: whether its answer calls a tool
 
 
 RefusalReason = Literal["bad-request", "model-not-found", "prompt-too-large", "client-gone",

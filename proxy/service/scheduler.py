@@ -340,7 +340,8 @@ class Scheduler:
                           strip_keep_alive=call.unloads_after,
                           estimated_tokens=spec.prompt_tokens,
                           context_length=placement.context_length,
-                          binding=self.binding_label(call) if binding is None else binding)
+                          binding=self.binding_label(call) if binding is None else binding,
+                          watches_tool_calls=call.ends_loop_unless_tool_called)
         return Granted(attempt, claimed, spec)
 
     def others_could_take(self, spec: CallSpec, failed: str) -> bool:

@@ -219,23 +219,33 @@ def test_a_conversation_is_not_taken_as_ended_while_no_pause_is_known() -> None:
 
 def test_a_loop_whose_answer_called_no_tool_has_ended_at_once() -> None:
     # a (one slot) holds conversation 1, which came every 20 s and last 10 s ago: live by its
-    # cadence, but its last answer called no tool although tools were offered
+    # cadence, but its last call answered a tool's result without calling a tool
     caches = sent_at(("a", loop(1, 4), 30), ("a", loop(1, 5), 10))
     assert caches.displaced("a", "qwen3:8b", loop(3, 0), 1, NOW) == 22000
-    finished = caches.finished("a", "qwen3:8b", loop(1, 5).digests)
+    finished = caches.finished(loop(1, 5).digests)
     assert finished.displaced("a", "qwen3:8b", loop(3, 0), 1, NOW) == 0
     assert finished.held[("a", "qwen3:8b")][0] == caches.held[("a", "qwen3:8b")][0]
-    # another copy's entry of the conversation, or another conversation, is not marked
-    assert finished.finished("b", "qwen3:8b", loop(1, 5).digests) == finished
-    assert not caches.finished("a", "qwen3:8b", loop(2, 5).digests).held[
-        ("a", "qwen3:8b")][0].finished
+    # another conversation is not marked
+    assert not caches.finished(loop(2, 5).digests).held[("a", "qwen3:8b")][0].finished
+
+
+def test_a_loops_end_marks_its_earlier_prompts_on_every_copy_but_not_a_later_call() -> None:
+    # the loop moved from b to a; its call with five turns ends it
+    caches = sent_at(("b", loop(1, 3), 50), ("a", loop(1, 4), 30), ("a", loop(2, 1), 20))
+    finished = caches.finished(loop(1, 5).digests)
+    assert finished.held[("b", "qwen3:8b")][0].finished  # left behind on b: over too
+    assert finished.held[("a", "qwen3:8b")][1].finished
+    assert not finished.held[("a", "qwen3:8b")][0].finished  # conversation 2
+    # a call of the loop sent before the end came back (six turns) stays live
+    later = caches.sent("a", "qwen3:8b", loop(1, 6), NOW - 5).finished(loop(1, 5).digests)
+    assert not later.held[("a", "qwen3:8b")][0].finished
+    assert later.displaced("a", "qwen3:8b", loop(3, 0), 1, NOW) == 26000
 
 
 def test_a_loop_resumed_after_its_final_answer_does_not_count_the_gap_as_its_cadence(
 ) -> None:
     caches = sent_at(("a", loop(1, 4), 300), ("a", loop(1, 5), 280))
-    resumed = caches.finished("a", "qwen3:8b", loop(1, 5).digests) \
-        .sent("a", "qwen3:8b", loop(1, 6), NOW)
+    resumed = caches.finished(loop(1, 5).digests).sent("a", "qwen3:8b", loop(1, 6), NOW)
     held = resumed.held[("a", "qwen3:8b")][0]
     assert held.pause == 20 and not held.finished  # live again; its cadence stays 20 s
     assert caches.sent("a", "qwen3:8b", loop(1, 6), NOW).held[("a", "qwen3:8b")][0].pause == 280

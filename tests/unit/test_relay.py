@@ -19,6 +19,7 @@ from proxy.adapters.ollama import OllamaClient
 from proxy.api.errors import Dialect, stream_error_line
 from proxy.api.relay import (
     ClientGone,
+    answer_calls_tool,
     answer_tokens,
     calls_tool,
     client_watch,
@@ -62,9 +63,10 @@ class OneAttempt:
             self.outcomes.append(outcome)
 
 
-def _attempts(outcomes: list[CallOutcome], upstream: respx.Router) -> OneAttempt:
+def _attempts(outcomes: list[CallOutcome], upstream: respx.Router, watch: bool = False
+              ) -> OneAttempt:
     client = OllamaClient(BASE, Timeouts(1, 1, 1), httpx.MockTransport(upstream.async_handler))
-    return OneAttempt(Attempt("p", client, "m", "warm"), outcomes)
+    return OneAttempt(Attempt("p", client, "m", "warm", watches_tool_calls=watch), outcomes)
 
 
 async def _deliver(response: Response, fail_send: bool = False,
@@ -191,13 +193,15 @@ NDJSON_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
 
 async def _stream_through(server: Handler, limit_s: float, outcomes: list[CallOutcome],
                           on_send: Callable[[Message], None] | None = None,
-                          slow_client_s: float = 0.0) -> tuple[list[Message], float]:
+                          slow_client_s: float = 0.0, watch: bool = False
+                          ) -> tuple[list[Message], float]:
     """Stream one call from `server` through `forward` to a client; what the client was sent
     and how long it took. Each settled outcome is appended to `outcomes`."""
 
     async for url in serve(server):
         client = OllamaClient(url, Timeouts(1, 1, limit_s))
-        response = await forward(OneAttempt(Attempt("p", client, "m", "warm"), outcomes),
+        attempt = Attempt("p", client, "m", "warm", watches_tool_calls=watch)
+        response = await forward(OneAttempt(attempt, outcomes),
                                  "/api/chat", {"model": "m"}, True, limit_s)
         started = time.monotonic()
         sent = await _deliver(response, on_send=on_send, slow_send_s=slow_client_s)
@@ -235,6 +239,9 @@ async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
     (b'{"message":{"role":"assistant","content":"no \\"tool_calls\\" needed"},"done":true}',
      False),
     (b'data: {"type":"response.function_call_arguments.delta","delta":"{}"}', False),
+    # the Responses API's events echo the request's tools, whatever their names
+    (b'data: {"type":"response.completed","response":{"tools":[{"type":"function",'
+     b'"name":"function_call"}],"output":[{"type":"message"}]}}', False),
 ])
 def test_an_answer_calling_a_tool_is_recognised_in_every_dialect(answer: bytes, called: bool
                                                                  ) -> None:
@@ -245,28 +252,50 @@ async def test_a_streamed_answer_says_whether_it_called_a_tool_though_a_chunk_cu
 ) -> None:
     line = b'{"message":{"content":"","tool_calls":[{"function":{"name":"ls"}}]}}\n'
     cut = line.index(b"tool_calls") + 4
-    end = b'{"done":true,"prompt_eval_count":3}\n'
+    end = b'{"done":true,"done_reason":"stop","prompt_eval_count":3}\n'
     outcomes: list[CallOutcome] = []
-    await _stream_through(answering(NDJSON_HEAD + _chunked(line[:cut], line[cut:], end, b"")),
-                          1, outcomes)
+
+    async def stream(*chunks: bytes, watch: bool = True) -> None:
+        await _stream_through(answering(NDJSON_HEAD + _chunked(*chunks, b"")), 1, outcomes,
+                              watch=watch)
+
+    await stream(line[:cut], line[cut:], end)
     plain = b'{"message":{"content":"Done."}}\n'
-    await _stream_through(answering(NDJSON_HEAD + _chunked(plain, end, b"")), 1, outcomes)
+    await stream(plain, end)
     # a tool call whole in one chunk longer than the tail kept for the closing figures
-    long_call = line.replace(b'"ls"', b'"write","arguments":{"text":"%s"}' % (b"x" * 20000))
-    await _stream_through(answering(NDJSON_HEAD + _chunked(long_call, end, b"")), 1,
-                          outcomes)
-    assert [o.called_tools for o in outcomes] == [True, False, True]
+    await stream(line.replace(b'"ls"', b'"write","arguments":{"text":"%s"}' % (b"x" * 20000)),
+                 end)
+    # cut at its token cap: a tool call may have been cut off, so nothing is said
+    await stream(plain, end.replace(b'"stop"', b'"length"'))
+    await stream(plain, end, watch=False)  # not a loop's step: not read
+    assert [o.called_tools for o in outcomes] == [True, False, True, None, None]
 
 
 async def test_a_complete_answer_says_whether_it_called_a_tool(upstream: respx.Router) -> None:
     outcomes: list[CallOutcome] = []
-    for message in ({"content": "", "tool_calls": [{"function": {"name": "ls"}}]},
-                    {"content": "Done."}):
+    for message, reason in (({"content": "", "tool_calls": [{"function": {"name": "ls"}}]},
+                             "stop"), ({"content": "Done."}, "stop"),
+                            ({"content": "Don"}, "length")):
         upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
-            200, json={"message": message, "done": True}))
-        await _deliver(await forward(_attempts(outcomes, upstream), "/api/chat",
+            200, json={"message": message, "done": True, "done_reason": reason}))
+        await _deliver(await forward(_attempts(outcomes, upstream, watch=True), "/api/chat",
                                      {"model": "m"}, False, 1))
-    assert [o.called_tools for o in outcomes] == [True, False]
+    assert [o.called_tools for o in outcomes] == [True, False, None]
+
+
+@pytest.mark.parametrize("closing", [
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}',  # OpenAI
+    b'data: {"type":"message_delta","delta":{"stop_reason":"max_tokens"}}',  # Anthropic
+    b'data: {"type":"response.incomplete","response":{"status":"incomplete"}}',  # Responses
+])
+def test_an_answer_cut_at_its_token_cap_says_nothing_of_tool_calls(closing: bytes) -> None:
+    assert answer_calls_tool(closing, called=False) is None
+    assert answer_calls_tool(closing, called=True) is True
+
+
+def test_a_failed_answer_says_nothing_of_tool_calls() -> None:
+    # (a stream that broke off, timed out or lost its client: no loop is taken as ended)
+    assert outcome_from({}, time.perf_counter(), False, "mid-stream", False).called_tools is None
 
 
 async def test_a_stalled_stream_ends_with_an_error_line_after_the_chunk_timeout() -> None:
