@@ -4,6 +4,8 @@ demand")."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,11 +66,12 @@ def without_verdicts(decision: Decision) -> tuple[object, ...]:
 
 
 @settings(max_examples=500, deadline=None)
-@given(fleets(), calls())
+@given(fleets(), calls(), st.sampled_from([0.0, 0.3, 1.0, 5.0, 30.0]))
 def test_weighing_the_room_lazily_decides_as_weighing_it_everywhere(
-        snap: Snapshot, spec: CallSpec) -> None:
-    lazy = place(spec, snap)
-    every, _ = explain(spec, snap)
+        snap: Snapshot, spec: CallSpec, unload_s: float) -> None:
+    policy = replace(DEFAULT_POLICY, unload_s=unload_s)  # the term's size
+    lazy = place(spec, snap, policy)
+    every, _ = explain(spec, snap, policy)
     assert without_verdicts(lazy) == without_verdicts(every)
     complete = {(v.provider, v.model): v.terms for v in every.verdicts}
     for verdict in lazy.verdicts:  # a term left out is takes_room, and only that
