@@ -3,8 +3,8 @@ serving agents that use the official `ollama` client with mixed models, prompt s
 streaming, held plans, clients that leave mid-stream, calls with `keep_alive: 0` and unload
 requests (`ollama stop`); with `--dialects`, some calls go through the `openai` client
 (/v1/chat/completions) or the `anthropic` client (/v1/messages) instead; with
-`--conversations`, some are tool loops whose history grows call by call (three per agent,
-interleaved, sharing the agent's system prompt).
+`--conversations`, some are tool loops offering a tool, whose history grows call by call
+(three per agent, interleaved, sharing the agent's system prompt).
 
 It fails on what must never happen, whatever the load: a GPU out of memory, a prompt cut by
 the engine, a model Ollama had to unload on its own (with sidecars), a ticket left behind, an
@@ -118,6 +118,12 @@ def prompt_chars(rng: random.Random) -> int:
     return rng.randint(140000, 160000)  # over every GPU's context: refused, never cut
 
 
+LOOP_TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read a file of the repository",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                   "required": ["path"]}}}]
+
+
 def appended(rng: random.Random) -> dict[str, Any]:
     """What a tool loop adds to its conversation: prose, numbers (a token per digit), CJK (a
     token per character) or images (768 tokens each), as a tool result or a user turn."""
@@ -223,6 +229,8 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         converse = (conversations > 0 and dialect == "ollama" and not stop and not plan
                     and talk.random() < conversations)
         loop = talk.randrange(LOOPS_PER_AGENT) if converse else 0
+        # A loop offers its tools: answering a tool's result without a call ends it
+        tools = LOOP_TOOLS if converse else None
         if converse:  # the tool loop goes on (or starts): the history, then what it adds
             messages = [*(histories[loop] or [system]), appended(talk)]
             tally.conversation_lengths.append(len(messages))
@@ -247,7 +255,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 outcome = "unload"
             elif stream:
                 parts = await client.chat(model=model, messages=messages, stream=True,
-                                          keep_alive=keep_alive,
+                                          keep_alive=keep_alive, tools=tools,
                                           options={"num_predict": rng.randint(4, 40)})
                 chunks = 0
                 async for part in parts:
@@ -260,6 +268,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 outcome = "left" if leave and chunks == 2 else "200"
             else:
                 reply = await client.chat(model=model, messages=messages, keep_alive=keep_alive,
+                                          tools=tools,
                                           options={"num_predict": rng.randint(4, 40)})
                 answer = reply["message"]["content"] or ""
                 outcome = "200"
