@@ -72,6 +72,10 @@ class Metrics:
             "kubemoot_prompt_cache_lost",
             "Conversation calls whose copy held less than half of what was expected (the "
             "expectation is corrected)", ["provider"], registry=r)
+        self.tool_loops_ended = Counter(
+            "kubemoot_tool_loops_ended",
+            "Tool loops whose last call answered a tool's result without calling a tool: "
+            "their cache slots are free to the next conversation", ["provider"], registry=r)
         self.nats_connected = Gauge("kubemoot_nats_connected",
                                     "1 when shared state in NATS is reachable", registry=r)
 

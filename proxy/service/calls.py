@@ -100,6 +100,7 @@ class CallService:
                 learning.observe_call(placement.provider, placement.model, outcome)
             if call.ends_loop_unless_tool_called and outcome.called_tools is False:
                 learning.finished(call.conversation)
+                self.metrics.tool_loops_ended.labels(placement.provider).inc()
             self.demand.note_use(placement.model)
             self.demand.note_held(self.experience.learning.take_unshared())
         check = self.experience.learning.observe_prefill(

@@ -179,8 +179,8 @@ def test_a_loop_ended_by_an_answer_without_a_tool_call_frees_its_slot_on_every_s
     for gpu in gpus:
         httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b", "keep_alive": -1},
                    timeout=30)
-    one = ollama.Client(host=sidecar_factory(gpus, agent_name="one", **nats_mode).url,
-                        timeout=60)
+    one_url = sidecar_factory(gpus, agent_name="one", **nats_mode).url
+    one = ollama.Client(host=one_url, timeout=60)
     two = sidecar_factory(gpus, agent_name="two", **nats_mode)
     histories = {"x": task("x"), "y": task("y")}
     home: dict[str, str] = {}
@@ -213,3 +213,7 @@ def test_a_loop_ended_by_an_answer_without_a_tool_call_frees_its_slot_on_every_s
 
     assert eventually(lambda: displaces()[home["x"]] == 0, timeout_s=3)  # once shared
     assert (displaces()[home["y"]] or 0) > 0
+    ended = [s for f in text_string_to_metric_families(
+        httpx.get(f"{one_url}/metrics", timeout=10).text) for s in f.samples
+        if s.name == "kubemoot_tool_loops_ended_total"]
+    assert [(s.labels["provider"], s.value) for s in ended] == [(home["x"], 1.0)]
