@@ -308,12 +308,21 @@ RELOADING_OPTIONS = frozenset(("num_batch", "num_gpu", "main_gpu", "use_mmap", "
                                "draft_num_predict"))
 
 
-def payload_for(attempt: Attempt, body: dict[str, Any]) -> bytes:
+# Where Ollama cuts a prompt longer than the context unless told `truncate: false`: then it
+# refuses it with its count (docs/engine.md, "A prompt that does not fit"), which the
+# sidecar answers by placing the call again at that size, or by refusing it.
+TRUNCATING_PATHS = frozenset(("/api/chat", "/api/generate"))
+
+
+def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes:
     """The body as the chosen provider gets it: the picked model, num_ctx set to the context
-    of the copy planned, and no other option that would make Ollama reload it."""
+    of the copy planned, no other option that would make Ollama reload it, and `truncate`
+    off unless the agent asked for it."""
     out = {**body, "model": attempt.model}
     if attempt.strip_keep_alive:
         out.pop("keep_alive", None)
+    if path in TRUNCATING_PATHS and out.get("truncate") is None:
+        out["truncate"] = False
     if attempt.placement == STATIC:
         return orjson.dumps(out)
     out.pop("shift", None)
@@ -440,7 +449,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
 
     async def exchange() -> tuple[UpstreamResponse, bytes | None]:
         """The answer's head, and its whole body unless it is to be streamed."""
-        upstream = await attempt.client.open(path, payload_for(attempt, body))
+        upstream = await attempt.client.open(path, payload_for(attempt, body, path))
         if upstream.status_code < 400 and stream:
             return upstream, None
         try:

@@ -39,6 +39,10 @@ DENSE_MIN, DENSE_MAX = 0.1, 4.0
 # and Llama 3's). The ratio, learned from whole prompts, carries them on average; what a
 # conversation appends to a counted prefix is a few messages, so they are added there.
 PIECE_TOKENS = 8
+# A prompt the engine counts fewer tokens than this teaches no ratio: its template's tokens
+# weigh too much in it (a 21-character prompt counted 11 would teach 1.9 characters a token
+# and double every long prompt's estimate).
+MIN_RATIO_SAMPLE_TOKENS = 64
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
 TEXT_KEYS = frozenset((
@@ -192,7 +196,7 @@ class TokenRatio:
                 ) -> TokenRatio:
         """A prompt mostly of letters teaches the ratio, one mostly of dense characters
         their rate; the minor part is taken at the rate already learned."""
-        if not prompt_eval_count or prompt_eval_count <= 0 or chars <= 0:
+        if not prompt_eval_count or prompt_eval_count < MIN_RATIO_SAMPLE_TOKENS or chars <= 0:
             return self
         narrow = chars - dense
         if dense * 2 <= chars:

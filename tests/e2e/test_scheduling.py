@@ -376,6 +376,43 @@ def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(sim_factory: Sims,
     worker.join(30)
 
 
+def test_a_prompt_longer_than_the_static_endpoints_context_is_refused_not_cut(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The sidecar does not size calls for the static endpoint: it tells Ollama not to cut
+    (`truncate: false`), and Ollama's refusal becomes the call's 413."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    static = sim_factory("static", total_vram_mib=49152, context_length=2048,
+                         time_scale=SCALE)
+    url = sidecar_factory([gpu], model_endpoint=static.url).url
+    busy = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 1000, busy)
+    long = [{"role": "user", "content": "read this file " * 800}]  # ~3k tokens
+    r = chat(url, "qwen3:14b", headers={"X-Kubemoot-Wait": "false"}, messages=long)
+    assert r.status_code == 413 and r.json()["reason"] == "prompt-too-large", r.text
+    assert static.sim.stats.truncations == 0 and static.sim.stats.too_long_refusals == 1
+    # an agent that asks for Ollama's cut gets it
+    r = chat(url, "qwen3:14b", headers={"X-Kubemoot-Wait": "false"}, messages=long,
+             truncate=True)
+    assert r.status_code == 200 and static.sim.stats.truncations == 1
+    worker.join(30)
+
+
+def test_many_short_calls_do_not_teach_a_ratio_that_refuses_long_prompts(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A short prompt's count is mostly its chat template: 21 characters counted 11 tokens
+    would teach 1.9 characters a token, and a 16,000-character prompt (4k tokens, half the
+    context) would be refused as too long for 8192."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=8192, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    for _ in range(15):
+        r = httpx.post(f"{url}/api/generate", timeout=30, json={
+            "model": "qwen3:8b", "prompt": "tell me a joke please", "stream": False})
+        assert r.status_code == 200 and r.json()["prompt_eval_count"] < 64
+    r = chat(url, "qwen3:8b", messages=[{"role": "user", "content": "word " * 3200}])
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] < 8192 / 2 + 100
+
+
 def test_coordinator_role_never_waits(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     gpu = sim_factory("gpu", total_vram_mib=16376)
     url = sidecar_factory([gpu], role="coordinator").url

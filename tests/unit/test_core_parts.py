@@ -304,6 +304,8 @@ def test_token_ratio_learns_from_the_engine() -> None:
     assert ratio.chars_per_token == pytest.approx(0.3 * 3 + 0.7 * 4)
     assert ratio.observe(1000, 100) == ratio  # 10 chars/token: outside 1-8, ignored
     assert ratio.observe(100, 0) == ratio
+    # a short prompt is mostly its template's tokens: it teaches nothing
+    assert ratio.observe(21, 11) == ratio and ratio.observe(200, 63) == ratio
     assert ratio.tokens(0) == 0 and ratio.tokens(1) == math.ceil(1 / ratio.chars_per_token)
 
 

@@ -448,6 +448,21 @@ def test_a_placed_call_carries_the_copys_num_ctx_and_no_option_that_reloads() ->
     assert orjson.loads(payload_for(untouched, body))["options"] == body["options"]
 
 
+@pytest.mark.parametrize("placement", ["warm", "static"])
+def test_ollama_is_told_not_to_cut_a_prompt_unless_the_agent_asked(placement: str) -> None:
+    from proxy.api.relay import payload_for
+
+    route = Attempt("p", OllamaClient(BASE), "qwen3:8b", placement)
+    body = {"model": "x", "messages": []}
+    for path in ("/api/chat", "/api/generate"):
+        assert orjson.loads(payload_for(route, body, path))["truncate"] is False
+        asked = orjson.loads(payload_for(route, {**body, "truncate": True}, path))
+        assert asked["truncate"] is True
+    # (Ollama's OpenAI API has no such field; an embedding keeps what the agent sent)
+    for path in ("/v1/chat/completions", "/api/embed"):
+        assert "truncate" not in orjson.loads(payload_for(route, body, path))
+
+
 @pytest.mark.parametrize(("message", "count"), [
     ("the prompt is longer than the context length currently available to the model; "
      "shorten the prompt, adjust the context length in settings, or use a model with a "
