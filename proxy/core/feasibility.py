@@ -110,12 +110,17 @@ class Fitting:
         return loader.context if loader is not None else 0
 
 
+NOT_READY = "provider not ready"
+CIRCUIT_OPEN = "circuit open after repeated failures"
+UNREACHABLE = frozenset((NOT_READY, CIRCUIT_OPEN))
+
+
 def health_reason(index: ProviderIndex, health: Mapping[str, ProviderHealth]) -> str | None:
     if not index.view.ready:
-        return "provider not ready"
+        return NOT_READY
     state = health.get(index.name, HEALTHY).circuit
     if state is Circuit.OPEN:
-        return "circuit open after repeated failures"
+        return CIRCUIT_OPEN
     return None
 
 

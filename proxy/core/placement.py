@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from proxy.core import affinity, context
 from proxy.core.cost import Backlog, backlog, call_length, cold_terms, warm_terms
-from proxy.core.feasibility import Fit, Fitting, check
+from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check
 from proxy.core.occupancy import ProviderIndex, index_providers
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import queue_option, queue_wins, unload_option
@@ -40,6 +40,9 @@ from proxy.core.types import (
     Snapshot,
     Verdict,
 )
+
+# A wait's reason when every card that could run the model is down or its circuit open
+NO_PROVIDER_REACHABLE = "no provider that could run the model is reachable"
 
 
 def in_tolerance(call: CallSpec) -> list[Candidate]:
@@ -491,6 +494,9 @@ class _Planner:
                       f"({queue.wait_s:.1f} s)"
                       f" is no worse than unloading "
                       f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
+        elif verdicts and all(v.reason in UNREACHABLE for v in verdicts):
+            down = ", ".join(f"{v.provider}: {v.reason}" for v in verdicts)
+            reason = f"{NO_PROVIDER_REACHABLE} ({down}); waiting for one to come back"
         else:
             reason = ("busy: every card that could hold the model is full of work; "
                       "waiting for memory")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from proxy.core import context
 from proxy.core.lengths import CallLength
 from proxy.core.models import CallModels, normalise_model
-from proxy.core.placement import explain, place
+from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize
 from proxy.core.types import (
@@ -218,9 +218,13 @@ class Scheduler:
                     return self._static_or_busy(call, spec, decision)
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
+                    limit = f"{self.settings.wait_limit_s:.0f} s"
                     return Refusal("gpu-busy", (
+                        f"No GPU that can run {spec.preferred.model} came back within {limit}"
+                        f" ({decision.reason}); check the providers."
+                        if decision.reason.startswith(NO_PROVIDER_REACHABLE) else
                         f"Every GPU that can run {spec.preferred.model} stayed busy for "
-                        f"{self.settings.wait_limit_s:.0f} s ({decision.reason}); "
+                        f"{limit} ({decision.reason}); "
                         "this is the cluster's capacity, ask again in a moment."),
                         spec.preferred.model, retry_after_s=5)
                 if wait is None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from proxy.core.occupancy import Load, index_providers, ticket_budget_ok
-from proxy.core.placement import explain, place
+from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.sizing import Sizer
 from proxy.core.types import Circuit, ModelDemand, ModelInfo, ProviderView, Resident, Ticket
@@ -293,6 +293,19 @@ def test_not_ready_and_open_circuit_are_filtered_with_reasons() -> None:
     reasons = {v.provider: v.reason for v in decision.verdicts}
     assert reasons["down"] == "provider not ready"
     assert "circuit open" in reasons["broken"]
+
+
+def test_a_call_with_every_provider_down_waits_saying_so_not_busy() -> None:
+    snap = snapshot(gpu("down", GIB32, ready=False), gpu("broken", GIB32),
+                    circuits={"broken": Circuit.OPEN})
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.outcome == "wait"
+    assert decision.reason.startswith(NO_PROVIDER_REACHABLE)
+    assert "down: provider not ready" in decision.reason and "broken: circuit" in decision.reason
+    # one reachable card that is merely full: busy, as before
+    full = snapshot(gpu("down", GIB32, ready=False), gpu("ok", GIB16, ("qwen3:14b",)),
+                    tickets=(ticket("ok", "qwen3:14b"),))
+    assert place(call("qwen3:8b"), full).reason.startswith("busy")
 
 
 def test_half_open_circuit_may_take_a_trial_call() -> None:
