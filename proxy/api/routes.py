@@ -39,7 +39,12 @@ from proxy.service.routing import NO_PROMPT, CallRequest, Calls, ProviderPool
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
 FALLBACK_VERSION = "0.12.6"
-MODEL_MANAGEMENT = ("/api/push", "/api/create", "/api/copy", "/api/delete")
+# Model management, with the CLI command that does on one Ollama what each path would.
+MODEL_COMMANDS = {"/api/push": "ollama push <model>",
+                  "/api/create": "ollama create <model> -f <Modelfile>",
+                  "/api/copy": "ollama cp <source> <destination>",
+                  "/api/delete": "ollama rm <model>"}
+MODEL_MANAGEMENT = tuple(MODEL_COMMANDS)
 
 
 PHASES = ("mulling", "triage")
@@ -299,11 +304,12 @@ class SidecarApi:
         return Response(lines, media_type="application/x-ndjson")
 
     async def not_here(self, request: Request) -> Response:
+        path = request.url.path
+        command = MODEL_COMMANDS[path]
         return error_response(
             501, "not-supported",
-            f"{request.url.path} changes one Ollama's model store; the sidecar fronts many "
-            "GPUs, so run it against each provider directly (e.g. OLLAMA_HOST=<provider> "
-            "ollama pull <model>)")
+            f"{path} changes one Ollama's model store; the sidecar fronts many GPUs, so run "
+            f"it against each provider directly (OLLAMA_HOST=<provider> {command})")
 
     async def not_found(self, request: Request, exc: Exception) -> Response:
         return error_response(

@@ -154,3 +154,18 @@ def test_kubemoot_headers_within_their_values_are_taken(
     url = sidecar_factory([sim_factory("gpu", time_scale=0.001)]).url
     r = httpx.post(f"{url}/api/chat", json=CALLS["/api/chat"], headers=headers, timeout=30)
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("method", "path", "body", "command"), [
+    ("DELETE", "/api/delete", {"model": "qwen3:8b"}, "ollama rm <model>"),
+    ("POST", "/api/copy", {"source": "qwen3:8b", "destination": "mine"},
+     "ollama cp <source> <destination>"),
+    ("POST", "/api/push", {"model": "qwen3:8b"}, "ollama push <model>"),
+    ("POST", "/api/create", {"model": "mine"}, "ollama create <model>")])
+def test_model_management_names_the_command_to_run_on_each_provider(
+        sim_factory: Sims, sidecar_factory: Sidecars, method: str, path: str,
+        body: dict[str, str], command: str) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.request(method, f"{url}{path}", json=body)
+    assert r.status_code == 501 and r.json()["reason"] == "not-supported"
+    assert f"OLLAMA_HOST=<provider> {command}" in r.json()["error"]
