@@ -168,9 +168,7 @@ def _print_demo_banner(settings: Settings, fleet: Sequence[object]) -> None:
 def _init_buckets(args: argparse.Namespace) -> int:
     import asyncio
 
-    import nats
-
-    from proxy.adapters.nats_kv import default_replicas, ensure_buckets
+    from proxy.adapters.nats_kv import connect_client, default_replicas, ensure_buckets, reason_of
     from proxy.app import nats_options
 
     settings = load_settings(args.config, **({"nats_url": args.nats_url} if args.nats_url
@@ -179,7 +177,7 @@ def _init_buckets(args: argparse.Namespace) -> int:
         raise ConfigError("KUBEMOOT_NATS_URL: required for init-buckets")
 
     async def run() -> list[str]:
-        nc = await nats.connect(**nats_options(settings).connect_kwargs())
+        nc = await connect_client(nats_options(settings))
         try:
             await asyncio.sleep(0.2)  # the server's INFO names the cluster's other servers
             replicas = settings.nats_replicas or default_replicas(nc)
@@ -191,7 +189,7 @@ def _init_buckets(args: argparse.Namespace) -> int:
         for line in asyncio.run(run()):
             print(line)
     except Exception as exc:  # connection and JetStream errors alike: one clear line
-        print(f"kubemoot-proxy init-buckets: {exc or type(exc).__name__}", file=sys.stderr)
+        print(f"kubemoot-proxy init-buckets: {reason_of(exc)}", file=sys.stderr)
         return 1
     return 0
 

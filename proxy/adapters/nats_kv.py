@@ -76,6 +76,41 @@ def redact(urls: str) -> str:
     return re.sub(r"(?<=://)[^@/,]*@", "***@", urls)
 
 
+def reason_of(exc: BaseException) -> str:
+    """An exception's message, or its type when the message is empty (a timeout's is)."""
+    return str(exc) or type(exc).__name__
+
+
+async def connect_client(options: NatsOptions, **callbacks: Any) -> Any:
+    """A connected client within `options.timeout_s`, else StoreUnavailable naming the URL
+    and the last error met (nats-py retries an absent server without end while connecting,
+    and reports each attempt only to its error callback)."""
+    errors: list[Exception] = []
+    on_error = callbacks.pop("error_cb", None)
+
+    async def error(exc: Exception) -> None:
+        errors.append(exc)
+        if on_error is not None:
+            await on_error(exc)
+
+    client = NATS()
+    try:
+        await asyncio.wait_for(client.connect(**options.connect_kwargs(), error_cb=error,
+                                              **callbacks), timeout=options.timeout_s)
+    except Exception as exc:  # nats raises a zoo of types; all mean "not reachable"
+        with contextlib.suppress(Exception):
+            await client.close()
+        if not isinstance(exc, TimeoutError):
+            reason = reason_of(exc)
+        elif errors:
+            reason = reason_of(errors[-1])
+        else:
+            reason = f"no answer within {options.timeout_s:g} s"
+        raise StoreUnavailable(f"cannot connect to NATS at {redact(options.url)}: "
+                               f"{reason}") from exc
+    return client
+
+
 def bucket_config(spec: BucketSpec, replicas: int = 1) -> KeyValueConfig:
     return KeyValueConfig(bucket=spec.name, history=spec.history, ttl=spec.ttl_s,
                           storage=StorageType.FILE, direct=True, replicas=replicas)
@@ -186,9 +221,10 @@ class NatsStore:
                 log.warning("nats still unreachable", error=str(exc))
 
     async def _connect(self) -> None:
+        # Until the first connection, what goes wrong is said once, by StoreUnavailable.
         async def disconnected() -> None:
-            self._connected = False
-            if not self._closing:
+            was_connected, self._connected = self._connected, False
+            if was_connected and not self._closing:
                 log.warning("nats disconnected; placing from direct probes until it returns")
             self.changes.bump()
 
@@ -197,20 +233,11 @@ class NatsStore:
             await self._rewatch()
 
         async def error(exc: Exception) -> None:
-            log.warning("nats error", error=str(exc))
+            if self._nc is not None:
+                log.warning("nats error", error=reason_of(exc))
 
-        client = NATS()
-        try:
-            # Bounded: a wrong credential or an absent server must not hang start-up.
-            await asyncio.wait_for(
-                client.connect(**self.options.connect_kwargs(), disconnected_cb=disconnected,
-                               reconnected_cb=reconnected, error_cb=error),
-                timeout=self.options.timeout_s)
-        except Exception as exc:  # nats raises a zoo of types; all mean "not reachable"
-            with contextlib.suppress(Exception):
-                await client.close()
-            raise StoreUnavailable(f"cannot connect to NATS at {redact(self.options.url)}: "
-                                   f"{exc or type(exc).__name__}") from exc
+        client = await connect_client(self.options, disconnected_cb=disconnected,
+                                      reconnected_cb=reconnected, error_cb=error)
         self._nc = client
         try:
             await self._bind()

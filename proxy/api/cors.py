@@ -8,8 +8,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 from starlette.types import ASGIApp
+
+from proxy.api.errors import error_response
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
 SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
@@ -50,3 +54,21 @@ class OllamaCors(CORSMiddleware):
 
     def is_allowed_origin(self, origin: str) -> bool:
         return len(origin) <= MAX_ORIGIN_CHARS and super().is_allowed_origin(origin)
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        """A preflight from an origin not allowed is 403 with no CORS headers, as Ollama's
+        gin-contrib/cors answers it (server/routes.go:1842-1872); any other refusal is a 400,
+        both in the sidecar's error shape rather than Starlette's plain text."""
+        origin = request_headers["origin"]
+        if not self.is_allowed_origin(origin):
+            return error_response(403, "origin-not-allowed",
+                                  f"origin {origin[:MAX_ORIGIN_CHARS]!r} may not call the "
+                                  "sidecar from a browser; allow it with KUBEMOOT_ORIGINS")
+        answer = super().preflight_response(request_headers)
+        if answer.status_code < 400:
+            return answer
+        refused = error_response(400, "bad-request", f"CORS preflight refused: "
+                                 f"{bytes(answer.body).decode()}")
+        refused.headers.update({k: v for k, v in answer.headers.items()
+                                if k.startswith("access-control-") or k == "vary"})
+        return refused

@@ -75,7 +75,7 @@ class KubemootApi:
 
     def mount(self, app: FastAPI) -> None:
         app.router.add_route("/kubemoot/v1/plans", self.create_plan, methods=["POST"])
-        app.router.add_route("/kubemoot/v1/plans/{thread}", self.delete_plan,
+        app.router.add_route("/kubemoot/v1/plans/{thread:path}", self.delete_plan,
                              methods=["DELETE"])
         app.router.add_route("/kubemoot/v1/explain", self.explain, methods=["GET"])
         app.router.add_route("/kubemoot/v1/explain", self.explain_call, methods=["POST"])

@@ -39,7 +39,35 @@ from proxy.service.routing import NO_PROMPT, CallRequest, Calls, ProviderPool
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
 FALLBACK_VERSION = "0.12.6"
-MODEL_MANAGEMENT = ("/api/push", "/api/create", "/api/copy", "/api/delete")
+# Model management, with the CLI command that does on one Ollama what each path would.
+MODEL_COMMANDS = {"/api/push": "ollama push <model>",
+                  "/api/create": "ollama create <model> -f <Modelfile>",
+                  "/api/copy": "ollama cp <source> <destination>",
+                  "/api/delete": "ollama rm <model>"}
+MODEL_MANAGEMENT = tuple(MODEL_COMMANDS)
+
+
+PHASES = ("mulling", "triage")
+WAIT_VALUES = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def call_headers(request: Request, default_can_wait: bool) -> tuple[str, str | None, bool]:
+    """The call's phase, thread and whether it can wait, from its X-Kubemoot-* headers (an
+    empty header is an absent one); a value the contract does not list is refused rather than
+    read as the default, so a typo cannot silently change where the call goes."""
+    phase = request.headers.get("x-kubemoot-phase", "").strip().lower() or "mulling"
+    if phase not in PHASES:
+        raise wire.BadRequest(f"header 'X-Kubemoot-Phase': {phase!r} is not a phase; "
+                              f"use one of {', '.join(PHASES)}", "X-Kubemoot-Phase")
+    thread = request.headers.get("x-kubemoot-thread", "").strip() or None
+    if thread is not None and len(thread) > wire.MAX_ID_LENGTH:
+        raise wire.BadRequest(f"header 'X-Kubemoot-Thread': a thread id is at most "
+                              f"{wire.MAX_ID_LENGTH} characters", "X-Kubemoot-Thread")
+    wait = request.headers.get("x-kubemoot-wait", "").strip().lower()
+    if wait and wait not in WAIT_VALUES:
+        raise wire.BadRequest(f"header 'X-Kubemoot-Wait': {wait!r} is not true or false "
+                              f"(also taken: yes, no, 1, 0)", "X-Kubemoot-Wait")
+    return phase, thread, WAIT_VALUES[wait] if wait else default_can_wait
 
 
 class RequestTooLarge(Exception):
@@ -221,11 +249,14 @@ class SidecarApi:
                                   f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
                                   dialect=dialect)
         except wire.BadRequest as exc:
-            self.metrics.refusals.labels("bad-request").inc()
-            return error_response(400, "bad-request", str(exc), dialect=dialect)
+            return self._bad_request(exc, dialect)
         except ClientDisconnect:  # gone before its body arrived: nobody to answer
             log.info("client went away while sending its request", path=request.url.path)
             return Response(status_code=499)
+
+    def _bad_request(self, exc: wire.BadRequest, dialect: Dialect) -> Response:
+        self.metrics.refusals.labels("bad-request").inc()
+        return error_response(400, "bad-request", str(exc), dialect=dialect)
 
     async def show(self, request: Request) -> Response:
         read = await self._read(request, wire.ShowRequest)
@@ -273,11 +304,12 @@ class SidecarApi:
         return Response(lines, media_type="application/x-ndjson")
 
     async def not_here(self, request: Request) -> Response:
+        path = request.url.path
+        command = MODEL_COMMANDS[path]
         return error_response(
             501, "not-supported",
-            f"{request.url.path} changes one Ollama's model store; the sidecar fronts many "
-            "GPUs, so run it against each provider directly (e.g. OLLAMA_HOST=<provider> "
-            "ollama pull <model>)")
+            f"{path} changes one Ollama's model store; the sidecar fronts many GPUs, so run "
+            f"it against each provider directly (OLLAMA_HOST=<provider> {command})")
 
     async def not_found(self, request: Request, exc: Exception) -> Response:
         return error_response(
@@ -313,7 +345,10 @@ class SidecarApi:
         if isinstance(read, Response):
             return read
         body, parsed = read
-        call = self.call_request(request, "/v1/messages", body, parsed)
+        try:
+            call = self.call_request(request, "/v1/messages", body, parsed)
+        except wire.BadRequest as exc:
+            return self._bad_request(exc, "anthropic")
         return _json({"input_tokens": self.prompt_tokens(call)})
 
     # -- inference -------------------------------------------------------------------------
@@ -325,10 +360,7 @@ class SidecarApi:
 
     def call_request(self, request: Request, path: str, body: dict[str, Any],
                      parsed: wire.Inference) -> CallRequest:
-        phase = request.headers.get("x-kubemoot-phase", "mulling").strip().lower()
-        wait_header = request.headers.get("x-kubemoot-wait")
-        can_wait = self.default_can_wait if wait_header is None else \
-            wait_header.strip().lower() not in {"false", "0", "no"}
+        phase, thread, can_wait = call_headers(request, self.default_can_wait)
         # (Only Ollama's own API has options; on the others an `options` field is extra.)
         options = getattr(parsed, "options", None)
         num_ctx = options.num_ctx if isinstance(options, wire.Options) else None
@@ -340,8 +372,8 @@ class SidecarApi:
         return CallRequest(
             path=path,
             model=parsed.model or None,
-            phase=phase if phase in {"mulling", "triage"} else "mulling",
-            thread=request.headers.get("x-kubemoot-thread") or None,
+            phase=phase,
+            thread=thread,
             can_wait=can_wait,
             prompt=size,
             num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
@@ -363,7 +395,10 @@ class SidecarApi:
         if isinstance(read, Response):
             return read
         body, parsed = read
-        call = self.call_request(request, path, body, parsed)
+        try:
+            call = self.call_request(request, path, body, parsed)
+        except wire.BadRequest as exc:
+            return self._bad_request(exc, dialect)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)
         if isinstance(parsed, wire.EMBEDDINGS):

@@ -74,6 +74,17 @@ def test_an_agent_holds_a_bounded_number_of_plans(sim_factory: Sims,
     assert too_long.status_code == 400 and "thread" in too_long.json()["error"]
 
 
+@pytest.mark.parametrize("path", ["room%2F42", "room/42"])
+def test_a_thread_with_a_slash_is_released_by_either_form_of_its_path(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str) -> None:
+    url = sidecar_factory([sim_factory("gpu", time_scale=SCALE)]).url
+    assert plan(url, "room/42", "qwen3:8b").status_code == 201
+    assert httpx.get(f"{url}/kubemoot/v1/state").json()["plans"] == ["room/42"]
+    r = httpx.delete(f"{url}/kubemoot/v1/plans/{path}")
+    assert r.status_code == 200 and r.json() == {"thread": "room/42", "released": True}
+    assert httpx.get(f"{url}/kubemoot/v1/state").json()["plans"] == []
+
+
 @pytest.mark.parametrize("share", [0.2])
 def test_plans_take_at_most_a_share_of_the_fleets_memory(sim_factory: Sims,
                                                          sidecar_factory: Sidecars,

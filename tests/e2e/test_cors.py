@@ -55,3 +55,26 @@ def test_more_origins_from_the_setting_and_no_work_for_a_huge_one(
     huge = httpx.get(f"{url}/api/tags", headers={"Origin": "https://" + "a." * 3000 + "x"})
     assert huge.status_code == 200 and "access-control-allow-origin" not in huge.headers
     assert time.perf_counter() - started < 1.0
+
+
+def test_a_preflight_from_an_origin_not_allowed_is_403_without_cors_headers(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.options(f"{url}/api/chat", headers={
+        "Origin": "https://evil.example.com", "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 403
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["reason"] == "origin-not-allowed"
+    assert "https://evil.example.com" in r.json()["error"]
+    assert not [h for h in r.headers if h.startswith("access-control-")]
+
+
+def test_a_preflight_for_a_header_not_allowed_is_a_json_400(sim_factory: Sims,
+                                                            sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.options(f"{url}/api/chat", headers={
+        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "x-not-allowed"})
+    assert r.status_code == 400 and r.json()["reason"] == "bad-request"
+    assert "headers" in r.json()["error"]
+    assert r.headers["access-control-allow-origin"] == "http://localhost:5173"

@@ -115,3 +115,57 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
         assert b"408" in answer.split(b"\r\n")[0] and b'"reason":"request-timeout"' in answer
     finally:
         server.stop()
+
+
+CALLS = {"/api/chat": {"model": "qwen3:8b", "stream": False,
+                       "messages": [{"role": "user", "content": "hi"}]},
+         "/v1/chat/completions": {"model": "qwen3:8b", "max_tokens": 2,
+                                  "messages": [{"role": "user", "content": "hi"}]},
+         "/v1/messages": {"model": "qwen3:8b", "max_tokens": 2,
+                          "messages": [{"role": "user", "content": "hi"}]}}
+
+
+@pytest.mark.parametrize(("path", "header", "value", "named"), [
+    ("/api/chat", "X-Kubemoot-Thread", "t" * 257, "256 characters"),
+    ("/v1/chat/completions", "X-Kubemoot-Thread", "t" * 3000, "256 characters"),
+    ("/api/chat", "X-Kubemoot-Phase", "tirage", "mulling, triage"),
+    ("/v1/messages", "X-Kubemoot-Phase", "tirage", "mulling, triage"),
+    ("/api/chat", "X-Kubemoot-Wait", "off", "true or false"),
+    ("/v1/chat/completions", "X-Kubemoot-Wait", "off", "true or false")])
+def test_a_kubemoot_header_out_of_its_values_is_refused_naming_it(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, header: str, value: str,
+        named: str) -> None:
+    url = sidecar_factory([sim_factory("gpu", time_scale=0.001)]).url
+    r = httpx.post(f"{url}{path}", json=CALLS[path], headers={header: value}, timeout=30)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["reason"] == "bad-request"
+    message = {"/api/chat": lambda: body["error"],
+               "/v1/chat/completions": lambda: body["error"]["message"],
+               "/v1/messages": lambda: body["error"]["message"]}[path]()
+    assert header in message and named in message
+
+
+@pytest.mark.parametrize("headers", [{"X-Kubemoot-Thread": "t" * 256},
+                                     {"X-Kubemoot-Phase": "Mulling"},
+                                     {"X-Kubemoot-Wait": "FALSE"}, {"X-Kubemoot-Wait": "1"}])
+def test_kubemoot_headers_within_their_values_are_taken(
+        sim_factory: Sims, sidecar_factory: Sidecars, headers: dict[str, str]) -> None:
+    url = sidecar_factory([sim_factory("gpu", time_scale=0.001)]).url
+    r = httpx.post(f"{url}/api/chat", json=CALLS["/api/chat"], headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("method", "path", "body", "command"), [
+    ("DELETE", "/api/delete", {"model": "qwen3:8b"}, "ollama rm <model>"),
+    ("POST", "/api/copy", {"source": "qwen3:8b", "destination": "mine"},
+     "ollama cp <source> <destination>"),
+    ("POST", "/api/push", {"model": "qwen3:8b"}, "ollama push <model>"),
+    ("POST", "/api/create", {"model": "mine"}, "ollama create <model>")])
+def test_model_management_names_the_command_to_run_on_each_provider(
+        sim_factory: Sims, sidecar_factory: Sidecars, method: str, path: str,
+        body: dict[str, str], command: str) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.request(method, f"{url}{path}", json=body)
+    assert r.status_code == 501 and r.json()["reason"] == "not-supported"
+    assert f"OLLAMA_HOST=<provider> {command}" in r.json()["error"]

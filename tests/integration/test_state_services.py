@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -223,6 +224,27 @@ def test_init_buckets_without_nats_names_the_setting() -> None:
     done = subprocess.run([sys.executable, "-m", "proxy", "init-buckets"],
                           capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
     assert done.returncode != 0 and "KUBEMOOT_NATS_URL" in done.stderr
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", ["init-buckets", "publish"])
+def test_an_unreachable_nats_is_one_line_naming_the_url_and_why(command: str) -> None:
+    url = f"nats://127.0.0.1:{_unused_port()}"
+    env = {"PATH": "/usr/bin", "KUBEMOOT_NATS_URL": url,
+           "KUBEMOOT_PROVIDERS": '[{"name": "gpu-x", "endpoint": "http://127.0.0.1:9"}]'}
+    args = ["--once"] if command == "publish" else []
+    done = subprocess.run([sys.executable, "-m", "proxy", command, *args], env=env,
+                          capture_output=True, text=True, timeout=15)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1
+    assert len(lines) == 1, done.stderr
+    prefix = f"kubemoot-proxy {command}: cannot connect to NATS at {url}: "
+    assert lines[0].startswith(prefix) and lines[0][len(prefix):].strip(), lines[0]
 
 
 def test_publish_once(sim_factory, nats_server: NatsServer) -> None:  # type: ignore[no-untyped-def]
