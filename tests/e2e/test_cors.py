@@ -29,12 +29,18 @@ def test_origins_as_ollama_allows_them(origin: str, allowed: bool, sim_factory: 
     assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
 
 
+def preflight(url: str, origin: str, headers: str | None = None) -> httpx.Response:
+    """What a browser asks before a cross-origin POST to /api/chat."""
+    asked = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+    if headers is not None:
+        asked["Access-Control-Request-Headers"] = headers
+    return httpx.options(f"{url}/api/chat", headers=asked)
+
+
 def test_a_browser_preflight_for_a_chat_call_is_answered(sim_factory: Sims,
                                                          sidecar_factory: Sidecars) -> None:
     url = sidecar_factory([sim_factory("gpu")]).url
-    r = httpx.options(f"{url}/api/chat", headers={
-        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "content-type,x-kubemoot-phase"})
+    r = preflight(url, "http://localhost:5173", "content-type,x-kubemoot-phase")
     assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] == "http://localhost:5173"
     assert "POST" in r.headers["access-control-allow-methods"]
@@ -60,8 +66,7 @@ def test_more_origins_from_the_setting_and_no_work_for_a_huge_one(
 def test_a_preflight_from_an_origin_not_allowed_is_403_without_cors_headers(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     url = sidecar_factory([sim_factory("gpu")]).url
-    r = httpx.options(f"{url}/api/chat", headers={
-        "Origin": "https://evil.example.com", "Access-Control-Request-Method": "POST"})
+    r = preflight(url, "https://evil.example.com")
     assert r.status_code == 403
     assert r.headers["content-type"].startswith("application/json")
     assert r.json()["reason"] == "origin-not-allowed"
@@ -72,9 +77,7 @@ def test_a_preflight_from_an_origin_not_allowed_is_403_without_cors_headers(
 def test_a_preflight_for_a_header_not_allowed_is_a_json_400(sim_factory: Sims,
                                                             sidecar_factory: Sidecars) -> None:
     url = sidecar_factory([sim_factory("gpu")]).url
-    r = httpx.options(f"{url}/api/chat", headers={
-        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "x-not-allowed"})
+    r = preflight(url, "http://localhost:5173", "x-not-allowed")
     assert r.status_code == 400 and r.json()["reason"] == "bad-request"
     assert "headers" in r.json()["error"]
     assert r.headers["access-control-allow-origin"] == "http://localhost:5173"
