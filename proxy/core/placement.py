@@ -173,7 +173,7 @@ class _Planner:
             if not eligible:
                 continue
             verdict = self.verdict(index, model)
-            if verdict.feasible and (best is None or _better(verdict, best)):
+            if verdict.feasible and (best is None or _rank(verdict) < _rank(best)):
                 best = verdict
         if best is None:
             return None
@@ -190,7 +190,7 @@ class _Planner:
             feasible = [v for v in feasible if self.indexes[v.provider].free_slots(v.model) > 0]
             if not feasible:
                 return None
-        best = min(feasible, key=lambda v: (v.cost_s, v.provider))
+        best = min(feasible, key=_rank)
         index = self.indexes[best.provider]
         if index.is_warm(best.model) or index.is_loading(best.model):
             kind: PlacementKind = "queued" if index.free_slots(best.model) <= 0 else (
@@ -226,7 +226,7 @@ class _Planner:
                         is not None]
         if not alternatives:
             return None
-        best = min(self.weigh_room(alternatives), key=lambda v: (v.cost_s, v.provider))
+        best = min(self.weigh_room(alternatives), key=_rank)
         if best.cost_s >= hit.cost_s:
             return None
         index = self.indexes[best.provider]
@@ -503,8 +503,9 @@ class _Planner:
         return Decision("wait", None, reason, tuple(verdicts), queue_s, unload_s)
 
 
-def _better(a: Verdict, b: Verdict) -> bool:
-    return (a.cost_s, a.provider) < (b.cost_s, b.provider)
+def _rank(verdict: Verdict) -> tuple[float, str]:
+    """Cheapest first; a tie goes to the provider whose name sorts first."""
+    return verdict.cost_s, verdict.provider
 
 
 def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Decision:

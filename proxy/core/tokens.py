@@ -221,12 +221,17 @@ class TokenRatio:
                          + pieces * PIECE_TOKENS)
 
 
+def conversation_items(body: dict[str, Any]) -> list[Any] | None:
+    """The request's messages (or the Responses API's input items), when it has any."""
+    return next((v for k in CONVERSATION_KEYS if isinstance(v := body.get(k), list) and v),
+                None)
+
+
 def conversation_digests(body: dict[str, Any]) -> tuple[int, ...]:
     """One digest per prefix of the request's conversation, each also covering the rest of
     the prompt (system text, instructions, tools): two calls share a digest exactly when they
     share that prefix and that rest. Empty for a request that is not a conversation."""
-    items = next((v for k in CONVERSATION_KEYS
-                  if isinstance(v := body.get(k), list) and v), None)
+    items = conversation_items(body)
     if items is None:
         return ()
     digest = _stable_digest(orjson.dumps([body.get(key) or None for key in SHARED_KEYS],
@@ -245,8 +250,7 @@ def answers_tool_result(body: dict[str, Any]) -> bool:
     last. A chat turn (the user spoke last) is not: the user may go on."""
     if not body.get("tools"):
         return False
-    items = next((v for k in CONVERSATION_KEYS
-                  if isinstance(v := body.get(k), list) and v), None)
+    items = conversation_items(body)
     last = items[-1] if items else None
     if not isinstance(last, dict):
         return False
