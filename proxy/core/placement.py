@@ -489,6 +489,14 @@ class _Planner:
                             f"({unload.cost_s:.1f} s) beats queueing "
                             f"({'none' if queue is None else f'{queue.wait_s:.1f} s'})",
                             tuple(verdicts), queue_s, unload_s)
+        if choice is True and queue is not None and not self.call.can_wait:
+            # it cannot wait in the sidecar: it queues inside that copy's engine, as step 4's
+            verdict = self.verdict(self.indexes[queue.provider], queue.model)
+            return Decision("placed", self.placement(verdict, "queued", 5),
+                            f"step 5: queued for a slot of {queue.model} on {queue.provider} "
+                            f"({queue.wait_s:.1f} s), no worse than unloading "
+                            f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})",
+                            tuple(verdicts), queue_s, unload_s)
         if choice is True and queue is not None:
             reason = (f"busy: wait for a slot of {queue.model} on {queue.provider} "
                       f"({queue.wait_s:.1f} s)"

@@ -115,6 +115,23 @@ async def test_a_call_that_cannot_wait_queues_at_a_busy_copy_worth_waiting_for(
     await working
 
 
+async def test_a_call_that_cannot_wait_queues_at_the_only_busy_copy(fleet: Fleet) -> None:
+    """One card, its one slot busy, nothing to load or unload and no static endpoint: a call
+    that cannot wait queues inside that engine rather than being refused."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar()
+    gpu.script(Answer(seconds=1), Answer(seconds=5), Answer(seconds=1))
+    assert (await sidecar.chat("qwen3:8b")).provider == "gpu"  # learns a call's length
+    loads = gpu.stats.loads
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(0.5)
+    r = await sidecar.chat("qwen3:8b", can_wait=False)
+    assert (r.status, r.provider, r.placement) == (200, "gpu", "queued")
+    assert gpu.stats.loads == loads
+    await working
+
+
 async def test_a_client_that_leaves_while_waiting_is_never_placed(fleet: Fleet) -> None:
     gpu = fleet.gpu("gpu", total_vram_mib=16376)
     sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=300)

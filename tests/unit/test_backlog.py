@@ -56,6 +56,20 @@ def test_a_call_that_cannot_wait_queues_inside_the_engine_instead() -> None:
     assert not decision.placement.needs_free_slot  # its claim does not ask for a free slot
 
 
+def test_a_call_that_cannot_wait_queues_where_no_load_is_possible() -> None:
+    """No other card to load on, nothing to unload: step 5's queue is the only option, and
+    a call that cannot wait in the sidecar takes it inside the engine."""
+    snap = snapshot(gpu("a", GIB16, ("qwen3:8b",)),
+                    tickets=(ticket("a", "qwen3:8b", elapsed=0.5),),
+                    lengths=NO_LENGTHS.observe("a", "qwen3:8b", CallSample(CALL_S)))
+    assert place(call("qwen3:8b"), snap).outcome == "wait"
+    decision = place(replace(call("qwen3:8b"), can_wait=False), snap)
+    assert decision.outcome == "placed" and decision.placement is not None
+    assert (decision.placement.provider, decision.placement.kind,
+            decision.placement.step) == ("a", "queued", 5)
+    assert "no worse than unloading (impossible)" in decision.reason
+
+
 def test_a_hot_model_with_waiters_gets_a_second_copy() -> None:
     decision = place(call("qwen3:8b"), busy_copy(waiters=3))
     # queueing: 2.5 s for this call and 1.5 s more for each of the 4 calls behind > ~5.9 s
