@@ -24,6 +24,8 @@ from proxy.service.scheduler import Granted, Scheduler
 
 log = get_logger("kubemoot.plans")
 PLAN_TTL_S = 180.0
+# A plan made without promptChars is sized for a typical first mulling prompt (the design
+# doc's "assumed prompt size"); the call that takes the plan is checked with its real one.
 ASSUMED_PROMPT_CHARS = 16000
 
 
@@ -106,8 +108,12 @@ class PlanBook:
             if over is not None:
                 return {"thread": thread, "planned": False, "refusal": "plan-memory",
                         "reason": over}
+            reason = decision.reason
+            if prompt_chars is None and decision.outcome == "prompt-too-large":
+                reason += (f" (no promptChars was given: a prompt of {ASSUMED_PROMPT_CHARS} "
+                           "characters was assumed; send the thread's promptChars)")
             return {"thread": thread, "planned": False, "outcome": decision.outcome,
-                    "reason": decision.reason}
+                    "reason": reason}
         placement = claimed.placement
         plan = HeldPlan(thread, claimed, spec, self.clock.monotonic(), acceptable)
         s.claims.hold(claimed)

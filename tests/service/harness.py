@@ -92,7 +92,8 @@ class Sidecar:
         task.add_done_callback(self.background.discard)
         return task
 
-    async def plan(self, thread: str, model: str, prompt_chars: int = 100) -> dict[str, Any]:
+    async def plan(self, thread: str, model: str, prompt_chars: int | None = 100
+                   ) -> dict[str, Any]:
         return await self.services.plans.create(thread, "mulling", model, prompt_chars)
 
     def tickets(self) -> list[Ticket]:

@@ -27,6 +27,15 @@ async def test_a_held_plan_is_taken_by_the_first_call_of_its_thread(fleet: Fleet
     assert not sidecar.tickets()
 
 
+async def test_a_plan_without_a_prompt_size_says_what_it_assumed(fleet: Fleet) -> None:
+    fleet.gpu("gpu", total_vram_mib=24564, context_length=2048)
+    sidecar = await fleet.sidecar()
+    refused = await sidecar.plan("t-1", "qwen3:8b", prompt_chars=None)
+    assert (refused["planned"], refused["outcome"]) == (False, "prompt-too-large")
+    assert "no promptChars was given: a prompt of 16000 characters" in refused["reason"]
+    assert (await sidecar.plan("t-1", "qwen3:8b", prompt_chars=2000))["planned"]
+
+
 async def test_a_plan_on_a_copy_that_went_away_is_not_taken(fleet: Fleet) -> None:
     gpu = fleet.gpu("gpu", num_parallel=2)
     sidecar = await fleet.sidecar(probe_interval_seconds=1)

@@ -260,3 +260,17 @@ def test_promtool_alerts_fire_on_what_they_are_for(tmp_path: Path) -> None:
     done = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_metrics_carry_no_created_series_and_every_family_is_documented() -> None:
+    metrics = Metrics()
+    metrics.placements.labels("warm", "gpu", "qwen3:8b").inc()
+    metrics.wait_seconds.observe(0.5)
+    text = metrics.render().decode()
+    assert "_created" not in text
+    documented = (MONITORING.parents[1] / "docs" / "metrics.md").read_text()
+    for family in metrics.registry.collect():
+        if not family.name.startswith("kubemoot_"):
+            continue  # the process collector's, named by Prometheus' conventions
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}`" in documented, name
