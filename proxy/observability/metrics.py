@@ -15,7 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # The `_created` gauge beside every counter and histogram doubles the series and only says
 # when the process started, which process_start_time_seconds already does.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 SLOW_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
