@@ -228,7 +228,8 @@ def build_app(settings: Settings, store: StateStore | None = None,
                      "connected" if services.store.connected else "unavailable")
     api.mount(app)
     app.state.api = api
-    KubemootApi(scheduler, services.plans, services.view, services.demand).mount(app)
+    KubemootApi(scheduler, services.plans, services.view, services.demand,
+                settings.max_request_bytes).mount(app)
     status = StatusApi(services.figures, services.store.changes, services.calls.recent,
                        sidecar, lambda: "shared" if shared else "embedded", exchange)
     status.mount(app)

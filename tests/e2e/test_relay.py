@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import ollama
@@ -145,6 +145,42 @@ def test_body_over_the_cap_is_413(fleet: list[SimServer], sidecar_factory: Sidec
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
     r = httpx.post(f"{url}/api/show", json={"model": "x" * 2000})
     assert r.status_code == 413 and "KUBEMOOT_MAX_REQUEST_BYTES" in r.json()["error"]
+
+
+BODY_PATHS = ["/api/chat", "/api/generate", "/api/embed", "/v1/chat/completions",
+              "/v1/messages", "/v1/messages/count_tokens", "/api/show", "/api/pull",
+              "/kubemoot/v1/plans", "/kubemoot/v1/explain"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_every_body_is_held_to_the_one_cap(chunked: bool, fleet: list[SimServer],
+                                           sidecar_factory: Sidecars) -> None:
+    """KUBEMOOT_MAX_REQUEST_BYTES holds on every path that reads a body, also when the body
+    comes in chunks with no Content-Length to refuse it by."""
+    url = sidecar_factory(fleet, max_request_bytes=1000).url
+    body = b'{"model": "qwen3:8b", "thread": "t", "messages": []' + b" " * 2000 + b"}"
+
+    def pieces() -> Iterator[bytes]:
+        yield from (body[i:i + 100] for i in range(0, len(body), 100))
+
+    for path in BODY_PATHS:
+        r = httpx.post(f"{url}{path}", content=pieces() if chunked else body,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 413, (path, r.status_code, r.text)
+        assert r.json()["reason"] == "request-too-large", path
+        message = r.json()["error"]
+        message = message["message"] if isinstance(message, dict) else message
+        assert "KUBEMOOT_MAX_REQUEST_BYTES" in message and "1000" in message, (path, message)
+    assert sum(s.sim.stats.requests for s in fleet) == 0
+
+
+def test_a_plan_is_small_by_design(fleet: list[SimServer], sidecar_factory: Sidecars) -> None:
+    """A plan is four fields: under the default cap its body still stops at 64 KiB."""
+    url = sidecar_factory(fleet).url
+    r = httpx.post(f"{url}/kubemoot/v1/plans", headers={"Content-Type": "application/json"},
+                   content=b'{"thread": "t"' + b" " * 70_000 + b"}")
+    assert r.status_code == 413 and r.json()["reason"] == "request-too-large"
+    assert "65536" in r.json()["error"]
 
 
 def test_mid_stream_failure_ends_with_an_error_line(fleet: list[SimServer],
