@@ -271,6 +271,30 @@ def test_root_version_health_and_metrics(fleet: list[SimServer],
     assert "process_cpu_seconds_total" in metrics  # a saturated core shows as a rate near 1
 
 
+def test_version_is_the_one_a_provider_last_reported(sim_factory: Sims,
+                                                     sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", version="0.13.4")
+    heard_by_probe = sim_factory("probed", version="0.13.2")
+    asked = sidecar_factory([gpu]).url
+    probed = sidecar_factory([heard_by_probe], probe_interval_seconds=60).url
+    assert httpx.get(f"{asked}/api/version").json() == {"version": "0.13.4"}
+    gpu.stop()
+    heard_by_probe.stop()
+    assert httpx.get(f"{asked}/api/version").json() == {"version": "0.13.4"}
+    assert httpx.get(f"{probed}/api/version").json() == {"version": "0.13.2"}
+
+
+def test_version_is_503_while_no_provider_ever_answered(sim_factory: Sims,
+                                                        sidecar_factory: Sidecars) -> None:
+    gone = sim_factory("gone")
+    gone.stop()
+    url = sidecar_factory([gone]).url
+    r = httpx.get(f"{url}/api/version")
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert r.json()["reason"] == "no-provider" and "no provider" in r.json()["error"]
+    assert httpx.head(f"{url}/api/version").status_code == 503
+
+
 def test_not_ready_when_no_provider_answers(sim_factory: Sims,
                                             sidecar_factory: Sidecars) -> None:
     gone = sim_factory("gone")
