@@ -10,6 +10,10 @@ from collections.abc import Callable, Iterator
 import httpx
 import ollama
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
@@ -181,6 +185,75 @@ def test_a_plan_is_small_by_design(fleet: list[SimServer], sidecar_factory: Side
                    content=b'{"thread": "t"' + b" " * 70_000 + b"}")
     assert r.status_code == 413 and r.json()["reason"] == "request-too-large"
     assert "65536" in r.json()["error"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_providers_own_refusal_keeps_its_message_and_gains_a_reason(
+        stream: bool, sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's 400s (server/routes.go ChatHandler: think on a model that cannot, a
+    keep_alive it cannot parse) reach the agent with their status and message, shaped as
+    the sidecar's own refusals are in each dialect, and say nothing of the provider's
+    health: its circuit stays closed and it takes the next call."""
+    gpu = sim_factory("gpu")
+    url = sidecar_factory([gpu]).url
+    ask = {"messages": HI, "stream": stream}
+    think = httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "think": True})
+    assert think.status_code == 400, think.text
+    assert think.json() == {"error": '"phi3:mini" does not support thinking',
+                            "reason": "bad-request", "model": "phi3:mini"}
+    assert think.headers["x-kubemoot-provider"] == "gpu"
+    forever = httpx.post(f"{url}/api/generate", json={
+        "model": "qwen3:8b", "prompt": "hi", "keep_alive": "forever", "stream": stream})
+    assert forever.status_code == 400 and forever.json()["reason"] == "bad-request"
+    assert "invalid duration" in forever.json()["error"]
+    with pytest.raises(ollama.ResponseError) as info:  # the official client reads it so
+        ollama.Client(host=url).chat(model="phi3:mini", messages=HI, think=True)
+    assert info.value.status_code == 400 and "does not support thinking" in info.value.error
+    openai = httpx.post(f"{url}/v1/chat/completions", json={
+        **ask, "model": "phi3:mini", "reasoning_effort": "high"})
+    assert openai.status_code == 400, openai.text
+    assert openai.json() == {"error": {"message": '"phi3:mini" does not support thinking',
+                                       "type": "invalid_request_error", "code": "bad-request"},
+                             "reason": "bad-request", "model": "phi3:mini"}
+    for _ in range(4):  # more than the failures that open a circuit
+        httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "think": True})
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert [p["circuit"] for p in state["providers"]] == ["closed"]
+    assert "kubemoot_upstream_errors_total{" not in httpx.get(f"{url}/metrics").text
+    ok = httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "stream": False})
+    assert ok.status_code == 200 and ok.headers["x-kubemoot-provider"] == "gpu"
+
+
+async def anthropic_refusals(request: Request) -> Response:
+    """What Ollama's Anthropic layer answers a request it cannot take (anthropic.NewError,
+    middleware/anthropic.go:738-759), and a 401 as for a cloud model without a sign-in."""
+    status = 401 if (await request.json())["model"].endswith("-cloud") else 400
+    kind = {400: "invalid_request_error", 401: "authentication_error"}[status]
+    return JSONResponse({"type": "error", "request_id": "req_1", "error": {
+        "type": kind, "message": "unauthorized" if status == 401 else
+        "json: cannot unmarshal string into Go struct field"}}, status_code=status)
+
+
+def test_an_engines_refusal_on_anthropics_path_in_anthropics_shape(
+        sidecar_factory: Sidecars) -> None:
+    engine = ThreadedServer(Starlette(routes=[
+        Route("/v1/messages", anthropic_refusals, methods=["POST"])]), name="engine").start()
+    try:
+        url = sidecar_factory(model_endpoint=engine.url, model_model="qwen3:8b").url
+        ask = {"model": "qwen3:8b", "max_tokens": 5, "messages": HI}
+        bad = httpx.post(f"{url}/v1/messages", json=ask)
+        assert bad.status_code == 400, bad.text
+        assert bad.json() == {"type": "error", "error": {
+            "type": "invalid_request_error",
+            "message": "json: cannot unmarshal string into Go struct field"},
+            "reason": "bad-request", "model": "qwen3:8b"}
+        denied = httpx.post(f"{url}/v1/messages", json={**ask, "model": "glm-4.6:cloud-cloud"})
+        assert denied.status_code == 401, denied.text
+        assert denied.json()["error"] == {"type": "authentication_error",
+                                          "message": "unauthorized"}
+        assert denied.json()["reason"] == "provider-refused"
+    finally:
+        engine.stop()
 
 
 def test_mid_stream_failure_ends_with_an_error_line(fleet: list[SimServer],
