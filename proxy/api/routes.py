@@ -20,8 +20,9 @@ from proxy.api.errors import (
     dialect_of,
     error_response,
     install_error_shapes,
+    provider_refusal,
 )
-from proxy.api.relay import forward
+from proxy.api.relay import engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.models import model_name, normalise_model
 from proxy.core.tokens import (
@@ -288,9 +289,11 @@ class SidecarApi:
                 upstream = await client.show(body)
             except UpstreamError:
                 continue
-            last = Response(upstream.content, status_code=upstream.status_code, media_type=JSON)
             if upstream.status_code < 400:
-                return last
+                return Response(upstream.content, status_code=upstream.status_code,
+                                media_type=JSON)
+            last = Response(provider_refusal(upstream.status_code, engine_error(
+                upstream.content), model), status_code=upstream.status_code, media_type=JSON)
         return last or error_response(502, "upstream-failed",
                                       "no provider answered /api/show", model)
 

@@ -77,7 +77,11 @@ def test_unknown_model_is_ollamas_404(client: ollama.Client) -> None:
     assert info.value.status_code == 404 and "not found" in info.value.error
     with pytest.raises(ollama.ResponseError) as shown:
         client.show("no-such-model:1b")
-    assert shown.value.status_code == 404
+    assert shown.value.status_code == 404 and "not found" in shown.value.error
+    raw = httpx.post(client._client.base_url.join("/api/show"),  # type: ignore[attr-defined]
+                     json={"model": "no-such-model:1b"})
+    assert raw.json()["reason"] == "model-not-found"
+    assert raw.json()["model"] == "no-such-model:1b"
 
 
 def test_response_headers_say_where_it_ran(fleet: list[SimServer],
