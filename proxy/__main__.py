@@ -16,7 +16,24 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy import __version__
-from proxy.settings import ConfigError, Settings, load_settings, parse_listen
+from proxy.settings import (
+    ConfigError,
+    Settings,
+    load_settings,
+    parse_listen,
+    unknown_settings,
+)
+
+
+def _warn_unknown_settings(config_file: str | None) -> None:
+    """One warning per name that looks like a setting and is none (after logging is set up,
+    so the warnings come in the log's own format)."""
+    from proxy.observability.logging import get_logger
+
+    log = get_logger("kubemoot.settings")
+    for unknown in unknown_settings(config_file):
+        log.warning(str(unknown), setting=unknown.name, source=unknown.source,
+                    did_you_mean=unknown.did_you_mean)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -46,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise
     configure_logging(settings.log_level)
     print(_startup_line(settings), flush=True)
+    _warn_unknown_settings(args.config)
     if fleet:
         _print_demo_banner(settings, fleet)
     app = build_app(settings)
@@ -170,11 +188,14 @@ def _init_buckets(args: argparse.Namespace) -> int:
 
     from proxy.adapters.nats_kv import connect_client, default_replicas, ensure_buckets, reason_of
     from proxy.app import nats_options
+    from proxy.observability.logging import configure_logging
 
     settings = load_settings(args.config, **({"nats_url": args.nats_url} if args.nats_url
                                              else {}))
     if not settings.nats_url:
         raise ConfigError("KUBEMOOT_NATS_URL: required for init-buckets")
+    configure_logging(settings.log_level)
+    _warn_unknown_settings(args.config)
 
     async def run() -> list[str]:
         nc = await connect_client(nats_options(settings))
@@ -211,6 +232,7 @@ def _publish(args: argparse.Namespace) -> int:
     if not settings.providers:
         raise ConfigError("KUBEMOOT_PROVIDERS: publish needs at least one provider")
     configure_logging(settings.log_level)
+    _warn_unknown_settings(args.config)
 
     async def run() -> int:
         store = NatsStore(nats_options(settings))
@@ -273,6 +295,7 @@ def _bind_command(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"-f {missing[0]}: no such file or directory")
     configure_logging(settings.log_level)
+    _warn_unknown_settings(args.config)
     source = DocumentSource(args.file)
     source.poll()
     if source.docs is None:
@@ -372,6 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"kubemoot-proxy: bad configuration: {exc}", file=sys.stderr)
+        if hasattr(args, "config"):  # a misspelt name may be why: say so after the error
+            for unknown in unknown_settings(args.config):
+                print(f"kubemoot-proxy: warning: {unknown}", file=sys.stderr)
         return 2
 
 

@@ -185,6 +185,12 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
                     demand, claims, evictions, experience, scheduler, plans, calls, figures)
 
 
+def newest_version(prober: Prober) -> str | None:
+    """The Ollama version the most recent probe that got one heard."""
+    heard = [s for s in prober.latest.values() if s.version]
+    return max(heard, key=lambda s: s.last_probed_at).version if heard else None
+
+
 def build_app(settings: Settings, store: StateStore | None = None,
               clock: Clock = SYSTEM_CLOCK) -> FastAPI:
     timeouts = Timeouts(settings.connect_timeout_seconds, settings.first_byte_timeout_seconds,
@@ -224,11 +230,13 @@ def build_app(settings: Settings, store: StateStore | None = None,
                      default_can_wait=settings.role != "coordinator",
                      readiness=scheduler.ready,
                      prompt_tokens=services.experience.learning.prompt_tokens,
+                     probed_version=lambda: newest_version(services.prober),
                      shared_state=lambda: "embedded" if not shared else
                      "connected" if services.store.connected else "unavailable")
     api.mount(app)
     app.state.api = api
-    KubemootApi(scheduler, services.plans, services.view, services.demand).mount(app)
+    KubemootApi(scheduler, services.plans, services.view, services.demand,
+                settings.max_request_bytes).mount(app)
     status = StatusApi(services.figures, services.store.changes, services.calls.recent,
                        sidecar, lambda: "shared" if shared else "embedded", exchange)
     status.mount(app)

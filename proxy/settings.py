@@ -7,9 +7,14 @@ environment wins over the file, so a Deployment can override a mounted ConfigMap
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import re
 import socket
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -196,6 +201,18 @@ class Settings(BaseSettings):
             return [o.strip() for o in value.split(",") if o.strip()]
         return value
 
+    @field_validator("origins")
+    @classmethod
+    def _each_an_origin(cls, value: list[str]) -> list[str]:
+        # Ollama refuses to start on such an entry too: gin-contrib/cors panics with
+        # "bad origin" (config.go Validate), called from server/routes.go:1872.
+        for origin in value:
+            if not ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: use scheme://host[:port] "
+                                 "(`*` a wildcard within the host, like "
+                                 "https://*.example.com), or `*` alone for every origin")
+        return value
+
     @field_validator("listen", "ops_listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
@@ -237,6 +254,11 @@ class Settings(BaseSettings):
         return limit if limit > 0 else self.discuss_synthesis_timeout_seconds
 
 
+# What a browser sends as Origin: a scheme and a host (and port), no path; `*` stands for any
+# run of characters within the host, and alone for every origin (OLLAMA_ORIGINS=*).
+ORIGIN = re.compile(r"\*|[a-z][a-z0-9+.-]*://[^/?#\s,]+", re.IGNORECASE)
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` into (host, port)."""
     if "://" in value:
@@ -264,6 +286,57 @@ def describe_validation_error(exc: ValidationError) -> str:
     path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
     message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
     return f"{name}{path}: {message}"
+
+
+# Kubernetes service links: a Service named `kubemoot` or `kubemoot-*` in the pod's namespace
+# puts these into every container (unless the pod sets enableServiceLinks: false).
+SERVICE_LINK = re.compile(r"KUBEMOOT_(?:[A-Z0-9_]+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+                          r"|PORT(?:_\d+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?)")
+
+
+@dataclass(frozen=True)
+class UnknownSetting:
+    """A name that looks like a setting and is none, with the known one it is closest to."""
+
+    name: str
+    source: str  # "environment", or "--config <path>"
+    did_you_mean: str | None
+
+    def __str__(self) -> str:
+        hint = f"; did you mean {self.did_you_mean}?" if self.did_you_mean else ""
+        return f"{self.name} ({self.source}) is not a setting and is ignored{hint}"
+
+
+def _closest(name: str, known: list[str]) -> str | None:
+    return next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.75)), None)
+
+
+def unknown_settings(config_file: str | Path | None = None,
+                     environ: Mapping[str, str] = os.environ) -> list[UnknownSetting]:
+    """The `KUBEMOOT_*` environment names and `--config` keys that name no setting (a typo
+    would otherwise silently leave the default), service links aside."""
+    fields = list(Settings.model_fields)
+    known_env = [f"{ENV_PREFIX}{f.upper()}" for f in fields]
+    found = [UnknownSetting(name, "environment", _closest(name.upper(), known_env))
+             for name in sorted(environ) if name.upper().startswith(ENV_PREFIX)
+             and name.upper() not in known_env and not SERVICE_LINK.fullmatch(name.upper())]
+    return found + _unknown_keys(Path(config_file), fields, known_env) if config_file else found
+
+
+def _unknown_keys(path: Path, fields: list[str], known_env: list[str]) -> list[UnknownSetting]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return []  # load_settings has said why already
+    keys: Iterable[Any] = data if isinstance(data, dict) else ()
+    found = []
+    for key in map(str, keys):
+        prefixed = key.upper().startswith(ENV_PREFIX)
+        name = key.lower().removeprefix(ENV_PREFIX.lower())
+        if name not in fields:
+            hint = _closest(key.upper(), known_env) if prefixed else _closest(name, fields)
+            found.append(UnknownSetting(key, f"--config {path}", hint))
+    return found
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.api.errors import error_response
+from proxy.api.errors import Dialect, dialect_of, error_response
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
 SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
@@ -32,12 +32,13 @@ EXPOSED_HEADERS = ("X-Kubemoot-Provider", "X-Kubemoot-Model", "X-Kubemoot-Placem
 
 def origin_pattern(extra: Iterable[str]) -> str:
     """One regular expression for every allowed origin; `*` in an origin matches any run of
-    characters but a slash (so `http://*.example.com` cannot reach into a path)."""
+    characters but a slash (so `http://*.example.com` cannot reach into a path), and `*`
+    alone every origin (gin-contrib/cors's AllowAllOrigins, as OLLAMA_ORIGINS=* does)."""
     wildcards = [f"{scheme}://{host}" for host in LOCAL_HOSTS for scheme in ("http", "https")]
     wildcards += [f"{scheme}://{host}:*" for host in LOCAL_HOSTS for scheme in ("http", "https")]
     wildcards += [f"{scheme}://*" for scheme in (*SCHEMES, *EXTENSIONS)]
     wildcards += list(extra)
-    parts = (re.escape(w).replace(r"\*", "[^/]*") for w in wildcards)
+    parts = (".+" if w == "*" else re.escape(w).replace(r"\*", "[^/]*") for w in wildcards)
     return "(?:" + "|".join(parts) + ")"
 
 
@@ -55,15 +56,26 @@ class OllamaCors(CORSMiddleware):
     def is_allowed_origin(self, origin: str) -> bool:
         return len(origin) <= MAX_ORIGIN_CHARS and super().is_allowed_origin(origin)
 
+    async def simple_response(self, scope: Scope, receive: Receive, send: Send,
+                              request_headers: Headers) -> None:
+        """Any other request from an origin not allowed is refused too, as gin-contrib/cors
+        aborts it with 403 (cors.go applyCors); one from the page's own host is not a
+        cross-origin call, and one without an Origin (a client that is no browser,
+        kubelet, Prometheus) is left alone."""
+        origin = request_headers.get("origin")
+        if origin is None or self.is_allowed_origin(origin) or \
+                origin in same_host_origins(request_headers.get("host", "")):
+            await super().simple_response(scope, receive, send, request_headers)
+            return
+        await refused_origin(origin, dialect_of(scope["path"]))(scope, receive, send)
+
     def preflight_response(self, request_headers: Headers) -> Response:
         """A preflight from an origin not allowed is 403 with no CORS headers, as Ollama's
         gin-contrib/cors answers it (server/routes.go:1842-1872); any other refusal is a 400,
         both in the sidecar's error shape rather than Starlette's plain text."""
         origin = request_headers["origin"]
         if not self.is_allowed_origin(origin):
-            return error_response(403, "origin-not-allowed",
-                                  f"origin {origin[:MAX_ORIGIN_CHARS]!r} may not call the "
-                                  "sidecar from a browser; allow it with KUBEMOOT_ORIGINS")
+            return refused_origin(origin)
         answer = super().preflight_response(request_headers)
         if answer.status_code < 400:
             return answer
@@ -72,3 +84,14 @@ class OllamaCors(CORSMiddleware):
         refused.headers.update({k: v for k, v in answer.headers.items()
                                 if k.startswith("access-control-") or k == "vary"})
         return refused
+
+
+def same_host_origins(host: str) -> tuple[str, ...]:
+    return (f"http://{host}", f"https://{host}") if host else ()
+
+
+def refused_origin(origin: str, dialect: Dialect = "ollama") -> Response:
+    """403 with no CORS headers: the browser then shows the page nothing of the answer."""
+    return error_response(403, "origin-not-allowed",
+                          f"origin {origin[:MAX_ORIGIN_CHARS]!r} may not call the sidecar "
+                          "from a browser; allow it with KUBEMOOT_ORIGINS", dialect=dialect)

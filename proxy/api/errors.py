@@ -15,8 +15,9 @@ from proxy.service.routing import Refusal, RefusalReason
 
 JSON = "application/json; charset=utf-8"
 Dialect = Literal["ollama", "openai", "anthropic"]
-ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error",
-                   413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error"}
 
 
 def dialect_of(path: str) -> Dialect:
@@ -52,6 +53,18 @@ def error_response(status: int, reason: str, message: str, model: str | None = N
 REFUSAL_STATUS: dict[RefusalReason, int] = {
     "bad-request": 400, "model-not-found": 404, "prompt-too-large": 413, "client-gone": 499,
     "gpu-busy": 503, "model-too-large": 507}
+
+
+# A provider's own 4xx keeps its status and message; its reason by status (docs/interface.md).
+PROVIDER_REASONS = {400: "bad-request", 404: "model-not-found", 413: "request-too-large"}
+
+
+def provider_refusal(status: int, message: str, model: str, dialect: Dialect = "ollama"
+                     ) -> bytes:
+    """The body of a provider's refusal (a 4xx before its answer began) in the caller's
+    dialect, as the sidecar's own refusals are: Ollama's message, a `reason` and the model."""
+    reason = PROVIDER_REASONS.get(status, "provider-refused")
+    return orjson.dumps({**error_body(status, reason, message, dialect), "model": model})
 
 
 def refusal_response(refusal: Refusal, dialect: Dialect = "ollama") -> Response:

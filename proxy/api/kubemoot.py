@@ -50,7 +50,8 @@ def decision_json(d: Decision) -> dict[str, Any]:
     }
 
 
-PLAN_REQUEST_BYTES = 64 * 1024
+# Smaller caps by design, under KUBEMOOT_MAX_REQUEST_BYTES when that is smaller still.
+PLAN_REQUEST_BYTES = 64 * 1024  # a plan is four short fields
 EXPLAIN_REQUEST_BYTES = 16 * 1024 * 1024  # a call's body with a long history
 MAX_PARAM_DIGITS = 9  # 999,999,999 characters or tokens: more than any prompt
 
@@ -67,11 +68,18 @@ def _int_param(request: Request, name: str) -> int | None:
 
 class KubemootApi:
     def __init__(self, scheduler: Scheduler, plans: PlanBook, view: StateView,
-                 demand: DemandBoard) -> None:
+                 demand: DemandBoard, max_request_bytes: int) -> None:
         self.scheduler = scheduler
         self.plans = plans
         self.view = view
         self.demand = demand
+        self.max_request_bytes = max_request_bytes
+
+    async def _json_body(self, request: Request, own_cap: int, what: str
+                         ) -> dict[str, Any] | Response:
+        """The request's JSON object under the smaller of its own cap and the sidecar's."""
+        return await _json_body(request, min(own_cap, self.max_request_bytes), what,
+                                own_cap > self.max_request_bytes)
 
     def mount(self, app: FastAPI) -> None:
         app.router.add_route("/kubemoot/v1/plans", self.create_plan, methods=["POST"])
@@ -82,7 +90,7 @@ class KubemootApi:
         app.router.add_route("/kubemoot/v1/state", self.state, methods=["GET"])
 
     async def create_plan(self, request: Request) -> Response:
-        body = await _json_body(request, PLAN_REQUEST_BYTES, "plan")
+        body = await self._json_body(request, PLAN_REQUEST_BYTES, "plan")
         if isinstance(body, Response):
             return body
         try:
@@ -144,7 +152,7 @@ class KubemootApi:
         """Explain for a call's own body (a chat or generate request, as the agent would send
         it): its conversation's prefill on each copy, and the tokens each copy is expected
         to hold of it (`expectedCachedTokens`)."""
-        body = await _json_body(request, EXPLAIN_REQUEST_BYTES, "explain")
+        body = await self._json_body(request, EXPLAIN_REQUEST_BYTES, "explain")
         if isinstance(body, Response):
             return body
         model = body.get("model")
@@ -207,15 +215,18 @@ class KubemootApi:
         })
 
 
-async def _json_body(request: Request, limit: int, what: str) -> dict[str, Any] | Response:
-    """The request's JSON object, or the error to answer: malformed, over `limit` bytes, or
-    too slow to arrive."""
+async def _json_body(request: Request, limit: int, what: str, the_setting: bool
+                     ) -> dict[str, Any] | Response:
+    """The request's JSON object, or the error to answer: malformed, over `limit` bytes (the
+    setting's, or the request's own), or too slow to arrive."""
     try:
         return wire.parse_body(await read_capped(request, limit))
     except wire.BadRequest as exc:
         return error_response(400, "bad-request", str(exc))
     except RequestTooLarge:
-        return error_response(413, "request-too-large",
-                              f"the {what} request is over its {limit} bytes")
+        cap = f"the sidecar's limit of {limit} bytes (KUBEMOOT_MAX_REQUEST_BYTES)" \
+            if the_setting else f"its own limit of {limit} bytes"
+        return error_response(413, "request-too-large", f"the {what} request's body exceeds "
+                              f"{cap}")
     except BodyTooSlow:
         return error_response(408, "request-timeout", f"the {what} request's body was slow")

@@ -19,7 +19,14 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from proxy.api.errors import Dialect, error_response, refusal_response, stream_error_line
+from proxy.api.errors import (
+    JSON,
+    Dialect,
+    error_response,
+    provider_refusal,
+    refusal_response,
+    stream_error_line,
+)
 from proxy.core.engine_errors import SERVER_BUSY, prompt_too_long
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
@@ -488,6 +495,9 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         # A full queue says nothing of the provider's health: another may take the call.
         return failed(f"HTTP {upstream.status_code}: {message}",
                       healthy=upstream.status_code == 503 and SERVER_BUSY in message)
+    if upstream.status_code >= 400:  # the provider's own refusal, in the sidecar's shape
+        data, media_type = provider_refusal(upstream.status_code, engine_error(data),
+                                            attempt.model, dialect), JSON
     if upstream.status_code == 400:
         counted = prompt_too_long(data[:4096].decode(errors="replace"))
         if counted is not None:

@@ -20,8 +20,9 @@ from proxy.api.errors import (
     dialect_of,
     error_response,
     install_error_shapes,
+    provider_refusal,
 )
-from proxy.api.relay import forward
+from proxy.api.relay import engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.models import model_name, normalise_model
 from proxy.core.tokens import (
@@ -38,7 +39,7 @@ from proxy.service.routing import NO_PROMPT, CallRequest, Calls, ProviderPool
 
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
-FALLBACK_VERSION = "0.12.6"
+VERSION_RETRY_S = 5  # about two probe rounds: when a provider comes back, it has been seen
 # Model management, with the CLI command that does on one Ollama what each path would.
 MODEL_COMMANDS = {"/api/push": "ollama push <model>",
                   "/api/create": "ollama create <model> -f <Modelfile>",
@@ -143,7 +144,8 @@ class SidecarApi:
                  unload: Callable[[str], Awaitable[list[str]]], metrics: Metrics,
                  max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
                  readiness: Callable[[], bool], shared_state: Callable[[], str],
-                 prompt_tokens: Callable[[CallRequest], int]) -> None:
+                 prompt_tokens: Callable[[CallRequest], int],
+                 probed_version: Callable[[], str | None] = lambda: None) -> None:
         self.calls = calls
         self.pool = pool
         self.holders = holders
@@ -155,6 +157,8 @@ class SidecarApi:
         self.readiness = readiness
         self.shared_state = shared_state  # embedded, connected, or unavailable
         self.prompt_tokens = prompt_tokens  # the placement's own estimate of a prompt
+        self.probed_version = probed_version  # what the prober last heard, if anything
+        self.last_version: str | None = None  # the newest a provider told this endpoint
 
     def mount(self, app: FastAPI) -> None:
         # Plain Starlette routes: the handlers read the request themselves, so FastAPI's
@@ -198,13 +202,23 @@ class SidecarApi:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
     async def version(self, request: Request) -> Response:
+        """The first provider's version; when none answers, the version one reported last
+        (here or to the prober); when none ever did, 503: a made-up version would tell a
+        client something no server said."""
         for _, client in self.pool.everything():
             try:
                 version = await client.version(2.0)
-                return _json({"version": version if version is not None else FALLBACK_VERSION})
             except UpstreamError:
                 continue
-        return _json({"version": FALLBACK_VERSION})
+            if version:
+                self.last_version = version
+                return _json({"version": version})
+        known = self.last_version or self.probed_version()
+        if known:
+            return _json({"version": known})
+        return error_response(503, "no-provider", "no provider has answered the sidecar yet, "
+                              "so there is no Ollama version to report", retry_after_s=
+                              VERSION_RETRY_S)
 
     async def _gather(self, listing: Callable[[ModelServer], Awaitable[list[ModelEntry]]]
                       ) -> list[tuple[str, list[ModelEntry]]]:
@@ -275,9 +289,11 @@ class SidecarApi:
                 upstream = await client.show(body)
             except UpstreamError:
                 continue
-            last = Response(upstream.content, status_code=upstream.status_code, media_type=JSON)
             if upstream.status_code < 400:
-                return last
+                return Response(upstream.content, status_code=upstream.status_code,
+                                media_type=JSON)
+            last = Response(provider_refusal(upstream.status_code, engine_error(
+                upstream.content), model), status_code=upstream.status_code, media_type=JSON)
         return last or error_response(502, "upstream-failed",
                                       "no provider answered /api/show", model)
 

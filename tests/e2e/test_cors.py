@@ -25,8 +25,38 @@ def test_origins_as_ollama_allows_them(origin: str, allowed: bool, sim_factory: 
                                        sidecar_factory: Sidecars) -> None:
     url = sidecar_factory([sim_factory("gpu")]).url
     r = httpx.get(f"{url}/api/tags", headers={"Origin": origin})
-    assert r.status_code == 200
+    assert r.status_code == (200 if allowed else 403)
     assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+
+
+def test_a_call_from_an_origin_not_allowed_is_403_as_ollama_answers_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """gin-contrib/cors aborts any request from such an origin, not only its preflight."""
+    gpu = sim_factory("gpu")
+    url = sidecar_factory([gpu]).url
+    evil = {"Origin": "https://evil.example.com"}
+    tags = httpx.get(f"{url}/api/tags", headers=evil)
+    assert tags.status_code == 403
+    assert tags.json()["reason"] == "origin-not-allowed"
+    assert "https://evil.example.com" in tags.json()["error"]
+    assert not [h for h in tags.headers if h.startswith("access-control-")]
+    chat = httpx.post(f"{url}/v1/chat/completions", headers=evil, json={
+        "model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 403 and chat.json()["reason"] == "origin-not-allowed"
+    assert chat.json()["error"]["code"] == "origin-not-allowed"  # OpenAI's shape there
+    assert gpu.sim.stats.inference_requests == 0  # refused before it reached a GPU
+    host = url.removeprefix("http://")
+    for headers in ({}, {"Origin": f"http://{host}"}, {"Origin": "http://localhost:3000"}):
+        for path in ("/api/tags", "/api/version", "/healthz", "/readyz", "/metrics"):
+            assert httpx.get(f"{url}{path}", headers=headers).status_code == 200, (path, headers)
+
+
+def test_every_origin_with_a_lone_star_as_ollama_origins_allows(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")], origins="*").url
+    r = httpx.get(f"{url}/api/tags", headers={"Origin": "https://anywhere.example.org"})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "https://anywhere.example.org"
 
 
 def preflight(url: str, origin: str, headers: str | None = None) -> httpx.Response:
@@ -56,10 +86,10 @@ def test_more_origins_from_the_setting_and_no_work_for_a_huge_one(
     ok = httpx.get(f"{url}/api/tags", headers={"Origin": "https://app.example.com"})
     assert ok.headers.get("access-control-allow-origin") == "https://app.example.com"
     other = httpx.get(f"{url}/api/tags", headers={"Origin": "https://example.com.evil.net"})
-    assert "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
     started = time.perf_counter()
     huge = httpx.get(f"{url}/api/tags", headers={"Origin": "https://" + "a." * 3000 + "x"})
-    assert huge.status_code == 200 and "access-control-allow-origin" not in huge.headers
+    assert huge.status_code == 403 and "access-control-allow-origin" not in huge.headers
     assert time.perf_counter() - started < 1.0
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import ollama
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
@@ -73,7 +77,11 @@ def test_unknown_model_is_ollamas_404(client: ollama.Client) -> None:
     assert info.value.status_code == 404 and "not found" in info.value.error
     with pytest.raises(ollama.ResponseError) as shown:
         client.show("no-such-model:1b")
-    assert shown.value.status_code == 404
+    assert shown.value.status_code == 404 and "not found" in shown.value.error
+    raw = httpx.post(client._client.base_url.join("/api/show"),  # type: ignore[attr-defined]
+                     json={"model": "no-such-model:1b"})
+    assert raw.json()["reason"] == "model-not-found"
+    assert raw.json()["model"] == "no-such-model:1b"
 
 
 def test_response_headers_say_where_it_ran(fleet: list[SimServer],
@@ -145,6 +153,111 @@ def test_body_over_the_cap_is_413(fleet: list[SimServer], sidecar_factory: Sidec
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
     r = httpx.post(f"{url}/api/show", json={"model": "x" * 2000})
     assert r.status_code == 413 and "KUBEMOOT_MAX_REQUEST_BYTES" in r.json()["error"]
+
+
+BODY_PATHS = ["/api/chat", "/api/generate", "/api/embed", "/v1/chat/completions",
+              "/v1/messages", "/v1/messages/count_tokens", "/api/show", "/api/pull",
+              "/kubemoot/v1/plans", "/kubemoot/v1/explain"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_every_body_is_held_to_the_one_cap(chunked: bool, fleet: list[SimServer],
+                                           sidecar_factory: Sidecars) -> None:
+    """KUBEMOOT_MAX_REQUEST_BYTES holds on every path that reads a body, also when the body
+    comes in chunks with no Content-Length to refuse it by."""
+    url = sidecar_factory(fleet, max_request_bytes=1000).url
+    body = b'{"model": "qwen3:8b", "thread": "t", "messages": []' + b" " * 2000 + b"}"
+
+    def pieces() -> Iterator[bytes]:
+        yield from (body[i:i + 100] for i in range(0, len(body), 100))
+
+    for path in BODY_PATHS:
+        r = httpx.post(f"{url}{path}", content=pieces() if chunked else body,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 413, (path, r.status_code, r.text)
+        assert r.json()["reason"] == "request-too-large", path
+        message = r.json()["error"]
+        message = message["message"] if isinstance(message, dict) else message
+        assert "KUBEMOOT_MAX_REQUEST_BYTES" in message and "1000" in message, (path, message)
+    assert sum(s.sim.stats.requests for s in fleet) == 0
+
+
+def test_a_plan_is_small_by_design(fleet: list[SimServer], sidecar_factory: Sidecars) -> None:
+    """A plan is four fields: under the default cap its body still stops at 64 KiB."""
+    url = sidecar_factory(fleet).url
+    r = httpx.post(f"{url}/kubemoot/v1/plans", headers={"Content-Type": "application/json"},
+                   content=b'{"thread": "t"' + b" " * 70_000 + b"}")
+    assert r.status_code == 413 and r.json()["reason"] == "request-too-large"
+    assert "65536" in r.json()["error"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_providers_own_refusal_keeps_its_message_and_gains_a_reason(
+        stream: bool, sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's 400s (server/routes.go ChatHandler: think on a model that cannot, a
+    keep_alive it cannot parse) reach the agent with their status and message, shaped as
+    the sidecar's own refusals are in each dialect, and say nothing of the provider's
+    health: its circuit stays closed and it takes the next call."""
+    gpu = sim_factory("gpu")
+    url = sidecar_factory([gpu]).url
+    ask = {"messages": HI, "stream": stream}
+    think = httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "think": True})
+    assert think.status_code == 400, think.text
+    assert think.json() == {"error": '"phi3:mini" does not support thinking',
+                            "reason": "bad-request", "model": "phi3:mini"}
+    assert think.headers["x-kubemoot-provider"] == "gpu"
+    forever = httpx.post(f"{url}/api/generate", json={
+        "model": "qwen3:8b", "prompt": "hi", "keep_alive": "forever", "stream": stream})
+    assert forever.status_code == 400 and forever.json()["reason"] == "bad-request"
+    assert "invalid duration" in forever.json()["error"]
+    with pytest.raises(ollama.ResponseError) as info:  # the official client reads it so
+        ollama.Client(host=url).chat(model="phi3:mini", messages=HI, think=True)
+    assert info.value.status_code == 400 and "does not support thinking" in info.value.error
+    openai = httpx.post(f"{url}/v1/chat/completions", json={
+        **ask, "model": "phi3:mini", "reasoning_effort": "high"})
+    assert openai.status_code == 400, openai.text
+    assert openai.json() == {"error": {"message": '"phi3:mini" does not support thinking',
+                                       "type": "invalid_request_error", "code": "bad-request"},
+                             "reason": "bad-request", "model": "phi3:mini"}
+    for _ in range(4):  # more than the failures that open a circuit
+        httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "think": True})
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert [p["circuit"] for p in state["providers"]] == ["closed"]
+    assert "kubemoot_upstream_errors_total{" not in httpx.get(f"{url}/metrics").text
+    ok = httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "stream": False})
+    assert ok.status_code == 200 and ok.headers["x-kubemoot-provider"] == "gpu"
+
+
+async def anthropic_refusals(request: Request) -> Response:
+    """What Ollama's Anthropic layer answers a request it cannot take (anthropic.NewError,
+    middleware/anthropic.go:738-759), and a 401 as for a cloud model without a sign-in."""
+    status = 401 if (await request.json())["model"].endswith("-cloud") else 400
+    kind = {400: "invalid_request_error", 401: "authentication_error"}[status]
+    return JSONResponse({"type": "error", "request_id": "req_1", "error": {
+        "type": kind, "message": "unauthorized" if status == 401 else
+        "json: cannot unmarshal string into Go struct field"}}, status_code=status)
+
+
+def test_an_engines_refusal_on_anthropics_path_in_anthropics_shape(
+        sidecar_factory: Sidecars) -> None:
+    engine = ThreadedServer(Starlette(routes=[
+        Route("/v1/messages", anthropic_refusals, methods=["POST"])]), name="engine").start()
+    try:
+        url = sidecar_factory(model_endpoint=engine.url, model_model="qwen3:8b").url
+        ask = {"model": "qwen3:8b", "max_tokens": 5, "messages": HI}
+        bad = httpx.post(f"{url}/v1/messages", json=ask)
+        assert bad.status_code == 400, bad.text
+        assert bad.json() == {"type": "error", "error": {
+            "type": "invalid_request_error",
+            "message": "json: cannot unmarshal string into Go struct field"},
+            "reason": "bad-request", "model": "qwen3:8b"}
+        denied = httpx.post(f"{url}/v1/messages", json={**ask, "model": "glm-4.6:cloud-cloud"})
+        assert denied.status_code == 401, denied.text
+        assert denied.json()["error"] == {"type": "authentication_error",
+                                          "message": "unauthorized"}
+        assert denied.json()["reason"] == "provider-refused"
+    finally:
+        engine.stop()
 
 
 def test_mid_stream_failure_ends_with_an_error_line(fleet: list[SimServer],
@@ -233,6 +346,30 @@ def test_root_version_health_and_metrics(fleet: list[SimServer],
     metrics = httpx.get(f"{url}/metrics").text
     assert "kubemoot_placements_total" in metrics
     assert "process_cpu_seconds_total" in metrics  # a saturated core shows as a rate near 1
+
+
+def test_version_is_the_one_a_provider_last_reported(sim_factory: Sims,
+                                                     sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", version="0.13.4")
+    heard_by_probe = sim_factory("probed", version="0.13.2")
+    asked = sidecar_factory([gpu]).url
+    probed = sidecar_factory([heard_by_probe], probe_interval_seconds=60).url
+    assert httpx.get(f"{asked}/api/version").json() == {"version": "0.13.4"}
+    gpu.stop()
+    heard_by_probe.stop()
+    assert httpx.get(f"{asked}/api/version").json() == {"version": "0.13.4"}
+    assert httpx.get(f"{probed}/api/version").json() == {"version": "0.13.2"}
+
+
+def test_version_is_503_while_no_provider_ever_answered(sim_factory: Sims,
+                                                        sidecar_factory: Sidecars) -> None:
+    gone = sim_factory("gone")
+    gone.stop()
+    url = sidecar_factory([gone]).url
+    r = httpx.get(f"{url}/api/version")
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert r.json()["reason"] == "no-provider" and "no provider" in r.json()["error"]
+    assert httpx.head(f"{url}/api/version").status_code == 503
 
 
 def test_not_ready_when_no_provider_answers(sim_factory: Sims,

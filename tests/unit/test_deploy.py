@@ -156,3 +156,15 @@ def test_prod_overlay_shares_state_in_nats() -> None:
     assert env["KUBEMOOT_NATS_URL"].startswith("nats://")
     assert env["KUBEMOOT_LISTEN"] == "127.0.0.1:11434"  # the base's entries survive the merge
     assert sidecar["resources"]["limits"]["cpu"] == "2"
+
+
+def test_no_service_link_looks_like_a_setting() -> None:
+    """Kubernetes gives every container `<SERVICE>_SERVICE_HOST`, `<SERVICE>_PORT`... for each
+    Service in its namespace: a Service named kubemoot or kubemoot-* would put KUBEMOOT_*
+    names beside the settings. The sidecar ignores those shapes; a pod that shares a
+    namespace with such a Service should also set enableServiceLinks: false."""
+    docs = [doc for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text()) if doc]
+    services = [d["metadata"]["name"] for d in docs if d["kind"] == "Service"]
+    assert services
+    prefixes = [name.upper().replace("-", "_") for name in services]
+    assert not [p for p in prefixes if p == "KUBEMOOT" or p.startswith("KUBEMOOT_")]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy import __version__
-from proxy.settings import ConfigError, load_settings
+from proxy.settings import ConfigError, load_settings, unknown_settings
 
 PROVIDERS = [{"name": "a", "endpoint": "http://127.0.0.1:1", "totalVramMiB": 24564,
               "contextLength": 8192, "maxParallel": 2, "weight": 25}]
@@ -103,6 +103,10 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         ({"KUBEMOOT_OPS_LISTEN": "https://0.0.0.0:9090"}, "KUBEMOOT_OPS_LISTEN"),
         ({"KUBEMOOT_ROLE": "boss"}, "KUBEMOOT_ROLE"),
         ({"KUBEMOOT_MODEL_CANDIDATE_TOLERANCE": "lots"}, "KUBEMOOT_MODEL_CANDIDATE_TOLERANCE"),
+        ({"KUBEMOOT_MAX_REQUEST_BYTES": "abc"}, "KUBEMOOT_MAX_REQUEST_BYTES"),
+        ({"KUBEMOOT_ORIGINS": "not an origin"}, "KUBEMOOT_ORIGINS"),
+        ({"KUBEMOOT_ORIGINS": "https://ok.example.com,app.example.com"}, "KUBEMOOT_ORIGINS"),
+        ({"KUBEMOOT_ORIGINS": "https://app.example.com/"}, "KUBEMOOT_ORIGINS"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
@@ -114,6 +118,71 @@ def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
     message = str(info.value)
     assert message.startswith(named), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("origins", ["*", "https://*.example.com", "http://10.0.0.7:8080",
+                                     "app://obsidian.md, https://chat.example.com"])
+def test_origins_as_ollama_takes_them(origins: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_ORIGINS", origins)
+    assert load_settings().origins == [o.strip() for o in origins.split(",")]
+
+
+def test_a_bad_origin_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_ORIGINS", "https://ok.example.com,not an origin")
+    with pytest.raises(ConfigError, match="KUBEMOOT_ORIGINS: 'not an origin' is not an origin"):
+        load_settings()
+
+
+def test_unknown_names_with_the_closest_known_one(tmp_path: Path) -> None:
+    environ = {
+        "KUBEMOOT_PROVIDRES": "x", "KUBEMOOT_LOG_LEVEL": "info", "kubemoot_orgins": "*",
+        "KUBEMOOT_SOMETHING_ELSE": "1", "PATH": "/usr/bin",
+        # Service links of Services named kubemoot and kubemoot-proxy: not settings, no noise
+        "KUBEMOOT_SERVICE_HOST": "10.0.0.1", "KUBEMOOT_SERVICE_PORT": "80",
+        "KUBEMOOT_SERVICE_PORT_HTTP": "80", "KUBEMOOT_PORT": "tcp://10.0.0.1:80",
+        "KUBEMOOT_PORT_80_TCP": "tcp://10.0.0.1:80", "KUBEMOOT_PORT_80_TCP_PROTO": "tcp",
+        "KUBEMOOT_PORT_80_TCP_PORT": "80", "KUBEMOOT_PORT_80_TCP_ADDR": "10.0.0.1",
+        "KUBEMOOT_PROXY_SERVICE_HOST": "10.0.0.2", "KUBEMOOT_PROXY_PORT_9464_UDP_ADDR": "x"}
+    config = tmp_path / "sidecar.yaml"
+    config.write_text("model_modle: qwen3:8b\nKUBEMOOT_ROEL: coordinator\nrole: coordinator\n"
+                      "zzz: 1\n")
+    found = {u.name: (u.source, u.did_you_mean)
+             for u in unknown_settings(config, environ=environ)}
+    assert found == {
+        "KUBEMOOT_PROVIDRES": ("environment", "KUBEMOOT_PROVIDERS"),
+        "kubemoot_orgins": ("environment", "KUBEMOOT_ORIGINS"),
+        "KUBEMOOT_SOMETHING_ELSE": ("environment", None),
+        "model_modle": (f"--config {config}", "model_model"),
+        "KUBEMOOT_ROEL": (f"--config {config}", "KUBEMOOT_ROLE"),
+        "zzz": (f"--config {config}", None)}
+
+
+def test_serve_warns_of_a_misspelt_name_and_starts(tmp_path: Path) -> None:
+    config = tmp_path / "sidecar.yaml"
+    config.write_text("model_modle: qwen3:8b\n")
+    serve = _serve("--listen", "127.0.0.1:0", "--config", str(config),
+                   KUBEMOOT_MODEL_ENDPOINT="http://127.0.0.1:9", KUBEMOOT_ORIGNS="*",
+                   KUBEMOOT_PORT="tcp://10.0.0.1:80")
+    try:
+        assert serve.stdout is not None and serve.stderr is not None
+        assert "listening on" in serve.stdout.readline()
+        warnings = [json.loads(serve.stderr.readline()) for _ in range(2)]
+    finally:
+        serve.kill()
+        serve.communicate()
+    assert [(w["level"], w["setting"], w["did_you_mean"]) for w in warnings] == [
+        ("warning", "KUBEMOOT_ORIGNS", "KUBEMOOT_ORIGINS"),
+        ("warning", "model_modle", "model_model")]
+
+
+def test_a_misspelt_name_is_told_after_the_error_it_caused() -> None:
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve"], timeout=60, text=True,
+                          env={"PATH": "/usr/bin:/bin", "KUBEMOOT_PROVIDRES": "[]"},
+                          capture_output=True)
+    assert done.returncode == 2
+    first, hint = done.stderr.strip().splitlines()
+    assert first.startswith("kubemoot-proxy: bad configuration: KUBEMOOT_PROVIDERS:")
+    assert "KUBEMOOT_PROVIDRES" in hint and "did you mean KUBEMOOT_PROVIDERS?" in hint
 
 
 def test_cli_exits_nonzero_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
