@@ -69,13 +69,14 @@ class DocumentSource:
             return False
         self._digest = digest
         try:
-            docs = candidates.load(self.paths)
+            # A provider may be known from its published state alone (docs/binding.md)
+            docs = candidates.load(self.paths, references=False)
         except candidates.DocumentError as exc:
             self.error = str(exc)
             log.error("documents not read; the last good ones stay in force", error=str(exc))
             return True
         self.docs, self.error = docs, None
-        for problem in candidates.validate_phases(docs):
+        for problem in (*candidates.validate_phases(docs), *candidates.check_references(docs)):
             log.warning("document problem", problem=problem)
         return True
 

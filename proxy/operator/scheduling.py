@@ -80,6 +80,7 @@ class Model:
     provider_ref: str
     vram_mib: int | None = None
     ready: bool = True
+    namespace: str = "default"
 
 
 @dataclass(frozen=True)
