@@ -94,6 +94,7 @@ class Binder:
         self.evaluations = 0
         self._logged: dict[str, Any] = {}  # agent -> the unschedulable phases last logged
         self._documents_changed = asyncio.Event()
+        self._no_agents = False  # logged once, not every evaluation
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -183,8 +184,24 @@ class Binder:
                          phases={p: c and c["model"] for p, c in binding["phases"].items()},
                          generation=binding["generation"])
         written.update(await self._bind_discussions(bindings, agents, live, now))
+        await self._drop_gone_agents(set(bindings))
         await self._await_echo(written)
         return len(written)
+
+    async def _drop_gone_agents(self, present: set[str]) -> None:
+        """Delete the agent bindings of agents no document declares any more (b.gone_agents
+        says which keys count; docs/binding.md)."""
+        if not present:
+            # No Agent at all is more likely an empty mount than a crew dismissed: keep them
+            if not self._no_agents:
+                log.warning("no Agent documents: agent bindings left as they are")
+            self._no_agents = True
+            return
+        self._no_agents = False
+        for key, who in b.gone_agents(self.store.view(BINDINGS), present):
+            await self.store.delete(BINDINGS, key)
+            self._logged.pop(who, None)
+            log.info("agent binding dropped", agent=who, reason="no Agent document declares it")
 
     async def _bind_discussions(self, bindings: Mapping[str, dict[str, Any]],
                                 agents: Mapping[str, tuple[s.Agent, str | None]],

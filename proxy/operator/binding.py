@@ -11,9 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
+
 from proxy.core.models import normalise_model
 from proxy.operator import scheduling as s
 from proxy.operator.candidates import Documents, policy_for
+from proxy.ports import Entry
 from proxy.service.codec import ProviderState, escape_key
 
 # What a binding says beyond its substance: not compared, so a new score or "now" alone
@@ -126,6 +129,31 @@ def substance(binding: Mapping[str, Any]) -> dict[str, Any]:
         out["agents"] = {a: {k: v for k, v in e.items() if k != "reason"}
                          for a, e in out["agents"].items()}
     return out
+
+
+def gone_agents(view: Mapping[str, Entry], present: set[str]) -> list[tuple[str, str]]:
+    """(key, agent) of the agent bindings to delete: a binder's agent binding (its key is
+    `<namespace>/<agent>` of the namespace and agent it carries, with a generation) whose
+    agent is not among `present`. Keys of another shape, or values a binder does not write,
+    are not ours to delete."""
+    out = []
+    for key, entry in view.items():
+        if key.startswith(("ask.", "thread.")):
+            continue
+        try:
+            value = orjson.loads(entry.value)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(value, dict) or not isinstance(value.get("generation"), int):
+            continue
+        namespace, agent = value.get("namespace"), value.get("agent")
+        if not isinstance(namespace, str) or not isinstance(agent, str) or \
+                key != agent_key(namespace, agent) or "phases" not in value:
+            continue
+        who = agent_id(namespace, agent)
+        if who not in present:
+            out.append((key, who))
+    return sorted(out)
 
 
 # -- a discussion's binding ---------------------------------------------------------------------
