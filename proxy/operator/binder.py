@@ -171,12 +171,13 @@ class Binder:
         written: dict[str, int] = {}
         bindings: dict[str, dict[str, Any]] = {}
         agents: dict[str, tuple[s.Agent, str | None]] = {}
+        view = self.store.view(BINDINGS)
         for agent, crew in live.agents:
-            binding = b.agent_binding(agent, crew, live, self.options)
+            key = b.agent_key(agent.namespace, agent.name)
+            binding = b.agent_binding(agent, crew, live, self.options, _decode(view.get(key)))
             who = b.agent_id(agent.namespace, agent.name)
             bindings[who], agents[who] = binding, (agent, crew)
             self._log_unschedulable(who, binding)
-            key = b.agent_key(agent.namespace, agent.name)
             revision = await self._write_if_changed(key, binding, now)
             if revision is not None:
                 written[key] = revision

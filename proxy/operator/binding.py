@@ -94,10 +94,21 @@ def _candidates(binding: s.PhaseBinding) -> list[dict[str, Any]]:
     return out
 
 
-def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.Options
-                  ) -> dict[str, Any]:
+def held_phases(current: Mapping[str, Any] | None) -> dict[str, tuple[str, str]]:
+    """phase -> (Model name, provider) of a published binding, the choices to keep."""
+    phases = (current or {}).get("phases")
+    if not isinstance(phases, dict):
+        return {}
+    return {p: (str(c["modelRef"]), str(c["provider"])) for p, c in phases.items()
+            if isinstance(c, dict) and "modelRef" in c and "provider" in c}
+
+
+def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.Options,
+                  current: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One agent's binding over `docs` (their providers already live): the preferred model,
-    each phase's choice and candidates, the tolerance and the unschedulable phases."""
+    each phase's choice and candidates, the tolerance and the unschedulable phases.
+    `current`: the binding published now, whose choices are kept unless beaten by more than
+    the margin (scheduling.BINDING_MARGIN)."""
     policy = policy_for(agent, crew, docs.policies)
     binding: dict[str, Any] = {"namespace": agent.namespace, "agent": agent.name}
     if policy is None:
@@ -105,7 +116,8 @@ def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.
                 "candidates": {}, "tolerance": None, "unschedulable": [{
                     "phase": None, "reason": "no CrewSchedulingPolicy applies to this agent",
                     "crewSchedulingPolicy": None}]}
-    phases = s.schedule_agent(agent, policy, docs.models, docs.providers, options)
+    phases = s.schedule_agent(agent, policy, docs.models, docs.providers, options,
+                              held_phases(current))
     mulling = phases.get("mulling")
     return {**binding, "crewSchedulingPolicy": policy.name,
             "preferred": mulling.chosen.model.identifier if mulling and mulling.chosen

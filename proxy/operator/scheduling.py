@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.core.models import normalise_model
 from proxy.core.policy import DEFAULT_POLICY
 
 IMAGE_LOCALITY_BONUS = 10.0
+# A live binding moves only to a model that beats it by more than this: whether a model
+# happens to be loaded (the locality bonus) never moves it on its own, so a binding does not
+# follow loads and unloads back and forth (docs/operator-cli.md, "Bind").
+BINDING_MARGIN = IMAGE_LOCALITY_BONUS
 CAPACITY_POINTS = 10.0  # the capacity score spans 0..10 points
 DEFAULT_CONCURRENCY_FACTOR = 4.0
 
@@ -288,9 +292,24 @@ def candidate_list(admitted: list[tuple[Model, float]], preferred: str | None
     return tuple((ident, q, mib) for ident, (q, mib) in ordered)
 
 
+def keep_held(pool: list[Scored], held: tuple[str, str] | None) -> Scored:
+    """The best of `pool` (ranked), unless the held binding (Model name, provider) is in it
+    and the best beats it by no more than BINDING_MARGIN."""
+    best = pool[0]
+    current = next((c for c in pool if (c.model.name, c.provider.name) == held), None)
+    if current is None or current is best or best.total - current.total > BINDING_MARGIN:
+        return best
+    return replace(current, reasons=(
+        *current.reasons, f"kept: {best.model.name} on {best.provider.name} scores "
+        f"{best.total - current.total:+.3g}, not more than the margin {BINDING_MARGIN:g}"))
+
+
 def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, models: list[Model],
                    providers: Mapping[str, Provider], options: Options,
-                   avoid_providers: frozenset[str] = frozenset()) -> PhaseBinding:
+                   avoid_providers: frozenset[str] = frozenset(),
+                   held: tuple[str, str] | None = None) -> PhaseBinding:
+    """`held`: the phase's current binding (Model name, provider), kept unless beaten by more
+    than BINDING_MARGIN."""
     bias = None if rule.prefer else effective_bias(agent, policy.quality_bias)
     admitted = [m for m in models if m.ready and rule.require.matches(m.labels)]
     if not admitted:
@@ -310,12 +329,12 @@ def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, model
             f"{len(admitted)} Model(s) match require selectors {rule.require.describe()} but "
             f"none is feasible: " + "; ".join(rejected)))
     scored.sort(key=Scored.rank_key)
-    chosen = scored[0]
+    chosen = keep_held(scored, held)
     spread_note = None
     if avoid_providers:
         elsewhere = [s for s in scored if s.provider.name not in avoid_providers]
         if elsewhere:
-            chosen = elsewhere[0]
+            chosen = keep_held(elsewhere, held)
         elif policy.spread and policy.spread.when_unsatisfiable == "DoNotSchedule":
             return PhaseBinding(rule.phase, None, candidate_list(qualities, None), (
                 f"topology spread: every feasible Model for {rule.phase} is on a provider "
@@ -329,10 +348,12 @@ def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, model
 
 
 def schedule_agent(agent: Agent, policy: CrewSchedulingPolicy, models: list[Model],
-                   providers: Mapping[str, Provider], options: Options
+                   providers: Mapping[str, Provider], options: Options,
+                   held: Mapping[str, tuple[str, str]] | None = None
                    ) -> dict[str, PhaseBinding]:
     """Every phase of the policy; spread phases bound in phaseKeys order on distinct
-    providers when the policy asks for it."""
+    providers when the policy asks for it. `held`: phase -> its current binding (Model name,
+    provider), for a live binder."""
     spread = policy.spread
     spread_phases = set(spread.phase_keys) if spread and spread.topology_key == "provider" \
         else set()
@@ -343,7 +364,8 @@ def schedule_agent(agent: Agent, policy: CrewSchedulingPolicy, models: list[Mode
     out: dict[str, PhaseBinding] = {}
     for rule in order:
         avoid = frozenset(used) if rule.phase in spread_phases else frozenset()
-        binding = schedule_phase(agent, policy, rule, models, providers, options, avoid)
+        binding = schedule_phase(agent, policy, rule, models, providers, options, avoid,
+                                 (held or {}).get(rule.phase))
         out[rule.phase] = binding
         if binding.chosen is not None and rule.phase in spread_phases:
             used.add(binding.chosen.provider.name)
