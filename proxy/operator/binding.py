@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.core.models import normalise_model
+from proxy.core.types import ProviderView
 from proxy.operator import scheduling as s
 from proxy.operator.candidates import Documents, policy_for
 from proxy.ports import Entry
@@ -70,8 +71,17 @@ def live_providers(declared: Mapping[str, s.Provider], states: Mapping[str, Prov
             sum(state.loaded_mib.values()), state.max_parallel,
             doc.agent_count if doc else 0, tuple(sorted(state.loaded_mib)),
             doc.weight if doc else 100.0, on_disk,
-            None if state.ready else "its probe failed")
+            None if state.ready else "its probe failed", card_view(name, state))
     return out
+
+
+def card_view(name: str, state: ProviderState) -> ProviderView:
+    """What sizing reads of a provider's state, as the sidecar's snapshot has it."""
+    return ProviderView(name, state.total_vram_mib, state.ready,
+                        context_length=state.context_length, max_parallel=state.max_parallel,
+                        disk_mib=state.available_mib, models=state.models,
+                        observed=state.observed, kv_cache_type=state.kv_cache_type,
+                        version=state.version)
 
 
 def next_stale_at(states: Mapping[str, ProviderState], now: float, stale_s: float

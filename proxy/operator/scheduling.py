@@ -12,8 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy.core import context
 from proxy.core.models import normalise_model
 from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.sizing import Sizer
+from proxy.core.types import ProviderView
 
 IMAGE_LOCALITY_BONUS = 10.0
 # A live binding moves only to a model that beats it by more than this: whether a model
@@ -102,6 +105,9 @@ class Provider:
     on_disk: frozenset[str] | None = None
     # Why it is not Ready, when something more precise than its document's status says so
     not_ready: str | None = None
+    # The card as its live state shows it (context, slots, KV cache type, models' /api/show):
+    # what sizes a model as the sidecar does. None: documents only.
+    view: ProviderView | None = None
 
 
 @dataclass(frozen=True)
@@ -234,11 +240,17 @@ def feasibility(model: Model, providers: Mapping[str, Provider], options: Option
             provider.on_disk:
         return None, f"{model.name}: {model.identifier} is not on {provider.name}"
     total = provider.vram_total_mib
-    if total and model.vram_mib:
+    if total:
         overhead = options.eviction_overhead_mib
         if overhead is None:
             overhead = DEFAULT_POLICY.reserve_mib(total)
-        if model.vram_mib + overhead > total:
+        sized = sized_mib(model, provider)
+        if sized is not None:
+            need, context_length = sized
+            if need + overhead > total:
+                return None, (f"{model.name}: needs {need} MiB at context {context_length} + "
+                              f"{overhead} MiB overhead, {provider.name} has {total} MiB")
+        elif model.vram_mib and model.vram_mib + overhead > total:
             return None, (f"{model.name}: needs {model.vram_mib} MiB + {overhead} MiB overhead, "
                           f"{provider.name} has {total} MiB")
     if provider.max_parallel:
@@ -247,6 +259,26 @@ def feasibility(model: Model, providers: Mapping[str, Provider], options: Option
             return None, (f"{model.name}: {provider.name} serves {provider.agent_count} agents, "
                           f"limit {limit:g}")
     return provider, "feasible"
+
+
+def sized_mib(model: Model, provider: Provider) -> tuple[int, int] | None:
+    """(MiB, context per slot) of a copy of `model` loaded on `provider` by a call that sets
+    no num_ctx, as the sidecar sizes it (proxy/core/sizing.py: weights + KV cache for the
+    card's context, slots and cache type + compute buffers; a declared vramMib above that
+    wins); None when the live state lacks the model's architecture or the context."""
+    view = provider.view
+    if view is None:
+        return None
+    identifier = normalise_model(model.identifier)
+    sizer = Sizer((view,), 1.0)  # the factor only serves sizes without an architecture
+    info = sizer.info(identifier, view)
+    if info is None or not info.kv_bytes_per_token:
+        return None
+    resolved = context.for_card(view, info, 0)
+    if not resolved.requested:
+        return None
+    footprint = sizer.footprint(identifier, view, resolved.requested, model.vram_mib)
+    return None if footprint is None else (footprint.total_mib, resolved.context)
 
 
 # -- score ------------------------------------------------------------------------------------
