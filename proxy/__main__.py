@@ -264,19 +264,8 @@ def _candidates(args: argparse.Namespace) -> int:
     from proxy.operator import candidates
     from proxy.operator.scheduling import Options
 
-    try:
-        docs = candidates.load(args.file)
-    except candidates.DocumentError as exc:
-        print(f"kubemoot-proxy candidates: {exc}", file=sys.stderr)
-        return 2
-    problems = candidates.validate_phases(docs)
-    for problem in problems:
-        print(f"kubemoot-proxy candidates: {problem}", file=sys.stderr)
-    result = candidates.schedule(docs, Options(args.eviction_overhead_mib,
-                                               args.concurrency_factor))
-    print(candidates.render(result, args.output))
-    unschedulable = any(a.get("unschedulable") for a in result["agents"])
-    return 1 if args.strict and (unschedulable or problems) else 0
+    return candidates.command(args.file, args.output, args.strict,
+                              Options(args.eviction_overhead_mib, args.concurrency_factor))
 
 
 def _bind_command(args: argparse.Namespace) -> int:

@@ -10,8 +10,16 @@ from proxy.service.codec import ProviderState
 NAMESPACE, AGENT = "crew", "tooler"
 
 
-def documents(big: int = 100, small: int = 50, big_provider: str = "gpu-a") -> str:
-    return f"""\
+def documents(big: int = 100, small: int = 50, big_provider: str = "gpu-a",
+              others: tuple[str, ...] = ()) -> str:
+    """`others`: more agents beside AGENT, with the same capabilities."""
+    return "".join(f"""\
+apiVersion: kubemoot.ai/v1alpha1
+kind: Agent
+metadata: {{name: {other}, namespace: {NAMESPACE}}}
+spec: {{capabilities: [tool-calling]}}
+---
+""" for other in others) + f"""\
 apiVersion: kubemoot.ai/v1alpha1
 kind: ModelProvider
 metadata: {{name: gpu-a}}

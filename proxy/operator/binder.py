@@ -69,13 +69,14 @@ class DocumentSource:
             return False
         self._digest = digest
         try:
-            docs = candidates.load(self.paths)
+            # A provider may be known from its published state alone (docs/binding.md)
+            docs = candidates.load(self.paths, references=False)
         except candidates.DocumentError as exc:
             self.error = str(exc)
             log.error("documents not read; the last good ones stay in force", error=str(exc))
             return True
         self.docs, self.error = docs, None
-        for problem in candidates.validate_phases(docs):
+        for problem in (*candidates.validate_phases(docs), *candidates.check_references(docs)):
             log.warning("document problem", problem=problem)
         return True
 
@@ -93,6 +94,7 @@ class Binder:
         self.evaluations = 0
         self._logged: dict[str, Any] = {}  # agent -> the unschedulable phases last logged
         self._documents_changed = asyncio.Event()
+        self._no_agents = False  # logged once, not every evaluation
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -169,12 +171,13 @@ class Binder:
         written: dict[str, int] = {}
         bindings: dict[str, dict[str, Any]] = {}
         agents: dict[str, tuple[s.Agent, str | None]] = {}
+        view = self.store.view(BINDINGS)
         for agent, crew in live.agents:
-            binding = b.agent_binding(agent, crew, live, self.options)
+            key = b.agent_key(agent.namespace, agent.name)
+            binding = b.agent_binding(agent, crew, live, self.options, _decode(view.get(key)))
             who = b.agent_id(agent.namespace, agent.name)
             bindings[who], agents[who] = binding, (agent, crew)
             self._log_unschedulable(who, binding)
-            key = b.agent_key(agent.namespace, agent.name)
             revision = await self._write_if_changed(key, binding, now)
             if revision is not None:
                 written[key] = revision
@@ -182,8 +185,24 @@ class Binder:
                          phases={p: c and c["model"] for p, c in binding["phases"].items()},
                          generation=binding["generation"])
         written.update(await self._bind_discussions(bindings, agents, live, now))
+        await self._drop_gone_agents(set(bindings))
         await self._await_echo(written)
         return len(written)
+
+    async def _drop_gone_agents(self, present: set[str]) -> None:
+        """Delete the agent bindings of agents no document declares any more (b.gone_agents
+        says which keys count; docs/binding.md)."""
+        if not present:
+            # No Agent at all is more likely an empty mount than a crew dismissed: keep them
+            if not self._no_agents:
+                log.warning("no Agent documents: agent bindings left as they are")
+            self._no_agents = True
+            return
+        self._no_agents = False
+        for key, who in b.gone_agents(self.store.view(BINDINGS), present):
+            await self.store.delete(BINDINGS, key)
+            self._logged.pop(who, None)
+            log.info("agent binding dropped", agent=who, reason="no Agent document declares it")
 
     async def _bind_discussions(self, bindings: Mapping[str, dict[str, Any]],
                                 agents: Mapping[str, tuple[s.Agent, str | None]],

@@ -11,9 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
+
 from proxy.core.models import normalise_model
+from proxy.core.types import ProviderView
 from proxy.operator import scheduling as s
 from proxy.operator.candidates import Documents, policy_for
+from proxy.ports import Entry
 from proxy.service.codec import ProviderState, escape_key
 
 # What a binding says beyond its substance: not compared, so a new score or "now" alone
@@ -67,8 +71,17 @@ def live_providers(declared: Mapping[str, s.Provider], states: Mapping[str, Prov
             sum(state.loaded_mib.values()), state.max_parallel,
             doc.agent_count if doc else 0, tuple(sorted(state.loaded_mib)),
             doc.weight if doc else 100.0, on_disk,
-            None if state.ready else "its probe failed")
+            None if state.ready else "its probe failed", card_view(name, state))
     return out
+
+
+def card_view(name: str, state: ProviderState) -> ProviderView:
+    """What sizing reads of a provider's state, as the sidecar's snapshot has it."""
+    return ProviderView(name, state.total_vram_mib, state.ready,
+                        context_length=state.context_length, max_parallel=state.max_parallel,
+                        disk_mib=state.available_mib, models=state.models,
+                        observed=state.observed, kv_cache_type=state.kv_cache_type,
+                        version=state.version)
 
 
 def next_stale_at(states: Mapping[str, ProviderState], now: float, stale_s: float
@@ -91,10 +104,21 @@ def _candidates(binding: s.PhaseBinding) -> list[dict[str, Any]]:
     return out
 
 
-def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.Options
-                  ) -> dict[str, Any]:
+def held_phases(current: Mapping[str, Any] | None) -> dict[str, tuple[str, str]]:
+    """phase -> (Model name, provider) of a published binding, the choices to keep."""
+    phases = (current or {}).get("phases")
+    if not isinstance(phases, dict):
+        return {}
+    return {p: (str(c["modelRef"]), str(c["provider"])) for p, c in phases.items()
+            if isinstance(c, dict) and "modelRef" in c and "provider" in c}
+
+
+def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.Options,
+                  current: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One agent's binding over `docs` (their providers already live): the preferred model,
-    each phase's choice and candidates, the tolerance and the unschedulable phases."""
+    each phase's choice and candidates, the tolerance and the unschedulable phases.
+    `current`: the binding published now, whose choices are kept unless beaten by more than
+    the margin (scheduling.BINDING_MARGIN)."""
     policy = policy_for(agent, crew, docs.policies)
     binding: dict[str, Any] = {"namespace": agent.namespace, "agent": agent.name}
     if policy is None:
@@ -102,7 +126,8 @@ def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.
                 "candidates": {}, "tolerance": None, "unschedulable": [{
                     "phase": None, "reason": "no CrewSchedulingPolicy applies to this agent",
                     "crewSchedulingPolicy": None}]}
-    phases = s.schedule_agent(agent, policy, docs.models, docs.providers, options)
+    phases = s.schedule_agent(agent, policy, docs.models, docs.providers, options,
+                              held_phases(current))
     mulling = phases.get("mulling")
     return {**binding, "crewSchedulingPolicy": policy.name,
             "preferred": mulling.chosen.model.identifier if mulling and mulling.chosen
@@ -126,6 +151,31 @@ def substance(binding: Mapping[str, Any]) -> dict[str, Any]:
         out["agents"] = {a: {k: v for k, v in e.items() if k != "reason"}
                          for a, e in out["agents"].items()}
     return out
+
+
+def gone_agents(view: Mapping[str, Entry], present: set[str]) -> list[tuple[str, str]]:
+    """(key, agent) of the agent bindings to delete: a binder's agent binding (its key is
+    `<namespace>/<agent>` of the namespace and agent it carries, with a generation) whose
+    agent is not among `present`. Keys of another shape, or values a binder does not write,
+    are not ours to delete."""
+    out = []
+    for key, entry in view.items():
+        if key.startswith(("ask.", "thread.")):
+            continue
+        try:
+            value = orjson.loads(entry.value)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(value, dict) or not isinstance(value.get("generation"), int):
+            continue
+        namespace, agent = value.get("namespace"), value.get("agent")
+        if not isinstance(namespace, str) or not isinstance(agent, str) or \
+                key != agent_key(namespace, agent) or "phases" not in value:
+            continue
+        who = agent_id(namespace, agent)
+        if who not in present:
+            out.append((key, who))
+    return sorted(out)
 
 
 # -- a discussion's binding ---------------------------------------------------------------------

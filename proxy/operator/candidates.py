@@ -4,7 +4,9 @@ print bindings, candidate lists and env vars per agent."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -12,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
+from proxy.operator import documents as d
 from proxy.operator import scheduling as s
 
 KINDS = {"Model", "ModelProvider", "CrewSchedulingPolicy", "Agent", "MootArchetype"}
@@ -31,6 +35,8 @@ class Documents:
     agents: list[tuple[s.Agent, str | None]] = field(default_factory=list)  # agent, crew
     archetypes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     policy_archetype: dict[str, str] = field(default_factory=dict)
+    origins: dict[tuple[str, str, str], Origin] = field(default_factory=dict)  # kind, ns, name
+    files: int = 0  # files read
 
 
 def files(paths: Iterable[str]) -> list[Path]:
@@ -50,109 +56,78 @@ def files(paths: Iterable[str]) -> list[Path]:
     return out
 
 
-def _map(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be a mapping")
-    return value
+@dataclass(frozen=True)
+class Origin:
+    """Where a document was read: for the messages that name two of them."""
+
+    path: Path
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.path}: document {self.index}"
 
 
-def _labels(value: Any, where: str) -> dict[str, str]:
-    return {str(k): str(v).lower() if isinstance(v, bool) else str(v)
-            for k, v in _map(value, where).items()}
-
-
-def _selector(value: Any, where: str) -> s.Selector:
-    data = _map(value, where)
-    expressions = []
-    for i, expr in enumerate(data.get("matchExpressions") or []):
-        expr = _map(expr, f"{where}.matchExpressions[{i}]")
-        if "key" not in expr or "operator" not in expr:
-            raise ValueError(f"{where}.matchExpressions[{i}] needs key and operator")
-        expressions.append(s.Requirement(str(expr["key"]), str(expr["operator"]),
-                                         tuple(str(v) for v in expr.get("values") or ())))
-    return s.Selector(_labels(data.get("matchLabels"), f"{where}.matchLabels"),
-                      tuple(expressions))
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _add(docs: Documents, doc: dict[str, Any]) -> None:
-    kind = doc.get("kind")
-    meta = _map(doc.get("metadata"), "metadata")
-    name = str(meta.get("name") or "")
-    if not name:
-        raise ValueError("metadata.name is required")
-    namespace = str(meta.get("namespace") or "default")
-    spec = _map(doc.get("spec"), "spec")
-    status = _map(doc.get("status"), "status")
-    if kind == "Model":
-        if "model" not in spec or "providerRef" not in spec:
-            raise ValueError("spec.model and spec.providerRef are required")
-        docs.models.append(s.Model(
-            name, str(spec["model"]), _labels(meta.get("labels"), "metadata.labels"),
-            str(spec["providerRef"]), _int_or_none(spec.get("vramMib")),
-            bool(status.get("ready", True))))
-    elif kind == "ModelProvider":
-        capacity = _map(status.get("capacity"), "status.capacity")
-        loaded = tuple(str(m.get("name")) for m in capacity.get("loadedModels") or []
-                       if isinstance(m, dict))
-        scheduling = _map(spec.get("scheduling"), "spec.scheduling")
+def _add(docs: Documents, kind: str, doc: dict[str, Any], origin: Origin) -> None:
+    """One document, validated by its schema (ValidationError names the field)."""
+    parsed = d.SCHEMAS[kind].model_validate(doc)
+    meta: d.Metadata = parsed.metadata
+    name, namespace = meta.name, meta.namespace
+    if isinstance(parsed, d.ModelDocument):
+        spec = parsed.spec
+        _unique(docs, kind, (namespace, name), origin)
+        docs.models.append(s.Model(name, spec.model, dict(meta.labels), spec.providerRef,
+                                   spec.vramMib, parsed.status.ready, namespace))
+    elif isinstance(parsed, d.ProviderDocument):
+        # Keyed by name alone: that is all a Model's providerRef says.
+        _unique(docs, kind, ("", name), origin)
+        capacity = parsed.status.capacity
         docs.providers[name] = s.Provider(
-            name, str(spec.get("endpoint") or ""), bool(status.get("ready", False)),
-            _int_or_none(capacity.get("vramTotalMiB")), _int_or_none(capacity.get("vramUsedMiB")),
-            _int_or_none(capacity.get("maxParallel")), int(capacity.get("agentCount") or 0),
-            loaded, float(scheduling.get("weight", 100)))
-    elif kind == "CrewSchedulingPolicy":
-        rules = []
-        for i, rule in enumerate(spec.get("rules") or []):
-            rule = _map(rule, f"spec.rules[{i}]")
-            if "phase" not in rule:
-                raise ValueError(f"spec.rules[{i}].phase is required")
-            prefer = tuple(
-                s.Preference(float(_map(p, f"spec.rules[{i}].prefer[{j}]").get("weight", 0)),
-                             _selector(p.get("selector"), f"spec.rules[{i}].prefer[{j}].selector"))
-                for j, p in enumerate(rule.get("prefer") or []))
-            rules.append(s.Rule(str(rule["phase"]),
-                                _selector(rule.get("require"), f"spec.rules[{i}].require"),
-                                prefer))
-        spread = None
-        if spec.get("topologySpread"):
-            ts = _map(spec["topologySpread"], "spec.topologySpread")
-            mode = str(ts.get("whenUnsatisfiable", "ScheduleAnyway"))
-            if mode not in ("ScheduleAnyway", "DoNotSchedule"):
-                raise ValueError(f"spec.topologySpread.whenUnsatisfiable: unknown {mode!r}")
-            spread = s.Spread(mode, str(ts.get("topologyKey", "provider")),
-                              tuple(str(p) for p in ts.get("phaseKeys") or ()))
-        strategy = str(spec.get("strategy", "spread"))
-        if strategy not in ("spread", "binpack"):
-            raise ValueError(f"spec.strategy: unknown {strategy!r} (spread or binpack)")
+            name, parsed.spec.endpoint, parsed.status.ready, capacity.vramTotalMiB,
+            capacity.vramUsedMiB, capacity.maxParallel, capacity.agentCount,
+            tuple(m.name for m in capacity.loadedModels), parsed.spec.scheduling.weight)
+    elif isinstance(parsed, d.PolicyDocument):
+        policy = parsed.spec
+        _unique(docs, kind, (namespace, name), origin)
+        rules = tuple(s.Rule(r.phase, r.require.to_core(),
+                             tuple(s.Preference(p.weight, p.selector.to_core())
+                                   for p in r.prefer))
+                      for r in policy.rules)
+        ts = policy.topologySpread
+        spread = None if ts is None else s.Spread(ts.whenUnsatisfiable, ts.topologyKey,
+                                                  tuple(ts.phaseKeys))
         docs.policies.append(s.CrewSchedulingPolicy(
-            name, namespace, tuple(rules),
-            {str(k): str(v) for k, v in _map(spec.get("qualityBias"), "spec.qualityBias").items()},
-            spread, strategy, str(spec["crewRef"]) if spec.get("crewRef") else None,
-            None if spec.get("candidateTolerance") is None
-            else float(spec["candidateTolerance"])))
-        if spec.get("archetypeRef"):
-            docs.policy_archetype[name] = str(spec["archetypeRef"])
-    elif kind == "Agent":
-        crew = spec.get("crewRef") or _labels(meta.get("labels"), "metadata.labels").get(
-            CREW_LABEL)
-        docs.agents.append((s.Agent(name, namespace, tuple(str(c) for c in
-                                                          spec.get("capabilities") or ())),
-                            str(crew) if crew else None))
-    elif kind == "MootArchetype":
-        phases = spec.get("phases") or []
-        docs.archetypes[name] = tuple(
-            str(p.get("name") if isinstance(p, dict) else p) for p in phases)
-    else:
-        raise ValueError(f"unknown kind {kind!r} (expected one of {', '.join(sorted(KINDS))})")
+            name, namespace, rules, dict(policy.qualityBias), spread, policy.strategy,
+            policy.crewRef or None, policy.candidateTolerance))
+        if policy.archetypeRef:
+            docs.policy_archetype[name] = policy.archetypeRef
+    elif isinstance(parsed, d.AgentDocument):
+        _unique(docs, kind, (namespace, name), origin)
+        crew = parsed.spec.crewRef or meta.labels.get(CREW_LABEL)
+        docs.agents.append((s.Agent(name, namespace, tuple(parsed.spec.capabilities)),
+                            crew or None))
+    elif isinstance(parsed, d.ArchetypeDocument):
+        _unique(docs, kind, ("", name), origin)
+        docs.archetypes[name] = tuple(parsed.spec.phases)
 
 
-def load(paths: Iterable[str]) -> Documents:
+def _unique(docs: Documents, kind: str, key: tuple[str, str], origin: Origin) -> None:
+    """Two documents of a kind with one name: an error, never the last one winning."""
+    first = docs.origins.setdefault((kind, *key), origin)
+    if first is not origin:
+        raise DocumentError(f"{origin}: {kind}/{key[1]} is declared twice "
+                            f"(first in {first})")
+
+
+def check_references(docs: Documents) -> list[str]:
+    """Models whose providerRef names no ModelProvider document."""
+    return [f"{docs.origins[('Model', m.namespace, m.name)]}: Model/{m.name}: "
+            f"spec.providerRef {m.provider_ref!r} names no ModelProvider document"
+            for m in docs.models if m.provider_ref not in docs.providers]
+
+
+def load(paths: Iterable[str], *, references: bool = True) -> Documents:
+    """The documents under `paths`; `references`: a Model naming a ModelProvider no document
+    declares is an error (`bind` leaves it to the providers' live state)."""
     docs = Documents()
     for path in files(paths):
         try:
@@ -162,19 +137,29 @@ def load(paths: Iterable[str]) -> Documents:
             at = f" at line {mark.line + 1}" if mark is not None else ""
             raise DocumentError(f"{path}: malformed YAML{at}: "
                                 f"{getattr(exc, 'problem', None) or exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DocumentError(f"{path}: not readable: {exc}") from None
         for index, doc in enumerate(loaded, 1):
             if doc is None:
                 continue
-            label = f"{path}: document {index}"
+            origin = Origin(path, index)
             if not isinstance(doc, dict):
-                raise DocumentError(f"{label}: not a mapping")
+                raise DocumentError(f"{origin}: not a mapping")
             meta = doc.get("metadata")
             name = meta.get("name", "?") if isinstance(meta, dict) else "?"
-            label += f" ({doc.get('kind')}/{name})"
+            kind = doc.get("kind")
+            label = f"{origin} ({kind}/{name})"
+            if kind not in d.SCHEMAS:
+                raise DocumentError(f"{label}: unknown kind {kind!r} "
+                                    f"(expected one of {', '.join(sorted(KINDS))})")
             try:
-                _add(docs, doc)
-            except (ValueError, TypeError, s.SelectorError) as exc:
-                raise DocumentError(f"{label}: {exc}") from None
+                _add(docs, str(kind), doc, origin)
+            except ValidationError as exc:
+                raise DocumentError(f"{label}: {d.problem(exc)}") from None
+        docs.files += 1
+    if references:
+        for problem in check_references(docs):
+            raise DocumentError(problem)
     return docs
 
 
@@ -250,3 +235,33 @@ def render(result: Mapping[str, Any], output: str) -> str:
         for key, value in agent.get("env", {}).items():
             lines.append(f"{key}={shlex.quote(value)}")
     return "\n".join(lines)
+
+
+def command(paths: list[str], output: str, strict: bool, options: s.Options) -> int:
+    """`kubemoot-proxy candidates`: 0, 1 with --strict when something is unschedulable,
+    missing or invalid, 2 for a document that cannot be read."""
+    def warn(message: str) -> None:
+        print(f"kubemoot-proxy candidates: {message}", file=sys.stderr)
+
+    try:
+        docs = load(paths)
+    except DocumentError as exc:
+        warn(str(exc))
+        return 2
+    problems = validate_phases(docs)
+    if not docs.agents:
+        problems.append(f"no Agent document in {' '.join(paths)} ({docs.files} YAML file(s)):"
+                        " nothing to bind")
+    for problem in problems:
+        warn(problem)
+    result = schedule(docs, options)
+    text = render(result, output)
+    try:
+        if text:
+            print(text, flush=True)
+    except BrokenPipeError:
+        # The reader stopped (`| head -1`): what it did not read is not an error. Python
+        # flushes stdout again at exit; pointing it at /dev/null keeps that quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    unschedulable = any(a.get("unschedulable") for a in result["agents"])
+    return 1 if strict and (unschedulable or problems) else 0

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from proxy.core import context
 from proxy.core.models import normalise_model
 from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.sizing import Sizer
+from proxy.core.types import ProviderView
 
 IMAGE_LOCALITY_BONUS = 10.0
+# A live binding moves only to a model that beats it by more than this: whether a model
+# happens to be loaded (the locality bonus) never moves it on its own, so a binding does not
+# follow loads and unloads back and forth (docs/operator-cli.md, "Bind").
+BINDING_MARGIN = IMAGE_LOCALITY_BONUS
 CAPACITY_POINTS = 10.0  # the capacity score spans 0..10 points
 DEFAULT_CONCURRENCY_FACTOR = 4.0
 
@@ -80,6 +87,7 @@ class Model:
     provider_ref: str
     vram_mib: int | None = None
     ready: bool = True
+    namespace: str = "default"
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,9 @@ class Provider:
     on_disk: frozenset[str] | None = None
     # Why it is not Ready, when something more precise than its document's status says so
     not_ready: str | None = None
+    # The card as its live state shows it (context, slots, KV cache type, models' /api/show):
+    # what sizes a model as the sidecar does. None: documents only.
+    view: ProviderView | None = None
 
 
 @dataclass(frozen=True)
@@ -229,11 +240,17 @@ def feasibility(model: Model, providers: Mapping[str, Provider], options: Option
             provider.on_disk:
         return None, f"{model.name}: {model.identifier} is not on {provider.name}"
     total = provider.vram_total_mib
-    if total and model.vram_mib:
+    if total:
         overhead = options.eviction_overhead_mib
         if overhead is None:
             overhead = DEFAULT_POLICY.reserve_mib(total)
-        if model.vram_mib + overhead > total:
+        sized = sized_mib(model, provider)
+        if sized is not None:
+            need, context_length = sized
+            if need + overhead > total:
+                return None, (f"{model.name}: needs {need} MiB at context {context_length} + "
+                              f"{overhead} MiB overhead, {provider.name} has {total} MiB")
+        elif model.vram_mib and model.vram_mib + overhead > total:
             return None, (f"{model.name}: needs {model.vram_mib} MiB + {overhead} MiB overhead, "
                           f"{provider.name} has {total} MiB")
     if provider.max_parallel:
@@ -242,6 +259,26 @@ def feasibility(model: Model, providers: Mapping[str, Provider], options: Option
             return None, (f"{model.name}: {provider.name} serves {provider.agent_count} agents, "
                           f"limit {limit:g}")
     return provider, "feasible"
+
+
+def sized_mib(model: Model, provider: Provider) -> tuple[int, int] | None:
+    """(MiB, context per slot) of a copy of `model` loaded on `provider` by a call that sets
+    no num_ctx, as the sidecar sizes it (proxy/core/sizing.py: weights + KV cache for the
+    card's context, slots and cache type + compute buffers; a declared vramMib above that
+    wins); None when the live state lacks the model's architecture or the context."""
+    view = provider.view
+    if view is None:
+        return None
+    identifier = normalise_model(model.identifier)
+    sizer = Sizer((view,), 1.0)  # the factor only serves sizes without an architecture
+    info = sizer.info(identifier, view)
+    if info is None or not info.kv_bytes_per_token:
+        return None
+    resolved = context.for_card(view, info, 0)
+    if not resolved.requested:
+        return None
+    footprint = sizer.footprint(identifier, view, resolved.requested, model.vram_mib)
+    return None if footprint is None else (footprint.total_mib, resolved.context)
 
 
 # -- score ------------------------------------------------------------------------------------
@@ -287,9 +324,24 @@ def candidate_list(admitted: list[tuple[Model, float]], preferred: str | None
     return tuple((ident, q, mib) for ident, (q, mib) in ordered)
 
 
+def keep_held(pool: list[Scored], held: tuple[str, str] | None) -> Scored:
+    """The best of `pool` (ranked), unless the held binding (Model name, provider) is in it
+    and the best beats it by no more than BINDING_MARGIN."""
+    best = pool[0]
+    current = next((c for c in pool if (c.model.name, c.provider.name) == held), None)
+    if current is None or current is best or best.total - current.total > BINDING_MARGIN:
+        return best
+    return replace(current, reasons=(
+        *current.reasons, f"kept: {best.model.name} on {best.provider.name} scores "
+        f"{best.total - current.total:+.3g}, not more than the margin {BINDING_MARGIN:g}"))
+
+
 def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, models: list[Model],
                    providers: Mapping[str, Provider], options: Options,
-                   avoid_providers: frozenset[str] = frozenset()) -> PhaseBinding:
+                   avoid_providers: frozenset[str] = frozenset(),
+                   held: tuple[str, str] | None = None) -> PhaseBinding:
+    """`held`: the phase's current binding (Model name, provider), kept unless beaten by more
+    than BINDING_MARGIN."""
     bias = None if rule.prefer else effective_bias(agent, policy.quality_bias)
     admitted = [m for m in models if m.ready and rule.require.matches(m.labels)]
     if not admitted:
@@ -309,12 +361,12 @@ def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, model
             f"{len(admitted)} Model(s) match require selectors {rule.require.describe()} but "
             f"none is feasible: " + "; ".join(rejected)))
     scored.sort(key=Scored.rank_key)
-    chosen = scored[0]
+    chosen = keep_held(scored, held)
     spread_note = None
     if avoid_providers:
         elsewhere = [s for s in scored if s.provider.name not in avoid_providers]
         if elsewhere:
-            chosen = elsewhere[0]
+            chosen = keep_held(elsewhere, held)
         elif policy.spread and policy.spread.when_unsatisfiable == "DoNotSchedule":
             return PhaseBinding(rule.phase, None, candidate_list(qualities, None), (
                 f"topology spread: every feasible Model for {rule.phase} is on a provider "
@@ -328,10 +380,12 @@ def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, model
 
 
 def schedule_agent(agent: Agent, policy: CrewSchedulingPolicy, models: list[Model],
-                   providers: Mapping[str, Provider], options: Options
+                   providers: Mapping[str, Provider], options: Options,
+                   held: Mapping[str, tuple[str, str]] | None = None
                    ) -> dict[str, PhaseBinding]:
     """Every phase of the policy; spread phases bound in phaseKeys order on distinct
-    providers when the policy asks for it."""
+    providers when the policy asks for it. `held`: phase -> its current binding (Model name,
+    provider), for a live binder."""
     spread = policy.spread
     spread_phases = set(spread.phase_keys) if spread and spread.topology_key == "provider" \
         else set()
@@ -342,7 +396,8 @@ def schedule_agent(agent: Agent, policy: CrewSchedulingPolicy, models: list[Mode
     out: dict[str, PhaseBinding] = {}
     for rule in order:
         avoid = frozenset(used) if rule.phase in spread_phases else frozenset()
-        binding = schedule_phase(agent, policy, rule, models, providers, options, avoid)
+        binding = schedule_phase(agent, policy, rule, models, providers, options, avoid,
+                                 (held or {}).get(rule.phase))
         out[rule.phase] = binding
         if binding.chosen is not None and rule.phase in spread_phases:
             used.add(binding.chosen.provider.name)

@@ -281,3 +281,42 @@ async def test_neither_a_binder_restart_nor_a_nats_restart_loses_a_binding(
             lambda: first_candidate(sidecar) == ("qwen3:8b", "agent")), 15)
     finally:
         server.cleanup()
+
+
+async def put_raw(url: str, key: str, value: dict[str, Any]) -> None:
+    nc = await nats.connect(url)
+    try:
+        await ensure_buckets(nc.jetstream())
+        kv = await nc.jetstream().key_value(BINDINGS)
+        await kv.put(key, orjson.dumps(value))
+    finally:
+        await nc.close()
+
+
+async def test_an_agent_gone_from_the_documents_loses_its_binding_and_nothing_else(
+        nats_url: str, tmp_path: Path, binder_factory: Callable[[Path, str], BinderProcess]
+        ) -> None:
+    # Left by an earlier binder with more agents, and a value no binder writes
+    earlier = agent_key(NAMESPACE, "retired")
+    await put_raw(nats_url, earlier, {"namespace": NAMESPACE, "agent": "retired",
+                                      "phases": {}, "generation": 4})
+    foreign = agent_key(NAMESPACE, "handmade")
+    await put_raw(nats_url, foreign, {"namespace": NAMESPACE, "agent": "handmade"})
+    write_documents(tmp_path, others=("reviewer",))
+    now = time.time()
+    await publish_states(nats_url, state("gpu-a", now), state("gpu-b", now))
+    binder = binder_factory(tmp_path, nats_url)
+    reviewer = agent_key(NAMESPACE, "reviewer")
+    await binding_where(nats_url, reviewer, lambda v: v["preferred"] == "qwen3:14b")
+    first = await binding_where(nats_url, KEY, lambda v: v["preferred"] == "qwen3:14b")
+    assert await until(lambda: _absent(nats_url, earlier), 5)
+
+    write_documents(tmp_path)  # the reviewer's Agent document is deleted
+    assert await until(lambda: _absent(nats_url, reviewer), 5), binder.output()
+    assert "agent binding dropped" in binder.output() and "crew/reviewer" in binder.output()
+    assert await read(nats_url, KEY) == first  # the agent still declared: untouched
+    assert await read(nats_url, foreign) == {"namespace": NAMESPACE, "agent": "handmade"}
+
+
+async def _absent(url: str, key: str) -> bool:
+    return await read(url, key) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,9 +116,10 @@ spec:
         ("kind: CrewSchedulingPolicy\nmetadata: {name: p}\nspec:\n  rules:\n"
          "    - phase: mulling\n      require:\n        matchExpressions:\n"
          "          - {key: a, operator: Like, values: [b]}\n",
-         "(CrewSchedulingPolicy/p): unknown operator 'Like'"),
+         "(CrewSchedulingPolicy/p): spec.rules[0].require.matchExpressions[0]: "
+         "unknown operator 'Like'"),
         ("kind: Model\nmetadata: {name: m}\nspec: {model: m}\n",
-         "(Model/m): spec.model and spec.providerRef are required"),
+         "(Model/m): spec.providerRef is required"),
     ],
 )
 def test_bad_documents_get_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -127,3 +129,91 @@ def test_bad_documents_get_one_clear_line(tmp_path: Path, text: str, expected: s
     assert done.returncode == 2
     assert expected in done.stderr and str(bad) in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+PROD = (CONFIG / "bundles" / "prod" / "models.yaml").read_text()
+CREW = (CONFIG / "crew" / "agents.yaml").read_text()
+POLICY = (CONFIG / "crew" / "policy.yaml").read_text()
+
+
+def edited(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+@pytest.mark.parametrize(
+    ("bundle", "crew", "policy", "expected"),
+    [
+        (edited(PROD, "vramMib: 9216", "vramMib: lots"), CREW, POLICY,
+         "document 4 (Model/qwen3-14b): spec.vramMib: Input should be a valid integer"),
+        (edited(PROD, "weight: 25", "weight: heavy"), CREW, POLICY,
+         "(ModelProvider/ollama-b): spec.scheduling.weight: Input should be a valid number"),
+        (edited(PROD, "vramMib: 6000", "vramMib: -5"), CREW, POLICY,
+         "(Model/qwen3-8b): spec.vramMib: Input should be greater than or equal to 0 (got -5)"),
+        (edited(PROD, "ready: true", 'ready: "false"'), CREW, POLICY,
+         "(ModelProvider/ollama-a): status.ready: Input should be a valid boolean (got 'false')"),
+        (edited(PROD, "vramTotalMiB: 32768", "vramTotalMiB: big"), CREW, POLICY,
+         "(ModelProvider/ollama-a): status.capacity.vramTotalMiB: Input should be a valid"),
+        (PROD, edited(CREW, "capabilities: [reasoning, tool-calling]",
+                      "capabilities: reasoning"), POLICY,
+         "(Agent/synthesizer): spec.capabilities must be a list (got 'reasoning')"),
+        (PROD, CREW, POLICY[:POLICY.index("  rules:")] + "  rules: 5\n",
+         "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules must be a list (got 5)"),
+        (edited(PROD, "providerRef: ollama-b", "providerRef: ollama-zzz"), CREW, POLICY,
+         "Model/qwen3-8b: spec.providerRef 'ollama-zzz' names no ModelProvider document"),
+    ],
+    ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
+         "capabilities-string", "rules-number", "unknown-provider"],
+)
+def test_a_wrong_field_is_one_line_naming_file_document_and_field(
+        tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
+    for name, text in (("models.yaml", bundle), ("agents.yaml", crew), ("policy.yaml", policy)):
+        (tmp_path / name).write_text(text)
+    done = run("-f", str(tmp_path), "--strict")
+    assert done.returncode == 2, done.stdout
+    assert expected in done.stderr and str(tmp_path) in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+MODEL_8B = PROD[PROD.index("apiVersion: kubemoot.ai/v1alpha1\nkind: Model\nmetadata:\n"
+                           "  name: qwen3-8b\n"):PROD.index("---", PROD.index("name: qwen3-8b\n"))]
+PROVIDER_A = PROD[PROD.index("apiVersion"):PROD.index("---")]
+AGENT_GIT = CREW[CREW.index("apiVersion: kubemoot.ai/v1alpha1\nkind: Agent\nmetadata:\n"
+                            "  name: git-agent"):].split("---")[0]
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (MODEL_8B, "Model/qwen3-8b is declared twice"),
+    (PROVIDER_A, "ModelProvider/ollama-a is declared twice"),
+    (AGENT_GIT, "Agent/git-agent is declared twice"),
+])
+def test_a_name_declared_twice_names_both_files(tmp_path: Path, extra: str, expected: str
+                                                ) -> None:
+    again = tmp_path / "again.yaml"
+    again.write_text(extra)
+    done = run("-f", str(CONFIG / "crew"), "-f", str(CONFIG / "bundles" / "prod"),
+               "-f", str(again))
+    assert done.returncode == 2
+    assert expected in done.stderr and str(again) in done.stderr
+    assert str(CONFIG) in done.stderr  # the first declaration's file
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_no_documents_is_a_warning_and_strict_fails(tmp_path: Path) -> None:
+    done = run("-f", str(tmp_path))
+    assert done.returncode == 0 and done.stdout == ""
+    assert "no Agent document" in done.stderr and str(tmp_path) in done.stderr
+    assert run("-f", str(tmp_path), "--strict").returncode == 1
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", "candidates", "-f", str(CONFIG / "crew"),
+             "-f", str(CONFIG / "archetypes"), "-f", str(CONFIG / "bundles" / "prod")],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, cwd=ROOT)
+    finally:
+        os.close(write_end)
+    assert done.stderr == "" and done.returncode == 0

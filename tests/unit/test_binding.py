@@ -6,9 +6,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from loadtest.sim_model import CATALOG
+from proxy.core.types import ModelInfo
 from proxy.operator import binding as b
 from proxy.operator import candidates
+from proxy.operator import scheduling as s
 from proxy.operator.scheduling import Options
+from proxy.service.codec import ProviderState
+from proxy.service.prober import model_info
 from tests.binding_docs import AGENT, NAMESPACE, state, write_documents
 
 NOW = 1_700_000_000.0
@@ -161,3 +166,88 @@ def test_a_mounted_configmap_is_read_once_and_again_when_its_content_changes(
     _configmap_update(tmp_path, {"crew.yaml": "kind: [unclosed"}, 3)
     assert source.poll() and source.error and "malformed YAML" in source.error
     assert source.docs.policies[0] is policy
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PROD_DISK = {"qwen3:32b": 20200, "qwen3:14b": 9300, "qwen3:8b": 5200}
+
+
+def shown() -> dict[str, ModelInfo]:
+    """The simulator's models as the publisher reads their /api/show."""
+    return {m.name: model_info({"model_info": m.model_info(),
+                                "details": {"family": m.model_family}})
+            for m in CATALOG if m.name in PROD_DISK}
+
+
+def prod_fleet(loaded_on_a: dict[str, int], total_a: int = 32768,
+               architectures: bool = False) -> candidates.Documents:
+    """config/bundles/prod with live state: a 32 GiB and a 24 GiB card, every model on
+    disk; without `architectures` the declared vramMib decides the fit."""
+    docs = candidates.load([str(ROOT / "config" / "crew"), str(ROOT / "config" / "archetypes"),
+                            str(ROOT / "config" / "bundles" / "prod")])
+    models = shown() if architectures else {}
+    states = {
+        "ollama-a": ProviderState("ollama-a", "http://a:11434", True, NOW, total_a,
+                                  max_parallel=1, loaded_mib=dict(loaded_on_a),
+                                  available_mib=dict(PROD_DISK), models=models),
+        "ollama-b": ProviderState("ollama-b", "http://b:11434", True, NOW, 24576,
+                                  max_parallel=2, available_mib=dict(PROD_DISK),
+                                  models=models)}
+    return replace(docs, providers=b.live_providers(docs.providers, states, NOW, STALE_S))
+
+
+def synthesizer(docs: candidates.Documents, current: dict[str, object] | None
+                ) -> dict[str, object]:
+    agent, crew = next(a for a in docs.agents if a[0].name == "synthesizer")
+    return b.agent_binding(agent, crew, docs, Options(), current)
+
+
+def mulling(binding: dict[str, object]) -> tuple[str, float]:
+    chosen = binding["phases"]["mulling"]  # type: ignore[index]
+    return chosen["model"], chosen["score"]
+
+
+def test_a_binding_does_not_follow_a_model_loading_and_unloading() -> None:
+    # The 14B loaded on the 32 GiB card ties the 32B exactly (+10 loaded = the 70 - 60
+    # quality gap); a tie used to go to the smaller model, and back at the next unload.
+    fleets = [{}, {"qwen3:14b": 10240}, {}, {"qwen3:14b": 10240}, {"qwen3:8b": 6000},
+              {"qwen3:14b": 10240}]
+    current = None
+    models = []
+    for loaded in fleets:
+        binding = synthesizer(prod_fleet(loaded), current)
+        models.append(mulling(binding)[0])
+        current = binding
+    assert models == ["qwen3:32b"] * len(fleets)
+    # the tie itself, without a binding to keep: the smaller model, as ranked
+    first_14b, _ = mulling(synthesizer(prod_fleet({"qwen3:14b": 10240}), None))
+    assert first_14b == "qwen3:14b"
+
+
+def test_a_binding_moves_when_beaten_by_more_than_the_margin() -> None:
+    fleet = prod_fleet({})
+    held = synthesizer(fleet, None)
+    held["phases"]["mulling"].update(model="qwen3:8b", modelRef="qwen3-8b-a")  # type: ignore[index]
+    moved = synthesizer(fleet, held)
+    assert mulling(moved)[0] == "qwen3:32b"  # 40 quality points above the 8B it held
+    kept = synthesizer(prod_fleet({"qwen3:14b": 10240}),
+                       synthesizer(prod_fleet({"qwen3:14b": 10240}), None))
+    assert mulling(kept)[0] == "qwen3:14b"  # once bound, the 14B is kept at the tie too
+
+
+def test_the_operator_sizes_a_model_as_the_sidecar_does() -> None:
+    # The sidecar's explain on this card: "needs 29160 MiB at context 32768, card has
+    # 28836 MiB usable" (20200 MiB of weights + 8192 MiB of KV + 768 MiB of buffers)
+    binding = synthesizer(prod_fleet({}, architectures=True), None)
+    assert mulling(binding)[0] == "qwen3:14b"
+    fleet = prod_fleet({}, architectures=True)
+    big = next(m for m in fleet.models if m.name == "qwen3-32b")
+    provider, why = s.feasibility(big, fleet.providers, Options())
+    assert provider is None
+    assert why == ("qwen3-32b: needs 29160 MiB at context 32768 + 3932 MiB overhead, "
+                   "ollama-a has 32768 MiB")
+    # without the architecture, the declared 20480 MiB + the overhead fits: what was bound
+    assert mulling(synthesizer(prod_fleet({}), None))[0] == "qwen3:32b"
+    # a 48 GiB card takes it (at its trained context, 40960: 32488 MiB)
+    roomy = prod_fleet({}, total_a=49152, architectures=True)
+    assert s.feasibility(big, roomy.providers, Options())[0] is not None
