@@ -489,8 +489,10 @@ class _Planner:
                             f"({unload.cost_s:.1f} s) beats queueing "
                             f"({'none' if queue is None else f'{queue.wait_s:.1f} s'})",
                             tuple(verdicts), queue_s, unload_s)
-        if choice is True and queue is not None and not self.call.can_wait:
-            # it cannot wait in the sidecar: it queues inside that copy's engine, as step 4's
+        if (choice is True and queue is not None and not self.call.can_wait
+                and not self.call.static_fallback):
+            # It cannot wait in the sidecar and no static endpoint takes it: rather than a
+            # 503, it queues inside that copy's engine, as step 4's do.
             verdict = self.verdict(self.indexes[queue.provider], queue.model)
             return Decision("placed", self.placement(verdict, "queued", 5),
                             f"step 5: queued for a slot of {queue.model} on {queue.provider} "

@@ -148,6 +148,9 @@ class CallSpec:
     # False: the call cannot wait in the sidecar (X-Kubemoot-Wait: false); where a slot is
     # worth waiting for it queues inside that engine instead of going to a static endpoint
     can_wait: bool = True
+    # A static endpoint takes it when no GPU has room: such a call that cannot wait goes
+    # there rather than queueing at a copy no load could relieve (step 5)
+    static_fallback: bool = False
 
     @property
     def preferred(self) -> Candidate:

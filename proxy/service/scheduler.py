@@ -30,7 +30,7 @@ from proxy.core.types import (
 from proxy.core.waitline import YIELD_S, slack_s, yields_to_sooner
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
-from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock
+from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock, ModelServer
 from proxy.service.bindings import Bindings
 from proxy.service.claims import Claimed, Claims
 from proxy.service.demand import DemandBoard, WaitEntry, without_waiter
@@ -132,6 +132,7 @@ class Scheduler:
                         if self.bindings else self.settings.tolerance,
                         phase="triage" if call.phase == "triage" else "mulling",
                         can_wait=call.can_wait,
+                        static_fallback=self._static_for(call) is not None,
                         conversation=self.learning.conversation(call, tokens))
 
     def work(self, spec: CallSpec) -> CallLength | None:
@@ -312,13 +313,16 @@ class Scheduler:
 
     def _static_or_busy(self, call: CallRequest, spec: CallSpec, decision: Decision
                         ) -> Granted | Refusal:
-        static = self.pool.static_triage if call.phase == "triage" else self.pool.static
+        static = self._static_for(call)
         if static is None:
             return Refusal("gpu-busy", (
                 f"No GPU has room for {spec.preferred.model} now ({decision.reason}) and this "
                 "call cannot wait; set KUBEMOOT_MODEL_ENDPOINT for such calls or retry."),
                 spec.preferred.model, retry_after_s=5)
         return Granted(Attempt(STATIC, static, spec.preferred.model, STATIC), None, spec)
+
+    def _static_for(self, call: CallRequest) -> ModelServer | None:
+        return self.pool.static_triage if call.phase == "triage" else self.pool.static
 
     async def start_claimed(self, claimed: Claimed, call: CallRequest, spec: CallSpec,
                             waited_ms: int, held_plan: bool = False,

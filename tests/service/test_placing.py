@@ -132,6 +132,24 @@ async def test_a_call_that_cannot_wait_queues_at_the_only_busy_copy(fleet: Fleet
     await working
 
 
+async def test_a_call_that_cannot_wait_takes_the_static_endpoint_over_a_busy_copy_alone(
+        fleet: Fleet) -> None:
+    """As above, with a static endpoint: no load could relieve the busy copy, so the call
+    goes there rather than queueing behind the running call (CONTRACT.md)."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    static = fleet.static_endpoint("static", total_vram_mib=49152)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(model_endpoint=static.endpoint)
+    gpu.script(Answer(seconds=1), Answer(seconds=60))
+    assert (await sidecar.chat("qwen3:8b")).provider == "gpu"
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(0.5)
+    r = await sidecar.chat("qwen3:8b", can_wait=False)
+    assert (r.status, r.provider, r.placement) == (200, "static", "static")
+    assert static.stats.calls == ["qwen3:8b"]
+    await working
+
+
 async def test_a_client_that_leaves_while_waiting_is_never_placed(fleet: Fleet) -> None:
     gpu = fleet.gpu("gpu", total_vram_mib=16376)
     sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=300)

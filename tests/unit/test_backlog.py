@@ -68,6 +68,8 @@ def test_a_call_that_cannot_wait_queues_where_no_load_is_possible() -> None:
     assert (decision.placement.provider, decision.placement.kind,
             decision.placement.step) == ("a", "queued", 5)
     assert "no worse than unloading (impossible)" in decision.reason
+    static = place(replace(call("qwen3:8b"), can_wait=False, static_fallback=True), snap)
+    assert static.outcome == "wait"  # the scheduler sends it to the static endpoint
 
 
 def test_a_hot_model_with_waiters_gets_a_second_copy() -> None:
