@@ -19,11 +19,12 @@ from proxy.core.sizing import Sizer
 from proxy.core.types import ProviderView
 
 IMAGE_LOCALITY_BONUS = 10.0
-# A live binding moves only to a model that beats it by more than this: whether a model
-# happens to be loaded (the locality bonus) never moves it on its own, so a binding does not
-# follow loads and unloads back and forth (docs/operator-cli.md, "Bind").
-BINDING_MARGIN = IMAGE_LOCALITY_BONUS
 CAPACITY_POINTS = 10.0  # the capacity score spans 0..10 points
+# A live binding is compared on merit, its score without the loaded bonus, so a model
+# loading or unloading never moves it (nor holds it); it moves to a model whose merit leads
+# by more than this, half the capacity score's span, which moves with every load
+# (docs/operator-cli.md, "Bind").
+BINDING_MARGIN = CAPACITY_POINTS / 2
 DEFAULT_CONCURRENCY_FACTOR = 4.0
 
 
@@ -166,6 +167,15 @@ class Scored:
     quality: float  # prefer weights or qualityBias: what the candidate list carries
     total: float
     reasons: tuple[str, ...]
+    loaded_bonus: float = 0.0  # of `total`
+
+    @property
+    def merit(self) -> float:
+        """The score without the loaded bonus: what a held binding is compared on."""
+        return self.total - self.loaded_bonus
+
+    def merit_key(self) -> tuple[float, int, int, str, str]:
+        return (-self.merit, *self.rank_key()[1:])
 
     def rank_key(self) -> tuple[float, int, int, str, str]:
         declared = self.model.vram_mib
@@ -301,14 +311,15 @@ def score(model: Model, provider: Provider, rule: Rule, bias: float | None,
     if capacity:
         total += capacity
         reasons.append(f"capacity ({strategy}) {capacity:g}")
-    if model.identifier in provider.loaded:
-        total += IMAGE_LOCALITY_BONUS
-        reasons.append(f"loaded on {provider.name} +{IMAGE_LOCALITY_BONUS:g}")
+    bonus = IMAGE_LOCALITY_BONUS if model.identifier in provider.loaded else 0.0
+    if bonus:
+        total += bonus
+        reasons.append(f"loaded on {provider.name} +{bonus:g}")
     sign = 1.0 if rule.phase == "mulling" else -1.0 if rule.phase == "triage" else 0.0
     if sign:
         total += sign * provider.weight
         reasons.append(f"provider weight {sign * provider.weight:+g} ({rule.phase})")
-    return Scored(model, provider, quality, total, tuple(reasons))
+    return Scored(model, provider, quality, total, tuple(reasons), bonus)
 
 
 # -- bind -------------------------------------------------------------------------------------
@@ -325,15 +336,21 @@ def candidate_list(admitted: list[tuple[Model, float]], preferred: str | None
 
 
 def keep_held(pool: list[Scored], held: tuple[str, str] | None) -> Scored:
-    """The best of `pool` (ranked), unless the held binding (Model name, provider) is in it
-    and the best beats it by no more than BINDING_MARGIN."""
-    best = pool[0]
+    """The best of `pool` (ranked) when nothing is held or the held binding (Model name,
+    provider) is no longer in it; else the held one, unless another's merit leads it by more
+    than BINDING_MARGIN (then the one with the best merit)."""
     current = next((c for c in pool if (c.model.name, c.provider.name) == held), None)
-    if current is None or current is best or best.total - current.total > BINDING_MARGIN:
+    if current is None:
+        return pool[0]
+    best = min(pool, key=Scored.merit_key)
+    lead = best.merit - current.merit
+    if best is current:
+        return current
+    if lead > BINDING_MARGIN:
         return best
     return replace(current, reasons=(
-        *current.reasons, f"kept: {best.model.name} on {best.provider.name} scores "
-        f"{best.total - current.total:+.3g}, not more than the margin {BINDING_MARGIN:g}"))
+        *current.reasons, f"kept: {best.model.name} on {best.provider.name} leads by "
+        f"{lead:+.3g} without the loaded bonus, not more than the margin {BINDING_MARGIN:g}"))
 
 
 def schedule_phase(agent: Agent, policy: CrewSchedulingPolicy, rule: Rule, models: list[Model],

@@ -180,18 +180,20 @@ def shown() -> dict[str, ModelInfo]:
 
 
 def prod_fleet(loaded_on_a: dict[str, int], total_a: int = 32768,
-               architectures: bool = False) -> candidates.Documents:
+               architectures: bool = False, disk_without: tuple[str, ...] = ()
+               ) -> candidates.Documents:
     """config/bundles/prod with live state: a 32 GiB and a 24 GiB card, every model on
-    disk; without `architectures` the declared vramMib decides the fit."""
+    disk but `disk_without`; without `architectures` the declared vramMib decides the fit."""
+    disk = {m: mib for m, mib in PROD_DISK.items() if m not in disk_without}
     docs = candidates.load([str(ROOT / "config" / "crew"), str(ROOT / "config" / "archetypes"),
                             str(ROOT / "config" / "bundles" / "prod")])
     models = shown() if architectures else {}
     states = {
         "ollama-a": ProviderState("ollama-a", "http://a:11434", True, NOW, total_a,
                                   max_parallel=1, loaded_mib=dict(loaded_on_a),
-                                  available_mib=dict(PROD_DISK), models=models),
+                                  available_mib=dict(disk), models=models),
         "ollama-b": ProviderState("ollama-b", "http://b:11434", True, NOW, 24576,
-                                  max_parallel=2, available_mib=dict(PROD_DISK),
+                                  max_parallel=2, available_mib=dict(disk),
                                   models=models)}
     return replace(docs, providers=b.live_providers(docs.providers, states, NOW, STALE_S))
 
@@ -230,9 +232,25 @@ def test_a_binding_moves_when_beaten_by_more_than_the_margin() -> None:
     held["phases"]["mulling"].update(model="qwen3:8b", modelRef="qwen3-8b-a")  # type: ignore[index]
     moved = synthesizer(fleet, held)
     assert mulling(moved)[0] == "qwen3:32b"  # 40 quality points above the 8B it held
-    kept = synthesizer(prod_fleet({"qwen3:14b": 10240}),
-                       synthesizer(prod_fleet({"qwen3:14b": 10240}), None))
-    assert mulling(kept)[0] == "qwen3:14b"  # once bound, the 14B is kept at the tie too
+    # bound at the tie (the 14B loaded), it gives way to the 32B, whose merit (the score
+    # without the loaded bonus) leads by 10, and stays there
+    at_tie = synthesizer(prod_fleet({"qwen3:14b": 10240}), None)
+    assert mulling(at_tie)[0] == "qwen3:14b"
+    moved = synthesizer(prod_fleet({"qwen3:14b": 10240}), at_tie)
+    assert mulling(moved)[0] == "qwen3:32b"
+    assert mulling(synthesizer(prod_fleet({"qwen3:14b": 10240}), moved))[0] == "qwen3:32b"
+
+
+def test_a_binding_comes_back_once_its_model_does() -> None:
+    """A fallback while the 32B was gone from the disk is not kept by the 14B's being
+    loaded (its bound agents keep it so): the 32B's merit leads by 10 points."""
+    bound = synthesizer(prod_fleet({}), None)
+    assert mulling(bound)[0] == "qwen3:32b"
+    gone = prod_fleet({"qwen3:14b": 10240}, disk_without=("qwen3:32b",))
+    fallback = synthesizer(gone, bound)
+    assert mulling(fallback)[0] == "qwen3:14b"
+    back = synthesizer(prod_fleet({"qwen3:14b": 10240}), fallback)
+    assert mulling(back)[0] == "qwen3:32b"
 
 
 def test_the_operator_sizes_a_model_as_the_sidecar_does() -> None:
