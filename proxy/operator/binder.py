@@ -185,12 +185,14 @@ class Binder:
                          phases={p: c and c["model"] for p, c in binding["phases"].items()},
                          generation=binding["generation"])
         written.update(await self._bind_discussions(bindings, agents, live, now))
-        await self._drop_gone_agents(set(bindings))
+        namespaces = {a.namespace for a, _ in live.agents} | {p.namespace for p in live.policies}
+        await self._drop_gone_agents(set(bindings), namespaces)
         await self._await_echo(written)
         return len(written)
 
-    async def _drop_gone_agents(self, present: set[str]) -> None:
-        """Delete the agent bindings of agents no document declares any more (b.gone_agents
+    async def _drop_gone_agents(self, present: set[str], namespaces: set[str]) -> None:
+        """Delete the agent bindings of agents no document declares any more, in the
+        namespaces the documents declare (another crew's binder owns the others; b.gone_agents
         says which keys count; docs/binding.md)."""
         if not present:
             # No Agent at all is more likely an empty mount than a crew dismissed: keep them
@@ -199,7 +201,7 @@ class Binder:
             self._no_agents = True
             return
         self._no_agents = False
-        for key, who in b.gone_agents(self.store.view(BINDINGS), present):
+        for key, who in b.gone_agents(self.store.view(BINDINGS), present, namespaces):
             await self.store.delete(BINDINGS, key)
             self._logged.pop(who, None)
             log.info("agent binding dropped", agent=who, reason="no Agent document declares it")

@@ -153,11 +153,12 @@ def substance(binding: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def gone_agents(view: Mapping[str, Entry], present: set[str]) -> list[tuple[str, str]]:
+def gone_agents(view: Mapping[str, Entry], present: set[str], namespaces: set[str]
+                ) -> list[tuple[str, str]]:
     """(key, agent) of the agent bindings to delete: a binder's agent binding (its key is
-    `<namespace>/<agent>` of the namespace and agent it carries, with a generation) whose
-    agent is not among `present`. Keys of another shape, or values a binder does not write,
-    are not ours to delete."""
+    `<namespace>/<agent>` of the namespace and agent it carries, with a generation) in one
+    of `namespaces` whose agent is not among `present`. Keys of another shape, values a
+    binder does not write, and other namespaces (another crew's binder) are not ours."""
     out = []
     for key, entry in view.items():
         if key.startswith(("ask.", "thread.")):
@@ -170,7 +171,8 @@ def gone_agents(view: Mapping[str, Entry], present: set[str]) -> list[tuple[str,
             continue
         namespace, agent = value.get("namespace"), value.get("agent")
         if not isinstance(namespace, str) or not isinstance(agent, str) or \
-                key != agent_key(namespace, agent) or "phases" not in value:
+                key != agent_key(namespace, agent) or "phases" not in value or \
+                namespace not in namespaces:
             continue
         who = agent_id(namespace, agent)
         if who not in present:

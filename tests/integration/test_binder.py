@@ -302,6 +302,10 @@ async def test_an_agent_gone_from_the_documents_loses_its_binding_and_nothing_el
                                       "phases": {}, "generation": 4})
     foreign = agent_key(NAMESPACE, "handmade")
     await put_raw(nats_url, foreign, {"namespace": NAMESPACE, "agent": "handmade"})
+    # another crew's, bound by its own binder on the same bucket
+    other_crew = agent_key("crew-b", "synth")
+    others = {"namespace": "crew-b", "agent": "synth", "phases": {}, "generation": 2}
+    await put_raw(nats_url, other_crew, others)
     write_documents(tmp_path, others=("reviewer",))
     now = time.time()
     await publish_states(nats_url, state("gpu-a", now), state("gpu-b", now))
@@ -316,6 +320,7 @@ async def test_an_agent_gone_from_the_documents_loses_its_binding_and_nothing_el
     assert "agent binding dropped" in binder.output() and "crew/reviewer" in binder.output()
     assert await read(nats_url, KEY) == first  # the agent still declared: untouched
     assert await read(nats_url, foreign) == {"namespace": NAMESPACE, "agent": "handmade"}
+    assert await read(nats_url, other_crew) == others
 
 
 async def _absent(url: str, key: str) -> bool:
