@@ -108,9 +108,10 @@ class LoadedModel(_Schema):
 
 
 class Capacity(_Schema):
-    vramTotalMiB: Annotated[int, Field(gt=0)] | None = None
+    # 0, as none: not checked (a CPU provider; a reconciler that has not measured it yet)
+    vramTotalMiB: Mib | None = None
     vramUsedMiB: Mib | None = None
-    maxParallel: Annotated[int, Field(gt=0)] | None = None
+    maxParallel: Mib | None = None
     agentCount: Mib = 0
     loadedModels: Annotated[list[LoadedModel], _empty_when_null(list)] = []
 

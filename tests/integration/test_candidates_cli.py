@@ -175,6 +175,17 @@ def test_a_wrong_field_is_one_line_naming_file_document_and_field(
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_provider_with_no_measured_capacity_is_accepted(tmp_path: Path) -> None:
+    """0, as absent, is "not checked": a CPU provider, or one a reconciler has not measured."""
+    zero = edited(PROD, "vramTotalMiB: 32768", "vramTotalMiB: 0")
+    assert "maxParallel: 1" in zero
+    zero = zero.replace("maxParallel: 1", "maxParallel: 0", 1)
+    for name, text in (("models.yaml", zero), ("agents.yaml", CREW), ("policy.yaml", POLICY)):
+        (tmp_path / name).write_text(text)
+    done = run("-f", str(tmp_path), "-f", str(CONFIG / "archetypes"), "--strict")
+    assert done.returncode == 0, done.stderr
+
+
 MODEL_8B = PROD[PROD.index("apiVersion: kubemoot.ai/v1alpha1\nkind: Model\nmetadata:\n"
                            "  name: qwen3-8b\n"):PROD.index("---", PROD.index("name: qwen3-8b\n"))]
 PROVIDER_A = PROD[PROD.index("apiVersion"):PROD.index("---")]
