@@ -59,12 +59,29 @@ REFUSAL_STATUS: dict[RefusalReason, int] = {
 PROVIDER_REASONS = {400: "bad-request", 404: "model-not-found", 413: "request-too-large"}
 
 
-def provider_refusal(status: int, message: str, model: str, dialect: Dialect = "ollama"
-                     ) -> bytes:
+def provider_refusal(status: int, message: str, model: str, dialect: Dialect = "ollama",
+                     upstream: bytes = b"") -> bytes:
     """The body of a provider's refusal (a 4xx before its answer began) in the caller's
-    dialect, as the sidecar's own refusals are: Ollama's message, a `reason` and the model."""
+    dialect, as the sidecar's own refusals are: Ollama's message, a `reason` and the model.
+    On the OpenAI and Anthropic paths the engine's own error object (its type, Anthropic's
+    request_id) is kept as Ollama's layers wrote it; an OpenAI `code` it left empty is the
+    reason."""
     reason = PROVIDER_REASONS.get(status, "provider-refused")
-    return orjson.dumps({**error_body(status, reason, message, dialect), "model": model})
+    body = error_body(status, reason, message, dialect)
+    theirs = _object(upstream) if dialect != "ollama" else None
+    if theirs is not None and isinstance(error := theirs.get("error"), dict):
+        if dialect == "openai" and error.get("code") is None:
+            theirs["error"] = {**error, "code": reason}
+        body = {**theirs, "reason": reason}
+    return orjson.dumps({**body, "model": model})
+
+
+def _object(data: bytes) -> dict[str, object] | None:
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def refusal_response(refusal: Refusal, dialect: Dialect = "ollama") -> Response:

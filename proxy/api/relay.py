@@ -497,7 +497,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                       healthy=upstream.status_code == 503 and SERVER_BUSY in message)
     if upstream.status_code >= 400:  # the provider's own refusal, in the sidecar's shape
         data, media_type = provider_refusal(upstream.status_code, engine_error(data),
-                                            attempt.model, dialect), JSON
+                                            attempt.model, dialect, data), JSON
     if upstream.status_code == 400:
         counted = prompt_too_long(data[:4096].decode(errors="replace"))
         if counted is not None:

@@ -292,8 +292,13 @@ class SidecarApi:
             if upstream.status_code < 400:
                 return Response(upstream.content, status_code=upstream.status_code,
                                 media_type=JSON)
-            last = Response(provider_refusal(upstream.status_code, engine_error(
-                upstream.content), model), status_code=upstream.status_code, media_type=JSON)
+            message = engine_error(upstream.content)
+            if upstream.status_code < 500:  # the provider's own refusal (e.g. 404): relayed
+                last = Response(provider_refusal(upstream.status_code, message, model),
+                                status_code=upstream.status_code, media_type=JSON)
+            elif last is None:
+                last = error_response(502, "upstream-failed", f"a provider failed /api/show "
+                                      f"({upstream.status_code}: {message})", model)
         return last or error_response(502, "upstream-failed",
                                       "no provider answered /api/show", model)
 

@@ -216,8 +216,10 @@ def test_a_providers_own_refusal_keeps_its_message_and_gains_a_reason(
     openai = httpx.post(f"{url}/v1/chat/completions", json={
         **ask, "model": "phi3:mini", "reasoning_effort": "high"})
     assert openai.status_code == 400, openai.text
+    # Ollama's own OpenAI error object, kept (its `param`), its empty `code` the reason
     assert openai.json() == {"error": {"message": '"phi3:mini" does not support thinking',
-                                       "type": "invalid_request_error", "code": "bad-request"},
+                                       "type": "invalid_request_error", "param": None,
+                                       "code": "bad-request"},
                              "reason": "bad-request", "model": "phi3:mini"}
     for _ in range(4):  # more than the failures that open a circuit
         httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "think": True})
@@ -226,6 +228,37 @@ def test_a_providers_own_refusal_keeps_its_message_and_gains_a_reason(
     assert "kubemoot_upstream_errors_total{" not in httpx.get(f"{url}/metrics").text
     ok = httpx.post(f"{url}/api/chat", json={**ask, "model": "phi3:mini", "stream": False})
     assert ok.status_code == 200 and ok.headers["x-kubemoot-provider"] == "gpu"
+
+
+async def failing_show(request: Request) -> Response:
+    return JSONResponse({"error": "boom"}, status_code=500)
+
+
+async def openai_unauthorized(request: Request) -> Response:
+    """Ollama's OpenAI layer on a cloud model without a sign-in (openai.NewError: api_error
+    for any status but 400 and 404)."""
+    return JSONResponse({"error": {"message": "unauthorized", "type": "api_error",
+                                   "param": None, "code": None}}, status_code=401)
+
+
+def test_a_providers_failure_and_refusals_keep_their_kind(sidecar_factory: Sidecars) -> None:
+    engine = ThreadedServer(Starlette(routes=[
+        Route("/api/show", failing_show, methods=["POST"]),
+        Route("/v1/chat/completions", openai_unauthorized, methods=["POST"])]),
+        name="engine").start()
+    try:
+        url = sidecar_factory(model_endpoint=engine.url, model_model="qwen3:8b").url
+        shown = httpx.post(f"{url}/api/show", json={"model": "qwen3:8b"})
+        assert shown.status_code == 502, shown.text  # a failure, not the provider's refusal
+        assert shown.json()["reason"] == "upstream-failed" and "500" in shown.json()["error"]
+        denied = httpx.post(f"{url}/v1/chat/completions",
+                            json={"model": "qwen3:8b", "messages": HI})
+        assert denied.status_code == 401, denied.text
+        assert denied.json() == {"error": {"message": "unauthorized", "type": "api_error",
+                                           "param": None, "code": "provider-refused"},
+                                 "reason": "provider-refused", "model": "qwen3:8b"}
+    finally:
+        engine.stop()
 
 
 async def anthropic_refusals(request: Request) -> Response:
@@ -247,7 +280,7 @@ def test_an_engines_refusal_on_anthropics_path_in_anthropics_shape(
         ask = {"model": "qwen3:8b", "max_tokens": 5, "messages": HI}
         bad = httpx.post(f"{url}/v1/messages", json=ask)
         assert bad.status_code == 400, bad.text
-        assert bad.json() == {"type": "error", "error": {
+        assert bad.json() == {"type": "error", "request_id": "req_1", "error": {
             "type": "invalid_request_error",
             "message": "json: cannot unmarshal string into Go struct field"},
             "reason": "bad-request", "model": "qwen3:8b"}
