@@ -290,8 +290,21 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 # Kubernetes service links: a Service named `kubemoot` or `kubemoot-*` in the pod's namespace
 # puts these into every container (unless the pod sets enableServiceLinks: false).
-SERVICE_LINK = re.compile(r"KUBEMOOT_(?:[A-Z0-9_]+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
-                          r"|PORT(?:_\d+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?)")
+# Kubernetes' service links (a Service named kubemoot*): each name's shape with its value's,
+# so that a typo such as KUBEMOOT_PORT=8080 is still warned of.
+_LINK = "KUBEMOOT_(?:[A-Z0-9_]+_)?"
+_ADDRESS = r"[0-9a-fA-F.:]+"  # an IPv4 or IPv6 address
+SERVICE_LINKS = tuple((re.compile(_LINK + name), re.compile(value)) for name, value in (
+    ("SERVICE_HOST", _ADDRESS),
+    ("SERVICE_PORT(?:_[A-Z0-9_]+)?", r"\d+"),
+    (r"PORT(?:_\d+_(?:TCP|UDP|SCTP))?", r"(?:tcp|udp|sctp)://\S+"),
+    (r"PORT_\d+_(?:TCP|UDP|SCTP)_PROTO", "tcp|udp|sctp"),
+    (r"PORT_\d+_(?:TCP|UDP|SCTP)_PORT", r"\d+"),
+    (r"PORT_\d+_(?:TCP|UDP|SCTP)_ADDR", _ADDRESS)))
+
+
+def service_link(name: str, value: str) -> bool:
+    return any(n.fullmatch(name) and v.fullmatch(value) for n, v in SERVICE_LINKS)
 
 
 @dataclass(frozen=True)
@@ -319,7 +332,8 @@ def unknown_settings(config_file: str | Path | None = None,
     known_env = [f"{ENV_PREFIX}{f.upper()}" for f in fields]
     found = [UnknownSetting(name, "environment", _closest(name.upper(), known_env))
              for name in sorted(environ) if name.upper().startswith(ENV_PREFIX)
-             and name.upper() not in known_env and not SERVICE_LINK.fullmatch(name.upper())]
+             and name.upper() not in known_env
+             and not service_link(name.upper(), environ[name].strip())]
     return found + _unknown_keys(Path(config_file), fields, known_env) if config_file else found
 
 

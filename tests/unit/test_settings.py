@@ -142,7 +142,10 @@ def test_unknown_names_with_the_closest_known_one(tmp_path: Path) -> None:
         "KUBEMOOT_SERVICE_PORT_HTTP": "80", "KUBEMOOT_PORT": "tcp://10.0.0.1:80",
         "KUBEMOOT_PORT_80_TCP": "tcp://10.0.0.1:80", "KUBEMOOT_PORT_80_TCP_PROTO": "tcp",
         "KUBEMOOT_PORT_80_TCP_PORT": "80", "KUBEMOOT_PORT_80_TCP_ADDR": "10.0.0.1",
-        "KUBEMOOT_PROXY_SERVICE_HOST": "10.0.0.2", "KUBEMOOT_PROXY_PORT_9464_UDP_ADDR": "x"}
+        "KUBEMOOT_PROXY_SERVICE_HOST": "10.0.0.2",
+        "KUBEMOOT_PROXY_PORT_9464_UDP_ADDR": "10.0.0.2",
+        # a port set by hand is no service link: its value is not one
+        "KUBEMOOT_OPS_PORT": "9464"}
     config = tmp_path / "sidecar.yaml"
     config.write_text("model_modle: qwen3:8b\nKUBEMOOT_ROEL: coordinator\nrole: coordinator\n"
                       "zzz: 1\n")
@@ -152,6 +155,7 @@ def test_unknown_names_with_the_closest_known_one(tmp_path: Path) -> None:
         "KUBEMOOT_PROVIDRES": ("environment", "KUBEMOOT_PROVIDERS"),
         "kubemoot_orgins": ("environment", "KUBEMOOT_ORIGINS"),
         "KUBEMOOT_SOMETHING_ELSE": ("environment", None),
+        "KUBEMOOT_OPS_PORT": ("environment", found["KUBEMOOT_OPS_PORT"][1]),
         "model_modle": (f"--config {config}", "model_model"),
         "KUBEMOOT_ROEL": (f"--config {config}", "KUBEMOOT_ROLE"),
         "zzz": (f"--config {config}", None)}
