@@ -1,6 +1,7 @@
 """CORS as Ollama answers it (envconfig.AllowedOrigins, server/routes.go): browsers on
-localhost, 127.0.0.1 and 0.0.0.0 (any port, http or https), app://, file://, tauri://, VS Code
-webviews and browser extensions, plus the operator's KUBEMOOT_ORIGINS; the headers Ollama
+localhost, 127.0.0.1 and 0.0.0.0 (any port, http or https), app://, file://, tauri:// and VS
+Code webviews, plus the operator's KUBEMOOT_ORIGINS (browser extensions only when named
+there, `chrome-extension://*`, as Ollama wants them in OLLAMA_ORIGINS); the headers Ollama
 allows, and the sidecar's own X-Kubemoot-* request and answer headers."""
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from proxy.api.errors import Dialect, dialect_of, error_response
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
 SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
-EXTENSIONS = ("chrome-extension", "safari-extension", "moz-extension", "ms-browser-extension")
 ALLOWED_HEADERS = ("Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With",
                    "OpenAI-Beta", "x-stainless-arch", "x-stainless-async",
                    "x-stainless-custom-poll-interval", "x-stainless-helper-method",
@@ -36,7 +36,7 @@ def origin_pattern(extra: Iterable[str]) -> str:
     alone every origin (gin-contrib/cors's AllowAllOrigins, as OLLAMA_ORIGINS=* does)."""
     wildcards = [f"{scheme}://{host}" for host in LOCAL_HOSTS for scheme in ("http", "https")]
     wildcards += [f"{scheme}://{host}:*" for host in LOCAL_HOSTS for scheme in ("http", "https")]
-    wildcards += [f"{scheme}://*" for scheme in (*SCHEMES, *EXTENSIONS)]
+    wildcards += [f"{scheme}://*" for scheme in SCHEMES]
     wildcards += list(extra)
     parts = (".+" if w == "*" else re.escape(w).replace(r"\*", "[^/]*") for w in wildcards)
     return "(?:" + "|".join(parts) + ")"

@@ -18,7 +18,7 @@ Sidecars = Callable[..., ThreadedServer]
 
 @pytest.mark.parametrize(("origin", "allowed"), [
     ("http://localhost:3000", True), ("https://127.0.0.1", True), ("http://0.0.0.0:8080", True),
-    ("app://obsidian.md", True), ("chrome-extension://abcdef", True),
+    ("app://obsidian.md", True), ("chrome-extension://abcdef", False),
     ("https://evil.example", False), ("http://localhost.evil.example", False),
     ("http://127.0.0.1:80/path", False)])
 def test_origins_as_ollama_allows_them(origin: str, allowed: bool, sim_factory: Sims,
@@ -27,6 +27,18 @@ def test_origins_as_ollama_allows_them(origin: str, allowed: bool, sim_factory: 
     r = httpx.get(f"{url}/api/tags", headers={"Origin": origin})
     assert r.status_code == (200 if allowed else 403)
     assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+
+
+def test_browser_extensions_only_when_named(sim_factory: Sims, sidecar_factory: Sidecars
+                                           ) -> None:
+    """Ollama allows extensions only through OLLAMA_ORIGINS (envconfig.AllowedOrigins)."""
+    url = sidecar_factory([sim_factory("gpu")], origins=["chrome-extension://*"]).url
+    extension = {"Origin": "chrome-extension://abcdef"}
+    r = httpx.get(f"{url}/api/tags", headers=extension)
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "chrome-extension://abcdef"
+    assert httpx.get(f"{url}/api/tags", headers={"Origin": "moz-extension://x"}
+                     ).status_code == 403
 
 
 def test_a_call_from_an_origin_not_allowed_is_403_as_ollama_answers_it(
