@@ -34,7 +34,7 @@ class Fitting:
         self.call = call
         self.sizer = sizer
         self.declared = declared
-        self._loads: dict[tuple[str, str], tuple[Resolved, Footprint | None]] = {}
+        self.requested = call.num_ctx if call.pins_context else 0  # num_ctx a load asks for
 
     def trained(self, index: ProviderIndex, model: str) -> int:
         info = self.sizer.info(model, index.view)
@@ -45,15 +45,7 @@ class Fitting:
 
     def load(self, index: ProviderIndex, model: str) -> tuple[Resolved, Footprint | None]:
         """The context a copy loaded here for this call gets, and its footprint."""
-        key = (index.name, model)
-        hit = self._loads.get(key)
-        if hit is None:
-            requested = self.call.num_ctx if self.call.pins_context else 0
-            resolved = self.resolve(index, model, requested)
-            footprint = self.sizer.footprint(model, index.view, resolved.requested,
-                                             self.declared.get(model))
-            hit = self._loads[key] = (resolved, footprint)
-        return hit
+        return self.sizer.load(model, index.view, self.requested, self.declared.get(model))
 
     def footprint_mib(self, index: ProviderIndex, model: str) -> int | None:
         footprint = self.load(index, model)[1]

@@ -65,7 +65,8 @@ class _Planner:
         self.indexes = index_providers(snapshot, policy)
         self.alternatives = in_tolerance(call)
         self.acceptable = [call.preferred, *self.alternatives]
-        self.fitting = Fitting(call, Sizer(snapshot.providers, policy.disk_to_vram_factor),
+        self.fitting = Fitting(call, Sizer.for_fleet(snapshot.providers,
+                                                      policy.disk_to_vram_factor),
                                {c.model: c.vram_mib for c in call.candidates})
         self.backlogs: dict[str, Backlog] = {}
         self.wanted_models: list[str] | None = None
