@@ -27,7 +27,7 @@ from dataclasses import replace
 from proxy.core import affinity, context
 from proxy.core.cost import Backlog, backlog, call_length, cold_terms, warm_terms
 from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check
-from proxy.core.occupancy import ProviderIndex, index_providers
+from proxy.core.occupancy import ProviderIndex, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import queue_option, queue_wins, unload_option
 from proxy.core.sizing import Sizer
@@ -62,7 +62,7 @@ class _Planner:
         self.call = call
         self.snapshot = snapshot
         self.policy = policy
-        self.indexes = index_providers(snapshot, policy)
+        self.indexes = indexes_for(snapshot, policy)
         self.alternatives = in_tolerance(call)
         self.acceptable = [call.preferred, *self.alternatives]
         self.fitting = Fitting(call, Sizer.for_fleet(snapshot.providers,
