@@ -133,13 +133,14 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     terms = {"load": load_seconds(footprint, snapshot, policy)}
     if shuts_out:
         terms["takes_room"] = policy.unload_s
-    ahead = loads_ahead_s(index, snapshot, policy)
+    ahead = loads_ahead_s(index, snapshot, policy) if index.loading else 0.0
     if ahead:
         terms["loads_ahead"] = ahead
     if index.usable_mib is not None and footprint:
         terms["best_fit"] = policy.best_fit_s * (index.usable_mib - footprint) / footprint
     if index.spills():
         terms["spill"] = policy.spill_s
-    terms.update(prefill_terms(index, model, fitting.call, snapshot))
+    if fitting.call.conversation is not None:
+        terms.update(prefill_terms(index, model, fitting.call, snapshot))
     terms.update(shared_terms(index, model, snapshot, policy, phase))
     return terms

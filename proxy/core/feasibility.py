@@ -83,8 +83,8 @@ class Fitting:
         """An idle copy Ollama still lists but that may expire before a call arrives, loaded
         with a context other than this call's load would ask for: a load then makes Ollama
         reload it, so it is planned as that copy's eviction."""
-        if model in index.residents:
-            return None
+        if model in index.residents or model not in index.loaded_models:
+            return None  # (loaded_models holds every model the card lists)
         listed = next((r for r in index.view.residents
                        if r.model == model and not r.leaving), None)
         if listed is None or not listed.context_length:
@@ -122,8 +122,8 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     bad = health_reason(index, health)
     if bad:
         return Fit(False, bad)
-    if index.is_warm(model) or index.is_loading(model):
-        warm = index.is_warm(model)
+    warm = index.is_warm(model)
+    if warm or index.is_loading(model):
         problem = fitting.copy_problem(index, model, fitting.copy_context(index, model))
         if problem is None:
             return Fit(True, "warm" if warm else "loading", warm=warm, loading=not warm)

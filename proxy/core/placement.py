@@ -165,6 +165,8 @@ class _Planner:
         no free reuse: step 4 weighs it."""
         best: Verdict | None = None
         for index in self.indexes.values():
+            if model not in index.residents and model not in index.loading:
+                continue  # no copy here (most cards, for most models)
             if loading_only:
                 eligible = index.is_loading(model) and index.free_slots(model) > 0
             else:
