@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from proxy.core import affinity, context
-from proxy.core.cost import Backlog, backlog, call_length, cold_terms, warm_terms
+from proxy.core.cost import Backlog, backlog, call_length, cold_floor_s, cold_terms, warm_terms
 from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check
 from proxy.core.occupancy import ProviderIndex, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
@@ -98,6 +98,41 @@ class _Planner:
         length = call_length(index.name, model, self.call, self.snapshot, self.policy) \
             if self.detailed else None
         return Verdict(index.name, model, True, fit.reason, terms, sizing, length)
+
+    def weighed(self, model: str) -> list[Verdict]:
+        """Step 4's verdicts (`takes_room` left for `weigh_room`), in the cards' order. Once
+        a load that fits is found, the cheapest such load or copy (`takes_room` weighed) is a
+        bar: a card where the model has no copy is passed over, unchecked, when what a load
+        there costs at least (`cold_floor_s`) is above the bar, so it could neither win nor
+        tie. Loads are tried cheapest floor first, so the bar is found early. explain's
+        planner weighs every card."""
+        indexes = list(self.indexes.values())
+        if self.detailed:
+            return [self.verdict(i, model, room=False) for i in indexes]
+        found: dict[str, Verdict] = {}
+        bar: Verdict | None = None  # the cheapest complete verdict a load that fits allows
+        copies: list[Verdict] = []
+        loads: list[tuple[float, str, ProviderIndex]] = []
+        for index in indexes:
+            if index.is_warm(model) or index.is_loading(model):
+                verdict = found[index.name] = self.verdict(index, model, room=False)
+                if verdict.feasible:
+                    copies.append(verdict)
+            else:
+                loads.append((cold_floor_s(index, model, self.fitting, self.snapshot,
+                                           self.policy, self.call.phase), index.name, index))
+        loads.sort(key=lambda load: load[:2])
+        for floor, name, index in loads:
+            if bar is not None and floor > bar.cost_s + _FLOOR_MARGIN * max(1.0, abs(bar.cost_s)):
+                break  # and every load after it
+            verdict = found[name] = self.verdict(index, model, room=False)
+            if not verdict.feasible:
+                continue
+            complete = self.verdict(index, model) if self.shuts_out(index, model) else verdict
+            if bar is None:  # a load fits: every copy is in the running (`weighted`)
+                bar = min(copies, key=_rank, default=complete)
+            bar = min(bar, complete, key=_rank)
+        return [found[i.name] for i in indexes if i.name in found]
 
     def weigh_room(self, verdicts: list[Verdict]) -> list[Verdict]:
         """Verdicts made with `room=False`, `takes_room` added wherever it can change which
@@ -427,8 +462,7 @@ class _Planner:
                                 f"({hit.cost_s:.1f} s)")
         if hit is not None:  # (every card's verdict is explain's to give)
             return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}")
-        verdicts = self.weigh_room([self.verdict(i, preferred, room=False)
-                                    for i in self.indexes.values()])
+        verdicts = self.weigh_room(self.weighed(preferred))
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
         # Late binding: a full copy worth waiting for is waited for in the sidecar; a call
@@ -504,6 +538,11 @@ class _Planner:
             reason = ("busy: every card that could hold the model is full of work; "
                       "waiting for memory")
         return Decision("wait", None, reason, tuple(verdicts), queue_s, unload_s)
+
+
+# A floor this close above the bar (relatively) is not passed over: sums of the same terms
+# in another order may differ in their last bits
+_FLOOR_MARGIN = 1e-9
 
 
 def _rank(verdict: Verdict) -> tuple[float, str]:
