@@ -551,8 +551,11 @@ def _rank(verdict: Verdict) -> tuple[float, str]:
 
 
 def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Decision:
-    """Pure and deterministic: the same inputs always give the same decision. Its verdicts
-    carry `takes_room` where it could decide; explain's carry it wherever it applies."""
+    """Pure and deterministic: the same inputs always give the same decision (the fleet's
+    sizing and the last snapshot's indexes are kept between calls, core/sizing.py and
+    core/occupancy.py, as figures of those inputs alone). Its verdicts are the cards it
+    weighed, with `takes_room` where it could decide; a card whose load could not win is
+    passed over (`weighed`). explain's are every card's, with every term."""
     return _Planner(call, snapshot, policy).place()
 
 
