@@ -140,6 +140,8 @@ class Sizer:
         info = view.models.get(model)
         if info is None:
             info = next((v.models[model] for v in self.views if model in v.models), None)
+        if len(self._infos) >= _FIGURES_KEPT:
+            self._infos.clear()
         self._infos[key] = info
         return info
 
@@ -150,6 +152,8 @@ class Sizer:
         key = (view.name, model, requested, declared)
         found = self._loads.get(key)
         if found is None:
+            if len(self._loads) >= _FIGURES_KEPT:
+                self._loads.clear()
             resolved = for_card(view, self.info(model, view), requested)
             found = self._loads[key] = (resolved, self.footprint(model, view, resolved.requested,
                                                                  declared))
@@ -227,6 +231,9 @@ class Sizer:
         return None
 
 
+# Figures a Sizer keeps before it starts again: calls name models and contexts at will, so
+# a fleet that stays the same must not gather them without end
+_FIGURES_KEPT = 4096
 # (inputs, Sizer), most recently used first: a few, so that fleets told apart by a card
 # marked not ready or a card left out (sizing inputs alike otherwise) keep theirs
 _FLEETS_KEPT = 4

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.sizing import Sizer, forget_fleets
+from proxy.core.sizing import _FIGURES_KEPT, Sizer, forget_fleets
 from proxy.core.types import (
     CallSpec,
     Candidate,
@@ -161,3 +161,15 @@ def test_a_fleet_rebuilt_from_the_same_mappings_keeps_its_sizer() -> None:
     assert Sizer.for_fleet((replace(view),), DEFAULT_POLICY.disk_to_vram_factor) is first
     probed = replace(view, observed={"a:7b": {4096: 5000}})
     assert Sizer.for_fleet((probed,), DEFAULT_POLICY.disk_to_vram_factor) is not first
+
+
+def test_a_sizer_keeps_a_bounded_number_of_figures() -> None:
+    """Calls name contexts (and models) at will; a fleet that stays the same for long must
+    not gather their figures without end, and a figure worked out again is the same."""
+    view = ProviderView("g0", 24563, disk_mib={"a:7b": 4500}, models={"a:7b": INFOS[0]})
+    sizer = Sizer((view,), DEFAULT_POLICY.disk_to_vram_factor)
+    first = sizer.load("a:7b", view, 2048, None)
+    for requested in range(4096, 4096 + 3 * _FIGURES_KEPT):
+        sizer.load("a:7b", view, requested, None)
+    assert len(sizer._loads) <= _FIGURES_KEPT
+    assert sizer.load("a:7b", view, 2048, None) == first
