@@ -1,12 +1,16 @@
 """Time of one `place()` call as the fleet grows (pure core, no I/O).
 
-    python -m loadtest.place_bench [--repeat 2000]
+    python -m loadtest.place_bench [--repeat 2000] [--fresh]
 
 Each fleet has half its cards holding two residents, a few calls in flight, and an
 8-model candidate list whose preferred model is warm nowhere (so the planner walks all
 five steps: the worst case short of waiting). Every model has an architecture, and each was
 seen loaded on some card, so every footprint is calibrated and sized for the card's context,
 slots and cache type.
+
+Each call is placed on the same snapshot; with --fresh, on a snapshot built anew before
+each call from the same cards' decoded mappings, as the sidecar builds one per placement
+(proxy/service/snapshot.py), so facts kept per snapshot object are worked out every time.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from dataclasses import replace
 
 from loadtest.loadgen import percentile
 from proxy.core.placement import place
@@ -56,10 +61,18 @@ def fleet(n: int, seed: int = 7) -> tuple[Snapshot, CallSpec]:
     return snap, spec
 
 
+def rebuilt(snap: Snapshot) -> Snapshot:
+    """The same fleet in new objects, its cards' mappings shared (as decoded once)."""
+    return replace(snap, providers=tuple(replace(v) for v in snap.providers),
+                   tickets=tuple(list(snap.tickets)))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeat", type=int, default=2000)
     p.add_argument("--sizes", default="16,64,256")
+    p.add_argument("--fresh", action="store_true",
+                   help="a snapshot built anew for every call")
     a = p.parse_args(argv)
     print("providers  candidates  p50_us  p99_us  outcome")
     for n in (int(x) for x in a.sizes.split(",")):
@@ -67,8 +80,9 @@ def main(argv: list[str] | None = None) -> None:
         times = []
         decision = place(spec, snap)
         for _ in range(a.repeat):
+            placed_on = rebuilt(snap) if a.fresh else snap
             t0 = time.perf_counter()
-            place(spec, snap)
+            place(spec, placed_on)
             times.append((time.perf_counter() - t0) * 1e6)
         print(f"{n:9d}  {len(spec.candidates):10d}  {percentile(times, 0.5):6.0f}"
               f"  {percentile(times, 0.99):6.0f}  {decision.outcome}/"

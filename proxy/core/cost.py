@@ -123,6 +123,20 @@ def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     return terms
 
 
+def cold_floor_s(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
+                 policy: Policy, phase: str) -> float:
+    """What a cold load of `model` here costs at least: `cold_terms` less the terms that
+    only add (the room it takes, the loads ahead, spill, prefill, reliability)."""
+    footprint = fitting.footprint_mib(index, model)
+    floor = load_seconds(footprint, snapshot, policy)
+    if index.usable_mib is not None and footprint:
+        floor += policy.best_fit_s * (index.usable_mib - footprint) / footprint
+    others = index.active_calls - index.calls_by_model.get(model, 0)
+    sign = -1.0 if phase == "mulling" else 1.0
+    return floor + policy.contention_s * others + \
+        sign * policy.provider_weight_s * index.view.weight
+
+
 def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
                policy: Policy, phase: str, shuts_out: tuple[str, ...] = ()
                ) -> dict[str, float]:
@@ -133,13 +147,14 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     terms = {"load": load_seconds(footprint, snapshot, policy)}
     if shuts_out:
         terms["takes_room"] = policy.unload_s
-    ahead = loads_ahead_s(index, snapshot, policy)
+    ahead = loads_ahead_s(index, snapshot, policy) if index.loading else 0.0
     if ahead:
         terms["loads_ahead"] = ahead
     if index.usable_mib is not None and footprint:
         terms["best_fit"] = policy.best_fit_s * (index.usable_mib - footprint) / footprint
     if index.spills():
         terms["spill"] = policy.spill_s
-    terms.update(prefill_terms(index, model, fitting.call, snapshot))
+    if fitting.call.conversation is not None:
+        terms.update(prefill_terms(index, model, fitting.call, snapshot))
     terms.update(shared_terms(index, model, snapshot, policy, phase))
     return terms

@@ -34,7 +34,7 @@ class Fitting:
         self.call = call
         self.sizer = sizer
         self.declared = declared
-        self._loads: dict[tuple[str, str], tuple[Resolved, Footprint | None]] = {}
+        self.requested = call.num_ctx if call.pins_context else 0  # num_ctx a load asks for
 
     def trained(self, index: ProviderIndex, model: str) -> int:
         info = self.sizer.info(model, index.view)
@@ -45,15 +45,7 @@ class Fitting:
 
     def load(self, index: ProviderIndex, model: str) -> tuple[Resolved, Footprint | None]:
         """The context a copy loaded here for this call gets, and its footprint."""
-        key = (index.name, model)
-        hit = self._loads.get(key)
-        if hit is None:
-            requested = self.call.num_ctx if self.call.pins_context else 0
-            resolved = self.resolve(index, model, requested)
-            footprint = self.sizer.footprint(model, index.view, resolved.requested,
-                                             self.declared.get(model))
-            hit = self._loads[key] = (resolved, footprint)
-        return hit
+        return self.sizer.load(model, index.view, self.requested, self.declared.get(model))
 
     def footprint_mib(self, index: ProviderIndex, model: str) -> int | None:
         footprint = self.load(index, model)[1]
@@ -91,8 +83,8 @@ class Fitting:
         """An idle copy Ollama still lists but that may expire before a call arrives, loaded
         with a context other than this call's load would ask for: a load then makes Ollama
         reload it, so it is planned as that copy's eviction."""
-        if model in index.residents:
-            return None
+        if model in index.residents or model not in index.loaded_models:
+            return None  # (loaded_models holds every model the card lists)
         listed = next((r for r in index.view.residents
                        if r.model == model and not r.leaving), None)
         if listed is None or not listed.context_length:
@@ -130,8 +122,8 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     bad = health_reason(index, health)
     if bad:
         return Fit(False, bad)
-    if index.is_warm(model) or index.is_loading(model):
-        warm = index.is_warm(model)
+    warm = index.is_warm(model)
+    if warm or index.is_loading(model):
         problem = fitting.copy_problem(index, model, fitting.copy_context(index, model))
         if problem is None:
             return Fit(True, "warm" if warm else "loading", warm=warm, loading=not warm)

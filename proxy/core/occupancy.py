@@ -37,11 +37,17 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
     for load in loads:
         if not load.estimate_mib:
             continue
-        staying = [m for m in residents if m not in load.evicts and m != load.model]
-        beside = [o for o in loads if o.model != load.model]
-        used = sum(residents[m] for m in staying) + sum(o.footprint_mib for o in beside) + \
-            RUNNER_OVERHEAD_MIB * (len(staying) + len(beside))
-        if (staying or beside) and not ollama_admits(load.estimate_mib, total_mib, used):
+        others = used = 0  # the residents it does not evict and the other loads, and their MiB
+        for model, mib in residents.items():
+            if model not in load.evicts and model != load.model:
+                others += 1
+                used += mib
+        for other in loads:
+            if other.model != load.model:
+                others += 1
+                used += other.footprint_mib
+        if others and not ollama_admits(load.estimate_mib, total_mib,
+                                        used + RUNNER_OVERHEAD_MIB * others):
             return load
     return None
 
@@ -72,6 +78,10 @@ class ProviderIndex:
     # What Ollama counts against OLLAMA_MAX_LOADED_MODELS: every copy still listed (expiring
     # and leaving ones too) and every load in flight.
     loaded_models: set[str] = field(default_factory=set)
+    # The loads in flight here and the residents' memory, as Ollama's admission rule reads
+    # them: the same for every model weighed here, so worked out on the first load weighed
+    _admission: tuple[list[Load], dict[str, int]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -109,8 +119,10 @@ class ProviderIndex:
         if not load.estimate_mib or self.view.total_vram_mib is None or \
                 not admission_rule(self.view):
             return True
-        loads = [Load.of(t) for t in self.tickets if _loads(t, self.residents)]
-        residents = {r.model: r.footprint_mib for r in self.view.residents}
+        if self._admission is None:
+            self._admission = ([Load.of(t) for t in self.tickets if _loads(t, self.residents)],
+                               {r.model: r.footprint_mib for r in self.view.residents})
+        loads, residents = self._admission
         return admission_problem(self.view.total_vram_mib, residents, [*loads, load]) is None
 
     def models_over_limit(self, model: str) -> int:
@@ -146,9 +158,12 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         if ticket.expires_at > snapshot.now:
             busy.setdefault(ticket.provider, set()).add(ticket.model)
     for view in snapshot.providers:
+        usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
+        if not view.residents:  # (half a fleet, often: nothing to fold)
+            out[view.name] = ProviderIndex(view, usable, {}, 0, loaded_models=set())
+            continue
         kept = lasting_residents(view, busy.get(view.name, set()), snapshot.now, policy)
         residents = {r.model: r for r in kept}
-        usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
         listed = {r.model for r in view.residents}
         out[view.name] = ProviderIndex(view, usable, residents,
                                        sum(r.footprint_mib for r in view.residents),
@@ -177,6 +192,23 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
             if earliest is None or ticket.started_at < earliest.started_at:
                 index.loading[ticket.model] = ticket
     return out
+
+
+def indexes_for(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:
+    """`index_providers`, kept for the last snapshot: every plan made on one snapshot (a
+    decision and its explanation, a fallback to another candidate) reads the same indexes.
+    Held by reference, so a snapshot built anew (equal or not) is indexed anew; the indexes
+    are not changed once built (their lazy parts are worked out from what they hold)."""
+    global _last_indexed
+    last = _last_indexed
+    if last is not None and last[0] is snapshot and last[1] == policy:
+        return last[2]
+    indexes = index_providers(snapshot, policy)
+    _last_indexed = (snapshot, policy, indexes)
+    return indexes
+
+
+_last_indexed: tuple[Snapshot, Policy, dict[str, ProviderIndex]] | None = None
 
 
 def _making_room(ticket: Ticket, present: Container[str]) -> bool:

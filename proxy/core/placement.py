@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from proxy.core import affinity, context
-from proxy.core.cost import Backlog, backlog, call_length, cold_terms, warm_terms
+from proxy.core.cost import Backlog, backlog, call_length, cold_floor_s, cold_terms, warm_terms
 from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check
-from proxy.core.occupancy import ProviderIndex, index_providers
+from proxy.core.occupancy import ProviderIndex, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import queue_option, queue_wins, unload_option
 from proxy.core.sizing import Sizer
@@ -62,10 +62,11 @@ class _Planner:
         self.call = call
         self.snapshot = snapshot
         self.policy = policy
-        self.indexes = index_providers(snapshot, policy)
+        self.indexes = indexes_for(snapshot, policy)
         self.alternatives = in_tolerance(call)
         self.acceptable = [call.preferred, *self.alternatives]
-        self.fitting = Fitting(call, Sizer(snapshot.providers, policy.disk_to_vram_factor),
+        self.fitting = Fitting(call, Sizer.for_fleet(snapshot.providers,
+                                                      policy.disk_to_vram_factor),
                                {c.model: c.vram_mib for c in call.candidates})
         self.backlogs: dict[str, Backlog] = {}
         self.wanted_models: list[str] | None = None
@@ -97,6 +98,41 @@ class _Planner:
         length = call_length(index.name, model, self.call, self.snapshot, self.policy) \
             if self.detailed else None
         return Verdict(index.name, model, True, fit.reason, terms, sizing, length)
+
+    def weighed(self, model: str) -> list[Verdict]:
+        """Step 4's verdicts (`takes_room` left for `weigh_room`), in the cards' order. Once
+        a load that fits is found, the cheapest such load or copy (`takes_room` weighed) is a
+        bar: a card where the model has no copy is passed over, unchecked, when what a load
+        there costs at least (`cold_floor_s`) is above the bar, so it could neither win nor
+        tie. Loads are tried cheapest floor first, so the bar is found early. explain's
+        planner weighs every card."""
+        indexes = list(self.indexes.values())
+        if self.detailed:
+            return [self.verdict(i, model, room=False) for i in indexes]
+        found: dict[str, Verdict] = {}
+        bar: Verdict | None = None  # the cheapest complete verdict a load that fits allows
+        copies: list[Verdict] = []
+        loads: list[tuple[float, str, ProviderIndex]] = []
+        for index in indexes:
+            if index.is_warm(model) or index.is_loading(model):
+                verdict = found[index.name] = self.verdict(index, model, room=False)
+                if verdict.feasible:
+                    copies.append(verdict)
+            else:
+                loads.append((cold_floor_s(index, model, self.fitting, self.snapshot,
+                                           self.policy, self.call.phase), index.name, index))
+        loads.sort(key=lambda load: load[:2])
+        for floor, name, index in loads:
+            if bar is not None and floor > bar.cost_s + _FLOOR_MARGIN * max(1.0, abs(bar.cost_s)):
+                break  # and every load after it
+            verdict = found[name] = self.verdict(index, model, room=False)
+            if not verdict.feasible:
+                continue
+            complete = self.verdict(index, model) if self.shuts_out(index, model) else verdict
+            if bar is None:  # a load fits: every copy is in the running (`weighted`)
+                bar = min(copies, key=_rank, default=complete)
+            bar = min(bar, complete, key=_rank)
+        return [found[i.name] for i in indexes if i.name in found]
 
     def weigh_room(self, verdicts: list[Verdict]) -> list[Verdict]:
         """Verdicts made with `room=False`, `takes_room` added wherever it can change which
@@ -164,6 +200,8 @@ class _Planner:
         no free reuse: step 4 weighs it."""
         best: Verdict | None = None
         for index in self.indexes.values():
+            if model not in index.residents and model not in index.loading:
+                continue  # no copy here (most cards, for most models)
             if loading_only:
                 eligible = index.is_loading(model) and index.free_slots(model) > 0
             else:
@@ -424,8 +462,7 @@ class _Planner:
                                 f"({hit.cost_s:.1f} s)")
         if hit is not None:  # (every card's verdict is explain's to give)
             return Decision("placed", hit, f"step {hit.step}: {hit.kind} copy on {hit.provider}")
-        verdicts = self.weigh_room([self.verdict(i, preferred, room=False)
-                                    for i in self.indexes.values()])
+        verdicts = self.weigh_room(self.weighed(preferred))
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
         # Late binding: a full copy worth waiting for is waited for in the sidecar; a call
@@ -513,14 +550,22 @@ class _Planner:
         return Decision("wait", None, reason, tuple(verdicts), queue_s, unload_s)
 
 
+# A floor this close above the bar (relatively) is not passed over: sums of the same terms
+# in another order may differ in their last bits
+_FLOOR_MARGIN = 1e-9
+
+
 def _rank(verdict: Verdict) -> tuple[float, str]:
     """Cheapest first; a tie goes to the provider whose name sorts first."""
     return verdict.cost_s, verdict.provider
 
 
 def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Decision:
-    """Pure and deterministic: the same inputs always give the same decision. Its verdicts
-    carry `takes_room` where it could decide; explain's carry it wherever it applies."""
+    """Pure and deterministic: the same inputs always give the same decision (the fleet's
+    sizing and the last snapshot's indexes are kept between calls, core/sizing.py and
+    core/occupancy.py, as figures of those inputs alone). Its verdicts are the cards it
+    weighed, with `takes_room` where it could decide; a card whose load could not win is
+    passed over (`weighed`). explain's are every card's, with every term."""
     return _Planner(call, snapshot, policy).place()
 
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from proxy.core.context import Version, effective, parse_version
+from proxy.core.context import Resolved, Version, effective, for_card, parse_version
 from proxy.core.types import ModelInfo, ProviderView
 
 MIB = 1 << 20
@@ -90,19 +90,74 @@ class Footprint:
                 "ollamaEstimateMiB": self.estimate_mib, "source": self.source}
 
 
+SizerInputs = tuple[float, tuple[tuple[object, ...], ...]]
+
+
+def _sizing_inputs(view: ProviderView) -> tuple[object, ...]:
+    """Every field of a card that a footprint, a resolved context or a slot count reads (the
+    residents, tickets and health are not among them)."""
+    return (view.name, view.total_vram_mib, view.context_length, view.max_parallel,
+            view.kv_cache_type, view.version, view.models, view.disk_mib, view.observed)
+
+
 class Sizer:
-    """Footprints of models on cards, for one snapshot; weights calibrated once per model."""
+    """Footprints of models on cards, for one fleet's sizing inputs; weights calibrated once
+    per model, every figure worked out once and kept while those inputs stay the same."""
 
     def __init__(self, views: Iterable[ProviderView], disk_to_vram_factor: float) -> None:
         self.views = tuple(views)
         self.factor = disk_to_vram_factor
         self._weights: dict[str, tuple[int, str] | None] = {}
+        self._infos: dict[tuple[str, str], ModelInfo | None] = {}
+        self._loads: dict[tuple[str, str, int, int | None],
+                          tuple[Resolved, Footprint | None]] = {}
+
+    @classmethod
+    def for_fleet(cls, views: Iterable[ProviderView], disk_to_vram_factor: float) -> Sizer:
+        """The Sizer of the last few fleets whose cards have equal sizing inputs, else a new
+        one. The fleet changes far less often than calls come, and a service rebuilds its
+        views for every call from the same decoded mappings, so the inputs compare equal by
+        identity, cheaply. A snapshot's mappings are never changed in place (types.py), so
+        equal inputs give equal figures."""
+        views = tuple(views)
+        key: SizerInputs = (disk_to_vram_factor, tuple(_sizing_inputs(v) for v in views))
+        for i, (inputs, sizer) in enumerate(_RECENT_FLEETS):
+            if inputs == key:
+                if i:
+                    _RECENT_FLEETS.insert(0, _RECENT_FLEETS.pop(i))
+                return sizer
+        sizer = cls(views, disk_to_vram_factor)
+        _RECENT_FLEETS.insert(0, (key, sizer))
+        del _RECENT_FLEETS[_FLEETS_KEPT:]
+        return sizer
 
     def info(self, model: str, view: ProviderView) -> ModelInfo | None:
+        key = (view.name, model)
+        try:
+            return self._infos[key]
+        except KeyError:
+            pass
         info = view.models.get(model)
-        if info is not None:
-            return info
-        return next((v.models[model] for v in self.views if model in v.models), None)
+        if info is None:
+            info = next((v.models[model] for v in self.views if model in v.models), None)
+        if len(self._infos) >= _FIGURES_KEPT:
+            self._infos.clear()
+        self._infos[key] = info
+        return info
+
+    def load(self, model: str, view: ProviderView, requested: int, declared: int | None
+             ) -> tuple[Resolved, Footprint | None]:
+        """The context a copy loaded with num_ctx `requested` (0: the call sets none) gets on
+        `view`, and its footprint there."""
+        key = (view.name, model, requested, declared)
+        found = self._loads.get(key)
+        if found is None:
+            if len(self._loads) >= _FIGURES_KEPT:
+                self._loads.clear()
+            resolved = for_card(view, self.info(model, view), requested)
+            found = self._loads[key] = (resolved, self.footprint(model, view, resolved.requested,
+                                                                 declared))
+        return found
 
     def disk_mib(self, model: str, view: ProviderView) -> int:
         disk = view.disk_mib.get(model)
@@ -174,6 +229,20 @@ class Sizer:
             total = int(disk * self.factor)
             return Footprint(total, f"file size x {self.factor:g}", total)
         return None
+
+
+# Figures a Sizer keeps before it starts again: calls name models and contexts at will, so
+# a fleet that stays the same must not gather them without end
+_FIGURES_KEPT = 4096
+# (inputs, Sizer), most recently used first: a few, so that fleets told apart by a card
+# marked not ready or a card left out (sizing inputs alike otherwise) keep theirs
+_FLEETS_KEPT = 4
+_RECENT_FLEETS: list[tuple[SizerInputs, Sizer]] = []
+
+
+def forget_fleets() -> None:
+    """Drop every kept Sizer (tests compare with figures worked out afresh)."""
+    _RECENT_FLEETS.clear()
 
 
 def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:

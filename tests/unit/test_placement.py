@@ -232,9 +232,9 @@ def test_a_load_leaves_a_model_in_demand_room_when_another_card_can() -> None:
     """The 14B on the 16 GiB card would leave no room there for the 8B this call also
     accepts; the 24 GiB card holds the 14B with room for the 8B beside it."""
     snap = snapshot(gpu("big", GIB32), gpu("mid", GIB24), gpu("small", GIB16))
-    decision = place(call("qwen3:14b", ("qwen3:8b", -5)), snap)
+    decision, verdicts = explain(call("qwen3:14b", ("qwen3:8b", -5)), snap)
     assert decision.placement and decision.placement.provider == "mid"
-    terms = {v.provider: v.terms for v in decision.verdicts}
+    terms = {v.provider: v.terms for v in verdicts if v.model == "qwen3:14b"}
     assert terms["small"]["takes_room"] == DEFAULT_POLICY.unload_s
     assert "takes_room" not in terms["mid"] and "takes_room" not in terms["big"]
 
@@ -288,9 +288,9 @@ def test_provider_weight_is_phase_aware(phase: str, winner: str) -> None:
 def test_not_ready_and_open_circuit_are_filtered_with_reasons() -> None:
     snap = snapshot(gpu("down", GIB32, ready=False), gpu("broken", GIB32), gpu("ok", GIB16),
                     circuits={"broken": Circuit.OPEN})
-    decision = place(call("qwen3:8b"), snap)
+    decision, verdicts = explain(call("qwen3:8b"), snap)
     assert decision.placement and decision.placement.provider == "ok"
-    reasons = {v.provider: v.reason for v in decision.verdicts}
+    reasons = {v.provider: v.reason for v in verdicts}
     assert reasons["down"] == "provider not ready"
     assert "circuit open" in reasons["broken"]
 
@@ -541,7 +541,7 @@ def test_an_embedding_model_has_one_slot_whatever_the_card_runs() -> None:
 def test_a_new_load_waits_behind_the_load_in_flight_on_its_card() -> None:
     loading = snapshot(gpu("a", GIB32), gpu("b", GIB32),
                        tickets=(ticket("a", "qwen3:14b", cold=True),))
-    verdicts = {v.provider: v for v in place(call("qwen3:8b"), loading).verdicts}
+    verdicts = {v.provider: v for v in explain(call("qwen3:8b"), loading)[1]}
     assert verdicts["a"].terms["loads_ahead"] == pytest.approx(12224 / 1024)
     assert "loads_ahead" not in verdicts["b"].terms
 

@@ -81,22 +81,42 @@ def test_weighing_the_room_lazily_decides_as_weighing_it_everywhere(
         assert verdict.terms == terms
 
 
-def test_a_load_too_dear_to_win_is_not_charged_for_the_room_it_takes() -> None:
+@settings(max_examples=500, deadline=None)
+@given(fleets(), calls(), st.sampled_from([0.0, 0.3, 1.0, 5.0, 30.0]))
+def test_a_card_place_passes_over_could_neither_win_nor_tie(
+        snap: Snapshot, spec: CallSpec, unload_s: float) -> None:
+    """place() leaves out of its verdicts a card whose load costs at least more than the
+    cheapest load or copy found; explain() weighs it, every term: it costs more."""
+    policy = replace(DEFAULT_POLICY, unload_s=unload_s)
+    lazy = place(spec, snap, policy)
+    _, verdicts = explain(spec, snap, policy)
+    if not lazy.verdicts:
+        return  # steps 1-3 decided: no card was weighed
+    weighed = {v.provider for v in lazy.verdicts}
+    passed_over = [v for v in verdicts if v.model == spec.preferred.model
+                   and v.provider not in weighed]
+    if passed_over:
+        chosen = lazy.placement.cost_s if lazy.placement else lazy.queue_option_s
+        assert chosen is not None
+        assert all(v.cost_s > chosen for v in passed_over if v.feasible)
+
+
+def test_a_load_too_dear_to_win_is_not_weighed_by_place() -> None:
     """The 14B on the 16 GiB card shuts the 8B out while the 24 GiB card would not; the
     24 GiB card's provider weight makes it cheaper by more than the unload already
-    (0.01 s x 200 points), so place() leaves the term out on the 16 GiB card and explain()
-    shows it."""
+    (0.01 s x 200 points), so place() passes the 16 GiB card over (what a load there costs
+    at least is above the 24 GiB card's load) and explain() shows its verdict, the room it
+    takes charged."""
     snap = snapshot(gpu("mid", GIB24, weight=300), gpu("small", GIB16))
     spec = call("qwen3:14b", ("qwen3:8b", -5))
     lazy = place(spec, snap)
     decision, verdicts = explain(spec, snap)
     assert lazy.placement and lazy.placement.provider == "mid"
     assert without_verdicts(lazy) == without_verdicts(decision)
-    small = {v.provider: v for v in lazy.verdicts}["small"]
+    assert [v.provider for v in lazy.verdicts] == ["mid"]
     explained = next(v for v in verdicts if (v.provider, v.model) == ("small", "qwen3:14b"))
-    assert "takes_room" not in small.terms
     assert explained.terms["takes_room"] == DEFAULT_POLICY.unload_s
-    assert small.cost_s > lazy.placement.cost_s
+    assert explained.cost_s - DEFAULT_POLICY.unload_s > lazy.placement.cost_s
 
 
 def test_of_two_loads_that_tie_the_one_that_takes_room_loses_though_its_name_comes_first(
