@@ -79,7 +79,7 @@ class OllamaEmbed(_Wire):
     options: Options | None = None
     keep_alive: float | int | str | None = None
     truncate: bool | None = None
-    stream: None = None  # embeddings never stream
+    stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed
 
 
 class OpenAIMessage(_Wire):
@@ -105,7 +105,7 @@ class OpenAICompletion(_Wire):
 class OpenAIEmbed(_Wire):
     model: ModelName | None = None
     input: str | list[Any] | None = None
-    stream: None = None  # embeddings never stream
+    stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed
 
 
 class OpenAIResponses(_Wire):

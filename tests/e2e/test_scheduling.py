@@ -805,6 +805,10 @@ def test_embeddings_are_placed_too(sim_factory: Sims, sidecar_factory: Sidecars)
     out = client.embed(model="qwen3:8b", input=["first text", "second text"])
     assert len(out.embeddings) == 2 and out.model == "qwen3:8b"
     assert client.embeddings(model="qwen3:8b", prompt="legacy").embedding
+    for path, body in (("/api/embed", {"input": "hi"}), ("/api/embeddings", {"prompt": "hi"}),
+                       ("/v1/embeddings", {"input": "hi"})):  # `stream` ignored, as Ollama does
+        said = httpx.post(f"{url}{path}", json={"model": "qwen3:8b", "stream": False, **body})
+        assert said.status_code == 200, (path, said.text)
     long_text = "word " * 4000  # ~5.7k tokens: only the 8k card holds it whole
     r = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8b", "input": [long_text, "x"]})
     assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
