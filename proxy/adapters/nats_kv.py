@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
@@ -107,20 +108,29 @@ def check_nats(options: NatsOptions) -> None:
     asyncio.run(first_contact())
 
 
+# What nats-py reports as the connection goes (before it calls disconnected_cb).
+CONNECTION_LOST = (OSError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError,
+                   nats.errors.ConnectionClosedError)
+
+
 class _Outage:
-    """A connection's time away: its failed reconnects, counted rather than each logged."""
+    """A connection's time away: what ended it and its failed reconnects, counted rather
+    than each logged."""
 
     def __init__(self) -> None:
         self.since = time.monotonic()
         self.attempts = 0
-        self.first_error = ""
-
-    def begin(self) -> None:
-        self.since, self.attempts, self.first_error = time.monotonic(), 0, ""
+        self.cause = ""  # the error that came with the loss, if any
+        self.first_error = ""  # the first reconnect's
 
     def failed(self, exc: Exception) -> None:
         self.attempts += 1
         self.first_error = self.first_error or reason_of(exc)
+
+    def begin(self) -> dict[str, Any]:
+        said = {"error": self.cause} if self.cause else {}
+        self.since, self.attempts, self.cause, self.first_error = time.monotonic(), 0, "", ""
+        return said
 
     def end(self) -> dict[str, Any]:
         said: dict[str, Any] = {"failed_attempts": self.attempts,
@@ -259,9 +269,10 @@ class NatsStore:
 
         async def disconnected() -> None:
             was_connected, self._connected = self._connected, False
+            said = outage.begin()
             if was_connected and not self._closing:
-                outage.begin()
-                log.warning("nats disconnected; placing from direct probes until it returns")
+                log.warning("nats disconnected; placing from direct probes until it returns",
+                            **said)
             self.changes.bump()
 
         async def reconnected() -> None:
@@ -271,10 +282,12 @@ class NatsStore:
         async def error(exc: Exception) -> None:
             if self._nc is None:
                 return
-            if self._nc.is_connected:  # an error the connection lives through: rare, said
-                log.warning("nats error", error=reason_of(exc))
-            else:  # one per reconnect attempt, each 0.5 s: counted, said with the end
+            if not self._nc.is_connected:  # one per reconnect, each 0.5 s: counted
                 outage.failed(exc)
+            elif isinstance(exc, CONNECTION_LOST):  # the loss: said by disconnected()
+                outage.cause = reason_of(exc)
+            else:  # an error the connection lives through: rare, said
+                log.warning("nats error", error=reason_of(exc))
 
         client = await connect_client(self.options, disconnected_cb=disconnected,
                                       reconnected_cb=reconnected, error_cb=error)
