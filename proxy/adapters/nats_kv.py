@@ -30,6 +30,7 @@ from proxy.adapters.nats_options import (
     reason_of,
     redact,
     refusal,
+    unreachable,
 )
 from proxy.observability.logging import drop_harmless_asyncio_lines, get_logger
 from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry, StoreUnavailable
@@ -42,23 +43,24 @@ RETRY_CONNECT_S = 2.0  # while NATS was never reached, how often to try again
 SERVING_PROBE_S = 1.0  # while JetStream answers nothing, how often to ask again
 
 
-async def connect_client(options: NatsOptions, give_up_after: int = 0,
+async def connect_client(options: NatsOptions, give_up_unreachable: int = 0,
                          **callbacks: Any) -> Any:
     """A connected client within `options.timeout_s`; else NatsConfigError when the settings
     are wrong (a file, or the server refusing the credentials or certificates: said at the
     refusal, not after the timeout), or StoreUnavailable naming the URL and the last error
     met (nats-py retries an absent server without end while connecting, and reports each
-    attempt only to its error callback), at once after `give_up_after` failed attempts
-    when that is not 0."""
+    attempt only to its error callback), at once after `give_up_unreachable` attempts
+    that found no server listening, when that is not 0."""
     errors: list[Exception] = []
     on_error = callbacks.pop("error_cb", None)
-    stop = asyncio.Event()  # a refusal, or as many failures as the caller would wait for
-    connecting = True
+    stop = asyncio.Event()  # a refusal, or as many servers away as the caller waits for
+    connecting, away = True, 0
 
     async def error(exc: Exception) -> None:
+        nonlocal away
         errors.append(exc)
-        if connecting and (refusal(exc, options) is not None or
-                           len(errors) == give_up_after):
+        away += unreachable(exc)
+        if connecting and (refusal(exc, options) is not None or away == give_up_unreachable):
             stop.set()  # not raised here: nats-py must first close the failed connection
         if on_error is not None:
             await on_error(exc)
@@ -96,12 +98,16 @@ def check_nats(options: NatsOptions) -> None:
     """Raise NatsConfigError, before the sidecar serves, when its NATS settings cannot work:
     a configured file missing or unusable, or the server refusing them. A server that does
     not answer is an outage, not bad configuration: that returns (the store keeps trying),
-    after one attempt per server rather than after the connect timeout."""
+    at once when no server listens, else after the connect timeout (a server that answers
+    may refuse on a second attempt: a TLS 1.3 client learns that its certificate was
+    refused only after the handshake, sometimes as a bare end of file)."""
 
     async def first_contact() -> None:
         try:
-            client = await connect_client(options, give_up_after=len(options.servers))
-        except StoreUnavailable:
+            client = await connect_client(options, give_up_unreachable=len(options.servers))
+        except NatsConfigError:
+            raise
+        except StoreUnavailable:  # an outage: the store waits it out
             return
         await client.close()
 
@@ -231,13 +237,12 @@ class NatsStore:
         await self._rewatch(rebind=False)
 
     async def start(self) -> None:
-        """Connect, bind the buckets and start the watches. If NATS cannot be reached,
-        raise StoreUnavailable and keep trying in the background; if it refuses the
-        settings, raise NatsConfigError (nothing to wait for)."""
+        """Connect, bind the buckets and start the watches. If NATS cannot be reached, or
+        refuses the settings (NatsConfigError), raise StoreUnavailable and keep trying in the
+        background (a command exits on it; `serve` checked the settings before, with
+        check_nats, and places alone until NATS takes it)."""
         try:
             await self._connect()
-        except NatsConfigError:
-            raise
         except StoreUnavailable:
             if self._retry is None:
                 self._retry = asyncio.create_task(self._keep_trying())

@@ -4,8 +4,10 @@ without its key, a server that refuses the credentials or the certificates."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 import re
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import nats.errors
 
+from proxy.ports import StoreUnavailable
 from proxy.settings import ConfigError
 
 CREDS, TLS_CA, TLS_CERT, TLS_KEY = ("KUBEMOOT_NATS_CREDS", "KUBEMOOT_NATS_TLS_CA",
@@ -22,8 +25,10 @@ _CREDS_JWT = re.compile(r"-{3,}BEGIN NATS USER JWT-{3,}\s*\n\s*(\S+)")
 _CREDS_SEED = re.compile(r"-{3,}BEGIN USER NKEY SEED-{3,}\s*\n\s*(\S+)")
 
 
-class NatsConfigError(ConfigError):
-    """NATS settings that cannot work; the message is one line naming the setting(s)."""
+class NatsConfigError(ConfigError, StoreUnavailable):
+    """NATS settings that cannot work; the message is one line naming the setting(s). Also
+    a StoreUnavailable: where it comes late (NATS came up after `serve` checked, and
+    refuses), a sidecar places alone as in an outage, rather than fail mid-start."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,17 @@ def redact(urls: str) -> str:
 def reason_of(exc: BaseException) -> str:
     """An exception's message, or its type when the message is empty (a timeout's is)."""
     return str(exc) or type(exc).__name__
+
+
+# The connect found nothing to talk to: no listener, no route, no such host.
+_UNREACHABLE = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+                errno.EADDRNOTAVAIL, errno.ECONNABORTED}
+
+
+def unreachable(exc: BaseException) -> bool:
+    return isinstance(exc, socket.gaierror) or (
+        isinstance(exc, OSError) and not isinstance(exc, ssl.SSLError)
+        and exc.errno in _UNREACHABLE)
 
 
 def refusal(exc: BaseException, options: NatsOptions) -> NatsConfigError | None:
