@@ -137,8 +137,7 @@ def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
     assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
     publish = command("publish", "--once", KUBEMOOT_PROVIDERS=json.dumps(
         [{"name": "gpu", "endpoint": "http://127.0.0.1:9"}]), **env)
-    assert (publish.returncode, publish.stderr) == \
-        (2, f"kubemoot-proxy: bad configuration: {said}\n")
+    assert (publish.returncode, publish.stderr) == (1, f"kubemoot-proxy publish: {said}\n")
 
 
 @pytest.mark.parametrize(("server_args", "env", "settings"), [
@@ -158,6 +157,28 @@ def test_a_wrong_password_or_token_ends_serve_with_one_line(
         server.cleanup()
     assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: NATS at {server.url}: "
                                f"authorization violation: check {settings}"])
+
+
+def test_a_nats_that_comes_after_serve_and_refuses_it_is_said_once_as_an_error(
+        serve: Callable[..., Serve]) -> None:
+    server = NatsServer(extra_args=["--user", "agent", "--pass", "s3cret"]).start()
+    server.stop()  # nothing listens when serve checks its settings: an outage
+    try:
+        sidecar = serve(KUBEMOOT_NATS_URL=server.url, KUBEMOOT_NATS_USER="agent",
+                        KUBEMOOT_NATS_PASSWORD="wrong")
+        assert eventually(lambda: sidecar.shared_state() == "unavailable", timeout_s=30)
+        server.start()
+        refused = f"NATS at {server.url}: authorization violation: check " \
+                  "KUBEMOOT_NATS_USER/PASSWORD"
+        assert eventually(lambda: any(e.get("error") == refused for e in sidecar.events()),
+                          timeout_s=15)
+        time.sleep(RETRY_CONNECT_S * 2)  # two more refusals, not said again
+    finally:
+        server.cleanup()
+    assert sidecar.proc.poll() is None and sidecar.shared_state() == "unavailable"
+    assert [(e["level"], e["event"]) for e in sidecar.events()] == [
+        ("warning", "shared state unavailable; placing from direct probes"),
+        ("error", "nats refuses this sidecar's settings; placing from direct probes")]
 
 
 @pytest.fixture(scope="module")

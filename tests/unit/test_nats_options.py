@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import logging
 import shutil
+import socket
 import ssl
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
-from proxy.adapters.nats_options import NatsConfigError, NatsOptions, refusal
+from proxy.adapters.nats_options import NatsConfigError, NatsOptions, refusal, unreachable
 from proxy.observability.logging import configure_logging
 from proxy.settings import ConfigError
 from tests.nats_auth import creds_file, new_key, public, sign_jwt, tls_files
@@ -108,6 +109,15 @@ def test_refusals_name_the_settings_that_carry_the_credentials() -> None:
     assert refusal(ConnectionRefusedError(111, "Connect call failed"),
                    NatsOptions("nats://h:4222")) is None  # not listening: an outage
     assert refusal(TimeoutError(), NatsOptions("nats://h:4222")) is None
+
+
+def test_only_a_server_not_listening_or_not_found_is_unreachable() -> None:
+    assert unreachable(ConnectionRefusedError(111, "Connect call failed"))
+    assert unreachable(OSError(113, "No route to host"))
+    assert unreachable(socket.gaierror(-2, "Name or service not known"))
+    assert not unreachable(nats.errors.UnexpectedEOF())  # it answered, then hung up
+    assert not unreachable(ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED]"))
+    assert not unreachable(TimeoutError())
 
 
 def test_asyncio_says_nothing_of_tls_end_of_file_nor_of_its_selector(
