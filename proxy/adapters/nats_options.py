@@ -123,7 +123,8 @@ def read_file(setting: str, path: Path) -> bytes:
 
 def check_creds_file(path: Path) -> None:
     """A readable credentials file with a user JWT and a valid seed (nats-py reads it only
-    while connecting, and loops without end on a file with no JWT in it)."""
+    while connecting, and on a file with no JWT in it fails with "object of type 'NoneType' has
+    no len()", naming neither the file nor the setting)."""
     text = read_file(CREDS, path).decode("utf-8", errors="replace")
     jwt, seed = _CREDS_JWT.search(text), _CREDS_SEED.search(text)
     if jwt is None or seed is None:

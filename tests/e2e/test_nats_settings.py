@@ -126,7 +126,7 @@ def test_a_creds_file_in_operator_mode_creates_the_buckets_and_a_sidecar_shares_
 
 
 def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
-        operator_mode: OperatorMode, serve: Callable[..., Serve]) -> None:
+        operator_mode: OperatorMode, serve: Callable[..., Serve], tmp_path: Path) -> None:
     env = {"KUBEMOOT_NATS_URL": operator_mode.server.url,
            "KUBEMOOT_NATS_CREDS": str(operator_mode.foreign_creds)}
     said = (f"NATS at {operator_mode.server.url}: authorization violation: check "
@@ -138,6 +138,12 @@ def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
     publish = command("publish", "--once", KUBEMOOT_PROVIDERS=json.dumps(
         [{"name": "gpu", "endpoint": "http://127.0.0.1:9"}]), **env)
     assert (publish.returncode, publish.stderr) == (1, f"kubemoot-proxy publish: {said}\n")
+    garbage = tmp_path / "g.creds"
+    garbage.write_text("garbage\n")
+    rc, lines = serve(KUBEMOOT_NATS_URL=operator_mode.server.url,
+                      KUBEMOOT_NATS_CREDS=str(garbage)).exit()
+    assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: KUBEMOOT_NATS_CREDS="
+                               f"{garbage}: not a NATS credentials file (no user JWT in it)"])
 
 
 @pytest.mark.parametrize(("server_args", "env", "settings"), [

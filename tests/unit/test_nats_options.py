@@ -72,10 +72,10 @@ def test_a_certificate_without_its_key_is_refused_and_with_it_makes_a_context(
     assert isinstance(kwargs["tls"], ssl.SSLContext)
 
 
-def test_a_file_that_is_not_credentials_is_refused_before_nats_py_loops_on_it(
+def test_a_file_that_is_not_credentials_is_refused_before_nats_py_reads_it(
         tmp_path: Path) -> None:
     garbage = tmp_path / "g.creds"
-    garbage.write_text("garbage\n")  # nats-py would read lines for its JWT forever
+    garbage.write_text("garbage\n")  # nats-py: "object of type 'NoneType' has no len()"
     assert problem(NatsOptions(URL, creds_file=garbage)) == \
         f"KUBEMOOT_NATS_CREDS={garbage}: not a NATS credentials file (no user JWT in it)"
     user = new_key(nkeys.PREFIX_BYTE_USER)
