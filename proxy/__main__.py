@@ -37,8 +37,9 @@ def _warn_unknown_settings(config_file: str | None) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from proxy.adapters.nats_kv import check_nats
     from proxy.api.protocol import listener
-    from proxy.app import build_app
+    from proxy.app import build_app, nats_options
     from proxy.observability.logging import configure_logging
 
     overrides: dict[str, object] = {}
@@ -53,6 +54,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config, **overrides)
         _require_something_to_call(settings)
+        if settings.nats_url:  # settings NATS refuses are bad configuration, not an outage
+            check_nats(nats_options(settings))
         # Bound before anything is printed: an address in use is a one-line error.
         sockets = [_bind("--listen" if args.listen else "KUBEMOOT_LISTEN", settings.listen)]
         if settings.ops_listen:

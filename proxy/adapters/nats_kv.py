@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
@@ -25,90 +24,126 @@ from nats.js.errors import (
     KeyWrongLastSequenceError,
 )
 
-from proxy.observability.logging import get_logger
+from proxy.adapters.nats_options import (
+    NatsConfigError,
+    NatsOptions,
+    reason_of,
+    redact,
+    refusal,
+    unreachable,
+)
+from proxy.observability.logging import drop_harmless_asyncio_lines, get_logger
 from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry, StoreUnavailable
 
+__all__ = ["NatsConfigError", "NatsOptions", "NatsStore", "check_nats", "connect_client",
+           "default_replicas", "ensure_buckets", "reason_of", "redact"]
 log = get_logger("kubemoot.nats")
 WATCH_INACTIVE_S = 10.0  # server drops an abandoned watch consumer after this
 RETRY_CONNECT_S = 2.0  # while NATS was never reached, how often to try again
 SERVING_PROBE_S = 1.0  # while JetStream answers nothing, how often to ask again
 
 
-@dataclass(frozen=True)
-class NatsOptions:
-    url: str
-    creds_file: Path | None = None
-    user: str | None = None
-    password: str | None = None
-    token: str | None = None
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    timeout_s: float = 2.0
-
-    def connect_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "servers": [u.strip() for u in self.url.split(",")],
-            "connect_timeout": self.timeout_s,
-            "allow_reconnect": True,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": 0.5,
-            "name": "kubemoot-proxy",
-        }
-        if self.creds_file:
-            kwargs["user_credentials"] = str(self.creds_file)
-        if self.user:
-            kwargs["user"], kwargs["password"] = self.user, self.password or ""
-        if self.token:
-            kwargs["token"] = self.token
-        if self.tls_ca or self.tls_cert or self.url.startswith("tls://"):
-            context = ssl.create_default_context(
-                cafile=str(self.tls_ca) if self.tls_ca else None)
-            if self.tls_cert:
-                context.load_cert_chain(str(self.tls_cert),
-                                        str(self.tls_key) if self.tls_key else None)
-            kwargs["tls"] = context
-        return kwargs
-
-
-def redact(urls: str) -> str:
-    """Server URLs without any user:password@ part, fit for logs."""
-    return re.sub(r"(?<=://)[^@/,]*@", "***@", urls)
-
-
-def reason_of(exc: BaseException) -> str:
-    """An exception's message, or its type when the message is empty (a timeout's is)."""
-    return str(exc) or type(exc).__name__
-
-
-async def connect_client(options: NatsOptions, **callbacks: Any) -> Any:
-    """A connected client within `options.timeout_s`, else StoreUnavailable naming the URL
-    and the last error met (nats-py retries an absent server without end while connecting,
-    and reports each attempt only to its error callback)."""
+async def connect_client(options: NatsOptions, give_up_unreachable: int = 0,
+                         **callbacks: Any) -> Any:
+    """A connected client within `options.timeout_s`; else NatsConfigError when the settings
+    are wrong (a file, or the server refusing the credentials or certificates: said at the
+    refusal, not after the timeout), or StoreUnavailable naming the URL and the last error
+    met (nats-py retries an absent server without end while connecting, and reports each
+    attempt only to its error callback), at once after `give_up_unreachable` attempts
+    that found no server listening, when that is not 0."""
     errors: list[Exception] = []
     on_error = callbacks.pop("error_cb", None)
+    stop = asyncio.Event()  # a refusal, or as many servers away as the caller waits for
+    connecting, away = True, 0
 
     async def error(exc: Exception) -> None:
+        nonlocal away
         errors.append(exc)
+        away += unreachable(exc)
+        if connecting and (refusal(exc, options) is not None or away == give_up_unreachable):
+            stop.set()  # not raised here: nats-py must first close the failed connection
         if on_error is not None:
             await on_error(exc)
 
+    kwargs = options.connect_kwargs()
+    drop_harmless_asyncio_lines()  # said by asyncio for each TLS connection nats-py closes
     client = NATS()
-    try:
-        await asyncio.wait_for(client.connect(**options.connect_kwargs(), error_cb=error,
-                                              **callbacks), timeout=options.timeout_s)
-    except Exception as exc:  # nats raises a zoo of types; all mean "not reachable"
-        with contextlib.suppress(Exception):
-            await client.close()
-        if not isinstance(exc, TimeoutError):
-            reason = reason_of(exc)
-        elif errors:
-            reason = reason_of(errors[-1])
-        else:
-            reason = f"no answer within {options.timeout_s:g} s"
-        raise StoreUnavailable(f"cannot connect to NATS at {redact(options.url)}: "
-                               f"{reason}") from exc
-    return client
+    connect = asyncio.ensure_future(client.connect(**kwargs, error_cb=error, **callbacks))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((connect, stopped), timeout=options.timeout_s,
+                       return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    connecting = False
+    if connect.done() and not connect.cancelled() and connect.exception() is None:
+        return client
+    connect.cancel()
+    with contextlib.suppress(BaseException):  # nats raises a zoo of types
+        await connect
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.close(), options.timeout_s)
+    last = connect.exception() if connect.done() and not connect.cancelled() else None
+    for exc in ([last] if last else []) + errors[::-1]:
+        if (refused := refusal(exc, options)) is not None:
+            raise refused from None
+    if last is not None:
+        reason = reason_of(last)
+    elif errors:
+        reason = reason_of(errors[-1])
+    else:
+        reason = f"no answer within {options.timeout_s:g} s"
+    raise StoreUnavailable(f"cannot connect to NATS at {redact(options.url)}: {reason}")
+
+
+def check_nats(options: NatsOptions) -> None:
+    """Raise NatsConfigError, before the sidecar serves, when its NATS settings cannot work:
+    a configured file missing or unusable, or the server refusing them. A server that does
+    not answer is an outage, not bad configuration: that returns (the store keeps trying),
+    at once when no server listens, else after the connect timeout (a server that answers
+    may refuse on a second attempt: a TLS 1.3 client learns that its certificate was
+    refused only after the handshake, sometimes as a bare end of file)."""
+
+    async def first_contact() -> None:
+        try:
+            client = await connect_client(options, give_up_unreachable=len(options.servers))
+        except NatsConfigError:
+            raise
+        except StoreUnavailable:  # an outage: the store waits it out
+            return
+        await client.close()
+
+    asyncio.run(first_contact())
+
+
+# What nats-py reports as the connection goes (before it calls disconnected_cb).
+CONNECTION_LOST = (OSError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError,
+                   nats.errors.ConnectionClosedError)
+
+
+class _Outage:
+    """A connection's time away: what ended it and its failed reconnects, counted rather
+    than each logged."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.attempts = 0
+        self.cause = ""  # the error that came with the loss, if any
+        self.first_error = ""  # the first reconnect's
+
+    def failed(self, exc: Exception) -> None:
+        self.attempts += 1
+        self.first_error = self.first_error or reason_of(exc)
+
+    def begin(self) -> dict[str, Any]:
+        said = {"error": self.cause} if self.cause else {}
+        self.since, self.attempts, self.cause, self.first_error = time.monotonic(), 0, "", ""
+        return said
+
+    def end(self) -> dict[str, Any]:
+        said: dict[str, Any] = {"failed_attempts": self.attempts,
+                                "down_s": round(time.monotonic() - self.since, 1)}
+        if self.first_error:
+            said["error"] = self.first_error
+        return said
 
 
 def bucket_config(spec: BucketSpec, replicas: int = 1) -> KeyValueConfig:
@@ -202,8 +237,10 @@ class NatsStore:
         await self._rewatch(rebind=False)
 
     async def start(self) -> None:
-        """Connect, bind the buckets and start the watches. If NATS cannot be reached,
-        raise StoreUnavailable and keep trying in the background."""
+        """Connect, bind the buckets and start the watches. If NATS cannot be reached, or
+        refuses the settings (NatsConfigError), raise StoreUnavailable and keep trying in the
+        background (a command exits on it; `serve` checked the settings before, with
+        check_nats, and places alone until NATS takes it)."""
         try:
             await self._connect()
         except StoreUnavailable:
@@ -212,28 +249,49 @@ class NatsStore:
             raise
 
     async def _keep_trying(self) -> None:
+        """Connect once NATS answers; the outage was said by start()'s caller, its end is
+        said here, and a refusal of the settings (NATS back, yet not for us) once."""
+        attempts, since, refused = 0, time.monotonic(), ""
         while not self.connected:
             await asyncio.sleep(RETRY_CONNECT_S)
+            attempts += 1
             try:
                 await self._connect()
-                log.info("nats connected")
-            except StoreUnavailable as exc:
-                log.warning("nats still unreachable", error=str(exc))
+            except NatsConfigError as exc:
+                if str(exc) != refused:
+                    refused = str(exc)
+                    log.error("nats refuses this sidecar's settings; placing from direct "
+                              "probes", error=refused)
+            except StoreUnavailable:
+                pass
+            else:
+                log.info("nats connected", attempts=attempts,
+                         waited_s=round(time.monotonic() - since, 1))
 
     async def _connect(self) -> None:
         # Until the first connection, what goes wrong is said once, by StoreUnavailable.
+        outage = _Outage()
+
         async def disconnected() -> None:
             was_connected, self._connected = self._connected, False
+            said = outage.begin()
             if was_connected and not self._closing:
-                log.warning("nats disconnected; placing from direct probes until it returns")
+                log.warning("nats disconnected; placing from direct probes until it returns",
+                            **said)
             self.changes.bump()
 
         async def reconnected() -> None:
-            log.info("nats reconnected")
+            log.info("nats reconnected", **outage.end())
             await self._rewatch()
 
         async def error(exc: Exception) -> None:
-            if self._nc is not None:
+            if self._nc is None:
+                return
+            if not self._nc.is_connected:  # one per reconnect, each 0.5 s: counted
+                outage.failed(exc)
+            elif isinstance(exc, CONNECTION_LOST):  # the loss: said by disconnected()
+                outage.cause = reason_of(exc)
+            else:  # an error the connection lives through: rare, said
                 log.warning("nats error", error=reason_of(exc))
 
         client = await connect_client(self.options, disconnected_cb=disconnected,

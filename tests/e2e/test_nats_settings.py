@@ -1,0 +1,271 @@
+"""NATS settings against real nats-servers, through the real commands: credentials files in
+operator mode, passwords and TLS. Settings a server refuses, or files that are not there, end
+`serve`, `init-buckets` and `publish` with one line naming the setting; a server that does not
+answer is an outage the sidecar waits through, said once when it starts and once when it
+ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+
+from loadtest.nats_server import NatsServer, nats_server_binary
+from loadtest.ollama_sim import SimServer
+from loadtest.relay_bench import free_port
+from proxy.adapters.nats_kv import RETRY_CONNECT_S
+from proxy.ports import PROVIDER_STATE
+from tests.conftest import eventually, provider_entry
+from tests.e2e.test_scheduling import chat
+from tests.nats_auth import OperatorMode, TlsFiles, start_operator_mode, tls_files
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.nats,
+              pytest.mark.skipif(nats_server_binary() is None, reason="no nats-server binary")]
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None,
+                                   reason="openssl CLI not installed")
+
+
+def command(*args: str, timeout_s: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, env={
+        **os.environ, **env}, capture_output=True, text=True, timeout=timeout_s)
+
+
+class Serve:
+    """`kubemoot-proxy serve` as its own process, its stderr kept in a file."""
+
+    def __init__(self, directory: Path, providers: list[SimServer], **env: str) -> None:
+        self.port = free_port()
+        self.log = directory / f"serve-{self.port}.log"
+        with self.log.open("wb") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "proxy", "serve"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                stderr=stderr, env={**os.environ, "KUBEMOOT_LISTEN": f"127.0.0.1:{self.port}",
+                                    "KUBEMOOT_PROVIDERS": json.dumps(
+                                        [provider_entry(p) for p in providers]), **env})
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def shared_state(self) -> str | None:
+        try:
+            return str(httpx.get(f"{self.url}/readyz", timeout=2).json()["sharedState"])
+        except httpx.HTTPError:
+            return None
+
+    def exit(self, timeout_s: float = 30) -> tuple[int, list[str]]:
+        rc = self.proc.wait(timeout_s)
+        return rc, self.log.read_text().splitlines()
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()
+                if line.startswith("{")]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture
+def serve(tmp_path: Path, sim_factory: Callable[..., SimServer]) -> Iterator[Callable[..., Serve]]:
+    started: list[Serve] = []
+    gpu = sim_factory("gpu", time_scale=0.05)
+
+    def start(**env: str) -> Serve:
+        started.append(Serve(tmp_path, [gpu], **env))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def operator_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorMode]:
+    mode = start_operator_mode(tmp_path_factory.mktemp("operator"))
+    yield mode
+    mode.server.cleanup()
+
+
+async def provider_states(url: str, creds: Path) -> list[str]:
+    nc = await nats.connect(url, user_credentials=str(creds))
+    try:
+        kv = await nc.jetstream().key_value(PROVIDER_STATE)
+        return list(await kv.keys())
+    finally:
+        await nc.close()
+
+
+def test_a_creds_file_in_operator_mode_creates_the_buckets_and_a_sidecar_shares_state(
+        operator_mode: OperatorMode, serve: Callable[..., Serve]) -> None:
+    url, creds = operator_mode.server.url, str(operator_mode.creds)
+    init = command("init-buckets", KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_CREDS=creds)
+    assert init.returncode == 0, init.stderr
+    assert f"{PROVIDER_STATE}: created" in init.stdout and not init.stderr
+    sidecar = serve(KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_CREDS=creds)
+    assert eventually(lambda: sidecar.shared_state() == "connected", timeout_s=30)
+    assert chat(sidecar.url, "qwen3:8b").status_code == 200
+    assert asyncio.run(provider_states(url, operator_mode.creds)) == ["gpu"]  # its prober's
+    again = command("init-buckets", KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_CREDS=creds)
+    assert f"{PROVIDER_STATE}: exists" in again.stdout
+
+
+def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
+        operator_mode: OperatorMode, serve: Callable[..., Serve], tmp_path: Path) -> None:
+    env = {"KUBEMOOT_NATS_URL": operator_mode.server.url,
+           "KUBEMOOT_NATS_CREDS": str(operator_mode.foreign_creds)}
+    said = (f"NATS at {operator_mode.server.url}: authorization violation: check "
+            "KUBEMOOT_NATS_CREDS")
+    rc, lines = serve(**env).exit()
+    assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: {said}"])
+    init = command("init-buckets", **env)
+    assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
+    publish = command("publish", "--once", KUBEMOOT_PROVIDERS=json.dumps(
+        [{"name": "gpu", "endpoint": "http://127.0.0.1:9"}]), **env)
+    assert (publish.returncode, publish.stderr) == (1, f"kubemoot-proxy publish: {said}\n")
+    garbage = tmp_path / "g.creds"
+    garbage.write_text("garbage\n")
+    rc, lines = serve(KUBEMOOT_NATS_URL=operator_mode.server.url,
+                      KUBEMOOT_NATS_CREDS=str(garbage)).exit()
+    assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: KUBEMOOT_NATS_CREDS="
+                               f"{garbage}: not a NATS credentials file (no user JWT in it)"])
+
+
+@pytest.mark.parametrize(("server_args", "env", "settings"), [
+    (["--user", "agent", "--pass", "s3cret"],
+     {"KUBEMOOT_NATS_USER": "agent", "KUBEMOOT_NATS_PASSWORD": "wrong"},
+     "KUBEMOOT_NATS_USER/PASSWORD"),
+    (["--auth", "t0ken"], {"KUBEMOOT_NATS_TOKEN": "wrong"}, "KUBEMOOT_NATS_TOKEN"),
+    (["--auth", "t0ken"], {}, "none of KUBEMOOT_NATS_USER/PASSWORD/TOKEN/CREDS is set"),
+])
+def test_a_wrong_password_or_token_ends_serve_with_one_line(
+        serve: Callable[..., Serve], server_args: list[str], env: dict[str, str],
+        settings: str) -> None:
+    server = NatsServer(extra_args=server_args).start()
+    try:
+        rc, lines = serve(KUBEMOOT_NATS_URL=server.url, **env).exit()
+    finally:
+        server.cleanup()
+    assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: NATS at {server.url}: "
+                               f"authorization violation: check {settings}"])
+
+
+def test_a_nats_that_comes_after_serve_and_refuses_it_is_said_once_as_an_error(
+        serve: Callable[..., Serve]) -> None:
+    server = NatsServer(extra_args=["--user", "agent", "--pass", "s3cret"]).start()
+    server.stop()  # nothing listens when serve checks its settings: an outage
+    try:
+        sidecar = serve(KUBEMOOT_NATS_URL=server.url, KUBEMOOT_NATS_USER="agent",
+                        KUBEMOOT_NATS_PASSWORD="wrong")
+        assert eventually(lambda: sidecar.shared_state() == "unavailable", timeout_s=30)
+        server.start()
+        refused = f"NATS at {server.url}: authorization violation: check " \
+                  "KUBEMOOT_NATS_USER/PASSWORD"
+        assert eventually(lambda: any(e.get("error") == refused for e in sidecar.events()),
+                          timeout_s=15)
+        time.sleep(RETRY_CONNECT_S * 2)  # two more refusals, not said again
+    finally:
+        server.cleanup()
+    assert sidecar.proc.poll() is None and sidecar.shared_state() == "unavailable"
+    assert [(e["level"], e["event"]) for e in sidecar.events()] == [
+        ("warning", "shared state unavailable; placing from direct probes"),
+        ("error", "nats refuses this sidecar's settings; placing from direct probes")]
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, TlsFiles]]:
+    """A NATS that verifies its clients' certificates against the same CA as its own."""
+    tls = tls_files(tmp_path_factory.mktemp("tls"))
+    server = NatsServer(extra_args=["--tls", "--tlscert", str(tls.cert), "--tlskey",
+                                    str(tls.key), "--tlsverify", "--tlscacert", str(tls.ca)]
+                        ).start()
+    yield f"tls://127.0.0.1:{server.port}", tls
+    server.cleanup()
+
+
+@needs_openssl
+def test_tls_settings_that_cannot_work_end_serve_with_one_line_naming_them(
+        tls_server: tuple[str, TlsFiles], serve: Callable[..., Serve],
+        tmp_path: Path) -> None:
+    url, tls = tls_server
+    other = tls_files(tmp_path / "other")
+    cases = [
+        ({"KUBEMOOT_NATS_TLS_CA": str(tls.ca)},
+         f"NATS at {url}: TLS: the server refused the client certificate "
+         "(TLSV13_ALERT_CERTIFICATE_REQUIRED): check KUBEMOOT_NATS_TLS_CERT, "
+         "KUBEMOOT_NATS_TLS_KEY"),
+        ({"KUBEMOOT_NATS_TLS_CA": str(other.ca), "KUBEMOOT_NATS_TLS_CERT": str(tls.cert),
+          "KUBEMOOT_NATS_TLS_KEY": str(tls.key)},
+         f"NATS at {url}: TLS: the server's certificate is not trusted (unable to get local "
+         "issuer certificate): check KUBEMOOT_NATS_TLS_CA"),
+        ({"KUBEMOOT_NATS_TLS_CA": "/nonexistent/ca.pem"},
+         "KUBEMOOT_NATS_TLS_CA=/nonexistent/ca.pem: no such file"),
+        ({"KUBEMOOT_NATS_TLS_CA": str(tls.ca), "KUBEMOOT_NATS_TLS_CERT": str(tls.cert)},
+         f"KUBEMOOT_NATS_TLS_CERT={tls.cert}: no private key in it and KUBEMOOT_NATS_TLS_KEY "
+         "not set"),
+    ]
+    for env, said in cases:
+        rc, lines = serve(KUBEMOOT_NATS_URL=url, **env).exit()
+        assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: {said}"]), env
+
+
+@needs_openssl
+def test_a_sidecar_over_tls_with_its_certificate_logs_no_asyncio_line(
+        tls_server: tuple[str, TlsFiles], serve: Callable[..., Serve]) -> None:
+    url, tls = tls_server
+    sidecar = serve(KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_TLS_CA=str(tls.ca),
+                    KUBEMOOT_NATS_TLS_CERT=str(tls.cert), KUBEMOOT_NATS_TLS_KEY=str(tls.key),
+                    KUBEMOOT_LOG_LEVEL="debug")
+    assert eventually(lambda: sidecar.shared_state() == "connected", timeout_s=30)
+    assert chat(sidecar.url, "qwen3:8b").status_code == 200
+    sidecar.stop()  # its TLS connections close: where asyncio spoke of eof_received()
+    lines = sidecar.log.read_text().splitlines()
+    assert lines and all(line.startswith("{") for line in lines), lines[:5]
+
+
+def test_an_outage_is_said_once_when_it_begins_and_once_when_it_ends(
+        serve: Callable[..., Serve]) -> None:
+    server = NatsServer().start()
+    server.stop()  # its port known, nothing listening: the sidecar starts before NATS
+    try:
+        sidecar = serve(KUBEMOOT_NATS_URL=server.url)
+        assert eventually(lambda: sidecar.shared_state() == "unavailable", timeout_s=30)
+        time.sleep(RETRY_CONNECT_S * 2)
+        server.start()
+        assert eventually(lambda: sidecar.shared_state() == "connected", timeout_s=30)
+        server.stop()
+        assert eventually(lambda: sidecar.shared_state() == "unavailable", timeout_s=10)
+        time.sleep(3)  # six reconnects, 0.5 s apart
+        server.start()
+        assert eventually(lambda: sidecar.shared_state() == "connected", timeout_s=30)
+        assert sidecar.proc.poll() is None
+        said = sidecar.events()
+    finally:
+        server.cleanup()
+    nats_said = [e for e in said if "nats" in e["event"] or "shared state" in e["event"]]
+    assert [(e["level"], e["event"]) for e in nats_said] == [
+        ("warning", "shared state unavailable; placing from direct probes"),
+        ("info", "nats connected"),
+        ("warning", "nats disconnected; placing from direct probes until it returns"),
+        ("info", "nats reconnected")]
+    _, joined, lost, back = nats_said
+    assert joined["attempts"] >= 2
+    assert lost["error"] == "nats: unexpected EOF"
+    assert back["failed_attempts"] >= 4 and back["down_s"] >= 2.5
+    assert back["error"].endswith("Connection refused")
+
