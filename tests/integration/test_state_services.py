@@ -26,6 +26,7 @@ from proxy.service.codec import ProviderState, escape_key, unescape_key
 from proxy.service.demand import HALF_LIFE_S, DemandBoard, aggregate, without_waiter
 from proxy.service.prober import Prober
 from proxy.settings import ProviderConfig
+from tests.nats_auth import tls_files
 
 
 class Clock:
@@ -318,28 +319,10 @@ async def _usable(options: NatsOptions) -> bool:
     return True
 
 
-def _make_certs(directory: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate for 127.0.0.1 (openssl CLI)."""
-    ca_key, ca, key, csr, cert = (directory / n for n in
-                                  ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
-    ext = directory / "san.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out",
-            str(ca), "-days", "1", "-subj", "/CN=kubemoot-test-ca")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
-            "-subj", "/CN=127.0.0.1")
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-            "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext))
-    return ca, cert, key
-
-
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
 def test_nats_over_tls(tmp_path: Path) -> None:
-    ca, cert, key = _make_certs(tmp_path)
+    files = tls_files(tmp_path)
+    ca, cert, key = files.ca, files.cert, files.key
     server = NatsServer(extra_args=["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
                         ).start()
     url = f"tls://127.0.0.1:{server.port}"
