@@ -389,14 +389,23 @@ class _Planner:
             f"{largest_ctx} tokens; {advice}")
 
     def too_large_everywhere(self, model: str) -> bool:
-        """Every card's usable memory is known and none holds a copy loaded for this call."""
-        if not self.indexes or any(i.usable_mib is None or i.is_warm(model) or
-                                   i.is_loading(model) for i in self.indexes.values()):
+        """Every card's usable memory is known, no card has a copy this call could join, and
+        a load at the context this call gets is larger than every card. A copy loaded with a
+        context this call cannot use (a smaller num_ctx, or one over the OpenAI API that
+        gets Ollama's default) proves nothing: waiting for it never serves the call."""
+        if not self.indexes or any(i.usable_mib is None or self.joinable(i, model)
+                                   for i in self.indexes.values()):
             return False
         sizes = [(self.fitting.footprint_mib(i, model), i.usable_mib)
                  for i in self.indexes.values()]
         return all(need is not None and usable is not None and need > usable
                    for need, usable in sizes)
+
+    def joinable(self, index: ProviderIndex, model: str) -> bool:
+        """A copy (warm or loading) is on the card and its context holds this call."""
+        return (index.is_warm(model) or index.is_loading(model)) and \
+            self.fitting.copy_problem(index, model,
+                                      self.fitting.copy_context(index, model)) is None
 
     def largest_context(self, index: ProviderIndex, model: str) -> int:
         copy = index.residents.get(model)
