@@ -32,6 +32,10 @@ def test_a_copy_kept_forever_is_not_evicted_while_an_idle_one_with_a_keep_alive_
     decision = place(call("phi3:mini"), snapshot(card))
     assert decision.placement is not None and decision.placement.kind == "evict"
     assert dict(decision.placement.evicts) == {"qwen3:8b": 6000}
+    # kept forever outranks what the demand board says of the other
+    wanted = place(call("phi3:mini"), snapshot(card, demand={
+        "qwen3:8b": ModelDemand(intents=2, recent_use=5, last_used_at=NOW)}))
+    assert wanted.placement is not None and set(wanted.placement.evicts) == {"qwen3:8b"}
 
 
 def test_a_copy_kept_forever_goes_when_nothing_else_makes_room() -> None:
