@@ -6,8 +6,10 @@
    slot no call is bound to yet;
 4. the full weighted cost for the preferred model: wait for a slot of a busy copy, or
    cold-load onto free room (only when a cold load is possible at all);
-5. otherwise classify: model-too-large, prompt-too-large, or busy; when busy, wait for a slot
-   or unload (an unload wins only when cheaper than waiting).
+5. otherwise classify: model-not-found, model-too-large, prompt-too-large, or busy (each of
+   the first three falls back to the best in-tolerance candidate that escapes it, and is
+   refused only when none does); when busy, wait for a slot or unload (an unload wins only
+   when cheaper than waiting).
 
 A call that carries a conversation goes back to the copy holding it when that is sooner
 (core/affinity.py); when the copy of steps 1-3 would push another live history out, a load
@@ -484,7 +486,11 @@ class _Planner:
             return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}",
                             tuple(verdicts))
         refusal = self.classify(verdicts)
-        if refusal is not None and refusal[0] == "model-too-large":
+        if refusal is not None and refusal[0] == "model-not-found":
+            fallback = self.fall_back(f"{preferred} is on no provider's disk")
+            if fallback is not None:
+                return fallback
+        elif refusal is not None and refusal[0] == "model-too-large":
             fallback = self.fall_back(f"{preferred} fits no GPU")
             if fallback is not None:
                 return fallback
@@ -498,12 +504,15 @@ class _Planner:
         return self.queue_or_unload(verdicts)
 
     def fall_back(self, why: str) -> Decision | None:
-        """The preferred model fits no card, or no card gives it the prompt's context: plan
-        the best in-tolerance candidate that could, as if it were preferred (the tolerance
-        floor stays where it was)."""
+        """The preferred model is on no provider's disk, fits no card, or no card gives it
+        the prompt's context: plan the best in-tolerance candidate that could, as if it were
+        preferred (the tolerance floor stays where it was). Steps 1-3 take a warm copy of
+        any such candidate already, so without this a call's answer would depend on whether
+        someone else had loaded one."""
         preferred = self.call.preferred
         for alternative in self.alternatives:
-            if self.too_large_everywhere(alternative.model):
+            if not self.pulled_anywhere(alternative.model) or \
+                    self.too_large_everywhere(alternative.model):
                 continue
             rest = tuple(c for c in self.call.candidates
                          if c.model not in (preferred.model, alternative.model))
@@ -511,7 +520,8 @@ class _Planner:
                                tolerance=max(0.0, self.call.tolerance)
                                - (preferred.score - alternative.score))
             decision = _Planner(narrowed, self.snapshot, self.policy).place()
-            if decision.outcome not in ("model-too-large", "prompt-too-large"):
+            if decision.outcome not in ("model-too-large", "prompt-too-large",
+                                        "model-not-found"):
                 return replace(decision, reason=f"{why}; {decision.reason}")
         return None
 

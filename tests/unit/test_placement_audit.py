@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from proxy.core.placement import place
 from proxy.core.types import ModelInfo, ProviderView, Resident
-from tests.unit.builders import call, snapshot, ticket
+from tests.unit.builders import GIB24, call, gpu, snapshot, ticket
 
 # qwen3:32b as the simulator's catalog has it (loadtest/sim_model.py): 64 layers x 8 KV heads
 # x (128 + 128) x 2 bytes per token of context
@@ -39,3 +41,34 @@ def test_a_copy_the_call_can_join_is_never_too_large() -> None:
     busy = place(call("qwen3:32b", num_ctx=2048), snapshot(card, tickets=(
         ticket("g24", "qwen3:32b"),)))
     assert busy.outcome == "wait"  # for the copy's slot
+
+
+def _fleet_without_mistral(*residents: str) -> tuple[ProviderView, ...]:
+    disk = {"qwen3:14b": 9300, "gemma3:4b": 3300, "qwen3:8b": 5200}
+    return tuple(replace(gpu(name, GIB24, residents if name == "a" else ()), disk_mib=disk)
+                 for name in ("a", "b"))
+
+
+AUDIT_CANDIDATES = (("mistral:7b", 60), ("qwen3:14b", 58), ("gemma3:4b", 56), ("qwen3:8b", 52))
+
+
+def test_a_preferred_model_on_no_disk_falls_back_whether_or_not_a_candidate_is_loaded() -> None:
+    cold = place(call(*AUDIT_CANDIDATES), snapshot(*_fleet_without_mistral()))
+    assert cold.placement is not None and cold.placement.model == "qwen3:14b", cold.reason
+    assert cold.reason.startswith("mistral:7b is on no provider's disk")
+    warm = place(call(*AUDIT_CANDIDATES), snapshot(*_fleet_without_mistral("qwen3:14b")))
+    assert warm.placement is not None and warm.placement.model == "qwen3:14b"
+    # the best candidate on a disk, not the best loaded one
+    other = place(call(*AUDIT_CANDIDATES[:1], *AUDIT_CANDIDATES[2:]),
+                  snapshot(*_fleet_without_mistral()))
+    assert other.placement is not None and other.placement.model == "gemma3:4b"
+
+
+def test_model_not_found_only_when_no_acceptable_candidate_is_on_any_disk() -> None:
+    alone = place(call("mistral:7b"), snapshot(*_fleet_without_mistral()))
+    assert alone.outcome == "model-not-found"
+    assert alone.reason == "model 'mistral:7b' not found"  # Ollama's own message
+    outside = place(call(("mistral:7b", 60), ("qwen3:8b", 40)), snapshot(*_fleet_without_mistral()))
+    assert outside.outcome == "model-not-found"  # the 8b is outside the tolerance
+    nowhere = place(call(("mistral:7b", 60), ("llava:7b", 58)), snapshot(*_fleet_without_mistral()))
+    assert nowhere.outcome == "model-not-found" and "mistral:7b" in nowhere.reason
