@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from proxy.core import affinity, context
 from proxy.core.cost import Backlog, backlog, call_length, cold_floor_s, cold_terms, warm_terms
-from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check
+from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check, health_reason
 from proxy.core.occupancy import ProviderIndex, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import queue_option, queue_wins, unload_option
@@ -409,6 +409,28 @@ class _Planner:
             self.fitting.copy_problem(index, model,
                                       self.fitting.copy_context(index, model)) is None
 
+    def could_hold(self, index: ProviderIndex, model: str) -> bool:
+        """The model is on the card (or its catalog is unknown) and a copy loaded for this
+        call is no larger than the card (or either size is unknown), busy or not."""
+        need = self.fitting.footprint_mib(index, model)
+        if index.usable_mib is not None and need is not None and need > index.usable_mib:
+            return False
+        return not index.view.disk_mib or model in index.view.disk_mib or \
+            model in index.residents
+
+    def unreachable_holders(self, model: str) -> list[tuple[str, str]]:
+        """The cards that could hold a copy of `model` for this call, each with why it is
+        unreachable, when all of them are; else [] (a reachable one is merely busy)."""
+        down: list[tuple[str, str]] = []
+        for index in self.indexes.values():
+            if not self.could_hold(index, model):
+                continue
+            why = health_reason(index, self.snapshot.health)
+            if why is None:
+                return []
+            down.append((index.name, why))
+        return down
+
     def largest_context(self, index: ProviderIndex, model: str) -> int:
         copy = index.residents.get(model)
         recorded = copy.context_length if copy else 0
@@ -421,11 +443,7 @@ class _Planner:
         (an unknown context does); None when no card could hold the model at all."""
         could_hold = False
         for index in self.indexes.values():
-            need = self.fitting.footprint_mib(index, model)
-            if index.usable_mib is not None and need is not None and need > index.usable_mib:
-                continue
-            if index.view.disk_mib and model not in index.view.disk_mib and \
-                    model not in index.residents:
+            if not self.could_hold(index, model):
                 continue
             could_hold = True
             copy = index.residents.get(model)
@@ -560,9 +578,11 @@ class _Planner:
                       f"({queue.wait_s:.1f} s)"
                       f" is no worse than unloading "
                       f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
-        elif verdicts and all(v.reason in UNREACHABLE for v in verdicts):
-            down = ", ".join(f"{v.provider}: {v.reason}" for v in verdicts)
-            reason = f"{NO_PROVIDER_REACHABLE} ({down}); waiting for one to come back"
+        elif (down := self.unreachable_holders(preferred)) or (
+                verdicts and all(v.reason in UNREACHABLE for v in verdicts)):
+            named = down or [(v.provider, v.reason) for v in verdicts]
+            listed = ", ".join(f"{name}: {why}" for name, why in named)
+            reason = f"{NO_PROVIDER_REACHABLE} ({listed}); waiting for one to come back"
         else:
             reason = ("busy: every card that could hold the model is full of work; "
                       "waiting for memory")

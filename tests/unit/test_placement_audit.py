@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from proxy.core.placement import place
-from proxy.core.types import ModelInfo, ProviderView, Resident
-from tests.unit.builders import GIB24, call, gpu, snapshot, ticket
+from proxy.core.placement import NO_PROVIDER_REACHABLE, place
+from proxy.core.types import Circuit, ModelInfo, ProviderView, Resident
+from tests.unit.builders import GIB16, GIB24, GIB32, call, gpu, snapshot, ticket
 
 # qwen3:32b as the simulator's catalog has it (loadtest/sim_model.py): 64 layers x 8 KV heads
 # x (128 + 128) x 2 bytes per token of context
@@ -72,3 +72,18 @@ def test_model_not_found_only_when_no_acceptable_candidate_is_on_any_disk() -> N
     assert outside.outcome == "model-not-found"  # the 8b is outside the tolerance
     nowhere = place(call(("mistral:7b", 60), ("llava:7b", 58)), snapshot(*_fleet_without_mistral()))
     assert nowhere.outcome == "model-not-found" and "mistral:7b" in nowhere.reason
+
+
+def test_a_wait_names_the_unreachable_cards_when_only_they_could_hold_the_model() -> None:
+    snap = snapshot(gpu("big", GIB32, ready=False), gpu("small", GIB24, ("qwen3:8b",)),
+                    gpu("tiny", GIB16), circuits={"tiny": Circuit.OPEN})
+    decision = place(call("qwen3:32b"), snap)  # 27000 MiB: only the 32 GiB card holds it
+    assert decision.outcome == "wait"
+    assert decision.reason.startswith(NO_PROVIDER_REACHABLE), decision.reason
+    assert "big: provider not ready" in decision.reason
+    assert "small" not in decision.reason and "tiny" not in decision.reason
+    assert "capacity" not in decision.reason
+    # a reachable card that could hold it, busy: that is the wait's reason
+    busy = snapshot(gpu("big", GIB32, ready=False), gpu("other", GIB32, ("qwen3:14b",)),
+                    tickets=(ticket("other", "qwen3:14b"),))
+    assert place(call("qwen3:32b"), busy).reason.startswith("busy")
