@@ -199,8 +199,10 @@ class _Planner:
                        ) -> Placement | None:
         """Steps 1-2: a warm (or loading) copy with a free slot; step 3: a loading copy with a
         slot no call is bound to (its slots minus its tickets). A copy partly in CPU memory is
-        no free reuse: step 4 weighs it."""
+        no free reuse: step 4 weighs it. Copies equal in cost go to the card where the call
+        is expected to end soonest (core/lengths.py), then by name."""
         best: Verdict | None = None
+        tied: list[Verdict] = []
         for index in self.indexes.values():
             if model not in index.residents and model not in index.loading:
                 continue  # no copy here (most cards, for most models)
@@ -213,10 +215,18 @@ class _Planner:
             if not eligible:
                 continue
             verdict = self.verdict(index, model)
-            if verdict.feasible and (best is None or _rank(verdict) < _rank(best)):
-                best = verdict
+            if not verdict.feasible:
+                continue
+            if best is None or verdict.cost_s < best.cost_s:
+                best, tied = verdict, [verdict]
+            elif verdict.cost_s == best.cost_s:
+                tied.append(verdict)
         if best is None:
             return None
+        if len(tied) > 1:
+            best = min(tied, key=lambda v: (call_length(v.provider, model, self.call,
+                                                        self.snapshot, self.policy).seconds,
+                                            v.provider))
         kind: PlacementKind = "warm" if self.indexes[best.provider].is_warm(model) else "loading"
         return self.placement(best, kind, step)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
 from proxy.core.placement import NO_PROVIDER_REACHABLE, place
 from proxy.core.types import Circuit, ModelInfo, ProviderView, Resident
 from tests.unit.builders import GIB16, GIB24, GIB32, call, gpu, snapshot, ticket
@@ -87,3 +88,30 @@ def test_a_wait_names_the_unreachable_cards_when_only_they_could_hold_the_model(
     busy = snapshot(gpu("big", GIB32, ready=False), gpu("other", GIB32, ("qwen3:14b",)),
                     tickets=(ticket("other", "qwen3:14b"),))
     assert place(call("qwen3:32b"), busy).reason.startswith("busy")
+
+
+def _three_warm_cards_one_slow() -> list[ProviderView]:
+    return [gpu(name, GIB24, ("qwen3:8b",)) for name in ("a-slow", "b-fast", "c-fast")]
+
+
+def _lengths(seconds: dict[str, float]) -> CallLengths:
+    lengths = NO_LENGTHS
+    for provider, s in seconds.items():
+        lengths = lengths.observe(provider, "qwen3:8b", CallSample(s))
+    return lengths
+
+
+def test_among_free_copies_equal_in_cost_the_call_goes_where_it_runs_sooner() -> None:
+    cards = _three_warm_cards_one_slow()
+    lengths = _lengths({"a-slow": 1.0, "b-fast": 0.051, "c-fast": 0.051})
+    decision = place(call("qwen3:8b"), snapshot(*cards, lengths=lengths))
+    assert decision.placement is not None
+    assert (decision.placement.provider, decision.placement.kind) == ("b-fast", "warm")
+    # the slow card's copy is still taken when it is the one with a free slot
+    busy = snapshot(*cards, tickets=(ticket("b-fast", "qwen3:8b"), ticket("c-fast", "qwen3:8b")),
+                    lengths=lengths)
+    taken = place(call("qwen3:8b"), busy)
+    assert taken.placement is not None and taken.placement.provider == "a-slow"
+    # with no lengths known, the name decides, as before
+    unknown = place(call("qwen3:8b"), snapshot(*cards))
+    assert unknown.placement is not None and unknown.placement.provider == "a-slow"
