@@ -1,7 +1,16 @@
-"""Choosing victims: the fewest idle residents that make room, least needed first."""
+"""Choosing victims: the fewest idle residents that make room, least needed first.
+
+Ollama, making room itself, unloads the idle copy with the shortest keep-alive first, a copy
+kept forever (keep_alive < 0: math.MaxInt64) last, then by name (server/sched.go:1557-1578
+ByDurationAndName, 1663-1690 findRunnerToUnload; api/types.go:1243-1264). The sidecar sees
+only when each copy expires (/api/ps `expires_at`: when it went idle + its keep-alive), so it
+keeps a copy kept forever (or of unknown expiry) to the last, and ranks the others by its
+demand board (the reloads a victim costs) and then by the keep-alive left.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from itertools import combinations
 
@@ -9,14 +18,26 @@ from proxy.core.occupancy import ProviderIndex
 from proxy.core.types import ModelDemand, Resident
 
 NO_DEMAND = ModelDemand()
+# Ollama lists a copy kept forever as expiring 292 years on; no keep-alive set by hand is
+# near a century
+FOREVER_AFTER_S = 100 * 365 * 86400.0
 
 
-def need_key(resident: Resident, demand: Mapping[str, ModelDemand]
-             ) -> tuple[int, int, float, float, str]:
-    """LEAST_NEEDED_FIRST: fewer waiters, fewer intents, lower use + prediction, LRU, name."""
+def kept_forever(resident: Resident, now: float | None) -> bool:
+    """keep_alive -1 (or an expiry unknown); with no `now`, only an unknown expiry counts."""
+    if math.isinf(resident.expires_at):
+        return True
+    return now is not None and resident.expires_at - now > FOREVER_AFTER_S
+
+
+def need_key(resident: Resident, demand: Mapping[str, ModelDemand], now: float | None = None
+             ) -> tuple[int, bool, int, float, float, float, str]:
+    """LEAST_NEEDED_FIRST: fewer waiters, not kept forever, fewer intents, lower use +
+    prediction, the sooner its keep-alive ends, LRU, name."""
     d = demand.get(resident.model, NO_DEMAND)
     last_used = max(d.last_used_at, resident.last_used_at)
-    return (d.waiters, d.intents, d.recent_use + d.predicted, last_used, resident.model)
+    return (d.waiters, kept_forever(resident, now), d.intents, d.recent_use + d.predicted,
+            resident.expires_at, last_used, resident.model)
 
 
 def idle_residents(index: ProviderIndex) -> list[Resident]:
@@ -28,18 +49,21 @@ def idle_residents(index: ProviderIndex) -> list[Resident]:
 
 def choose_victims(index: ProviderIndex, enough: Callable[[tuple[Resident, ...]], bool],
                    demand: Mapping[str, ModelDemand], max_candidates: int = 10,
-                   forced: tuple[Resident, ...] = ()) -> tuple[Resident, ...] | None:
+                   forced: tuple[Resident, ...] = (), now: float | None = None
+                   ) -> tuple[Resident, ...] | None:
     """The fewest victims (beside `forced`, which go whatever happens) for which `enough`
     holds; None when no choice makes room.
 
-    Models with waiting agents are used only when nothing else makes room.
+    Models with waiting agents are used only when nothing else makes room; copies kept
+    forever only when no other choice (without those waited for) does.
     """
     if enough(forced):
         return forced
     ordered = sorted((r for r in idle_residents(index) if r not in forced),
-                     key=lambda r: need_key(r, demand))
+                     key=lambda r: need_key(r, demand, now))
     without_waiters = [r for r in ordered if not demand.get(r.model, NO_DEMAND).waiters]
-    for pool in (without_waiters, ordered):
+    expiring = [r for r in without_waiters if not kept_forever(r, now)]
+    for pool in (expiring, without_waiters, ordered):
         pool = pool[:max_candidates]
         for count in range(1, len(pool) + 1):
             # combinations() walks in order of the need ranking: the first that fits is the

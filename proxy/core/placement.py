@@ -6,8 +6,10 @@
    slot no call is bound to yet;
 4. the full weighted cost for the preferred model: wait for a slot of a busy copy, or
    cold-load onto free room (only when a cold load is possible at all);
-5. otherwise classify: model-too-large, prompt-too-large, or busy; when busy, wait for a slot
-   or unload (an unload wins only when cheaper than waiting).
+5. otherwise classify: model-not-found, model-too-large, prompt-too-large, or busy (each of
+   the first three falls back to the best in-tolerance candidate that escapes it, and is
+   refused only when none does); when busy, wait for a slot or unload (an unload wins only
+   when cheaper than waiting).
 
 A call that carries a conversation goes back to the copy holding it when that is sooner
 (core/affinity.py); when the copy of steps 1-3 would push another live history out, a load
@@ -26,7 +28,7 @@ from dataclasses import replace
 
 from proxy.core import affinity, context
 from proxy.core.cost import Backlog, backlog, call_length, cold_floor_s, cold_terms, warm_terms
-from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check
+from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check, health_reason
 from proxy.core.occupancy import ProviderIndex, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import queue_option, queue_wins, unload_option
@@ -197,8 +199,10 @@ class _Planner:
                        ) -> Placement | None:
         """Steps 1-2: a warm (or loading) copy with a free slot; step 3: a loading copy with a
         slot no call is bound to (its slots minus its tickets). A copy partly in CPU memory is
-        no free reuse: step 4 weighs it."""
+        no free reuse: step 4 weighs it. Copies equal in cost go to the card where the call
+        is expected to end soonest (core/lengths.py), then by name."""
         best: Verdict | None = None
+        tied: list[Verdict] = []
         for index in self.indexes.values():
             if model not in index.residents and model not in index.loading:
                 continue  # no copy here (most cards, for most models)
@@ -211,10 +215,18 @@ class _Planner:
             if not eligible:
                 continue
             verdict = self.verdict(index, model)
-            if verdict.feasible and (best is None or _rank(verdict) < _rank(best)):
-                best = verdict
+            if not verdict.feasible:
+                continue
+            if best is None or verdict.cost_s < best.cost_s:
+                best, tied = verdict, [verdict]
+            elif verdict.cost_s == best.cost_s:
+                tied.append(verdict)
         if best is None:
             return None
+        if len(tied) > 1:
+            best = min(tied, key=lambda v: (call_length(v.provider, model, self.call,
+                                                        self.snapshot, self.policy).seconds,
+                                            v.provider))
         kind: PlacementKind = "warm" if self.indexes[best.provider].is_warm(model) else "loading"
         return self.placement(best, kind, step)
 
@@ -389,14 +401,45 @@ class _Planner:
             f"{largest_ctx} tokens; {advice}")
 
     def too_large_everywhere(self, model: str) -> bool:
-        """Every card's usable memory is known and none holds a copy loaded for this call."""
-        if not self.indexes or any(i.usable_mib is None or i.is_warm(model) or
-                                   i.is_loading(model) for i in self.indexes.values()):
+        """Every card's usable memory is known, no card has a copy this call could join, and
+        a load at the context this call gets is larger than every card. A copy loaded with a
+        context this call cannot use (a smaller num_ctx, or one over the OpenAI API that
+        gets Ollama's default) proves nothing: waiting for it never serves the call."""
+        if not self.indexes or any(i.usable_mib is None or self.joinable(i, model)
+                                   for i in self.indexes.values()):
             return False
         sizes = [(self.fitting.footprint_mib(i, model), i.usable_mib)
                  for i in self.indexes.values()]
         return all(need is not None and usable is not None and need > usable
                    for need, usable in sizes)
+
+    def joinable(self, index: ProviderIndex, model: str) -> bool:
+        """A copy (warm or loading) is on the card and its context holds this call."""
+        return (index.is_warm(model) or index.is_loading(model)) and \
+            self.fitting.copy_problem(index, model,
+                                      self.fitting.copy_context(index, model)) is None
+
+    def could_hold(self, index: ProviderIndex, model: str) -> bool:
+        """The model is on the card (or its catalog is unknown) and a copy loaded for this
+        call is no larger than the card (or either size is unknown), busy or not."""
+        need = self.fitting.footprint_mib(index, model)
+        if index.usable_mib is not None and need is not None and need > index.usable_mib:
+            return False
+        return not index.view.disk_mib or model in index.view.disk_mib or \
+            model in index.residents
+
+    def unreachable_holders(self, model: str) -> list[tuple[str, str]]:
+        """The cards that could hold a copy of `model` for this call, each with why it is
+        unreachable, when all of them are; else [] (a reachable one is merely busy)."""
+        down: list[tuple[str, str]] = []
+        for index in self.indexes.values():
+            if not self.could_hold(index, model):
+                continue
+            why = health_reason(index, self.snapshot.health)
+            if why is None:
+                return []
+            down.append((index.name, why))
+        return down
 
     def largest_context(self, index: ProviderIndex, model: str) -> int:
         copy = index.residents.get(model)
@@ -410,11 +453,7 @@ class _Planner:
         (an unknown context does); None when no card could hold the model at all."""
         could_hold = False
         for index in self.indexes.values():
-            need = self.fitting.footprint_mib(index, model)
-            if index.usable_mib is not None and need is not None and need > index.usable_mib:
-                continue
-            if index.view.disk_mib and model not in index.view.disk_mib and \
-                    model not in index.residents:
+            if not self.could_hold(index, model):
                 continue
             could_hold = True
             copy = index.residents.get(model)
@@ -475,7 +514,11 @@ class _Planner:
             return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}",
                             tuple(verdicts))
         refusal = self.classify(verdicts)
-        if refusal is not None and refusal[0] == "model-too-large":
+        if refusal is not None and refusal[0] == "model-not-found":
+            fallback = self.fall_back(f"{preferred} is on no provider's disk")
+            if fallback is not None:
+                return fallback
+        elif refusal is not None and refusal[0] == "model-too-large":
             fallback = self.fall_back(f"{preferred} fits no GPU")
             if fallback is not None:
                 return fallback
@@ -489,12 +532,15 @@ class _Planner:
         return self.queue_or_unload(verdicts)
 
     def fall_back(self, why: str) -> Decision | None:
-        """The preferred model fits no card, or no card gives it the prompt's context: plan
-        the best in-tolerance candidate that could, as if it were preferred (the tolerance
-        floor stays where it was)."""
+        """The preferred model is on no provider's disk, fits no card, or no card gives it
+        the prompt's context: plan the best in-tolerance candidate that could, as if it were
+        preferred (the tolerance floor stays where it was). Steps 1-3 take a warm copy of
+        any such candidate already, so without this a call's answer would depend on whether
+        someone else had loaded one."""
         preferred = self.call.preferred
         for alternative in self.alternatives:
-            if self.too_large_everywhere(alternative.model):
+            if not self.pulled_anywhere(alternative.model) or \
+                    self.too_large_everywhere(alternative.model):
                 continue
             rest = tuple(c for c in self.call.candidates
                          if c.model not in (preferred.model, alternative.model))
@@ -502,7 +548,8 @@ class _Planner:
                                tolerance=max(0.0, self.call.tolerance)
                                - (preferred.score - alternative.score))
             decision = _Planner(narrowed, self.snapshot, self.policy).place()
-            if decision.outcome not in ("model-too-large", "prompt-too-large"):
+            if decision.outcome not in ("model-too-large", "prompt-too-large",
+                                        "model-not-found"):
                 return replace(decision, reason=f"{why}; {decision.reason}")
         return None
 
@@ -541,9 +588,11 @@ class _Planner:
                       f"({queue.wait_s:.1f} s)"
                       f" is no worse than unloading "
                       f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
-        elif verdicts and all(v.reason in UNREACHABLE for v in verdicts):
-            down = ", ".join(f"{v.provider}: {v.reason}" for v in verdicts)
-            reason = f"{NO_PROVIDER_REACHABLE} ({down}); waiting for one to come back"
+        elif (down := self.unreachable_holders(preferred)) or (
+                verdicts and all(v.reason in UNREACHABLE for v in verdicts)):
+            named = down or [(v.provider, v.reason) for v in verdicts]
+            listed = ", ".join(f"{name}: {why}" for name, why in named)
+            reason = f"{NO_PROVIDER_REACHABLE} ({listed}); waiting for one to come back"
         else:
             reason = ("busy: every card that could hold the model is full of work; "
                       "waiting for memory")

@@ -115,7 +115,7 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting
                 index.admits(Load(model, need.total_mib, need.estimate_mib, gone))
 
         victims = choose_victims(index, enough, snapshot.demand, policy.max_victim_candidates,
-                                 forced)
+                                 forced, snapshot.now)
         if not victims:
             continue
         load_s = load_seconds(footprint.total_mib, snapshot, policy)

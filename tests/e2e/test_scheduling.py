@@ -127,7 +127,8 @@ def test_unloads_idle_unwanted_models_to_make_room(sim_factory: Sims,
     assert r.headers["x-kubemoot-placement"] == "evict"
     # The 8b alone would leave the memory, but not Ollama's own 80 % rule with phi3 beside
     # the 14b (its estimate, 9940 MiB, against 80 % of 16376 - 3903 - phi3's CUDA context).
-    assert r.headers["x-kubemoot-evicted"] == "phi3:mini,qwen3:8b"
+    # (listed in the order they were ranked: the 8b, loaded first, expires first)
+    assert r.headers["x-kubemoot-evicted"] == "qwen3:8b,phi3:mini"
     assert sorted(gpu.sim.runners) == ["qwen3:14b"]
     stats = gpu.sim.stats
     assert stats.oom_events == 0 and stats.self_evictions == 0  # room was made first

@@ -1,0 +1,71 @@
+"""Victims in Ollama's order: a copy kept forever (keep_alive -1) goes last, a shorter
+keep-alive first (server/sched.go ByDurationAndName, findRunnerToUnload)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from proxy.core.eviction import choose_victims
+from proxy.core.occupancy import index_providers
+from proxy.core.placement import place
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.types import ModelDemand, Resident
+from tests.unit.builders import GIB24, NOW, SIZES, call, gpu, snapshot, ticket
+
+# What /api/ps says of a copy loaded with keep_alive -1: now + 292 years (math.MaxInt64 ns)
+FOREVER = NOW + 292 * 365 * 86400.0
+
+
+def _card(expiries: dict[str, float]):  # type: ignore[no-untyped-def]
+    """A 24 GiB card at context 8192 with these idle copies, loaded in this order."""
+    residents = tuple(Resident(m, SIZES[m], 8192, last_used_at=NOW - 100 + i, expires_at=at)
+                      for i, (m, at) in enumerate(expiries.items()))
+    return replace(gpu("g24", GIB24, ctx=8192), residents=residents)
+
+
+def test_a_copy_kept_forever_is_not_evicted_while_an_idle_one_with_a_keep_alive_makes_room(
+) -> None:
+    # free 21616 - 12224 - 6000 = 3392 MiB: phi3 (3600) needs either copy gone
+    card = _card({"qwen3:14b": FOREVER, "qwen3:8b": NOW + 300})
+    decision = place(call("phi3:mini"), snapshot(card))
+    assert decision.placement is not None and decision.placement.kind == "evict"
+    assert dict(decision.placement.evicts) == {"qwen3:8b": 6000}
+    # kept forever outranks what the demand board says of the other
+    wanted = place(call("phi3:mini"), snapshot(card, demand={
+        "qwen3:8b": ModelDemand(intents=2, recent_use=5, last_used_at=NOW)}))
+    assert wanted.placement is not None and set(wanted.placement.evicts) == {"qwen3:8b"}
+
+
+def test_a_copy_kept_forever_goes_when_nothing_else_makes_room() -> None:
+    # free 21616 - 12224 - 3600 = 5792 MiB: the 8b (6000) needs a copy gone, phi3 has a call
+    card = _card({"qwen3:14b": FOREVER, "phi3:mini": NOW + 300})
+    decision = place(call("qwen3:8b"), snapshot(card, tickets=(ticket("g24", "phi3:mini"),)))
+    assert decision.placement is not None and decision.placement.kind == "evict"
+    assert set(decision.placement.evicts) == {"qwen3:14b"}  # phi3 has a call
+
+
+@pytest.mark.parametrize(
+    ("expiries", "demand", "victim"),
+    [
+        # the shorter keep-alive left goes first, whatever the order of loading
+        ({"phi3:mini": NOW + 3600, "llama3.2:3b": NOW + 60}, {}, "llama3.2:3b"),
+        ({"phi3:mini": NOW + 60, "llama3.2:3b": NOW + 3600}, {}, "phi3:mini"),
+        # forever is last even for a model nobody uses and a short keep-alive in demand
+        ({"phi3:mini": FOREVER, "llama3.2:3b": NOW + 60},
+         {"llama3.2:3b": ModelDemand(intents=1, recent_use=3)}, "llama3.2:3b"),
+        # among copies with a keep-alive, one an agent announced it needs goes later
+        ({"phi3:mini": NOW + 60, "llama3.2:3b": NOW + 3600},
+         {"phi3:mini": ModelDemand(intents=1)}, "llama3.2:3b"),
+        # a model calls wait for goes only when nothing else makes room, kept forever or not
+        ({"phi3:mini": FOREVER, "llama3.2:3b": NOW + 60},
+         {"llama3.2:3b": ModelDemand(waiters=1)}, "phi3:mini"),
+    ],
+)
+def test_victim_order(expiries: dict[str, float], demand: dict[str, ModelDemand],
+                      victim: str) -> None:
+    index = index_providers(snapshot(_card(expiries)), DEFAULT_POLICY)["g24"]
+    chosen = choose_victims(index, lambda victims: sum(v.footprint_mib for v in victims) >= 3000,
+                            demand, now=NOW)
+    assert chosen is not None and [r.model for r in chosen] == [victim]
