@@ -19,6 +19,7 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.recent import RecentCalls
 from proxy.ports import StoreUnavailable
 from proxy.service.claims import Claimed, Claims, left_loaded, load_state
+from proxy.service.codec import ProviderState
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
 from proxy.service.experience import CacheCheck, Experience
@@ -52,6 +53,15 @@ class CallService:
         self.recent = recent or RecentCalls()  # this sidecar's, for the status page
         self.clock = scheduler.clock
         self._background: set[asyncio.Task[None]] = set()
+        prober.watchers.append(self._probed)
+
+    def _probed(self, state: ProviderState) -> None:
+        """A card that failed its calls as it went down takes a trial call once it answers
+        its probes again, not after the whole cooldown (core/health.py)."""
+        moved = self.experience.probed(state.name, state.ready, state.last_probed_at)
+        if moved and state.ready:
+            log.info("provider back after an outage: its circuit lets a trial call through",
+                     provider=state.name)
 
     def attempts(self, call: CallRequest, started: float) -> CallAttempts:
         return CallAttempts(self, call, started)

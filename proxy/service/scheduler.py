@@ -116,11 +116,22 @@ class Scheduler:
         snapshot = self.view.snapshot(now, self.experience.health(now), demand,
                                       self.learning.load_mib_per_s, self.claims.uncounted(now),
                                       self.learning.lengths)
+        if self._saw_probes(snapshot.providers):  # (before any exclusion marks a card down)
+            snapshot = replace(snapshot, health=self.experience.health(now))
         snapshot = self.learning.with_caches(snapshot, self.demand.shared_caches())
         if not exclude:
             return snapshot
         return replace(snapshot, providers=tuple(
             replace(v, ready=False) if v.name in exclude else v for v in snapshot.providers))
+
+    def _saw_probes(self, views: tuple[ProviderView, ...]) -> bool:
+        """Tell each open circuit what the latest probe of its card found (published by
+        another process when the state is shared); True when a circuit moved."""
+        moved = False
+        for view in views:
+            if view.probed_at:
+                moved = self.experience.probed(view.name, view.ready, view.probed_at) or moved
+        return moved
 
     def spec(self, call: CallRequest, candidates: tuple[Candidate, ...], at_least: int = 0
              ) -> CallSpec:
