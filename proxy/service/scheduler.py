@@ -154,10 +154,12 @@ class Scheduler:
 
     # -- the call path ---------------------------------------------------------------------
     async def place_call(self, call: CallRequest, at_least_tokens: int = 0,
-                    exclude: frozenset[str] = frozenset()) -> Granted | Refusal:
+                         exclude: frozenset[str] = frozenset(),
+                         wait_limit_s: float | None = None) -> Granted | Refusal:
         """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
         engine counted of its prompt after refusing it as longer than a context; `exclude`:
-        providers that failed it.
+        providers that failed it; `wait_limit_s`: what is left of the call's wait limit
+        (the whole limit when None).
 
         Late binding: a call that must wait for a slot stays here, not in an engine's queue,
         as a wait entry carrying its turn; every change places it again, so it takes the
@@ -175,7 +177,8 @@ class Scheduler:
         started = self.clock.monotonic()
         arrived = self.clock.now()
         due = arrived + slack_s(self.work(spec))
-        deadline = started + self.settings.wait_limit_s
+        limit_s = self.settings.wait_limit_s if wait_limit_s is None else max(0.0, wait_limit_s)
+        deadline = started + limit_s
         wait: WaitEntry | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
         claim_rounds = 0
@@ -230,7 +233,7 @@ class Scheduler:
                     return self._static_or_busy(call, spec, decision)
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
-                    limit = f"{self.settings.wait_limit_s:.0f} s"
+                    limit = f"{self.settings.wait_limit_s:.0f} s"  # the call's, in all
                     return Refusal("gpu-busy", (
                         f"No GPU that can run {spec.preferred.model} came back within {limit}"
                         f" ({decision.reason}); check the providers."
@@ -365,14 +368,18 @@ class Scheduler:
 
     def others_could_take(self, spec: CallSpec, failed: str) -> bool:
         """Whether a provider other than the one that failed the call could take it, now or
-        after a wait: one that is up and has one of its models."""
-        excluded = frozenset((failed,))
-        snapshot = self.snapshot(self.clock.now(), excluded)
-        if place(spec, snapshot, self.policy).outcome not in ("placed", "wait"):
+        by waiting for a slot or a load there: the fleet without it places the call, or waits
+        for a card that is up. The failed card is left out of the fleet, not only marked
+        down: the placement waits for a card down to come back, and that one could never
+        take the retry."""
+        snapshot = self.snapshot(self.clock.now())
+        others = replace(snapshot, providers=tuple(
+            v for v in snapshot.providers if v.name != failed))
+        if not others.providers:
             return False
-        wanted = {c.model for c in spec.candidates}
-        return any(v.ready and v.name != failed and (not v.disk_mib or wanted & set(v.disk_mib))
-                   for v in snapshot.providers)
+        decision = place(spec, others, self.policy)
+        return decision.outcome == "placed" or (
+            decision.outcome == "wait" and not decision.reason.startswith(NO_PROVIDER_REACHABLE))
 
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload: see Evictions.unload_everywhere."""

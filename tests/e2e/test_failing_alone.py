@@ -50,6 +50,23 @@ def circuits(url: str) -> dict[str, str]:
     return {p["name"]: p["circuit"] for p in state["providers"]}
 
 
+def test_one_500_from_the_only_card_that_holds_the_model_is_a_prompt_502(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    big, small = fleet(sim_factory)
+    url = sidecar_factory([big, small], discuss_gpu_wait_limit_seconds=20).url
+    assert chat(url, MODEL).status_code == 200  # warm on big
+    big.sim.fault.mode, big.sim.fault.count, big.sim.fault.status = "error", 1, 500
+    started = time.monotonic()
+    with pytest.raises(ollama.ResponseError) as info:
+        ollama.Client(host=url).chat(model=MODEL, messages=HI)
+    assert time.monotonic() - started < 2
+    assert info.value.status_code == 502
+    assert "provider big failed before answering: HTTP 500" in info.value.error
+    r = chat(url, MODEL)
+    assert (r.status_code, r.headers["x-kubemoot-provider"]) == (200, "big")
+    assert small.sim.stats.inference_requests == 0
+
+
 def test_the_only_card_back_from_a_crash_takes_calls_within_a_probe_interval_or_two(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any],
         request: pytest.FixtureRequest) -> None:

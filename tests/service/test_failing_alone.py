@@ -21,6 +21,31 @@ def only_big_holds_it(fleet: Fleet) -> None:
     big.preload(MODEL)
 
 
+async def test_a_500_from_the_only_card_that_holds_the_model_is_a_prompt_502(
+        fleet: Fleet) -> None:
+    only_big_holds_it(fleet)
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20)
+    fleet.servers["big"].script(Answer.failing(500, "oops"))
+    started = fleet.clock.monotonic()
+    r = await sidecar.chat(MODEL)
+    assert (r.status, r.error, [a.provider for a in r.attempts]) == (502, "oops", ["big"])
+    assert fleet.clock.monotonic() - started < 1.0
+    assert not sidecar.tickets()
+    after = await sidecar.chat(MODEL)
+    assert (after.status, after.provider) == (200, "big")
+
+
+async def test_a_refused_connection_on_the_only_card_is_a_prompt_502(fleet: Fleet) -> None:
+    only_big_holds_it(fleet)
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20)
+    fleet.servers["big"].script(Answer(refused=True))
+    started = fleet.clock.monotonic()
+    r = await sidecar.chat(MODEL)
+    assert (r.status, [a.provider for a in r.attempts]) == (502, ["big"])
+    assert "connection refused" in (r.error or "")
+    assert fleet.clock.monotonic() - started < 1.0
+
+
 async def test_a_card_seen_down_and_ready_again_takes_calls_before_the_cooldown(
         fleet: Fleet) -> None:
     """It crashed under three calls (the circuit opens) and restarted 2 s later: once the
@@ -56,3 +81,25 @@ async def test_a_card_never_seen_down_keeps_its_circuit_open_for_the_cooldown(
     assert sidecar.circuit("big") is Circuit.OPEN
     await asyncio.sleep(OPEN_FOR_S)
     assert sidecar.circuit("big") is Circuit.HALF_OPEN
+
+
+async def test_a_retry_waits_only_for_what_is_left_of_the_calls_wait_limit(
+        fleet: Fleet) -> None:
+    """The call waited 15 s of its 20 for a's slot, and a fails it; b stays busy: the retry
+    waits the 5 s left, and the 503 says what failed."""
+    a = fleet.gpu("a", total_vram_mib=24564, context_length=4096)
+    b = fleet.gpu("b", total_vram_mib=24564, context_length=4096)
+    for gpu in (a, b):
+        gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20)
+    a.script(Answer(seconds=15), Answer.failing(500, "oops"))
+    b.script(Answer(seconds=100))
+    first = [sidecar.start_chat("qwen3:8b") for _ in range(2)]
+    await asyncio.sleep(0.1)
+    started = fleet.clock.monotonic()
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.reason, [t.provider for t in r.attempts]) == (503, "gpu-busy", ["a"])
+    assert "provider a failed before answering (oops)" in (r.error or "")
+    assert fleet.clock.monotonic() - started <= 20.5
+    for call in first:
+        call.cancel()
