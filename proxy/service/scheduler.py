@@ -94,6 +94,9 @@ class Scheduler:
         self.clock = clock
         self._background: set[asyncio.Task[object]] = set()
         self._placing = asyncio.Lock()  # see decide_and_reserve
+        # This sidecar's waiting retries and the providers they left: no slot there is due
+        # to them (see _line_at)
+        self._retries_waiting: dict[WaitEntry, frozenset[str]] = {}
 
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None, thread: str | None = None,
@@ -193,7 +196,8 @@ class Scheduler:
                 if reserved.ticket is not None:
                     placement = decision.placement
                     assert placement is not None
-                    ahead = yields_to_sooner(placement, reserved.snapshot, self.policy, due)
+                    ahead = yields_to_sooner(placement, self._line_at(
+                        placement.provider, reserved.snapshot, wait), self.policy, due)
                     now = self.clock.monotonic()
                     if ahead and (yielding_since is None or now - yielding_since < YIELD_S):
                         yielding_since = now if yielding_since is None else yielding_since
@@ -245,6 +249,8 @@ class Scheduler:
                 if wait is None:
                     self.metrics.placements.labels("waiting", "-", spec.preferred.model).inc()
                     wait = await self.demand.waiting(spec.preferred.model, arrived, due)
+                    if exclude:
+                        self._retries_waiting[wait] = exclude
                     log.info("waiting for a GPU", model=wait.model, reason=decision.reason)
                 if gone is None and call.disconnected is not None:
                     gone = asyncio.ensure_future(call.disconnected())
@@ -265,9 +271,21 @@ class Scheduler:
             if gone is not None:
                 gone.cancel()  # before the response: the relay listens for disconnects too
             if wait is not None:
+                self._retries_waiting.pop(wait, None)
                 if self.demand.stop_waiting(wait):
                     self.changes.bump()  # it left the line: the next call in it goes now
                 self._spawn(self.demand.done_waiting(wait))
+
+    def _line_at(self, provider: str, snapshot: Snapshot, waiter: WaitEntry | None
+                 ) -> Snapshot:
+        """The snapshot whose waiting line a slot on `provider` is due to: without this
+        sidecar's retries that left that provider (they cannot take the slot, and a call must
+        not stand aside for them)."""
+        demand = snapshot.demand
+        for entry, excluded in self._retries_waiting.items():
+            if entry is not waiter and provider in excluded:
+                demand = without_waiter(demand, entry.model, entry.turn)
+        return snapshot if demand is snapshot.demand else replace(snapshot, demand=demand)
 
     async def decide_and_reserve(self, spec: CallSpec, exclude: frozenset[str] = frozenset(),
                                  plan: bool = False, waiter: WaitEntry | None = None

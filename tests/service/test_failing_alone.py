@@ -83,6 +83,31 @@ async def test_a_card_never_seen_down_keeps_its_circuit_open_for_the_cooldown(
     assert sidecar.circuit("big") is Circuit.HALF_OPEN
 
 
+async def test_a_call_retried_elsewhere_holds_no_call_back_from_the_card_it_left(
+        fleet: Fleet) -> None:
+    """a fails a call; its retry waits for b's one busy slot. A call after it takes a's free
+    slot at once: the retry, waiting with a turn before it, cannot use a."""
+    a = fleet.gpu("a", total_vram_mib=24564, context_length=4096)
+    b = fleet.gpu("b", total_vram_mib=24564, context_length=4096)
+    for gpu in (a, b):
+        gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar()
+    a.script(Answer(seconds=20))
+    b.script(Answer(seconds=20))
+    busy = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    free, other = (b, a) if a.stats.calls else (a, b)
+    free.script(Answer.failing(500))
+    retried = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)  # failed on `free`, waiting for `other`
+    assert len(free.stats.calls) == 1 and not retried.done()
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.provider, r.last.waited_ms) == (200, free.config.name, 0)
+    assert [t.provider for t in (await retried).attempts] == [
+        free.config.name, other.config.name]
+    await busy
+
+
 async def test_a_retry_waits_only_for_what_is_left_of_the_calls_wait_limit(
         fleet: Fleet) -> None:
     """The call waited 15 s of its 20 for a's slot, and a fails it; b stays busy: the retry
