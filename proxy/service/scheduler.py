@@ -21,7 +21,9 @@ from proxy.core.tokens import PromptSize
 from proxy.core.types import (
     CallSpec,
     Candidate,
+    Circuit,
     Decision,
+    ProviderHealth,
     ProviderView,
     Snapshot,
     Ticket,
@@ -386,18 +388,17 @@ class Scheduler:
 
     def others_could_take(self, spec: CallSpec, failed: str) -> bool:
         """Whether a provider other than the one that failed the call could take it, now or
-        by waiting for a slot or a load there: the fleet without it places the call, or waits
-        for a card that is up. The failed card is left out of the fleet, not only marked
-        down: the placement waits for a card down to come back, and that one could never
-        take the retry."""
+        by waiting for a slot or a load there: the fleet of the other cards that are up
+        (ready, circuit not open) places the call or waits for one of them. The failed card
+        and those down are left out of that fleet, not only marked down: for them the
+        placement waits for a card to come back, which no retry should."""
         snapshot = self.snapshot(self.clock.now())
-        others = replace(snapshot, providers=tuple(
-            v for v in snapshot.providers if v.name != failed))
-        if not others.providers:
+        up = tuple(v for v in snapshot.providers if v.name != failed and v.ready and
+                   snapshot.health.get(v.name, ProviderHealth()).circuit is not Circuit.OPEN)
+        if not up:
             return False
-        decision = place(spec, others, self.policy)
-        return decision.outcome == "placed" or (
-            decision.outcome == "wait" and not decision.reason.startswith(NO_PROVIDER_REACHABLE))
+        decision = place(spec, replace(snapshot, providers=up), self.policy)
+        return decision.outcome in ("placed", "wait")
 
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload: see Evictions.unload_everywhere."""

@@ -128,3 +128,19 @@ async def test_a_retry_waits_only_for_what_is_left_of_the_calls_wait_limit(
     assert fleet.clock.monotonic() - started <= 20.5
     for call in first:
         call.cancel()
+
+
+async def test_a_card_that_could_hold_the_model_but_is_down_takes_no_retry(
+        fleet: Fleet) -> None:
+    """Another 24 GiB card could hold the model, but its last probe found it down: the retry
+    would only wait for it to come back, so the failure is the answer at once."""
+    only_big_holds_it(fleet)
+    twin = fleet.gpu("twin", total_vram_mib=24564, num_parallel=4, context_length=8192)
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20, probe_interval_seconds=2)
+    twin.reachable = False
+    await asyncio.sleep(2.5)  # a probe finds it down
+    fleet.servers["big"].script(Answer.failing(500, "oops"))
+    started = fleet.clock.monotonic()
+    r = await sidecar.chat(MODEL)
+    assert (r.status, r.error, [a.provider for a in r.attempts]) == (502, "oops", ["big"])
+    assert fleet.clock.monotonic() - started < 1.0
