@@ -5,13 +5,16 @@ Each `record` returns the next state; the clock's "now" is passed in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.core.types import Circuit
 
 FAILURES_TO_OPEN = 3
 FAILURE_WINDOW_S = 120.0
 OPEN_FOR_S = 60.0
+# A probe that saw the card down this long before its first failure of the episode still
+# saw the same outage: it was in flight as the calls failed.
+DOWN_BEFORE_FAILURE_S = 5.0
 LATENCY_ALPHA = 0.4
 SUCCESS_ALPHA = 0.3
 SUCCESS_MIN_SAMPLES = 5
@@ -19,18 +22,36 @@ SUCCESS_MIN_SAMPLES = 5
 
 @dataclass(frozen=True, slots=True)
 class Breaker:
-    """closed --3 failures in 120 s--> open --60 s--> half-open --ok--> closed / --fail--> open."""
+    """closed --3 failures in 120 s--> open --60 s, or the prober saw the card down and then
+    ready again--> half-open --ok--> closed / --fail--> open."""
 
     failures: tuple[float, ...] = ()
     opened_at: float | None = None
     trial: bool = False  # half-open: a trial call is out
+    seen_down_at: float | None = None  # open: when a probe last found the card down
+    back: bool = False  # open: a probe found it ready after that (a restart)
 
     def state(self, now: float) -> Circuit:
         if self.opened_at is None:
             return Circuit.CLOSED
-        if now - self.opened_at < OPEN_FOR_S:
+        if now - self.opened_at < OPEN_FOR_S and not self.back:
             return Circuit.OPEN
         return Circuit.HALF_OPEN
+
+    def probed(self, ready: bool, at: float) -> Breaker:
+        """What a probe started at `at` found. A card that failed its calls as it went down
+        (a crash, a restart) is worth a trial call as soon as it answers its probes again; a
+        card that fails calls while answering its probes all along waits out the cooldown."""
+        if self.opened_at is None or self.back:
+            return self
+        if not ready:
+            if at >= self.failures[0] - DOWN_BEFORE_FAILURE_S and \
+                    (self.seen_down_at is None or at > self.seen_down_at):
+                return replace(self, seen_down_at=at)
+            return self
+        if self.seen_down_at is not None and at > self.seen_down_at:
+            return replace(self, back=True)
+        return self
 
     def allows(self, now: float) -> bool:
         """Closed, or half-open with no trial call out yet."""
@@ -39,12 +60,12 @@ class Breaker:
 
     def start_trial(self, now: float) -> Breaker:
         if self.state(now) is Circuit.HALF_OPEN:
-            return Breaker(self.failures, self.opened_at, trial=True)
+            return replace(self, trial=True)
         return self
 
     def without_trial(self) -> Breaker:
         """A trial call that ended telling nothing (its client left): another may go."""
-        return Breaker(self.failures, self.opened_at) if self.trial else self
+        return replace(self, trial=False) if self.trial else self
 
     def record(self, ok: bool, now: float) -> Breaker:
         state = self.state(now)
@@ -87,6 +108,11 @@ class ProviderStats:
     def abandoned(self) -> ProviderStats:
         """A call its client left: neither a success nor a failure of the provider."""
         return ProviderStats(self.breaker.without_trial(), self.latency, self.success)
+
+    def probed(self, ready: bool, at: float) -> ProviderStats:
+        breaker = self.breaker.probed(ready, at)
+        return self if breaker is self.breaker else \
+            ProviderStats(breaker, self.latency, self.success)
 
     @property
     def success_rate(self) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 
 from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.types import Circuit
@@ -19,6 +20,7 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.recent import RecentCalls
 from proxy.ports import StoreUnavailable
 from proxy.service.claims import Claimed, Claims, left_loaded, load_state
+from proxy.service.codec import ProviderState
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
 from proxy.service.experience import CacheCheck, Experience
@@ -52,6 +54,15 @@ class CallService:
         self.recent = recent or RecentCalls()  # this sidecar's, for the status page
         self.clock = scheduler.clock
         self._background: set[asyncio.Task[None]] = set()
+        prober.watchers.append(self._probed)
+
+    def _probed(self, state: ProviderState) -> None:
+        """A card that failed its calls as it went down takes a trial call once it answers
+        its probes again, not after the whole cooldown (core/health.py)."""
+        moved = self.experience.probed(state.name, state.ready, state.last_probed_at)
+        if moved and state.ready:
+            log.info("provider back after an outage: its circuit lets a trial call through",
+                     provider=state.name)
 
     def attempts(self, call: CallRequest, started: float) -> CallAttempts:
         return CallAttempts(self, call, started)
@@ -143,11 +154,13 @@ class CallAttempts:
         self.call = call
         self.started = started
         self._current: Granted | None = None
+        self._placing_since: float | None = None  # when its first placement began
         self._retried = False
         self._resized = False
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
+        self._placing_since = s.clock.monotonic()
         granted = await s.plans.take(self.call) or await s.scheduler.place_call(self.call)
         if isinstance(granted, Refusal):
             s.metrics.refusals.labels(granted.reason).inc()
@@ -186,20 +199,32 @@ class CallAttempts:
     async def _retry_elsewhere(self, failed: Granted, outcome: CallOutcome
                                ) -> Attempt | Refusal | None:
         """Placed again without the provider that failed, waiting for a GPU as a first
-        attempt would; None when no other provider could take it at all."""
+        attempt would, within what is left of the call's wait limit; None (the failure is
+        the answer) when no other provider could take it at all, however long it waited."""
         scheduler = self.service.scheduler
         provider = failed.attempt.provider
         if self._retried or not scheduler.others_could_take(failed.spec, provider):
             return None
         self._retried = True
-        placed = await scheduler.place_call(self.call, exclude=frozenset((provider,)))
+        placed = await scheduler.place_call(self.call, exclude=frozenset((provider,)),
+                                            wait_limit_s=self._wait_left())
         if isinstance(placed, Refusal):
             # Every other GPU stayed busy, or the agent left: that is the answer. Any other
             # refusal means no other could ever take it: the failure is the answer.
-            return placed if placed.reason in RETRY_REFUSALS else None
+            if placed.reason not in RETRY_REFUSALS:
+                return None
+            return replace(placed, message=f"provider {provider} failed before answering "
+                           f"({outcome.error}); {placed.message}")
         log.info("retrying on another provider", failed=provider, cause=outcome.error,
                  provider=placed.attempt.provider, model=placed.attempt.model)
         return self._begin(placed)
+
+    def _wait_left(self) -> float | None:
+        since = self._placing_since
+        if since is None:
+            return None
+        used = self.service.clock.monotonic() - since
+        return self.service.scheduler.settings.wait_limit_s - used
 
     def _begin(self, granted: Granted) -> Attempt:
         attempt = granted.attempt

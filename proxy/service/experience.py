@@ -187,6 +187,16 @@ class Experience:
         stats = self.stats[provider]
         self.stats[provider] = replace(stats, breaker=stats.breaker.start_trial(now))
 
+    def probed(self, provider: str, ready: bool, at: float) -> bool:
+        """What a probe started at `at` found of the provider (core/health.py: a card seen
+        down and then ready again half-opens its circuit); True when its circuit moved."""
+        stats = self.stats.get(provider)
+        if stats is None or stats.breaker.opened_at is None:
+            return False
+        moved = stats.probed(ready, at)
+        self.stats[provider] = moved
+        return moved is not stats
+
     def record(self, provider: str, outcome: CallOutcome, now: float) -> Circuit:
         """The provider's health after the outcome; its circuit's state now."""
         stats = self.stats[provider]

@@ -116,6 +116,8 @@ class Prober:
         # provider -> model -> (digest, what /api/show says of it)
         self._shown: dict[str, dict[str, tuple[str, ModelInfo]]] = {}
         self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
+        # Told of every probe as it ends (the circuit breakers: a card back from an outage)
+        self.watchers: list[Callable[[ProviderState], None]] = []
 
     async def probe(self, name: str) -> ProviderState:
         config = self.configs[name]
@@ -169,6 +171,8 @@ class Prober:
         if not ready and name in self.latest and self.latest[name].ready:
             log.warning("provider unreachable", provider=name)
         self.latest[name] = state
+        for watch in self.watchers:
+            watch(state)
         return state
 
     async def _shown_models(self, name: str, digests: dict[str, str]) -> dict[str, ModelInfo]:

@@ -21,7 +21,9 @@ from proxy.core.tokens import PromptSize
 from proxy.core.types import (
     CallSpec,
     Candidate,
+    Circuit,
     Decision,
+    ProviderHealth,
     ProviderView,
     Snapshot,
     Ticket,
@@ -94,6 +96,9 @@ class Scheduler:
         self.clock = clock
         self._background: set[asyncio.Task[object]] = set()
         self._placing = asyncio.Lock()  # see decide_and_reserve
+        # This sidecar's waiting retries and the providers they left: no slot there is due
+        # to them (see _line_at)
+        self._retries_waiting: dict[WaitEntry, frozenset[str]] = {}
 
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None, thread: str | None = None,
@@ -116,11 +121,22 @@ class Scheduler:
         snapshot = self.view.snapshot(now, self.experience.health(now), demand,
                                       self.learning.load_mib_per_s, self.claims.uncounted(now),
                                       self.learning.lengths)
+        if self._saw_probes(snapshot.providers):  # (before any exclusion marks a card down)
+            snapshot = replace(snapshot, health=self.experience.health(now))
         snapshot = self.learning.with_caches(snapshot, self.demand.shared_caches())
         if not exclude:
             return snapshot
         return replace(snapshot, providers=tuple(
             replace(v, ready=False) if v.name in exclude else v for v in snapshot.providers))
+
+    def _saw_probes(self, views: tuple[ProviderView, ...]) -> bool:
+        """Tell each open circuit what the latest probe of its card found (published by
+        another process when the state is shared); True when a circuit moved."""
+        moved = False
+        for view in views:
+            if view.probed_at:
+                moved = self.experience.probed(view.name, view.ready, view.probed_at) or moved
+        return moved
 
     def spec(self, call: CallRequest, candidates: tuple[Candidate, ...], at_least: int = 0
              ) -> CallSpec:
@@ -143,10 +159,12 @@ class Scheduler:
 
     # -- the call path ---------------------------------------------------------------------
     async def place_call(self, call: CallRequest, at_least_tokens: int = 0,
-                    exclude: frozenset[str] = frozenset()) -> Granted | Refusal:
+                         exclude: frozenset[str] = frozenset(),
+                         wait_limit_s: float | None = None) -> Granted | Refusal:
         """Place the call (waiting for capacity if need be); `at_least_tokens`: what the
         engine counted of its prompt after refusing it as longer than a context; `exclude`:
-        providers that failed it.
+        providers that failed it; `wait_limit_s`: what is left of the call's wait limit
+        (the whole limit when None).
 
         Late binding: a call that must wait for a slot stays here, not in an engine's queue,
         as a wait entry carrying its turn; every change places it again, so it takes the
@@ -164,7 +182,8 @@ class Scheduler:
         started = self.clock.monotonic()
         arrived = self.clock.now()
         due = arrived + slack_s(self.work(spec))
-        deadline = started + self.settings.wait_limit_s
+        limit_s = self.settings.wait_limit_s if wait_limit_s is None else max(0.0, wait_limit_s)
+        deadline = started + limit_s
         wait: WaitEntry | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
         claim_rounds = 0
@@ -179,7 +198,8 @@ class Scheduler:
                 if reserved.ticket is not None:
                     placement = decision.placement
                     assert placement is not None
-                    ahead = yields_to_sooner(placement, reserved.snapshot, self.policy, due)
+                    ahead = yields_to_sooner(placement, self._line_at(
+                        placement.provider, reserved.snapshot, wait), self.policy, due)
                     now = self.clock.monotonic()
                     if ahead and (yielding_since is None or now - yielding_since < YIELD_S):
                         yielding_since = now if yielding_since is None else yielding_since
@@ -219,7 +239,7 @@ class Scheduler:
                     return self._static_or_busy(call, spec, decision)
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
-                    limit = f"{self.settings.wait_limit_s:.0f} s"
+                    limit = f"{self.settings.wait_limit_s:.0f} s"  # the call's, in all
                     return Refusal("gpu-busy", (
                         f"No GPU that can run {spec.preferred.model} came back within {limit}"
                         f" ({decision.reason}); check the providers."
@@ -231,6 +251,8 @@ class Scheduler:
                 if wait is None:
                     self.metrics.placements.labels("waiting", "-", spec.preferred.model).inc()
                     wait = await self.demand.waiting(spec.preferred.model, arrived, due)
+                    if exclude:
+                        self._retries_waiting[wait] = exclude
                     log.info("waiting for a GPU", model=wait.model, reason=decision.reason)
                 if gone is None and call.disconnected is not None:
                     gone = asyncio.ensure_future(call.disconnected())
@@ -251,9 +273,21 @@ class Scheduler:
             if gone is not None:
                 gone.cancel()  # before the response: the relay listens for disconnects too
             if wait is not None:
+                self._retries_waiting.pop(wait, None)
                 if self.demand.stop_waiting(wait):
                     self.changes.bump()  # it left the line: the next call in it goes now
                 self._spawn(self.demand.done_waiting(wait))
+
+    def _line_at(self, provider: str, snapshot: Snapshot, waiter: WaitEntry | None
+                 ) -> Snapshot:
+        """The snapshot whose waiting line a slot on `provider` is due to: without this
+        sidecar's retries that left that provider (they cannot take the slot, and a call must
+        not stand aside for them)."""
+        demand = snapshot.demand
+        for entry, excluded in self._retries_waiting.items():
+            if entry is not waiter and provider in excluded:
+                demand = without_waiter(demand, entry.model, entry.turn)
+        return snapshot if demand is snapshot.demand else replace(snapshot, demand=demand)
 
     async def decide_and_reserve(self, spec: CallSpec, exclude: frozenset[str] = frozenset(),
                                  plan: bool = False, waiter: WaitEntry | None = None
@@ -354,14 +388,17 @@ class Scheduler:
 
     def others_could_take(self, spec: CallSpec, failed: str) -> bool:
         """Whether a provider other than the one that failed the call could take it, now or
-        after a wait: one that is up and has one of its models."""
-        excluded = frozenset((failed,))
-        snapshot = self.snapshot(self.clock.now(), excluded)
-        if place(spec, snapshot, self.policy).outcome not in ("placed", "wait"):
+        by waiting for a slot or a load there: the fleet of the other cards that are up
+        (ready, circuit not open) places the call or waits for one of them. The failed card
+        and those down are left out of that fleet, not only marked down: for them the
+        placement waits for a card to come back, which no retry should."""
+        snapshot = self.snapshot(self.clock.now())
+        up = tuple(v for v in snapshot.providers if v.name != failed and v.ready and
+                   snapshot.health.get(v.name, ProviderHealth()).circuit is not Circuit.OPEN)
+        if not up:
             return False
-        wanted = {c.model for c in spec.candidates}
-        return any(v.ready and v.name != failed and (not v.disk_mib or wanted & set(v.disk_mib))
-                   for v in snapshot.providers)
+        decision = place(spec, replace(snapshot, providers=up), self.policy)
+        return decision.outcome in ("placed", "wait")
 
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload: see Evictions.unload_everywhere."""
