@@ -24,10 +24,11 @@ FOREVER_AFTER_S = 100 * 365 * 86400.0
 
 
 def kept_forever(resident: Resident, now: float | None) -> bool:
-    """keep_alive -1 (or an expiry unknown); with no `now`, only an unknown expiry counts."""
-    if math.isinf(resident.expires_at):
-        return True
-    return now is not None and resident.expires_at - now > FOREVER_AFTER_S
+    """keep_alive -1, as /api/ps shows it (an expiry centuries on). An expiry not known yet
+    (a copy loaded since the last probe) is not: Ollama ranks such a copy by its ordinary
+    keep-alive."""
+    return (now is not None and not math.isinf(resident.expires_at)
+            and resident.expires_at - now > FOREVER_AFTER_S)
 
 
 def need_key(resident: Resident, demand: Mapping[str, ModelDemand], now: float | None = None

@@ -38,6 +38,15 @@ def test_a_copy_kept_forever_is_not_evicted_while_an_idle_one_with_a_keep_alive_
     assert wanted.placement is not None and set(wanted.placement.evicts) == {"qwen3:8b"}
 
 
+def test_a_copy_whose_expiry_is_not_known_yet_is_not_kept_forever() -> None:
+    """A copy loaded since the last probe (expiry unknown, inf) ranks by the board, as
+    Ollama ranks it by its ordinary keep-alive: the decision does not hang on probe timing."""
+    unknown = _card({"qwen3:14b": float("inf"), "qwen3:8b": NOW + 300})
+    board = {"qwen3:8b": ModelDemand(intents=2, recent_use=5, last_used_at=NOW)}
+    decision = place(call("phi3:mini"), snapshot(unknown, demand=board))
+    assert decision.placement is not None and set(decision.placement.evicts) == {"qwen3:14b"}
+
+
 def test_a_copy_kept_forever_goes_when_nothing_else_makes_room() -> None:
     # free 21616 - 12224 - 3600 = 5792 MiB: the 8b (6000) needs a copy gone, phi3 has a call
     card = _card({"qwen3:14b": FOREVER, "phi3:mini": NOW + 300})
