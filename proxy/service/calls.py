@@ -154,13 +154,11 @@ class CallAttempts:
         self.call = call
         self.started = started
         self._current: Granted | None = None
-        self._placing_since: float | None = None  # when its first placement began
         self._retried = False
         self._resized = False
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
-        self._placing_since = s.clock.monotonic()
         granted = await s.plans.take(self.call) or await s.scheduler.place_call(self.call)
         if isinstance(granted, Refusal):
             s.metrics.refusals.labels(granted.reason).inc()
@@ -206,8 +204,11 @@ class CallAttempts:
         if self._retried or not scheduler.others_could_take(failed.spec, provider):
             return None
         self._retried = True
+        # What the first attempt waited for a GPU counts; its time at the provider does not
+        waited_s = failed.attempt.waited_ms / 1000
         placed = await scheduler.place_call(self.call, exclude=frozenset((provider,)),
-                                            wait_limit_s=self._wait_left())
+                                            wait_limit_s=scheduler.settings.wait_limit_s
+                                            - waited_s)
         if isinstance(placed, Refusal):
             # Every other GPU stayed busy, or the agent left: that is the answer. Any other
             # refusal means no other could ever take it: the failure is the answer.
@@ -218,13 +219,6 @@ class CallAttempts:
         log.info("retrying on another provider", failed=provider, cause=outcome.error,
                  provider=placed.attempt.provider, model=placed.attempt.model)
         return self._begin(placed)
-
-    def _wait_left(self) -> float | None:
-        since = self._placing_since
-        if since is None:
-            return None
-        used = self.service.clock.monotonic() - since
-        return self.service.scheduler.settings.wait_limit_s - used
 
     def _begin(self, granted: Granted) -> Attempt:
         attempt = granted.attempt

@@ -126,8 +126,10 @@ class Scheduler:
         snapshot = self.learning.with_caches(snapshot, self.demand.shared_caches())
         if not exclude:
             return snapshot
+        # Left out, not marked down: the call never goes back to a card that failed it, so
+        # nothing of its should be waited for (others_could_take asks the same fleet).
         return replace(snapshot, providers=tuple(
-            replace(v, ready=False) if v.name in exclude else v for v in snapshot.providers))
+            v for v in snapshot.providers if v.name not in exclude))
 
     def _saw_probes(self, views: tuple[ProviderView, ...]) -> bool:
         """Tell each open circuit what the latest probe of its card found (published by

@@ -158,6 +158,7 @@ class FakeModelServer:
         model = self._model(str(body["model"]))
         self.stats.calls.append(model.name)
         if answer.status >= 400:
+            await asyncio.sleep(answer.seconds)  # an engine can fail a call late (0: at once)
             return FakeResponse(answer.status, orjson.dumps({"error": answer.error}))
         options = body.get("options") or {}
         loads = model.name not in self.loaded

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import asyncio
 
+from loadtest.sim_model import CATALOG, SimModel
 from proxy.core.health import OPEN_FOR_S
 from proxy.core.types import Circuit
 from tests.service.fakes import Answer
 from tests.service.harness import Fleet
 
 MODEL = "qwen3:14b"  # fits the 24 GiB card, never the 8 GiB one (at its 4096 context)
+
+
+def _catalog(*names: str) -> tuple[SimModel, ...]:
+    return tuple(m for m in CATALOG if m.name in names)
 
 
 def only_big_holds_it(fleet: Fleet) -> None:
@@ -33,6 +38,25 @@ async def test_a_500_from_the_only_card_that_holds_the_model_is_a_prompt_502(
     assert not sidecar.tickets()
     after = await sidecar.chat(MODEL)
     assert (after.status, after.provider) == (200, "big")
+
+
+async def test_a_retry_takes_an_in_tolerance_candidate_on_the_other_card(
+        fleet: Fleet) -> None:
+    """The failed card is the only one with the preferred model; the other has an
+    in-tolerance candidate on its disk: the retry serves that one (the retry and the question
+    whether to retry see the same fleet, the failed card left out), not a wait to the limit."""
+    big = fleet.gpu("big", total_vram_mib=24564, context_length=8192,
+                    models=_catalog(MODEL))
+    fleet.gpu("other", total_vram_mib=24564, context_length=8192,
+              models=_catalog("qwen3:8b"))
+    big.preload(MODEL)
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20, model_candidates_mulling=(
+        '[{"model": "qwen3:14b", "score": 70}, {"model": "qwen3:8b", "score": 65}]'))
+    big.script(Answer.failing(500, "oops"))
+    started = fleet.clock.monotonic()
+    r = await sidecar.chat(MODEL)
+    assert (r.status, r.provider, r.last.model) == (200, "other", "qwen3:8b")
+    assert fleet.clock.monotonic() - started < 15  # a load of the 8b, no wait to the limit
 
 
 async def test_a_refused_connection_on_the_only_card_is_a_prompt_502(fleet: Fleet) -> None:
@@ -128,6 +152,24 @@ async def test_a_retry_waits_only_for_what_is_left_of_the_calls_wait_limit(
     assert fleet.clock.monotonic() - started <= 20.5
     for call in first:
         call.cancel()
+
+
+async def test_time_at_the_failing_card_is_not_taken_from_the_retrys_wait(
+        fleet: Fleet) -> None:
+    """b takes the call at once and fails it only after 25 s, more than the 20 s wait limit;
+    the call waited for no GPU, so its retry may still wait for a's slot (free at 30 s)."""
+    a = fleet.gpu("a", total_vram_mib=24564, context_length=4096)
+    b = fleet.gpu("b", total_vram_mib=24564, context_length=4096)
+    for gpu in (a, b):
+        gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=20)
+    a.script(Answer(seconds=30), Answer(seconds=1))
+    b.script(Answer(seconds=25, status=500, error="slow failure"))
+    busy = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(0.1)
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, [t.provider for t in r.attempts]) == (200, ["b", "a"])
+    await busy
 
 
 async def test_a_card_that_could_hold_the_model_but_is_down_takes_no_retry(
