@@ -30,6 +30,9 @@ class Breaker:
     trial: bool = False  # half-open: a trial call is out
     seen_down_at: float | None = None  # open: when a probe last found the card down
     back: bool = False  # open: a probe found it ready after that (a restart)
+    # a trial after such a restart failed: the cooldown runs its course until the circuit
+    # closes again (a card in a crash loop gets one early trial, not one per restart)
+    early_spent: bool = False
 
     def state(self, now: float) -> Circuit:
         if self.opened_at is None:
@@ -42,7 +45,7 @@ class Breaker:
         """What a probe started at `at` found. A card that failed its calls as it went down
         (a crash, a restart) is worth a trial call as soon as it answers its probes again; a
         card that fails calls while answering its probes all along waits out the cooldown."""
-        if self.opened_at is None or self.back:
+        if self.opened_at is None or self.back or self.early_spent:
             return self
         if not ready:
             if at >= self.failures[0] - DOWN_BEFORE_FAILURE_S and \
@@ -73,8 +76,8 @@ class Breaker:
             if state is Circuit.CLOSED:
                 return self
             return Breaker()  # half-open success clears
-        if state is Circuit.HALF_OPEN:
-            return Breaker((now,), opened_at=now)  # one more failure reopens
+        if state is Circuit.HALF_OPEN:  # one more failure reopens
+            return Breaker((now,), opened_at=now, early_spent=self.back or self.early_spent)
         if state is Circuit.OPEN:
             return self
         recent = (*(t for t in self.failures if now - t < FAILURE_WINDOW_S), now)

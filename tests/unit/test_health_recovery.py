@@ -26,6 +26,21 @@ def test_a_trial_that_fails_after_a_restart_opens_the_circuit_anew() -> None:
     assert reopened.probed(True, 105.0).state(105.0) is Circuit.OPEN  # not seen down again
 
 
+def test_a_card_in_a_crash_loop_gets_one_early_trial_per_outage() -> None:
+    """Down one probe, up the next, failing every call: one early trial, then the full
+    cooldown, however often its probes flip; a success closes it and re-arms the rule."""
+    breaker, trials, t = OPENED, 0, 100.2
+    while t < 100.1 + OPEN_FOR_S - 2:
+        breaker = breaker.probed(False, t).probed(True, t + 1)
+        if breaker.allows(t + 1.1):
+            trials += 1
+            breaker = breaker.start_trial(t + 1.1).record(False, t + 1.2)
+        t += 2
+    assert trials == 1
+    closed = Breaker((200.0,), opened_at=200.0, early_spent=True).record(True, 200.0 + OPEN_FOR_S)
+    assert closed == Breaker()
+
+
 def test_a_card_that_answers_its_probes_all_along_waits_out_the_cooldown() -> None:
     ready = OPENED.probed(True, 102.0).probed(True, 104.0)
     assert ready.state(100.1 + OPEN_FOR_S - 0.1) is Circuit.OPEN
