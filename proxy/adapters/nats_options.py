@@ -106,7 +106,7 @@ class NatsOptions:
                                           ("KUBEMOOT_NATS_TOKEN", self.token),
                                           (CREDS, self.creds_file)) if value]
         return ", ".join(named) or \
-            "none of KUBEMOOT_NATS_USER/PASSWORD/TOKEN/CREDS is set"
+            "the server wants credentials: set KUBEMOOT_NATS_USER/PASSWORD, TOKEN or CREDS"
 
 
 def read_file(setting: str, path: Path) -> bytes:
@@ -162,14 +162,20 @@ def unreachable(exc: BaseException) -> bool:
         and exc.errno in _UNREACHABLE)
 
 
+# What nats-server says when it judged the credentials (server/client.go's auth errors)
+REFUSED_CREDENTIALS = ("authorization violation", "authentication expired",
+                       "authentication revoked")
+
+
 def refusal(exc: BaseException, options: NatsOptions) -> NatsConfigError | None:
     """The server's answer to a connect, when it means the settings are wrong (not that the
     server is away): the credentials refused, the certificates not trusted one way or the
     other. None for anything else."""
     where = f"NATS at {redact(options.url)}"
     text = str(exc).lower()
-    if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in text \
-            or "authentication" in text:
+    # Not "authentication timeout": a slow CONNECT (an overloaded server), an outage
+    if isinstance(exc, nats.errors.AuthorizationError) or any(
+            refused in text for refused in REFUSED_CREDENTIALS):
         return NatsConfigError(f"{where}: authorization violation: check "
                                f"{options.auth_settings()}")
     if isinstance(exc, ssl.SSLCertVerificationError):

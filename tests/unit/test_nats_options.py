@@ -104,11 +104,16 @@ def test_refusals_name_the_settings_that_carry_the_credentials() -> None:
     said = refusal(authorization, NatsOptions("nats://u:p@h:4222", user="agent", password="x"))
     assert str(said) == ("NATS at nats://***@h:4222: authorization violation: check "
                          "KUBEMOOT_NATS_USER/PASSWORD")
-    assert "none of KUBEMOOT_NATS_USER/PASSWORD/TOKEN/CREDS is set" in \
+    assert "the server wants credentials: set KUBEMOOT_NATS_USER/PASSWORD, TOKEN or CREDS" in \
         str(refusal(nats.errors.AuthorizationError(), NatsOptions("nats://h:4222")))
     assert refusal(ConnectionRefusedError(111, "Connect call failed"),
                    NatsOptions("nats://h:4222")) is None  # not listening: an outage
     assert refusal(TimeoutError(), NatsOptions("nats://h:4222")) is None
+    # a server too busy to take CONNECT in time judged nothing: an outage
+    assert refusal(nats.errors.Error("nats: 'Authentication Timeout'"),
+                   NatsOptions("nats://h:4222", user="agent", password="x")) is None
+    assert refusal(nats.errors.Error("nats: 'User Authentication Expired'"),
+                   NatsOptions("nats://h:4222", creds_file=Path("/c.creds"))) is not None
 
 
 def test_only_a_server_not_listening_or_not_found_is_unreachable() -> None:
