@@ -151,7 +151,8 @@ def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
      {"KUBEMOOT_NATS_USER": "agent", "KUBEMOOT_NATS_PASSWORD": "wrong"},
      "KUBEMOOT_NATS_USER/PASSWORD"),
     (["--auth", "t0ken"], {"KUBEMOOT_NATS_TOKEN": "wrong"}, "KUBEMOOT_NATS_TOKEN"),
-    (["--auth", "t0ken"], {}, "the server wants credentials: set KUBEMOOT_NATS_USER/PASSWORD, TOKEN or CREDS"),
+    (["--auth", "t0ken"], {},
+     "the server wants credentials: set KUBEMOOT_NATS_USER/PASSWORD, TOKEN or CREDS"),
 ])
 def test_a_wrong_password_or_token_ends_serve_with_one_line(
         serve: Callable[..., Serve], server_args: list[str], env: dict[str, str],
