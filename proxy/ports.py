@@ -49,6 +49,11 @@ class CasConflict(Exception):
     """The key moved on since the revision the writer read."""
 
 
+class ConfigError(Exception):
+    """Bad configuration; the message is one line that names the setting. Settings raise it,
+    and an adapter that finds its settings wrong when it first uses them (NATS credentials)."""
+
+
 class StoreUnavailable(Exception):
     """The shared store cannot be reached right now."""
 

@@ -28,11 +28,9 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
+
 ENV_PREFIX = "KUBEMOOT_"
-
-
-class ConfigError(Exception):
-    """Bad configuration; the message is one line that names the setting."""
 
 
 class ProviderConfig(BaseModel):

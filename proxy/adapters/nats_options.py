@@ -15,8 +15,7 @@ from typing import Any
 
 import nats.errors
 
-from proxy.ports import StoreUnavailable
-from proxy.settings import ConfigError
+from proxy.ports import ConfigError, StoreUnavailable
 
 CREDS, TLS_CA, TLS_CERT, TLS_KEY = ("KUBEMOOT_NATS_CREDS", "KUBEMOOT_NATS_TLS_CA",
                                     "KUBEMOOT_NATS_TLS_CERT", "KUBEMOOT_NATS_TLS_KEY")
