@@ -20,7 +20,7 @@ from proxy.core.types import Circuit, Ticket
 from proxy.ports import UpstreamError
 from proxy.service.routing import Attempt, CallOutcome, CallRequest, ProviderPool, Refusal
 from proxy.settings import load_settings
-from tests.service.fakes import FakeModelServer, LoopClock, gpu
+from tests.service.fakes import Answer, FakeModelServer, LoopClock, gpu
 
 
 @dataclass
@@ -196,3 +196,19 @@ class Fleet:
             for task in sidecar.background:
                 task.cancel()
             await sidecar.services.close()
+
+
+async def two_cards_one_busy(fleet: Fleet) -> tuple[Sidecar, asyncio.Task[Answered],
+                                                     FakeModelServer, FakeModelServer]:
+    """Two 24 GiB cards with qwen3:8b warm, one slot each, and a 20 s call on one of them:
+    (the sidecar, that call, the card left free, the busy one)."""
+    a = fleet.gpu("a", total_vram_mib=24564, context_length=4096)
+    b = fleet.gpu("b", total_vram_mib=24564, context_length=4096)
+    for card in (a, b):
+        card.preload("qwen3:8b")
+        card.script(Answer(seconds=20))
+    sidecar = await fleet.sidecar()
+    busy = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    free, other = (b, a) if a.stats.calls else (a, b)
+    return sidecar, busy, free, other

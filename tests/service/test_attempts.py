@@ -10,7 +10,7 @@ import asyncio
 from proxy.core.health import OPEN_FOR_S
 from proxy.core.types import Circuit
 from tests.service.fakes import Answer
-from tests.service.harness import Fleet
+from tests.service.harness import Fleet, two_cards_one_busy
 
 
 async def test_a_failure_before_any_byte_is_retried_once_on_another_provider(
@@ -53,19 +53,9 @@ async def test_a_refused_connection_is_retried_on_another_provider(fleet: Fleet)
 async def test_a_retry_waits_for_a_slot_like_a_first_attempt(fleet: Fleet) -> None:
     """The provider that answered fails; the other has the model but its one slot is busy
     for a while. The call waits for that slot instead of answering 502."""
-    a = fleet.gpu("a", total_vram_mib=24564, context_length=4096)
-    b = fleet.gpu("b", total_vram_mib=24564, context_length=4096)
-    for gpu in (a, b):
-        gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar()
-    a.script(Answer(seconds=20))
-    b.script(Answer(seconds=20))
-    busy = sidecar.start_chat("qwen3:8b")
-    await asyncio.sleep(1)
-    free = b if a.stats.calls else a
+    sidecar, busy, free, other = await two_cards_one_busy(fleet)
     free.script(Answer.failing(500))
     r = await sidecar.chat("qwen3:8b")  # the free copy fails; the retry waits for the busy one
-    other = b if free is a else a
     assert (r.status, [t.provider for t in r.attempts]) == (
         200, [free.config.name, other.config.name])
     assert r.last.waited_ms > 0

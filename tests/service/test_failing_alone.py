@@ -11,7 +11,7 @@ from loadtest.sim_model import CATALOG, SimModel
 from proxy.core.health import OPEN_FOR_S
 from proxy.core.types import Circuit
 from tests.service.fakes import Answer
-from tests.service.harness import Fleet
+from tests.service.harness import Fleet, two_cards_one_busy
 
 MODEL = "qwen3:14b"  # fits the 24 GiB card, never the 8 GiB one (at its 4096 context)
 
@@ -111,16 +111,7 @@ async def test_a_call_retried_elsewhere_holds_no_call_back_from_the_card_it_left
         fleet: Fleet) -> None:
     """a fails a call; its retry waits for b's one busy slot. A call after it takes a's free
     slot at once: the retry, waiting with a turn before it, cannot use a."""
-    a = fleet.gpu("a", total_vram_mib=24564, context_length=4096)
-    b = fleet.gpu("b", total_vram_mib=24564, context_length=4096)
-    for gpu in (a, b):
-        gpu.preload("qwen3:8b")
-    sidecar = await fleet.sidecar()
-    a.script(Answer(seconds=20))
-    b.script(Answer(seconds=20))
-    busy = sidecar.start_chat("qwen3:8b")
-    await asyncio.sleep(1)
-    free, other = (b, a) if a.stats.calls else (a, b)
+    sidecar, busy, free, other = await two_cards_one_busy(fleet)
     free.script(Answer.failing(500))
     retried = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(1)  # failed on `free`, waiting for `other`
