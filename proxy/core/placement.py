@@ -392,6 +392,9 @@ class _Planner:
         if all(trained) and largest_ctx >= max(trained):  # the models, not the GPUs, stop it
             advice = ("no acceptable model was trained for a longer context; use one that "
                       "was, or shorten the prompt.")
+        elif self.call.pins_context and self.call.num_ctx >= largest_ctx:  # its own num_ctx
+            advice = (f"the call's options.num_ctx ({self.call.num_ctx}) sets that context; "
+                      "raise it or shorten the prompt.")
         else:
             advice = "raise OLLAMA_CONTEXT_LENGTH on a provider or shorten the prompt."
         spare = context.reserve(largest_ctx, self.call.num_predict, self.call.generates)

@@ -414,6 +414,14 @@ def test_prompt_too_large_names_the_fix() -> None:
     assert "OLLAMA_CONTEXT_LENGTH" in decision.reason and "8192" in decision.reason
 
 
+def test_prompt_too_large_for_the_calls_own_num_ctx_says_so() -> None:
+    snap = snapshot(gpu("a", GIB24, ctx=8192))
+    decision = place(call("qwen3:8b", tokens=900, num_ctx=1024), snap)
+    assert decision.outcome == "prompt-too-large"
+    assert "options.num_ctx (1024)" in decision.reason
+    assert "OLLAMA_CONTEXT_LENGTH" not in decision.reason  # the card would give 8192
+
+
 def test_a_models_trained_context_caps_the_configured_one() -> None:
     # Ollama loads phi3:mini with at most its trained 4096 tokens, whatever the card allows.
     big = gpu("a", GIB24, ctx=8192, models={"phi3:mini": ModelInfo(trained_context=4096),
