@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from proxy.ports import StoreUnavailable
-from tests.service.fakes import Answer
-from tests.service.harness import Fleet
+from tests.service.fakes import Answer, FakeModelServer
+from tests.service.harness import Fleet, Sidecar
 
 
 async def test_a_warm_copy_is_reused(fleet: Fleet) -> None:
@@ -78,6 +78,14 @@ async def test_a_waiting_call_wakes_when_a_ticket_is_released_not_by_a_timer(
     assert (await working).status == 200
 
 
+async def goes_to_the_static_endpoint(sidecar: Sidecar, static: FakeModelServer, model: str
+                                      ) -> None:
+    """A call for `model` that cannot wait is answered by the static endpoint, alone."""
+    r = await sidecar.chat(model, can_wait=False)
+    assert (r.status, r.provider, r.placement) == (200, "static", "static")
+    assert static.stats.calls == [model]
+
+
 async def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(fleet: Fleet) -> None:
     gpu = fleet.gpu("gpu", total_vram_mib=16376)
     static = fleet.static_endpoint("static", total_vram_mib=49152)
@@ -85,9 +93,7 @@ async def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(fleet: Fleet)
     gpu.script(Answer(seconds=60))
     working = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(1)
-    r = await sidecar.chat("qwen3:14b", can_wait=False)
-    assert (r.status, r.provider, r.placement) == (200, "static", "static")
-    assert static.stats.calls == ["qwen3:14b"]
+    await goes_to_the_static_endpoint(sidecar, static, "qwen3:14b")
     await working
 
 
@@ -144,9 +150,7 @@ async def test_a_call_that_cannot_wait_takes_the_static_endpoint_over_a_busy_cop
     assert (await sidecar.chat("qwen3:8b")).provider == "gpu"
     working = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(0.5)
-    r = await sidecar.chat("qwen3:8b", can_wait=False)
-    assert (r.status, r.provider, r.placement) == (200, "static", "static")
-    assert static.stats.calls == ["qwen3:8b"]
+    await goes_to_the_static_endpoint(sidecar, static, "qwen3:8b")
     await working
 
 
