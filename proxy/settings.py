@@ -286,10 +286,9 @@ def describe_validation_error(exc: ValidationError) -> str:
     return f"{name}{path}: {message}"
 
 
-# Kubernetes service links: a Service named `kubemoot` or `kubemoot-*` in the pod's namespace
-# puts these into every container (unless the pod sets enableServiceLinks: false).
-# Kubernetes' service links (a Service named kubemoot*): each name's shape with its value's,
-# so that a typo such as KUBEMOOT_PORT=8080 is still warned of.
+# Kubernetes' service links (a Service named kubemoot* puts these into every container unless
+# the pod sets enableServiceLinks: false): each name's shape with its value's, so that a typo
+# such as KUBEMOOT_PORT=8080 is still warned of.
 _LINK = "KUBEMOOT_(?:[A-Z0-9_]+_)?"
 _ADDRESS = r"[0-9a-fA-F.:]+"  # an IPv4 or IPv6 address
 SERVICE_LINKS = tuple((re.compile(_LINK + name), re.compile(value)) for name, value in (

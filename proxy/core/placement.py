@@ -364,8 +364,7 @@ class _Planner:
 
     def pulled_anywhere(self, model: str) -> bool:
         """False only when every provider's catalog is known and none has the model."""
-        return any(not i.view.disk_mib or model in i.view.disk_mib or model in i.residents
-                   for i in self.indexes.values())
+        return any(_pulled_on(i, model) for i in self.indexes.values())
 
     def classify(self, verdicts: list[Verdict]) -> tuple[str, str] | None:
         """model-not-found, model-too-large, prompt-too-large, or None (busy)."""
@@ -428,8 +427,7 @@ class _Planner:
         need = self.fitting.footprint_mib(index, model)
         if index.usable_mib is not None and need is not None and need > index.usable_mib:
             return False
-        return not index.view.disk_mib or model in index.view.disk_mib or \
-            model in index.residents
+        return _pulled_on(index, model)
 
     def unreachable_holders(self, model: str) -> list[tuple[str, str]]:
         """The cards that could hold a copy of `model` for this call, each with why it is
@@ -517,18 +515,16 @@ class _Planner:
             return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}",
                             tuple(verdicts))
         refusal = self.classify(verdicts)
+        why = None
         if refusal is not None and refusal[0] == "model-not-found":
-            fallback = self.fall_back(f"{preferred} is on no provider's disk")
-            if fallback is not None:
-                return fallback
+            why = f"{preferred} is on no provider's disk"
         elif refusal is not None and refusal[0] == "model-too-large":
-            fallback = self.fall_back(f"{preferred} fits no GPU")
-            if fallback is not None:
-                return fallback
+            why = f"{preferred} fits no GPU"
         elif self.holds_prompt(preferred) is False:
-            fallback = self.fall_back(f"no GPU gives {preferred} the context for this prompt")
-            if fallback is not None:
-                return fallback
+            why = f"no GPU gives {preferred} the context for this prompt"
+        fallback = self.fall_back(why) if why is not None else None
+        if fallback is not None:
+            return fallback
         if refusal is not None:
             outcome, sentence = refusal
             return Decision(outcome, None, sentence, tuple(verdicts))  # type: ignore[arg-type]
@@ -576,21 +572,19 @@ class _Planner:
                             f"({unload.cost_s:.1f} s) beats queueing "
                             f"({'none' if queue is None else f'{queue.wait_s:.1f} s'})",
                             tuple(verdicts), queue_s, unload_s)
-        if (choice is True and queue is not None and not self.call.can_wait
-                and not self.call.static_fallback):
-            # It cannot wait in the sidecar and no static endpoint takes it: rather than a
-            # 503, it queues inside that copy's engine, as step 4's do.
-            verdict = self.verdict(self.indexes[queue.provider], queue.model)
-            return Decision("placed", self.placement(verdict, "queued", 5),
-                            f"step 5: queued for a slot of {queue.model} on {queue.provider} "
-                            f"({queue.wait_s:.1f} s), no worse than unloading "
-                            f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})",
-                            tuple(verdicts), queue_s, unload_s)
         if choice is True and queue is not None:
-            reason = (f"busy: wait for a slot of {queue.model} on {queue.provider} "
-                      f"({queue.wait_s:.1f} s)"
-                      f" is no worse than unloading "
-                      f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
+            queues = not self.call.can_wait and not self.call.static_fallback
+            slot = (f"a slot of {queue.model} on {queue.provider} ({queue.wait_s:.1f} s)"
+                    f"{',' if queues else ' is'} no worse than unloading "
+                    f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
+            if queues:
+                # It cannot wait in the sidecar and no static endpoint takes it: rather than
+                # a 503, it queues inside that copy's engine, as step 4's do.
+                verdict = self.verdict(self.indexes[queue.provider], queue.model)
+                return Decision("placed", self.placement(verdict, "queued", 5),
+                                f"step 5: queued for {slot}", tuple(verdicts), queue_s,
+                                unload_s)
+            reason = f"busy: wait for {slot}"
         elif (down := self.unreachable_holders(preferred)) or (
                 verdicts and all(v.reason in UNREACHABLE for v in verdicts)):
             named = down or [(v.provider, v.reason) for v in verdicts]
@@ -605,6 +599,11 @@ class _Planner:
 # A floor this close above the bar (relatively) is not passed over: sums of the same terms
 # in another order may differ in their last bits
 _FLOOR_MARGIN = 1e-9
+
+
+def _pulled_on(index: ProviderIndex, model: str) -> bool:
+    """The model is on the card's disk, or loaded there, or its catalog is unknown."""
+    return not index.view.disk_mib or model in index.view.disk_mib or model in index.residents
 
 
 def _rank(verdict: Verdict) -> tuple[float, str]:

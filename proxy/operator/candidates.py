@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from proxy.operator import documents as d
 from proxy.operator import scheduling as s
 
-KINDS = {"Model", "ModelProvider", "CrewSchedulingPolicy", "Agent", "MootArchetype"}
+KINDS = frozenset(d.SCHEMAS)
 CREW_LABEL = "kubemoot.ai/crew"
 
 

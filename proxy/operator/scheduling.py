@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.core import context
 from proxy.core.models import normalise_model
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.sizing import Sizer
@@ -284,11 +283,10 @@ def sized_mib(model: Model, provider: Provider) -> tuple[int, int] | None:
     info = sizer.info(identifier, view)
     if info is None or not info.kv_bytes_per_token:
         return None
-    resolved = context.for_card(view, info, 0)
-    if not resolved.requested:
+    resolved, footprint = sizer.load(identifier, view, 0, model.vram_mib)
+    if not resolved.requested or footprint is None:
         return None
-    footprint = sizer.footprint(identifier, view, resolved.requested, model.vram_mib)
-    return None if footprint is None else (footprint.total_mib, resolved.context)
+    return footprint.total_mib, resolved.context
 
 
 # -- score ------------------------------------------------------------------------------------
