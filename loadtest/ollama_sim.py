@@ -34,7 +34,7 @@ from starlette.routing import Route
 from . import sim_dialects, sim_output
 from .serving import ThreadedServer
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
-from .sim_engine import INPUT_TOO_LONG, reported_prompt_eval_count
+from .sim_engine import embedding_too_long, reported_prompt_eval_count
 from .sim_model import (
     CATALOG,
     CURRENT_VERSION,
@@ -161,13 +161,15 @@ class SimApp:
         if isinstance(body, Response):
             return body
         legacy = request.url.path.endswith("embeddings")
-        answer = await self._embed(body, body.get("prompt") if legacy else body.get("input"))
+        answer = await self._embed(body, body.get("prompt") if legacy else body.get("input"),
+                                   legacy)
         if isinstance(answer, Response) or not legacy:
             return answer if isinstance(answer, Response) else _json(answer)
         vectors = answer["embeddings"]
         return _json({"embedding": vectors[0] if vectors else []})
 
-    async def _embed(self, body: dict[str, Any], texts: Any) -> dict[str, Any] | Response:
+    async def _embed(self, body: dict[str, Any], texts: Any, legacy: bool
+                     ) -> dict[str, Any] | Response:
         name = str(body.get("model") or "")
         model = self.sim.config.model(name)
         if model is None:
@@ -180,17 +182,20 @@ class SimApp:
             runner, load_s = await self.sim.acquire(model, body, self.sim.config.keep_alive_s)
         except SimError as exc:
             return _error(str(exc), exc.status)
-        # routes.go:874-941: room for BOS and EOS; the head is kept, or 400 with truncate off
+        # routes.go:874-941: room for BOS and EOS; the head is kept, or refused with truncate
+        # off (the legacy path never cuts)
         limit = runner.ctx - 2
+        cuts = body.get("truncate") is not False and not legacy
         try:
             tokens = 0
             vectors = []
             for text in texts:
                 count = tokens_for_text(str(text), self.sim.config.chars_per_token)
                 if count > limit:
-                    if body.get("truncate") is False:
+                    if not cuts:
                         self.sim.stats.too_long_refusals += 1
-                        return _error(INPUT_TOO_LONG, 400)
+                        status, message = embedding_too_long(self.sim.config.version, legacy)
+                        return _error(message, status)
                     self.sim.stats.truncations += 1  # Ollama cuts embedding inputs silently
                     count = limit
                 tokens += count

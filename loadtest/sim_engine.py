@@ -37,6 +37,21 @@ def version_tuple(text: str) -> tuple[int, int, int]:
     return (int(match[1]), int(match[2]), int(match[3])) if match else (999, 0, 0)
 
 
+def embedding_too_long(version: str, legacy: bool) -> tuple[int, str]:
+    """Status and message of an embedding input over the context that Ollama does not cut:
+    /api/embed with `truncate: false`, and the legacy /api/embeddings, which never cuts.
+    0.30+: 400 (server/routes.go:928-939; llama-server's refusal of a legacy input is
+    normalized so, llm/llama_server.go:2435-2444). 0.12: /api/embed 400 "input exceeds
+    maximum context length" (v0.12.6 server/routes.go:679-683); a legacy input fails in the
+    runner, 500 (v0.12.6 runner/ollamarunner/runner.go:949-952, its sequences never cut an
+    embedding, :114,136)."""
+    if version_tuple(version) >= (0, 30, 0):
+        return 400, INPUT_TOO_LONG
+    if legacy:
+        return 500, f"failed to create new sequence: {INPUT_TOO_LONG}"
+    return 400, "input exceeds maximum context length"
+
+
 def default_num_ctx(version: str, total_vram_mib: int) -> int:
     """envconfig.ContextLength's default, and from 0.15.5 Serve()'s VRAM tiers
     (server/routes.go:2043-2058: total memory summed over GPUs)."""

@@ -315,10 +315,10 @@ RELOADING_OPTIONS = frozenset(("num_batch", "num_gpu", "main_gpu", "use_mmap", "
                                "draft_num_predict"))
 
 
-# Where Ollama cuts a prompt longer than the context unless told `truncate: false`: then it
-# refuses it with its count (docs/engine.md, "A prompt that does not fit"), which the
-# sidecar answers by placing the call again at that size, or by refusing it.
-TRUNCATING_PATHS = frozenset(("/api/chat", "/api/generate"))
+# Where Ollama cuts a prompt (an embedding's input) longer than the context unless told
+# `truncate: false`: then it refuses it (docs/engine.md, "A prompt that does not fit"), which
+# the sidecar answers by placing the call again at that size, or by refusing it.
+TRUNCATING_PATHS = frozenset(("/api/chat", "/api/generate", "/api/embed"))
 
 
 def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes:
@@ -490,25 +490,27 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
                            dialect)
     media_type = upstream.content_type or "application/json"
-    if upstream.status_code >= 500:
+    # 0.12's runner fails a legacy embedding input over the context with 500: the input's
+    # fault, not the provider's (docs/engine.md, "A prompt that does not fit").
+    counted = prompt_too_long(data[:4096].decode(errors="replace")) \
+        if upstream.status_code in (400, 500) else None
+    if upstream.status_code >= 500 and counted is None:
         message = engine_error(data)
         # A full queue says nothing of the provider's health: another may take the call.
         return failed(f"HTTP {upstream.status_code}: {message}",
                       healthy=upstream.status_code == 503 and SERVER_BUSY in message)
-    if upstream.status_code >= 400:  # the provider's own refusal, in the sidecar's shape
-        data, media_type = provider_refusal(upstream.status_code, engine_error(data),
-                                            attempt.model, dialect, data), JSON
-    if upstream.status_code == 400:
-        counted = prompt_too_long(data[:4096].decode(errors="replace"))
-        if counted is not None:
-            # The estimate was short: the call is placed again, sized at what the engine
-            # counted (at least the context); the engine's answer is the one to give only
-            # if it cannot be.
-            at_least = max(counted, attempt.context_length)
-            return Unanswered(
-                CallOutcome(True, time.perf_counter() - started, at_least,
-                            error="prompt longer than the context", prompt_too_long=True),
-                Response(data, status_code=400, media_type=media_type, headers=headers))
+    status = 400 if counted is not None else upstream.status_code
+    if status >= 400:  # the provider's own refusal, in the sidecar's shape
+        data, media_type = provider_refusal(status, engine_error(data), attempt.model,
+                                            dialect, data), JSON
+    if counted is not None:
+        # The estimate was short: the call is placed again, sized at what the engine counted
+        # (at least the context); the engine's answer is the one to give only if it cannot be.
+        at_least = max(counted, attempt.context_length)
+        return Unanswered(
+            CallOutcome(True, time.perf_counter() - started, at_least,
+                        error="prompt longer than the context", prompt_too_long=True),
+            Response(data, status_code=400, media_type=media_type, headers=headers))
     if upstream.status_code == 404 and "not found" in engine_error(data):
         return failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
             data, status_code=404, media_type=media_type, headers=headers))

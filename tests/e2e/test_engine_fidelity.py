@@ -193,6 +193,30 @@ def test_a_prompt_the_engine_refuses_as_too_long_is_placed_again(
     assert refused.status_code == 413 and refused.json()["reason"] == "prompt-too-large"
 
 
+@pytest.mark.parametrize(("path", "version"), [
+    ("/api/embed", "0.33.0"), ("/api/embed", "0.12.6"),
+    ("/api/embeddings", "0.33.0"), ("/api/embeddings", "0.12.6")])
+def test_an_embedding_input_the_sidecar_undersized_is_refused_not_cut(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, version: str) -> None:
+    """Text the sidecar reads at 3.5 characters a token where the tokenizer makes 2: it takes
+    ~1700 tokens to fit nomic-embed-text's 2048, the engine counts 3000. /api/embed cuts such
+    an input unless told `truncate: false` (the sidecar tells it); the legacy path never
+    cuts, and 0.12's runner fails it with 500, which is the input's fault, not the card's."""
+    gpu = sim_factory("gpu", chars_per_token=2.0, version=version, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    field = "input" if path == "/api/embed" else "prompt"
+
+    def embed(text: str) -> httpx.Response:
+        return httpx.post(f"{url}{path}", json={"model": "nomic-embed-text", field: text},
+                          timeout=30)
+
+    r = embed("w " * 3000)
+    assert r.status_code == 413 and r.json()["reason"] == "prompt-too-large", r.text
+    assert gpu.sim.stats.truncations == 0 and gpu.sim.stats.too_long_refusals == 1
+    assert 'kubemoot_circuit_open{provider="gpu"} 0.0' in httpx.get(f"{url}/metrics").text
+    assert embed("w " * 900).status_code == 200 and gpu.sim.stats.truncations == 0
+
+
 def test_an_engine_out_of_memory_leaves_no_copy_counted_on_its_card(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """Ollama unloads every model of a card whose engine ran out of memory. The sidecar marks

@@ -127,6 +127,27 @@ def test_an_over_long_prompt_is_cut_or_refused_as_the_version_does(
         assert kept == (2048 if version == "0.12.6" else 2048 - (2048 - 5) // 2)
 
 
+@pytest.mark.parametrize(("version", "path", "body", "status", "message"), [
+    ("0.33.0", "/api/embed", {}, 200, None),
+    ("0.33.0", "/api/embed", {"truncate": False}, 400, INPUT_TOO_LONG),
+    ("0.33.0", "/api/embeddings", {}, 400, INPUT_TOO_LONG),
+    ("0.12.6", "/api/embed", {}, 200, None),
+    ("0.12.6", "/api/embed", {"truncate": False}, 400, "input exceeds maximum context length"),
+    ("0.12.6", "/api/embeddings", {}, 500, f"failed to create new sequence: {INPUT_TOO_LONG}"),
+])
+def test_an_over_long_embedding_input_is_cut_only_where_ollama_cuts_it(
+        sim_factory: Sims, version: str, path: str, body: dict[str, Any], status: int,
+        message: str | None) -> None:
+    sim = sim_factory("gpu", version=version, time_scale=SCALE)
+    text = "w " * 6000  # 3000 tokens at 4 characters each; nomic-embed-text holds 2048
+    field = "input" if path == "/api/embed" else "prompt"
+    r = httpx.post(f"{sim.url}{path}", timeout=30,
+                   json={"model": "nomic-embed-text", field: text, **body})
+    assert r.status_code == status, r.text
+    assert message is None or r.json()["error"] == message
+    assert sim.sim.stats.truncations == (1 if message is None else 0)
+
+
 def test_images_skip_ollamas_own_cut_and_llama_server_refuses(sim_factory: Sims) -> None:
     sim = sim_factory("gpu", total_vram_mib=16376, context_length=2048, time_scale=SCALE)
     r = httpx.post(f"{sim.url}/api/chat", timeout=30, json={

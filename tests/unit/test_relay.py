@@ -454,12 +454,12 @@ def test_ollama_is_told_not_to_cut_a_prompt_unless_the_agent_asked(placement: st
 
     route = Attempt("p", OllamaClient(BASE), "qwen3:8b", placement)
     body = {"model": "x", "messages": []}
-    for path in ("/api/chat", "/api/generate"):
+    for path in ("/api/chat", "/api/generate", "/api/embed"):
         assert orjson.loads(payload_for(route, body, path))["truncate"] is False
         asked = orjson.loads(payload_for(route, {**body, "truncate": True}, path))
         assert asked["truncate"] is True
-    # (Ollama's OpenAI API has no such field; an embedding keeps what the agent sent)
-    for path in ("/v1/chat/completions", "/api/embed"):
+    # (Ollama's OpenAI API has no such field, nor its legacy embeddings path: it never cuts)
+    for path in ("/v1/chat/completions", "/v1/embeddings", "/api/embeddings"):
         assert "truncate" not in orjson.loads(payload_for(route, body, path))
 
 
