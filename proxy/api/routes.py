@@ -22,7 +22,7 @@ from proxy.api.errors import (
     install_error_shapes,
     provider_refusal,
 )
-from proxy.api.relay import engine_error, forward
+from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.models import model_name, normalise_model
 from proxy.core.tokens import (
@@ -402,6 +402,7 @@ class SidecarApi:
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
+            cut_allowed=path in TRUNCATING_PATHS and body.get("truncate") is True,
             conversation=conversation,
             ends_loop_unless_tool_called=bool(conversation) and answers_tool_result(body),
             shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,

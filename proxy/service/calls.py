@@ -100,7 +100,7 @@ class CallService:
             await self.evictions.after_out_of_memory(placement.provider)
         if outcome.ok:
             learning = self.experience.learning
-            if call.path in LEARNS_RATIO:
+            if call.path in LEARNS_RATIO and estimated_tokens:  # 0: placed to be cut
                 learning.observe_prompt(call, outcome.prompt_eval_count)
                 if outcome.prompt_eval_count and estimated_tokens:
                     self.metrics.prompt_estimate_ratio.observe(

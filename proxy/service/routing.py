@@ -38,6 +38,8 @@ class CallRequest:
     # Of the prompt, the agent's prefix every conversation of it shares (core/affinity.py)
     shared_prompt: PromptSize = NO_PROMPT
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
+    # The agent sent `truncate: true`: a prompt no copy holds whole may go where Ollama cuts it
+    cut_allowed: bool = False
     # tools offered, a tool's result last (core.tokens.answers_tool_result): an answer that
     # calls no tool ends the agent's loop
     ends_loop_unless_tool_called: bool = False

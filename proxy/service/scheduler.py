@@ -234,6 +234,14 @@ class Scheduler:
                 else:
                     yielding_since = None
                 refusal = self._refusal(decision, call, spec)
+                if refusal is not None and refusal.reason == "prompt-too-large" and \
+                        call.cut_allowed and spec.prompt_tokens:
+                    # The agent asked Ollama to cut what does not fit: placed as a prompt
+                    # that fits anywhere (0 tokens: nothing of its count is learned).
+                    log.info("placed to be cut, as the agent asked (truncate: true)",
+                             model=spec.preferred.model, tokens=spec.prompt_tokens)
+                    spec = replace(spec, prompt_tokens=0)
+                    continue
                 if refusal is not None:
                     return refusal
                 # Busy: those who cannot wait go to the static endpoint.

@@ -217,6 +217,24 @@ def test_an_embedding_input_the_sidecar_undersized_is_refused_not_cut(
     assert embed("w " * 900).status_code == 200 and gpu.sim.stats.truncations == 0
 
 
+def test_an_agent_that_asks_for_the_cut_gets_it_where_nothing_holds_its_prompt_whole(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """`truncate: true` sent by the agent: a prompt no card holds whole is placed anyway and
+    Ollama cuts it, as the agent asked; without it the same prompt is 413."""
+    gpu = sim_factory("gpu", context_length=2048, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    embed = {"model": "nomic-embed-text", "input": "w " * 6000}  # ~3400 tokens
+    assert httpx.post(f"{url}/api/embed", json=embed, timeout=30).status_code == 413
+    r = httpx.post(f"{url}/api/embed", json={**embed, "truncate": True}, timeout=30)
+    assert r.status_code == 200 and gpu.sim.stats.truncations == 1, r.text
+    long_chat = {"model": "qwen3:8b", "messages": WORDS, "stream": False}
+    assert httpx.post(f"{url}/api/chat", json=long_chat, timeout=30).status_code == 413
+    r = httpx.post(f"{url}/api/chat", json={**long_chat, "truncate": True}, timeout=30)
+    assert r.status_code == 200 and gpu.sim.stats.truncations == 2, r.text
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert not state["tickets"]
+
+
 def test_an_engine_out_of_memory_leaves_no_copy_counted_on_its_card(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """Ollama unloads every model of a card whose engine ran out of memory. The sidecar marks
