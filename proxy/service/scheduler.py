@@ -350,7 +350,7 @@ class Scheduler:
         if decision.outcome == "prompt-too-large":
             return Refusal("prompt-too-large", decision.reason, model)
         if decision.outcome == "model-too-large":
-            if not call.can_wait and self.pool.static is not None:
+            if not call.can_wait and self._static_for(call) is not None:
                 return None  # cannot wait: the static endpoint takes it
             return Refusal("model-too-large", decision.reason, model)
         return None

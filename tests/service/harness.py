@@ -64,10 +64,11 @@ class Sidecar:
     async def chat(self, model: str | None, *, prompt_chars: int = 100,
                    thread: str | None = None, can_wait: bool = True,
                    num_ctx: int | None = None, num_predict: int = 0,
-                   client_gone: asyncio.Event | None = None) -> Answered:
+                   client_gone: asyncio.Event | None = None, phase: str = "mulling"
+                   ) -> Answered:
         """One /api/chat call, relayed to its end."""
         disconnected = client_gone.wait if client_gone is not None else None
-        call = CallRequest("/api/chat", model, thread=thread, can_wait=can_wait,
+        call = CallRequest("/api/chat", model, phase, thread=thread, can_wait=can_wait,
                            prompt=PromptSize(prompt_chars), num_ctx=num_ctx,
                            num_predict=num_predict, disconnected=disconnected)
         attempts = self.services.calls.attempts(call, time.perf_counter())

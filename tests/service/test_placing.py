@@ -97,6 +97,17 @@ async def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(fleet: Fleet)
     await working
 
 
+async def test_a_triage_call_no_gpu_can_hold_goes_to_the_triage_endpoint(fleet: Fleet) -> None:
+    """Only the triage endpoint is set: a triage call for a model no card can hold, that
+    cannot wait, is answered there, not refused as too large."""
+    fleet.gpu("gpu", total_vram_mib=16376)
+    triage = fleet.static_endpoint("static", total_vram_mib=49152)
+    sidecar = await fleet.sidecar(triage_model_endpoint=triage.endpoint)
+    r = await sidecar.chat("qwen3:32b", can_wait=False, phase="triage")
+    assert (r.status, r.provider, r.placement) == (200, "static", "static")
+    assert (await sidecar.chat("qwen3:32b", can_wait=False)).status == 507
+
+
 async def test_a_call_that_cannot_wait_queues_at_a_busy_copy_worth_waiting_for(
         fleet: Fleet) -> None:
     """The 8b's calls on "gpu" are learned to take 1 s and its one slot is busy: waiting
