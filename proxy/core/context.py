@@ -8,6 +8,8 @@ From Ollama's source (ollama/ollama; docs/engine.md):
 - gpt-oss and qwen3vl at least 8192 on >= 20 GiB from 0.11.0 to 0.15.4 (v0.12.6 routes.go:141);
 - a floor of 4, of 2048 for vision models (sched.go:169-177), then the trained context caps
   it (llm/server.go:111-116); the cap is what the copy gets, per parallel slot;
+- an automatic context (none of the above set) whose load runs out of memory is lowered:
+  above 32768 to 32768, above 4096 to 4096 (sched.go:650-663, 917-926);
 - a prompt of num_ctx tokens or more is cut or refused: it must be <= num_ctx - 1
   (llm/llama_server.go:290); an embedding input <= num_ctx - 2 (BOS and EOS, routes.go:875).
 """
@@ -65,6 +67,8 @@ class Resolved:
     requested: int  # num_ctx as Ollama records it (before the trained cap); 0 unknown
     context: int  # what each slot gets; 0 unknown
     source: str  # where it came from: request, modelfile, provider, default <version>
+    automatic: bool = False  # Ollama's default: it lowers it when the load runs out of memory
+    lowered_from: int = 0  # the automatic context the card's memory could not hold; 0 none
 
 
 def resolve(*, requested: int, modelfile: int, configured: int, version: Version,
@@ -72,6 +76,7 @@ def resolve(*, requested: int, modelfile: int, configured: int, version: Version
             family: str = "") -> Resolved:
     """What Ollama resolves num_ctx to, before and after its caps (`requested` 0: the call
     does not set one)."""
+    automatic = False
     if requested > 0:
         value, source = requested, "request"
     elif modelfile > 0:
@@ -79,7 +84,7 @@ def resolve(*, requested: int, modelfile: int, configured: int, version: Version
     elif configured > 0:
         value, source = configured, "provider"
     else:
-        value = default_context(version, total_vram_mib)
+        value, automatic = default_context(version, total_vram_mib), True
         source = "default " + ".".join(map(str, version)) if version != NEWEST else "default"
     if not value:
         return Resolved(0, 0, "unknown (no VRAM total)")
@@ -92,7 +97,13 @@ def resolve(*, requested: int, modelfile: int, configured: int, version: Version
     context = min(value, trained) if trained else value
     if context < value:
         source += f", trained {trained}"
-    return Resolved(value, context, source)
+    return Resolved(value, context, source, automatic)
+
+
+def lower_automatic(context: int) -> tuple[int, ...]:
+    """The smaller contexts Ollama falls back to, largest first, when a copy at an automatic
+    `context` does not fit (sched.go:917-926 nextLowerAutoNumCtx)."""
+    return tuple(step for step in (32768, 4096) if step < context)
 
 
 def for_card(view: ProviderView, info: ModelInfo | None, requested: int) -> Resolved:

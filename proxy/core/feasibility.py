@@ -7,7 +7,7 @@ Ollama resolves it), whether a loaded copy's context holds it, and what a load t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.core import context
 from proxy.core.context import Resolved
@@ -44,8 +44,24 @@ class Fitting:
         return context.for_card(index.view, self.sizer.info(model, index.view), requested)
 
     def load(self, index: ProviderIndex, model: str) -> tuple[Resolved, Footprint | None]:
-        """The context a copy loaded here for this call gets, and its footprint."""
-        return self.sizer.load(model, index.view, self.requested, self.declared.get(model))
+        """The context a copy loaded here for this call gets, and its footprint. A call over
+        Ollama's own API that leaves the context to Ollama gets, on a card whose memory the
+        automatic context does not fit, the largest of Ollama's lower steps that fits (as
+        Ollama lowers it when such a load runs out of memory): the sidecar sends it as
+        num_ctx, so the copy never spills to the CPU."""
+        declared = self.declared.get(model)
+        found = self.sizer.load(model, index.view, self.requested, declared)
+        resolved, footprint = found
+        usable = index.usable_mib
+        if not (resolved.automatic and self.call.pins_context and footprint is not None
+                and usable is not None and footprint.total_mib > usable):
+            return found
+        for step in context.lower_automatic(resolved.context):
+            lowered, smaller = self.sizer.load(model, index.view, step, declared)
+            if smaller is not None and smaller.total_mib <= usable:
+                return replace(lowered, source=f"{resolved.source}, lowered to fit",
+                               lowered_from=resolved.context), smaller
+        return found
 
     def footprint_mib(self, index: ProviderIndex, model: str) -> int | None:
         footprint = self.load(index, model)[1]

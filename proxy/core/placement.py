@@ -394,6 +394,12 @@ class _Planner:
         elif self.call.pins_context and self.call.num_ctx >= largest_ctx:  # its own num_ctx
             advice = (f"the call's options.num_ctx ({self.call.num_ctx}) sets that context; "
                       "raise it or shorten the prompt.")
+        elif lowered := max((r.lowered_from for r in (
+                self.fitting.load(i, c.model)[0] for i in self.indexes.values()
+                for c in self.acceptable) if r.context == largest_ctx), default=0):
+            advice = (f"the GPUs' memory holds no larger one (Ollama's default, {lowered}, "
+                      "does not fit); use a larger GPU or a smaller model, or shorten the "
+                      "prompt.")
         else:
             advice = "raise OLLAMA_CONTEXT_LENGTH on a provider or shorten the prompt."
         spare = context.reserve(largest_ctx, self.call.num_predict, self.call.generates)

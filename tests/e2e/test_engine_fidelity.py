@@ -141,6 +141,33 @@ def test_an_unset_context_is_ollamas_default_for_its_version(
     assert quiet(gpu) == NOTHING
 
 
+def test_a_model_that_fits_only_below_the_automatic_context_loads_at_ollamas_lower_step(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """qwen3:32b at 0.33's automatic 32768 on a 24 GiB card takes ~28.5 GiB; Ollama would
+    spill it or, out of memory, lower the context to 4096. A call on Ollama's API that sets
+    no num_ctx is loaded at 4096 (sent as num_ctx: nothing spills); an OpenAI call, which
+    cannot name a context, is still 507 (Ollama would reload that copy at 32768)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    verdict = httpx.get(f"{url}/kubemoot/v1/explain", params={
+        "model": "qwen3:32b", "promptChars": 100}).json()["verdicts"][0]
+    assert (verdict["contextLength"], verdict["contextSource"]) == (
+        4096, "default 0.33.0, lowered to fit")
+    r = chat(url, "qwen3:32b")
+    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "cold"), r.text
+    assert gpu.sim.runners["qwen3:32b"].ctx == 4096 and quiet(gpu) == NOTHING
+    assert chat(url, "qwen3:32b").headers["x-kubemoot-placement"] == "warm"
+    too_long = chat(url, "qwen3:32b", messages=WORDS)  # ~6400 tokens: 4096 cannot hold it
+    assert too_long.status_code == 413, too_long.text
+    assert "Ollama's default, 32768, does not fit" in too_long.json()["error"]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="qwen3:32b",
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 507
+    assert quiet(gpu) == NOTHING
+
+
 def test_a_modelfiles_num_ctx_is_the_context_a_copy_gets(sim_factory: Sims,
                                                          sidecar_factory: Sidecars) -> None:
     models = tuple(replace(m, modelfile_num_ctx=16384) if m.name == "qwen3:8b" else m
