@@ -13,6 +13,7 @@ import orjson
 PROVIDER_STATE = "kubemoot_provider_state"
 PROVIDER_TICKETS = "kubemoot_provider_tickets"
 MODEL_DEMAND = "kubemoot_model_demand"
+WAIT_KEY_PREFIX = "wait."  # a waiting call's entry on the demand board (service/demand.py)
 BINDINGS = "kubemoot_bindings"
 
 
@@ -25,13 +26,21 @@ class BucketSpec:
     # move; a bucket whose rewrites only refresh (wait entries every few seconds, use counts
     # every second) would wake every waiter on every refresh: N waiters, N^2 decisions.
     wake_on_rewrite: bool = True
+    # Keys with these prefixes do not move `changes` when they first appear either: a call
+    # that starts waiting frees nothing (its leaving does wake the calls standing aside for it).
+    quiet_arrivals: tuple[str, ...] = ()
+
+    def wakes(self, key: str, rewrite: bool) -> bool:
+        """Whether writing `key` (an existing one when `rewrite`) moves `changes`."""
+        return self.wake_on_rewrite if rewrite else not key.startswith(self.quiet_arrivals)
 
 
 BUCKETS = (
     BucketSpec(PROVIDER_STATE, ttl_s=3600.0),
     BucketSpec(PROVIDER_TICKETS, ttl_s=6 * 3600.0),
-    # A wait or intent coming or going wakes waiters; its refreshes and use counts do not.
-    BucketSpec(MODEL_DEMAND, ttl_s=6 * 3600.0, wake_on_rewrite=False),
+    # A wait going, an intent coming or going wake waiters; refreshes and use counts do not.
+    BucketSpec(MODEL_DEMAND, ttl_s=6 * 3600.0, wake_on_rewrite=False,
+               quiet_arrivals=(WAIT_KEY_PREFIX,)),
     # A binding stays until the binder replaces it: unchanged bindings are never rewritten,
     # so an age limit would drop them; the binder prunes the discussions' keys itself.
     BucketSpec(BINDINGS, ttl_s=0.0),

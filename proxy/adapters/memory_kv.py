@@ -32,7 +32,7 @@ class MemoryStore:
         self._next_expiry = {b.name: math.inf for b in buckets}
         self._revision = 0
         self._versions = {b.name: 0 for b in buckets}
-        self._quiet_rewrites = {b.name for b in buckets if not b.wake_on_rewrite}
+        self._specs = {b.name: b for b in buckets}
         self.changes = ChangeCounter()
 
     async def start(self) -> None:
@@ -75,7 +75,7 @@ class MemoryStore:
         self._written_at[bucket][key] = now
         self._next_expiry[bucket] = min(self._next_expiry[bucket], now + self._ttl[bucket])
         self._versions[bucket] += 1
-        if not (rewrite and bucket in self._quiet_rewrites):
+        if self._specs[bucket].wakes(key, rewrite):
             self.changes.bump()
         return self._revision
 

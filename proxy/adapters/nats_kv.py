@@ -357,7 +357,7 @@ class NatsStore:
 
     async def _drain(self, bucket: str, watcher: Any) -> None:
         mirror = self._mirror[bucket]
-        quiet_rewrites = any(s.name == bucket and not s.wake_on_rewrite for s in self.buckets)
+        spec = next(s for s in self.buckets if s.name == bucket)
         async for entry in watcher:
             if entry is None:  # end of the initial replay
                 self._replayed[bucket].set()
@@ -367,7 +367,7 @@ class NatsStore:
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
                 mirror.pop(entry.key, None)
             else:
-                wakes = not (quiet_rewrites and entry.key in mirror)
+                wakes = spec.wakes(entry.key, entry.key in mirror)
                 mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
             self._versions[bucket] += 1
             if entry.delta == 0 and wakes:

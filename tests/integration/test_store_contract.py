@@ -92,19 +92,21 @@ async def test_change_counter_wakes_waiters(store: StateStore) -> None:
 
 
 async def test_a_refresh_in_a_quiet_bucket_wakes_nobody(store: StateStore) -> None:
-    """A demand entry coming or going wakes waiters; rewriting it (a wait entry's refresh,
-    a use count) does not, so N waiting calls do not make N^2 decisions."""
+    """A wait entry going, an intent coming or going wake waiters; a wait entry coming
+    (it frees nothing) or rewritten (its refresh, a use count) does not, so N waiting calls
+    do not make N^2 decisions."""
     async def wakes(write: Any) -> bool:
         seen = store.changes.value
         await write()
         return await store.changes.wait_past(seen, 0.3)
 
-    assert await wakes(lambda: store.put(MODEL_DEMAND, "wait.m.a.1", b"1"))
-    assert await _until(lambda: "wait.m.a.1" in store.view(MODEL_DEMAND))
     before = store.version(MODEL_DEMAND)
+    assert not await wakes(lambda: store.put(MODEL_DEMAND, "wait.m.a.1", b"1"))
+    assert await _until(lambda: "wait.m.a.1" in store.view(MODEL_DEMAND))
+    assert store.version(MODEL_DEMAND) > before  # the view moves
     assert not await wakes(lambda: store.put(MODEL_DEMAND, "wait.m.a.1", b"2"))
-    assert await _until(lambda: store.version(MODEL_DEMAND) > before)  # the view still moves
     assert await wakes(lambda: store.delete(MODEL_DEMAND, "wait.m.a.1"))
+    assert await wakes(lambda: store.put(MODEL_DEMAND, "intent.m.a", b"1"))
     await store.put(PROVIDER_STATE, "p", b"1")
     assert await _until(lambda: "p" in store.view(PROVIDER_STATE))
     assert await wakes(lambda: store.put(PROVIDER_STATE, "p", b"2"))
