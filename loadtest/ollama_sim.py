@@ -94,16 +94,24 @@ class SimApp:
     async def root(self, request: Request) -> Response:
         return PlainTextResponse("Ollama is running")
 
+    def _probed(self, path: str) -> None:
+        by_path = self.sim.stats.probes_by_path
+        by_path[path] = by_path.get(path, 0) + 1
+
     async def version(self, request: Request) -> Response:
+        self._probed("/api/version")
         return _json({"version": self.sim.config.version})
 
     async def tags(self, request: Request) -> Response:
+        self._probed("/api/tags")
         return _json(self.sim.tags())
 
     async def ps(self, request: Request) -> Response:
+        self._probed("/api/ps")
         return _json(self.sim.ps())
 
     async def show(self, request: Request) -> Response:
+        self._probed("/api/show")
         body = await self._body(request)
         if isinstance(body, Response):
             return body

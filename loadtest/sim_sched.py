@@ -107,6 +107,8 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens found in a slot's cache instead
     cache_hits: int = 0  # calls that found any of their prompt cached
     requests_by_model: dict[str, int] = field(default_factory=dict)
+    # /api/version, /api/tags, /api/ps and /api/show requests: what probing costs the server
+    probes_by_path: dict[str, int] = field(default_factory=dict)
 
 
 class OllamaSim:

@@ -53,6 +53,9 @@ from proxy.service.tickets import TicketBook
 from proxy.settings import Settings
 
 log = get_logger("kubemoot.app")
+# How long a starting sidecar waits for the shared state's replay before probing every card
+# itself (the replay of a few hundred keys takes milliseconds).
+START_REPLAY_WAIT_S = 2.0
 
 
 def nats_options(settings: Settings) -> NatsOptions:
@@ -121,11 +124,20 @@ class Services:
         except StoreUnavailable as exc:
             log.warning("shared state unavailable; placing from direct probes", error=str(exc))
         if self.settings.providers:
-            await self.prober.round()
+            await self.prober.round(await self._unpublished())
         self._probing = asyncio.create_task(
             self.prober.run(self.settings.probe_interval_seconds, self.to_probe))
         self.plans.start()
         self.claims.start()
+
+    async def _unpublished(self) -> list[str] | None:
+        """The providers to probe before serving: all (None), but in shared mode only those
+        no sidecar published fresh state for; a pod that starts (or rolls) beside many
+        others must not probe every card again, /api/show of every model included."""
+        if not self.shared or not self.store.connected or \
+                not await self.store.replayed(START_REPLAY_WAIT_S):
+            return None
+        return self.to_probe()
 
     async def close(self) -> None:
         probing, self._probing = self._probing, None

@@ -99,6 +99,11 @@ class StateStore(Protocol):
 
     async def delete(self, bucket: str, key: str) -> None: ...
 
+    async def replayed(self, timeout_s: float) -> bool:
+        """Wait until every view holds what its bucket held when the watch began; False
+        when that did not happen within `timeout_s`."""
+        ...
+
 
 class Clock(Protocol):
     """What time it is, injected into every service and the memory store so that tests run

@@ -41,6 +41,9 @@ class MemoryStore:
     async def close(self) -> None:
         return None
 
+    async def replayed(self, timeout_s: float) -> bool:
+        return True  # the view is the store
+
     @property
     def connected(self) -> bool:
         return True

@@ -595,6 +595,26 @@ def test_two_sidecars_sharing_nats_converge_on_one_loading_copy(
     assert sum(g.sim.stats.loads for g in gpus) == 1
 
 
+def test_a_sidecar_joining_fresh_shared_state_does_not_probe_the_cards_again(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    """One sidecar per agent pod: a pod that starts beside others whose state is fresh reads
+    it rather than asking every card for /api/ps, /api/tags, /api/version and /api/show of
+    every model; alone (or first), it probes before serving."""
+    import asyncio
+
+    from tests.conftest import empty_buckets
+
+    asyncio.run(empty_buckets(nats_server.url))
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    sidecar_factory([gpu], nats_url=nats_server.url, agent_name="first", probe_interval_seconds=60)
+    probes = dict(gpu.sim.stats.probes_by_path)
+    assert probes.get("/api/show", 0) >= len(gpu.sim.config.models)  # the first one probed
+    url = sidecar_factory([gpu], nats_url=nats_server.url, agent_name="second",
+                          probe_interval_seconds=60).url
+    assert gpu.sim.stats.probes_by_path == probes
+    assert chat(url, "qwen3:8b").status_code == 200
+
+
 def _nats_returns(server: NatsServer, url: str) -> None:
     """Start NATS again; the sidecar reconnects and keeps placing."""
     server.start()
