@@ -24,9 +24,9 @@ from proxy.core.policy import Policy
 from proxy.core.types import Placement, Snapshot
 
 # How long a free slot is left to the calls due it first before another call takes it: a
-# waiting call on any sidecar gets it within a store round trip; one that cannot use it, or
-# whose sidecar died, must not hold it.
-YIELD_S = 1.0
+# waiting call on any sidecar gets it within a store round trip (milliseconds); one that
+# cannot use it, whose sidecar died or is starved of CPU, must not hold it idle for long.
+YIELD_S = 0.25
 # A call may be passed by calls that arrive within this many of its own expected lengths
 # after it: short calls do not queue behind long ones, and a long call waits at most about
 # its own length more than in arrival order.
