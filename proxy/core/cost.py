@@ -80,6 +80,17 @@ def backlog(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) ->
     return Backlog(calls + waiters, slots)
 
 
+def waiting_line(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) -> Backlog:
+    """The calls waiting in sidecars for `model` (the demand board's; a waiting call's own
+    entry is not in its snapshot) over the slots of its copies. Late binding keeps them out
+    of the engines' queues, so no copy's tickets show them, yet each takes a freed slot
+    before a call that joins the line now: they are the queue the design's step 5 counts."""
+    slots = sum(index.slots(model) for index in indexes
+                if index.is_warm(model) or index.is_loading(model))
+    waiters = snapshot.demand[model].waiters if model in snapshot.demand else 0
+    return Backlog(waiters, slots)
+
+
 def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy
                      ) -> float:
     ticket = index.loading.get(model)

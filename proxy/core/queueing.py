@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.core.cost import call_length, load_seconds, queue_wait_s, remaining_load_s
+from proxy.core.cost import (
+    Backlog,
+    call_length,
+    load_seconds,
+    queue_wait_s,
+    remaining_load_s,
+    waiting_line,
+)
 from proxy.core.eviction import NO_DEMAND, choose_victims
 from proxy.core.feasibility import Fitting, health_reason
 from proxy.core.occupancy import Load, ProviderIndex
@@ -35,9 +42,13 @@ class UnloadOption:
 
 def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fitting: Fitting,
                  snapshot: Snapshot, policy: Policy) -> QueueOption | None:
-    """The cheapest warm or loading copy of any acceptable model to queue at."""
+    """The cheapest warm or loading copy of any acceptable model to queue at: the calls
+    running there and queued in its engine, then the model's line of calls waiting in the
+    sidecars, spread over its copies' slots."""
     best: QueueOption | None = None
     wanted = list(models)
+    indexes = list(indexes)
+    lines: dict[str, Backlog] = {}
     for index in indexes:
         if health_reason(index, snapshot.health):
             continue
@@ -47,7 +58,10 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
                     index, model, fitting.copy_context(index, model)):
                 continue
             call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
-            wait = queue_wait_s(index, model, snapshot.now, call_s)
+            if model not in lines:
+                lines[model] = waiting_line(indexes, model, snapshot)
+            wait = queue_wait_s(index, model, snapshot.now, call_s) + \
+                lines[model].delay_s(call_s)
             if loading:
                 wait += remaining_load_s(index, model, snapshot, policy)
             if best is None or wait < best.wait_s:

@@ -67,6 +67,18 @@ def test_doc_example_five_queued_calls_unload_an_idle_unwanted_8b() -> None:
     assert decision.placement.footprint_mib == 12224
 
 
+def test_doc_example_five_calls_waiting_in_the_sidecars_are_that_queue_too() -> None:
+    """Late binding: the four calls behind the running one wait in the sidecars (on the
+    demand board), not inside Ollama, and are counted as the queue all the same (95 s)."""
+    snap = snapshot(
+        gpu("4090", GIB24, ("qwen3:14b",)), gpu("4080", GIB16, ("qwen3:8b",)),
+        tickets=(ticket("4090", "qwen3:14b", elapsed=5),), latency={"4090": 20.0},
+        demand={"qwen3:14b": ModelDemand(waiters=4)})
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.queue_option_s == pytest.approx(95.0)
+    assert decision.placement is not None and decision.placement.kind == "evict"
+
+
 # --- the five steps ------------------------------------------------------------------------
 
 def test_step1_warm_with_free_slot_beats_any_cold_load() -> None:
