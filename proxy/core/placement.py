@@ -23,6 +23,7 @@ once that has become the cheaper option, instead of queueing inside one engine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -511,6 +512,11 @@ class _Planner:
         verdicts = self.weigh_room(self.weighed(preferred))
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
+        if hit is not None and hit.kind == "queued":
+            instead = self.alternative_load(hit.cost_s)
+            if instead is not None:
+                return self.loading_alternative(instead, f"waiting for a slot of {preferred} "
+                                                f"({hit.cost_s:.1f} s)", verdicts)
         # Late binding: a full copy worth waiting for is waited for in the sidecar; a call
         # that cannot wait there queues at that copy inside its engine instead
         if hit is not None and hit.kind == "queued" and self.call.can_wait:
@@ -534,7 +540,40 @@ class _Planner:
         if refusal is not None:
             outcome, sentence = refusal
             return Decision(outcome, None, sentence, tuple(verdicts))  # type: ignore[arg-type]
+        if self.alternatives:
+            bar = self.step5_best_s()
+            instead = self.alternative_load(bar)
+            if instead is not None:
+                return self.loading_alternative(
+                    instead, f"step 5 for {preferred} ({bar:.1f} s)", verdicts)
         return self.queue_or_unload(verdicts)
+
+    def alternative_load(self, bar_s: float) -> Placement | None:
+        """An in-tolerance candidate loaded onto free room, when the preferred model can only
+        be waited for (its copies full and no room for another, or step 5) and the load
+        costs less than that wait (`bar_s`): the agent accepts the candidate, and room left
+        free serves no one. No other model is unloaded for it."""
+        best: Placement | None = None
+        for alternative in self.alternatives:
+            found = self.weighted(self.weigh_room(self.weighed(alternative.model)))
+            if found is not None and found.kind == "cold" and found.cost_s < bar_s:
+                best, bar_s = found, found.cost_s
+        return best
+
+    def step5_best_s(self) -> float:
+        """What step 5 would cost the call: its queue or its unload, the cheaper."""
+        queue = queue_option(self.indexes.values(), [c.model for c in self.acceptable],
+                             self.fitting, self.snapshot, self.policy)
+        unload = unload_option(self.indexes.values(), self.call.preferred.model,
+                               self.fitting, self.snapshot, self.policy)
+        return min(queue.wait_s if queue else math.inf, unload.cost_s if unload else math.inf)
+
+    @staticmethod
+    def loading_alternative(instead: Placement, than: str, verdicts: list[Verdict]
+                            ) -> Decision:
+        return Decision("placed", instead, f"step 4: a cold load of "
+                        f"{instead.model}, in tolerance, on {instead.provider} "
+                        f"({instead.cost_s:.1f} s), sooner than {than}", tuple(verdicts))
 
     def fall_back(self, why: str) -> Decision | None:
         """The preferred model is on no provider's disk, fits no card, or no card gives it

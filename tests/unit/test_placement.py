@@ -166,6 +166,23 @@ def test_step4_long_queue_makes_a_second_copy_on_an_idle_card() -> None:
     assert decision.placement.footprint_mib == 6000
 
 
+def test_a_long_queue_loads_an_in_tolerance_candidate_where_only_it_fits() -> None:
+    """The 14b's one copy is four calls deep and card b has room for an 8b beside its phi3,
+    not for a 14b: a call that accepts the 8b gets it loaded there (~6 s) rather than wait
+    ~39 s or unload the phi3 for a 14b (~13 s), which is what a call that accepts only the
+    14b gets."""
+    queue = tuple(ticket("a", "qwen3:14b", elapsed=1) for _ in range(4))
+    snap = snapshot(gpu("a", GIB24, ("qwen3:14b",)), gpu("b", GIB16, ("phi3:mini",)),
+                    tickets=queue, latency={"a": 10.0})
+    decision = place(call(("qwen3:14b", 70), ("qwen3:8b", 65)), snap)
+    assert decision.placement is not None, decision.reason
+    assert (decision.placement.provider, decision.placement.model, decision.placement.kind) \
+        == ("b", "qwen3:8b", "cold")
+    assert "in tolerance" in decision.reason
+    alone = place(call(("qwen3:14b", 70), ("qwen3:8b", 65), tolerance=0), snap).placement
+    assert alone is not None and (alone.model, alone.kind) == ("qwen3:14b", "evict")
+
+
 def test_cold_load_prefers_free_room_over_eviction() -> None:
     snap = snapshot(gpu("full", GIB16, ("qwen3:8b", "phi3:mini")), gpu("empty", GIB24))
     decision = place(call("qwen3:14b"), snap)
