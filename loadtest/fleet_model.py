@@ -140,8 +140,11 @@ class Gpu:
     # -- calls -----------------------------------------------------------------------------
     def submit(self, call: SimCall, model: ModelSpec) -> None:
         call.gpu, call.model = self.spec.name, model.name
-        if call.prompt_tokens > self.spec.context:
-            call.truncated = True  # Ollama drops the oldest messages and says nothing
+        if call.prompt_tokens + call.output_tokens > self.spec.context:
+            # Ollama drops the oldest messages and says nothing; or the answer reaches the
+            # end of the context, which the engine shifts: the start of the prompt goes,
+            # mid-answer (llama-server's --context-shift, llm/llama_server.go:420, 789-795)
+            call.truncated = True
             self.counters.truncations += 1
         resident = self.residents.get(model.name)
         if resident is not None:

@@ -302,6 +302,13 @@ class SimApp:
         predict = options.get("num_predict")
         limit = int(predict) if isinstance(predict, int) and predict > 0 else None
         reply = sim_output.reply_for(body, chat, limit or sim.config.default_predict, limit)
+        if not fitted.cut and runner.options.shift and fitted.tokens + reply.tokens > runner.ctx:
+            # The answer reaches the end of the context, which the engine shifts: the start
+            # of the prompt goes, mid-answer (--context-shift, llm/llama_server.go:420,
+            # 789-795; server/sched.go:129-147 turns it on for every family but deepseek2)
+            sim.stats.truncations += 1
+            log.info("%s shifted the context under an answer: %d + %d tokens (context %d)",
+                     sim.config.name, fitted.tokens, reply.tokens, runner.ctx)
         # A prompt cut to fit starts differently from what any slot holds.
         blocks = () if fitted.cut else tuple(prompt.blocks)
         gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault,

@@ -191,8 +191,10 @@ class Kubemoot:
                         lengths=lengths, caches=self.caches, prefill=self.prefill)
 
     def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
+        answers = self.lengths.get(call.agent, NO_LENGTHS).answers.get(call.preferred)
         spec = CallSpec(tuple(Candidate(m, s) for m, s in call.candidates),
                         prompt_tokens=call.prompt_tokens, tolerance=self.tolerance,
+                        expected_answer=round(answers.value) if answers else 0,
                         conversation=call.conversation if self.affinity else None)
         snapshot = self.snapshot(gpus, now, call)
         due = self.turns.setdefault(call.ident, call.arrived + slack_s(snapshot.lengths.work(

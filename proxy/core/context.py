@@ -121,16 +121,20 @@ def effective(recorded: int, trained: int) -> int:
     return min(recorded, trained) if trained and recorded else recorded
 
 
-def reserve(context: int, num_predict: int, generates: bool = True) -> int:
-    """Tokens kept free beyond the prompt in a context of `context` tokens."""
+def reserve(context: int, answer_tokens: int, generates: bool = True) -> int:
+    """Tokens kept free beyond the prompt in a context of `context` tokens for an answer of
+    `answer_tokens` (0 unknown). An answer that reaches the end of the context makes the
+    engine shift it (llama-server runs with --context-shift, llm/llama_server.go:420,
+    789-795): the start of the prompt goes, mid-answer and without a word."""
     if not generates:
         return EMBEDDING_RESERVE
-    wanted = min(num_predict, context // 2) if num_predict > 0 else 0
+    wanted = min(answer_tokens, context // 2) if answer_tokens > 0 else 0
     return max(ANSWER_RESERVE, wanted) + 1
 
 
-def fits(prompt_tokens: int, context: int, num_predict: int = 0, generates: bool = True
+def fits(prompt_tokens: int, context: int, answer_tokens: int = 0, generates: bool = True
          ) -> bool:
     """Whether the prompt fits with room for the answer; an unknown context (0) never
     refuses."""
-    return context <= 0 or prompt_tokens + reserve(context, num_predict, generates) <= context
+    return context <= 0 or \
+        prompt_tokens + reserve(context, answer_tokens, generates) <= context

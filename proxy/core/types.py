@@ -137,6 +137,9 @@ class CallSpec:
     prompt_tokens: int = 0
     num_ctx: int = 0  # the client's num_ctx: the least context it accepts; 0 none
     num_predict: int = 0  # the client's cap on the answer; 0 none
+    # This agent's recent answers of the preferred model, in tokens (0 unknown): the room
+    # kept for an answer when the call sets no num_predict
+    expected_answer: int = 0
     # Sent over Ollama's own API, the call can name the context of the copy it joins; over
     # the OpenAI and Anthropic APIs it cannot, and Ollama gives it the default context.
     pins_context: bool = True
@@ -155,6 +158,12 @@ class CallSpec:
     @property
     def preferred(self) -> Candidate:
         return self.candidates[0]
+
+    @property
+    def answer_tokens(self) -> int:
+        """How long an answer the context must leave room for: num_predict, else the
+        agent's recent answers."""
+        return self.num_predict or self.expected_answer
 
 
 @dataclass(frozen=True, slots=True)

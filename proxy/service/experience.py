@@ -142,6 +142,11 @@ class Learning:
         anchor = self.conversations.longest_known(call.conversation)
         return estimate_tokens(call.prompt, self.ratio, anchor) + call.tokens_apart
 
+    def expected_answer(self, model: str) -> int:
+        """This agent's recent answers of `model`, in tokens; 0 before the first."""
+        answers = self.lengths.answers.get(model)
+        return round(answers.value) if answers is not None else 0
+
     def observe_prompt(self, call: CallRequest, prompt_eval_count: int | None) -> None:
         if prompt_eval_count is not None:  # the ratio is of the text (and template) alone
             prompt_eval_count -= call.tokens_apart

@@ -190,7 +190,8 @@ class PlanBook:
                 s.automatic_context(placement.provider, placement.model):
             return False  # sent without num_ctx, it would make Ollama reload the copy
         return fits(s.learning.prompt_tokens(call), placement.context_length,
-                    call.num_predict, call.generates)
+                    call.num_predict or s.learning.expected_answer(placement.model),
+                    call.generates)
 
     async def take(self, call: CallRequest) -> Granted | None:
         """The call's thread's held plan as its first attempt, when the plan still suits

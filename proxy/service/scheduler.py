@@ -145,6 +145,7 @@ class Scheduler:
         tokens = max(at_least, self.learning.prompt_tokens(call))
         return CallSpec(candidates, prompt_tokens=tokens,
                         num_ctx=call.num_ctx or 0, num_predict=call.num_predict,
+                        expected_answer=self.learning.expected_answer(candidates[0].model),
                         pins_context=call.pins_context, generates=call.generates,
                         tolerance=self.bindings.tolerance(call.phase, call.thread)
                         if self.bindings else self.settings.tolerance,
