@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from loadtest.fleet_model import Gpu, SimCall
@@ -199,7 +199,7 @@ class Kubemoot:
         snapshot = self.snapshot(gpus, now, call)
         due = self.turns.setdefault(call.ident, call.arrived + slack_s(snapshot.lengths.work(
             call.preferred, prompt_tokens=call.prompt_tokens)))
-        decision = place(spec, snapshot, DEFAULT_POLICY)
+        decision = place(replace(spec, turn=due), snapshot, DEFAULT_POLICY)
         p = decision.placement
         if p is None:
             self.yielding.pop(call.ident, None)  # a yield lasts YIELD_S in a row, as there

@@ -70,7 +70,7 @@ NO_BACKLOG = Backlog()
 
 def backlog(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) -> Backlog:
     """Calls of `model` queued beyond its copies' slots, on every card, and its waiters on
-    the demand board (a waiting call placed again counts itself among them)."""
+    the demand board (a waiting call's own entry is not in its snapshot)."""
     calls = slots = 0
     for index in indexes:
         if index.is_warm(model) or index.is_loading(model):
@@ -80,15 +80,21 @@ def backlog(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) ->
     return Backlog(calls + waiters, slots)
 
 
-def waiting_line(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) -> Backlog:
-    """The calls waiting in sidecars for `model` (the demand board's; a waiting call's own
-    entry is not in its snapshot) over the slots of its copies. Late binding keeps them out
-    of the engines' queues, so no copy's tickets show them, yet each takes a freed slot
-    before a call that joins the line now: they are the queue the design's step 5 counts."""
+def waiting_line(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot,
+                 turn: float | None) -> Backlog:
+    """The calls waiting in sidecars for `model` with turns sooner than `turn` (every one
+    when None; a waiting call's own entry is not in its snapshot) over the slots of its
+    copies. Late binding keeps them out of the engines' queues, so no copy's tickets show
+    them, yet each takes a freed slot first: they are the queue the design's step 5
+    counts."""
     slots = sum(index.slots(model) for index in indexes
                 if index.is_warm(model) or index.is_loading(model))
-    waiters = snapshot.demand[model].waiters if model in snapshot.demand else 0
-    return Backlog(waiters, slots)
+    demand = snapshot.demand.get(model)
+    if demand is None:
+        return Backlog(0, slots)
+    if turn is None:
+        return Backlog(demand.waiters, slots)
+    return Backlog(sum(1 for other in demand.turns if other < turn), slots)
 
 
 def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy

@@ -28,11 +28,25 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from proxy.core import affinity, context
-from proxy.core.cost import Backlog, backlog, call_length, cold_floor_s, cold_terms, warm_terms
+from proxy.core.cost import (
+    Backlog,
+    backlog,
+    call_length,
+    cold_floor_s,
+    cold_terms,
+    waiting_line,
+    warm_terms,
+)
 from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check, health_reason
 from proxy.core.occupancy import ProviderIndex, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
-from proxy.core.queueing import queue_option, queue_wins, unload_option
+from proxy.core.queueing import (
+    QueueOption,
+    UnloadOption,
+    queue_option,
+    queue_wins,
+    unload_option,
+)
 from proxy.core.sizing import Sizer
 from proxy.core.types import (
     CallSpec,
@@ -512,7 +526,7 @@ class _Planner:
         verdicts = self.weigh_room(self.weighed(preferred))
         # Step 4: the weighted cost for the preferred model.
         hit = self.weighted(verdicts)
-        if hit is not None and hit.kind == "queued":
+        if hit is not None and hit.kind == "queued" and self.line_ahead(preferred):
             instead = self.alternative_load(hit.cost_s)
             if instead is not None:
                 return self.loading_alternative(instead, f"waiting for a slot of {preferred} "
@@ -540,33 +554,39 @@ class _Planner:
         if refusal is not None:
             outcome, sentence = refusal
             return Decision(outcome, None, sentence, tuple(verdicts))  # type: ignore[arg-type]
-        if self.alternatives:
-            bar = self.step5_best_s()
+        queue = queue_option(self.indexes.values(), [c.model for c in self.acceptable],
+                             self.fitting, self.snapshot, self.policy)
+        unload = unload_option(self.indexes.values(), preferred, self.fitting, self.snapshot,
+                               self.policy)
+        if self.alternatives and (queue is None or self.line_ahead(preferred)):
+            bar = min(queue.wait_s if queue else math.inf,
+                      unload.cost_s if unload else math.inf)
             instead = self.alternative_load(bar)
             if instead is not None:
                 return self.loading_alternative(
                     instead, f"step 5 for {preferred} ({bar:.1f} s)", verdicts)
-        return self.queue_or_unload(verdicts)
+        return self.queue_or_unload(verdicts, queue, unload)
+
+    def line_ahead(self, model: str) -> bool:
+        """Calls of `model` are ahead of this one for its copies' slots: queued in an engine
+        beyond them, or waiting in a sidecar with a sooner turn. Without them a load would
+        serve this call alone (rules.md, "Waiting for a slot counts the calls behind it")."""
+        indexes = self.indexes.values()
+        queued = sum(max(0, -i.free_slots(model)) for i in indexes
+                     if i.is_warm(model) or i.is_loading(model))
+        return queued + waiting_line(indexes, model, self.snapshot, self.call.turn).calls > 0
 
     def alternative_load(self, bar_s: float) -> Placement | None:
         """An in-tolerance candidate loaded onto free room, when the preferred model can only
-        be waited for (its copies full and no room for another, or step 5) and the load
-        costs less than that wait (`bar_s`): the agent accepts the candidate, and room left
-        free serves no one. No other model is unloaded for it."""
+        be waited for behind other calls (its copies full and no room for another, or step
+        5) and the load costs less than that wait (`bar_s`): the agent accepts the candidate,
+        and room left free serves no one. No other model is unloaded for it."""
         best: Placement | None = None
         for alternative in self.alternatives:
             found = self.weighted(self.weigh_room(self.weighed(alternative.model)))
             if found is not None and found.kind == "cold" and found.cost_s < bar_s:
                 best, bar_s = found, found.cost_s
         return best
-
-    def step5_best_s(self) -> float:
-        """What step 5 would cost the call: its queue or its unload, the cheaper."""
-        queue = queue_option(self.indexes.values(), [c.model for c in self.acceptable],
-                             self.fitting, self.snapshot, self.policy)
-        unload = unload_option(self.indexes.values(), self.call.preferred.model,
-                               self.fitting, self.snapshot, self.policy)
-        return min(queue.wait_s if queue else math.inf, unload.cost_s if unload else math.inf)
 
     @staticmethod
     def loading_alternative(instead: Placement, than: str, verdicts: list[Verdict]
@@ -597,12 +617,9 @@ class _Planner:
                 return replace(decision, reason=f"{why}; {decision.reason}")
         return None
 
-    def queue_or_unload(self, verdicts: list[Verdict]) -> Decision:
+    def queue_or_unload(self, verdicts: list[Verdict], queue: QueueOption | None,
+                        unload: UnloadOption | None) -> Decision:
         preferred = self.call.preferred.model
-        queue = queue_option(self.indexes.values(), [c.model for c in self.acceptable],
-                             self.fitting, self.snapshot, self.policy)
-        unload = unload_option(self.indexes.values(), preferred, self.fitting, self.snapshot,
-                               self.policy)
         choice = queue_wins(queue, unload)
         queue_s = queue.wait_s if queue else None
         unload_s = unload.cost_s if unload else None

@@ -59,7 +59,7 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
                 continue
             call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
             if model not in lines:
-                lines[model] = waiting_line(indexes, model, snapshot)
+                lines[model] = waiting_line(indexes, model, snapshot, fitting.call.turn)
             wait = queue_wait_s(index, model, snapshot.now, call_s) + \
                 lines[model].delay_s(call_s)
             if loading:

@@ -140,6 +140,9 @@ class CallSpec:
     # This agent's recent answers of the preferred model, in tokens (0 unknown): the room
     # kept for an answer when the call sets no num_predict
     expected_answer: int = 0
+    # When it is due a free slot (core/waitline.py): the waiting calls with sooner turns are
+    # the line ahead of it; None counts every waiting call
+    turn: float | None = None
     # Sent over Ollama's own API, the call can name the context of the copy it joins; over
     # the OpenAI and Anthropic APIs it cannot, and Ollama gives it the default context.
     pins_context: bool = True

@@ -185,6 +185,7 @@ class Scheduler:
         started = self.clock.monotonic()
         arrived = self.clock.now()
         due = arrived + slack_s(self.work(spec))
+        spec = replace(spec, turn=due)
         limit_s = self.settings.wait_limit_s if wait_limit_s is None else max(0.0, wait_limit_s)
         deadline = started + limit_s
         wait: WaitEntry | None = None

@@ -183,6 +183,30 @@ def test_a_long_queue_loads_an_in_tolerance_candidate_where_only_it_fits() -> No
     assert alone is not None and (alone.model, alone.kind) == ("qwen3:14b", "evict")
 
 
+def test_the_head_of_the_line_counts_no_call_behind_it() -> None:
+    """The 14b's slot frees in 1 s; six calls wait for it, all due after this one: it waits
+    for that slot rather than unload the idle 8b for a second 14b. The last in line (121 s)
+    unloads it."""
+    behind = tuple(NOW + 100 + i for i in range(6))
+    snap = snapshot(gpu("4090", GIB24, ("qwen3:14b",)), gpu("4080", GIB16, ("qwen3:8b",)),
+                    tickets=(ticket("4090", "qwen3:14b", elapsed=19),), latency={"4090": 20.0},
+                    demand={"qwen3:14b": ModelDemand(waiters=6, turns=behind)})
+    decision = place(call("qwen3:14b", turn=NOW), snap)
+    assert decision.outcome == "wait", decision.reason
+    assert decision.queue_option_s == pytest.approx(1.0)
+    last = place(call("qwen3:14b", turn=NOW + 200), snap)
+    assert last.placement is not None and last.placement.kind == "evict"
+
+
+def test_one_call_alone_waits_for_the_preferred_model_rather_than_load_a_candidate() -> None:
+    """One call runs on the 14b (8 s left), room for an 8b on b: a load would serve this
+    call alone, so it waits, as a call that accepts only the 14b does."""
+    snap = snapshot(gpu("a", GIB24, ("qwen3:14b",)), gpu("b", GIB16),
+                    tickets=(ticket("a", "qwen3:14b", elapsed=2),), latency={"a": 10.0})
+    decision = place(call(("qwen3:14b", 70), ("qwen3:8b", 65)), snap)
+    assert decision.outcome == "wait" and decision.placement is None, decision.reason
+
+
 def test_cold_load_prefers_free_room_over_eviction() -> None:
     snap = snapshot(gpu("full", GIB16, ("qwen3:8b", "phi3:mini")), gpu("empty", GIB24))
     decision = place(call("qwen3:14b"), snap)
