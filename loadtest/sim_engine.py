@@ -39,14 +39,15 @@ def version_tuple(text: str) -> tuple[int, int, int]:
 
 def embedding_too_long(version: str, legacy: bool) -> tuple[int, str]:
     """Status and message of an embedding input over the context that Ollama does not cut:
-    /api/embed with `truncate: false`, and the legacy /api/embeddings, which never cuts.
-    0.30+: 400 (server/routes.go:928-939; llama-server's refusal of a legacy input is
-    normalized so, llm/llama_server.go:2435-2444). 0.12: /api/embed 400 "input exceeds
+    /api/embed with `truncate: false`, and the legacy /api/embeddings, which never cuts and
+    answers any runner error with 500 (server/routes.go:1084-1088; v0.12.6 :789-791).
+    0.30+: /api/embed 400 (server/routes.go:928-939), a legacy input llama-server's refusal
+    as normalized (llm/llama_server.go:2435-2444). 0.12: /api/embed 400 "input exceeds
     maximum context length" (v0.12.6 server/routes.go:679-683); a legacy input fails in the
-    runner, 500 (v0.12.6 runner/ollamarunner/runner.go:949-952, its sequences never cut an
+    runner (v0.12.6 runner/ollamarunner/runner.go:949-952, its sequences never cut an
     embedding, :114,136)."""
     if version_tuple(version) >= (0, 30, 0):
-        return 400, INPUT_TOO_LONG
+        return (500 if legacy else 400), INPUT_TOO_LONG
     if legacy:
         return 500, f"failed to create new sequence: {INPUT_TOO_LONG}"
     return 400, "input exceeds maximum context length"

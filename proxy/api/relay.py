@@ -490,8 +490,8 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
                            dialect)
     media_type = upstream.content_type or "application/json"
-    # 0.12's runner fails a legacy embedding input over the context with 500: the input's
-    # fault, not the provider's (docs/engine.md, "A prompt that does not fit").
+    # Ollama fails a legacy embedding input over the context with 500: the input's fault,
+    # not the provider's (docs/engine.md, "A prompt that does not fit").
     counted = prompt_too_long(data[:4096].decode(errors="replace")) \
         if upstream.status_code in (400, 500) else None
     if upstream.status_code >= 500 and counted is None:

@@ -46,9 +46,9 @@ class Fitting:
     def load(self, index: ProviderIndex, model: str) -> tuple[Resolved, Footprint | None]:
         """The context a copy loaded here for this call gets, and its footprint. A call over
         Ollama's own API that leaves the context to Ollama gets, on a card whose memory the
-        automatic context does not fit, the largest of Ollama's lower steps that fits (as
-        Ollama lowers it when such a load runs out of memory): the sidecar sends it as
-        num_ctx, so the copy never spills to the CPU."""
+        automatic context does not fit, the largest of Ollama's lower steps that fits (the
+        steps Ollama lowers an automatic context to once when such a load runs out of
+        memory): the sidecar sends it as num_ctx, so the copy never spills to the CPU."""
         declared = self.declared.get(model)
         found = self.sizer.load(model, index.view, self.requested, declared)
         resolved, footprint = found

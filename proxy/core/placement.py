@@ -412,9 +412,10 @@ class _Planner:
         elif lowered := max((r.lowered_from for r in (
                 self.fitting.load(i, c.model)[0] for i in self.indexes.values()
                 for c in self.acceptable) if r.context == largest_ctx), default=0):
-            advice = (f"the GPUs' memory holds no larger one (Ollama's default, {lowered}, "
-                      "does not fit); use a larger GPU or a smaller model, or shorten the "
-                      "prompt.")
+            advice = (f"Ollama's default context, {lowered}, does not fit the GPUs' memory "
+                      "and the sidecar loads it at the next step that does; set "
+                      "options.num_ctx to the context the prompt needs if a GPU can hold "
+                      "that, use a larger GPU or a smaller model, or shorten the prompt.")
         else:
             advice = "raise OLLAMA_CONTEXT_LENGTH on a provider or shorten the prompt."
         spare = context.reserve(largest_ctx, self.call.answer_tokens, self.call.generates)

@@ -159,7 +159,7 @@ def test_a_model_that_fits_only_below_the_automatic_context_loads_at_ollamas_low
     assert chat(url, "qwen3:32b").headers["x-kubemoot-placement"] == "warm"
     too_long = chat(url, "qwen3:32b", messages=WORDS)  # ~6400 tokens: 4096 cannot hold it
     assert too_long.status_code == 413, too_long.text
-    assert "Ollama's default, 32768, does not fit" in too_long.json()["error"]
+    assert "Ollama's default context, 32768, does not fit" in too_long.json()["error"]
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.APIStatusError) as refused:
         client.chat.completions.create(model="qwen3:32b",
@@ -228,7 +228,7 @@ def test_an_embedding_input_the_sidecar_undersized_is_refused_not_cut(
     """Text the sidecar reads at 3.5 characters a token where the tokenizer makes 2: it takes
     ~1700 tokens to fit nomic-embed-text's 2048, the engine counts 3000. /api/embed cuts such
     an input unless told `truncate: false` (the sidecar tells it); the legacy path never
-    cuts, and 0.12's runner fails it with 500, which is the input's fault, not the card's."""
+    cuts and fails it with 500, which is the input's fault, not the card's."""
     gpu = sim_factory("gpu", chars_per_token=2.0, version=version, time_scale=SCALE)
     url = sidecar_factory([gpu]).url
     field = "input" if path == "/api/embed" else "prompt"

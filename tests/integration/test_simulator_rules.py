@@ -130,7 +130,7 @@ def test_an_over_long_prompt_is_cut_or_refused_as_the_version_does(
 @pytest.mark.parametrize(("version", "path", "body", "status", "message"), [
     ("0.33.0", "/api/embed", {}, 200, None),
     ("0.33.0", "/api/embed", {"truncate": False}, 400, INPUT_TOO_LONG),
-    ("0.33.0", "/api/embeddings", {}, 400, INPUT_TOO_LONG),
+    ("0.33.0", "/api/embeddings", {}, 500, INPUT_TOO_LONG),
     ("0.12.6", "/api/embed", {}, 200, None),
     ("0.12.6", "/api/embed", {"truncate": False}, 400, "input exceeds maximum context length"),
     ("0.12.6", "/api/embeddings", {}, 500, f"failed to create new sequence: {INPUT_TOO_LONG}"),

@@ -207,6 +207,19 @@ def test_one_call_alone_waits_for_the_preferred_model_rather_than_load_a_candida
     assert decision.outcome == "wait" and decision.placement is None, decision.reason
 
 
+def test_room_is_kept_for_the_agents_recent_answers_unless_num_predict_says_otherwise() -> None:
+    """A 7000-token prompt on 8192-token copies: with this agent's answers at 1500 tokens
+    the engine would shift the context mid-answer (the prompt's start goes), so no copy
+    holds it; its own num_predict of 500 does fit."""
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b",), ctx=8192, resident_ctx=8192))
+    assert place(call("qwen3:8b", tokens=7000), snap).outcome == "placed"
+    learned = call("qwen3:8b", tokens=7000, expected_answer=1500)
+    assert learned.answer_tokens == 1500
+    assert place(learned, snap).outcome == "prompt-too-large"
+    capped = replace(learned, num_predict=500)
+    assert capped.answer_tokens == 500 and place(capped, snap).outcome == "placed"
+
+
 def test_cold_load_prefers_free_room_over_eviction() -> None:
     snap = snapshot(gpu("full", GIB16, ("qwen3:8b", "phi3:mini")), gpu("empty", GIB24))
     decision = place(call("qwen3:14b"), snap)
