@@ -231,7 +231,7 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(request.url.path, body)
-        answer = await self._embed(body, body.get("input"))
+        answer = await self._embed(body, body.get("input"), legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
         return _json(sim_dialects.embeddings(answer, str(body.get("model"))))
