@@ -124,20 +124,26 @@ class Services:
         except StoreUnavailable as exc:
             log.warning("shared state unavailable; placing from direct probes", error=str(exc))
         if self.settings.providers:
-            await self.prober.round(await self._unpublished())
+            await self._learn_published_models()
+            await self.prober.round()
         self._probing = asyncio.create_task(
             self.prober.run(self.settings.probe_interval_seconds, self.to_probe))
         self.plans.start()
         self.claims.start()
 
-    async def _unpublished(self) -> list[str] | None:
-        """The providers to probe before serving: all (None), but in shared mode only those
-        no sidecar published fresh state for; a pod that starts (or rolls) beside many
-        others must not probe every card again, /api/show of every model included."""
+    async def _learn_published_models(self) -> None:
+        """In shared mode, what the published states say of each provider's models (their
+        /api/show figures), so that the first probe asks /api/show only of models nobody
+        described: a pod that starts (or rolls) beside many others probes each card's
+        /api/ps, /api/tags and /api/version (what is loaded now), not every model again."""
         if not self.shared or not self.store.connected or \
                 not await self.store.replayed(START_REPLAY_WAIT_S):
-            return None
-        return self.to_probe()
+            return
+        now = self.scheduler.clock.now()
+        for config in self.settings.providers:
+            state = self.view.provider_state(config.name, now)
+            if state is not None:
+                self.prober.described(config.name, state.models)
 
     async def close(self) -> None:
         probing, self._probing = self._probing, None

@@ -115,6 +115,8 @@ class Prober:
         self.observed: dict[str, dict[str, dict[int, int]]] = {}
         # provider -> model -> (digest, what /api/show says of it)
         self._shown: dict[str, dict[str, tuple[str, ModelInfo]]] = {}
+        # provider -> model -> what another process's /api/show said of it (shared state)
+        self._described: dict[str, dict[str, ModelInfo]] = {}
         self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
         # Told of every probe as it ends (the circuit breakers: a card back from an outage)
         self.watchers: list[Callable[[ProviderState], None]] = []
@@ -175,10 +177,18 @@ class Prober:
             watch(state)
         return state
 
+    def described(self, provider: str, models: Mapping[str, ModelInfo]) -> None:
+        """What another process's probes say of the provider's models: taken as this
+        process's own for the digests the next probe lists, instead of asking again."""
+        self._described[provider] = dict(models)
+
     async def _shown_models(self, name: str, digests: dict[str, str]) -> dict[str, ModelInfo]:
-        """Asks /api/show only for models (or digests) not seen before; a failed ask is
-        retried on the next probe."""
+        """Asks /api/show only for models (or digests) not seen before, nor described by
+        another process's probe; a failed ask is retried on the next probe."""
         known = self._shown.setdefault(name, {})
+        for model, info in self._described.pop(name, {}).items():
+            if model in digests and model not in known:
+                known[model] = (digests[model], info)
         new = [m for m, digest in digests.items() if m not in known or known[m][0] != digest]
         if new:
             shows = await asyncio.gather(*(_details(self.clients[name], m) for m in new),

@@ -595,11 +595,11 @@ def test_two_sidecars_sharing_nats_converge_on_one_loading_copy(
     assert sum(g.sim.stats.loads for g in gpus) == 1
 
 
-def test_a_sidecar_joining_fresh_shared_state_does_not_probe_the_cards_again(
+def test_a_sidecar_joining_shared_state_asks_no_card_to_describe_its_models_again(
         sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
-    """One sidecar per agent pod: a pod that starts beside others whose state is fresh reads
-    it rather than asking every card for /api/ps, /api/tags, /api/version and /api/show of
-    every model; alone (or first), it probes before serving."""
+    """One sidecar per agent pod: a pod that starts beside others probes what each card has
+    loaded (/api/ps, /api/tags, /api/version: a published state may be seconds old) but
+    takes what /api/show says of each model from the published state, not from the card."""
     import asyncio
 
     from tests.conftest import empty_buckets
@@ -611,7 +611,9 @@ def test_a_sidecar_joining_fresh_shared_state_does_not_probe_the_cards_again(
     assert probes.get("/api/show", 0) >= len(gpu.sim.config.models)  # the first one probed
     url = sidecar_factory([gpu], nats_url=nats_server.url, agent_name="second",
                           probe_interval_seconds=60).url
-    assert gpu.sim.stats.probes_by_path == probes
+    after = gpu.sim.stats.probes_by_path
+    assert after["/api/show"] == probes["/api/show"]
+    assert all(after[p] == probes[p] + 1 for p in ("/api/ps", "/api/tags", "/api/version"))
     assert chat(url, "qwen3:8b").status_code == 200
 
 
