@@ -184,7 +184,9 @@ def test_a_busy_wait_ends_when_capacity_frees(sim_factory: Sims, sidecar_factory
 
 
 def test_model_too_large_is_507(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    gpus = [sim_factory("a", total_vram_mib=16376), sim_factory("b", total_vram_mib=24564)]
+    # OLLAMA_CONTEXT_LENGTH set on b: 32768 is no automatic context to lower
+    gpus = [sim_factory("a", total_vram_mib=16376),
+            sim_factory("b", total_vram_mib=24564, context_length=32768)]
     url = sidecar_factory(gpus).url
     r = chat(url, "qwen3:32b")
     assert r.status_code == 507
