@@ -53,3 +53,24 @@ async def test_a_copy_a_dead_sidecar_loaded_counts_after_its_ticket_expires(
     assert card.stats.peak_mib <= CARD_MIB  # never both at once
     assert sorted(card.loaded) == ["qwen3:14b"]
 
+
+async def test_a_client_unload_leaves_a_dead_sidecar_load_counted(fleet: Fleet) -> None:
+    """`ollama stop` while the dead sidecar's load may still be under way: keep_alive 0 finds
+    nothing in Ollama's scheduler to expire (server/sched.go:1713-1731), so the copy is
+    neither asked to unload nor recorded unloaded; it keeps counting."""
+    card = fleet.gpu("gpu", total_vram_mib=CARD_MIB, context_length=4096)
+    store = MemoryStore(clock=fleet.clock)
+    survivor = await fleet.sidecar(store, ticket_ttl_seconds=TTL_S, probe_interval_seconds=60,
+                                   state_stale_seconds=120)
+    doomed = await fleet.sidecar(store, ticket_ttl_seconds=TTL_S, probe_interval_seconds=600,
+                                 state_stale_seconds=1200)
+    card.script(Answer(seconds=600))
+    call = doomed.start_chat("qwen3:32b")  # loads in ~21 s
+    await asyncio.sleep(10)
+    await kill(doomed, call)
+    await asyncio.sleep(2 * TTL_S)
+    assert survivor.tickets() == []
+
+    assert await survivor.services.scheduler.unload_everywhere("qwen3:32b") == []
+    await asyncio.sleep(1)
+    assert "qwen3:32b" in survivor.residents("gpu")
