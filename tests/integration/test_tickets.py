@@ -223,6 +223,21 @@ async def test_a_release_stops_counting_at_once_and_is_written_shortly_after(
     await book.close()
 
 
+
+async def test_a_release_after_its_ticket_expired_deletes_the_load_its_claim_recorded(
+        store: StateStore) -> None:
+    book = TicketBook(store, Policy(), ttl_s=0.3, release_delay_s=0.05)
+    assert (await book.claim(book.new_ticket("a", "gpu", "m", 6000, True, {}, "h"), VIEW)).ok
+    await asyncio.sleep(0.4)  # not renewed: the ticket expired, so its load counts alone
+    live = book.known("gpu")[0].live(time.time())
+    assert [r.model for r in merge_recorded(VIEW, live).residents] == ["idle:8b", "m"]
+    await book.release(book.new_ticket("a", "gpu", "m", 6000, True, {}, "h"))
+    await asyncio.sleep(0.2)
+    entry = await store.get(PROVIDER_TICKETS, "gpu")
+    assert entry is not None and decode_ticket_set("gpu", entry.value).loads == {}
+    assert not book.owes("gpu")
+    await book.close()
+
 async def test_a_claim_after_a_release_carries_it_in_one_write(store: StateStore) -> None:
     book = TicketBook(store, Policy(), release_delay_s=10)
     a = book.new_ticket("a", "gpu", "m1", 6000, True, {}, "h")
