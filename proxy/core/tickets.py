@@ -44,17 +44,38 @@ class Residency:
 
 
 @dataclass(frozen=True)
+class Load:
+    """A load a cold claim started, recorded in the claim's own write and deleted by its
+    release. While the ticket lives, the ticket counts the load; an entry whose ticket is gone
+    (its holder died before releasing) counts in its place, as a copy loading."""
+
+    model: str
+    mib: int
+    context_length: int
+    at: float
+
+
+@dataclass(frozen=True)
 class TicketSet:
-    """One provider's tickets and what calls recorded of its residents (one store entry)."""
+    """One provider's tickets, what calls recorded of its residents, and the loads cold
+    claims started, by ticket (one store entry)."""
 
     tickets: dict[str, Ticket] = field(default_factory=dict)
     residents: dict[str, Residency] = field(default_factory=dict)
+    loads: dict[str, Load] = field(default_factory=dict)
 
     def live(self, now: float) -> TicketSet:
-        """Unexpired tickets; residency entries young enough that no probe replaced them."""
+        """Unexpired tickets; residency entries young enough that no probe replaced them;
+        loads within their grace (a probe has listed such a copy since, or it never came)."""
         return TicketSet({k: t for k, t in self.tickets.items() if t.expires_at > now},
                          {m: r for m, r in self.residents.items()
-                          if now - r.at < RESIDENCY_MAX_AGE_S})
+                          if now - r.at < RESIDENCY_MAX_AGE_S},
+                         {k: load for k, load in self.loads.items()
+                          if now - load.at < LOAD_GRACE_S})
+
+    def orphaned_loads(self) -> dict[str, Load]:
+        """The loads whose ticket is gone without a release: their holder died."""
+        return {k: load for k, load in self.loads.items() if k not in self.tickets}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,21 +102,29 @@ def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy
         # An earlier attempt committed it, and the answer to that write was lost.
         return Admitted(current, "already claimed")
     fresh = replace(ticket, started_at=now, expires_at=now + ttl_s)
-    seen = merge_residency(view, current.residents)
+    seen = merge_recorded(view, current)
     ok, why = ticket_budget_ok(list(current.tickets.values()), fresh, seen, policy,
                                needs_free_slot)
     if not ok:
         return Refused(why)
-    return Admitted(TicketSet({**current.tickets, ticket.ticket_id: fresh}, current.residents),
-                    why, seen)
+    loads = current.loads
+    if fresh.cold:
+        # Recorded with the ticket: should the holder die before its release, the copy
+        # still counts once the ticket has expired.
+        loads = {**loads, ticket.ticket_id: Load(fresh.model, fresh.footprint_mib,
+                                                 fresh.context, now)}
+    return Admitted(replace(current, tickets={**current.tickets, ticket.ticket_id: fresh},
+                            loads=loads), why, seen)
 
 
 def without(current: TicketSet, ticket_ids: Collection[str]) -> TicketSet:
-    """`current` less the tickets named (released, whatever the store still says)."""
-    if not any(k in current.tickets for k in ticket_ids):
+    """`current` less the tickets named (released, whatever the store still says) and the
+    loads their claims recorded (the release records what the call left, if anything)."""
+    if not any(k in current.tickets or k in current.loads for k in ticket_ids):
         return current
-    return TicketSet({k: t for k, t in current.tickets.items() if k not in ticket_ids},
-                     current.residents)
+    return replace(current,
+                   tickets={k: t for k, t in current.tickets.items() if k not in ticket_ids},
+                   loads={k: load for k, load in current.loads.items() if k not in ticket_ids})
 
 
 def extend(current: TicketSet, ticket_id: str, ttl_s: float, now: float
@@ -104,8 +133,8 @@ def extend(current: TicketSet, ticket_id: str, ttl_s: float, now: float
     held = current.tickets.get(ticket_id)
     if held is None:
         return Refused("ticket expired before it was renewed")
-    return TicketSet({**current.tickets, ticket_id: replace(held, expires_at=now + ttl_s)},
-                     current.residents)
+    return replace(current,
+                   tickets={**current.tickets, ticket_id: replace(held, expires_at=now + ttl_s)})
 
 
 def record_residency(current: TicketSet, model: str, residency: Residency | None
@@ -113,7 +142,7 @@ def record_residency(current: TicketSet, model: str, residency: Residency | None
     """Record what a call left of `model` (a copy loaded; `mib` 0, unloaded); None: nothing."""
     if residency is None or current.residents.get(model) == residency:
         return current
-    return TicketSet(current.tickets, {**current.residents, model: residency})
+    return replace(current, residents={**current.residents, model: residency})
 
 
 def in_use(current: TicketSet, model: str, now: float) -> bool:
@@ -131,7 +160,7 @@ def mark_leaving(current: TicketSet, models: Iterable[str], now: float, mib: int
         size, ctx = (known.mib, known.context_length) if known and not known.gone else \
             (max(mib, 1), 0)
         marked[model] = Residency(size, ctx, now, leaving=True)
-    return TicketSet(current.tickets, {**current.residents, **marked})
+    return replace(current, residents={**current.residents, **marked})
 
 
 def leave_unless_used(current: TicketSet, model: str, mib: int, loaded: Residency | None,
@@ -145,8 +174,8 @@ def leave_unless_used(current: TicketSet, model: str, mib: int, loaded: Residenc
 
 def mark_unloaded(current: TicketSet, models: Iterable[str], now: float) -> TicketSet:
     """Record `models` as unloaded, so every view drops them before the next probe does."""
-    return TicketSet(current.tickets,
-                     {**current.residents, **{m: Residency(0, 0, now) for m in models}})
+    return replace(current,
+                   residents={**current.residents, **{m: Residency(0, 0, now) for m in models}})
 
 
 def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
@@ -170,6 +199,29 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     if extra or kept != view.residents:
         return replace(view, residents=kept + extra)
     return view
+
+
+def merge_recorded(view: ProviderView, recorded: TicketSet) -> ProviderView:
+    """The provider as every sidecar counts it: `merge_residency`, and each load whose holder
+    died (`orphaned_loads`) as a copy loading, in place of what else is counted of its model,
+    until a probe newer than the load lists the model (that copy counts then) or its grace
+    passes (`live`). The load is no resident entry: nothing recorded of the model, before or
+    after, replaces it or is replaced by it."""
+    merged = merge_residency(view, recorded.residents)
+    probed = {r.model for r in view.residents}
+    orphaned: dict[str, Load] = {}
+    for load in recorded.orphaned_loads().values():
+        if load.model in probed and view.probed_at > load.at:
+            continue
+        known = orphaned.get(load.model)
+        if known is None or load.mib > known.mib:
+            orphaned[load.model] = load
+    if not orphaned:
+        return merged
+    kept = tuple(r for r in merged.residents if r.model not in orphaned)
+    loading = tuple(Resident(load.model, load.mib, load.context_length, load.at, loading=True)
+                    for load in orphaned.values())
+    return replace(merged, residents=kept + loading)
 
 
 def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | None

@@ -2,7 +2,8 @@
 
 Key layouts (documented in docs/operations.md):
 - kubemoot_provider_state / <provider>: the provider's probed state.
-- kubemoot_provider_tickets / <provider>: {"tickets": {id: ticket}, "residents": {model: entry}}
+- kubemoot_provider_tickets / <provider>: {"tickets": {id: ticket}, "residents": {model: entry},
+  "loads": {id: load}}
   one key per provider, so a claim is one compare-and-set on one key.
 - kubemoot_model_demand / wait.<model>.<agent>, intent.<model>.<agent>, use.<model>.<agent>,
   sel.<agent>: one key per model and agent, so writes need no compare-and-set.
@@ -20,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.tickets import Residency, TicketSet
+from proxy.core.tickets import Load, Residency, TicketSet
 from proxy.core.types import ModelInfo, Resident, Ticket
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -153,6 +154,10 @@ def encode_ticket_set(tickets: TicketSet) -> bytes:
                           **({"leaving": True} if r.leaving else {}),
                           **({"loading": True} if r.loading else {})}
                       for m, r in tickets.residents.items()},
+        # (A reader that predates it ignores this key; a writer that does drops it.)
+        "loads": {tid: {"model": load.model, "mib": load.mib, "ctx": load.context_length,
+                        "at": load.at}
+                  for tid, load in tickets.loads.items()},
     })
 
 
@@ -172,4 +177,7 @@ def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
     residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
                               leaving=bool(r.get("leaving")), loading=bool(r.get("loading")))
                  for m, r in (d.get("residents") or {}).items()}
-    return TicketSet(tickets, residents)
+    loads = {tid: Load(str(load["model"]), int(load["mib"]), int(load.get("ctx") or 0),
+                       float(load["at"]))
+             for tid, load in (d.get("loads") or {}).items()}
+    return TicketSet(tickets, residents, loads)

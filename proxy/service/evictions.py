@@ -78,7 +78,9 @@ class Evictions:
         unloaded, in_use = [], []
         for view in snapshot.providers:
             copy = next((r for r in view.residents if r.model == model), None)
-            if copy is None:
+            if copy is None or copy.loading:
+                # A load not yet in Ollama's scheduler: keep_alive 0 finds nothing to expire
+                # (server/sched.go:1713-1731), and recording it unloaded would uncount it.
                 continue
             try:
                 unused = await self.tickets.mark_leaving_unless_used(view.name, model,
@@ -100,7 +102,8 @@ class Evictions:
         view = self.view.provider_view(self.providers[provider], self.clock.now())
         if parse_version(view.version) < RUNTIME_OOM_UNLOADS_SINCE:
             return  # older engines keep their models; the probe after the failure tells
-        models = tuple(r.model for r in view.residents if not r.leaving)
+        # (A copy still loading is not in Ollama's scheduler: its unload would do nothing.)
+        models = tuple(r.model for r in view.residents if not r.leaving and not r.loading)
         log.warning("provider ran out of memory; its models are treated as unloading",
                     provider=provider, models=models)
         try:

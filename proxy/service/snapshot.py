@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from proxy.core.lengths import NO_LENGTHS, CallLengths
-from proxy.core.tickets import TicketSet, merge_residency
+from proxy.core.tickets import TicketSet, merge_recorded
 from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
 from proxy.ports import PROVIDER_STATE, Entry, StateStore
 from proxy.service.codec import ProviderState, escape_key
@@ -117,7 +117,7 @@ class StateView:
             disk_mib=state.available_mib, models=state.models, observed=state.observed,
             kv_cache_type=state.kv_cache_type, version=state.version,
             probed_at=state.last_probed_at)
-        return merge_residency(view, self.ticket_set(config.name, now).residents)
+        return merge_recorded(view, self.ticket_set(config.name, now))
 
     def snapshot(self, now: float, health: Mapping[str, ProviderHealth],
                  demand: Mapping[str, ModelDemand], load_mib_per_s: float | None,

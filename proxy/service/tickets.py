@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from proxy.core import tickets as transition
 from proxy.core.policy import Policy
-from proxy.core.tickets import Refused, Residency, TicketSet
+from proxy.core.tickets import LOAD_GRACE_S, Refused, Residency, TicketSet
 from proxy.core.types import ProviderView, Ticket
 from proxy.observability.logging import get_logger
 from proxy.ports import (
@@ -104,8 +104,10 @@ class TicketBook:
         if not owed:
             return {}
         now = self.clock.now()
-        for ticket_id in [k for k, expiry in owed.items() if expiry <= now]:
-            del owed[ticket_id]  # expired: gone from every set by itself
+        # Expired, and past the grace of the load its claim may have recorded: gone from
+        # every set by itself.
+        for ticket_id in [k for k, expiry in owed.items() if expiry + LOAD_GRACE_S <= now]:
+            del owed[ticket_id]
             self._owed_changes += 1
         return owed
 
@@ -207,7 +209,9 @@ class TicketBook:
             live = current.live(now)
             settled = set(self._owed.get(provider, ()))
             state = self._without_owed(provider, live)
-            dirty = len(state.tickets) != len(live.tickets)  # owed releases to write
+            # owed releases to write (of a ticket, or of a load whose ticket expired)
+            dirty = (len(state.tickets), len(state.loads)) != (len(live.tickets),
+                                                               len(live.loads))
             results: list[tuple[bool, str]] = []
             for item in batch:
                 if item.result.done():  # its caller was cancelled before we got here

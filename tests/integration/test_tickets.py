@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +14,7 @@ from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
-from proxy.core.tickets import Residency, merge_residency
+from proxy.core.tickets import Residency, merge_recorded, merge_residency
 from proxy.core.types import ProviderView, Resident
 from proxy.ports import PROVIDER_TICKETS, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import decode_ticket_set
@@ -42,7 +43,7 @@ def _book(store: StateStore, ttl_s: float = 60) -> TicketBook:
 
 def _residents(book: TicketBook) -> tuple[Resident, ...]:
     """The probed VIEW as every sidecar sees it now, with the book's residency records."""
-    return merge_residency(VIEW, book.known("gpu")[0].residents).residents
+    return merge_recorded(VIEW, book.known("gpu")[0]).residents
 
 
 async def test_claims_fit_the_budget_and_release_frees_it(store: StateStore) -> None:
@@ -84,13 +85,26 @@ async def test_claim_refused_when_the_victim_picked_up_work(store: StateStore) -
 
 
 async def test_dead_holder_stops_counting_after_the_ttl(store: StateStore) -> None:
+    """Its ticket stops counting at its expiry; the copy its claim loaded still counts until
+    a probe newer than the claim lists it (then it is an idle copy a claim may unload)."""
     dead = _book(store, ttl_s=0.3)  # the holder that never releases
     assert (await dead.claim(dead.new_ticket("d", "gpu", "m", 6000, True, {}, "x"), VIEW)).ok
     live = _book(store)
     late = live.new_ticket("l", "gpu", "m2", 6000, True, {}, "y")
+    unloading = live.new_ticket("u", "gpu", "m2", 6000, True, {"m": 6000}, "y")
     assert not (await live.claim(late, VIEW)).ok
+    refused = await live.claim(unloading, _probed_with("m"))
+    assert not refused.ok and "in-flight" in refused.reason
     await asyncio.sleep(0.4)
-    assert (await live.claim(late, VIEW)).ok
+    refused = await live.claim(late, VIEW)  # probed before the load: the copy still counts
+    assert not refused.ok and "exceed" in refused.reason
+    assert (await live.claim(unloading, _probed_with("m"))).ok
+
+
+def _probed_with(model: str) -> ProviderView:
+    """VIEW probed now, listing `model` (6000 MiB) idle beside idle:8b."""
+    return replace(VIEW, residents=(*VIEW.residents, Resident(model, 6000)),
+                   probed_at=time.time())
 
 
 async def test_renew_keeps_a_long_call_counted(store: StateStore) -> None:
@@ -208,6 +222,21 @@ async def test_a_release_stops_counting_at_once_and_is_written_shortly_after(
     assert set(await _stored(store)) == {"b"} and not book.owes("gpu")
     await book.close()
 
+
+
+async def test_a_release_after_its_ticket_expired_deletes_the_load_its_claim_recorded(
+        store: StateStore) -> None:
+    book = TicketBook(store, Policy(), ttl_s=0.3, release_delay_s=0.05)
+    assert (await book.claim(book.new_ticket("a", "gpu", "m", 6000, True, {}, "h"), VIEW)).ok
+    await asyncio.sleep(0.4)  # not renewed: the ticket expired, so its load counts alone
+    live = book.known("gpu")[0].live(time.time())
+    assert [r.model for r in merge_recorded(VIEW, live).residents] == ["idle:8b", "m"]
+    await book.release(book.new_ticket("a", "gpu", "m", 6000, True, {}, "h"))
+    await asyncio.sleep(0.2)
+    entry = await store.get(PROVIDER_TICKETS, "gpu")
+    assert entry is not None and decode_ticket_set("gpu", entry.value).loads == {}
+    assert not book.owes("gpu")
+    await book.close()
 
 async def test_a_claim_after_a_release_carries_it_in_one_write(store: StateStore) -> None:
     book = TicketBook(store, Policy(), release_delay_s=10)
@@ -385,8 +414,10 @@ def test_a_holder_killed_mid_call_stops_counting_within_the_ttl(nats_server: Nat
         store = NatsStore(NatsOptions(nats_server.url))
         await store.start()
         book = TicketBook(store, Policy(), ttl_s=60)
-        view = ProviderView("gpu", 12048)
-        ticket = book.new_ticket("survivor", "gpu", "m2", 6000, True, {}, "alive")
+        # A probe after the kill lists the copy the dead holder loaded, idle.
+        view = ProviderView("gpu", 12048, residents=(Resident("m", 6000),),
+                            probed_at=time.time())
+        ticket = book.new_ticket("survivor", "gpu", "m2", 6000, True, {"m": 6000}, "alive")
         at_once = (await book.claim(ticket, view)).ok
         entry = await store.get(PROVIDER_TICKETS, "gpu")
         assert entry is not None
@@ -398,5 +429,5 @@ def test_a_holder_killed_mid_call_stops_counting_within_the_ttl(nats_server: Nat
         return at_once, later, wait_s
 
     at_once, later, wait_s = asyncio.run(claim_after_kill())
-    assert not at_once  # the dead holder's 6000 MiB still counted right after the kill
-    assert later and wait_s <= 1.0  # ... and stopped counting at its 1 s TTL
+    assert not at_once  # the dead holder's call still counted right after the kill...
+    assert later and wait_s <= 1.0  # ... and stopped counting at its 1 s TTL: its copy goes

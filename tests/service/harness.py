@@ -173,8 +173,9 @@ class Fleet:
         server = self.static[name] = gpu(name, **config)
         return server
 
-    async def sidecar(self, **settings: Any) -> Sidecar:
-        """A sidecar over every GPU so far, with embedded state, started (probed once)."""
+    async def sidecar(self, store: MemoryStore | None = None, **settings: Any) -> Sidecar:
+        """A sidecar over every GPU so far, with embedded state (`store`: one other sidecars
+        share), started (probed once)."""
         loop = asyncio.get_running_loop()
         if not getattr(loop, "looptime_on", False):
             raise RuntimeError("service tests run on the virtual clock: the looptime plugin "
@@ -185,7 +186,7 @@ class Fleet:
         config = load_settings(**settings)
         pool = ProviderPool(config.providers, config.model_endpoint, config.triage_endpoint,
                             lambda endpoint: by_endpoint[endpoint])
-        services = build_services(config, MemoryStore(clock=self.clock), pool,
+        services = build_services(config, store or MemoryStore(clock=self.clock), pool,
                                   gpu_memory=NoGauge(), clock=self.clock)
         await services.start()
         sidecar = Sidecar(services, self.servers, self.clock)

@@ -14,8 +14,10 @@ import pytest
 from proxy.core import tickets as transition
 from proxy.core.policy import Policy
 from proxy.core.tickets import (
+    LOAD_GRACE_S,
     RESIDENCY_MAX_AGE_S,
     Admitted,
+    Load,
     Refused,
     Residency,
     TicketSet,
@@ -122,6 +124,93 @@ def test_a_copy_a_call_recorded_loaded_after_the_probe_can_be_joined() -> None:
     recorded = tickets(residents={"qwen3:8b": Residency(6000, 8192, NOW - 1)})
     assert isinstance(transition.claim(recorded, new("qwen3:8b"), card, POLICY, TTL, NOW),
                       Admitted)
+
+
+# -- a cold claim's load, counted once its holder died ----------------------------------------
+
+def test_a_cold_claim_records_its_load_beside_the_ticket_and_a_join_records_none() -> None:
+    card = replace(gpu("a", GIB24, ("qwen3:8b",)), probed_at=NOW - 30)
+    cold = transition.claim(tickets(), new("qwen3:14b", cold=True), card, POLICY, TTL, NOW)
+    assert isinstance(cold, Admitted)
+    assert cold.tickets.loads == {"new": Load("qwen3:14b", 12224, 0, NOW)}
+    assert cold.tickets.residents == {}  # no resident entry: nothing there to replace
+    join = transition.claim(tickets(), new("qwen3:8b"), card, POLICY, TTL, NOW)
+    assert isinstance(join, Admitted) and join.tickets.loads == {}
+
+
+def test_a_live_ticket_counts_its_own_load_once() -> None:
+    card = replace(gpu("a", GIB24), probed_at=NOW - 30)
+    first = transition.claim(tickets(), new("qwen3:14b", cold=True), card, POLICY, TTL, NOW)
+    assert isinstance(first, Admitted)
+    second = transition.claim(first.tickets, replace(new("phi3:mini", cold=True),
+                                                     ticket_id="next"), card, POLICY, TTL, NOW)
+    # 14b 12224 (its ticket) + phi3 3600, of usable 21616: the recorded load not again
+    assert isinstance(second, Admitted) and second.budget == "15824 MiB claimed of 21616 MiB"
+
+
+def test_a_load_whose_holder_died_counts_once_its_ticket_expires() -> None:
+    """The holder never released: its ticket expires, its load stays; the probe (before the
+    load) does not list the copy. It counts as a copy loading: memory taken, nobody joins."""
+    card = replace(gpu("a", 16376), probed_at=NOW - 30)  # usable 16376 - 2048 = 14328
+    out = transition.claim(tickets(), new("qwen3:14b", cold=True), card, POLICY, TTL, NOW - 20)
+    assert isinstance(out, Admitted)
+    expired = out.tickets.live(NOW - 20 + TTL)
+    assert expired.tickets == {} and set(expired.loads) == {"new"}
+    seen = transition.merge_recorded(card, expired)
+    assert [(r.model, r.footprint_mib, r.loading) for r in seen.residents] == [
+        ("qwen3:14b", 12224, True)]
+    # the 8b's 6000 > 14328 - 14b 12224 = 2104 left: not loaded beside it
+    after = transition.claim(expired, replace(new("qwen3:8b", cold=True), ticket_id="next"),
+                             card, POLICY, TTL, NOW - 20 + TTL)
+    assert after == Refused("6000 MiB would exceed 2104 MiB")
+
+
+def test_a_dead_load_gives_way_to_a_newer_probe_listing_it_or_to_its_grace() -> None:
+    dead = TicketSet(loads={"gone": Load("qwen3:14b", 12224, 0, NOW - 30)})
+    listed = replace(gpu("a", GIB24, ("qwen3:14b",), resident_ctx=4096), probed_at=NOW - 10)
+    seen = transition.merge_recorded(listed, dead)
+    assert [(r.model, r.context_length, r.loading) for r in seen.residents] == [
+        ("qwen3:14b", 4096, False)]  # the probe's copy, joinable
+    unlisted = replace(gpu("a", GIB24), probed_at=NOW - 10)  # probed before Ollama lists it
+    assert [r.model for r in transition.merge_recorded(unlisted, dead).residents] == [
+        "qwen3:14b"]
+    assert dead.live(NOW - 30 + LOAD_GRACE_S).loads == {}  # 2 minutes after the claim
+
+
+def test_a_failed_cold_claim_does_not_revive_a_copy_recorded_unloaded() -> None:
+    """The probe lists the 8b; a call unloaded it since; a claim loads it again and the load
+    fails (its release records nothing). The older probe's copy is no warm copy to join."""
+    card = replace(gpu("a", GIB24, ("qwen3:8b",)), probed_at=NOW - 30)
+    unloaded = tickets(residents={"qwen3:8b": Residency(0, 0, NOW - 20)})
+    out = transition.claim(unloaded, new("qwen3:8b", cold=True), card, POLICY, TTL, NOW - 10)
+    assert isinstance(out, Admitted)
+    released = transition.without(out.tickets, {"new"})
+    assert released.loads == {} and released.residents == unloaded.residents
+    assert transition.merge_recorded(card, released).residents == ()
+    join = transition.claim(released, replace(new("qwen3:8b"), ticket_id="join"), card,
+                            POLICY, TTL, NOW)
+    assert join == Refused("qwen3:8b is neither loaded nor being loaded here")
+
+
+def test_a_reload_whose_holder_dies_stays_counted() -> None:
+    """The probe lists the 14b at 4096; a claim reloads it at 16384 (unloading the old copy
+    first, recorded unloaded), and its holder dies: the reload still counts."""
+    card = replace(gpu("a", GIB24, ("qwen3:14b",), resident_ctx=4096), probed_at=NOW - 30)
+    reload = replace(new("qwen3:14b", cold=True, evicts={"qwen3:14b": 12224}), context=16384)
+    out = transition.claim(tickets(), reload, card, POLICY, TTL, NOW - 20)
+    assert isinstance(out, Admitted)
+    made_room = transition.mark_unloaded(out.tickets, ("qwen3:14b",), NOW - 19)
+    assert made_room.loads == out.tickets.loads
+    seen = transition.merge_recorded(card, made_room.live(NOW - 20 + TTL))
+    assert [(r.model, r.footprint_mib, r.context_length, r.loading)
+            for r in seen.residents] == [("qwen3:14b", 12224, 16384, True)]
+
+
+def test_a_release_written_after_its_ticket_expired_deletes_its_load() -> None:
+    out = transition.claim(tickets(), new("qwen3:14b", cold=True), gpu("a"), POLICY, TTL, NOW)
+    assert isinstance(out, Admitted)
+    expired = out.tickets.live(NOW + TTL)
+    assert transition.without(expired, {"new"}).loads == {}
 
 
 # -- extend (renew) ---------------------------------------------------------------------------
