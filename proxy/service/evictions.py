@@ -79,8 +79,9 @@ class Evictions:
         for view in snapshot.providers:
             copy = next((r for r in view.residents if r.model == model), None)
             if copy is None or copy.loading:
-                # A load not yet in Ollama's scheduler: keep_alive 0 finds nothing to expire
-                # (server/sched.go:1713-1731), and recording it unloaded would uncount it.
+                # Still loading: while llama.Load runs keep_alive 0 finds nothing to expire
+                # (server/sched.go:627, 726, 1713-1731), and recorded unloaded the copy about
+                # to be there would be uncounted.
                 continue
             try:
                 unused = await self.tickets.mark_leaving_unless_used(view.name, model,
