@@ -53,8 +53,8 @@ from proxy.service.tickets import TicketBook
 from proxy.settings import Settings
 
 log = get_logger("kubemoot.app")
-# How long a starting sidecar waits for the shared state's replay before probing every card
-# itself (the replay of a few hundred keys takes milliseconds).
+# How long a starting sidecar waits for the shared state's replay to read what it says of
+# the models before its first probe asks the cards (a replay takes milliseconds).
 START_REPLAY_WAIT_S = 2.0
 
 
