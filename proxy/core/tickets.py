@@ -208,11 +208,12 @@ def merge_recorded(view: ProviderView, recorded: TicketSet) -> ProviderView:
     passes (`live`). The load is no resident entry: nothing recorded of the model, before or
     after, replaces it or is replaced by it."""
     merged = merge_residency(view, recorded.residents)
-    probed = {r.model for r in view.residents}
+    probed = {r.model: r.context_length for r in view.residents}
     orphaned: dict[str, Load] = {}
     for load in recorded.orphaned_loads().values():
-        if load.model in probed and view.probed_at > load.at:
-            continue
+        if load.model in probed and view.probed_at > load.at and \
+                _same_context(view, load.model, probed[load.model], load.context_length):
+            continue  # (a probe still listing the old copy of a reload is no sign of it)
         known = orphaned.get(load.model)
         if known is None or load.mib > known.mib:
             orphaned[load.model] = load
@@ -222,6 +223,14 @@ def merge_recorded(view: ProviderView, recorded: TicketSet) -> ProviderView:
     loading = tuple(Resident(load.model, load.mib, load.context_length, load.at, loading=True)
                     for load in orphaned.values())
     return replace(merged, residents=kept + loading)
+
+
+def _same_context(view: ProviderView, model: str, probed: int, loaded: int) -> bool:
+    """Whether a copy listed with num_ctx `probed` is the one loaded with `loaded` (0:
+    unknown, taken as the same)."""
+    info = view.models.get(model)
+    trained = info.trained_context if info else 0
+    return not loaded or not probed or effective(probed, trained) == effective(loaded, trained)
 
 
 def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | None

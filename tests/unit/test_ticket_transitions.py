@@ -204,6 +204,10 @@ def test_a_reload_whose_holder_dies_stays_counted() -> None:
     seen = transition.merge_recorded(card, made_room.live(NOW - 20 + TTL))
     assert [(r.model, r.footprint_mib, r.context_length, r.loading)
             for r in seen.residents] == [("qwen3:14b", 12224, 16384, True)]
+    # a probe after the claim still listing the old copy (not gone yet) is no sign of it
+    old_listed = replace(card, probed_at=NOW - 15)
+    seen = transition.merge_recorded(old_listed, made_room.live(NOW - 20 + TTL))
+    assert [(r.context_length, r.loading) for r in seen.residents] == [(16384, True)]
 
 
 def test_a_release_written_after_its_ticket_expired_deletes_its_load() -> None:
