@@ -169,14 +169,14 @@ class SimApp:
         if isinstance(body, Response):
             return body
         legacy = request.url.path.endswith("embeddings")
-        answer = await self._embed(body, body.get("prompt") if legacy else body.get("input"),
-                                   legacy)
+        answer = await self._embed(request, body,
+                                   body.get("prompt") if legacy else body.get("input"), legacy)
         if isinstance(answer, Response) or not legacy:
             return answer if isinstance(answer, Response) else _json(answer)
         vectors = answer["embeddings"]
         return _json({"embedding": vectors[0] if vectors else []})
 
-    async def _embed(self, body: dict[str, Any], texts: Any, legacy: bool
+    async def _embed(self, request: Request, body: dict[str, Any], texts: Any, legacy: bool
                      ) -> dict[str, Any] | Response:
         name = str(body.get("model") or "")
         model = self.sim.config.model(name)
@@ -186,10 +186,10 @@ class SimApp:
         self.sim.stats.requests += 1
         self.sim.stats.inference_requests += 1
         started = time.perf_counter()
-        try:
-            runner, load_s = await self.sim.acquire(model, body, self.sim.config.keep_alive_s)
-        except SimError as exc:
-            return _error(str(exc), exc.status)
+        acquired = await self._acquire(request, model, body, self.sim.config.keep_alive_s)
+        if isinstance(acquired, Response):
+            return acquired
+        runner, load_s = acquired
         # routes.go:874-941: room for BOS and EOS; the head is kept, or refused with truncate
         # off (the legacy path never cuts)
         limit = runner.ctx - 2
@@ -231,7 +231,7 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(request.url.path, body)
-        answer = await self._embed(body, body.get("input"), legacy=False)
+        answer = await self._embed(request, body, body.get("input"), legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
         return _json(sim_dialects.embeddings(answer, str(body.get("model"))))
@@ -278,15 +278,15 @@ class SimApp:
         if fault and fault.mode == "slow_first_byte":
             await asyncio.sleep(fault.delay_s)
         if load_only:
-            return await self._load_only(model, body, keep_alive, chat)
+            return await self._load_only(request, model, body, keep_alive, chat)
 
         sim.stats.inference_requests += 1
         sim.stats.requests_by_model[model.name] = sim.stats.requests_by_model.get(model.name, 0) + 1
         prompt = sim.chat_prompt(body) if chat else sim.generate_prompt(body)
-        try:
-            runner, load_s = await sim.acquire(model, body, keep_alive)
-        except SimError as exc:
-            return _error(str(exc), exc.status)
+        acquired = await self._acquire(request, model, body, keep_alive)
+        if isinstance(acquired, Response):
+            return acquired
+        runner, load_s = acquired
         sim.stats.max_prompt_tokens = max(sim.stats.max_prompt_tokens, prompt.total)
         fitted = fit_prompt(prompt, runner.ctx, sim.config.version, chat=chat,
                             truncate=body.get("truncate") is not False,
@@ -359,18 +359,38 @@ class SimApp:
             said["tool_calls"] = calls
         return _json(final)
 
-    async def _load_only(self, model: SimModel, body: dict[str, Any], keep_alive: float,
-                         chat: bool) -> Response:
+    async def _acquire(self, request: Request, model: SimModel, body: dict[str, Any],
+                       keep_alive: float) -> tuple[Runner, float] | Response:
+        """The runner (and its load_duration), or the answer when there is none: Ollama loads
+        for the request that asked and aborts the load, or drops the request from its queue,
+        once that client's connection closes (server/sched.go:627, 733-739;
+        llm/llama_server.go:1299-1301)."""
+        acquiring = asyncio.ensure_future(self.sim.acquire(model, body, keep_alive))
+        gone = asyncio.ensure_future(_client_gone(request))
+        await asyncio.wait({acquiring, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not acquiring.done():
+            acquiring.cancel()
+            with contextlib.suppress(asyncio.CancelledError, SimError):
+                await acquiring
+            self.sim.stats.aborted_loads += 1
+            return Response(status_code=499)  # nobody reads it
+        try:
+            return acquiring.result()
+        except SimError as exc:
+            return _error(str(exc), exc.status)
+
+    async def _load_only(self, request: Request, model: SimModel, body: dict[str, Any],
+                         keep_alive: float, chat: bool) -> Response:
         sim = self.sim
         if keep_alive == 0:
             sim.request_unload(model)
             reason = "unload"
         else:
-            try:
-                runner, _ = await sim.acquire(model, body, keep_alive)
-            except SimError as exc:
-                return _error(str(exc), exc.status)
-            sim.release(runner)
+            acquired = await self._acquire(request, model, body, keep_alive)
+            if isinstance(acquired, Response):
+                return acquired
+            sim.release(acquired[0])
             reason = "load"
         out: dict[str, Any] = {"model": model.name, "created_at": _now_rfc3339()}
         if chat:

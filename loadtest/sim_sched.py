@@ -103,6 +103,7 @@ class Stats:
     max_prompt_tokens: int = 0
     inference_requests: int = 0
     abandoned: int = 0  # complete answers whose client left first (generation stopped)
+    aborted_loads: int = 0  # loads (or waits for one) given up: the client that asked left
     evaluated_tokens: int = 0  # prompt tokens evaluated
     cached_tokens: int = 0  # prompt tokens found in a slot's cache instead
     cache_hits: int = 0  # calls that found any of their prompt cached

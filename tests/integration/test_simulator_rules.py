@@ -12,6 +12,7 @@ import pytest
 from loadtest.ollama_sim import SimServer
 from loadtest.sim_engine import INPUT_TOO_LONG, PROMPT_TOO_LONG
 from loadtest.sim_model import CATALOG
+from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
 SCALE = 0.002
@@ -172,6 +173,18 @@ def test_load_duration_covers_the_load_not_the_wait_for_a_slot(sim_factory: Sims
         first.join()
     # the second waited ~0.1 s for the one slot; its load_duration says nothing of it
     assert second["load_duration"] < 0.02 * 1e9
+
+
+def test_a_client_that_leaves_during_its_load_aborts_it(sim_factory: Sims) -> None:
+    """Ollama loads for the request that asked and aborts when its connection closes
+    (llm/llama_server.go:1299-1301, server/sched.go:733-739): no copy is left behind."""
+    sim = sim_factory("gpu", total_vram_mib=24564, time_scale=0.5)  # qwen3:14b: ~5 s
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{sim.url}/api/generate", timeout=0.5,
+                   json={"model": "qwen3:14b", "prompt": "hi", "stream": False})
+    assert eventually(lambda: sim.sim.stats.aborted_loads == 1)
+    assert "qwen3:14b:latest" not in sim.sim.runners and "qwen3:14b" not in sim.sim.runners
+    assert sim.sim.used_vram_mib() == 0
 
 
 def test_the_catalog_is_what_ollamas_converters_write(sim_factory: Sims) -> None:
