@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 
 from proxy.adapters.memory_kv import MemoryStore
-from tests.service.fakes import Answer
+from tests.service.fakes import Answer, FakeModelServer
 from tests.service.harness import Answered, Fleet, Sidecar
 
 TTL_S = 5.0
@@ -25,17 +25,23 @@ async def kill(sidecar: Sidecar, call: asyncio.Task[Answered]) -> None:
         probing.cancel()
 
 
-async def test_a_copy_a_dead_sidecar_loaded_counts_after_its_ticket_expires(
-        fleet: Fleet) -> None:
+async def one_card_two_sidecars(fleet: Fleet) -> tuple[FakeModelServer, Sidecar, Sidecar]:
+    """A 24 GiB card, a survivor and a doomed sidecar on one store. Both probe the card
+    before the doomed one's load; the survivor not again for a minute, so it knows of that
+    load only what the doomed sidecar wrote to the shared store."""
     card = fleet.gpu("gpu", total_vram_mib=CARD_MIB, context_length=4096)
     store = MemoryStore(clock=fleet.clock)
-    # Both probe the card before the load; the survivor not again for a minute, so it
-    # knows of the 32b only what the doomed sidecar wrote to the shared store.
     survivor = await fleet.sidecar(store, ticket_ttl_seconds=TTL_S, probe_interval_seconds=60,
                                    state_stale_seconds=120)
     doomed = await fleet.sidecar(store, ticket_ttl_seconds=TTL_S, probe_interval_seconds=600,
                                  state_stale_seconds=1200)
     card.script(Answer(seconds=600))
+    return card, survivor, doomed
+
+
+async def test_a_copy_a_dead_sidecar_loaded_counts_after_its_ticket_expires(
+        fleet: Fleet) -> None:
+    card, survivor, doomed = await one_card_two_sidecars(fleet)
     call = doomed.start_chat("qwen3:32b")  # ~21.2 GiB at context 4096: loads in ~21 s
     await asyncio.sleep(30)
     assert card.loaded["qwen3:32b"].loaded.is_set() and card.loaded["qwen3:32b"].calls == 1
@@ -55,16 +61,12 @@ async def test_a_copy_a_dead_sidecar_loaded_counts_after_its_ticket_expires(
 
 
 async def test_a_client_unload_leaves_a_dead_sidecar_load_counted(fleet: Fleet) -> None:
-    """`ollama stop` while the dead sidecar's load may still be under way: keep_alive 0 finds
-    nothing in Ollama's scheduler to expire (server/sched.go:1713-1731), so the copy is
-    neither asked to unload nor recorded unloaded; it keeps counting."""
-    card = fleet.gpu("gpu", total_vram_mib=CARD_MIB, context_length=4096)
-    store = MemoryStore(clock=fleet.clock)
-    survivor = await fleet.sidecar(store, ticket_ttl_seconds=TTL_S, probe_interval_seconds=60,
-                                   state_stale_seconds=120)
-    doomed = await fleet.sidecar(store, ticket_ttl_seconds=TTL_S, probe_interval_seconds=600,
-                                 state_stale_seconds=1200)
-    card.script(Answer(seconds=600))
+    """`ollama stop` while a copy is recorded loading (here a dead sidecar's load: had its
+    connection stayed open, a vanished node, Ollama would still be loading it; a closed one
+    aborts the load): while llama.Load runs keep_alive 0 finds nothing in Ollama's scheduler
+    to expire (server/sched.go:627, 726, 1713-1731), so the copy is neither asked to unload
+    nor recorded unloaded; it keeps counting (the safe side)."""
+    _, survivor, doomed = await one_card_two_sidecars(fleet)
     call = doomed.start_chat("qwen3:32b")  # loads in ~21 s
     await asyncio.sleep(10)
     await kill(doomed, call)
