@@ -68,16 +68,23 @@ class Backlog:
 NO_BACKLOG = Backlog()
 
 
-def backlog(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) -> Backlog:
-    """Calls of `model` queued beyond its copies' slots, on every card, and its waiters on
-    the demand board (a waiting call's own entry is not in its snapshot)."""
+def queued_in_engines(indexes: Iterable[ProviderIndex], model: str) -> Backlog:
+    """Calls of `model` queued inside the engines beyond its copies' slots, on every card,
+    and the slots of its copies (warm or loading)."""
     calls = slots = 0
     for index in indexes:
         if index.is_warm(model) or index.is_loading(model):
             slots += index.slots(model)
             calls += max(0, -index.free_slots(model))
+    return Backlog(calls, slots)
+
+
+def backlog(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) -> Backlog:
+    """Calls of `model` queued beyond its copies' slots, on every card, and its waiters on
+    the demand board (a waiting call's own entry is not in its snapshot)."""
+    queued = queued_in_engines(indexes, model)
     waiters = snapshot.demand[model].waiters if model in snapshot.demand else 0
-    return Backlog(calls + waiters, slots)
+    return Backlog(queued.calls + waiters, queued.slots)
 
 
 def waiting_line(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot,
@@ -87,8 +94,7 @@ def waiting_line(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapsho
     copies. Late binding keeps them out of the engines' queues, so no copy's tickets show
     them, yet each takes a freed slot first: they are the queue the design's step 5
     counts."""
-    slots = sum(index.slots(model) for index in indexes
-                if index.is_warm(model) or index.is_loading(model))
+    slots = queued_in_engines(indexes, model).slots
     demand = snapshot.demand.get(model)
     if demand is None:
         return Backlog(0, slots)

@@ -34,6 +34,7 @@ from proxy.core.cost import (
     call_length,
     cold_floor_s,
     cold_terms,
+    queued_in_engines,
     waiting_line,
     warm_terms,
 )
@@ -573,9 +574,8 @@ class _Planner:
         beyond them, or waiting in a sidecar with a sooner turn. Without them a load would
         serve this call alone (rules.md, "Waiting for a slot counts the calls behind it")."""
         indexes = self.indexes.values()
-        queued = sum(max(0, -i.free_slots(model)) for i in indexes
-                     if i.is_warm(model) or i.is_loading(model))
-        return queued + waiting_line(indexes, model, self.snapshot, self.call.turn).calls > 0
+        return queued_in_engines(indexes, model).calls + \
+            waiting_line(indexes, model, self.snapshot, self.call.turn).calls > 0
 
     def alternative_load(self, bar_s: float) -> Placement | None:
         """An in-tolerance candidate loaded onto free room, when the preferred model can only
