@@ -354,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             gpus.append(f"http://127.0.0.1:{port}")
         for gpu in gpus:
             wait_http(gpu)
+        if any(proc.poll() is not None for proc in procs):  # another answered in its place
+            raise RuntimeError(f"a simulated GPU exited at start; logs in {logs}")
         if args.outage:
             def reboot(at: float, lasting: float) -> None:
                 time.sleep(at)

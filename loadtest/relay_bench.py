@@ -21,11 +21,20 @@ from pathlib import Path
 from loadtest.loadgen import median, run_load, spawn, stop, wait_http
 from loadtest.nats_server import NatsServer
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port, never one this process handed out before: the kernel may offer
+    a port again as soon as it is closed here, before the process it was meant for binds it,
+    and the one that binds it answers for both."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def cpu_seconds(pid: int) -> float:
