@@ -615,7 +615,8 @@ def test_a_sidecar_joining_shared_state_asks_no_card_to_describe_its_models_agai
                           probe_interval_seconds=60).url
     after = gpu.sim.stats.probes_by_path
     assert after["/api/show"] == probes["/api/show"]
-    assert all(after[p] == probes[p] + 1 for p in ("/api/ps", "/api/tags", "/api/version"))
+    # (its own probe; a sidecar whose shared state is not in its view yet may probe again)
+    assert all(after[p] > probes[p] for p in ("/api/ps", "/api/tags", "/api/version"))
     assert chat(url, "qwen3:8b").status_code == 200
 
 
