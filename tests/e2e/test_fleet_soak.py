@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(nats_server_binary() is None,
 def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
-    code = fleet_soak.main([*setup, "--seconds", "12", "--churn", "2", "--time-scale", "0.02",
+    code = fleet_soak.main([*setup, "--seconds", "8", "--churn", "2", "--time-scale", "0.02",
                             "--dialects", "ollama,openai,anthropic", "--conversations", "0.6",
                             "--logs", str(tmp_path)])
     report = capsys.readouterr().out

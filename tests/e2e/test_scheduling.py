@@ -383,7 +383,8 @@ def test_a_prompt_longer_than_the_static_endpoints_context_is_refused_not_cut(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """The sidecar does not size calls for the static endpoint: it tells Ollama not to cut
     (`truncate: false`), and Ollama's refusal becomes the call's 413."""
-    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
+    # the GPU's one slot stays busy for 2 s (1000 tokens at 10/s, time x 0.02)
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE, tokens_per_s=10)
     static = sim_factory("static", total_vram_mib=49152, context_length=2048,
                          time_scale=SCALE)
     url = sidecar_factory([gpu], model_endpoint=static.url).url
@@ -396,7 +397,8 @@ def test_a_prompt_longer_than_the_static_endpoints_context_is_refused_not_cut(
     # an agent that asks for Ollama's cut gets it
     r = chat(url, "qwen3:14b", headers={"X-Kubemoot-Wait": "false"}, messages=long,
              truncate=True)
-    assert r.status_code == 200 and static.sim.stats.truncations == 1
+    assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "static"
+    assert static.sim.stats.truncations == 1
     worker.join(30)
 
 

@@ -3,6 +3,7 @@ targets of the bursty crew scenario held by the shipped core."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -11,10 +12,17 @@ import pytest
 
 from loadtest.policies import POLICIES
 from loadtest.scenarios import SCENARIOS
-from loadtest.simulate import simulate
+from loadtest.simulate import Result, simulate
 
 KEYS = {"policy", "scenario", "calls", "completed", "refused", "p50_s", "p95_s", "mean_s",
         "limit_p95_s", "cold_loads", "loaded_gib", "evictions", "overcommits", "truncations"}
+
+
+@functools.cache
+def run(scenario: str, policy: str) -> Result:
+    """One run per scenario and policy for the whole module (runs are deterministic: the
+    first test checks it with a fresh run)."""
+    return simulate(scenario, policy)
 
 
 def test_cli_lists_and_prints_one_json_object() -> None:
@@ -29,7 +37,7 @@ def test_cli_lists_and_prints_one_json_object() -> None:
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_every_policy_sees_the_same_trace(scenario: str) -> None:
-    results = [simulate(scenario, policy) for policy in POLICIES]
+    results = [run(scenario, policy) for policy in POLICIES]
     assert len({r.calls for r in results}) == 1
     assert len({r.limit_p95_s for r in results}) == 1
     assert simulate(scenario, "kubemoot").summary() == results[0].summary()  # deterministic
@@ -37,25 +45,25 @@ def test_every_policy_sees_the_same_trace(scenario: str) -> None:
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_kubemoot_never_overcommits_nor_truncates(scenario: str) -> None:
-    result = simulate(scenario, "kubemoot")
+    result = run(scenario, "kubemoot")
     assert result.overcommits == 0 and result.truncations == 0
 
 
 def test_bursty_crew_targets() -> None:
-    ours = simulate("bursty-crew", "kubemoot")
+    ours = run("bursty-crew", "kubemoot")
     assert ours.p95_s <= 1.25 * ours.limit_p95_s
     for policy in POLICIES:
         if not policy.startswith("kubemoot"):  # the baselines
-            theirs = simulate("bursty-crew", policy)
+            theirs = run("bursty-crew", policy)
             assert ours.p95_all_s < theirs.p95_all_s, policy  # failures count as never
 
 
 def test_tool_loops_targets() -> None:
     """Conversation cache affinity: at least 30 % less prefill than the same placement blind
     to the prompt caches, and a lower p95 than returning every call to its last card."""
-    ours = simulate("tool-loops", "kubemoot")
-    blind = simulate("tool-loops", "kubemoot-no-affinity")
-    sticky = simulate("tool-loops", "sticky")
+    ours = run("tool-loops", "kubemoot")
+    blind = run("tool-loops", "kubemoot-no-affinity")
+    sticky = run("tool-loops", "sticky")
     assert ours.prefill_s <= 0.7 * blind.prefill_s
     assert ours.cache_hit_rate > blind.cache_hit_rate
     assert ours.p95_s < sticky.p95_s
