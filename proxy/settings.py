@@ -153,6 +153,7 @@ class Settings(BaseSettings):
     connect_timeout_seconds: float = Field(default=3.0, gt=0)
     first_byte_timeout_seconds: float = Field(default=180.0, gt=0)
     chunk_timeout_seconds: float = Field(default=60.0, gt=0)
+    answer_timeout_seconds: float = Field(default=900.0, gt=0)
     probe_interval_seconds: float = Field(default=2.0, gt=0)
     state_stale_seconds: float = Field(default=15.0, gt=0)
     ticket_ttl_seconds: float = Field(default=60.0, ge=5)

@@ -204,6 +204,7 @@ class RelayStream(StreamingResponse):
         self._final: dict[str, Any] = {}
         self._ok = False
         self._error: str | None = "client disconnected"
+        self._timed_out = False
         self._settled = False
         super().__init__(self._relay(), headers=headers,
                          media_type=upstream.content_type or NDJSON)
@@ -237,8 +238,8 @@ class RelayStream(StreamingResponse):
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
         except (UpstreamError, TimeoutError) as exc:
-            cause = (f"no data for {self.chunk_timeout_s:g} s"
-                     if isinstance(exc, TimeoutError) else str(exc))
+            self._timed_out = isinstance(exc, TimeoutError)
+            cause = f"no data for {self.chunk_timeout_s:g} s" if self._timed_out else str(exc)
             self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
                                                                                self.dialect)
@@ -280,8 +281,9 @@ class RelayStream(StreamingResponse):
                                answer_calls_tool(self._tail, self._called_tools)
                                if self._watch else None)
         try:
-            await self.attempts.settle(replace(outcome, client_left=True) if client_left
-                                       else outcome)
+            if client_left or self._timed_out:
+                outcome = replace(outcome, client_left=client_left, timed_out=self._timed_out)
+            await self.attempts.settle(outcome)
         finally:
             with contextlib.suppress(Exception):
                 await self.upstream.aclose()
@@ -460,18 +462,31 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         if upstream.status_code < 400 and stream:
             return upstream, None
         try:
-            async with asyncio.timeout(attempt.client.timeouts.first_byte_s):
-                return upstream, await upstream.read()
-        except (UpstreamError, TimeoutError) as exc:
-            raise AnswerFailed(str(exc) or type(exc).__name__) from exc
+            return upstream, await upstream.read()
+        except UpstreamError as exc:
+            raise AnswerFailed(str(exc)) from exc
         finally:  # read whole, failed, or cancelled as the agent left: the connection is done
             await upstream.aclose()
 
+    # Ollama sends a stream's first chunk once loaded and a complete answer only when done
+    # (server/routes.go:2388-2434): a complete answer's limit covers a load and the answer.
+    timeouts = attempt.client.timeouts
+    limit_s, setting = (timeouts.first_byte_s, "FIRST_BYTE") if stream else \
+        (timeouts.answer_s, "ANSWER")
     try:
-        async with client_watch(disconnected):
+        async with client_watch(disconnected), asyncio.timeout(limit_s):
             upstream, data = await exchange()
     except UpstreamError as exc:
         return failed(str(exc))
+    except TimeoutError:
+        # Not retried (the agent waited long already) and not the card's failure unless a
+        # probe finds it down (CallService.settle)
+        cause = f"no answer within {limit_s:g} s (KUBEMOOT_{setting}_TIMEOUT_SECONDS)"
+        await attempts.settle(CallOutcome(False, time.perf_counter() - started, error=cause,
+                                          began=False, timed_out=True))
+        return error_response(504, "upstream-timeout",
+                              f"provider {attempt.provider} accepted the call but sent "
+                              f"{cause}", attempt.model, dialect=dialect)
     except AnswerFailed as exc:
         await attempts.settle(CallOutcome(False, time.perf_counter() - started,
                                           error=str(exc)))
