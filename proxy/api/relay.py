@@ -27,7 +27,7 @@ from proxy.api.errors import (
     refusal_response,
     stream_error_line,
 )
-from proxy.core.engine_errors import SERVER_BUSY, prompt_too_long
+from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
 from proxy.service.routing import STATIC, Attempt, Attempts, CallOutcome, Refusal
@@ -509,15 +509,18 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     # not the provider's (docs/engine.md, "A prompt that does not fit").
     counted = prompt_too_long(data[:4096].decode(errors="replace")) \
         if upstream.status_code in (400, 500) else None
-    if upstream.status_code >= 500 and counted is None:
-        message = engine_error(data)
+    message = engine_error(data) if upstream.status_code >= 400 else ""
+    # A 500 that is the call's own mistake (a mistyped option, a bad format) is relayed as
+    # the provider's refusal: another card would answer the same.
+    callers = upstream.status_code == 500 and callers_error(message)
+    if upstream.status_code >= 500 and counted is None and not callers:
         # A full queue says nothing of the provider's health: another may take the call.
         return failed(f"HTTP {upstream.status_code}: {message}",
                       healthy=upstream.status_code == 503 and SERVER_BUSY in message)
     status = 400 if counted is not None else upstream.status_code
     if status >= 400:  # the provider's own refusal, in the sidecar's shape
-        data, media_type = provider_refusal(status, engine_error(data), attempt.model,
-                                            dialect, data), JSON
+        data, media_type = provider_refusal(status, message, attempt.model, dialect, data,
+                                            "bad-request" if callers else None), JSON
     if counted is not None:
         # The estimate was short: the call is placed again, sized at what the engine counted
         # (at least the context); the engine's answer is the one to give only if it cannot be.
@@ -526,14 +529,14 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
             CallOutcome(True, time.perf_counter() - started, at_least,
                         error="prompt longer than the context", prompt_too_long=True),
             Response(data, status_code=400, media_type=media_type, headers=headers))
-    if upstream.status_code == 404 and "not found" in engine_error(data):
-        return failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
+    if upstream.status_code == 404 and "not found" in message:
+        return failed(f"HTTP 404: {message}", healthy=True, answer=Response(
             data, status_code=404, media_type=media_type, headers=headers))
     ok = upstream.status_code < 400
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
     outcome = outcome_from(final_metrics(data), started, ok, called_tools=answer_calls_tool(
         data, calls_tool(data)) if attempt.watches_tool_calls else None)
     if not ok:
-        outcome = CallOutcome(True, outcome.seconds, error=engine_error(data), began=False)
+        outcome = CallOutcome(True, outcome.seconds, error=message, began=False)
     return SettlingResponse(data, attempts, outcome, status_code=upstream.status_code,
                             media_type=media_type, headers=headers)

@@ -48,6 +48,45 @@ class Message(_Wire):
     tool_name: str | None = None
 
 
+# Ollama's options and the JSON type each must have (api/types.go:568-596 Options and Runner;
+# v0.12.6 :390-417 has the same less draft_num_predict). Options.FromMap (api/types.go:991-1089)
+# refuses any other type, and Ollama answers that 500 though it is the call's mistake; an
+# option it does not know it ignores, and so does the sidecar.
+OPTION_TYPES: dict[str, str] = {
+    **dict.fromkeys(("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread",
+                     "draft_num_predict", "num_keep", "seed", "num_predict", "top_k",
+                     "repeat_last_n"), "integer"),
+    **dict.fromkeys(("top_p", "min_p", "typical_p", "temperature", "repeat_penalty",
+                     "presence_penalty", "frequency_penalty"), "float32"),
+    "use_mmap": "boolean",
+    "stop": "array",
+}
+
+
+def check_options(options: object) -> None:
+    """Ollama's own check of the options' types, with its words (`option "stop" must be of
+    type array`): a 400 here, before any placement, where Ollama would answer 500 after it.
+    JSON numbers are Go's float64, which int and float32 options both take (an int option
+    drops the fraction); null is skipped."""
+    if not isinstance(options, dict):
+        return  # absent, or not an object: the schema's check names it
+    for key, value in options.items():
+        kind = OPTION_TYPES.get(key)
+        if kind is None or value is None:
+            continue
+        if kind == "boolean":
+            fits = isinstance(value, bool)
+        elif kind == "array":
+            fits = isinstance(value, list)
+            if fits and not all(isinstance(item, str) for item in value):
+                raise BadRequest(f'option "{key}" must be of an array of strings',
+                                 f"options.{key}")
+        else:
+            fits = isinstance(value, int | float) and not isinstance(value, bool)
+        if not fits:
+            raise BadRequest(f'option "{key}" must be of type {kind}', f"options.{key}")
+
+
 class Options(_Wire):
     """Ollama's free options map. Only `num_ctx` is read here (a requirement on the context),
     so only it is checked; Ollama itself refuses a non-number for it."""
@@ -265,6 +304,8 @@ def _field(loc: tuple[int | str, ...]) -> str:
 
 
 def validate(model: type[W], body: dict[str, Any]) -> W:
+    if model in (OllamaInference, OllamaEmbed):
+        check_options(body.get("options"))
     try:
         return model.model_validate(body)
     except ValidationError as exc:

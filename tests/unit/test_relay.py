@@ -563,3 +563,27 @@ async def test_a_stream_that_falls_silent_is_marked_timed_out() -> None:
     outcomes: list[CallOutcome] = []
     await _stream_through(stalls, 0.2, outcomes)
     assert outcomes[0].timed_out and not outcomes[0].ok
+
+
+@pytest.mark.parametrize("message", [
+    'option "stop" must be of type array',
+    'invalid format: "yaml"; expected "json" or a valid JSON Schema object',
+    "invalid JSON schema in format",
+    'template: :3:8: executing "" at <.Foo>: can\'t evaluate field Foo in type *api.Message',
+])
+async def test_an_engines_500_that_is_the_callers_mistake_is_relayed_not_a_failure(
+        upstream: respx.Router, message: str) -> None:
+    """Ollama answers these 500 (server/routes.go:3107-3119's default; llm/llama_server.go:
+    1594; server/routes.go:2701-2704): relayed with its status and message, not handed back
+    for a retry elsewhere, and not counted against the provider."""
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
+        500, json={"error": message}))
+    outcomes: list[CallOutcome] = []
+    client = OllamaClient(BASE, Timeouts(1, 1, 1), httpx.MockTransport(upstream.async_handler))
+    response = await forward(NoRetry(Attempt("p", client, "m", "warm"), outcomes),
+                             "/api/chat", {"model": "m"}, False, 1)
+    body = orjson.loads(response.body)
+    assert (response.status_code, body["error"], body["reason"]) == (500, message,
+                                                                     "bad-request")
+    await _deliver(response)
+    assert len(outcomes) == 1 and outcomes[0].ok and not outcomes[0].began
