@@ -63,6 +63,17 @@ class Fitting:
                                lowered_from=resolved.context), smaller
         return found
 
+    def lacking(self, index: ProviderIndex, model: str) -> str | None:
+        """Ollama's refusal of this call on `model` (the first capability it needs that the
+        model's /api/show does not list), None when it has them all or is not known."""
+        if not self.call.needs:
+            return None
+        info = self.sizer.info(model, index.view)
+        if info is None or info.capabilities is None:
+            return None
+        return next((refusal for capability, refusal in self.call.needs
+                     if capability not in info.capabilities), None)
+
     def footprint_mib(self, index: ProviderIndex, model: str) -> int | None:
         footprint = self.load(index, model)[1]
         return footprint.total_mib if footprint is not None else None
@@ -138,6 +149,9 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     bad = health_reason(index, health)
     if bad:
         return Fit(False, bad)
+    lacks = fitting.lacking(index, model)
+    if lacks is not None:
+        return Fit(False, f"Ollama refuses the call on this model: {lacks}")
     warm = index.is_warm(model)
     if warm or index.is_loading(model):
         problem = fitting.copy_problem(index, model, fitting.copy_context(index, model))

@@ -45,6 +45,9 @@ class ModelInfo:
     family: str = ""
     embedding: bool = False  # an embedding model: Ollama gives it one slot
     vision: bool = False
+    # What /api/show lists under `capabilities` ("completion", "tools", "thinking", ...);
+    # None: not said (an older Ollama, or not probed), so nothing is refused for it
+    capabilities: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,9 @@ class CallSpec:
     # A static endpoint takes it when no GPU has room: such a call that cannot wait goes
     # there rather than queueing at a copy no load could relieve (step 5)
     static_fallback: bool = False
+    # The capabilities the call needs, each with Ollama's refusal when the model lacks it,
+    # in the order Ollama checks them (server/routes.go:448-469, 2610-2637)
+    needs: tuple[tuple[str, str], ...] = ()
 
     @property
     def preferred(self) -> Candidate:
@@ -183,7 +189,8 @@ class Snapshot:
 
 
 PlacementKind = Literal["warm", "loading", "cold", "queued", "evict"]
-Outcome = Literal["placed", "wait", "model-too-large", "prompt-too-large", "model-not-found"]
+Outcome = Literal["placed", "wait", "model-too-large", "prompt-too-large", "model-not-found",
+                  "unsupported"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,13 +50,18 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
     return {"trainedContext": info.trained_context, "kvBytesPerToken": info.kv_bytes_per_token,
             "estimateKvBytesPerToken": info.estimate_kv_bytes_per_token,
             "numCtx": info.modelfile_num_ctx, "family": info.family,
-            "embedding": info.embedding, "vision": info.vision}
+            "embedding": info.embedding, "vision": info.vision,
+            **({"capabilities": list(info.capabilities)} if info.capabilities is not None
+               else {})}
 
 
 def decode_model_info(d: dict[str, Any]) -> ModelInfo:
+    capabilities = d.get("capabilities")  # absent from older writers: unknown
     return ModelInfo(int(d.get("trainedContext") or 0), int(d.get("kvBytesPerToken") or 0),
                      int(d.get("estimateKvBytesPerToken") or 0), int(d.get("numCtx") or 0),
-                     str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")))
+                     str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")),
+                     tuple(str(c) for c in capabilities) if isinstance(capabilities, list)
+                     else None)
 
 
 @dataclass(frozen=True)

@@ -83,8 +83,8 @@ def model_info(show: Any) -> ModelInfo:
     info = info if isinstance(info, dict) else {}
     arch = str(info.get("general.architecture") or "")
     real, estimate = kv_per_token(info, arch) if arch else (0, 0)
-    capabilities = show.get("capabilities")
-    capabilities = capabilities if isinstance(capabilities, list) else []
+    listed = show.get("capabilities")  # absent from an older Ollama: unknown
+    capabilities = [str(c) for c in listed] if isinstance(listed, list) else []
     details = show.get("details")
     family = str(details.get("family") or "") if isinstance(details, dict) else ""
     return ModelInfo(
@@ -93,7 +93,8 @@ def model_info(show: Any) -> ModelInfo:
         family=family or arch,
         embedding=f"{arch}.pooling_type" in info or (
             "embedding" in capabilities and "completion" not in capabilities),
-        vision="vision" in capabilities)
+        vision="vision" in capabilities,
+        capabilities=tuple(capabilities) if isinstance(listed, list) else None)
 
 
 async def _details(server: ModelServer, model: str) -> Any:
