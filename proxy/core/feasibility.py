@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context
 from proxy.core.context import Resolved
-from proxy.core.occupancy import Load, ProviderIndex
+from proxy.core.occupancy import Load, ProviderIndex, loaded_limit
 from proxy.core.sizing import Footprint, Sizer
 from proxy.core.types import CallSpec, Circuit, ProviderHealth, Resident
 
@@ -173,7 +173,8 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         return Fit(False, f"an idle copy with num_ctx {stale.context_length} is still listed: "
                           f"a load at {resolved.context} reloads it (planned as its eviction)")
     if index.models_over_limit(model):
-        return Fit(False, f"{index.view.max_loaded} models loaded, the most this Ollama keeps "
+        limit = loaded_limit(index.view.max_loaded, index.view.gpus)
+        return Fit(False, f"{limit} models loaded, the most this Ollama keeps "
                           "(OLLAMA_MAX_LOADED_MODELS): one must be unloaded first")
     usable = index.usable_mib
     if usable is None or footprint is None:

@@ -61,8 +61,9 @@ class ProviderView:
     context_length: int = 0  # configured per-slot context (OLLAMA_CONTEXT_LENGTH); 0 unknown
     max_parallel: int = 1
     # OLLAMA_MAX_LOADED_MODELS: beyond it Ollama unloads a model itself, even mid-work, to
-    # load another. 0: no limit.
+    # load another. 0 (unset): Ollama's automatic limit, 3 per GPU (core/occupancy.py)
     max_loaded: int = 0
+    gpus: int = 1  # the GPUs this Ollama runs on
     weight: float = 100.0  # the policy's provider weight (phase-aware)
     disk_mib: Mapping[str, int] = field(default_factory=dict)  # on-disk sizes from /api/tags
     models: Mapping[str, ModelInfo] = field(default_factory=dict)  # from /api/show

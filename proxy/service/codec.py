@@ -75,7 +75,9 @@ class ProviderState:
     total_vram_mib: int | None = None
     context_length: int = 0
     max_parallel: int = 1
-    max_loaded: int | None = None  # OLLAMA_MAX_LOADED_MODELS as configured; 0 no limit
+    # the models its Ollama keeps loaded (OLLAMA_MAX_LOADED_MODELS, or 3 x its GPUs when
+    # unset); 0 from an older publisher is Ollama's automatic limit too
+    max_loaded: int | None = None
     kv_cache_type: str = "f16"
     loaded_mib: dict[str, int] = field(default_factory=dict)  # size_vram: GPU memory held
     loaded_size_mib: dict[str, int] = field(default_factory=dict)  # size: GPU and CPU

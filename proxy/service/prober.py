@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.core.models import model_name
+from proxy.core.occupancy import loaded_limit
 from proxy.core.sizing import kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
@@ -165,7 +166,8 @@ class Prober:
         state = ProviderState(
             name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
             total_vram_mib=total, context_length=config.context_length or 0,
-            max_parallel=config.max_parallel, max_loaded=config.max_loaded_models,
+            max_parallel=config.max_parallel,
+            max_loaded=loaded_limit(config.max_loaded_models, config.gpus),
             kv_cache_type=config.kv_cache_type,
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, available_mib=available,
