@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from proxy.core.durations import DurationError, parse_duration
+
 
 class BadRequest(Exception):
     """A client error the sidecar reports as 400 `bad-request`, naming the field."""
@@ -209,40 +211,24 @@ class ShowRequest(_Wire):
     name: ModelName | None = None
 
 
-DURATION_UNITS = ("ns", "us", "µs", "μs", "ms", "h", "m", "s")  # two letters before one
-DIGITS = frozenset("0123456789")
-
-
-def zero_duration(text: str) -> bool:
-    """Whether a Go duration string ("0", "0s", "0m0s", "-0.0h") is zero: one pass over the
-    text, no backtracking (a regular expression with nested repetition took seconds on a
-    string of twenty zeros and one other character). A unit may be left out, as Ollama
-    reads bare numbers too; anything else is not zero."""
-    s = text.strip()
-    if s[:1] in ("+", "-"):
-        s = s[1:]
-    i, n, parts = 0, len(s), 0
-    while i < n:
-        start, dot = i, False
-        while i < n and (s[i] in DIGITS or (s[i] == "." and not dot)):
-            dot = dot or s[i] == "."
-            i += 1
-        number = s[start:i]
-        if not number.strip(".") or number.strip("0.") != "":
-            return False  # no digits, or not zero
-        unit = next((u for u in DURATION_UNITS if s.startswith(u, i)), "")
-        if not unit and i < n:
-            return False  # only the last number may go without its unit
-        i += len(unit)
-        parts += 1
-    return parts > 0
+def check_keep_alive(keep_alive: object) -> None:
+    """A string `keep_alive` is a Go duration or Ollama's 400 with Go's words: "300" and
+    "-1" lack their unit (`time: missing unit in duration "300"`); only "0" may."""
+    if isinstance(keep_alive, str):
+        try:
+            parse_duration(keep_alive)
+        except DurationError as exc:
+            raise BadRequest(str(exc), "keep_alive") from None
 
 
 def zero_keep_alive(parsed: BaseModel) -> bool:
     """`keep_alive` 0: a number or a Go duration string such as "0", "0s" or "0m"."""
     keep_alive = getattr(parsed, "keep_alive", None)
     if isinstance(keep_alive, str):
-        return zero_duration(keep_alive)
+        try:
+            return parse_duration(keep_alive) == 0
+        except DurationError:
+            return False
     return keep_alive is not None and keep_alive == 0
 
 
@@ -305,6 +291,8 @@ def _field(loc: tuple[int | str, ...]) -> str:
 
 def validate(model: type[W], body: dict[str, Any]) -> W:
     if model in (OllamaInference, OllamaEmbed):
+        # Ollama reads the body (keep_alive) before it reads the options
+        check_keep_alive(body.get("keep_alive"))
         check_options(body.get("options"))
     try:
         return model.model_validate(body)

@@ -20,7 +20,7 @@ from proxy.api import wire
         ({"model": "m", "keep_alive": "0.0ms"}, True),
         ({"model": "m", "keep_alive": "5m"}, False),
         ({"model": "m", "keep_alive": -1}, False),  # forever
-        ({"model": "m", "keep_alive": "10"}, False),
+        ({"model": "m", "keep_alive": "10s"}, False),
         ({"model": "m"}, False),  # a load, not an unload
         ({"model": "m", "keep_alive": 0, "prompt": "hi"}, False),  # runs, then unloads
         ({"model": "m", "keep_alive": 0, "messages": [{"role": "user", "content": "hi"}]},
