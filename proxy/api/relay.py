@@ -181,6 +181,11 @@ class Silence:
         self._timer.cancel()
 
 
+# OpenAI's streamed chat and completions end with this event once the answer is done
+DONE = b"data: [DONE]"
+DONE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+
+
 class RelayStream(StreamingResponse):
     """A streaming response whose cleanup runs even when the client goes away.
 
@@ -191,9 +196,10 @@ class RelayStream(StreamingResponse):
 
     def __init__(self, upstream: UpstreamResponse, attempt: Attempt, attempts: Attempts,
                  started: float, chunk_timeout_s: float, headers: dict[str, str],
-                 dialect: Dialect = "ollama") -> None:
+                 dialect: Dialect = "ollama", path: str = "") -> None:
         self.upstream = upstream
         self.dialect = dialect
+        self.ends_with_done = path in DONE_PATHS
         self.attempt = attempt
         self.attempts = attempts
         self.started = started
@@ -237,6 +243,15 @@ class RelayStream(StreamingResponse):
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
+            elif self.ends_with_done and not self._tail.rstrip().endswith(DONE):
+                # Ollama's OpenAI layer turns its error line into an empty chunk and ends
+                # without [DONE] (middleware/openai.go:80-160, 176-184): the agent must
+                # hear of the failure, and it is not a finished call
+                self._ok = False
+                self._error = (f"provider {self.attempt.provider} ended the stream without "
+                               "[DONE]: the engine failed mid-answer")
+                yield (b"" if ended_with_newline else b"\n") + stream_error_line(
+                    self._error, self.dialect)
         except (UpstreamError, TimeoutError) as exc:
             self._timed_out = isinstance(exc, TimeoutError)
             cause = f"no data for {self.chunk_timeout_s:g} s" if self._timed_out else str(exc)
@@ -503,7 +518,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
 
     if data is None:
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
-                           dialect)
+                           dialect, path)
     media_type = upstream.content_type or "application/json"
     # Ollama fails a legacy embedding input over the context with 500: the input's fault,
     # not the provider's (docs/engine.md, "A prompt that does not fit").

@@ -587,3 +587,32 @@ async def test_an_engines_500_that_is_the_callers_mistake_is_relayed_not_a_failu
                                                                      "bad-request")
     await _deliver(response)
     assert len(outcomes) == 1 and outcomes[0].ok and not outcomes[0].began
+
+
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"the"}}]}\n\n'
+EMPTY = b'data: {"choices":[{"index":0,"delta":{"content":""}}]}\n\n'  # the error, as sent
+FINISH = (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+          b'"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n')
+
+
+@pytest.mark.parametrize(("parts", "ok"), [
+    ((CHUNK, FINISH, b"data: [DONE]\n\n"), True),
+    ((CHUNK, EMPTY), False),  # Ollama's error mid-stream through its OpenAI layer
+])
+async def test_an_openai_stream_that_ends_without_done_is_a_failed_call(
+        parts: tuple[bytes, ...], ok: bool) -> None:
+    outcomes: list[CallOutcome] = []
+    async for url in serve(answering(SSE_HEAD + _chunked(*parts, b""))):
+        attempt = Attempt("p", OllamaClient(url, Timeouts(1, 1, 1)), "m", "warm")
+        response = await forward(OneAttempt(attempt, outcomes), "/v1/chat/completions",
+                                 {"model": "m", "stream": True}, True, 1, dialect="openai")
+        body = b"".join(m.get("body", b"") for m in await _deliver(response))
+    assert body.startswith(b"".join(parts))
+    assert outcomes[0].ok is ok
+    if not ok:  # the agent's SDK hears of it as an error event
+        assert body.endswith(stream_error_line(str(outcomes[0].error), "openai"))
+        assert "without [DONE]" in str(outcomes[0].error)
+    else:
+        assert outcomes[0].prompt_eval_count == 4
