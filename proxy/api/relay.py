@@ -484,7 +484,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
             await upstream.aclose()
 
     # Ollama sends a stream's first chunk once loaded and a complete answer only when done
-    # (server/routes.go:2388-2434): a complete answer's limit covers a load and the answer.
+    # (server/routes.go:2387-2434): a complete answer's limit covers a load and the answer.
     timeouts = attempt.client.timeouts
     limit_s, setting = (timeouts.first_byte_s, "FIRST_BYTE") if stream else \
         (timeouts.answer_s, "ANSWER")
