@@ -212,7 +212,7 @@ def newest_version(prober: Prober) -> str | None:
 def build_app(settings: Settings, store: StateStore | None = None,
               clock: Clock = SYSTEM_CLOCK) -> FastAPI:
     timeouts = Timeouts(settings.connect_timeout_seconds, settings.first_byte_timeout_seconds,
-                        settings.chunk_timeout_seconds)
+                        settings.chunk_timeout_seconds, settings.answer_timeout_seconds)
     pool = ProviderPool(settings.providers, settings.model_endpoint, settings.triage_endpoint,
                         lambda endpoint: OllamaClient(endpoint, timeouts))
     services = build_services(settings, store or build_store(settings, clock), pool,

@@ -169,6 +169,10 @@ class Timeouts:
     connect_s: float = 3.0
     first_byte_s: float = 180.0
     chunk_s: float = 60.0
+    # A complete (non-streamed) answer or a planned load, from sending to its last byte:
+    # Ollama writes nothing before, and a load alone may take its OLLAMA_LOAD_TIMEOUT
+    # (5 min by default) of silence (envconfig/config.go LoadTimeout)
+    answer_s: float = 900.0
 
 
 class UpstreamResponse(Protocol):

@@ -43,8 +43,9 @@ class ProviderConfig(BaseModel):
     total_vram_mib: int | None = Field(default=None, alias="totalVramMiB", ge=0)
     context_length: int | None = Field(default=None, alias="contextLength", ge=0)
     max_parallel: int = Field(default=1, alias="maxParallel", ge=1)
-    # OLLAMA_MAX_LOADED_MODELS: Ollama's default is 3 per GPU, and a provider is one GPU.
-    max_loaded_models: int = Field(default=3, alias="maxLoadedModels", ge=0)
+    # OLLAMA_MAX_LOADED_MODELS; 0 (unset) is Ollama's automatic limit, 3 x its GPUs
+    max_loaded_models: int = Field(default=0, alias="maxLoadedModels", ge=0)
+    gpus: int = Field(default=1, ge=1)  # the GPUs the provider's Ollama runs on
     # OLLAMA_KV_CACHE_TYPE (f16 unless set; before 0.30 only with flash attention on)
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(default="f16", alias="kvCacheType")
     weight: float = 100.0
@@ -153,6 +154,7 @@ class Settings(BaseSettings):
     connect_timeout_seconds: float = Field(default=3.0, gt=0)
     first_byte_timeout_seconds: float = Field(default=180.0, gt=0)
     chunk_timeout_seconds: float = Field(default=60.0, gt=0)
+    answer_timeout_seconds: float = Field(default=900.0, gt=0)
     probe_interval_seconds: float = Field(default=2.0, gt=0)
     state_stale_seconds: float = Field(default=15.0, gt=0)
     ticket_ttl_seconds: float = Field(default=60.0, ge=5)

@@ -94,10 +94,10 @@ class OllamaClient:
         self.endpoint = endpoint.rstrip("/")
         self.timeouts = timeouts or Timeouts()
         t = self.timeouts
-        # read covers the wait for the first byte (model loads included); the relay
-        # enforces the shorter between-chunk limit itself.
-        timeout = httpx.Timeout(connect=t.connect_s, read=t.first_byte_s, write=t.connect_s,
-                                pool=t.first_byte_s)
+        # The relay bounds a call itself (the first byte of a stream, the whole of a complete
+        # answer, the silence between chunks); read is only the outer limit.
+        timeout = httpx.Timeout(connect=t.connect_s, read=max(t.first_byte_s, t.answer_s),
+                                write=t.connect_s, pool=t.first_byte_s)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         self._transport = transport or AiohttpTransport(limits=limits)
         # Providers are called directly, never through HTTP(S)_PROXY from the environment.
@@ -170,7 +170,9 @@ class OllamaClient:
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None,
                        timeout_s: float | None) -> httpx.Response:
-        timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+        # A long wait for the answer (a load) must not mean a long wait to connect
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, self.timeouts.connect_s)) \
+            if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
         try:
             return await self._client.request(
                 method, path, content=orjson.dumps(body) if body is not None else None,
@@ -180,11 +182,13 @@ class OllamaClient:
 
     async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None) -> None:
         """Start (and wait for) a model load: `/api/generate {"model": m}`, with the context
-        planned for it (0: Ollama's own)."""
+        planned for it (0: Ollama's own). Ollama answers once loaded, so by default the wait
+        is a complete answer's (it covers OLLAMA_LOAD_TIMEOUT)."""
         body: dict[str, Any] = {"model": model}
         if num_ctx:
             body["options"] = {"num_ctx": num_ctx}
-        await self._post_json("/api/generate", body, timeout_s)
+        await self._post_json("/api/generate", body,
+                              self.timeouts.answer_s if timeout_s is None else timeout_s)
 
     async def unload(self, model: str) -> None:
         """Ask Ollama to release a model (`keep_alive: 0`); it returns at once."""

@@ -60,13 +60,13 @@ PROVIDER_REASONS = {400: "bad-request", 404: "model-not-found", 413: "request-to
 
 
 def provider_refusal(status: int, message: str, model: str, dialect: Dialect = "ollama",
-                     upstream: bytes = b"") -> bytes:
+                     upstream: bytes = b"", reason: str | None = None) -> bytes:
     """The body of a provider's refusal (a 4xx before its answer began) in the caller's
     dialect, as the sidecar's own refusals are: Ollama's message, a `reason` and the model.
     On the OpenAI and Anthropic paths the engine's own error object (its type, Anthropic's
     request_id) is kept as Ollama's layers wrote it; an OpenAI `code` it left empty is the
-    reason."""
-    reason = PROVIDER_REASONS.get(status, "provider-refused")
+    reason (by status unless given)."""
+    reason = reason or PROVIDER_REASONS.get(status, "provider-refused")
     body = error_body(status, reason, message, dialect)
     theirs = _object(upstream) if dialect != "ollama" else None
     if theirs is not None and isinstance(error := theirs.get("error"), dict):

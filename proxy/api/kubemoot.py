@@ -12,7 +12,7 @@ from proxy.api import wire
 from proxy.api.errors import JSON, error_response
 from proxy.api.routes import BodyTooSlow, RequestTooLarge, answer_cap, read_capped
 from proxy.core.affinity import expected_cached, shared_prompt_size
-from proxy.core.occupancy import index_providers
+from proxy.core.occupancy import index_providers, loaded_limit
 from proxy.core.placement import explain
 from proxy.core.tokens import conversation_digests, prompt_size
 from proxy.core.types import CallSpec, Decision, Verdict
@@ -193,7 +193,7 @@ class KubemootApi:
             "providers": [{
                 "name": v.name, "ready": v.ready, "totalVramMiB": v.total_vram_mib,
                 "contextLength": v.context_length, "maxParallel": v.max_parallel,
-                "maxLoadedModels": v.max_loaded,
+                "maxLoadedModels": loaded_limit(v.max_loaded, v.gpus),
                 "residents": [{"model": r.model, "footprintMiB": r.footprint_mib,
                                "contextLength": r.context_length,
                                **({"leaving": True} if r.leaving else {})}

@@ -27,7 +27,7 @@ from proxy.api.errors import (
     refusal_response,
     stream_error_line,
 )
-from proxy.core.engine_errors import SERVER_BUSY, prompt_too_long
+from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
 from proxy.service.routing import STATIC, Attempt, Attempts, CallOutcome, Refusal
@@ -181,6 +181,11 @@ class Silence:
         self._timer.cancel()
 
 
+# OpenAI's streamed chat and completions end with this event once the answer is done
+DONE = b"data: [DONE]"
+DONE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+
+
 class RelayStream(StreamingResponse):
     """A streaming response whose cleanup runs even when the client goes away.
 
@@ -191,9 +196,10 @@ class RelayStream(StreamingResponse):
 
     def __init__(self, upstream: UpstreamResponse, attempt: Attempt, attempts: Attempts,
                  started: float, chunk_timeout_s: float, headers: dict[str, str],
-                 dialect: Dialect = "ollama") -> None:
+                 dialect: Dialect = "ollama", path: str = "") -> None:
         self.upstream = upstream
         self.dialect = dialect
+        self.ends_with_done = path in DONE_PATHS
         self.attempt = attempt
         self.attempts = attempts
         self.started = started
@@ -204,6 +210,7 @@ class RelayStream(StreamingResponse):
         self._final: dict[str, Any] = {}
         self._ok = False
         self._error: str | None = "client disconnected"
+        self._timed_out = False
         self._settled = False
         super().__init__(self._relay(), headers=headers,
                          media_type=upstream.content_type or NDJSON)
@@ -236,9 +243,18 @@ class RelayStream(StreamingResponse):
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
+            elif self.ends_with_done and not self._tail.rstrip().endswith(DONE):
+                # Ollama's OpenAI layer turns its error line into an empty chunk and ends
+                # without [DONE] (middleware/openai.go:80-160, 176-184): the agent must
+                # hear of the failure, and it is not a finished call
+                self._ok = False
+                self._error = (f"provider {self.attempt.provider} ended the stream without "
+                               "[DONE]: the engine failed mid-answer")
+                yield (b"" if ended_with_newline else b"\n") + stream_error_line(
+                    self._error, self.dialect)
         except (UpstreamError, TimeoutError) as exc:
-            cause = (f"no data for {self.chunk_timeout_s:g} s"
-                     if isinstance(exc, TimeoutError) else str(exc))
+            self._timed_out = isinstance(exc, TimeoutError)
+            cause = f"no data for {self.chunk_timeout_s:g} s" if self._timed_out else str(exc)
             self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
                                                                                self.dialect)
@@ -280,8 +296,9 @@ class RelayStream(StreamingResponse):
                                answer_calls_tool(self._tail, self._called_tools)
                                if self._watch else None)
         try:
-            await self.attempts.settle(replace(outcome, client_left=True) if client_left
-                                       else outcome)
+            if client_left or self._timed_out:
+                outcome = replace(outcome, client_left=client_left, timed_out=self._timed_out)
+            await self.attempts.settle(outcome)
         finally:
             with contextlib.suppress(Exception):
                 await self.upstream.aclose()
@@ -460,18 +477,31 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         if upstream.status_code < 400 and stream:
             return upstream, None
         try:
-            async with asyncio.timeout(attempt.client.timeouts.first_byte_s):
-                return upstream, await upstream.read()
-        except (UpstreamError, TimeoutError) as exc:
-            raise AnswerFailed(str(exc) or type(exc).__name__) from exc
+            return upstream, await upstream.read()
+        except UpstreamError as exc:
+            raise AnswerFailed(str(exc)) from exc
         finally:  # read whole, failed, or cancelled as the agent left: the connection is done
             await upstream.aclose()
 
+    # Ollama sends a stream's first chunk once loaded and a complete answer only when done
+    # (server/routes.go:2387-2434): a complete answer's limit covers a load and the answer.
+    timeouts = attempt.client.timeouts
+    limit_s, setting = (timeouts.first_byte_s, "FIRST_BYTE") if stream else \
+        (timeouts.answer_s, "ANSWER")
     try:
-        async with client_watch(disconnected):
+        async with client_watch(disconnected), asyncio.timeout(limit_s):
             upstream, data = await exchange()
     except UpstreamError as exc:
         return failed(str(exc))
+    except TimeoutError:
+        # Not retried (the agent waited long already) and not the card's failure unless a
+        # probe finds it down (CallService.settle)
+        cause = f"no answer within {limit_s:g} s (KUBEMOOT_{setting}_TIMEOUT_SECONDS)"
+        await attempts.settle(CallOutcome(False, time.perf_counter() - started, error=cause,
+                                          began=False, timed_out=True))
+        return error_response(504, "upstream-timeout",
+                              f"provider {attempt.provider} accepted the call but sent "
+                              f"{cause}", attempt.model, dialect=dialect)
     except AnswerFailed as exc:
         await attempts.settle(CallOutcome(False, time.perf_counter() - started,
                                           error=str(exc)))
@@ -488,21 +518,24 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
 
     if data is None:
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
-                           dialect)
+                           dialect, path)
     media_type = upstream.content_type or "application/json"
     # Ollama fails a legacy embedding input over the context with 500: the input's fault,
     # not the provider's (docs/engine.md, "A prompt that does not fit").
     counted = prompt_too_long(data[:4096].decode(errors="replace")) \
         if upstream.status_code in (400, 500) else None
-    if upstream.status_code >= 500 and counted is None:
-        message = engine_error(data)
+    message = engine_error(data) if upstream.status_code >= 400 else ""
+    # A 500 that is the call's own mistake (a mistyped option, a bad format) is relayed as
+    # the provider's refusal: another card would answer the same.
+    callers = upstream.status_code == 500 and callers_error(message)
+    if upstream.status_code >= 500 and counted is None and not callers:
         # A full queue says nothing of the provider's health: another may take the call.
         return failed(f"HTTP {upstream.status_code}: {message}",
                       healthy=upstream.status_code == 503 and SERVER_BUSY in message)
     status = 400 if counted is not None else upstream.status_code
     if status >= 400:  # the provider's own refusal, in the sidecar's shape
-        data, media_type = provider_refusal(status, engine_error(data), attempt.model,
-                                            dialect, data), JSON
+        data, media_type = provider_refusal(status, message, attempt.model, dialect, data,
+                                            "bad-request" if callers else None), JSON
     if counted is not None:
         # The estimate was short: the call is placed again, sized at what the engine counted
         # (at least the context); the engine's answer is the one to give only if it cannot be.
@@ -511,14 +544,14 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
             CallOutcome(True, time.perf_counter() - started, at_least,
                         error="prompt longer than the context", prompt_too_long=True),
             Response(data, status_code=400, media_type=media_type, headers=headers))
-    if upstream.status_code == 404 and "not found" in engine_error(data):
-        return failed(f"HTTP 404: {engine_error(data)}", healthy=True, answer=Response(
+    if upstream.status_code == 404 and "not found" in message:
+        return failed(f"HTTP 404: {message}", healthy=True, answer=Response(
             data, status_code=404, media_type=media_type, headers=headers))
     ok = upstream.status_code < 400
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.
     outcome = outcome_from(final_metrics(data), started, ok, called_tools=answer_calls_tool(
         data, calls_tool(data)) if attempt.watches_tool_calls else None)
     if not ok:
-        outcome = CallOutcome(True, outcome.seconds, error=engine_error(data), began=False)
+        outcome = CallOutcome(True, outcome.seconds, error=message, began=False)
     return SettlingResponse(data, attempts, outcome, status_code=upstream.status_code,
                             media_type=media_type, headers=headers)

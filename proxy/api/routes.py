@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
 from proxy.api import wire
+from proxy.api.capabilities import call_needs
 from proxy.api.errors import (
     JSON,
     Dialect,
@@ -406,6 +407,7 @@ class SidecarApi:
             conversation=conversation,
             ends_loop_unless_tool_called=bool(conversation) and answers_tool_result(body),
             shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,
+            needs=call_needs(path, body, parsed.model or ""),
             disconnected=lambda: _disconnect(request),
         )
 

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from proxy.core.durations import DurationError, parse_duration
+
 
 class BadRequest(Exception):
     """A client error the sidecar reports as 400 `bad-request`, naming the field."""
@@ -46,6 +48,45 @@ class Message(_Wire):
     tool_calls: list[ToolCall] | None = None
     images: list[str] | None = None
     tool_name: str | None = None
+
+
+# Ollama's options and the JSON type each must have (api/types.go:568-596 Options and Runner;
+# v0.12.6 :390-417 has the same less draft_num_predict). Options.FromMap (api/types.go:991-1089)
+# refuses any other type, and Ollama answers that 500 though it is the call's mistake; an
+# option it does not know it ignores, and so does the sidecar.
+OPTION_TYPES: dict[str, str] = {
+    **dict.fromkeys(("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread",
+                     "draft_num_predict", "num_keep", "seed", "num_predict", "top_k",
+                     "repeat_last_n"), "integer"),
+    **dict.fromkeys(("top_p", "min_p", "typical_p", "temperature", "repeat_penalty",
+                     "presence_penalty", "frequency_penalty"), "float32"),
+    "use_mmap": "boolean",
+    "stop": "array",
+}
+
+
+def check_options(options: object) -> None:
+    """Ollama's own check of the options' types, with its words (`option "stop" must be of
+    type array`): a 400 here, before any placement, where Ollama would answer 500 after it.
+    JSON numbers are Go's float64, which int and float32 options both take (an int option
+    drops the fraction); null is skipped."""
+    if not isinstance(options, dict):
+        return  # absent, or not an object: the schema's check names it
+    for key, value in options.items():
+        kind = OPTION_TYPES.get(key)
+        if kind is None or value is None:
+            continue
+        if kind == "boolean":
+            fits = isinstance(value, bool)
+        elif kind == "array":
+            fits = isinstance(value, list)
+            if fits and not all(isinstance(item, str) for item in value):
+                raise BadRequest(f'option "{key}" must be of an array of strings',
+                                 f"options.{key}")
+        else:
+            fits = isinstance(value, int | float) and not isinstance(value, bool)
+        if not fits:
+            raise BadRequest(f'option "{key}" must be of type {kind}', f"options.{key}")
 
 
 class Options(_Wire):
@@ -170,40 +211,24 @@ class ShowRequest(_Wire):
     name: ModelName | None = None
 
 
-DURATION_UNITS = ("ns", "us", "µs", "μs", "ms", "h", "m", "s")  # two letters before one
-DIGITS = frozenset("0123456789")
-
-
-def zero_duration(text: str) -> bool:
-    """Whether a Go duration string ("0", "0s", "0m0s", "-0.0h") is zero: one pass over the
-    text, no backtracking (a regular expression with nested repetition took seconds on a
-    string of twenty zeros and one other character). A unit may be left out, as Ollama
-    reads bare numbers too; anything else is not zero."""
-    s = text.strip()
-    if s[:1] in ("+", "-"):
-        s = s[1:]
-    i, n, parts = 0, len(s), 0
-    while i < n:
-        start, dot = i, False
-        while i < n and (s[i] in DIGITS or (s[i] == "." and not dot)):
-            dot = dot or s[i] == "."
-            i += 1
-        number = s[start:i]
-        if not number.strip(".") or number.strip("0.") != "":
-            return False  # no digits, or not zero
-        unit = next((u for u in DURATION_UNITS if s.startswith(u, i)), "")
-        if not unit and i < n:
-            return False  # only the last number may go without its unit
-        i += len(unit)
-        parts += 1
-    return parts > 0
+def check_keep_alive(keep_alive: object) -> None:
+    """A string `keep_alive` is a Go duration or Ollama's 400 with Go's words: "300" and
+    "-1" lack their unit (`time: missing unit in duration "300"`); only "0" may."""
+    if isinstance(keep_alive, str):
+        try:
+            parse_duration(keep_alive)
+        except DurationError as exc:
+            raise BadRequest(str(exc), "keep_alive") from None
 
 
 def zero_keep_alive(parsed: BaseModel) -> bool:
     """`keep_alive` 0: a number or a Go duration string such as "0", "0s" or "0m"."""
     keep_alive = getattr(parsed, "keep_alive", None)
     if isinstance(keep_alive, str):
-        return zero_duration(keep_alive)
+        try:
+            return parse_duration(keep_alive) == 0
+        except DurationError:
+            return False
     return keep_alive is not None and keep_alive == 0
 
 
@@ -265,6 +290,10 @@ def _field(loc: tuple[int | str, ...]) -> str:
 
 
 def validate(model: type[W], body: dict[str, Any]) -> W:
+    if model in (OllamaInference, OllamaEmbed):
+        # Ollama reads the body (keep_alive) before it reads the options
+        check_keep_alive(body.get("keep_alive"))
+        check_options(body.get("options"))
     try:
         return model.model_validate(body)
     except ValidationError as exc:

@@ -1,4 +1,5 @@
-"""What an engine's error messages say: out of memory, busy, or a prompt over the context.
+"""What an engine's error messages say: out of memory, busy, a prompt over the context, or
+the caller's own mistake answered as a server error.
 
 The texts are Ollama's own (llm/status.go IsOutOfMemory; sched.go ErrMaxQueue) and, for an
 over-long prompt, Ollama's, llama-server's and the 0.12 runners' refusals.
@@ -16,6 +17,13 @@ PROMPT_TOO_LONG = ("prompt is longer than the context length",
                    "exceeds the available context size",
                    "input length exceeds the context length",
                    "input exceeds maximum context length")
+# Ollama answers these 500, but they are the call's fault, whichever card gets it: an option
+# of the wrong type (api/types.go:991-1089 Options.FromMap, via server/routes.go:218-221 and
+# handleScheduleError's default, :3107-3119), a `format` that is neither "json" nor a schema
+# (llm/llama_server.go:1594, 2320-2325; v0.12.6 llm/server.go:1435-1441), a chat template
+# that fails on the messages (server/routes.go:2701-2704; Go's text/template errors).
+CALLERS_ERROR = re.compile(r'^(?:option "[^"]*" must be of |invalid format: '
+                           r'|invalid JSON schema in format|template: )')
 _PROMPT_TOKENS = re.compile(r'request \((\d+) tokens\)|"n_prompt_tokens\\*"?:\s*(\d+)')
 
 
@@ -32,3 +40,8 @@ def prompt_too_long(message: str) -> int | None:
         return None
     match = _PROMPT_TOKENS.search(message)
     return int(match[1] or match[2]) if match else 0
+
+
+def callers_error(message: str) -> bool:
+    """Whether an engine's 500 is the call's own mistake (another card would refuse it too)."""
+    return CALLERS_ERROR.match(message) is not None

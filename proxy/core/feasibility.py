@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context
 from proxy.core.context import Resolved
-from proxy.core.occupancy import Load, ProviderIndex
+from proxy.core.occupancy import Load, ProviderIndex, loaded_limit
 from proxy.core.sizing import Footprint, Sizer
 from proxy.core.types import CallSpec, Circuit, ProviderHealth, Resident
 
@@ -62,6 +62,17 @@ class Fitting:
                 return replace(lowered, source=f"{resolved.source}, lowered to fit",
                                lowered_from=resolved.context), smaller
         return found
+
+    def lacking(self, index: ProviderIndex, model: str) -> str | None:
+        """Ollama's refusal of this call on `model` (the first capability it needs that the
+        model's /api/show does not list), None when it has them all or is not known."""
+        if not self.call.needs:
+            return None
+        info = self.sizer.info(model, index.view)
+        if info is None or info.capabilities is None:
+            return None
+        return next((refusal for capability, refusal in self.call.needs
+                     if capability not in info.capabilities), None)
 
     def footprint_mib(self, index: ProviderIndex, model: str) -> int | None:
         footprint = self.load(index, model)[1]
@@ -138,6 +149,9 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     bad = health_reason(index, health)
     if bad:
         return Fit(False, bad)
+    lacks = fitting.lacking(index, model)
+    if lacks is not None:
+        return Fit(False, f"Ollama refuses the call on this model: {lacks}")
     warm = index.is_warm(model)
     if warm or index.is_loading(model):
         problem = fitting.copy_problem(index, model, fitting.copy_context(index, model))
@@ -159,7 +173,8 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         return Fit(False, f"an idle copy with num_ctx {stale.context_length} is still listed: "
                           f"a load at {resolved.context} reloads it (planned as its eviction)")
     if index.models_over_limit(model):
-        return Fit(False, f"{index.view.max_loaded} models loaded, the most this Ollama keeps "
+        limit = loaded_limit(index.view.max_loaded, index.view.gpus)
+        return Fit(False, f"{limit} models loaded, the most this Ollama keeps "
                           "(OLLAMA_MAX_LOADED_MODELS): one must be unloaded first")
     usable = index.usable_mib
     if usable is None or footprint is None:

@@ -40,3 +40,15 @@ class CallModels:
         if mine is None:
             return (Candidate(wanted),)
         return (mine, *(c for c in self.mulling if c.model != wanted))
+
+
+def full_model_name(name: str) -> str:
+    """Ollama's full name of a model, as its capability errors spell it (types/model/name.go
+    ParseName and Name.String: host `registry.ollama.ai`, namespace `library` and tag
+    `latest` filled in): "qwen3:8b" is "registry.ollama.ai/library/qwen3:8b"."""
+    parts = normalise_model(name).split("/")
+    if len(parts) == 1:
+        parts = ["library", *parts]
+    if len(parts) == 2:
+        parts = ["registry.ollama.ai", *parts]
+    return "/".join(parts)

@@ -58,6 +58,17 @@ def _loads(ticket: Ticket, lasting: Container[str]) -> bool:
     return ticket.cold and (ticket.model not in lasting or ticket.reloads)
 
 
+# Ollama's automatic OLLAMA_MAX_LOADED_MODELS (unset or 0): 3 per GPU, at least one GPU
+# counted (server/sched.go:86 defaultModelsPerGPU, :280-288)
+MODELS_PER_GPU = 3
+
+
+def loaded_limit(max_loaded: int, gpus: int = 1) -> int:
+    """How many models an Ollama with OLLAMA_MAX_LOADED_MODELS `max_loaded` on `gpus` GPUs
+    keeps loaded before it unloads one itself."""
+    return max_loaded if max_loaded > 0 else MODELS_PER_GPU * max(gpus, 1)
+
+
 @dataclass(slots=True)
 class ProviderIndex:
     """A provider's residents and active tickets, pre-digested."""
@@ -129,8 +140,8 @@ class ProviderIndex:
         """How many loaded models must go before `model` may load here without Ollama
         unloading one itself (OLLAMA_MAX_LOADED_MODELS); victims already planned by other
         loads count as gone. 0: it may load now."""
-        limit = self.view.max_loaded
-        if limit <= 0 or model in self.loaded_models:
+        limit = loaded_limit(self.view.max_loaded, self.view.gpus)
+        if model in self.loaded_models:
             return 0
         staying = self.loaded_models.difference(set(self.planned_victims) - self.reloading)
         return max(0, len(staying) + 1 - limit)
@@ -263,13 +274,13 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             if victim in residents:
                 victims[victim] = residents[victim]
     credit = sum(victims.values())
-    if new.cold and view.max_loaded > 0 and new.model not in residents:
+    if new.cold and new.model not in residents:
         loaded = set(residents).union(t.model for t in live if t.cold)
         reloaded = {t.model for t in [*live, new] if t.reloads}  # gone and back: still loaded
         count = len(loaded.difference(set(victims) - reloaded) | {new.model})
-        if count > view.max_loaded:
+        if count > loaded_limit(view.max_loaded, view.gpus):
             return False, (f"{new.model} would be model {count} loaded here "
-                           f"(OLLAMA_MAX_LOADED_MODELS {view.max_loaded})")
+                           f"(OLLAMA_MAX_LOADED_MODELS {loaded_limit(view.max_loaded, view.gpus)})")
 
     if view.total_vram_mib is None:
         return True, "provider publishes no VRAM total"

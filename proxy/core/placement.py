@@ -6,8 +6,9 @@
    slot no call is bound to yet;
 4. the full weighted cost for the preferred model: wait for a slot of a busy copy, or
    cold-load onto free room (only when a cold load is possible at all);
-5. otherwise classify: model-not-found, model-too-large, prompt-too-large, or busy (each of
-   the first three falls back to the best in-tolerance candidate that escapes it, and is
+5. otherwise classify: model-not-found, unsupported (Ollama would refuse the call on the
+   model: it lacks a capability the call needs), model-too-large, prompt-too-large, or busy
+   (each of the first four falls back to the best in-tolerance candidate that escapes it, and is
    refused only when none does); when busy, wait for a slot or unload (an unload wins only
    when cheaper than waiting).
 
@@ -383,10 +384,14 @@ class _Planner:
         return any(_pulled_on(i, model) for i in self.indexes.values())
 
     def classify(self, verdicts: list[Verdict]) -> tuple[str, str] | None:
-        """model-not-found, model-too-large, prompt-too-large, or None (busy)."""
+        """model-not-found, unsupported, model-too-large, prompt-too-large, or None
+        (busy)."""
         preferred = self.call.preferred.model
         if not self.pulled_anywhere(preferred):
             return "model-not-found", f"model '{preferred}' not found"
+        refused = self.unsupported(preferred)
+        if refused is not None:
+            return "unsupported", refused
         if self.too_large_everywhere(preferred):
             sizes = {i.name: (self.fitting.footprint_mib(i, preferred),
                               self.fitting.load(i, preferred)[0].context, i.usable_mib or 0)
@@ -424,6 +429,13 @@ class _Planner:
             f"The prompt needs about {self.call.prompt_tokens} tokens (and {spare} kept for the "
             f"answer) but the largest context any GPU gives an acceptable model is "
             f"{largest_ctx} tokens; {advice}")
+
+    def unsupported(self, model: str) -> str | None:
+        """Ollama's refusal of this call on `model` when every card says the model lacks a
+        capability the call needs (it refuses before loading anything); None when one does
+        not, or cannot tell."""
+        lacks = [self.fitting.lacking(i, model) for i in self.indexes.values()]
+        return lacks[0] if lacks and all(lacks) else None
 
     def too_large_everywhere(self, model: str) -> bool:
         """Every card's usable memory is known, no card has a copy this call could join, and
@@ -546,6 +558,8 @@ class _Planner:
         why = None
         if refusal is not None and refusal[0] == "model-not-found":
             why = f"{preferred} is on no provider's disk"
+        elif refusal is not None and refusal[0] == "unsupported":
+            why = f"Ollama refuses the call on {preferred} ({refusal[1]})"
         elif refusal is not None and refusal[0] == "model-too-large":
             why = f"{preferred} fits no GPU"
         elif self.holds_prompt(preferred) is False:
@@ -605,6 +619,7 @@ class _Planner:
         preferred = self.call.preferred
         for alternative in self.alternatives:
             if not self.pulled_anywhere(alternative.model) or \
+                    self.unsupported(alternative.model) is not None or \
                     self.too_large_everywhere(alternative.model):
                 continue
             rest = tuple(c for c in self.call.candidates
@@ -614,7 +629,7 @@ class _Planner:
                                - (preferred.score - alternative.score))
             decision = _Planner(narrowed, self.snapshot, self.policy).place()
             if decision.outcome not in ("model-too-large", "prompt-too-large",
-                                        "model-not-found"):
+                                        "model-not-found", "unsupported"):
                 return replace(decision, reason=f"{why}; {decision.reason}")
         return None
 

@@ -45,6 +45,9 @@ class ModelInfo:
     family: str = ""
     embedding: bool = False  # an embedding model: Ollama gives it one slot
     vision: bool = False
+    # What /api/show lists under `capabilities` ("completion", "tools", "thinking", ...);
+    # None: not said (an older Ollama, or not probed), so nothing is refused for it
+    capabilities: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +61,9 @@ class ProviderView:
     context_length: int = 0  # configured per-slot context (OLLAMA_CONTEXT_LENGTH); 0 unknown
     max_parallel: int = 1
     # OLLAMA_MAX_LOADED_MODELS: beyond it Ollama unloads a model itself, even mid-work, to
-    # load another. 0: no limit.
+    # load another. 0 (unset): Ollama's automatic limit, 3 per GPU (core/occupancy.py)
     max_loaded: int = 0
+    gpus: int = 1  # the GPUs this Ollama runs on
     weight: float = 100.0  # the policy's provider weight (phase-aware)
     disk_mib: Mapping[str, int] = field(default_factory=dict)  # on-disk sizes from /api/tags
     models: Mapping[str, ModelInfo] = field(default_factory=dict)  # from /api/show
@@ -157,6 +161,9 @@ class CallSpec:
     # A static endpoint takes it when no GPU has room: such a call that cannot wait goes
     # there rather than queueing at a copy no load could relieve (step 5)
     static_fallback: bool = False
+    # The capabilities the call needs, each with Ollama's refusal when the model lacks it,
+    # in the order Ollama checks them (server/routes.go:448-469, 2610-2637)
+    needs: tuple[tuple[str, str], ...] = ()
 
     @property
     def preferred(self) -> Candidate:
@@ -183,7 +190,8 @@ class Snapshot:
 
 
 PlacementKind = Literal["warm", "loading", "cold", "queued", "evict"]
-Outcome = Literal["placed", "wait", "model-too-large", "prompt-too-large", "model-not-found"]
+Outcome = Literal["placed", "wait", "model-too-large", "prompt-too-large", "model-not-found",
+                  "unsupported"]
 
 
 @dataclass(frozen=True, slots=True)

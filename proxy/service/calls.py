@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Coroutine
 from dataclasses import replace
 
 from proxy.core.engine_errors import is_out_of_memory
@@ -119,10 +120,27 @@ class CallService:
             self.scheduler.provider_view(placement.provider).version, outcome)
         if check is not None:
             self._count_cache(placement.provider, check)
-        if placement.loads or not outcome.ok:
-            task = asyncio.ensure_future(self.prober.refresh(placement.provider))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        if outcome.timed_out:
+            self._spawn(self._probe_after_timeout(placement.provider, outcome))
+        elif placement.loads or not outcome.ok:
+            self._spawn(self.prober.refresh(placement.provider))
+
+    async def _probe_after_timeout(self, provider: str, outcome: CallOutcome) -> None:
+        """A call the provider took and did not finish in time counts against its health
+        only when the card does not answer a probe either."""
+        with contextlib.suppress(StoreUnavailable):  # probed still, only not published
+            await self.prober.refresh(provider)
+        state = self.prober.latest.get(provider)
+        if state is not None and not state.ready:
+            circuit = self.experience.record(provider, replace(outcome, timed_out=False),
+                                             self.clock.now())
+            self.metrics.circuit_open.labels(provider).set(
+                0 if circuit is Circuit.CLOSED else 1)
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
 
     def _count_cache(self, provider: str, check: CacheCheck) -> None:
@@ -139,9 +157,7 @@ class CallService:
             with contextlib.suppress(StoreUnavailable):
                 await self.claims.book(claimed).settle(claimed.placement.provider)
 
-        task = asyncio.ensure_future(write())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(write())
 
 
 class CallAttempts:

@@ -50,13 +50,18 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
     return {"trainedContext": info.trained_context, "kvBytesPerToken": info.kv_bytes_per_token,
             "estimateKvBytesPerToken": info.estimate_kv_bytes_per_token,
             "numCtx": info.modelfile_num_ctx, "family": info.family,
-            "embedding": info.embedding, "vision": info.vision}
+            "embedding": info.embedding, "vision": info.vision,
+            **({"capabilities": list(info.capabilities)} if info.capabilities is not None
+               else {})}
 
 
 def decode_model_info(d: dict[str, Any]) -> ModelInfo:
+    capabilities = d.get("capabilities")  # absent from older writers: unknown
     return ModelInfo(int(d.get("trainedContext") or 0), int(d.get("kvBytesPerToken") or 0),
                      int(d.get("estimateKvBytesPerToken") or 0), int(d.get("numCtx") or 0),
-                     str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")))
+                     str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")),
+                     tuple(str(c) for c in capabilities) if isinstance(capabilities, list)
+                     else None)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,9 @@ class ProviderState:
     total_vram_mib: int | None = None
     context_length: int = 0
     max_parallel: int = 1
-    max_loaded: int | None = None  # OLLAMA_MAX_LOADED_MODELS as configured; 0 no limit
+    # the models its Ollama keeps loaded (OLLAMA_MAX_LOADED_MODELS, or 3 x its GPUs when
+    # unset); 0 from an older publisher is Ollama's automatic limit too
+    max_loaded: int | None = None
     kv_cache_type: str = "f16"
     loaded_mib: dict[str, int] = field(default_factory=dict)  # size_vram: GPU memory held
     loaded_size_mib: dict[str, int] = field(default_factory=dict)  # size: GPU and CPU

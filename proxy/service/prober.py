@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.core.models import model_name
+from proxy.core.occupancy import loaded_limit
 from proxy.core.sizing import kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
@@ -83,8 +84,8 @@ def model_info(show: Any) -> ModelInfo:
     info = info if isinstance(info, dict) else {}
     arch = str(info.get("general.architecture") or "")
     real, estimate = kv_per_token(info, arch) if arch else (0, 0)
-    capabilities = show.get("capabilities")
-    capabilities = capabilities if isinstance(capabilities, list) else []
+    listed = show.get("capabilities")  # absent from an older Ollama: unknown
+    capabilities = [str(c) for c in listed] if isinstance(listed, list) else []
     details = show.get("details")
     family = str(details.get("family") or "") if isinstance(details, dict) else ""
     return ModelInfo(
@@ -93,7 +94,8 @@ def model_info(show: Any) -> ModelInfo:
         family=family or arch,
         embedding=f"{arch}.pooling_type" in info or (
             "embedding" in capabilities and "completion" not in capabilities),
-        vision="vision" in capabilities)
+        vision="vision" in capabilities,
+        capabilities=tuple(capabilities) if isinstance(listed, list) else None)
 
 
 async def _details(server: ModelServer, model: str) -> Any:
@@ -164,7 +166,8 @@ class Prober:
         state = ProviderState(
             name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
             total_vram_mib=total, context_length=config.context_length or 0,
-            max_parallel=config.max_parallel, max_loaded=config.max_loaded_models,
+            max_parallel=config.max_parallel,
+            max_loaded=loaded_limit(config.max_loaded_models, config.gpus),
             kv_cache_type=config.kv_cache_type,
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, available_mib=available,

@@ -43,6 +43,9 @@ class CallRequest:
     # tools offered, a tool's result last (core.tokens.answers_tool_result): an answer that
     # calls no tool ends the agent's loop
     ends_loop_unless_tool_called: bool = False
+    # The capabilities the call needs, each with Ollama's refusal where the model lacks it
+    # (api/capabilities.py)
+    needs: tuple[tuple[str, str], ...] = ()
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 
@@ -85,6 +88,9 @@ class CallOutcome:
     prompt_cached_count: int | None = None
     # Whether the answer called a tool (None: not read, or it failed)
     called_tools: bool | None = None
+    # The provider accepted the call, then sent nothing (or fell silent) past its limit: a
+    # long answer or load as likely as a sick card, so only a failed probe counts against it
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)

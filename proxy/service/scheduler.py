@@ -152,7 +152,8 @@ class Scheduler:
                         phase="triage" if call.phase == "triage" else "mulling",
                         can_wait=call.can_wait,
                         static_fallback=self._static_for(call) is not None,
-                        conversation=self.learning.conversation(call, tokens))
+                        conversation=self.learning.conversation(call, tokens),
+                        needs=call.needs)
 
     def work(self, spec: CallSpec) -> CallLength | None:
         """The call's expected length, wherever it runs: what orders it among the calls
@@ -349,6 +350,8 @@ class Scheduler:
         model = spec.preferred.model
         if decision.outcome == "model-not-found":
             return Refusal("model-not-found", decision.reason, model)
+        if decision.outcome == "unsupported":  # Ollama's own 400, before any load
+            return Refusal("bad-request", decision.reason, model)
         if decision.outcome == "prompt-too-large":
             return Refusal("prompt-too-large", decision.reason, model)
         if decision.outcome == "model-too-large":

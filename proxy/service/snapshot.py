@@ -104,7 +104,8 @@ class StateView:
             return ProviderView(config.name, config.total_vram_mib, ready=False,
                                 context_length=config.context_length or 0,
                                 max_parallel=config.max_parallel,
-                                max_loaded=config.max_loaded_models, weight=config.weight,
+                                max_loaded=config.max_loaded_models, gpus=config.gpus,
+                                weight=config.weight,
                                 kv_cache_type=config.kv_cache_type)
         view = ProviderView(
             name=config.name,
@@ -113,7 +114,7 @@ class StateView:
             context_length=state.context_length or config.context_length or 0,
             max_parallel=state.max_parallel or config.max_parallel,
             max_loaded=config.max_loaded_models if state.max_loaded is None
-            else state.max_loaded, weight=config.weight,
+            else state.max_loaded, gpus=config.gpus, weight=config.weight,
             disk_mib=state.available_mib, models=state.models, observed=state.observed,
             kv_cache_type=state.kv_cache_type, version=state.version,
             probed_at=state.last_probed_at)

@@ -21,7 +21,8 @@ from proxy.service.codec import decode_ticket_set
 from proxy.service.tickets import TicketBook
 from tests.integration.conftest import empty_buckets
 
-VIEW = ProviderView("gpu", 12048, residents=(Resident("idle:8b", 4000),))  # 10000 usable, 6000 free
+# 10000 usable, 6000 free; OLLAMA_MAX_LOADED_MODELS set high: memory is the limit here
+VIEW = ProviderView("gpu", 12048, residents=(Resident("idle:8b", 4000),), max_loaded=64)
 
 
 @pytest.fixture(params=["memory", "nats"])

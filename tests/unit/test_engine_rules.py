@@ -203,7 +203,11 @@ def test_what_show_says_of_a_model_is_reduced_to_what_sizing_needs() -> None:
     show = {"model_info": {"general.architecture": "qwen3", **QWEN3_32B},
             "details": {"family": "qwen3"}, "capabilities": ["completion", "tools"],
             "parameters": f"{'num_ctx':<30} 16384"}
-    assert model_info(show) == ModelInfo(40960, 256 * KIB, 160 * KIB, 16384, "qwen3")
+    assert model_info(show) == ModelInfo(40960, 256 * KIB, 160 * KIB, 16384, "qwen3",
+                                         capabilities=("completion", "tools"))
+    # an Ollama whose answer lists none: what the model can do is unknown, not nothing
+    assert model_info({k: v for k, v in show.items() if k != "capabilities"}) \
+        .capabilities is None
     embed = {"model_info": {"general.architecture": "nomic-bert", "nomic-bert.pooling_type": 1,
                             **arch("nomic-bert", 12, 768, 12, 12, trained=2048)},
              "capabilities": ["embedding"]}

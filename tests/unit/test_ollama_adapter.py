@@ -28,13 +28,16 @@ async def test_refused_connection_is_named_as_such_not_as_a_timeout() -> None:
     assert "Connect" in str(caught.value)
 
 
-async def test_no_answer_within_the_first_byte_limit_is_a_timeout() -> None:
+async def test_no_answer_within_the_longest_call_limit_is_a_timeout() -> None:
+    """The relay bounds each call (tests/unit/test_relay.py); the transport's own read limit
+    is the outer one, the longer of the first-byte and the complete-answer limits."""
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         await asyncio.sleep(5)
 
     async for url in serve(stall):
-        client = OllamaClient(url, Timeouts(connect_s=1, first_byte_s=0.2, chunk_s=1))
+        client = OllamaClient(url, Timeouts(connect_s=1, first_byte_s=0.1, chunk_s=1,
+                                            answer_s=0.2))
         with pytest.raises(UpstreamError, match="timed out"):
             await client.open("/api/chat", b"{}")
         await client.close()

@@ -246,8 +246,21 @@ def test_a_card_at_ollamas_model_count_limit_unloads_one_first_though_memory_wou
     assert dict(decision.placement.evicts) == {"llama3.2:3b": 3100}  # least needed, by name
     verdict = next(v for v in decision.verdicts if v.provider == "a")
     assert "OLLAMA_MAX_LOADED_MODELS" in verdict.reason
-    unlimited = place(call("qwen3:14b"), snapshot(gpu("a", GIB32, THREE_SMALL)))
-    assert unlimited.placement and unlimited.placement.kind == "cold"
+
+
+
+def test_an_unset_model_count_limit_is_ollamas_three_per_gpu() -> None:
+    """OLLAMA_MAX_LOADED_MODELS unset or 0 is not "no limit": Ollama keeps 3 x its GPUs
+    (server/sched.go:86, 280-288)."""
+    automatic = place(call("qwen3:14b"), snapshot(gpu("a", GIB32, THREE_SMALL)))
+    assert automatic.placement and automatic.placement.kind == "evict"
+    two_gpus = place(call("qwen3:14b"), snapshot(gpu("a", GIB32, THREE_SMALL, gpus=2)))
+    assert two_gpus.placement and two_gpus.placement.kind == "cold"
+    first, second = ticket("a", "qwen3:14b", cold=True), ticket("a", "qwen3:32b", cold=True)
+    view = gpu("a", 2 * GIB32, THREE_SMALL, gpus=2)
+    assert ticket_budget_ok([first], second, view, DEFAULT_POLICY)[0]  # models 4 and 5 of 6
+    ok, why = ticket_budget_ok([first], second, replace(view, gpus=1), DEFAULT_POLICY)
+    assert not ok and "(OLLAMA_MAX_LOADED_MODELS 3)" in why
 
 
 def test_a_card_with_count_room_is_a_plain_cold_load_and_busy_residents_are_not_victims(

@@ -478,3 +478,141 @@ def test_an_engines_refusal_of_an_over_long_prompt_is_recognised(message: str,
     from proxy.core.engine_errors import prompt_too_long
 
     assert prompt_too_long(message) == count
+
+
+def _answering_after(delay_s: float, raw: bytes) -> Handler:
+    """A server that reads one request and answers it `delay_s` later, as Ollama answers a
+    complete (non-streamed) call only once it is done (or a stream once the model is loaded)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        with contextlib.suppress(TimeoutError):  # until the answer is due or the caller hangs up
+            await asyncio.wait_for(reader.read(), delay_s)
+        with contextlib.suppress(ConnectionError):
+            writer.write(raw)
+            await writer.drain()
+        writer.close()
+
+    return answer
+
+
+COMPLETE = (b'{"model":"m","done":true,"prompt_eval_count":7,"eval_count":2,'
+            b'"message":{"role":"assistant","content":"ok"}}')
+COMPLETE_ANSWER = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                   b"content-length: %d\r\n\r\n%s" % (len(COMPLETE), COMPLETE))
+
+
+class NoRetry(OneAttempt):
+    """One attempt whose failures must not be handed back for another."""
+
+    async def again(self, outcome: CallOutcome) -> None:
+        raise AssertionError(f"a timed-out call was handed back for a retry: {outcome}")
+
+
+async def _call(server: Handler, stream: bool, timeouts: Timeouts,
+                outcomes: list[CallOutcome]) -> tuple[Response, float]:
+    async for url in serve(server):
+        attempt = Attempt("p", OllamaClient(url, timeouts), "m", "warm")
+        started = time.monotonic()
+        response = await forward(NoRetry(attempt, outcomes), "/api/chat", {"model": "m"},
+                                 stream, timeouts.chunk_s)
+        took = time.monotonic() - started
+        await _deliver(response)
+        return response, took
+    raise AssertionError("unreachable")
+
+
+async def test_a_complete_answer_longer_than_the_first_byte_limit_is_relayed() -> None:
+    """Ollama writes a non-streamed answer only when it is done: the first-byte limit (0.2 s)
+    does not cut it; the answer limit (3 s) bounds it."""
+    outcomes: list[CallOutcome] = []
+    response, _ = await _call(_answering_after(0.6, COMPLETE_ANSWER), False,
+                              Timeouts(1, 0.2, 1, answer_s=3), outcomes)
+    assert response.status_code == 200 and response.body == COMPLETE
+    assert outcomes[0].ok and outcomes[0].prompt_eval_count == 7
+
+
+@pytest.mark.parametrize(("stream", "limit", "setting"), [
+    (False, 0.4, "KUBEMOOT_ANSWER_TIMEOUT_SECONDS"),
+    (True, 0.2, "KUBEMOOT_FIRST_BYTE_TIMEOUT_SECONDS"),
+])
+async def test_a_call_accepted_and_unanswered_in_time_is_a_504_not_retried_nor_a_failure(
+        stream: bool, limit: float, setting: str) -> None:
+    """Its ticket is released (settled once), it is not handed back for a retry elsewhere,
+    and it is marked timed out: the card's health is left to a probe."""
+    outcomes: list[CallOutcome] = []
+    response, took = await _call(_answering_after(5, COMPLETE_ANSWER), stream,
+                                 Timeouts(1, 0.2, 1, answer_s=0.4), outcomes)
+    body = orjson.loads(response.body)
+    assert (response.status_code, body["reason"], body["model"]) == (504, "upstream-timeout",
+                                                                     "m")
+    assert f"no answer within {limit:g} s ({setting})" in body["error"]
+    assert limit <= took < limit + 0.5
+    assert len(outcomes) == 1 and outcomes[0].timed_out and not outcomes[0].client_left
+
+
+async def test_a_stream_that_falls_silent_is_marked_timed_out() -> None:
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(NDJSON_HEAD + _chunked(b'{"done":false}\n'))
+        await writer.drain()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+
+    outcomes: list[CallOutcome] = []
+    await _stream_through(stalls, 0.2, outcomes)
+    assert outcomes[0].timed_out and not outcomes[0].ok
+
+
+@pytest.mark.parametrize("message", [
+    'option "stop" must be of type array',
+    'invalid format: "yaml"; expected "json" or a valid JSON Schema object',
+    "invalid JSON schema in format",
+    'template: :3:8: executing "" at <.Foo>: can\'t evaluate field Foo in type *api.Message',
+])
+async def test_an_engines_500_that_is_the_callers_mistake_is_relayed_not_a_failure(
+        upstream: respx.Router, message: str) -> None:
+    """Ollama answers these 500 (server/routes.go:3107-3119's default; llm/llama_server.go:
+    1594; server/routes.go:2701-2704): relayed with its status and message, not handed back
+    for a retry elsewhere, and not counted against the provider."""
+    upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
+        500, json={"error": message}))
+    outcomes: list[CallOutcome] = []
+    client = OllamaClient(BASE, Timeouts(1, 1, 1), httpx.MockTransport(upstream.async_handler))
+    response = await forward(NoRetry(Attempt("p", client, "m", "warm"), outcomes),
+                             "/api/chat", {"model": "m"}, False, 1)
+    body = orjson.loads(response.body)
+    assert (response.status_code, body["error"], body["reason"]) == (500, message,
+                                                                     "bad-request")
+    await _deliver(response)
+    assert len(outcomes) == 1 and outcomes[0].ok and not outcomes[0].began
+
+
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"the"}}]}\n\n'
+EMPTY = b'data: {"choices":[{"index":0,"delta":{"content":""}}]}\n\n'  # the error, as sent
+FINISH = (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+          b'"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n')
+
+
+@pytest.mark.parametrize(("parts", "ok"), [
+    ((CHUNK, FINISH, b"data: [DONE]\n\n"), True),
+    ((CHUNK, EMPTY), False),  # Ollama's error mid-stream through its OpenAI layer
+])
+async def test_an_openai_stream_that_ends_without_done_is_a_failed_call(
+        parts: tuple[bytes, ...], ok: bool) -> None:
+    outcomes: list[CallOutcome] = []
+    async for url in serve(answering(SSE_HEAD + _chunked(*parts, b""))):
+        attempt = Attempt("p", OllamaClient(url, Timeouts(1, 1, 1)), "m", "warm")
+        response = await forward(OneAttempt(attempt, outcomes), "/v1/chat/completions",
+                                 {"model": "m", "stream": True}, True, 1, dialect="openai")
+        body = b"".join(m.get("body", b"") for m in await _deliver(response))
+    assert body.startswith(b"".join(parts))
+    assert outcomes[0].ok is ok
+    if not ok:  # the agent's SDK hears of it as an error event
+        assert body.endswith(stream_error_line(str(outcomes[0].error), "openai"))
+        assert "without [DONE]" in str(outcomes[0].error)
+    else:
+        assert outcomes[0].prompt_eval_count == 4

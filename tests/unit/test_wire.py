@@ -20,7 +20,7 @@ from proxy.api import wire
         ({"model": "m", "keep_alive": "0.0ms"}, True),
         ({"model": "m", "keep_alive": "5m"}, False),
         ({"model": "m", "keep_alive": -1}, False),  # forever
-        ({"model": "m", "keep_alive": "10"}, False),
+        ({"model": "m", "keep_alive": "10s"}, False),
         ({"model": "m"}, False),  # a load, not an unload
         ({"model": "m", "keep_alive": 0, "prompt": "hi"}, False),  # runs, then unloads
         ({"model": "m", "keep_alive": 0, "messages": [{"role": "user", "content": "hi"}]},
@@ -36,8 +36,10 @@ def test_a_bad_num_ctx_is_named() -> None:
     with pytest.raises(wire.BadRequest) as caught:
         wire.validate(wire.OllamaInference, {"model": "m", "options": {"num_ctx": "big"}})
     assert caught.value.field == "options.num_ctx"
+    assert str(caught.value) == 'option "num_ctx" must be of type integer'  # Ollama's words
+    # an option Ollama does not know it ignores: passed as it is
     ok = wire.validate(wire.OllamaInference, {"model": "m", "options": {"num_ctx": 8192,
-                                                                        "seed": "kept"}})
+                                                                        "mirostat": "kept"}})
     assert ok.options is not None and ok.options.num_ctx == 8192
 
 

@@ -1,0 +1,62 @@
+"""What a call needs its model to be able to do, with the refusal Ollama gives a model that
+cannot: Ollama checks these before it loads anything (server/routes.go:448-469 generate,
+:2610-2637 chat), so the sidecar places the call only on models that can, and answers
+Ollama's own 400 when none can (placement step 5, "unsupported")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy.core.models import full_model_name
+
+# The paths Ollama serves with its chat handler and with its generate handler (the OpenAI
+# and Anthropic layers put their requests through them)
+CHAT_PATHS = frozenset(("/api/chat", "/v1/chat/completions", "/v1/responses", "/v1/messages"))
+GENERATE_PATHS = frozenset(("/api/generate", "/v1/completions"))
+# ThinkValue.Bool (api/types.go:1166-1180): true, or one of these levels
+THINKING = frozenset(("high", "medium", "low", "max"))
+# OpenAI's reasoning efforts that Ollama turns into thinking (openai/openai.go:531-546;
+# "none" turns it off, an unknown one is refused by Ollama itself)
+THINKING_EFFORTS = frozenset(("minimal", "low", "medium", "high", "max", "xhigh", "ultra"))
+
+Needs = tuple[tuple[str, str], ...]
+
+
+def call_needs(path: str, body: dict[str, Any], model: str) -> Needs:
+    """The capabilities the call needs, each with Ollama's refusal, in the order Ollama
+    checks them: thinking asked of a model that cannot think (`think`; on the OpenAI paths
+    a reasoning effort, openai/openai.go:697-705 and responses.go:575; the Anthropic layer
+    relaxes it, server/routes.go:2624), then a model without "completion" (an embedding
+    model), then `tools` on a model without "tools" (a scheduling error, which names the
+    model in full: server/images.go:543-584, routes.go:3107-3110). /api/embed needs
+    nothing: Ollama embeds with any model (routes.go:854)."""
+    if path in CHAT_PATHS:
+        verb = "chat"
+    elif path in GENERATE_PATHS:
+        verb = "generate"
+    else:
+        return ()
+    quoted = orjson.dumps(model).decode()  # Go's %q of a plain name
+    needs: list[tuple[str, str]] = []
+    if thinks(path, body):
+        needs.append(("thinking", f"{quoted} does not support thinking"))
+    needs.append(("completion", f"{quoted} does not support {verb}"))
+    tools = body.get("tools")
+    if verb == "chat" and isinstance(tools, list) and tools:
+        needs.append(("tools", f"{full_model_name(model)} does not support tools"))
+    return tuple(needs)
+
+
+def thinks(path: str, body: dict[str, Any]) -> bool:
+    """Whether the call asks the model to think."""
+    if path in ("/api/chat", "/api/generate"):
+        think = body.get("think")
+        return think is True or (isinstance(think, str) and think in THINKING)
+    if path in ("/v1/chat/completions", "/v1/responses"):
+        reasoning = body.get("reasoning")
+        effort = reasoning.get("effort") if isinstance(reasoning, dict) else \
+            body.get("reasoning_effort") if path == "/v1/chat/completions" else None
+        return isinstance(effort, str) and effort in THINKING_EFFORTS
+    return False

@@ -1,0 +1,104 @@
+"""A call a model cannot take (Ollama refuses it before loading anything) is never placed on
+it: another candidate may serve, and when none can the answer is Ollama's own 400."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.api.capabilities import call_needs
+from proxy.core.models import full_model_name
+from proxy.core.placement import place
+from proxy.core.types import ModelInfo
+from proxy.service.codec import decode_model_info, encode_model_info
+from tests.unit.builders import call, gpu, snapshot
+
+CHAT = ModelInfo(capabilities=("completion", "tools"))
+THINKS = ModelInfo(capabilities=("completion", "tools", "thinking"))
+NO_TOOLS = ModelInfo(capabilities=("completion",))
+EMBEDS = ModelInfo(capabilities=("embedding",))
+THINK = (("thinking", '"phi3:mini" does not support thinking'),
+         ("completion", '"phi3:mini" does not support chat'))
+TOOLS = (("completion", '"phi3:mini" does not support chat'),
+         ("tools", "registry.ollama.ai/library/phi3:mini does not support tools"))
+
+
+@pytest.mark.parametrize(("path", "body", "model", "needs"), [
+    ("/api/chat", {"think": True}, "phi3:mini", THINK),
+    ("/api/chat", {"think": "low", "tools": [{"type": "function"}]}, "phi3:mini",
+     (*THINK, TOOLS[1])),
+    ("/api/chat", {"think": False, "tools": []}, "phi3:mini", (TOOLS[0],)),
+    ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "phi3:mini", TOOLS),
+    ("/v1/messages", {"think": True}, "phi3:mini", (TOOLS[0],)),  # relaxed there
+    ("/v1/chat/completions", {"reasoning_effort": "xhigh"}, "phi3:mini", THINK),
+    ("/v1/chat/completions", {"reasoning_effort": "none"}, "phi3:mini", (TOOLS[0],)),
+    ("/v1/responses", {"reasoning": {"effort": "low"}}, "phi3:mini", THINK),
+    ("/v1/responses", {"reasoning_effort": "low"}, "phi3:mini", (TOOLS[0],)),
+    ("/api/generate", {}, "nomic-embed-text",
+     (("completion", '"nomic-embed-text" does not support generate'),)),
+    ("/v1/completions", {}, "m", (("completion", '"m" does not support generate'),)),
+    ("/api/embed", {}, "qwen3:8b", ()),  # Ollama embeds with any model
+])
+def test_what_a_call_needs_and_ollamas_words_when_it_is_missing(
+        path: str, body: dict[str, object], model: str,
+        needs: tuple[tuple[str, str], ...]) -> None:
+    assert call_needs(path, body, model) == needs
+
+
+@pytest.mark.parametrize(("name", "full"), [
+    ("phi3:mini", "registry.ollama.ai/library/phi3:mini"),
+    ("nomic-embed-text", "registry.ollama.ai/library/nomic-embed-text:latest"),
+    ("me/mine:v1", "registry.ollama.ai/me/mine:v1"),
+    ("hf.co/org/model:Q4", "hf.co/org/model:Q4"),
+])
+def test_ollamas_full_model_name(name: str, full: str) -> None:
+    assert full_model_name(name) == full
+
+
+def test_no_card_takes_a_call_its_model_cannot_and_none_is_loaded_or_evicted() -> None:
+    # phi3 is warm and idle on a, the 8b loaded beside it: still refused, nothing unloaded
+    card = gpu("a", residents=("phi3:mini", "qwen3:8b"),
+               models={"phi3:mini": CHAT, "qwen3:8b": THINKS})
+    decision = place(call("phi3:mini", needs=THINK), snapshot(card))
+    assert (decision.outcome, decision.placement) == ("unsupported", None)
+    assert decision.reason == '"phi3:mini" does not support thinking'
+
+
+def test_an_in_tolerance_candidate_that_can_takes_the_call() -> None:
+    card = gpu("a", residents=("phi3:mini",), models={"phi3:mini": CHAT, "qwen3:8b": THINKS})
+    decision = place(call(("phi3:mini", 70), ("qwen3:8b", 65), needs=THINK), snapshot(card))
+    assert decision.placement is not None and decision.placement.model == "qwen3:8b"
+    warm = gpu("a", residents=("phi3:mini", "qwen3:8b"),
+               models={"phi3:mini": CHAT, "qwen3:8b": THINKS})
+    hit = place(call(("phi3:mini", 70), ("qwen3:8b", 65), needs=THINK), snapshot(warm))
+    assert hit.placement is not None and (hit.placement.model, hit.placement.kind) == (
+        "qwen3:8b", "warm")
+
+
+def test_tools_on_a_model_without_them_is_ollamas_scheduling_refusal() -> None:
+    card = gpu("a", models={"phi3:mini": NO_TOOLS})
+    decision = place(call("phi3:mini", needs=TOOLS), snapshot(card))
+    assert (decision.outcome, decision.reason) == (
+        "unsupported", "registry.ollama.ai/library/phi3:mini does not support tools")
+
+
+def test_unknown_capabilities_refuse_nothing() -> None:
+    """Not probed yet, or an Ollama whose /api/show lists none: the engine decides."""
+    for models in ({}, {"phi3:mini": ModelInfo()}):
+        card = gpu("a", residents=("phi3:mini",), models=models)
+        decision = place(call("phi3:mini", needs=THINK), snapshot(card))
+        assert decision.outcome == "placed"
+
+
+def test_an_embedding_model_is_no_chat_model() -> None:
+    card = gpu("a", models={"nomic-embed-text:latest": EMBEDS}, observed={
+        "nomic-embed-text:latest": {0: 300}})
+    needs = call_needs("/api/chat", {}, "nomic-embed-text")
+    decision = place(call("nomic-embed-text:latest", needs=needs), snapshot(card))
+    assert (decision.outcome, decision.reason) == (
+        "unsupported", '"nomic-embed-text" does not support chat')
+
+
+def test_capabilities_are_shared_with_the_provider_state_and_unknown_when_absent() -> None:
+    assert decode_model_info(encode_model_info(THINKS)) == THINKS
+    assert "capabilities" not in encode_model_info(ModelInfo())
+    assert decode_model_info({"trainedContext": 4096}).capabilities is None  # older writer
