@@ -40,6 +40,7 @@ import openai
 from loadtest.loadgen import percentile, wait_http
 from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
+from loadtest.sim_output import ANSWER_TOKENS, answer_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,11 +154,12 @@ async def openai_turn(client: openai.AsyncOpenAI, model: str, text: str, stream:
     try:
         if not stream:
             await client.chat.completions.create(model=model, messages=messages,
-                                                 max_tokens=predict, extra_headers=headers)
+                                                 max_tokens=predict, extra_headers=headers,
+                                                 extra_body={ANSWER_TOKENS: predict})
             return "200"
         parts = await client.chat.completions.create(
             model=model, messages=messages, max_tokens=predict, stream=True,
-            extra_headers=headers)
+            extra_headers=headers, extra_body={ANSWER_TOKENS: predict})
         chunks = 0
         async for _ in parts:
             chunks += 1
@@ -180,11 +182,13 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
     try:
         if not stream:
             await client.messages.create(model=model, messages=messages, max_tokens=predict,
-                                         extra_headers=headers)
+                                         extra_headers=headers,
+                                         extra_body={ANSWER_TOKENS: predict})
             return "200"
         chunks = 0
         async with client.messages.stream(model=model, messages=messages, max_tokens=predict,
-                                          extra_headers=headers) as parts:
+                                          extra_headers=headers,
+                                          extra_body={ANSWER_TOKENS: predict}) as parts:
             async for _ in parts.text_stream:
                 chunks += 1
                 if leave and chunks == 2:
@@ -256,7 +260,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
             elif stream:
                 parts = await client.chat(model=model, messages=messages, stream=True,
                                           keep_alive=keep_alive, tools=tools,
-                                          options={"num_predict": rng.randint(4, 40)})
+                                          options=answer_options(rng.randint(4, 40)))
                 chunks = 0
                 async for part in parts:
                     chunks += 1
@@ -269,7 +273,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
             else:
                 reply = await client.chat(model=model, messages=messages, keep_alive=keep_alive,
                                           tools=tools,
-                                          options={"num_predict": rng.randint(4, 40)})
+                                          options=answer_options(rng.randint(4, 40)))
                 answer = reply["message"]["content"] or ""
                 outcome = "200"
             if converse and outcome == "200":
