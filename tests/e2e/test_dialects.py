@@ -170,6 +170,10 @@ def test_anthropic_tool_results_count_toward_the_prompt(sim_factory: Sims,
     assert gpu.sim.stats.inference_requests == 0 and gpu.sim.stats.truncations == 0
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "sidecar: an Anthropic stream Ollama ends without message_stop (its engine died: the "
+    "error line becomes no event, middleware/anthropic.go:53-77) is relayed as complete; "
+    "the client gets no error"))
 def test_an_anthropic_stream_cut_by_its_provider_raises_in_the_client(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     gpu = sim_factory("gpu", time_scale=SCALE)
