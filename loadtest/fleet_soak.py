@@ -40,7 +40,10 @@ import openai
 from loadtest.loadgen import percentile, wait_http
 from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
+from loadtest.sim_model import CATALOG
 from loadtest.sim_output import ANSWER_TOKENS, answer_options
+
+TOOL_MODELS = frozenset(m.name for m in CATALOG if m.tools and not m.embedding)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -234,7 +237,8 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                     and talk.random() < conversations)
         loop = talk.randrange(LOOPS_PER_AGENT) if converse else 0
         # A loop offers its tools: answering a tool's result without a call ends it
-        tools = LOOP_TOOLS if converse else None
+        # (never to a model without the "tools" capability: Ollama refuses the call)
+        tools = LOOP_TOOLS if converse and model in TOOL_MODELS else None
         if converse:  # the tool loop goes on (or starts): the history, then what it adds
             messages = [*(histories[loop] or [system]), appended(talk)]
             tally.conversation_lengths.append(len(messages))
