@@ -196,6 +196,11 @@ class OllamaSim:
             and not runner.crashed and not needs_reload(
                 runner.options, request, runner.model.trained_ctx, self.config.version)
 
+    @property
+    def loads_pending(self) -> int:
+        """Loads in Ollama's queue, the one being loaded among them."""
+        return self._pending
+
     async def acquire(self, model: SimModel, body: dict[str, Any], keep_alive_s: float | None
                       ) -> tuple[Runner, float]:
         """The loaded runner for `model` (loading it if needed) and the seconds until it was
