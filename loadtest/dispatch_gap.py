@@ -23,6 +23,7 @@ import httpx
 from loadtest.loadgen import median, percentile, spawn, stop, wait_http
 from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
+from loadtest.sim_output import ANSWER_TOKENS
 
 BODY = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -30,7 +31,7 @@ BODY = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}], "s
 async def first_token(client: httpx.AsyncClient, url: str, tokens: int) -> tuple[float, float]:
     """A streamed call: when its first chunk and its last arrived (monotonic seconds)."""
     first = 0.0
-    body = {**BODY, "options": {"num_predict": tokens}}
+    body = {**BODY, "options": {"num_predict": tokens, ANSWER_TOKENS: tokens}}
     async with client.stream("POST", f"{url}/api/chat", json=body) as response:
         response.raise_for_status()
         async for _ in response.aiter_lines():

@@ -40,6 +40,10 @@ import openai
 from loadtest.loadgen import percentile, wait_http
 from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
+from loadtest.sim_model import CATALOG
+from loadtest.sim_output import ANSWER_TOKENS, answer_options
+
+TOOL_MODELS = frozenset(m.name for m in CATALOG if m.tools and not m.embedding)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,11 +157,12 @@ async def openai_turn(client: openai.AsyncOpenAI, model: str, text: str, stream:
     try:
         if not stream:
             await client.chat.completions.create(model=model, messages=messages,
-                                                 max_tokens=predict, extra_headers=headers)
+                                                 max_tokens=predict, extra_headers=headers,
+                                                 extra_body={ANSWER_TOKENS: predict})
             return "200"
         parts = await client.chat.completions.create(
             model=model, messages=messages, max_tokens=predict, stream=True,
-            extra_headers=headers)
+            extra_headers=headers, extra_body={ANSWER_TOKENS: predict})
         chunks = 0
         async for _ in parts:
             chunks += 1
@@ -180,11 +185,13 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
     try:
         if not stream:
             await client.messages.create(model=model, messages=messages, max_tokens=predict,
-                                         extra_headers=headers)
+                                         extra_headers=headers,
+                                         extra_body={ANSWER_TOKENS: predict})
             return "200"
         chunks = 0
         async with client.messages.stream(model=model, messages=messages, max_tokens=predict,
-                                          extra_headers=headers) as parts:
+                                          extra_headers=headers,
+                                          extra_body={ANSWER_TOKENS: predict}) as parts:
             async for _ in parts.text_stream:
                 chunks += 1
                 if leave and chunks == 2:
@@ -230,7 +237,8 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                     and talk.random() < conversations)
         loop = talk.randrange(LOOPS_PER_AGENT) if converse else 0
         # A loop offers its tools: answering a tool's result without a call ends it
-        tools = LOOP_TOOLS if converse else None
+        # (never to a model without the "tools" capability: Ollama refuses the call)
+        tools = LOOP_TOOLS if converse and model in TOOL_MODELS else None
         if converse:  # the tool loop goes on (or starts): the history, then what it adds
             messages = [*(histories[loop] or [system]), appended(talk)]
             tally.conversation_lengths.append(len(messages))
@@ -256,7 +264,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
             elif stream:
                 parts = await client.chat(model=model, messages=messages, stream=True,
                                           keep_alive=keep_alive, tools=tools,
-                                          options={"num_predict": rng.randint(4, 40)})
+                                          options=answer_options(rng.randint(4, 40)))
                 chunks = 0
                 async for part in parts:
                     chunks += 1
@@ -269,7 +277,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
             else:
                 reply = await client.chat(model=model, messages=messages, keep_alive=keep_alive,
                                           tools=tools,
-                                          options={"num_predict": rng.randint(4, 40)})
+                                          options=answer_options(rng.randint(4, 40)))
                 answer = reply["message"]["content"] or ""
                 outcome = "200"
             if converse and outcome == "200":

@@ -25,6 +25,8 @@ import aiohttp
 import httpx
 import orjson
 
+from loadtest.sim_output import ANSWER_TOKENS
+
 BODY = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hello there"}]}
 
 
@@ -52,7 +54,7 @@ def bodies(stream: bool, body: dict[str, object] | None, predict: tuple[int, int
     if predict is None:
         return [orjson.dumps(payload)]
     low, high = predict
-    return [orjson.dumps({**payload, "options": {"num_predict": n}})
+    return [orjson.dumps({**payload, "options": {"num_predict": n, ANSWER_TOKENS: n}})
             for n in range(low, high + 1)]
 
 

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import sim_dialects, sim_output
+from . import sim_checks, sim_dialects, sim_output
 from .serving import ThreadedServer
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import embedding_too_long, reported_prompt_eval_count
@@ -42,11 +42,16 @@ from .sim_model import (
     SimModel,
     demo_fleet,
     fit_prompt,
-    parse_keep_alive,
     tokens_for_text,
 )
 from .sim_output import Piece, Reply
 from .sim_sched import Fault, OllamaSim, Runner, SimError, Stats, log
+
+# What a call on a runner whose llama-server died gets (llm/llama_server.go:1192-1199: the
+# killed process's exit status is unknown, its last error empty), and what the call it died
+# under gets (:1759-1766)
+RUNNER_GONE = "llama-server process no longer running: unknown "
+RUNNER_DIED = "an error was encountered while running the model: unexpected EOF"
 
 
 def _now_rfc3339() -> str:
@@ -61,6 +66,10 @@ def _json(data: Any, status: int = 200) -> Response:
 async def _client_gone(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
 
 
 def _error(message: str, status: int) -> Response:
@@ -178,27 +187,47 @@ class SimApp:
 
     async def _embed(self, request: Request, body: dict[str, Any], texts: Any, legacy: bool
                      ) -> dict[str, Any] | Response:
+        """server/routes.go:795-1020 EmbedHandler: `input` a text (none when empty) or a list
+        of texts (400 "invalid input type" otherwise, before the model is looked up), the
+        model loaded even for no input, each input on the runner's slots (its semaphore,
+        llm/llama_server.go:2339; one slot for an embedding model, sched.go:497-501)."""
+        try:
+            keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
+        except ValueError as exc:
+            return _error(str(exc), 400)
+        if isinstance(texts, str):
+            texts = [texts] if texts else []
+        elif isinstance(texts, list):
+            if not all(isinstance(text, str) for text in texts):
+                return _error("invalid input type", 400)
+        elif texts is not None:
+            return _error("invalid input type", 400)
         name = str(body.get("model") or "")
         model = self.sim.config.model(name)
         if model is None:
             return _error(f"model '{name}' not found", 404)
-        texts = [texts] if isinstance(texts, str) else list(texts or [])
+        options = body.get("options") or {}
+        if isinstance(options, dict) and (wrong := sim_checks.option_type_error(options)):
+            return _error(wrong, 500)
+        texts = list(texts or [])
         self.sim.stats.requests += 1
         self.sim.stats.inference_requests += 1
         started = time.perf_counter()
-        acquired = await self._acquire(request, model, body, self.sim.config.keep_alive_s)
+        acquired = await self._acquire(request, model, body, keep_alive)
         if isinstance(acquired, Response):
             return acquired
         runner, load_s = acquired
+        if not texts:
+            self.sim.release(runner)
+            return {"model": name, "embeddings": []}
         # routes.go:874-941: room for BOS and EOS; the head is kept, or refused with truncate
         # off (the legacy path never cuts)
         limit = runner.ctx - 2
         cuts = body.get("truncate") is not False and not legacy
         try:
-            tokens = 0
-            vectors = []
+            counts = []
             for text in texts:
-                count = tokens_for_text(str(text), self.sim.config.chars_per_token)
+                count = tokens_for_text(text, self.sim.config.chars_per_token)
                 if count > limit:
                     if not cuts:
                         self.sim.stats.too_long_refusals += 1
@@ -206,15 +235,19 @@ class SimApp:
                         return _error(message, status)
                     self.sim.stats.truncations += 1  # Ollama cuts embedding inputs silently
                     count = limit
-                tokens += count
-                digest = hashlib.sha256(str(text).encode()).digest()
-                vectors.append([round((b - 128) / 128, 4) for b in digest[:8]])
-            await self.sim._sleep(tokens / self.sim.config.prompt_tokens_per_s)
+                counts.append(count)
+            await asyncio.gather(*(self._embed_one(runner, count) for count in counts))
+            tokens = sum(counts)
+            vectors = [[round((b - 128) / 128, 4) for b in _digest(text)[:8]] for text in texts]
         finally:
             self.sim.release(runner)
-        return {"model": model.name, "embeddings": vectors,
+        return {"model": name, "embeddings": vectors,
                 "total_duration": int((time.perf_counter() - started) * 1e9),
                 "load_duration": max(1, int(load_s * 1e9)), "prompt_eval_count": tokens}
+
+    async def _embed_one(self, runner: Runner, tokens: int) -> None:
+        async with runner.slots:
+            await self.sim._sleep(tokens / (self.sim.config.prompt_tokens_per_s * runner.speed))
 
     async def dialect(self, request: Request) -> Response:
         """OpenAI's and Anthropic's generation paths, through the native chat and generate."""
@@ -246,6 +279,10 @@ class SimApp:
 
     async def _run(self, body: dict[str, Any], chat: bool, request: Request) -> Response:
         sim = self.sim
+        try:  # the body's binding (api.Duration.UnmarshalJSON)
+            keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
+        except ValueError as exc:
+            return _error(str(exc), 400)
         name = body.get("model")
         if not name or not isinstance(name, str):
             return _error("model is required", 400)
@@ -255,18 +292,17 @@ class SimApp:
         options = body.get("options") or {}
         if not isinstance(options, dict):
             return _error("options must be an object", 400)
-        try:
-            keep_alive = parse_keep_alive(body.get("keep_alive"), sim.config.keep_alive_s)
-        except ValueError as exc:
-            return _error(str(exc), 400)
         stream = body.get("stream", True) is not False
-        # server/routes.go:461 (generate) and :2628 (chat): think on a model without the
-        # capability is a 400 (Ollama relaxes it only behind its Anthropic layer).
-        if sim_output.wants_thinking(body) and not model.thinks:
-            if not body.get(sim_dialects.RELAX_THINKING):
-                return _error(f'"{model.name}" does not support thinking', 400)
-            body = {**body, "think": None}
         load_only = not body.get("messages") if chat else not body.get("prompt")
+        if load_only and keep_alive == 0:  # an unload skips every check below
+            return self._unload(model, name, chat)
+        relax = bool(body.get(sim_dialects.RELAX_THINKING))
+        if refusal := sim_checks.capability_refusal(model, body, chat, relax):
+            return _error(refusal, 400)
+        if (wrong := sim_checks.option_type_error(options)) is not None:
+            return _error(wrong, 500)
+        if relax and not model.thinks:
+            body = {**body, "think": None}
         fault = None if load_only else sim.take_fault()
         if fault and fault.mode == "error":
             return _error("simulated upstream failure", fault.status)
@@ -299,9 +335,9 @@ class SimApp:
             sim.stats.truncations += 1
             log.info("%s cut a prompt of %d tokens to %d (context %d)", sim.config.name,
                      prompt.total, fitted.tokens, runner.ctx)
-        predict = options.get("num_predict")
-        limit = int(predict) if isinstance(predict, int) and predict > 0 else None
-        reply = sim_output.reply_for(body, chat, limit or sim.config.default_predict, limit)
+        reply = sim_output.reply_for(body, chat, sim_output.answer_tokens(
+            options, sim.config.answer_tokens), sim_output.answer_cap(options),
+            sim_checks.thinks(body.get("think"), model))
         if not fitted.cut and runner.options.shift and fitted.tokens + reply.tokens > runner.ctx:
             # The answer reaches the end of the context, which the engine shifts: the start
             # of the prompt goes, mid-answer (--context-shift, llm/llama_server.go:420,
@@ -311,10 +347,9 @@ class SimApp:
                      sim.config.name, fitted.tokens, reply.tokens, runner.ctx)
         # A prompt cut to fit starts differently from what any slot holds.
         blocks = () if fitted.cut else tuple(prompt.blocks)
-        gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault,
-                             request)
+        gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault, name)
         if stream:
-            return StreamingResponse(gen, media_type="application/x-ndjson")
+            return await self._stream(gen, request)
         final: dict[str, Any] = {}
         text: list[str] = []
         thinking: list[str] = []
@@ -360,7 +395,7 @@ class SimApp:
         return _json(final)
 
     async def _acquire(self, request: Request, model: SimModel, body: dict[str, Any],
-                       keep_alive: float) -> tuple[Runner, float] | Response:
+                       keep_alive: float | None) -> tuple[Runner, float] | Response:
         """The runner (and its load_duration), or the answer when there is none: Ollama loads
         for the request that asked and aborts the load, or drops the request from its queue,
         once that client's connection closes (server/sched.go:627, 733-739;
@@ -380,29 +415,63 @@ class SimApp:
         except SimError as exc:
             return _error(str(exc), exc.status)
 
-    async def _load_only(self, request: Request, model: SimModel, body: dict[str, Any],
-                         keep_alive: float, chat: bool) -> Response:
-        sim = self.sim
-        if keep_alive == 0:
-            sim.request_unload(model)
-            reason = "unload"
-        else:
-            acquired = await self._acquire(request, model, body, keep_alive)
-            if isinstance(acquired, Response):
-                return acquired
-            sim.release(acquired[0])
-            reason = "load"
-        out: dict[str, Any] = {"model": model.name, "created_at": _now_rfc3339()}
+    async def _stream(self, gen: AsyncGenerator[bytes, None], request: Request) -> Response:
+        """The native stream, its head sent with the first chunk as gin's c.Stream does: an
+        error before any chunk is a JSON 500, one after it an {"error"} line under 200
+        (server/routes.go:2097-2127)."""
+        first = asyncio.ensure_future(anext(gen))
+        gone = asyncio.ensure_future(_client_gone(request))
+        await asyncio.wait((first, gone), return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not first.done():
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await first
+            await gen.aclose()
+            self.sim.stats.abandoned += 1
+            return Response(status_code=499)
+        line = first.result()
+        if line.startswith(b'{"error"'):
+            await gen.aclose()
+            return _error(str(orjson.loads(line)["error"]), 500)
+
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            try:
+                yield line
+                async for rest in gen:
+                    yield rest
+            finally:
+                await gen.aclose()
+
+        return StreamingResponse(chunks(), media_type="application/x-ndjson")
+
+    def _unload(self, model: SimModel, asked: str, chat: bool) -> Response:
+        self.sim.request_unload(model)
+        return _json(self._done(asked, chat, "unload"))
+
+    @staticmethod
+    def _done(asked: str, chat: bool, reason: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": asked, "created_at": _now_rfc3339()}
         if chat:
             out["message"] = {"role": "assistant", "content": ""}
         else:
             out["response"] = ""
         out.update({"done_reason": reason, "done": True})
-        return _json(out)
+        return out
+
+    async def _load_only(self, request: Request, model: SimModel, body: dict[str, Any],
+                         keep_alive: float | None, chat: bool) -> Response:
+        acquired = await self._acquire(request, model, body, keep_alive)
+        if isinstance(acquired, Response):
+            return acquired
+        self.sim.release(acquired[0])
+        return _json(self._done(str(body.get("model")), chat, "load"))
 
     async def _generate(self, runner: Runner, prompt_tokens: int, blocks: tuple[Block, ...],
                         reply: Reply, load_s: float, chat: bool, fault: Fault | None,
-                        request: Request) -> AsyncGenerator[bytes, None]:
+                        asked: str) -> AsyncGenerator[bytes, None]:
+        """The answer's chunks (the model as the call named it, as Ollama echoes req.Model),
+        or an {"error"} line where llama-server died."""
         sim = self.sim
         started = time.perf_counter()
         acquired = False
@@ -410,6 +479,9 @@ class SimApp:
         try:
             await runner.slots.acquire()
             acquired = True
+            if runner.crashed:  # Completion's status check (llm/llama_server.go:1546-1551)
+                yield orjson.dumps({"error": RUNNER_GONE}) + b"\n"
+                return
             cached = 0
             if runner.cache is not None:
                 slot, cached = runner.cache.take(blocks, prompt_tokens)
@@ -427,7 +499,9 @@ class SimApp:
             spent = 0
             for i, piece in enumerate(reply.pieces):
                 if fault and fault.mode == "midstream" and i == fault.after_chunks:
-                    raise RuntimeError("simulated crash mid-stream")
+                    sim.crash(runner)
+                    yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
+                    return
                 if fault and fault.mode == "stall" and i == fault.after_chunks:
                     await asyncio.sleep(fault.delay_s)  # a hung runner: silence, then on
                 # Sleep to an absolute schedule: timers are coarse (1 ms under uvloop), and
@@ -436,9 +510,12 @@ class SimApp:
                 ahead = t1 + spent * per_token - time.perf_counter()
                 if ahead > 0:
                     await asyncio.sleep(ahead)
-                yield self._chunk(runner.model.name, piece, chat)
+                if runner.crashed:  # another call's crash took the process down
+                    yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
+                    return
+                yield self._chunk(asked, piece, chat)
             eval_s = time.perf_counter() - t1
-            final: dict[str, Any] = {"model": runner.model.name, "created_at": _now_rfc3339()}
+            final: dict[str, Any] = {"model": asked, "created_at": _now_rfc3339()}
             if chat:
                 final["message"] = {"role": "assistant", "content": ""}
             else:
@@ -514,7 +591,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, default=1, help="OLLAMA_NUM_PARALLEL")
     p.add_argument("--context", type=int, default=0, help="OLLAMA_CONTEXT_LENGTH (0 = auto)")
     p.add_argument("--max-loaded", type=int, default=3,
-                   help="OLLAMA_MAX_LOADED_MODELS (0 = no limit)")
+                   help="OLLAMA_MAX_LOADED_MODELS (0 = 3 per GPU)")
     p.add_argument("--kv-cache-type", default="f16", choices=["f16", "q8_0", "q4_0"],
                    help="OLLAMA_KV_CACHE_TYPE")
     p.add_argument("--max-queue", type=int, default=512, help="OLLAMA_MAX_QUEUE")

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from .sim_output import ANSWER_TOKENS
+
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
 CHAT_PATHS = (CHAT, RESPONSES, MESSAGES)  # served by the native chat; completions by generate
@@ -69,6 +71,8 @@ def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
     predict = body.get({RESPONSES: "max_output_tokens", MESSAGES: "max_tokens"}.get(
         path, "max_tokens"))
     native["options"] = {"num_predict": predict} if isinstance(predict, int) else {}
+    if ANSWER_TOKENS in body:  # the sim-only length, a top-level field on these paths
+        native["options"][ANSWER_TOKENS] = body[ANSWER_TOKENS]
     if path == COMPLETIONS:
         native["prompt"] = _text(body.get("prompt"))
         if body.get("suffix"):
@@ -600,6 +604,8 @@ async def answer(path: str, native: Response, body: dict[str, Any]) -> Response:
     try:
         async for line in lines:
             data = orjson.loads(line)
+            if "error" in data:  # the native answer failed: a JSON 500 (routes.go:2406-2418)
+                return error(path, str(data["error"]), 500)
             said.add(_said(data))
             final = data
     finally:
@@ -612,6 +618,12 @@ async def _events(lines: AsyncIterable[Any], shape: Translation) -> AsyncGenerat
     try:
         async for line in lines:
             data = orjson.loads(line)
+            if "error" in data:
+                # The middlewares read the error line as an empty chunk and the stream ends
+                # without its close (middleware/openai.go:80-170, anthropic.go:53-77)
+                for event in shape.piece(Said()):
+                    yield event
+                return
             events = shape.closing(data) if data.get("done") else shape.piece(_said(data))
             if not opened:  # as Ollama: the opening events go with the first chunk
                 opened, events = True, [*shape.opening(), *events]

@@ -17,7 +17,6 @@ from typing import Any
 
 MIB = 1 << 20
 GIB = 1024  # in MiB
-MAX_QUEUE = 512  # OLLAMA_MAX_QUEUE (envconfig/config.go:279)
 SERVER_BUSY = "server busy, please try again.  maximum pending requests exceeded"
 PROMPT_TOO_LONG = ("the prompt is longer than the context length currently available to the "
                    "model; shorten the prompt, adjust the context length in settings, or use "

@@ -8,7 +8,6 @@ follows it (sim_engine.py).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from .sim_engine import (
 
 IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (server/prompt.go)
 CURRENT_VERSION = "0.33.0"
+DEFAULT_MODELS_PER_GPU = 3  # server/sched.go:86
 THINKING_ARCHS = ("qwen3",)  # of the catalog's, the ones that think as Ollama serves them
 
 
@@ -51,6 +51,7 @@ class SimModel:
     modelfile_num_ctx: int = 0  # PARAMETER num_ctx in its Modelfile
     embedding: bool = False  # has <arch>.pooling_type: one slot, /api/embed only
     vision: bool = False
+    tools: bool = True  # its template renders tools (the "tools" capability)
     # What of the file lands on the GPU (llama.cpp keeps the token embeddings on the CPU),
     # and the compute buffers a batch of 512 needs.
     gpu_weights_share: float = 0.97
@@ -119,7 +120,8 @@ class SimConfig:
     total_vram_mib: int = 24576
     models: tuple[SimModel, ...] = ()
     num_parallel: int = 1  # OLLAMA_NUM_PARALLEL
-    max_loaded_models: int = 3  # OLLAMA_MAX_LOADED_MODELS (default 3 per GPU); 0 no limit
+    max_loaded_models: int = 3  # OLLAMA_MAX_LOADED_MODELS; 0: automatic, 3 per GPU
+    gpu_count: int = 1  # the GPUs this one `ollama serve` sees
     context_length: int = 0  # OLLAMA_CONTEXT_LENGTH; 0 = Ollama's default for its version
     kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
     flash_attention: bool = True  # before 0.30 the cache type applies only with it
@@ -128,7 +130,9 @@ class SimConfig:
     load_mib_per_s: float = 1024.0
     tokens_per_s: float = 50.0
     prompt_tokens_per_s: float = 4000.0
-    default_predict: int = 16
+    # An answer's own length in tokens when the call does not say (sim_output.ANSWER_TOKENS);
+    # num_predict only caps it
+    answer_tokens: int = 16
     chars_per_token: float = 4.0
     image_tokens: int = IMAGE_TOKENS  # a vision model's own cost per image (qwen2.5vl: more)
     time_scale: float = 1.0  # multiplies every simulated duration; tests use 0.001-0.01
@@ -140,6 +144,12 @@ class SimConfig:
             if normalise_name(m.name) == wanted:
                 return m
         return None
+
+    @property
+    def max_runners(self) -> int:
+        """OLLAMA_MAX_LOADED_MODELS, or when 0 the automatic 3 per GPU (server/sched.go:86,
+        265-290)."""
+        return self.max_loaded_models or DEFAULT_MODELS_PER_GPU * max(self.gpu_count, 1)
 
     def default_context(self) -> int:
         """What a request that sets no num_ctx gets: OLLAMA_CONTEXT_LENGTH, else Ollama's
@@ -167,32 +177,6 @@ class SimConfig:
 def normalise_name(name: str) -> str:
     """Ollama's `name[:tag]` with the tag defaulting to `latest`."""
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-
-
-_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_keep_alive(value: Any, default_s: float) -> float:
-    """Seconds; math.inf for 'forever' (any negative), 0 for 'unload now'."""
-    if value is None:
-        return default_s
-    if isinstance(value, bool):
-        raise ValueError("keep_alive must be a number or a duration string")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = _DURATION.findall(text)
-            if not parts or "".join(n + u for n, u in parts) != text:
-                raise ValueError(f"time: invalid duration {text!r}") from None
-            seconds = sum(float(n) * _UNIT_S[u] for n, u in parts)
-    else:
-        raise ValueError("keep_alive must be a number or a duration string")
-    return math.inf if seconds < 0 else seconds
 
 
 DIGITS = "0123456789"
@@ -297,7 +281,8 @@ CATALOG: tuple[SimModel, ...] = (
              embedding_length=3072, head_count=24, head_count_kv=8, key_length=128,
              value_length=128, trained_ctx=131072, parameter_size="3.2B"),
     SimModel("phi3:mini", disk_mib=2176, arch="phi3", block_count=32, embedding_length=3072,
-             head_count=32, head_count_kv=32, trained_ctx=4096, parameter_size="3.8B"),
+             head_count=32, head_count_kv=32, trained_ctx=4096, parameter_size="3.8B",
+             tools=False),  # its template has no tools: Ollama lists only "completion"
     SimModel("nomic-embed-text:latest", disk_mib=262, arch="nomic-bert", block_count=12,
              embedding_length=768, head_count=12, head_count_kv=12, trained_ctx=2048,
              parameter_size="137M", quantization="F16", embedding=True),

@@ -1,6 +1,13 @@
 """What the simulated model says, decided from the request alone so a demo is repeatable:
 a call of one offered tool while no tool result has come back, JSON that matches `format`
-("json" or a JSON schema), plain words otherwise, and a thought first when `think` asks.
+("json" or a JSON schema), plain words otherwise, and a thought first when the model thinks.
+
+An answer has a length of its own: plain words run to the simulator's `answer_tokens`, or to
+what the call asks with the sim-only option `sim_answer_tokens` (a top-level field on the
+OpenAI and Anthropic paths), which a real Ollama ignores (Options.FromMap skips unknown keys,
+api/types.go:1004-1009). `num_predict` (max_tokens) only caps it, thinking included: a capped
+answer ends with done_reason "length" (llm/llama_server.go:1714-1716), and eval_count, the
+tokens predicted, never exceeds the cap.
 
 The pieces come out as Ollama streams them (server/routes.go ChatHandler): thinking chunks
 before the content, and a tool call whole in one chunk with an id and its index.
@@ -17,7 +24,7 @@ import orjson
 
 WORDS = ("the", "answer", "is", "forty", "two", "and", "that", "settles", "it", "for", "now")
 THOUGHT = ("first", "I", "look", "at", "what", "is", "asked", "and", "then", "I", "answer")
-THINK_LEVELS = ("low", "medium", "high", "max")  # api.ThinkValue's strings
+ANSWER_TOKENS = "sim_answer_tokens"  # the sim-only option: the answer's own length
 CHARS_PER_PIECE = 4  # a streamed piece of JSON text stands for one token
 MAX_SCHEMA_DEPTH = 32  # bounds `$ref` cycles and hostile nesting
 MAX_SCHEMA_NODES = 2000  # and what they may fan out to
@@ -47,34 +54,62 @@ class Reply:
         return sum(p.tokens for p in self.pieces)
 
 
-def wants_thinking(body: dict[str, Any]) -> bool:
-    think = body.get("think")
-    return think is True or think in THINK_LEVELS
+def _positive(value: Any) -> int | None:
+    """A count from JSON (any number; Go truncates a float), when above 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return int(value) if value >= 1 else None
 
 
-def reply_for(body: dict[str, Any], chat: bool, n_tokens: int, limit: int | None) -> Reply:
-    """The answer to a native /api/chat (`chat`) or /api/generate body: `n_tokens` words of
-    free text, or JSON or a tool call ending on their own (cut at `limit`, done_reason
-    "length", when the request set num_predict lower)."""
-    thought = [Piece("thinking", w + " ") for w in THOUGHT] if wants_thinking(body) else []
+def answer_tokens(options: dict[str, Any], default: int) -> int:
+    """The answer's own length in words: the call's `sim_answer_tokens`, else `default`."""
+    return _positive(options.get(ANSWER_TOKENS)) or default
+
+
+def answer_options(tokens: int) -> dict[str, int]:
+    """Options for an answer of `tokens` words: its own length, and the cap there."""
+    return {"num_predict": tokens, ANSWER_TOKENS: tokens}
+
+
+def answer_cap(options: dict[str, Any]) -> int | None:
+    """num_predict as a cap; none for -1 (no limit), -2 and unset."""
+    return _positive(options.get("num_predict"))
+
+
+def reply_for(body: dict[str, Any], chat: bool, n_tokens: int, cap: int | None,
+              thinking: bool) -> Reply:
+    """The answer to a native /api/chat (`chat`) or /api/generate body: a thought first when
+    the model thinks, then `n_tokens` words of free text, or JSON or a tool call ending on
+    their own; cut at `cap` tokens (a tool call not yet whole is never sent)."""
+    thought = [Piece("thinking", w + " ") for w in THOUGHT] if thinking else []
     tool = _tool_to_call(body) if chat else None
+    wanted = body.get("format")
     if tool is not None:
         call = _tool_call(tool, body)
         arguments = orjson.dumps(call["function"]["arguments"])
-        return Reply([*thought, Piece("tool_calls", [call],
-                                      max(1, math.ceil(len(arguments) / CHARS_PER_PIECE)))])
-    wanted = body.get("format")
-    if wanted == "json" or isinstance(wanted, dict):
+        said = [Piece("tool_calls", [call], max(1, math.ceil(len(arguments) / CHARS_PER_PIECE)))]
+    elif wanted == "json" or isinstance(wanted, dict):
         value = {"answer": " ".join(WORDS[:5])} if wanted == "json" else instance_of(wanted)
         text = orjson.dumps(value).decode()
-        pieces = [Piece("content", text[i:i + CHARS_PER_PIECE])
-                  for i in range(0, len(text), CHARS_PER_PIECE)]
-        if limit is not None and limit < len(pieces):
-            return Reply([*thought, *pieces[:limit]], "length")
-        return Reply([*thought, *pieces])
-    words = [Piece("content", WORDS[i % len(WORDS)] + ("" if i == n_tokens - 1 else " "))
-             for i in range(n_tokens)]
-    return Reply([*thought, *words])
+        said = [Piece("content", text[i:i + CHARS_PER_PIECE])
+                for i in range(0, len(text), CHARS_PER_PIECE)]
+    else:
+        said = [Piece("content", WORDS[i % len(WORDS)] + ("" if i == n_tokens - 1 else " "))
+                for i in range(n_tokens)]
+    return _capped([*thought, *said], cap)
+
+
+def _capped(pieces: list[Piece], cap: int | None) -> Reply:
+    if cap is None or sum(p.tokens for p in pieces) <= cap:
+        return Reply(pieces)
+    kept: list[Piece] = []
+    spent = 0
+    for piece in pieces:
+        if spent + piece.tokens > cap:
+            break
+        kept.append(piece)
+        spent += piece.tokens
+    return Reply(kept, "length")
 
 
 def _tool_to_call(body: dict[str, Any]) -> dict[str, Any] | None:

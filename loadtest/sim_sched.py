@@ -25,7 +25,6 @@ from typing import Any
 
 from .sim_cache import PromptCache
 from .sim_engine import (
-    MAX_QUEUE,
     MIB,
     MINIMUM_MEMORY_MIB,
     SERVER_BUSY,
@@ -67,6 +66,7 @@ class Runner:
     unload_requested: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     cache: PromptCache | None = None  # its slots' prompt caches: empty at every (re)load
+    crashed: bool = False  # its llama-server died: listed until a call reloads it
 
     @property
     def spilled(self) -> bool:
@@ -80,6 +80,7 @@ class Runner:
 
 @dataclass
 class Fault:
+    # midstream: llama-server dies after `after_chunks` pieces (the runner with it)
     mode: str = "none"  # none | error | midstream | stall | slow_first_byte | oom
     count: int = 0  # how many more requests it hits; -1 forever
     status: int = 500
@@ -93,6 +94,7 @@ class Stats:
     loads: int = 0
     unloads: int = 0
     reloads: int = 0  # copies Ollama reloaded because a call's load options differed
+    crashes: int = 0  # runners whose llama-server died under a call (the midstream fault)
     self_evictions: int = 0  # models Ollama unloaded itself to load another
     spills: int = 0  # copies loaded partly into CPU memory
     oom_events: int = 0
@@ -188,20 +190,31 @@ class OllamaSim:
                                model.model_family, model.slots(c.num_parallel, c.version))
 
     def _usable(self, runner: Runner | None, request: LoadOptions) -> bool:
+        """needsReload's answer (sched.go:1381-1431), its Ping of a dead llama-server
+        included (:1426)."""
         return runner is not None and runner.loaded.is_set() and not runner.unload_requested \
-            and not needs_reload(runner.options, request, runner.model.trained_ctx,
-                                 self.config.version)
+            and not runner.crashed and not needs_reload(
+                runner.options, request, runner.model.trained_ctx, self.config.version)
 
-    async def acquire(self, model: SimModel, body: dict[str, Any], keep_alive_s: float
+    @property
+    def loads_pending(self) -> int:
+        """Loads in Ollama's queue, the one being loaded among them."""
+        return self._pending
+
+    async def acquire(self, model: SimModel, body: dict[str, Any], keep_alive_s: float | None
                       ) -> tuple[Runner, float]:
         """The loaded runner for `model` (loading it if needed) and the seconds until it was
-        ready: Ollama's load_duration (queue, evictions and load; not the slot wait)."""
+        ready: Ollama's load_duration (queue, evictions and load; not the slot wait).
+        `keep_alive_s` None: the call did not set it, and a loaded copy keeps its own
+        (sched.go:483-485); a load takes OLLAMA_KEEP_ALIVE (:512-515)."""
         started = time.perf_counter()
         request = self.resolve(model, body)
         self._expire_idle()
         runner = self.runners.get(model.name)
         if not self._usable(runner, request):
-            if self._pending >= min(self.config.max_queue, MAX_QUEUE):
+            # pendingReqCh holds OLLAMA_MAX_QUEUE (sched.go:91-95, 205-207) beside the one
+            # processPending is loading for
+            if self._pending > self.config.max_queue:
                 self.stats.busy_refusals += 1
                 raise SimError(SERVER_BUSY, 503)
             self._pending += 1
@@ -213,10 +226,11 @@ class OllamaSim:
         assert runner is not None
         runner.refcount += 1
         runner.idle.clear()
-        runner.keep_alive_s = keep_alive_s  # last writer wins, as in Ollama
+        if keep_alive_s is not None:
+            runner.keep_alive_s = keep_alive_s  # last writer wins, as in Ollama
         return runner, time.perf_counter() - started
 
-    async def _schedule(self, model: SimModel, request: LoadOptions, keep_alive_s: float
+    async def _schedule(self, model: SimModel, request: LoadOptions, keep_alive_s: float | None
                         ) -> Runner:
         """processPending for one request, with the loader held."""
         c = self.config
@@ -226,13 +240,15 @@ class OllamaSim:
             if runner is not None:
                 if self._usable(runner, request):
                     return runner  # loaded by a call ahead of this one
-                if not runner.unload_requested:
+                if runner.crashed and not runner.unload_requested:
+                    self._expire(runner, "reload of a runner that died")
+                elif not runner.unload_requested:
                     self.stats.reloads += 1
                     self._expire(runner, "reload for other load options")
                 await runner.gone.wait()
                 continue
-            if c.max_loaded_models and len(self.runners) >= c.max_loaded_models:
-                await self._evict(f"{c.max_loaded_models} models loaded")
+            if len(self.runners) >= c.max_runners:
+                await self._evict(f"{c.max_runners} models loaded")
                 continue
             slots = model.slots(c.num_parallel, c.version)
             ctx = min(request.num_ctx, model.trained_ctx)
@@ -246,7 +262,8 @@ class OllamaSim:
                 if not fits:
                     await self._evict(f"{model.name} needs room")
                     continue
-            return await self._load(model, request, ctx, slots, need, keep_alive_s)
+            return await self._load(model, request, ctx, slots, need,
+                                    c.keep_alive_s if keep_alive_s is None else keep_alive_s)
 
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float) -> Runner:
@@ -288,9 +305,19 @@ class OllamaSim:
                 runner.expires_at = time.time() + runner.keep_alive_s * self.config.time_scale
 
     def request_unload(self, model: SimModel) -> None:
+        """expireRunner (sched.go:1713-1731) looks only at s.loaded, which a runner joins once
+        its load has finished (:627, 727): a copy still loading ignores the unload."""
         runner = self.runners.get(model.name)
-        if runner is not None:
+        if runner is not None and runner.loaded.is_set():
             self._expire(runner, "unload")
+
+    def crash(self, runner: Runner) -> None:
+        """llama-server died under a call: Ollama closes it (llm/llama_server.go:1759-1766)
+        and keeps the copy listed until a call's Ping fails (sched.go:1426) and reloads it."""
+        if not runner.crashed:
+            runner.crashed = True
+            self.stats.crashes += 1
+            log.info("%s llama-server died: %s", self.config.name, runner.model.name)
 
     # -- prompts ---------------------------------------------------------------------------
     def chat_prompt(self, body: dict[str, Any]) -> PromptTokens:
@@ -388,7 +415,8 @@ class OllamaSim:
         parameters = ['stop                           "<|im_end|>"']
         if model.modelfile_num_ctx:
             parameters.append(f"{'num_ctx':<30} {model.modelfile_num_ctx}")
-        capabilities = ["embedding"] if model.embedding else ["completion", "tools"]
+        capabilities = ["embedding"] if model.embedding else \
+            ["completion", "tools"] if model.tools else ["completion"]
         if model.thinks:
             capabilities.append("thinking")
         if model.vision:

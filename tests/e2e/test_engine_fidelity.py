@@ -8,6 +8,7 @@ then reloads, evicts on its own, spills to the CPU or cuts the prompt, and count
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -285,9 +286,15 @@ def test_a_full_load_queue_is_no_failure_of_the_provider(
     """OLLAMA_MAX_QUEUE reached: 503 "server busy". Another GPU takes the call, and the busy
     one's circuit does not open."""
     busy = sim_factory("busy", total_vram_mib=16376, context_length=4096, max_queue=0,
-                       time_scale=SCALE)
+                       load_mib_per_s=10, time_scale=SCALE)
     other = sim_factory("other", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
     url = sidecar_factory([busy, other]).url
+    # A load of its own keeps busy's loader for ~5 s; with OLLAMA_MAX_QUEUE 0 no other load
+    # may wait beside it (server/sched.go:91-95, 205-207).
+    holder = threading.Thread(daemon=True, target=lambda: httpx.post(
+        f"{busy.url}/api/generate", json={"model": "llama3.2:3b"}, timeout=30))
+    holder.start()
+    assert eventually(lambda: busy.sim.loads_pending > 0)
     for model in ("qwen3:8b", "llama3.2:3b", "phi3:mini", "qwen3:14b"):
         r = chat(url, model)
         assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "other", model

@@ -23,6 +23,7 @@ from loadtest.loadgen import wait_http
 from loadtest.ollama_sim import SimServer
 from loadtest.relay_bench import free_port
 from loadtest.serving import ThreadedServer
+from loadtest.sim_output import answer_options
 from tests.conftest import provider_entry
 from tests.e2e.test_scheduling import chat
 
@@ -46,7 +47,8 @@ def test_a_sidecar_killed_mid_call_holds_its_memory_only_until_its_ticket_expire
         streaming = threading.Event()
 
         def long_call() -> None:  # qwen3:32b fills the card; its answer would take minutes
-            body: dict[str, Any] = {"model": "qwen3:32b", "options": {"num_predict": 5000},
+            body: dict[str, Any] = {"model": "qwen3:32b",
+                                    "options": answer_options(5000),
                                     "messages": [{"role": "user", "content": "hi"}]}
             try:
                 with httpx.stream("POST", f"http://127.0.0.1:{port}/api/chat", json=body,

@@ -14,6 +14,7 @@ import httpx
 from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
+from loadtest.sim_output import answer_options
 from tests.conftest import empty_buckets
 from tests.e2e.test_scheduling import chat, stream_in_background
 
@@ -39,7 +40,7 @@ def test_two_sidecars_serve_a_shared_models_waiting_calls_in_arrival_order(
     answers: dict[int, httpx.Response] = {}
 
     def call(i: int, url: str) -> None:
-        answers[i] = chat(url, "qwen3:8b", options={"num_predict": 50})  # ~0.2 s each
+        answers[i] = chat(url, "qwen3:8b", options=answer_options(50))  # ~0.2 s each
         ended[i] = time.monotonic()
 
     threads = []
@@ -62,16 +63,16 @@ def test_a_short_call_through_one_sidecar_passes_a_long_one_waiting_on_another(
         sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
     one, two = two_sidecars_on_one_card(sim_factory, sidecar_factory, nats_server)
     for url in (one, two):  # each sidecar learns the 8b's token rate from an answer
-        assert chat(url, "qwen3:8b", options={"num_predict": 20}).status_code == 200
+        assert chat(url, "qwen3:8b", options=answer_options(20)).status_code == 200
     slack = httpx.post(f"{one}/kubemoot/v1/explain", timeout=10, json={
-        "model": "qwen3:8b", "messages": [], "options": {"num_predict": 400}}).json()
+        "model": "qwen3:8b", "messages": [], "options": answer_options(400)}).json()
     assert slack["waitSlack"]["seconds"] > 0.5  # the long call's turn: 0.5 s after it or more
     holding = stream_in_background(one, "qwen3:8b", 600, threading.Event())  # ~2.4 s
     ended: dict[str, float] = {}
     answers: dict[str, httpx.Response] = {}
 
     def call(name: str, url: str, tokens: int) -> None:
-        answers[name] = chat(url, "qwen3:8b", options={"num_predict": tokens})
+        answers[name] = chat(url, "qwen3:8b", options=answer_options(tokens))
         ended[name] = time.monotonic()
 
     long = threading.Thread(target=call, args=("long", one, 400))

@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SIMULATOR = {"__init__", "ollama_sim", "serving", "sim_cache", "sim_dialects", "sim_engine",
+SIMULATOR = {"__init__", "ollama_sim", "serving", "sim_cache", "sim_checks", "sim_dialects",
+             "sim_engine",
              "sim_model", "sim_output", "sim_sched"}
 
 

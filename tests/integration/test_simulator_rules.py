@@ -3,10 +3,15 @@ source does (not to what the sidecar expects), over real HTTP, one rule each."""
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from loadtest.ollama_sim import SimServer
@@ -87,9 +92,17 @@ def test_a_model_that_does_not_fit_alone_is_loaded_partly_into_cpu_memory(
 
 
 def test_one_load_at_a_time_and_a_full_queue_is_server_busy(sim_factory: Sims) -> None:
-    sim = sim_factory("gpu", total_vram_mib=24564, max_queue=0, time_scale=SCALE)
-    r = load(sim, "qwen3:8b")
-    assert r.status_code == 503 and "server busy" in r.json()["error"]
+    """pendingReqCh holds OLLAMA_MAX_QUEUE calls beside the one processPending is loading
+    for (server/sched.go:91-95, 205-207): with 1, a third call is refused."""
+    sim = sim_factory("gpu", total_vram_mib=24564, max_queue=1, time_scale=0.05)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(load, sim, "qwen3:8b")  # loading for ~0.8 s
+        assert eventually(lambda: sim.sim._pending == 1)
+        second = pool.submit(load, sim, "qwen3:8b")  # waits in the queue
+        assert eventually(lambda: sim.sim._pending == 2)
+        third = load(sim, "qwen3:8b")
+        assert first.result().status_code == second.result().status_code == 200
+    assert third.status_code == 503 and "server busy" in third.json()["error"]
 
 
 def test_an_embedding_model_gets_one_slot(sim_factory: Sims) -> None:
@@ -312,3 +325,261 @@ def test_prompt_eval_count_counts_cached_tokens_as_the_version_does(
     count = turn(sim, messages)["prompt_eval_count"]
     assert (count == whole) is counts_cached
     assert count == whole or count < 500
+
+
+# -- keep_alive ------------------------------------------------------------------------------
+def test_a_call_without_keep_alive_leaves_the_copys_own(sim_factory: Sims) -> None:
+    """Only a call that sets keep_alive changes a loaded copy's (server/sched.go:483-485); the
+    default is for a load (:512-515)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/generate", json={"model": "llama3.2:3b", "keep_alive": -1})
+    assert r.status_code == 200
+    assert chat(sim, "llama3.2:3b", "hi").status_code == 200
+    assert sim.sim.runners["llama3.2:3b"].keep_alive_s == math.inf
+    expires = ps(sim)["llama3.2:3b"]["expires_at"]
+    assert int(expires[:4]) > time.gmtime().tm_year + 100  # forever, not 5 minutes
+
+
+@pytest.mark.parametrize(("keep_alive", "status", "message"), [
+    ("300", 400, 'time: missing unit in duration "300"'),
+    ("-1", 400, 'time: missing unit in duration "-1"'),
+    ("5 m", 400, 'time: unknown unit " m" in duration "5 m"'),
+    ("", 400, 'time: invalid duration ""'),
+    (True, 400, "Unsupported type: 'bool'"),
+    ("0", 200, None),
+    ("1h30m", 200, None),
+    ("-1s", 200, None),
+    (300, 200, None),
+])
+def test_keep_alive_strings_are_read_as_gos_time_parse_duration(
+        sim_factory: Sims, keep_alive: Any, status: int, message: str | None) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/generate", timeout=30,
+                   json={"model": "llama3.2:3b", "keep_alive": keep_alive})
+    assert r.status_code == status, r.text
+    if message is not None:
+        assert r.json() == {"error": message}
+
+
+def test_embed_honours_keep_alive(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/embed", timeout=30,
+                   json={"model": "nomic-embed-text", "input": "x", "keep_alive": 0})
+    assert r.status_code == 200
+    assert sim.sim.stats.loads == 1 and ps(sim) == {}
+
+
+def test_an_unload_of_a_copy_still_loading_is_ignored(sim_factory: Sims) -> None:
+    """expireRunner looks only at s.loaded (server/sched.go:1713-1731), which a copy joins
+    once loaded (:627, 727): it finishes loading and stays."""
+    sim = sim_factory("gpu", total_vram_mib=24564, time_scale=0.05)
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(load, sim, "qwen3:8b")
+        assert eventually(lambda: "qwen3:8b" in sim.sim.runners)
+        r = httpx.post(f"{sim.url}/api/generate", json={"model": "qwen3:8b", "keep_alive": 0})
+        assert r.json()["done_reason"] == "unload"
+        assert loading.result().status_code == 200
+    assert "qwen3:8b" in ps(sim) and sim.sim.used_vram_mib() > 0
+
+
+# -- answers ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("model", "options", "eval_count", "reason"), [
+    ("llama3.2:3b", {}, 16, "stop"),  # the simulator's own length
+    ("llama3.2:3b", {"num_predict": 400}, 16, "stop"),  # a cap, not a request
+    ("llama3.2:3b", {"num_predict": 5}, 5, "length"),
+    ("llama3.2:3b", {"sim_answer_tokens": 40, "num_predict": 100}, 40, "stop"),
+    ("llama3.2:3b", {"sim_answer_tokens": 40, "num_predict": 30}, 30, "length"),
+    ("qwen3:8b", {"num_predict": 5}, 5, "length"),  # the thought counts within the cap
+])
+def test_num_predict_caps_an_answer_of_its_own_length(
+        sim_factory: Sims, model: str, options: dict[str, Any], eval_count: int,
+        reason: str) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    answer = chat(sim, model, "hi", options=options).json()
+    assert (answer["eval_count"], answer["done_reason"]) == (eval_count, reason)
+
+
+def test_a_capped_answer_is_length_on_openai_and_max_tokens_on_anthropic(
+        sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    hi = [{"role": "user", "content": "hi"}]
+    openai = httpx.post(f"{sim.url}/v1/chat/completions", timeout=30,
+                        json={"model": "llama3.2:3b", "messages": hi, "max_tokens": 5}).json()
+    assert openai["choices"][0]["finish_reason"] == "length"
+    assert openai["usage"]["completion_tokens"] == 5
+    anthropic = httpx.post(f"{sim.url}/v1/messages", timeout=30,
+                           json={"model": "llama3.2:3b", "messages": hi, "max_tokens": 200,
+                                 "sim_answer_tokens": 300}).json()
+    assert anthropic["stop_reason"] == "max_tokens"
+    assert anthropic["usage"]["output_tokens"] == 200
+
+
+@pytest.mark.parametrize(("body", "thinks"), [({}, True), ({"think": False}, False),
+                                              ({"think": "low"}, True)])
+def test_a_thinking_model_thinks_unless_told_not_to(
+        sim_factory: Sims, body: dict[str, Any], thinks: bool) -> None:
+    """req.Think defaults to true on a model with the "thinking" capability
+    (server/routes.go:457 generate, 2619 chat)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    message = chat(sim, "qwen3:8b", "hi", **body).json()["message"]
+    assert bool(message.get("thinking")) is thinks
+    openai = httpx.post(f"{sim.url}/v1/chat/completions", timeout=30, json={
+        "model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}]}).json()
+    assert openai["choices"][0]["message"]["reasoning"]
+
+
+# -- OLLAMA_MAX_LOADED_MODELS ---------------------------------------------------------------
+def test_max_loaded_models_0_is_three_per_gpu(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", total_vram_mib=81920, max_loaded_models=0, context_length=4096,
+                      time_scale=SCALE)
+    for model in ("llama3.2:3b", "phi3:mini", "qwen3:8b", "qwen3:14b"):
+        assert load(sim, model).status_code == 200
+    assert len(ps(sim)) == 3 and sim.sim.stats.self_evictions == 1
+
+
+# -- refusals before any load ---------------------------------------------------------------
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/api/chat", {"model": "nomic-embed-text", "messages": [{"role": "user", "content": "x"}]},
+     '"nomic-embed-text" does not support chat'),
+    ("/api/generate", {"model": "nomic-embed-text", "prompt": "x"},
+     '"nomic-embed-text" does not support generate'),
+    ("/api/generate", {"model": "nomic-embed-text"},  # a load too
+     '"nomic-embed-text" does not support generate'),
+    ("/api/chat", {"model": "llama3.2:3b", "think": True,
+                   "messages": [{"role": "user", "content": "x"}]},
+     '"llama3.2:3b" does not support thinking'),
+    ("/api/chat", {"model": "phi3:mini", "messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "registry.ollama.ai/library/phi3:mini does not support tools"),
+])
+def test_a_capability_the_model_lacks_is_refused_before_any_load(
+        sim_factory: Sims, path: str, body: dict[str, Any], message: str) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}{path}", json={**body, "stream": False}, timeout=30)
+    assert (r.status_code, r.json()) == (400, {"error": message})
+    assert sim.sim.stats.loads == 0
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"stop": "\n"}, 'option "stop" must be of type array'),
+    ({"stop": [1]}, 'option "stop" must be of an array of strings'),
+    ({"temperature": "0.2"}, 'option "temperature" must be of type float32'),
+    ({"num_predict": "100"}, 'option "num_predict" must be of type integer'),
+    ({"num_ctx": True}, 'option "num_ctx" must be of type integer'),
+    ({"use_mmap": 1}, 'option "use_mmap" must be of type boolean'),
+    ({"num_predict": 5.0, "temperature": 1, "stop": None, "made_up": "x"}, None),
+])
+def test_a_wrongly_typed_option_is_ollamas_500(
+        sim_factory: Sims, options: dict[str, Any], message: str | None) -> None:
+    """Options.FromMap (api/types.go:991-1090) through handleScheduleError's default
+    (server/routes.go:3107-3119)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = chat(sim, "llama3.2:3b", "hi", options=options)
+    if message is None:
+        assert r.status_code == 200, r.text
+        return
+    assert (r.status_code, r.json()) == (500, {"error": message})
+    assert sim.sim.stats.loads == 0
+
+
+# -- /api/embed ------------------------------------------------------------------------------
+def test_embed_inputs_take_the_runners_one_slot(sim_factory: Sims) -> None:
+    """Each input takes the runner's semaphore (llm/llama_server.go:2339), one slot for an
+    embedding model (server/sched.go:497-501): two calls at once take twice as long."""
+    sim = sim_factory("gpu", time_scale=0.25)
+    body = {"model": "nomic-embed-text", "input": "w " * 3000}  # 1500 tokens, 0.09 s
+    httpx.post(f"{sim.url}/api/embed", json=body, timeout=30)  # loaded
+
+    def timed() -> float:
+        start = time.perf_counter()
+        httpx.post(f"{sim.url}/api/embed", json=body, timeout=30)
+        return time.perf_counter() - start
+
+    alone = timed()
+    with ThreadPoolExecutor(2) as pool:
+        start = time.perf_counter()
+        list(pool.map(lambda _: timed(), range(2)))
+        both = time.perf_counter() - start
+    assert both > 1.7 * alone
+
+
+@pytest.mark.parametrize(("value", "status", "answer"), [
+    ("", 200, {"model": "nomic-embed-text", "embeddings": []}),
+    ([1], 400, {"error": "invalid input type"}),
+    ({"text": "x"}, 400, {"error": "invalid input type"}),
+])
+def test_embed_input_is_a_text_or_texts(sim_factory: Sims, value: Any, status: int,
+                                        answer: dict[str, Any]) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/embed", timeout=30,
+                   json={"model": "nomic-embed-text", "input": value})
+    assert (r.status_code, r.json()) == (status, answer)
+
+
+def test_ollama_echoes_the_model_as_the_call_names_it(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/embed", json={"model": "nomic-embed-text", "input": "x"})
+    assert r.json()["model"] == "nomic-embed-text"
+    assert chat(sim, "llama3.2:3b", "hi").json()["model"] == "llama3.2:3b"
+
+
+# -- a runner that dies ----------------------------------------------------------------------
+def crash_next(sim: SimServer, after_chunks: int = 2) -> None:
+    httpx.post(f"{sim.url}/_sim/fault",
+               json={"mode": "midstream", "count": 1, "after_chunks": after_chunks})
+
+
+def test_a_runner_that_dies_mid_stream_ends_it_with_ollamas_error_line(
+        sim_factory: Sims) -> None:
+    """routes.go:2116-2124: an error after the first chunk is an {"error"} line under 200;
+    llama-server is gone (llm/llama_server.go:1759-1766) but listed until a call reloads
+    it (server/sched.go:1426)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    load(sim, "llama3.2:3b")
+    crash_next(sim)
+    with httpx.stream("POST", f"{sim.url}/api/chat", timeout=30, json={
+            "model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}]}) as r:
+        lines = [orjson.loads(line) for line in r.iter_lines() if line]
+    assert r.status_code == 200 and len(lines) == 3
+    assert lines[-1] == {"error": "an error was encountered while running the model: "
+                                  "unexpected EOF"}
+    assert "llama3.2:3b" in ps(sim)
+    assert chat(sim, "llama3.2:3b", "hi").status_code == 200
+    assert sim.sim.stats.loads == 2 and sim.sim.stats.reloads == 0
+
+
+def test_a_non_streamed_call_whose_runner_dies_is_a_json_500(sim_factory: Sims) -> None:
+    sim = sim_factory("gpu", time_scale=SCALE)
+    crash_next(sim)
+    r = chat(sim, "llama3.2:3b", "hi")
+    assert r.status_code == 500 and r.json()["error"].startswith("an error was encountered")
+
+
+def test_an_openai_stream_whose_runner_dies_ends_without_its_close(sim_factory: Sims) -> None:
+    """middleware/openai.go:80-170: the error line is read as an empty chunk; no finish
+    chunk, no [DONE]."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    crash_next(sim)
+    with httpx.stream("POST", f"{sim.url}/v1/chat/completions", timeout=30, json={
+            "model": "llama3.2:3b", "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}) as r:
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert r.status_code == 200 and len(events) == 3 and "data: [DONE]" not in events
+    assert all(orjson.loads(e[6:])["choices"][0]["finish_reason"] is None for e in events)
+
+
+def test_a_call_waiting_on_a_runner_that_died_gets_500(sim_factory: Sims) -> None:
+    """Completion checks llama-server's status once it has a slot (llm/llama_server.go:
+    1546-1551, 1192-1199)."""
+    sim = sim_factory("gpu", tokens_per_s=20, time_scale=0.2)
+    load(sim, "llama3.2:3b")
+    crash_next(sim, after_chunks=8)  # ~0.08 s in
+    results: dict[str, httpx.Response] = {}
+    first = threading.Thread(target=lambda: results.update(first=chat(sim, "llama3.2:3b", "a")))
+    first.start()
+    assert eventually(lambda: sim.sim.runners["llama3.2:3b"].refcount == 1)
+    second = chat(sim, "llama3.2:3b", "b")
+    first.join()
+    assert results["first"].status_code == 500
+    assert (second.status_code, second.json()) == (
+        500, {"error": "llama-server process no longer running: unknown "})
