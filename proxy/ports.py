@@ -244,10 +244,10 @@ class ModelServer(Protocol):
         """/api/show with the body given; an error status is an answer, not an exception."""
         ...
 
-    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None
-                   ) -> None:
+    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None,
+                   embedding: bool = False) -> None:
         """Load a model and wait until it is in, with the context planned for it (0: the
-        server's own)."""
+        server's own); `embedding`: a model that only embeds (it loads through an embed)."""
         ...
 
     async def unload(self, model: str) -> None:

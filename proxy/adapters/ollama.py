@@ -180,14 +180,20 @@ class OllamaClient:
         except TRANSPORT_ERRORS as exc:
             raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
 
-    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None) -> None:
-        """Start (and wait for) a model load: `/api/generate {"model": m}`, with the context
-        planned for it (0: Ollama's own). Ollama answers once loaded, so by default the wait
-        is a complete answer's (it covers OLLAMA_LOAD_TIMEOUT)."""
+    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None,
+                   embedding: bool = False) -> None:
+        """Start (and wait for) a model load: `/api/generate {"model": m}`, or for an
+        embedding model `/api/embed {"model": m, "input": ""}` (generate refuses a model
+        without "completion" before loading it, server/routes.go:466-469; embed loads any
+        model and answers no vectors for no input, :843-865), with the context planned for
+        it (0: Ollama's own). Ollama answers once loaded, so by default the wait is a
+        complete answer's (it covers OLLAMA_LOAD_TIMEOUT)."""
         body: dict[str, Any] = {"model": model}
+        if embedding:
+            body["input"] = ""
         if num_ctx:
             body["options"] = {"num_ctx": num_ctx}
-        await self._post_json("/api/generate", body,
+        await self._post_json("/api/embed" if embedding else "/api/generate", body,
                               self.timeouts.answer_s if timeout_s is None else timeout_s)
 
     async def unload(self, model: str) -> None:

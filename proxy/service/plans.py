@@ -149,7 +149,9 @@ class PlanBook:
         try:
             if placement.evicts:
                 await self.scheduler.evictions.make_room(claimed)
-            await client.load(placement.model, placement.num_ctx)
+            info = self.scheduler.provider_view(placement.provider).models.get(placement.model)
+            await client.load(placement.model, placement.num_ctx,
+                              embedding=info is not None and info.embedding)
         except (UpstreamError, StoreUnavailable) as exc:
             log.warning("plan preload failed", provider=placement.provider, error=str(exc))
             return False

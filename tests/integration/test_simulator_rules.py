@@ -17,6 +17,8 @@ import pytest
 from loadtest.ollama_sim import SimServer
 from loadtest.sim_engine import INPUT_TOO_LONG, PROMPT_TOO_LONG
 from loadtest.sim_model import CATALOG
+from proxy.adapters.ollama import OllamaClient
+from proxy.ports import UpstreamError
 from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
@@ -583,3 +585,20 @@ def test_a_call_waiting_on_a_runner_that_died_gets_500(sim_factory: Sims) -> Non
     assert results["first"].status_code == 500
     assert (second.status_code, second.json()) == (
         500, {"error": "llama-server process no longer running: unknown "})
+
+
+async def test_the_adapter_loads_an_embedding_model_through_an_embed(sim_factory: Sims) -> None:
+    """Ollama's generate refuses a model without "completion" before loading it; its embed
+    loads any model and answers no vectors for no input (server/routes.go:466-469, 843-865)."""
+    sim = sim_factory("gpu", total_vram_mib=16376)
+    client = OllamaClient(sim.url)
+    try:
+        with pytest.raises(UpstreamError, match="does not support generate"):
+            await client.load("nomic-embed-text")
+        await client.load("nomic-embed-text", num_ctx=2048, embedding=True)
+        await client.load("qwen3:8b", num_ctx=4096)
+        loaded = await client.ps()
+    finally:
+        await client.close()
+    assert sorted((m["name"], m["context_length"]) for m in loaded) == [
+        ("nomic-embed-text:latest", 2048), ("qwen3:8b", 4096)]

@@ -137,8 +137,8 @@ class FakeModelServer:
             "details": self._describe(model)["details"], "model_info": model.model_info(),
             "capabilities": capabilities, "parameters": ""}))
 
-    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None
-                   ) -> None:
+    async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None,
+                   embedding: bool = False) -> None:
         self._check_reachable()
         await self._ready_copy(self._model(model), num_ctx)
 
