@@ -181,9 +181,13 @@ class Silence:
         self._timer.cancel()
 
 
-# OpenAI's streamed chat and completions end with this event once the answer is done
-DONE = b"data: [DONE]"
-DONE_PATHS = frozenset(("/v1/chat/completions", "/v1/completions"))
+# The event Ollama's OpenAI and Anthropic layers write only once the answer is done
+# (middleware/openai.go:176-184, openai/responses.go:1619, anthropic/anthropic.go:972): its
+# error line mid-stream becomes an empty chunk and the stream ends without it
+# (middleware/openai.go:80-160, middleware/anthropic.go:53-70)
+END_EVENTS = {"/v1/chat/completions": b"data: [DONE]", "/v1/completions": b"data: [DONE]",
+              "/v1/messages": b"event: message_stop",
+              "/v1/responses": b"event: response.completed"}
 
 
 class RelayStream(StreamingResponse):
@@ -199,7 +203,8 @@ class RelayStream(StreamingResponse):
                  dialect: Dialect = "ollama", path: str = "") -> None:
         self.upstream = upstream
         self.dialect = dialect
-        self.ends_with_done = path in DONE_PATHS
+        self.end_event = END_EVENTS.get(path)
+        self._ended = False
         self.attempt = attempt
         self.attempts = attempts
         self.started = started
@@ -235,6 +240,8 @@ class RelayStream(StreamingResponse):
                     self._called_tools = calls_tool(chunk) or (
                         not ended_with_newline and calls_tool(
                             self._tail[-MARK_OVERLAP:] + chunk[:MARK_OVERLAP]))
+                if self.end_event and not self._ended:  # (may straddle two chunks)
+                    self._ended = self.end_event in self._tail[-len(self.end_event):] + chunk
                 ended_with_newline = chunk.endswith(b"\n")
                 self._tail = (self._tail + chunk)[-8192:]
                 yield chunk
@@ -243,13 +250,12 @@ class RelayStream(StreamingResponse):
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
-            elif self.ends_with_done and not self._tail.rstrip().endswith(DONE):
-                # Ollama's OpenAI layer turns its error line into an empty chunk and ends
-                # without [DONE] (middleware/openai.go:80-160, 176-184): the agent must
-                # hear of the failure, and it is not a finished call
+            elif self.end_event and not self._ended:
+                # the agent must hear of the failure, and it is not a finished call
                 self._ok = False
                 self._error = (f"provider {self.attempt.provider} ended the stream without "
-                               "[DONE]: the engine failed mid-answer")
+                               f"{self.end_event.decode().removeprefix('data: ')}: the engine "
+                               "failed mid-answer")
                 yield (b"" if ended_with_newline else b"\n") + stream_error_line(
                     self._error, self.dialect)
         except (UpstreamError, TimeoutError) as exc:

@@ -597,22 +597,39 @@ FINISH = (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
           b'"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n')
 
 
-@pytest.mark.parametrize(("parts", "ok"), [
-    ((CHUNK, FINISH, b"data: [DONE]\n\n"), True),
-    ((CHUNK, EMPTY), False),  # Ollama's error mid-stream through its OpenAI layer
+ANTHROPIC_TEXT = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                  b'"delta":{"type":"text_delta","text":"the"}}\n\n')
+ANTHROPIC_STOP = (b'event: message_delta\ndata: {"type":"message_delta","usage":'
+                  b'{"input_tokens":4,"output_tokens":1}}\n\nevent: message_stop\n'
+                  b'data: {"type":"message_stop"}\n\n')
+RESPONSES_TEXT = (b'event: response.output_text.delta\ndata: {"type":'
+                  b'"response.output_text.delta","delta":"the"}\n\n')
+RESPONSES_DONE = (b'event: response.completed\ndata: {"type":"response.completed","response":'
+                  b'{"usage":{"input_tokens":4,"output_tokens":1}}}\n\n')
+
+
+@pytest.mark.parametrize(("path", "dialect", "parts", "ok"), [
+    ("/v1/chat/completions", "openai", (CHUNK, FINISH, b"data: [DONE]\n\n"), True),
+    # Ollama's error mid-stream through its OpenAI layer: an empty chunk, no [DONE]
+    ("/v1/chat/completions", "openai", (CHUNK, EMPTY), False),
+    ("/v1/completions", "openai", (CHUNK, EMPTY), False),
+    # its end event split between two chunks is still its end
+    ("/v1/messages", "anthropic", (ANTHROPIC_TEXT, ANTHROPIC_STOP[:70], ANTHROPIC_STOP[70:]),
+     True),
+    ("/v1/messages", "anthropic", (ANTHROPIC_TEXT,), False),
+    ("/v1/responses", "openai", (RESPONSES_TEXT, RESPONSES_DONE), True),
+    ("/v1/responses", "openai", (RESPONSES_TEXT,), False),
 ])
-async def test_an_openai_stream_that_ends_without_done_is_a_failed_call(
-        parts: tuple[bytes, ...], ok: bool) -> None:
+async def test_an_sdk_stream_that_ends_without_its_end_event_is_a_failed_call(
+        path: str, dialect: Dialect, parts: tuple[bytes, ...], ok: bool) -> None:
     outcomes: list[CallOutcome] = []
     async for url in serve(answering(SSE_HEAD + _chunked(*parts, b""))):
         attempt = Attempt("p", OllamaClient(url, Timeouts(1, 1, 1)), "m", "warm")
-        response = await forward(OneAttempt(attempt, outcomes), "/v1/chat/completions",
-                                 {"model": "m", "stream": True}, True, 1, dialect="openai")
+        response = await forward(OneAttempt(attempt, outcomes), path,
+                                 {"model": "m", "stream": True}, True, 1, dialect=dialect)
         body = b"".join(m.get("body", b"") for m in await _deliver(response))
     assert body.startswith(b"".join(parts))
     assert outcomes[0].ok is ok
     if not ok:  # the agent's SDK hears of it as an error event
-        assert body.endswith(stream_error_line(str(outcomes[0].error), "openai"))
-        assert "without [DONE]" in str(outcomes[0].error)
-    else:
-        assert outcomes[0].prompt_eval_count == 4
+        assert body.endswith(stream_error_line(str(outcomes[0].error), dialect))
+        assert "ended the stream without" in str(outcomes[0].error)
