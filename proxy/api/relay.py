@@ -215,7 +215,6 @@ class RelayStream(StreamingResponse):
         self._final: dict[str, Any] = {}
         self._ok = False
         self._error: str | None = "client disconnected"
-        self._timed_out = False
         self._settled = False
         super().__init__(self._relay(), headers=headers,
                          media_type=upstream.content_type or NDJSON)
@@ -259,8 +258,8 @@ class RelayStream(StreamingResponse):
                 yield (b"" if ended_with_newline else b"\n") + stream_error_line(
                     self._error, self.dialect)
         except (UpstreamError, TimeoutError) as exc:
-            self._timed_out = isinstance(exc, TimeoutError)
-            cause = f"no data for {self.chunk_timeout_s:g} s" if self._timed_out else str(exc)
+            cause = f"no data for {self.chunk_timeout_s:g} s" if isinstance(
+                exc, TimeoutError) else str(exc)
             self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
                                                                                self.dialect)
@@ -302,9 +301,8 @@ class RelayStream(StreamingResponse):
                                answer_calls_tool(self._tail, self._called_tools)
                                if self._watch else None)
         try:
-            if client_left or self._timed_out:
-                outcome = replace(outcome, client_left=client_left, timed_out=self._timed_out)
-            await self.attempts.settle(outcome)
+            await self.attempts.settle(replace(outcome, client_left=True) if client_left
+                                       else outcome)
         finally:
             with contextlib.suppress(Exception):
                 await self.upstream.aclose()
@@ -500,11 +498,14 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     except UpstreamError as exc:
         return failed(str(exc))
     except TimeoutError:
-        # Not retried (the agent waited long already) and not the card's failure unless a
-        # probe finds it down (CallService.settle)
         cause = f"no answer within {limit_s:g} s (KUBEMOOT_{setting}_TIMEOUT_SECONDS)"
+        if stream:  # a stream's first chunk comes once loaded: another card may take it
+            return failed(cause)
+        # A complete answer past its generous limit: a hung model as far as the card's health
+        # goes (its web server still answers probes), and not retried (the agent has waited
+        # long already).
         await attempts.settle(CallOutcome(False, time.perf_counter() - started, error=cause,
-                                          began=False, timed_out=True))
+                                          began=False))
         return error_response(504, "upstream-timeout",
                               f"provider {attempt.provider} accepted the call but sent "
                               f"{cause}", attempt.model, dialect=dialect)

@@ -287,7 +287,8 @@ class SidecarApi:
         last: Response | None = None
         for client in candidates:
             try:
-                upstream = await client.show(body)
+                # metadata read from disk: the first-byte limit, not a whole answer's
+                upstream = await client.show(body, client.timeouts.first_byte_s)
             except UpstreamError:
                 continue
             if upstream.status_code < 400:
@@ -407,7 +408,7 @@ class SidecarApi:
             conversation=conversation,
             ends_loop_unless_tool_called=bool(conversation) and answers_tool_result(body),
             shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,
-            needs=call_needs(path, body, parsed.model or ""),
+            needs=call_needs(path, body, parsed.model or self.calls.bound_model(phase, thread)),
             disconnected=lambda: _disconnect(request),
         )
 

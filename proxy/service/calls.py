@@ -65,6 +65,11 @@ class CallService:
             log.info("provider back after an outage: its circuit lets a trial call through",
                      provider=state.name)
 
+    def bound_model(self, phase: str, thread: str | None) -> str:
+        """The model a call that names none runs: its phase's preferred candidate."""
+        candidates = self.scheduler.candidates(phase, None, thread, ask=False)
+        return candidates[0].model if candidates else ""
+
     def attempts(self, call: CallRequest, started: float) -> CallAttempts:
         return CallAttempts(self, call, started)
 
@@ -120,22 +125,8 @@ class CallService:
             self.scheduler.provider_view(placement.provider).version, outcome)
         if check is not None:
             self._count_cache(placement.provider, check)
-        if outcome.timed_out:
-            self._spawn(self._probe_after_timeout(placement.provider, outcome))
-        elif placement.loads or not outcome.ok:
+        if placement.loads or not outcome.ok:
             self._spawn(self.prober.refresh(placement.provider))
-
-    async def _probe_after_timeout(self, provider: str, outcome: CallOutcome) -> None:
-        """A call the provider took and did not finish in time counts against its health
-        only when the card does not answer a probe either."""
-        with contextlib.suppress(StoreUnavailable):  # probed still, only not published
-            await self.prober.refresh(provider)
-        state = self.prober.latest.get(provider)
-        if state is not None and not state.ready:
-            circuit = self.experience.record(provider, replace(outcome, timed_out=False),
-                                             self.clock.now())
-            self.metrics.circuit_open.labels(provider).set(
-                0 if circuit is Circuit.CLOSED else 1)
 
     def _spawn(self, work: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(work)

@@ -43,8 +43,7 @@ def load_state(outcome: CallOutcome) -> LoadState:
     or failed before answering)."""
     if outcome.prompt_too_long or (outcome.ok and outcome.error is None):
         return "loaded"
-    return "loading" if outcome.client_left or outcome.began or outcome.timed_out \
-        else "failed"
+    return "loading" if outcome.client_left or outcome.began else "failed"
 
 
 def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"

@@ -205,10 +205,9 @@ class Experience:
     def record(self, provider: str, outcome: CallOutcome, now: float) -> Circuit:
         """The provider's health after the outcome; its circuit's state now."""
         stats = self.stats[provider]
-        # An agent leaving (Ctrl-C, a cancelled tool call), a prompt the engine refused as
-        # too long, or a call it took and had not finished in time says nothing of the GPU
-        # (a timed-out call's card is probed: CallService.settle).
-        stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long \
-            or outcome.timed_out else stats.record(outcome.ok, outcome.seconds, now)
+        # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
+        # as too long, says nothing of the GPU.
+        stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long else \
+            stats.record(outcome.ok, outcome.seconds, now)
         self.stats[provider] = stats
         return stats.breaker.state(now)

@@ -88,9 +88,6 @@ class CallOutcome:
     prompt_cached_count: int | None = None
     # Whether the answer called a tool (None: not read, or it failed)
     called_tools: bool | None = None
-    # The provider accepted the call, then sent nothing (or fell silent) past its limit: a
-    # long answer or load as likely as a sick card, so only a failed probe counts against it
-    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +144,8 @@ class Attempts(Protocol):
 
 class Calls(Protocol):
     def attempts(self, call: CallRequest, started: float) -> Attempts: ...
+
+    def bound_model(self, phase: str, thread: str | None) -> str: ...
 
 
 class ProviderPool:

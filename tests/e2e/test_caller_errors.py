@@ -83,3 +83,14 @@ def test_a_candidate_that_can_think_serves_a_thinking_call(sim_factory: Sims,
                                             "think": True, "stream": False}, timeout=30)
     assert r.status_code == 200, r.text
     assert r.headers["x-kubemoot-model"] == "qwen3:8b"
+
+
+def test_a_call_that_names_no_model_is_refused_in_its_bound_models_name(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu], model_model="phi3:mini").url
+    _ready(url)
+    r = httpx.post(f"{url}/api/chat", json={"messages": HI, "think": True, "stream": False},
+                   timeout=30)
+    assert (r.status_code, r.json()["error"]) == (400, '"phi3:mini" does not support thinking')
+    assert gpu.sim.stats.loads == 0
