@@ -23,7 +23,8 @@ demo: install
 
 # Command 2: dev dependencies, lint, types, tests.
 test: dev lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 -m "not serial"
+	$(BIN)/pytest -m serial
 
 lint:
 	$(BIN)/ruff check proxy loadtest tests

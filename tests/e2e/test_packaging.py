@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -18,10 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest.relay_bench import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR = {"__init__", "ollama_sim", "serving", "sim_cache", "sim_checks", "sim_dialects",
-             "sim_engine",
-             "sim_model", "sim_output", "sim_sched"}
+             "sim_engine", "sim_model", "sim_output", "sim_sched"}
 
 
 def _setuptools_major() -> int:
@@ -79,12 +79,6 @@ def test_demo_wheel_ships_the_simulator_only(wheels: dict[str, Path]) -> None:
     assert _modules(names, "kubemoot_proxy_demo") == SIMULATOR
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _fresh_venv(where: Path) -> Path:
     """A new environment that sees this one's dependencies (fastapi, uvicorn, ...) but neither
     the checkout nor this environment's install of kubemoot-proxy."""
@@ -112,7 +106,7 @@ def test_serve_demo_runs_from_the_two_wheels_outside_a_checkout(
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True)
     assert where.stdout.startswith(str(tmp_path / "venv")) and where.stdout.endswith(" None\n")
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         serve = subprocess.Popen([str(tmp_path / "venv" / "bin" / "kubemoot-proxy"), "serve",
