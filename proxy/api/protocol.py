@@ -15,7 +15,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from proxy.api.status import EVENTS_PATH
 
 HEAD_TIMEOUT_S = 10.0  # from connecting (or a request's first byte) to its last header
-KEEP_ALIVE_TIMEOUT_S = 5  # an idle connection between requests (uvicorn's own default)
+# An idle connection between requests. Ollama's server closes none (server/routes.go:2009:
+# an http.Server without IdleTimeout), and agents' pools keep theirs 5 s (httpx) to 90 s
+# (Go): a server that closes first races the agent's next request on that connection, which
+# the clients do not retry.
+KEEP_ALIVE_TIMEOUT_S = 300
 
 
 class HeadTimeoutProtocol(HttpToolsProtocol):

@@ -5,6 +5,7 @@ sidecar work for long."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from proxy.api import protocol, routes
 from proxy.app import build_app
 from proxy.core.durations import DurationError, parse_duration
 from proxy.settings import load_settings
-from tests.conftest import provider_entry
+from tests.conftest import eventually, provider_entry
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -173,3 +174,27 @@ def test_model_management_names_the_command_to_run_on_each_provider(
     r = httpx.request(method, f"{url}{path}", json=body)
     assert r.status_code == 501 and r.json()["reason"] == "not-supported"
     assert f"OLLAMA_HOST=<provider> {command}" in r.json()["error"]
+
+
+def test_an_idle_connection_outlives_the_agents_own_keep_alive(sim_factory: Sims) -> None:
+    """httpx keeps an idle connection 5 s: a sidecar closing it at that mark races the
+    agent's next request on it, which the client does not retry. Ollama closes none."""
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = protocol.listener(app, "127.0.0.1", sock.getsockname()[1], "on")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        assert eventually(lambda: server.started)
+        agent = socket.create_connection(sock.getsockname())
+        agent.settimeout(5)
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        agent.sendall(request)
+        assert agent.recv(1000).startswith(b"HTTP/1.1 200")
+        time.sleep(6)
+        agent.sendall(request)
+        assert agent.recv(1000).startswith(b"HTTP/1.1 200")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
