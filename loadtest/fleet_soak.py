@@ -369,6 +369,21 @@ def gpu_totals(gpus: list[str]) -> collections.Counter[str]:
     return totals
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]], nats: NatsServer | None) -> None:
+    """Every process started, then nats-server and its store: a process that ignores the
+    request to stop is killed after 10 s."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if nats is not None:
+        nats.cleanup()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -444,15 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # releases ride along within 50 ms; the state settles
         return report(tally, gpus, [] if args.direct else [u for u, _ in sidecars], logs, args)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if nats is not None:
-            nats.cleanup()
+        stop_all(procs, nats)
 
 
 async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tally:
