@@ -6,7 +6,8 @@ nats-server with monitoring, `init-buckets`, one `publish` and that many `serve`
 (sidecar i bound as the soak's PROFILES[i % 4]). The fleet sits untouched for `--idle`
 seconds, then for `--load` seconds each sidecar serves one closed-loop agent on the official
 `ollama` client, asking for its bound model four calls in five and otherwise for any of five
-models that do not all fit at once (short prompts, half of them streamed).
+models that do not all fit at once (short prompts, half of them streamed), pausing up to
+`--pause` seconds between calls.
 
 Figures: CPU (% of one core) and RSS of each process from /proc; nats-server's messages from
 its /varz; probe requests per second from the simulators' own counters (`/_sim/stats`);
@@ -15,7 +16,7 @@ model on its own, ran out of memory or cut a prompt, if a ticket was left behind
 call ended other than answered or refused as the contract says.
 
     python -m loadtest.scale_bench [--sidecars 4,16,32] [--idle 5] [--load 30] [--seed 1]
-        [--fleet tight] [--time-scale 0.05] [--json PATH]
+        [--fleet tight] [--time-scale 0.05] [--pause 0.05] [--json PATH]
 """
 
 from __future__ import annotations
@@ -65,10 +66,19 @@ def rss_mib(pid: int) -> float:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_MIB
 
 
+def machine_cpu_s() -> tuple[float, float]:
+    """Every core's busy and total CPU seconds so far (/proc/stat): busy is all but idle and
+    I/O wait."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    clock = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / clock, sum(ticks) / clock
+
+
 @dataclass(frozen=True)
 class Fleet:
     gpus: list[str]
     sidecars: list[tuple[str, str]]  # (URL, bound model)
+    all_pids: list[int]  # every process the bench started, nats-server's too
     sidecar_pids: list[int]
     publisher_pid: int
     nats: NatsServer
@@ -84,6 +94,9 @@ class Sample:
     nats_cpu_s: float
     varz: dict[str, Any]
     probes: collections.Counter[str]  # by path, every GPU's
+    bench_cpu_s: float  # every process of the bench, this one included
+    machine_busy_s: float
+    machine_total_s: float
 
 
 def sample(fleet: Fleet) -> Sample:
@@ -91,10 +104,12 @@ def sample(fleet: Fleet) -> Sample:
     for gpu in fleet.gpus:
         probes.update(httpx.get(gpu + "/_sim/stats").json()["probes_by_path"])
     assert fleet.nats.proc is not None
+    bench = sum(cpu_seconds(pid) for pid in [*fleet.all_pids, os.getpid()])
     return Sample(time.monotonic(), [cpu_seconds(pid) for pid in fleet.sidecar_pids],
                   [rss_mib(pid) for pid in fleet.sidecar_pids],
                   cpu_seconds(fleet.publisher_pid), cpu_seconds(fleet.nats.proc.pid),
-                  httpx.get(fleet.monitor + "/varz").json(), probes)
+                  httpx.get(fleet.monitor + "/varz").json(), probes, bench,
+                  *machine_cpu_s())
 
 
 def costs(a: Sample, b: Sample) -> dict[str, Any]:
@@ -105,7 +120,12 @@ def costs(a: Sample, b: Sample) -> dict[str, Any]:
     def rate(key: str) -> float:
         return (int(b.varz[key]) - int(a.varz[key])) / dt
 
+    machine = b.machine_total_s - a.machine_total_s
     return {"seconds": round(dt, 1),
+            # how starved the run was, and how much of it others' work
+            "machine_busy_pct": 100 * (b.machine_busy_s - a.machine_busy_s) / machine,
+            "others_busy_pct": 100 * (b.machine_busy_s - a.machine_busy_s
+                                      - (b.bench_cpu_s - a.bench_cpu_s)) / machine,
             "sidecar_cpu_pct_mean": statistics.mean(cpu), "sidecar_cpu_pct_max": max(cpu),
             "sidecar_rss_mib_mean": statistics.mean(b.sidecar_rss_mib),
             "sidecar_rss_mib_max": max(b.sidecar_rss_mib),
@@ -121,26 +141,34 @@ def costs(a: Sample, b: Sample) -> dict[str, Any]:
 Figures = collections.defaultdict[str, float]
 
 
+def placement_figures(exposition: str) -> Figures:
+    """The placement figures of one sidecar's /metrics; the decision histogram's buckets as
+    `decision_le_<bound>` (cumulative, as Prometheus keeps them)."""
+    figures: Figures = collections.defaultdict(float)
+    for family in text_string_to_metric_families(exposition):
+        for s in family.samples:
+            if s.name == "kubemoot_decision_seconds_count":
+                figures["decisions"] += s.value
+            elif s.name == "kubemoot_decision_seconds_sum":
+                figures["decision_s"] += s.value
+            elif s.name == "kubemoot_decision_seconds_bucket":
+                figures[f"decision_le_{s.labels['le']}"] += s.value
+            elif s.name == "kubemoot_placements_total":
+                waiting = s.labels["placement"] == "waiting"  # a call that had to wait
+                figures["waited" if waiting else "placements"] += s.value
+            elif s.name == "kubemoot_ticket_conflicts_total":
+                figures["conflicts"] += s.value
+            elif s.name == "kubemoot_ticket_claims_total":
+                figures["claims"] += s.value
+    return figures
+
+
 def scrape(urls: list[str]) -> Figures:
-    """The placement figures of every sidecar's /metrics, summed; the decision histogram's
-    buckets as `decision_le_<bound>` (cumulative, as Prometheus keeps them)."""
+    """Every sidecar's placement figures, summed."""
     total: Figures = collections.defaultdict(float)
     for url in urls:
-        for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-            for s in family.samples:
-                if s.name == "kubemoot_decision_seconds_count":
-                    total["decisions"] += s.value
-                elif s.name == "kubemoot_decision_seconds_sum":
-                    total["decision_s"] += s.value
-                elif s.name == "kubemoot_decision_seconds_bucket":
-                    total[f"decision_le_{s.labels['le']}"] += s.value
-                elif s.name == "kubemoot_placements_total":
-                    waiting = s.labels["placement"] == "waiting"
-                    total["waited" if waiting else "placements"] += s.value
-                elif s.name == "kubemoot_ticket_conflicts_total":
-                    total["conflicts"] += s.value
-                elif s.name == "kubemoot_ticket_claims_total":
-                    total["claims"] += s.value
+        for key, value in placement_figures(httpx.get(url + "/metrics").text).items():
+            total[key] += value
     return total
 
 
@@ -164,8 +192,10 @@ class Served:
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
-async def agent(url: str, model: str, seed: int, deadline: float, served: Served) -> None:
-    """One call at a time until the deadline: its bound model four calls in five."""
+async def agent(url: str, model: str, seed: int, deadline: float, pause_s: float,
+                served: Served) -> None:
+    """One call at a time until the deadline, its bound model four calls in five, pausing
+    up to `pause_s` between calls."""
     rng = random.Random(seed)
     client = ollama.AsyncClient(host=url, timeout=120)
     while time.monotonic() < deadline:
@@ -187,13 +217,13 @@ async def agent(url: str, model: str, seed: int, deadline: float, served: Served
             served.outcomes[str(exc.status_code)] += 1
         except (httpx.HTTPError, ConnectionError) as exc:
             served.outcomes[type(exc).__name__] += 1
-        await asyncio.sleep(rng.uniform(0.0, 0.05))
+        await asyncio.sleep(rng.uniform(0.0, pause_s))
 
 
-async def drive(fleet: Fleet, seconds: float, seed: int) -> list[Served]:
+async def drive(fleet: Fleet, seconds: float, seed: int, pause_s: float) -> list[Served]:
     deadline = time.monotonic() + seconds
     served = [Served() for _ in fleet.sidecars]
-    await asyncio.gather(*(agent(url, model, seed * 1000 + i, deadline, served[i])
+    await asyncio.gather(*(agent(url, model, seed * 1000 + i, deadline, pause_s, served[i])
                            for i, (url, model) in enumerate(fleet.sidecars)))
     return served
 
@@ -210,7 +240,9 @@ def start_fleet(count: int, args: argparse.Namespace, nats: NatsServer, monitor:
     sidecars = start_sidecars(count, common, logs, procs, ready_s=30.0 + 2 * count)
     startup_s = time.monotonic() - began
     pids = [proc.pid for proc in procs[-count:]]
-    return Fleet(gpus, sidecars, pids, publisher.pid, nats, monitor), startup_s
+    assert nats.proc is not None
+    return Fleet(gpus, sidecars, [nats.proc.pid, *(proc.pid for proc in procs)], pids,
+                 publisher.pid, nats, monitor), startup_s
 
 
 def run_size(count: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
@@ -218,7 +250,6 @@ def run_size(count: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]
     procs: list[subprocess.Popen[bytes]] = []
     monitor_port = free_port()
     nats = NatsServer(extra_args=["-m", str(monitor_port)])
-    load_before = os.getloadavg()[0]
     try:
         nats.start()
         fleet, startup_s = start_fleet(count, args, nats, f"http://127.0.0.1:{monitor_port}",
@@ -229,7 +260,7 @@ def run_size(count: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]
         idle = costs(first, sample(fleet))
         urls = [url for url, _ in fleet.sidecars]
         placed_before, loaded = scrape(urls), sample(fleet)
-        served = asyncio.run(drive(fleet, args.load, args.seed))
+        served = asyncio.run(drive(fleet, args.load, args.seed, args.pause))
         load = costs(loaded, sample(fleet))
         placed = since(scrape(urls), placed_before)
         time.sleep(1.0)  # the last releases reach NATS
@@ -238,30 +269,34 @@ def run_size(count: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]
         gpus = gpu_totals(fleet.gpus)
     finally:
         stop_all(procs, nats)
-    return figures(count, startup_s, idle, load, placed, served, gpus, tickets,
-                   (load_before, os.getloadavg()[0]))
+    models = [model for _, model in fleet.sidecars]
+    return figures(count, startup_s, idle, load, placed, served, models, gpus, tickets)
 
 
 def figures(count: int, startup_s: float, idle: dict[str, Any], load: dict[str, Any],
-            placed: Figures, served: list[Served],
-            gpus: collections.Counter[str], tickets: int,
-            load_average: tuple[float, float]) -> dict[str, Any]:
+            placed: Figures, served: list[Served], models: list[str],
+            gpus: collections.Counter[str], tickets: int) -> dict[str, Any]:
     seconds = [s for agent in served for s in agent.seconds]
     outcomes = sum((agent.outcomes for agent in served), collections.Counter[str]())
     answered = outcomes["200"]
     per_sidecar = [agent.outcomes["200"] for agent in served]
+    by_model: dict[str, list[int]] = collections.defaultdict(list)
+    for model, answered_there in zip(models, per_sidecar, strict=True):
+        by_model[model].append(answered_there)
     unexpected = {k: v for k, v in outcomes.items()
                   if k != "200" and not (k.isdigit() and int(k) in REFUSALS)}
     problems = [f"{key}: {gpus[key]}" for key in NEVER if gpus[key]]
     problems += [f"tickets left: {tickets}"] if tickets else []
     problems += [f"calls ended otherwise: {unexpected}"] if unexpected else []
     return {
-        "sidecars": count, "startup_s": startup_s, "load_average_1m": load_average,
+        "sidecars": count, "startup_s": startup_s,
         "idle": idle, "load": load,
         "calls": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items())),
         "served": answered, "served_per_s": answered / load["seconds"],
         "seconds_p50": percentile(seconds, 0.5), "seconds_p95": percentile(seconds, 0.95),
         "served_per_sidecar_min": min(per_sidecar), "served_per_sidecar_max": max(per_sidecar),
+        # sidecars bound to a model only one card holds wait for it: compare like with like
+        "served_per_sidecar_by_model": {m: [min(n), max(n)] for m, n in by_model.items()},
         "decisions_per_served": placed["decisions"] / max(1, answered),
         "placements_per_served": placed["placements"] / max(1, answered),
         "decision_ms_mean": 1000 * placed["decision_s"] / max(1, placed["decisions"]),
@@ -281,12 +316,15 @@ def f2(value: float) -> str:
     return f"{value:.2f}"
 
 
+def busy(phase: dict[str, Any]) -> str:
+    return f"{phase['machine_busy_pct']:.0f} / {phase['others_busy_pct']:.0f}"
+
+
 Row = tuple[str, Callable[[dict[str, Any]], str]]
 ROWS: list[Row] = [
     ("sidecars up (s)", lambda r: f1(r["startup_s"])),
-    ("load average (1 min) at start / end",
-     lambda r: " / ".join(f1(x) for x in r["load_average_1m"])),
-    ("**idle** sidecar CPU, % of a core: mean / max",
+    ("**idle** machine CPU busy, % of all cores / others'", lambda r: busy(r["idle"])),
+    ("sidecar CPU, % of a core: mean / max",
      lambda r: f"{f2(r['idle']['sidecar_cpu_pct_mean'])} / {f2(r['idle']['sidecar_cpu_pct_max'])}"),
     ("sidecar RSS MiB: mean / max",
      lambda r: f"{f1(r['idle']['sidecar_rss_mib_mean'])} / {f1(r['idle']['sidecar_rss_mib_max'])}"),
@@ -305,6 +343,10 @@ ROWS: list[Row] = [
     ("call seconds p50 / p95", lambda r: f"{f2(r['seconds_p50'])} / {f2(r['seconds_p95'])}"),
     ("answered per sidecar min / max",
      lambda r: f"{r['served_per_sidecar_min']} / {r['served_per_sidecar_max']}"),
+    ("the same, by bound model", lambda r: ", ".join(
+        f"{model} {low}-{high}"
+        for model, (low, high) in r["served_per_sidecar_by_model"].items())),
+    ("machine CPU busy, % of all cores / others'", lambda r: busy(r["load"])),
     ("sidecar CPU % mean / max",
      lambda r: f"{f1(r['load']['sidecar_cpu_pct_mean'])} / {f1(r['load']['sidecar_cpu_pct_max'])}"),
     ("nats-server CPU % / msgs/s out",
@@ -342,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=30.0, help="seconds under load")
     parser.add_argument("--settle", type=float, default=3.0,
                         help="seconds between the sidecars answering and the idle sample")
+    parser.add_argument("--pause", type=float, default=0.05, metavar="SECONDS",
+                        help="an agent pauses up to this long between calls (uniform): "
+                             "longer for agents that think or run tools between calls")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fleet", choices=sorted(FLEETS), default="tight")
     parser.add_argument("--time-scale", type=float, default=0.05,
@@ -355,13 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     logs = args.logs or Path(tempfile.mkdtemp(prefix="scale-bench-"))
     # A stop request unwinds like Ctrl-C, so every process started is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started_load = os.getloadavg()[0]
     results = []
     for count in counts:
         (logs / str(count)).mkdir(parents=True, exist_ok=True)
         results.append(run_size(count, args, logs / str(count)))
         print(f"# {count} sidecars done", file=sys.stderr, flush=True)
     print(f"# scale bench: {args.fleet} fleet, idle {args.idle:g} s, load {args.load:g} s, "
-          f"seed {args.seed}, time scale {args.time_scale}; logs in {logs}")
+          f"seed {args.seed}, time scale {args.time_scale}, {os.cpu_count()} cores, "
+          f"load average at start {started_load:.1f}; logs in {logs}")
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
