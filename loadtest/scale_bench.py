@@ -121,7 +121,7 @@ def costs(a: Sample, b: Sample) -> dict[str, Any]:
         return (int(b.varz[key]) - int(a.varz[key])) / dt
 
     machine = b.machine_total_s - a.machine_total_s
-    return {"seconds": round(dt, 1),
+    return {"seconds": dt,
             # how starved the run was, and how much of it others' work
             "machine_busy_pct": 100 * (b.machine_busy_s - a.machine_busy_s) / machine,
             "others_busy_pct": 100 * (b.machine_busy_s - a.machine_busy_s
@@ -279,6 +279,7 @@ def figures(count: int, startup_s: float, idle: dict[str, Any], load: dict[str, 
     seconds = [s for agent in served for s in agent.seconds]
     outcomes = sum((agent.outcomes for agent in served), collections.Counter[str]())
     answered = outcomes["200"]
+    answered_per_s = answered / load["seconds"]
     per_sidecar = [agent.outcomes["200"] for agent in served]
     by_model: dict[str, list[int]] = collections.defaultdict(list)
     for model, answered_there in zip(models, per_sidecar, strict=True):
@@ -292,7 +293,7 @@ def figures(count: int, startup_s: float, idle: dict[str, Any], load: dict[str, 
         "sidecars": count, "startup_s": startup_s,
         "idle": idle, "load": load,
         "calls": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items())),
-        "served": answered, "served_per_s": answered / load["seconds"],
+        "served": answered, "served_per_s": answered_per_s,
         "seconds_p50": percentile(seconds, 0.5), "seconds_p95": percentile(seconds, 0.95),
         "served_per_sidecar_min": min(per_sidecar), "served_per_sidecar_max": max(per_sidecar),
         # sidecars bound to a model only one card holds wait for it: compare like with like
@@ -304,6 +305,9 @@ def figures(count: int, startup_s: float, idle: dict[str, Any], load: dict[str, 
         "decision_ms_per_served": 1000 * placed["decision_s"] / max(1, answered),
         "waited_per_served": placed["waited"] / max(1, answered),
         "conflicts_per_claim": placed["conflicts"] / max(1, placed["claims"]),
+        # writes to the buckets, and what nats-server sends every sidecar's watches of them
+        "nats_in_msgs_per_served": load["nats_in_msgs_per_s"] / max(1e-9, answered_per_s),
+        "nats_out_msgs_per_served": load["nats_out_msgs_per_s"] / max(1e-9, answered_per_s),
         "gpus": dict(gpus), "tickets_left": tickets, "problems": problems,
     }
 
@@ -314,6 +318,11 @@ def f1(value: float) -> str:
 
 def f2(value: float) -> str:
     return f"{value:.2f}"
+
+
+def probes(phase: dict[str, Any]) -> str:
+    return ", ".join(f"{path.removeprefix('/api/')} {f2(per_s)}"
+                     for path, per_s in phase["probes_per_s"].items() if per_s)
 
 
 def busy(phase: dict[str, Any]) -> str:
@@ -334,9 +343,7 @@ ROWS: list[Row] = [
     ("NATS msgs/s in / out",
      lambda r: f"{f1(r['idle']['nats_in_msgs_per_s'])} / {f1(r['idle']['nats_out_msgs_per_s'])}"),
     ("NATS KiB/s out", lambda r: f1(r["idle"]["nats_out_kib_per_s"])),
-    ("GPU probes/s, all cards",
-     lambda r: ", ".join(f"{p.removeprefix('/api/')} {f2(v)}"
-                         for p, v in r["idle"]["probes_per_s"].items() if v)),
+    ("GPU probes/s, all cards", lambda r: probes(r["idle"])),
     ("**load** calls answered (calls/s)", lambda r: f"{r['served']} ({f1(r['served_per_s'])})"),
     ("other outcomes",
      lambda r: ", ".join(f"{k}: {v}" for k, v in r["outcomes"].items() if k != "200") or "-"),
@@ -351,6 +358,9 @@ ROWS: list[Row] = [
      lambda r: f"{f1(r['load']['sidecar_cpu_pct_mean'])} / {f1(r['load']['sidecar_cpu_pct_max'])}"),
     ("nats-server CPU % / msgs/s out",
      lambda r: f"{f1(r['load']['nats_cpu_pct'])} / {r['load']['nats_out_msgs_per_s']:.0f}"),
+    ("NATS msgs in / out per answered call",
+     lambda r: f"{f1(r['nats_in_msgs_per_served'])} / {r['nats_out_msgs_per_served']:.0f}"),
+    ("GPU probes/s", lambda r: probes(r["load"])),
     ("placements / decisions per answered call",
      lambda r: f"{f2(r['placements_per_served'])} / {f1(r['decisions_per_served'])}"),
     ("decision ms mean / p95 at most",

@@ -42,7 +42,8 @@ def test_what_must_never_happen_makes_the_run_fail() -> None:
     def problems(gpus: dict[str, int], tickets: int, outcomes: list[str]) -> list[str]:
         served = [Served([0.1], collections.Counter(outcomes)),
                   Served([0.2], collections.Counter(["200"]))]
-        result = figures(2, 1.0, {}, {"seconds": 1.0}, collections.defaultdict(float), served,
+        load = {"seconds": 1.0, "nats_in_msgs_per_s": 9.0, "nats_out_msgs_per_s": 18.0}
+        result = figures(2, 1.0, {}, load, collections.defaultdict(float), served,
                          ["qwen3:8b", "qwen3:8b"], collections.Counter(gpus), tickets)
         return list(result["problems"])
 
