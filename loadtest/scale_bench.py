@@ -186,10 +186,12 @@ def bucket_bound(counts: Figures, q: float) -> float:
 
 @dataclass
 class Served:
-    """One agent's calls: the seconds each answered call took, every call's outcome."""
+    """One agent's calls: the seconds each answered call took, every call's outcome, and
+    what each call that ended outside the contract was and saw."""
 
     seconds: list[float] = field(default_factory=list)
     outcomes: collections.Counter[str] = field(default_factory=collections.Counter)
+    failures: list[str] = field(default_factory=list)
 
 
 async def agent(url: str, model: str, seed: int, deadline: float, pause_s: float,
@@ -198,13 +200,15 @@ async def agent(url: str, model: str, seed: int, deadline: float, pause_s: float
     up to `pause_s` between calls."""
     rng = random.Random(seed)
     client = ollama.AsyncClient(host=url, timeout=120)
+    paused = 0.0
     while time.monotonic() < deadline:
         asked = model if rng.random() < 0.8 else rng.choice(CHURN)
         messages = [{"role": "user", "content": "w " * (rng.randint(100, 4000) // 2)}]
         options = {"num_predict": rng.randint(4, 40)}
         started = time.monotonic()
+        stream = rng.random() < 0.5
         try:
-            if rng.random() < 0.5:
+            if stream:
                 async for part in await client.chat(model=asked, messages=messages,
                                                     stream=True, options=options):
                     if part.get("error"):  # a stream that fails after its first line
@@ -213,11 +217,17 @@ async def agent(url: str, model: str, seed: int, deadline: float, pause_s: float
                 await client.chat(model=asked, messages=messages, options=options)
             served.seconds.append(time.monotonic() - started)
             served.outcomes["200"] += 1
-        except ollama.ResponseError as exc:
-            served.outcomes[str(exc.status_code)] += 1
-        except (httpx.HTTPError, ConnectionError) as exc:
-            served.outcomes[type(exc).__name__] += 1
-        await asyncio.sleep(rng.uniform(0.0, pause_s))
+        except (ollama.ResponseError, httpx.HTTPError, ConnectionError) as exc:
+            outcome = (str(exc.status_code) if isinstance(exc, ollama.ResponseError)
+                       else type(exc).__name__)
+            served.outcomes[outcome] += 1
+            if not (outcome.isdigit() and int(outcome) in REFUSALS):
+                served.failures.append(
+                    f"{url} {asked}{' streamed' if stream else ''}: {outcome} {exc!r} "
+                    f"{time.monotonic() - started:.2f} s into the call, "
+                    f"{paused:.2f} s after the last one")
+        paused = rng.uniform(0.0, pause_s)
+        await asyncio.sleep(paused)
 
 
 async def drive(fleet: Fleet, seconds: float, seed: int, pause_s: float) -> list[Served]:
@@ -286,9 +296,10 @@ def figures(count: int, startup_s: float, idle: dict[str, Any], load: dict[str, 
         by_model[model].append(answered_there)
     unexpected = {k: v for k, v in outcomes.items()
                   if k != "200" and not (k.isdigit() and int(k) in REFUSALS)}
+    failures = [failure for agent in served for failure in agent.failures]
     problems = [f"{key}: {gpus[key]}" for key in NEVER if gpus[key]]
     problems += [f"tickets left: {tickets}"] if tickets else []
-    problems += [f"calls ended otherwise: {unexpected}"] if unexpected else []
+    problems += [f"calls ended otherwise: {unexpected}", *failures[:10]] if unexpected else []
     return {
         "sidecars": count, "startup_s": startup_s,
         "idle": idle, "load": load,
@@ -308,7 +319,7 @@ def figures(count: int, startup_s: float, idle: dict[str, Any], load: dict[str, 
         # writes to the buckets, and what nats-server sends every sidecar's watches of them
         "nats_in_msgs_per_served": load["nats_in_msgs_per_s"] / max(1e-9, answered_per_s),
         "nats_out_msgs_per_served": load["nats_out_msgs_per_s"] / max(1e-9, answered_per_s),
-        "gpus": dict(gpus), "tickets_left": tickets, "problems": problems,
+        "gpus": dict(gpus), "tickets_left": tickets, "failures": failures, "problems": problems,
     }
 
 
