@@ -217,7 +217,7 @@ async def agent(url: str, model: str, seed: int, deadline: float, pause_s: float
                 await client.chat(model=asked, messages=messages, options=options)
             served.seconds.append(time.monotonic() - started)
             served.outcomes["200"] += 1
-        except (ollama.ResponseError, httpx.HTTPError, ConnectionError) as exc:
+        except Exception as exc:  # counted and reported with the rest, not a dead run
             outcome = (str(exc.status_code) if isinstance(exc, ollama.ResponseError)
                        else type(exc).__name__)
             served.outcomes[outcome] += 1
