@@ -311,6 +311,87 @@ def start(args: list[str], env: dict[str, str], log: Path, append: bool = False
                                 stdout=out, stderr=subprocess.STDOUT)
 
 
+def start_gpus(fleet: list[Card], time_scale: float, logs: Path,
+               procs: list[subprocess.Popen[bytes]]) -> tuple[list[str], list[list[str]]]:
+    """One simulator per card, each added to `procs` as it starts (the caller stops them,
+    whatever happens next); their URLs and commands once all of them answer."""
+    gpus: list[str] = []
+    commands: list[list[str]] = []
+    for card in fleet:
+        port = free_port()
+        commands.append(["-m", "loadtest.ollama_sim", "--port", str(port), *card.sim_args(),
+                         "--time-scale", str(time_scale)])
+        procs.append(start(commands[-1], {}, logs / f"{card.name}.log"))
+        gpus.append(f"http://127.0.0.1:{port}")
+    for gpu in gpus:
+        wait_http(gpu)
+    if any(proc.poll() is not None for proc in procs):  # another answered in its place
+        raise RuntimeError(f"a simulated GPU exited at start; logs in {logs}")
+    return gpus, commands
+
+
+def sidecar_env(fleet: list[Card], gpus: list[str], log_level: str) -> dict[str, str]:
+    """What every sidecar of the soak runs with: the GPUs as providers, a 20 s wait limit."""
+    providers = [card.provider(gpu) for card, gpu in zip(fleet, gpus, strict=True)]
+    return {"KUBEMOOT_PROVIDERS": json.dumps(providers),
+            "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "20", "KUBEMOOT_LOG_LEVEL": log_level}
+
+
+def start_publisher(common: dict[str, str], logs: Path,
+                    procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """The buckets (`init-buckets`, as the Job does) and one `publish` probing every GPU."""
+    subprocess.run([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT, check=True,
+                   env={**os.environ, **common}, capture_output=True)
+    procs.append(start(["-m", "proxy", "publish"], common, logs / "publish.log"))
+    return procs[-1]
+
+
+def start_sidecars(count: int, common: dict[str, str], logs: Path,
+                   procs: list[subprocess.Popen[bytes]], ready_s: float = 20.0
+                   ) -> list[tuple[str, str]]:
+    """`count` sidecars, sidecar i on PROFILES[i % 4], each added to `procs` as it starts;
+    their (URL, bound model) once every one answers /healthz (within `ready_s` of the last
+    one's start: many starting at once share the CPU)."""
+    sidecars: list[tuple[str, str]] = []
+    for i in range(count):
+        model, candidates = PROFILES[i % len(PROFILES)]
+        port = free_port()
+        env = {**common, "KUBEMOOT_LISTEN": f"127.0.0.1:{port}",
+               "KUBEMOOT_AGENT_NAME": f"agent-{i}", "KUBEMOOT_MODEL_MODEL": model,
+               "KUBEMOOT_MODEL_CANDIDATES_MULLING": json.dumps(candidates)}
+        procs.append(start(["-m", "proxy", "serve"], env, logs / f"sidecar-{i}.log"))
+        sidecars.append((f"http://127.0.0.1:{port}", model))
+    for url, _ in sidecars:
+        wait_http(url + "/healthz", ready_s)
+    return sidecars
+
+
+def gpu_totals(gpus: list[str]) -> collections.Counter[str]:
+    """The simulators' own counters (`/_sim/stats`), summed over the GPUs."""
+    totals: collections.Counter[str] = collections.Counter()
+    for gpu in gpus:
+        stats = httpx.get(gpu + "/_sim/stats").json()
+        for key in ("requests", "loads", "unloads", "reloads", "self_evictions", "spills",
+                    "oom_events", "truncations", "too_long_refusals", "busy_refusals"):
+            totals[key] += int(stats.get(key, 0))
+    return totals
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], nats: NatsServer | None) -> None:
+    """Every process started, then nats-server and its store: a process that ignores the
+    request to stop is killed after 10 s."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if nats is not None:
+        nats.cleanup()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -352,18 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     nats: NatsServer | None = None
     try:
         fleet = FLEETS[args.fleet]
-        gpus = []
-        commands = []
-        for card in fleet:
-            port = free_port()
-            commands.append(["-m", "loadtest.ollama_sim", "--port", str(port),
-                             *card.sim_args(), "--time-scale", str(args.time_scale)])
-            procs.append(start(commands[-1], {}, logs / f"{card.name}.log"))
-            gpus.append(f"http://127.0.0.1:{port}")
-        for gpu in gpus:
-            wait_http(gpu)
-        if any(proc.poll() is not None for proc in procs):  # another answered in its place
-            raise RuntimeError(f"a simulated GPU exited at start; logs in {logs}")
+        gpus, commands = start_gpus(fleet, args.time_scale, logs, procs)
         if args.outage:
             def reboot(at: float, lasting: float) -> None:
                 time.sleep(at)
@@ -373,28 +443,14 @@ def main(argv: list[str] | None = None) -> int:
                 procs[0] = start(commands[0], {}, logs / f"{fleet[0].name}.log", append=True)
 
             threading.Thread(target=reboot, args=tuple(args.outage), daemon=True).start()
-        providers = [card.provider(gpu) for card, gpu in zip(fleet, gpus, strict=True)]
         sidecars: list[tuple[str, str]] = []  # (url, model)
         if not args.direct:
-            common = {"KUBEMOOT_PROVIDERS": json.dumps(providers),
-                      "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "20",
-                      "KUBEMOOT_LOG_LEVEL": args.log_level}
+            common = sidecar_env(fleet, gpus, args.log_level)
             if not args.embedded:
                 nats = NatsServer().start()
                 common["KUBEMOOT_NATS_URL"] = nats.url
-                subprocess.run([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT,
-                               check=True, env={**os.environ, **common}, capture_output=True)
-                procs.append(start(["-m", "proxy", "publish"], common, logs / "publish.log"))
-            for i in range(args.sidecars):
-                model, candidates = PROFILES[i % len(PROFILES)]
-                port = free_port()
-                env = {**common, "KUBEMOOT_LISTEN": f"127.0.0.1:{port}",
-                       "KUBEMOOT_AGENT_NAME": f"agent-{i}", "KUBEMOOT_MODEL_MODEL": model,
-                       "KUBEMOOT_MODEL_CANDIDATES_MULLING": json.dumps(candidates)}
-                procs.append(start(["-m", "proxy", "serve"], env, logs / f"sidecar-{i}.log"))
-                sidecars.append((f"http://127.0.0.1:{port}", model))
-            for url, _ in sidecars:
-                wait_http(url + "/healthz")
+                start_publisher(common, logs, procs)
+            sidecars = start_sidecars(args.sidecars, common, logs, procs)
             if args.nats_outage and nats is not None:
                 def nats_outage(server: NatsServer, at: float, lasting: float) -> None:
                     time.sleep(at)
@@ -411,15 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.0)  # releases ride along within 50 ms; the state settles
         return report(tally, gpus, [] if args.direct else [u for u, _ in sidecars], logs, args)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if nats is not None:
-            nats.cleanup()
+        stop_all(procs, nats)
 
 
 async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tally:
@@ -453,12 +501,7 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
         print(f"call seconds p50 {percentile(tally.seconds, 0.5):.3f}  "
               f"p95 {percentile(tally.seconds, 0.95):.3f}  max {max(tally.seconds):.3f}")
     problems = list(tally.unexpected[:10])
-    totals: collections.Counter[str] = collections.Counter()
-    for gpu in gpus:
-        stats = httpx.get(gpu + "/_sim/stats").json()
-        for key in ("requests", "loads", "unloads", "reloads", "self_evictions", "spills",
-                    "oom_events", "truncations", "too_long_refusals", "busy_refusals"):
-            totals[key] += int(stats.get(key, 0))
+    totals = gpu_totals(gpus)
     print("gpus", dict(totals))
     if args.outage:
         back = httpx.get(gpus[0] + "/_sim/stats").json()
