@@ -14,29 +14,44 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from loadtest.loadgen import median, run_load, spawn, stop, wait_http
 from loadtest.nats_server import NatsServer
 
 _HANDED_OUT: set[int] = set()
+# Ports for tests on several xdist workers: below Linux's ephemeral range (32768-60999)
+WORKER_PORTS_FROM, WORKER_PORTS = 20000, 12000
 
 
 def free_port() -> int:
     """A free loopback port, never one this process handed out before: the kernel may offer
     a port again as soon as it is closed here, before the process it was meant for binds it,
-    and the one that binds it answers for both. Under pytest-xdist each worker takes only
-    its own residue of the port numbers, so two workers never hand out the same one."""
+    and the one that binds it answers for both. Under pytest-xdist each worker takes its
+    ports from a range of its own below the kernel's ephemeral ones (which port-0 binds use),
+    so no two workers, nor a server picking its own port, are handed the same one."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    mine = int(worker) % workers if worker.isdigit() else 0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    if workers <= 1 or not worker.isdigit():
+        return _unused_port(lambda: 0)
+    width = WORKER_PORTS // workers
+    first = WORKER_PORTS_FROM + int(worker) % workers * width
+    return _unused_port(lambda: first + random.randrange(width))
+
+
+def _unused_port(candidate: Callable[[], int]) -> int:
     while True:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", candidate()))
+            except OSError:  # taken
+                continue
             port = int(s.getsockname()[1])
-        if port % workers == mine and port not in _HANDED_OUT:
+        if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 
