@@ -258,8 +258,8 @@ class RelayStream(StreamingResponse):
                 yield (b"" if ended_with_newline else b"\n") + stream_error_line(
                     self._error, self.dialect)
         except (UpstreamError, TimeoutError) as exc:
-            cause = f"no data for {self.chunk_timeout_s:g} s" if isinstance(
-                exc, TimeoutError) else str(exc)
+            cause = (f"no data for {self.chunk_timeout_s:g} s"
+                     if isinstance(exc, TimeoutError) else str(exc))
             self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
             yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
                                                                                self.dialect)
