@@ -278,9 +278,10 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         loaded = set(residents).union(t.model for t in live if t.cold)
         reloaded = {t.model for t in [*live, new] if t.reloads}  # gone and back: still loaded
         count = len(loaded.difference(set(victims) - reloaded) | {new.model})
-        if count > loaded_limit(view.max_loaded, view.gpus):
+        limit = loaded_limit(view.max_loaded, view.gpus)
+        if count > limit:
             return False, (f"{new.model} would be model {count} loaded here "
-                           f"(OLLAMA_MAX_LOADED_MODELS {loaded_limit(view.max_loaded, view.gpus)})")
+                           f"(OLLAMA_MAX_LOADED_MODELS {limit})")
 
     if view.total_vram_mib is None:
         return True, "provider publishes no VRAM total"
