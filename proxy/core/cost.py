@@ -1,10 +1,11 @@
 """The weighted cost, in expected seconds before the call can start (lowest wins).
 
 Physical terms: queue wait at a copy (slot arithmetic over the call's learned length), what
-queueing there adds to the model's backlog (the calls that find no free slot), load time
-(footprint / load speed), remaining load of a copy being loaded, the loads ahead of a new
-one (Ollama loads one model at a time), and the unload a model in demand would first wait
-for on a card a load shuts it out of when another card would not (docs/rules.md). Weights
+queueing there adds to the model's backlog (the calls that find no free slot), what sharing
+a copy's decode batch adds to the call, load time (footprint / load speed), remaining load
+of a copy being loaded, the loads ahead of a new one (Ollama loads one model at a time), and
+the unload a model in demand would first wait for on a card a load shuts it out of when
+another card would not (docs/rules.md). Weights
 scaled to seconds: best fit, contention, reliability, spill (a copy partly in CPU memory,
 or residents beyond the usable memory) and the policy's phase-aware provider weight.
 """
@@ -117,6 +118,12 @@ def loads_ahead_s(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> f
     return sum(remaining_load_s(index, model, snapshot, policy) for model in index.loading)
 
 
+def batched_beside(index: ProviderIndex, model: str) -> int:
+    """The calls of `model` this call would decode beside in its copy's batch: Ollama's
+    runner steps every busy slot together, so each one slows the others' tokens."""
+    return max(0, min(index.calls_by_model.get(model, 0), index.slots(model) - 1))
+
+
 def shared_terms(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy,
                  phase: str) -> dict[str, float]:
     """Terms every placement on this card pays, warm or cold."""
@@ -136,6 +143,9 @@ def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     terms = {"queue": queue_wait_s(index, model, snapshot.now, call_s)}
     if terms["queue"] > 0 and demand.calls:
         terms["backlog"] = demand.delay_s(call_s)
+    batch = batched_beside(index, model)
+    if batch:
+        terms["batch"] = policy.batch_share * call_s * batch
     if index.is_loading(model):
         terms["load"] = remaining_load_s(index, model, snapshot, policy)
     resident = index.residents.get(model)

@@ -96,6 +96,27 @@ def test_step1_even_a_huge_warm_model_costs_nothing_more() -> None:
         "a", "warm")
 
 
+def test_step1_of_two_copies_with_a_free_slot_the_idler_batch_wins() -> None:
+    # "a" sorts first and has free slots, but its runner already decodes two calls of the
+    # model: a third shares their decode steps, so the idle copy on "b" is the faster start
+    snap = snapshot(gpu("a", GIB24, ("qwen3:8b",), parallel=4),
+                    gpu("b", GIB24, ("qwen3:8b",), parallel=4),
+                    tickets=(ticket("a", "qwen3:8b"), ticket("a", "qwen3:8b")))
+    decision = place(call("qwen3:8b"), snap)
+    assert decision.placement and (decision.placement.provider, decision.placement.kind) == (
+        "b", "warm")
+    verdicts = {v.provider: v for v in explain(call("qwen3:8b"), snap)[1]}
+    assert verdicts["a"].terms["batch"] == pytest.approx(
+        2 * DEFAULT_POLICY.batch_share * DEFAULT_POLICY.default_call_s)
+    assert "batch" not in verdicts["b"].terms
+
+
+def test_a_single_slot_copy_has_no_batch_to_share() -> None:
+    snap = snapshot(gpu("a", GIB24, ("qwen3:8b",)), tickets=(ticket("a", "qwen3:8b"),))
+    verdict = explain(call("qwen3:8b"), snap)[1][0]
+    assert "batch" not in verdict.terms and verdict.terms["queue"] > 0
+
+
 def test_step2_warm_candidate_within_tolerance_beats_cold_preferred() -> None:
     snap = snapshot(gpu("a", GIB32, ("qwen3:14b",)), gpu("b", GIB32))
     decision = place(call(("qwen3:32b", 70), ("qwen3:14b", 60), ("qwen3:8b", 30)), snap)
