@@ -29,9 +29,9 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 
 GIB = 1024
 # Room kept in the context beyond the prompt: the engine's own token (a prompt must be at
-# most num_ctx - 1), and the start of the answer. A call that sets num_predict keeps room for
-# that many tokens, up to half the context: an answer that runs past the end makes the engine
-# shift the context, and the start of the conversation goes.
+# most num_ctx - 1), and the start of the answer when its length is not capped. A call that
+# sets num_predict keeps room for that many tokens, up to half the context: an answer that
+# runs past the end makes the engine shift the context, and the start of the conversation goes.
 ANSWER_RESERVE = 256
 EMBEDDING_RESERVE = 2
 VISION_MIN_CONTEXT = 2048
@@ -121,20 +121,22 @@ def effective(recorded: int, trained: int) -> int:
     return min(recorded, trained) if trained and recorded else recorded
 
 
-def reserve(context: int, answer_tokens: int, generates: bool = True) -> int:
+def reserve(context: int, answer_tokens: int, generates: bool = True, capped: bool = False
+            ) -> int:
     """Tokens kept free beyond the prompt in a context of `context` tokens for an answer of
-    `answer_tokens` (0 unknown). An answer that reaches the end of the context makes the
+    `answer_tokens` (0 unknown; `capped`: the call's num_predict, which the answer cannot
+    pass, so no more is kept). An answer that reaches the end of the context makes the
     engine shift it (llama-server runs with --context-shift, llm/llama_server.go:420,
     789-795): the start of the prompt goes, mid-answer and without a word."""
     if not generates:
         return EMBEDDING_RESERVE
     wanted = min(answer_tokens, context // 2) if answer_tokens > 0 else 0
-    return max(ANSWER_RESERVE, wanted) + 1
+    return max(0 if capped and wanted else ANSWER_RESERVE, wanted) + 1
 
 
-def fits(prompt_tokens: int, context: int, answer_tokens: int = 0, generates: bool = True
-         ) -> bool:
+def fits(prompt_tokens: int, context: int, answer_tokens: int = 0, generates: bool = True,
+         capped: bool = False) -> bool:
     """Whether the prompt fits with room for the answer; an unknown context (0) never
     refuses."""
     return context <= 0 or \
-        prompt_tokens + reserve(context, answer_tokens, generates) <= context
+        prompt_tokens + reserve(context, answer_tokens, generates, capped) <= context

@@ -89,8 +89,9 @@ class Fitting:
             wanted = min(call.num_ctx, trained) if trained else call.num_ctx
             if ctx < wanted:
                 return f"context {ctx} tokens is less than the num_ctx {wanted} asked for"
-        if not context.fits(call.prompt_tokens, ctx, call.answer_tokens, call.generates):
-            spare = context.reserve(ctx, call.answer_tokens, call.generates)
+        if not context.fits(call.prompt_tokens, ctx, call.answer_tokens, call.generates,
+                            call.answer_capped):
+            spare = context.reserve(ctx, call.answer_tokens, call.generates, call.answer_capped)
             return (f"context {ctx} tokens cannot hold the prompt ({call.prompt_tokens} tokens "
                     f"+ {spare} kept for the answer)")
         return None

@@ -175,6 +175,11 @@ class CallSpec:
         agent's recent answers."""
         return self.num_predict or self.expected_answer
 
+    @property
+    def answer_capped(self) -> bool:
+        """The answer cannot run longer than `answer_tokens`: the call set num_predict."""
+        return self.num_predict > 0
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

@@ -190,6 +190,15 @@ def test_a_prompt_fits_with_room_for_the_answer(prompt: int, ctx: int, predict: 
     assert reserve(4096, 0) == 257
 
 
+def test_a_capped_answer_keeps_only_its_cap() -> None:
+    """num_predict 4 on a 4096-token context: the answer cannot pass 4 tokens, so a
+    3930-token prompt fits (Ollama serves it); an uncapped guess still keeps 256."""
+    assert fits(3930, 4096, 4, capped=True)
+    assert not fits(3930, 4096, 4)
+    assert reserve(4096, 4, capped=True) == 5
+    assert reserve(4096, 100000, capped=True) == 2049  # half the context at most
+
+
 def test_a_modelfile_num_ctx_is_read_from_show_parameters() -> None:
     padded = f"{'num_ctx':<30} 8192"
     assert modelfile_num_ctx({"parameters": f'stop                           "<|im_end|>"\n'
