@@ -134,6 +134,7 @@ class KubemootApi:
             "tolerance": spec.tolerance,
             "promptTokens": spec.prompt_tokens,
             "charsPerToken": round(self.scheduler.learning.ratio.chars_per_token, 3),
+            "fixedPromptTokens": round(self.scheduler.learning.ratio.fixed_tokens, 1),
             "tokensPerDenseChar": round(self.scheduler.learning.ratio.tokens_per_dense, 3),
             "waitSlack": self._wait_slack(spec),
             "decision": decision_json(decision),

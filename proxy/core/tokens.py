@@ -5,9 +5,10 @@ Responses, Anthropic's messages): the prompt, suffix, system text and instructio
 message's or input item's text, also inside content parts and blocks; thinking; tool calls'
 names and arguments and tool results; each tool's name, description and parameter schema.
 Images count 768 tokens each, as Ollama counts them when it fits a chat into the context.
-The chars-per-token ratio starts at 3.5 and follows the engine's own counts (docs/rules.md).
-Dense characters, digits and everything outside ASCII, are counted apart, at a learned
-number of tokens each (1 until taught): most tokenizers spend a token on each digit (Qwen,
+Tokens are a fixed part per prompt plus characters at a ratio, both fitted to the engine's
+own counts (core/token_ratio.py, docs/rules.md); the ratio starts at 3.5. Dense characters,
+digits and everything outside ASCII, are counted apart, at a learned number of tokens each
+(1 until taught): most tokenizers spend a token on each digit (Qwen,
 Gemma, Mistral, Phi; Llama 3 one per three) and about one on each CJK character, so one ratio
 for all would size such a prompt at a quarter of what the engine counts after prose had
 taught ~4 characters per token.
@@ -22,27 +23,15 @@ versions count only the tokens a call did not find in the prompt cache.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-DEFAULT_CHARS_PER_TOKEN = 3.5
-RATIO_ALPHA = 0.3
-RATIO_MIN, RATIO_MAX = 1.0, 8.0
-DEFAULT_TOKENS_PER_DENSE = 1.0
-DENSE_MIN, DENSE_MAX = 0.1, 4.0
-# The chat template's tokens around each message (role markers, separators: ~5 in Qwen's
-# and Llama 3's). The ratio, learned from whole prompts, carries them on average; what a
-# conversation appends to a counted prefix is a few messages, so they are added there.
-PIECE_TOKENS = 8
-# A prompt the engine counts fewer tokens than this teaches no ratio: its template's tokens
-# weigh too much in it (a 21-character prompt counted 11 would teach 1.9 characters a token
-# and double every long prompt's estimate).
-MIN_RATIO_SAMPLE_TOKENS = 64
+from proxy.core.token_ratio import TokenRatio
+
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
 TEXT_KEYS = frozenset((
@@ -181,46 +170,6 @@ def longest_input_size(body: dict[str, Any]) -> PromptSize:
     return max(sizes, key=lambda size: size.chars, default=PromptSize())
 
 
-@dataclass(frozen=True)
-class TokenRatio:
-    """What the engine's counts taught: characters per token of the rest of the text, and
-    tokens per dense character (digits ~1, or ~0.33 for Llama 3; CJK ~0.7-1; Cyrillic
-    ~0.3-0.5; 1 until taught, the safe side). `observe` returns the next state."""
-
-    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
-    samples: int = 0
-    tokens_per_dense: float = DEFAULT_TOKENS_PER_DENSE
-    dense_samples: int = 0
-
-    def observe(self, chars: int, prompt_eval_count: int | None, dense: int = 0
-                ) -> TokenRatio:
-        """A prompt mostly of letters teaches the ratio, one mostly of dense characters
-        their rate; the minor part is taken at the rate already learned."""
-        if not prompt_eval_count or prompt_eval_count < MIN_RATIO_SAMPLE_TOKENS or chars <= 0:
-            return self
-        narrow = chars - dense
-        if dense * 2 <= chars:
-            rest = prompt_eval_count - dense * self.tokens_per_dense
-            sample = narrow / rest if rest > 0 else 0.0
-            if not RATIO_MIN <= sample <= RATIO_MAX:
-                return self  # a truncated prompt or a template-heavy one; not a ratio to learn
-            blended = sample if self.samples == 0 else \
-                RATIO_ALPHA * sample + (1 - RATIO_ALPHA) * self.chars_per_token
-            return replace(self, chars_per_token=blended, samples=self.samples + 1)
-        per_dense = (prompt_eval_count - narrow / self.chars_per_token) / dense
-        if not DENSE_MIN <= per_dense <= DENSE_MAX:
-            return self
-        blended = per_dense if self.dense_samples == 0 else \
-            RATIO_ALPHA * per_dense + (1 - RATIO_ALPHA) * self.tokens_per_dense
-        return replace(self, tokens_per_dense=blended, dense_samples=self.dense_samples + 1)
-
-    def tokens(self, chars: int, dense: int = 0, pieces: int = 0) -> int:
-        if chars <= 0:
-            return pieces * PIECE_TOKENS
-        return math.ceil((chars - dense) / self.chars_per_token + dense * self.tokens_per_dense
-                         + pieces * PIECE_TOKENS)
-
-
 def conversation_items(body: dict[str, Any]) -> list[Any] | None:
     """The request's messages (or the Responses API's input items), when it has any."""
     return next((v for k in CONVERSATION_KEYS if isinstance(v := body.get(k), list) and v),
@@ -314,7 +263,7 @@ class ConversationMemory:
 def estimate_tokens(size: PromptSize, ratio: TokenRatio, anchor: Anchor | None) -> int:
     """Tokens of a prompt's text and template: the ratio's estimate, raised to the engine's
     count of its known prefix plus the ratio's estimate of the rest when that is more."""
-    by_ratio = ratio.tokens(size.chars, size.dense)
+    by_ratio = ratio.prompt_tokens(size.chars, size.dense)
     if anchor is None or size.chars < anchor.size.chars:
         return by_ratio
     known = anchor.size

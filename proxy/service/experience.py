@@ -20,7 +20,8 @@ from proxy.core.health import ProviderStats
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
 from proxy.core.prefill import NO_RATES, PrefillRates, read_answer
 from proxy.core.sizing import model_slots
-from proxy.core.tokens import Anchor, ConversationMemory, TokenRatio, estimate_tokens
+from proxy.core.token_ratio import TokenRatio
+from proxy.core.tokens import Anchor, ConversationMemory, estimate_tokens
 from proxy.core.types import Circuit, Placement, ProviderHealth, ProviderView, Snapshot
 from proxy.service.routing import CallOutcome, CallRequest
 

@@ -12,12 +12,11 @@ from proxy.core.health import Breaker, Ema, ProviderStats
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.queueing import victims_cost_s
+from proxy.core.token_ratio import PIECE_TOKENS, TokenRatio
 from proxy.core.tokens import (
-    PIECE_TOKENS,
     Anchor,
     ConversationMemory,
     PromptSize,
-    TokenRatio,
     answers_tool_result,
     conversation_digests,
     longest_input_size,
@@ -297,16 +296,35 @@ def test_an_embedding_request_is_sized_by_its_longest_input() -> None:
 
 def test_token_ratio_learns_from_the_engine() -> None:
     ratio = TokenRatio()
-    assert ratio.tokens(35) == 10  # ceil(35 / 3.5)
-    ratio = ratio.observe(400, 100)  # first sample replaces the default
-    assert ratio.chars_per_token == 4.0
-    ratio = ratio.observe(300, 100)  # then EMA 0.3
-    assert ratio.chars_per_token == pytest.approx(0.3 * 3 + 0.7 * 4)
-    assert ratio.observe(1000, 100) == ratio  # 10 chars/token: outside 1-8, ignored
+    assert ratio.tokens(35) == 10 and ratio.prompt_tokens(35) == 10  # ceil(35 / 3.5)
+    # prose of many sizes at 4 characters a token and 20 tokens of template each
+    for chars in (400, 4000, 1200, 20000, 800, 9000, 2400, 16000) * 3:
+        ratio = ratio.observe(chars, chars // 4 + 20)
+    assert ratio.chars_per_token == pytest.approx(4.0, rel=0.02)
+    assert 10 < ratio.fixed_tokens < 35  # the starting line (no fixed part) still weighs a little
+    assert ratio.prompt_tokens(100_000) == pytest.approx(25_020, rel=0.02)
+    assert ratio.observe(1000, 100) == ratio  # 10 chars/token: cut or cached, ignored
     assert ratio.observe(100, 0) == ratio
-    # a short prompt is mostly its template's tokens: it teaches nothing
-    assert ratio.observe(21, 11) == ratio and ratio.observe(200, 63) == ratio
+    assert ratio.observe(200, 63) == ratio  # too short to tell anything
     assert ratio.tokens(0) == 0 and ratio.tokens(1) == math.ceil(1 / ratio.chars_per_token)
+
+
+def test_a_template_heavy_prompt_teaches_a_fixed_part_not_a_low_ratio() -> None:
+    """A tool loop's prompts are a short question, a tool schema and the template's tools
+    block (~150 tokens in Qwen's and Llama's): 250 characters counted 220 tokens, over and
+    over. Taken as a ratio (1.1 characters a token) a 100,000-character document after them
+    would be sized at 90,000 tokens and refused; as a line it is sized as prose."""
+    ratio = TokenRatio()
+    for _ in range(30):
+        ratio = ratio.observe(250, 220)
+    assert ratio.prompt_tokens(250) == pytest.approx(220, abs=12)
+    assert ratio.fixed_tokens > 100
+    assert 3.0 < ratio.chars_per_token <= 4.5
+    assert ratio.prompt_tokens(100_000) < 100_000 / 3.0
+    # prose that follows corrects the slope
+    for chars in (20000, 60000, 8000, 40000):
+        ratio = ratio.observe(chars, chars // 4 + 20)
+    assert ratio.prompt_tokens(100_000) == pytest.approx(25_000, rel=0.08)
 
 
 def test_claim_rechecks_the_slot_a_warm_decision_assumed() -> None:
@@ -331,7 +349,7 @@ def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_rat
     call = CallRequest("/api/generate", "m", prompt=PromptSize(700), context_tokens=1000)
     assert learning.prompt_tokens(call) == 200 + 1000  # 700 chars at 3.5 per token
     learning.observe_prompt(call, 1000 + 175)  # the engine counted the context too
-    assert learning.ratio.chars_per_token == 4.0
+    assert learning.ratio == TokenRatio().observe(700, 175)
 
 
 def _chat(*contents: str, tools: list[object] | None = None) -> dict[str, object]:
@@ -354,7 +372,7 @@ def test_a_conversation_is_sized_from_the_engines_count_of_what_it_already_sent(
     """docs/rules.md: the prompt size the engine reported for the previous call, plus what was
     appended since. Images, a heavy chat template or text a tokenizer splits finely count
     for more than their characters say, and only the engine's count shows it."""
-    learning = Learning(ratio=TokenRatio(4.0, 20))
+    learning = Learning(ratio=TokenRatio.taught(4.0))
     first_body = _chat("x" * 2000)  # the engine counts 2000 tokens, the ratio 500
     first = CallRequest("/api/chat", "m", prompt=PromptSize(prompt_size(first_body).chars),
                         conversation=conversation_digests(first_body))
@@ -374,7 +392,7 @@ def test_a_conversation_is_sized_from_the_engines_count_of_what_it_already_sent(
 
 def test_an_engine_count_below_the_ratios_never_lowers_the_estimate() -> None:
     """Some Ollama versions count only the tokens not found in the prompt cache."""
-    learning = Learning(ratio=TokenRatio(4.0, 20))
+    learning = Learning(ratio=TokenRatio.taught(4.0))
     body = _chat("x" * 4000, "ok", "y" * 400)
     call = CallRequest("/api/chat", "m", prompt=PromptSize(prompt_size(body).chars),
                        conversation=conversation_digests(body))
@@ -401,12 +419,12 @@ def test_digits_and_characters_outside_ascii_are_counted_apart() -> None:
     body = {"messages": [{"role": "user", "content": "héllo 世界 42"}], "system": "ok"}
     assert prompt_size(body) == PromptSize(13, 5, pieces=2)  # the message and the system
     assert longest_input_size({"input": ["abc", "Привет!"]}) == PromptSize(7, 6)
-    ratio = TokenRatio(4.0, 5)
+    ratio = TokenRatio.taught(4.0)
     assert ratio.tokens(8 + 1000, 1000) == 2 + 1000  # one token per such character until taught
 
 
 def test_the_rate_for_other_scripts_is_learned_from_prompts_mostly_in_them() -> None:
-    ratio = TokenRatio(4.0, 5)
+    ratio = TokenRatio.taught(4.0)
     russian = ratio.observe(1000, 400 + 25, dense=900)  # 100 ASCII at 4/token + 0.44 each
     assert russian.chars_per_token == 4.0
     assert russian.tokens_per_dense == pytest.approx(0.4444, 1e-3)
@@ -442,7 +460,7 @@ def test_what_a_conversation_appends_carries_the_chat_templates_tokens() -> None
     """Role markers and separators around each appended message: without them a tool loop's
     next call, sized to the last token, would be cut at a card's boundary. (The ratio, learned from
     whole prompts, carries the template on average.)"""
-    learning = Learning(ratio=TokenRatio(4.0, 20))
+    learning = Learning(ratio=TokenRatio.taught(4.0))
     body = _chat("x" * 400, "y" * 400, "z" * 400)
     size = prompt_size(body)
     assert size.pieces == 3
