@@ -5,6 +5,17 @@ slots per loaded model with a FIFO queue beyond them, keep-alive expiry, and Oll
 eviction of idle models when a load does not fit. What a real fleet would suffer is counted:
 a load that does not fit beside the residents (the engine has to evict on its own, or cannot
 load at all: an out-of-memory event), and a prompt longer than the context (silently cut).
+
+Calls decoding at once share the card. Each loaded model is a runner process of its own
+(server/sched.go:577 -> llm/llama_server.go:423-436 starts one llama-server per model; v0.12.6:
+server/sched.go:421 -> llm/server.go:294-342, `ollama runner`) that decodes all its busy slots
+in one batch per step (v0.12.6 runner/llamarunner/runner.go:389-462: every sequence's next
+token into one batch, one Decode; llama-server's update_slots likewise adds "sampled tokens from
+any ongoing sequences" to one batch). A step with n sequences costs (1 + batch_cost x (n - 1))
+times one alone: decoding is memory-bound, one more sequence adds its KV-cache reads, not
+another read of the weights. Runners on one card time-slice it: each decoding call gets a
+token per period, the sum of the step times of the card's runners that are decoding. Prefill
+runs at full speed, unshared. `GpuSpec.share_gpu = False` decodes every call at full speed.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from loadtest.sim_cache import (
     DEFAULT_DEPTH_SCALE,
@@ -46,6 +58,10 @@ class GpuSpec:
     unload_s: float = 1.0
     keep_alive_s: float = 300.0
     prompt_tokens_per_s: float = 2000.0  # at depth 0: deeper tokens are slower (sim_cache)
+    # One more sequence in a decode step, as a share of one alone: its KV-cache reads (the
+    # step is memory-bound; the weights are read once for the whole batch). A hardware figure.
+    batch_cost: float = 0.1
+    share_gpu: bool = True  # False: every call decodes at full speed, whatever else runs
 
 
 @dataclass
@@ -87,6 +103,18 @@ class Resident:
     expiry_token: int = 0
     cache: PromptCache | None = None  # its slots' prompt caches (sim_cache.py): empty at load
     slots_held: dict[int, CacheSlot] = field(default_factory=dict)  # call ident -> its slot
+    decoding: int = 0  # its calls past their prefill: one batch per step
+
+
+@dataclass
+class Decode:
+    """A call past its prefill: the answer tokens it has still to decode, as of the card's
+    last change, and the version of its finish event (older events are stale)."""
+
+    call: SimCall
+    resident: Resident
+    left: float
+    version: int = 0
 
 
 @dataclass
@@ -112,6 +140,10 @@ class Gpu:
         self.pending: deque[tuple[ModelSpec, SimCall]] = deque()  # loads waiting for room
         self.unloading_until = 0.0
         self.memory_trace: list[tuple[float, int]] = [(0.0, 0)]
+        # Processor sharing of the decode: every decoding call gains a token per `period`
+        self.decoding: dict[int, Decode] = {}
+        self.period = 0.0
+        self.decoded_at = 0.0  # when each Decode.left was last brought up to date
 
     # -- memory ----------------------------------------------------------------------------
     def used_mib(self) -> int:
@@ -212,8 +244,54 @@ class Gpu:
             call.prefill_s = prefill_seconds(
                 call.cached_tokens, prompt, self.spec.prompt_tokens_per_s,
                 DEPTH_SCALES.get(resident.model.name, DEFAULT_DEPTH_SCALE))
-            duration = call.prefill_s + call.output_tokens / resident.model.tokens_per_s
-            self.schedule(self.now() + duration, lambda c=call, r=resident: self._done(c, r))
+            if not self.spec.share_gpu:
+                duration = call.prefill_s + call.output_tokens / resident.model.tokens_per_s
+                self.schedule(self.now() + duration, partial(self._done, call, resident))
+                continue
+            self.schedule(self.now() + call.prefill_s, partial(self._decode, call, resident))
+
+    # -- decoding, shared --------------------------------------------------------------------
+    def step_s(self, resident: Resident) -> float:
+        """One decode step of the runner: a token for each of its decoding calls."""
+        extra = self.spec.batch_cost * (resident.decoding - 1)
+        return (1.0 + extra) / resident.model.tokens_per_s
+
+    def _decode(self, call: SimCall, resident: Resident) -> None:
+        if call.output_tokens <= 0:
+            self._done(call, resident)
+            return
+        self._catch_up()
+        self.decoding[call.ident] = Decode(call, resident, float(call.output_tokens))
+        resident.decoding += 1
+        self._reschedule()
+
+    def _catch_up(self) -> None:
+        """Every decoding call gains the tokens of the time since the last change."""
+        now = self.now()
+        if self.decoding:
+            gained = (now - self.decoded_at) / self.period
+            for decode in self.decoding.values():
+                decode.left -= gained
+        self.decoded_at = now
+
+    def _reschedule(self) -> None:
+        """The set of decoding calls changed: a new period, and each call's finish moved."""
+        busy = {d.resident.model.name: d.resident for d in self.decoding.values()}
+        self.period = sum(self.step_s(r) for r in busy.values())
+        now = self.now()
+        for decode in self.decoding.values():
+            decode.version += 1
+            self.schedule(now + max(decode.left, 0.0) * self.period,
+                          partial(self._decoded, decode, decode.version))
+
+    def _decoded(self, decode: Decode, version: int) -> None:
+        if decode.version != version:
+            return  # the card changed since: a later event holds its finish
+        self._catch_up()
+        del self.decoding[decode.call.ident]
+        decode.resident.decoding -= 1
+        self._reschedule()
+        self._done(decode.call, decode.resident)
 
     def _done(self, call: SimCall, resident: Resident) -> None:
         slot = resident.slots_held.pop(call.ident, None)

@@ -261,11 +261,11 @@ class Kubemoot:
 
 def _sample(call: SimCall) -> CallSample:
     """What Ollama's closing figures say of a finished call: the time it ran (not its queue
-    or load) and its counts and durations."""
-    answer_s = call.output_tokens / MODELS[call.model].tokens_per_s
+    or load) and its counts and durations, the answer's as long as the decode took on a card
+    it shared (eval_duration is wall time)."""
     ran_s = call.finished - call.started
-    return CallSample(ran_s, call.output_tokens, answer_s, call.prompt_tokens,
-                      max(ran_s - answer_s, 1e-6))
+    return CallSample(ran_s, call.output_tokens, max(ran_s - call.prefill_s, 1e-6),
+                      call.prompt_tokens, max(call.prefill_s, 1e-6))
 
 
 class StickySession(_Baseline):

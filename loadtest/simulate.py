@@ -4,12 +4,15 @@
     python -m loadtest.simulate --scenario bursty-crew --policy kubemoot --json
     python -m loadtest.simulate --report loadtest/report      # every pair: a table and plots
     python -m loadtest.simulate --targets 1,2,3,4,5,7         # the target on several seeds
+    python -m loadtest.simulate --targets 7 --no-share-gpu    # every call decoding at full speed
 
 Every policy sees the same trace (same seed). kubemoot runs `proxy.core.place` as shipped,
 with the sidecar's late binding: when it says "wait" the call waits here (not in a GPU's
 queue) and is placed again on every change in the fleet, a free slot going to the waiting
 call with the soonest turn (proxy/core/waitline.py), for at most the wait limit. Each agent's
-sidecar learns call lengths from its own answers only.
+sidecar learns call lengths from its own answers only. Calls decoding at once on a card
+share it (loadtest/fleet_model.py): --batch-cost sets what one more sequence adds to a runner's
+decode step, --no-share-gpu decodes every call at full speed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +85,29 @@ class Result:
         return not self.refused and not self.overcommits and not self.truncations
 
 
+@dataclass(frozen=True)
+class DecodeSharing:
+    """How every card of a scenario shares its decode (None: as each card of it says)."""
+
+    batch_cost: float | None = None
+    share_gpu: bool | None = None
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        gpus = tuple(replace(
+            g, batch_cost=g.batch_cost if self.batch_cost is None else self.batch_cost,
+            share_gpu=g.share_gpu if self.share_gpu is None else self.share_gpu)
+            for g in scenario.gpus)
+        return replace(scenario, gpus=gpus)
+
+    def flags(self) -> str:
+        """As given on the command line (nothing when as the scenario says)."""
+        cost = "" if self.batch_cost is None else f" --batch-cost {self.batch_cost:g}"
+        return cost + (" --no-share-gpu" if self.share_gpu is False else "")
+
+
+AS_SCENARIO = DecodeSharing()
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, policy: PlacementPolicy, seed: int = 7) -> None:
         self.scenario = scenario
@@ -109,7 +136,7 @@ class Simulation:
         while t < self.scenario.duration_s:
             for agent in self.scenario.agents:
                 offset = self.rng.uniform(*agent.offset_s)
-                self.schedule(t + offset, lambda a=agent: self._burst(a, a.calls_per_burst))
+                self.schedule(t + offset, partial(self._burst, agent, agent.calls_per_burst))
             t += self.scenario.discussion_every_s * self.rng.uniform(0.7, 1.3)
 
     def _burst(self, agent: AgentSpec, remaining: int) -> None:
@@ -242,8 +269,9 @@ def _hit_rate(calls: list[SimCall]) -> float:
     return len(found) / len(later) if later else 0.0
 
 
-def simulate(scenario: str, policy: str, seed: int = 7) -> Result:
-    chosen = SCENARIOS[scenario]
+def simulate(scenario: str, policy: str, seed: int = 7, sharing: DecodeSharing = AS_SCENARIO
+             ) -> Result:
+    chosen = sharing.apply(SCENARIOS[scenario])
     instance = POLICIES[policy]()
     if hasattr(instance, "tolerance"):
         instance.tolerance = chosen.tolerance
@@ -292,17 +320,19 @@ def target(rows: list[Result]) -> str:
             f"{against}): {verdict}.")
 
 
-def target_over_seeds(seeds: list[int]) -> list[str]:
+def target_over_seeds(seeds: list[int], sharing: DecodeSharing = AS_SCENARIO) -> list[str]:
     """The target per scenario on each seed: a markdown table of the seeds it is met on and
     the cells missed on the others."""
     lines = [f"Target over seeds {', '.join(map(str, seeds))} "
-             f"(`python -m loadtest.simulate --targets {','.join(map(str, seeds))}`):", "",
+             f"(`python -m loadtest.simulate --targets {','.join(map(str, seeds))}"
+             f"{sharing.flags()}`):", "",
              "| scenario | met on | missed |", "|---|---|---|"]
     for scenario in SCENARIOS:
         met, missed = [], []
         for seed in seeds:
             print(f"{scenario} / seed {seed}", file=sys.stderr, flush=True)
-            _, misses = target_misses([simulate(scenario, p, seed) for p in POLICIES])
+            _, misses = target_misses([simulate(scenario, p, seed, sharing)
+                                       for p in POLICIES])
             if misses:
                 missed.append(f"seed {seed}: " + "; ".join(misses))
             else:
@@ -312,17 +342,18 @@ def target_over_seeds(seeds: list[int]) -> list[str]:
     return lines
 
 
-def report(out_dir: Path, seed: int) -> None:
+def report(out_dir: Path, seed: int, sharing: DecodeSharing = AS_SCENARIO) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# Placement policies on simulated fleets", "",
-             f"`python -m loadtest.simulate --report {out_dir}` (seed {seed}). Latency is "
+             f"`python -m loadtest.simulate --report {out_dir}{sharing.flags()}` (seed {seed}). "
+             "Latency is "
              "arrival to last token over completed calls; p95/limit divides by the p95 of "
              "the physical limit (every call served at once on a warm preferred model).", ""]
     pairs = [(s, p) for s in SCENARIOS for p in POLICIES]
     results: dict[str, list[Result]] = {}
     for i, (scenario, policy) in enumerate(pairs, 1):
         print(f"[{i}/{len(pairs)}] {scenario} / {policy}", file=sys.stderr, flush=True)
-        results.setdefault(scenario, []).append(simulate(scenario, policy, seed))
+        results.setdefault(scenario, []).append(simulate(scenario, policy, seed, sharing))
     for scenario, rows in results.items():
         lines += [f"## {scenario}", "", SCENARIOS[scenario].description + ".", "",
                   f"Contention-free limit p95: {rows[0].limit_p95_s:.1f} s; slot-aware bound "
@@ -384,20 +415,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--report", type=Path, metavar="DIR")
     p.add_argument("--targets", metavar="SEEDS",
                    help="the target per scenario over these seeds (comma-separated)")
+    p.add_argument("--batch-cost", type=float, metavar="SHARE",
+                   help="what one more sequence adds to a runner's decode step, as a share of "
+                        "a step alone, on every card (default: each card's, 0.1)")
+    p.add_argument("--no-share-gpu", action="store_true",
+                   help="every call decodes at full speed, whatever else runs on its card")
     a = p.parse_args(argv)
+    if a.batch_cost is not None and a.batch_cost < 0:
+        p.error("--batch-cost: a share of a step, 0 or more")
+    sharing = DecodeSharing(a.batch_cost, False if a.no_share_gpu else None)
     if a.list:
         print("scenarios: " + " ".join(SCENARIOS))
         print("policies:  " + " ".join(POLICIES))
         return
     if a.report:
-        report(a.report, a.seed)
+        report(a.report, a.seed, sharing)
         return
     if a.targets:
-        print("\n".join(target_over_seeds([int(x) for x in a.targets.split(",")])))
+        print("\n".join(target_over_seeds([int(x) for x in a.targets.split(",")], sharing)))
         return
     if not (a.scenario and a.policy):
         p.error("--scenario and --policy (or --list, or --report DIR)")
-    result = simulate(a.scenario, a.policy, a.seed)
+    result = simulate(a.scenario, a.policy, a.seed, sharing)
     if a.json:
         print(json.dumps(result.summary()))
     else:
