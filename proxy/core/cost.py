@@ -2,11 +2,12 @@
 
 Physical terms: queue wait at a copy (slot arithmetic over the call's learned length), what
 queueing there adds to the model's backlog (the calls that find no free slot), what sharing
-a copy's decode batch adds to the call, load time (footprint / load speed), remaining load
+a copy's decode batch and the card with other models' running calls adds to the call
+(contention), load time (footprint / load speed), remaining load
 of a copy being loaded, the loads ahead of a new one (Ollama loads one model at a time), and
 the unload a model in demand would first wait for on a card a load shuts it out of when
 another card would not (docs/rules.md). Weights
-scaled to seconds: best fit, contention, reliability, spill (a copy partly in CPU memory,
+scaled to seconds: best fit, reliability, spill (a copy partly in CPU memory,
 or residents beyond the usable memory) and the policy's phase-aware provider weight.
 """
 
@@ -124,12 +125,42 @@ def batched_beside(index: ProviderIndex, model: str) -> int:
     return max(0, min(index.calls_by_model.get(model, 0), index.slots(model) - 1))
 
 
+def model_mib(index: ProviderIndex, model: str) -> int:
+    """What a copy of `model` on this card holds (resident, else being loaded); 0 unknown."""
+    resident = index.residents.get(model)
+    if resident is not None:
+        return resident.footprint_mib
+    loading = index.loading.get(model)
+    return loading.footprint_mib if loading is not None else 0
+
+
+def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
+                 snapshot: Snapshot, policy: Policy) -> float:
+    """What the other models' calls running on the card add to this call: Ollama runs each
+    model as its own process and the card time-slices between those decoding, each step of
+    theirs taking about as long as their weights are big against this model's (a decode
+    step reads the weights once), for as long as both run."""
+    running: dict[str, list[float]] = {}
+    for ticket in index.tickets:
+        if ticket.model != model:
+            running.setdefault(ticket.model, []).append(ticket.started_at)
+    total = 0.0
+    for other, starts in running.items():
+        length = snapshot.lengths.estimate(
+            index.name, other, default_s=policy.default_call_s,
+            provider_latency_s=snapshot.health.get(index.name, NO_HEALTH).latency_ema_s).seconds
+        left = max(0.0, length - (snapshot.now - max(starts)))
+        other_mib = model_mib(index, other)
+        step = other_mib / own_mib if other_mib and own_mib else 1.0
+        total += min(call_s, left) * step * (1 + policy.batch_share * (len(starts) - 1))
+    return total
+
+
 def shared_terms(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy,
-                 phase: str) -> dict[str, float]:
+                 phase: str, contention: float) -> dict[str, float]:
     """Terms every placement on this card pays, warm or cold."""
     health = snapshot.health.get(index.name, NO_HEALTH)
-    others = index.active_calls - index.calls_by_model.get(model, 0)
-    terms = {"contention": policy.contention_s * others}
+    terms = {"contention": contention} if contention else {}
     if health.success_rate is not None:
         terms["reliability"] = policy.reliability_s * (1.0 - health.success_rate)
     sign = -1.0 if phase == "mulling" else 1.0
@@ -152,7 +183,8 @@ def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     if resident is not None and resident.spilled:
         terms["spill"] = policy.spill_s  # partly in CPU memory: slow
     terms.update(prefill_terms(index, model, fitting.call, snapshot))
-    terms.update(shared_terms(index, model, snapshot, policy, phase))
+    terms.update(shared_terms(index, model, snapshot, policy, phase, contention_s(
+        index, model, model_mib(index, model), call_s, snapshot, policy)))
     return terms
 
 
@@ -164,9 +196,9 @@ def cold_floor_s(index: ProviderIndex, model: str, fitting: Fitting, snapshot: S
     floor = load_seconds(footprint, snapshot, policy)
     if index.usable_mib is not None and footprint:
         floor += policy.best_fit_s * (index.usable_mib - footprint) / footprint
-    others = index.active_calls - index.calls_by_model.get(model, 0)
+    call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
     sign = -1.0 if phase == "mulling" else 1.0
-    return floor + policy.contention_s * others + \
+    return floor + contention_s(index, model, footprint or 0, call_s, snapshot, policy) + \
         sign * policy.provider_weight_s * index.view.weight
 
 
@@ -189,5 +221,7 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
         terms["spill"] = policy.spill_s
     if fitting.call.conversation is not None:
         terms.update(prefill_terms(index, model, fitting.call, snapshot))
-    terms.update(shared_terms(index, model, snapshot, policy, phase))
+    call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
+    terms.update(shared_terms(index, model, snapshot, policy, phase, contention_s(
+        index, model, footprint or 0, call_s, snapshot, policy)))
     return terms

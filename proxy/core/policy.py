@@ -25,14 +25,13 @@ class Policy:
     # expected to take"): long, because a queue thought short can hide a minutes-long answer
     default_call_s: float = 30.0
     expiry_margin_s: float = 1.0  # an idle copy this close to its keep-alive expiry is gone
-
-    # Weights without a physical unit, in seconds-equivalent.
-    best_fit_s: float = 0.05  # x (usable - footprint) / footprint: small models, small cards
-    contention_s: float = 0.25  # per call already running on the card (compute is shared)
     # A decode step's extra time per other sequence in the same runner's batch, as a share of
     # the call's length: a hardware figure (memory-bound decode reads the weights once per
     # step; each sequence adds its cache reads), so a free slot beside busy ones is slower
     batch_share: float = 0.1
+
+    # Weights without a physical unit, in seconds-equivalent.
+    best_fit_s: float = 0.05  # x (usable - footprint) / footprint: small models, small cards
     reliability_s: float = 10.0  # x (1 - success rate)
     spill_s: float = 20.0  # residents published beyond usable VRAM
     provider_weight_s: float = 0.01  # per point of provider weight: mulling -, triage +

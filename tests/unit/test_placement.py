@@ -111,6 +111,27 @@ def test_step1_of_two_copies_with_a_free_slot_the_idler_batch_wins() -> None:
     assert "batch" not in verdicts["b"].terms
 
 
+def test_of_two_warm_copies_the_card_no_other_model_decodes_on_wins() -> None:
+    # both cards hold the 8B and the 14B; on "a" (first by name) a 14B call is running: the
+    # card time-slices between the two runners, each 14B step about twice an 8B step
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b", "qwen3:14b")),
+                    gpu("b", GIB32, ("qwen3:8b", "qwen3:14b")),
+                    tickets=(ticket("a", "qwen3:14b", elapsed=5),))
+    decision, verdicts = explain(call("qwen3:8b"), snap)
+    assert decision.placement and decision.placement.provider == "b"
+    terms = {v.provider: v.terms for v in verdicts if v.model == "qwen3:8b"}
+    # the 8B's 30 s (unknown) against the 14B's 25 s left, at 12224/6000 of its steps
+    assert terms["a"]["contention"] == pytest.approx(25 * 12224 / 6000)
+    assert "contention" not in terms["b"]
+
+
+def test_a_call_about_to_end_on_the_card_costs_little() -> None:
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b", "qwen3:14b")),
+                    tickets=(ticket("a", "qwen3:14b", elapsed=29.5),))
+    verdict = next(v for v in explain(call("qwen3:8b"), snap)[1] if v.model == "qwen3:8b")
+    assert verdict.terms["contention"] == pytest.approx(0.5 * 12224 / 6000)
+
+
 def test_a_single_slot_copy_has_no_batch_to_share() -> None:
     snap = snapshot(gpu("a", GIB24, ("qwen3:8b",)), tickets=(ticket("a", "qwen3:8b"),))
     verdict = explain(call("qwen3:8b"), snap)[1][0]
