@@ -19,7 +19,11 @@ onto free room and a busy copy with a cache slot to spare are weighed against it
 Late binding: a call is only ever placed on a slot free now or on a load. When waiting for a
 slot of a busy copy wins, the decision is "wait": the call stays with the sidecar and is
 placed again on the next change, so it takes the first slot that frees on any card, or a load
-once that has become the cheaper option, instead of queueing inside one engine.
+once that has become the cheaper option, instead of queueing inside one engine. A wait loses
+to any load, cheaper or not, when the call cannot wait (`can_wait`) or the wait is expected to
+outlast what is left of its wait limit (`wait_left_s`): a load places the call at once. A call
+that cannot wait and has nothing but waits gets "wait", which the scheduler turns into the
+static endpoint or a 503.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ class _Planner:
         for index in indexes:
             if index.is_warm(model) or index.is_loading(model):
                 verdict = found[index.name] = self.verdict(index, model, room=False)
-                if verdict.feasible:
+                if verdict.feasible and not self.wait_loses(verdict):
                     copies.append(verdict)
             else:
                 loads.append((cold_floor_s(index, model, self.fitting, self.snapshot,
@@ -164,6 +168,8 @@ class _Planner:
         for i in sorted((i for i, v in enumerate(out) if v.feasible), key=lambda i: out[i].cost_s):
             if out[i].cost_s > cheapest:
                 break
+            if self.wait_loses(out[i]):
+                continue  # every load beats it: no bar for them
             index, model = self.indexes[out[i].provider], out[i].model
             fit = self.fit(index, model)
             if not (fit.warm or fit.loading) and self.shuts_out(index, model):
@@ -249,14 +255,17 @@ class _Planner:
 
     def weighted(self, verdicts: Iterable[Verdict]) -> Placement | None:
         """Step 4: when a cold load onto free room is possible at all, the cheapest of it and
-        the copies (a full copy: "queued", which place() turns into a wait for a slot); else a
-        copy with a free slot that steps 1-3 passed over (one partly in CPU memory). A full
-        copy is then step 5's to weigh against unloading."""
+        the copies (a full copy: "queued", which place() turns into a wait for a slot; not one
+        whose wait loses to any load, `wait_loses`); else a copy with a free slot that steps
+        1-3 passed over (one partly in CPU memory). A full copy is then step 5's to weigh
+        against unloading."""
         feasible = [v for v in verdicts if v.feasible]
         if not any(v.reason.startswith(("fits", "fit unknown")) for v in feasible):
             feasible = [v for v in feasible if self.indexes[v.provider].free_slots(v.model) > 0]
             if not feasible:
                 return None
+        else:  # (the load that fits stays)
+            feasible = [v for v in feasible if not self.wait_loses(v)]
         best = min(feasible, key=_rank)
         index = self.indexes[best.provider]
         if index.is_warm(best.model) or index.is_loading(best.model):
@@ -275,7 +284,7 @@ class _Planner:
             return None
         index, model = found
         verdict = self.verdict(index, model)
-        if not verdict.feasible or verdict.cost_s >= hit.cost_s:
+        if not verdict.feasible or verdict.cost_s >= hit.cost_s or self.wait_loses(verdict):
             return None
         return self.placement(verdict, "queued" if index.free_slots(model) <= 0 else "warm", 4)
 
@@ -308,7 +317,8 @@ class _Planner:
         if copy and index.free_slots(model) > 0:
             return None
         verdict = self.verdict(index, model, room=False)
-        if not verdict.feasible or verdict.terms.get("cache_eviction"):
+        if not verdict.feasible or verdict.terms.get("cache_eviction") or \
+                self.wait_loses(verdict):
             return None
         if not copy and (not verdict.reason.startswith(("fits", "fit unknown")) or
                          self.takes_needed_room(index, model)):
@@ -518,14 +528,14 @@ class _Planner:
             hit = self.copy_with_room(candidate.model, 3, loading_only=True)
         if hit is not None and self.call.conversation is not None:
             holder = self.cache_holder_instead(hit)
-            if holder is not None and holder.kind == "queued" and self.call.can_wait:
+            if holder is not None and holder.kind == "queued":
                 return Decision("wait", None, f"wait for a slot of {holder.model} on "
                                 f"{holder.provider}, which holds the conversation "
                                 f"({holder.cost_s:.1f} s), cheaper than reading it again on "
                                 f"{hit.provider} ({hit.cost_s:.1f} s)", (), holder.cost_s)
             hit = holder or hit
             instead = self.instead_of_displacing(hit)
-            if instead is not None and instead.kind == "queued" and self.call.can_wait:
+            if instead is not None and instead.kind == "queued":
                 return Decision("wait", None, f"wait for a slot of {instead.model} on "
                                 f"{instead.provider}, which has a free cache slot "
                                 f"({instead.cost_s:.1f} s), cheaper than pushing a live "
@@ -546,15 +556,15 @@ class _Planner:
             if instead is not None:
                 return self.loading_alternative(instead, f"waiting for a slot of {preferred} "
                                                 f"({hit.cost_s:.1f} s)", verdicts)
-        # Late binding: a full copy worth waiting for is waited for in the sidecar; a call
-        # that cannot wait there queues at that copy inside its engine instead
-        if hit is not None and hit.kind == "queued" and self.call.can_wait:
+        # Late binding: a full copy worth waiting for is waited for in the sidecar (weighted
+        # offers none the call may not wait for)
+        if hit is not None and hit.kind == "queued":
             return Decision("wait", None, f"step 4: wait for a slot of {hit.model} on "
                             f"{hit.provider} ({hit.cost_s:.1f} s), cheaper than a load",
                             tuple(verdicts), hit.cost_s)
         if hit is not None:
-            return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}",
-                            tuple(verdicts))
+            return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}"
+                            f"{self.over_a_wait(verdicts, hit)}", tuple(verdicts))
         refusal = self.classify(verdicts)
         why = None
         if refusal is not None and refusal[0] == "model-not-found":
@@ -575,13 +585,15 @@ class _Planner:
                              self.fitting, self.snapshot, self.policy)
         unload = unload_option(self.indexes.values(), preferred, self.fitting, self.snapshot,
                                self.policy)
-        if self.alternatives and (queue is None or self.line_ahead(preferred)):
-            bar = min(queue.wait_s if queue else math.inf,
+        waitable = None if queue is not None and self.wait_loses(queue) else queue
+        if self.alternatives and (waitable is None or self.line_ahead(preferred)):
+            bar = min(waitable.wait_s if waitable else math.inf,
                       unload.cost_s if unload else math.inf)
             instead = self.alternative_load(bar)
             if instead is not None:
                 return self.loading_alternative(
-                    instead, f"step 5 for {preferred} ({bar:.1f} s)", verdicts)
+                    instead, f"step 5 for {preferred} "
+                    f"({f'{bar:.1f} s' if bar < math.inf else 'only a wait'})", verdicts)
         return self.queue_or_unload(verdicts, queue, unload)
 
     def line_ahead(self, model: str) -> bool:
@@ -591,6 +603,37 @@ class _Planner:
         indexes = self.indexes.values()
         return queued_in_engines(indexes, model).calls + \
             waiting_line(indexes, model, self.snapshot, self.call.turn).calls > 0
+
+    def wait_loses(self, option: Verdict | QueueOption) -> bool:
+        """Waiting for a slot at this option (a full copy's verdict, or step 5's queue) loses
+        to any load, cheaper or not: the call cannot wait for a slot at all, or the wait is
+        expected (as weighed) to outlast what is left of its wait limit. A load places the
+        call at once, so it starts within the limit; the wait would end in gpu-busy."""
+        if isinstance(option, Verdict):
+            index = self.indexes[option.provider]
+            if not (index.is_warm(option.model) or index.is_loading(option.model)) or \
+                    index.free_slots(option.model) > 0:
+                return False  # a load, or a free slot: no wait
+            wait_s = option.cost_s
+        else:
+            wait_s = option.wait_s
+        left = self.call.wait_left_s
+        return not self.call.can_wait or (left is not None and wait_s > left)
+
+    def why_not_wait(self) -> str:
+        if not self.call.can_wait:
+            return "is not for this call, which cannot wait"
+        return f"would outlast the {self.call.wait_left_s or 0.0:.1f} s left of its wait limit"
+
+    def over_a_wait(self, verdicts: Iterable[Verdict], hit: Placement) -> str:
+        """Why step 4 placed `hit` over a cheaper wait for a slot, or ""."""
+        waits = [v for v in verdicts if v.feasible and v.cost_s < hit.cost_s and
+                 self.wait_loses(v)]
+        if not waits:
+            return ""
+        wait = min(waits, key=_rank)
+        return (f" ({hit.cost_s:.1f} s): waiting for a slot of {wait.model} on "
+                f"{wait.provider} ({wait.cost_s:.1f} s) {self.why_not_wait()}")
 
     def alternative_load(self, bar_s: float) -> Placement | None:
         """An in-tolerance candidate loaded onto free room, when the preferred model can only
@@ -636,8 +679,13 @@ class _Planner:
 
     def queue_or_unload(self, verdicts: list[Verdict], queue: QueueOption | None,
                         unload: UnloadOption | None) -> Decision:
+        """Step 5: wait for a slot or unload, the cheaper; a wait that loses to any load
+        (`wait_loses`) loses to the unload. With neither, or only a wait this call cannot
+        make, the decision is "wait" (the scheduler sends a call that cannot wait to the
+        static endpoint, or refuses it gpu-busy)."""
         preferred = self.call.preferred.model
-        choice = queue_wins(queue, unload)
+        loses = queue is not None and self.wait_loses(queue)
+        choice = queue_wins(None if loses and unload is not None else queue, unload)
         queue_s = queue.wait_s if queue else None
         unload_s = unload.cost_s if unload else None
         if choice is False and unload is not None:
@@ -646,24 +694,23 @@ class _Planner:
                                        {v.model: v.footprint_mib for v in unload.victims},
                                        unload.cost_s)
             victims = ", ".join(v.model for v in unload.victims)
+            than = "none" if queue is None else f"{queue.wait_s:.1f} s"
+            beats = f"though waiting for a slot ({than}) {self.why_not_wait()}" if loses \
+                else f"beats queueing ({than})"
             return Decision("placed", placement,
                             f"step 5: unloading {victims} on {unload.provider} "
-                            f"({unload.cost_s:.1f} s) beats queueing "
-                            f"({'none' if queue is None else f'{queue.wait_s:.1f} s'})",
+                            f"({unload.cost_s:.1f} s), {beats}",
                             tuple(verdicts), queue_s, unload_s)
         if choice is True and queue is not None:
-            queues = not self.call.can_wait and not self.call.static_fallback
-            slot = (f"a slot of {queue.model} on {queue.provider} ({queue.wait_s:.1f} s)"
-                    f"{',' if queues else ' is'} no worse than unloading "
-                    f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
-            if queues:
-                # It cannot wait in the sidecar and no static endpoint takes it: rather than
-                # a 503, it queues inside that copy's engine, as step 4's do.
-                verdict = self.verdict(self.indexes[queue.provider], queue.model)
-                return Decision("placed", self.placement(verdict, "queued", 5),
-                                f"step 5: queued for {slot}", tuple(verdicts), queue_s,
-                                unload_s)
-            reason = f"busy: wait for {slot}"
+            slot = f"a slot of {queue.model} on {queue.provider} ({queue.wait_s:.1f} s)"
+            if not self.call.can_wait:
+                reason = f"busy: the only option is waiting for {slot}, and this call cannot wait"
+            elif loses:
+                reason = (f"busy: wait for {slot}, though it {self.why_not_wait()}: nothing "
+                          "can be loaded or unloaded")
+            else:
+                reason = (f"busy: wait for {slot} is no worse than unloading "
+                          f"({'impossible' if unload is None else f'{unload.cost_s:.1f} s'})")
         elif (down := self.unreachable_holders(preferred)) or (
                 verdicts and all(v.reason in UNREACHABLE for v in verdicts)):
             named = down or [(v.provider, v.reason) for v in verdicts]

@@ -155,12 +155,13 @@ class CallSpec:
     phase: Literal["mulling", "triage"] = "mulling"
     # The conversation its prompt continues, for the prompt cache (core/conversations.py)
     conversation: Conversation | None = None
-    # False: the call cannot wait in the sidecar (X-Kubemoot-Wait: false); where a slot is
-    # worth waiting for it queues inside that engine instead of going to a static endpoint
+    # False: the call cannot wait for a slot (X-Kubemoot-Wait: false, role coordinator),
+    # neither in the sidecar nor queued inside an engine: it takes a free slot or a load, or
+    # the scheduler sends it to the static endpoint or refuses it (gpu-busy)
     can_wait: bool = True
-    # A static endpoint takes it when no GPU has room: such a call that cannot wait goes
-    # there rather than queueing at a copy no load could relieve (step 5)
-    static_fallback: bool = False
+    # What is left of the call's wait limit, in seconds (None: no limit to weigh): a wait
+    # for a slot expected to outlast it loses to any load (docs/rules.md, "Late binding")
+    wait_left_s: float | None = None
     # The capabilities the call needs, each with Ollama's refusal when the model lacks it,
     # in the order Ollama checks them (server/routes.go:448-469, 2610-2637)
     needs: tuple[tuple[str, str], ...] = ()

@@ -150,8 +150,7 @@ class Scheduler:
                         tolerance=self.bindings.tolerance(call.phase, call.thread)
                         if self.bindings else self.settings.tolerance,
                         phase="triage" if call.phase == "triage" else "mulling",
-                        can_wait=call.can_wait,
-                        static_fallback=self._static_for(call) is not None,
+                        can_wait=call.can_wait, wait_left_s=self.settings.wait_limit_s,
                         conversation=self.learning.conversation(call, tokens),
                         needs=call.needs)
 
@@ -172,9 +171,11 @@ class Scheduler:
 
         Late binding: a call that must wait for a slot stays here, not in an engine's queue,
         as a wait entry carrying its turn; every change places it again, so it takes the
-        first slot that frees on any card (or a load once cheaper). A slot is due to the
-        model's waiting calls with sooner turns first, on any sidecar (core/waitline.py), for
-        at most YIELD_S."""
+        first slot that frees on any card (or a load once cheaper, or once the wait is
+        expected to outlast what is left of the limit). A slot is due to the model's waiting
+        calls with sooner turns first, on any sidecar (core/waitline.py), for at most YIELD_S.
+        A call that cannot wait is never queued at a busy copy: when the decision is to wait,
+        it goes to the static endpoint, or is refused gpu-busy with Retry-After at once."""
         candidates = self.candidates(call.phase, call.model, call.thread)
         binding = self.binding_label(call)  # now: the binding may move while the call waits
         if not candidates:
@@ -197,6 +198,9 @@ class Scheduler:
         try:
             while True:
                 seen = self.changes.value
+                # Each decision weighs what is left of the limit: a wait that would outlast
+                # it loses to a load (at the deadline, any wait does)
+                spec = replace(spec, wait_left_s=max(0.0, deadline - self.clock.monotonic()))
                 reserved = await self.decide_and_reserve(spec, exclude, waiter=wait)
                 decision = reserved.decision
                 hold_s: float | None = None
@@ -247,7 +251,7 @@ class Scheduler:
                     continue
                 if refusal is not None:
                     return refusal
-                # Busy: those who cannot wait go to the static endpoint.
+                # Busy: those who cannot wait go to the static endpoint, or get gpu-busy, now.
                 if not call.can_wait:
                     return self._static_or_busy(call, spec, decision)
                 remaining = deadline - self.clock.monotonic()

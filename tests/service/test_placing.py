@@ -108,12 +108,13 @@ async def test_a_triage_call_no_gpu_can_hold_goes_to_the_triage_endpoint(fleet: 
     assert (await sidecar.chat("qwen3:32b", can_wait=False)).status == 507
 
 
-async def test_a_call_that_cannot_wait_queues_at_a_busy_copy_worth_waiting_for(
+async def test_a_call_that_cannot_wait_loads_rather_than_queue_at_a_busy_copy(
         fleet: Fleet) -> None:
     """The 8b's calls on "gpu" are learned to take 1 s and its one slot is busy: waiting
     costs less than loading another copy on "idle". A call that may wait waits in the
-    sidecar; one that cannot (X-Kubemoot-Wait: false) queues at that copy inside its engine,
-    as Ollama would, rather than go to the static endpoint."""
+    sidecar; one that cannot (X-Kubemoot-Wait: false) is not queued inside that engine
+    (queueing there is waiting): it takes the load onto idle's free room, and a GPU has room,
+    so the static endpoint is not used (CONTRACT.md)."""
     gpu = fleet.gpu("gpu", total_vram_mib=16376)
     idle = fleet.gpu("idle", total_vram_mib=16376)
     static = fleet.static_endpoint("static", total_vram_mib=49152)
@@ -126,15 +127,17 @@ async def test_a_call_that_cannot_wait_queues_at_a_busy_copy_worth_waiting_for(
     await asyncio.sleep(0.5)
     waits = sidecar.start_chat("qwen3:8b")
     r = await sidecar.chat("qwen3:8b", can_wait=False)
-    assert (r.status, r.provider, r.placement) == (200, "gpu", "queued")
-    assert (await waits).placement == "warm"  # it waited for the slot here
-    assert static.stats.calls == [] and idle.stats.loads == 0
+    assert (r.status, r.provider, r.placement, r.last.waited_ms) == (200, "idle", "cold", 0)
+    assert (await waits).placement == "warm"  # it waited for the slot on "gpu"
+    assert static.stats.calls == [] and idle.stats.loads == 1
     await working
 
 
-async def test_a_call_that_cannot_wait_queues_at_the_only_busy_copy(fleet: Fleet) -> None:
+async def test_a_call_that_cannot_wait_is_refused_gpu_busy_at_once_by_the_only_busy_copy(
+        fleet: Fleet) -> None:
     """One card, its one slot busy, nothing to load or unload and no static endpoint: a call
-    that cannot wait queues inside that engine rather than being refused."""
+    that cannot wait is refused 503 gpu-busy with Retry-After at once, not queued behind the
+    running call (CONTRACT.md)."""
     gpu = fleet.gpu("gpu", total_vram_mib=16376)
     gpu.preload("qwen3:8b")
     sidecar = await fleet.sidecar()
@@ -143,9 +146,14 @@ async def test_a_call_that_cannot_wait_queues_at_the_only_busy_copy(fleet: Fleet
     loads = gpu.stats.loads
     working = sidecar.start_chat("qwen3:8b")
     await asyncio.sleep(0.5)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
     r = await sidecar.chat("qwen3:8b", can_wait=False)
-    assert (r.status, r.provider, r.placement) == (200, "gpu", "queued")
-    assert gpu.stats.loads == loads
+    assert loop.time() - asked < 0.1  # not after the running call's 4.5 s
+    assert (r.status, r.reason, r.attempts) == (503, "gpu-busy", [])
+    assert r.refusal is not None and r.refusal.retry_after_s == 5
+    assert "this call cannot wait" in r.refusal.message
+    assert gpu.stats.loads == loads and gpu.stats.calls.count("qwen3:8b") == 2
     await working
 
 

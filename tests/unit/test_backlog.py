@@ -49,27 +49,29 @@ def test_a_model_nobody_else_waits_for_queues_behind_one_call() -> None:
     assert "slot of qwen3:8b on a" in decision.reason
 
 
-def test_a_call_that_cannot_wait_queues_inside_the_engine_instead() -> None:
+def test_a_call_that_cannot_wait_takes_the_load_over_a_cheaper_wait() -> None:
+    """Waiting for a's slot is cheaper than loading on b (~5.9 s), but a call that
+    cannot wait (X-Kubemoot-Wait: false) is not queued inside a's engine: queueing there is
+    waiting. It takes the load."""
     decision = place(replace(call("qwen3:8b"), can_wait=False), busy_copy(waiters=0))
     assert decision.outcome == "placed" and decision.placement is not None
-    assert (decision.placement.provider, decision.placement.kind) == ("a", "queued")
-    assert not decision.placement.needs_free_slot  # its claim does not ask for a free slot
+    assert (decision.placement.provider, decision.placement.kind,
+            decision.placement.step) == ("b", "cold", 4)
+    assert "waiting for a slot of qwen3:8b on a (3.0 s) is not for this call" in \
+        decision.reason
 
 
-def test_a_call_that_cannot_wait_queues_where_no_load_is_possible() -> None:
-    """No other card to load on, nothing to unload: step 5's queue is the only option, and
-    a call that cannot wait in the sidecar takes it inside the engine."""
+def test_a_call_that_cannot_wait_is_not_queued_where_only_a_wait_is_left() -> None:
+    """No other card to load on, nothing to unload: step 5's wait for a slot is the only
+    option. A call that cannot wait gets "wait", which the scheduler turns into the static
+    endpoint or a 503 gpu-busy, never queued at the busy copy (CONTRACT.md)."""
     snap = snapshot(gpu("a", GIB16, ("qwen3:8b",)),
                     tickets=(ticket("a", "qwen3:8b", elapsed=0.5),),
                     lengths=NO_LENGTHS.observe("a", "qwen3:8b", CallSample(CALL_S)))
     assert place(call("qwen3:8b"), snap).outcome == "wait"
     decision = place(replace(call("qwen3:8b"), can_wait=False), snap)
-    assert decision.outcome == "placed" and decision.placement is not None
-    assert (decision.placement.provider, decision.placement.kind,
-            decision.placement.step) == ("a", "queued", 5)
-    assert "no worse than unloading (impossible)" in decision.reason
-    static = place(replace(call("qwen3:8b"), can_wait=False, static_fallback=True), snap)
-    assert static.outcome == "wait"  # the scheduler sends it to the static endpoint
+    assert (decision.outcome, decision.placement) == ("wait", None)
+    assert "the only option is waiting for a slot of qwen3:8b on a (1.0 s)" in decision.reason
 
 
 def test_a_hot_model_with_waiters_gets_a_second_copy() -> None:

@@ -57,7 +57,8 @@ def calls(draw: st.DrawFn) -> CallSpec:
     conversation = ASKED if draw(st.booleans()) else None
     return CallSpec(tuple(Candidate(m, s) for m, s in zip(models, scores, strict=True)),
                     prompt_tokens=9000, tolerance=draw(st.sampled_from([0, 10, 30])),
-                    conversation=conversation, can_wait=draw(st.booleans()))
+                    conversation=conversation, can_wait=draw(st.booleans()),
+                    wait_left_s=draw(st.sampled_from([None, 0.0, 2.0, 10.0])))
 
 
 def without_verdicts(decision: Decision) -> tuple[object, ...]:
