@@ -76,3 +76,8 @@ def add_sharing_flags(parser: argparse.ArgumentParser) -> None:
 def sharing_from(args: argparse.Namespace, config: SimConfig) -> SimConfig:
     """A simulator's config with the sharing flags applied."""
     return dataclasses.replace(config, batch_cost=args.batch_cost, share_gpu=args.share_gpu)
+
+
+def sharing_args(args: argparse.Namespace) -> list[str]:
+    """The sharing flags as `python -m loadtest.ollama_sim` takes them."""
+    return ["--batch-cost", str(args.batch_cost), *([] if args.share_gpu else ["--no-share-gpu"])]
