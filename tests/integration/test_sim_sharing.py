@@ -3,24 +3,29 @@ slots in one batch a step, a step costing `batch_cost` more for each more sequen
 runners decoding at once on a card time-slice it (docs/engine.md). Timings are measured
 against the known length of an answer decoded alone, never as a ratio of two short ones:
 a busy machine can only make a call late, so the lower bounds are tight and the upper ones
-generous."""
+generous. Calls sent together may start a little apart; the time from the first call sent to
+the last answered does not depend on that while the card is kept busy, so the tight lower
+bound is on it, the upper ones on each call's own decoding."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 
 from loadtest.ollama_sim import SimServer
 from loadtest.sim_output import ANSWER_TOKENS
 from tests.conftest import eventually
 
+pytestmark = pytest.mark.serial  # decoding paces in wall-clock time
 Sims = Callable[..., SimServer]
 TOKENS = 40  # an answer's length: 0.8 s alone at Ollama's 50 tokens/s
-EARLY = 0.06  # a call may start a token or two before the other joins it
-LATE = 0.35  # what a busy machine may add to a call
+LATE = 0.5  # what a busy machine may add to a call (less than a shared token's worth)
+TURN = 0.03  # a token's pace is set as it starts: one may go at the pace before a change
 
 
 def card(sim_factory: Sims, **config: Any) -> SimServer:
@@ -40,11 +45,14 @@ def generate(sim: SimServer, model: str, tokens: int = TOKENS) -> float:
     return float(body["eval_duration"]) / 1e9
 
 
-def at_once(sim: SimServer, *models: str) -> list[float]:
+def at_once(sim: SimServer, *models: str) -> tuple[float, list[float]]:
+    """The seconds from sending the calls to the last answer, and each call's decoding."""
     for model in set(models):  # loaded first, so the calls decode together
         assert httpx.post(f"{sim.url}/api/generate", json={"model": model}).status_code == 200
     with ThreadPoolExecutor(len(models)) as pool:
-        return list(pool.map(lambda model: generate(sim, model), models))
+        sent = time.perf_counter()
+        took = list(pool.map(lambda model: generate(sim, model), models))
+        return time.perf_counter() - sent, took
 
 
 def alone(sim: SimServer) -> float:
@@ -62,21 +70,26 @@ def test_a_call_alone_decodes_at_full_speed(sim_factory: Sims) -> None:
 def test_two_calls_on_one_runner_share_its_batch_at_the_batch_cost(sim_factory: Sims) -> None:
     sim = card(sim_factory, num_parallel=2, batch_cost=0.5)
     expected = alone(sim) * 1.5
-    for took in at_once(sim, "llama3.2:3b", "llama3.2:3b"):
-        assert expected - EARLY <= took <= expected + LATE
+    both, took = at_once(sim, "llama3.2:3b", "llama3.2:3b")
+    assert both >= expected - TURN, (both, took)
+    for each in took:  # each slowed, whichever started first
+        assert alone(sim) * 1.25 < each <= expected + LATE
     assert sim.sim.stats.peak_decoding == 2
 
 
 def test_a_free_batch_decodes_two_calls_as_fast_as_one(sim_factory: Sims) -> None:
     sim = card(sim_factory, num_parallel=2, batch_cost=0.0)
-    for took in at_once(sim, "llama3.2:3b", "llama3.2:3b"):
-        assert alone(sim) - 0.01 <= took <= alone(sim) + LATE
+    _, took = at_once(sim, "llama3.2:3b", "llama3.2:3b")
+    for each in took:
+        assert alone(sim) - 0.01 <= each <= alone(sim) + LATE
+    assert sim.sim.stats.peak_decoding == 2
 
 
 def test_without_sharing_every_slot_decodes_at_full_speed(sim_factory: Sims) -> None:
     sim = card(sim_factory, share_gpu=False)
-    for took in at_once(sim, "llama3.2:3b", "phi3:mini"):
-        assert alone(sim) - 0.01 <= took <= alone(sim) + LATE
+    _, took = at_once(sim, "llama3.2:3b", "phi3:mini")
+    for each in took:
+        assert alone(sim) - 0.01 <= each <= alone(sim) + LATE
     assert sim.sim.stats.peak_decoding == 2
 
 
@@ -84,8 +97,11 @@ def test_two_models_decoding_on_one_card_each_wait_for_the_others_step(
         sim_factory: Sims) -> None:
     sim = card(sim_factory)
     expected = alone(sim) * 2  # both copies fit, so each step is 1 / tokens_per_s
-    for took in at_once(sim, "llama3.2:3b", "phi3:mini"):
-        assert expected - 2 * EARLY <= took <= expected + LATE
+    both, took = at_once(sim, "llama3.2:3b", "phi3:mini")
+    assert both >= expected - TURN, (both, took)
+    for each in took:
+        assert alone(sim) * 1.5 < each <= expected + LATE
+    assert sim.sim.stats.peak_decoding == 2
 
 
 def test_a_client_that_leaves_mid_stream_gives_its_share_back(sim_factory: Sims) -> None:
@@ -107,6 +123,6 @@ def test_a_client_that_leaves_mid_stream_gives_its_share_back(sim_factory: Sims)
     # the staying call's first tokens at two steps each, the rest at one
     step = sim.config.time_scale / sim.config.tokens_per_s
     expected = (TOKENS + read) * step
-    assert expected - 3 * EARLY <= took <= expected + LATE
+    assert expected - 2 * TURN <= took <= expected + LATE
     assert sim.sim.decoding == 0
     assert httpx.get(f"{sim.url}/_sim/stats").json()["decoding"] == 0
