@@ -606,10 +606,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def configs_from(argv: list[str] | None) -> list[SimConfig]:
+    """The GPUs a command line asks for."""
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(message)s",
-                        datefmt="%H:%M:%S")
     if args.fleet:
         configs = demo_fleet(args.time_scale)
     else:
@@ -619,8 +618,14 @@ def main(argv: list[str] | None = None) -> None:
                              kv_cache_type=args.kv_cache_type, max_queue=args.max_queue,
                              version=args.version,
                              tokens_per_s=args.tokens_per_s, time_scale=args.time_scale)]
-    configs = [sharing_from(args, config) for config in configs]
-    servers = start_fleet(configs, args.host, args.port)
+    return [sharing_from(args, config) for config in configs]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(message)s",
+                        datefmt="%H:%M:%S")
+    servers = start_fleet(configs_from(argv), args.host, args.port)
     for s in servers:
         print(f"{s.config.name}: {s.url}  ({s.config.total_vram_mib} MiB)", flush=True)
     with contextlib.suppress(KeyboardInterrupt):

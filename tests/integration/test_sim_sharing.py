@@ -9,6 +9,7 @@ bound is on it, the upper ones on each call's own decoding."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest.ollama_sim import SimServer
+from loadtest.ollama_sim import SimServer, configs_from
+from loadtest.serving import sharing_args
 from loadtest.sim_output import ANSWER_TOKENS
 from tests.conftest import eventually
 
@@ -126,3 +128,14 @@ def test_a_client_that_leaves_mid_stream_gives_its_share_back(sim_factory: Sims)
     assert expected - 2 * TURN <= took <= expected + LATE
     assert sim.sim.decoding == 0
     assert httpx.get(f"{sim.url}/_sim/stats").json()["decoding"] == 0
+
+
+def test_an_operator_turns_sharing_off_on_the_command_line() -> None:
+    assert {(c.batch_cost, c.share_gpu) for c in configs_from([])} == {(0.1, True)}
+    off = ["--fleet", "demo", "--batch-cost", "0", "--no-share-gpu"]
+    demo = configs_from(off)
+    assert len(demo) == 3
+    assert {(c.batch_cost, c.share_gpu) for c in demo} == {(0.0, False)}
+    # what the fleet soak passes on to each simulated GPU
+    fleet = configs_from(sharing_args(argparse.Namespace(batch_cost=0.25, share_gpu=False)))
+    assert [(c.batch_cost, c.share_gpu) for c in fleet] == [(0.25, False)]
