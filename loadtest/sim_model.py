@@ -140,8 +140,8 @@ class SimConfig:
     # What each more sequence in a runner's batch adds to its decode step (a hardware figure:
     # a step is memory-bound, so one more sequence adds its KV-cache reads, not the weights')
     batch_cost: float = 0.1
-    # Runners decoding at once time-slice the card (decode_period); False: every slot decodes
-    # alone at full speed, whatever else runs
+    # Runners decoding at once time-slice the card (OllamaSim.token_period_s); False: every
+    # slot decodes alone at full speed, whatever else runs
     share_gpu: bool = True
 
     def model(self, name: str) -> SimModel | None:

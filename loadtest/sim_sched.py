@@ -10,6 +10,8 @@ runs them.
   free) beside the models loaded (counted as self-evictions), waiting for a busy victim's
   calls to end, and loads a model that does not fit alone partly into CPU memory (a spill).
 - A runner's memory follows its architecture x context x slots (sim_model.py).
+- A runner decodes its busy slots in one batch a step, and the runners decoding at once
+  time-slice the card (token_period_s; docs/engine.md).
 """
 
 from __future__ import annotations
