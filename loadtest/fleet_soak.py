@@ -40,6 +40,7 @@ import openai
 from loadtest.loadgen import percentile, wait_http
 from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
+from loadtest.serving import add_sharing_flags, sharing_args
 from loadtest.sim_model import CATALOG
 from loadtest.sim_output import ANSWER_TOKENS, answer_options
 
@@ -312,7 +313,8 @@ def start(args: list[str], env: dict[str, str], log: Path, append: bool = False
 
 
 def start_gpus(fleet: list[Card], time_scale: float, logs: Path,
-               procs: list[subprocess.Popen[bytes]]) -> tuple[list[str], list[list[str]]]:
+               procs: list[subprocess.Popen[bytes]], sim_flags: tuple[str, ...] = ()
+               ) -> tuple[list[str], list[list[str]]]:
     """One simulator per card, each added to `procs` as it starts (the caller stops them,
     whatever happens next); their URLs and commands once all of them answer."""
     gpus: list[str] = []
@@ -320,7 +322,7 @@ def start_gpus(fleet: list[Card], time_scale: float, logs: Path,
     for card in fleet:
         port = free_port()
         commands.append(["-m", "loadtest.ollama_sim", "--port", str(port), *card.sim_args(),
-                         "--time-scale", str(time_scale)])
+                         "--time-scale", str(time_scale), *sim_flags])
         procs.append(start(commands[-1], {}, logs / f"{card.name}.log"))
         gpus.append(f"http://127.0.0.1:{port}")
     for gpu in gpus:
@@ -426,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dialects", default="ollama",
                         help="comma-separated, drawn per call: ollama (the `ollama` client on "
                              "/api/chat), openai (/v1/chat/completions), anthropic (/v1/messages)")
+    add_sharing_flags(parser)
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -433,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     nats: NatsServer | None = None
     try:
         fleet = FLEETS[args.fleet]
-        gpus, commands = start_gpus(fleet, args.time_scale, logs, procs)
+        gpus, commands = start_gpus(fleet, args.time_scale, logs, procs,
+                                    tuple(sharing_args(args)))
         if args.outage:
             def reboot(at: float, lasting: float) -> None:
                 time.sleep(at)

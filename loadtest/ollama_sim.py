@@ -32,7 +32,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import sim_checks, sim_dialects, sim_output
-from .serving import ThreadedServer
+from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import embedding_too_long, reported_prompt_eval_count
 from .sim_model import (
@@ -137,6 +137,7 @@ class SimApp:
         return _json({
             **s.__dict__,
             "vram_mib": self.sim.used_vram_mib(),
+            "decoding": self.sim.decoding,
             "loaded": sorted(self.sim.runners),
             "fault": self.sim.fault.__dict__,
         })
@@ -494,26 +495,27 @@ class SimApp:
             await sim._sleep(prefill_seconds(cached, prompt_tokens, sim.config.prompt_tokens_per_s
                                              * runner.speed, depth_scale(runner.model)))
             prompt_s = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            per_token = sim.config.time_scale / (sim.config.tokens_per_s * runner.speed)
-            spent = 0
-            for i, piece in enumerate(reply.pieces):
-                if fault and fault.mode == "midstream" and i == fault.after_chunks:
-                    sim.crash(runner)
-                    yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
-                    return
-                if fault and fault.mode == "stall" and i == fault.after_chunks:
-                    await asyncio.sleep(fault.delay_s)  # a hung runner: silence, then on
-                # Sleep to an absolute schedule: timers are coarse (1 ms under uvloop), and
-                # sub-millisecond sleeps would otherwise make the stream run fast.
-                spent += piece.tokens
-                ahead = t1 + spent * per_token - time.perf_counter()
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
-                if runner.crashed:  # another call's crash took the process down
-                    yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
-                    return
-                yield self._chunk(asked, piece, chat)
+            t1 = due = time.perf_counter()
+            with sim.decoding_on(runner):
+                for i, piece in enumerate(reply.pieces):
+                    if fault and fault.mode == "midstream" and i == fault.after_chunks:
+                        sim.crash(runner)
+                        yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
+                        return
+                    if fault and fault.mode == "stall" and i == fault.after_chunks:
+                        await asyncio.sleep(fault.delay_s)  # a hung runner: silence, then on
+                    # Sleep to an absolute schedule: timers are coarse (1 ms under uvloop),
+                    # and sub-millisecond sleeps would otherwise make the stream run fast. It
+                    # advances at the pace the card allows now, which the calls decoding
+                    # beside this one set.
+                    due += piece.tokens * sim.token_period_s(runner) * sim.config.time_scale
+                    ahead = due - time.perf_counter()
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+                    if runner.crashed:  # another call's crash took the process down
+                        yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
+                        return
+                    yield self._chunk(asked, piece, chat)
             eval_s = time.perf_counter() - t1
             final: dict[str, Any] = {"model": asked, "created_at": _now_rfc3339()}
             if chat:
@@ -600,13 +602,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "truncation, admission and reload rules)")
     p.add_argument("--tokens-per-s", type=float, default=50.0)
     p.add_argument("--time-scale", type=float, default=1.0)
+    add_sharing_flags(p)
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def configs_from(argv: list[str] | None) -> list[SimConfig]:
+    """The GPUs a command line asks for."""
     args = _parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(message)s",
-                        datefmt="%H:%M:%S")
     if args.fleet:
         configs = demo_fleet(args.time_scale)
     else:
@@ -616,7 +618,14 @@ def main(argv: list[str] | None = None) -> None:
                              kv_cache_type=args.kv_cache_type, max_queue=args.max_queue,
                              version=args.version,
                              tokens_per_s=args.tokens_per_s, time_scale=args.time_scale)]
-    servers = start_fleet(configs, args.host, args.port)
+    return [sharing_from(args, config) for config in configs]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(message)s",
+                        datefmt="%H:%M:%S")
+    servers = start_fleet(configs_from(argv), args.host, args.port)
     for s in servers:
         print(f"{s.config.name}: {s.url}  ({s.config.total_vram_mib} MiB)", flush=True)
     with contextlib.suppress(KeyboardInterrupt):

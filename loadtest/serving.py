@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import socket
 import threading
 import time
 from typing import Any
 
 import uvicorn
+
+from .sim_model import SimConfig
 
 
 class ThreadedServer:
@@ -57,3 +61,23 @@ class ThreadedServer:
             self._server.should_exit = True
             self._thread.join(timeout=10)
         self._server = None
+
+
+def add_sharing_flags(parser: argparse.ArgumentParser) -> None:
+    """How the simulated GPUs share their time between calls decoding at once."""
+    parser.add_argument("--batch-cost", type=float, default=0.1,
+                        help="what each more sequence in a runner's batch adds to its decode "
+                             "step (0.1: +10%%; 0: slots decode for free)")
+    parser.add_argument("--no-share-gpu", dest="share_gpu", action="store_false",
+                        help="every slot decodes alone at full speed, however many calls "
+                             "and models decode on the card")
+
+
+def sharing_from(args: argparse.Namespace, config: SimConfig) -> SimConfig:
+    """A simulator's config with the sharing flags applied."""
+    return dataclasses.replace(config, batch_cost=args.batch_cost, share_gpu=args.share_gpu)
+
+
+def sharing_args(args: argparse.Namespace) -> list[str]:
+    """The sharing flags as `python -m loadtest.ollama_sim` takes them."""
+    return ["--batch-cost", str(args.batch_cost), *([] if args.share_gpu else ["--no-share-gpu"])]

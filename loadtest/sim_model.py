@@ -137,6 +137,12 @@ class SimConfig:
     image_tokens: int = IMAGE_TOKENS  # a vision model's own cost per image (qwen2.5vl: more)
     time_scale: float = 1.0  # multiplies every simulated duration; tests use 0.001-0.01
     version: str = CURRENT_VERSION
+    # What each more sequence in a runner's batch adds to its decode step (a hardware figure:
+    # a step is memory-bound, so one more sequence adds its KV-cache reads, not the weights')
+    batch_cost: float = 0.1
+    # Runners decoding at once time-slice the card (OllamaSim.token_period_s); False: every
+    # slot decodes alone at full speed, whatever else runs
+    share_gpu: bool = True
 
     def model(self, name: str) -> SimModel | None:
         wanted = normalise_name(name)
@@ -172,6 +178,13 @@ class SimConfig:
     def cache_type(self) -> str:
         newest = version_tuple(self.version) >= (0, 30, 0)
         return self.kv_cache_type if newest or self.flash_attention else "f16"
+
+
+def decode_step_s(tokens_per_s: float, speed: float, sequences: int, batch_cost: float
+                  ) -> float:
+    """One decode step of a runner whose batch holds `sequences` (>= 1) sequences: each
+    decoding sequence gains one token a step (one batch per step, docs/engine.md)."""
+    return (1 + batch_cost * (max(sequences, 1) - 1)) / (tokens_per_s * speed)
 
 
 def normalise_name(name: str) -> str:

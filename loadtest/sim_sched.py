@@ -10,15 +10,19 @@ runs them.
   free) beside the models loaded (counted as self-evictions), waiting for a busy victim's
   calls to end, and loads a model that does not fit alone partly into CPU memory (a spill).
 - A runner's memory follows its architecture x context x slots (sim_model.py).
+- A runner decodes its busy slots in one batch a step, and the runners decoding at once
+  time-slice the card (token_period_s; docs/engine.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +38,7 @@ from .sim_engine import (
     resolve_options,
     version_tuple,
 )
-from .sim_model import PromptTokens, SimConfig, SimModel, tokens_for_text
+from .sim_model import PromptTokens, SimConfig, SimModel, decode_step_s, tokens_for_text
 
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
@@ -67,6 +71,7 @@ class Runner:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     cache: PromptCache | None = None  # its slots' prompt caches: empty at every (re)load
     crashed: bool = False  # its llama-server died: listed until a call reloads it
+    decoding: int = 0  # its calls between their first token and their last: its batch
 
     @property
     def spilled(self) -> bool:
@@ -109,6 +114,7 @@ class Stats:
     evaluated_tokens: int = 0  # prompt tokens evaluated
     cached_tokens: int = 0  # prompt tokens found in a slot's cache instead
     cache_hits: int = 0  # calls that found any of their prompt cached
+    peak_decoding: int = 0  # the most sequences decoding at once on this card, all runners
     requests_by_model: dict[str, int] = field(default_factory=dict)
     # /api/version, /api/tags, /api/ps and /api/show requests: what probing costs the server
     probes_by_path: dict[str, int] = field(default_factory=dict)
@@ -124,6 +130,7 @@ class OllamaSim:
         self.fault = Fault()
         self._loader = asyncio.Lock()  # one load at a time
         self._pending = 0
+        self.decoding = 0  # sequences decoding on this card now, all runners
 
     @property
     def newest(self) -> bool:
@@ -134,6 +141,35 @@ class OllamaSim:
         scaled = seconds * self.config.time_scale
         if scaled > 0:
             await asyncio.sleep(scaled)
+
+    # -- decoding --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def decoding_on(self, runner: Runner) -> Iterator[None]:
+        """A call's sequence in `runner`'s batch from its first token to its last; the count
+        drops however the call ends (its client left, the runner died)."""
+        runner.decoding += 1
+        self.decoding += 1
+        self.stats.peak_decoding = max(self.stats.peak_decoding, self.decoding)
+        try:
+            yield
+        finally:
+            runner.decoding -= 1
+            self.decoding -= 1
+
+    def token_period_s(self, runner: Runner) -> float:
+        """Simulated seconds until each sequence decoding on `runner` has its next token.
+
+        Each runner is its own llama-server process decoding all its busy slots in one batch
+        a step; runners decoding at once time-slice the card, so a token of every sequence
+        waits for one step of each busy runner (docs/engine.md). Without sharing, a slot
+        decodes alone at full speed."""
+        c = self.config
+        if not c.share_gpu:
+            return decode_step_s(c.tokens_per_s, runner.speed, 1, 0.0)
+        busy = [r for r in self.runners.values() if r.decoding and r is not runner]
+        busy.append(runner)  # counted even once dropped from the list (a reset, a reload)
+        return sum(decode_step_s(c.tokens_per_s, r.speed, r.decoding, c.batch_cost)
+                   for r in busy)
 
     # -- memory ----------------------------------------------------------------------------
     def used_vram_mib(self) -> int:
