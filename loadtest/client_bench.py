@@ -73,7 +73,7 @@ def main() -> None:
     os.sched_setaffinity(0, {0})
     sim_port = free_port()
     sim = spawn(["-m", "loadtest.ollama_sim", "--port", str(sim_port), "--parallel", "64",
-                 "--tokens-per-s", "1000000"], cpus={0})
+                 "--tokens-per-s", "1000000", "--no-share-gpu"], cpus={0})
     upstream = f"http://127.0.0.1:{sim_port}"
     print("client   conc  direct_p50  proxy_p50  added_p50  added_p99  (ms)")
     try:
