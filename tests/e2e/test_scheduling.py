@@ -69,6 +69,26 @@ def test_warm_reuse(sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str
     assert b.sim.stats.loads == 0
 
 
+def test_a_call_takes_the_idle_copy_not_a_free_slot_beside_a_running_call(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """Two cards with a warm two-slot copy each; one call streams on "a" (first by name).
+    The next call decodes faster on "b" than in "a"'s batch (the simulator shares a runner's
+    decode between its busy slots, as Ollama's runners do): it goes to "b"."""
+    a = sim_factory("a", num_parallel=2, time_scale=SCALE)
+    b = sim_factory("b", num_parallel=2, time_scale=SCALE)
+    for gpu in (a, b):
+        httpx.post(f"{gpu.url}/api/generate", json={"model": "llama3.2:3b"})
+    url = sidecar_factory([a, b], **mode).url
+    started = threading.Event()
+    running = stream_in_background(url, "llama3.2:3b", 2000, started)
+    assert a.sim.stats.peak_decoding == 1 and b.sim.stats.peak_decoding == 0
+    r = chat(url, "llama3.2:3b")
+    assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
+        "b", "warm")
+    assert a.sim.stats.peak_decoding == 1  # never two in a's batch
+    running.join(30)
+
+
 def test_cold_load_onto_free_room_on_the_smallest_card(sim_factory: Sims,
                                                        sidecar_factory: Sidecars,
                                                        mode: dict[str, Any]) -> None:
