@@ -607,14 +607,16 @@ class _Planner:
     def wait_loses(self, option: Verdict | QueueOption) -> bool:
         """Waiting for a slot at this option (a full copy's verdict, or step 5's queue) loses
         to any load, cheaper or not: the call cannot wait for a slot at all, or the wait is
-        expected (as weighed) to outlast what is left of its wait limit. A load places the
+        expected to outlast what is left of its wait limit. A load places the
         call at once, so it starts within the limit; the wait would end in gpu-busy."""
         if isinstance(option, Verdict):
             index = self.indexes[option.provider]
             if not (index.is_warm(option.model) or index.is_loading(option.model)) or \
                     index.free_slots(option.model) > 0:
                 return False  # a load, or a free slot: no wait
-            wait_s = option.cost_s
+            # the call's own wait: for a slot, and for a copy still loading; not what its
+            # run would cost once started, nor what it adds to the calls behind it
+            wait_s = option.terms.get("queue", 0.0) + option.terms.get("load", 0.0)
         else:
             wait_s = option.wait_s
         left = self.call.wait_left_s

@@ -168,3 +168,18 @@ def test_a_load_that_fits_is_never_passed_over_for_a_wait_the_call_may_not_make(
     # a step 4 wait carries its expected seconds (a step 5 one has no load onto free room)
     assert decision.queue_option_s is not None
     assert spec.wait_left_s is None or decision.queue_option_s <= spec.wait_left_s
+
+
+def test_the_wait_weighed_against_the_limit_is_the_calls_own_not_its_run_or_the_line() -> None:
+    """"a" also runs a 14b call about to end: what it adds to the 8b's run (contention) and
+    the backlog are no part of the wait for the slot (2.5 s), which 3.5 s left outlasts."""
+    base = busy_8b_and_idle_card()
+    a = replace(base.providers[0], residents=(*base.providers[0].residents,
+                                              *gpu("x", GIB24, ("qwen3:14b",)).residents))
+    snap = replace(base, providers=(a, base.providers[1]),
+                   tickets=(*base.tickets, ticket("a", "qwen3:14b", elapsed=29.5)))
+    spec = replace(call("qwen3:8b"), wait_left_s=3.5)
+    decision, verdicts = explain(spec, snap)
+    waited = next(v for v in verdicts if v.provider == "a" and v.model == "qwen3:8b")
+    assert waited.cost_s > 3.5 > waited.terms["queue"]
+    assert decision.outcome == "wait", decision.reason
