@@ -8,6 +8,7 @@ environment wins over the file, so a Deployment can override a mounted ConfigMap
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import SplitResult, urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -213,6 +215,14 @@ class Settings(BaseSettings):
                                  "https://*.example.com), or `*` alone for every origin")
         return value
 
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        nats_servers(value)
+        return value
+
     @field_validator("listen", "ops_listen")
     @classmethod
     def _listen(cls, value: str | None) -> str | None:
@@ -276,6 +286,59 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range in {value!r}")
     return host, port
+
+
+# The schemes nats-py connects with (nats/aio/client.py _parse_server_uri); an entry without
+# one is nats://. ws and wss leave the port to the scheme, the others default it to 4222.
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?", re.IGNORECASE)
+
+
+def nats_servers(value: str) -> list[SplitResult]:
+    """The servers of a `KUBEMOOT_NATS_URL`, comma-separated, each `[scheme://][user[:password]
+    @]host[:port]`; ValueError naming the entry (its credentials left out) when one is no URL
+    nats-py can connect to. nats-py itself would take a mistyped scheme for a host name and
+    wait for it without end, and fail on a bad port with a traceback."""
+    servers = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            raise ValueError("an empty entry in the comma-separated list")
+        scheme, has_scheme, _ = entry.partition("://")
+        shown = repr(_without_userinfo(entry))
+        if has_scheme and scheme not in NATS_SCHEMES:  # (lower case: nats-py reads no other)
+            raise ValueError(f"{shown}: the scheme must be nats://, tls://, ws:// or wss://")
+        parts = urlsplit(entry if has_scheme else f"nats://{entry}")
+        host = parts.hostname or ""
+        if not (_HOST_NAME.fullmatch(host) or _ip_address(host)):
+            raise ValueError(f"{shown}: no valid host name in it")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"{shown}: the port must be a number from 1 to 65535") from None
+        if port == 0:
+            raise ValueError(f"{shown}: the port must be a number from 1 to 65535")
+        servers.append(parts)
+    websocket = {p.scheme in ("ws", "wss") for p in servers}
+    if len(websocket) > 1:  # nats-py refuses such a list
+        raise ValueError("websocket (ws://, wss://) and other servers mixed in one list")
+    return servers
+
+
+def _without_userinfo(entry: str) -> str:
+    """A server URL as given, any `user:password@` replaced, fit for an error line."""
+    head, at, address = entry.rpartition("@")
+    if not at:
+        return entry
+    scheme, has_scheme, _ = head.partition("://")
+    return f"{scheme}://***@{address}" if has_scheme and scheme.isalpha() else f"***@{address}"
+
+
+def _ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def describe_validation_error(exc: ValidationError) -> str:

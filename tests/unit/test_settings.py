@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy import __version__
-from proxy.settings import ConfigError, load_settings, unknown_settings
+from proxy.settings import ConfigError, load_settings, nats_servers, unknown_settings
 
 PROVIDERS = [{"name": "a", "endpoint": "http://127.0.0.1:1", "totalVramMiB": 24564,
               "contextLength": 8192, "maxParallel": 2, "weight": 25}]
@@ -118,6 +118,41 @@ def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
     message = str(info.value)
     assert message.startswith(named), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("url", [
+    "nats://nats:4222", "tls://nats-0.nats:4222,tls://nats-1.nats:4222", "nats://[::1]:4222",
+    "nats-0:4222", "nats", "nats://agent:s3cret@nats:4222", "wss://nats.example.com",
+    "ws://127.0.0.1:8080, ws://127.0.0.2:8080"])
+def test_nats_urls_as_nats_py_takes_them(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_NATS_URL", url)
+    assert load_settings().nats_url == url
+    assert len(nats_servers(url)) == url.count(",") + 1
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("nats://nats:42x2", "'nats://nats:42x2': the port must be a number from 1 to 65535"),
+    ("nats://127.0.0.1:99999", "'nats://127.0.0.1:99999': the port must be a number"),
+    ("nats://nats:0", "'nats://nats:0': the port must be a number"),
+    ("nast://127.0.0.1:4222", "'nast://127.0.0.1:4222': the scheme must be nats://, tls://"),
+    ("NATS://nats:4222", "'NATS://nats:4222': the scheme must be"),  # nats-py: a host "nats"
+    ("http://nats:4222", "'http://nats:4222': the scheme must be"),
+    ("nats://:4222", "'nats://:4222': no valid host name in it"),
+    ("nats://my nats:4222", "'nats://my nats:4222': no valid host name in it"),
+    ("nats://a:4222,", "an empty entry in the comma-separated list"),
+    ("nats://a:4222,ws://b:80", "websocket (ws://, wss://) and other servers mixed"),
+    # the credentials stay out of the line, whatever else is wrong
+    ("tls://agent:s3cret@nats:42x2", "'tls://***@nats:42x2': the port must be a number"),
+    ("agent:s3c@ret@nats:42x2", "'***@nats:42x2': the port must be a number"),
+    ("agent:s3cret@nast://nats", "'***@nast://nats': the scheme must be"),
+])
+def test_a_bad_nats_url_is_named_with_the_entry_and_no_password(
+        url: str, said: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_NATS_URL", url)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value).startswith(f"KUBEMOOT_NATS_URL: {said}"), str(info.value)
+    assert "s3c" not in str(info.value) and "agent" not in str(info.value)
 
 
 @pytest.mark.parametrize("origins", ["*", "https://*.example.com", "http://10.0.0.7:8080",
@@ -237,7 +272,7 @@ def test_serve_says_in_one_line_where_it_listens_and_what_state_it_uses() -> Non
     with socket.create_server(("127.0.0.1", 0)) as free:
         port = free.getsockname()[1]
     serve = _serve("--listen", f"127.0.0.1:{port}", KUBEMOOT_MODEL_ENDPOINT="http://127.0.0.1:9",
-                   KUBEMOOT_NATS_URL="nats://agent:s3cret@127.0.0.1:9")
+                   KUBEMOOT_NATS_URL="nats://agent:s3cret@127.0.0.1:9,agent:s3cret@[::1]:9")
     try:
         assert serve.stdout is not None
         line = serve.stdout.readline()
@@ -245,5 +280,5 @@ def test_serve_says_in_one_line_where_it_listens_and_what_state_it_uses() -> Non
         serve.kill()
         serve.communicate()
     assert line.startswith(f"kubemoot-proxy {__version__} listening on http://127.0.0.1:{port}")
-    assert "the static endpoint" in line and "NATS at nats://127.0.0.1:9" in line
+    assert "the static endpoint" in line and "NATS at nats://127.0.0.1:9, nats://[::1]:9" in line
     assert "s3cret" not in line and "agent" not in line
