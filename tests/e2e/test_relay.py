@@ -121,6 +121,8 @@ def test_malformed_body_is_400_naming_the_field(body: bytes, field: str | None,
     assert r.status_code == 400
     data = r.json()
     assert data["reason"] == "bad-request" and data["error"]
+    # the request's model, when the body names one (CONTRACT.md's refusal body)
+    assert data.get("model") == ("qwen3:8b" if b'"qwen3:8b"' in body else None)
     if field:
         assert (field if field.startswith("option ") else f"'{field}'") in data["error"]
     assert sum(s.sim.stats.requests for s in fleet) == 0  # nothing reached a GPU
@@ -217,7 +219,7 @@ def test_ollamas_own_refusals_are_answered_before_placement_in_its_words(
         refused = httpx.post(f"{url}/api/generate", json={
             "model": "qwen3:8b", "prompt": "hi", "keep_alive": keep_alive, "stream": stream})
         assert refused.status_code == 400
-        assert refused.json() == {"error": error, "reason": "bad-request"}
+        assert refused.json() == {"error": error, "reason": "bad-request", "model": "qwen3:8b"}
     with pytest.raises(ollama.ResponseError) as info:  # the official client reads it so
         ollama.Client(host=url).chat(model="phi3:mini", messages=HI, think=True)
     assert info.value.status_code == 400 and "does not support thinking" in info.value.error
