@@ -21,7 +21,14 @@ from typing import Annotated, Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -33,6 +40,62 @@ from pydantic_settings import (
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
 ENV_PREFIX = "KUBEMOOT_"
+
+
+# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart):
+# [[scheme://]host/][namespace/]model[:tag], the missing parts its defaults. Each part begins
+# with a letter, digit or `_`, then those, `-`, `_`, and `.` (not in a namespace) or `:` (only
+# in a host); a separator with nothing beside it makes the name invalid.
+_NAME_DEFAULTS = {"host": "registry.ollama.ai", "namespace": "library", "tag": "latest"}
+_NAME_LENGTHS = {"host": 350, "namespace": 80, "model": 80, "tag": 80}
+_MISSING = "!MISSING!"  # Ollama's marker of a part a separator promised (never valid)
+
+
+def _cut_last(text: str, sep: str) -> tuple[str, str, bool]:
+    before, found, after = text.rpartition(sep)
+    if not found:
+        return text, "", False
+    return before or _MISSING, after or _MISSING, True
+
+
+def ollama_name_parts(name: str) -> dict[str, str]:
+    """A model name's host, namespace, model and tag as Ollama's ParseName reads them."""
+    parts = {"host": "", "namespace": "", "model": "", "tag": ""}
+    rest = name
+    if rest.rfind(":") > rest.rfind("/"):
+        rest, parts["tag"], _ = _cut_last(rest, ":")
+    rest, parts["model"], promised = _cut_last(rest, "/")
+    if not promised:
+        parts["model"] = rest
+    else:
+        rest, parts["namespace"], promised = _cut_last(rest, "/")
+        if not promised:
+            parts["namespace"] = rest
+        else:
+            scheme, sep, host = rest.partition("://")
+            parts["host"] = host if sep else scheme
+    return {kind: value or _NAME_DEFAULTS.get(kind, "") for kind, value in parts.items()}
+
+
+def _valid_part(kind: str, part: str) -> bool:
+    if not 1 <= len(part) <= _NAME_LENGTHS[kind]:
+        return False
+    extra = {"host": "-_.:", "namespace": "-_", "model": "-_.", "tag": "-_."}[kind]
+    return _WORD.match(part[0]) is not None and all(
+        c in extra or _WORD.match(c) for c in part[1:])
+
+
+_WORD = re.compile(r"[A-Za-z0-9_]")
+
+
+def check_model_name(name: str) -> str:
+    """`name` if Ollama takes it as a model name, else ValueError saying which part is not."""
+    for kind, part in ollama_name_parts(name).items():
+        if not _valid_part(kind, part):
+            raise ValueError(f"{name!r} is not a model name as Ollama reads one "
+                             "([host/][namespace/]model[:tag]; letters, digits, '_', '-' and "
+                             f"'.'): its {kind} is not valid")
+    return name
 
 
 class ProviderConfig(BaseModel):
@@ -67,8 +130,23 @@ class CandidateModel(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
     model: str = Field(min_length=1)
-    score: float = 0.0
+    score: float  # the model's quality score: the operator publishes one for every entry
     vram_mib: int | None = Field(default=None, alias="vramMib", ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scored(cls, value: Any) -> Any:
+        # Said with the entry's model: pydantic's own "score: Field required" names neither
+        if isinstance(value, dict) and "score" not in value and isinstance(
+                value.get("model"), str):
+            raise ValueError(f"the entry for {value['model']!r} has no score (each entry is "
+                             '{"model", "score", "vramMib"?}, as the operator publishes it)')
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        return check_model_name(value)
 
 
 def _parse_json_or_file(value: Any, setting: str) -> Any:
@@ -89,7 +167,17 @@ def _parse_json_or_file(value: Any, setting: str) -> Any:
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ValueError(f"file {text} is not valid YAML/JSON: {exc}") from exc
+        raise ValueError(f"file {text} is not valid YAML/JSON: {yaml_problem(exc)}") from exc
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: what is wrong, and where."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = f" ({exc.context})" if exc.context else ""
+        return f"{exc.problem}{where}{context}"
+    return " ".join(str(exc).split())
 
 
 _config_file: ContextVar[Path | None] = ContextVar("kubemoot_config_file", default=None)
@@ -107,8 +195,10 @@ class _YamlFileSource(PydanticBaseSettingsSource):
             return {}
         try:
             data = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"--config {path}: cannot read: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {path}: not valid YAML: {yaml_problem(exc)}") from None
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: cannot read: {exc.strerror or exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"--config {path}: top level must be a mapping")
         out: dict[str, Any] = {}
@@ -186,6 +276,11 @@ class Settings(BaseSettings):
         if duplicates:
             raise ValueError(f"duplicate provider name(s): {', '.join(duplicates)}")
         return value
+
+    @field_validator("model_model", "triage_model_model_id")
+    @classmethod
+    def _model_names(cls, value: str | None) -> str | None:
+        return check_model_name(value) if value else value
 
     @field_validator("model_endpoint", "triage_model_endpoint")
     @classmethod

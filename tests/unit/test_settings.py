@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from proxy import __version__
-from proxy.settings import ConfigError, load_settings, nats_servers, unknown_settings
+from proxy.settings import (
+    ConfigError,
+    check_model_name,
+    load_settings,
+    nats_servers,
+    unknown_settings,
+)
 
 PROVIDERS = [{"name": "a", "endpoint": "http://127.0.0.1:1", "totalVramMiB": 24564,
               "contextLength": 8192, "maxParallel": 2, "weight": 25}]
@@ -107,6 +113,14 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         ({"KUBEMOOT_ORIGINS": "not an origin"}, "KUBEMOOT_ORIGINS"),
         ({"KUBEMOOT_ORIGINS": "https://ok.example.com,app.example.com"}, "KUBEMOOT_ORIGINS"),
         ({"KUBEMOOT_ORIGINS": "https://app.example.com/"}, "KUBEMOOT_ORIGINS"),
+        ({"KUBEMOOT_MODEL_CANDIDATES_MULLING": '[{"model": "qwen3:8b", "score": 70}, '
+                                               '{"model": "x"}]'},
+         "KUBEMOOT_MODEL_CANDIDATES_MULLING[1]: the entry for 'x' has no score"),
+        ({"KUBEMOOT_MODEL_CANDIDATES_TRIAGE": '[{"model": "bad model!!", "score": 1}]'},
+         "KUBEMOOT_MODEL_CANDIDATES_TRIAGE[0].model: 'bad model!!' is not a model name"),
+        ({"KUBEMOOT_MODEL_MODEL": "bad model!!"},
+         "KUBEMOOT_MODEL_MODEL: 'bad model!!' is not a model name as Ollama reads one"),
+        ({"KUBEMOOT_TRIAGE_MODEL_MODEL_ID": "qwen3:"}, "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
@@ -118,6 +132,59 @@ def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
     message = str(info.value)
     assert message.startswith(named), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("name", "bad_part"), [
+    ("qwen3:8b", None), ("qwen3", None), ("glm-4.6:cloud", None), ("_m", None),
+    ("qwen2.5-coder:1.5b-instruct-q4_K_M", None), ("library/qwen3", None),
+    ("hf.co/unsloth/Qwen3-8B-GGUF:Q4_K_M", None), ("localhost:5000/team/m:v1", None),
+    ("https://registry.example.com/team/m:v1", None),
+    # types/model/name.go:344-376: what isValidPart refuses, in the part it refuses it
+    ("bad model!!", "model"), ("-m", "model"), (":8b", "model"), ("m@sha256:abc", "model"),
+    ("m" * 81, "model"), ("qwen3:", "tag"), ("qwen3:8b!", "tag"), ("/qwen3", "namespace"),
+    ("my.team/m", "namespace"), ("a/b/c/d", "host"), ("ho st/ns/m", "host"),
+])
+def test_model_names_as_ollama_reads_them(name: str, bad_part: str | None) -> None:
+    if bad_part is None:
+        assert check_model_name(name) == name
+    else:
+        with pytest.raises(ValueError, match=f"its {bad_part} is not valid"):
+            check_model_name(name)
+
+
+def test_a_candidate_list_as_the_operator_publishes_it(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    monkeypatch.setenv("KUBEMOOT_MODEL_CANDIDATES_MULLING", json.dumps(
+        [{"model": "qwen3:32b", "score": 70}, {"model": "qwen3:8b", "score": 0,
+                                               "vramMib": 6000, "extra": 1}]))
+    assert [(c.model, c.score) for c in load_settings().model_candidates_mulling] == [
+        ("qwen3:32b", 70), ("qwen3:8b", 0)]
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("providers: [\n", "not valid YAML: expected the node content, but found '<stream end>' "
+                       "at line 2, column 1 (while parsing a flow node)"),
+    ("a: b\n  c: d\n", "not valid YAML: mapping values are not allowed here at line 2, "
+                      "column 4"),
+])
+def test_a_config_file_that_is_no_yaml_is_said_in_one_line(
+        text: str, said: str, tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert str(info.value) == f"--config {path}: {said}"
+
+
+def test_a_providers_file_that_is_no_yaml_is_said_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text("- name: a\n  endpoint: [\n")
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", str(path))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value).startswith(f"KUBEMOOT_PROVIDERS: file {path} is not valid YAML/JSON:")
+    assert "\n" not in str(info.value) and "line 3, column 1" in str(info.value)
 
 
 @pytest.mark.parametrize("url", [
