@@ -13,13 +13,14 @@ import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult
 
 from proxy import __version__
 from proxy.settings import (
     ConfigError,
     Settings,
     load_settings,
+    nats_servers,
     parse_listen,
     unknown_settings,
 )
@@ -107,15 +108,14 @@ def _startup_line(settings: Settings) -> str:
     targets = f"{len(settings.providers)} providers" if settings.providers else \
         "the static endpoint"
     if settings.nats_url:
-        servers = ", ".join(_without_credentials(u) for u in settings.nats_url.split(","))
+        servers = ", ".join(map(_without_credentials, nats_servers(settings.nats_url)))
         state = f"shared state in NATS at {servers}"
     else:
         state = "embedded state (this process only)"
     return f"kubemoot-proxy {__version__} listening on {where}{ops}: {targets}, {state}"
 
 
-def _without_credentials(url: str) -> str:
-    parts = urlsplit(url.strip())
+def _without_credentials(parts: SplitResult) -> str:
     host = parts.hostname or ""
     netloc = f"[{host}]" if ":" in host else host
     if parts.port is not None:

@@ -8,6 +8,7 @@ environment wins over the file, so a Deployment can override a mounted ConfigMap
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import os
 import re
@@ -17,9 +18,17 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import SplitResult, urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -31,6 +40,62 @@ from pydantic_settings import (
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
 ENV_PREFIX = "KUBEMOOT_"
+
+
+# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart):
+# [[scheme://]host/][namespace/]model[:tag], the missing parts its defaults. Each part begins
+# with a letter, digit or `_`, then those, `-`, `_`, and `.` (not in a namespace) or `:` (only
+# in a host); a separator with nothing beside it makes the name invalid.
+_NAME_DEFAULTS = {"host": "registry.ollama.ai", "namespace": "library", "tag": "latest"}
+_NAME_LENGTHS = {"host": 350, "namespace": 80, "model": 80, "tag": 80}
+_MISSING = "!MISSING!"  # Ollama's marker of a part a separator promised (never valid)
+
+
+def _cut_last(text: str, sep: str) -> tuple[str, str, bool]:
+    before, found, after = text.rpartition(sep)
+    if not found:
+        return text, "", False
+    return before or _MISSING, after or _MISSING, True
+
+
+def ollama_name_parts(name: str) -> dict[str, str]:
+    """A model name's host, namespace, model and tag as Ollama's ParseName reads them."""
+    parts = {"host": "", "namespace": "", "model": "", "tag": ""}
+    rest = name
+    if rest.rfind(":") > rest.rfind("/"):
+        rest, parts["tag"], _ = _cut_last(rest, ":")
+    rest, parts["model"], promised = _cut_last(rest, "/")
+    if not promised:
+        parts["model"] = rest
+    else:
+        rest, parts["namespace"], promised = _cut_last(rest, "/")
+        if not promised:
+            parts["namespace"] = rest
+        else:
+            scheme, sep, host = rest.partition("://")
+            parts["host"] = host if sep else scheme
+    return {kind: value or _NAME_DEFAULTS.get(kind, "") for kind, value in parts.items()}
+
+
+def _valid_part(kind: str, part: str) -> bool:
+    if not 1 <= len(part) <= _NAME_LENGTHS[kind]:
+        return False
+    extra = {"host": "-_.:", "namespace": "-_", "model": "-_.", "tag": "-_."}[kind]
+    return _WORD.match(part[0]) is not None and all(
+        c in extra or _WORD.match(c) for c in part[1:])
+
+
+_WORD = re.compile(r"[A-Za-z0-9_]")
+
+
+def check_model_name(name: str) -> str:
+    """`name` if Ollama takes it as a model name, else ValueError saying which part is not."""
+    for kind, part in ollama_name_parts(name).items():
+        if not _valid_part(kind, part):
+            raise ValueError(f"{name!r} is not a model name as Ollama reads one "
+                             "([host/][namespace/]model[:tag]; letters, digits, '_', '-' and "
+                             f"'.'): its {kind} is not valid")
+    return name
 
 
 class ProviderConfig(BaseModel):
@@ -65,8 +130,23 @@ class CandidateModel(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
     model: str = Field(min_length=1)
-    score: float = 0.0
+    score: float  # the model's quality score: the operator publishes one for every entry
     vram_mib: int | None = Field(default=None, alias="vramMib", ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scored(cls, value: Any) -> Any:
+        # Said with the entry's model: pydantic's own "score: Field required" names neither
+        if isinstance(value, dict) and "score" not in value and isinstance(
+                value.get("model"), str):
+            raise ValueError(f"the entry for {value['model']!r} has no score (each entry is "
+                             '{"model", "score", "vramMib"?}, as the operator publishes it)')
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        return check_model_name(value)
 
 
 def _parse_json_or_file(value: Any, setting: str) -> Any:
@@ -87,7 +167,17 @@ def _parse_json_or_file(value: Any, setting: str) -> Any:
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ValueError(f"file {text} is not valid YAML/JSON: {exc}") from exc
+        raise ValueError(f"file {text} is not valid YAML/JSON: {yaml_problem(exc)}") from exc
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: what is wrong, and where."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = f" ({exc.context})" if exc.context else ""
+        return f"{exc.problem}{where}{context}"
+    return " ".join(str(exc).split())
 
 
 _config_file: ContextVar[Path | None] = ContextVar("kubemoot_config_file", default=None)
@@ -105,8 +195,10 @@ class _YamlFileSource(PydanticBaseSettingsSource):
             return {}
         try:
             data = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"--config {path}: cannot read: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {path}: not valid YAML: {yaml_problem(exc)}") from None
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: cannot read: {exc.strerror or exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"--config {path}: top level must be a mapping")
         out: dict[str, Any] = {}
@@ -185,6 +277,11 @@ class Settings(BaseSettings):
             raise ValueError(f"duplicate provider name(s): {', '.join(duplicates)}")
         return value
 
+    @field_validator("model_model", "triage_model_model_id")
+    @classmethod
+    def _model_names(cls, value: str | None) -> str | None:
+        return check_model_name(value) if value else value
+
     @field_validator("model_endpoint", "triage_model_endpoint")
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
@@ -211,6 +308,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not an origin: use scheme://host[:port] "
                                  "(`*` a wildcard within the host, like "
                                  "https://*.example.com), or `*` alone for every origin")
+        return value
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        nats_servers(value)
         return value
 
     @field_validator("listen", "ops_listen")
@@ -276,6 +381,59 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range in {value!r}")
     return host, port
+
+
+# The schemes nats-py connects with (nats/aio/client.py _parse_server_uri); an entry without
+# one is nats://. ws and wss leave the port to the scheme, the others default it to 4222.
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+_HOST_NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?", re.IGNORECASE)
+
+
+def nats_servers(value: str) -> list[SplitResult]:
+    """The servers of a `KUBEMOOT_NATS_URL`, comma-separated, each `[scheme://][user[:password]
+    @]host[:port]`; ValueError naming the entry (its credentials left out) when one is no URL
+    nats-py can connect to. nats-py itself would take a mistyped scheme for a host name and
+    wait for it without end, and fail on a bad port with a traceback."""
+    servers = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not entry:
+            raise ValueError("an empty entry in the comma-separated list")
+        scheme, has_scheme, _ = entry.partition("://")
+        shown = repr(_without_userinfo(entry))
+        if has_scheme and scheme not in NATS_SCHEMES:  # (lower case: nats-py reads no other)
+            raise ValueError(f"{shown}: the scheme must be nats://, tls://, ws:// or wss://")
+        parts = urlsplit(entry if has_scheme else f"nats://{entry}")
+        host = parts.hostname or ""
+        if not (_HOST_NAME.fullmatch(host) or _ip_address(host)):
+            raise ValueError(f"{shown}: no valid host name in it")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"{shown}: the port must be a number from 1 to 65535") from None
+        if port == 0:
+            raise ValueError(f"{shown}: the port must be a number from 1 to 65535")
+        servers.append(parts)
+    websocket = {p.scheme in ("ws", "wss") for p in servers}
+    if len(websocket) > 1:  # nats-py refuses such a list
+        raise ValueError("websocket (ws://, wss://) and other servers mixed in one list")
+    return servers
+
+
+def _without_userinfo(entry: str) -> str:
+    """A server URL as given, any `user:password@` replaced, fit for an error line."""
+    head, at, address = entry.rpartition("@")
+    if not at:
+        return entry
+    scheme, has_scheme, _ = head.partition("://")
+    return f"{scheme}://***@{address}" if has_scheme and scheme.isalpha() else f"***@{address}"
+
+
+def _ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def describe_validation_error(exc: ValidationError) -> str:

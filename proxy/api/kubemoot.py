@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from proxy.api import wire
 from proxy.api.errors import JSON, error_response
-from proxy.api.routes import BodyTooSlow, RequestTooLarge, answer_cap, read_capped
+from proxy.api.routes import PHASES, BodyTooSlow, RequestTooLarge, answer_cap, read_capped
 from proxy.core.affinity import expected_cached, shared_prompt_size
 from proxy.core.occupancy import index_providers, loaded_limit
 from proxy.core.placement import explain
@@ -66,6 +66,24 @@ def _int_param(request: Request, name: str) -> int | None:
     return int(raw)
 
 
+def _phase_param(request: Request) -> str:
+    """The `phase` query parameter, read as the X-Kubemoot-Phase header is (empty is the
+    default, mulling): any other value is refused, not ignored."""
+    phase = request.query_params.get("phase", "").strip().lower() or "mulling"
+    if phase not in PHASES:
+        raise wire.BadRequest(f"query parameter 'phase': {phase!r} is not a phase; use one "
+                              f"of {', '.join(PHASES)}", "phase")
+    return phase
+
+
+def _model_param(request: Request) -> str | None:
+    model = request.query_params.get("model") or None
+    if model is not None and len(model) > wire.MAX_ID_LENGTH:
+        raise wire.BadRequest(f"query parameter 'model' must be at most {wire.MAX_ID_LENGTH} "
+                              "characters", "model")
+    return model
+
+
 class KubemootApi:
     def __init__(self, scheduler: Scheduler, plans: PlanBook, view: StateView,
                  demand: DemandBoard, max_request_bytes: int) -> None:
@@ -96,11 +114,12 @@ class KubemootApi:
         try:
             plan = wire.validate(wire.PlanRequest, body)
         except wire.BadRequest as exc:
-            return error_response(400, "bad-request", str(exc))
+            return error_response(400, "bad-request", str(exc), wire.named_model(body))
         result = await self.plans.create(plan.thread, plan.phase or "mulling", plan.model,
                                          plan.promptChars)
         if result.get("refusal"):  # over this agent's plans, or the fleet's share for them
-            return error_response(429, result["refusal"], result["reason"], retry_after_s=30)
+            return error_response(429, result["refusal"], result["reason"], plan.model,
+                                  retry_after_s=30)
         return _json(result, 201 if result.get("planned") else 200)
 
     async def delete_plan(self, request: Request) -> Response:
@@ -110,19 +129,19 @@ class KubemootApi:
 
     async def explain(self, request: Request) -> Response:
         try:
-            prompt_chars = _int_param(request, "promptChars") or 0
-            num_ctx = _int_param(request, "numCtx")
+            model = _model_param(request)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc))
-        phase = request.query_params.get("phase", "mulling")
-        model = request.query_params.get("model") or None
-        if model is not None and len(model) > wire.MAX_ID_LENGTH:
-            return error_response(400, "bad-request", f"query parameter 'model' must be at "
-                                  f"most {wire.MAX_ID_LENGTH} characters")
+        try:
+            prompt_chars = _int_param(request, "promptChars") or 0
+            num_ctx = _int_param(request, "numCtx")
+            phase = _phase_param(request)
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc), model)
         thread = request.query_params.get("thread") or None
         if thread is not None and len(thread) > wire.MAX_ID_LENGTH:
             return error_response(400, "bad-request", f"query parameter 'thread' must be at "
-                                  f"most {wire.MAX_ID_LENGTH} characters")
+                                  f"most {wire.MAX_ID_LENGTH} characters", model)
         result = self.scheduler.explain(phase, model, prompt_chars, num_ctx, thread)
         if result is None:
             return error_response(400, "bad-request", "field 'model': a model is required")
@@ -156,13 +175,17 @@ class KubemootApi:
         body = await self._json_body(request, EXPLAIN_REQUEST_BYTES, "explain")
         if isinstance(body, Response):
             return body
-        model = body.get("model")
-        if not isinstance(model, str) or not model or len(model) > wire.MAX_ID_LENGTH:
+        model = wire.named_model(body)
+        if model is None:
             return error_response(400, "bad-request", "field 'model': a model is required")
-        phase = request.query_params.get("phase", "mulling")
+        try:
+            phase = _phase_param(request)
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc), model)
         candidates = self.scheduler.candidates(phase, model)
         if not candidates:
-            return error_response(400, "bad-request", "field 'model': a model is required")
+            return error_response(400, "bad-request", "field 'model': a model is required",
+                                  model)
         digests = conversation_digests(body)
         call = CallRequest("/api/chat", model, phase, prompt=prompt_size(body),
                            num_predict=answer_cap(body), conversation=digests,

@@ -190,6 +190,32 @@ END_EVENTS = {"/v1/chat/completions": b"data: [DONE]", "/v1/completions": b"data
               "/v1/responses": b"event: response.completed"}
 
 
+# How Ollama ends an NDJSON stream that failed after it started (server/routes.go:2116-2124,
+# streamResponse): a line of its own with nothing but the error, the last of the stream.
+OLLAMAS_ERROR_LINE = b'{"error":'
+
+
+def ollamas_error_line_at(chunk: bytes, at_line_start: bool) -> int:
+    """Where Ollama's closing error line begins in `chunk`, or -1. Only at a line's start:
+    the same bytes inside a line are a nested object (a tool call's arguments)."""
+    if at_line_start and chunk.startswith(OLLAMAS_ERROR_LINE):
+        return 0
+    found = chunk.find(b"\n" + OLLAMAS_ERROR_LINE)
+    return found + 1 if found >= 0 else -1
+
+
+def with_reason(error_line: bytes) -> bytes:
+    """Ollama's closing error line with the `reason` CONTRACT.md gives every failure after a
+    stream began, its message kept; anything else as it came."""
+    try:
+        data = orjson.loads(error_line)
+    except orjson.JSONDecodeError:
+        return error_line
+    if not isinstance(data, dict) or not isinstance(data.get("error"), str):
+        return error_line
+    return orjson.dumps({**data, "reason": "upstream-failed"}) + b"\n"
+
+
 class RelayStream(StreamingResponse):
     """A streaming response whose cleanup runs even when the client goes away.
 
@@ -221,6 +247,10 @@ class RelayStream(StreamingResponse):
 
     async def _relay(self) -> AsyncIterator[bytes]:
         ended_with_newline = True
+        # Ollama's closing error line, held back from its start to the stream's end to be
+        # sent with a reason (NDJSON only: on the SSE paths Ollama's layers drop it)
+        held: bytes | None = None
+        ndjson = self.dialect == "ollama"
         iterator = self.upstream.chunks()
         silence = Silence(self.chunk_timeout_s)
         try:
@@ -241,9 +271,19 @@ class RelayStream(StreamingResponse):
                             self._tail[-MARK_OVERLAP:] + chunk[:MARK_OVERLAP]))
                 if self.end_event and not self._ended:  # (may straddle two chunks)
                     self._ended = self.end_event in self._tail[-len(self.end_event):] + chunk
+                at_line_start = ended_with_newline
                 ended_with_newline = chunk.endswith(b"\n")
                 self._tail = (self._tail + chunk)[-8192:]
+                if held is not None:
+                    held += chunk
+                    continue
+                if ndjson and (start := ollamas_error_line_at(chunk, at_line_start)) >= 0:
+                    held, chunk = chunk[start:], chunk[:start]
+                    if not chunk:
+                        continue
                 yield chunk
+            if held is not None:
+                yield with_reason(held)
             self._ok, self._error = True, None
             self._final = final_metrics(self._tail)
             if "error" in self._final:  # Ollama ends a failed stream this way
@@ -261,8 +301,10 @@ class RelayStream(StreamingResponse):
             cause = (f"no data for {self.chunk_timeout_s:g} s"
                      if isinstance(exc, TimeoutError) else str(exc))
             self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
-            yield (b"" if ended_with_newline else b"\n") + stream_error_line(self._error,
-                                                                               self.dialect)
+            # (an error line held back began a line: what was sent ends with a newline)
+            at_line_start = ended_with_newline or held is not None
+            yield (b"" if at_line_start else b"\n") + stream_error_line(self._error,
+                                                                          self.dialect)
         finally:
             silence.stop()
         # Before the stream's end reaches the client: its next call must find this one's

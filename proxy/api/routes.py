@@ -252,6 +252,7 @@ class SidecarApi:
     async def _read(self, request: Request, schema: type[W], dialect: Dialect = "ollama"
                     ) -> tuple[dict[str, Any], W] | Response:
         """The request's body and its checked fields, or the error answer (413, 400)."""
+        body: dict[str, Any] | None = None
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
             return body, wire.validate(schema, body)
@@ -264,14 +265,16 @@ class SidecarApi:
                                   f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
                                   dialect=dialect)
         except wire.BadRequest as exc:
-            return self._bad_request(exc, dialect)
+            return self._bad_request(exc, dialect, wire.named_model(
+                body, also_name="name" in schema.model_fields))
         except ClientDisconnect:  # gone before its body arrived: nobody to answer
             log.info("client went away while sending its request", path=request.url.path)
             return Response(status_code=499)
 
-    def _bad_request(self, exc: wire.BadRequest, dialect: Dialect) -> Response:
+    def _bad_request(self, exc: wire.BadRequest, dialect: Dialect, model: str | None
+                     ) -> Response:
         self.metrics.refusals.labels("bad-request").inc()
-        return error_response(400, "bad-request", str(exc), dialect=dialect)
+        return error_response(400, "bad-request", str(exc), model, dialect=dialect)
 
     async def show(self, request: Request) -> Response:
         read = await self._read(request, wire.ShowRequest)
@@ -371,7 +374,7 @@ class SidecarApi:
         try:
             call = self.call_request(request, "/v1/messages", body, parsed)
         except wire.BadRequest as exc:
-            return self._bad_request(exc, "anthropic")
+            return self._bad_request(exc, "anthropic", parsed.model or None)
         return _json({"input_tokens": self.prompt_tokens(call)})
 
     # -- inference -------------------------------------------------------------------------
@@ -423,7 +426,7 @@ class SidecarApi:
         try:
             call = self.call_request(request, path, body, parsed)
         except wire.BadRequest as exc:
-            return self._bad_request(exc, dialect)
+            return self._bad_request(exc, dialect, parsed.model or None)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)
         if isinstance(parsed, wire.EMBEDDINGS):

@@ -276,6 +276,17 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def named_model(body: dict[str, Any] | None, also_name: bool = False) -> str | None:
+    """The model a request's body names, for its refusal's `model` (CONTRACT.md), when it is
+    a string within the length limit; with `also_name`, Ollama's older `name` key (/api/show,
+    /api/pull) when it has no `model`."""
+    for key in ("model", "name") if also_name else ("model",):
+        value = body.get(key) if body is not None else None
+        if isinstance(value, str) and value and len(value) <= MAX_ID_LENGTH:
+            return value
+    return None
+
+
 W = TypeVar("W", bound=BaseModel)
 
 

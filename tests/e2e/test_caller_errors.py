@@ -29,11 +29,14 @@ def test_a_mistyped_option_is_ollamas_400_before_any_placement(
         sim_factory: Sims, sidecar_factory: Sidecars, options: dict[str, Any],
         message: str) -> None:
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
-    client = ollama.Client(host=sidecar_factory([gpu]).url)
+    url = sidecar_factory([gpu]).url
     with pytest.raises(ollama.ResponseError) as caught:
-        client.chat(model="qwen3:8b", messages=HI, options=options)
+        ollama.Client(host=url).chat(model="qwen3:8b", messages=HI, options=options)
     assert (caught.value.status_code, caught.value.error) == (400, message)
     assert (gpu.sim.stats.inference_requests, gpu.sim.stats.loads) == (0, 0)
+    refused = httpx.post(f"{url}/api/generate", json={
+        "model": "qwen3:8b", "prompt": "hi", "options": options})
+    assert refused.json() == {"error": message, "reason": "bad-request", "model": "qwen3:8b"}
 
 
 def test_well_typed_options_pass_as_ollama_reads_them(sim_factory: Sims,

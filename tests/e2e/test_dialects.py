@@ -185,6 +185,24 @@ def test_an_anthropic_stream_cut_by_its_provider_raises_in_the_client(
             pass
     # Ollama's Anthropic layer ends it without message_stop (middleware/anthropic.go:53-70)
     assert "without event: message_stop" in str(info.value.message)
+    body: Any = info.value.body  # Anthropic's error event, with the sidecar's reason
+    assert (body["error"]["type"], body["reason"]) == ("api_error", "upstream-failed")
+    assert eventually(lambda: no_tickets(url))
+
+
+def test_an_openai_stream_cut_by_its_provider_raises_in_the_client_with_the_reason(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    gpu.sim.fault.mode, gpu.sim.fault.after_chunks, gpu.sim.fault.count = "midstream", 2, 1
+    with pytest.raises(openai.APIError) as info:
+        for _ in client_for(url).chat.completions.create(model="qwen3:8b", messages=HI,
+                                                         stream=True, max_tokens=8):
+            pass
+    # Ollama's OpenAI layer ends it without [DONE] (middleware/openai.go:80-160)
+    assert "without [DONE]" in info.value.message
+    body: Any = info.value.body
+    assert (body["code"], body["type"]) == ("upstream-failed", "server_error")
     assert eventually(lambda: no_tickets(url))
 
 

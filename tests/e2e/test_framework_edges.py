@@ -61,7 +61,24 @@ def test_explain_refuses_a_malformed_number_plainly(sim_factory: Sims,
     r = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:8b",
                                                         "promptChars": value})
     assert r.status_code == 400 and r.json()["reason"] == "bad-request"
-    assert "promptChars" in r.json()["error"]
+    assert "promptChars" in r.json()["error"] and r.json()["model"] == "qwen3:8b"
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_explain_refuses_a_phase_out_of_its_values_as_the_header_is(
+        sim_factory: Sims, sidecar_factory: Sidecars, method: str) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    ask = {"params": {"model": "qwen3:8b", "phase": "lunch"}} if method == "GET" else {
+        "params": {"phase": "lunch"}, "json": {"model": "qwen3:8b", "messages": []}}
+    r = httpx.request(method, f"{url}/kubemoot/v1/explain", **ask)  # type: ignore[arg-type]
+    assert r.status_code == 400, r.text
+    assert r.json() == {"error": "query parameter 'phase': 'lunch' is not a phase; use one of "
+                                 "mulling, triage", "reason": "bad-request",
+                        "model": "qwen3:8b"}
+    for phase in ("triage", "Mulling", ""):  # as the header takes them
+        taken = httpx.get(f"{url}/kubemoot/v1/explain",
+                          params={"model": "qwen3:8b", "phase": phase})
+        assert taken.status_code == 200, taken.text
 
 
 def test_a_fault_is_a_500_in_the_sidecars_shape(sim_factory: Sims,
@@ -144,7 +161,7 @@ def test_a_kubemoot_header_out_of_its_values_is_refused_naming_it(
     r = httpx.post(f"{url}{path}", json=CALLS[path], headers={header: value}, timeout=30)
     assert r.status_code == 400, r.text
     body = r.json()
-    assert body["reason"] == "bad-request"
+    assert (body["reason"], body["model"]) == ("bad-request", "qwen3:8b")
     message = {"/api/chat": lambda: body["error"],
                "/v1/chat/completions": lambda: body["error"]["message"],
                "/v1/messages": lambda: body["error"]["message"]}[path]()

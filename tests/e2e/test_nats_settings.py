@@ -146,6 +146,28 @@ def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
                                f"{garbage}: not a NATS credentials file (no user JWT in it)"])
 
 
+SUBCOMMANDS = [["serve"], ["init-buckets"], ["publish", "--once"], ["bind", "-f", "docs.yaml"]]
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("nats://nats:42x2", "'nats://nats:42x2': the port must be a number from 1 to 65535"),
+    ("nats://127.0.0.1:4222,tls://agent:s3cret@127.0.0.1:99999",
+     "'tls://***@127.0.0.1:99999': the port must be a number from 1 to 65535"),
+    ("nast://127.0.0.1:4222", "'nast://127.0.0.1:4222': the scheme must be nats://, tls://, "
+                              "ws:// or wss://"),
+])
+def test_a_nats_url_that_is_no_url_ends_every_command_with_one_line(url: str, said: str
+                                                                    ) -> None:
+    """Before any connect: nats-py would take a mistyped scheme for a host and wait for it
+    without end, and a bad port ended `serve` with a traceback."""
+    env = {"KUBEMOOT_PROVIDERS": json.dumps([{"name": "gpu", "endpoint": "http://127.0.0.1:9"}])}
+    for args in [*SUBCOMMANDS, ["init-buckets", "--nats-url", url]]:
+        done = command(*args, KUBEMOOT_NATS_URL=url, **env) if "--nats-url" not in args else \
+            command(*args, **env)
+        assert (done.returncode, done.stdout, done.stderr) == (
+            2, "", f"kubemoot-proxy: bad configuration: KUBEMOOT_NATS_URL: {said}\n"), args
+
+
 @pytest.mark.parametrize(("server_args", "env", "settings"), [
     (["--user", "agent", "--pass", "s3cret"],
      {"KUBEMOOT_NATS_USER": "agent", "KUBEMOOT_NATS_PASSWORD": "wrong"},

@@ -121,6 +121,8 @@ def test_malformed_body_is_400_naming_the_field(body: bytes, field: str | None,
     assert r.status_code == 400
     data = r.json()
     assert data["reason"] == "bad-request" and data["error"]
+    # the request's model, when the body names one (CONTRACT.md's refusal body)
+    assert data.get("model") == ("qwen3:8b" if b'"qwen3:8b"' in body else None)
     if field:
         assert (field if field.startswith("option ") else f"'{field}'") in data["error"]
     assert sum(s.sim.stats.requests for s in fleet) == 0  # nothing reached a GPU
@@ -217,7 +219,7 @@ def test_ollamas_own_refusals_are_answered_before_placement_in_its_words(
         refused = httpx.post(f"{url}/api/generate", json={
             "model": "qwen3:8b", "prompt": "hi", "keep_alive": keep_alive, "stream": stream})
         assert refused.status_code == 400
-        assert refused.json() == {"error": error, "reason": "bad-request"}
+        assert refused.json() == {"error": error, "reason": "bad-request", "model": "qwen3:8b"}
     with pytest.raises(ollama.ResponseError) as info:  # the official client reads it so
         ollama.Client(host=url).chat(model="phi3:mini", messages=HI, think=True)
     assert info.value.status_code == 400 and "does not support thinking" in info.value.error
@@ -314,16 +316,21 @@ def test_mid_stream_failure_ends_with_an_error_line(fleet: list[SimServer],
     assert info.value.error.startswith("an error was encountered while running the model")
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
 def test_mid_stream_error_line_is_ndjson_with_reason(fleet: list[SimServer],
-                                                     sidecar_factory: Sidecars) -> None:
+                                                     sidecar_factory: Sidecars, path: str
+                                                     ) -> None:
     fleet[0].sim.fault.mode, fleet[0].sim.fault.count = "midstream", 1
     url = sidecar_factory(fleet).url
-    with httpx.stream("POST", f"{url}/api/chat", json={"model": "qwen3:14b", "messages": HI}
-                      ) as r:
+    with httpx.stream("POST", f"{url}{path}", json={"model": "qwen3:14b", "messages": HI,
+                                                    "prompt": "hi"}) as r:
         lines = [line for line in r.iter_lines() if line]
-    # Ollama's own line for an engine that died (server/routes.go:2116-2124), relayed
+    # Ollama's own line for an engine that died (server/routes.go:2116-2124), its message
+    # kept, with the reason of a failure after the stream began (CONTRACT.md)
     assert r.status_code == 200 and len(lines) == 3
-    assert orjson.loads(lines[-1])["error"].startswith("an error was encountered")
+    assert orjson.loads(lines[-1]) == {
+        "error": "an error was encountered while running the model: unexpected EOF",
+        "reason": "upstream-failed"}
 
 
 def test_a_provider_silent_mid_stream_is_cut_off_at_the_chunk_timeout(

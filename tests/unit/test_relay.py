@@ -225,6 +225,36 @@ async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
     assert settled_at_end == [True] and outcomes[0].prompt_eval_count == 3
 
 
+CONTENT = b'{"message":{"role":"assistant","content":"the "},"done":false}\n'
+NESTED = (b'{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":'
+          b'"f","arguments":{"error":"x"}}}]},"done":false}\n')
+INSIDE = NESTED.index(b'{"error"')  # a chunk may begin there: not a line of its own
+DIED = b'{"error":"an error was encountered while running the model: unexpected EOF"}\n'
+
+
+@pytest.mark.parametrize("parts", [
+    (CONTENT, DIED),  # each line a chunk, as Ollama flushes them
+    (CONTENT + DIED,),  # both in one chunk
+    (CONTENT, DIED[:20], DIED[20:]),  # the error line cut in two
+    (CONTENT[:30], CONTENT[30:] + DIED[:5], DIED[5:]),
+    (NESTED[:INSIDE], NESTED[INSIDE:], DIED),
+])
+async def test_ollamas_own_error_line_ends_the_stream_with_the_reason(
+        parts: tuple[bytes, ...]) -> None:
+    """Ollama ends a stream whose runner died with a line of its own (server/routes.go:
+    2116-2124): the agent gets its message with the `reason` of any failure after the
+    stream began (CONTRACT.md), and nothing else of the stream is changed."""
+    outcomes: list[CallOutcome] = []
+    sent, _ = await _stream_through(answering(NDJSON_HEAD + _chunked(*parts, b"")), 1,
+                                    outcomes)
+    body = b"".join(m.get("body", b"") for m in sent)
+    upstream = b"".join(parts)
+    assert body == upstream.removesuffix(DIED) + (
+        b'{"error":"an error was encountered while running the model: unexpected EOF",'
+        b'"reason":"upstream-failed"}\n')
+    assert not outcomes[0].ok and "unexpected EOF" in str(outcomes[0].error)
+
+
 @pytest.mark.parametrize(("answer", "called"), [
     (b'{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"ls",'
      b'"arguments":{}}}]},"done":false}', True),  # Ollama

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from proxy import __version__
-from proxy.settings import ConfigError, load_settings, unknown_settings
+from proxy.settings import (
+    ConfigError,
+    check_model_name,
+    load_settings,
+    nats_servers,
+    unknown_settings,
+)
 
 PROVIDERS = [{"name": "a", "endpoint": "http://127.0.0.1:1", "totalVramMiB": 24564,
               "contextLength": 8192, "maxParallel": 2, "weight": 25}]
@@ -107,6 +113,14 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         ({"KUBEMOOT_ORIGINS": "not an origin"}, "KUBEMOOT_ORIGINS"),
         ({"KUBEMOOT_ORIGINS": "https://ok.example.com,app.example.com"}, "KUBEMOOT_ORIGINS"),
         ({"KUBEMOOT_ORIGINS": "https://app.example.com/"}, "KUBEMOOT_ORIGINS"),
+        ({"KUBEMOOT_MODEL_CANDIDATES_MULLING": '[{"model": "qwen3:8b", "score": 70}, '
+                                               '{"model": "x"}]'},
+         "KUBEMOOT_MODEL_CANDIDATES_MULLING[1]: the entry for 'x' has no score"),
+        ({"KUBEMOOT_MODEL_CANDIDATES_TRIAGE": '[{"model": "bad model!!", "score": 1}]'},
+         "KUBEMOOT_MODEL_CANDIDATES_TRIAGE[0].model: 'bad model!!' is not a model name"),
+        ({"KUBEMOOT_MODEL_MODEL": "bad model!!"},
+         "KUBEMOOT_MODEL_MODEL: 'bad model!!' is not a model name as Ollama reads one"),
+        ({"KUBEMOOT_TRIAGE_MODEL_MODEL_ID": "qwen3:"}, "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
@@ -118,6 +132,94 @@ def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
     message = str(info.value)
     assert message.startswith(named), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(("name", "bad_part"), [
+    ("qwen3:8b", None), ("qwen3", None), ("glm-4.6:cloud", None), ("_m", None),
+    ("qwen2.5-coder:1.5b-instruct-q4_K_M", None), ("library/qwen3", None),
+    ("hf.co/unsloth/Qwen3-8B-GGUF:Q4_K_M", None), ("localhost:5000/team/m:v1", None),
+    ("https://registry.example.com/team/m:v1", None),
+    # types/model/name.go:344-376: what isValidPart refuses, in the part it refuses it
+    ("bad model!!", "model"), ("-m", "model"), (":8b", "model"), ("m@sha256:abc", "model"),
+    ("m" * 81, "model"), ("qwen3:", "tag"), ("qwen3:8b!", "tag"), ("/qwen3", "namespace"),
+    ("my.team/m", "namespace"), ("a/b/c/d", "host"), ("ho st/ns/m", "host"),
+])
+def test_model_names_as_ollama_reads_them(name: str, bad_part: str | None) -> None:
+    if bad_part is None:
+        assert check_model_name(name) == name
+    else:
+        with pytest.raises(ValueError, match=f"its {bad_part} is not valid"):
+            check_model_name(name)
+
+
+def test_a_candidate_list_as_the_operator_publishes_it(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    monkeypatch.setenv("KUBEMOOT_MODEL_CANDIDATES_MULLING", json.dumps(
+        [{"model": "qwen3:32b", "score": 70}, {"model": "qwen3:8b", "score": 0,
+                                               "vramMib": 6000, "extra": 1}]))
+    assert [(c.model, c.score) for c in load_settings().model_candidates_mulling] == [
+        ("qwen3:32b", 70), ("qwen3:8b", 0)]
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("providers: [\n", "not valid YAML: expected the node content, but found '<stream end>' "
+                       "at line 2, column 1 (while parsing a flow node)"),
+    ("a: b\n  c: d\n", "not valid YAML: mapping values are not allowed here at line 2, "
+                      "column 4"),
+])
+def test_a_config_file_that_is_no_yaml_is_said_in_one_line(
+        text: str, said: str, tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert str(info.value) == f"--config {path}: {said}"
+
+
+def test_a_providers_file_that_is_no_yaml_is_said_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text("- name: a\n  endpoint: [\n")
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", str(path))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value).startswith(f"KUBEMOOT_PROVIDERS: file {path} is not valid YAML/JSON:")
+    assert "\n" not in str(info.value) and "line 3, column 1" in str(info.value)
+
+
+@pytest.mark.parametrize("url", [
+    "nats://nats:4222", "tls://nats-0.nats:4222,tls://nats-1.nats:4222", "nats://[::1]:4222",
+    "nats-0:4222", "nats", "nats://agent:s3cret@nats:4222", "wss://nats.example.com",
+    "ws://127.0.0.1:8080, ws://127.0.0.2:8080"])
+def test_nats_urls_as_nats_py_takes_them(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_NATS_URL", url)
+    assert load_settings().nats_url == url
+    assert len(nats_servers(url)) == url.count(",") + 1
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("nats://nats:42x2", "'nats://nats:42x2': the port must be a number from 1 to 65535"),
+    ("nats://127.0.0.1:99999", "'nats://127.0.0.1:99999': the port must be a number"),
+    ("nats://nats:0", "'nats://nats:0': the port must be a number"),
+    ("nast://127.0.0.1:4222", "'nast://127.0.0.1:4222': the scheme must be nats://, tls://"),
+    ("NATS://nats:4222", "'NATS://nats:4222': the scheme must be"),  # nats-py: a host "nats"
+    ("http://nats:4222", "'http://nats:4222': the scheme must be"),
+    ("nats://:4222", "'nats://:4222': no valid host name in it"),
+    ("nats://my nats:4222", "'nats://my nats:4222': no valid host name in it"),
+    ("nats://a:4222,", "an empty entry in the comma-separated list"),
+    ("nats://a:4222,ws://b:80", "websocket (ws://, wss://) and other servers mixed"),
+    # the credentials stay out of the line, whatever else is wrong
+    ("tls://agent:s3cret@nats:42x2", "'tls://***@nats:42x2': the port must be a number"),
+    ("agent:s3c@ret@nats:42x2", "'***@nats:42x2': the port must be a number"),
+    ("agent:s3cret@nast://nats", "'***@nast://nats': the scheme must be"),
+])
+def test_a_bad_nats_url_is_named_with_the_entry_and_no_password(
+        url: str, said: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBEMOOT_NATS_URL", url)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value).startswith(f"KUBEMOOT_NATS_URL: {said}"), str(info.value)
+    assert "s3c" not in str(info.value) and "agent" not in str(info.value)
 
 
 @pytest.mark.parametrize("origins", ["*", "https://*.example.com", "http://10.0.0.7:8080",
@@ -237,7 +339,7 @@ def test_serve_says_in_one_line_where_it_listens_and_what_state_it_uses() -> Non
     with socket.create_server(("127.0.0.1", 0)) as free:
         port = free.getsockname()[1]
     serve = _serve("--listen", f"127.0.0.1:{port}", KUBEMOOT_MODEL_ENDPOINT="http://127.0.0.1:9",
-                   KUBEMOOT_NATS_URL="nats://agent:s3cret@127.0.0.1:9")
+                   KUBEMOOT_NATS_URL="nats://agent:s3cret@127.0.0.1:9,agent:s3cret@[::1]:9")
     try:
         assert serve.stdout is not None
         line = serve.stdout.readline()
@@ -245,5 +347,5 @@ def test_serve_says_in_one_line_where_it_listens_and_what_state_it_uses() -> Non
         serve.kill()
         serve.communicate()
     assert line.startswith(f"kubemoot-proxy {__version__} listening on http://127.0.0.1:{port}")
-    assert "the static endpoint" in line and "NATS at nats://127.0.0.1:9" in line
+    assert "the static endpoint" in line and "NATS at nats://127.0.0.1:9, nats://[::1]:9" in line
     assert "s3cret" not in line and "agent" not in line

@@ -61,3 +61,18 @@ def test_a_field_that_takes_several_forms_is_named_with_every_form(
         wire.validate(schema, body)
     assert caught.value.field == field
     assert str(caught.value) == f"field '{field}': Input should be {forms}"
+
+
+@pytest.mark.parametrize(("body", "also_name", "model"), [
+    ({"model": "qwen3:8b", "messages": 5}, False, "qwen3:8b"),
+    ({"model": 7}, False, None),  # the wrong type: nothing to name
+    ({"model": ""}, False, None),
+    ({"model": "m" * 257}, False, None),  # over the limit: not echoed back
+    ({"name": "qwen3:8b"}, False, None),  # not a field of an inference call
+    ({"name": "qwen3:8b"}, True, "qwen3:8b"),  # /api/show's and /api/pull's older key
+    ({"model": "a", "name": "b"}, True, "a"),
+    (None, False, None),  # no body read
+])
+def test_a_refusal_names_the_model_the_body_names(body: dict[str, Any] | None,
+                                                  also_name: bool, model: str | None) -> None:
+    assert wire.named_model(body, also_name) == model
