@@ -260,10 +260,13 @@ class ConversationMemory:
         return None
 
 
-def estimate_tokens(size: PromptSize, ratio: TokenRatio, anchor: Anchor | None) -> int:
-    """Tokens of a prompt's text and template: the ratio's estimate, raised to the engine's
-    count of its known prefix plus the ratio's estimate of the rest when that is more."""
-    by_ratio = ratio.prompt_tokens(size.chars, size.dense)
+def estimate_tokens(size: PromptSize, ratio: TokenRatio, anchor: Anchor | None,
+                    templated: bool = True) -> int:
+    """Tokens of a prompt's text and template (`templated`: an embedding input has none): the
+    ratio's estimate, raised to the engine's count of its known prefix plus the ratio's
+    estimate of the rest when that is more."""
+    by_ratio = ratio.prompt_tokens(size.chars, size.dense) if templated else \
+        ratio.tokens(size.chars, size.dense)
     if anchor is None or size.chars < anchor.size.chars:
         return by_ratio
     known = anchor.size

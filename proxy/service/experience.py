@@ -141,7 +141,8 @@ class Learning:
 
     def prompt_tokens(self, call: CallRequest) -> int:
         anchor = self.conversations.longest_known(call.conversation)
-        return estimate_tokens(call.prompt, self.ratio, anchor) + call.tokens_apart
+        return estimate_tokens(call.prompt, self.ratio, anchor, call.generates) + \
+            call.tokens_apart
 
     def expected_answer(self, model: str) -> int:
         """This agent's recent answers of `model`, in tokens; 0 before the first."""

@@ -437,6 +437,16 @@ def test_the_rate_for_other_scripts_is_learned_from_prompts_mostly_in_them() -> 
     assert ratio.observe(1000, 5000, dense=900) == ratio  # 5.5 tokens each: not a rate to learn
 
 
+def test_an_embedding_input_is_sized_without_a_chat_templates_fixed_part() -> None:
+    """Chat traffic taught 60 fixed tokens a prompt; an 1800-character chunk for a
+    512-token embedding model has no template: 450 tokens, not 510, and it fits."""
+    learning = Learning(ratio=replace(TokenRatio.taught(4.0), fixed_tokens=60.0))
+    chunk = PromptSize(1800)
+    assert learning.prompt_tokens(CallRequest("/api/chat", "m", prompt=chunk)) == 510
+    assert learning.prompt_tokens(CallRequest("/api/embed", "m", prompt=chunk)) == 450
+    assert learning.prompt_tokens(CallRequest("/v1/embeddings", "m", prompt=chunk)) == 450
+
+
 def test_images_count_as_ollama_counts_them_in_every_dialect() -> None:
     ollama_chat = {"messages": [{"role": "user", "content": "what?", "images": ["a", "b"]}]}
     generate = {"prompt": "what?", "images": ["a"]}
