@@ -136,13 +136,15 @@ def model_mib(index: ProviderIndex, model: str) -> int:
 
 def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
                  snapshot: Snapshot, policy: Policy) -> float:
-    """What the other models' calls running on the card add to this call: Ollama runs each
+    """What the other models' running calls on the card add to this call. Ollama runs each
     model as its own process and the card time-slices between those decoding, each step of
     theirs taking about as long as their weights are big against this model's (a decode
-    step reads the weights once), for as long as both run."""
+    step reads the weights once): while both run, this call advances at its own step over
+    the sum of both. Taking turns so, the call ends `step` x its length later when it ends
+    first, and the other's remaining time later when that ends first."""
     running: dict[str, list[float]] = {}
     for ticket in index.tickets:
-        if ticket.model != model:
+        if ticket.model != model and not ticket.plan and not index.is_loading(ticket.model):
             running.setdefault(ticket.model, []).append(ticket.started_at)
     total = 0.0
     for other, starts in running.items():
@@ -151,8 +153,10 @@ def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
             provider_latency_s=snapshot.health.get(index.name, NO_HEALTH).latency_ema_s).seconds
         left = max(0.0, length - (snapshot.now - max(starts)))
         other_mib = model_mib(index, other)
-        step = other_mib / own_mib if other_mib and own_mib else 1.0
-        total += min(call_s, left) * step * (1 + policy.batch_share * (len(starts) - 1))
+        batch = min(len(starts), max(index.slots(other), 1))  # calls beyond its slots wait
+        step = (other_mib / own_mib if other_mib and own_mib else 1.0) * \
+            (1 + policy.batch_share * (batch - 1))
+        total += min(call_s * step, left)
     return total
 
 

@@ -120,8 +120,9 @@ def test_of_two_warm_copies_the_card_no_other_model_decodes_on_wins() -> None:
     decision, verdicts = explain(call("qwen3:8b"), snap)
     assert decision.placement and decision.placement.provider == "b"
     terms = {v.provider: v.terms for v in verdicts if v.model == "qwen3:8b"}
-    # the 8B's 30 s (unknown) against the 14B's 25 s left, at 12224/6000 of its steps
-    assert terms["a"]["contention"] == pytest.approx(25 * 12224 / 6000)
+    # the 8B's 30 s (unknown) at 12224/6000 of its steps more, or the 14B's 25 s left if
+    # that ends first: it does
+    assert terms["a"]["contention"] == pytest.approx(25)
     assert "contention" not in terms["b"]
 
 
@@ -129,7 +130,23 @@ def test_a_call_about_to_end_on_the_card_costs_little() -> None:
     snap = snapshot(gpu("a", GIB32, ("qwen3:8b", "qwen3:14b")),
                     tickets=(ticket("a", "qwen3:14b", elapsed=29.5),))
     verdict = next(v for v in explain(call("qwen3:8b"), snap)[1] if v.model == "qwen3:8b")
-    assert verdict.terms["contention"] == pytest.approx(0.5 * 12224 / 6000)
+    assert verdict.terms["contention"] == pytest.approx(0.5)
+
+
+def test_a_small_model_beside_a_call_ending_later_pays_its_steps_not_the_others_length(
+        ) -> None:
+    # a 3B call (30 s unknown) beside a 32B call just begun: each 3B token waits for a 32B
+    # step (27000/3100 of its own), but the 3B call cannot be held longer than the 32B's
+    # remaining 30 s
+    snap = snapshot(gpu("a", GIB32, ("qwen3:32b", "llama3.2:3b")),
+                    tickets=(ticket("a", "qwen3:32b"),))
+    verdict = next(v for v in explain(call("llama3.2:3b"), snap)[1]
+                   if v.model == "llama3.2:3b")
+    assert verdict.terms["contention"] == pytest.approx(30)
+    held = replace(snap, tickets=(replace(ticket("a", "qwen3:32b"), plan=True),))
+    verdict = next(v for v in explain(call("llama3.2:3b"), held)[1]
+                   if v.model == "llama3.2:3b")
+    assert "contention" not in verdict.terms  # a plan held for a thread runs nothing yet
 
 
 def test_a_single_slot_copy_has_no_batch_to_share() -> None:
