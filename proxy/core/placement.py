@@ -265,7 +265,13 @@ class _Planner:
             if not feasible:
                 return None
         else:  # (the load that fits stays)
-            feasible = [v for v in feasible if not self.wait_loses(v)]
+            doomed = [v for v in feasible if self.wait_loses(v)]
+            kept = [v for v in feasible if v not in doomed]
+            best = min(kept, key=_rank)
+            if doomed and not self.load_beats_wait(
+                    best.cost_s, min(doomed, key=self.own_wait_s)):
+                kept = feasible  # the loads are slower than the wait plus the time left
+            feasible = kept
         best = min(feasible, key=_rank)
         index = self.indexes[best.provider]
         if index.is_warm(best.model) or index.is_loading(best.model):
@@ -585,10 +591,11 @@ class _Planner:
                              self.fitting, self.snapshot, self.policy)
         unload = unload_option(self.indexes.values(), preferred, self.fitting, self.snapshot,
                                self.policy)
-        waitable = None if queue is not None and self.wait_loses(queue) else queue
-        if self.alternatives and (waitable is None or self.line_ahead(preferred)):
-            bar = min(waitable.wait_s if waitable else math.inf,
-                      unload.cost_s if unload else math.inf)
+        doomed = queue is not None and self.wait_loses(queue)
+        if self.alternatives and (queue is None or doomed or self.line_ahead(preferred)):
+            waited = math.inf if queue is None or not self.call.can_wait else \
+                queue.wait_s + ((self.call.wait_left_s or 0.0) if doomed else 0.0)
+            bar = min(waited, unload.cost_s if unload else math.inf)
             instead = self.alternative_load(bar)
             if instead is not None:
                 return self.loading_alternative(
@@ -604,23 +611,45 @@ class _Planner:
         return queued_in_engines(indexes, model).calls + \
             waiting_line(indexes, model, self.snapshot, self.call.turn).calls > 0
 
+    def own_wait_s(self, option: Verdict | QueueOption) -> float:
+        """The call's own wait at a full copy: for its slot behind the calls running and
+        queued there and the calls waiting with sooner turns, and for a copy still loading;
+        not what its run would cost once started, nor what it adds to the calls behind it."""
+        if isinstance(option, QueueOption):
+            return option.wait_s
+        ahead = waiting_line(self.indexes.values(), option.model, self.snapshot,
+                             self.call.turn)
+        line_s = ahead.delay_s(call_length(option.provider, option.model, self.call,
+                                           self.snapshot, self.policy).seconds)
+        return option.terms.get("queue", 0.0) + option.terms.get("load", 0.0) + line_s
+
     def wait_loses(self, option: Verdict | QueueOption) -> bool:
         """Waiting for a slot at this option (a full copy's verdict, or step 5's queue) loses
-        to any load, cheaper or not: the call cannot wait for a slot at all, or the wait is
-        expected to outlast what is left of its wait limit. A load places the
-        call at once, so it starts within the limit; the wait would end in gpu-busy."""
+        to a load, even a dearer one: the call cannot wait for a slot at all, or the wait is
+        expected to outlast what is left of its wait limit (it would end in gpu-busy; a load
+        places the call at once). For the limit, only a load that starts the call at most
+        the time left later than the wait would (`load_beats_wait`)."""
         if isinstance(option, Verdict):
             index = self.indexes[option.provider]
             if not (index.is_warm(option.model) or index.is_loading(option.model)) or \
                     index.free_slots(option.model) > 0:
                 return False  # a load, or a free slot: no wait
-            # the call's own wait: for a slot, and for a copy still loading; not what its
-            # run would cost once started, nor what it adds to the calls behind it
-            wait_s = option.terms.get("queue", 0.0) + option.terms.get("load", 0.0)
-        else:
-            wait_s = option.wait_s
         left = self.call.wait_left_s
-        return not self.call.can_wait or (left is not None and wait_s > left)
+        return not self.call.can_wait or (left is not None and self.own_wait_s(option) > left)
+
+    def load_beats_wait(self, load_s: float, wait: Verdict | QueueOption) -> bool:
+        """A load of `load_s` is taken over a wait that loses (`wait_loses`): always for a call
+        that cannot wait; for one whose wait outlasts its limit, when the load starts it no
+        more than the time left after the wait would have (a copy that takes minutes to
+        load for a call whose slot is seconds away is no better than the refusal)."""
+        return not self.call.can_wait or \
+            load_s <= self.own_wait_s(wait) + (self.call.wait_left_s or 0.0)
+
+    def unloads_nothing_needed(self, unload: UnloadOption) -> bool:
+        """Its victims are expected back by no one: their unload is all it costs beside the
+        load (a call whose wait outlasts its limit unloads no model in demand for it)."""
+        victims_s = unload.cost_s - unload.load_s
+        return victims_s <= self.policy.unload_s * len(unload.victims) + 1e-9
 
     def why_not_wait(self) -> str:
         if not self.call.can_wait:
@@ -635,7 +664,7 @@ class _Planner:
             return ""
         wait = min(waits, key=_rank)
         return (f" ({hit.cost_s:.1f} s): waiting for a slot of {wait.model} on "
-                f"{wait.provider} ({wait.cost_s:.1f} s) {self.why_not_wait()}")
+                f"{wait.provider} ({self.own_wait_s(wait):.1f} s) {self.why_not_wait()}")
 
     def alternative_load(self, bar_s: float) -> Placement | None:
         """An in-tolerance candidate loaded onto free room, when the preferred model can only
@@ -687,7 +716,11 @@ class _Planner:
         static endpoint, or refuses it gpu-busy)."""
         preferred = self.call.preferred.model
         loses = queue is not None and self.wait_loses(queue)
-        choice = queue_wins(None if loses and unload is not None else queue, unload)
+        takes_unload = loses and unload is not None and queue is not None and \
+            self.load_beats_wait(unload.cost_s, queue) and \
+            (not self.call.can_wait or self.unloads_nothing_needed(unload))
+        choice = queue_wins(None if takes_unload else queue, unload)
+        loses = loses and (takes_unload or unload is None)
         queue_s = queue.wait_s if queue else None
         unload_s = unload.cost_s if unload else None
         if choice is False and unload is not None:

@@ -34,17 +34,30 @@ async def busy_copy_beside_an_idle_card(fleet: Fleet, limit_s: float
 
 
 async def test_a_wait_longer_than_the_limit_left_loads_on_the_idle_card(fleet: Fleet) -> None:
-    sidecar, idle = await busy_copy_beside_an_idle_card(fleet, limit_s=3)
+    """The slot is 4.5 s away, the limit 4.4 s: the load (~8.7 s) starts the call within
+    the wait plus the time left, so it is taken over a wait that would end in gpu-busy."""
+    sidecar, idle = await busy_copy_beside_an_idle_card(fleet, limit_s=4.4)
     explained = sidecar.services.scheduler.explain("mulling", "qwen3:8b", 100, None)
     assert explained is not None
     decision, verdicts, _ = explained
-    wait_s = next(v.cost_s for v in verdicts if v.provider == "busy")
-    assert 3 < wait_s < 10  # outlasts 3 s, not 10 s
+    terms = {v.provider: v.terms for v in verdicts}
+    assert terms["busy"]["queue"] == 4.5  # the call's own wait: it outlasts 4.4 s
     assert decision.placement is not None and decision.placement.provider == "idle"
-    assert "would outlast the 3.0 s left of its wait limit" in decision.reason
+    assert "(4.5 s) would outlast the 4.4 s left of its wait limit" in decision.reason
     r = await sidecar.chat("qwen3:8b")
     assert (r.status, r.provider, r.placement, r.last.waited_ms) == (200, "idle", "cold", 0)
     assert idle.stats.loads == 1
+
+
+async def test_a_load_much_slower_than_the_doomed_wait_is_not_taken(fleet: Fleet) -> None:
+    """The same with 3 s left: the load (~8.7 s) would start the call later than the wait
+    (4.5 s) plus the time left; the call waits, and its limit ends it."""
+    sidecar, idle = await busy_copy_beside_an_idle_card(fleet, limit_s=3)
+    explained = sidecar.services.scheduler.explain("mulling", "qwen3:8b", 100, None)
+    assert explained is not None and explained[0].outcome == "wait"
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.reason) == (503, "gpu-busy")
+    assert idle.stats.loads == 0
 
 
 async def test_with_time_enough_left_the_call_still_waits_for_the_slot(fleet: Fleet) -> None:

@@ -57,7 +57,7 @@ def test_a_call_that_cannot_wait_takes_the_load_over_a_cheaper_wait() -> None:
     assert decision.outcome == "placed" and decision.placement is not None
     assert (decision.placement.provider, decision.placement.kind,
             decision.placement.step) == ("b", "cold", 4)
-    assert "waiting for a slot of qwen3:8b on a (3.0 s) is not for this call" in \
+    assert "waiting for a slot of qwen3:8b on a (2.5 s) is not for this call" in \
         decision.reason
 
 

@@ -109,10 +109,12 @@ def test_a_call_that_cannot_wait_does_not_wait_for_the_copy_holding_its_history(
 
 @pytest.mark.parametrize(("left_s", "outcome", "provider"), [
     (None, "wait", None),  # no limit weighed (the cheaper: the wait)
-    (10.0, "wait", None),  # the 3.0 s wait fits in what is left
-    (3.0, "wait", None),  # exactly what is left: it fits
-    (2.0, "placed", "b"),  # it would outlast it: the dearer load starts the call now
-    (0.0, "placed", "b"),  # at the deadline any wait is too long
+    (10.0, "wait", None),  # the call's own 2.5 s wait fits in what is left
+    (2.5, "wait", None),  # exactly what is left: it fits
+    (2.44, "placed", "b"),  # it would outlast it; the dearer load (4.93 s) starts the call
+    # within the wait plus the time left (4.94 s)
+    (1.0, "wait", None),  # the load would start it later than that: a load that slow is no
+    (0.0, "wait", None),  # better than the refusal the limit ends the wait with
 ])
 def test_a_wait_that_would_outlast_the_limit_loses_to_a_load(
         left_s: float | None, outcome: str, provider: str | None) -> None:
@@ -124,7 +126,7 @@ def test_a_wait_that_would_outlast_the_limit_loses_to_a_load(
     if outcome == "placed":
         assert decision.reason == (
             f"step 4: cold on b ({costs['b']:.1f} s): waiting for a slot of qwen3:8b on a "
-            f"(3.0 s) would outlast the {left_s:.1f} s left of its wait limit")
+            f"(2.5 s) would outlast the {left_s:.1f} s left of its wait limit")
 
 
 @pytest.mark.parametrize(("left_s", "kind"), [(30.0, None), (5.0, "evict")])
@@ -172,14 +174,14 @@ def test_a_load_that_fits_is_never_passed_over_for_a_wait_the_call_may_not_make(
 
 def test_the_wait_weighed_against_the_limit_is_the_calls_own_not_its_run_or_the_line() -> None:
     """"a" also runs a 14b call about to end: what it adds to the 8b's run (contention) and
-    the backlog are no part of the wait for the slot (2.5 s), which 3.5 s left outlasts."""
+    the backlog are no part of the wait for the slot (2.5 s), which fits in the 3 s left."""
     base = busy_8b_and_idle_card()
     a = replace(base.providers[0], residents=(*base.providers[0].residents,
                                               *gpu("x", GIB24, ("qwen3:14b",)).residents))
     snap = replace(base, providers=(a, base.providers[1]),
                    tickets=(*base.tickets, ticket("a", "qwen3:14b", elapsed=29.5)))
-    spec = replace(call("qwen3:8b"), wait_left_s=3.5)
+    spec = replace(call("qwen3:8b"), wait_left_s=3.0)
     decision, verdicts = explain(spec, snap)
     waited = next(v for v in verdicts if v.provider == "a" and v.model == "qwen3:8b")
-    assert waited.cost_s > 3.5 > waited.terms["queue"]
+    assert waited.cost_s > 3.0 > waited.terms["queue"]
     assert decision.outcome == "wait", decision.reason
