@@ -210,6 +210,10 @@ class Scheduler:
                     ahead = yields_to_sooner(placement, self._line_at(
                         placement.provider, reserved.snapshot, wait), self.policy, due)
                     now = self.clock.monotonic()
+                    # a call that cannot wait and has no static endpoint to go to takes the
+                    # slot: the calls due it can wait for the next, a refusal cannot
+                    if ahead and not call.can_wait and self._static_for(call) is None:
+                        ahead = 0
                     if ahead and (yielding_since is None or now - yielding_since < YIELD_S):
                         yielding_since = now if yielding_since is None else yielding_since
                         hold_s = YIELD_S - (now - yielding_since)

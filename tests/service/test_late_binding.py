@@ -191,6 +191,20 @@ async def test_a_free_slot_is_left_to_an_older_waiting_call_of_another_sidecar(
     await other.close()
 
 
+async def test_a_call_that_cannot_wait_takes_a_slot_due_to_an_older_call_rather_than_a_503(
+        fleet: Fleet) -> None:
+    """No static endpoint: leaving the slot to the older call would refuse this one, which
+    cannot wait; the older call can wait for the next."""
+    _, sidecar = await warm_8b(fleet)
+    other = DemandBoard(sidecar.services.store, "elsewhere", sidecar.clock)
+    await other.waiting("qwen3:8b")
+    await asyncio.sleep(2)
+    r = await sidecar.chat("qwen3:8b", can_wait=False)
+    assert (r.status, r.provider, r.placement) == (200, "a", "warm")
+    assert r.last.waited_ms == 0
+    await other.close()
+
+
 async def test_a_dead_sidecars_wait_entries_leave_the_board_while_a_live_ones_stay() -> None:
     clock = LoopClock()
     store = MemoryStore(clock=clock)
