@@ -110,8 +110,11 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-# Where each dialect caps the answer (Ollama turns the others into num_predict).
-ANSWER_CAPS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# Where each dialect caps the answer, as Ollama turns it into num_predict (OpenAI's chat and
+# completions `max_tokens`, openai/openai.go:657, 806; the Responses API's
+# `max_output_tokens`, responses.go:572; Anthropic's `max_tokens`, anthropic.go:337). OpenAI's
+# `max_completion_tokens` is not read: the answer is not capped by it.
+ANSWER_CAPS = ("max_tokens", "max_output_tokens")
 
 
 def answer_cap(body: dict[str, Any]) -> int:

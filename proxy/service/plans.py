@@ -193,7 +193,7 @@ class PlanBook:
             return False  # sent without num_ctx, it would make Ollama reload the copy
         return fits(s.learning.prompt_tokens(call), placement.context_length,
                     call.num_predict or s.learning.expected_answer(placement.model),
-                    call.generates)
+                    call.generates, capped=call.num_predict > 0)
 
     async def take(self, call: CallRequest) -> Granted | None:
         """The call's thread's held plan as its first attempt, when the plan still suits

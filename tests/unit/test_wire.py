@@ -76,3 +76,13 @@ def test_a_field_that_takes_several_forms_is_named_with_every_form(
 def test_a_refusal_names_the_model_the_body_names(body: dict[str, Any] | None,
                                                   also_name: bool, model: str | None) -> None:
     assert wire.named_model(body, also_name) == model
+
+
+def test_the_answer_cap_is_read_where_ollama_reads_it() -> None:
+    from proxy.api.routes import answer_cap
+    assert answer_cap({"options": {"num_predict": 64}}) == 64
+    assert answer_cap({"max_tokens": 32}) == 32  # OpenAI chat and completions, Anthropic
+    assert answer_cap({"max_output_tokens": 16}) == 16  # the Responses API
+    # Ollama's OpenAI layer does not read max_completion_tokens: the answer is not capped
+    assert answer_cap({"max_completion_tokens": 8}) == 0
+    assert answer_cap({"options": {"num_predict": -1}}) == 0
