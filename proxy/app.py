@@ -254,7 +254,7 @@ def build_app(settings: Settings, store: StateStore | None = None,
     api.mount(app)
     app.state.api = api
     KubemootApi(scheduler, services.plans, services.view, services.demand,
-                settings.max_request_bytes).mount(app)
+                settings.max_request_bytes, settings.role != "coordinator").mount(app)
     status = StatusApi(services.figures, services.store.changes, services.calls.recent,
                        sidecar, lambda: "shared" if shared else "embedded", exchange)
     status.mount(app)

@@ -10,7 +10,14 @@ from starlette.responses import Response
 
 from proxy.api import wire
 from proxy.api.errors import JSON, error_response
-from proxy.api.routes import PHASES, BodyTooSlow, RequestTooLarge, answer_cap, read_capped
+from proxy.api.routes import (
+    PHASES,
+    WAIT_VALUES,
+    BodyTooSlow,
+    RequestTooLarge,
+    answer_cap,
+    read_capped,
+)
 from proxy.core.affinity import expected_cached, shared_prompt_size
 from proxy.core.occupancy import index_providers, loaded_limit
 from proxy.core.placement import explain
@@ -86,8 +93,10 @@ def _model_param(request: Request) -> str | None:
 
 class KubemootApi:
     def __init__(self, scheduler: Scheduler, plans: PlanBook, view: StateView,
-                 demand: DemandBoard, max_request_bytes: int) -> None:
+                 demand: DemandBoard, max_request_bytes: int, default_can_wait: bool = True
+                 ) -> None:
         self.scheduler = scheduler
+        self.default_can_wait = default_can_wait
         self.plans = plans
         self.view = view
         self.demand = demand
@@ -127,6 +136,14 @@ class KubemootApi:
         released = await self.plans.release(thread)
         return _json({"thread": thread, "released": released})
 
+    def _can_wait(self, request: Request) -> bool:
+        """As a call with the same X-Kubemoot-Wait header would (the role's default)."""
+        wait = request.headers.get("x-kubemoot-wait", "").strip().lower()
+        if wait and wait not in WAIT_VALUES:
+            raise wire.BadRequest(f"header 'X-Kubemoot-Wait': {wait!r} is not true or false",
+                                  "X-Kubemoot-Wait")
+        return WAIT_VALUES[wait] if wait else self.default_can_wait
+
     async def explain(self, request: Request) -> Response:
         try:
             model = _model_param(request)
@@ -142,7 +159,11 @@ class KubemootApi:
         if thread is not None and len(thread) > wire.MAX_ID_LENGTH:
             return error_response(400, "bad-request", f"query parameter 'thread' must be at "
                                   f"most {wire.MAX_ID_LENGTH} characters", model)
-        result = self.scheduler.explain(phase, model, prompt_chars, num_ctx, thread)
+        try:
+            can_wait = self._can_wait(request)
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc), model)
+        result = self.scheduler.explain(phase, model, prompt_chars, num_ctx, thread, can_wait)
         if result is None:
             return error_response(400, "bad-request", "field 'model': a model is required")
         decision, verdicts, spec = result
@@ -187,8 +208,12 @@ class KubemootApi:
             return error_response(400, "bad-request", "field 'model': a model is required",
                                   model)
         digests = conversation_digests(body)
+        try:
+            can_wait = self._can_wait(request)
+        except wire.BadRequest as exc:
+            return error_response(400, "bad-request", str(exc), model)
         call = CallRequest("/api/chat", model, phase, prompt=prompt_size(body),
-                           num_predict=answer_cap(body), conversation=digests,
+                           can_wait=can_wait, num_predict=answer_cap(body), conversation=digests,
                            shared_prompt=shared_prompt_size(body) if digests else NO_PROMPT)
         spec = self.scheduler.spec(call, candidates)
         snapshot = self.scheduler.snapshot(self.scheduler.clock.now())

@@ -455,13 +455,13 @@ class Scheduler:
 
     # -- dry run ---------------------------------------------------------------------------
     def explain(self, phase: str, model: str | None, prompt_chars: int, num_ctx: int | None,
-                thread: str | None = None
+                thread: str | None = None, can_wait: bool = True
                 ) -> tuple[Decision, tuple[Verdict, ...], CallSpec] | None:
         candidates = self.candidates(phase, model, thread, ask=False)  # looking only
         if not candidates:
             return None
-        call = CallRequest("/api/chat", model, phase, thread, prompt=PromptSize(prompt_chars),
-                           num_ctx=num_ctx)
+        call = CallRequest("/api/chat", model, phase, thread, can_wait=can_wait,
+                           prompt=PromptSize(prompt_chars), num_ctx=num_ctx)
         spec = self.spec(call, candidates)
         decision, verdicts = explain(spec, self.snapshot(self.clock.now()), self.policy)
         return decision, verdicts, spec

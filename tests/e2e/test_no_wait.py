@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
@@ -26,6 +27,10 @@ def test_the_only_copy_busy_and_no_static_endpoint_is_gpu_busy_at_once(
     gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE, tokens_per_s=10)
     url = sidecar_factory([gpu], **mode, **role).url
     worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event())
+    # explain weighs the call as one with the same header and role would be placed
+    explained = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:8b"},
+                          headers=headers).json()["decision"]["reason"]
+    assert "this call cannot wait" in explained, explained
     asked = time.monotonic()
     r = chat(url, "qwen3:8b", headers=headers)
     took = time.monotonic() - asked
