@@ -565,9 +565,11 @@ class _Planner:
         # Late binding: a full copy worth waiting for is waited for in the sidecar (weighted
         # offers none the call may not wait for)
         if hit is not None and hit.kind == "queued":
+            slot = next(v for v in verdicts
+                        if (v.provider, v.model) == (hit.provider, hit.model))
             return Decision("wait", None, f"step 4: wait for a slot of {hit.model} on "
                             f"{hit.provider} ({hit.cost_s:.1f} s), cheaper than a load",
-                            tuple(verdicts), hit.cost_s)
+                            tuple(verdicts), self.own_wait_s(slot))
         if hit is not None:
             return Decision("placed", hit, f"step 4: {hit.kind} on {hit.provider}"
                             f"{self.over_a_wait(verdicts, hit)}", tuple(verdicts))

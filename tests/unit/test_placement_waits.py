@@ -159,7 +159,8 @@ def test_a_load_that_fits_is_never_passed_over_for_a_wait_the_call_may_not_make(
         snap: Snapshot, spec: CallSpec) -> None:
     """When a load of the preferred model onto free room is feasible, a call that cannot
     wait is placed (no queue: never "queued"), and a call waits only for a slot expected
-    within what is left of its limit."""
+    within what is left of its limit, or where every load would start it later still than
+    the wait plus what is left."""
     decision, verdicts = explain(spec, snap)
     assert decision.placement is None or decision.placement.kind != "queued"
     loads = [v for v in verdicts if v.model == spec.preferred.model and v.feasible
@@ -167,9 +168,13 @@ def test_a_load_that_fits_is_never_passed_over_for_a_wait_the_call_may_not_make(
     if not loads or decision.outcome != "wait":
         return
     assert spec.can_wait
-    # a step 4 wait carries its expected seconds (a step 5 one has no load onto free room)
-    assert decision.queue_option_s is not None
-    assert spec.wait_left_s is None or decision.queue_option_s <= spec.wait_left_s
+    # a step 4 wait carries the call's own wait (a step 5 one has no load onto free room):
+    # within what is left, or every load would start the call later than the wait plus that
+    wait_s = decision.queue_option_s
+    assert wait_s is not None
+    left = spec.wait_left_s
+    assert left is None or wait_s <= left or \
+        min(v.cost_s for v in loads) > wait_s + left - 1e-9
 
 
 def test_the_wait_weighed_against_the_limit_is_the_calls_own_not_its_run_or_the_line() -> None:
