@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import sim_checks, sim_dialects, sim_output
+from . import sim_bindings, sim_checks, sim_dialects, sim_output
 from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import embedding_too_long, reported_prompt_eval_count
@@ -257,6 +257,8 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(path, body)
+        if wrong := sim_dialects.request_error(path, body):
+            return sim_dialects.error(path, wrong, 400)
         chat = path in sim_dialects.CHAT_PATHS
         native = await self._run(sim_dialects.native_request(path, body), chat, request)
         return await sim_dialects.answer(path, native, body)
@@ -265,10 +267,13 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(request.url.path, body)
+        if wrong := sim_bindings.encoding_format_error(body):
+            return sim_dialects.error(request.url.path, wrong, 400)
         answer = await self._embed(request, body, body.get("input"), legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
-        return _json(sim_dialects.embeddings(answer, str(body.get("model"))))
+        return _json(sim_dialects.embeddings(answer, str(body.get("model")),
+                                             body.get("encoding_format")))
 
     async def _infer(self, request: Request, chat: bool) -> Response:
         self.sim.stats.requests += 1
@@ -284,6 +289,8 @@ class SimApp:
             keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         except ValueError as exc:
             return _error(str(exc), 400)
+        if wrong := sim_bindings.native_image_error(body, chat):
+            return _error(wrong, 400)
         name = body.get("model")
         if not name or not isinstance(name, str):
             return _error("model is required", 400)
@@ -297,6 +304,8 @@ class SimApp:
         load_only = not body.get("messages") if chat else not body.get("prompt")
         if load_only and keep_alive == 0:  # an unload skips every check below
             return self._unload(model, name, chat)
+        if not chat and (wrong := sim_bindings.raw_refusal(body)):
+            return _error(wrong, 400)
         relax = bool(body.get(sim_dialects.RELAX_THINKING))
         if refusal := sim_checks.capability_refusal(model, body, chat, relax):
             return _error(refusal, 400)
@@ -332,6 +341,9 @@ class SimApp:
             sim.release(runner)
             sim.stats.too_long_refusals += 1
             return _error(fitted.error[1], fitted.error[0])
+        if wrong := sim_bindings.format_error(body.get("format")):
+            sim.release(runner)  # the runner refuses it once the prompt is in: after the load
+            return _error(wrong, 500)
         if fitted.cut:
             sim.stats.truncations += 1
             log.info("%s cut a prompt of %d tokens to %d (context %d)", sim.config.name,

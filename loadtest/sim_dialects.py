@@ -6,6 +6,8 @@ truncation and faults apply to them exactly as to native calls."""
 
 from __future__ import annotations
 
+import base64
+import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterable
 from dataclasses import dataclass, field
@@ -14,6 +16,7 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from . import sim_bindings
 from .sim_output import ANSWER_TOKENS
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -65,6 +68,17 @@ def _tool(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
 
 
 # -- requests -------------------------------------------------------------------------------
+def request_error(path: str, body: dict[str, Any]) -> str | None:
+    """The OpenAI layer's 400 for a request it cannot bind or convert, before any model."""
+    if path == CHAT:
+        return sim_bindings.openai_chat_error(body)
+    if path == COMPLETIONS:
+        return sim_bindings.openai_completion_error(body)
+    if path == RESPONSES:
+        return sim_bindings.responses_error(body)
+    return None
+
+
 def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
     """The /api/chat or /api/generate body Ollama builds from the dialect's request."""
     native: dict[str, Any] = {"model": body.get("model"), "stream": True}
@@ -640,10 +654,14 @@ async def _close(lines: AsyncIterable[Any]) -> None:
         await close()
 
 
-def embeddings(native: dict[str, Any], model: str) -> dict[str, Any]:
-    """/api/embed's answer as OpenAI's embedding list."""
+def embeddings(native: dict[str, Any], model: str, encoding: Any = None) -> dict[str, Any]:
+    """/api/embed's answer as OpenAI's embedding list; with `encoding_format` "base64" each
+    vector is its little-endian float32s in base64 (openai/openai.go:472-511)."""
     tokens = int(native.get("prompt_eval_count") or 0)
-    data = [{"object": "embedding", "embedding": vector, "index": i}
+    packed = isinstance(encoding, str) and encoding.lower() == "base64"
+    data = [{"object": "embedding",
+             "embedding": base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+             if packed else vector, "index": i}
             for i, vector in enumerate(native.get("embeddings") or [])]
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -605,3 +605,119 @@ async def test_the_adapter_loads_an_embedding_model_through_an_embed(sim_factory
         await client.close()
     assert sorted((m["name"], m["context_length"]) for m in loaded) == [
         ("nomic-embed-text:latest", 2048), ("qwen3:8b", 4096)]
+
+
+# -- what Ollama refuses that a lax simulator would answer ----------------------------------
+def openai_chat(sim: SimServer, **body: Any) -> httpx.Response:
+    payload = {"model": "llama3.2:3b", "messages": [{"role": "user", "content": "hi"}], **body}
+    return httpx.post(f"{sim.url}/v1/chat/completions", json=payload, timeout=30)
+
+
+def openai_error(r: httpx.Response) -> str:
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["type"] == "invalid_request_error", r.text
+    return str(error["message"])
+
+
+def test_openai_refuses_a_field_of_the_wrong_json_type_at_binding(sim_factory: Sims) -> None:
+    """ChatMiddleware's ShouldBindJSON (middleware/openai.go:449-452): encoding/json's words,
+    a 400 before any model is looked up or loaded."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    assert openai_error(openai_chat(sim, temperature="hot")) == (
+        "json: cannot unmarshal string into Go struct field ChatCompletionRequest.temperature"
+        " of type float64")
+    assert openai_error(openai_chat(sim, max_tokens=1.5)) == (
+        "json: cannot unmarshal number 1.5 into Go struct field ChatCompletionRequest."
+        "max_tokens of type int")
+    completion = httpx.post(f"{sim.url}/v1/completions", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "temperature": [1]})
+    assert openai_error(completion) == ("json: cannot unmarshal array into Go struct field "
+                                        "CompletionRequest.temperature of type float32")
+    assert ps(sim) == {} and openai_chat(sim, temperature=0.2).status_code == 200
+
+
+def test_openai_refuses_a_reasoning_effort_it_does_not_know(sim_factory: Sims) -> None:
+    """thinkFromReasoningEffort (openai/openai.go:531-546; responses.go:575): a 400."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    words = ('invalid reasoning value: "bogus" (must be "minimal", "low", "medium", "high", '
+             '"xhigh", "ultra", "max", or "none")')
+    assert openai_error(openai_chat(sim, reasoning_effort="bogus")) == words
+    assert openai_error(openai_chat(sim, reasoning={"effort": "bogus"})) == words
+    responses = httpx.post(f"{sim.url}/v1/responses", timeout=30, json={
+        "model": "llama3.2:3b", "input": "hi", "reasoning": {"effort": "bogus"}})
+    assert openai_error(responses) == words
+    assert openai_chat(sim, model="qwen3:8b", reasoning_effort="xhigh").status_code == 200
+
+
+def test_a_format_neither_json_nor_a_schema_is_refused_by_the_runner_after_the_load(
+        sim_factory: Sims) -> None:
+    """llm/llama_server.go:1584-1595 (2308-2326 on the chat path): a 500, streamed or not
+    (streamResponse answers an error before any content as JSON, server/routes.go:2097-2122),
+    once the model is loaded."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    for stream in (False, True):
+        r = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+            "model": "llama3.2:3b", "prompt": "hi", "format": "yaml", "stream": stream})
+        assert r.status_code == 500 and r.json() == {"error": (
+            'invalid format: "\\"yaml\\""; expected "json" or a valid JSON Schema object')}
+    assert "llama3.2:3b" in ps(sim)
+    assert chat(sim, "llama3.2:3b", "hi", format=["a"]).status_code == 500
+    for fine in ("json", {"type": "object"}, "", None):
+        assert chat(sim, "llama3.2:3b", "hi", format=fine).status_code == 200
+
+
+@pytest.mark.parametrize(("image", "byte"), [("not base64!", 3), ("aW1", 0), ("aW1nZ", 4),
+                                             ("a===", 1), ("aW1n=", 4), ("aQ==x", 4)])
+def test_an_image_that_is_not_base64_is_refused_at_binding(
+        sim_factory: Sims, image: str, byte: int) -> None:
+    """api.ImageData is a []byte: encoding/json decodes it with base64.StdEncoding and the
+    binding fails with its CorruptInputError (server/routes.go:248-254, a 400)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    wrong = {"error": f"illegal base64 data at input byte {byte}"}
+    r = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "look", "images": [image], "stream": False})
+    assert (r.status_code, r.json()) == (400, wrong)
+    r = httpx.post(f"{sim.url}/api/chat", timeout=30, json={"model": "llama3.2:3b", "messages": [
+        {"role": "user", "content": "look", "images": ["aW1n", image]}]})
+    assert (r.status_code, r.json()) == (400, wrong)
+    r = openai_chat(sim, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}]}])
+    assert openai_error(r) == "invalid image input"  # openai/openai.go:738-768
+    assert ps(sim) == {}
+
+
+def test_raw_mode_refuses_a_system_template_or_context(sim_factory: Sims) -> None:
+    """server/routes.go:422-424: a 400 after the model is found, before any load."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    for extra in ({"system": "be brief"}, {"template": "{{ .Prompt }}"}, {"context": [1, 2]}):
+        r = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+            "model": "llama3.2:3b", "prompt": "hi", "raw": True, "stream": False, **extra})
+        assert (r.status_code, r.json()) == (
+            400, {"error": "raw mode does not support template, system, or context"})
+    assert ps(sim) == {}
+    r = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "raw": True, "stream": False})
+    assert r.status_code == 200
+
+
+def test_openai_embeddings_in_base64_are_little_endian_float32s(sim_factory: Sims) -> None:
+    """ToEmbeddingList (openai/openai.go:472-511); any other encoding_format is a 400
+    (middleware/openai.go:405-410)."""
+    import base64
+    import struct
+
+    sim = sim_factory("gpu", time_scale=SCALE)
+
+    def embed(**body: Any) -> httpx.Response:
+        return httpx.post(f"{sim.url}/v1/embeddings", timeout=30,
+                          json={"model": "nomic-embed-text", "input": ["a", "b"], **body})
+
+    floats = [d["embedding"] for d in embed().json()["data"]]
+    packed = [d["embedding"] for d in embed(encoding_format="BASE64").json()["data"]]
+    assert all(isinstance(p, str) for p in packed)
+    unpacked = [list(struct.unpack(f"<{len(f)}f", base64.b64decode(p)))
+                for f, p in zip(floats, packed, strict=True)]
+    assert all(math.isclose(u, f, rel_tol=1e-6) for us, fs in zip(unpacked, floats, strict=True)
+               for u, f in zip(us, fs, strict=True))
+    assert openai_error(embed(encoding_format="int8")) == (
+        "Invalid value for 'encoding_format' = int8. Supported values: ['float', 'base64'].")

@@ -1,0 +1,194 @@
+"""Inputs Ollama refuses that the other checks do not cover, with its exact words: an image
+that is not base64 (Go's encoding/json decodes api.ImageData, a []byte, with
+base64.StdEncoding: 400 at binding), `raw` with a system, template or context
+(server/routes.go:422-424), a `format` neither "json" nor a schema object (refused by the
+runner, llm/llama_server.go:1584-1595, 2308-2326: a 500 after the load), and the OpenAI
+layer's binding and conversion refusals (middleware/openai.go:360-373, 395-423, 446-465,
+1169-1177; openai/openai.go:531-546, 738-768).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+
+from .sim_checks import go_quote
+
+BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+NEWLINES = b"\r\n"
+RAW_REFUSAL = "raw mode does not support template, system, or context"
+EFFORTS = ("", "none", "minimal", "low", "medium", "high", "max", "xhigh", "ultra")
+IMAGE_PREFIXES = ("data:;base64,", "data:image/jpeg;base64,", "data:image/jpg;base64,",
+                  "data:image/png;base64,", "data:image/webp;base64,")
+ENCODING_FORMATS = ("float", "base64")
+# The OpenAI request structs' typed fields (openai/openai.go:106-125 ChatCompletionRequest,
+# 149-163 CompletionRequest): Go's kind for each
+CHAT_FIELDS = ("ChatCompletionRequest", {
+    "temperature": "float64", "frequency_penalty": "float64", "presence_penalty": "float64",
+    "top_p": "float64", "max_tokens": "int", "seed": "int", "stream": "bool",
+    "reasoning_effort": "string", "top_logprobs": "int"})
+COMPLETION_FIELDS = ("CompletionRequest", {
+    "temperature": "float32", "frequency_penalty": "float32", "presence_penalty": "float32",
+    "top_p": "float32", "max_tokens": "int", "seed": "int", "stream": "bool",
+    "suffix": "string"})
+
+
+def base64_error(text: str) -> str | None:
+    """base64.StdEncoding.Decode's refusal of `text` (encoding/base64 decodeQuantum: the byte
+    offset of the bad character, of an unfinished quantum, or of what trails the padding)."""
+    data, si = text.encode(), 0
+
+    def corrupt(at: int) -> str:
+        return f"illegal base64 data at input byte {at}"
+
+    while True:
+        j = 0
+        while j < 4:
+            if si == len(data):
+                return None if j == 0 else corrupt(si - j)
+            byte = data[si]
+            si += 1
+            if byte in BASE64_ALPHABET:
+                j += 1
+                continue
+            if byte in NEWLINES:
+                continue
+            if byte != ord("=") or j < 2:
+                return corrupt(si - 1)
+            if j == 2:  # a second "=" must follow
+                while si < len(data) and data[si] in NEWLINES:
+                    si += 1
+                if si == len(data):
+                    return corrupt(len(data))
+                if data[si] != ord("="):
+                    return corrupt(si - 1)
+                si += 1
+            while si < len(data) and data[si] in NEWLINES:
+                si += 1
+            return corrupt(si) if si < len(data) else None
+
+
+def native_image_error(body: dict[str, Any], chat: bool) -> str | None:
+    """The first image of a native call that does not decode (generate's `images`, each chat
+    message's `images`)."""
+    lists = [m.get("images") for m in body.get("messages") or [] if isinstance(m, dict)] \
+        if chat else [body.get("images")]
+    for images in lists:
+        for image in images if isinstance(images, list) else ():
+            if isinstance(image, str) and (wrong := base64_error(image)):
+                return wrong
+    return None
+
+
+def raw_refusal(body: dict[str, Any]) -> str | None:
+    """routes.go:422-424: `raw` leaves the template out, so it cannot take one or a system
+    or the context of an earlier call."""
+    if body.get("raw") is True and (body.get("template") or body.get("system")
+                                    or body.get("context")):
+        return RAW_REFUSAL
+    return None
+
+
+def format_error(fmt: Any) -> str | None:
+    """The runner's refusal of `format`: none for JSON null, "", "json" or an object; Go's
+    %q of the raw JSON otherwise (Ollama keeps the client's bytes; these are re-encoded)."""
+    if fmt is None or fmt in ("", "json") or isinstance(fmt, dict):
+        return None
+    raw = orjson.dumps(fmt).decode()
+    return f'invalid format: {go_quote(raw)}; expected "json" or a valid JSON Schema object'
+
+
+def _json_kind(value: Any) -> str:
+    """How Go's UnmarshalTypeError names the JSON value it could not store."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return f"number {value!r}"
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if value is None:  # JSON null leaves a Go field as it is
+        return True
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "int":
+        return number and (isinstance(value, int) or float(value).is_integer())
+    return number and math.isfinite(value)
+
+
+def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> str | None:
+    """encoding/json's refusal of the first typed field whose JSON value does not fit."""
+    struct, kinds = fields
+    for key, value in body.items():
+        kind = kinds.get(key)
+        if kind is not None and not _fits(value, kind):
+            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+                    f"{struct}.{key} of type {kind}")
+    return None
+
+
+def effort_error(effort: Any) -> str | None:
+    """thinkFromReasoningEffort (openai/openai.go:531-546)."""
+    if effort is None or effort in EFFORTS:
+        return None
+    return (f"invalid reasoning value: {go_quote(str(effort))} (must be \"minimal\", \"low\", "
+            "\"medium\", \"high\", \"xhigh\", \"ultra\", \"max\", or \"none\")")
+
+
+def image_url_error(content: Any) -> str | None:
+    """decodeImageURL for each `image_url` part (openai/openai.go:580-594, 738-768)."""
+    for part in content if isinstance(content, list) else ():
+        if not isinstance(part, dict) or part.get("type") != "image_url":
+            continue
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if not isinstance(url, str):
+            return "invalid message format"
+        if url.startswith(("http://", "https://")):
+            return ("image URLs are not currently supported, please use base64 encoded data "
+                    "instead")
+        prefix = next((p for p in IMAGE_PREFIXES if url.startswith(p)), None)
+        if prefix is None or base64_error(url[len(prefix):]):
+            return "invalid image input"
+    return None
+
+
+def openai_chat_error(body: dict[str, Any]) -> str | None:
+    """ChatMiddleware's 400s before the call is made: binding, then FromChatRequest."""
+    if wrong := binding_error(CHAT_FIELDS, body):
+        return wrong
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and (wrong := image_url_error(message.get("content"))):
+            return wrong
+    reasoning = body.get("reasoning")
+    return effort_error(reasoning.get("effort") if isinstance(reasoning, dict)
+                        else body.get("reasoning_effort"))
+
+
+def openai_completion_error(body: dict[str, Any]) -> str | None:
+    return binding_error(COMPLETION_FIELDS, body)
+
+
+def responses_error(body: dict[str, Any]) -> str | None:
+    """FromResponsesRequest's reasoning effort (openai/responses.go:575)."""
+    reasoning = body.get("reasoning")
+    return effort_error(reasoning.get("effort")) if isinstance(reasoning, dict) else None
+
+
+def encoding_format_error(body: dict[str, Any]) -> str | None:
+    """EmbeddingsMiddleware (middleware/openai.go:405-410): "float" or "base64", any case."""
+    wanted = body.get("encoding_format")
+    if not wanted or not isinstance(wanted, str) or wanted.lower() in ENCODING_FORMATS:
+        return None
+    return (f"Invalid value for 'encoding_format' = {wanted}. "
+            "Supported values: ['float', 'base64'].")

@@ -1,0 +1,37 @@
+"""What only the engine refuses reaches the caller as Ollama's own 400 through the sidecar,
+and is no failure of the card: the sidecar does not check these itself, so without the
+simulator refusing them as Ollama does (docs/engine.md, "What the simulator refuses") the
+demo would answer them."""
+
+from __future__ import annotations
+
+import httpx
+import ollama
+import pytest
+
+from loadtest.sim_model import CATALOG
+from tests.e2e.test_scheduling import Sidecars, Sims
+
+RAW_REFUSAL = "raw mode does not support template, system, or context"
+EFFORT_REFUSAL = ('invalid reasoning value: "bogus" (must be "minimal", "low", "medium", '
+                  '"high", "xhigh", "ultra", "max", or "none")')
+
+
+def test_an_engine_400_is_the_callers_error_not_the_cards(sim_factory: Sims,
+                                                            sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:4])
+    url = sidecar_factory([gpu]).url
+    client = ollama.Client(host=url)
+    for _ in range(3):  # as many as open a failing card's circuit
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model="llama3.2:3b", prompt="hi", raw=True, system="be brief")
+        assert (caught.value.status_code, caught.value.error) == (400, RAW_REFUSAL)
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+            "model": "llama3.2:3b", "reasoning_effort": "bogus",
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["message"] == EFFORT_REFUSAL
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert [p["circuit"] for p in state["providers"]] == ["closed"]
+    assert 'kubemoot_upstream_errors_total{provider="gpu"}' not in httpx.get(
+        f"{url}/metrics").text
+    assert client.generate(model="llama3.2:3b", prompt="hi", raw=True).done
