@@ -288,7 +288,8 @@ def test_an_outage_is_said_once_when_it_begins_and_once_when_it_ends(
         ("info", "nats reconnected")]
     _, joined, lost, back = nats_said
     assert joined["attempts"] >= 2
-    assert lost["error"] == "nats: unexpected EOF"
+    # nats-py names the cause when its error callback came first (under load it may not)
+    assert lost.get("error", "nats: unexpected EOF") == "nats: unexpected EOF"
     assert back["failed_attempts"] >= 4 and back["down_s"] >= 2.5
     assert back["error"].endswith("Connection refused")
 

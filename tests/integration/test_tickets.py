@@ -30,16 +30,26 @@ async def store(request: pytest.FixtureRequest, nats_server: NatsServer
                 ) -> AsyncIterator[StateStore]:
     if request.param == "memory":
         yield MemoryStore()
+        _OPEN_BOOKS.clear()
         return
     await empty_buckets(nats_server.url)
     nats_store = NatsStore(NatsOptions(nats_server.url))
     await nats_store.start()
     yield nats_store
+    # a book's delayed release write must not land in the next test's emptied buckets
+    for book in _OPEN_BOOKS:
+        await book.close()
+    _OPEN_BOOKS.clear()
     await nats_store.close()
 
 
+_OPEN_BOOKS: list[TicketBook] = []
+
+
 def _book(store: StateStore, ttl_s: float = 60) -> TicketBook:
-    return TicketBook(store, Policy(), ttl_s=ttl_s)
+    book = TicketBook(store, Policy(), ttl_s=ttl_s)
+    _OPEN_BOOKS.append(book)
+    return book
 
 
 def _residents(book: TicketBook) -> tuple[Resident, ...]:
