@@ -12,10 +12,10 @@ from proxy.api import wire
 from proxy.api.errors import JSON, error_response
 from proxy.api.routes import (
     PHASES,
-    WAIT_VALUES,
     BodyTooSlow,
     RequestTooLarge,
     answer_cap,
+    can_wait_header,
     read_capped,
 )
 from proxy.core.affinity import expected_cached, shared_prompt_size
@@ -136,14 +136,6 @@ class KubemootApi:
         released = await self.plans.release(thread)
         return _json({"thread": thread, "released": released})
 
-    def _can_wait(self, request: Request) -> bool:
-        """As a call with the same X-Kubemoot-Wait header would (the role's default)."""
-        wait = request.headers.get("x-kubemoot-wait", "").strip().lower()
-        if wait and wait not in WAIT_VALUES:
-            raise wire.BadRequest(f"header 'X-Kubemoot-Wait': {wait!r} is not true or false",
-                                  "X-Kubemoot-Wait")
-        return WAIT_VALUES[wait] if wait else self.default_can_wait
-
     async def explain(self, request: Request) -> Response:
         try:
             model = _model_param(request)
@@ -160,7 +152,7 @@ class KubemootApi:
             return error_response(400, "bad-request", f"query parameter 'thread' must be at "
                                   f"most {wire.MAX_ID_LENGTH} characters", model)
         try:
-            can_wait = self._can_wait(request)
+            can_wait = can_wait_header(request, self.default_can_wait)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
         result = self.scheduler.explain(phase, model, prompt_chars, num_ctx, thread, can_wait)
@@ -209,7 +201,7 @@ class KubemootApi:
                                   model)
         digests = conversation_digests(body)
         try:
-            can_wait = self._can_wait(request)
+            can_wait = can_wait_header(request, self.default_can_wait)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
         call = CallRequest("/api/chat", model, phase, prompt=prompt_size(body),

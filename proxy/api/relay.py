@@ -193,6 +193,9 @@ END_EVENTS = {"/v1/chat/completions": b"data: [DONE]", "/v1/completions": b"data
 # How Ollama ends an NDJSON stream that failed after it started (server/routes.go:2116-2124,
 # streamResponse): a line of its own with nothing but the error, the last of the stream.
 OLLAMAS_ERROR_LINE = b'{"error":'
+# Held back at most this much: past it, what began like the error line is not Ollama's last
+# line, and goes to the agent as it came
+MAX_HELD_ERROR_BYTES = 64 * 1024
 
 
 def ollamas_error_line_at(chunk: bytes, at_line_start: bool) -> int:
@@ -276,12 +279,16 @@ class RelayStream(StreamingResponse):
                 self._tail = (self._tail + chunk)[-8192:]
                 if held is not None:
                     held += chunk
-                    continue
-                if ndjson and (start := ollamas_error_line_at(chunk, at_line_start)) >= 0:
+                elif ndjson and (start := ollamas_error_line_at(chunk, at_line_start)) >= 0:
                     held, chunk = chunk[start:], chunk[:start]
-                    if not chunk:
-                        continue
-                yield chunk
+                    if chunk:
+                        yield chunk
+                else:
+                    yield chunk
+                    continue
+                if len(held) > MAX_HELD_ERROR_BYTES:
+                    chunk, held = held, None
+                    yield chunk
             if held is not None:
                 yield with_reason(held)
             self._ok, self._error = True, None

@@ -65,11 +65,17 @@ def call_headers(request: Request, default_can_wait: bool) -> tuple[str, str | N
     if thread is not None and len(thread) > wire.MAX_ID_LENGTH:
         raise wire.BadRequest(f"header 'X-Kubemoot-Thread': a thread id is at most "
                               f"{wire.MAX_ID_LENGTH} characters", "X-Kubemoot-Thread")
+    return phase, thread, can_wait_header(request, default_can_wait)
+
+
+def can_wait_header(request: Request, default: bool) -> bool:
+    """Whether the call may wait for a GPU: its X-Kubemoot-Wait header, else `default` (the
+    role's)."""
     wait = request.headers.get("x-kubemoot-wait", "").strip().lower()
     if wait and wait not in WAIT_VALUES:
         raise wire.BadRequest(f"header 'X-Kubemoot-Wait': {wait!r} is not true or false "
                               f"(also taken: yes, no, 1, 0)", "X-Kubemoot-Wait")
-    return phase, thread, WAIT_VALUES[wait] if wait else default_can_wait
+    return WAIT_VALUES[wait] if wait else default
 
 
 class RequestTooLarge(Exception):

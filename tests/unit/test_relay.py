@@ -18,6 +18,7 @@ from starlette.types import Message
 from proxy.adapters.ollama import OllamaClient
 from proxy.api.errors import Dialect, stream_error_line
 from proxy.api.relay import (
+    MAX_HELD_ERROR_BYTES,
     ClientGone,
     answer_calls_tool,
     answer_tokens,
@@ -253,6 +254,15 @@ async def test_ollamas_own_error_line_ends_the_stream_with_the_reason(
         b'{"error":"an error was encountered while running the model: unexpected EOF",'
         b'"reason":"upstream-failed"}\n')
     assert not outcomes[0].ok and "unexpected EOF" in str(outcomes[0].error)
+
+
+async def test_a_long_stream_that_begins_like_the_error_line_reaches_the_agent_as_it_came(
+        ) -> None:
+    """An upstream that starts a line with `{"error":` and streams on past
+    MAX_HELD_ERROR_BYTES is not ending: what was held goes out unchanged, no reason added."""
+    pieces = [DIED] + [CONTENT] * (MAX_HELD_ERROR_BYTES // len(CONTENT) + 2)
+    sent, _ = await _stream_through(answering(NDJSON_HEAD + _chunked(*pieces, b"")), 1, [])
+    assert b"".join(m.get("body", b"") for m in sent) == b"".join(pieces)
 
 
 @pytest.mark.parametrize(("answer", "called"), [
