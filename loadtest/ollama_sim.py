@@ -547,6 +547,15 @@ class SimApp:
             })
             if not chat:
                 final["context"] = [1, 2, 3]
+            # The runner frees the sequence's slot, and its cache, before the final response
+            # goes out (0.12.6 runner/llamarunner/runner.go:321-331 removeSequence; llama-server
+            # releases the slot, then sends the final result): the client's next call finds it
+            if slot is not None:
+                PromptCache.release(slot)
+                slot = None
+            if acquired:
+                runner.slots.release()
+                acquired = False
             yield orjson.dumps(final) + b"\n"
         finally:
             if slot is not None:
