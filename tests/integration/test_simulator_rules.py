@@ -576,9 +576,11 @@ def test_an_openai_stream_whose_runner_dies_ends_without_its_close(sim_factory: 
 def test_a_call_waiting_on_a_runner_that_died_gets_500(sim_factory: Sims) -> None:
     """Completion checks llama-server's status once it has a slot (llm/llama_server.go:
     1546-1551, 1192-1199)."""
-    sim = sim_factory("gpu", tokens_per_s=20, time_scale=0.2)
+    sim = sim_factory("gpu", tokens_per_s=2, time_scale=0.2)
     load(sim, "llama3.2:3b")
-    crash_next(sim, after_chunks=8)  # ~0.08 s in
+    # ~0.8 s in: the second call must reach the slot's queue before the crash, even on a
+    # loaded machine (after it, the call finds the copy dead and reloads it)
+    crash_next(sim, after_chunks=8)
     results: dict[str, httpx.Response] = {}
     first = threading.Thread(target=lambda: results.update(first=chat(sim, "llama3.2:3b", "a")))
     first.start()
