@@ -13,6 +13,7 @@ from loadtest.fleet_model import Gpu, SimCall
 from loadtest.scenarios import MODELS
 from proxy.core.conversations import NO_CACHES, PromptCaches, cache_slots
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
+from proxy.core.load_times import NO_LOAD_TIMES, LoadTimes
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.prefill import NO_RATES, PrefillRates, read_answer
@@ -41,6 +42,7 @@ class Choice:
     footprint_mib: int = 0
     cold: bool = False
     retry_in_s: float = 0.0  # a wait with a deadline of its own: place it again by then
+    loads_ahead: int = 0  # a load: loads in flight on its card when it was placed
 
 
 class PlacementPolicy(Protocol):
@@ -146,6 +148,8 @@ class Kubemoot:
     use: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (rate, at)
     # agent -> what its sidecar learned of call lengths from its own answers
     lengths: dict[str, CallLengths] = field(default_factory=dict)
+    loads: dict[str, LoadTimes] = field(default_factory=dict)  # per agent, as each sidecar's
+    clean_loads: set[int] = field(default_factory=set)  # calls whose load nothing delayed
     # Conversation cache affinity (core/affinity.py): what each copy is expected to hold,
     # kept as the sidecar keeps it, and each copy's prefill rate learned from the answers
     affinity: bool = True
@@ -187,8 +191,10 @@ class Kubemoot:
         health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
         lengths = NO_LENGTHS if for_call is None else \
             self.lengths.get(for_call.agent, NO_LENGTHS)
+        loads = NO_LOAD_TIMES if for_call is None else \
+            self.loads.get(for_call.agent, NO_LOAD_TIMES)
         return Snapshot(now, tuple(views), tuple(self.tickets.values()), demand, health,
-                        lengths=lengths, caches=self.caches, prefill=self.prefill)
+                        loads=loads, lengths=lengths, caches=self.caches, prefill=self.prefill)
 
     def choose(self, call: SimCall, gpus: Mapping[str, Gpu], now: float) -> Choice:
         answers = self.lengths.get(call.agent, NO_LENGTHS).answers.get(call.preferred)
@@ -214,12 +220,14 @@ class Kubemoot:
                 p.provider, p.model, spec.conversation,
                 cache_slots(gpus[p.provider].spec.slots, ""))
         return Choice("placed", p.provider, p.model, p.kind, tuple(p.evicts), p.footprint_mib,
-                      p.kind in ("cold", "evict"))
+                      p.loads, loads_ahead=p.loads_ahead)
 
     def started(self, call: SimCall, choice: Choice, now: float) -> None:
         self.tickets[call.ident] = Ticket(
             str(call.ident), choice.gpu, choice.model, choice.footprint_mib, now, math.inf,
             cold=choice.cold, evicts={v: MODELS[v].footprint_mib for v in choice.evicts})
+        if choice.cold and not choice.loads_ahead:
+            self.clean_loads.add(call.ident)
         rate, at = self.use.get(choice.model, (0.0, now))
         self.use[choice.model] = (rate * 0.5 ** ((now - at) / 600.0) + 1.0, now)
         if self.affinity:
@@ -238,11 +246,16 @@ class Kubemoot:
                 0.4 * seconds + 0.6 * previous
             self.lengths[call.agent] = self.lengths.get(call.agent, NO_LENGTHS).observe(
                 ticket.provider, ticket.model, _sample(call))
+            if call.ident in self.clean_loads:  # load_duration: from placed to running
+                self.loads[call.agent] = self.loads.get(call.agent, NO_LOAD_TIMES).observe_load(
+                    ticket.provider, ticket.model, ticket.footprint_mib,
+                    call.started - ticket.started_at)
             if self.affinity and call.conversation is not None:
                 self._learn_prefill(call, ticket.provider, ticket.model)
                 # as the sidecar reads it: a tool's result answered, no tool called
                 if call.ends_loop:
                     self.caches = self.caches.finished(call.conversation.digests)
+        self.clean_loads.discard(call.ident)
 
     def _learn_prefill(self, call: SimCall, provider: str, model: str) -> None:
         """As the sidecar learns it: the answer's count (whole prompt, as 0.30.1+ reports

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from proxy.core.affinity import prefill_terms
 from proxy.core.feasibility import Fitting
 from proxy.core.lengths import CallLength
+from proxy.core.load_times import LoadEstimate
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.policy import Policy
 from proxy.core.types import CallSpec, ProviderHealth, Snapshot
@@ -35,9 +36,20 @@ def call_length(provider: str, model: str, call: CallSpec, snapshot: Snapshot, p
         default_s=policy.default_call_s)
 
 
-def load_seconds(mib: int | None, snapshot: Snapshot, policy: Policy) -> float:
-    speed = snapshot.load_mib_per_s or policy.load_mib_per_s
-    return (mib or 0) / speed
+def load_estimate(provider: str, model: str, mib: int | None, snapshot: Snapshot,
+                  policy: Policy) -> LoadEstimate:
+    """How long a load of `model` (`mib` its footprint) takes on `provider`, and whence."""
+    return snapshot.loads.load(provider, model, mib, policy.load_mib_per_s)
+
+
+def load_seconds(provider: str, model: str, mib: int | None, snapshot: Snapshot,
+                 policy: Policy) -> float:
+    return load_estimate(provider, model, mib, snapshot, policy).seconds
+
+
+def unload_seconds(provider: str, snapshot: Snapshot, policy: Policy) -> float:
+    """One copy's unload on `provider`, until `/api/ps` no longer lists it."""
+    return snapshot.loads.unload_s(provider, policy.unload_s)
 
 
 def queue_wait_s(index: ProviderIndex, model: str, now: float, call_s: float) -> float:
@@ -110,7 +122,7 @@ def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, polic
     ticket = index.loading.get(model)
     if ticket is None:
         return 0.0
-    total = load_seconds(ticket.footprint_mib, snapshot, policy)
+    total = load_seconds(index.name, model, ticket.footprint_mib, snapshot, policy)
     return max(0.0, total - (snapshot.now - ticket.started_at))
 
 
@@ -197,7 +209,7 @@ def cold_floor_s(index: ProviderIndex, model: str, fitting: Fitting, snapshot: S
     """What a cold load of `model` here costs at least: `cold_terms` less the terms that
     only add (the room it takes, the loads ahead, spill, prefill, reliability)."""
     footprint = fitting.footprint_mib(index, model)
-    floor = load_seconds(footprint, snapshot, policy)
+    floor = load_seconds(index.name, model, footprint, snapshot, policy)
     if index.usable_mib is not None and footprint:
         floor += policy.best_fit_s * (index.usable_mib - footprint) / footprint
     call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
@@ -213,9 +225,9 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     card could hold it with room for them; a load of one of them here would first have to
     wait for this copy's unload."""
     footprint = fitting.footprint_mib(index, model)
-    terms = {"load": load_seconds(footprint, snapshot, policy)}
+    terms = {"load": load_seconds(index.name, model, footprint, snapshot, policy)}
     if shuts_out:
-        terms["takes_room"] = policy.unload_s
+        terms["takes_room"] = unload_seconds(index.name, snapshot, policy)
     ahead = loads_ahead_s(index, snapshot, policy) if index.loading else 0.0
     if ahead:
         terms["loads_ahead"] = ahead

@@ -39,6 +39,7 @@ from proxy.core.cost import (
     call_length,
     cold_floor_s,
     cold_terms,
+    load_estimate,
     queued_in_engines,
     waiting_line,
     warm_terms,
@@ -191,9 +192,13 @@ class _Planner:
                 index, model)), "contextSource": "the loaded copy" if fit.warm else
                 "the copy being loaded", "slots": index.slots(model)}
         resolved, footprint = self.fitting.load(index, model)
+        mib = footprint.total_mib if footprint else None
         out: dict[str, int | str] = {"contextLength": resolved.context,
                                      "contextSource": resolved.source,
-                                     "slots": index.slots(model)}
+                                     "slots": index.slots(model),
+                                     "loadSource": load_estimate(index.name, model, mib,
+                                                                 self.snapshot,
+                                                                 self.policy).source}
         if footprint is not None:
             out.update({f"footprint{k[0].upper()}{k[1:]}": v
                         for k, v in footprint.parts().items()})
@@ -211,7 +216,7 @@ class _Planner:
                 footprint.total_mib if footprint else self.policy.warm_scratch_mib,
                 verdict.cost_s if cost_s is None else cost_s, evicts or {},
                 resolved.requested, resolved.context,
-                footprint.estimate_mib if footprint else 0)
+                footprint.estimate_mib if footprint else 0, len(index.loading))
         recorded = self.fitting.copy_context(index, model)
         return Placement(verdict.provider, model, kind, step, self.policy.warm_scratch_mib,
                          verdict.cost_s, num_ctx=recorded,
@@ -651,7 +656,7 @@ class _Planner:
         """Its victims are expected back by no one: their unload is all it costs beside the
         load (a call whose wait outlasts its limit unloads no model in demand for it)."""
         victims_s = unload.cost_s - unload.load_s
-        return victims_s <= self.policy.unload_s * len(unload.victims) + 1e-9
+        return victims_s <= unload.unload_s + 1e-9
 
     def why_not_wait(self) -> str:
         if not self.call.can_wait:

@@ -15,6 +15,7 @@ from proxy.core.cost import (
     load_seconds,
     queue_wait_s,
     remaining_load_s,
+    unload_seconds,
     waiting_line,
 )
 from proxy.core.eviction import NO_DEMAND, choose_victims
@@ -38,6 +39,7 @@ class UnloadOption:
     cost_s: float
     victims: tuple[Resident, ...]
     load_s: float
+    unload_s: float  # the victims' unloads alone, without their reloads
 
 
 def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fitting: Fitting,
@@ -69,17 +71,17 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
     return best
 
 
-def victims_cost_s(victims: Iterable[Resident], snapshot: Snapshot, policy: Policy,
-                   loading: str = "") -> float:
+def victims_cost_s(provider: str, victims: Iterable[Resident], snapshot: Snapshot,
+                   policy: Policy, loading: str = "") -> float:
     """Per victim: the unload, plus reloading it as often as it is expected to be needed
     (the model being loaded itself, reloaded at another context, only the unload)."""
     total = 0.0
     for victim in victims:
-        total += policy.unload_s
+        total += unload_seconds(provider, snapshot, policy)
         if victim.model != loading:
             demand = snapshot.demand.get(victim.model, NO_DEMAND)
-            total += load_seconds(victim.footprint_mib, snapshot, policy) * \
-                demand.expected_reloads
+            total += load_seconds(provider, victim.model, victim.footprint_mib, snapshot,
+                                  policy) * demand.expected_reloads
     return total
 
 
@@ -132,10 +134,11 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting
                                  forced, snapshot.now)
         if not victims:
             continue
-        load_s = load_seconds(footprint.total_mib, snapshot, policy)
-        cost = load_s + victims_cost_s(victims, snapshot, policy, model)
+        load_s = load_seconds(index.name, model, footprint.total_mib, snapshot, policy)
+        cost = load_s + victims_cost_s(index.name, victims, snapshot, policy, model)
         if best is None or cost < best.cost_s:
-            best = UnloadOption(index.name, cost, victims, load_s)
+            best = UnloadOption(index.name, cost, victims, load_s,
+                                unload_seconds(index.name, snapshot, policy) * len(victims))
     return best
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from proxy.core.conversations import NO_CACHES, Conversation, PromptCaches
 from proxy.core.lengths import NO_LENGTHS, CallLength, CallLengths
+from proxy.core.load_times import NO_LOAD_TIMES, LoadTimes
 from proxy.core.prefill import NO_RATES, PrefillRates
 
 
@@ -189,7 +190,7 @@ class Snapshot:
     tickets: tuple[Ticket, ...] = ()
     demand: Mapping[str, ModelDemand] = field(default_factory=dict)
     health: Mapping[str, ProviderHealth] = field(default_factory=dict)
-    load_mib_per_s: float | None = None  # learned from load_duration; None: the policy default
+    loads: LoadTimes = NO_LOAD_TIMES  # how long loads and unloads took, learned per card
     lengths: CallLengths = NO_LENGTHS  # how long calls took, learned from the answers
     caches: PromptCaches = NO_CACHES  # what each copy's prompt cache is expected to hold
     prefill: PrefillRates = NO_RATES  # how fast each copy reads a prompt, learned
@@ -232,6 +233,7 @@ class Placement:
     num_ctx: int = 0
     context_length: int = 0  # the context the call will get (0 unknown)
     estimate_mib: int = 0  # a load: Ollama's own estimate of it
+    loads_ahead: int = 0  # a load: loads in flight on its card when it was placed
 
     @property
     def loads(self) -> bool:

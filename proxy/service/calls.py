@@ -112,7 +112,7 @@ class CallService:
                     self.metrics.prompt_estimate_ratio.observe(
                         outcome.prompt_eval_count / estimated_tokens)
             if placement.loads:
-                learning.observe_load(placement.footprint_mib, outcome.load_seconds)
+                learning.observe_load(placement, outcome.load_seconds)
             if outcome.began and not outcome.prompt_too_long:
                 learning.observe_call(placement.provider, placement.model, outcome)
             if call.ends_loop_unless_tool_called and outcome.called_tools is False:

@@ -40,16 +40,21 @@ class Evictions:
         self.clock = clock
         self._background: set[asyncio.Task[object]] = set()
 
-    async def make_room(self, claimed: Claimed) -> None:
+    async def make_room(self, claimed: Claimed) -> float | None:
         """Unload the planned victims, wait until `/api/ps` no longer lists them, and record
         them as gone. Ollama answers `keep_alive: 0` at once but unloads a copy only when its
-        last call ends (one may be finishing as its ticket goes); a load sent before then
-        would find them still there."""
+        last call ends (one may be finishing as its ticket goes), and one copy at a time; a
+        load sent before then would find them still there. The seconds it took, None when
+        the victims were still listed at the end of the wait."""
         placement = claimed.placement
         victims = tuple(placement.evicts)
+        started = self.clock.monotonic()
         for victim in victims:
             await self._ask_unload(placement.provider, victim)
-        if not await self._seen_gone(placement.provider, victims):
+        took: float | None = None
+        if await self._seen_gone(placement.provider, victims):
+            took = self.clock.monotonic() - started
+        else:
             log.warning("victims still loaded; sending the call anyway",
                         provider=placement.provider, victims=victims)
         try:
@@ -57,6 +62,7 @@ class Evictions:
         except StoreUnavailable:  # the next probe shows them gone; counting them is safe
             log.warning("victims' unload not recorded: shared state unreachable",
                         provider=placement.provider, victims=victims)
+        return took
 
     async def release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:
         """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call

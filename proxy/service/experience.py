@@ -18,6 +18,7 @@ from proxy.core.conversations import (
 )
 from proxy.core.health import ProviderStats
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
+from proxy.core.load_times import NO_LOAD_TIMES, LoadTimes
 from proxy.core.prefill import NO_RATES, PrefillRates, read_answer
 from proxy.core.sizing import model_slots
 from proxy.core.token_ratio import TokenRatio
@@ -37,7 +38,6 @@ class CacheCheck:
     lost: bool
 
 
-LOAD_SPEED_ALPHA = 0.3
 MAX_IN_FLIGHT = 4096  # calls remembered between placement and answer, or until shared
 
 
@@ -46,7 +46,7 @@ class Learning:
     """What the sidecar learns from responses: chars per token, load speed, call lengths."""
 
     ratio: TokenRatio = field(default_factory=TokenRatio)
-    load_mib_per_s: float | None = None
+    loads: LoadTimes = NO_LOAD_TIMES
     conversations: ConversationMemory = field(default_factory=ConversationMemory)
     lengths: CallLengths = NO_LENGTHS
     # Conversation cache affinity (docs/affinity.md): what this sidecar sent to each copy,
@@ -167,12 +167,17 @@ class Learning:
             seconds, outcome.answer_tokens, outcome.answer_seconds,
             outcome.prompt_eval_count, outcome.prompt_seconds))
 
-    def observe_load(self, mib: int, seconds: float | None) -> None:
-        if not seconds or seconds < 0.05 or mib <= 0:
-            return
-        sample = mib / seconds
-        self.load_mib_per_s = sample if self.load_mib_per_s is None else \
-            LOAD_SPEED_ALPHA * sample + (1 - LOAD_SPEED_ALPHA) * self.load_mib_per_s
+    def observe_load(self, placement: Placement, seconds: float | None) -> None:
+        """A load this sidecar sent; one queued behind other loads in Ollama's one-at-a-time
+        loader also timed theirs, and teaches nothing."""
+        if not placement.loads_ahead:
+            self.loads = self.loads.observe_load(placement.provider, placement.model,
+                                                 placement.footprint_mib, seconds)
+
+    def observe_unload(self, placement: Placement, seconds: float | None) -> None:
+        if seconds is not None:
+            self.loads = self.loads.observe_unload(placement.provider, len(placement.evicts),
+                                                   seconds)
 
 
 class Experience:

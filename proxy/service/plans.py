@@ -147,11 +147,16 @@ class PlanBook:
         placement = claimed.placement
         client = self.scheduler.pool.clients[placement.provider]
         try:
+            learning = self.scheduler.learning
             if placement.evicts:
-                await self.scheduler.evictions.make_room(claimed)
+                learning.observe_unload(placement,
+                                        await self.scheduler.evictions.make_room(claimed))
             info = self.scheduler.provider_view(placement.provider).models.get(placement.model)
+            started = self.clock.monotonic()
             await client.load(placement.model, placement.num_ctx,
                               embedding=info is not None and info.embedding)
+            # a preload's answer carries no load_duration: it returns once the copy is ready
+            learning.observe_load(placement, self.clock.monotonic() - started)
         except (UpstreamError, StoreUnavailable) as exc:
             log.warning("plan preload failed", provider=placement.provider, error=str(exc))
             return False

@@ -119,7 +119,7 @@ class Scheduler:
         if waiter is not None:
             demand = without_waiter(demand, waiter.model, waiter.turn)
         snapshot = self.view.snapshot(now, self.experience.health(now), demand,
-                                      self.learning.load_mib_per_s, self.claims.uncounted(now),
+                                      self.learning.loads, self.claims.uncounted(now),
                                       self.learning.lengths)
         if self._saw_probes(snapshot.providers):  # (before any exclusion marks a card down)
             snapshot = replace(snapshot, health=self.experience.health(now))
@@ -390,7 +390,7 @@ class Scheduler:
         client = self.pool.clients[placement.provider]
         if not held_plan and placement.evicts:
             try:
-                await self.evictions.make_room(claimed)
+                self.learning.observe_unload(placement, await self.evictions.make_room(claimed))
             except BaseException:  # failed or cancelled: the call never reaches its GPU
                 self._spawn(self.claims.book(claimed).release(claimed.ticket))
                 raise

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from proxy.core.lengths import NO_LENGTHS, CallLengths
+from proxy.core.load_times import LoadTimes
 from proxy.core.tickets import TicketSet, merge_recorded
 from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
 from proxy.ports import PROVIDER_STATE, Entry, StateStore
@@ -121,11 +122,11 @@ class StateView:
         return merge_recorded(view, self.ticket_set(config.name, now))
 
     def snapshot(self, now: float, health: Mapping[str, ProviderHealth],
-                 demand: Mapping[str, ModelDemand], load_mib_per_s: float | None,
+                 demand: Mapping[str, ModelDemand], loads: LoadTimes,
                  extra_tickets: tuple[Ticket, ...] = (), lengths: CallLengths = NO_LENGTHS
                  ) -> Snapshot:
         views = tuple(self.provider_view(c, now) for c in self.configs)
         tickets: list[Ticket] = list(extra_tickets)
         for config in self.configs:
             tickets.extend(self.ticket_set(config.name, now).tickets.values())
-        return Snapshot(now, views, tuple(tickets), demand, health, load_mib_per_s, lengths)
+        return Snapshot(now, views, tuple(tickets), demand, health, loads, lengths)

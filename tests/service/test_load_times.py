@@ -1,0 +1,44 @@
+"""Load and unload times learned per card from what the sidecar saw (core/load_times.py),
+and shown by explain."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.api.kubemoot import verdict_json
+from tests.service.harness import Fleet
+
+
+async def test_each_card_load_time_is_learned_and_explained(fleet: Fleet) -> None:
+    """A card with a slow disk and one with a fast one: each load's load_duration teaches
+    its own card, and a model never loaded on a card is priced at that card's speed."""
+    slow = fleet.gpu("slow", total_vram_mib=16376, load_mib_per_s=200)
+    fast = fleet.gpu("fast", total_vram_mib=32768, load_mib_per_s=2000)
+    sidecar = await fleet.sidecar()
+    assert (await sidecar.chat("qwen3:14b")).provider == "slow"  # the smallest card that fits
+    assert (await sidecar.chat("qwen3:8b")).provider == "fast"  # no room left on "slow"
+    loads = sidecar.services.scheduler.learning.loads
+    slow_14b = slow.loaded["qwen3:14b"].mib / 200
+    assert loads.copies[("slow", "qwen3:14b")] == pytest.approx(slow_14b, rel=0.02)
+    assert loads.copies[("fast", "qwen3:8b")] == pytest.approx(
+        fast.loaded["qwen3:8b"].mib / 2000, rel=0.02)
+
+    explained = sidecar.services.scheduler.explain("mulling", "phi3:mini", 100, None)
+    assert explained is not None
+    shown = {v.provider: verdict_json(v) for v in explained[1]}
+    assert shown["fast"]["loadSource"] == "this card's speed"
+    # (the speed is of the footprint the sidecar expected, within a few % of the engine's)
+    assert loads.cards["fast"] == pytest.approx(2000, rel=0.1)
+    assert shown["fast"]["terms"]["load"] == pytest.approx(
+        shown["fast"]["footprintTotalMiB"] / loads.cards["fast"], abs=1e-4)  # shown rounded
+    assert shown["slow"]["loadSource"] == "this card's speed"
+
+
+async def test_an_eviction_teaches_its_card_unload_time(fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b", "phi3:mini")
+    sidecar = await fleet.sidecar()
+    r = await sidecar.chat("qwen3:14b")
+    assert (r.status, r.placement, r.last.evicted) == (200, "evict", ("phi3:mini", "qwen3:8b"))
+    unloads = sidecar.services.scheduler.learning.loads.unloads
+    assert unloads == {"gpu": 0.0}  # the fake unloads at once: the first /api/ps shows it
