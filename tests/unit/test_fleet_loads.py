@@ -14,6 +14,7 @@ import pytest
 
 from loadtest import bounds
 from loadtest.fleet_model import Counters, Gpu, GpuSpec, ModelSpec, SimCall, load_seconds
+from loadtest.scenarios import MODELS, SCENARIOS
 
 # 12224 MiB in VRAM, a 9300 MiB file (qwen3:14b's); a name without a depth scale
 FOURTEEN = ModelSpec("fourteen", 12224, 50.0, disk_mib=9300)
@@ -122,3 +123,20 @@ def test_the_bound_takes_the_card_that_loads_the_file_soonest() -> None:
     # the first on the slow reader, 2.0 + 1 s; the second on the fast one's own copy,
     # 2.25 + 1 s, sooner than the slow reader's slot at 3 s + 1 s
     assert bounds.slot_aware(calls, {"m": model}, [fast, slow]) == pytest.approx([3.0, 3.25])
+
+
+def test_the_scenarios_models_read_the_catalogues_files() -> None:
+    assert {n: m.disk_mib for n, m in MODELS.items()} == \
+        {"qwen3:32b": 20200, "qwen3:14b": 9300, "qwen3:8b": 5200}
+    # 1 + 20200/1024 = 20.73, 1 + 9300/1024 = 10.08, 1 + 5200/1024 = 6.08: the next polls
+    # (footprint / speed: 26.37, 11.94 and 5.86 s)
+    gpu = GpuSpec("card", 32768)
+    assert [load_seconds(MODELS[n], gpu) for n in ("qwen3:32b", "qwen3:14b", "qwen3:8b")] == \
+        pytest.approx([20.75, 10.25, 6.25])
+
+
+def test_burst_while_loading_quotes_its_load_time() -> None:
+    scenario = SCENARIOS["burst-while-loading"]
+    seconds = {load_seconds(MODELS["qwen3:14b"], g) for g in scenario.gpus}
+    assert seconds == {10.25}
+    assert "its copies load (10.25 s" in scenario.description
