@@ -5,13 +5,14 @@ The contention-free limit: every call served at once on a warm copy of its prefe
 nothing cached; its answer at the model's token rate).
 
 The slot-aware bound adds what no policy can avoid: a model runs at most as many calls at
-once as its copies have slots, and a copy costs its load time. Each model is given a copy on
-every card that could hold it (as if the model had the cards to itself: no other model's
-memory or slots compete), and its calls, in arrival order, each start at the soonest moment
-any card can run them: a free slot of a loaded copy, or a new copy loaded from the call's
-arrival on a card without one (a copy left idle for the card's keep-alive is gone, as
-Ollama unloads it). A call's model is its first candidate that fits some card; its length is
-the limit's with that model's token rate.
+once as its copies have slots, and a copy costs its load time (the fleet model's
+`load_seconds`: start-up and the read of the weights file, seen on Ollama's 250 ms readiness
+poll). Each model is given a copy on every card that could hold it (as if the model had the
+cards to itself: no other model's memory or slots compete), and its calls, in arrival order,
+each start at the soonest moment any card can run them: a free slot of a loaded copy, or a
+new copy loaded from the call's arrival on a card without one (a copy left idle for the
+card's keep-alive is gone, as Ollama unloads it). A call's model is its first candidate that
+fits some card; its length is the limit's with that model's token rate.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from loadtest.fleet_model import DEPTH_SCALES, GpuSpec, ModelSpec, SimCall
+from loadtest.fleet_model import DEPTH_SCALES, GpuSpec, ModelSpec, SimCall, load_seconds
 from loadtest.sim_cache import DEFAULT_DEPTH_SCALE, prefill_seconds
 
 
@@ -64,7 +65,7 @@ def slot_aware(calls: Sequence[SimCall], models: Mapping[str, ModelSpec],
                 soonest = max(call.arrived, min(slots)) if slots else math.inf
                 if not slots or max(slots) + g.keep_alive_s < soonest:
                     # no copy, or it expired idle: a new one, loaded from the call's arrival
-                    soonest = call.arrived + model.footprint_mib / g.load_mib_per_s
+                    soonest = call.arrived + load_seconds(model, g)
                 if best is None or soonest < best[0]:
                     best = (soonest, g)
             assert best is not None

@@ -1,8 +1,10 @@
 """A model of a GPU fleet running Ollama, for the virtual-clock simulation.
 
-Each GPU behaves like one `ollama serve`: loads take footprint / speed, OLLAMA_NUM_PARALLEL
-slots per loaded model with a FIFO queue beyond them, keep-alive expiry, and Ollama's own
-eviction of idle models when a load does not fit. What a real fleet would suffer is counted:
+Each GPU behaves like one `ollama serve`: a load takes the runner's start-up plus the read of
+the weights file (not the footprint: the KV cache is allocated, never read), seen ready on
+Ollama's 250 ms poll (`load_seconds`); OLLAMA_NUM_PARALLEL slots per loaded model with a FIFO
+queue beyond them, keep-alive expiry, and Ollama's own eviction of idle models when a load
+does not fit. What a real fleet would suffer is counted:
 a load that does not fit beside the residents (the engine has to evict on its own, or cannot
 load at all: an out-of-memory event), and a prompt longer than the context (silently cut).
 
@@ -20,6 +22,7 @@ runs at full speed, unshared. `GpuSpec.share_gpu = False` decodes every call at 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,11 +44,35 @@ CACHE_VERSION = "0.33.0"  # the slot choice of Ollama's current llama-server run
 DEPTH_SCALES = {m.name: depth_scale(m) for m in CATALOG}
 
 
+# Ollama's WaitUntilRunning polls the runner's /health at once, then after each 250 ms sleep
+# (llm/llama_server.go:1368-1381; v0.12.6 llm/server.go:1323): a load is seen ready on that grid
+READY_POLL_S = 0.25
+CATALOG_DISK_MIB = {m.name: m.disk_mib for m in CATALOG}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    footprint_mib: int
+    footprint_mib: int  # in VRAM once loaded: weights, KV cache, graph
     tokens_per_s: float  # generation speed on this class of GPU
+    # The weights file a load reads (/api/tags `size`; v0.12.6 ml/backend/ggml/ggml.go:495
+    # reads the GGUF tensor data). None: the whole footprint, for a model stated by it alone.
+    disk_mib: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.disk_mib is not None and not 0 < self.disk_mib <= self.footprint_mib:
+            raise ValueError(f"{self.name}: weights of {self.disk_mib} MiB do not fit its "
+                             f"footprint of {self.footprint_mib} MiB")
+
+    @classmethod
+    def catalogued(cls, name: str, footprint_mib: int, tokens_per_s: float) -> ModelSpec:
+        """A model of the simulator's catalogue (loadtest/sim_model.py), its file's size."""
+        return cls(name, footprint_mib, tokens_per_s, CATALOG_DISK_MIB[name])
+
+    @property
+    def read_mib(self) -> int:
+        """What a load reads from disk."""
+        return self.footprint_mib if self.disk_mib is None else self.disk_mib
 
 
 @dataclass(frozen=True)
@@ -54,7 +81,8 @@ class GpuSpec:
     total_mib: int
     context: int = 8192
     slots: int = 1
-    load_mib_per_s: float = 1024.0
+    load_mib_per_s: float = 1024.0  # reading the weights file (hardware: disk, PCIe)
+    startup_s: float = 1.0  # a load's runner start-up before the read (process, CUDA init)
     unload_s: float = 1.0
     keep_alive_s: float = 300.0
     prompt_tokens_per_s: float = 2000.0  # at depth 0: deeper tokens are slower (sim_cache)
@@ -62,6 +90,14 @@ class GpuSpec:
     # step is memory-bound; the weights are read once for the whole batch). A hardware figure.
     batch_cost: float = 0.1
     share_gpu: bool = True  # False: every call decodes at full speed, whatever else runs
+
+
+def load_seconds(model: ModelSpec, gpu: GpuSpec) -> float:
+    """A load from its start to the runner seen ready: start-up, then the weights read at the
+    card's rate, rounded up to the readiness poll's grid."""
+    raw = gpu.startup_s + model.read_mib / gpu.load_mib_per_s
+    # round() first: a figure on the grid must not go up a step for a float's last digit
+    return math.ceil(round(raw / READY_POLL_S, 9)) * READY_POLL_S
 
 
 @dataclass
@@ -209,7 +245,7 @@ class Gpu:
         self.counters.loaded_mib += model.footprint_mib
         self._trace()
         start = max(self.now(), self.unloading_until)  # memory returns after an unload
-        done_at = start + model.footprint_mib / self.spec.load_mib_per_s
+        done_at = start + load_seconds(model, self.spec)
         self.schedule(done_at, lambda: self._loaded(resident))
 
     def _evict_idle_for(self, need_mib: int) -> None:

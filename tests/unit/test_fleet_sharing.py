@@ -16,9 +16,10 @@ from loadtest.policies import LeastBusy
 from loadtest.scenarios import MODELS, SCENARIOS
 from loadtest.simulate import Simulation, main
 
-# Loads take 1 s (1024 MiB at 1024 MiB/s); names the simulator has no depth scale for
+# Names the simulator has no depth scale for; a load reads 1024 MiB
 TEN = ModelSpec("ten-tps", 1024, 10.0)  # 0.1 s a token alone
 TWENTY = ModelSpec("twenty-tps", 1024, 20.0)  # 0.05 s a token alone
+LOAD_S = 2.0  # a card's default 1 s start-up, then 1024 MiB at 1024 MiB/s: on the 250 ms grid
 
 
 class Fleet:
@@ -52,9 +53,9 @@ def test_two_calls_on_one_runner_finish_at_one_batched_step_each() -> None:
     fleet.submit(0.0, 1, TEN, 100)
     fleet.submit(0.0, 2, TEN, 100)
     done = fleet.run_until_done(2)
-    # loaded at 1 s; 100 steps of two sequences, each 1.1 x 0.1 s
-    assert done[1] == pytest.approx(1.0 + 100 * 0.11)
-    assert done[2] == pytest.approx(1.0 + 100 * 0.11)
+    # loaded at 2 s; 100 steps of two sequences, each 1.1 x 0.1 s
+    assert done[1] == pytest.approx(LOAD_S + 100 * 0.11)
+    assert done[2] == pytest.approx(LOAD_S + 100 * 0.11)
 
 
 def test_two_models_on_one_card_each_get_a_token_per_summed_step() -> None:
@@ -62,9 +63,9 @@ def test_two_models_on_one_card_each_get_a_token_per_summed_step() -> None:
     fleet.submit(0.0, 1, TEN, 100)
     fleet.submit(0.0, 2, TWENTY, 100)
     done = fleet.run_until_done(2)
-    # both loaded at 1 s; a token each per 0.1 + 0.05 s
-    assert done[1] == pytest.approx(1.0 + 100 * 0.15)
-    assert done[2] == pytest.approx(1.0 + 100 * 0.15)
+    # both loaded at 2 s; a token each per 0.1 + 0.05 s
+    assert done[1] == pytest.approx(LOAD_S + 100 * 0.15)
+    assert done[2] == pytest.approx(LOAD_S + 100 * 0.15)
 
 
 def test_a_call_finishing_speeds_the_other_up_and_prefill_is_not_shared() -> None:
@@ -75,13 +76,13 @@ def test_a_call_finishing_speeds_the_other_up_and_prefill_is_not_shared() -> Non
     done = fleet.run_until_done(2)
     prefill = 1.0 * (1 + 500 / 32768)
     decoding_from = 3.0 + prefill
-    # call 1 decodes alone from 1 s (the load) to the end of call 2's prefill, 0.1 s a token
-    left = 100 - (decoding_from - 1.0) / 0.1
+    # call 1 decodes alone from 2 s (the load) to the end of call 2's prefill, 0.1 s a token
+    left = 100 - (decoding_from - LOAD_S) / 0.1
     # then both at 0.11 s a token: call 2's 40 tokens, as many for call 1
     assert done[2] == pytest.approx(decoding_from + 40 * 0.11)
     # then call 1 alone again for what is left
     assert done[1] == pytest.approx(done[2] + (left - 40) * 0.1)
-    assert done[1] > 1.0 + 100 * 0.1  # slower than alone
+    assert done[1] > LOAD_S + 100 * 0.1  # slower than alone
 
 
 def test_a_call_alone_decodes_at_full_speed() -> None:
@@ -89,8 +90,8 @@ def test_a_call_alone_decodes_at_full_speed() -> None:
     fleet.submit(0.0, 1, TEN, 100)
     fleet.submit(20.0, 2, TWENTY, 60)
     done = fleet.run_until_done(2)
-    assert done[1] == pytest.approx(1.0 + 100 * 0.1)
-    assert done[2] == pytest.approx(21.0 + 60 * 0.05)
+    assert done[1] == pytest.approx(LOAD_S + 100 * 0.1)
+    assert done[2] == pytest.approx(20.0 + LOAD_S + 60 * 0.05)
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -100,8 +101,10 @@ def test_without_sharing_every_call_decodes_at_full_speed(slots: int) -> None:
     fleet.submit(0.0, 2, TEN, 100)
     fleet.submit(0.0, 3, TWENTY, 100)
     done = fleet.run_until_done(3)
-    second = 1.0 + 100 * 0.1 if slots == 2 else 1.0 + 2 * 100 * 0.1  # queued behind the first
-    assert (done[1], done[2], done[3]) == pytest.approx((11.0, second, 6.0))
+    # the second queued behind the first on one slot
+    second = LOAD_S + 100 * 0.1 if slots == 2 else LOAD_S + 2 * 100 * 0.1
+    assert (done[1], done[2], done[3]) == pytest.approx(
+        (LOAD_S + 10.0, second, LOAD_S + 5.0))
 
 
 def test_sharing_only_slows_the_decode_of_a_whole_run() -> None:
