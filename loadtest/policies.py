@@ -175,7 +175,7 @@ class Kubemoot:
                               for r in gpu.residents.values() if r.ready)
             views.append(ProviderView(name, gpu.spec.total_mib, True, residents,
                                       gpu.spec.context, gpu.spec.slots,
-                                      disk_mib={m: s.footprint_mib for m, s in MODELS.items()},
+                                      disk_mib={m: s.read_mib for m, s in MODELS.items()},
                                       observed=SEEN))
         turns: dict[str, list[float]] = {}
         for ident, (model, due) in self.waiting.items():
