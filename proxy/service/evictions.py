@@ -23,6 +23,9 @@ from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.evictions")
 UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before going anyway
+# Ollama unloads one copy at a time and, before the next, waits up to 5 s for the card's
+# memory to come back (server/sched.go:101, 458-466; v0.12.6 :358-366)
+RECOVERY_WAIT_S = 5.0
 UNLOAD_POLL_S = 0.05
 RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
 
@@ -139,9 +142,11 @@ class Evictions:
         return True
 
     async def _seen_gone(self, provider: str, models: tuple[str, ...]) -> bool:
-        """Poll `/api/ps` until it lists none of `models` (True), for at most 10 s."""
+        """Poll `/api/ps` until it lists none of `models` (True), for at most 10 s and 5 s
+        more for each copy after the first."""
         client = self.clients[provider]
-        deadline = self.clock.monotonic() + UNLOAD_WAIT_S
+        deadline = self.clock.monotonic() + UNLOAD_WAIT_S + \
+            RECOVERY_WAIT_S * max(0, len(models) - 1)
         while True:
             try:
                 listed = await client.ps(client.timeouts.connect_s)
