@@ -43,7 +43,8 @@ MAX_IN_FLIGHT = 4096  # calls remembered between placement and answer, or until 
 
 @dataclass
 class Learning:
-    """What the sidecar learns from responses: chars per token, load speed, call lengths."""
+    """What the sidecar learns from responses: chars per token, load and unload times, call
+    lengths."""
 
     ratio: TokenRatio = field(default_factory=TokenRatio)
     loads: LoadTimes = NO_LOAD_TIMES
