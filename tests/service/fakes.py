@@ -95,6 +95,10 @@ class FakeModelServer:
         self.loaded: dict[str, Copy] = {}
         self.stats = Stats()
         self.reachable = True  # False: every question fails as a refused connection would
+        # Ollama unloads one copy at a time and waits for the memory to come back before the
+        # next (up to 5 s, server/sched.go:458-466): the gap between two unloads (test control)
+        self.unload_gap_s = 0.0
+        self._unloader_free_at = 0.0
         self._answers: deque[Answer] = deque()
 
     # -- test controls ---------------------------------------------------------------------
@@ -214,6 +218,16 @@ class FakeModelServer:
 
     def _drop_if_idle(self, copy: Copy) -> None:
         if copy.leaving and copy.calls == 0 and self.loaded.get(copy.model.name) is copy:
+            if not self.unload_gap_s:
+                self._drop(copy)
+                return
+            loop = asyncio.get_running_loop()
+            at = max(loop.time(), self._unloader_free_at)
+            self._unloader_free_at = at + self.unload_gap_s
+            loop.call_at(at, self._drop, copy)
+
+    def _drop(self, copy: Copy) -> None:
+        if self.loaded.get(copy.model.name) is copy:
             del self.loaded[copy.model.name]
             self.stats.unloads += 1
 

@@ -3,6 +3,8 @@ and shown by explain."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from proxy.api.kubemoot import verdict_json
@@ -42,3 +44,24 @@ async def test_an_eviction_teaches_its_card_unload_time(fleet: Fleet) -> None:
     assert (r.status, r.placement, r.last.evicted) == (200, "evict", ("phi3:mini", "qwen3:8b"))
     unloads = sidecar.services.scheduler.learning.loads.unloads
     assert unloads == {"gpu": 0.0}  # the fake unloads at once: the first /api/ps shows it
+
+
+async def test_an_eviction_waits_for_victims_that_ollama_unloads_one_at_a_time(
+        fleet: Fleet) -> None:
+    """Ollama unloads one copy at a time and waits up to 5 s for the memory between two:
+    the fourth of four victims leaves `/api/ps` 15 s after the first. The call waits for
+    all of them (10 s and 5 s per victim after the first) before it loads, and its card's
+    unload time is learned per victim."""
+    gpu = fleet.gpu("gpu", total_vram_mib=32768, max_loaded_models=4)
+    gpu.preload("qwen3:8b", "phi3:mini", "llama3.2:3b", "qwen3:14b")
+    gpu.unload_gap_s = 5.0
+    sidecar = await fleet.sidecar()
+    started = asyncio.get_running_loop().time()
+    r = await sidecar.chat("qwen3:32b", num_ctx=16384)  # with phi3 beside it, too large
+    assert (r.status, r.placement, len(r.last.evicted)) == (200, "evict", 4), r.last.evicted
+    loads = sidecar.services.scheduler.learning.loads
+    assert loads.unloads["gpu"] == pytest.approx(15.0 / 4, abs=0.05)
+    load_s = gpu.loaded["qwen3:32b"].mib / gpu.config.load_mib_per_s
+    assert loads.copies[("gpu", "qwen3:32b")] == pytest.approx(load_s, rel=0.01)
+    # sent once the last victim had gone, 15 s in (and answered in under a second)
+    assert 15 + load_s < asyncio.get_running_loop().time() - started < 16 + load_s
