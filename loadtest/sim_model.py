@@ -127,6 +127,10 @@ class SimConfig:
     flash_attention: bool = True  # before 0.30 the cache type applies only with it
     max_queue: int = 512  # OLLAMA_MAX_QUEUE: loads that may wait
     keep_alive_s: float = 300.0  # OLLAMA_KEEP_ALIVE
+    # Hardware, not Ollama's: a load is the runner's start-up (process spawn, backend and
+    # CUDA init) and then the read of the weights file (/api/tags `size`, not the footprint:
+    # the KV cache is allocated, not read) at this rate
+    startup_s: float = 1.0
     load_mib_per_s: float = 1024.0
     tokens_per_s: float = 50.0
     prompt_tokens_per_s: float = 4000.0

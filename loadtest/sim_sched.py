@@ -12,6 +12,8 @@ runs them.
 - A runner's memory follows its architecture x context x slots (sim_model.py).
 - A runner decodes its busy slots in one batch a step, and the runners decoding at once
   time-slice the card (token_period_s; docs/engine.md).
+- A load takes the runner's start-up and the read of the weights file, seen on the 250 ms
+  poll grid (load_s).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ from .sim_model import PromptTokens, SimConfig, SimModel, decode_step_s, tokens_
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
 BOS_BLOCK = (0, 1)  # the prompt's first token, the same in every prompt
+# WaitUntilRunning polls /health at once, then every 250 ms (llm/llama_server.go:1368-1381;
+# v0.12.6 llm/server.go:1323)
+POLL_S = 0.25
 
 
 class SimError(Exception):
@@ -301,6 +306,14 @@ class OllamaSim:
             return await self._load(model, request, ctx, slots, need,
                                     c.keep_alive_s if keep_alive_s is None else keep_alive_s)
 
+    def load_s(self, model: SimModel) -> float:
+        """Simulated seconds from a load's start to its runner seen ready: the runner's
+        start-up and the read of the weights file (the KV cache is allocated, never read),
+        seen on WaitUntilRunning's 250 ms poll grid."""
+        c = self.config
+        ready = c.startup_s + model.disk_mib / c.load_mib_per_s
+        return POLL_S * math.ceil(ready / POLL_S - 1e-9)
+
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float) -> Runner:
         # llama-server fits what the driver says is free, its own CUDA context included
@@ -322,7 +335,7 @@ class OllamaSim:
                  self.used_vram_mib())
         self.stats.peak_vram_mib = max(self.stats.peak_vram_mib, self.used_vram_mib())
         try:
-            await self._sleep(need / self.config.load_mib_per_s)
+            await self._sleep(self.load_s(model))
         except BaseException:
             if self.runners.get(model.name) is runner:
                 self._drop(model.name, "load abandoned")
