@@ -45,7 +45,7 @@ from .sim_model import (
     tokens_for_text,
 )
 from .sim_output import Piece, Reply
-from .sim_sched import Fault, OllamaSim, Runner, SimError, Stats, log
+from .sim_sched import Fault, OllamaSim, Runner, SimError, log
 
 # What a call on a runner whose llama-server died gets (llm/llama_server.go:1192-1199: the
 # killed process's exit status is unknown, its last error empty), and what the call it died
@@ -150,9 +150,7 @@ class SimApp:
         return _json({"fault": self.sim.fault.__dict__})
 
     async def reset(self, request: Request) -> Response:
-        self.sim.runners.clear()
-        self.sim.stats = Stats()
-        self.sim.fault = Fault()
+        self.sim.reset()
         return _json({"reset": True})
 
     async def _body(self, request: Request) -> dict[str, Any] | Response:

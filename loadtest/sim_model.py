@@ -127,7 +127,17 @@ class SimConfig:
     flash_attention: bool = True  # before 0.30 the cache type applies only with it
     max_queue: int = 512  # OLLAMA_MAX_QUEUE: loads that may wait
     keep_alive_s: float = 300.0  # OLLAMA_KEEP_ALIVE
+    # Hardware, not Ollama's: a load is the runner's start-up (process spawn, backend and
+    # CUDA init) and then the read of the weights file (/api/tags `size`, not the footprint:
+    # the KV cache is allocated, not read) at this rate
+    startup_s: float = 1.0
     load_mib_per_s: float = 1024.0
+    # Hardware: how long the driver takes to give a killed runner's memory back (what 0.12's
+    # wait for freed memory sees), and a bootstrap GPU discovery's time (HEAD's, when no other
+    # runner can report the free memory; Ollama caps it at 3 s)
+    vram_release_s: float = 0.3
+    discovery_s: float = 0.5
+    seed: int = 0  # the order Go's map iteration gives the runners (HEAD's recovery wait)
     tokens_per_s: float = 50.0
     prompt_tokens_per_s: float = 4000.0
     # An answer's own length in tokens when the call does not say (sim_output.ANSWER_TOKENS);

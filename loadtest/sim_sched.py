@@ -12,6 +12,9 @@ runs them.
 - A runner's memory follows its architecture x context x slots (sim_model.py).
 - A runner decodes its busy slots in one batch a step, and the runners decoding at once
   time-slice the card (token_period_s; docs/engine.md).
+- A load takes the runner's start-up and the read of the weights file, seen on the 250 ms
+  poll grid (load_s); unloads go one at a time, each followed by the version's wait for the
+  freed memory (processCompleted and waitForVRAMRecovery: _next_unload, recovery_s).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import contextlib
 import hashlib
 import logging
 import math
+import random
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -43,6 +48,13 @@ from .sim_model import PromptTokens, SimConfig, SimModel, decode_step_s, tokens_
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
 BOS_BLOCK = (0, 1)  # the prompt's first token, the same in every prompt
+# WaitUntilRunning polls /health at once, then every 250 ms (llm/llama_server.go:1368-1381;
+# v0.12.6 llm/server.go:1323); waitForVRAMRecovery reads free memory on a 250 ms ticker
+# (server/sched.go:1467) and gives up after 5 s (:101)
+POLL_S = 0.25
+RECOVERY_TIMEOUT_S = 5.0
+RECOVERED_SHARE = 0.75  # done once free memory rose by more than this x the victim's VRAM
+DISCOVERY_CAP_S = 3.0  # a bootstrap discovery's own timeout (discover/runner.go:340)
 
 
 class SimError(Exception):
@@ -71,7 +83,14 @@ class Runner:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     cache: PromptCache | None = None  # its slots' prompt caches: empty at every (re)load
     crashed: bool = False  # its llama-server died: listed until a call reloads it
+    died_at: float | None = None  # time.monotonic() when it died (the driver frees it then)
     decoding: int = 0  # its calls between their first token and their last: its batch
+    # What the card had free when it loaded ("using device ... MiB free", llm/llama_server.go:
+    # 2735, 2785): with its own VRAM, the free memory it reports (GetDeviceInfos, :2600-2636)
+    free_at_load_mib: int = 0
+    unloaded: asyncio.Event = field(default_factory=asyncio.Event)  # its recovery is over
+    queued: bool = False  # waiting for the unloader
+    timer: asyncio.TimerHandle | None = None  # its keep-alive (expireTimer)
 
     @property
     def spilled(self) -> bool:
@@ -81,6 +100,13 @@ class Runner:
     def speed(self) -> float:
         """Layers in CPU memory are slower: the share on the GPU, at least a fifth."""
         return max(0.2, self.vram_mib / self.footprint_mib) if self.footprint_mib else 1.0
+
+    @property
+    def accounted_free_mib(self) -> int:
+        """The card's free memory by this runner's own static accounting (HEAD's
+        GetDeviceInfos): min(total - its VRAM, free at its load - its VRAM), floored at 0;
+        blind to every load and unload since its own."""
+        return max(0, self.free_at_load_mib - self.vram_mib)
 
 
 @dataclass
@@ -115,6 +141,8 @@ class Stats:
     cached_tokens: int = 0  # prompt tokens found in a slot's cache instead
     cache_hits: int = 0  # calls that found any of their prompt cached
     peak_decoding: int = 0  # the most sequences decoding at once on this card, all runners
+    # simulated seconds the unloader waited for freed memory after its unloads, all told
+    recovery_s: float = 0.0
     requests_by_model: dict[str, int] = field(default_factory=dict)
     # /api/version, /api/tags, /api/ps and /api/show requests: what probing costs the server
     probes_by_path: dict[str, int] = field(default_factory=dict)
@@ -131,6 +159,10 @@ class OllamaSim:
         self._loader = asyncio.Lock()  # one load at a time
         self._pending = 0
         self.decoding = 0  # sequences decoding on this card now, all runners
+        # processCompleted: expired runners in turn, and the recovery wait it blocks on
+        self._expiries: deque[tuple[Runner, str]] = deque()
+        self._recovering: asyncio.Task[None] | None = None
+        self._rng = random.Random(config.seed)  # s.loaded's map order, reproducibly
 
     @property
     def newest(self) -> bool:
@@ -181,31 +213,42 @@ class OllamaSim:
         return self.used_vram_mib() + MINIMUM_MEMORY_MIB * len(self.runners)
 
     def _expire_idle(self) -> None:
+        """Keep-alives run out by their timers; this catches one a restart of the server
+        lost (a timer lives in the event loop that set it)."""
         now = time.time()
-        for name, runner in list(self.runners.items()):
-            if runner.refcount == 0 and runner.loaded.is_set() and runner.expires_at <= now:
-                self._drop(name, "keep-alive expiry")
+        for runner in list(self.runners.values()):
+            if runner.refcount == 0 and runner.loaded.is_set() and runner.expires_at <= now \
+                    and not runner.unload_requested:
+                self._expire(runner, "keep-alive expiry", timer=True)
 
     def _drop(self, name: str, why: str = "unload") -> None:
         runner = self.runners.pop(name, None)
         if runner is not None:
+            self._disarm(runner)
             runner.gone.set()
             self.stats.unloads += 1
             log.info("%s %s: %s (%d MiB in use)", self.config.name, why, name,
                      self.used_vram_mib())
 
-    def _expire(self, runner: Runner, why: str) -> None:
-        """sessionDuration 0: an idle runner goes now, a busy one when its calls end."""
+    def _expire(self, runner: Runner, why: str, *, timer: bool = False) -> None:
+        """To the unloader: an idle runner now, a busy one when its calls end (release).
+        All but its keep-alive timer set its sessionDuration to 0 (sched.go:344, 1655,
+        1725), which findRunnerToUnload sorts first."""
+        runner.unload_requested = True
+        if not timer:
+            runner.keep_alive_s = 0.0
+        self._disarm(runner)
         if runner.refcount == 0:
-            self._drop(runner.model.name, why)
+            self._queue_unload(runner, why)
         else:
-            runner.unload_requested = True
             log.info("%s %s: %s once its calls end", self.config.name, why, runner.model.name)
 
     def expire_all(self) -> None:
-        """An out-of-memory during inference: every runner is expired (sched.go:1632-1661)."""
+        """An out-of-memory during inference: every loaded runner is expired
+        (expireRunnersForRuntimeOOM, sched.go:1632-1661, walks s.loaded)."""
         for runner in list(self.runners.values()):
-            self._expire(runner, "expired after running out of memory")
+            if runner.loaded.is_set():
+                self._expire(runner, "expired after running out of memory")
 
     def _victim(self) -> Runner:
         """findRunnerToUnload: by keep-alive (forever last), then by name; the first idle
@@ -214,10 +257,131 @@ class OllamaSim:
         return next((r for r in ordered if r.refcount == 0), ordered[0])
 
     async def _evict(self, why: str) -> None:
+        """processPending expires the victim and waits for unloadedCh, sent once the
+        unloader's recovery wait for it is over (sched.go:326-357)."""
         victim = self._victim()
         self.stats.self_evictions += 1
         self._expire(victim, f"self-eviction ({why})")
-        await victim.gone.wait()
+        await victim.unloaded.wait()
+
+    # -- unloads: processCompleted ---------------------------------------------------------
+    def _arm(self, runner: Runner) -> None:
+        """The keep-alive timer of a runner gone idle (sched.go:393-408)."""
+        self._disarm(runner)
+        delay = runner.keep_alive_s * self.config.time_scale
+        if math.isfinite(delay) and delay < 1e9:
+            runner.timer = asyncio.get_running_loop().call_later(
+                delay, self._keep_alive_over, runner)
+
+    @staticmethod
+    def _disarm(runner: Runner) -> None:
+        if runner.timer is not None:
+            runner.timer.cancel()
+            runner.timer = None
+
+    def _keep_alive_over(self, runner: Runner) -> None:
+        runner.timer = None
+        if runner.refcount == 0 and self.runners.get(runner.model.name) is runner:
+            self._expire(runner, "keep-alive expiry", timer=True)
+
+    def _queue_unload(self, runner: Runner, why: str) -> None:
+        """An idle runner into expiredCh."""
+        runner.unload_requested = True  # nothing new starts on it
+        if not runner.queued:
+            runner.queued = True
+            self._expiries.append((runner, why))
+        self._next_unload()
+
+    def _unloader_busy(self) -> bool:
+        task = self._recovering  # a task of a loop a restart of the server ended is no wait
+        return task is not None and not task.done() and \
+            task.get_loop() is asyncio.get_running_loop()
+
+    def _next_unload(self) -> None:
+        """processCompleted (sched.go:414-470) handles one expiry at a time: it reads the
+        baseline, kills the runner and drops it from s.loaded (and /api/ps), then blocks on
+        waitForVRAMRecovery before it sends unloadedCh and takes the next expiry."""
+        while self._expiries and not self._unloader_busy():
+            runner, why = self._expiries.popleft()
+            runner.queued = False
+            if self.runners.get(runner.model.name) is not runner:
+                runner.unloaded.set()  # a duplicate expiry: already unloaded
+                continue
+            if runner.refcount > 0:  # back in use: released again when its calls end
+                continue
+            wait = self.recovery_s(runner)  # its baseline is read before the unload
+            self._drop(runner.model.name, why)
+            self.stats.recovery_s += wait
+            self._recovering = asyncio.get_running_loop().create_task(
+                self._recover(runner, wait))
+
+    async def _recover(self, runner: Runner, wait: float) -> None:
+        try:
+            await self._sleep(wait)
+        finally:
+            runner.unloaded.set()
+            if self._recovering is asyncio.current_task():  # not one a reset cancelled
+                self._recovering = None
+        self._next_unload()  # not when cancelled: a reset, or the server stopping
+
+    def recovery_s(self, victim: Runner) -> float:
+        """Simulated seconds waitForVRAMRecovery (sched.go:1441-1497; v0.12.6 628-684) keeps
+        the unloader after unloading `victim`: done on the first 250 ms tick whose free memory
+        is more than 0.75 x the victim's VRAM above the baseline read before the unload, else
+        after 5 s; no wait for a runner with nothing on the GPU.
+
+        0.12 reads the driver's free memory: the first tick after the driver has freed the
+        victim's (vram_release_s after the kill; a llama-server that died was freed when it
+        died, so a baseline read after that never sees memory come back: 5 s).
+
+        HEAD reads runners' static accounting (accounted_free_mib) through the first runner
+        on a GPU in s.loaded's map order, the victim included for the baseline (its GPUs are
+        cleared at the unload, sched.go:1377): the same survivor for both readings sees no
+        change (5 s); the victim's baseline against a survivor's tick is done at once when the
+        survivor's figure is lower (uint64 wraps) or more than 0.75 x the victim's VRAM above
+        it, else 5 s; with no survivor a bootstrap discovery reads the real memory (a tick and
+        its discovery time).
+
+        Left out: other devices (one GPU a server), the victim's memory still held by the
+        driver after the unload (loads see it free at once: the driver release only times
+        0.12's recovery, and HEAD's discovery is taken to see it freed), 0.12's own time to
+        read the memory, and the tick the 5 s timeout shares with the last reading."""
+        c = self.config
+        if victim.vram_mib <= 0:
+            return 0.0
+        if not self.newest:
+            release = c.vram_release_s
+            if victim.died_at is not None:
+                release -= (time.monotonic() - victim.died_at) / c.time_scale \
+                    if c.time_scale > 0 else math.inf
+                if release <= 0:
+                    return RECOVERY_TIMEOUT_S
+            return min(RECOVERY_TIMEOUT_S, POLL_S * max(1, math.ceil(release / POLL_S - 1e-9)))
+        on_gpu = [r for r in self.runners.values() if r.loaded.is_set() and r.vram_mib > 0]
+        self._rng.shuffle(on_gpu)  # the snapshot is built from a map (sched.go:454-457)
+        survivor = next((r for r in on_gpu if r is not victim), None)
+        if survivor is None:
+            return POLL_S + min(c.discovery_s, DISCOVERY_CAP_S)
+        if on_gpu[0] is survivor:
+            return RECOVERY_TIMEOUT_S
+        freed = survivor.accounted_free_mib - victim.accounted_free_mib
+        if freed < 0 or freed > RECOVERED_SHARE * victim.vram_mib:
+            return POLL_S
+        return RECOVERY_TIMEOUT_S
+
+    def reset(self) -> None:
+        """/_sim/reset: nothing loaded, nothing waiting to unload, counters at zero."""
+        self._expiries.clear()
+        if self._recovering is not None:
+            self._recovering.cancel()
+            self._recovering = None
+        for runner in self.runners.values():
+            self._disarm(runner)
+            runner.gone.set()
+            runner.unloaded.set()
+        self.runners.clear()
+        self.stats = Stats()
+        self.fault = Fault()
 
     def resolve(self, model: SimModel, body: dict[str, Any]) -> LoadOptions:
         c = self.config
@@ -262,6 +426,7 @@ class OllamaSim:
         assert runner is not None
         runner.refcount += 1
         runner.idle.clear()
+        self._disarm(runner)  # useLoadedRunner stops the keep-alive timer (sched.go:479-482)
         if keep_alive_s is not None:
             runner.keep_alive_s = keep_alive_s  # last writer wins, as in Ollama
         return runner, time.perf_counter() - started
@@ -276,12 +441,18 @@ class OllamaSim:
             if runner is not None:
                 if self._usable(runner, request):
                     return runner  # loaded by a call ahead of this one
-                if runner.crashed and not runner.unload_requested:
+                if runner.unload_requested:
+                    # expired by something else (keep_alive 0, its keep-alive, an OOM):
+                    # processPending does not wait on processCompleted's recovery
+                    self._next_unload()  # (an unloader a restart of the server stopped)
+                    await runner.gone.wait()
+                    continue
+                if runner.crashed:
                     self._expire(runner, "reload of a runner that died")
-                elif not runner.unload_requested:
+                else:
                     self.stats.reloads += 1
                     self._expire(runner, "reload for other load options")
-                await runner.gone.wait()
+                await runner.unloaded.wait()  # an eviction of itself: unloadedCh
                 continue
             if len(self.runners) >= c.max_runners:
                 await self._evict(f"{c.max_runners} models loaded")
@@ -301,6 +472,14 @@ class OllamaSim:
             return await self._load(model, request, ctx, slots, need,
                                     c.keep_alive_s if keep_alive_s is None else keep_alive_s)
 
+    def load_s(self, model: SimModel) -> float:
+        """Simulated seconds from a load's start to its runner seen ready: the runner's
+        start-up and the read of the weights file (the KV cache is allocated, never read),
+        seen on WaitUntilRunning's 250 ms poll grid."""
+        c = self.config
+        ready = c.startup_s + model.disk_mib / c.load_mib_per_s
+        return POLL_S * math.ceil(ready / POLL_S - 1e-9)
+
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float) -> Runner:
         # llama-server fits what the driver says is free, its own CUDA context included
@@ -310,7 +489,7 @@ class OllamaSim:
             request = replace(request, num_ctx=ctx)
         runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
                         vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
-                        keep_alive_s=keep_alive_s,
+                        keep_alive_s=keep_alive_s, free_at_load_mib=free,
                         cache=PromptCache(slots, self.config.version))
         self.runners[model.name] = runner
         self.stats.loads += 1
@@ -322,10 +501,11 @@ class OllamaSim:
                  self.used_vram_mib())
         self.stats.peak_vram_mib = max(self.stats.peak_vram_mib, self.used_vram_mib())
         try:
-            await self._sleep(need / self.config.load_mib_per_s)
+            await self._sleep(self.load_s(model))
         except BaseException:
-            if self.runners.get(model.name) is runner:
+            if self.runners.get(model.name) is runner:  # closed, never in s.loaded: no wait
                 self._drop(model.name, "load abandoned")
+            runner.unloaded.set()
             raise
         runner.loaded.set()
         return runner
@@ -336,9 +516,10 @@ class OllamaSim:
             runner.idle.set()
             if runner.unload_requested or runner.keep_alive_s <= 0:
                 if self.runners.get(runner.model.name) is runner:
-                    self._drop(runner.model.name)
+                    self._queue_unload(runner, "unload")
             else:
                 runner.expires_at = time.time() + runner.keep_alive_s * self.config.time_scale
+                self._arm(runner)
 
     def request_unload(self, model: SimModel) -> None:
         """expireRunner (sched.go:1713-1731) looks only at s.loaded, which a runner joins once
@@ -352,6 +533,7 @@ class OllamaSim:
         and keeps the copy listed until a call's Ping fails (sched.go:1426) and reloads it."""
         if not runner.crashed:
             runner.crashed = True
+            runner.died_at = time.monotonic()
             self.stats.crashes += 1
             log.info("%s llama-server died: %s", self.config.name, runner.model.name)
 

@@ -34,7 +34,7 @@ def card(sim_factory: Sims, **config: Any) -> SimServer:
     """A card at real time whose loads and prompts take next to nothing, so that a call's
     time is its decoding."""
     return sim_factory("gpu", total_vram_mib=24564, context_length=4096, time_scale=1.0,
-                       load_mib_per_s=1e6, prompt_tokens_per_s=1e6, **config)
+                       startup_s=0.0, load_mib_per_s=1e6, prompt_tokens_per_s=1e6, **config)
 
 
 def generate(sim: SimServer, model: str, tokens: int = TOKENS) -> float:
