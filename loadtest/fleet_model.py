@@ -22,7 +22,6 @@ runs at full speed, unshared. `GpuSpec.share_gpu = False` decodes every call at 
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from loadtest.sim_cache import (
     prefill_seconds,
 )
 from loadtest.sim_model import CATALOG
+from loadtest.sim_model import load_seconds as sim_load_seconds
 from proxy.core.conversations import Conversation
 
 CACHE_VERSION = "0.33.0"  # the slot choice of Ollama's current llama-server runner
@@ -44,9 +44,6 @@ CACHE_VERSION = "0.33.0"  # the slot choice of Ollama's current llama-server run
 DEPTH_SCALES = {m.name: depth_scale(m) for m in CATALOG}
 
 
-# Ollama's WaitUntilRunning polls the runner's /health at once, then after each 250 ms sleep
-# (llm/llama_server.go:1368-1381; v0.12.6 llm/server.go:1323): a load is seen ready on that grid
-READY_POLL_S = 0.25
 CATALOG_DISK_MIB = {m.name: m.disk_mib for m in CATALOG}
 
 
@@ -93,11 +90,8 @@ class GpuSpec:
 
 
 def load_seconds(model: ModelSpec, gpu: GpuSpec) -> float:
-    """A load from its start to the runner seen ready: start-up, then the weights read at the
-    card's rate, rounded up to the readiness poll's grid."""
-    raw = gpu.startup_s + model.read_mib / gpu.load_mib_per_s
-    # round() first: a figure on the grid must not go up a step for a float's last digit
-    return math.ceil(round(raw / READY_POLL_S, 9)) * READY_POLL_S
+    """A load from its start to the runner seen ready (sim_model.load_seconds)."""
+    return sim_load_seconds(gpu.startup_s, model.read_mib, gpu.load_mib_per_s)
 
 
 @dataclass

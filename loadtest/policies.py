@@ -248,7 +248,7 @@ class Kubemoot:
                 ticket.provider, ticket.model, _sample(call))
             if call.ident in self.clean_loads:  # load_duration: from placed to running
                 self.loads[call.agent] = self.loads.get(call.agent, NO_LOAD_TIMES).observe_load(
-                    ticket.provider, ticket.model, ticket.footprint_mib,
+                    ticket.provider, ticket.model, MODELS[ticket.model].read_mib,
                     call.started - ticket.started_at)
             if self.affinity and call.conversation is not None:
                 self._learn_prefill(call, ticket.provider, ticket.model)

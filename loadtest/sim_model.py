@@ -190,6 +190,20 @@ class SimConfig:
         return self.kv_cache_type if newest or self.flash_attention else "f16"
 
 
+# Ollama's WaitUntilRunning polls the runner's /health at once, then after each 250 ms sleep
+# (llm/llama_server.go:1368-1381; v0.12.6 llm/server.go:1323): a load is seen ready on that grid
+READY_POLL_S = 0.25
+
+
+def load_seconds(startup_s: float, file_mib: int, mib_per_s: float) -> float:
+    """A load from its start to the runner seen ready: the runner's start-up, then the read
+    of the weights file (the KV cache is allocated, never read), rounded up to the readiness
+    poll's grid. Start-up and read rate are hardware figures, not Ollama's."""
+    raw = startup_s + file_mib / mib_per_s
+    # round() first: a figure on the grid must not go up a step for a float's last digit
+    return math.ceil(round(raw / READY_POLL_S, 9)) * READY_POLL_S
+
+
 def decode_step_s(tokens_per_s: float, speed: float, sequences: int, batch_cost: float
                   ) -> float:
     """One decode step of a runner whose batch holds `sequences` (>= 1) sequences: each

@@ -43,14 +43,20 @@ from .sim_engine import (
     resolve_options,
     version_tuple,
 )
-from .sim_model import PromptTokens, SimConfig, SimModel, decode_step_s, tokens_for_text
+from .sim_model import (
+    PromptTokens,
+    SimConfig,
+    SimModel,
+    decode_step_s,
+    load_seconds,
+    tokens_for_text,
+)
 
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
 BOS_BLOCK = (0, 1)  # the prompt's first token, the same in every prompt
-# WaitUntilRunning polls /health at once, then every 250 ms (llm/llama_server.go:1368-1381;
-# v0.12.6 llm/server.go:1323); waitForVRAMRecovery reads free memory on a 250 ms ticker
-# (server/sched.go:1467) and gives up after 5 s (:101)
+# waitForVRAMRecovery reads free memory on a 250 ms ticker (server/sched.go:1467) and gives up
+# after 5 s (:101)
 POLL_S = 0.25
 RECOVERY_TIMEOUT_S = 5.0
 RECOVERED_SHARE = 0.75  # done once free memory rose by more than this x the victim's VRAM
@@ -477,8 +483,7 @@ class OllamaSim:
         start-up and the read of the weights file (the KV cache is allocated, never read),
         seen on WaitUntilRunning's 250 ms poll grid."""
         c = self.config
-        ready = c.startup_s + model.disk_mib / c.load_mib_per_s
-        return POLL_S * math.ceil(ready / POLL_S - 1e-9)
+        return load_seconds(c.startup_s, model.disk_mib, c.load_mib_per_s)
 
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float) -> Runner:

@@ -22,7 +22,7 @@ from proxy.core.lengths import CallLength
 from proxy.core.load_times import LoadEstimate
 from proxy.core.occupancy import ProviderIndex
 from proxy.core.policy import Policy
-from proxy.core.types import CallSpec, ProviderHealth, Snapshot
+from proxy.core.types import CallSpec, ProviderHealth, ProviderView, Snapshot
 
 NO_HEALTH = ProviderHealth()
 
@@ -36,15 +36,18 @@ def call_length(provider: str, model: str, call: CallSpec, snapshot: Snapshot, p
         default_s=policy.default_call_s)
 
 
-def load_estimate(provider: str, model: str, mib: int | None, snapshot: Snapshot,
-                  policy: Policy) -> LoadEstimate:
-    """How long a load of `model` (`mib` its footprint) takes on `provider`, and whence."""
-    return snapshot.loads.load(provider, model, mib, policy.load_mib_per_s)
+def load_estimate(view: ProviderView, model: str, footprint_mib: int | None,
+                  snapshot: Snapshot, policy: Policy) -> LoadEstimate:
+    """How long a load of `model` takes on the card, and whence: a learned speed reads the
+    weights file `/api/tags` gave the size of (the footprint when it did not); the default
+    reads the footprint, as the design doc has it."""
+    return snapshot.loads.load(view.name, model, view.disk_mib.get(model) or footprint_mib,
+                               footprint_mib, policy.load_mib_per_s)
 
 
-def load_seconds(provider: str, model: str, mib: int | None, snapshot: Snapshot,
-                 policy: Policy) -> float:
-    return load_estimate(provider, model, mib, snapshot, policy).seconds
+def load_seconds(view: ProviderView, model: str, footprint_mib: int | None,
+                 snapshot: Snapshot, policy: Policy) -> float:
+    return load_estimate(view, model, footprint_mib, snapshot, policy).seconds
 
 
 def unload_seconds(provider: str, snapshot: Snapshot, policy: Policy) -> float:
@@ -122,7 +125,7 @@ def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, polic
     ticket = index.loading.get(model)
     if ticket is None:
         return 0.0
-    total = load_seconds(index.name, model, ticket.footprint_mib, snapshot, policy)
+    total = load_seconds(index.view, model, ticket.footprint_mib, snapshot, policy)
     return max(0.0, total - (snapshot.now - ticket.started_at))
 
 
@@ -209,7 +212,7 @@ def cold_floor_s(index: ProviderIndex, model: str, fitting: Fitting, snapshot: S
     """What a cold load of `model` here costs at least: `cold_terms` less the terms that
     only add (the room it takes, the loads ahead, spill, prefill, reliability)."""
     footprint = fitting.footprint_mib(index, model)
-    floor = load_seconds(index.name, model, footprint, snapshot, policy)
+    floor = load_seconds(index.view, model, footprint, snapshot, policy)
     if index.usable_mib is not None and footprint:
         floor += policy.best_fit_s * (index.usable_mib - footprint) / footprint
     call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
@@ -225,7 +228,7 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     card could hold it with room for them; a load of one of them here would first have to
     wait for this copy's unload."""
     footprint = fitting.footprint_mib(index, model)
-    terms = {"load": load_seconds(index.name, model, footprint, snapshot, policy)}
+    terms = {"load": load_seconds(index.view, model, footprint, snapshot, policy)}
     if shuts_out:
         terms["takes_room"] = unload_seconds(index.name, snapshot, policy)
     ahead = loads_ahead_s(index, snapshot, policy) if index.loading else 0.0

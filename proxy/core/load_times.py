@@ -6,7 +6,7 @@ to a fleet-wide speed. Cards differ (a local NVMe against a network volume), and
 footprint grows with its context while its load does not (the KV cache is allocated, not
 read). So the estimate for a load is, most specific first:
 - the last loads of that model on that card (`load_duration`, faded);
-- that card's speed (footprint MiB per second over its loads of other models);
+- that card's speed (MiB of weights file per second over its loads of other models);
 - the fleet's speed over every load seen;
 - the policy's default speed (1 GiB/s, the design doc's figure).
 An unload (`keep_alive: 0` until `/api/ps` no longer lists the copy) is learned per card,
@@ -62,9 +62,9 @@ class LoadTimes:
 
     def observe_load(self, provider: str, model: str, mib: int, seconds: float | None
                      ) -> LoadTimes:
-        """A load this sidecar asked for, of `mib` (its footprint), that took `seconds`
-        (Ollama's load_duration). Only loads nothing else delayed teach: none queued ahead
-        of it in Ollama's one-at-a-time loader."""
+        """A load this sidecar asked for, of a `mib` weights file (its footprint when the
+        size is unknown), that took `seconds` (Ollama's load_duration). Only loads nothing
+        else delayed teach: none queued ahead of it in Ollama's one-at-a-time loader."""
         if seconds is None or seconds < MIN_LOAD_S or mib <= 0:
             return self
         speed = mib / seconds
@@ -83,18 +83,19 @@ class LoadTimes:
         return replace(self, unloads=_with(self.unloads, provider, _fade(
             self.unloads.get(provider), per_victim)))
 
-    def load(self, provider: str, model: str, mib: int | None,
+    def load(self, provider: str, model: str, mib: int | None, footprint_mib: int | None,
              default_mib_per_s: float) -> LoadEstimate:
+        """A load of `model` on `provider`: a learned speed reads `mib` (the weights file
+        when its size is known), the default speed the footprint."""
         learned = self.copies.get((provider, model))
         if learned is not None:
             return LoadEstimate(learned, SOURCES[0])
-        size = mib or 0
         card = self.cards.get(provider)
         if card is not None:
-            return LoadEstimate(size / card, SOURCES[1])
+            return LoadEstimate((mib or 0) / card, SOURCES[1])
         if self.fleet_mib_per_s is not None:
-            return LoadEstimate(size / self.fleet_mib_per_s, SOURCES[2])
-        return LoadEstimate(size / default_mib_per_s, SOURCES[3])
+            return LoadEstimate((mib or 0) / self.fleet_mib_per_s, SOURCES[2])
+        return LoadEstimate((footprint_mib or 0) / default_mib_per_s, SOURCES[3])
 
     def unload_s(self, provider: str, default_s: float) -> float:
         return self.unloads.get(provider, default_s)

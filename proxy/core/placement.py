@@ -196,7 +196,7 @@ class _Planner:
         out: dict[str, int | str] = {"contextLength": resolved.context,
                                      "contextSource": resolved.source,
                                      "slots": index.slots(model),
-                                     "loadSource": load_estimate(index.name, model, mib,
+                                     "loadSource": load_estimate(index.view, model, mib,
                                                                  self.snapshot,
                                                                  self.policy).source}
         if footprint is not None:

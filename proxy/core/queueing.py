@@ -23,7 +23,7 @@ from proxy.core.feasibility import Fitting, health_reason
 from proxy.core.occupancy import Load, ProviderIndex
 from proxy.core.policy import Policy
 from proxy.core.sizing import Footprint
-from proxy.core.types import Resident, Snapshot
+from proxy.core.types import ProviderView, Resident, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,16 +71,16 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
     return best
 
 
-def victims_cost_s(provider: str, victims: Iterable[Resident], snapshot: Snapshot,
+def victims_cost_s(view: ProviderView, victims: Iterable[Resident], snapshot: Snapshot,
                    policy: Policy, loading: str = "") -> float:
     """Per victim: the unload, plus reloading it as often as it is expected to be needed
     (the model being loaded itself, reloaded at another context, only the unload)."""
     total = 0.0
     for victim in victims:
-        total += unload_seconds(provider, snapshot, policy)
+        total += unload_seconds(view.name, snapshot, policy)
         if victim.model != loading:
             demand = snapshot.demand.get(victim.model, NO_DEMAND)
-            total += load_seconds(provider, victim.model, victim.footprint_mib, snapshot,
+            total += load_seconds(view, victim.model, victim.footprint_mib, snapshot,
                                   policy) * demand.expected_reloads
     return total
 
@@ -134,8 +134,8 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting
                                  forced, snapshot.now)
         if not victims:
             continue
-        load_s = load_seconds(index.name, model, footprint.total_mib, snapshot, policy)
-        cost = load_s + victims_cost_s(index.name, victims, snapshot, policy, model)
+        load_s = load_seconds(index.view, model, footprint.total_mib, snapshot, policy)
+        cost = load_s + victims_cost_s(index.view, victims, snapshot, policy, model)
         if best is None or cost < best.cost_s:
             best = UnloadOption(index.name, cost, victims, load_s,
                                 unload_seconds(index.name, snapshot, policy) * len(victims))

@@ -151,12 +151,14 @@ class PlanBook:
             if placement.evicts:
                 learning.observe_unload(placement,
                                         await self.scheduler.evictions.make_room(claimed))
-            info = self.scheduler.provider_view(placement.provider).models.get(placement.model)
+            view = self.scheduler.provider_view(placement.provider)
+            info = view.models.get(placement.model)
             started = self.clock.monotonic()
             await client.load(placement.model, placement.num_ctx,
                               embedding=info is not None and info.embedding)
             # a preload's answer carries no load_duration: it returns once the copy is ready
-            learning.observe_load(placement, self.clock.monotonic() - started)
+            learning.observe_load(placement, self.clock.monotonic() - started,
+                                  view.disk_mib.get(placement.model))
         except (UpstreamError, StoreUnavailable) as exc:
             log.warning("plan preload failed", provider=placement.provider, error=str(exc))
             return False

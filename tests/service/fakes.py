@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from loadtest.sim_engine import MIB, PROMPT_TOO_LONG
-from loadtest.sim_model import CATALOG, SimConfig, SimModel
+from loadtest.sim_model import CATALOG, SimConfig, SimModel, load_seconds
 from proxy.core.engine_errors import SERVER_BUSY
 from proxy.ports import ModelEntry, ShowAnswer, Timeouts, UpstreamError
 
@@ -207,7 +207,8 @@ class FakeModelServer:
         copy = self.loaded.get(model.name)
         if copy is None:
             copy = self._put(model, num_ctx)
-            await asyncio.sleep(copy.mib / self.config.load_mib_per_s)
+            c = self.config  # the weights file, as Ollama (and the simulator) reads it
+            await asyncio.sleep(load_seconds(c.startup_s, model.disk_mib, c.load_mib_per_s))
             copy.loaded.set()
         await copy.loaded.wait()
         return copy

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from loadtest.sim_model import load_seconds
 from proxy.api.kubemoot import verdict_json
 from tests.service.harness import Fleet
 
@@ -14,25 +15,23 @@ from tests.service.harness import Fleet
 async def test_each_card_load_time_is_learned_and_explained(fleet: Fleet) -> None:
     """A card with a slow disk and one with a fast one: each load's load_duration teaches
     its own card, and a model never loaded on a card is priced at that card's speed."""
-    slow = fleet.gpu("slow", total_vram_mib=16376, load_mib_per_s=200)
-    fast = fleet.gpu("fast", total_vram_mib=32768, load_mib_per_s=2000)
+    fleet.gpu("slow", total_vram_mib=16376, load_mib_per_s=200)
+    fleet.gpu("fast", total_vram_mib=32768, load_mib_per_s=2000)
     sidecar = await fleet.sidecar()
     assert (await sidecar.chat("qwen3:14b")).provider == "slow"  # the smallest card that fits
     assert (await sidecar.chat("qwen3:8b")).provider == "fast"  # no room left on "slow"
     loads = sidecar.services.scheduler.learning.loads
-    slow_14b = slow.loaded["qwen3:14b"].mib / 200
-    assert loads.copies[("slow", "qwen3:14b")] == pytest.approx(slow_14b, rel=0.02)
-    assert loads.copies[("fast", "qwen3:8b")] == pytest.approx(
-        fast.loaded["qwen3:8b"].mib / 2000, rel=0.02)
+    slow_14b = load_seconds(1.0, 9300, 200)  # start-up, then the weights file (9300 MiB)
+    fast_8b = load_seconds(1.0, 5200, 2000)
+    assert loads.copies[("slow", "qwen3:14b")] == pytest.approx(slow_14b)
+    assert loads.copies[("fast", "qwen3:8b")] == pytest.approx(fast_8b)
+    assert loads.cards["fast"] == pytest.approx(5200 / fast_8b)  # file MiB per second
 
     explained = sidecar.services.scheduler.explain("mulling", "phi3:mini", 100, None)
     assert explained is not None
     shown = {v.provider: verdict_json(v) for v in explained[1]}
     assert shown["fast"]["loadSource"] == "this card's speed"
-    # (the speed is of the footprint the sidecar expected, within a few % of the engine's)
-    assert loads.cards["fast"] == pytest.approx(2000, rel=0.1)
-    assert shown["fast"]["terms"]["load"] == pytest.approx(
-        shown["fast"]["footprintTotalMiB"] / loads.cards["fast"], abs=1e-4)  # shown rounded
+    assert shown["fast"]["terms"]["load"] == pytest.approx(2176 / loads.cards["fast"], abs=1e-4)
     assert shown["slow"]["loadSource"] == "this card's speed"
 
 
@@ -61,7 +60,7 @@ async def test_an_eviction_waits_for_victims_that_ollama_unloads_one_at_a_time(
     assert (r.status, r.placement, len(r.last.evicted)) == (200, "evict", 4), r.last.evicted
     loads = sidecar.services.scheduler.learning.loads
     assert loads.unloads["gpu"] == pytest.approx(15.0 / 4, abs=0.05)
-    load_s = gpu.loaded["qwen3:32b"].mib / gpu.config.load_mib_per_s
-    assert loads.copies[("gpu", "qwen3:32b")] == pytest.approx(load_s, rel=0.01)
+    load_s = load_seconds(1.0, 20200, gpu.config.load_mib_per_s)
+    assert loads.copies[("gpu", "qwen3:32b")] == pytest.approx(load_s)
     # sent once the last victim had gone, 15 s in (and answered in under a second)
     assert 15 + load_s < asyncio.get_running_loop().time() - started < 16 + load_s

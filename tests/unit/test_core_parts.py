@@ -89,7 +89,8 @@ def test_models_with_waiters_only_as_a_last_resort() -> None:
 )
 def test_victim_cost_reference(victim_mib: int, use: float, expected: float) -> None:
     snap = snapshot(gpu("a"), demand={"v": ModelDemand(recent_use=use)})
-    assert victims_cost_s("a", [Resident("v", victim_mib)], snap, DEFAULT_POLICY) == pytest.approx(
+    assert victims_cost_s(snap.providers[0], [Resident("v", victim_mib)], snap,
+                          DEFAULT_POLICY) == pytest.approx(
         expected)
 
 
