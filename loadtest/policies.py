@@ -249,7 +249,7 @@ class Kubemoot:
             if call.ident in self.clean_loads:  # load_duration: from placed to running
                 self.loads[call.agent] = self.loads.get(call.agent, NO_LOAD_TIMES).observe_load(
                     ticket.provider, ticket.model, MODELS[ticket.model].read_mib,
-                    call.started - ticket.started_at)
+                    call.started - ticket.started_at, DEFAULT_POLICY.load_startup_s)
             if self.affinity and call.conversation is not None:
                 self._learn_prefill(call, ticket.provider, ticket.model)
                 # as the sidecar reads it: a tool's result answered, no tool called

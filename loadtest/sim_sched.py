@@ -320,6 +320,14 @@ class OllamaSim:
             self.stats.recovery_s += wait
             self._recovering = asyncio.get_running_loop().create_task(
                 self._recover(runner, wait))
+            self._recovering.add_done_callback(self._recovered)
+
+    def _recovered(self, task: asyncio.Task[None]) -> None:
+        """An unloader that failed would leave every later unload (and Ollama's own
+        evictions waiting for them) hanging: said loudly, and the next one started."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s unloader failed", self.config.name, exc_info=task.exception())
+            self._next_unload()
 
     async def _recover(self, runner: Runner, wait: float) -> None:
         try:
@@ -388,6 +396,7 @@ class OllamaSim:
         self.runners.clear()
         self.stats = Stats()
         self.fault = Fault()
+        self._rng = random.Random(self.config.seed)  # the same orders as a fresh server
 
     def resolve(self, model: SimModel, body: dict[str, Any]) -> LoadOptions:
         c = self.config

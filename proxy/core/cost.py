@@ -38,11 +38,11 @@ def call_length(provider: str, model: str, call: CallSpec, snapshot: Snapshot, p
 
 def load_estimate(view: ProviderView, model: str, footprint_mib: int | None,
                   snapshot: Snapshot, policy: Policy) -> LoadEstimate:
-    """How long a load of `model` takes on the card, and whence: a learned speed reads the
-    weights file `/api/tags` gave the size of (the footprint when it did not); the default
-    reads the footprint, as the design doc has it."""
-    return snapshot.loads.load(view.name, model, view.disk_mib.get(model) or footprint_mib,
-                               footprint_mib, policy.load_mib_per_s)
+    """How long a load of `model` takes on the card, and whence (core/load_times.py): the
+    start-up and the weights file `/api/tags` gave the size of (the footprint alone, as the
+    design doc has it, when it gave none)."""
+    return snapshot.loads.load(view.name, model, view.disk_mib.get(model), footprint_mib,
+                               policy.load_mib_per_s, policy.load_startup_s)
 
 
 def load_seconds(view: ProviderView, model: str, footprint_mib: int | None,
@@ -50,9 +50,9 @@ def load_seconds(view: ProviderView, model: str, footprint_mib: int | None,
     return load_estimate(view, model, footprint_mib, snapshot, policy).seconds
 
 
-def unload_seconds(provider: str, snapshot: Snapshot, policy: Policy) -> float:
-    """One copy's unload on `provider`, until `/api/ps` no longer lists it."""
-    return snapshot.loads.unload_s(provider, policy.unload_s)
+def unload_seconds(provider: str, victims: int, snapshot: Snapshot, policy: Policy) -> float:
+    """`victims` copies unloaded together on `provider`, until `/api/ps` lists none."""
+    return snapshot.loads.unloads_s(provider, victims, policy.unload_s)
 
 
 def queue_wait_s(index: ProviderIndex, model: str, now: float, call_s: float) -> float:
@@ -230,7 +230,7 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     footprint = fitting.footprint_mib(index, model)
     terms = {"load": load_seconds(index.view, model, footprint, snapshot, policy)}
     if shuts_out:
-        terms["takes_room"] = unload_seconds(index.name, snapshot, policy)
+        terms["takes_room"] = unload_seconds(index.name, 1, snapshot, policy)
     ahead = loads_ahead_s(index, snapshot, policy) if index.loading else 0.0
     if ahead:
         terms["loads_ahead"] = ahead

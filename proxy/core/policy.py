@@ -20,6 +20,9 @@ class Policy:
 
     # Time (seconds).
     load_mib_per_s: float = 1024.0  # Ollama loads ~1 GiB/s; learned from load_duration
+    # A runner's start-up before it reads the weights (process, backend and CUDA init): a
+    # hardware figure, taken before any load is seen; a load is start-up + file / speed
+    load_startup_s: float = 1.0
     unload_s: float = 1.0  # keep_alive:0 round trip plus the driver giving memory back
     # A call's length when nothing is known of it (docs/rules.md, "How long a call is
     # expected to take"): long, because a queue thought short can hide a minutes-long answer

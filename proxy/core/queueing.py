@@ -73,11 +73,12 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
 
 def victims_cost_s(view: ProviderView, victims: Iterable[Resident], snapshot: Snapshot,
                    policy: Policy, loading: str = "") -> float:
-    """Per victim: the unload, plus reloading it as often as it is expected to be needed
-    (the model being loaded itself, reloaded at another context, only the unload)."""
-    total = 0.0
+    """The victims' unloads (one at a time), plus reloading each as often as it is expected
+    to be needed (the model being loaded itself, reloaded at another context, only the
+    unload)."""
+    victims = tuple(victims)
+    total = unload_seconds(view.name, len(victims), snapshot, policy)
     for victim in victims:
-        total += unload_seconds(view.name, snapshot, policy)
         if victim.model != loading:
             demand = snapshot.demand.get(victim.model, NO_DEMAND)
             total += load_seconds(view, victim.model, victim.footprint_mib, snapshot,
@@ -138,7 +139,7 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting
         cost = load_s + victims_cost_s(index.view, victims, snapshot, policy, model)
         if best is None or cost < best.cost_s:
             best = UnloadOption(index.name, cost, victims, load_s,
-                                unload_seconds(index.name, snapshot, policy) * len(victims))
+                                unload_seconds(index.name, len(victims), snapshot, policy))
     return best
 
 

@@ -113,7 +113,8 @@ class CallService:
                         outcome.prompt_eval_count / estimated_tokens)
             if placement.loads:
                 learning.observe_load(placement, outcome.load_seconds, self.scheduler.provider_view(
-                    placement.provider).disk_mib.get(placement.model))
+                    placement.provider).disk_mib.get(placement.model),
+                    self.scheduler.policy.load_startup_s)
             if outcome.began and not outcome.prompt_too_long:
                 learning.observe_call(placement.provider, placement.model, outcome)
             if call.ends_loop_unless_tool_called and outcome.called_tools is False:

@@ -43,21 +43,21 @@ class Evictions:
         self.clock = clock
         self._background: set[asyncio.Task[object]] = set()
 
-    async def make_room(self, claimed: Claimed) -> float | None:
+    async def make_room(self, claimed: Claimed) -> tuple[float, ...] | None:
         """Unload the planned victims, wait until `/api/ps` no longer lists them, and record
         them as gone. Ollama answers `keep_alive: 0` at once but unloads a copy only when its
         last call ends (one may be finishing as its ticket goes), and one copy at a time; a
-        load sent before then would find them still there. The seconds it took, None when
-        the victims were still listed at the end of the wait."""
+        load sent before then would find them still there. When each victim was seen gone,
+        in seconds from the first unload asked; None when some were still listed at the end
+        of the wait."""
         placement = claimed.placement
         victims = tuple(placement.evicts)
         started = self.clock.monotonic()
         for victim in victims:
             await self._ask_unload(placement.provider, victim)
-        took: float | None = None
-        if await self._seen_gone(placement.provider, victims):
-            took = self.clock.monotonic() - started
-        else:
+        gone_at = await self._seen_gone(placement.provider, victims)
+        departures = None if gone_at is None else tuple(t - started for t in gone_at.values())
+        if departures is None:
             log.warning("victims still loaded; sending the call anyway",
                         provider=placement.provider, victims=victims)
         try:
@@ -65,7 +65,7 @@ class Evictions:
         except StoreUnavailable:  # the next probe shows them gone; counting them is safe
             log.warning("victims' unload not recorded: shared state unreachable",
                         provider=placement.provider, victims=victims)
-        return took
+        return departures
 
     async def release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:
         """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call
@@ -120,13 +120,16 @@ class Evictions:
             await self.tickets.mark_leaving(provider, models)
         except StoreUnavailable:
             return  # the probe after this failure tells the truth soon enough
-        for model in models:
-            self._spawn(self._unload_leaving(self.tickets, provider, model))
+        for ahead, model in enumerate(models):
+            self._spawn(self._unload_leaving(self.tickets, provider, model, ahead))
 
-    async def _unload_leaving(self, book: TicketBook, provider: str, model: str) -> None:
+    async def _unload_leaving(self, book: TicketBook, provider: str, model: str,
+                              ahead: int = 0) -> None:
         """Unload a copy marked leaving; once `/api/ps` no longer lists it, every view frees
-        its memory (until then it counts, so no load is sent to land on it)."""
-        if await self._ask_unload(provider, model) and await self._seen_gone(provider, (model,)):
+        its memory (until then it counts, so no load is sent to land on it). `ahead`: copies
+        of the card unloaded before it (Ollama goes one at a time)."""
+        if await self._ask_unload(provider, model) and \
+                await self._seen_gone(provider, (model,), ahead) is not None:
             with contextlib.suppress(StoreUnavailable):
                 await book.mark_unloaded(provider, (model,))
 
@@ -141,21 +144,29 @@ class Evictions:
         self.metrics.evictions.labels(provider, model).inc()
         return True
 
-    async def _seen_gone(self, provider: str, models: tuple[str, ...]) -> bool:
-        """Poll `/api/ps` until it lists none of `models` (True), for at most 10 s and 5 s
-        more for each copy after the first."""
+    async def _seen_gone(self, provider: str, models: tuple[str, ...], ahead: int = 0
+                         ) -> dict[str, float] | None:
+        """Poll `/api/ps` until it lists none of `models`: when each was first seen gone
+        (the clock's monotonic time); None when some were still listed after 10 s and 5 s
+        more for each copy unloaded before the last (or `/api/ps` did not answer)."""
         client = self.clients[provider]
         deadline = self.clock.monotonic() + UNLOAD_WAIT_S + \
-            RECOVERY_WAIT_S * max(0, len(models) - 1)
+            RECOVERY_WAIT_S * (max(0, len(models) - 1) + ahead)
+        gone_at: dict[str, float] = {}
         while True:
             try:
                 listed = await client.ps(client.timeouts.connect_s)
             except UpstreamError:
-                return False
-            if {model_name(m) for m in listed}.isdisjoint(models):
-                return True
-            if self.clock.monotonic() >= deadline:
-                return False
+                return None
+            now = self.clock.monotonic()
+            names = {model_name(m) for m in listed}
+            for model in models:
+                if model not in names:
+                    gone_at.setdefault(model, now)
+            if len(gone_at) == len(models):
+                return gone_at
+            if now >= deadline:
+                return None
             await asyncio.sleep(UNLOAD_POLL_S)
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:

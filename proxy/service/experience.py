@@ -168,19 +168,20 @@ class Learning:
             seconds, outcome.answer_tokens, outcome.answer_seconds,
             outcome.prompt_eval_count, outcome.prompt_seconds))
 
-    def observe_load(self, placement: Placement, seconds: float | None, file_mib: int | None
-                     ) -> None:
+    def observe_load(self, placement: Placement, seconds: float | None, file_mib: int | None,
+                     startup_s: float) -> None:
         """A load this sidecar sent, of a `file_mib` weights file (/api/tags); one queued
         behind other loads in Ollama's one-at-a-time loader also timed theirs, and teaches
         nothing."""
         if not placement.loads_ahead:
             self.loads = self.loads.observe_load(placement.provider, placement.model,
-                                                 file_mib or placement.footprint_mib, seconds)
+                                                 file_mib or placement.footprint_mib, seconds,
+                                                 startup_s)
 
-    def observe_unload(self, placement: Placement, seconds: float | None) -> None:
-        if seconds is not None:
-            self.loads = self.loads.observe_unload(placement.provider, len(placement.evicts),
-                                                   seconds)
+    def observe_unload(self, placement: Placement, departures: tuple[float, ...] | None
+                       ) -> None:
+        if departures is not None:
+            self.loads = self.loads.observe_unload(placement.provider, departures)
 
 
 class Experience:

@@ -158,7 +158,8 @@ class PlanBook:
                               embedding=info is not None and info.embedding)
             # a preload's answer carries no load_duration: it returns once the copy is ready
             learning.observe_load(placement, self.clock.monotonic() - started,
-                                  view.disk_mib.get(placement.model))
+                                  view.disk_mib.get(placement.model),
+                                  self.scheduler.policy.load_startup_s)
         except (UpstreamError, StoreUnavailable) as exc:
             log.warning("plan preload failed", provider=placement.provider, error=str(exc))
             return False

@@ -42,7 +42,7 @@ async def test_a_call_is_retried_once_not_twice_and_the_failure_is_the_answer(
 
 
 async def test_a_refused_connection_is_retried_on_another_provider(fleet: Fleet) -> None:
-    a = fleet.gpu("a", total_vram_mib=16376)
+    a = fleet.gpu("a", total_vram_mib=24564)  # twins: "a" is tried first, by name
     fleet.gpu("b", total_vram_mib=24564)
     sidecar = await fleet.sidecar(probe_interval_seconds=60)
     a.script(Answer(refused=True))  # the last probe still says it is ready

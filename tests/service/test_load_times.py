@@ -25,13 +25,14 @@ async def test_each_card_load_time_is_learned_and_explained(fleet: Fleet) -> Non
     fast_8b = load_seconds(1.0, 5200, 2000)
     assert loads.copies[("slow", "qwen3:14b")] == pytest.approx(slow_14b)
     assert loads.copies[("fast", "qwen3:8b")] == pytest.approx(fast_8b)
-    assert loads.cards["fast"] == pytest.approx(5200 / fast_8b)  # file MiB per second
+    assert loads.cards["fast"] == pytest.approx(5200 / (fast_8b - 1.0))  # after start-up
 
     explained = sidecar.services.scheduler.explain("mulling", "phi3:mini", 100, None)
     assert explained is not None
     shown = {v.provider: verdict_json(v) for v in explained[1]}
     assert shown["fast"]["loadSource"] == "this card's speed"
-    assert shown["fast"]["terms"]["load"] == pytest.approx(2176 / loads.cards["fast"], abs=1e-4)
+    assert shown["fast"]["terms"]["load"] == pytest.approx(1.0 + 2176 / loads.cards["fast"],
+                                                           abs=1e-4)
     assert shown["slow"]["loadSource"] == "this card's speed"
 
 
@@ -41,16 +42,17 @@ async def test_an_eviction_teaches_its_card_unload_time(fleet: Fleet) -> None:
     sidecar = await fleet.sidecar()
     r = await sidecar.chat("qwen3:14b")
     assert (r.status, r.placement, r.last.evicted) == (200, "evict", ("phi3:mini", "qwen3:8b"))
-    unloads = sidecar.services.scheduler.learning.loads.unloads
-    assert unloads == {"gpu": 0.0}  # the fake unloads at once: the first /api/ps shows it
+    loads = sidecar.services.scheduler.learning.loads
+    # the fake unloads at once: the first /api/ps shows both gone
+    assert (loads.first_unloads, loads.unload_gaps) == ({"gpu": 0.0}, {"gpu": 0.0})
 
 
 async def test_an_eviction_waits_for_victims_that_ollama_unloads_one_at_a_time(
         fleet: Fleet) -> None:
     """Ollama unloads one copy at a time and waits up to 5 s for the memory between two:
     the fourth of four victims leaves `/api/ps` 15 s after the first. The call waits for
-    all of them (10 s and 5 s per victim after the first) before it loads, and its card's
-    unload time is learned per victim."""
+    all of them (10 s and 5 s per victim after the first) before it loads, and learns its
+    card's unloads: the first victim's, and the gap between two."""
     gpu = fleet.gpu("gpu", total_vram_mib=32768, max_loaded_models=4)
     gpu.preload("qwen3:8b", "phi3:mini", "llama3.2:3b", "qwen3:14b")
     gpu.unload_gap_s = 5.0
@@ -59,7 +61,9 @@ async def test_an_eviction_waits_for_victims_that_ollama_unloads_one_at_a_time(
     r = await sidecar.chat("qwen3:32b", num_ctx=16384)  # with phi3 beside it, too large
     assert (r.status, r.placement, len(r.last.evicted)) == (200, "evict", 4), r.last.evicted
     loads = sidecar.services.scheduler.learning.loads
-    assert loads.unloads["gpu"] == pytest.approx(15.0 / 4, abs=0.05)
+    # the first gone at once, then one every 5 s
+    assert loads.first_unloads["gpu"] <= 0.05  # one poll
+    assert loads.unload_gaps["gpu"] == pytest.approx(5.0, abs=0.05)
     load_s = load_seconds(1.0, 20200, gpu.config.load_mib_per_s)
     assert loads.copies[("gpu", "qwen3:32b")] == pytest.approx(load_s)
     # sent once the last victim had gone, 15 s in (and answered in under a second)

@@ -34,7 +34,8 @@ async def busy_copy_beside_an_idle_card(fleet: Fleet, limit_s: float
 
 
 async def test_a_wait_longer_than_the_limit_left_loads_on_the_idle_card(fleet: Fleet) -> None:
-    """The slot is 4.5 s away, the limit 4.4 s: the load (~8.7 s) starts the call within
+    """The slot is 4.5 s away, the limit 4.4 s: the load (~6.1 s: the 1 s start-up and
+    the 5200 MiB file at 1 GiB/s) starts the call within
     the wait plus the time left, so it is taken over a wait that would end in gpu-busy."""
     sidecar, idle = await busy_copy_beside_an_idle_card(fleet, limit_s=4.4)
     explained = sidecar.services.scheduler.explain("mulling", "qwen3:8b", 100, None)
@@ -50,9 +51,10 @@ async def test_a_wait_longer_than_the_limit_left_loads_on_the_idle_card(fleet: F
 
 
 async def test_a_load_much_slower_than_the_doomed_wait_is_not_taken(fleet: Fleet) -> None:
-    """The same with 3 s left: the load (~8.7 s) would start the call later than the wait
-    (4.5 s) plus the time left; the call waits, and its limit ends it."""
-    sidecar, idle = await busy_copy_beside_an_idle_card(fleet, limit_s=3)
+    """The same with 0.4 s left: the load (~6.1 s, 5.1 s less the provider weight's
+    second) would start the call later than the wait (4.5 s) plus the time left; the call
+    waits, and its limit ends it."""
+    sidecar, idle = await busy_copy_beside_an_idle_card(fleet, limit_s=0.4)
     explained = sidecar.services.scheduler.explain("mulling", "qwen3:8b", 100, None)
     assert explained is not None and explained[0].outcome == "wait"
     r = await sidecar.chat("qwen3:8b")
