@@ -29,25 +29,29 @@ class Load:
                     frozenset(ticket.evicts))
 
 
-def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load]
-                      ) -> Load | None:
+def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load],
+                      beside: Mapping[str, int] | None = None) -> Load | None:
     """Ollama loads one model at a time, in the order the calls reach it: each load in flight
     must pass its 80 % rule beside the residents it does not evict and every other load.
-    The first that would not, or None."""
+    The free memory it reads is the least of that and what a staying copy's runner still
+    counts (`beside`: what the others held when it loaded, Resident.beside_mib; which runner
+    Ollama asks is a map's order, so the stalest). The first load that would not, or None."""
     for load in loads:
         if not load.estimate_mib:
             continue
-        others = used = 0  # the residents it does not evict and the other loads, and their MiB
+        others = used = stale = 0  # the residents it does not evict and the other loads
         for model, mib in residents.items():
             if model not in load.evicts and model != load.model:
                 others += 1
                 used += mib
+                if beside:
+                    stale = max(stale, mib + RUNNER_OVERHEAD_MIB + beside.get(model, 0))
         for other in loads:
             if other.model != load.model:
                 others += 1
                 used += other.footprint_mib
-        if others and not ollama_admits(load.estimate_mib, total_mib,
-                                        used + RUNNER_OVERHEAD_MIB * others):
+        counted = max(used + RUNNER_OVERHEAD_MIB * others, stale)
+        if others and not ollama_admits(load.estimate_mib, total_mib, counted):
             return load
     return None
 
@@ -91,7 +95,7 @@ class ProviderIndex:
     loaded_models: set[str] = field(default_factory=set)
     # The loads in flight here and the residents' memory, as Ollama's admission rule reads
     # them: the same for every model weighed here, so worked out on the first load weighed
-    _admission: tuple[list[Load], dict[str, int]] | None = field(
+    _admission: tuple[list[Load], dict[str, int], dict[str, int]] | None = field(
         default=None, init=False, repr=False, compare=False)
 
     @property
@@ -132,9 +136,12 @@ class ProviderIndex:
             return True
         if self._admission is None:
             self._admission = ([Load.of(t) for t in self.tickets if _loads(t, self.residents)],
-                               {r.model: r.footprint_mib for r in self.view.residents})
-        loads, residents = self._admission
-        return admission_problem(self.view.total_vram_mib, residents, [*loads, load]) is None
+                               {r.model: r.footprint_mib for r in self.view.residents},
+                               {r.model: r.beside_mib for r in self.view.residents
+                                if r.beside_mib})
+        loads, residents, beside = self._admission
+        return admission_problem(self.view.total_vram_mib, residents, [*loads, load],
+                                 beside) is None
 
     def models_over_limit(self, model: str) -> int:
         """How many loaded models must go before `model` may load here without Ollama
@@ -292,7 +299,8 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
 
     if _loads(new, lasting) and new.estimate_mib and admission_rule(view):
         loads = [Load.of(t) for t in [*live, new] if _loads(t, lasting)]
-        refused = admission_problem(view.total_vram_mib, residents, loads)
+        refused = admission_problem(view.total_vram_mib, residents, loads, {
+            r.model: r.beside_mib for r in view.residents if r.beside_mib})
         if refused is not None:
             return False, (f"Ollama would unload a model to load {refused.model} beside the "
                            f"rest ({refused.estimate_mib} MiB by its estimate, over 80 % of "

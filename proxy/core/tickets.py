@@ -245,5 +245,5 @@ def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | Non
             effective(probed.context_length, trained):
         return replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
                        context_length=recorded.context_length, spilled=False,
-                       loading=recorded.loading)
+                       loading=recorded.loading, beside_mib=0)
     return probed

@@ -29,6 +29,10 @@ class Resident:
     spilled: bool = False  # partly or wholly in CPU memory (`size_vram` < `size`): slow
     # A load a call started that Ollama may not list yet: its memory counts, nobody joins it
     loading: bool = False
+    # What the other copies held (with their runners' overhead) when this one was first seen:
+    # Ollama >= 0.30 reads a card's free memory from a runner's own accounting, fixed at its
+    # load, so it goes on counting those copies after they leave (docs/engine.md)
+    beside_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)

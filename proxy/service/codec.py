@@ -83,6 +83,8 @@ class ProviderState:
     loaded_size_mib: dict[str, int] = field(default_factory=dict)  # size: GPU and CPU
     loaded_ctx: dict[str, int] = field(default_factory=dict)
     loaded_expiry: dict[str, float] = field(default_factory=dict)  # /api/ps expires_at
+    # per loaded copy, what the others held when it was first seen (Resident.beside_mib)
+    loaded_beside_mib: dict[str, int] = field(default_factory=dict)
     available_mib: dict[str, int] = field(default_factory=dict)
     # Footprints seen here fully on the GPU: model -> num_ctx as recorded -> MiB
     observed: dict[str, dict[int, int]] = field(default_factory=dict)
@@ -98,6 +100,7 @@ class ProviderState:
             "loadedModelSizesMiB": self.loaded_size_mib,
             "loadedModelContextLengths": self.loaded_ctx,
             "loadedModelExpiresAt": {m: rfc3339(t) for m, t in self.loaded_expiry.items()},
+            "loadedModelBesideMiB": self.loaded_beside_mib,
             "availableModelFootprintsMiB": self.available_mib,
             "availableModelContextLengths": {m: i.trained_context
                                              for m, i in self.models.items()
@@ -132,6 +135,8 @@ class ProviderState:
             loaded_ctx=dict(d.get("loadedModelContextLengths") or {}),
             loaded_expiry={m: parse_rfc3339(t)
                            for m, t in (d.get("loadedModelExpiresAt") or {}).items()},
+            loaded_beside_mib={m: int(v) for m, v in
+                               (d.get("loadedModelBesideMiB") or {}).items()},
             available_mib=dict(d.get("availableModelFootprintsMiB") or {}),
             observed={m: {int(c): int(mib) for c, mib in seen.items()}
                       for m, seen in (d.get("observedFootprintsMiB") or {}).items()
@@ -143,7 +148,8 @@ class ProviderState:
     def residents(self) -> tuple[Resident, ...]:
         return tuple(Resident(m, mib, self.loaded_ctx.get(m, 0),
                               expires_at=self.loaded_expiry.get(m, math.inf),
-                              spilled=mib < self.loaded_size_mib.get(m, mib))
+                              spilled=mib < self.loaded_size_mib.get(m, mib),
+                              beside_mib=self.loaded_beside_mib.get(m, 0))
                      for m, mib in sorted(self.loaded_mib.items()))
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from proxy.core.models import model_name
 from proxy.core.occupancy import loaded_limit
-from proxy.core.sizing import kv_per_token
+from proxy.core.sizing import RUNNER_OVERHEAD_MIB, kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import (
@@ -46,6 +46,7 @@ def _significant(state: ProviderState) -> tuple[Any, ...]:
             state.max_loaded, state.kv_cache_type, state.version,
             sorted(state.loaded_mib.items()), sorted(state.loaded_ctx.items()),
             sorted(state.loaded_size_mib.items()), sorted(state.available_mib.items()),
+            sorted(state.loaded_beside_mib.items()),
             sorted(state.models.items()),
             sorted((m, sorted(seen.items())) for m, seen in state.observed.items()))
 
@@ -115,6 +116,8 @@ class Prober:
         self.latest: dict[str, ProviderState] = {}
         # provider -> model -> num_ctx as recorded -> MiB, of copies fully on the GPU
         self.observed: dict[str, dict[str, dict[int, int]]] = {}
+        # provider -> loaded model -> (its num_ctx, what the others held when first seen)
+        self._beside: dict[str, dict[str, tuple[int, int]]] = {}
         # provider -> model -> (digest, what /api/show says of it)
         self._shown: dict[str, dict[str, tuple[str, ModelInfo]]] = {}
         # provider -> model -> what another process's /api/show said of it (shared state)
@@ -163,6 +166,8 @@ class Prober:
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
         models = await self._shown_models(name, digests)
+        beside = self._first_seen_beside(name, loaded_mib, loaded_ctx) \
+            if not isinstance(ps, BaseException) else {}
         state = ProviderState(
             name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
             total_vram_mib=total, context_length=config.context_length or 0,
@@ -170,7 +175,7 @@ class Prober:
             max_loaded=loaded_limit(config.max_loaded_models, config.gpus),
             kv_cache_type=config.kv_cache_type,
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
-            loaded_expiry=loaded_expiry, available_mib=available,
+            loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
             version=version if isinstance(version, str) else "")
         if not ready and name in self.latest and self.latest[name].ready:
@@ -179,6 +184,26 @@ class Prober:
         for watch in self.watchers:
             watch(state)
         return state
+
+    def _first_seen_beside(self, name: str, loaded_mib: Mapping[str, int],
+                           loaded_ctx: Mapping[str, int]) -> dict[str, int]:
+        """Per loaded copy, what the other copies held (with their runners' overhead) when
+        a probe first saw it (a copy listed at another context is a reload: seen anew). A
+        copy loaded before the first probe is taken to have loaded beside all it was first
+        seen with: its runner may count them all."""
+        known = self._beside.get(name, {})
+        total = sum(loaded_mib.values())
+        seen: dict[str, tuple[int, int]] = {}
+        for model, mib in loaded_mib.items():
+            ctx = loaded_ctx.get(model, 0)
+            before = known.get(model)
+            if before is not None and before[0] == ctx:
+                seen[model] = before
+            else:
+                others = len(loaded_mib) - 1
+                seen[model] = (ctx, total - mib + RUNNER_OVERHEAD_MIB * others)
+        self._beside[name] = seen
+        return {m: held for m, (_, held) in seen.items()}
 
     def described(self, provider: str, models: Mapping[str, ModelInfo]) -> None:
         """What another process's probes say of the provider's models: taken as this

@@ -1,0 +1,90 @@
+"""Ollama >= 0.30 reads a card's free memory, for its 80 % rule before a load, from a loaded
+runner's own accounting, fixed when that runner loaded (server/sched.go:276, 1295-1335;
+discover/runner.go:285-331; llm/llama_server.go:2600-2636): a copy that loaded beside others
+goes on counting them after they leave. The sidecar keeps, per copy, what the others held
+when a probe first saw it (Resident.beside_mib) and plans for the stalest reading."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.core.occupancy import Load, admission_problem
+from proxy.core.placement import place
+from proxy.core.sizing import RUNNER_OVERHEAD_MIB
+from proxy.core.types import ProviderView, Resident
+from proxy.service.prober import Prober
+from tests.unit.builders import call, snapshot
+from tests.unit.test_placement import QWEN3_14B
+
+TOTAL = 24576
+
+
+def test_a_copy_that_loaded_beside_one_since_gone_still_counts_it() -> None:
+    """phi3 (3903 MiB) stays; the 8b it loaded beside has left. A 14b estimated at 12000
+    MiB fits 80 % of the memory phi3 leaves (24576 - 3903 - 457: 16173 MiB free, 80 %:
+    12938), but not of what phi3's runner still counts with the 8b's 6000 MiB in it."""
+    x = Load("qwen3:14b", 12500, 12000)
+    assert admission_problem(TOTAL, {"phi3:mini": 3903}, [x]) is None
+    beside = {"phi3:mini": 6000 + RUNNER_OVERHEAD_MIB}
+    assert admission_problem(TOTAL, {"phi3:mini": 3903}, [x], beside) == x
+    # once phi3 goes too, nothing stale is left to read
+    gone = Load("qwen3:14b", 12500, 12000, frozenset({"phi3:mini"}))
+    assert admission_problem(TOTAL, {"phi3:mini": 3903}, [gone], beside) is None
+
+
+def test_the_planner_evicts_the_copy_ollama_would_evict_itself() -> None:
+    """A 20000 MiB card on 0.33 with phi3 alone, idle: a 14b (estimate 9940 MiB) passes
+    Ollama's 80 % rule beside it (15640 MiB free), unless phi3 loaded beside an 8b since
+    gone (its runner reads 9183 MiB free: 80 % is 7346), and then Ollama would unload phi3
+    on its own; the plan unloads it."""
+    for beside, kind in ((0, "cold"), (6000 + RUNNER_OVERHEAD_MIB, "evict")):
+        card = ProviderView("a", 20000, residents=(
+            Resident("phi3:mini", 3903, 4096, beside_mib=beside),), context_length=4096,
+            version="0.33.0", disk_mib={"qwen3:14b": 9300, "phi3:mini": 2176},
+            models={"qwen3:14b": QWEN3_14B})
+        decision = place(call("qwen3:14b"), snapshot(card))
+        assert decision.placement is not None, decision.reason
+        assert decision.placement.kind == kind
+    assert dict(decision.placement.evicts) == {"phi3:mini": 3903}
+
+
+class _Ps:
+    """A model server whose /api/ps the test sets."""
+
+    def __init__(self) -> None:
+        self.listed: list[dict[str, Any]] = []
+
+    async def version(self, timeout_s: float | None = None) -> str:
+        return "0.33.0"
+
+    async def ps(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        return self.listed
+
+    async def tags(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        return []
+
+
+def _copy(model: str, mib: int, ctx: int = 4096) -> dict[str, Any]:
+    return {"name": model, "model": model, "size": mib << 20, "size_vram": mib << 20,
+            "context_length": ctx}
+
+
+async def test_the_prober_keeps_what_each_copy_was_first_seen_beside() -> None:
+    from proxy.settings import load_settings
+
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server = _Ps()
+    prober = Prober(list(settings.providers), {"a": server}, None,  # type: ignore[dict-item]
+                    gpu_memory=None)  # type: ignore[arg-type]
+    server.listed = [_copy("qwen3:8b", 6000)]
+    assert (await prober.probe("a")).loaded_beside_mib == {"qwen3:8b": 0}
+    server.listed = [_copy("qwen3:8b", 6000), _copy("phi3:mini", 3600)]
+    assert (await prober.probe("a")).loaded_beside_mib == {
+        "qwen3:8b": 0, "phi3:mini": 6000 + RUNNER_OVERHEAD_MIB}
+    server.listed = [_copy("phi3:mini", 3600)]  # the 8b left: phi3 still counts it
+    state = await prober.probe("a")
+    assert state.loaded_beside_mib == {"phi3:mini": 6000 + RUNNER_OVERHEAD_MIB}
+    assert state.residents()[0].beside_mib == 6000 + RUNNER_OVERHEAD_MIB
+    server.listed = [_copy("phi3:mini", 3600, ctx=8192)]  # reloaded at another context
+    assert (await prober.probe("a")).loaded_beside_mib == {"phi3:mini": 0}
