@@ -72,6 +72,46 @@ def test_ollamas_admission_rule_is_planned_for(sim_factory: Sims, sidecar_factor
     assert ("phi3:mini" in gpu.sim.runners) is (placement == "cold")
 
 
+def _load(gpu: Any, model: str) -> None:
+    r = httpx.post(f"{gpu.url}/api/generate", json={"model": model}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_a_copy_that_loaded_beside_a_victim_goes_with_it(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """From 0.30 Ollama reads free memory from a runner's own accounting, fixed at its load:
+    llama3.2:3b, loaded beside qwen3:8b, goes on counting the 8b after it leaves, and Ollama
+    would unload the 3b itself to load the 14b in the 8b's place (docs/rules.md, "Ollama's
+    own admission is planned for"). The sidecar unloads both."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, time_scale=SCALE)
+    _load(gpu, "qwen3:8b")
+    _load(gpu, "llama3.2:3b")
+    url = sidecar_factory([gpu], **mode).url
+    r = chat(url, "qwen3:14b")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kubemoot-placement"] == "evict"
+    assert set(r.headers["x-kubemoot-evicted"].split(",")) == {"qwen3:8b", "llama3.2:3b"}
+    assert quiet(gpu) == NOTHING
+
+
+def test_a_copy_loaded_before_the_victim_stays(sim_factory: Sims, sidecar_factory: Sidecars
+                                               ) -> None:
+    """The same card with llama3.2:3b loaded first, and qwen3:8b seen to arrive beside it:
+    the 3b's runner never counted the 8b, so only the 8b goes."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, time_scale=SCALE)
+    _load(gpu, "llama3.2:3b")
+    sidecar = sidecar_factory([gpu], probe_interval_seconds=0.1)
+    _load(gpu, "qwen3:8b")  # by another client, after the sidecar's first probe
+    status = f"{sidecar.url}/api/ps"
+    assert eventually(lambda: len(httpx.get(status).json()["models"]) == 2)
+    r = chat(sidecar.url, "qwen3:14b")
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-kubemoot-placement"], r.headers["x-kubemoot-evicted"]) == (
+        "evict", "qwen3:8b")
+    assert quiet(gpu) == NOTHING
+    assert sorted(gpu.sim.runners) == ["llama3.2:3b", "qwen3:14b"]
+
+
 def test_a_copy_loaded_with_its_own_num_ctx_is_joined_as_it_is(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """Another client loaded the 8b with num_ctx 16384 on a card configured for 8192. A call
