@@ -50,7 +50,7 @@ def test_a_survivor_loaded_after_an_unloaded_copy_still_counts_its_memory(
     """qwen3:8b is unloaded with keep_alive 0; llama3.2:3b, the one runner left to answer,
     then reads 7013 MiB free if it loaded beside qwen3:8b (it logged 9586 MiB free at its
     load) and Ollama evicts it for qwen3:14b, which fits in the memory qwen3:8b gave back;
-    loaded first (13803 MiB free at its load) it reads 13346 MiB, and both stay."""
+    loaded first (15919 MiB free at its load) it reads 13346 MiB, and both stay."""
     def run(order: tuple[str, str]) -> tuple[int, set[str]]:
         sim = sim_factory(f"gpu-{order[0]}", total_vram_mib=CARD_MIB, context_length=4096)
         for model in order:
