@@ -6,9 +6,10 @@ runs them.
   load at a time (processPending).
 - The loader reloads a copy whose options differ (needsReload: counted as a reload), unloads
   a model of its own choosing at OLLAMA_MAX_LOADED_MODELS or when the load does not pass its
-  admission (HEAD: the estimate within 80 % of the free memory; 0.12: the whole footprint
-  free) beside the models loaded (counted as self-evictions), waiting for a busy victim's
-  calls to end, and loads a model that does not fit alone partly into CPU memory (a spill).
+  admission (HEAD: the estimate within 80 % of the free memory, as the first loaded runner in
+  map order accounts it; 0.12: the whole footprint free) beside the models loaded (counted
+  as self-evictions), waiting for a busy victim's calls to end, and loads a model that does
+  not fit alone partly into CPU memory (a spill).
 - A runner's memory follows its architecture x context x slots (sim_model.py).
 - A runner decodes its busy slots in one batch a step, and the runners decoding at once
   time-slice the card (token_period_s; docs/engine.md).
@@ -475,17 +476,34 @@ class OllamaSim:
             slots = model.slots(c.num_parallel, c.version)
             ctx = min(request.num_ctx, model.trained_ctx)
             need = model.footprint_mib(ctx, slots, c.cache_type, request.num_batch)
-            used = self.driver_used_mib()
             if self.runners:
                 if self.newest:
-                    fits = fits_in_80(model.estimate_mib(ctx, slots), c.total_vram_mib, used)
+                    free = self.fit_free_mib()
+                    fits = fits_in_80(model.estimate_mib(ctx, slots), c.total_vram_mib,
+                                      c.total_vram_mib - free)
                 else:  # 0.12's estimator keeps the same minimum for CUDA
-                    fits = need + MINIMUM_MEMORY_MIB <= c.total_vram_mib - used
+                    fits = need + MINIMUM_MEMORY_MIB <= c.total_vram_mib - self.driver_used_mib()
                 if not fits:
                     await self._evict(f"{model.name} needs room")
                     continue
             return await self._load(model, request, ctx, slots, need,
                                     c.keep_alive_s if keep_alive_s is None else keep_alive_s)
+
+    def fit_free_mib(self) -> int:
+        """HEAD's free memory for the fit check beside loaded runners (server/sched.go:
+        544-551): GPUDevices asks the first runner on the GPU in processPending's snapshot of
+        s.loaded (a map: random order, :249-252, 276) for its own static accounting
+        (discover/runner.go:285-331; accounted_free_mib), and updateFreeSpace lowers that to
+        the total less the loaded runners' VRAM (:1295-1335). A runner that loaded after a
+        copy since unloaded still counts that copy's memory as taken. With no runner on the
+        GPU, a bootstrap discovery reads the driver."""
+        c = self.config
+        loaded = [r for r in self.runners.values() if r.loaded.is_set()]
+        on_gpu = [r for r in loaded if r.vram_mib > 0]
+        self._rng.shuffle(on_gpu)
+        seen = on_gpu[0].accounted_free_mib if on_gpu else \
+            c.total_vram_mib - self.driver_used_mib()
+        return max(0, min(seen, c.total_vram_mib - sum(r.vram_mib for r in loaded)))
 
     def load_s(self, model: SimModel) -> float:
         """Simulated seconds from a load's start to its runner seen ready: the runner's
@@ -496,14 +514,16 @@ class OllamaSim:
 
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float) -> Runner:
-        # llama-server fits what the driver says is free, its own CUDA context included
+        # llama-server fits what the driver says is free, its own CUDA context included, and
+        # logs that figure (free_at_load_mib): every other runner's buffers and CUDA context
+        # at this moment, kept for the runner's life whatever unloads later
         free = self.config.total_vram_mib - self.driver_used_mib() - MINIMUM_MEMORY_MIB
         vram = need if need <= free else max(0, free - SPILL_MARGIN_MIB)
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
             request = replace(request, num_ctx=ctx)
         runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
                         vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
-                        keep_alive_s=keep_alive_s, free_at_load_mib=free,
+                        keep_alive_s=keep_alive_s, free_at_load_mib=max(0, free),
                         cache=PromptCache(slots, self.config.version))
         self.runners[model.name] = runner
         self.stats.loads += 1
