@@ -22,11 +22,12 @@ class Load:
     footprint_mib: int
     estimate_mib: int  # Ollama's own estimate of it; 0 unknown (the rule cannot be checked)
     evicts: Container[str] = ()  # unloaded before it is sent
+    beside_mib: int = 0  # what the copies beside it held (Resident.beside_mib)
 
     @staticmethod
     def of(ticket: Ticket) -> Load:
         return Load(ticket.model, ticket.footprint_mib, ticket.estimate_mib,
-                    frozenset(ticket.evicts))
+                    frozenset(ticket.evicts), ticket.beside_mib)
 
 
 def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load],
@@ -50,6 +51,9 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
             if other.model != load.model:
                 others += 1
                 used += other.footprint_mib
+                if beside is not None and other.model not in load.evicts:
+                    stale = max(stale, other.footprint_mib + RUNNER_OVERHEAD_MIB +
+                                other.beside_mib)
         counted = max(used + RUNNER_OVERHEAD_MIB * others, stale)
         if others and not ollama_admits(load.estimate_mib, total_mib, counted):
             return load

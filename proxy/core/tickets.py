@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from proxy.core.context import effective
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.policy import Policy
+from proxy.core.sizing import RUNNER_OVERHEAD_MIB
 from proxy.core.types import ProviderView, Resident, Ticket
 
 RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next write drops it
@@ -37,6 +38,7 @@ class Residency:
     at: float
     leaving: bool = False
     loading: bool = False
+    beside: int = 0  # a load: what the copies beside it held then (Resident.beside_mib)
 
     @property
     def gone(self) -> bool:
@@ -103,6 +105,9 @@ def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy
         return Admitted(current, "already claimed")
     fresh = replace(ticket, started_at=now, expires_at=now + ttl_s)
     seen = merge_recorded(view, current)
+    if fresh.cold:  # what it loads beside, as the set says now (the decision's may be older)
+        fresh = replace(fresh, beside_mib=max(fresh.beside_mib, _beside_now(current, seen,
+                                                                            fresh)))
     ok, why = ticket_budget_ok(list(current.tickets.values()), fresh, seen, policy,
                                needs_free_slot)
     if not ok:
@@ -115,6 +120,17 @@ def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy
                                                  fresh.context, now)}
     return Admitted(replace(current, tickets={**current.tickets, ticket.ticket_id: fresh},
                             loads=loads), why, seen)
+
+
+def _beside_now(current: TicketSet, seen: ProviderView, load: Ticket) -> int:
+    """What the copies a load finds beside it hold, with their runners' overhead: the
+    residents and the other loads in flight it does not evict (Resident.beside_mib)."""
+    staying = {r.model: r.footprint_mib for r in seen.residents
+               if r.model != load.model and r.model not in load.evicts}
+    for t in current.tickets.values():
+        if t.cold and t.model != load.model and t.model not in load.evicts:
+            staying.setdefault(t.model, t.footprint_mib)
+    return sum(staying.values()) + RUNNER_OVERHEAD_MIB * len(staying)
 
 
 def without(current: TicketSet, ticket_ids: Collection[str]) -> TicketSet:
@@ -184,6 +200,7 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     (otherwise, until the next probe, others would take them as warm and make Ollama load
     them again). A copy a call reloaded at another context since is counted as reloaded; a
     copy asked to unload stays marked leaving as long as probes still list it."""
+    view = _beside_as_loaded(view, residency)
     known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
         r.leaving and m in known) or (
@@ -192,13 +209,31 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
         return view
     kept = tuple(_as_recorded(view, r, newer.get(r.model)) for r in view.residents
                  if not (r.model in newer and newer[r.model].gone))
+    # a copy a call loaded since the probe loaded beside what the probe listed, and beside
+    # what the call saw (Ollama's runner for it goes on counting those, Resident.beside_mib)
     extra = tuple(Resident(m, r.mib, r.context_length, r.at,
                            expires_at=r.at if r.leaving else math.inf, leaving=r.leaving,
-                           loading=r.loading)
+                           loading=r.loading, beside_mib=max(r.beside, sum(
+                               o.footprint_mib + RUNNER_OVERHEAD_MIB
+                               for o in view.residents if o.model != m)))
                   for m, r in newer.items() if m not in known and not r.gone)
     if extra or kept != view.residents:
         return replace(view, residents=kept + extra)
     return view
+
+
+def _beside_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
+    """A probed copy a call loaded counts what the call found beside it, when a probe first
+    saw it only after some of those had gone (Resident.beside_mib)."""
+    out, changed = [], False
+    for r in view.residents:
+        rec = residency.get(r.model)
+        if rec is not None and rec.beside > r.beside_mib and not rec.gone and \
+                rec.context_length in (0, r.context_length):
+            r = replace(r, beside_mib=rec.beside)
+            changed = True
+        out.append(r)
+    return replace(view, residents=tuple(out)) if changed else view
 
 
 def merge_recorded(view: ProviderView, recorded: TicketSet) -> ProviderView:

@@ -95,6 +95,7 @@ class Ticket:
     context: int = 0  # num_ctx of the copy it loads or joins, as Ollama records it; 0 unknown
     estimate_mib: int = 0  # a load: Ollama's own estimate of it (its admission rule reads it)
     plan: bool = False  # held for a plan made at selection, not yet a call
+    beside_mib: int = 0  # a load: what the copies beside it held (Resident.beside_mib)
 
     @property
     def reloads(self) -> bool:
@@ -238,6 +239,7 @@ class Placement:
     context_length: int = 0  # the context the call will get (0 unknown)
     estimate_mib: int = 0  # a load: Ollama's own estimate of it
     loads_ahead: int = 0  # a load: loads in flight on its card when it was placed
+    beside_mib: int = 0  # a load: what the copies staying beside it hold (Resident.beside_mib)
 
     @property
     def loads(self) -> bool:

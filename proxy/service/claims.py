@@ -53,7 +53,7 @@ def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
     if not placement.loads or state == "failed":
         return None
     return Residency(placement.footprint_mib, placement.num_ctx, now,
-                     loading=state == "loading")
+                     loading=state == "loading", beside=placement.beside_mib)
 
 
 class Claims:
@@ -81,7 +81,8 @@ class Claims:
         ticket = self.tickets.new_ticket(
             next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
             cold=placement.loads, evicts=dict(placement.evicts), holder=self.holder,
-            context=placement.num_ctx, estimate_mib=placement.estimate_mib, plan=plan)
+            context=placement.num_ctx, estimate_mib=placement.estimate_mib, plan=plan,
+            beside_mib=placement.beside_mib)
         self._pending[ticket.ticket_id] = ticket
         return ticket
 

@@ -161,11 +161,13 @@ def encode_ticket_set(tickets: TicketSet) -> bytes:
                           "started": t.started_at, "exp": t.expires_at,
                           **({"ctx": t.context} if t.context else {}),
                           **({"est": t.estimate_mib} if t.estimate_mib else {}),
+                          **({"beside": t.beside_mib} if t.beside_mib else {}),
                           **({"plan": True} if t.plan else {})}
                     for tid, t in tickets.tickets.items()},
         "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at,
                           **({"leaving": True} if r.leaving else {}),
-                          **({"loading": True} if r.loading else {})}
+                          **({"loading": True} if r.loading else {}),
+                          **({"beside": r.beside} if r.beside else {})}
                       for m, r in tickets.residents.items()},
         # (A reader that predates it ignores this key; a writer that does drops it.)
         "loads": {tid: {"model": load.model, "mib": load.mib, "ctx": load.context_length,
@@ -184,11 +186,13 @@ def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
                     float(t["exp"]), cold=bool(t.get("cold")),
                     evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
                     holder=str(t.get("holder", "")), context=int(t.get("ctx") or 0),
-                    estimate_mib=int(t.get("est") or 0), plan=bool(t.get("plan")))
+                    estimate_mib=int(t.get("est") or 0), plan=bool(t.get("plan")),
+                    beside_mib=int(t.get("beside") or 0))
         for tid, t in (d.get("tickets") or {}).items()
     }
     residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
-                              leaving=bool(r.get("leaving")), loading=bool(r.get("loading")))
+                              leaving=bool(r.get("leaving")), loading=bool(r.get("loading")),
+                              beside=int(r.get("beside") or 0))
                  for m, r in (d.get("residents") or {}).items()}
     loads = {tid: Load(str(load["model"]), int(load["mib"]), int(load.get("ctx") or 0),
                        float(load["at"]))

@@ -116,8 +116,10 @@ class Prober:
         self.latest: dict[str, ProviderState] = {}
         # provider -> model -> num_ctx as recorded -> MiB, of copies fully on the GPU
         self.observed: dict[str, dict[str, dict[int, int]]] = {}
-        # provider -> loaded model -> (its num_ctx, what the others held when first seen)
+        # provider -> loaded model -> (its num_ctx, what the others held when first seen), and
+        # what the last probe listed (model -> MiB)
         self._beside: dict[str, dict[str, tuple[int, int]]] = {}
+        self._listed: dict[str, dict[str, int]] = {}
         # provider -> model -> (digest, what /api/show says of it)
         self._shown: dict[str, dict[str, tuple[str, ModelInfo]]] = {}
         # provider -> model -> what another process's /api/show said of it (shared state)
@@ -188,21 +190,23 @@ class Prober:
     def _first_seen_beside(self, name: str, loaded_mib: Mapping[str, int],
                            loaded_ctx: Mapping[str, int]) -> dict[str, int]:
         """Per loaded copy, what the other copies held (with their runners' overhead) when
-        a probe first saw it (a copy listed at another context is a reload: seen anew). A
-        copy loaded before the first probe is taken to have loaded beside all it was first
-        seen with: its runner may count them all."""
+        a probe first saw it (a copy listed at another context is a reload: seen anew): the
+        copies listed with it, and those the probe before listed, which may have left after
+        it loaded. A copy loaded before the first probe is taken to have loaded beside all
+        it was first seen with: its runner may count them all."""
         known = self._beside.get(name, {})
-        total = sum(loaded_mib.values())
+        around = {**self._listed.get(name, {}), **loaded_mib}
         seen: dict[str, tuple[int, int]] = {}
-        for model, mib in loaded_mib.items():
+        for model in loaded_mib:
             ctx = loaded_ctx.get(model, 0)
             before = known.get(model)
             if before is not None and before[0] == ctx:
                 seen[model] = before
             else:
-                others = len(loaded_mib) - 1
-                seen[model] = (ctx, total - mib + RUNNER_OVERHEAD_MIB * others)
+                others = [mib for other, mib in around.items() if other != model]
+                seen[model] = (ctx, sum(others) + RUNNER_OVERHEAD_MIB * len(others))
         self._beside[name] = seen
+        self._listed[name] = dict(loaded_mib)
         return {m: held for m, (_, held) in seen.items()}
 
     def described(self, provider: str, models: Mapping[str, ModelInfo]) -> None:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.core import tickets as transition
 from proxy.core.policy import Policy
@@ -257,11 +257,11 @@ class TicketBook:
 
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
                    cold: bool, evicts: dict[str, int], holder: str, context: int = 0,
-                   estimate_mib: int = 0, plan: bool = False) -> Ticket:
+                   estimate_mib: int = 0, plan: bool = False, beside_mib: int = 0) -> Ticket:
         now = self.clock.now()
         return Ticket(ticket_id, provider, model, footprint_mib, now, now + self.ttl_s,
                       cold=cold, evicts=evicts, holder=holder, context=context,
-                      estimate_mib=estimate_mib, plan=plan)
+                      estimate_mib=estimate_mib, plan=plan, beside_mib=beside_mib)
 
     async def claim(self, ticket: Ticket, view: ProviderView, needs_free_slot: bool = False
                     ) -> ClaimResult:
@@ -296,7 +296,11 @@ class TicketBook:
 
         def remove(current: TicketSet, now: float) -> TicketSet:
             # (The ticket itself is owed: the write carries it whatever this returns.)
-            return transition.record_residency(current, ticket.model, leave_resident)
+            held = current.tickets.get(ticket.ticket_id)
+            left = leave_resident
+            if left is not None and held is not None and held.beside_mib > left.beside:
+                left = replace(left, beside=held.beside_mib)  # as its claim found it
+            return transition.record_residency(current, ticket.model, left)
 
         try:
             return await self._mutate(ticket.provider, remove)

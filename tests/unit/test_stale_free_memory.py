@@ -10,8 +10,10 @@ from typing import Any
 
 from proxy.core.occupancy import Load, admission_problem
 from proxy.core.placement import place
+from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.sizing import RUNNER_OVERHEAD_MIB
-from proxy.core.types import ProviderView, Resident
+from proxy.core.tickets import Admitted, Residency, TicketSet, claim, merge_residency
+from proxy.core.types import ProviderView, Resident, Ticket
 from proxy.service.prober import Prober
 from tests.unit.builders import call, snapshot
 from tests.unit.test_placement import QWEN3_14B
@@ -88,3 +90,29 @@ async def test_the_prober_keeps_what_each_copy_was_first_seen_beside() -> None:
     assert state.residents()[0].beside_mib == 6000 + RUNNER_OVERHEAD_MIB
     server.listed = [_copy("phi3:mini", 3600, ctx=8192)]  # reloaded at another context
     assert (await prober.probe("a")).loaded_beside_mib == {"phi3:mini": 0}
+    # between two probes the 3b arrives and phi3 leaves: the 3b may have loaded beside it
+    server.listed = [_copy("llama3.2:3b", 2500)]
+    assert (await prober.probe("a")).loaded_beside_mib == {
+        "llama3.2:3b": 3600 + RUNNER_OVERHEAD_MIB}
+
+
+def test_a_copy_a_call_loaded_since_the_probe_counts_what_the_probe_listed() -> None:
+    """phi3 loaded by a call beside the 32b the last probe listed; the 32b recorded unloaded
+    since: the view keeps phi3 counting the 32b until a probe says otherwise."""
+    view = ProviderView("a", 32768, residents=(Resident("qwen3:32b", 24970),), probed_at=10.0)
+    recorded = {"phi3:mini": Residency(3183, 4096, 12.0),
+                "qwen3:32b": Residency(0, 0, 13.0)}
+    merged = merge_residency(view, recorded)
+    assert [(r.model, r.beside_mib) for r in merged.residents] == [
+        ("phi3:mini", 24970 + RUNNER_OVERHEAD_MIB)]
+
+
+def test_a_claim_counts_the_loads_in_flight_its_decision_did_not_see() -> None:
+    """Another sidecar's 14b load was claimed after this one decided: the claim, against
+    the set as it is, records that the 8b loads beside it."""
+    other = Ticket("t1", "a", "qwen3:14b", 12765, 5.0, 65.0, cold=True)
+    mine = Ticket("t2", "a", "qwen3:8b", 8516, 6.0, 66.0, cold=True)
+    view = ProviderView("a", 32768, probed_at=1.0)
+    admitted = claim(TicketSet(tickets={"t1": other}), mine, view, DEFAULT_POLICY, 60.0, 6.0)
+    assert isinstance(admitted, Admitted)
+    assert admitted.tickets.tickets["t2"].beside_mib == 12765 + RUNNER_OVERHEAD_MIB
