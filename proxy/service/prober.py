@@ -196,6 +196,7 @@ class Prober:
         it was first seen with: its runner may count them all."""
         known = self._beside.get(name, {})
         around = {**self._listed.get(name, {}), **loaded_mib}
+        shared = self._published(name)
         seen: dict[str, tuple[int, int]] = {}
         for model in loaded_mib:
             ctx = loaded_ctx.get(model, 0)
@@ -205,9 +206,25 @@ class Prober:
             else:
                 others = [mib for other, mib in around.items() if other != model]
                 seen[model] = (ctx, sum(others) + RUNNER_OVERHEAD_MIB * len(others))
+            if shared is not None and shared.loaded_ctx.get(model) == ctx and \
+                    shared.loaded_beside_mib.get(model, 0) > seen[model][1]:
+                seen[model] = (ctx, shared.loaded_beside_mib[model])  # seen loading by another
         self._beside[name] = seen
         self._listed[name] = dict(loaded_mib)
         return {m: held for m, (_, held) in seen.items()}
+
+    def _published(self, name: str) -> ProviderState | None:
+        """The provider's state as the store holds it: other processes' probes, which may
+        have seen a copy arrive that this one first sees after its neighbours left."""
+        if self.store is None:
+            return None
+        entry = self.store.view(PROVIDER_STATE).get(escape_key(name))
+        if entry is None:
+            return None
+        try:
+            return ProviderState.decode(entry.value)
+        except (ValueError, KeyError):
+            return None
 
     def described(self, provider: str, models: Mapping[str, ModelInfo]) -> None:
         """What another process's probes say of the provider's models: taken as this

@@ -116,3 +116,26 @@ def test_a_claim_counts_the_loads_in_flight_its_decision_did_not_see() -> None:
     admitted = claim(TicketSet(tickets={"t1": other}), mine, view, DEFAULT_POLICY, 60.0, 6.0)
     assert isinstance(admitted, Admitted)
     assert admitted.tickets.tickets["t2"].beside_mib == 12765 + RUNNER_OVERHEAD_MIB
+
+
+async def test_a_copy_first_seen_after_its_neighbours_left_takes_what_another_probe_saw() -> None:
+    """Another process's probe saw phi3 arrive beside the 32b and published it; this
+    prober first sees phi3 alone: it keeps the published figure, not its own 0."""
+    from proxy.adapters.memory_kv import MemoryStore
+    from proxy.ports import PROVIDER_STATE
+    from proxy.service.codec import ProviderState, escape_key
+    from proxy.settings import load_settings
+
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    store = MemoryStore()
+    seen_elsewhere = ProviderState("a", "http://a:11434", True, 0.0, loaded_mib={
+        "phi3:mini": 3600}, loaded_ctx={"phi3:mini": 4096}, loaded_beside_mib={
+        "phi3:mini": 24970 + RUNNER_OVERHEAD_MIB})
+    await store.put(PROVIDER_STATE, escape_key("a"), seen_elsewhere.encode())
+    server = _Ps()
+    prober = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                    gpu_memory=None)  # type: ignore[arg-type]
+    server.listed = [_copy("phi3:mini", 3600)]
+    state = await prober.probe("a")
+    assert state.loaded_beside_mib == {"phi3:mini": 24970 + RUNNER_OVERHEAD_MIB}
