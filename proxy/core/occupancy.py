@@ -6,11 +6,17 @@ filter and cost reads, once per placement rather than once per candidate.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.core.policy import Policy
-from proxy.core.sizing import RUNNER_OVERHEAD_MIB, admission_rule, model_slots, ollama_admits
+from proxy.core.sizing import (
+    RUNNER_OVERHEAD_MIB,
+    admission_rule,
+    held_by_runners,
+    model_slots,
+    ollama_admits,
+)
 from proxy.core.types import ProviderView, Resident, Snapshot, Ticket
 
 
@@ -30,6 +36,19 @@ class Load:
                     frozenset(ticket.evicts), ticket.beside_mib)
 
 
+def held_beside(model: str, evicts: Container[str], residents: Iterable[Resident],
+                loads: Iterable[Ticket]) -> int:
+    """What the copies a load of `model` finds beside it hold, runners' overhead included:
+    the residents and the loads in flight of other models it does not evict. Its runner goes
+    on counting them after they leave (Resident.beside_mib)."""
+    staying = {r.model: r.footprint_mib for r in residents
+               if r.model != model and r.model not in evicts}
+    for t in loads:
+        if t.cold and t.model != model and t.model not in evicts:
+            staying.setdefault(t.model, t.footprint_mib)
+    return held_by_runners(staying.values())
+
+
 def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load],
                       beside: Mapping[str, int] | None = None) -> Load | None:
     """Ollama loads one model at a time, in the order the calls reach it: each load in flight
@@ -45,13 +64,12 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
             if model not in load.evicts and model != load.model:
                 others += 1
                 used += mib
-                if beside:
-                    stale = max(stale, mib + RUNNER_OVERHEAD_MIB + beside.get(model, 0))
+                stale = max(stale, mib + RUNNER_OVERHEAD_MIB + (beside or {}).get(model, 0))
         for other in loads:
             if other.model != load.model:
                 others += 1
                 used += other.footprint_mib
-                if beside is not None and other.model not in load.evicts:
+                if other.model not in load.evicts:
                     stale = max(stale, other.footprint_mib + RUNNER_OVERHEAD_MIB +
                                 other.beside_mib)
         counted = max(used + RUNNER_OVERHEAD_MIB * others, stale)

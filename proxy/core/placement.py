@@ -29,7 +29,7 @@ static endpoint or a 503.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 
 from proxy.core import affinity, context
@@ -45,7 +45,7 @@ from proxy.core.cost import (
     warm_terms,
 )
 from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check, health_reason
-from proxy.core.occupancy import ProviderIndex, indexes_for
+from proxy.core.occupancy import ProviderIndex, held_beside, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import (
     QueueOption,
@@ -54,7 +54,7 @@ from proxy.core.queueing import (
     queue_wins,
     unload_option,
 )
-from proxy.core.sizing import RUNNER_OVERHEAD_MIB, Sizer
+from proxy.core.sizing import Sizer
 from proxy.core.types import (
     CallSpec,
     Candidate,
@@ -217,7 +217,7 @@ class _Planner:
                 verdict.cost_s if cost_s is None else cost_s, evicts or {},
                 resolved.requested, resolved.context,
                 footprint.estimate_mib if footprint else 0, len(index.loading),
-                beside_load(index, model, evicts or {}))
+                held_beside(model, evicts or {}, index.view.residents, index.loading.values()))
         recorded = self.fitting.copy_context(index, model)
         return Placement(verdict.provider, model, kind, step, self.policy.warm_scratch_mib,
                          verdict.cost_s, num_ctx=recorded,
@@ -787,16 +787,6 @@ def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -
     weighed, with `takes_room` where it could decide; a card whose load could not win is
     passed over (`weighed`). explain's are every card's, with every term."""
     return _Planner(call, snapshot, policy).place()
-
-
-def beside_load(index: ProviderIndex, model: str, evicts: Mapping[str, int]) -> int:
-    """What the copies a load of `model` here finds beside it hold, with their runners'
-    overhead: what its runner will go on counting (Resident.beside_mib)."""
-    staying = [r.footprint_mib for r in index.view.residents
-               if r.model != model and r.model not in evicts]
-    staying += [t.footprint_mib for m, t in index.loading.items()
-                if m != model and m not in evicts and m not in index.residents]
-    return sum(staying) + RUNNER_OVERHEAD_MIB * len(staying)
 
 
 def explain(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY

@@ -30,6 +30,13 @@ ADMISSION_RULE_SINCE: Version = (0, 30, 0)
 # Ollama's free memory is the driver's: each loaded runner's CUDA context comes off it too
 # (its own figure for that, MinimumMemory, ml/device.go:359-364).
 RUNNER_OVERHEAD_MIB = 457
+
+
+def held_by_runners(footprints: Iterable[int]) -> int:
+    """What copies of these footprints hold of the driver's memory, each runner's CUDA
+    context included: what a runner loading beside them sees taken (Resident.beside_mib)."""
+    mibs = list(footprints)
+    return sum(mibs) + RUNNER_OVERHEAD_MIB * len(mibs)
 # Families Ollama runs with one slot whatever OLLAMA_NUM_PARALLEL says (sched.go:497-510);
 # before 0.30 only mllama (and embedding models).
 SINGLE_SLOT_FAMILIES = frozenset((

@@ -14,9 +14,9 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from proxy.core.context import effective
-from proxy.core.occupancy import ticket_budget_ok
+from proxy.core.occupancy import held_beside, ticket_budget_ok
 from proxy.core.policy import Policy
-from proxy.core.sizing import RUNNER_OVERHEAD_MIB
+from proxy.core.sizing import held_by_runners
 from proxy.core.types import ProviderView, Resident, Ticket
 
 RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next write drops it
@@ -106,8 +106,8 @@ def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy
     fresh = replace(ticket, started_at=now, expires_at=now + ttl_s)
     seen = merge_recorded(view, current)
     if fresh.cold:  # what it loads beside, as the set says now (the decision's may be older)
-        fresh = replace(fresh, beside_mib=max(fresh.beside_mib, _beside_now(current, seen,
-                                                                            fresh)))
+        fresh = replace(fresh, beside_mib=max(fresh.beside_mib, held_beside(
+            fresh.model, fresh.evicts, seen.residents, current.tickets.values())))
     ok, why = ticket_budget_ok(list(current.tickets.values()), fresh, seen, policy,
                                needs_free_slot)
     if not ok:
@@ -120,17 +120,6 @@ def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy
                                                  fresh.context, now)}
     return Admitted(replace(current, tickets={**current.tickets, ticket.ticket_id: fresh},
                             loads=loads), why, seen)
-
-
-def _beside_now(current: TicketSet, seen: ProviderView, load: Ticket) -> int:
-    """What the copies a load finds beside it hold, with their runners' overhead: the
-    residents and the other loads in flight it does not evict (Resident.beside_mib)."""
-    staying = {r.model: r.footprint_mib for r in seen.residents
-               if r.model != load.model and r.model not in load.evicts}
-    for t in current.tickets.values():
-        if t.cold and t.model != load.model and t.model not in load.evicts:
-            staying.setdefault(t.model, t.footprint_mib)
-    return sum(staying.values()) + RUNNER_OVERHEAD_MIB * len(staying)
 
 
 def without(current: TicketSet, ticket_ids: Collection[str]) -> TicketSet:
@@ -213,9 +202,8 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     # what the call saw (Ollama's runner for it goes on counting those, Resident.beside_mib)
     extra = tuple(Resident(m, r.mib, r.context_length, r.at,
                            expires_at=r.at if r.leaving else math.inf, leaving=r.leaving,
-                           loading=r.loading, beside_mib=max(r.beside, sum(
-                               o.footprint_mib + RUNNER_OVERHEAD_MIB
-                               for o in view.residents if o.model != m)))
+                           loading=r.loading, beside_mib=max(r.beside, held_by_runners(
+                               o.footprint_mib for o in view.residents if o.model != m)))
                   for m, r in newer.items() if m not in known and not r.gone)
     if extra or kept != view.residents:
         return replace(view, residents=kept + extra)

@@ -20,7 +20,7 @@ from typing import Any
 
 from proxy.core.models import model_name
 from proxy.core.occupancy import loaded_limit
-from proxy.core.sizing import RUNNER_OVERHEAD_MIB, kv_per_token
+from proxy.core.sizing import held_by_runners, kv_per_token
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import (
@@ -205,7 +205,7 @@ class Prober:
                 seen[model] = before
             else:
                 others = [mib for other, mib in around.items() if other != model]
-                seen[model] = (ctx, sum(others) + RUNNER_OVERHEAD_MIB * len(others))
+                seen[model] = (ctx, held_by_runners(others))
             if shared is not None and shared.loaded_ctx.get(model) == ctx and \
                     shared.loaded_beside_mib.get(model, 0) > seen[model][1]:
                 seen[model] = (ctx, shared.loaded_beside_mib[model])  # seen loading by another
