@@ -331,11 +331,12 @@ class OllamaSim:
             self._next_unload()
 
     async def _recover(self, runner: Runner, wait: float) -> None:
+        me = asyncio.current_task()  # (a loop closing under it leaves none to ask in finally)
         try:
             await self._sleep(wait)
         finally:
             runner.unloaded.set()
-            if self._recovering is asyncio.current_task():  # not one a reset cancelled
+            if self._recovering is me:  # not one a reset cancelled
                 self._recovering = None
         self._next_unload()  # not when cancelled: a reset, or the server stopping
 

@@ -180,7 +180,8 @@ def test_never_unloads_a_model_with_work_in_flight(sim_factory: Sims,
     httpx.post(f"{gpu.url}/api/generate", json={"model": "phi3:mini"})
     url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=0.5, **mode).url
     busy = threading.Event()
-    worker = stream_in_background(url, "qwen3:8b", 2000, busy)  # ~0.8 s of tokens
+    # ~2 s of tokens: well past the 0.5 s wait even when the test's thread runs late
+    worker = stream_in_background(url, "qwen3:8b", 5000, busy)
     r = chat(url, "qwen3:14b")
     assert r.status_code == 503 and r.json()["reason"] == "gpu-busy"
     assert r.headers["retry-after"]
