@@ -94,6 +94,30 @@ def test_a_copy_that_loaded_beside_a_victim_goes_with_it(
     assert quiet(gpu) == NOTHING
 
 
+def _residents(sidecar_url: str) -> list[str]:
+    """The models the sidecar's own view holds on its one card (not what the GPU lists)."""
+    state = httpx.get(f"{sidecar_url}/kubemoot/v1/state", timeout=5).json()
+    return sorted(r["model"] for r in state["providers"][0]["residents"])
+
+
+def test_a_copy_loaded_before_the_victim_stays(sim_factory: Sims, sidecar_factory: Sidecars
+                                               ) -> None:
+    """The same card with llama3.2:3b loaded first, and qwen3:8b seen to arrive beside it:
+    the 3b's runner never counted the 8b, so only the 8b goes."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, time_scale=SCALE)
+    _load(gpu, "llama3.2:3b")
+    sidecar = sidecar_factory([gpu], probe_interval_seconds=0.1)
+    assert eventually(lambda: _residents(sidecar.url) == ["llama3.2:3b"])
+    _load(gpu, "qwen3:8b")  # by another client, after the sidecar saw the 3b alone
+    assert eventually(lambda: _residents(sidecar.url) == ["llama3.2:3b", "qwen3:8b"])
+    r = chat(sidecar.url, "qwen3:14b")
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-kubemoot-placement"], r.headers["x-kubemoot-evicted"]) == (
+        "evict", "qwen3:8b")
+    assert quiet(gpu) == NOTHING
+    assert sorted(gpu.sim.runners) == ["llama3.2:3b", "qwen3:14b"]
+
+
 def test_a_copy_loaded_with_its_own_num_ctx_is_joined_as_it_is(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """Another client loaded the 8b with num_ctx 16384 on a card configured for 8192. A call
