@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
     reason="no chromium or chromedriver: apt-get install chromium chromium-driver")
 MODEL = "qwen3:8b"
+PAGE_WAIT_S = 20  # a wait, not a sleep: chromium on two cores beside the suite can lag seconds
 # Headless, and nothing that reaches for the network (the machine has none).
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -55,7 +56,7 @@ def test_the_page_shows_the_fleet_and_a_call_as_it_happens(
     a, b = sim_factory("a", total_vram_mib=32768), sim_factory("b", total_vram_mib=16376)
     url = sidecar_factory([a, b]).url
     browser.get(f"{url}/kubemoot/ui")
-    wait = WebDriverWait(browser, 8)
+    wait = WebDriverWait(browser, PAGE_WAIT_S)
 
     def css(selector: str) -> list[object]:
         return browser.find_elements(By.CSS_SELECTOR, selector)  # type: ignore[no-any-return]
@@ -84,7 +85,7 @@ def test_with_nats_the_page_shows_another_sidecars_call(
     one = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="one").url
     two = sidecar_factory(gpus, nats_url=nats_server.url, agent_name="two").url
     browser.get(f"{one}/kubemoot/ui")
-    wait = WebDriverWait(browser, 8)
+    wait = WebDriverWait(browser, PAGE_WAIT_S)
     wait.until(lambda _: "2 heard from" in browser.find_element(By.ID, "calls-from").text)
 
     httpx.post(f"{two}/api/chat", timeout=30, json={
