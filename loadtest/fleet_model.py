@@ -1,10 +1,13 @@
 """A model of a GPU fleet running Ollama, for the virtual-clock simulation.
 
-Each GPU behaves like one `ollama serve`: a load takes the runner's start-up plus the read of
-the weights file (not the footprint: the KV cache is allocated, never read), seen ready on
-Ollama's 250 ms poll (`load_seconds`); OLLAMA_NUM_PARALLEL slots per loaded model with a FIFO
+Each GPU behaves like one `ollama serve` at HEAD: a load takes the runner's start-up plus the
+read of the weights file (not the footprint: the KV cache is allocated, never read), seen
+ready on Ollama's 250 ms poll (`load_seconds`); loads go one at a time in arrival order, a
+call for a loaded copy bypassing them; OLLAMA_NUM_PARALLEL slots per loaded model with a FIFO
 queue beyond them, keep-alive expiry, and Ollama's own eviction of idle models when a load
-does not fit. What a real fleet would suffer is counted:
+does not fit; unloads go one at a time, each followed by Ollama's wait for the freed memory
+(docs/development.md, "The policy simulation's fleet model"). What a real fleet would suffer
+is counted:
 a load that does not fit beside the residents (the engine has to evict on its own, or cannot
 load at all: an out-of-memory event), and a prompt longer than the context (silently cut).
 
@@ -22,6 +25,7 @@ runs at full speed, unshared. `GpuSpec.share_gpu = False` decodes every call at 
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +39,7 @@ from loadtest.sim_cache import (
     depth_scale,
     prefill_seconds,
 )
-from loadtest.sim_model import CATALOG
+from loadtest.sim_model import CATALOG, recovery_s
 from loadtest.sim_model import load_seconds as sim_load_seconds
 from proxy.core.conversations import Conversation
 
@@ -80,7 +84,11 @@ class GpuSpec:
     slots: int = 1
     load_mib_per_s: float = 1024.0  # reading the weights file (hardware: disk, PCIe)
     startup_s: float = 1.0  # a load's runner start-up before the read (process, CUDA init)
+    # From an unload's kill to its memory back (the process's exit, the driver's release)
     unload_s: float = 1.0
+    # A bootstrap GPU discovery, what HEAD's wait for freed memory reads with no runner left
+    # on the card (Ollama caps it at 3 s)
+    discovery_s: float = 0.5
     keep_alive_s: float = 300.0
     prompt_tokens_per_s: float = 2000.0  # at depth 0: deeper tokens are slower (sim_cache)
     # One more sequence in a decode step, as a share of one alone: its KV-cache reads (the
@@ -134,6 +142,26 @@ class Resident:
     cache: PromptCache | None = None  # its slots' prompt caches (sim_cache.py): empty at load
     slots_held: dict[int, CacheSlot] = field(default_factory=dict)  # call ident -> its slot
     decoding: int = 0  # its calls past their prefill: one batch per step
+    # What the card had free when its load started (llama-server logs it, and HEAD's
+    # accounting keeps it for the runner's life: sim_model.recovery_s)
+    free_at_load_mib: int = 0
+
+    @property
+    def vram_mib(self) -> int:
+        return self.model.footprint_mib
+
+    @property
+    def accounted_free_mib(self) -> int:
+        return max(0, self.free_at_load_mib - self.vram_mib)
+
+
+@dataclass
+class Unload:
+    """A copy on its way out: in the unloader's queue (`back_at` None), then killed, its
+    memory held until `back_at`."""
+
+    resident: Resident
+    back_at: float | None = None
 
 
 @dataclass
@@ -160,15 +188,23 @@ class Counters:
 class Gpu:
     def __init__(self, spec: GpuSpec, schedule: Callable[[float, Callable[[], None]], None],
                  now: Callable[[], float], counters: Counters,
-                 on_change: Callable[[], None]) -> None:
+                 on_change: Callable[[], None], seed: int = 0) -> None:
         self.spec = spec
         self.schedule = schedule
         self.now = now
         self.counters = counters
         self.on_change = on_change
         self.residents: dict[str, Resident] = {}
-        self.pending: deque[tuple[ModelSpec, SimCall]] = deque()  # loads waiting for room
-        self.unloading_until = 0.0
+        # processPending: calls for a model not loaded, one load at a time in arrival order
+        self.loads: deque[tuple[ModelSpec, SimCall]] = deque()
+        self.loading: Resident | None = None  # the load processPending blocks on
+        self.evicting: Resident | None = None  # Ollama's own victim it waits on (unloadedCh)
+        self.overcommitted: set[int] = set()  # calls already counted as sent without room
+        # processCompleted: expired copies killed one at a time, each then waiting for the
+        # freed memory; the map order of that wait is drawn from a seeded generator per card
+        self.unloads: list[Unload] = []  # queued or killed with their memory not yet back
+        self.unloading: Unload | None = None  # killed, its recovery wait not over
+        self.rng = random.Random(f"{seed}/{spec.name}")
         self.memory_trace: list[tuple[float, int]] = [(0.0, 0)]
         # Processor sharing of the decode: every decoding call gains a token per `period`
         self.decoding: dict[int, Decode] = {}
@@ -177,27 +213,67 @@ class Gpu:
 
     # -- memory ----------------------------------------------------------------------------
     def used_mib(self) -> int:
+        """What the copies loaded or loading hold (not those on their way out)."""
         return sum(r.model.footprint_mib for r in self.residents.values())
 
+    def held_mib(self) -> int:
+        """What the card holds: the copies and those unloaded whose memory is not back."""
+        return self.used_mib() + sum(u.resident.model.footprint_mib for u in self.unloads)
+
     def _trace(self) -> None:
-        self.memory_trace.append((self.now(), self.used_mib()))
+        self.memory_trace.append((self.now(), self.held_mib()))
 
     def in_flight(self) -> int:
-        return sum(r.running + len(r.queue) for r in self.residents.values()) + len(self.pending)
-
-    def _remove(self, name: str) -> None:
-        self.residents.pop(name, None)
-        self._trace()
+        return sum(r.running + len(r.queue) for r in self.residents.values()) + len(self.loads)
 
     def unload(self, name: str) -> None:
-        """keep_alive:0 from the scheduler: the model goes once idle; memory returns after
-        the unload time."""
+        """keep_alive:0 from the scheduler: the model goes once idle, through the unloader."""
         resident = self.residents.get(name)
         if resident is None or resident.running or resident.queue:
             return
         self.counters.evictions += 1
-        self._remove(name)
-        self.unloading_until = max(self.unloading_until, self.now() + self.spec.unload_s)
+        self._queue_unload(resident)
+
+    # -- unloads: processCompleted -----------------------------------------------------------
+    def _queue_unload(self, resident: Resident) -> None:
+        """An idle copy into expiredCh; nothing new starts on it."""
+        del self.residents[resident.model.name]
+        self.unloads.append(Unload(resident))
+        self._next_unload()
+
+    def _next_unload(self) -> None:
+        """processCompleted (server/sched.go:414-470) takes one expiry at a time: it reads
+        the baseline, kills the runner, and blocks in waitForVRAMRecovery (:1441-1497) before
+        it takes the next; the memory is back `unload_s` after the kill."""
+        if self.unloading is not None:
+            return
+        unload = next((u for u in self.unloads if u.back_at is None), None)
+        if unload is None:
+            return
+        now = self.now()
+        # s.loaded at the kill: the victim, the copies queued behind it, the loaded ones
+        # (a copy joins s.loaded once its load is over, :727)
+        loaded = [u.resident for u in self.unloads if u.back_at is None] + \
+            [r for r in self.residents.values() if r.ready]
+        wait = recovery_s(unload.resident, loaded, self.rng, self.spec.discovery_s)
+        unload.back_at = now + self.spec.unload_s
+        self.unloading = unload
+        self.schedule(unload.back_at, partial(self._memory_back, unload))
+        self.schedule(now + wait, partial(self._recovered, unload))
+
+    def _memory_back(self, unload: Unload) -> None:
+        self.unloads.remove(unload)
+        self._trace()
+        self._next_load()
+        self.on_change()
+
+    def _recovered(self, unload: Unload) -> None:
+        """The wait is over: unloadedCh, which Ollama's own eviction waits for."""
+        self.unloading = None
+        if self.evicting is unload.resident:
+            self.evicting = None
+        self._next_unload()
+        self._next_load()
 
     # -- calls -----------------------------------------------------------------------------
     def submit(self, call: SimCall, model: ModelSpec) -> None:
@@ -209,55 +285,85 @@ class Gpu:
             call.truncated = True
             self.counters.truncations += 1
         resident = self.residents.get(model.name)
-        if resident is not None:
+        if resident is not None and resident.ready:
+            # GetRunner's fast path (server/sched.go:199-202): a loaded copy, no queue
             resident.queue.append(call)
             self._start_calls(resident)
             return
-        self._load(model, call)
+        # pendingReqCh (:204-208): behind every load asked for before it, even one of its
+        # own model still loading (a copy joins s.loaded once loaded)
+        self.loads.append((model, call))
+        self._next_load()
 
-    def _load(self, model: ModelSpec, call: SimCall) -> None:
-        if model.footprint_mib > self.spec.total_mib:
-            self.counters.oom_events += 1
-            call.failed = "oom"
-            call.finished = self.now()
-            if call.on_done:
-                call.on_done(call)
-            return
-        if self.used_mib() + model.footprint_mib > self.spec.total_mib:
-            self.counters.overcommits += 1  # the scheduler sent a load that does not fit
-            self._evict_idle_for(model.footprint_mib)
+    def _next_load(self) -> None:
+        """processPending (server/sched.go:225-365): the oldest call for a model not loaded,
+        one at a time. The load blocks it until the runner is ready (llama.Load waits in
+        WaitUntilRunning, llm/llama_server.go:1047-1084); a load that does not fit makes
+        Ollama unload an idle copy and wait for that unload's recovery (unloadedCh,
+        :326-357), or wait behind busy ones; a load that fits once unloaded memory is back
+        starts then."""
+        while self.loads and self.loading is None and self.evicting is None:
+            model, call = self.loads[0]
+            resident = self.residents.get(model.name)
+            if resident is not None and resident.ready:  # loaded by a call ahead of it
+                self.loads.popleft()
+                resident.queue.append(call)
+                self._start_calls(resident)
+                continue
+            if model.footprint_mib > self.spec.total_mib:
+                self.loads.popleft()
+                self.counters.oom_events += 1
+                call.failed = "oom"
+                call.finished = self.now()
+                if call.on_done:
+                    call.on_done(call)
+                continue
             if self.used_mib() + model.footprint_mib > self.spec.total_mib:
-                self.pending.append((model, call))  # waits behind busy models, head of line
+                if call.ident not in self.overcommitted:
+                    self.overcommitted.add(call.ident)
+                    self.counters.overcommits += 1  # sent a load that does not fit
+                # until its victim's recovery is over, or behind busy models (head of line,
+                # retried as calls end)
+                self._evict_idle()
                 return
-        self._start_load(model, call)
+            if self.held_mib() + model.footprint_mib > self.spec.total_mib:
+                return  # until the memory it needs is back
+            self.loads.popleft()
+            self.overcommitted.discard(call.ident)
+            self._start_load(model, call)
 
     def _start_load(self, model: ModelSpec, call: SimCall) -> None:
-        resident = Resident(model, cache=PromptCache(self.spec.slots, CACHE_VERSION))
+        resident = Resident(model, cache=PromptCache(self.spec.slots, CACHE_VERSION),
+                            free_at_load_mib=self.spec.total_mib - self.held_mib())
         resident.queue.append(call)
         self.residents[model.name] = resident
+        self.loading = resident
         self.counters.cold_loads += 1
         self.counters.loaded_mib += model.footprint_mib
         self._trace()
-        start = max(self.now(), self.unloading_until)  # memory returns after an unload
-        done_at = start + load_seconds(model, self.spec)
+        done_at = self.now() + load_seconds(model, self.spec)
         self.schedule(done_at, lambda: self._loaded(resident))
 
-    def _evict_idle_for(self, need_mib: int) -> None:
-        """Ollama's own eviction: idle runners, shortest keep-alive then name (no LRU)."""
+    def _evict_idle(self) -> bool:
+        """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693): the first
+        idle copy by keep-alive, then name (no LRU); False when every copy is busy."""
         idle = sorted((r for r in self.residents.values()
                        if r.ready and not r.running and not r.queue),
                       key=lambda r: r.model.name)
-        for resident in idle:
-            if self.used_mib() + need_mib <= self.spec.total_mib:
-                return
-            self.counters.evictions += 1
-            self._remove(resident.model.name)
+        if not idle:
+            return False
+        self.counters.evictions += 1
+        self.evicting = idle[0]
+        self._queue_unload(idle[0])
+        return True
 
     def _loaded(self, resident: Resident) -> None:
-        if self.residents.get(resident.model.name) is not resident:
-            return
-        resident.ready = True
-        self._start_calls(resident)
+        if self.loading is resident:
+            self.loading = None
+        if self.residents.get(resident.model.name) is resident:
+            resident.ready = True
+            self._start_calls(resident)
+        self._next_load()
         self.on_change()
 
     def _start_calls(self, resident: Resident) -> None:
@@ -335,28 +441,14 @@ class Gpu:
             token = resident.expiry_token
             self.schedule(self.now() + self.spec.keep_alive_s,
                           lambda: self._expire(resident, token))
-        self._retry_pending()
+        self._next_load()
         if call.on_done:
             call.on_done(call)
         self.on_change()
 
     def _expire(self, resident: Resident, token: int) -> None:
+        """Its keep-alive ran out: into the unloader's queue like any expiry."""
         if resident.expiry_token == token and not resident.running and not resident.queue and \
                 self.residents.get(resident.model.name) is resident:
-            self._remove(resident.model.name)
-            self._retry_pending()
+            self._queue_unload(resident)
             self.on_change()
-
-    def _retry_pending(self) -> None:
-        while self.pending:
-            model, call = self.pending[0]
-            self._evict_idle_for(model.footprint_mib)
-            if self.used_mib() + model.footprint_mib > self.spec.total_mib:
-                return
-            self.pending.popleft()
-            existing = self.residents.get(model.name)
-            if existing is not None:
-                existing.queue.append(call)
-                self._start_calls(existing)
-            else:
-                self._start_load(model, call)

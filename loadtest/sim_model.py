@@ -8,8 +8,10 @@ follows it (sim_engine.py).
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .sim_engine import (
     INPUT_TOO_LONG,
@@ -202,6 +204,61 @@ def load_seconds(startup_s: float, file_mib: int, mib_per_s: float) -> float:
     raw = startup_s + file_mib / mib_per_s
     # round() first: a figure on the grid must not go up a step for a float's last digit
     return math.ceil(round(raw / READY_POLL_S, 9)) * READY_POLL_S
+
+
+# waitForVRAMRecovery reads free memory on a 250 ms ticker (server/sched.go:1467; v0.12.6
+# :656) and gives up after 5 s (:101; v0.12.6 :654)
+POLL_S = 0.25
+RECOVERY_TIMEOUT_S = 5.0
+RECOVERED_SHARE = 0.75  # done once free memory rose by more than this x the victim's VRAM
+DISCOVERY_CAP_S = 3.0  # a bootstrap discovery's own timeout (discover/runner.go:340)
+
+
+class OnGpu(Protocol):
+    """A loaded runner as HEAD's free-memory readings see it."""
+
+    @property
+    def vram_mib(self) -> int: ...
+
+    @property
+    def accounted_free_mib(self) -> int:
+        """Its own static accounting of the card's free memory (GetDeviceInfos,
+        llm/llama_server.go:2600-2636): free at its load less its VRAM, floored at 0."""
+        ...
+
+
+def recovery_s(victim: OnGpu, loaded: Sequence[OnGpu], rng: random.Random,
+               discovery_s: float) -> float:
+    """HEAD's wait for freed memory after unloading `victim` (waitForVRAMRecovery,
+    server/sched.go:1441-1497): `loaded` is s.loaded as processCompleted snapshots it before
+    the kill (:454-457), the victim among them, in any fixed order; `rng` stands for Go's map
+    order. No wait for a runner with nothing on the GPU. The baseline and each 250 ms tick
+    read the first runner on the GPU in map order (discover/runner.go:285-331), the victim
+    included for the baseline (its GPUs are cleared at the unload, :1377): the same survivor
+    for both readings sees no change (5 s); the victim's baseline against a survivor's tick is
+    done at once when the survivor's figure is lower (uint64 wraps) or more than 0.75 x the
+    victim's VRAM above it, else 5 s; with no survivor a bootstrap discovery reads the real
+    memory (a tick and its discovery time, at most 3 s)."""
+    if victim.vram_mib <= 0:
+        return 0.0
+    on_gpu = [r for r in loaded if r.vram_mib > 0]
+    rng.shuffle(on_gpu)
+    survivor = next((r for r in on_gpu if r is not victim), None)
+    if survivor is None:
+        return POLL_S + min(discovery_s, DISCOVERY_CAP_S)
+    if on_gpu[0] is survivor:
+        return RECOVERY_TIMEOUT_S
+    freed = survivor.accounted_free_mib - victim.accounted_free_mib
+    if freed < 0 or freed > RECOVERED_SHARE * victim.vram_mib:
+        return POLL_S
+    return RECOVERY_TIMEOUT_S
+
+
+def driver_recovery_s(release_s: float) -> float:
+    """0.12's wait for freed memory (v0.12.6 server/sched.go:628-684), which reads the
+    driver's figure: the first tick after the driver gave the memory back `release_s` after
+    the kill, at most 5 s."""
+    return min(RECOVERY_TIMEOUT_S, POLL_S * max(1, math.ceil(release_s / POLL_S - 1e-9)))
 
 
 def decode_step_s(tokens_per_s: float, speed: float, sequences: int, batch_cost: float

@@ -45,23 +45,20 @@ from .sim_engine import (
     version_tuple,
 )
 from .sim_model import (
+    RECOVERY_TIMEOUT_S,
     PromptTokens,
     SimConfig,
     SimModel,
     decode_step_s,
+    driver_recovery_s,
     load_seconds,
+    recovery_s,
     tokens_for_text,
 )
 
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
 SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
 BOS_BLOCK = (0, 1)  # the prompt's first token, the same in every prompt
-# waitForVRAMRecovery reads free memory on a 250 ms ticker (server/sched.go:1467) and gives up
-# after 5 s (:101)
-POLL_S = 0.25
-RECOVERY_TIMEOUT_S = 5.0
-RECOVERED_SHARE = 0.75  # done once free memory rose by more than this x the victim's VRAM
-DISCOVERY_CAP_S = 3.0  # a bootstrap discovery's own timeout (discover/runner.go:340)
 
 
 class SimError(Exception):
@@ -351,12 +348,8 @@ class OllamaSim:
         died, so a baseline read after that never sees memory come back: 5 s).
 
         HEAD reads runners' static accounting (accounted_free_mib) through the first runner
-        on a GPU in s.loaded's map order, the victim included for the baseline (its GPUs are
-        cleared at the unload, sched.go:1377): the same survivor for both readings sees no
-        change (5 s); the victim's baseline against a survivor's tick is done at once when the
-        survivor's figure is lower (uint64 wraps) or more than 0.75 x the victim's VRAM above
-        it, else 5 s; with no survivor a bootstrap discovery reads the real memory (a tick and
-        its discovery time).
+        on a GPU in s.loaded's map order (sim_model.recovery_s, which the policy
+        simulation's fleet model uses too).
 
         Left out: other devices (one GPU a server), the victim's memory still held by the
         driver after the unload (loads see it free at once: the driver release only times
@@ -372,18 +365,9 @@ class OllamaSim:
                     if c.time_scale > 0 else math.inf
                 if release <= 0:
                     return RECOVERY_TIMEOUT_S
-            return min(RECOVERY_TIMEOUT_S, POLL_S * max(1, math.ceil(release / POLL_S - 1e-9)))
-        on_gpu = [r for r in self.runners.values() if r.loaded.is_set() and r.vram_mib > 0]
-        self._rng.shuffle(on_gpu)  # the snapshot is built from a map (sched.go:454-457)
-        survivor = next((r for r in on_gpu if r is not victim), None)
-        if survivor is None:
-            return POLL_S + min(c.discovery_s, DISCOVERY_CAP_S)
-        if on_gpu[0] is survivor:
-            return RECOVERY_TIMEOUT_S
-        freed = survivor.accounted_free_mib - victim.accounted_free_mib
-        if freed < 0 or freed > RECOVERED_SHARE * victim.vram_mib:
-            return POLL_S
-        return RECOVERY_TIMEOUT_S
+            return driver_recovery_s(release)
+        loaded = [r for r in self.runners.values() if r.loaded.is_set()]
+        return recovery_s(victim, loaded, self._rng, c.discovery_s)
 
     def reset(self) -> None:
         """/_sim/reset: nothing loaded, nothing waiting to unload, counters at zero."""

@@ -118,7 +118,7 @@ class Simulation:
         self._seq = itertools.count()
         self.counters = Counters()
         self.gpus = {g.name: Gpu(g, self.schedule, lambda: self.now, self.counters,
-                                 self._changed) for g in scenario.gpus}
+                                 self._changed, seed) for g in scenario.gpus}
         self.calls: list[SimCall] = []
         self.waiting: list[tuple[SimCall, Callable[[SimCall], None]]] = []
         self._ids = itertools.count(1)

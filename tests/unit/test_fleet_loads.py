@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+import random
+from collections.abc import Callable, MutableSequence
 from functools import partial
 
 import pytest
@@ -61,11 +62,13 @@ def test_a_catalogued_model_reads_its_file() -> None:
 class Card:
     """One card on a virtual clock: the events in time order, ties first come first."""
 
-    def __init__(self, spec: GpuSpec) -> None:
+    def __init__(self, spec: GpuSpec, seed: int = 0) -> None:
         self.now = 0.0
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
-        self.gpu = Gpu(spec, self.schedule, lambda: self.now, Counters(), lambda: None)
+        self.counters = Counters()
+        self.gpu = Gpu(spec, self.schedule, lambda: self.now, self.counters, lambda: None,
+                       seed)
 
     def schedule(self, at: float, action: Callable[[], None]) -> None:
         heapq.heappush(self.events, (at, next(self.seq), action))
@@ -92,14 +95,19 @@ def test_the_fleet_model_starts_a_cold_call_when_its_load_is_seen_ready() -> Non
     assert warm.started == pytest.approx(30.0)  # the copy is loaded: no load
 
 
-def test_the_fleet_model_loads_after_an_unload_returns_the_memory() -> None:
-    card = Card(GpuSpec("card", 24564, unload_s=1.0))
+@pytest.mark.parametrize(("total_mib", "load_from"), [
+    (16376, 21.0),  # no room for two copies: the reload starts when the memory is back
+    (24564, 20.0),  # room for the new copy beside the old one's memory: it starts at once
+])
+def test_the_fleet_model_loads_once_the_memory_it_needs_is_back(
+        total_mib: int, load_from: float) -> None:
+    card = Card(GpuSpec("card", total_mib, unload_s=1.0))
     first, again = call(1, FOURTEEN, 0.0, 100), call(2, FOURTEEN, 20.0, 0)
-    # done at 12.25 s; unloaded at 20 s, the memory back at 21 s, when the reload starts
+    # done at 12.25 s; unloaded at 20 s, the memory back at 21 s
     card.schedule(20.0, partial(card.gpu.unload, FOURTEEN.name))
     card.run([(first, FOURTEEN), (again, FOURTEEN)])
     assert first.finished == pytest.approx(10.25 + 2.0)
-    assert again.started == pytest.approx(20.0 + 1.0 + 10.25)
+    assert again.started == pytest.approx(load_from + 10.25)
 
 
 def test_the_bound_loads_a_copy_as_the_fleet_model_does() -> None:
@@ -140,3 +148,132 @@ def test_burst_while_loading_quotes_its_load_time() -> None:
     seconds = {load_seconds(MODELS["qwen3:14b"], g) for g in scenario.gpus}
     assert seconds == {10.25}
     assert "its copies load (10.25 s" in scenario.description
+
+
+# Loads of 2 s (1 s start-up, 1024 MiB at 1024 MiB/s) and 4 s; single slots
+ALPHA = ModelSpec("alpha", 8000, 10.0, disk_mib=1024)
+BETA = ModelSpec("beta", 8000, 10.0, disk_mib=3072)
+GAMMA = ModelSpec("gamma", 6000, 10.0, disk_mib=1024)
+
+
+def test_loads_on_one_card_go_one_at_a_time_in_arrival_order() -> None:
+    """processPending blocks on a load until its runner is ready (llm/llama_server.go:
+    1047-1084, WaitUntilRunning): each load starts when the one before it is seen ready."""
+    card = Card(GpuSpec("card", 24576))
+    a, b, c = call(1, ALPHA, 0.0, 10), call(2, BETA, 0.5, 10), call(3, GAMMA, 0.6, 10)
+    card.run([(a, ALPHA), (b, BETA), (c, GAMMA)])
+    assert [x.started for x in (a, b, c)] == pytest.approx([2.0, 2.0 + 4.0, 6.0 + 2.0])
+    assert card.counters.cold_loads == 3
+
+
+def test_a_call_for_a_copy_still_loading_waits_behind_the_loads_asked_before_it() -> None:
+    """A copy joins s.loaded once loaded (server/sched.go:727), so a call for it while it
+    loads queues in pendingReqCh behind the loads asked for before it; a call for a loaded
+    copy takes GetRunner's fast path past them (:199-202)."""
+    card = Card(GpuSpec("card", 24576, slots=2))
+    first, beta = call(1, ALPHA, 0.0, 10), call(2, BETA, 0.5, 10)
+    again = call(3, ALPHA, 1.0, 10)  # alpha still loading, beta asked for before it
+    warm = call(4, ALPHA, 3.0, 10)  # alpha loaded at 2 s, beta loading until 6 s
+    card.run([(first, ALPHA), (beta, BETA), (again, ALPHA), (warm, ALPHA)])
+    assert (first.started, beta.started) == pytest.approx((2.0, 6.0))
+    assert again.started == pytest.approx(6.0)  # behind beta's load, its own copy's slot free
+    assert warm.started == pytest.approx(3.0)
+    assert card.counters.cold_loads == 2
+
+
+class MapOrder(random.Random):
+    """Go's map order as the test fixes it: s.loaded as given, or backwards."""
+
+    def __init__(self, backwards: bool) -> None:
+        super().__init__(0)
+        self.backwards = backwards
+
+    def shuffle(self, x: MutableSequence[object]) -> None:  # type: ignore[override]
+        if self.backwards:
+            x.reverse()
+
+
+# Two copies of 8000 MiB and one of 17000 MiB that needs both gone on a 24576 MiB card
+X = ModelSpec("x", 8000, 10.0, disk_mib=1024)
+Y = ModelSpec("y", 8000, 10.0, disk_mib=1024)
+Z = ModelSpec("z", 17000, 10.0, disk_mib=1024)
+
+
+def two_idle_copies(backwards: bool = False, seed: int = 0) -> Card:
+    """x loaded at 2 s (24576 MiB free then: its accounting says 16576 free), y after it at
+    4 s (16576 free: 8576), both idle."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5), seed)
+    if seed == 0:
+        card.gpu.rng = MapOrder(backwards)
+    for ident, model in ((1, X), (2, Y)):
+        card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
+    return card
+
+
+@pytest.mark.parametrize(("backwards", "z_loads_at"), [
+    # x's kill at 10 s: s.loaded is [x, y], x's reading first for the baseline, y's for the
+    # ticks: 8576 - 16576 < 0 (uint64 wraps): done at the first tick, 10.25 s. y's kill then,
+    # alone (a tick and a discovery), its memory back at 11.25 s, when z starts
+    (False, 11.25),
+    # y first: its reading is the baseline and every tick, no change: 5 s. y killed at 15 s,
+    # its memory back at 16 s
+    (True, 16.0),
+])
+def test_unloads_go_one_at_a_time_each_after_the_previous_ones_recovery(
+        backwards: bool, z_loads_at: float) -> None:
+    """processCompleted kills one expired runner at a time and blocks in waitForVRAMRecovery
+    before the next (server/sched.go:414-470, 1441-1497); the load the scheduler sent with
+    both unloads starts when the memory it needs is back (x's at 11 s is not enough)."""
+    card = two_idle_copies(backwards)
+    z = call(3, Z, 10.0, 0)
+    card.schedule(10.0, partial(card.gpu.unload, "x"))
+    card.schedule(10.0, partial(card.gpu.unload, "y"))
+    card.run([(z, Z)])
+    assert z.started == pytest.approx(z_loads_at + 2.0)
+    assert (card.counters.evictions, card.counters.overcommits) == (2, 0)
+    # what the card holds: x's memory back at 11 s, y's then, z's load
+    held = [(t, mib) for t, mib in card.gpu.memory_trace if 10.0 <= t <= z_loads_at]
+    assert held == [(11.0, 8000), (z_loads_at, 0), (z_loads_at, 17000)]
+
+
+@pytest.mark.parametrize(("backwards", "z_loads_at"), [
+    # x evicted at 10 s (first by name), done at 10.25 s as above; still no room: y evicted
+    # then, its memory back at 11.25 s
+    (False, 11.25),
+    (True, 16.0),
+])
+def test_ollamas_own_eviction_unloads_one_copy_at_a_time_and_waits_for_each(
+        backwards: bool, z_loads_at: float) -> None:
+    """A load sent without room: processPending expires one idle runner, waits for its
+    unloadedCh (sent after the recovery wait, server/sched.go:326-357, 463-466) and checks
+    again."""
+    card = two_idle_copies(backwards)
+    z = call(3, Z, 10.0, 0)
+    card.run([(z, Z)])
+    assert z.started == pytest.approx(z_loads_at + 2.0)
+    assert (card.counters.evictions, card.counters.overcommits) == (2, 1)
+
+
+def test_the_recovery_wait_follows_the_cards_seed() -> None:
+    """The map order is drawn from a generator seeded per card: a seed gives the same waits
+    every run, and the seeds between them give both of HEAD's outcomes."""
+    def z_start(seed: int) -> float:
+        card = two_idle_copies(seed=seed)
+        z = call(3, Z, 10.0, 0)
+        card.run([(z, Z)])
+        return z.started
+
+    starts = [z_start(seed) for seed in range(1, 13)]
+    assert sorted(set(starts)) == pytest.approx([11.25 + 2.0, 16.0 + 2.0])
+    assert [z_start(seed) for seed in range(1, 13)] == starts
+
+
+def test_a_copy_whose_keep_alive_ran_out_goes_through_the_unloader() -> None:
+    """A keep-alive's timer sends the runner to expiredCh like any expiry (server/sched.go:
+    393-408): killed by processCompleted, its memory back after the unload."""
+    card = Card(GpuSpec("card", 24576, keep_alive_s=5.0, unload_s=1.0))
+    x, z = call(1, X, 0.0, 10), call(2, Z, 8.5, 0)
+    card.run([(x, X), (z, Z)])
+    assert x.finished == pytest.approx(3.0)  # idle from 3 s: expired at 8 s
+    assert z.started == pytest.approx(9.0 + 2.0)
+    assert card.counters.evictions == 0

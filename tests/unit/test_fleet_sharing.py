@@ -60,12 +60,15 @@ def test_two_calls_on_one_runner_finish_at_one_batched_step_each() -> None:
 
 def test_two_models_on_one_card_each_get_a_token_per_summed_step() -> None:
     fleet = Fleet(GpuSpec("card", 8192, slots=1))
-    fleet.submit(0.0, 1, TEN, 100)
-    fleet.submit(0.0, 2, TWENTY, 100)
-    done = fleet.run_until_done(2)
-    # both loaded at 2 s; a token each per 0.1 + 0.05 s
-    assert done[1] == pytest.approx(LOAD_S + 100 * 0.15)
-    assert done[2] == pytest.approx(LOAD_S + 100 * 0.15)
+    fleet.submit(0.0, 1, TEN, 0)  # loaded at 2 s, the other after it at 4 s (one at a time)
+    fleet.submit(0.0, 2, TWENTY, 0)
+    fleet.submit(10.0, 3, TEN, 100)
+    fleet.submit(10.0, 4, TWENTY, 100)
+    done = fleet.run_until_done(4)
+    assert (done[1], done[2]) == pytest.approx((LOAD_S, 2 * LOAD_S))
+    # a token each per 0.1 + 0.05 s
+    assert done[3] == pytest.approx(10.0 + 100 * 0.15)
+    assert done[4] == pytest.approx(10.0 + 100 * 0.15)
 
 
 def test_a_call_finishing_speeds_the_other_up_and_prefill_is_not_shared() -> None:
@@ -101,10 +104,10 @@ def test_without_sharing_every_call_decodes_at_full_speed(slots: int) -> None:
     fleet.submit(0.0, 2, TEN, 100)
     fleet.submit(0.0, 3, TWENTY, 100)
     done = fleet.run_until_done(3)
-    # the second queued behind the first on one slot
+    # the second queued behind the first on one slot; the other model loaded after the first
     second = LOAD_S + 100 * 0.1 if slots == 2 else LOAD_S + 2 * 100 * 0.1
     assert (done[1], done[2], done[3]) == pytest.approx(
-        (LOAD_S + 10.0, second, LOAD_S + 5.0))
+        (LOAD_S + 10.0, second, 2 * LOAD_S + 5.0))
 
 
 def test_sharing_only_slows_the_decode_of_a_whole_run() -> None:
