@@ -13,6 +13,7 @@ or residents beyond the usable memory) and the policy's phase-aware provider wei
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -120,18 +121,33 @@ def waiting_line(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapsho
     return Backlog(sum(1 for other in demand.turns if other < turn), slots)
 
 
+def load_ends(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> dict[str, float]:
+    """When each load in flight here is done. Ollama loads one model at a time, in the order
+    the calls reached it (processPending blocks in llama-server's Load until the runner is
+    ready: server/sched.go:627, llm/llama_server.go:1047-1084; in v0.12.6 the next load waits
+    in updateFreeSpace for the loading runner's lock, held until it runs: server/sched.go:211,
+    470, 515-528), so a load starts when the one before it ends."""
+    ends: dict[str, float] = {}
+    free_at = -math.inf
+    for model, ticket in sorted(index.loading.items(), key=lambda item: item[1].started_at):
+        start = max(ticket.started_at, free_at)
+        free_at = ends[model] = start + load_seconds(
+            index.view, model, ticket.footprint_mib, snapshot, policy)
+    return ends
+
+
 def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy
                      ) -> float:
-    ticket = index.loading.get(model)
-    if ticket is None:
+    """What the load of `model` here has left, the loads ahead of it included."""
+    if model not in index.loading:
         return 0.0
-    total = load_seconds(index.view, model, ticket.footprint_mib, snapshot, policy)
-    return max(0.0, total - (snapshot.now - ticket.started_at))
+    return max(0.0, load_ends(index, snapshot, policy)[model] - snapshot.now)
 
 
 def loads_ahead_s(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> float:
-    """Ollama loads one model at a time: what the loads in flight here have left."""
-    return sum(remaining_load_s(index, model, snapshot, policy) for model in index.loading)
+    """What a new load here waits for: every load in flight, one after another."""
+    ends = load_ends(index, snapshot, policy)
+    return max(0.0, max(ends.values()) - snapshot.now) if ends else 0.0
 
 
 def batched_beside(index: ProviderIndex, model: str) -> int:

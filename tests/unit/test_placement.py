@@ -695,6 +695,20 @@ def test_a_new_load_waits_behind_the_load_in_flight_on_its_card() -> None:
     assert "loads_ahead" not in verdicts["b"].terms
 
 
+def test_a_load_queued_behind_another_starts_when_that_one_ends() -> None:
+    """Ollama loads one model at a time: the 8b, asked for 2 s after the 14b began, waits for
+    the 14b's 11.9 s before its own 5.9 s; a call joining the 8b's copy and a new load on the
+    card both wait for both."""
+    first, second = 12224 / 1024, 6000 / 1024
+    loading = snapshot(gpu("a", GIB32), tickets=(
+        ticket("a", "qwen3:14b", cold=True, elapsed=4.0),
+        ticket("a", "qwen3:8b", cold=True, elapsed=2.0)))
+    joins = explain(call("qwen3:8b"), loading)[1][0]
+    assert joins.terms["load"] == pytest.approx(first - 4.0 + second)
+    new = explain(call("phi3:mini"), loading)[1][0]
+    assert new.terms["loads_ahead"] == pytest.approx(first - 4.0 + second)
+
+
 def test_two_loads_in_flight_must_pass_ollamas_rule_in_either_order() -> None:
     """Ollama loads them one at a time, in the order the calls reach it: phi3 beside the
     32b's load passes the rule, but the 32b (estimate 25320) after phi3 would not."""
