@@ -52,7 +52,9 @@ def test_a_survivor_loaded_after_an_unloaded_copy_still_counts_its_memory(
     load) and Ollama evicts it for qwen3:14b, which fits in the memory qwen3:8b gave back;
     loaded first (15919 MiB free at its load) it reads 13346 MiB, and both stay."""
     def run(order: tuple[str, str]) -> tuple[int, set[str]]:
-        sim = sim_factory(f"gpu-{order[0]}", total_vram_mib=CARD_MIB, context_length=4096)
+        # a keep-alive of a day: the default's 300 s is 0.6 s here, which a busy machine outlasts
+        sim = sim_factory(f"gpu-{order[0]}", total_vram_mib=CARD_MIB, context_length=4096,
+                          keep_alive_s=86400.0)
         for model in order:
             call(sim, model)
         unload(sim, COPY)
