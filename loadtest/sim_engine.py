@@ -172,7 +172,9 @@ def commits_before_read(arch: str, embedding: bool, version: str, new_engine: bo
     it, if its registry has the model (a split vision model aside: NewLlamaServer,
     llm/server.go:149-169); ollamaServer.Load returns after the commit (:827-841), whose
     handler reads the weights in the background (runner/ollamarunner/runner.go:1260-1262,
-    1173-1184), where the llama engine's Load waits for the runner (llm/server.go:596-600)."""
+    1173-1184), where the llama engine's Load waits for the runner (llm/server.go:596-600).
+    The simulator applies v0.12.6's lists to the whole range: qwen3 is required from 0.12.0
+    only, and later versions require more (nomic-bert from 0.13.1)."""
     if not (0, 11, 5) <= version_tuple(version) < (0, 30, 0):
         return False
     registered = (f"{arch}_embed" if embedding else arch) in ENGINE_MODELS

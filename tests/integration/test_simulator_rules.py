@@ -113,7 +113,6 @@ def test_one_load_at_a_time_and_a_full_queue_is_server_busy(sim_factory: Sims) -
     ("0.12.6", False, {"qwen3:32b", "qwen3:14b", "qwen3:8b"}),
     ("0.12.6", True, {"qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b"}),
     ("0.11.4", True, set()),  # no commit before 0.11.5 (not modelled)
-    ("0.24.0", False, {"qwen3:32b", "qwen3:14b", "qwen3:8b"}),
     ("0.30.0", True, set()),  # llama-server for every GGUF model
 ])
 def test_which_of_the_catalog_commits_its_memory_before_reading_its_weights(
