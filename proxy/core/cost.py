@@ -130,7 +130,11 @@ def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, polic
 
 
 def loads_ahead_s(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> float:
-    """Ollama loads one model at a time: what the loads in flight here have left."""
+    """Ollama loads one model at a time: what the loads in flight here have left. HEAD's
+    processPending waits for llama-server's Load (server/sched.go:627, llm/llama_server.go:
+    1047-1061); 0.12's own engine returns from Load before its read, but the next request's
+    updateFreeSpace waits for the loading runner's refMu (v0.12.6 server/sched.go:211,
+    519-520; docs/engine.md, "Loads, one at a time on every version")."""
     return sum(remaining_load_s(index, model, snapshot, policy) for model in index.loading)
 
 
