@@ -619,6 +619,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--version", default=CURRENT_VERSION,
                    help="the Ollama version to behave as (0.12.x: its context default, "
                         "truncation, admission and reload rules)")
+    p.add_argument("--new-engine", action="store_true",
+                   help="OLLAMA_NEW_ENGINE (0.12: Ollama's own engine for every model it has)")
     p.add_argument("--tokens-per-s", type=float, default=50.0)
     p.add_argument("--time-scale", type=float, default=1.0)
     add_sharing_flags(p)
@@ -635,7 +637,7 @@ def configs_from(argv: list[str] | None) -> list[SimConfig]:
                              num_parallel=args.parallel, context_length=args.context,
                              max_loaded_models=args.max_loaded,
                              kv_cache_type=args.kv_cache_type, max_queue=args.max_queue,
-                             version=args.version,
+                             version=args.version, new_engine=args.new_engine,
                              tokens_per_s=args.tokens_per_s, time_scale=args.time_scale)]
     return [sharing_from(args, config) for config in configs]
 

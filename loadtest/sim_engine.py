@@ -29,6 +29,14 @@ CACHE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 ONE_SLOT_FAMILIES = ("mllama", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen3next",
                      "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "nemotron_h_omni")
 NO_CONTEXT_SHIFT = ("deepseek2",)  # resolveContextShift (sched.go:137-147)
+# v0.12.6: the architectures that run on Ollama's own engine whatever OLLAMA_NEW_ENGINE says
+# (fs/ggml/ggml.go:241-253), and those its model registry holds (model/models/models.go and
+# each model's Register; a pooled model is looked up as "<arch>_embed", model/model.go:146-152)
+ENGINE_REQUIRED = ("gemma3", "gemma3n", "mistral3", "qwen3", "qwen3moe", "llama4", "mllama",
+                   "qwen25vl", "gptoss", "gpt-oss")
+ENGINE_MODELS = ("bert", "bert_embed", "deepseek2", "gemma2", "gemma3", "gemma3_embed",
+                 "gemma3n", "gptoss", "gpt-oss", "llama", "llama4", "mistral3", "mllama",
+                 "qwen2", "qwen25vl", "qwen3", "qwen3moe", "qwen3_embed")
 
 
 def version_tuple(text: str) -> tuple[int, int, int]:
@@ -151,6 +159,26 @@ def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, versio
     return (loaded.num_ctx, loaded.num_batch, old_gpu, loaded.main_gpu, loaded.use_mmap,
             loaded.num_thread) != (new_ctx, new_batch, new_gpu, request.main_gpu, new_mmap,
                                    request.num_thread)
+
+
+def commits_before_read(arch: str, embedding: bool, version: str, new_engine: bool) -> bool:
+    """Whether Ollama's load of the model returns once its memory is committed, before the
+    runner has read the weights: Ollama's own engine from 0.11.5 to 0.24 (checked at those
+    tags). From 0.30 every GGUF model runs in llama-server, whose Load waits for it to be
+    ready (llm/llama_server.go:1047-1061); before 0.11.5 (not modelled) every runner joined
+    s.loaded at its spawn (v0.11.4 server/sched.go:445-482).
+
+    v0.12.6 takes its own engine when OLLAMA_NEW_ENGINE is set or the architecture requires
+    it, if its registry has the model (a split vision model aside: NewLlamaServer,
+    llm/server.go:149-169); ollamaServer.Load returns after the commit (:827-841), whose
+    handler reads the weights in the background (runner/ollamarunner/runner.go:1260-1262,
+    1173-1184), where the llama engine's Load waits for the runner (llm/server.go:596-600).
+    The simulator applies v0.12.6's lists to the whole range: qwen3 is required from 0.12.0
+    only, and later versions require more (nomic-bert from 0.13.1)."""
+    if not (0, 11, 5) <= version_tuple(version) < (0, 30, 0):
+        return False
+    registered = (f"{arch}_embed" if embedding else arch) in ENGINE_MODELS
+    return registered and (new_engine or arch in ENGINE_REQUIRED)
 
 
 def kv_cache_bytes(block_count: int, heads_kv: int, key_length: int, value_length: int,

@@ -128,6 +128,7 @@ class SimConfig:
     kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
     flash_attention: bool = True  # before 0.30 the cache type applies only with it
     max_queue: int = 512  # OLLAMA_MAX_QUEUE: loads that may wait
+    new_engine: bool = False  # OLLAMA_NEW_ENGINE (0.12: Ollama's own engine where it can)
     keep_alive_s: float = 300.0  # OLLAMA_KEEP_ALIVE
     # Hardware, not Ollama's: a load is the runner's start-up (process spawn, backend and
     # CUDA init) and then the read of the weights file (/api/tags `size`, not the footprint:

@@ -3,7 +3,9 @@ runs them.
 
 - A call for a loaded copy whose load options match goes straight to it; any other waits
   in one queue (OLLAMA_MAX_QUEUE, then 503 "server busy") for the loader, which handles one
-  load at a time (processPending).
+  load at a time (processPending) on either version: 0.12's own engine lists a copy (and
+  lets calls for it wait outside the queue) once its memory is committed, yet the next load
+  still waits until it has read its weights (acquire, _load).
 - The loader reloads a copy whose options differ (needsReload: counted as a reload), unloads
   a model of its own choosing at OLLAMA_MAX_LOADED_MODELS or when the load does not pass its
   admission (HEAD: the estimate within 80 % of the free memory, as the first loaded runner in
@@ -39,6 +41,7 @@ from .sim_engine import (
     MINIMUM_MEMORY_MIB,
     SERVER_BUSY,
     LoadOptions,
+    commits_before_read,
     fits_in_80,
     needs_reload,
     resolve_options,
@@ -95,6 +98,9 @@ class Runner:
     unloaded: asyncio.Event = field(default_factory=asyncio.Event)  # its recovery is over
     queued: bool = False  # waiting for the unloader
     timer: asyncio.TimerHandle | None = None  # its keep-alive (expireTimer)
+    # In s.loaded (and /api/ps) while still reading its weights: 0.12's own engine once its
+    # memory is committed (commits_before_read)
+    listed: bool = False
 
     @property
     def spilled(self) -> bool:
@@ -160,7 +166,13 @@ class OllamaSim:
         self.runners: dict[str, Runner] = {}
         self.stats = Stats()
         self.fault = Fault()
-        self._loader = asyncio.Lock()  # one load at a time
+        # One load at a time, on both versions: processPending runs a load to its end
+        # (HEAD: llama-server's Load waits for it, server/sched.go:627, llm/llama_server.go:
+        # 1047-1061). 0.12's own engine returns at its commit, but the next request's
+        # updateFreeSpace (or needsReload, or the eviction) locks each loaded runner's refMu,
+        # held until it is running (v0.12.6 server/sched.go:211, 519-520, 588, 239; 470,
+        # 485-487): the next spawn waits for the read all the same
+        self._loader = asyncio.Lock()
         self._pending = 0
         self.decoding = 0  # sequences decoding on this card now, all runners
         # processCompleted: expired runners in turn, and the recovery wait it blocks on
@@ -412,6 +424,12 @@ class OllamaSim:
         request = self.resolve(model, body)
         self._expire_idle()
         runner = self.runners.get(model.name)
+        if runner is not None and runner.listed and not runner.loaded.is_set():
+            # 0.12's own engine: GetRunner finds the copy in s.loaded and needsReload waits
+            # for its refMu until it runs (v0.12.6 server/sched.go:106-110, 588; 470,
+            # 485-487): outside the load queue, then as for a loaded copy
+            await self._loaded_or_gone(runner)
+            runner = self.runners.get(model.name)
         if not self._usable(runner, request):
             # pendingReqCh holds OLLAMA_MAX_QUEUE (sched.go:91-95, 205-207) beside the one
             # processPending is loading for
@@ -431,6 +449,16 @@ class OllamaSim:
         if keep_alive_s is not None:
             runner.keep_alive_s = keep_alive_s  # last writer wins, as in Ollama
         return runner, time.perf_counter() - started
+
+    @staticmethod
+    async def _loaded_or_gone(runner: Runner) -> None:
+        waits = [asyncio.ensure_future(runner.loaded.wait()),
+                 asyncio.ensure_future(runner.gone.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _schedule(self, model: SimModel, request: LoadOptions, keep_alive_s: float | None
                         ) -> Runner:
@@ -499,10 +527,11 @@ class OllamaSim:
 
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float) -> Runner:
+        c = self.config
         # llama-server fits what the driver says is free, its own CUDA context included, and
         # logs that figure (free_at_load_mib): every other runner's buffers and CUDA context
         # at this moment, kept for the runner's life whatever unloads later
-        free = self.config.total_vram_mib - self.driver_used_mib() - MINIMUM_MEMORY_MIB
+        free = c.total_vram_mib - self.driver_used_mib() - MINIMUM_MEMORY_MIB
         vram = need if need <= free else max(0, free - SPILL_MARGIN_MIB)
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
             request = replace(request, num_ctx=ctx)
@@ -520,11 +549,23 @@ class OllamaSim:
                  self.used_vram_mib())
         self.stats.peak_vram_mib = max(self.stats.peak_vram_mib, self.used_vram_mib())
         try:
-            await self._sleep(self.load_s(model))
+            if commits_before_read(model.arch, model.embedding, c.version, c.new_engine):
+                # Load returns once the memory is committed (the start-up here) and the
+                # runner joins s.loaded; WaitUntilRunning then runs beside it (v0.12.6
+                # llm/server.go:827-841, server/sched.go:444, 472-487). Ready at the same time.
+                await self._sleep(c.startup_s)  # (load_s holds it: rounded up)
+                runner.listed = True
+                await self._sleep(self.load_s(model) - c.startup_s)
+            else:
+                await self._sleep(self.load_s(model))
         except BaseException:
-            if self.runners.get(model.name) is runner:  # closed, never in s.loaded: no wait
+            if self.runners.get(model.name) is not runner:
+                runner.unloaded.set()
+            elif runner.listed:  # in s.loaded: its failed wait expires it to the unloader
+                self._expire(runner, "load abandoned")  # (v0.12.6 sched.go:487-492)
+            else:  # closed, never in s.loaded: no wait
                 self._drop(model.name, "load abandoned")
-            runner.unloaded.set()
+                runner.unloaded.set()
             raise
         runner.loaded.set()
         return runner
@@ -604,12 +645,15 @@ class OllamaSim:
 
     # -- ps / tags / show ------------------------------------------------------------------
     def ps(self) -> dict[str, Any]:
-        """Loaded runners (not those still loading), with what each holds of the GPU."""
+        """Runners in s.loaded, with what each holds of the GPU: loaded ones, and 0.12's own
+        engine's still reading their weights (v0.12.6 server/routes.go:1758-1800 reads
+        s.loaded unlocked; HEAD lists a llama-server copy once it runs, server/sched.go:627,
+        727)."""
         self._expire_idle()
         models = []
         now = time.time()
         for runner in self.runners.values():
-            if not runner.loaded.is_set():
+            if not (runner.loaded.is_set() or runner.listed):
                 continue
             if runner.refcount > 0 or runner.expires_at == math.inf:
                 remaining = runner.keep_alive_s * self.config.time_scale

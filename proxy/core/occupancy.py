@@ -51,8 +51,9 @@ def held_beside(model: str, evicts: Container[str], residents: Iterable[Resident
 
 def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load],
                       beside: Mapping[str, int] | None = None) -> Load | None:
-    """Ollama loads one model at a time, in the order the calls reach it: each load in flight
-    must pass its 80 % rule beside the residents it does not evict and every other load.
+    """Ollama loads one model at a time, in the order the calls reach it, on every version
+    (processPending; docs/engine.md, "Loads, one at a time on every version"): each load in
+    flight must pass its 80 % rule beside the residents it does not evict and every other load.
     The free memory it reads is the least of that and what a staying copy's runner still
     counts (`beside`: what the others held when it loaded, Resident.beside_mib; which runner
     Ollama asks is a map's order, so the stalest). The first load that would not, or None."""

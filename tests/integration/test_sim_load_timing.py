@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -175,3 +176,79 @@ def test_an_own_eviction_takes_a_copy_waiting_to_unload_first(sim_factory: Sims)
     call(sim, "qwen3:14b")  # a third: one must go
     assert ps(sim) == {"llama3.2:3b", "qwen3:14b"}
     assert stats(sim)["self_evictions"] == 1
+
+
+def first_listing(sim: SimServer, model: str) -> tuple[float, bool]:
+    """Simulated seconds from a call that loads `model` to /api/ps first listing it, and
+    whether the copy was still loading then."""
+    with ThreadPoolExecutor(1) as pool:
+        sent = time.perf_counter()
+        loading = pool.submit(call, sim, model)
+        assert eventually(lambda: model in ps(sim), timeout_s=3.0, step_s=0.002)
+        listed = (time.perf_counter() - sent) / SCALE
+        reading = not sim.sim.runners[model].loaded.is_set()
+        loading.result()
+    return listed, reading
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize(("version", "model", "new_engine", "listed_at"), [
+    ("0.12.6", "qwen3:8b", False, 1.0),  # qwen3 requires Ollama's own engine: at its commit
+    ("0.12.6", "llama3.2:3b", False, 3.0),  # the llama engine's Load waits for the runner
+    ("0.12.6", "llama3.2:3b", True, 1.0),  # OLLAMA_NEW_ENGINE: llama on its own engine
+    ("0.33.0", "qwen3:8b", False, 6.25),  # llama-server: listed once it runs
+])
+def test_a_copy_is_listed_once_it_runs_or_on_0_12s_own_engine_once_committed(
+        sim_factory: Sims, version: str, model: str, new_engine: bool, listed_at: float
+        ) -> None:
+    """v0.12.6's own engine returns from Load at the commit of its memory (llm/server.go:
+    827-841) and the runner joins s.loaded, which /api/ps reads unlocked (server/sched.go:
+    472-483, server/routes.go:1758-1800), while it reads the weights (runner/ollamarunner/
+    runner.go:1260-1262); the llama engine's Load waits for it (llm/server.go:596-600), and
+    HEAD's llama-server copy joins s.loaded once it runs (server/sched.go:627, 727)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, version=version,
+                      new_engine=new_engine, time_scale=SCALE)
+    listed, reading = first_listing(sim, model)
+    assert listed >= listed_at - 0.01 and reading is (listed_at < 2.0)
+
+
+@pytest.mark.serial
+def test_the_next_load_waits_for_a_copy_0_12_lists_while_it_reads_its_weights(
+        sim_factory: Sims) -> None:
+    """Loads do not overlap on 0.12's own engine either: the next request's updateFreeSpace
+    locks every loaded runner's refMu, held until it runs (v0.12.6 server/sched.go:211,
+    519-520; 470, 485-487). qwen3:14b, asked once qwen3:8b is listed (~1 s into its 6.25 s),
+    waits for the rest of it, then loads in 10.25 s."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, version="0.12.6",
+                      time_scale=SCALE)
+    with ThreadPoolExecutor(1) as pool:
+        sent = time.perf_counter()
+        first = pool.submit(call, sim, "qwen3:8b")
+        assert eventually(lambda: "qwen3:8b" in ps(sim), timeout_s=3.0, step_s=0.002)
+        asked = (time.perf_counter() - sent) / SCALE
+        assert not sim.sim.runners["qwen3:8b"].loaded.is_set()
+        second = call(sim, "qwen3:14b")
+        ready = load_s(first.result())
+    assert near(load_s(second), ready - asked + 10.25)
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize(("version", "status"), [("0.12.6", 200), ("0.33.0", 503)])
+def test_a_call_for_a_copy_0_12_lists_waits_for_it_outside_the_load_queue(
+        sim_factory: Sims, version: str, status: int) -> None:
+    """With OLLAMA_MAX_QUEUE 0, a second call for qwen3:8b while it loads: 0.12's GetRunner
+    finds the listed copy and waits in needsReload for its refMu (v0.12.6 server/sched.go:
+    106-110, 588), then joins it; HEAD's copy is not in s.loaded yet, so the call needs the
+    queue, which is full (server/sched.go:197-208): 503."""
+    scale = 0.3  # the load: 1.9 s, the start-up 0.3 s
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, version=version,
+                      max_queue=0, time_scale=scale)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(call, sim, "qwen3:8b")
+        assert eventually(lambda: "qwen3:8b" in sim.sim.runners, step_s=0.002)
+        time.sleep(2.0 * scale)  # past the start-up: 0.12 lists it
+        r = HTTP.post(f"{sim.url}/api/generate", json={
+            "model": "qwen3:8b", "prompt": "hi", "stream": False, "options": {"num_predict": 1}})
+        assert first.result()["done"]
+    assert r.status_code == status, r.text
+    assert stats(sim)["loads"] == 1

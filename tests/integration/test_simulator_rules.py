@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from loadtest.ollama_sim import SimServer
-from loadtest.sim_engine import INPUT_TOO_LONG, PROMPT_TOO_LONG
+from loadtest.sim_engine import INPUT_TOO_LONG, PROMPT_TOO_LONG, commits_before_read
 from loadtest.sim_model import CATALOG
 from proxy.adapters.ollama import OllamaClient
 from proxy.ports import UpstreamError
@@ -105,6 +105,20 @@ def test_one_load_at_a_time_and_a_full_queue_is_server_busy(sim_factory: Sims) -
         third = load(sim, "qwen3:8b")
         assert first.result().status_code == second.result().status_code == 200
     assert third.status_code == 503 and "server busy" in third.json()["error"]
+
+
+@pytest.mark.parametrize(("version", "new_engine", "own_engine"), [
+    # v0.12.6: qwen3 requires Ollama's own engine (fs/ggml/ggml.go:241-253); llama takes it
+    # with OLLAMA_NEW_ENGINE; phi3 and nomic-bert ("nomic-bert_embed") have no model there
+    ("0.12.6", False, {"qwen3:32b", "qwen3:14b", "qwen3:8b"}),
+    ("0.12.6", True, {"qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b"}),
+    ("0.11.4", True, set()),  # no commit before 0.11.5 (not modelled)
+    ("0.30.0", True, set()),  # llama-server for every GGUF model
+])
+def test_which_of_the_catalog_commits_its_memory_before_reading_its_weights(
+        version: str, new_engine: bool, own_engine: set[str]) -> None:
+    assert {m.name for m in CATALOG
+            if commits_before_read(m.arch, m.embedding, version, new_engine)} == own_engine
 
 
 def test_an_embedding_model_gets_one_slot(sim_factory: Sims) -> None:
