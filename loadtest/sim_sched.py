@@ -175,6 +175,7 @@ class OllamaSim:
         self._expiries: deque[tuple[Runner, str]] = deque()
         self._recovering: asyncio.Task[None] | None = None
         self._unload_waiters: list[asyncio.Future[None]] = []  # processPending on unloadedCh
+        self._finished: list[Runner] = []  # calls' ends the unloader has not read yet
         self._rng = random.Random(config.seed)  # s.loaded's map order, reproducibly
 
     @property
@@ -364,6 +365,7 @@ class OllamaSim:
         me = asyncio.current_task()  # (a loop closing under it leaves none to ask in finally)
         try:
             await self._sleep(wait)
+            self._read_finished()  # (before the next expiry: Go's select picks at random)
         finally:
             runner.unloaded.set()
             if self._recovering is me:  # not one a reset cancelled
@@ -419,6 +421,7 @@ class OllamaSim:
     def reset(self) -> None:
         """/_sim/reset: nothing loaded, nothing waiting to unload, counters at zero."""
         self._expiries.clear()
+        self._finished.clear()
         if self._recovering is not None:
             self._recovering.cancel()
             self._recovering = None
@@ -575,9 +578,23 @@ class OllamaSim:
         return runner
 
     def release(self, runner: Runner) -> None:
-        """A call's end (processCompleted's finishedReqCh, sched.go:374-413; v0.12.6
-        :275-313): an idle runner with sessionDuration 0 is expired, any other gets its
-        keep-alive timer; an expiry already queued for it still unloads it."""
+        """A call's end, which processCompleted reads from finishedReqCh (sched.go:374-413;
+        v0.12.6 :275-313), in the loop that blocks on the wait for freed memory after each
+        unload (:463; v0.12.6 :363): meanwhile the call still holds its runner."""
+        if self._unloader_busy():
+            self._finished.append(runner)
+            return
+        self._read_finished()  # (any left by an unloader a restart of the server stopped)
+        self._finish(runner)
+
+    def _read_finished(self) -> None:
+        finished, self._finished = self._finished, []
+        for runner in finished:
+            self._finish(runner)
+
+    def _finish(self, runner: Runner) -> None:
+        """An idle runner with sessionDuration 0 is expired, any other gets its keep-alive
+        timer; an expiry already queued for it still unloads it."""
         runner.refcount -= 1
         if runner.refcount > 0:
             return
@@ -598,6 +615,7 @@ class OllamaSim:
         its load has finished (:627, 727): a copy still loading ignores the unload."""
         runner = self.runners.get(model.name)
         if runner is not None and runner.loaded.is_set():
+            runner.expires_at = time.time()  # what /api/ps shows until it leaves (:1720)
             self._expire(runner, "unload")
 
     def crash(self, runner: Runner) -> None:
@@ -657,14 +675,17 @@ class OllamaSim:
 
     # -- ps / tags / show ------------------------------------------------------------------
     def ps(self) -> dict[str, Any]:
-        """Loaded runners (not those still loading), with what each holds of the GPU."""
+        """Loaded runners (not those still loading), with what each holds of the GPU. The
+        expiry is the one set when the runner last went idle (sched.go:405, 409) or was
+        unloaded (:1720), stale while it is busy; never set, now + its keep-alive (:1775-1780;
+        v0.12.6 server/routes.go:1778, 1783-1789)."""
         self._expire_idle()
         models = []
         now = time.time()
         for runner in self.runners.values():
             if not runner.loaded.is_set():
                 continue
-            if runner.refcount > 0 or runner.expires_at == math.inf:
+            if runner.expires_at == math.inf:
                 remaining = runner.keep_alive_s * self.config.time_scale
             else:
                 remaining = runner.expires_at - now

@@ -145,3 +145,43 @@ def test_an_own_eviction_of_a_busy_copy_waits_for_any_unload_once_a_call_keeps_t
     assert expires_in_s(sim, "llama3.2:3b") > 300
     s = sim.sim.stats
     assert (s.loads, s.reloads, s.self_evictions) == (3, 0, 1)
+
+
+def test_a_busy_copy_shows_the_expiry_it_had_when_it_last_went_idle(sim_factory: Sims) -> None:
+    """expiresAt is set when a runner goes idle (server/sched.go:405, 409; v0.12.6 :305, 309)
+    and by an unload (:1720; v0.12.6 :815), never when a call takes it: a call that outlasts
+    the keep-alive shows a past expiry in /api/ps (sched.go:1767; v0.12.6 routes.go:1778); a
+    copy never idle yet shows now + its keep-alive (sched.go:1775-1780; v0.12.6 routes.go:
+    1783-1789)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, tokens_per_s=20,
+                      time_scale=0.1, **QUICK_LOADS)
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(chat, sim, "llama3.2:3b", 200, "10s")  # 10 s: 1 s real
+        assert eventually(lambda: "llama3.2:3b" in ps(sim))
+        assert 0.5 < expires_in_s(sim, "llama3.2:3b") <= 1.0  # never idle: 10 s from now
+        loading.result()
+        working = pool.submit(chat, sim, "llama3.2:3b", 300)  # 15 s: outlasts the 10
+        assert eventually(lambda: busy(sim, "llama3.2:3b"))
+        assert eventually(lambda: expires_in_s(sim, "llama3.2:3b") < -0.1)
+        working.result()
+    assert 0.5 < expires_in_s(sim, "llama3.2:3b") <= 1.0  # idle again: 10 s on
+
+
+def test_a_call_that_ends_while_the_unloader_waits_still_holds_its_copy(
+        sim_factory: Sims) -> None:
+    """processCompleted reads a call's end (finishedReqCh) in the loop that blocks on the wait
+    for freed memory after an unload (server/sched.go:374-413, 463; v0.12.6 :275-313, 363):
+    until that wait is over the copy still counts the call, so Ollama's own eviction passes
+    it over for an idle copy that sorts after it by name (findRunnerToUnload, :1663-1693;
+    v0.12.6 :760-789)."""
+    # 0.12 admits the 14b beside one of the 3b (2573 MiB) and 8b (5876 MiB), not both
+    sim = sim_factory("gpu", total_vram_mib=18432, context_length=4096, version="0.12.6",
+                      vram_release_s=5.0, tokens_per_s=20, time_scale=0.4, **QUICK_LOADS)
+    for model in ("phi3:mini", "llama3.2:3b", "qwen3:8b"):
+        load(sim, model)
+    unload(sim, "phi3:mini")  # the unloader waits 5 s (2 s real)
+    chat(sim, "llama3.2:3b")  # ends within the wait
+    assert busy(sim, "llama3.2:3b")  # to Ollama
+    chat(sim, "qwen3:14b")  # one must go: the 8b, idle
+    assert set(ps(sim)) == {"llama3.2:3b", "qwen3:14b"}
+    assert busy(sim, "llama3.2:3b", 0) and sim.sim.stats.self_evictions == 1
