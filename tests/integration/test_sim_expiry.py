@@ -121,16 +121,16 @@ def test_an_own_eviction_of_a_busy_copy_waits_for_any_unload_once_a_call_keeps_t
     """processPending expires a busy victim by setting its sessionDuration to 0 and waits
     for unloadedCh (server/sched.go:326-358; v0.12.6 :229-259). The victim keeps taking
     calls; one that sets keep_alive gives it a keep-alive timer when it goes idle, so the
-    load waits until some unload sends unloadedCh: here the other copy's keep-alive, 20 s
+    load waits until some unload sends unloadedCh: here the other copy's keep-alive, 5 s
     after its call ended. The victim is never reloaded."""
     sim = sim_factory("gpu", total_vram_mib=49152, context_length=4096, max_loaded_models=2,
                       tokens_per_s=20, time_scale=0.1, **QUICK_LOADS)
     load(sim, "llama3.2:3b")
     load(sim, "phi3:mini")
     with ThreadPoolExecutor(3) as pool:
-        # both busy for 10 s; the 3b's keep-alive the shorter: Ollama's victim
-        victim = pool.submit(chat, sim, "llama3.2:3b", 200, "10s")
-        other = pool.submit(chat, sim, "phi3:mini", 200, "20s")
+        # both busy for 15 s; the 3b's keep-alive the shorter: Ollama's victim
+        victim = pool.submit(chat, sim, "llama3.2:3b", 300, "2s")
+        other = pool.submit(chat, sim, "phi3:mini", 300, "5s")
         assert eventually(lambda: busy(sim, "llama3.2:3b") and busy(sim, "phi3:mini"))
         evicting = pool.submit(chat, sim, "qwen3:8b")  # two loaded: one must go
         assert eventually(lambda: sim.sim.runners["llama3.2:3b"].keep_alive_s == 0)
@@ -139,8 +139,8 @@ def test_an_own_eviction_of_a_busy_copy_waits_for_any_unload_once_a_call_keeps_t
         victim.result()
         other.result()
         answer = evicting.result()
-    # it waited for the phi3's keep-alive: its 20 s from its call's end, after the 8b's start
-    assert answer["load_duration"] / 1e9 / 0.1 > 20
+    # it waited for the phi3's keep-alive: its 5 s from its call's end, after the 8b's start
+    assert answer["load_duration"] / 1e9 / 0.1 > 5
     assert set(ps(sim)) == {"llama3.2:3b", "qwen3:8b"}
     assert expires_in_s(sim, "llama3.2:3b") > 300
     s = sim.sim.stats
