@@ -92,11 +92,11 @@ def test_a_copy_waiting_its_turn_to_unload_serves_a_call_and_unloads_after_it(
 @pytest.mark.parametrize(("keep_alive", "stays"), [(None, False), ("1h", True)])
 def test_an_unload_of_a_busy_copy_is_undone_by_a_call_that_sets_keep_alive(
         sim_factory: Sims, keep_alive: str | None, stays: bool) -> None:
-    """expireRunner (routes.go H 404-405 and 2505-2506, 6 292-293 and 1840-1841) sets a busy
-    copy's sessionDuration to 0 and queues nothing (server/sched.go:1713-1731; v0.12.6
-    :809-826). The copy keeps taking calls; one that sets keep_alive sets sessionDuration
-    again (:483-485), so when the last call ends the copy gets a keep-alive timer instead of
-    its expiry (:383-410; v0.12.6 :283-310)."""
+    """expireRunner (called at server/routes.go:404-405, 2505-2506; v0.12.6 :292-293,
+    1840-1841) sets a busy copy's sessionDuration to 0 and queues nothing (server/sched.go:
+    1713-1731; v0.12.6 :809-826). The copy keeps taking calls; one that sets keep_alive
+    sets sessionDuration again (:483-485), so when the last call ends the copy gets a
+    keep-alive timer instead of its expiry (:383-410; v0.12.6 :283-310)."""
     sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, tokens_per_s=20,
                       time_scale=0.1, **QUICK_LOADS)
     load(sim, "llama3.2:3b")
