@@ -296,9 +296,11 @@ class OllamaSim:
     def _unloaded(self) -> None:
         """unloadedCh: wakes processPending's wait, if any."""
         waiters, self._unload_waiters = self._unload_waiters, []
-        for waiter in waiters:  # (not one of a loop a restart of the server ended)
-            if not waiter.done() and waiter.get_loop() is asyncio.get_running_loop():
-                waiter.set_result(None)
+        with contextlib.suppress(RuntimeError):  # (no loop: a recovery a closing loop drops)
+            loop = asyncio.get_running_loop()
+            for waiter in waiters:  # (not one of a loop a restart of the server ended)
+                if not waiter.done() and waiter.get_loop() is loop:
+                    waiter.set_result(None)
 
     # -- unloads: processCompleted ---------------------------------------------------------
     def _arm(self, runner: Runner) -> None:
