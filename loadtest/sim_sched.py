@@ -10,8 +10,10 @@ runs them.
   a model of its own choosing at OLLAMA_MAX_LOADED_MODELS or when the load does not pass its
   admission (HEAD: the estimate within 80 % of the free memory, as the first loaded runner in
   map order accounts it; 0.12: the whole footprint free) beside the models loaded (counted
-  as self-evictions), waiting for a busy victim's calls to end, and loads a model that does
-  not fit alone partly into CPU memory (a spill).
+  as self-evictions), waiting for the next unload (a busy victim's once its calls end), and
+  loads a model that does not fit alone partly into CPU memory (a spill).
+- A copy whose unload was asked for stays listed, and takes calls, until the unloader finds
+  it idle; on a busy copy the unload holds only until a call sets keep_alive.
 - A runner's memory follows its architecture x context x slots (sim_model.py).
 - A runner decodes its busy slots in one batch a step, and the runners decoding at once
   time-slice the card (token_period_s; docs/engine.md).
@@ -86,7 +88,10 @@ class Runner:
     refcount: int = 0
     keep_alive_s: float = 300.0
     expires_at: float = math.inf  # time.time() seconds
+    # An expiry of it is in the unloader's queue (expiredCh), put back while it is busy: it
+    # unloads the first time the unloader finds it idle, whatever keep_alive calls set since
     unload_requested: bool = False
+    evicted: bool = False  # processPending expired it for a load (counted once)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     cache: PromptCache | None = None  # its slots' prompt caches: empty at every (re)load
     crashed: bool = False  # its llama-server died: listed until a call reloads it
@@ -178,6 +183,8 @@ class OllamaSim:
         # processCompleted: expired runners in turn, and the recovery wait it blocks on
         self._expiries: deque[tuple[Runner, str]] = deque()
         self._recovering: asyncio.Task[None] | None = None
+        self._unload_waiters: list[asyncio.Future[None]] = []  # processPending on unloadedCh
+        self._finished: list[Runner] = []  # calls' ends the unloader has not read yet
         self._rng = random.Random(config.seed)  # s.loaded's map order, reproducibly
 
     @property
@@ -247,10 +254,11 @@ class OllamaSim:
                      self.used_vram_mib())
 
     def _expire(self, runner: Runner, why: str, *, timer: bool = False) -> None:
-        """To the unloader: an idle runner now, a busy one when its calls end (release).
-        All but its keep-alive timer set its sessionDuration to 0 (sched.go:344, 1655,
-        1725), which findRunnerToUnload sorts first."""
-        runner.unload_requested = True
+        """All but its keep-alive timer set its sessionDuration to 0 (sched.go:344, 1655,
+        1725; v0.12.6 :245, 820), which findRunnerToUnload sorts first, and stop its timer.
+        Only an idle runner goes to the unloader; a busy one is queued when its last call
+        ends (release) unless a call sets keep_alive before then. Either way it stays in
+        s.loaded, and takes calls, until it is unloaded."""
         if not timer:
             runner.keep_alive_s = 0.0
         self._disarm(runner)
@@ -273,12 +281,35 @@ class OllamaSim:
         return next((r for r in ordered if r.refcount == 0), ordered[0])
 
     async def _evict(self, why: str) -> None:
-        """processPending expires the victim and waits for unloadedCh, sent once the
-        unloader's recovery wait for it is over (sched.go:326-357)."""
+        """processPending expires the victim and waits for unloadedCh (sched.go:326-358)."""
         victim = self._victim()
-        self.stats.self_evictions += 1
+        if not victim.evicted:
+            victim.evicted = True
+            self.stats.self_evictions += 1
         self._expire(victim, f"self-eviction ({why})")
-        await victim.unloaded.wait()
+        await self._any_unload()
+
+    async def _any_unload(self) -> None:
+        """processPending's wait on unloadedCh (sched.go:349-358; v0.12.6 :250-259): sent
+        after every unload's recovery wait, whichever copy's (:463-466), so an eviction
+        whose victim a call kept (its keep_alive) waits for some other unload."""
+        self._next_unload()  # (an unloader a restart of the server stopped)
+        waiter = asyncio.get_running_loop().create_future()
+        self._unload_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            with contextlib.suppress(ValueError):
+                self._unload_waiters.remove(waiter)
+
+    def _unloaded(self) -> None:
+        """unloadedCh: wakes processPending's wait, if any."""
+        waiters, self._unload_waiters = self._unload_waiters, []
+        with contextlib.suppress(RuntimeError):  # (no loop: a recovery a closing loop drops)
+            loop = asyncio.get_running_loop()
+            for waiter in waiters:  # (not one of a loop a restart of the server ended)
+                if not waiter.done() and waiter.get_loop() is loop:
+                    waiter.set_result(None)
 
     # -- unloads: processCompleted ---------------------------------------------------------
     def _arm(self, runner: Runner) -> None:
@@ -302,7 +333,7 @@ class OllamaSim:
 
     def _queue_unload(self, runner: Runner, why: str) -> None:
         """An idle runner into expiredCh."""
-        runner.unload_requested = True  # nothing new starts on it
+        runner.unload_requested = True
         if not runner.queued:
             runner.queued = True
             self._expiries.append((runner, why))
@@ -323,7 +354,9 @@ class OllamaSim:
             if self.runners.get(runner.model.name) is not runner:
                 runner.unloaded.set()  # a duplicate expiry: already unloaded
                 continue
-            if runner.refcount > 0:  # back in use: released again when its calls end
+            if runner.refcount > 0:
+                # a call took it meanwhile: Ollama puts the expiry back every 10 ms until
+                # the runner is idle (sched.go:417-427); release queues it again then
                 continue
             wait = self.recovery_s(runner)  # its baseline is read before the unload
             self._drop(runner.model.name, why)
@@ -343,10 +376,12 @@ class OllamaSim:
         me = asyncio.current_task()  # (a loop closing under it leaves none to ask in finally)
         try:
             await self._sleep(wait)
+            self._read_finished()  # (before the next expiry: Go's select picks at random)
         finally:
             runner.unloaded.set()
             if self._recovering is me:  # not one a reset cancelled
                 self._recovering = None
+            self._unloaded()
         self._next_unload()  # not when cancelled: a reset, or the server stopping
 
     def recovery_s(self, victim: Runner) -> float:
@@ -384,6 +419,7 @@ class OllamaSim:
     def reset(self) -> None:
         """/_sim/reset: nothing loaded, nothing waiting to unload, counters at zero."""
         self._expiries.clear()
+        self._finished.clear()
         if self._recovering is not None:
             self._recovering.cancel()
             self._recovering = None
@@ -392,6 +428,7 @@ class OllamaSim:
             runner.gone.set()
             runner.unloaded.set()
         self.runners.clear()
+        self._unloaded()
         self.stats = Stats()
         self.fault = Fault()
         self._rng = random.Random(self.config.seed)  # the same orders as a fresh server
@@ -404,8 +441,9 @@ class OllamaSim:
 
     def _usable(self, runner: Runner | None, request: LoadOptions) -> bool:
         """needsReload's answer (sched.go:1381-1431), its Ping of a dead llama-server
-        included (:1426)."""
-        return runner is not None and runner.loaded.is_set() and not runner.unload_requested \
+        included (:1426). Nothing in it looks at an expiry: a runner whose unload was asked
+        for is usable until it leaves s.loaded (v0.12.6 :586-618)."""
+        return runner is not None and runner.loaded.is_set() \
             and not runner.crashed and not needs_reload(
                 runner.options, request, runner.model.trained_ctx, self.config.version)
 
@@ -469,19 +507,15 @@ class OllamaSim:
             runner = self.runners.get(model.name)
             if runner is not None:
                 if self._usable(runner, request):
-                    return runner  # loaded by a call ahead of this one
-                if runner.unload_requested:
-                    # expired by something else (keep_alive 0, its keep-alive, an OOM):
-                    # processPending does not wait on processCompleted's recovery
-                    self._next_unload()  # (an unloader a restart of the server stopped)
-                    await runner.gone.wait()
-                    continue
+                    return runner  # loaded by a call ahead of this one, or leaving later
                 if runner.crashed:
                     self._expire(runner, "reload of a runner that died")
                 else:
-                    self.stats.reloads += 1
+                    if not (runner.unload_requested or runner.evicted):  # not going anyway
+                        self.stats.reloads += 1
+                    runner.evicted = True
                     self._expire(runner, "reload for other load options")
-                await runner.unloaded.wait()  # an eviction of itself: unloadedCh
+                await self._any_unload()  # an eviction of itself
                 continue
             if len(self.runners) >= c.max_runners:
                 await self._evict(f"{c.max_runners} models loaded")
@@ -571,21 +605,44 @@ class OllamaSim:
         return runner
 
     def release(self, runner: Runner) -> None:
+        """A call's end, which processCompleted reads from finishedReqCh (sched.go:374-413;
+        v0.12.6 :275-313), in the loop that blocks on the wait for freed memory after each
+        unload (:463; v0.12.6 :363): meanwhile the call still holds its runner."""
+        if self._unloader_busy():
+            self._finished.append(runner)
+            return
+        self._read_finished()  # (any left by an unloader a restart of the server stopped)
+        self._finish(runner)
+
+    def _read_finished(self) -> None:
+        finished, self._finished = self._finished, []
+        for runner in finished:
+            self._finish(runner)
+
+    def _finish(self, runner: Runner) -> None:
+        """An idle runner with sessionDuration 0 is expired, any other gets its keep-alive
+        timer; an expiry already queued for it still unloads it."""
         runner.refcount -= 1
-        if runner.refcount == 0:
-            runner.idle.set()
-            if runner.unload_requested or runner.keep_alive_s <= 0:
-                if self.runners.get(runner.model.name) is runner:
-                    self._queue_unload(runner, "unload")
-            else:
-                runner.expires_at = time.time() + runner.keep_alive_s * self.config.time_scale
-                self._arm(runner)
+        if runner.refcount > 0:
+            return
+        runner.idle.set()
+        if self.runners.get(runner.model.name) is not runner:
+            return
+        if runner.keep_alive_s <= 0:
+            self._disarm(runner)
+            self._queue_unload(runner, "unload")
+            return
+        runner.expires_at = time.time() + runner.keep_alive_s * self.config.time_scale
+        self._arm(runner)
+        if runner.unload_requested:  # put back while it was busy (_next_unload)
+            self._queue_unload(runner, "unload once idle")
 
     def request_unload(self, model: SimModel) -> None:
         """expireRunner (sched.go:1713-1731) looks only at s.loaded, which a runner joins once
         its load has finished (:627, 727): a copy still loading ignores the unload."""
         runner = self.runners.get(model.name)
         if runner is not None and runner.loaded.is_set():
+            runner.expires_at = time.time()  # what /api/ps shows until it leaves (:1720)
             self._expire(runner, "unload")
 
     def crash(self, runner: Runner) -> None:
@@ -648,14 +705,16 @@ class OllamaSim:
         """Runners in s.loaded, with what each holds of the GPU: loaded ones, and 0.12's own
         engine's still reading their weights (v0.12.6 server/routes.go:1758-1800 reads
         s.loaded unlocked; HEAD lists a llama-server copy once it runs, server/sched.go:627,
-        727)."""
+        727). The expiry is the one set when the runner last went idle (sched.go:405, 409) or
+        was unloaded (:1720), stale while it is busy; never set, now + its keep-alive
+        (:1775-1780; v0.12.6 server/routes.go:1778, 1783-1789)."""
         self._expire_idle()
         models = []
         now = time.time()
         for runner in self.runners.values():
             if not (runner.loaded.is_set() or runner.listed):
                 continue
-            if runner.refcount > 0 or runner.expires_at == math.inf:
+            if runner.expires_at == math.inf:
                 remaining = runner.keep_alive_s * self.config.time_scale
             else:
                 remaining = runner.expires_at - now
