@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,6 +40,11 @@ from proxy.settings import ProviderConfig
 log = get_logger("kubemoot.prober")
 MIB = 1024 * 1024
 PROBE_TIMEOUT_S = 2.0
+# Ollama sets a copy's /api/ps expiry when it goes idle and stops its timer while a call holds
+# it (server/sched.go:405, 409, 479-482): a copy listed this long past its expiry is in use
+# by a client the sidecars do not see (or its unload waits its turn, and a call sent now still
+# gets it: :197-209, 414-427). Its expiry is then unknown, not past.
+STALE_EXPIRY_S = 2.0
 
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
@@ -157,7 +163,9 @@ class Prober:
                 expires = m.get("expires_at")
                 if isinstance(expires, str):
                     with contextlib.suppress(ValueError):  # an odd date: expiry unknown
-                        loaded_expiry[model] = parse_rfc3339(expires)
+                        expiry = parse_rfc3339(expires)
+                        loaded_expiry[model] = \
+                            math.inf if expiry < now - STALE_EXPIRY_S else expiry
                 if size_vram and size_vram >= size:  # a spilled copy is no footprint
                     observed.setdefault(model, {})[loaded_ctx[model]] = size_vram // MIB
         available = {}

@@ -9,6 +9,7 @@ then reloads, evicts on its own, spills to the CPU or cuts the prompt, and count
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from loadtest.sim_model import CATALOG
 from tests.conftest import eventually
-from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
 
 WORDS = [{"role": "user", "content": "word " * 4500}]  # ~6400 tokens at 3.5 characters each
 
@@ -94,10 +95,12 @@ def test_a_copy_that_loaded_beside_a_victim_goes_with_it(
     assert quiet(gpu) == NOTHING
 
 
-def _residents(sidecar_url: str) -> list[str]:
-    """The models the sidecar's own view holds on its one card (not what the GPU lists)."""
+def _residents(sidecar_url: str, card: str | None = None) -> list[str]:
+    """The models the sidecar's own view holds on a card, its first by default (not what
+    the GPU lists)."""
     state = httpx.get(f"{sidecar_url}/kubemoot/v1/state", timeout=5).json()
-    return sorted(r["model"] for r in state["providers"][0]["residents"])
+    provider = next(p for p in state["providers"] if card in (None, p["name"]))
+    return sorted(r["model"] for r in provider["residents"])
 
 
 def test_a_copy_loaded_before_the_victim_stays(sim_factory: Sims, sidecar_factory: Sidecars
@@ -346,3 +349,26 @@ def test_a_full_load_queue_is_no_failure_of_the_provider(
         assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "other", model
     assert busy.sim.stats.busy_refusals >= 3
     assert 'kubemoot_circuit_open{provider="busy"} 1.0' not in httpx.get(f"{url}/metrics").text
+
+
+def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama sets a copy's `/api/ps` expiry when it goes idle and stops its timer while a
+    call holds it: a call from a client outside the sidecars that outlasts the keep-alive
+    leaves the copy listed with an expiry in the past, and still loaded. A sidecar's call
+    joins its free slot rather than load a second copy on the idle card."""
+    a = sim_factory("a", total_vram_mib=32768, context_length=32768, num_parallel=2,
+                    keep_alive_s=20.0, time_scale=SCALE)
+    b = sim_factory("b", total_vram_mib=32768, context_length=32768, time_scale=SCALE)
+    _load(a, "qwen3:8b")
+    stream_in_background(a.url, "qwen3:8b", 20000, threading.Event())  # 400 s at 50/s
+    sidecar = sidecar_factory([a, b], probe_interval_seconds=0.1)
+    # the copy's expiry (20 s of keep-alive, 0.4 s here) passed 3 s ago, and it is listed
+    time.sleep(0.4 + 3.0)
+    assert _residents(sidecar.url, "a") == ["qwen3:8b"]
+    r = chat(sidecar.url, "qwen3:8b")
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
+        "a", "warm")
+    assert b.sim.stats.loads == 0
+    assert quiet(a) == NOTHING
