@@ -19,8 +19,9 @@ import openai
 import pytest
 
 from loadtest.sim_model import CATALOG
+from loadtest.sim_output import answer_options
 from tests.conftest import eventually
-from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat
 
 WORDS = [{"role": "user", "content": "word " * 4500}]  # ~6400 tokens at 3.5 characters each
 
@@ -361,7 +362,20 @@ def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
                     keep_alive_s=20.0, time_scale=SCALE)
     b = sim_factory("b", total_vram_mib=32768, context_length=32768, time_scale=SCALE)
     _load(a, "qwen3:8b")
-    stream_in_background(a.url, "qwen3:8b", 20000, threading.Event())  # 400 s at 50/s
+    started, stop = threading.Event(), threading.Event()
+
+    def hold() -> None:  # 400 s of answer at 50 tokens/s, left when the test is done
+        body = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}],
+                "options": answer_options(20000)}
+        with httpx.stream("POST", f"{a.url}/api/chat", json=body, timeout=60) as r:
+            for _ in r.iter_lines():
+                started.set()
+                if stop.is_set():
+                    break
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert started.wait(10)
     sidecar = sidecar_factory([a, b], probe_interval_seconds=0.1)
     # the copy's expiry (20 s of keep-alive, 0.4 s here) passed 3 s ago, and it is listed
     time.sleep(0.4 + 3.0)
@@ -372,3 +386,5 @@ def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
         "a", "warm")
     assert b.sim.stats.loads == 0
     assert quiet(a) == NOTHING
+    stop.set()
+    holder.join(10)
