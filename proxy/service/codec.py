@@ -99,7 +99,8 @@ class ProviderState:
             "loadedModelFootprintsMiB": self.loaded_mib,
             "loadedModelSizesMiB": self.loaded_size_mib,
             "loadedModelContextLengths": self.loaded_ctx,
-            "loadedModelExpiresAt": {m: rfc3339(t) for m, t in self.loaded_expiry.items()},
+            "loadedModelExpiresAt": {m: rfc3339(t) for m, t in self.loaded_expiry.items()
+                                     if math.isfinite(t)},  # (none: unknown)
             "loadedModelBesideMiB": self.loaded_beside_mib,
             "availableModelFootprintsMiB": self.available_mib,
             "availableModelContextLengths": {m: i.trained_context

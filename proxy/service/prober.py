@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,10 +40,11 @@ log = get_logger("kubemoot.prober")
 MIB = 1024 * 1024
 PROBE_TIMEOUT_S = 2.0
 # Ollama sets a copy's /api/ps expiry when it goes idle and stops its timer while a call holds
-# it (server/sched.go:405, 409, 479-482): a copy listed this long past its expiry is in use
-# by a client the sidecars do not see (or its unload waits its turn, and a call sent now still
-# gets it: :197-209, 414-427). Its expiry is then unknown, not past.
-STALE_EXPIRY_S = 2.0
+# it (server/sched.go:405, 409, 479-482; v0.12.6 :305, 309, 379-382): a copy listed this long
+# past its expiry is in use by a client the sidecars do not see, or its unload waits behind
+# another's wait for freed memory (5 s at most each, :101) and a call sent now still gets it
+# (:197-209, 414-427; v0.12.6 :106-117, 314-327). Its expiry is then unknown, not past.
+STALE_EXPIRY_S = 6.0
 
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
@@ -53,6 +53,7 @@ def _significant(state: ProviderState) -> tuple[Any, ...]:
             sorted(state.loaded_mib.items()), sorted(state.loaded_ctx.items()),
             sorted(state.loaded_size_mib.items()), sorted(state.available_mib.items()),
             sorted(state.loaded_beside_mib.items()),
+            sorted(m for m in state.loaded_mib if m not in state.loaded_expiry),  # in use
             sorted(state.models.items()),
             sorted((m, sorted(seen.items())) for m, seen in state.observed.items()))
 
@@ -164,8 +165,8 @@ class Prober:
                 if isinstance(expires, str):
                     with contextlib.suppress(ValueError):  # an odd date: expiry unknown
                         expiry = parse_rfc3339(expires)
-                        loaded_expiry[model] = \
-                            math.inf if expiry < now - STALE_EXPIRY_S else expiry
+                        if expiry >= now - STALE_EXPIRY_S:
+                            loaded_expiry[model] = expiry
                 if size_vram and size_vram >= size:  # a spilled copy is no footprint
                     observed.setdefault(model, {})[loaded_ctx[model]] = size_vram // MIB
         available = {}
@@ -296,4 +297,6 @@ class Prober:
                     await self.round(names)
             except (UpstreamError, StoreUnavailable) as exc:
                 log.warning("probe round failed", error=str(exc))
+            except Exception:  # a bug must not end probing: the view would freeze
+                log.exception("probe round failed unexpectedly")
             await asyncio.sleep(interval_s)

@@ -353,18 +353,19 @@ def test_a_full_load_queue_is_no_failure_of_the_provider(
 
 
 def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
-        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """Ollama sets a copy's `/api/ps` expiry when it goes idle and stops its timer while a
     call holds it: a call from a client outside the sidecars that outlasts the keep-alive
     leaves the copy listed with an expiry in the past, and still loaded. A sidecar's call
-    joins its free slot rather than load a second copy on the idle card."""
+    joins its free slot rather than load a second copy on the idle card, and the sidecar
+    goes on probing and publishing (an unknown expiry is written as none)."""
     a = sim_factory("a", total_vram_mib=32768, context_length=32768, num_parallel=2,
-                    keep_alive_s=20.0, time_scale=SCALE)
+                    keep_alive_s=20.0, tokens_per_s=25.0, time_scale=SCALE)
     b = sim_factory("b", total_vram_mib=32768, context_length=32768, time_scale=SCALE)
     _load(a, "qwen3:8b")
     started, stop = threading.Event(), threading.Event()
 
-    def hold() -> None:  # 400 s of answer at 50 tokens/s, left when the test is done
+    def hold() -> None:  # 800 s of answer at 25 tokens/s, left when the test is done
         body = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}],
                 "options": answer_options(20000)}
         with httpx.stream("POST", f"{a.url}/api/chat", json=body, timeout=60) as r:
@@ -376,15 +377,20 @@ def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
     holder = threading.Thread(target=hold, daemon=True)
     holder.start()
     assert started.wait(10)
-    sidecar = sidecar_factory([a, b], probe_interval_seconds=0.1)
-    # the copy's expiry (20 s of keep-alive, 0.4 s here) passed 3 s ago, and it is listed
-    time.sleep(0.4 + 3.0)
+    # shared: a state older than half of 2 s is probed again (the publisher's job in a pod)
+    sidecar = sidecar_factory([a, b], probe_interval_seconds=0.1, state_stale_seconds=2.0,
+                              **mode)
+    # the copy's expiry (20 s of keep-alive, 0.4 s here) passed more than 6 s (the prober's
+    # margin) before the last probe, and it is listed
+    time.sleep(0.4 + 6.0 + 1.6)
     assert _residents(sidecar.url, "a") == ["qwen3:8b"]
     r = chat(sidecar.url, "qwen3:8b")
     assert r.status_code == 200, r.text
     assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
         "a", "warm")
     assert b.sim.stats.loads == 0
+    _load(b, "llama3.2:3b")  # by another client: the sidecar still probes
+    assert eventually(lambda: _residents(sidecar.url, "b") == ["llama3.2:3b"])
     assert quiet(a) == NOTHING
     stop.set()
     holder.join(10)

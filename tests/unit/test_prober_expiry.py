@@ -1,13 +1,16 @@
-"""Ollama sets a copy's `/api/ps` expiry when it goes idle and stops its keep-alive timer while
-a call holds it (server/sched.go:405, 409, 479-482): a copy still listed well past its expiry
-is in use by a client the sidecars do not see, so the prober takes its expiry as unknown
-rather than past (an idle copy so listed would be gone)."""
+"""Ollama sets a copy's `/api/ps` expiry when it goes idle and stops its keep-alive timer while a
+call holds it (server/sched.go:405, 409, 479-482): a copy still listed well past its expiry is
+in use by a client the sidecars do not see (or its unload waits its turn), so the prober takes
+its expiry as unknown rather than past."""
 
 from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
 
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.ports import PROVIDER_STATE
+from proxy.service.codec import ProviderState
 from proxy.service.prober import STALE_EXPIRY_S, Prober
 from proxy.settings import load_settings
 from tests.unit.test_stale_free_memory import TOTAL, _copy, _Ps
@@ -26,16 +29,19 @@ def _expiring(model: str, at: float) -> dict[str, object]:
     return {**_copy(model, 6000), "expires_at": stamp}
 
 
-async def test_a_copy_listed_past_its_expiry_is_taken_as_in_use() -> None:
+async def test_a_copy_listed_past_its_expiry_is_taken_as_in_use_and_published() -> None:
     settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
                                          "totalVramMiB": TOTAL}])
-    server, clock = _Ps(), _Clock(1_800_000_000.0)
-    prober = Prober(list(settings.providers), {"a": server}, None,  # type: ignore[dict-item]
+    server, clock, store = _Ps(), _Clock(1_800_000_000.0), MemoryStore()
+    prober = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
                     gpu_memory=None, clock=clock)  # type: ignore[arg-type]
     now = clock.now()
     server.listed = [_expiring("qwen3:8b", now + 120), _expiring("phi3:mini", now - 1),
                      _expiring("llama3.2:3b", now - STALE_EXPIRY_S - 1)]
-    expiry = (await prober.probe("a")).loaded_expiry
+    state, = await prober.round(force=True)
+    expiry = {r.model: r.expires_at for r in state.residents()}
     assert expiry["qwen3:8b"] == now + 120
     assert expiry["phi3:mini"] == now - 1  # just run out: its unload is on its way
     assert math.isinf(expiry["llama3.2:3b"])
+    published = ProviderState.decode(store.view(PROVIDER_STATE)["a"].value)
+    assert {r.model: r.expires_at for r in published.residents()} == expiry
