@@ -348,6 +348,8 @@ class OllamaSim:
         """processCompleted (sched.go:414-470) handles one expiry at a time: it reads the
         baseline, kills the runner and drops it from s.loaded (and /api/ps), then blocks on
         waitForVRAMRecovery before it sends unloadedCh and takes the next expiry."""
+        if not self._unloader_busy():  # call ends a wait a restart of the server cut left
+            self._read_finished()
         while self._expiries and not self._unloader_busy():
             runner, why = self._expiries.popleft()
             runner.queued = False
@@ -636,6 +638,8 @@ class OllamaSim:
         self._arm(runner)
         if runner.unload_requested:  # put back while it was busy (_next_unload)
             self._queue_unload(runner, "unload once idle")
+        else:
+            runner.evicted = False  # a call's keep_alive kept it: a later eviction counts
 
     def request_unload(self, model: SimModel) -> None:
         """expireRunner (sched.go:1713-1731) looks only at s.loaded, which a runner joins once

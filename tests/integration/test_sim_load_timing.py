@@ -229,7 +229,9 @@ def test_the_next_load_waits_for_a_copy_0_12_lists_while_it_reads_its_weights(
         assert not sim.sim.runners["qwen3:8b"].loaded.is_set()
         second = call(sim, "qwen3:14b")
         ready = load_s(first.result())
-    assert near(load_s(second), ready - asked + 10.25)
+    # either request's trip to the server moves the figure, so the slack goes both ways
+    # (overlapping loads would give 10.25 s)
+    assert abs(load_s(second) - (ready - asked + 10.25)) <= SLACK / SCALE
 
 
 @pytest.mark.serial
