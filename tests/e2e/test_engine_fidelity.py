@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -352,6 +353,30 @@ def test_a_full_load_queue_is_no_failure_of_the_provider(
     assert 'kubemoot_circuit_open{provider="busy"} 1.0' not in httpx.get(f"{url}/metrics").text
 
 
+def _hold(url: str, model: str, tokens: int) -> Callable[[], None]:
+    """A long streaming call by a client outside the sidecars, straight to a GPU; the
+    function returned leaves it (no cut stream left to raise in its thread)."""
+    started, stop = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                "options": answer_options(tokens)}
+        with httpx.stream("POST", f"{url}/api/chat", json=body, timeout=60) as r:
+            for _ in r.iter_lines():
+                started.set()
+                if stop.is_set():
+                    break
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert started.wait(10)
+
+    def leave() -> None:
+        stop.set()
+        holder.join(10)
+    return leave
+
+
 def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """Ollama sets a copy's `/api/ps` expiry when it goes idle and stops its timer while a
@@ -363,20 +388,7 @@ def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
                     keep_alive_s=20.0, tokens_per_s=25.0, time_scale=SCALE)
     b = sim_factory("b", total_vram_mib=32768, context_length=32768, time_scale=SCALE)
     _load(a, "qwen3:8b")
-    started, stop = threading.Event(), threading.Event()
-
-    def hold() -> None:  # 800 s of answer at 25 tokens/s, left when the test is done
-        body = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}],
-                "options": answer_options(20000)}
-        with httpx.stream("POST", f"{a.url}/api/chat", json=body, timeout=60) as r:
-            for _ in r.iter_lines():
-                started.set()
-                if stop.is_set():
-                    break
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    assert started.wait(10)
+    leave = _hold(a.url, "qwen3:8b", 20000)  # 800 s at 25 tokens/s
     # shared: a state older than half of 2 s is probed again (the publisher's job in a pod)
     sidecar = sidecar_factory([a, b], probe_interval_seconds=0.1, state_stale_seconds=2.0,
                               **mode)
@@ -392,8 +404,7 @@ def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
     _load(b, "llama3.2:3b")  # by another client: the sidecar still probes
     assert eventually(lambda: _residents(sidecar.url, "b") == ["llama3.2:3b"])
     assert quiet(a) == NOTHING
-    stop.set()
-    holder.join(10)
+    leave()
 
 
 def test_a_copy_a_call_kept_after_an_unload_is_joined_again(
@@ -406,28 +417,14 @@ def test_a_copy_a_call_kept_after_an_unload_is_joined_again(
                     tokens_per_s=25.0, time_scale=SCALE)
     b = sim_factory("b", total_vram_mib=32768, context_length=32768, time_scale=SCALE)
     _load(a, "qwen3:8b")
-    started, stop = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        body = {"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}],
-                "options": answer_options(20000)}
-        with httpx.stream("POST", f"{a.url}/api/chat", json=body, timeout=60) as r:
-            for _ in r.iter_lines():
-                started.set()
-                if stop.is_set():
-                    break
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    assert started.wait(10)
+    leave = _hold(a.url, "qwen3:8b", 20000)
     sidecar = sidecar_factory([a, b], probe_interval_seconds=0.1)
     stopped = httpx.post(f"{sidecar.url}/api/generate",
                          json={"model": "qwen3:8b", "keep_alive": 0}, timeout=30)
     assert stopped.status_code == 200, stopped.text
     kept = chat(a.url, "qwen3:8b", keep_alive="10m", options=answer_options(2))
     assert kept.status_code == 200, kept.text
-    stop.set()
-    holder.join(10)
+    leave()
     # 10 minutes of keep-alive (12 s here) from the moment it went idle; the sidecar trusts
     # such an expiry from a probe more than 5 s after its request
     time.sleep(6.0)
