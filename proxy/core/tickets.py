@@ -194,7 +194,8 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     before it: Ollama lists a copy only once loaded), less models calls unloaded after it
     (otherwise, until the next probe, others would take them as warm and make Ollama load
     them again). A copy a call reloaded at another context since is counted as reloaded; a
-    copy asked to unload stays marked leaving as long as probes still list it."""
+    copy asked to unload stays marked leaving as long as probes still list it, unless one
+    shows that a call's keep_alive kept it (`_kept`)."""
     view = _beside_as_loaded(view, residency)
     known = {r.model: r for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
