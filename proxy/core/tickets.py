@@ -23,12 +23,6 @@ RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next
 # Ollama lists a copy only once it is loaded: a load that may still be under way counts this
 # long even when probes since do not list it.
 LOAD_GRACE_S = 120.0
-# Ollama sets a copy's expiry to the moment an unload is asked of it (server/sched.go:1720;
-# v0.12.6 :815), and if a call's keep_alive kept it meanwhile (:483-485; v0.12.6 :383-385), to
-# the moment it went idle + that keep-alive (:405, 409; v0.12.6 :305, 309). A probe this long
-# after the request (which reaches Ollama just after every view marks the copy leaving) that
-# lists it expiring this long after the request shows the unload undone.
-UNLOAD_SEEN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -194,12 +188,11 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     before it: Ollama lists a copy only once loaded), less models calls unloaded after it
     (otherwise, until the next probe, others would take them as warm and make Ollama load
     them again). A copy a call reloaded at another context since is counted as reloaded; a
-    copy asked to unload stays marked leaving as long as probes still list it, unless one
-    shows that a call's keep_alive kept it (`_kept`)."""
+    copy asked to unload stays marked leaving as long as probes still list it."""
     view = _beside_as_loaded(view, residency)
-    known = {r.model: r for r in view.residents}
+    known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
-        r.leaving and m in known and not _kept(view, known[m], r)) or (
+        r.leaving and m in known) or (
         r.loading and not r.gone and m not in known and r.at > view.probed_at - LOAD_GRACE_S)}
     if not newer:
         return view
@@ -215,13 +208,6 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     if extra or kept != view.residents:
         return replace(view, residents=kept + extra)
     return view
-
-
-def _kept(view: ProviderView, probed: Resident, leaving: Residency) -> bool:
-    """A copy asked to unload that a call's keep_alive kept: a probe well after the request
-    lists it with a keep-alive armed after it (an expiry in use, unknown, tells nothing)."""
-    return view.probed_at > leaving.at + UNLOAD_SEEN_S and \
-        math.isfinite(probed.expires_at) and probed.expires_at > leaving.at + UNLOAD_SEEN_S
 
 
 def _beside_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:

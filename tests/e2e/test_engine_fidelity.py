@@ -406,32 +406,3 @@ def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
     assert quiet(a) == NOTHING
     leave()
 
-
-def test_a_copy_a_call_kept_after_an_unload_is_joined_again(
-        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    """`ollama stop` through the sidecar while a client outside the sidecars streams on the
-    copy: Ollama only sets its keep-alive to 0 (the copy is busy), and a call from that
-    client with `keep_alive` "10m" before the stream ends keeps it. Once a probe shows the
-    keep-alive armed again, the sidecar's calls join the copy instead of loading another."""
-    a = sim_factory("a", total_vram_mib=32768, context_length=32768, num_parallel=2,
-                    tokens_per_s=25.0, time_scale=SCALE)
-    b = sim_factory("b", total_vram_mib=32768, context_length=32768, time_scale=SCALE)
-    _load(a, "qwen3:8b")
-    leave = _hold(a.url, "qwen3:8b", 20000)
-    sidecar = sidecar_factory([a, b], probe_interval_seconds=0.1)
-    stopped = httpx.post(f"{sidecar.url}/api/generate",
-                         json={"model": "qwen3:8b", "keep_alive": 0}, timeout=30)
-    assert stopped.status_code == 200, stopped.text
-    kept = chat(a.url, "qwen3:8b", keep_alive="10m", options=answer_options(2))
-    assert kept.status_code == 200, kept.text
-    leave()
-    # 10 minutes of keep-alive (12 s here) from the moment it went idle; the sidecar trusts
-    # such an expiry from a probe more than 5 s after its request
-    time.sleep(6.0)
-    assert "qwen3:8b" in a.sim.runners
-    r = chat(sidecar.url, "qwen3:8b")
-    assert r.status_code == 200, r.text
-    assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
-        "a", "warm")
-    assert b.sim.stats.loads == 0
-    assert quiet(a) == NOTHING

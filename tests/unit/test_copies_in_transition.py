@@ -110,24 +110,6 @@ def test_a_copy_asked_to_unload_stays_leaving_while_probes_list_it() -> None:
     assert not merge_residency(gpu("a", GIB32, probed_at=NOW), old).residents  # seen gone
 
 
-def test_a_copy_a_call_kept_after_its_unload_was_asked_is_no_longer_leaving() -> None:
-    """Ollama shows the request's moment as the expiry of a copy asked to unload, and once a
-    call's keep_alive kept it, its idle moment + that keep-alive: a probe 10 s after the
-    request listing it 5 minutes on shows it kept. Too soon after the request, at the
-    request's moment, or in use (unknown), it stays leaving."""
-    asked = {"qwen3:8b": Residency(6000, 0, NOW - 10, leaving=True)}
-
-    def leaving(expires_at: float, probed_at: float = NOW) -> bool:
-        view = gpu("a", GIB32, ("qwen3:8b",), probed_at=probed_at)
-        view = replace(view, residents=(replace(view.residents[0], expires_at=expires_at),))
-        return merge_residency(view, asked).residents[0].leaving
-
-    assert not leaving(NOW + 290)
-    assert leaving(NOW - 10)  # the unload's own moment: waiting for its calls to end
-    assert leaving(math.inf)  # in use past its expiry: nothing to tell
-    assert leaving(NOW + 290, probed_at=NOW - 7)  # 3 s after the request: maybe before it
-
-
 def test_a_copy_recorded_at_its_requested_context_is_the_probed_one() -> None:
     """0.30+ lists phi3 (trained for 4096) at 4096 where the call asked for 8192."""
     view = gpu("a", GIB32, ("phi3:mini",), resident_ctx=4096, probed_at=NOW,
