@@ -42,9 +42,9 @@ PROBE_TIMEOUT_S = 2.0
 # Ollama sets a copy's /api/ps expiry when it goes idle and stops its timer while a call holds
 # it (server/sched.go:405, 409, 479-482; v0.12.6 :305, 309, 379-382): a copy listed this long
 # past its expiry is in use by a client the sidecars do not see, or its unload waits behind
-# another's wait for freed memory (5 s at most each, :101) and a call sent now still gets it
-# (:197-209, 414-427; v0.12.6 :106-117, 314-327). Its expiry is then unknown, not past.
-STALE_EXPIRY_S = 6.0
+# another's wait for freed memory (5 s at most each, :101; v0.12.6 :654) and a call sent now
+# still gets it (:197-209, 414-427; v0.12.6 :106-117, 314-327). Its expiry is then unknown.
+STALE_EXPIRY_S = 6.0  # (a clock of Ollama's more than this behind the sidecar's misleads it)
 
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
@@ -278,9 +278,18 @@ class Prober:
     async def round(self, names: list[str] | None = None, force: bool = False
                     ) -> list[ProviderState]:
         targets = names if names is not None else list(self.configs)
-        states = await asyncio.gather(*(self.probe(n) for n in targets))
+        results = await asyncio.gather(*(self.probe(n) for n in targets),
+                                       return_exceptions=True)
+        states = []
+        for name, result in zip(targets, results, strict=True):
+            if isinstance(result, Exception):  # one card's odd answer stops no other's
+                log.warning("probe failed", provider=name, error=repr(result))
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                states.append(result)
         await asyncio.gather(*(self.publish(s, force) for s in states))
-        return list(states)
+        return states
 
     async def refresh(self, name: str) -> None:
         """Probe one provider now and publish at once (after an unload or a load)."""

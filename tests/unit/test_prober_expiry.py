@@ -45,3 +45,33 @@ async def test_a_copy_listed_past_its_expiry_is_taken_as_in_use_and_published() 
     assert math.isinf(expiry["llama3.2:3b"])
     published = ProviderState.decode(store.view(PROVIDER_STATE)["a"].value)
     assert {r.model: r.expires_at for r in published.residents()} == expiry
+
+
+async def test_a_copy_turning_in_use_is_written_at_once() -> None:
+    """A state is rewritten at most every 5 s unless something significant changed: a copy
+    turning in use (its expiry unknown) is, so other sidecars stop taking it as expiring."""
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server, clock, store = _Ps(), _Clock(1_800_000_000.0), MemoryStore()
+    prober = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                    gpu_memory=None, clock=clock, write_every_s=5.0)  # type: ignore[arg-type]
+    server.listed = [_expiring("qwen3:8b", clock.now() - STALE_EXPIRY_S + 1)]
+    await prober.round()  # just run out: its unload may be on its way
+    clock.at += 2.0  # still listed: in use, 2 s after the last write
+    await prober.round()
+    published = ProviderState.decode(store.view(PROVIDER_STATE)["a"].value)
+    assert math.isinf(published.residents()[0].expires_at)
+
+
+async def test_one_cards_odd_answer_stops_no_other_cards_probe() -> None:
+    settings = load_settings(providers=[
+        {"name": "a", "endpoint": "http://a:11434", "totalVramMiB": TOTAL},
+        {"name": "b", "endpoint": "http://b:11434", "totalVramMiB": TOTAL}])
+    good, odd, store = _Ps(), _Ps(), MemoryStore()
+    good.listed = [_copy("qwen3:8b", 6000)]
+    odd.listed = [{**_copy("phi3:mini", 3600), "size_vram": "n/a"}]
+    prober = Prober(list(settings.providers), {"a": good, "b": odd},  # type: ignore[dict-item]
+                    store, gpu_memory=None)  # type: ignore[arg-type]
+    states = await prober.round(force=True)
+    assert [s.name for s in states] == ["a"]
+    assert set(store.view(PROVIDER_STATE)) == {"a"}
