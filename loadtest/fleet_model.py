@@ -344,18 +344,16 @@ class Gpu:
         done_at = self.now() + load_seconds(model, self.spec)
         self.schedule(done_at, lambda: self._loaded(resident))
 
-    def _evict_idle(self) -> bool:
+    def _evict_idle(self) -> None:
         """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693): the first
-        idle copy by keep-alive, then name (no LRU); False when every copy is busy."""
+        idle copy by keep-alive, then name (no LRU); none while every copy is busy."""
         idle = sorted((r for r in self.residents.values()
                        if r.ready and not r.running and not r.queue),
                       key=lambda r: r.model.name)
-        if not idle:
-            return False
-        self.counters.evictions += 1
-        self.evicting = idle[0]
-        self._queue_unload(idle[0])
-        return True
+        if idle:
+            self.counters.evictions += 1
+            self.evicting = idle[0]
+            self._queue_unload(idle[0])
 
     def _loaded(self, resident: Resident) -> None:
         if self.loading is resident:

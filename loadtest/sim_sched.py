@@ -94,18 +94,21 @@ class Runner:
     evicted: bool = False  # processPending expired it for a load (counted once)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     cache: PromptCache | None = None  # its slots' prompt caches: empty at every (re)load
-    crashed: bool = False  # its llama-server died: listed until a call reloads it
     died_at: float | None = None  # time.monotonic() when it died (the driver frees it then)
     decoding: int = 0  # its calls between their first token and their last: its batch
     # What the card had free when it loaded ("using device ... MiB free", llm/llama_server.go:
     # 2735, 2785): with its own VRAM, the free memory it reports (GetDeviceInfos, :2600-2636)
     free_at_load_mib: int = 0
-    unloaded: asyncio.Event = field(default_factory=asyncio.Event)  # its recovery is over
     queued: bool = False  # waiting for the unloader
     timer: asyncio.TimerHandle | None = None  # its keep-alive (expireTimer)
     # In s.loaded (and /api/ps) while still reading its weights: 0.12's own engine once its
     # memory is committed (commits_before_read)
     listed: bool = False
+
+    @property
+    def crashed(self) -> bool:
+        """Its llama-server died: listed until a call reloads it."""
+        return self.died_at is not None
 
     @property
     def spilled(self) -> bool:
@@ -354,8 +357,7 @@ class OllamaSim:
             runner, why = self._expiries.popleft()
             runner.queued = False
             if self.runners.get(runner.model.name) is not runner:
-                runner.unloaded.set()  # a duplicate expiry: already unloaded
-                continue
+                continue  # a duplicate expiry: already unloaded
             if runner.refcount > 0:
                 # a call took it meanwhile: Ollama puts the expiry back every 10 ms until
                 # the runner is idle (sched.go:417-427); release queues it again then
@@ -364,7 +366,7 @@ class OllamaSim:
             self._drop(runner.model.name, why)
             self.stats.recovery_s += wait
             self._recovering = asyncio.get_running_loop().create_task(
-                self._recover(runner, wait))
+                self._recover(wait))
             self._recovering.add_done_callback(self._recovered)
 
     def _recovered(self, task: asyncio.Task[None]) -> None:
@@ -374,13 +376,12 @@ class OllamaSim:
             log.error("%s unloader failed", self.config.name, exc_info=task.exception())
             self._next_unload()
 
-    async def _recover(self, runner: Runner, wait: float) -> None:
+    async def _recover(self, wait: float) -> None:
         me = asyncio.current_task()  # (a loop closing under it leaves none to ask in finally)
         try:
             await self._sleep(wait)
             self._read_finished()  # (before the next expiry: Go's select picks at random)
         finally:
-            runner.unloaded.set()
             if self._recovering is me:  # not one a reset cancelled
                 self._recovering = None
             self._unloaded()
@@ -428,7 +429,6 @@ class OllamaSim:
         for runner in self.runners.values():
             self._disarm(runner)
             runner.gone.set()
-            runner.unloaded.set()
         self.runners.clear()
         self._unloaded()
         self.stats = Stats()
@@ -595,13 +595,11 @@ class OllamaSim:
             else:
                 await self._sleep(self.load_s(model))
         except BaseException:
-            if self.runners.get(model.name) is not runner:
-                runner.unloaded.set()
-            elif runner.listed:  # in s.loaded: its failed wait expires it to the unloader
-                self._expire(runner, "load abandoned")  # (v0.12.6 sched.go:487-492)
-            else:  # closed, never in s.loaded: no wait
-                self._drop(model.name, "load abandoned")
-                runner.unloaded.set()
+            if self.runners.get(model.name) is runner:  # (else already gone)
+                if runner.listed:  # in s.loaded: its failed wait expires it to the unloader
+                    self._expire(runner, "load abandoned")  # (v0.12.6 sched.go:487-492)
+                else:  # closed, never in s.loaded: no wait
+                    self._drop(model.name, "load abandoned")
             raise
         runner.loaded.set()
         return runner
@@ -631,7 +629,6 @@ class OllamaSim:
         if self.runners.get(runner.model.name) is not runner:
             return
         if runner.keep_alive_s <= 0:
-            self._disarm(runner)
             self._queue_unload(runner, "unload")
             return
         runner.expires_at = time.time() + runner.keep_alive_s * self.config.time_scale
@@ -653,7 +650,6 @@ class OllamaSim:
         """llama-server died under a call: Ollama closes it (llm/llama_server.go:1759-1766)
         and keeps the copy listed until a call's Ping fails (sched.go:1426) and reloads it."""
         if not runner.crashed:
-            runner.crashed = True
             runner.died_at = time.monotonic()
             self.stats.crashes += 1
             log.info("%s llama-server died: %s", self.config.name, runner.model.name)

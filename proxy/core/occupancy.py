@@ -49,6 +49,12 @@ def held_beside(model: str, evicts: Container[str], residents: Iterable[Resident
     return held_by_runners(staying.values())
 
 
+def stale_views(residents: Iterable[Resident]) -> dict[str, int]:
+    """Per copy that loaded beside others, what its runner still counts of them
+    (`admission_problem`'s `beside`)."""
+    return {r.model: r.beside_mib for r in residents if r.beside_mib}
+
+
 def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load],
                       beside: Mapping[str, int] | None = None) -> Load | None:
     """Ollama loads one model at a time, in the order the calls reach it, on every version
@@ -160,8 +166,7 @@ class ProviderIndex:
         if self._admission is None:
             self._admission = ([Load.of(t) for t in self.tickets if _loads(t, self.residents)],
                                {r.model: r.footprint_mib for r in self.view.residents},
-                               {r.model: r.beside_mib for r in self.view.residents
-                                if r.beside_mib})
+                               stale_views(self.view.residents))
         loads, residents, beside = self._admission
         return admission_problem(self.view.total_vram_mib, residents, [*loads, load],
                                  beside) is None
@@ -322,8 +327,8 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
 
     if _loads(new, lasting) and new.estimate_mib and admission_rule(view):
         loads = [Load.of(t) for t in [*live, new] if _loads(t, lasting)]
-        refused = admission_problem(view.total_vram_mib, residents, loads, {
-            r.model: r.beside_mib for r in view.residents if r.beside_mib})
+        refused = admission_problem(view.total_vram_mib, residents, loads,
+                                    stale_views(view.residents))
         if refused is not None:
             return False, (f"Ollama would unload a model to load {refused.model} beside the "
                            f"rest ({refused.estimate_mib} MiB by its estimate, over 80 % of "
