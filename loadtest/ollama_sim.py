@@ -21,7 +21,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -98,7 +98,12 @@ class SimApp:
             Route("/_sim/stats", self.stats, methods=["GET"]),
             Route("/_sim/fault", self.set_fault, methods=["POST"]),
             Route("/_sim/reset", self.reset, methods=["POST"]),
-        ])
+        ], lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.sim.adopt_loop()  # every start, a restart included: see adopt_loop
+        yield
 
     async def root(self, request: Request) -> Response:
         return PlainTextResponse("Ollama is running")

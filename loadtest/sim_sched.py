@@ -238,15 +238,6 @@ class OllamaSim:
         context (Ollama's free memory is the driver's figure)."""
         return self.used_vram_mib() + MINIMUM_MEMORY_MIB * len(self.runners)
 
-    def _expire_idle(self) -> None:
-        """Keep-alives run out by their timers; this catches one a restart of the server
-        lost (a timer lives in the event loop that set it)."""
-        now = time.time()
-        for runner in list(self.runners.values()):
-            if runner.refcount == 0 and runner.loaded.is_set() and runner.expires_at <= now \
-                    and not runner.unload_requested:
-                self._expire(runner, "keep-alive expiry", timer=True)
-
     def _drop(self, name: str, why: str = "unload") -> None:
         runner = self.runners.pop(name, None)
         if runner is not None:
@@ -296,7 +287,6 @@ class OllamaSim:
         """processPending's wait on unloadedCh (sched.go:349-358; v0.12.6 :250-259): sent
         after every unload's recovery wait, whichever copy's (:463-466), so an eviction
         whose victim a call kept (its keep_alive) waits for some other unload."""
-        self._next_unload()  # (an unloader a restart of the server stopped)
         waiter = asyncio.get_running_loop().create_future()
         self._unload_waiters.append(waiter)
         try:
@@ -308,17 +298,18 @@ class OllamaSim:
     def _unloaded(self) -> None:
         """unloadedCh: wakes processPending's wait, if any."""
         waiters, self._unload_waiters = self._unload_waiters, []
-        with contextlib.suppress(RuntimeError):  # (no loop: a recovery a closing loop drops)
-            loop = asyncio.get_running_loop()
-            for waiter in waiters:  # (not one of a loop a restart of the server ended)
-                if not waiter.done() and waiter.get_loop() is loop:
+        with contextlib.suppress(RuntimeError):  # (a recovery its closed loop drops)
+            for waiter in waiters:
+                if not waiter.done():
                     waiter.set_result(None)
 
     # -- unloads: processCompleted ---------------------------------------------------------
-    def _arm(self, runner: Runner) -> None:
-        """The keep-alive timer of a runner gone idle (sched.go:393-408)."""
+    def _arm(self, runner: Runner, delay: float | None = None) -> None:
+        """The keep-alive timer of a runner gone idle (sched.go:393-408), `delay` real
+        seconds (its keep-alive unless said)."""
         self._disarm(runner)
-        delay = runner.keep_alive_s * self.config.time_scale
+        if delay is None:
+            delay = runner.keep_alive_s * self.config.time_scale
         if math.isfinite(delay) and delay < 1e9:
             runner.timer = asyncio.get_running_loop().call_later(
                 delay, self._keep_alive_over, runner)
@@ -343,16 +334,12 @@ class OllamaSim:
         self._next_unload()
 
     def _unloader_busy(self) -> bool:
-        task = self._recovering  # a task of a loop a restart of the server ended is no wait
-        return task is not None and not task.done() and \
-            task.get_loop() is asyncio.get_running_loop()
+        return self._recovering is not None and not self._recovering.done()
 
     def _next_unload(self) -> None:
         """processCompleted (sched.go:414-470) handles one expiry at a time: it reads the
         baseline, kills the runner and drops it from s.loaded (and /api/ps), then blocks on
         waitForVRAMRecovery before it sends unloadedCh and takes the next expiry."""
-        if not self._unloader_busy():  # call ends a wait a restart of the server cut left
-            self._read_finished()
         while self._expiries and not self._unloader_busy():
             runner, why = self._expiries.popleft()
             runner.queued = False
@@ -435,6 +422,24 @@ class OllamaSim:
         self.fault = Fault()
         self._rng = random.Random(self.config.seed)  # the same orders as a fresh server
 
+    def adopt_loop(self) -> None:
+        """A server (re)starting on a new event loop: what the old loop held went with it (its
+        timers never fire, uvicorn cancelled its tasks and nobody awaits its futures), so
+        what they stood for is taken on here: the call ends a cut recovery wait left are
+        read, each idle copy's keep-alive timer runs again for what is left of it (one
+        already past unloads now), and the unloader takes the next expiry."""
+        self._recovering = None
+        self._unload_waiters.clear()
+        self._read_finished()
+        now = time.time()
+        for runner in list(self.runners.values()):
+            if runner.refcount == 0 and runner.loaded.is_set() and not runner.queued:
+                if runner.expires_at <= now:
+                    self._expire(runner, "keep-alive expiry", timer=True)
+                else:
+                    self._arm(runner, runner.expires_at - now)
+        self._next_unload()
+
     def resolve(self, model: SimModel, body: dict[str, Any]) -> LoadOptions:
         c = self.config
         return resolve_options(body, model.modelfile_num_ctx, c.context_length,
@@ -462,7 +467,6 @@ class OllamaSim:
         (sched.go:483-485); a load takes OLLAMA_KEEP_ALIVE (:512-515)."""
         started = time.perf_counter()
         request = self.resolve(model, body)
-        self._expire_idle()
         runner = self.runners.get(model.name)
         if runner is not None and runner.listed and not runner.loaded.is_set():
             # 0.12's own engine: GetRunner finds the copy in s.loaded and needsReload waits
@@ -505,7 +509,6 @@ class OllamaSim:
         """processPending for one request, with the loader held."""
         c = self.config
         while True:
-            self._expire_idle()
             runner = self.runners.get(model.name)
             if runner is not None:
                 if self._usable(runner, request):
@@ -611,7 +614,6 @@ class OllamaSim:
         if self._unloader_busy():
             self._finished.append(runner)
             return
-        self._read_finished()  # (any left by an unloader a restart of the server stopped)
         self._finish(runner)
 
     def _read_finished(self) -> None:
@@ -708,7 +710,6 @@ class OllamaSim:
         727). The expiry is the one set when the runner last went idle (sched.go:405, 409) or
         was unloaded (:1720), stale while it is busy; never set, now + its keep-alive
         (:1775-1780; v0.12.6 server/routes.go:1778, 1783-1789)."""
-        self._expire_idle()
         models = []
         now = time.time()
         for runner in self.runners.values():

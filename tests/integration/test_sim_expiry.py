@@ -185,3 +185,34 @@ def test_a_call_that_ends_while_the_unloader_waits_still_holds_its_copy(
     chat(sim, "qwen3:14b")  # one must go: the 8b, idle
     assert set(ps(sim)) == {"llama3.2:3b", "qwen3:14b"}
     assert busy(sim, "llama3.2:3b", 0) and sim.sim.stats.self_evictions == 1
+
+
+def test_a_restarted_server_still_unloads_an_idle_copy_at_its_expiry(sim_factory: Sims) -> None:
+    """A restart of the simulator's server (a provider outage in the tests) ends the event
+    loop that held the keep-alive timers; the copy still goes when its keep-alive runs out,
+    with nobody asking /api/ps."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, time_scale=0.1,
+                      **QUICK_LOADS)
+    chat(sim, "llama3.2:3b", keep_alive="10s")  # 1 s real
+    sim.stop()
+    sim.start()
+    assert "llama3.2:3b" in sim.sim.runners
+    assert eventually(lambda: not sim.sim.runners, timeout_s=5)
+    assert sim.sim.stats.unloads == 1
+
+
+def test_a_restart_during_the_wait_for_freed_memory_leaves_the_next_expiry_to_go(
+        sim_factory: Sims) -> None:
+    """processCompleted takes the next expiry once its wait for freed memory is over
+    (server/sched.go:414-470; v0.12.6 :314-370); a restart cutting that wait short leaves the
+    queued expiry to the restarted server's unloader."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, version="0.12.6",
+                      vram_release_s=5.0, time_scale=0.4, **QUICK_LOADS)
+    load(sim, "phi3:mini")
+    load(sim, "llama3.2:3b")
+    unload(sim, "phi3:mini")  # the unloader waits 5 s (2 s real)
+    unload(sim, "llama3.2:3b")  # queued behind that wait
+    sim.stop()
+    sim.start()
+    assert eventually(lambda: not sim.sim.runners, timeout_s=5)
+    assert sim.sim.stats.unloads == 2
