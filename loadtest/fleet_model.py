@@ -39,7 +39,7 @@ from loadtest.sim_cache import (
     depth_scale,
     prefill_seconds,
 )
-from loadtest.sim_model import CATALOG, recovery_s
+from loadtest.sim_model import CATALOG, accounted_free_mib, recovery_s
 from loadtest.sim_model import load_seconds as sim_load_seconds
 from proxy.core.conversations import Conversation
 
@@ -152,7 +152,7 @@ class Resident:
 
     @property
     def accounted_free_mib(self) -> int:
-        return max(0, self.free_at_load_mib - self.vram_mib)
+        return accounted_free_mib(self.free_at_load_mib, self.vram_mib)
 
 
 @dataclass

@@ -215,6 +215,22 @@ RECOVERED_SHARE = 0.75  # done once free memory rose by more than this x the vic
 DISCOVERY_CAP_S = 3.0  # a bootstrap discovery's own timeout (discover/runner.go:340)
 
 
+def accounted_free_mib(free_at_load_mib: int, vram_mib: int) -> int:
+    """The card's free memory by a runner's own static accounting (HEAD's GetDeviceInfos,
+    llm/llama_server.go:2600-2636): what was free at its load less its VRAM, floored at 0;
+    blind to every load and unload since its own."""
+    return max(0, free_at_load_mib - vram_mib)
+
+
+def in_map_order(runners: Sequence[OnGpu], rng: random.Random) -> list[OnGpu]:
+    """The runners with memory on the GPU in the order Go's map of s.loaded gives (random;
+    `rng` for it, reproducibly): HEAD's free-memory readings ask the first of them
+    (discover/runner.go:285-331)."""
+    on_gpu = [r for r in runners if r.vram_mib > 0]
+    rng.shuffle(on_gpu)
+    return on_gpu
+
+
 class OnGpu(Protocol):
     """A loaded runner as HEAD's free-memory readings see it."""
 
@@ -223,8 +239,7 @@ class OnGpu(Protocol):
 
     @property
     def accounted_free_mib(self) -> int:
-        """Its own static accounting of the card's free memory (GetDeviceInfos,
-        llm/llama_server.go:2600-2636): free at its load less its VRAM, floored at 0."""
+        """Its own static accounting of the card's free memory (accounted_free_mib)."""
         ...
 
 
@@ -242,8 +257,7 @@ def recovery_s(victim: OnGpu, loaded: Sequence[OnGpu], rng: random.Random,
     memory (a tick and its discovery time, at most 3 s)."""
     if victim.vram_mib <= 0:
         return 0.0
-    on_gpu = [r for r in loaded if r.vram_mib > 0]
-    rng.shuffle(on_gpu)
+    on_gpu = in_map_order(loaded, rng)
     survivor = next((r for r in on_gpu if r is not victim), None)
     if survivor is None:
         return POLL_S + min(discovery_s, DISCOVERY_CAP_S)

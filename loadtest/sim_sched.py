@@ -54,8 +54,10 @@ from .sim_model import (
     PromptTokens,
     SimConfig,
     SimModel,
+    accounted_free_mib,
     decode_step_s,
     driver_recovery_s,
+    in_map_order,
     load_seconds,
     recovery_s,
     tokens_for_text,
@@ -121,10 +123,7 @@ class Runner:
 
     @property
     def accounted_free_mib(self) -> int:
-        """The card's free memory by this runner's own static accounting (HEAD's
-        GetDeviceInfos): min(total - its VRAM, free at its load - its VRAM), floored at 0;
-        blind to every load and unload since its own."""
-        return max(0, self.free_at_load_mib - self.vram_mib)
+        return accounted_free_mib(self.free_at_load_mib, self.vram_mib)
 
 
 @dataclass
@@ -551,8 +550,7 @@ class OllamaSim:
         GPU, a bootstrap discovery reads the driver."""
         c = self.config
         loaded = [r for r in self.runners.values() if r.loaded.is_set()]
-        on_gpu = [r for r in loaded if r.vram_mib > 0]
-        self._rng.shuffle(on_gpu)
+        on_gpu = in_map_order(loaded, self._rng)
         seen = on_gpu[0].accounted_free_mib if on_gpu else \
             c.total_vram_mib - self.driver_used_mib()
         return max(0, min(seen, c.total_vram_mib - sum(r.vram_mib for r in loaded)))
