@@ -55,6 +55,17 @@ def test_a_load_queued_behind_the_read_starts_when_the_read_ends() -> None:
         LOAD_14B_S - 4.0 + LOAD_PHI3_S)
 
 
+def test_a_wait_for_the_slot_of_a_copy_still_reading_includes_the_read() -> None:
+    """One slot, held by the loading call: the wait is that call's (the default 30 s, 4 s
+    gone) after the read's 7.9 s left."""
+    card = gpu("a", GIB32, ("qwen3:14b",), version="0.12.6", models={"qwen3:14b": QWEN3})
+    snap = snapshot(card, tickets=(ticket("a", "qwen3:14b", cold=True, elapsed=4.0),))
+    decision = place(call("qwen3:14b"), snap)
+    assert decision.outcome == "wait"
+    assert decision.queue_option_s == pytest.approx(
+        DEFAULT_POLICY.default_call_s - 4.0 + LOAD_14B_S - 4.0)
+
+
 def test_the_copy_still_counts_as_resident_memory_not_as_a_load() -> None:
     reading = index_providers(listed_while_loading(), DEFAULT_POLICY)["a"]
     newest = index_providers(listed_while_loading(version=""), DEFAULT_POLICY)["a"]
