@@ -126,22 +126,33 @@ def load_ends(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> dict[
     the calls reached it (processPending blocks in llama-server's Load until the runner is
     ready: server/sched.go:627, llm/llama_server.go:1047-1084; in v0.12.6 the next load waits
     in updateFreeSpace for the loading runner's lock, held until it runs: server/sched.go:211,
-    470, 515-528), so a load starts when the one before it ends."""
+    470, 515-528), so a load starts when the one before it ends. A copy listed while its
+    runner still reads the weights (`ProviderIndex.reading`) is one until its expected end."""
     ends: dict[str, float] = {}
     free_at = -math.inf
-    for model, ticket in sorted(index.loading.items(), key=lambda item: item[1].started_at):
+    loads = sorted([*index.loading.items(), *index.reading.items()],
+                   key=lambda item: item[1].started_at)
+    for model, ticket in loads:
         start = max(ticket.started_at, free_at)
-        free_at = ends[model] = start + load_seconds(
+        free_at = end = start + load_seconds(
             index.view, model, ticket.footprint_mib, snapshot, policy)
+        if end > snapshot.now or model in index.loading:
+            ends[model] = end
     return ends
+
+
+def loads_in_flight(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> int:
+    """How many loads a new one here waits for."""
+    return len(load_ends(index, snapshot, policy)) if index.loading or index.reading else 0
 
 
 def remaining_load_s(index: ProviderIndex, model: str, snapshot: Snapshot, policy: Policy
                      ) -> float:
     """What the load of `model` here has left, the loads ahead of it included."""
-    if model not in index.loading:
+    if model not in index.loading and model not in index.reading:
         return 0.0
-    return max(0.0, load_ends(index, snapshot, policy)[model] - snapshot.now)
+    end = load_ends(index, snapshot, policy).get(model)
+    return 0.0 if end is None else max(0.0, end - snapshot.now)
 
 
 def loads_ahead_s(index: ProviderIndex, snapshot: Snapshot, policy: Policy) -> float:
@@ -212,8 +223,9 @@ def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     batch = batched_beside(index, model)
     if batch:
         terms["batch"] = policy.batch_share * call_s * batch
-    if index.is_loading(model):
-        terms["load"] = remaining_load_s(index, model, snapshot, policy)
+    load = remaining_load_s(index, model, snapshot, policy)
+    if load or index.is_loading(model):
+        terms["load"] = load
     resident = index.residents.get(model)
     if resident is not None and resident.spilled:
         terms["spill"] = policy.spill_s  # partly in CPU memory: slow
@@ -247,7 +259,7 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     terms = {"load": load_seconds(index.view, model, footprint, snapshot, policy)}
     if shuts_out:
         terms["takes_room"] = unload_seconds(index.name, 1, snapshot, policy)
-    ahead = loads_ahead_s(index, snapshot, policy) if index.loading else 0.0
+    ahead = loads_ahead_s(index, snapshot, policy) if index.loading or index.reading else 0.0
     if ahead:
         terms["loads_ahead"] = ahead
     if index.usable_mib is not None and footprint:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from proxy.core.engines import lists_before_read
 from proxy.core.policy import Policy
 from proxy.core.sizing import (
     RUNNER_OVERHEAD_MIB,
@@ -113,6 +114,10 @@ class ProviderIndex:
     tickets: list[Ticket] = field(default_factory=list)
     calls_by_model: dict[str, int] = field(default_factory=dict)
     loading: dict[str, Ticket] = field(default_factory=dict)  # model -> earliest loading ticket
+    # A copy Ollama lists once its memory is committed, while its runner may still read the
+    # weights (core/engines.py): model -> its earliest cold ticket. Resident for memory and
+    # joins; a load for time only, until its expected end (cost.load_ends)
+    reading: dict[str, Ticket] = field(default_factory=dict)
     loading_mib: int = 0  # memory claimed by loads not yet resident
     scratch_mib: int = 0  # what calls sharing a copy claim beside it
     planned_victims: dict[str, int] = field(default_factory=dict)
@@ -228,16 +233,23 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
             index.reloading.add(ticket.model)
         if not _loads(ticket, index.residents):
             index.scratch_mib += min(ticket.footprint_mib, policy.warm_scratch_mib)
+            if ticket.cold and lists_before_read(index.view.version,
+                                                 index.view.models.get(ticket.model)):
+                _keep_earliest(index.reading, ticket)
         else:
             index.loaded_models.add(ticket.model)
             index.loading_mib += ticket.footprint_mib
             if ticket.evicts and _making_room(ticket, {r.model for r in index.view.residents}):
                 index.making_room.add(ticket.model)  # a call sent now would load it early
                 continue
-            earliest = index.loading.get(ticket.model)
-            if earliest is None or ticket.started_at < earliest.started_at:
-                index.loading[ticket.model] = ticket
+            _keep_earliest(index.loading, ticket)
     return out
+
+
+def _keep_earliest(loads: dict[str, Ticket], ticket: Ticket) -> None:
+    earliest = loads.get(ticket.model)
+    if earliest is None or ticket.started_at < earliest.started_at:
+        loads[ticket.model] = ticket
 
 
 def indexes_for(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:

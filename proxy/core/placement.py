@@ -40,6 +40,7 @@ from proxy.core.cost import (
     cold_floor_s,
     cold_terms,
     load_estimate,
+    loads_in_flight,
     queued_in_engines,
     waiting_line,
     warm_terms,
@@ -216,7 +217,8 @@ class _Planner:
                 footprint.total_mib if footprint else self.policy.warm_scratch_mib,
                 verdict.cost_s if cost_s is None else cost_s, evicts or {},
                 resolved.requested, resolved.context,
-                footprint.estimate_mib if footprint else 0, len(index.loading),
+                footprint.estimate_mib if footprint else 0,
+                loads_in_flight(index, self.snapshot, self.policy),
                 held_beside(model, evicts or {}, index.view.residents, index.loading.values()))
         recorded = self.fitting.copy_context(index, model)
         return Placement(verdict.provider, model, kind, step, self.policy.warm_scratch_mib,

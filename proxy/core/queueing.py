@@ -55,8 +55,7 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
         if health_reason(index, snapshot.health):
             continue
         for model in wanted:
-            warm, loading = index.is_warm(model), index.is_loading(model)
-            if not (warm or loading) or fitting.copy_problem(
+            if not (index.is_warm(model) or index.is_loading(model)) or fitting.copy_problem(
                     index, model, fitting.copy_context(index, model)):
                 continue
             call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
@@ -64,8 +63,7 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
                 lines[model] = waiting_line(indexes, model, snapshot, fitting.call.turn)
             wait = queue_wait_s(index, model, snapshot.now, call_s) + \
                 lines[model].delay_s(call_s)
-            if loading:
-                wait += remaining_load_s(index, model, snapshot, policy)
+            wait += remaining_load_s(index, model, snapshot, policy)
             if best is None or wait < best.wait_s:
                 best = QueueOption(index.name, model, wait)
     return best

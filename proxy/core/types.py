@@ -53,6 +53,8 @@ class ModelInfo:
     # What /api/show lists under `capabilities` ("completion", "tools", "thinking", ...);
     # None: not said (an older Ollama, or not probed), so nothing is refused for it
     capabilities: tuple[str, ...] | None = None
+    architecture: str = ""  # general.architecture; "" unknown (`family` stands in)
+    split_projector: bool = False  # a vision projector in its own file (`projector_info`)
 
 
 @dataclass(frozen=True, slots=True)

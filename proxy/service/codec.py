@@ -51,6 +51,7 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
             "estimateKvBytesPerToken": info.estimate_kv_bytes_per_token,
             "numCtx": info.modelfile_num_ctx, "family": info.family,
             "embedding": info.embedding, "vision": info.vision,
+            "architecture": info.architecture, "splitProjector": info.split_projector,
             **({"capabilities": list(info.capabilities)} if info.capabilities is not None
                else {})}
 
@@ -61,7 +62,7 @@ def decode_model_info(d: dict[str, Any]) -> ModelInfo:
                      int(d.get("estimateKvBytesPerToken") or 0), int(d.get("numCtx") or 0),
                      str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")),
                      tuple(str(c) for c in capabilities) if isinstance(capabilities, list)
-                     else None)
+                     else None, str(d.get("architecture") or ""), bool(d.get("splitProjector")))
 
 
 @dataclass(frozen=True)

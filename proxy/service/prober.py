@@ -103,7 +103,8 @@ def model_info(show: Any) -> ModelInfo:
         embedding=f"{arch}.pooling_type" in info or (
             "embedding" in capabilities and "completion" not in capabilities),
         vision="vision" in capabilities,
-        capabilities=tuple(capabilities) if isinstance(listed, list) else None)
+        capabilities=tuple(capabilities) if isinstance(listed, list) else None,
+        architecture=arch, split_projector=bool(show.get("projector_info")))
 
 
 async def _details(server: ModelServer, model: str) -> Any:

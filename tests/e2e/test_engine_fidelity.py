@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -121,6 +122,34 @@ def test_a_copy_loaded_before_the_victim_stays(sim_factory: Sims, sidecar_factor
         "evict", "qwen3:8b")
     assert quiet(gpu) == NOTHING
     assert sorted(gpu.sim.runners) == ["llama3.2:3b", "qwen3:14b"]
+
+
+def test_a_copy_listed_while_it_reads_its_weights_is_costed_with_the_read(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """0.12's own engine (qwen3) lists a copy once its memory is committed, ~9 s before its
+    runner has read the weights (docs/engine.md, "Loads, one at a time on every version"). A
+    call joining it then waits for the read, and so does a load of another model: explain
+    counts the rest of the read in both while the simulator still reads."""
+    gpu = sim_factory("gpu", total_vram_mib=32768, context_length=4096, num_parallel=2,
+                      version="0.12.6", time_scale=0.3)  # the read: ~2.8 s here
+    sidecar = sidecar_factory([gpu], probe_interval_seconds=0.05)  # (embedded: probes all)
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(chat, sidecar.url, "qwen3:14b")
+        assert eventually(lambda: _residents(sidecar.url) == ["qwen3:14b"])
+        runner = gpu.sim.runners["qwen3:14b"]
+        join = httpx.get(f"{sidecar.url}/kubemoot/v1/explain",
+                         params={"model": "qwen3:14b"}, timeout=5).json()
+        load = httpx.get(f"{sidecar.url}/kubemoot/v1/explain",
+                         params={"model": "llama3.2:3b"}, timeout=5).json()
+        assert runner.listed and not runner.loaded.is_set()  # explained during the read
+        first = loading.result()
+    assert first.status_code == 200 and first.headers["x-kubemoot-placement"] == "cold"
+    assert join["decision"]["placement"]["kind"] == "warm"
+    # the sidecar's expected read: 1 s + 9300 MiB at 1 GiB/s from the claim, less the time
+    # gone (its own clock)
+    assert 5.0 < join["verdicts"][0]["terms"]["load"] < 10.1
+    assert 5.0 < load["verdicts"][0]["terms"]["loads_ahead"] < 10.1
+    assert quiet(gpu) == NOTHING
 
 
 def test_a_copy_loaded_with_its_own_num_ctx_is_joined_as_it_is(
