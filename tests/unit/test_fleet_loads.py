@@ -277,3 +277,45 @@ def test_a_copy_whose_keep_alive_ran_out_goes_through_the_unloader() -> None:
     assert x.finished == pytest.approx(3.0)  # idle from 3 s: expired at 8 s
     assert z.started == pytest.approx(9.0 + 2.0)
     assert card.counters.evictions == 0
+
+
+@pytest.mark.parametrize(("tokens", "killed_at"), [
+    (10, 12.0),  # done at 11 s: idle when the unloader takes it at 12 s
+    (50, 15.0),  # busy at 12 s: put back, killed once its call ends at 15 s
+])
+def test_a_copy_waiting_for_the_unloader_is_still_loaded_and_takes_calls(
+        tokens: int, killed_at: float) -> None:
+    """An expiry waits its turn with the copy still in s.loaded (processCompleted drops it
+    only at the kill, server/sched.go:459-460), so a call for it takes GetRunner's fast path
+    (:197-202) with no load; the unloader puts back an expiry of a busy copy until it is idle
+    (:417-427) and kills it then. Its memory counts once, until it is back."""
+    card = Card(GpuSpec("card", 24576, keep_alive_s=5.0, unload_s=1.0, discovery_s=0.5))
+    card.gpu.rng = MapOrder(backwards=True)
+    # x idle from 2 s, y from 4 s: their keep-alives run out at 7 and 9 s. x killed at 7 s
+    # waits 5 s (y's reading is the baseline and every tick), y's expiry behind it until 12 s
+    x, y = call(1, X, 0.0, 0), call(2, Y, 0.0, 0)
+    again = call(3, Y, 10.0, tokens)
+    held: list[tuple[int, int]] = []
+    card.schedule(10.5, lambda: held.append((card.gpu.used_mib(), card.gpu.held_mib())))
+    card.run([(x, X), (y, Y), (again, Y)])
+    assert again.started == pytest.approx(10.0)  # y still loaded: no load
+    assert again.finished == pytest.approx(10.0 + tokens / 10.0)
+    assert card.counters.cold_loads == 2
+    assert held == [(8000, 8000)]  # y's, once (x's back at 8 s)
+    assert [(t, mib) for t, mib in card.gpu.memory_trace if t > 7.0] == \
+        [(8.0, 8000), (killed_at + 1.0, 0)]
+
+
+def test_the_schedulers_unload_of_a_busy_copy_takes_it_once_its_calls_end() -> None:
+    """keep_alive 0 for a copy still loading finds nothing in s.loaded (server/sched.go:
+    1713-1731); for a busy one it sets its sessionDuration to 0, and the copy goes once its
+    last call ends (:385-392), serving the calls that reach it first."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    first, joins = call(1, X, 0.0, 50), call(2, X, 4.0, 10)  # x loaded at 2 s, busy to 7 s
+    card.schedule(1.0, partial(card.gpu.unload, "x"))  # still loading: no effect
+    card.schedule(3.0, partial(card.gpu.unload, "x"))
+    card.run([(first, X), (joins, X)])
+    assert joins.started == pytest.approx(7.0)  # the copy's one slot, after the first call
+    assert card.counters.evictions == 1
+    # killed when idle at 8 s, alone on the card: its memory back at 9 s
+    assert card.gpu.memory_trace[-1] == (pytest.approx(9.0), 0)
