@@ -211,7 +211,8 @@ class Gpu:
         # processPending: calls for a model not loaded, one load at a time in arrival order
         self.loads: deque[tuple[ModelSpec, SimCall]] = deque()
         self.loading: Resident | None = None  # the load processPending blocks on
-        self.evicting: Resident | None = None  # Ollama's own victim it waits on (unloadedCh)
+        # Ollama's own eviction waiting on unloadedCh, which any unload's recovery sends
+        self.evicting = False
         self.overcommitted: set[int] = set()  # calls already counted as sent without room
         # processCompleted: expired copies killed one at a time, each then waiting for the
         # freed memory; the map order of that wait is drawn from a seeded generator per card
@@ -298,7 +299,7 @@ class Gpu:
         self.unloads.append(unload)
         self.recovering = True
         self.schedule(unload.back_at, partial(self._memory_back, unload))
-        self.schedule(now + wait, partial(self._recovered, resident))
+        self.schedule(now + wait, self._recovered)
 
     def _memory_back(self, unload: Unload) -> None:
         self.unloads = [u for u in self.unloads if u is not unload]
@@ -306,11 +307,12 @@ class Gpu:
         self._next_load()
         self.on_change()
 
-    def _recovered(self, resident: Resident) -> None:
-        """The wait is over: unloadedCh, which Ollama's own eviction waits for."""
+    def _recovered(self) -> None:
+        """The wait is over: unloadedCh (:463-466), which wakes Ollama's own eviction whichever
+        copy went, its victim or another (:349-358; 6 :250-259). The unloader takes its next
+        expiry before the loader checks again, as in the HTTP simulator."""
         self.recovering = False
-        if self.evicting is resident:
-            self.evicting = None
+        self.evicting = False
         self._next_unload()
         self._next_load()
         self.on_change()  # the next copy killed: no longer loaded
@@ -339,10 +341,10 @@ class Gpu:
         """processPending (server/sched.go:225-365): the oldest call for a model not loaded,
         one at a time. The load blocks it until the runner is ready (llama.Load waits in
         WaitUntilRunning, llm/llama_server.go:1047-1084); a load that does not fit makes
-        Ollama unload an idle copy and wait for that unload's recovery (unloadedCh,
-        :326-357), or wait behind busy ones; a load that fits once unloaded memory is back
-        starts then."""
-        while self.loads and self.loading is None and self.evicting is None:
+        Ollama unload an idle copy and wait for the next unload's recovery, whichever copy's
+        (unloadedCh, :326-358), or wait behind busy ones; a load that fits once unloaded
+        memory is back starts then."""
+        while self.loads and self.loading is None and not self.evicting:
             model, call = self.loads[0]
             resident = self.residents.get(model.name)
             # loaded by a call ahead of it, or waiting for the unloader (:255-264)
@@ -363,7 +365,7 @@ class Gpu:
                 if call.ident not in self.overcommitted:
                     self.overcommitted.add(call.ident)
                     self.counters.overcommits += 1  # sent a load that does not fit
-                # until its victim's recovery is over, or behind busy models (head of line,
+                # until an unload's recovery is over, or behind busy models (head of line,
                 # retried as calls end)
                 self._evict_idle()
                 return
@@ -387,13 +389,15 @@ class Gpu:
         self.schedule(done_at, lambda: self._loaded(resident))
 
     def _evict_idle(self) -> None:
-        """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693): the first
-        idle copy by keep-alive, then name (no LRU); none while every copy is busy."""
+        """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693; 6 :760-789):
+        the first idle copy by keep-alive, then name (ByDurationAndName, :1557-1578; 6
+        :738-751; no LRU), so a victim still waiting for the unloader, at keep-alive 0, comes
+        first again; none while every copy is busy."""
         idle = sorted((r for r in self.residents.values()
                        if r.ready and r.idle and not r.leaving),
-                      key=lambda r: r.model.name)
+                      key=lambda r: (r.keep_alive_s, r.model.name))
         if idle:
-            self.evicting = idle[0]
+            self.evicting = True
             self._zero_keep_alive(idle[0])
 
     def _loaded(self, resident: Resident) -> None:

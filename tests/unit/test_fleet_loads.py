@@ -319,3 +319,59 @@ def test_the_schedulers_unload_of_a_busy_copy_takes_it_once_its_calls_end() -> N
     assert card.counters.evictions == 1
     # killed when idle at 8 s, alone on the card: its memory back at 9 s
     assert card.gpu.memory_trace[-1] == (pytest.approx(9.0), 0)
+
+
+# Copies of 8000, 8000, 4000 and 4000 MiB on a 24576 MiB card (24000 MiB), loaded one after
+# the other in 2 s each; a 12000 MiB load that needs a or b gone beside the other
+A = ModelSpec("a", 8000, 10.0, disk_mib=1024)
+B = ModelSpec("b", 8000, 10.0, disk_mib=1024)
+C = ModelSpec("c", 4000, 10.0, disk_mib=1024)
+D = ModelSpec("d", 4000, 10.0, disk_mib=1024)
+TWELVE = ModelSpec("twelve", 12000, 10.0, disk_mib=1024)
+
+
+def test_ollamas_own_eviction_wakes_on_any_unloads_recovery() -> None:
+    """processPending waits on unloadedCh (server/sched.go:349-358; v0.12.6 :250-259), sent
+    after every unload's recovery wait (:463-466; 6 :363-366), not only its victim's: it
+    checks again once the scheduler's unload ahead of its victim is over, and loads as soon
+    as its victim's memory is back, not after the victim's own 5 s wait."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    card.gpu.rng = MapOrder(backwards=True)
+    for ident, model in ((1, A), (2, B), (3, C)):  # loaded at 2, 4 and 6 s
+        card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
+    # a killed at 10 s, c's reading first: 5 s. z does not fit beside b and c (a is going):
+    # b, idle and first by name, is Ollama's victim, queued behind a
+    card.schedule(10.0, partial(card.gpu.unload, "a"))
+    load = call(4, Z, 10.0, 0)
+    card.run([(load, Z)])
+    # a's wait over at 15 s: b killed (c's reading first again: 5 s, to 20 s), the loader
+    # checks again and finds room once b's memory is back at 16 s
+    assert load.started == pytest.approx(16.0 + 2.0)
+    assert (card.counters.evictions, card.counters.overcommits) == (2, 1)
+
+
+def test_a_victim_still_waiting_for_the_unloader_is_ollamas_first_choice_again() -> None:
+    """Woken by another unload's recovery, processPending checks again while its victim still
+    waits its turn: findRunnerToUnload sorts by keep-alive first (ByDurationAndName, server/
+    sched.go:1557-1578; 6 :738-751), and the victim's is 0 (:344; 6 :245), so it picks the
+    victim again, not the copy that went idle meanwhile and sorts first by name."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    card.gpu.rng = MapOrder(backwards=True)
+    busy = call(1, A, 0.0, 100)  # a busy from 2 to 12 s
+    card.schedule(0.0, partial(card.gpu.submit, busy, A))
+    for ident, model in ((2, B), (3, C), (4, D)):  # loaded at 4, 6 and 8 s
+        card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
+    # c killed at 10 s (d's reading first: 5 s), d queued; the load counts a and b: b, the
+    # idle one, is Ollama's victim, queued behind d
+    card.schedule(10.0, partial(card.gpu.unload, "c"))
+    card.schedule(10.0, partial(card.gpu.unload, "d"))
+    load = call(5, TWELVE, 10.0, 0)
+    loaded_at_30: list[str] = []
+    card.schedule(30.0, lambda: loaded_at_30.extend(card.gpu.residents))
+    card.run([(load, TWELVE)])
+    assert busy.finished == pytest.approx(12.0)
+    # 15 s: d killed (a's reading first: 5 s); the loader checks again, a idle since 12 s,
+    # and picks b. 20 s: b killed; room once its memory is back at 21 s
+    assert load.started == pytest.approx(21.0 + 2.0)
+    assert card.counters.evictions == 3  # c, d and b
+    assert loaded_at_30 == ["a", "twelve"]
