@@ -245,9 +245,11 @@ class Gpu:
         return sum(r.running + len(r.queue) for r in self.residents.values()) + len(self.loads)
 
     def unload(self, name: str) -> None:
-        """keep_alive 0 from the scheduler (expireRunner, server/sched.go:1713-1731): a copy
-        still loading is not in s.loaded and stays; a loaded one goes through the unloader
-        once idle (at once if idle now, else when its last call ends), loaded until killed."""
+        """keep_alive 0 from the scheduler (expireRunner, server/sched.go:1713-1731; v0.12.6
+        :809-826): a copy still loading is not in s.loaded and stays; a loaded one goes
+        through the unloader once idle (at once if idle now, else when its last call ends),
+        loaded until killed. The scheduler sends the load it made room for once its victims
+        are gone (the sidecar waits for /api/ps): `leaving`."""
         resident = self.residents.get(name)
         if resident is None or not resident.ready:
             return
@@ -256,8 +258,9 @@ class Gpu:
 
     def _zero_keep_alive(self, resident: Resident) -> None:
         """An unload asked of a copy, the scheduler's or Ollama's own eviction's: its
-        sessionDuration 0 and its keep-alive timer stopped (:1719-1729, :338-348); queued for
-        the unloader if idle, else once its last call ends (:385-392). Counted once a copy."""
+        sessionDuration 0 and its keep-alive timer stopped (:1719-1729, :338-348; 6 :814-824,
+        :239-249); queued for the unloader if idle, else once its last call ends (:385-392;
+        6 :285-292). Counted once a copy."""
         if resident.keep_alive_s > 0 and not resident.expiring:
             self.counters.evictions += 1
         resident.keep_alive_s = 0.0
@@ -341,9 +344,9 @@ class Gpu:
         """processPending (server/sched.go:225-365): the oldest call for a model not loaded,
         one at a time. The load blocks it until the runner is ready (llama.Load waits in
         WaitUntilRunning, llm/llama_server.go:1047-1084); a load that does not fit makes
-        Ollama unload an idle copy and wait for the next unload's recovery, whichever copy's
-        (unloadedCh, :326-358), or wait behind busy ones; a load that fits once unloaded
-        memory is back starts then."""
+        Ollama unload a copy (`_evict`) and wait for the next unload's recovery, whichever
+        copy's (unloadedCh, :326-358); a load that fits once unloaded memory is back starts
+        then."""
         while self.loads and self.loading is None and not self.evicting:
             model, call = self.loads[0]
             resident = self.residents.get(model.name)
@@ -365,9 +368,7 @@ class Gpu:
                 if call.ident not in self.overcommitted:
                     self.overcommitted.add(call.ident)
                     self.counters.overcommits += 1  # sent a load that does not fit
-                # until an unload's recovery is over, or behind busy models (head of line,
-                # retried as calls end)
-                self._evict_idle()
+                self._evict()  # and wait until an unload's recovery is over
                 return
             if self.held_mib() + model.footprint_mib > self.spec.total_mib:
                 return  # until the memory it needs is back
@@ -388,17 +389,17 @@ class Gpu:
         done_at = self.now() + load_seconds(model, self.spec)
         self.schedule(done_at, lambda: self._loaded(resident))
 
-    def _evict_idle(self) -> None:
+    def _evict(self) -> None:
         """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693; 6 :760-789):
         the first idle copy by keep-alive, then name (ByDurationAndName, :1557-1578; 6
         :738-751; no LRU), so a victim still waiting for the unloader, at keep-alive 0, comes
-        first again; none while every copy is busy."""
-        idle = sorted((r for r in self.residents.values()
-                       if r.ready and r.idle and not r.leaving),
-                      key=lambda r: (r.keep_alive_s, r.model.name))
-        if idle:
+        first again; with every copy busy, the first of them, which goes once its calls end
+        (`_zero_keep_alive`). Either way the loader then waits on unloadedCh (:349-358)."""
+        ordered = sorted((r for r in self.residents.values() if r.ready and not r.leaving),
+                         key=lambda r: (r.keep_alive_s, r.model.name))
+        if ordered:
             self.evicting = True
-            self._zero_keep_alive(idle[0])
+            self._zero_keep_alive(next((r for r in ordered if r.idle), ordered[0]))
 
     def _loaded(self, resident: Resident) -> None:
         if self.loading is resident:

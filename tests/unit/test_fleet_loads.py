@@ -375,3 +375,23 @@ def test_a_victim_still_waiting_for_the_unloader_is_ollamas_first_choice_again()
     assert load.started == pytest.approx(21.0 + 2.0)
     assert card.counters.evictions == 3  # c, d and b
     assert loaded_at_30 == ["a", "twelve"]
+
+
+def test_with_every_copy_busy_ollama_waits_for_the_first_by_keep_alive_and_name() -> None:
+    """No idle copy: findRunnerToUnload returns the first by keep-alive and name (server/
+    sched.go:1690-1692; v0.12.6 :786-788), busy; processPending sets its keep-alive to 0 and
+    waits on unloadedCh (:337-358), which another copy going idle does not send. The victim
+    goes once its calls end (:385-392), and the load then fits beside the other copy."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5, share_gpu=False))
+    card.gpu.rng = MapOrder(backwards=False)
+    sixteen = ModelSpec("sixteen", 16000, 10.0, disk_mib=1024)  # fits beside one of x, y
+    long, short = call(1, X, 0.0, 100), call(2, Y, 0.0, 20)  # x busy 2-12 s, y 4-6 s
+    load = call(3, sixteen, 5.0, 0)
+    loaded_at_20: list[str] = []
+    card.schedule(20.0, lambda: loaded_at_20.extend(card.gpu.residents))
+    card.run([(long, X), (short, Y), (load, sixteen)])
+    # x killed when idle at 12 s (its own reading first, y's lower: one tick); the loader
+    # finds room beside y and loads once x's memory is back at 13 s
+    assert load.started == pytest.approx(13.0 + 2.0)
+    assert loaded_at_20 == ["y", "sixteen"]
+    assert (card.counters.evictions, card.counters.overcommits) == (1, 1)
