@@ -4,12 +4,13 @@ Each GPU behaves like one `ollama serve` at HEAD: a load takes the runner's star
 read of the weights file (not the footprint: the KV cache is allocated, never read), seen
 ready on Ollama's 250 ms poll (`load_seconds`); loads go one at a time in arrival order, a
 call for a loaded copy bypassing them; OLLAMA_NUM_PARALLEL slots per loaded model with a FIFO
-queue beyond them, keep-alive expiry, and Ollama's own eviction of idle models when a load
-does not fit; unloads go one at a time, each followed by Ollama's wait for the freed memory, a
-copy waiting for the unloader still loaded and taking calls (docs/development.md, "The policy
-simulation's fleet model"). What a real fleet would suffer is counted: a load that does not
-fit beside the residents (the engine has to evict on its own, or cannot load at all: an
-out-of-memory event), and a prompt longer than the context (silently cut).
+queue beyond them, keep-alive expiry, and Ollama's own eviction (of a busy copy too, once its
+calls end) when a load does not fit; unloads go one at a time, each followed by Ollama's wait
+for the freed memory, a copy waiting for the unloader still loaded and taking calls
+(docs/development.md, "The policy simulation's fleet model"). What a real fleet would suffer
+is counted: a load that does not fit beside the residents (the engine has to evict on its
+own, or cannot load at all: an out-of-memory event), and a prompt longer than the context
+(silently cut).
 
 Calls decoding at once share the card. Each loaded model is a runner process of its own
 (server/sched.go:577 -> llm/llama_server.go:423-436 starts one llama-server per model; v0.12.6:
