@@ -4,12 +4,13 @@ Each GPU behaves like one `ollama serve` at HEAD: a load takes the runner's star
 read of the weights file (not the footprint: the KV cache is allocated, never read), seen
 ready on Ollama's 250 ms poll (`load_seconds`); loads go one at a time in arrival order, a
 call for a loaded copy bypassing them; OLLAMA_NUM_PARALLEL slots per loaded model with a FIFO
-queue beyond them, keep-alive expiry, and Ollama's own eviction of idle models when a load
-does not fit; unloads go one at a time, each followed by Ollama's wait for the freed memory
+queue beyond them, keep-alive expiry, and Ollama's own eviction (of a busy copy too, once its
+calls end) when a load does not fit; unloads go one at a time, each followed by Ollama's wait
+for the freed memory, a copy waiting for the unloader still loaded and taking calls
 (docs/development.md, "The policy simulation's fleet model"). What a real fleet would suffer
-is counted:
-a load that does not fit beside the residents (the engine has to evict on its own, or cannot
-load at all: an out-of-memory event), and a prompt longer than the context (silently cut).
+is counted: a load that does not fit beside the residents (the engine has to evict on its
+own, or cannot load at all: an out-of-memory event), and a prompt longer than the context
+(silently cut).
 
 Calls decoding at once share the card. Each loaded model is a runner process of its own
 (server/sched.go:577 -> llm/llama_server.go:423-436 starts one llama-server per model; v0.12.6:
@@ -145,23 +146,35 @@ class Resident:
     # What the card had free when its load started (llama-server logs it, and HEAD's
     # accounting keeps it for the runner's life: sim_model.recovery_s)
     free_at_load_mib: int = 0
+    # Its sessionDuration: the card's keep-alive, 0 once an unload is asked of it (no call in
+    # this model sets keep_alive, so it stays 0)
+    keep_alive_s: float = 0.0
+    # An expiry of it is with the unloader: it goes the first time the unloader finds it idle,
+    # loaded (and taking calls) until then
+    expiring: bool = False
+    # The scheduler asked for its unload (Gpu.unload): the scheduler's next load is taken as
+    # sent once it is gone
+    leaving: bool = False
 
     @property
     def vram_mib(self) -> int:
         return self.model.footprint_mib
 
     @property
+    def idle(self) -> bool:
+        return not self.running and not self.queue
+
+    @property
     def accounted_free_mib(self) -> int:
         return accounted_free_mib(self.free_at_load_mib, self.vram_mib)
 
 
-@dataclass
+@dataclass(eq=False)
 class Unload:
-    """A copy on its way out: in the unloader's queue (`back_at` None), then killed, its
-    memory held until `back_at`."""
+    """A copy killed, its memory held until `back_at`."""
 
     resident: Resident
-    back_at: float | None = None
+    back_at: float
 
 
 @dataclass
@@ -194,16 +207,19 @@ class Gpu:
         self.now = now
         self.counters = counters
         self.on_change = on_change
+        # s.loaded and the copy loading: a copy whose unload is asked for stays until killed
         self.residents: dict[str, Resident] = {}
         # processPending: calls for a model not loaded, one load at a time in arrival order
         self.loads: deque[tuple[ModelSpec, SimCall]] = deque()
         self.loading: Resident | None = None  # the load processPending blocks on
-        self.evicting: Resident | None = None  # Ollama's own victim it waits on (unloadedCh)
+        # Ollama's own eviction waiting on unloadedCh, which any unload's recovery sends
+        self.evicting = False
         self.overcommitted: set[int] = set()  # calls already counted as sent without room
         # processCompleted: expired copies killed one at a time, each then waiting for the
         # freed memory; the map order of that wait is drawn from a seeded generator per card
-        self.unloads: list[Unload] = []  # queued or killed with their memory not yet back
-        self.unloading: Unload | None = None  # killed, its recovery wait not over
+        self.expiries: deque[Resident] = deque()  # expiredCh: listed copies, in turn
+        self.unloads: list[Unload] = []  # killed, their memory not yet back
+        self.recovering = False  # the unloader blocked in its wait for freed memory
         self.rng = random.Random(f"{seed}/{spec.name}")
         self.memory_trace: list[tuple[float, int]] = [(0.0, 0)]
         # Processor sharing of the decode: every decoding call gains a token per `period`
@@ -213,12 +229,15 @@ class Gpu:
 
     # -- memory ----------------------------------------------------------------------------
     def used_mib(self) -> int:
-        """What the copies loaded or loading hold (not those on their way out)."""
-        return sum(r.model.footprint_mib for r in self.residents.values())
+        """What a load must fit beside: the copies loaded or loading, but those the scheduler
+        asked to unload (it sends its load once they are gone; their memory is waited for)."""
+        return sum(r.vram_mib for r in self.residents.values() if not r.leaving)
 
     def held_mib(self) -> int:
-        """What the card holds: the copies and those unloaded whose memory is not back."""
-        return self.used_mib() + sum(u.resident.model.footprint_mib for u in self.unloads)
+        """What the card holds: every copy loaded or loading, those waiting for the unloader
+        among them, and those killed whose memory is not back."""
+        return sum(r.vram_mib for r in self.residents.values()) + \
+            sum(u.resident.vram_mib for u in self.unloads)
 
     def _trace(self) -> None:
         self.memory_trace.append((self.now(), self.held_mib()))
@@ -227,53 +246,80 @@ class Gpu:
         return sum(r.running + len(r.queue) for r in self.residents.values()) + len(self.loads)
 
     def unload(self, name: str) -> None:
-        """keep_alive:0 from the scheduler: the model goes once idle, through the unloader."""
+        """keep_alive 0 from the scheduler (expireRunner, server/sched.go:1713-1731; v0.12.6
+        :809-826): a copy still loading is not in s.loaded and stays; a loaded one goes
+        through the unloader once idle (at once if idle now, else when its last call ends),
+        loaded until killed. The scheduler sends the load it made room for once its victims
+        are gone (the sidecar waits for /api/ps): `leaving`."""
         resident = self.residents.get(name)
-        if resident is None or resident.running or resident.queue:
+        if resident is None or not resident.ready:
             return
-        self.counters.evictions += 1
-        self._queue_unload(resident)
+        resident.leaving = True
+        self._zero_keep_alive(resident)
+
+    def _zero_keep_alive(self, resident: Resident) -> None:
+        """An unload asked of a copy, the scheduler's or Ollama's own eviction's: its
+        sessionDuration 0 and its keep-alive timer stopped (:1719-1729, :338-348; 6 :814-824,
+        :239-249); queued for the unloader if idle, else once its last call ends (:385-392;
+        6 :285-292). Counted once a copy."""
+        if resident.keep_alive_s > 0 and not resident.expiring:
+            self.counters.evictions += 1
+        resident.keep_alive_s = 0.0
+        resident.expiry_token += 1
+        if resident.idle:
+            self._queue_unload(resident)
 
     # -- unloads: processCompleted -----------------------------------------------------------
     def _queue_unload(self, resident: Resident) -> None:
-        """An idle copy into expiredCh; nothing new starts on it."""
-        del self.residents[resident.model.name]
-        self.unloads.append(Unload(resident))
+        """An idle copy into expiredCh (once): it stays loaded, and takes calls, until the
+        unloader kills it."""
+        resident.expiring = True
+        if not any(r is resident for r in self.expiries):
+            self.expiries.append(resident)
         self._next_unload()
 
     def _next_unload(self) -> None:
-        """processCompleted (server/sched.go:414-470) takes one expiry at a time: it reads
-        the baseline, kills the runner, and blocks in waitForVRAMRecovery (:1441-1497) before
-        it takes the next; the memory is back `unload_s` after the kill."""
-        if self.unloading is not None:
-            return
-        unload = next((u for u in self.unloads if u.back_at is None), None)
-        if unload is None:
-            return
+        """processCompleted (server/sched.go:414-470) takes one expiry at a time. A copy a
+        call holds goes back to the queue until idle (:417-427, every 10 ms; here `_done`
+        queues it again when its last call ends); an idle one is killed."""
+        while self.expiries and not self.recovering:
+            resident = self.expiries.popleft()
+            if self.residents.get(resident.model.name) is resident and resident.idle:
+                self._kill(resident)
+
+    def _kill(self, resident: Resident) -> None:
+        """The unloader reads the baseline over s.loaded, kills the runner, drops it from
+        s.loaded, and blocks in waitForVRAMRecovery (:1441-1497) before it takes the next
+        expiry (:453-466); the memory is back `unload_s` after the kill."""
         now = self.now()
-        # s.loaded at the kill: the victim, the copies queued behind it, the loaded ones
+        # s.loaded at the kill: the victim, the copies queued behind it, the other loaded ones
         # (a copy joins s.loaded once its load is over, :727)
-        loaded = [u.resident for u in self.unloads if u.back_at is None] + \
-            [r for r in self.residents.values() if r.ready]
-        wait = recovery_s(unload.resident, loaded, self.rng, self.spec.discovery_s)
-        unload.back_at = now + self.spec.unload_s
-        self.unloading = unload
+        queued = list(self.expiries)
+        loaded = [resident, *queued] + [r for r in self.residents.values() if r.ready and
+                                        r is not resident and not any(r is q for q in queued)]
+        wait = recovery_s(resident, loaded, self.rng, self.spec.discovery_s)
+        del self.residents[resident.model.name]
+        unload = Unload(resident, now + self.spec.unload_s)
+        self.unloads.append(unload)
+        self.recovering = True
         self.schedule(unload.back_at, partial(self._memory_back, unload))
-        self.schedule(now + wait, partial(self._recovered, unload))
+        self.schedule(now + wait, self._recovered)
 
     def _memory_back(self, unload: Unload) -> None:
-        self.unloads.remove(unload)
+        self.unloads = [u for u in self.unloads if u is not unload]
         self._trace()
         self._next_load()
         self.on_change()
 
-    def _recovered(self, unload: Unload) -> None:
-        """The wait is over: unloadedCh, which Ollama's own eviction waits for."""
-        self.unloading = None
-        if self.evicting is unload.resident:
-            self.evicting = None
+    def _recovered(self) -> None:
+        """The wait is over: unloadedCh (:463-466), which wakes Ollama's own eviction whichever
+        copy went, its victim or another (:349-358; 6 :250-259). The unloader takes its next
+        expiry before the loader checks again, as in the HTTP simulator."""
+        self.recovering = False
+        self.evicting = False
         self._next_unload()
         self._next_load()
+        self.on_change()  # the next copy killed: no longer loaded
 
     # -- calls -----------------------------------------------------------------------------
     def submit(self, call: SimCall, model: ModelSpec) -> None:
@@ -299,13 +345,14 @@ class Gpu:
         """processPending (server/sched.go:225-365): the oldest call for a model not loaded,
         one at a time. The load blocks it until the runner is ready (llama.Load waits in
         WaitUntilRunning, llm/llama_server.go:1047-1084); a load that does not fit makes
-        Ollama unload an idle copy and wait for that unload's recovery (unloadedCh,
-        :326-357), or wait behind busy ones; a load that fits once unloaded memory is back
-        starts then."""
-        while self.loads and self.loading is None and self.evicting is None:
+        Ollama unload a copy (`_evict`) and wait for the next unload's recovery, whichever
+        copy's (unloadedCh, :326-358); a load that fits once unloaded memory is back starts
+        then."""
+        while self.loads and self.loading is None and not self.evicting:
             model, call = self.loads[0]
             resident = self.residents.get(model.name)
-            if resident is not None and resident.ready:  # loaded by a call ahead of it
+            # loaded by a call ahead of it, or waiting for the unloader (:255-264)
+            if resident is not None and resident.ready:
                 self.loads.popleft()
                 resident.queue.append(call)
                 self._start_calls(resident)
@@ -322,9 +369,7 @@ class Gpu:
                 if call.ident not in self.overcommitted:
                     self.overcommitted.add(call.ident)
                     self.counters.overcommits += 1  # sent a load that does not fit
-                # until its victim's recovery is over, or behind busy models (head of line,
-                # retried as calls end)
-                self._evict_idle()
+                self._evict()  # and wait until an unload's recovery is over
                 return
             if self.held_mib() + model.footprint_mib > self.spec.total_mib:
                 return  # until the memory it needs is back
@@ -334,7 +379,8 @@ class Gpu:
 
     def _start_load(self, model: ModelSpec, call: SimCall) -> None:
         resident = Resident(model, cache=PromptCache(self.spec.slots, CACHE_VERSION),
-                            free_at_load_mib=self.spec.total_mib - self.held_mib())
+                            free_at_load_mib=self.spec.total_mib - self.held_mib(),
+                            keep_alive_s=self.spec.keep_alive_s)
         resident.queue.append(call)
         self.residents[model.name] = resident
         self.loading = resident
@@ -344,16 +390,17 @@ class Gpu:
         done_at = self.now() + load_seconds(model, self.spec)
         self.schedule(done_at, lambda: self._loaded(resident))
 
-    def _evict_idle(self) -> None:
-        """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693): the first
-        idle copy by keep-alive, then name (no LRU); none while every copy is busy."""
-        idle = sorted((r for r in self.residents.values()
-                       if r.ready and not r.running and not r.queue),
-                      key=lambda r: r.model.name)
-        if idle:
-            self.counters.evictions += 1
-            self.evicting = idle[0]
-            self._queue_unload(idle[0])
+    def _evict(self) -> None:
+        """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693; 6 :760-789):
+        the first idle copy by keep-alive, then name (ByDurationAndName, :1557-1578; 6
+        :738-751; no LRU), so a victim still waiting for the unloader, at keep-alive 0, comes
+        first again; with every copy busy, the first of them, which goes once its calls end
+        (`_zero_keep_alive`). Either way the loader then waits on unloadedCh (:349-358)."""
+        ordered = sorted((r for r in self.residents.values() if r.ready and not r.leaving),
+                         key=lambda r: (r.keep_alive_s, r.model.name))
+        if ordered:
+            self.evicting = True
+            self._zero_keep_alive(next((r for r in ordered if r.idle), ordered[0]))
 
     def _loaded(self, resident: Resident) -> None:
         if self.loading is resident:
@@ -434,11 +481,15 @@ class Gpu:
         resident.running -= 1
         resident.last_used = call.finished = self.now()
         self._start_calls(resident)
-        if not resident.running and not resident.queue:
-            resident.expiry_token += 1
-            token = resident.expiry_token
-            self.schedule(self.now() + self.spec.keep_alive_s,
-                          lambda: self._expire(resident, token))
+        if resident.idle:
+            if resident.expiring or resident.keep_alive_s <= 0:
+                # an expiry put back while it was busy, or an unload asked of it then
+                self._queue_unload(resident)
+            else:
+                resident.expiry_token += 1
+                token = resident.expiry_token
+                self.schedule(self.now() + resident.keep_alive_s,
+                              lambda: self._expire(resident, token))
         self._next_load()
         if call.on_done:
             call.on_done(call)
@@ -446,7 +497,7 @@ class Gpu:
 
     def _expire(self, resident: Resident, token: int) -> None:
         """Its keep-alive ran out: into the unloader's queue like any expiry."""
-        if resident.expiry_token == token and not resident.running and not resident.queue and \
+        if resident.expiry_token == token and resident.idle and \
                 self.residents.get(resident.model.name) is resident:
             self._queue_unload(resident)
             self.on_change()

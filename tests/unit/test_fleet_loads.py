@@ -277,3 +277,121 @@ def test_a_copy_whose_keep_alive_ran_out_goes_through_the_unloader() -> None:
     assert x.finished == pytest.approx(3.0)  # idle from 3 s: expired at 8 s
     assert z.started == pytest.approx(9.0 + 2.0)
     assert card.counters.evictions == 0
+
+
+@pytest.mark.parametrize(("tokens", "killed_at"), [
+    (10, 12.0),  # done at 11 s: idle when the unloader takes it at 12 s
+    (50, 15.0),  # busy at 12 s: put back, killed once its call ends at 15 s
+])
+def test_a_copy_waiting_for_the_unloader_is_still_loaded_and_takes_calls(
+        tokens: int, killed_at: float) -> None:
+    """An expiry waits its turn with the copy still in s.loaded (processCompleted drops it
+    only at the kill, server/sched.go:459-460), so a call for it takes GetRunner's fast path
+    (:197-202) with no load; the unloader puts back an expiry of a busy copy until it is idle
+    (:417-427) and kills it then. Its memory counts once, until it is back."""
+    card = Card(GpuSpec("card", 24576, keep_alive_s=5.0, unload_s=1.0, discovery_s=0.5))
+    card.gpu.rng = MapOrder(backwards=True)
+    # x idle from 2 s, y from 4 s: their keep-alives run out at 7 and 9 s. x killed at 7 s
+    # waits 5 s (y's reading is the baseline and every tick), y's expiry behind it until 12 s
+    x, y = call(1, X, 0.0, 0), call(2, Y, 0.0, 0)
+    again = call(3, Y, 10.0, tokens)
+    held: list[tuple[int, int]] = []
+    card.schedule(10.5, lambda: held.append((card.gpu.used_mib(), card.gpu.held_mib())))
+    card.run([(x, X), (y, Y), (again, Y)])
+    assert again.started == pytest.approx(10.0)  # y still loaded: no load
+    assert again.finished == pytest.approx(10.0 + tokens / 10.0)
+    assert card.counters.cold_loads == 2
+    assert held == [(8000, 8000)]  # y's, once (x's back at 8 s)
+    assert [(t, mib) for t, mib in card.gpu.memory_trace if t > 7.0] == \
+        [(8.0, 8000), (killed_at + 1.0, 0)]
+
+
+def test_the_schedulers_unload_of_a_busy_copy_takes_it_once_its_calls_end() -> None:
+    """keep_alive 0 for a copy still loading finds nothing in s.loaded (server/sched.go:
+    1713-1731); for a busy one it sets its sessionDuration to 0, and the copy goes once its
+    last call ends (:385-392), serving the calls that reach it first."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    first, joins = call(1, X, 0.0, 50), call(2, X, 4.0, 10)  # x loaded at 2 s, busy to 7 s
+    card.schedule(1.0, partial(card.gpu.unload, "x"))  # still loading: no effect
+    card.schedule(3.0, partial(card.gpu.unload, "x"))
+    card.run([(first, X), (joins, X)])
+    assert joins.started == pytest.approx(7.0)  # the copy's one slot, after the first call
+    assert card.counters.evictions == 1
+    # killed when idle at 8 s, alone on the card: its memory back at 9 s
+    assert card.gpu.memory_trace[-1] == (pytest.approx(9.0), 0)
+
+
+# Copies of 8000, 8000, 4000 and 4000 MiB on a 24576 MiB card (24000 MiB), loaded one after
+# the other in 2 s each; a 12000 MiB load that needs a or b gone beside the other
+A = ModelSpec("a", 8000, 10.0, disk_mib=1024)
+B = ModelSpec("b", 8000, 10.0, disk_mib=1024)
+C = ModelSpec("c", 4000, 10.0, disk_mib=1024)
+D = ModelSpec("d", 4000, 10.0, disk_mib=1024)
+TWELVE = ModelSpec("twelve", 12000, 10.0, disk_mib=1024)
+
+
+def test_ollamas_own_eviction_wakes_on_any_unloads_recovery() -> None:
+    """processPending waits on unloadedCh (server/sched.go:349-358; v0.12.6 :250-259), sent
+    after every unload's recovery wait (:463-466; 6 :363-366), not only its victim's: it
+    checks again once the scheduler's unload ahead of its victim is over, and loads as soon
+    as its victim's memory is back, not after the victim's own 5 s wait."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    card.gpu.rng = MapOrder(backwards=True)
+    for ident, model in ((1, A), (2, B), (3, C)):  # loaded at 2, 4 and 6 s
+        card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
+    # a killed at 10 s, c's reading first: 5 s. z does not fit beside b and c (a is going):
+    # b, idle and first by name, is Ollama's victim, queued behind a
+    card.schedule(10.0, partial(card.gpu.unload, "a"))
+    load = call(4, Z, 10.0, 0)
+    card.run([(load, Z)])
+    # a's wait over at 15 s: b killed (c's reading first again: 5 s, to 20 s), the loader
+    # checks again and finds room once b's memory is back at 16 s
+    assert load.started == pytest.approx(16.0 + 2.0)
+    assert (card.counters.evictions, card.counters.overcommits) == (2, 1)
+
+
+def test_a_victim_still_waiting_for_the_unloader_is_ollamas_first_choice_again() -> None:
+    """Woken by another unload's recovery, processPending checks again while its victim still
+    waits its turn: findRunnerToUnload sorts by keep-alive first (ByDurationAndName, server/
+    sched.go:1557-1578; 6 :738-751), and the victim's is 0 (:344; 6 :245), so it picks the
+    victim again, not the copy that went idle meanwhile and sorts first by name."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    card.gpu.rng = MapOrder(backwards=True)
+    busy = call(1, A, 0.0, 100)  # a busy from 2 to 12 s
+    card.schedule(0.0, partial(card.gpu.submit, busy, A))
+    for ident, model in ((2, B), (3, C), (4, D)):  # loaded at 4, 6 and 8 s
+        card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
+    # c killed at 10 s (d's reading first: 5 s), d queued; the load counts a and b: b, the
+    # idle one, is Ollama's victim, queued behind d
+    card.schedule(10.0, partial(card.gpu.unload, "c"))
+    card.schedule(10.0, partial(card.gpu.unload, "d"))
+    load = call(5, TWELVE, 10.0, 0)
+    loaded_at_30: list[str] = []
+    card.schedule(30.0, lambda: loaded_at_30.extend(card.gpu.residents))
+    card.run([(load, TWELVE)])
+    assert busy.finished == pytest.approx(12.0)
+    # 15 s: d killed (a's reading first: 5 s); the loader checks again, a idle since 12 s,
+    # and picks b. 20 s: b killed; room once its memory is back at 21 s
+    assert load.started == pytest.approx(21.0 + 2.0)
+    assert card.counters.evictions == 3  # c, d and b
+    assert loaded_at_30 == ["a", "twelve"]
+
+
+def test_with_every_copy_busy_ollama_waits_for_the_first_by_keep_alive_and_name() -> None:
+    """No idle copy: findRunnerToUnload returns the first by keep-alive and name (server/
+    sched.go:1690-1692; v0.12.6 :786-788), busy; processPending sets its keep-alive to 0 and
+    waits on unloadedCh (:337-358), which another copy going idle does not send. The victim
+    goes once its calls end (:385-392), and the load then fits beside the other copy."""
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5, share_gpu=False))
+    card.gpu.rng = MapOrder(backwards=False)
+    sixteen = ModelSpec("sixteen", 16000, 10.0, disk_mib=1024)  # fits beside one of x, y
+    long, short = call(1, X, 0.0, 100), call(2, Y, 0.0, 20)  # x busy 2-12 s, y 4-6 s
+    load = call(3, sixteen, 5.0, 0)
+    loaded_at_20: list[str] = []
+    card.schedule(20.0, lambda: loaded_at_20.extend(card.gpu.residents))
+    card.run([(long, X), (short, Y), (load, sixteen)])
+    # x killed when idle at 12 s (its own reading first, y's lower: one tick); the loader
+    # finds room beside y and loads once x's memory is back at 13 s
+    assert load.started == pytest.approx(13.0 + 2.0)
+    assert loaded_at_20 == ["y", "sixteen"]
+    assert (card.counters.evictions, card.counters.overcommits) == (1, 1)
