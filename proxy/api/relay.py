@@ -190,6 +190,11 @@ END_EVENTS = {"/v1/chat/completions": b"data: [DONE]", "/v1/completions": b"data
               "/v1/responses": b"event: response.completed"}
 
 
+# The last line of an answer Ollama streams as NDJSON (`"done":true` inside a string would
+# have its quotes escaped)
+ANSWER_DONE = b'"done":true'
+
+
 # How Ollama ends an NDJSON stream that failed after it started (server/routes.go:2116-2124,
 # streamResponse): a line of its own with nothing but the error, the last of the stream.
 OLLAMAS_ERROR_LINE = b'{"error":'
@@ -229,11 +234,16 @@ class RelayStream(StreamingResponse):
 
     def __init__(self, upstream: UpstreamResponse, attempt: Attempt, attempts: Attempts,
                  started: float, chunk_timeout_s: float, headers: dict[str, str],
-                 dialect: Dialect = "ollama", path: str = "") -> None:
+                 dialect: Dialect = "ollama", path: str = "", strip_usage: bool = False
+                 ) -> None:
         self.upstream = upstream
+        self._usage = UsageEventFilter() if strip_usage else None
         self.dialect = dialect
         self.end_event = END_EVENTS.get(path)
-        self._ended = False
+        # What says the answer is whole: a client that leaves once it has it (the openai
+        # client at `[DONE]`) has not left mid-answer, and the call settles as answered
+        self._last_mark = self.end_event or (ANSWER_DONE if dialect == "ollama" else None)
+        self._answered = False
         self.attempt = attempt
         self.attempts = attempts
         self.started = started
@@ -272,8 +282,9 @@ class RelayStream(StreamingResponse):
                     self._called_tools = calls_tool(chunk) or (
                         not ended_with_newline and calls_tool(
                             self._tail[-MARK_OVERLAP:] + chunk[:MARK_OVERLAP]))
-                if self.end_event and not self._ended:  # (may straddle two chunks)
-                    self._ended = self.end_event in self._tail[-len(self.end_event):] + chunk
+                if self._last_mark and not self._answered:  # (may straddle two chunks)
+                    self._answered = self._last_mark in \
+                        self._tail[-len(self._last_mark):] + chunk
                 at_line_start = ended_with_newline
                 ended_with_newline = chunk.endswith(b"\n")
                 self._tail = (self._tail + chunk)[-8192:]
@@ -284,19 +295,24 @@ class RelayStream(StreamingResponse):
                     if chunk:
                         yield chunk
                 else:
-                    yield chunk
+                    if self._usage is not None:
+                        chunk = self._usage.feed(chunk)
+                    if chunk:
+                        yield chunk
                     continue
                 if len(held) > MAX_HELD_ERROR_BYTES:
                     chunk, held = held, None
                     yield chunk
             if held is not None:
                 yield with_reason(held)
+            if self._usage is not None and (rest := self._usage.flush()):
+                yield rest
             self._ok, self._error = True, None
             self._final = final_metrics(self._tail)
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
-            elif self.end_event and not self._ended:
+            elif self.end_event and not self._answered:
                 # the agent must hear of the failure, and it is not a finished call
                 self._ok = False
                 self._error = (f"provider {self.attempt.provider} ended the stream without "
@@ -308,6 +324,8 @@ class RelayStream(StreamingResponse):
             cause = (f"no data for {self.chunk_timeout_s:g} s"
                      if isinstance(exc, TimeoutError) else str(exc))
             self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
+            if self._usage is not None and (rest := self._usage.flush()):
+                yield rest
             # (an error line held back began a line: what was sent ends with a newline)
             at_line_start = ended_with_newline or held is not None
             yield (b"" if at_line_start else b"\n") + stream_error_line(self._error,
@@ -315,7 +333,10 @@ class RelayStream(StreamingResponse):
         finally:
             silence.stop()
         # Before the stream's end reaches the client: its next call must find this one's
-        # ticket gone. (A client that leaves mid-stream is settled by __call__.)
+        # ticket gone. (A client that leaves mid-stream is settled by __call__.) A client
+        # that leaves once it has the last event does not cut the relay or the settling short
+        # (__call__): what the call taught (its prompt's count, its length, a tool loop's
+        # end) would be lost.
         await self._settle()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -330,7 +351,8 @@ class RelayStream(StreamingResponse):
             while (await receive())["type"] != "http.disconnect":
                 pass
             left = True
-            relaying.cancel()
+            if not self._answered:
+                relaying.cancel()
 
         watcher = asyncio.create_task(watch())
         try:
@@ -391,6 +413,52 @@ RELOADING_OPTIONS = frozenset(("num_batch", "num_gpu", "main_gpu", "use_mmap", "
 TRUNCATING_PATHS = frozenset(("/api/chat", "/api/generate", "/api/embed"))
 
 
+# A streamed OpenAI chat answer carries the engine's counts only in a last event the agent
+# asks for (`stream_options.include_usage`, middleware/openai.go:144-156; v0.12.6 :90-103);
+# without them the sidecar learns nothing of the call. It asks for that event itself and
+# drops it from what the agent sees (UsageEventFilter). /v1/completions is left alone: there
+# include_usage puts a `usage` in every chunk (:195-197).
+USAGE_PATH = "/v1/chat/completions"
+
+
+def usage_added(path: str, body: dict[str, Any]) -> bool:
+    """Whether the sidecar asks for the usage event of this call on the agent's behalf: a
+    streamed OpenAI chat whose agent did not ask for it (a `stream_options` that is not an
+    object is left for Ollama to refuse)."""
+    if path != USAGE_PATH or body.get("stream") is not True:
+        return False
+    options = body.get("stream_options")
+    return options is None or (isinstance(options, dict) and
+                               options.get("include_usage", False) is False)
+
+
+class UsageEventFilter:
+    """Drops the usage event (`"choices":[]`, only that event has it: inside a string the
+    quotes are escaped) from a server-sent event stream, whatever the chunks' bounds; an
+    event is held back only while it is incomplete and could be that one."""
+
+    MARK = b'"choices":[]'
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        if not self.pending and chunk.endswith(b"\n\n") and self.MARK not in chunk:
+            return chunk
+        data = self.pending + chunk
+        cut = data.rfind(b"\n\n") + 2 if b"\n\n" in data else 0
+        complete, self.pending = data[:cut], data[cut:]
+        if self.MARK not in complete:
+            return complete
+        events = complete.split(b"\n\n")
+        return b"\n\n".join(e for e in events
+                             if not (self.MARK in e and e.startswith(b"data: {")))
+
+    def flush(self) -> bytes:
+        rest, self.pending = self.pending, b""
+        return rest
+
+
 def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes:
     """The body as the chosen provider gets it: the picked model, num_ctx set to the context
     of the copy planned, no other option that would make Ollama reload it, and `truncate`
@@ -400,6 +468,8 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
         out.pop("keep_alive", None)
     if path in TRUNCATING_PATHS and out.get("truncate") is None:
         out["truncate"] = False
+    if usage_added(path, body):
+        out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     if attempt.placement == STATIC:
         return orjson.dumps(out)
     out.pop("shift", None)
@@ -574,7 +644,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
 
     if data is None:
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
-                           dialect, path)
+                           dialect, path, usage_added(path, body))
     media_type = upstream.content_type or "application/json"
     # Ollama fails a legacy embedding input over the context with 500: the input's fault,
     # not the provider's (docs/engine.md, "A prompt that does not fit").

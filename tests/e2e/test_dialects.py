@@ -242,3 +242,26 @@ def test_anthropic_token_counts_come_from_the_sidecars_own_sizing(
     assert 700 < long.input_tokens < 2000  # ~3,800 characters at 3-4 per token
     with pytest.raises(anthropic.BadRequestError):
         client.messages.count_tokens(model="qwen3:8b", messages="not a list")  # type: ignore[arg-type]
+
+
+def test_a_streamed_chat_teaches_the_sidecar_its_count_without_the_agent_asking(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The sidecar asks Ollama for the usage event the agent did not ask for, learns the
+    prompt's count from it (its characters per token) and drops it from the agent's stream."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    client = client_for(url)
+
+    def chars_per_token() -> float:
+        explained = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:8b"})
+        ratio: float = explained.json()["charsPerToken"]
+        return ratio
+
+    before = chars_per_token()
+    prompt: Any = [{"role": "user", "content": "tokenizer " * 400}]
+    parts = list(client.chat.completions.create(model="qwen3:8b", messages=prompt, stream=True))
+    assert parts and all(p.choices and p.usage is None for p in parts)
+    assert eventually(lambda: chars_per_token() != before)  # (learnt once released)
+    asked = list(client.chat.completions.create(model="qwen3:8b", messages=HI, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert asked[-1].choices == [] and asked[-1].usage is not None  # asked for: kept

@@ -226,6 +226,38 @@ async def test_a_stream_settles_before_its_end_reaches_the_client() -> None:
     assert settled_at_end == [True] and outcomes[0].prompt_eval_count == 3
 
 
+class SlowSettle(OneAttempt):
+    async def settle(self, outcome: CallOutcome) -> None:
+        await asyncio.sleep(0.05)  # the ticket's release written to the store
+        await super().settle(outcome)
+
+
+async def test_a_client_that_leaves_once_it_has_the_last_event_lets_the_call_settle() -> None:
+    """An agent may close the connection as soon as it has read the answer's last event (the
+    openai client at `[DONE]`), while the call settles: what the call taught must not be lost
+    with it."""
+    body = b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'
+    outcomes: list[CallOutcome] = []
+    last_sent = asyncio.Event()
+
+    async def receive() -> Message:
+        await last_sent.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if b'"done":true' in message.get("body", b""):
+            last_sent.set()
+            await asyncio.sleep(0.01)  # the client reads it and leaves
+
+    async for url in serve(answering(NDJSON_HEAD + _chunked(body, b""))):
+        client = OllamaClient(url, Timeouts(1, 1, 1))
+        response = await forward(SlowSettle(Attempt("p", client, "m", "warm"), outcomes),
+                                 "/api/chat", {"model": "m"}, True, 1)
+        await response({"type": "http", "method": "POST", "path": "/"}, receive, send)
+        await client.close()
+    assert len(outcomes) == 1 and outcomes[0].ok and outcomes[0].prompt_eval_count == 3
+
+
 CONTENT = b'{"message":{"role":"assistant","content":"the "},"done":false}\n'
 NESTED = (b'{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":'
           b'"f","arguments":{"error":"x"}}}]},"done":false}\n')
