@@ -272,7 +272,9 @@ class SimApp:
             return sim_dialects.translated_error(request.url.path, body)
         if wrong := sim_bindings.encoding_format_error(body):
             return sim_dialects.error(request.url.path, wrong, 400)
-        answer = await self._embed(request, body, body.get("input"), legacy=False)
+        # the layer passes on the model, input and dimensions alone (middleware/openai.go:427)
+        native = {k: body[k] for k in ("model", "input", "dimensions") if k in body}
+        answer = await self._embed(request, native, body.get("input"), legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
         return _json(sim_dialects.embeddings(answer, str(body.get("model")),

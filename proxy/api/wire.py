@@ -221,9 +221,19 @@ def check_keep_alive(keep_alive: object) -> None:
             raise BadRequest(str(exc), "keep_alive") from None
 
 
+# The schemas whose `keep_alive` Ollama reads: its own API's. Its OpenAI and Anthropic
+# request structs have no such field (openai/openai.go:90-163, openai/responses.go:368,
+# anthropic/anthropic.go:67-82), so there Ollama ignores it, and so does
+# the sidecar.
+KEEPS_ALIVE = (OllamaInference, OllamaEmbed)
+
+
 def zero_keep_alive(parsed: BaseModel) -> bool:
-    """`keep_alive` 0: a number or a Go duration string such as "0", "0s" or "0m"."""
-    keep_alive = getattr(parsed, "keep_alive", None)
+    """`keep_alive` 0 on Ollama's own API: a number or a Go duration string such as "0",
+    "0s" or "0m"."""
+    if not isinstance(parsed, KEEPS_ALIVE):
+        return False
+    keep_alive = parsed.keep_alive
     if isinstance(keep_alive, str):
         try:
             return parse_duration(keep_alive) == 0

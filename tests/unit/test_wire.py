@@ -32,6 +32,23 @@ def test_an_unload_is_keep_alive_zero_with_nothing_to_run(body: dict[str, Any],
     assert wire.asks_to_unload(wire.validate(wire.OllamaInference, body)) is unload
 
 
+@pytest.mark.parametrize(("schema", "body"), [
+    (wire.OpenAIChat, {"messages": []}),
+    (wire.OpenAICompletion, {"prompt": "hi"}),
+    (wire.OpenAIResponses, {"input": "hi"}),
+    (wire.OpenAIEmbed, {"input": "hi"}),
+    (wire.AnthropicMessages, {"messages": []}),
+])
+def test_keep_alive_is_read_only_on_ollamas_own_api(schema: type[wire.Inference],
+                                                    body: dict[str, Any]) -> None:
+    """Ollama's OpenAI and Anthropic request structs have no keep_alive: it is ignored
+    there, so a call on those paths never unloads its model."""
+    parsed = wire.validate(schema, {"model": "m", "keep_alive": 0, **body})
+    assert not wire.zero_keep_alive(parsed) and not wire.asks_to_unload(parsed)
+    for native in (wire.OllamaInference, wire.OllamaEmbed):
+        assert wire.zero_keep_alive(wire.validate(native, {"model": "m", "keep_alive": "0s"}))
+
+
 def test_a_bad_num_ctx_is_named() -> None:
     with pytest.raises(wire.BadRequest) as caught:
         wire.validate(wire.OllamaInference, {"model": "m", "options": {"num_ctx": "big"}})

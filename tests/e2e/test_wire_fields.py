@@ -1,0 +1,92 @@
+"""Request fields the sidecar treats as Ollama does, end to end with the official `ollama` and
+`openai` clients through the sidecar to simulated GPUs: `keep_alive` only where Ollama reads
+it, `suffix` only on a model that can insert, `shift: false` never shifted, Ollama's own
+first checks in its words, and what an unload of an unknown model and `/v1/models` say."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from loadtest.sim_model import CATALOG
+from tests.conftest import eventually
+from tests.e2e.test_dialects import anthropic_for, client_for
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims
+
+HI: Any = [{"role": "user", "content": "hello there"}]
+LLAMA = CATALOG[3]  # llama3.2:3b
+
+
+def _loaded(gpu: Any) -> list[str]:
+    return [m["model"] for m in httpx.get(f"{gpu.url}/api/ps").json()["models"]]
+
+
+def test_keep_alive_on_the_openai_and_anthropic_apis_is_ignored_as_ollama_ignores_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's OpenAI and Anthropic request structs have no keep_alive: a call there that
+    sends `keep_alive: 0` leaves its model loaded."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    reply = client_for(url).chat.completions.create(model="qwen3:8b", messages=HI,
+                                                    extra_body={"keep_alive": 0})
+    assert reply.choices[0].message.content
+    anthropic_for(url).messages.create(model="qwen3:8b", max_tokens=16, messages=HI,
+                                       extra_body={"keep_alive": "0s"})
+    assert not eventually(lambda: not _loaded(gpu), timeout_s=1.0)
+    assert _loaded(gpu) == ["qwen3:8b"] and gpu.sim.stats.unloads == 0
+    # on Ollama's own API it is read: the call's model goes once it ends
+    ollama.Client(host=url).chat(model="qwen3:8b", messages=HI, keep_alive=0)
+    assert eventually(lambda: not _loaded(gpu))
+
+
+def test_the_simulator_ignores_keep_alive_on_openais_embeddings(sim_factory: Sims) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{gpu.url}/v1/embeddings", json={"model": "qwen3:8b", "input": "x",
+                                                     "keep_alive": 0}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert not eventually(lambda: not _loaded(gpu), timeout_s=0.5)
+
+
+def test_an_unload_of_a_model_no_provider_has_is_ollamas_404(sim_factory: Sims,
+                                                             sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    client = ollama.Client(host=url)
+    for unload in (lambda: client.generate(model="nothing:1b", keep_alive=0),
+                   lambda: client.chat(model="nothing:1b", messages=[], keep_alive="0s")):
+        with pytest.raises(ollama.ResponseError) as caught:
+            unload()
+        assert (caught.value.status_code, caught.value.error) == (
+            404, "model 'nothing:1b' not found")
+    assert client.generate(model="qwen3:8b", keep_alive=0).done_reason == "unload"
+    direct = httpx.post(f"{gpu.url}/api/generate", json={"model": "nothing:1b", "keep_alive": 0})
+    assert (direct.status_code, direct.json()) == (404, {"error": "model 'nothing:1b' not found"})
+
+
+def test_openai_models_are_owned_by_their_namespace(sim_factory: Sims,
+                                                    sidecar_factory: Sidecars) -> None:
+    mine = replace(LLAMA, name="someone/llama3.2:3b")
+    gpu = sim_factory("gpu", models=(CATALOG[2], mine), time_scale=SCALE)
+    client = client_for(sidecar_factory([gpu]).url)
+    owners = {m.id: m.owned_by for m in client.models.list()}
+    assert owners == {"qwen3:8b": "library", "someone/llama3.2:3b": "someone"}
+    assert client.models.retrieve("someone/llama3.2:3b").owned_by == "someone"
+
+
+def test_an_openai_refusal_is_in_ollamas_shape_with_the_reason_beside_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    client = client_for(sidecar_factory([gpu]).url)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="qwen3:32b", messages=HI)  # no card holds it
+    assert info.value.status_code == 507
+    body: Any = info.value.body
+    assert {k: v for k, v in body.items() if k != "message"} == {
+        "type": "api_error", "param": None, "code": None}
+    assert "qwen3:32b" in body["message"] and info.value.code is None
+    assert info.value.response.json()["reason"] == "model-too-large"
