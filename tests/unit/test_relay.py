@@ -412,8 +412,8 @@ def test_the_outcome_carries_the_engine_s_counts_and_durations() -> None:
     ("dialect", "expected"),
     [
         ("ollama", b'{"error":"gone","reason":"upstream-failed"}\n'),
-        ("openai", b'data: {"error":{"message":"gone","type":"server_error",'
-                   b'"code":"upstream-failed"},"reason":"upstream-failed"}\n\n'),
+        ("openai", b'data: {"error":{"message":"gone","type":"api_error","param":null,'
+                   b'"code":null},"reason":"upstream-failed"}\n\n'),
         ("anthropic", b'event: error\ndata: {"type":"error","error":{"type":"api_error",'
                       b'"message":"gone"},"reason":"upstream-failed"}\n\n'),
     ],
