@@ -90,3 +90,40 @@ def test_an_openai_refusal_is_in_ollamas_shape_with_the_reason_beside_it(
         "type": "api_error", "param": None, "code": None}
     assert "qwen3:32b" in body["message"] and info.value.code is None
     assert info.value.response.json()["reason"] == "model-too-large"
+
+
+def _ready(url: str) -> None:
+    assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200)
+
+
+def test_a_suffix_goes_only_to_a_model_that_can_insert(sim_factory: Sims,
+                                                       sidecar_factory: Sidecars) -> None:
+    """Ollama refuses a suffix, before any load, on a model whose template has no `.Suffix`
+    (server/routes.go:448-451): the sidecar places it on an in-tolerance candidate that can
+    insert, or answers Ollama's 400 in its words with nothing loaded."""
+    coder = replace(LLAMA, name="qwen2.5-coder:1.5b", insert=True)
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=(CATALOG[2], coder),
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    client = ollama.Client(host=url)
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.generate(model="qwen3:8b", prompt="def add(a, b):", suffix="    return c")
+    assert (caught.value.status_code, caught.value.error) == (
+        400, "registry.ollama.ai/library/qwen3:8b does not support insert")
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).completions.create(model="qwen3:8b", prompt="def add(a, b):",
+                                           suffix="    return c")
+    assert info.value.message.endswith("qwen3:8b does not support insert")
+    assert (gpu.sim.stats.loads, gpu.sim.stats.inference_requests) == (0, 0)
+    assert client.generate(model="qwen3:8b", prompt="hi", suffix="").done  # empty: no insert
+
+    either = sidecar_factory([gpu], model_candidates_mulling=(
+        '[{"model": "qwen3:8b", "score": 70}, {"model": "qwen2.5-coder:1.5b", "score": 65}]')
+                             ).url
+    _ready(either)
+    r = httpx.post(f"{either}/api/generate", json={
+        "model": "qwen3:8b", "prompt": "def add(a, b):", "suffix": "    return c",
+        "stream": False}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kubemoot-model"] == "qwen2.5-coder:1.5b"

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -467,6 +468,11 @@ def test_max_loaded_models_0_is_three_per_gpu(sim_factory: Sims) -> None:
     ("/api/chat", {"model": "phi3:mini", "messages": [{"role": "user", "content": "x"}],
                    "tools": [{"type": "function", "function": {"name": "f"}}]},
      "registry.ollama.ai/library/phi3:mini does not support tools"),
+    # no model of the catalog inserts: their templates have no .Suffix
+    ("/api/generate", {"model": "qwen3:8b", "prompt": "def f(", "suffix": "return x"},
+     "registry.ollama.ai/library/qwen3:8b does not support insert"),
+    ("/api/generate", {"model": "llama3.2:3b", "suffix": "return x"},  # a load too
+     "registry.ollama.ai/library/llama3.2:3b does not support insert"),
 ])
 def test_a_capability_the_model_lacks_is_refused_before_any_load(
         sim_factory: Sims, path: str, body: dict[str, Any], message: str) -> None:
@@ -474,6 +480,21 @@ def test_a_capability_the_model_lacks_is_refused_before_any_load(
     r = httpx.post(f"{sim.url}{path}", json={**body, "stream": False}, timeout=30)
     assert (r.status_code, r.json()) == (400, {"error": message})
     assert sim.sim.stats.loads == 0
+
+
+def test_a_suffix_is_taken_by_a_model_whose_template_has_one(sim_factory: Sims) -> None:
+    """The "insert" capability: listed by /api/show, and a suffix served; an empty suffix
+    asks for nothing (server/routes.go:448-451)."""
+    coder = replace(CATALOG[3], name="qwen2.5-coder:1.5b", insert=True)
+    sim = sim_factory("gpu", models=(coder, CATALOG[2]), time_scale=SCALE)
+    show = httpx.post(f"{sim.url}/api/show", json={"model": "qwen2.5-coder:1.5b"}).json()
+    assert show["capabilities"] == ["completion", "tools", "insert"]
+    assert "insert" not in httpx.post(f"{sim.url}/api/show",
+                                      json={"model": "qwen3:8b"}).json()["capabilities"]
+    for model, suffix in (("qwen2.5-coder:1.5b", "return x"), ("qwen3:8b", "")):
+        r = httpx.post(f"{sim.url}/api/generate", json={
+            "model": model, "prompt": "def f(", "suffix": suffix, "stream": False}, timeout=30)
+        assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize(("options", "message"), [
