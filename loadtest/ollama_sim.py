@@ -290,11 +290,19 @@ class SimApp:
 
     async def _run(self, body: dict[str, Any], chat: bool, request: Request) -> Response:
         sim = self.sim
-        try:  # the body's binding (api.Duration.UnmarshalJSON)
-            keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
-        except ValueError as exc:
-            return _error(str(exc), 400)
+        version = sim.config.version
+        for key, value in body.items():  # the binding's own decoders, in the body's order
+            if key == "keep_alive":  # api.Duration.UnmarshalJSON
+                try:
+                    sim_checks.parse_keep_alive(value)
+                except ValueError as exc:
+                    return _error(str(exc), 400)
+            elif key == "think" and (wrong := sim_bindings.think_error(value, version)):
+                return _error(wrong, 400)
+        keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         if wrong := sim_bindings.native_image_error(body, chat):
+            return _error(wrong, 400)
+        if wrong := sim_bindings.top_logprobs_error(body, version):
             return _error(wrong, 400)
         name = body.get("model")
         if not name or not isinstance(name, str):

@@ -25,6 +25,7 @@ from proxy.api.errors import (
 )
 from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
+from proxy.core.context import Version, parse_version
 from proxy.core.models import model_name, normalise_model
 from proxy.core.tokens import (
     answers_tool_result,
@@ -268,13 +269,18 @@ class SidecarApi:
                 models.append({**model, "provider": provider})
         return _json({"models": models})
 
+    def engine_version(self) -> Version:
+        """The Ollama version whose first checks a body gets: the one the providers last
+        reported, the newest rules when none has yet."""
+        return parse_version(self.probed_version() or self.last_version or "")
+
     async def _read(self, request: Request, schema: type[W], dialect: Dialect = "ollama"
                     ) -> tuple[dict[str, Any], W] | Response:
         """The request's body and its checked fields, or the error answer (413, 400)."""
         body: dict[str, Any] | None = None
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
-            return body, wire.validate(schema, body)
+            return body, wire.validate(schema, body, self.engine_version())
         except BodyTooSlow:
             return error_response(408, "request-timeout", f"the request's body did not "
                                   f"arrive within {BODY_TIMEOUT_S:.0f} s", dialect=dialect)

@@ -127,3 +127,46 @@ def test_a_suffix_goes_only_to_a_model_that_can_insert(sim_factory: Sims,
         "stream": False}, timeout=30)
     assert r.status_code == 200, r.text
     assert r.headers["x-kubemoot-model"] == "qwen2.5-coder:1.5b"
+
+
+THINK_FORMS = '"high", "medium", "low", "max", true, or false'
+
+
+def test_ollamas_first_checks_are_answered_in_its_words_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A `think` value Ollama's decoder refuses and top_logprobs outside 0-20 (from 0.12.11)
+    are its 400s, in its words, before the sidecar places the call."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    client = ollama.Client(host=url)
+    for ask, message in (
+            (dict(think="bogus"), f'invalid think value: "bogus" (must be {THINK_FORMS})'),
+            (dict(top_logprobs=21), "top_logprobs must be between 0 and 20")):
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.chat(model="qwen3:8b", messages=HI, **ask)  # type: ignore[arg-type]
+        assert (caught.value.status_code, caught.value.error) == (400, message)
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).chat.completions.create(model="qwen3:8b", messages=HI, logprobs=True,
+                                                top_logprobs=25)
+    assert info.value.message.endswith("top_logprobs must be between 0 and 20")
+    assert info.value.response.json()["reason"] == "bad-request"
+    with pytest.raises(openai.BadRequestError):
+        client_for(url).completions.create(model="qwen3:8b", prompt="hi", logprobs=21)
+    assert (gpu.sim.stats.loads, gpu.sim.stats.inference_requests) == (0, 0)
+    assert not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"]
+    assert client.chat(model="qwen3:8b", messages=HI, think="max", top_logprobs=20).done
+
+
+def test_an_older_ollamas_checks_are_its_own(sim_factory: Sims,
+                                             sidecar_factory: Sidecars) -> None:
+    """0.12.6 has no top_logprobs (ignored) and no "max" level: its words, without it."""
+    gpu = sim_factory("gpu", version="0.12.6", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    client = ollama.Client(host=url)
+    assert client.chat(model="qwen3:8b", messages=HI, top_logprobs=21).done
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="qwen3:8b", messages=HI, think="max")
+    assert (caught.value.status_code, caught.value.error) == (
+        400, 'invalid think value: "max" (must be "high", "medium", "low", true, or false)')

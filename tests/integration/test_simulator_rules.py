@@ -497,6 +497,45 @@ def test_a_suffix_is_taken_by_a_model_whose_template_has_one(sim_factory: Sims) 
         assert r.status_code == 200, r.text
 
 
+THINK_FORMS = '"high", "medium", "low", "max", true, or false'
+
+
+@pytest.mark.parametrize(("version", "path", "body", "message"), [
+    ("0.33.0", "/api/chat", {"think": "bogus"},
+     f'invalid think value: "bogus" (must be {THINK_FORMS})'),
+    ("0.33.0", "/api/generate", {"think": 1}, f"think must be a boolean or string ({THINK_FORMS})"),
+    ("0.12.6", "/api/chat", {"think": "max"},  # "max" from 0.22.0
+     'invalid think value: "max" (must be "high", "medium", "low", true, or false)'),
+    ("0.33.0", "/api/chat", {"top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+    ("0.33.0", "/api/generate", {"top_logprobs": -1}, "top_logprobs must be between 0 and 20"),
+    ("0.12.6", "/api/chat", {"top_logprobs": 21}, None),  # no such field before 0.12.11
+    ("0.33.0", "/v1/chat/completions", {"top_logprobs": 21},
+     "top_logprobs must be between 0 and 20"),
+    ("0.33.0", "/v1/completions", {"logprobs": 25}, "top_logprobs must be between 0 and 20"),
+    ("0.33.0", "/v1/completions", {"logprobs": -3}, None),  # not positive: none asked
+    # keep_alive and think are decoded in the body's order: the first to fail is answered
+    ("0.33.0", "/api/chat", {"keep_alive": "300", "think": "x"},
+     'time: missing unit in duration "300"'),
+])
+def test_ollamas_first_checks_refuse_before_the_model_is_looked_up(
+        sim_factory: Sims, version: str, path: str, body: dict[str, Any],
+        message: str | None) -> None:
+    """api.ThinkValue's decoder (api/types.go:1202-1222; v0.12.6 :936-956) and the handlers'
+    top_logprobs check (server/routes.go:256-258, 2452-2454, from 0.12.11)."""
+    sim = sim_factory("gpu", version=version, time_scale=SCALE)
+    ask = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else \
+        {"prompt": "x"}
+    r = httpx.post(f"{sim.url}{path}", json={"model": "qwen3:8b", **ask, **body,
+                                             "stream": False}, timeout=30)
+    if message is None:
+        assert r.status_code == 200, r.text
+        return
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["message"] if isinstance(error, dict) else error) == message
+    assert sim.sim.stats.loads == 0
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"stop": "\n"}, 'option "stop" must be of type array'),
     ({"stop": [1]}, 'option "stop" must be of an array of strings'),

@@ -103,3 +103,67 @@ def test_the_answer_cap_is_read_where_ollama_reads_it() -> None:
     # Ollama's OpenAI layer does not read max_completion_tokens: the answer is not capped
     assert answer_cap({"max_completion_tokens": 8}) == 0
     assert answer_cap({"options": {"num_predict": -1}}) == 0
+
+
+NEWEST_FORMS = '"high", "medium", "low", "max", true, or false'
+OLD_FORMS = '"high", "medium", "low", true, or false'
+
+
+@pytest.mark.parametrize(("think", "version", "message"), [
+    ("bogus", wire.NEWEST, f'invalid think value: "bogus" (must be {NEWEST_FORMS})'),
+    ("max", (0, 21, 9), f'invalid think value: "max" (must be {OLD_FORMS})'),  # from 0.22.0
+    ("HIGH", (0, 12, 6), f'invalid think value: "HIGH" (must be {OLD_FORMS})'),
+    ('a"\n\x01é', wire.NEWEST, 'invalid think value: "a\\"\\n\\x01é" (must be '
+     f"{NEWEST_FORMS})"),  # Go's %q
+    (1, wire.NEWEST, f"think must be a boolean or string ({NEWEST_FORMS})"),
+    ([True], (0, 12, 6), f"think must be a boolean or string ({OLD_FORMS})"),
+])
+def test_a_think_value_ollama_refuses_is_its_400_in_its_words(
+        think: object, version: wire.Version, message: str) -> None:
+    """ThinkValue.UnmarshalJSON (api/types.go:1202-1222; v0.12.6 :936-956)."""
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.validate(wire.OllamaInference, {"model": "m", "think": think}, version)
+    assert (str(caught.value), caught.value.field) == (message, "think")
+
+
+def test_the_think_values_ollama_takes_pass() -> None:
+    for think in (True, False, None, "high", "medium", "low", "max"):
+        wire.validate(wire.OllamaInference, {"model": "m", "think": think})
+    wire.validate(wire.OllamaInference, {"model": "m", "think": "low"}, (0, 12, 6))
+
+
+def test_the_first_field_goes_decoder_refuses_is_the_one_named() -> None:
+    """Go's decoder stops at the first field whose own decoder fails, in the body's order."""
+    for body, field in (({"think": "x", "keep_alive": "300"}, "think"),
+                        ({"keep_alive": "300", "think": "x"}, "keep_alive")):
+        with pytest.raises(wire.BadRequest) as caught:
+            wire.validate(wire.OllamaInference, body)
+        assert caught.value.field == field
+
+
+@pytest.mark.parametrize(("schema", "body", "field"), [
+    (wire.OllamaInference, {"top_logprobs": 21}, "top_logprobs"),
+    (wire.OllamaInference, {"top_logprobs": -1}, "top_logprobs"),
+    (wire.OpenAIChat, {"messages": [], "top_logprobs": 25}, "top_logprobs"),
+    (wire.OpenAICompletion, {"logprobs": 21}, "logprobs"),  # its top_logprobs
+])
+def test_top_logprobs_outside_0_to_20_is_ollamas_400(schema: type[wire.Inference],
+                                                     body: dict[str, Any], field: str) -> None:
+    """server/routes.go:256-258, 2452-2454 (from 0.12.11); openai/openai.go:719, 830-843."""
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.validate(schema, {"model": "m", **body})
+    assert (str(caught.value), caught.value.field) == (
+        "top_logprobs must be between 0 and 20", field)
+    wire.validate(schema, {"model": "m", **body}, (0, 12, 10))  # no such field yet: ignored
+
+
+@pytest.mark.parametrize(("schema", "body"), [
+    (wire.OllamaInference, {"top_logprobs": 20}),
+    (wire.OllamaInference, {"top_logprobs": 0}),
+    (wire.OpenAICompletion, {"logprobs": -5}),  # not positive: no logprobs asked
+    (wire.OpenAIChat, {"messages": [], "top_logprobs": 20}),
+    (wire.OpenAIResponses, {"top_logprobs": 99}),  # not a field of that API's requests
+])
+def test_top_logprobs_ollama_takes_pass(schema: type[wire.Inference],
+                                        body: dict[str, Any]) -> None:
+    wire.validate(schema, {"model": "m", **body})
