@@ -364,10 +364,19 @@ class SimApp:
         reply = sim_output.reply_for(body, chat, sim_output.answer_tokens(
             options, sim.config.answer_tokens), sim_output.answer_cap(options),
             sim_checks.thinks(body.get("think"), model))
-        if not fitted.cut and runner.options.shift and fitted.tokens + reply.tokens > runner.ctx:
+        # Context shift: from 0.30 the copy's (llama-server's --context-shift, on for every
+        # family but deepseek2: server/sched.go:129-147), before it each call's own `shift`
+        # (v0.12.6 server/routes.go:495, 2078)
+        shifts = runner.options.shift if sim.newest else body.get("shift") is not False
+        if fitted.tokens + reply.tokens > runner.ctx and not shifts:
+            # Without shift the answer stops at the end of the context, done_reason "length"
+            # (v0.12.6 runner/ollamarunner/runner.go:526-537; llama-server's stop_type
+            # "limit", llm/llama_server.go:1714-1716)
+            reply = sim_output.stopped_at(reply, max(0, runner.ctx - fitted.tokens))
+        elif not fitted.cut and fitted.tokens + reply.tokens > runner.ctx:
             # The answer reaches the end of the context, which the engine shifts: the start
             # of the prompt goes, mid-answer (--context-shift, llm/llama_server.go:420,
-            # 789-795; server/sched.go:129-147 turns it on for every family but deepseek2)
+            # 789-795)
             sim.stats.truncations += 1
             log.info("%s shifted the context under an answer: %d + %d tokens (context %d)",
                      sim.config.name, fitted.tokens, reply.tokens, runner.ctx)

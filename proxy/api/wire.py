@@ -110,6 +110,7 @@ class OllamaInference(_Wire):
     system: str | None = None
     context: list[int] | None = None  # /api/generate: an earlier answer's tokens
     think: bool | Literal["low", "medium", "high", "max"] | None = None
+    shift: bool | None = None  # Ollama's *bool (api/types.go:117, 167)
 
 
 class OllamaEmbed(_Wire):

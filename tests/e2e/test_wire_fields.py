@@ -170,3 +170,25 @@ def test_an_older_ollamas_checks_are_its_own(sim_factory: Sims,
         client.chat(model="qwen3:8b", messages=HI, think="max")
     assert (caught.value.status_code, caught.value.error) == (
         400, 'invalid think value: "max" (must be "high", "medium", "low", true, or false)')
+
+
+@pytest.mark.parametrize("version", ["0.12.6", "0.33.0"])
+def test_an_answer_told_not_to_shift_stops_at_the_context_and_reloads_nothing(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str) -> None:
+    """`shift: false`: an answer that would run past the context stops there with
+    done_reason "length" instead of shifting it silently. 0.12 takes it per call; from 0.30
+    it is a load option that would reload the copy, so the sidecar caps the answer instead.
+    (The official client has no `shift`: the body is posted as it would send it.)"""
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=2048, version=version,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    assert ollama.Client(host=url).chat(model="qwen3:8b", messages=HI).done  # loads it
+    r = httpx.post(f"{url}/api/chat", json={
+        "model": "qwen3:8b", "messages": HI, "stream": False, "shift": False,
+        "options": {"sim_answer_tokens": 3000}}, timeout=30)
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["done_reason"] == "length"
+    assert done["prompt_eval_count"] + done["eval_count"] <= 2048
+    assert (gpu.sim.stats.truncations, gpu.sim.stats.reloads, gpu.sim.stats.loads) == (0, 0, 1)

@@ -158,6 +158,30 @@ def test_an_over_long_prompt_is_cut_or_refused_as_the_version_does(
         assert kept == (2048 if version == "0.12.6" else 2048 - (2048 - 5) // 2)
 
 
+@pytest.mark.parametrize(("version", "body", "reason", "shifted", "reloads"), [
+    # 0.12: each call's own shift (runner/ollamarunner/runner.go:526-537), no reload
+    ("0.12.6", {}, "stop", True, 0),
+    ("0.12.6", {"shift": False}, "length", False, 0),
+    # 0.30+: the copy's (--context-shift); another value reloads it (server/sched.go:1413-1419)
+    ("0.33.0", {}, "stop", True, 0),
+    ("0.33.0", {"shift": False}, "length", False, 1),
+])
+def test_an_answer_that_reaches_the_end_of_the_context_shifts_or_stops(
+        sim_factory: Sims, version: str, body: dict[str, Any], reason: str, shifted: bool,
+        reloads: int) -> None:
+    sim = sim_factory("gpu", total_vram_mib=16376, context_length=2048, version=version,
+                      time_scale=SCALE)
+    assert load(sim, "qwen3:8b").status_code == 200
+    r = chat(sim, "qwen3:8b", "w " * 200, options={"sim_answer_tokens": 3000}, **body)
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["done_reason"] == reason
+    assert (sim.sim.stats.truncations == 1) is shifted
+    assert sim.sim.stats.reloads == reloads
+    if not shifted:  # it filled the context, no further
+        assert done["prompt_eval_count"] + done["eval_count"] == 2048
+
+
 @pytest.mark.parametrize(("version", "path", "body", "status", "message"), [
     ("0.33.0", "/api/embed", {}, 200, None),
     ("0.33.0", "/api/embed", {"truncate": False}, 400, INPUT_TOO_LONG),
