@@ -70,6 +70,7 @@ def test_a_bad_num_ctx_is_named() -> None:
          "messages.0.tool_calls.0.function.arguments", "a valid dictionary or a valid string"),
         (wire.OpenAICompletion, {"prompt": 3}, "prompt", "a valid string or a valid list"),
         (wire.OpenAIEmbed, {"input": {"text": "x"}}, "input", "a valid string or a valid list"),
+        (wire.OllamaInference, {"shift": "no"}, "shift", "a valid boolean"),  # Go's *bool
     ],
 )
 def test_a_field_that_takes_several_forms_is_named_with_every_form(
