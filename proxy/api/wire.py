@@ -280,8 +280,7 @@ def check_keep_alive(keep_alive: object) -> None:
 
 # The schemas whose `keep_alive` Ollama reads: its own API's. Its OpenAI and Anthropic
 # request structs have no such field (openai/openai.go:90-163, openai/responses.go:368,
-# anthropic/anthropic.go:67-82), so there Ollama ignores it, and so does
-# the sidecar.
+# anthropic/anthropic.go:67-82), so there Ollama ignores it, and so does the sidecar.
 KEEPS_ALIVE = (OllamaInference, OllamaEmbed)
 
 
