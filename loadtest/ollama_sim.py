@@ -272,7 +272,9 @@ class SimApp:
             return sim_dialects.translated_error(request.url.path, body)
         if wrong := sim_bindings.encoding_format_error(body):
             return sim_dialects.error(request.url.path, wrong, 400)
-        answer = await self._embed(request, body, body.get("input"), legacy=False)
+        # the layer passes on the model, input and dimensions alone (middleware/openai.go:427)
+        native = {k: body[k] for k in ("model", "input", "dimensions") if k in body}
+        answer = await self._embed(request, native, body.get("input"), legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
         return _json(sim_dialects.embeddings(answer, str(body.get("model")),
@@ -288,11 +290,19 @@ class SimApp:
 
     async def _run(self, body: dict[str, Any], chat: bool, request: Request) -> Response:
         sim = self.sim
-        try:  # the body's binding (api.Duration.UnmarshalJSON)
-            keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
-        except ValueError as exc:
-            return _error(str(exc), 400)
+        version = sim.config.version
+        for key, value in body.items():  # the binding's own decoders, in the body's order
+            if key == "keep_alive":  # api.Duration.UnmarshalJSON
+                try:
+                    sim_checks.parse_keep_alive(value)
+                except ValueError as exc:
+                    return _error(str(exc), 400)
+            elif key == "think" and (wrong := sim_bindings.think_error(value, version)):
+                return _error(wrong, 400)
+        keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         if wrong := sim_bindings.native_image_error(body, chat):
+            return _error(wrong, 400)
+        if wrong := sim_bindings.top_logprobs_error(body, version):
             return _error(wrong, 400)
         name = body.get("model")
         if not name or not isinstance(name, str):
@@ -354,10 +364,19 @@ class SimApp:
         reply = sim_output.reply_for(body, chat, sim_output.answer_tokens(
             options, sim.config.answer_tokens), sim_output.answer_cap(options),
             sim_checks.thinks(body.get("think"), model))
-        if not fitted.cut and runner.options.shift and fitted.tokens + reply.tokens > runner.ctx:
+        # Context shift: from 0.30 the copy's (llama-server's --context-shift, on for every
+        # family but deepseek2: server/sched.go:129-147), before it each call's own `shift`
+        # (v0.12.6 server/routes.go:495, 2078)
+        shifts = runner.options.shift if sim.newest else body.get("shift") is not False
+        if fitted.tokens + reply.tokens > runner.ctx and not shifts:
+            # Without shift the answer stops at the end of the context, done_reason "length"
+            # (v0.12.6 runner/ollamarunner/runner.go:526-537; llama-server's stop_type
+            # "limit", llm/llama_server.go:1714-1716)
+            reply = sim_output.stopped_at(reply, max(0, runner.ctx - fitted.tokens))
+        elif not fitted.cut and fitted.tokens + reply.tokens > runner.ctx:
             # The answer reaches the end of the context, which the engine shifts: the start
             # of the prompt goes, mid-answer (--context-shift, llm/llama_server.go:420,
-            # 789-795; server/sched.go:129-147 turns it on for every family but deepseek2)
+            # 789-795)
             sim.stats.truncations += 1
             log.info("%s shifted the context under an answer: %d + %d tokens (context %d)",
                      sim.config.name, fitted.tokens, reply.tokens, runner.ctx)

@@ -1,6 +1,8 @@
 """Inputs Ollama refuses that the other checks do not cover, with its exact words: an image
 that is not base64 (Go's encoding/json decodes api.ImageData, a []byte, with
-base64.StdEncoding: 400 at binding), `raw` with a system, template or context
+base64.StdEncoding: 400 at binding), a `think` value api.ThinkValue does not take (400 at
+binding, api/types.go:1202-1222), top_logprobs outside 0-20 (from 0.12.11,
+server/routes.go:256-258, 2452-2454), `raw` with a system, template or context
 (server/routes.go:422-424), a `format` neither "json" nor a schema object (refused by the
 runner, llm/llama_server.go:1584-1595, 2308-2326: a 500 after the load), and the OpenAI
 layer's binding and conversion refusals (middleware/openai.go:360-373, 395-423, 446-465,
@@ -15,6 +17,7 @@ from typing import Any
 import orjson
 
 from .sim_checks import go_quote
+from .sim_engine import version_tuple
 
 BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 NEWLINES = b"\r\n"
@@ -80,6 +83,28 @@ def native_image_error(body: dict[str, Any], chat: bool) -> str | None:
             if isinstance(image, str) and (wrong := base64_error(image)):
                 return wrong
     return None
+
+
+def think_error(think: Any, version: str) -> str | None:
+    """api.ThinkValue.UnmarshalJSON: a bool or a level; "max" from 0.22.0 (v0.12.6
+    api/types.go:936-956 has none)."""
+    if think is None or isinstance(think, bool):
+        return None
+    levels = ("high", "medium", "low", "max") if version_tuple(version) >= (0, 22, 0) else \
+        ("high", "medium", "low")
+    forms = "".join(f'"{level}", ' for level in levels) + "true, or false"
+    if not isinstance(think, str):
+        return f"think must be a boolean or string ({forms})"
+    return None if think in levels else f"invalid think value: {go_quote(think)} (must be {forms})"
+
+
+def top_logprobs_error(body: dict[str, Any], version: str) -> str | None:
+    """GenerateHandler's and ChatHandler's range check, once the body is bound."""
+    value = body.get("top_logprobs")
+    if version_tuple(version) < (0, 12, 11) or isinstance(value, bool) or \
+            not isinstance(value, int) or 0 <= value <= 20:
+        return None
+    return "top_logprobs must be between 0 and 20"
 
 
 def raw_refusal(body: dict[str, Any]) -> str | None:

@@ -117,7 +117,8 @@ def capability_refusal(model: SimModel, body: dict[str, Any], chat: bool, relax:
                        ) -> str | None:
     """The 400 Ollama answers, before any load, for what the model cannot do: thinking asked
     of a model without it (dropped instead behind the Anthropic layer: `relax`), chat or
-    generate on a model without "completion", tools on one without "tools"."""
+    generate on a model without "completion", tools on one without "tools", a generate
+    `suffix` on one without "insert" (server/routes.go:448-451)."""
     asked = str(body.get("model"))
     if not model.thinks and thinks(body.get("think"), model) and not relax:
         return f"{go_quote(asked)} does not support thinking"
@@ -125,4 +126,7 @@ def capability_refusal(model: SimModel, body: dict[str, Any], chat: bool, relax:
         return f"{go_quote(asked)} does not support {'chat' if chat else 'generate'}"
     if chat and body.get("tools") and not model.tools:
         return f"{DEFAULT_HOST}{model.name} does not support tools"
+    suffix = body.get("suffix")
+    if not chat and isinstance(suffix, str) and suffix and not model.insert:
+        return f"{DEFAULT_HOST}{model.name} does not support insert"
     return None

@@ -91,6 +91,9 @@ def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
         native["prompt"] = _text(body.get("prompt"))
         if body.get("suffix"):
             native["suffix"] = body["suffix"]
+        logprobs = body.get("logprobs")  # its top_logprobs when positive (openai.go:830-843)
+        if isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs > 0:
+            native["top_logprobs"] = logprobs
         return native
     if path == RESPONSES:
         native["messages"], tools = _responses_messages(body), [
@@ -106,6 +109,8 @@ def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
         native["messages"] = [{**m, "content": _text(m.get("content"))}
                               for m in body.get("messages") or [] if isinstance(m, dict)]
         tools = body.get("tools") or []
+        if "top_logprobs" in body:  # openai/openai.go:719
+            native["top_logprobs"] = body["top_logprobs"]
         native.update(_openai_format_and_think(body))
     if tools:  # `tool_choice` is not read: Ollama offers the model every tool regardless
         native["tools"] = tools

@@ -54,6 +54,9 @@ class SimModel:
     embedding: bool = False  # has <arch>.pooling_type: one slot, /api/embed only
     vision: bool = False
     tools: bool = True  # its template renders tools (the "tools" capability)
+    # Its template has `.Suffix` (the "insert" capability, server/images.go:251-253): none of
+    # the catalog's (qwen3's, llama3.2's and phi3's templates on ollama.com have none)
+    insert: bool = False
     # What of the file lands on the GPU (llama.cpp keeps the token embeddings on the CPU),
     # and the compute buffers a batch of 512 needs.
     gpu_weights_share: float = 0.97

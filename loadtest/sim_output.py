@@ -99,6 +99,12 @@ def reply_for(body: dict[str, Any], chat: bool, n_tokens: int, cap: int | None,
     return _capped([*thought, *said], cap)
 
 
+def stopped_at(reply: Reply, tokens: int) -> Reply:
+    """The answer cut at `tokens` tokens, ending done_reason "length" (the end of a context
+    the engine does not shift)."""
+    return _capped(reply.pieces, tokens) if reply.tokens > tokens else reply
+
+
 def _capped(pieces: list[Piece], cap: int | None) -> Reply:
     if cap is None or sum(p.tokens for p in pieces) <= cap:
         return Reply(pieces)

@@ -756,6 +756,8 @@ class OllamaSim:
             parameters.append(f"{'num_ctx':<30} {model.modelfile_num_ctx}")
         capabilities = ["embedding"] if model.embedding else \
             ["completion", "tools"] if model.tools else ["completion"]
+        if model.insert and not model.embedding:
+            capabilities.append("insert")
         if model.thinks:
             capabilities.append("thinking")
         if model.vision:

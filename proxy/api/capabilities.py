@@ -29,8 +29,10 @@ def call_needs(path: str, body: dict[str, Any], model: str) -> Needs:
     checks them: thinking asked of a model that cannot think (`think`; on the OpenAI paths
     a reasoning effort, openai/openai.go:697-705 and responses.go:575; the Anthropic layer
     relaxes it, server/routes.go:2624), then a model without "completion" (an embedding
-    model), then `tools` on a model without "tools" (a scheduling error, which names the
-    model in full: server/images.go:543-584, routes.go:3107-3110). /api/embed needs
+    model), then `tools` on a model without "tools", or a non-empty `suffix` (generate's,
+    /v1/completions', openai/openai.go:841) on one without "insert" (its template has no
+    `.Suffix`, server/images.go:251-253): scheduling errors, which name the model in full
+    (server/routes.go:448-451, images.go:543-584, routes.go:3107-3110). /api/embed needs
     nothing: Ollama embeds with any model (routes.go:854)."""
     if path in CHAT_PATHS:
         verb = "chat"
@@ -46,6 +48,9 @@ def call_needs(path: str, body: dict[str, Any], model: str) -> Needs:
     tools = body.get("tools")
     if verb == "chat" and isinstance(tools, list) and tools:
         needs.append(("tools", f"{full_model_name(model)} does not support tools"))
+    suffix = body.get("suffix")
+    if verb == "generate" and isinstance(suffix, str) and suffix:
+        needs.append(("insert", f"{full_model_name(model)} does not support insert"))
     return tuple(needs)
 
 

@@ -27,12 +27,18 @@ def dialect_of(path: str) -> Dialect:
     return "openai" if path.startswith("/v1/") else "ollama"
 
 
+def openai_error(status: int, message: str) -> dict[str, object]:
+    """Ollama's OpenAI error object (openai/openai.go:225-237 NewError): its type by status,
+    `param` and `code` null (the sidecar's reason is at the body's top level)."""
+    kind = "invalid_request_error" if status == 400 else \
+        "not_found_error" if status == 404 else "api_error"
+    return {"message": message, "type": kind, "param": None, "code": None}
+
+
 def error_body(status: int, reason: str, message: str, dialect: Dialect = "ollama"
                ) -> dict[str, object]:
-    if dialect == "openai":  # OpenAI clients read error.message
-        kind = "server_error" if status >= 500 else \
-            "not_found_error" if status == 404 else "invalid_request_error"
-        return {"error": {"message": message, "type": kind, "code": reason}, "reason": reason}
+    if dialect == "openai":  # OpenAI clients read error.message; the shape is Ollama's
+        return {"error": openai_error(status, message), "reason": reason}
     if dialect == "anthropic":  # Anthropic clients read error.type and error.message
         kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else
                                    "invalid_request_error")
@@ -64,14 +70,11 @@ def provider_refusal(status: int, message: str, model: str, dialect: Dialect = "
     """The body of a provider's refusal (a 4xx before its answer began) in the caller's
     dialect, as the sidecar's own refusals are: Ollama's message, a `reason` and the model.
     On the OpenAI and Anthropic paths the engine's own error object (its type, Anthropic's
-    request_id) is kept as Ollama's layers wrote it; an OpenAI `code` it left empty is the
-    reason (by status unless given)."""
+    request_id) is kept as Ollama's layers wrote it; the reason is by status unless given."""
     reason = reason or PROVIDER_REASONS.get(status, "provider-refused")
     body = error_body(status, reason, message, dialect)
     theirs = _object(upstream) if dialect != "ollama" else None
-    if theirs is not None and isinstance(error := theirs.get("error"), dict):
-        if dialect == "openai" and error.get("code") is None:
-            theirs["error"] = {**error, "code": reason}
+    if theirs is not None and isinstance(theirs.get("error"), dict):
         body = {**theirs, "reason": reason}
     return orjson.dumps({**body, "model": model})
 

@@ -27,6 +27,7 @@ from proxy.api.errors import (
     refusal_response,
     stream_error_line,
 )
+from proxy.core.context import unshifted_answer_cap
 from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
@@ -401,10 +402,11 @@ class SettlingResponse(Response):
 
 
 # Load options: a call whose values differ from the loaded copy's makes Ollama reload it
-# (server/sched.go needsReload), as does `shift: false`. The sidecar loads every copy with
-# Ollama's own values for these, so it leaves them out of what it sends.
+# (server/sched.go needsReload), as does a `shift` from 0.30. The sidecar loads every copy
+# with Ollama's own values for these, so it leaves them out of what it sends.
 RELOADING_OPTIONS = frozenset(("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
                                "draft_num_predict"))
+SHIFTING_PATHS = frozenset(("/api/chat", "/api/generate"))  # where Ollama reads `shift`
 
 
 # Where Ollama cuts a prompt (an embedding's input) longer than the context unless told
@@ -461,8 +463,8 @@ class UsageEventFilter:
 
 def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes:
     """The body as the chosen provider gets it: the picked model, num_ctx set to the context
-    of the copy planned, no other option that would make Ollama reload it, and `truncate`
-    off unless the agent asked for it."""
+    of the copy planned, no other option that would make Ollama reload it, `truncate` off
+    unless the agent asked for it, and `shift` as the engine can take it without a reload."""
     out = {**body, "model": attempt.model}
     if attempt.strip_keep_alive:
         out.pop("keep_alive", None)
@@ -472,14 +474,35 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
         out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     if attempt.placement == STATIC:
         return orjson.dumps(out)
-    out.pop("shift", None)
+    shift = out.pop("shift", None)
     options = out.get("options")
     if isinstance(options, dict) or attempt.num_ctx:
         kept = options if isinstance(options, dict) else {}
         out["options"] = {k: v for k, v in kept.items() if k not in RELOADING_OPTIONS}
         if attempt.num_ctx:
             out["options"]["num_ctx"] = attempt.num_ctx
+    if path in SHIFTING_PATHS and shift is not None:
+        out.update(shift_payload(attempt, shift, out.get("options")))
     return orjson.dumps(out)
+
+
+def shift_payload(attempt: Attempt, shift: object, options: object) -> dict[str, Any]:
+    """What stands for the call's `shift` in the body sent. Before 0.30 the engine takes it
+    per call: sent as it is. From 0.30 it is a load option (another value reloads the copy),
+    so it is left out, and `shift: false` is kept by capping num_predict where the answer
+    would reach the end of the context: it stops there with done_reason "length", as Ollama
+    ends it without shift, instead of shifting. (A copy whose context is not known cannot
+    be capped: there `shift: false` is sent, and Ollama reloads the copy to honour it.)"""
+    if not attempt.shift_at_load or (shift is False and not attempt.context_length):
+        return {"shift": shift}
+    if shift is not False:
+        return {}
+    cap = unshifted_answer_cap(attempt.context_length, attempt.estimated_tokens)
+    kept = dict(options) if isinstance(options, dict) else {}
+    asked = kept.get("num_predict")
+    if isinstance(asked, bool) or not isinstance(asked, int | float) or not 0 < asked <= cap:
+        kept["num_predict"] = cap
+    return {"options": kept}
 
 
 def engine_error(data: bytes) -> str:

@@ -25,6 +25,7 @@ from proxy.api.errors import (
 )
 from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
+from proxy.core.context import Version, parse_version
 from proxy.core.models import model_name, normalise_model
 from proxy.core.tokens import (
     answers_tool_result,
@@ -37,6 +38,7 @@ from proxy.observability.metrics import Metrics
 from proxy.ports import ModelEntry, ModelServer, UpstreamError
 from proxy.service.codec import parse_rfc3339, rfc3339
 from proxy.service.routing import NO_PROMPT, CallRequest, Calls, ProviderPool
+from proxy.settings import ollama_name_parts
 
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
@@ -248,6 +250,15 @@ class SidecarApi:
                 seen.setdefault(model_name(model), model)
         return seen
 
+    async def _on_a_provider(self, model: str) -> bool:
+        """Whether some provider has the model: its fresh state says so, else its
+        `/api/tags`. True when no provider answered: nothing says the model is missing."""
+        if self.holders(model):
+            return True
+        gathered = await self._gather(lambda c: c.tags(3.0))
+        return not gathered or any(normalise_model(model) in map(model_name, listed)
+                                   for _, listed in gathered)
+
     async def tags(self, request: Request) -> Response:
         return _json({"models": list((await self._provider_models()).values())})
 
@@ -258,13 +269,18 @@ class SidecarApi:
                 models.append({**model, "provider": provider})
         return _json({"models": models})
 
+    def engine_version(self) -> Version:
+        """The Ollama version whose first checks a body gets: the one the providers last
+        reported, the newest rules when none has yet."""
+        return parse_version(self.probed_version() or self.last_version or "")
+
     async def _read(self, request: Request, schema: type[W], dialect: Dialect = "ollama"
                     ) -> tuple[dict[str, Any], W] | Response:
         """The request's body and its checked fields, or the error answer (413, 400)."""
         body: dict[str, Any] | None = None
         try:
             body = wire.parse_body(await read_capped(request, self.max_request_bytes))
-            return body, wire.validate(schema, body)
+            return body, wire.validate(schema, body, self.engine_version())
         except BodyTooSlow:
             return error_response(408, "request-timeout", f"the request's body did not "
                                   f"arrive within {BODY_TIMEOUT_S:.0f} s", dialect=dialect)
@@ -356,8 +372,10 @@ class SidecarApi:
 
     @staticmethod
     def _openai_model(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+        """Ollama's OpenAI model object: `owned_by` is the name's namespace, "library" for a
+        plain name (openai/openai.go:462 ToListCompletion, :519 ToModel)."""
         return {"id": name, "object": "model", "created": unix_time(entry.get("modified_at")),
-                "owned_by": "library"}
+                "owned_by": ollama_name_parts(name)["namespace"]}
 
     async def openai_models(self, request: Request) -> Response:
         models = await self._provider_models()
@@ -448,7 +466,12 @@ class SidecarApi:
                              disconnected=call.disconnected)
 
     async def _unload(self, model: str, path: str) -> Response:
-        """Ollama's answer to an unload, after asking every provider that has the model."""
+        """Ollama's answer to an unload, after asking every provider that has the model; a
+        model no provider has is Ollama's 404, which it answers before it looks for a copy
+        to unload (server/routes.go:289 before :404 generate, :2485 before :2505 chat; v0.12.6
+        :198 before :293, :1830 before :1840)."""
+        if not await self._on_a_provider(model):
+            return error_response(404, "model-not-found", f"model '{model}' not found", model)
         await self.unload(model)
         answer: dict[str, Any] = {"model": model, "created_at": rfc3339(time.time()), "done": True,
                                   "done_reason": "unload"}

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from proxy.core.context import NEWEST, Version
 from proxy.core.durations import DurationError, parse_duration
 
 
@@ -109,6 +110,7 @@ class OllamaInference(_Wire):
     system: str | None = None
     context: list[int] | None = None  # /api/generate: an earlier answer's tokens
     think: bool | Literal["low", "medium", "high", "max"] | None = None
+    shift: bool | None = None  # Ollama's *bool (api/types.go:117, 167)
 
 
 class OllamaEmbed(_Wire):
@@ -211,6 +213,61 @@ class ShowRequest(_Wire):
     name: ModelName | None = None
 
 
+# ThinkValue.UnmarshalJSON (api/types.go:1202-1222; v0.12.6 :936-956): the levels `think`
+# takes, "max" from 0.22.0
+THINK_LEVELS = ("high", "medium", "low")
+MAX_THINK_SINCE: Version = (0, 22, 0)
+# GenerateHandler and ChatHandler refuse top_logprobs outside 0-20 from 0.12.11, once the
+# body is read (server/routes.go:256-258, 2452-2454); before, the field does not exist.
+TOP_LOGPROBS_CHECKED_SINCE: Version = (0, 12, 11)
+MAX_TOP_LOGPROBS = 20
+GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+              "\v": "\\v", '"': '\\"', "\\": "\\\\"}
+
+
+def go_quoted(text: str) -> str:
+    """Go's %q (strconv.Quote): printable characters as they are, the rest escaped."""
+    out: list[str] = []
+    for char in text:
+        code = ord(char)
+        out.append(GO_ESCAPES.get(char) or (char if char.isprintable() else
+                   f"\\x{code:02x}" if code < 0x80 else
+                   f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"))
+    return '"' + "".join(out) + '"'
+
+
+def check_think(think: object, version: Version = NEWEST) -> None:
+    """Ollama's binding of `think`: a boolean or one of the version's levels, else its 400
+    in its words (`invalid think value: "bogus" (must be "high", ...)`)."""
+    if think is None or isinstance(think, bool):
+        return
+    levels = THINK_LEVELS + (("max",) if version >= MAX_THINK_SINCE else ())
+    forms = "".join(f'"{level}", ' for level in levels) + "true, or false"
+    if not isinstance(think, str):
+        raise BadRequest(f"think must be a boolean or string ({forms})", "think")
+    if think not in levels:
+        raise BadRequest(f"invalid think value: {go_quoted(think)} (must be {forms})", "think")
+
+
+def check_top_logprobs(body: dict[str, Any], schema: type[BaseModel],
+                       version: Version = NEWEST) -> None:
+    """Ollama's 400 for top_logprobs outside 0-20: the field on its own API and OpenAI's
+    chat, a positive `logprobs` on OpenAI's completions (openai/openai.go:719, 830-843)."""
+    if version < TOP_LOGPROBS_CHECKED_SINCE:
+        return
+    if schema is OpenAICompletion:
+        value = body.get("logprobs")
+        wrong = isinstance(value, int) and value > MAX_TOP_LOGPROBS
+    elif schema in (OllamaInference, OpenAIChat):
+        value = body.get("top_logprobs")
+        wrong = isinstance(value, int) and not 0 <= value <= MAX_TOP_LOGPROBS
+    else:
+        return
+    if wrong and not isinstance(value, bool):
+        raise BadRequest(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
+                         "logprobs" if schema is OpenAICompletion else "top_logprobs")
+
+
 def check_keep_alive(keep_alive: object) -> None:
     """A string `keep_alive` is a Go duration or Ollama's 400 with Go's words: "300" and
     "-1" lack their unit (`time: missing unit in duration "300"`); only "0" may."""
@@ -221,9 +278,18 @@ def check_keep_alive(keep_alive: object) -> None:
             raise BadRequest(str(exc), "keep_alive") from None
 
 
+# The schemas whose `keep_alive` Ollama reads: its own API's. Its OpenAI and Anthropic
+# request structs have no such field (openai/openai.go:90-163, openai/responses.go:368,
+# anthropic/anthropic.go:67-82), so there Ollama ignores it, and so does the sidecar.
+KEEPS_ALIVE = (OllamaInference, OllamaEmbed)
+
+
 def zero_keep_alive(parsed: BaseModel) -> bool:
-    """`keep_alive` 0: a number or a Go duration string such as "0", "0s" or "0m"."""
-    keep_alive = getattr(parsed, "keep_alive", None)
+    """`keep_alive` 0 on Ollama's own API: a number or a Go duration string such as "0",
+    "0s" or "0m"."""
+    if not isinstance(parsed, KEEPS_ALIVE):
+        return False
+    keep_alive = parsed.keep_alive
     if isinstance(keep_alive, str):
         try:
             return parse_duration(keep_alive) == 0
@@ -300,10 +366,24 @@ def _field(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-def validate(model: type[W], body: dict[str, Any]) -> W:
+def check_binding(body: dict[str, Any], schema: type[BaseModel], version: Version) -> None:
+    """The fields Ollama's own API reads with a decoder of their own (api.Duration,
+    api.ThinkValue), in the body's order: Go's decoder stops at the first that fails."""
+    for key, value in body.items():
+        if key == "keep_alive":
+            check_keep_alive(value)
+        elif key == "think" and schema is OllamaInference:
+            check_think(value, version)
+
+
+def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) -> W:
+    """The body's fields the sidecar reads, checked as Ollama `version` checks them (the
+    newest rules by default)."""
     if model in (OllamaInference, OllamaEmbed):
-        # Ollama reads the body (keep_alive) before it reads the options
-        check_keep_alive(body.get("keep_alive"))
+        # Ollama reads the body (keep_alive, think) before it reads the options
+        check_binding(body, model, version)
+    check_top_logprobs(body, model, version)
+    if model in (OllamaInference, OllamaEmbed):
         check_options(body.get("options"))
     try:
         return model.model_validate(body)

@@ -134,6 +134,25 @@ def reserve(context: int, answer_tokens: int, generates: bool = True, capped: bo
     return max(0 if capped and wanted else ANSWER_RESERVE, wanted) + 1
 
 
+# Context shift, and what a call's `shift: false` asks (an answer that reaches the end of the
+# context stops, done_reason "length", instead of shifting): before 0.30 each call's own
+# (v0.12.6 runner/ollamarunner/runner.go:526-537, runner/llamarunner/runner.go:404-411); from
+# 0.30 a load option of the copy, llama-server's --context-shift, which a call whose `shift`
+# differs reloads (server/sched.go:129-147, 1413-1419; without it llama-server stops the
+# answer at the context's end, llm/llama_server.go:1714-1716).
+SHIFT_AT_LOAD_SINCE: Version = (0, 30, 0)
+# Of a prompt's estimate, the share kept free besides when an answer must not reach the end
+# of the context: what the estimate may fall short by.
+ESTIMATE_SHORTFALL = 8  # an eighth
+
+
+def unshifted_answer_cap(context: int, prompt_tokens: int) -> int:
+    """num_predict that keeps an answer from reaching the end of a context of `context`
+    tokens after a prompt estimated at `prompt_tokens`, so the engine never shifts it: the
+    engine's one token and an eighth of the estimate kept free. At least 1."""
+    return max(1, context - 1 - prompt_tokens - prompt_tokens // ESTIMATE_SHORTFALL)
+
+
 def fits(prompt_tokens: int, context: int, answer_tokens: int = 0, generates: bool = True,
          capped: bool = False) -> bool:
     """Whether the prompt fits with room for the answer; an unknown context (0) never

@@ -105,6 +105,8 @@ class Attempt:
     # whose load options differ); 0 leaves the body's options alone
     num_ctx: int = 0
     strip_keep_alive: bool = False  # keep_alive 0: the sidecar unloads when it is safe
+    # The engine takes `shift` as a load option of the copy (0.30+), not per call
+    shift_at_load: bool = False
     estimated_tokens: int = 0
     binding: str = "env"  # the candidates' source and revision, as resolved for this call
     watches_tool_calls: bool = False  # a loop's step: whether its answer calls a tool

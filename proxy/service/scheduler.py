@@ -395,14 +395,17 @@ class Scheduler:
                 self._spawn(self.claims.book(claimed).release(claimed.ticket))
                 raise
         self.experience.start_trial(placement.provider, self.clock.now())
-        self.learning.sent(placement, spec.conversation, self.provider_view(placement.provider),
-                           claimed.ticket.ticket_id, self.clock.now())
+        view = self.provider_view(placement.provider)
+        self.learning.sent(placement, spec.conversation, view, claimed.ticket.ticket_id,
+                           self.clock.now())
         self.claims.hold(claimed)
         attempt = Attempt(placement.provider, client, placement.model,
                           "held" if held_plan else placement.kind,
                           evicted=tuple(placement.evicts), waited_ms=waited_ms,
                           num_ctx=placement.num_ctx if call.pins_context else 0,
                           strip_keep_alive=call.unloads_after,
+                          shift_at_load=context.parse_version(view.version) >=
+                          context.SHIFT_AT_LOAD_SINCE,
                           estimated_tokens=spec.prompt_tokens,
                           context_length=placement.context_length,
                           binding=self.binding_label(call) if binding is None else binding,

@@ -55,7 +55,7 @@ def test_a_call_from_an_origin_not_allowed_is_403_as_ollama_answers_it(
     chat = httpx.post(f"{url}/v1/chat/completions", headers=evil, json={
         "model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}]})
     assert chat.status_code == 403 and chat.json()["reason"] == "origin-not-allowed"
-    assert chat.json()["error"]["code"] == "origin-not-allowed"  # OpenAI's shape there
+    assert chat.json()["error"]["type"] == "api_error"  # Ollama's OpenAI shape there
     assert gpu.sim.stats.inference_requests == 0  # refused before it reached a GPU
     host = url.removeprefix("http://")
     for headers in ({}, {"Origin": f"http://{host}"}, {"Origin": "http://localhost:3000"}):

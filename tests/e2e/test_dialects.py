@@ -95,8 +95,10 @@ def test_a_completion_prompt_no_context_holds_is_refused_unseen(sim_factory: Sim
     with pytest.raises(openai.APIStatusError) as info:
         client.completions.create(model="qwen3:8b", prompt="word " * 20000)
     assert info.value.status_code == 413
-    body: Any = info.value.body
-    assert body["code"] == "prompt-too-large" and "OLLAMA_CONTEXT_LENGTH" in body["message"]
+    body: Any = info.value.body  # the error object, in Ollama's shape
+    assert (body["type"], body["code"]) == ("api_error", None)
+    assert "OLLAMA_CONTEXT_LENGTH" in body["message"]
+    assert info.value.response.json()["reason"] == "prompt-too-large"  # at the top level
     assert gpu.sim.stats.inference_requests == 0 and gpu.sim.stats.truncations == 0
 
 
@@ -202,7 +204,7 @@ def test_an_openai_stream_cut_by_its_provider_raises_in_the_client_with_the_reas
     # Ollama's OpenAI layer ends it without [DONE] (middleware/openai.go:80-160)
     assert "without [DONE]" in info.value.message
     body: Any = info.value.body
-    assert (body["code"], body["type"]) == ("upstream-failed", "server_error")
+    assert (body["code"], body["type"]) == (None, "api_error")
     assert eventually(lambda: no_tickets(url))
 
 

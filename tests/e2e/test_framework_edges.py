@@ -38,7 +38,7 @@ def test_a_wrong_method_is_405_in_the_callers_shape(sim_factory: Sims,
     body = r.json()
     assert body["reason"] == "method-not-allowed"
     if shape == "openai":
-        assert body["error"]["code"] == "method-not-allowed"
+        assert (body["error"]["type"], body["error"]["code"]) == ("api_error", None)
     elif shape == "anthropic":
         assert body["type"] == "error" and body["error"]["message"]
     else:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -155,6 +156,30 @@ def test_an_over_long_prompt_is_cut_or_refused_as_the_version_does(
     if cut:
         kept = r.json()["prompt_eval_count"]
         assert kept == (2048 if version == "0.12.6" else 2048 - (2048 - 5) // 2)
+
+
+@pytest.mark.parametrize(("version", "body", "reason", "shifted", "reloads"), [
+    # 0.12: each call's own shift (runner/ollamarunner/runner.go:526-537), no reload
+    ("0.12.6", {}, "stop", True, 0),
+    ("0.12.6", {"shift": False}, "length", False, 0),
+    # 0.30+: the copy's (--context-shift); another value reloads it (server/sched.go:1413-1419)
+    ("0.33.0", {}, "stop", True, 0),
+    ("0.33.0", {"shift": False}, "length", False, 1),
+])
+def test_an_answer_that_reaches_the_end_of_the_context_shifts_or_stops(
+        sim_factory: Sims, version: str, body: dict[str, Any], reason: str, shifted: bool,
+        reloads: int) -> None:
+    sim = sim_factory("gpu", total_vram_mib=16376, context_length=2048, version=version,
+                      time_scale=SCALE)
+    assert load(sim, "qwen3:8b").status_code == 200
+    r = chat(sim, "qwen3:8b", "w " * 200, options={"sim_answer_tokens": 3000}, **body)
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["done_reason"] == reason
+    assert (sim.sim.stats.truncations == 1) is shifted
+    assert sim.sim.stats.reloads == reloads
+    if not shifted:  # it filled the context, no further
+        assert done["prompt_eval_count"] + done["eval_count"] == 2048
 
 
 @pytest.mark.parametrize(("version", "path", "body", "status", "message"), [
@@ -467,12 +492,71 @@ def test_max_loaded_models_0_is_three_per_gpu(sim_factory: Sims) -> None:
     ("/api/chat", {"model": "phi3:mini", "messages": [{"role": "user", "content": "x"}],
                    "tools": [{"type": "function", "function": {"name": "f"}}]},
      "registry.ollama.ai/library/phi3:mini does not support tools"),
+    # no model of the catalog inserts: their templates have no .Suffix
+    ("/api/generate", {"model": "qwen3:8b", "prompt": "def f(", "suffix": "return x"},
+     "registry.ollama.ai/library/qwen3:8b does not support insert"),
+    ("/api/generate", {"model": "llama3.2:3b", "suffix": "return x"},  # a load too
+     "registry.ollama.ai/library/llama3.2:3b does not support insert"),
 ])
 def test_a_capability_the_model_lacks_is_refused_before_any_load(
         sim_factory: Sims, path: str, body: dict[str, Any], message: str) -> None:
     sim = sim_factory("gpu", time_scale=SCALE)
     r = httpx.post(f"{sim.url}{path}", json={**body, "stream": False}, timeout=30)
     assert (r.status_code, r.json()) == (400, {"error": message})
+    assert sim.sim.stats.loads == 0
+
+
+def test_a_suffix_is_taken_by_a_model_whose_template_has_one(sim_factory: Sims) -> None:
+    """The "insert" capability: listed by /api/show, and a suffix served; an empty suffix
+    asks for nothing (server/routes.go:448-451)."""
+    coder = replace(CATALOG[3], name="qwen2.5-coder:1.5b", insert=True)
+    sim = sim_factory("gpu", models=(coder, CATALOG[2]), time_scale=SCALE)
+    show = httpx.post(f"{sim.url}/api/show", json={"model": "qwen2.5-coder:1.5b"}).json()
+    assert show["capabilities"] == ["completion", "tools", "insert"]
+    assert "insert" not in httpx.post(f"{sim.url}/api/show",
+                                      json={"model": "qwen3:8b"}).json()["capabilities"]
+    for model, suffix in (("qwen2.5-coder:1.5b", "return x"), ("qwen3:8b", "")):
+        r = httpx.post(f"{sim.url}/api/generate", json={
+            "model": model, "prompt": "def f(", "suffix": suffix, "stream": False}, timeout=30)
+        assert r.status_code == 200, r.text
+
+
+THINK_FORMS = '"high", "medium", "low", "max", true, or false'
+
+
+@pytest.mark.parametrize(("version", "path", "body", "message"), [
+    ("0.33.0", "/api/chat", {"think": "bogus"},
+     f'invalid think value: "bogus" (must be {THINK_FORMS})'),
+    ("0.33.0", "/api/generate", {"think": 1}, f"think must be a boolean or string ({THINK_FORMS})"),
+    ("0.12.6", "/api/chat", {"think": "max"},  # "max" from 0.22.0
+     'invalid think value: "max" (must be "high", "medium", "low", true, or false)'),
+    ("0.33.0", "/api/chat", {"top_logprobs": 21}, "top_logprobs must be between 0 and 20"),
+    ("0.33.0", "/api/generate", {"top_logprobs": -1}, "top_logprobs must be between 0 and 20"),
+    ("0.12.6", "/api/chat", {"top_logprobs": 21}, None),  # no such field before 0.12.11
+    ("0.33.0", "/v1/chat/completions", {"top_logprobs": 21},
+     "top_logprobs must be between 0 and 20"),
+    ("0.33.0", "/v1/completions", {"logprobs": 25}, "top_logprobs must be between 0 and 20"),
+    ("0.33.0", "/v1/completions", {"logprobs": -3}, None),  # not positive: none asked
+    # keep_alive and think are decoded in the body's order: the first to fail is answered
+    ("0.33.0", "/api/chat", {"keep_alive": "300", "think": "x"},
+     'time: missing unit in duration "300"'),
+])
+def test_ollamas_first_checks_refuse_before_the_model_is_looked_up(
+        sim_factory: Sims, version: str, path: str, body: dict[str, Any],
+        message: str | None) -> None:
+    """api.ThinkValue's decoder (api/types.go:1202-1222; v0.12.6 :936-956) and the handlers'
+    top_logprobs check (server/routes.go:256-258, 2452-2454, from 0.12.11)."""
+    sim = sim_factory("gpu", version=version, time_scale=SCALE)
+    ask = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else \
+        {"prompt": "x"}
+    r = httpx.post(f"{sim.url}{path}", json={"model": "qwen3:8b", **ask, **body,
+                                             "stream": False}, timeout=30)
+    if message is None:
+        assert r.status_code == 200, r.text
+        return
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["message"] if isinstance(error, dict) else error) == message
     assert sim.sim.stats.loads == 0
 
 

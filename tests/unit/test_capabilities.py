@@ -20,6 +20,9 @@ THINK = (("thinking", '"phi3:mini" does not support thinking'),
          ("completion", '"phi3:mini" does not support chat'))
 TOOLS = (("completion", '"phi3:mini" does not support chat'),
          ("tools", "registry.ollama.ai/library/phi3:mini does not support tools"))
+INSERT = (("completion", '"qwen3:8b" does not support generate'),
+          ("insert", "registry.ollama.ai/library/qwen3:8b does not support insert"))
+CODER = ModelInfo(capabilities=("completion", "tools", "insert"))
 
 
 @pytest.mark.parametrize(("path", "body", "model", "needs"), [
@@ -37,6 +40,11 @@ TOOLS = (("completion", '"phi3:mini" does not support chat'),
      (("completion", '"nomic-embed-text" does not support generate'),)),
     ("/v1/completions", {}, "m", (("completion", '"m" does not support generate'),)),
     ("/api/embed", {}, "qwen3:8b", ()),  # Ollama embeds with any model
+    ("/api/generate", {"suffix": "return x"}, "qwen3:8b", INSERT),
+    ("/v1/completions", {"suffix": "return x"}, "qwen3:8b", INSERT),
+    ("/api/generate", {"suffix": ""}, "qwen3:8b", INSERT[:1]),  # empty: no insert
+    ("/api/chat", {"suffix": "x"}, "qwen3:8b", (("completion", '"qwen3:8b" does not support '
+                                                 "chat"),)),  # chat has no suffix
 ])
 def test_what_a_call_needs_and_ollamas_words_when_it_is_missing(
         path: str, body: dict[str, object], model: str,
@@ -102,3 +110,18 @@ def test_capabilities_are_shared_with_the_provider_state_and_unknown_when_absent
     assert decode_model_info(encode_model_info(THINKS)) == THINKS
     assert "capabilities" not in encode_model_info(ModelInfo())
     assert decode_model_info({"trainedContext": 4096}).capabilities is None  # older writer
+
+
+def test_a_suffix_goes_to_a_candidate_that_can_insert_or_is_ollamas_refusal() -> None:
+    """Ollama refuses a suffix on a model whose template has no `.Suffix` (server/routes.go:
+    448-451, a scheduling error naming the model in full); an in-tolerance candidate that
+    can insert takes the call instead, cold if need be, with nothing evicted for it."""
+    card = gpu("a", residents=("qwen3:8b",),
+               models={"qwen3:8b": THINKS, "qwen2.5-coder:1.5b": CODER})
+    needs = call_needs("/api/generate", {"suffix": "return x"}, "qwen3:8b")
+    served = place(call(("qwen3:8b", 70), ("qwen2.5-coder:1.5b", 65), needs=needs),
+                   snapshot(card))
+    assert served.placement is not None and served.placement.model == "qwen2.5-coder:1.5b"
+    alone = place(call("qwen3:8b", needs=needs), snapshot(card))
+    assert (alone.outcome, alone.reason) == (
+        "unsupported", "registry.ollama.ai/library/qwen3:8b does not support insert")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -444,8 +445,8 @@ def test_the_outcome_carries_the_engine_s_counts_and_durations() -> None:
     ("dialect", "expected"),
     [
         ("ollama", b'{"error":"gone","reason":"upstream-failed"}\n'),
-        ("openai", b'data: {"error":{"message":"gone","type":"server_error",'
-                   b'"code":"upstream-failed"},"reason":"upstream-failed"}\n\n'),
+        ("openai", b'data: {"error":{"message":"gone","type":"api_error","param":null,'
+                   b'"code":null},"reason":"upstream-failed"}\n\n'),
         ("anthropic", b'event: error\ndata: {"type":"error","error":{"type":"api_error",'
                       b'"message":"gone"},"reason":"upstream-failed"}\n\n'),
     ],
@@ -716,3 +717,36 @@ async def test_an_sdk_stream_that_ends_without_its_end_event_is_a_failed_call(
     if not ok:  # the agent's SDK hears of it as an error event
         assert body.endswith(stream_error_line(str(outcomes[0].error), dialect))
         assert "ended the stream without" in str(outcomes[0].error)
+
+
+def test_shift_false_is_kept_without_a_reload_on_every_version() -> None:
+    """0.12 takes `shift` per call (runner/ollamarunner/runner.go:526-537): sent as it is.
+    From 0.30 it is a load option of the copy (server/sched.go:1413-1419): left out, and an
+    answer that must not shift is capped before the end of the context (the engine's token
+    and an eighth of the prompt's estimate kept free), so it stops there with "length"."""
+    from proxy.api.relay import payload_for
+
+    chat = {"model": "x", "messages": []}
+    old = Attempt("p", OllamaClient(BASE), "qwen3:8b", "warm", num_ctx=8192,
+                  context_length=8192, estimated_tokens=1000)
+    for shift in (False, True):
+        for path in ("/api/chat", "/api/generate"):
+            sent = orjson.loads(payload_for(old, {**chat, "shift": shift}, path))
+            assert sent["shift"] is shift and sent["options"] == {"num_ctx": 8192}
+    new = replace(old, shift_at_load=True)
+    capped = orjson.loads(payload_for(new, {**chat, "shift": False}, "/api/chat"))
+    assert "shift" not in capped
+    assert capped["options"] == {"num_ctx": 8192, "num_predict": 8192 - 1 - 1000 - 125}
+    for asked, sent_cap in ((500, 500), (10000, 7066), (-1, 7066)):
+        body = {**chat, "shift": False, "options": {"num_predict": asked}}
+        assert orjson.loads(payload_for(new, body, "/api/chat"))["options"][
+            "num_predict"] == sent_cap
+    default = orjson.loads(payload_for(new, {**chat, "shift": True}, "/api/chat"))
+    assert "shift" not in default and "num_predict" not in default["options"]
+    # a copy whose context is not known cannot be capped: Ollama is asked (it reloads)
+    unknown = replace(new, context_length=0, num_ctx=0)
+    assert orjson.loads(payload_for(unknown, {**chat, "shift": False}, "/api/chat"))[
+        "shift"] is False
+    # Ollama's OpenAI and Anthropic layers have no shift: left out there
+    assert "shift" not in orjson.loads(payload_for(old, {**chat, "shift": False},
+                                                   "/v1/chat/completions"))

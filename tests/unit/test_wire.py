@@ -32,6 +32,23 @@ def test_an_unload_is_keep_alive_zero_with_nothing_to_run(body: dict[str, Any],
     assert wire.asks_to_unload(wire.validate(wire.OllamaInference, body)) is unload
 
 
+@pytest.mark.parametrize(("schema", "body"), [
+    (wire.OpenAIChat, {"messages": []}),
+    (wire.OpenAICompletion, {"prompt": "hi"}),
+    (wire.OpenAIResponses, {"input": "hi"}),
+    (wire.OpenAIEmbed, {"input": "hi"}),
+    (wire.AnthropicMessages, {"messages": []}),
+])
+def test_keep_alive_is_read_only_on_ollamas_own_api(schema: type[wire.Inference],
+                                                    body: dict[str, Any]) -> None:
+    """Ollama's OpenAI and Anthropic request structs have no keep_alive: it is ignored
+    there, so a call on those paths never unloads its model."""
+    parsed = wire.validate(schema, {"model": "m", "keep_alive": 0, **body})
+    assert not wire.zero_keep_alive(parsed) and not wire.asks_to_unload(parsed)
+    for native in (wire.OllamaInference, wire.OllamaEmbed):
+        assert wire.zero_keep_alive(wire.validate(native, {"model": "m", "keep_alive": "0s"}))
+
+
 def test_a_bad_num_ctx_is_named() -> None:
     with pytest.raises(wire.BadRequest) as caught:
         wire.validate(wire.OllamaInference, {"model": "m", "options": {"num_ctx": "big"}})
@@ -53,6 +70,7 @@ def test_a_bad_num_ctx_is_named() -> None:
          "messages.0.tool_calls.0.function.arguments", "a valid dictionary or a valid string"),
         (wire.OpenAICompletion, {"prompt": 3}, "prompt", "a valid string or a valid list"),
         (wire.OpenAIEmbed, {"input": {"text": "x"}}, "input", "a valid string or a valid list"),
+        (wire.OllamaInference, {"shift": "no"}, "shift", "a valid boolean"),  # Go's *bool
     ],
 )
 def test_a_field_that_takes_several_forms_is_named_with_every_form(
@@ -86,3 +104,67 @@ def test_the_answer_cap_is_read_where_ollama_reads_it() -> None:
     # Ollama's OpenAI layer does not read max_completion_tokens: the answer is not capped
     assert answer_cap({"max_completion_tokens": 8}) == 0
     assert answer_cap({"options": {"num_predict": -1}}) == 0
+
+
+NEWEST_FORMS = '"high", "medium", "low", "max", true, or false'
+OLD_FORMS = '"high", "medium", "low", true, or false'
+
+
+@pytest.mark.parametrize(("think", "version", "message"), [
+    ("bogus", wire.NEWEST, f'invalid think value: "bogus" (must be {NEWEST_FORMS})'),
+    ("max", (0, 21, 9), f'invalid think value: "max" (must be {OLD_FORMS})'),  # from 0.22.0
+    ("HIGH", (0, 12, 6), f'invalid think value: "HIGH" (must be {OLD_FORMS})'),
+    ('a"\n\x01é', wire.NEWEST, 'invalid think value: "a\\"\\n\\x01é" (must be '
+     f"{NEWEST_FORMS})"),  # Go's %q
+    (1, wire.NEWEST, f"think must be a boolean or string ({NEWEST_FORMS})"),
+    ([True], (0, 12, 6), f"think must be a boolean or string ({OLD_FORMS})"),
+])
+def test_a_think_value_ollama_refuses_is_its_400_in_its_words(
+        think: object, version: wire.Version, message: str) -> None:
+    """ThinkValue.UnmarshalJSON (api/types.go:1202-1222; v0.12.6 :936-956)."""
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.validate(wire.OllamaInference, {"model": "m", "think": think}, version)
+    assert (str(caught.value), caught.value.field) == (message, "think")
+
+
+def test_the_think_values_ollama_takes_pass() -> None:
+    for think in (True, False, None, "high", "medium", "low", "max"):
+        wire.validate(wire.OllamaInference, {"model": "m", "think": think})
+    wire.validate(wire.OllamaInference, {"model": "m", "think": "low"}, (0, 12, 6))
+
+
+def test_the_first_field_goes_decoder_refuses_is_the_one_named() -> None:
+    """Go's decoder stops at the first field whose own decoder fails, in the body's order."""
+    for body, field in (({"think": "x", "keep_alive": "300"}, "think"),
+                        ({"keep_alive": "300", "think": "x"}, "keep_alive")):
+        with pytest.raises(wire.BadRequest) as caught:
+            wire.validate(wire.OllamaInference, body)
+        assert caught.value.field == field
+
+
+@pytest.mark.parametrize(("schema", "body", "field"), [
+    (wire.OllamaInference, {"top_logprobs": 21}, "top_logprobs"),
+    (wire.OllamaInference, {"top_logprobs": -1}, "top_logprobs"),
+    (wire.OpenAIChat, {"messages": [], "top_logprobs": 25}, "top_logprobs"),
+    (wire.OpenAICompletion, {"logprobs": 21}, "logprobs"),  # its top_logprobs
+])
+def test_top_logprobs_outside_0_to_20_is_ollamas_400(schema: type[wire.Inference],
+                                                     body: dict[str, Any], field: str) -> None:
+    """server/routes.go:256-258, 2452-2454 (from 0.12.11); openai/openai.go:719, 830-843."""
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.validate(schema, {"model": "m", **body})
+    assert (str(caught.value), caught.value.field) == (
+        "top_logprobs must be between 0 and 20", field)
+    wire.validate(schema, {"model": "m", **body}, (0, 12, 10))  # no such field yet: ignored
+
+
+@pytest.mark.parametrize(("schema", "body"), [
+    (wire.OllamaInference, {"top_logprobs": 20}),
+    (wire.OllamaInference, {"top_logprobs": 0}),
+    (wire.OpenAICompletion, {"logprobs": -5}),  # not positive: no logprobs asked
+    (wire.OpenAIChat, {"messages": [], "top_logprobs": 20}),
+    (wire.OpenAIResponses, {"top_logprobs": 99}),  # not a field of that API's requests
+])
+def test_top_logprobs_ollama_takes_pass(schema: type[wire.Inference],
+                                        body: dict[str, Any]) -> None:
+    wire.validate(schema, {"model": "m", **body})
