@@ -36,7 +36,7 @@ TOOLS = (("completion", '"phi3:mini" does not support chat'),
     ("/api/generate", {}, "nomic-embed-text",
      (("completion", '"nomic-embed-text" does not support generate'),)),
     ("/v1/completions", {}, "m", (("completion", '"m" does not support generate'),)),
-    ("/api/embed", {}, "qwen3:8b", ()),  # Ollama embeds with any model
+    ("/api/embed", {}, "qwen3:8b", ()),  # no capability: the card decides (embedding_rules)
 ])
 def test_what_a_call_needs_and_ollamas_words_when_it_is_missing(
         path: str, body: dict[str, object], model: str,
