@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -34,7 +35,12 @@ from starlette.routing import Route
 from . import sim_bindings, sim_checks, sim_dialects, sim_output
 from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
-from .sim_engine import embedding_too_long, reported_prompt_eval_count
+from .sim_engine import (
+    INPUT_TOO_LONG,
+    embedding_refusal,
+    embedding_too_long,
+    reported_prompt_eval_count,
+)
 from .sim_model import (
     CATALOG,
     CURRENT_VERSION,
@@ -74,6 +80,21 @@ def _digest(text: str) -> bytes:
 
 def _error(message: str, status: int) -> Response:
     return _json({"error": message}, status)
+
+
+def _vector(text: str, dimensions: int) -> list[float]:
+    """A text's embedding: eight figures from its digest, normalized as Ollama normalizes
+    every one, and cut to `dimensions` (when fewer) and normalized again (server/routes.go:
+    984-993)."""
+    vector = _normalized([(b - 128) / 128 for b in _digest(text)[:8]])
+    if 0 < dimensions < len(vector):
+        vector = _normalized(vector[:dimensions])
+    return [round(x, 6) for x in vector]
+
+
+def _normalized(vector: list[float]) -> list[float]:
+    norm = 1.0 / max(math.sqrt(sum(x * x for x in vector)), 1e-12)
+    return [x * norm for x in vector]
 
 
 class SimApp:
@@ -191,10 +212,11 @@ class SimApp:
 
     async def _embed(self, request: Request, body: dict[str, Any], texts: Any, legacy: bool
                      ) -> dict[str, Any] | Response:
-        """server/routes.go:795-1020 EmbedHandler: `input` a text (none when empty) or a list
+        """server/routes.go:795-1040 EmbedHandler: `input` a text (none when empty) or a list
         of texts (400 "invalid input type" otherwise, before the model is looked up), the
         model loaded even for no input, each input on the runner's slots (its semaphore,
-        llm/llama_server.go:2339; one slot for an embedding model, sched.go:497-501)."""
+        llm/llama_server.go:2339; one slot for an embedding model, sched.go:497-501); the
+        legacy handler (:1042-1100) with its `prompt`."""
         try:
             keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         except ValueError as exc:
@@ -208,8 +230,9 @@ class SimApp:
             return _error("invalid input type", 400)
         name = str(body.get("model") or "")
         model = self.sim.config.model(name)
-        if model is None:
-            return _error(f"model '{name}' not found", 404)
+        if model is None:  # handleScheduleError (routes.go:3116, from :848-851, :1066-1070)
+            return _error(f"model {orjson.dumps(name).decode()} not found, try pulling it "
+                          "first", 404)
         options = body.get("options") or {}
         if isinstance(options, dict) and (wrong := sim_checks.option_type_error(options)):
             return _error(wrong, 500)
@@ -221,33 +244,64 @@ class SimApp:
         if isinstance(acquired, Response):
             return acquired
         runner, load_s = acquired
-        if not texts:
-            self.sim.release(runner)
-            return {"model": name, "embeddings": []}
-        # routes.go:874-941: room for BOS and EOS; the head is kept, or refused with truncate
-        # off (the legacy path never cuts)
-        limit = runner.ctx - 2
-        cuts = body.get("truncate") is not False and not legacy
         try:
-            counts = []
-            for text in texts:
-                count = tokens_for_text(text, self.sim.config.chars_per_token)
-                if count > limit:
-                    if not cuts:
-                        self.sim.stats.too_long_refusals += 1
-                        status, message = embedding_too_long(self.sim.config.version, legacy)
-                        return _error(message, status)
-                    self.sim.stats.truncations += 1  # Ollama cuts embedding inputs silently
-                    count = limit
-                counts.append(count)
+            counts = self._embedding_counts(runner, body, texts, legacy)
+            if isinstance(counts, Response):
+                return counts
             await asyncio.gather(*(self._embed_one(runner, count) for count in counts))
-            tokens = sum(counts)
-            vectors = [[round((b - 128) / 128, 4) for b in _digest(text)[:8]] for text in texts]
         finally:
             self.sim.release(runner)
+        if not texts:
+            return {"model": name, "embeddings": []}
+        dimensions = body.get("dimensions") if not legacy else None  # EmbedRequest's only
+        vectors = [_vector(text, dimensions if isinstance(dimensions, int) else 0)
+                   for text in texts]
         return {"model": name, "embeddings": vectors,
                 "total_duration": int((time.perf_counter() - started) * 1e9),
-                "load_duration": max(1, int(load_s * 1e9)), "prompt_eval_count": tokens}
+                "load_duration": max(1, int(load_s * 1e9)), "prompt_eval_count": sum(counts)}
+
+    def _embedding_counts(self, runner: Runner, body: dict[str, Any], texts: list[str],
+                          legacy: bool) -> list[int] | Response:
+        """Each input's tokens as the runner embeds it, or Ollama's refusal. /api/embed keeps
+        the head within num_ctx - 2 (BOS and EOS; routes.go:874-941) or refuses it with
+        `truncate: false`; the legacy path never cuts. Then the runner: a model that cannot
+        embed is refused (sim_engine.embedding_refusal; the legacy path's runner refuses it
+        before it reads the input), and at 0.30+ an input over the batch llama-server takes
+        it whole in is refused, which /api/embed cuts to num_batch and retries unless told
+        `truncate: false` (llm/llama_server.go:2435-2446, routes.go:956-973)."""
+        if not texts:
+            return []
+        c = self.sim.config
+        refused = embedding_refusal(runner.model.arch, runner.model.embedding, c.version,
+                                    c.new_engine, legacy)
+        if refused is not None and legacy:
+            return _error(refused[1], refused[0])
+        window = runner.ctx
+        if self.sim.newest and runner.model.embeds_whole:  # embeddingBatchSize, :561-569
+            window = min(runner.options.num_batch, runner.ctx)
+        cuts = body.get("truncate") is not False and not legacy
+        counts = []
+        for text in texts:
+            count = tokens_for_text(text, c.chars_per_token)
+            limit = window - 2 if legacy else runner.ctx - 2
+            if count > limit:
+                if not cuts:
+                    self.sim.stats.too_long_refusals += 1
+                    status, message = embedding_too_long(c.version, legacy)
+                    return _error(message, status)
+                self.sim.stats.truncations += 1  # Ollama cuts embedding inputs silently
+                count = limit
+            counts.append(count)
+        if refused is not None:
+            return _error(refused[1], refused[0])
+        for i, count in enumerate(counts):
+            if count > window - 2:  # llama-server's refusal, retried cut to the batch
+                if not cuts:
+                    self.sim.stats.too_long_refusals += 1
+                    return _error(INPUT_TOO_LONG, 400)
+                self.sim.stats.truncations += 1
+                counts[i] = window - 2
+        return counts
 
     async def _embed_one(self, runner: Runner, tokens: int) -> None:
         async with runner.slots:
@@ -267,14 +321,19 @@ class SimApp:
         return await sim_dialects.answer(path, native, body)
 
     async def openai_embed(self, request: Request) -> Response:
+        """EmbeddingsMiddleware (middleware/openai.go:395-445): `""` is one input, none or
+        `[]` a 400 "invalid input"; only model, input and dimensions reach the handler."""
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(request.url.path, body)
         if wrong := sim_bindings.encoding_format_error(body):
             return sim_dialects.error(request.url.path, wrong, 400)
-        # the layer passes on the model, input and dimensions alone (middleware/openai.go:427)
-        native = {k: body[k] for k in ("model", "input", "dimensions") if k in body}
-        answer = await self._embed(request, native, body.get("input"), legacy=False)
+        texts = body.get("input")
+        if texts is None or texts == []:
+            return sim_dialects.error(request.url.path, "invalid input", 400)
+        native = {key: body[key] for key in ("model", "dimensions") if key in body}
+        answer = await self._embed(request, native, [""] if texts == "" else texts,
+                                   legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
         return _json(sim_dialects.embeddings(answer, str(body.get("model")),

@@ -22,6 +22,10 @@ PROMPT_TOO_LONG = ("the prompt is longer than the context length currently avail
                    "model; shorten the prompt, adjust the context length in settings, or use "
                    "a model with a longer context length")
 INPUT_TOO_LONG = "the input length exceeds the context length"
+NO_EMBEDDING_SERVER = "This server does not support embeddings. Start it with `--embeddings`"
+NO_EMBEDDING_MODEL = "this model does not support embeddings"
+DEFAULT_EMBEDDING_BATCH = 2048  # llm/llama_server.go:78
+LAST_POOLING = 3  # llama.cpp's LLAMA_POOLING_TYPE_LAST
 NUM_KEEP = 4  # api.DefaultOptions NumKeep
 MINIMUM_MEMORY_MIB = 457  # v0.12.6 discover/gpu.go: what the estimator keeps for CUDA
 # ggml block sizes: q8_0 34 bytes and q4_0 18 bytes per 32 values.
@@ -177,8 +181,44 @@ def commits_before_read(arch: str, embedding: bool, version: str, new_engine: bo
     only, and later versions require more (nomic-bert from 0.13.1)."""
     if not (0, 11, 5) <= version_tuple(version) < (0, 30, 0):
         return False
+    return own_engine(arch, embedding, new_engine)
+
+
+def own_engine(arch: str, embedding: bool, new_engine: bool) -> bool:
+    """v0.12.6's NewLlamaServer (llm/server.go:149-169): Ollama's own engine when
+    OLLAMA_NEW_ENGINE is set or the architecture requires it, if its registry has the model."""
     registered = (f"{arch}_embed" if embedding else arch) in ENGINE_MODELS
     return registered and (new_engine or arch in ENGINE_REQUIRED)
+
+
+def embedding_refusal(arch: str, embedding: bool, version: str, new_engine: bool,
+                      legacy: bool) -> tuple[int, str] | None:
+    """Status and message of Ollama's answer to an embedding with a model that cannot embed,
+    once it has loaded it; None when it can. 0.30+: llama-server runs with `--embedding`
+    only for a model with `<arch>.pooling_type` (llm/llama_server.go:866, 581-588) and
+    otherwise answers 501 "This server does not support embeddings. Start it with
+    `--embeddings`", which /api/embed passes on (normalizeEmbeddingError, :2435-2446;
+    server/routes.go:1000-1007) and the legacy path answers 500 (:1084-1088). 0.12: Ollama's
+    own engine refuses a model without pooling with 501 "this model does not support
+    embeddings" (v0.12.6 runner/ollamarunner/runner.go:937-939), answered 500 on every path
+    (v0.12.6 server/routes.go:733-734, 788-791) until 0.13.3 passed /api/embed's status on;
+    the llama engine embeds with any model."""
+    v = version_tuple(version)
+    if v >= (0, 30, 0):
+        if embedding:
+            return None
+        status, message = 501, NO_EMBEDDING_SERVER
+    elif own_engine(arch, embedding, new_engine) and not embedding:
+        status, message = (501 if v >= (0, 13, 3) else 500), NO_EMBEDDING_MODEL
+    else:
+        return None
+    return (500 if legacy else status), message
+
+
+def embedding_batch(num_ctx: int) -> int:
+    """HEAD's num_batch for an embedding model when neither its Modelfile nor the call sets
+    one: min(2048, num_ctx) (llm/llama_server.go:75-104, server/routes.go:125-168)."""
+    return min(DEFAULT_EMBEDDING_BATCH, num_ctx) if num_ctx > 0 else DEFAULT_EMBEDDING_BATCH
 
 
 def kv_cache_bytes(block_count: int, heads_kv: int, key_length: int, value_length: int,

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from .sim_engine import (
     INPUT_TOO_LONG,
+    LAST_POOLING,
     MIB,
     NUM_KEEP,
     ONE_SLOT_FAMILIES,
@@ -52,6 +53,7 @@ class SimModel:
     quantization: str = "Q4_K_M"
     modelfile_num_ctx: int = 0  # PARAMETER num_ctx in its Modelfile
     embedding: bool = False  # has <arch>.pooling_type: one slot, /api/embed only
+    pooling: int = 1  # its <arch>.pooling_type (1 mean, 2 CLS, 3 last), when `embedding`
     vision: bool = False
     tools: bool = True  # its template renders tools (the "tools" capability)
     # Its template has `.Suffix` (the "insert" capability, server/images.go:251-253): none of
@@ -113,8 +115,14 @@ class SimModel:
         if self.value_length:
             info[f"{arch}.attention.value_length"] = self.value_length
         if self.embedding:
-            info[f"{arch}.pooling_type"] = 1
+            info[f"{arch}.pooling_type"] = self.pooling
         return info
+
+    @property
+    def embeds_whole(self) -> bool:
+        """0.30+: llama-server must take an embedding input in one batch (its pooling reads
+        every token; llama.cpp's server `can_split` splits only last-token pooling)."""
+        return self.embedding and self.pooling != LAST_POOLING
 
 
 @dataclass(frozen=True)

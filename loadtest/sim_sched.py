@@ -44,6 +44,7 @@ from .sim_engine import (
     SERVER_BUSY,
     LoadOptions,
     commits_before_read,
+    embedding_batch,
     fits_in_80,
     needs_reload,
     resolve_options,
@@ -441,9 +442,15 @@ class OllamaSim:
 
     def resolve(self, model: SimModel, body: dict[str, Any]) -> LoadOptions:
         c = self.config
-        return resolve_options(body, model.modelfile_num_ctx, c.context_length,
-                               c.default_context(), model.trained_ctx, model.vision,
-                               model.model_family, model.slots(c.num_parallel, c.version))
+        options = resolve_options(body, model.modelfile_num_ctx, c.context_length,
+                                  c.default_context(), model.trained_ctx, model.vision,
+                                  model.model_family, model.slots(c.num_parallel, c.version))
+        if model.embedding and self.newest and options.num_batch_auto:
+            # HEAD sets an embedding model's num_batch, not automatic (server/routes.go:
+            # 150-152, 216-218): compared as any other in needsReload
+            return replace(options, num_batch=embedding_batch(options.num_ctx),
+                           num_batch_auto=False)
+        return options
 
     def _usable(self, runner: Runner | None, request: LoadOptions) -> bool:
         """needsReload's answer (sched.go:1381-1431), its Ping of a dead llama-server
@@ -526,7 +533,9 @@ class OllamaSim:
                 continue
             slots = model.slots(c.num_parallel, c.version)
             ctx = min(request.num_ctx, model.trained_ctx)
-            need = model.footprint_mib(ctx, slots, c.cache_type, request.num_batch)
+            # (the batch's compute surcharge is a completion model's, sched.go:815-819)
+            need = model.footprint_mib(ctx, slots, c.cache_type,
+                                       0 if model.embedding else request.num_batch)
             if self.runners:
                 if self.newest:
                     free = self.fit_free_mib()

@@ -1,7 +1,9 @@
 """What a call needs its model to be able to do, with the refusal Ollama gives a model that
 cannot: Ollama checks these before it loads anything (server/routes.go:448-469 generate,
 :2610-2637 chat), so the sidecar places the call only on models that can, and answers
-Ollama's own 400 when none can (placement step 5, "unsupported")."""
+Ollama's own 400 when none can (placement step 5, "unsupported"). An embedding Ollama
+refuses only once the model is loaded, in words and status of the card's version: the
+sidecar answers the same without the load."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from proxy.core.models import full_model_name
 # and Anthropic layers put their requests through them)
 CHAT_PATHS = frozenset(("/api/chat", "/v1/chat/completions", "/v1/responses", "/v1/messages"))
 GENERATE_PATHS = frozenset(("/api/generate", "/v1/completions"))
+EMBED, LEGACY_EMBED, OPENAI_EMBED = "/api/embed", "/api/embeddings", "/v1/embeddings"
 # ThinkValue.Bool (api/types.go:1166-1180): true, or one of these levels
 THINKING = frozenset(("high", "medium", "low", "max"))
 # OpenAI's reasoning efforts that Ollama turns into thinking (openai/openai.go:531-546;
@@ -32,8 +35,9 @@ def call_needs(path: str, body: dict[str, Any], model: str) -> Needs:
     model), then `tools` on a model without "tools", or a non-empty `suffix` (generate's,
     /v1/completions', openai/openai.go:841) on one without "insert" (its template has no
     `.Suffix`, server/images.go:251-253): scheduling errors, which name the model in full
-    (server/routes.go:448-451, images.go:543-584, routes.go:3107-3110). /api/embed needs
-    nothing: Ollama embeds with any model (routes.go:854)."""
+    (server/routes.go:448-451, images.go:543-584, routes.go:3107-3110). An embedding checks
+    no capability (routes.go:854, 1072): whether the model embeds depends on the card's
+    Ollama (`embeds`, core/engines.py `embedding_refusal`)."""
     if path in CHAT_PATHS:
         verb = "chat"
     elif path in GENERATE_PATHS:
@@ -65,3 +69,17 @@ def thinks(path: str, body: dict[str, Any]) -> bool:
             body.get("reasoning_effort") if path == "/v1/chat/completions" else None
         return isinstance(effort, str) and effort in THINKING_EFFORTS
     return False
+
+
+def embeds(path: str, body: dict[str, Any]) -> str:
+    """The path, when the call has an input for the model to embed; "" otherwise. /api/embed
+    with no input (`""`, `[]`, none) and the legacy path with an empty `prompt` load the
+    model and answer without embedding (server/routes.go:820-840, 861-864, 1078-1082); the
+    OpenAI layer turns `""` into one input, and refuses none or `[]` itself with 400
+    (middleware/openai.go:412-424), which Ollama's answer is left to give."""
+    given = body.get("prompt" if path == LEGACY_EMBED else "input")
+    if path == OPENAI_EMBED:
+        return path if given is not None and given != [] else ""
+    if path == EMBED and isinstance(given, list):  # Ollama's 400 for a text of another type
+        return path if given and all(isinstance(text, str) for text in given) else ""
+    return path if path in (EMBED, LEGACY_EMBED) and isinstance(given, str) and given else ""

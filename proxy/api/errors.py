@@ -88,8 +88,8 @@ def _object(data: bytes) -> dict[str, object] | None:
 
 
 def refusal_response(refusal: Refusal, dialect: Dialect = "ollama") -> Response:
-    return error_response(REFUSAL_STATUS[refusal.reason], refusal.reason, refusal.message,
-                          refusal.model, refusal.retry_after_s, dialect)
+    return error_response(refusal.status or REFUSAL_STATUS[refusal.reason], refusal.reason,
+                          refusal.message, refusal.model, refusal.retry_after_s, dialect)
 
 
 def stream_error_line(message: str, dialect: Dialect = "ollama") -> bytes:

@@ -674,9 +674,9 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     counted = prompt_too_long(data[:4096].decode(errors="replace")) \
         if upstream.status_code in (400, 500) else None
     message = engine_error(data) if upstream.status_code >= 400 else ""
-    # A 500 that is the call's own mistake (a mistyped option, a bad format) is relayed as
-    # the provider's refusal: another card would answer the same.
-    callers = upstream.status_code == 500 and callers_error(message)
+    # A 500 (501) that is the call's own mistake (a mistyped option, a bad format, an
+    # embedding with a model that cannot embed) is relayed as the provider's refusal.
+    callers = upstream.status_code in (500, 501) and callers_error(message)
     if upstream.status_code >= 500 and counted is None and not callers:
         # A full queue says nothing of the provider's health: another may take the call.
         return failed(f"HTTP {upstream.status_code}: {message}",

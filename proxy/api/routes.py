@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
 from proxy.api import wire
-from proxy.api.capabilities import call_needs
+from proxy.api.capabilities import call_needs, embeds
 from proxy.api.errors import (
     JSON,
     Dialect,
@@ -439,6 +439,7 @@ class SidecarApi:
             ends_loop_unless_tool_called=bool(conversation) and answers_tool_result(body),
             shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,
             needs=call_needs(path, body, parsed.model or self.calls.bound_model(phase, thread)),
+            embeds=embeds(path, body),
             disconnected=lambda: _disconnect(request),
         )
 

@@ -21,9 +21,12 @@ PROMPT_TOO_LONG = ("prompt is longer than the context length",
 # of the wrong type (api/types.go:991-1089 Options.FromMap, via server/routes.go:218-221 and
 # handleScheduleError's default, :3107-3119), a `format` that is neither "json" nor a schema
 # (llm/llama_server.go:1594, 2320-2325; v0.12.6 llm/server.go:1435-1441), a chat template
-# that fails on the messages (server/routes.go:2701-2704; Go's text/template errors).
+# that fails on the messages (server/routes.go:2701-2704; Go's text/template errors), and an
+# embedding with a model that cannot embed, which Ollama answers 501 or 500 once it has
+# loaded it (llama-server's words from 0.30, Ollama's own runner's before: core/engines.py).
 CALLERS_ERROR = re.compile(r'^(?:option "[^"]*" must be of |invalid format: '
-                           r'|invalid JSON schema in format|template: )')
+                           r'|invalid JSON schema in format|template: '
+                           r'|(?:This server|this model) does not support embeddings)')
 _PROMPT_TOKENS = re.compile(r'request \((\d+) tokens\)|"n_prompt_tokens\\*"?:\s*(\d+)')
 
 
@@ -43,5 +46,6 @@ def prompt_too_long(message: str) -> int | None:
 
 
 def callers_error(message: str) -> bool:
-    """Whether an engine's 500 is the call's own mistake (another card would refuse it too)."""
+    """Whether an engine's 500 (or 501) is the call's own mistake (another card would refuse
+    it too)."""
     return CALLERS_ERROR.match(message) is not None

@@ -1,4 +1,5 @@
-"""Which of Ollama's engines runs a model, as far as it decides when `/api/ps` lists a copy.
+"""Which of Ollama's engines runs a model, as far as it decides when `/api/ps` lists a copy,
+whether the model can embed, and how long an input its embedding takes.
 
 From 0.11.5 to 0.24 Ollama's own engine (runner/ollamarunner) returns from its load once the
 memory is committed and reads the weights after (`go s.loadModel()`), and the scheduler lists
@@ -12,7 +13,7 @@ it would move to Ollama's own engine are taken to run on the llama engine.
 from __future__ import annotations
 
 from proxy.core.context import Version, parse_version
-from proxy.core.types import ModelInfo
+from proxy.core.types import Lack, ModelInfo
 
 # `go s.loadModel()` in runner/ollamarunner/runner.go: v0.11.5 :982 to v0.24.0 :1354; 0.30
 # has no ollamarunner. (Before 0.11.5 every runner joined s.loaded at its spawn, with another
@@ -80,3 +81,61 @@ def lists_before_read(version: str, info: ModelInfo | None) -> bool:
     parsed = parse_version(version)
     first, last = EARLY_RETURN
     return info is not None and first <= parsed < last and own_engine(info, parsed)
+
+
+# From 0.30 every GGUF model runs in llama-server, started with `--embedding` only for a
+# model with `<arch>.pooling_type` (llm/llama_server.go:866, 941, 581-588): another answers
+# an embedding with llama.cpp's 501, which Ollama passes on (normalizeEmbeddingError,
+# :2381-2382, 2435-2446; EmbedHandler server/routes.go:1000-1007, the legacy handler 500,
+# :1084-1088). The model is loaded first, and stays (scheduleRunner, :854, :1072).
+LLAMA_SERVER_SINCE: Version = EARLY_RETURN[1]
+NO_EMBEDDING_SERVER = "This server does not support embeddings. Start it with `--embeddings`"
+# Ollama's own engine (0.11.5-0.24) refuses with 501 to embed with a model it does not pool:
+# any model before 0.11.10 (runner/ollamarunner/runner.go v0.11.5:1032-1033), one without a
+# pooling type from then (v0.11.10:902-903, v0.12.6:937-939). Ollama answered that 500 on
+# every path (v0.12.6 server/routes.go:733-734, 788-791) until 0.13.3 passed the runner's
+# status on from /api/embed (e082d60a2; v0.24.0 llm/server.go:1794-1799). The llama engine
+# embeds with any model.
+NO_EMBEDDING_MODEL = "this model does not support embeddings"
+POOLED_EMBEDDING_SINCE: Version = (0, 11, 10)
+RUNNER_STATUS_SINCE: Version = (0, 13, 3)
+LEGACY_EMBEDDINGS = "/api/embeddings"  # answers any runner error 500
+
+# At 0.30+ llama-server takes an embedding input in one physical batch (-ub) unless its
+# pooling reads only the last token of a model with a KV cache (llama.cpp's server
+# `can_split`): a longer input is refused, and Ollama says "the input length exceeds the
+# context length" (llm/llama_server.go:2442-2443). The batch is the model's or the call's
+# num_batch, else min(2048, num_ctx) (DefaultEmbeddingNumBatch, :75-104; server/routes.go:
+# 125-168), at most num_ctx x 1 slot (embeddingBatchSize, llm/llama_server.go:561-569,
+# 581-588). The sidecar never sends an agent's num_batch (it would reload the copy,
+# server/sched.go:1402-1404, 1425), so the default is the batch.
+DEFAULT_EMBEDDING_BATCH = 2048
+LAST_POOLING = 3  # LLAMA_POOLING_TYPE_LAST
+
+
+def embedding_refusal(info: ModelInfo | None, version: str, path: str) -> Lack | None:
+    """Ollama's answer, at `version`, to an embedding of an input on `path` with a model that
+    cannot embed there; None when it can, or the model is not known (no /api/show, or one
+    that says neither its architecture nor its capabilities)."""
+    if info is None or not (info.architecture or info.capabilities is not None):
+        return None
+    parsed = parse_version(version)
+    if parsed >= LLAMA_SERVER_SINCE:
+        if info.embedding:
+            return None
+        message, status = NO_EMBEDDING_SERVER, 501
+    elif own_engine(info, parsed) and not (info.embedding and
+                                           parsed >= POOLED_EMBEDDING_SINCE):
+        message, status = NO_EMBEDDING_MODEL, 501 if parsed >= RUNNER_STATUS_SINCE else 500
+    else:
+        return None
+    return Lack(message, 500 if path == LEGACY_EMBEDDINGS else status)
+
+
+def embedding_window(info: ModelInfo | None, version: str, context: int) -> int:
+    """The tokens an embedding input may take (with its BOS and EOS) in a copy whose slot has
+    `context`: llama-server's batch where it must take the input whole, else the context."""
+    if info is None or not info.embedding or info.pooling_type == LAST_POOLING or \
+            parse_version(version) < LLAMA_SERVER_SINCE or context <= 0:
+        return context
+    return min(context, DEFAULT_EMBEDDING_BATCH)

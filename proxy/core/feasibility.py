@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from proxy.core import context
+from proxy.core import context, engines
 from proxy.core.context import Resolved
 from proxy.core.occupancy import Load, ProviderIndex, loaded_limit
 from proxy.core.sizing import Footprint, Sizer
-from proxy.core.types import CallSpec, Circuit, ProviderHealth, Resident
+from proxy.core.types import CallSpec, Circuit, Lack, ProviderHealth, Resident
 
 HEALTHY = ProviderHealth()
 
@@ -63,16 +63,28 @@ class Fitting:
                                lowered_from=resolved.context), smaller
         return found
 
-    def lacking(self, index: ProviderIndex, model: str) -> str | None:
-        """Ollama's refusal of this call on `model` (the first capability it needs that the
-        model's /api/show does not list), None when it has them all or is not known."""
-        if not self.call.needs:
+    def lacking(self, index: ProviderIndex, model: str) -> Lack | None:
+        """Ollama's refusal of this call on `model` on this card (the first capability it
+        needs that the model's /api/show does not list; an embedding the card's Ollama cannot
+        run with it), None when it can or that is not known."""
+        call = self.call
+        if not call.needs and not call.embeds:
             return None
         info = self.sizer.info(model, index.view)
+        if call.embeds:
+            return engines.embedding_refusal(info, index.view.version, call.embeds)
         if info is None or info.capabilities is None:
             return None
-        return next((refusal for capability, refusal in self.call.needs
+        return next((Lack(refusal) for capability, refusal in call.needs
                      if capability not in info.capabilities), None)
+
+    def window(self, index: ProviderIndex, model: str, ctx: int) -> int:
+        """The tokens this call's prompt may take in a slot of `ctx` tokens: the context, or
+        for an embedding input the batch llama-server takes it in, where that is less."""
+        if self.call.generates:
+            return ctx
+        return engines.embedding_window(self.sizer.info(model, index.view), index.view.version,
+                                        ctx)
 
     def footprint_mib(self, index: ProviderIndex, model: str) -> int | None:
         footprint = self.load(index, model)[1]
@@ -89,10 +101,14 @@ class Fitting:
             wanted = min(call.num_ctx, trained) if trained else call.num_ctx
             if ctx < wanted:
                 return f"context {ctx} tokens is less than the num_ctx {wanted} asked for"
-        if not context.fits(call.prompt_tokens, ctx, call.answer_tokens, call.generates,
+        window = self.window(index, model, ctx)
+        if not context.fits(call.prompt_tokens, window, call.answer_tokens, call.generates,
                             call.answer_capped):
-            spare = context.reserve(ctx, call.answer_tokens, call.generates, call.answer_capped)
-            return (f"context {ctx} tokens cannot hold the prompt ({call.prompt_tokens} tokens "
+            spare = context.reserve(window, call.answer_tokens, call.generates,
+                                    call.answer_capped)
+            room = f"context {ctx} tokens" if window == ctx else \
+                f"the embedding batch of {window} tokens (context {ctx})"
+            return (f"{room} cannot hold the prompt ({call.prompt_tokens} tokens "
                     f"+ {spare} kept for the answer)")
         return None
 
@@ -152,7 +168,7 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         return Fit(False, bad)
     lacks = fitting.lacking(index, model)
     if lacks is not None:
-        return Fit(False, f"Ollama refuses the call on this model: {lacks}")
+        return Fit(False, f"Ollama refuses the call on this model: {lacks.message}")
     warm = index.is_warm(model)
     if warm or index.is_loading(model):
         problem = fitting.copy_problem(index, model, fitting.copy_context(index, model))

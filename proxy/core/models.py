@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.core.types import Candidate
 
 
@@ -52,3 +54,13 @@ def full_model_name(name: str) -> str:
     if len(parts) == 2:
         parts = ["registry.ollama.ai", *parts]
     return "/".join(parts)
+
+
+def not_found(name: str, embedding: bool = False) -> str:
+    """Ollama's 404 for a model it does not have, in the words of the handler: generate's and
+    chat's own (server/routes.go:289, 2485), the embedding handlers' a scheduling error with
+    the name Go-quoted (handleScheduleError, :3107-3116, from :848-851 and :1066-1070;
+    v0.12.6 :2259-2268, from scheduleRunner's GetModel, :121-124, at :654 and :779)."""
+    if embedding:
+        return f"model {orjson.dumps(name).decode()} not found, try pulling it first"
+    return f"model '{name}' not found"

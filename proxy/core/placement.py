@@ -46,6 +46,7 @@ from proxy.core.cost import (
     warm_terms,
 )
 from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check, health_reason
+from proxy.core.models import not_found
 from proxy.core.occupancy import ProviderIndex, held_beside, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import (
@@ -60,6 +61,7 @@ from proxy.core.types import (
     CallSpec,
     Candidate,
     Decision,
+    Lack,
     Placement,
     PlacementKind,
     Snapshot,
@@ -216,15 +218,15 @@ class _Planner:
                 verdict.provider, model, kind, step,
                 footprint.total_mib if footprint else self.policy.warm_scratch_mib,
                 verdict.cost_s if cost_s is None else cost_s, evicts or {},
-                resolved.requested, resolved.context,
+                resolved.requested, self.fitting.window(index, model, resolved.context),
                 footprint.estimate_mib if footprint else 0,
                 loads_in_flight(index, self.snapshot, self.policy),
                 held_beside(model, evicts or {}, index.view.residents, index.loading.values()))
         recorded = self.fitting.copy_context(index, model)
         return Placement(verdict.provider, model, kind, step, self.policy.warm_scratch_mib,
                          verdict.cost_s, num_ctx=recorded,
-                         context_length=context.effective(recorded,
-                                                          self.fitting.trained(index, model)))
+                         context_length=self.fitting.window(index, model, context.effective(
+                             recorded, self.fitting.trained(index, model))))
 
     def copy_with_room(self, model: str, step: int, loading_only: bool = False
                        ) -> Placement | None:
@@ -412,10 +414,10 @@ class _Planner:
         (busy)."""
         preferred = self.call.preferred.model
         if not self.pulled_anywhere(preferred):
-            return "model-not-found", f"model '{preferred}' not found"
+            return "model-not-found", not_found(preferred, embedding=not self.call.generates)
         refused = self.unsupported(preferred)
         if refused is not None:
-            return "unsupported", refused
+            return "unsupported", refused.message
         if self.too_large_everywhere(preferred):
             sizes = {i.name: (self.fitting.footprint_mib(i, preferred),
                               self.fitting.load(i, preferred)[0].context, i.usable_mib or 0)
@@ -433,7 +435,14 @@ class _Planner:
                           for c in self.acceptable)
         trained = [max(self.fitting.trained(i, c.model) for i in self.indexes.values())
                    for c in self.acceptable]
-        if all(trained) and largest_ctx >= max(trained):  # the models, not the GPUs, stop it
+        if any(self.largest_context(i, c.model) == largest_ctx <
+               self.largest_context(i, c.model, whole=True)
+               for i in self.indexes.values() for c in self.acceptable):  # an embedding batch
+            advice = ("Ollama's llama-server takes an embedding input whole in one batch of "
+                      "that size (num_batch, at most 2048 tokens by default; the sidecar does "
+                      "not send an agent's, which would reload the copy): shorten the input, "
+                      "or send `truncate: true` to have Ollama cut it.")
+        elif all(trained) and largest_ctx >= max(trained):  # the models, not the GPUs, stop it
             advice = ("no acceptable model was trained for a longer context; use one that "
                       "was, or shorten the prompt.")
         elif self.call.pins_context and self.call.num_ctx >= largest_ctx:  # its own num_ctx
@@ -455,10 +464,10 @@ class _Planner:
             f"answer) but the largest context any GPU gives an acceptable model is "
             f"{largest_ctx} tokens; {advice}")
 
-    def unsupported(self, model: str) -> str | None:
+    def unsupported(self, model: str) -> Lack | None:
         """Ollama's refusal of this call on `model` when every card says the model lacks a
-        capability the call needs (it refuses before loading anything); None when one does
-        not, or cannot tell."""
+        capability the call needs (it refuses before loading anything), or cannot embed
+        there (Ollama loads it first); None when one does not, or cannot tell."""
         lacks = [self.fitting.lacking(i, model) for i in self.indexes.values()]
         return lacks[0] if lacks and all(lacks) else None
 
@@ -502,12 +511,15 @@ class _Planner:
             down.append((index.name, why))
         return down
 
-    def largest_context(self, index: ProviderIndex, model: str) -> int:
+    def largest_context(self, index: ProviderIndex, model: str, whole: bool = False) -> int:
+        """The largest context a copy of `model` has or gets here; unless `whole`, an
+        embedding input's window in it (docs/engine.md, "A prompt that does not fit")."""
         copy = index.residents.get(model)
         recorded = copy.context_length if copy else 0
         trained = self.fitting.trained(index, model)
-        return max(context.effective(recorded, trained),
-                   self.fitting.load(index, model)[0].context)
+        largest = max(context.effective(recorded, trained),
+                      self.fitting.load(index, model)[0].context)
+        return largest if whole else self.fitting.window(index, model, largest)
 
     def holds_prompt(self, model: str) -> bool | None:
         """Whether a card that could hold the model gives it a context that holds the prompt
@@ -596,7 +608,9 @@ class _Planner:
             return fallback
         if refusal is not None:
             outcome, sentence = refusal
-            return Decision(outcome, None, sentence, tuple(verdicts))  # type: ignore[arg-type]
+            lack = self.unsupported(preferred) if outcome == "unsupported" else None
+            return Decision(outcome, None, sentence, tuple(verdicts),  # type: ignore[arg-type]
+                            status=lack.status if lack is not None else 0)
         queue = queue_option(self.indexes.values(), [c.model for c in self.acceptable],
                              self.fitting, self.snapshot, self.policy)
         unload = unload_option(self.indexes.values(), preferred, self.fitting, self.snapshot,

@@ -55,6 +55,16 @@ class ModelInfo:
     capabilities: tuple[str, ...] | None = None
     architecture: str = ""  # general.architecture; "" unknown (`family` stands in)
     split_projector: bool = False  # a vision projector in its own file (`projector_info`)
+    # <arch>.pooling_type (llama.cpp's: 1 mean, 2 CLS, 3 last); -1 absent or not known
+    pooling_type: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Lack:
+    """Ollama's refusal of a call on a model that cannot take it: its words and status."""
+
+    message: str
+    status: int = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +183,9 @@ class CallSpec:
     # The capabilities the call needs, each with Ollama's refusal when the model lacks it,
     # in the order Ollama checks them (server/routes.go:448-469, 2610-2637)
     needs: tuple[tuple[str, str], ...] = ()
+    # The embedding path of a call with inputs to embed ("" otherwise: an empty input only
+    # loads the model): Ollama then runs the model's embedding, which not every model has
+    embeds: str = ""
 
     @property
     def preferred(self) -> Candidate:
@@ -238,7 +251,8 @@ class Placement:
     # num_ctx of the copy planned as Ollama records it: sent with the call (when the call
     # can carry options), Ollama keeps or loads exactly that copy; 0 unknown
     num_ctx: int = 0
-    context_length: int = 0  # the context the call will get (0 unknown)
+    # the context the call will get (an embedding input: its window in it); 0 unknown
+    context_length: int = 0
     estimate_mib: int = 0  # a load: Ollama's own estimate of it
     loads_ahead: int = 0  # a load: loads in flight on its card when it was placed
     beside_mib: int = 0  # a load: what the copies staying beside it hold (Resident.beside_mib)
@@ -263,3 +277,4 @@ class Decision:
     verdicts: tuple[Verdict, ...] = ()
     queue_option_s: float | None = None
     unload_option_s: float | None = None
+    status: int = 0  # "unsupported": the status Ollama refuses the call with (0: 400)

@@ -52,6 +52,7 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
             "numCtx": info.modelfile_num_ctx, "family": info.family,
             "embedding": info.embedding, "vision": info.vision,
             "architecture": info.architecture, "splitProjector": info.split_projector,
+            "poolingType": info.pooling_type,
             **({"capabilities": list(info.capabilities)} if info.capabilities is not None
                else {})}
 
@@ -62,7 +63,12 @@ def decode_model_info(d: dict[str, Any]) -> ModelInfo:
                      int(d.get("estimateKvBytesPerToken") or 0), int(d.get("numCtx") or 0),
                      str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")),
                      tuple(str(c) for c in capabilities) if isinstance(capabilities, list)
-                     else None, str(d.get("architecture") or ""), bool(d.get("splitProjector")))
+                     else None, str(d.get("architecture") or ""), bool(d.get("splitProjector")),
+                     _int_or(d.get("poolingType"), -1))  # absent from older writers
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if type(value) is int else default
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ def model_info(show: Any) -> ModelInfo:
     listed = show.get("capabilities")  # absent from an older Ollama: unknown
     capabilities = [str(c) for c in listed] if isinstance(listed, list) else []
     details = show.get("details")
+    pooling = info.get(f"{arch}.pooling_type")
     family = str(details.get("family") or "") if isinstance(details, dict) else ""
     return ModelInfo(
         trained_context=trained_context(show), kv_bytes_per_token=real,
@@ -104,7 +105,8 @@ def model_info(show: Any) -> ModelInfo:
             "embedding" in capabilities and "completion" not in capabilities),
         vision="vision" in capabilities,
         capabilities=tuple(capabilities) if isinstance(listed, list) else None,
-        architecture=arch, split_projector=bool(show.get("projector_info")))
+        architecture=arch, split_projector=bool(show.get("projector_info")),
+        pooling_type=pooling if type(pooling) is int else -1)
 
 
 async def _details(server: ModelServer, model: str) -> Any:

@@ -46,6 +46,8 @@ class CallRequest:
     # The capabilities the call needs, each with Ollama's refusal where the model lacks it
     # (api/capabilities.py)
     needs: tuple[tuple[str, str], ...] = ()
+    # The path, when the call has inputs to embed (api/capabilities.py `embeds`)
+    embeds: str = ""
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 
@@ -124,6 +126,7 @@ class Refusal:
     message: str
     model: str | None = None
     retry_after_s: int | None = None
+    status: int | None = None  # Ollama's own status for its refusal; None: the reason's
 
 
 class Attempts(Protocol):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context
 from proxy.core.lengths import CallLength
-from proxy.core.models import CallModels, normalise_model
+from proxy.core.models import CallModels, normalise_model, not_found
 from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize
@@ -152,7 +152,7 @@ class Scheduler:
                         phase="triage" if call.phase == "triage" else "mulling",
                         can_wait=call.can_wait, wait_left_s=self.settings.wait_limit_s,
                         conversation=self.learning.conversation(call, tokens),
-                        needs=call.needs)
+                        needs=call.needs, embeds=call.embeds)
 
     def work(self, spec: CallSpec) -> CallLength | None:
         """The call's expected length, wherever it runs: what orders it among the calls
@@ -356,10 +356,11 @@ class Scheduler:
 
     def _refusal(self, decision: Decision, call: CallRequest, spec: CallSpec) -> Refusal | None:
         model = spec.preferred.model
-        if decision.outcome == "model-not-found":
-            return Refusal("model-not-found", decision.reason, model)
-        if decision.outcome == "unsupported":  # Ollama's own 400, before any load
-            return Refusal("bad-request", decision.reason, model)
+        if decision.outcome == "model-not-found":  # Ollama's words name it as the call did
+            return Refusal("model-not-found", not_found(call.model or model, not call.generates),
+                           model)
+        if decision.outcome == "unsupported":  # Ollama's own refusal, without its load
+            return Refusal("bad-request", decision.reason, model, status=decision.status or None)
         if decision.outcome == "prompt-too-large":
             return Refusal("prompt-too-large", decision.reason, model)
         if decision.outcome == "model-too-large":

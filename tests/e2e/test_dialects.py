@@ -54,6 +54,7 @@ def test_completions_and_embeddings_are_placed(sim_factory: Sims, sidecar_factor
     big = sim_factory("big", total_vram_mib=32768, time_scale=SCALE)
     small = sim_factory("small", total_vram_mib=16376, time_scale=SCALE)
     httpx.post(f"{big.url}/api/generate", json={"model": "llama3.2:3b"})  # warm on the big card
+    httpx.post(f"{big.url}/api/embed", json={"model": "nomic-embed-text", "input": ""})
     client = client_for(sidecar_factory([big, small], **mode).url)
 
     raw = client.completions.with_raw_response.create(model="llama3.2:3b", prompt="say hi",
@@ -70,10 +71,11 @@ def test_completions_and_embeddings_are_placed(sim_factory: Sims, sidecar_factor
     assert text.rstrip() == "the answer is forty two"
     assert parts[-1].usage is not None and parts[-1].usage.prompt_tokens > 0
 
-    vectors = client.embeddings.create(model="llama3.2:3b", input=["first text", "second"])
-    assert [d.index for d in vectors.data] == [0, 1] and vectors.model == "llama3.2:3b"
+    embedder = "nomic-embed-text:latest"
+    vectors = client.embeddings.create(model=embedder, input=["first text", "second"])
+    assert [d.index for d in vectors.data] == [0, 1] and vectors.model == embedder
     assert small.sim.stats.inference_requests == 0  # every call went to the warm copy
-    assert big.sim.stats.inference_requests == 3
+    assert big.sim.stats.inference_requests == 4  # the embedding model's load counted
 
 
 def test_one_model_is_looked_up_by_name(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
@@ -135,6 +137,7 @@ def test_anthropic_messages_are_placed(sim_factory: Sims, sidecar_factory: Sidec
     big = sim_factory("big", total_vram_mib=32768, time_scale=SCALE)
     small = sim_factory("small", total_vram_mib=16376, time_scale=SCALE)
     httpx.post(f"{big.url}/api/generate", json={"model": "llama3.2:3b"})  # warm on the big card
+    httpx.post(f"{big.url}/api/embed", json={"model": "nomic-embed-text", "input": ""})
     url = sidecar_factory([big, small], **mode).url
     client = anthropic_for(url)
 

@@ -848,22 +848,28 @@ def test_sidecar_starts_without_nats_and_joins_it_later(sim_factory: Sims,
 
 
 def test_embeddings_are_placed_too(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    gpus = [sim_factory("a", total_vram_mib=16376, context_length=2048, time_scale=SCALE),
-            sim_factory("b", total_vram_mib=24564, context_length=8192, time_scale=SCALE)]
+    """An embedding model that pools the last token (qwen3-embedding's shape): llama-server
+    splits its input over batches, so the context alone bounds it."""
+    from tests.integration.test_sim_embeddings import MODELS, QWEN_EMBED
+
+    gpus = [sim_factory("a", total_vram_mib=16376, context_length=2048, models=MODELS,
+                        time_scale=SCALE),
+            sim_factory("b", total_vram_mib=24564, context_length=8192, models=MODELS,
+                        time_scale=SCALE)]
     url = sidecar_factory(gpus).url
     client = ollama.Client(host=url)
-    out = client.embed(model="qwen3:8b", input=["first text", "second text"])
-    assert len(out.embeddings) == 2 and out.model == "qwen3:8b"
-    assert client.embeddings(model="qwen3:8b", prompt="legacy").embedding
+    model = QWEN_EMBED.name
+    out = client.embed(model=model, input=["first text", "second text"])
+    assert len(out.embeddings) == 2 and out.model == model
+    assert client.embeddings(model=model, prompt="legacy").embedding
     for path, body in (("/api/embed", {"input": "hi"}), ("/api/embeddings", {"prompt": "hi"}),
                        ("/v1/embeddings", {"input": "hi"})):  # `stream` ignored, as Ollama does
-        said = httpx.post(f"{url}{path}", json={"model": "qwen3:8b", "stream": False, **body})
+        said = httpx.post(f"{url}{path}", json={"model": model, "stream": False, **body})
         assert said.status_code == 200, (path, said.text)
     long_text = "word " * 4000  # ~5.7k tokens: only the 8k card holds it whole
-    r = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8b", "input": [long_text, "x"]})
+    r = httpx.post(f"{url}/api/embed", json={"model": model, "input": [long_text, "x"]})
     assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "b"
-    too_long = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8b",
-                                                     "input": "word " * 8000})
+    too_long = httpx.post(f"{url}/api/embed", json={"model": model, "input": "word " * 8000})
     assert too_long.status_code == 413 and too_long.json()["reason"] == "prompt-too-large"
     assert all(g.sim.stats.truncations == 0 for g in gpus)
 

@@ -39,7 +39,7 @@ CODER = ModelInfo(capabilities=("completion", "tools", "insert"))
     ("/api/generate", {}, "nomic-embed-text",
      (("completion", '"nomic-embed-text" does not support generate'),)),
     ("/v1/completions", {}, "m", (("completion", '"m" does not support generate'),)),
-    ("/api/embed", {}, "qwen3:8b", ()),  # Ollama embeds with any model
+    ("/api/embed", {}, "qwen3:8b", ()),  # no capability: the card decides (embedding_rules)
     ("/api/generate", {"suffix": "return x"}, "qwen3:8b", INSERT),
     ("/v1/completions", {"suffix": "return x"}, "qwen3:8b", INSERT),
     ("/api/generate", {"suffix": ""}, "qwen3:8b", INSERT[:1]),  # empty: no insert
