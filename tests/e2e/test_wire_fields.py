@@ -46,7 +46,7 @@ def test_keep_alive_on_the_openai_and_anthropic_apis_is_ignored_as_ollama_ignore
 
 def test_the_simulator_ignores_keep_alive_on_openais_embeddings(sim_factory: Sims) -> None:
     gpu = sim_factory("gpu", time_scale=SCALE)
-    r = httpx.post(f"{gpu.url}/v1/embeddings", json={"model": "qwen3:8b", "input": "x",
+    r = httpx.post(f"{gpu.url}/v1/embeddings", json={"model": "nomic-embed-text", "input": "x",
                                                      "keep_alive": 0}, timeout=30)
     assert r.status_code == 200, r.text
     assert not eventually(lambda: not _loaded(gpu), timeout_s=0.5)
