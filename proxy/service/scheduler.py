@@ -432,6 +432,10 @@ class Scheduler:
         return await self.evictions.unload_everywhere(normalise_model(model),
                                                       self.snapshot(self.clock.now()))
 
+    def spawn(self, coro: Coroutine[object, object, object]) -> None:
+        """Run `coro` in the background, kept until it ends."""
+        self._spawn(coro)
+
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)

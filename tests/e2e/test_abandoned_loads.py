@@ -1,0 +1,48 @@
+"""A cold load its sidecar abandons (the agent left before the answer began, or a held plan
+was released while loading): Ollama aborts it, and the shared state drops the copy at the
+next probe rather than counting a phantom for minutes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from tests.conftest import eventually
+from tests.e2e.test_scheduling import HI, Sidecars, Sims
+
+SLOW = 0.5  # qwen3:14b loads in ~5 s
+
+
+def copies(url: str) -> dict[str, list[str]]:
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    return {p["name"]: [r["model"] for r in p["residents"]] for p in state["providers"]}
+
+
+def test_an_agent_leaving_during_a_cold_load_leaves_no_copy_counted(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, time_scale=SLOW)
+    url = sidecar_factory([gpu], probe_interval_seconds=0.5, **mode).url
+    with pytest.raises(httpx.TimeoutException):
+        ollama.Client(host=url, timeout=1.0).chat(model="qwen3:14b", messages=HI)
+    assert eventually(lambda: gpu.sim.stats.aborted_loads == 1)
+    assert eventually(lambda: copies(url) == {"gpu": []}, timeout_s=4)
+    verdict = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:32b"}).json()
+    assert verdict["verdicts"][0]["feasible"], verdict  # the whole card is free again
+
+
+def test_a_plan_released_during_its_load_leaves_no_copy_counted(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, time_scale=SLOW)
+    url = sidecar_factory([gpu], probe_interval_seconds=0.5, **mode).url
+    made = httpx.post(f"{url}/kubemoot/v1/plans", timeout=10,
+                      json={"thread": "t", "model": "qwen3:14b", "promptChars": 100})
+    assert made.status_code == 201, made.text
+    time.sleep(0.5)  # the plan's load under way
+    httpx.delete(f"{url}/kubemoot/v1/plans/t")
+    assert eventually(lambda: gpu.sim.stats.aborted_loads == 1)
+    assert eventually(lambda: copies(url) == {"gpu": []}, timeout_s=4)
+    assert gpu.sim.used_vram_mib() == 0
