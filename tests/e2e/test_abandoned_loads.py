@@ -4,6 +4,7 @@ next probe rather than counting a phantom for minutes."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -11,7 +12,8 @@ import httpx
 import ollama
 import pytest
 
-from tests.conftest import eventually
+from loadtest.nats_server import NatsServer
+from tests.conftest import empty_buckets, eventually
 from tests.e2e.test_scheduling import HI, Sidecars, Sims
 
 SLOW = 0.5  # qwen3:14b loads in ~5 s
@@ -46,3 +48,25 @@ def test_a_plan_released_during_its_load_leaves_no_copy_counted(
     assert eventually(lambda: gpu.sim.stats.aborted_loads == 1)
     assert eventually(lambda: copies(url) == {"gpu": []}, timeout_s=4)
     assert gpu.sim.used_vram_mib() == 0
+
+
+def test_every_sidecar_drops_a_load_another_abandoned(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    """Four plans released at once, on one sidecar: the other sees the cards free too."""
+    asyncio.run(empty_buckets(nats_server.url))
+    gpus = [sim_factory(name, total_vram_mib=24564, time_scale=SLOW) for name in "abc"]
+    first, second = (sidecar_factory(gpus, nats_url=nats_server.url, plan_memory_share=1.0).url
+                     for _ in range(2))
+    for thread, model in zip("wxyz", ("qwen3:14b", "qwen3:8b", "phi3:mini", "llama3.2:3b"),
+                             strict=True):
+        made = httpx.post(f"{first}/kubemoot/v1/plans", timeout=10,
+                          json={"thread": thread, "model": model, "promptChars": 100})
+        assert made.status_code == 201, made.text
+    time.sleep(0.5)
+    for thread in "wxyz":
+        httpx.delete(f"{first}/kubemoot/v1/plans/{thread}")
+    assert eventually(lambda: sum(g.sim.stats.aborted_loads for g in gpus) >= 2)
+    assert eventually(lambda: all(g.sim.used_vram_mib() == 0 for g in gpus))
+    free = {"a": [], "b": [], "c": []}
+    for url in (first, second):
+        assert eventually(lambda url=url: copies(url) == free, timeout_s=4), url
