@@ -445,9 +445,11 @@ class _Planner:
         elif all(trained) and largest_ctx >= max(trained):  # the models, not the GPUs, stop it
             advice = ("no acceptable model was trained for a longer context; use one that "
                       "was, or shorten the prompt.")
-        elif self.call.pins_context and self.call.num_ctx >= largest_ctx:  # its own num_ctx
-            advice = (f"the call's options.num_ctx ({self.call.num_ctx}) sets that context; "
-                      "raise it or shorten the prompt.")
+        elif self.call.pins_context and self.call.num_ctx and \
+                (own := self.own_context()) >= largest_ctx:
+            raised = f", which Ollama raises to {own}," if own > self.call.num_ctx else ""
+            advice = (f"the call's options.num_ctx ({self.call.num_ctx}){raised} sets that "
+                      "context; raise it or shorten the prompt.")
         elif lowered := max((r.lowered_from for r in (
                 self.fitting.load(i, c.model)[0] for i in self.indexes.values()
                 for c in self.acceptable) if r.context == largest_ctx), default=0):
@@ -510,6 +512,12 @@ class _Planner:
                 return []
             down.append((index.name, why))
         return down
+
+    def own_context(self) -> int:
+        """The context the call's own num_ctx gives an acceptable model, as Ollama floors it
+        (4; vision models 2048) before any trained cap."""
+        return max(self.fitting.load(i, c.model)[0].requested for i in self.indexes.values()
+                   for c in self.acceptable)
 
     def largest_context(self, index: ProviderIndex, model: str, whole: bool = False) -> int:
         """The largest context a copy of `model` has or gets here; unless `whole`, an

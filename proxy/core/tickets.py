@@ -23,6 +23,11 @@ RESIDENCY_MAX_AGE_S = 600.0  # a probe has long replaced such an entry; the next
 # Ollama lists a copy only once it is loaded: a load that may still be under way counts this
 # long even when probes since do not list it.
 LOAD_GRACE_S = 120.0
+# A load its sidecar abandoned (its connection to Ollama closed) counts only until a probe
+# started this long after it: Ollama aborts such a load (llm/llama_server.go:1299-1301,
+# server/sched.go:733-739) and lists a copy that finished just before the close; the margin
+# covers Ollama's reading of the close and the sidecars' clocks.
+ABANDONED_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -31,13 +36,15 @@ class Residency:
     it left loaded, (`mib` 0) a model it unloaded, or (`leaving`) a model asked to unload:
     nobody may join that copy any more, but its memory counts until it is seen gone.
     (`loading`) a load the call started may still be under way (its call ended before an
-    answer, or its plan went unused)."""
+    answer, or its plan went unused); (`abandoned`) the sidecar closed that load's
+    connection, so Ollama aborted it unless it had just finished: a probe lists it then."""
 
     mib: int
     context_length: int
     at: float
     leaving: bool = False
     loading: bool = False
+    abandoned: bool = False
     beside: int = 0  # a load: what the copies beside it held then (Resident.beside_mib)
 
     @property
@@ -193,7 +200,8 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
         r.leaving and m in known) or (
-        r.loading and not r.gone and m not in known and r.at > view.probed_at - LOAD_GRACE_S)}
+        r.loading and not r.gone and m not in known and r.at > view.probed_at - (
+            ABANDONED_GRACE_S if r.abandoned else LOAD_GRACE_S))}
     if not newer:
         return view
     kept = tuple(_as_recorded(view, r, newer.get(r.model)) for r in view.residents

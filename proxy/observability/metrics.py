@@ -37,8 +37,9 @@ class Metrics:
         self.decision_seconds = Histogram("kubemoot_decision_seconds",
                                           "Time to place one call (excluding waits)",
                                           buckets=FAST_BUCKETS, registry=r)
-        self.wait_seconds = Histogram("kubemoot_wait_seconds", "Time spent waiting for a GPU",
-                                      buckets=SLOW_BUCKETS, registry=r)
+        self.wait_seconds = Histogram("kubemoot_wait_seconds",
+                                      "Time calls waited for a GPU, by how the wait ended",
+                                      ["outcome"], buckets=SLOW_BUCKETS, registry=r)
         self.ticket_claims = Counter("kubemoot_ticket_claims", "VRAM ticket claims by result",
                                      ["result"], registry=r)
         self.ticket_conflicts = Counter("kubemoot_ticket_conflicts",

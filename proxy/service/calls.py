@@ -20,7 +20,7 @@ from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.observability.recent import RecentCalls
 from proxy.ports import StoreUnavailable
-from proxy.service.claims import Claimed, Claims, left_loaded, load_state
+from proxy.service.claims import Claimed, Claims, left_loaded, load_state, recheck_after_s
 from proxy.service.codec import ProviderState
 from proxy.service.demand import DemandBoard
 from proxy.service.evictions import Evictions
@@ -85,7 +85,8 @@ class CallService:
         # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
         self.metrics.circuit_open.labels(placement.provider).set(
             0 if circuit is Circuit.CLOSED else 1)
-        loaded = left_loaded(placement, now, load_state(outcome))
+        state = load_state(outcome)
+        loaded = left_loaded(placement, now, state)
         # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload).
         release = self.evictions.release_to_unload(claimed, loaded) if call.unloads_after \
             else self.claims.book(claimed).release(claimed.ticket, loaded)
@@ -128,7 +129,8 @@ class CallService:
         if check is not None:
             self._count_cache(placement.provider, check)
         if placement.loads or not outcome.ok:
-            self._spawn(self.prober.refresh(placement.provider))
+            self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
+                placement, state)))
 
     def _spawn(self, work: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(work)

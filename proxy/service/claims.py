@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from proxy.core.tickets import Residency
+from proxy.core.tickets import ABANDONED_GRACE_S, Residency
 from proxy.core.types import Placement, Snapshot, Ticket
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
@@ -34,26 +34,38 @@ class Claimed:
     local: bool  # claimed in the in-process book because the shared store was unreachable
 
 
-LoadState = Literal["loaded", "loading", "failed"]
+LoadState = Literal["loaded", "loading", "abandoned", "failed"]
 
 
 def load_state(outcome: CallOutcome) -> LoadState:
     """What a call that loaded its model left: the copy (it was answered), maybe a copy still
-    loading (its agent left first, or the answer broke off), or nothing (the engine refused
-    or failed before answering)."""
+    loading (the answer broke off), a load abandoned (its agent left before the answer
+    began: its connection closed, Ollama aborts the load unless it had just finished), or
+    nothing (the engine refused or failed before answering)."""
     if outcome.prompt_too_long or (outcome.ok and outcome.error is None):
         return "loaded"
+    if outcome.client_left and not outcome.began:
+        return "abandoned"
     return "loading" if outcome.client_left or outcome.began else "failed"
 
 
 def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
                 ) -> Residency | None:
     """What a finished load leaves on the GPU, to count at once rather than at the next
-    probe; None when the call shared a copy (nothing changed) or its load failed."""
+    probe; None when the call shared a copy (nothing changed) or its load failed. An
+    abandoned load counts until a probe shows whether it finished (Residency.abandoned)."""
     if not placement.loads or state == "failed":
         return None
     return Residency(placement.footprint_mib, placement.num_ctx, now,
-                     loading=state == "loading", beside=placement.beside_mib)
+                     loading=state != "loaded", abandoned=state == "abandoned",
+                     beside=placement.beside_mib)
+
+
+def recheck_after_s(placement: Placement, state: LoadState) -> float:
+    """When to probe the card after a call or plan ends: an abandoned load shows as gone (or
+    as finished) only to a probe started past its grace, so that probe is not left to the
+    probe interval."""
+    return ABANDONED_GRACE_S + 0.2 if placement.loads and state == "abandoned" else 0.0
 
 
 class Claims:
@@ -181,8 +193,8 @@ class Claims:
 
     # -- released --------------------------------------------------------------------------
     async def release_plan(self, claimed: Claimed, state: LoadState) -> None:
-        """An unused held plan: its ticket goes, the model its load left (or may still be
-        loading) stays counted."""
+        """An unused held plan: its ticket goes, the model its load left stays counted (a
+        load it abandoned, until a probe shows whether it finished)."""
         self.unhold(claimed)
         stays = left_loaded(claimed.placement, self.clock.now(), state)
         await self.book(claimed).release(claimed.ticket, stays)

@@ -175,6 +175,7 @@ def encode_ticket_set(tickets: TicketSet) -> bytes:
         "residents": {m: {"mib": r.mib, "ctx": r.context_length, "at": r.at,
                           **({"leaving": True} if r.leaving else {}),
                           **({"loading": True} if r.loading else {}),
+                          **({"abandoned": True} if r.abandoned else {}),
                           **({"beside": r.beside} if r.beside else {})}
                       for m, r in tickets.residents.items()},
         # (A reader that predates it ignores this key; a writer that does drops it.)
@@ -200,7 +201,7 @@ def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
     }
     residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
                               leaving=bool(r.get("leaving")), loading=bool(r.get("loading")),
-                              beside=int(r.get("beside") or 0))
+                              abandoned=bool(r.get("abandoned")), beside=int(r.get("beside") or 0))
                  for m, r in (d.get("residents") or {}).items()}
     loads = {tid: Load(str(load["model"]), int(load["mib"]), int(load.get("ctx") or 0),
                        float(load["at"]))

@@ -18,7 +18,7 @@ from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec, Placement, Snapshot
 from proxy.observability.logging import get_logger
 from proxy.ports import SYSTEM_CLOCK, Clock, StoreUnavailable, UpstreamError
-from proxy.service.claims import Claimed, LoadState
+from proxy.service.claims import Claimed, LoadState, recheck_after_s
 from proxy.service.routing import CallRequest
 from proxy.service.scheduler import Granted, Scheduler
 
@@ -170,13 +170,17 @@ class PlanBook:
         if plan is None:
             return False
         loader = plan.loader
-        state: LoadState = "loading"  # its load may be under way still
+        # a load under way is cancelled: its connection closes and Ollama aborts it
+        state: LoadState = "abandoned"
         if loader is not None and loader.done() and not loader.cancelled():
             state = "loaded" if loader.result() else "failed"
         if loader is not None:
             loader.cancel()
         with contextlib.suppress(Exception):
             await self.scheduler.claims.release_plan(plan.claimed, state)
+        if after_s := recheck_after_s(plan.claimed.placement, state):
+            self.scheduler.spawn(self.scheduler.claims.prober.refresh(
+                plan.claimed.placement.provider, after_s=after_s))
         for m in plan.intents:
             await self.scheduler.demand.drop_intent(m)
         return True

@@ -294,8 +294,11 @@ class Prober:
         await asyncio.gather(*(self.publish(s, force) for s in states))
         return states
 
-    async def refresh(self, name: str) -> None:
-        """Probe one provider now and publish at once (after an unload or a load)."""
+    async def refresh(self, name: str, after_s: float = 0.0) -> None:
+        """Probe one provider (`after_s` from now) and publish at once (after an unload or a
+        load)."""
+        if after_s > 0:
+            await asyncio.sleep(after_s)
         if name in self.configs:
             with_state = await self.probe(name)
             await self.publish(with_state, force=True)

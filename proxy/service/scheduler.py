@@ -192,6 +192,7 @@ class Scheduler:
         deadline = started + limit_s
         wait: WaitEntry | None = None
         waited = 0.0  # time blocked waiting for capacity (not claim round trips)
+        ended = "cancelled"  # how a wait ended (kubemoot_wait_seconds' outcome)
         claim_rounds = 0
         yielding_since: float | None = None
         gone: asyncio.Future[None] | None = None
@@ -229,8 +230,7 @@ class Scheduler:
                         if claimed is not None:
                             if wait is not None and self.demand.stop_waiting(wait):
                                 self.changes.bump()  # our next waiter is next in line
-                            if wait is not None:
-                                self.metrics.wait_seconds.observe(waited)
+                            ended = "placed"
                             return await self.start_claimed(claimed, call, spec,
                                                             int(waited * 1000), binding=binding)
                         claim_rounds += 1
@@ -254,12 +254,14 @@ class Scheduler:
                     spec = replace(spec, prompt_tokens=0)
                     continue
                 if refusal is not None:
+                    ended = refusal.reason
                     return refusal
                 # Busy: those who cannot wait go to the static endpoint, or get gpu-busy, now.
                 if not call.can_wait:
                     return self._static_or_busy(call, spec, decision)
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
+                    ended = "gpu-busy"
                     limit = f"{self.settings.wait_limit_s:.0f} s"  # the call's, in all
                     return Refusal("gpu-busy", (
                         f"No GPU that can run {spec.preferred.model} came back within {limit}"
@@ -288,12 +290,14 @@ class Scheduler:
                 waited += self.clock.monotonic() - blocked_at
                 if gone is not None and gone.done():
                     log.info("client went away while waiting", model=wait.model)
+                    ended = "client-gone"
                     return Refusal("client-gone", "the client went away while "
                                    "waiting for a GPU", spec.preferred.model)
         finally:
             if gone is not None:
                 gone.cancel()  # before the response: the relay listens for disconnects too
             if wait is not None:
+                self.metrics.wait_seconds.labels(ended).observe(waited)
                 self._retries_waiting.pop(wait, None)
                 if self.demand.stop_waiting(wait):
                     self.changes.bump()  # it left the line: the next call in it goes now
@@ -431,6 +435,10 @@ class Scheduler:
         """A client's explicit unload: see Evictions.unload_everywhere."""
         return await self.evictions.unload_everywhere(normalise_model(model),
                                                       self.snapshot(self.clock.now()))
+
+    def spawn(self, coro: Coroutine[object, object, object]) -> None:
+        """Run `coro` in the background, kept until it ends."""
+        self._spawn(coro)
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.ensure_future(coro)

@@ -38,6 +38,8 @@ def test_a_call_waiting_behind_held_plans_answers_at_its_limit_without_spinning(
     assert r.headers["retry-after"]
     assert 1.5 < time.monotonic() - started < 5
     assert decisions(url) - before < 40  # woken by changes, not re-placed 100 times a second
+    metrics = httpx.get(f"{url}/metrics").text  # the wait counts, though nothing was placed
+    assert 'kubemoot_wait_seconds_count{outcome="gpu-busy"} 1.0' in metrics
 
 
 def test_a_retry_after_a_failure_waits_for_a_slot_like_a_first_attempt(

@@ -14,9 +14,10 @@ from proxy.api.relay import payload_for
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY, Policy
-from proxy.core.tickets import Residency, merge_residency
+from proxy.core.tickets import ABANDONED_GRACE_S, Residency, TicketSet, merge_residency
 from proxy.core.types import ModelInfo, Placement, ProviderView, Resident, Ticket
 from proxy.service.claims import left_loaded, load_state
+from proxy.service.codec import decode_ticket_set, encode_ticket_set
 from proxy.service.routing import Attempt, CallOutcome
 from tests.unit.builders import GIB24, GIB32, NOW, call, gpu, snapshot, ticket
 
@@ -81,7 +82,7 @@ PLACED = Placement("a", "qwen3:8b", "cold", 4, 6000, num_ctx=8192, context_lengt
     (CallOutcome(True, 1.0), "loaded"),
     (CallOutcome(True, 1.0, 9000, prompt_too_long=True), "loaded"),  # it was loaded to refuse
     (CallOutcome(False, 1.0, error="client disconnected", client_left=True, began=False),
-     "loading"),  # the agent left during the load: it may go on
+     "abandoned"),  # the agent left during the load: Ollama aborts it, unless it just ended
     (CallOutcome(False, 1.0, error="failed mid-stream"), "loading"),
     (CallOutcome(False, 1.0, error="HTTP 500: out of memory", began=False), "failed"),
     (CallOutcome(True, 1.0, error="HTTP 404: not found", began=False), "failed"),
@@ -91,7 +92,40 @@ def test_what_a_load_leaves_depends_on_how_its_call_ended(outcome: CallOutcome,
     assert load_state(outcome) == recorded
     left = left_loaded(PLACED, NOW, load_state(outcome))
     assert (left is None) == (recorded == "failed")
-    assert left is None or left.loading == (recorded == "loading")
+    assert left is None or left.loading == (recorded in ("loading", "abandoned"))
+    assert left is None or left.abandoned == (recorded == "abandoned")
+
+
+ABANDONED = {"qwen3:8b": Residency(6000, 8192, NOW, loading=True, abandoned=True)}
+
+
+def test_an_abandoned_load_counts_until_a_probe_past_its_grace() -> None:
+    """Its memory counts (not joined) until a probe started ABANDONED_GRACE_S after it."""
+    for probed_at in (NOW - 5, NOW + ABANDONED_GRACE_S / 2):
+        merged = merge_residency(gpu("a", GIB32, probed_at=probed_at), ABANDONED)
+        assert [(r.model, r.loading) for r in merged.residents] == [("qwen3:8b", True)]
+
+
+def test_an_abandoned_load_a_later_probe_does_not_list_is_gone() -> None:
+    """Ollama aborted it (llm/llama_server.go:1299-1301): no phantom for LOAD_GRACE_S."""
+    later = gpu("a", GIB32, probed_at=NOW + ABANDONED_GRACE_S + 0.1)
+    assert merge_residency(later, ABANDONED).residents == ()
+    still_loading = {"qwen3:8b": replace(ABANDONED["qwen3:8b"], abandoned=False)}
+    assert merge_residency(later, still_loading).residents  # a load not abandoned stays
+
+
+def test_an_abandoned_load_that_finished_first_counts_as_the_probe_lists_it() -> None:
+    """The load ended just before the agent left: Ollama keeps the copy, the probe lists it."""
+    later = gpu("a", GIB32, ("qwen3:8b",), probed_at=NOW + ABANDONED_GRACE_S + 0.1)
+    merged = merge_residency(later, ABANDONED)
+    assert [(r.model, r.loading) for r in merged.residents] == [("qwen3:8b", False)]
+    index = index_providers(snapshot(merged), DEFAULT_POLICY)["a"]
+    assert index.is_warm("qwen3:8b") and index.resident_mib > 0
+
+
+def test_an_abandoned_load_is_stored_as_abandoned() -> None:
+    tickets = TicketSet(residents=ABANDONED)
+    assert decode_ticket_set("a", encode_ticket_set(tickets)).residents == ABANDONED
 
 
 def test_a_load_not_seen_finished_counts_its_memory_but_is_not_joined() -> None:

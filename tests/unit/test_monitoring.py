@@ -265,7 +265,7 @@ def test_promtool_alerts_fire_on_what_they_are_for(tmp_path: Path) -> None:
 def test_metrics_carry_no_created_series_and_every_family_is_documented() -> None:
     metrics = Metrics()
     metrics.placements.labels("warm", "gpu", "qwen3:8b").inc()
-    metrics.wait_seconds.observe(0.5)
+    metrics.wait_seconds.labels("placed").observe(0.5)
     text = metrics.render().decode()
     assert "_created" not in text
     documented = (MONITORING.parents[1] / "docs" / "metrics.md").read_text()

@@ -563,6 +563,16 @@ def test_prompt_too_large_for_the_calls_own_num_ctx_says_so() -> None:
     assert "OLLAMA_CONTEXT_LENGTH" not in decision.reason  # the card would give 8192
 
 
+@pytest.mark.parametrize("num_ctx", [1, 3])
+def test_a_num_ctx_under_ollamas_floor_is_named_as_the_limit(num_ctx: int) -> None:
+    """Ollama raises a num_ctx under 4 to 4 (server/sched.go:170-172): still the call's."""
+    snap = snapshot(gpu("a", GIB24, ctx=8192))
+    decision = place(call("qwen3:8b", tokens=900, num_ctx=num_ctx), snap)
+    assert decision.outcome == "prompt-too-large"
+    assert f"options.num_ctx ({num_ctx}), which Ollama raises to 4," in decision.reason
+    assert "OLLAMA_CONTEXT_LENGTH" not in decision.reason
+
+
 def test_a_models_trained_context_caps_the_configured_one() -> None:
     # Ollama loads phi3:mini with at most its trained 4096 tokens, whatever the card allows.
     big = gpu("a", GIB24, ctx=8192, models={"phi3:mini": ModelInfo(trained_context=4096),
