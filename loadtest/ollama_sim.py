@@ -38,11 +38,13 @@ from .sim_engine import embedding_too_long, reported_prompt_eval_count
 from .sim_model import (
     CATALOG,
     CURRENT_VERSION,
+    INVALID_MODEL_NAME,
     SimConfig,
     SimModel,
     demo_fleet,
     fit_prompt,
     tokens_for_text,
+    valid_name,
 )
 from .sim_output import Piece, Reply
 from .sim_sched import Fault, OllamaSim, Runner, SimError, log
@@ -132,10 +134,18 @@ class SimApp:
         name = body.get("model") or body.get("name")
         if not name:
             return _error("model is required", 400)
-        model = self.sim.config.model(str(name))
-        if model is None:
-            return _error(f"model '{name}' not found", 404)
+        model = self._model(str(name))
+        if isinstance(model, Response):
+            return model
         return _json(self.sim.show(model))
+
+    def _model(self, name: str) -> SimModel | Response:
+        """The model a call names, as Ollama finds it (types/model/name.go ParseName, each
+        part matched case-insensitively), or its 400 for a name it cannot parse and 404."""
+        if not valid_name(name):
+            return _error(INVALID_MODEL_NAME, 400)
+        model = self.sim.config.model(name)
+        return _error(f"model '{name}' not found", 404) if model is None else model
 
     async def stats(self, request: Request) -> Response:
         s = self.sim.stats
@@ -207,9 +217,9 @@ class SimApp:
         elif texts is not None:
             return _error("invalid input type", 400)
         name = str(body.get("model") or "")
-        model = self.sim.config.model(name)
-        if model is None:
-            return _error(f"model '{name}' not found", 404)
+        model = self._model(name)
+        if isinstance(model, Response):
+            return model
         options = body.get("options") or {}
         if isinstance(options, dict) and (wrong := sim_checks.option_type_error(options)):
             return _error(wrong, 500)
@@ -297,9 +307,9 @@ class SimApp:
         name = body.get("model")
         if not name or not isinstance(name, str):
             return _error("model is required", 400)
-        model = sim.config.model(name)
-        if model is None:
-            return _error(f"model '{name}' not found", 404)
+        model = self._model(name)
+        if isinstance(model, Response):
+            return model
         options = body.get("options") or {}
         if not isinstance(options, dict):
             return _error("options must be an object", 400)
