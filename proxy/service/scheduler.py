@@ -103,11 +103,12 @@ class Scheduler:
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None, thread: str | None = None,
                    ask: bool = True) -> tuple[Candidate, ...] | None:
-        if model is not None:
-            model = self.resolve(model)
-        if self.bindings is not None:
-            return self.bindings.for_call(phase, model, thread, ask)
-        return self.settings.models.for_call(phase, model)
+        found = self.bindings.for_call(phase, model, thread, ask) if self.bindings is not None \
+            else self.settings.models.for_call(phase, model)
+        if not found:
+            return found
+        known = self.view.known_models(self.clock.now())
+        return tuple(replace(c, model=resolve_model(c.model, known)) for c in found)
 
     def resolve(self, model: str) -> str:
         """The spelling of `model` the providers list (Ollama's own case-insensitive match)."""
