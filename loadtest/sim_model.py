@@ -283,10 +283,10 @@ def decode_step_s(tokens_per_s: float, speed: float, sequences: int, batch_cost:
     return (1 + batch_cost * (max(sequences, 1) - 1)) / (tokens_per_s * speed)
 
 
-# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart; the same at
-# v0.12.6): [[scheme://]host/][namespace/]model[:tag], host registry.ollama.ai, namespace
-# library and tag latest when missing (:39-41); a separator with nothing beside it spoils the
-# name. The simulator keeps its own copy: it ships without the sidecar.
+# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart; the
+# same rules at v0.12.6 :135, :319): [[scheme://]host/][namespace/]model[:tag], host
+# registry.ollama.ai, namespace library and tag latest when missing (:39-41); a separator with
+# nothing beside it spoils the name. The simulator keeps its own copy: it ships without the sidecar.
 NAME_DEFAULTS = ("registry.ollama.ai", "library", "", "latest")
 _NAME_LENGTHS = (350, 80, 80, 80)
 _NAME_EXTRA = ("-_.:", "-_", "-_.", "-_.")

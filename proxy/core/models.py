@@ -15,12 +15,13 @@ def model_name(entry: Mapping[str, Any]) -> str:
     return normalise_model(str(entry.get("model") or entry.get("name")))
 
 
-# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart; the same
-# at v0.12.6): [[scheme://]host/][namespace/]model[:tag], the missing parts its defaults
-# (:39-41). Each part begins with a letter, digit or `_`, then those, `-`, `_`, and `.` (not in
-# a namespace) or `:` (only in a host); a separator with nothing beside it makes the name
-# invalid. Ollama matches each part case-insensitively (server/routes.go getExistingName,
-# :1222-1245; v0.12.6 :916-940), so `Qwen3:8B` runs the store's `qwen3:8b`.
+# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart; the
+# same rules at v0.12.6, :135 and :319): [[scheme://]host/][namespace/]model[:tag], the
+# missing parts its defaults (:39-41). Each part begins with a letter, digit or `_`, then
+# those, `-`, `_`, and `.` (not in a namespace) or `:` (only in a host); a separator with
+# nothing beside it makes the name invalid. Ollama matches each part case-insensitively
+# (server/routes.go getExistingName, :1222-1245; v0.12.6 :916-940), so `Qwen3:8B` runs
+# the store's `qwen3:8b`.
 DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG = "registry.ollama.ai", "library", "latest"
 _NAME_DEFAULTS = {"host": DEFAULT_HOST, "namespace": DEFAULT_NAMESPACE, "tag": DEFAULT_TAG}
 _NAME_LENGTHS = {"host": 350, "namespace": 80, "model": 80, "tag": 80}
