@@ -44,11 +44,13 @@ from .sim_engine import (
 from .sim_model import (
     CATALOG,
     CURRENT_VERSION,
+    INVALID_MODEL_NAME,
     SimConfig,
     SimModel,
     demo_fleet,
     fit_prompt,
     tokens_for_text,
+    valid_name,
 )
 from .sim_output import Piece, Reply
 from .sim_sched import Fault, OllamaSim, Runner, SimError, log
@@ -153,10 +155,25 @@ class SimApp:
         name = body.get("model") or body.get("name")
         if not name:
             return _error("model is required", 400)
-        model = self.sim.config.model(str(name))
-        if model is None:
-            return _error(f"model '{name}' not found", 404)
+        model = self._model(str(name))
+        if isinstance(model, Response):
+            return model
         return _json(self.sim.show(model))
+
+    def _model(self, name: str, embedding: bool = False) -> SimModel | Response:
+        """The model a call names, as Ollama finds it (types/model/name.go ParseName, each
+        part matched case-insensitively), or its 400 for a name it cannot parse and 404 (the
+        embedding handlers' in a scheduling error's words: handleScheduleError,
+        routes.go:3116, from :848-851, :1066-1070)."""
+        if not valid_name(name):
+            return _error(INVALID_MODEL_NAME, 400)
+        model = self.sim.config.model(name)
+        if model is not None:
+            return model
+        if embedding:
+            return _error(f"model {orjson.dumps(name).decode()} not found, try pulling it "
+                          "first", 404)
+        return _error(f"model '{name}' not found", 404)
 
     async def stats(self, request: Request) -> Response:
         s = self.sim.stats
@@ -229,10 +246,9 @@ class SimApp:
         elif texts is not None:
             return _error("invalid input type", 400)
         name = str(body.get("model") or "")
-        model = self.sim.config.model(name)
-        if model is None:  # handleScheduleError (routes.go:3116, from :848-851, :1066-1070)
-            return _error(f"model {orjson.dumps(name).decode()} not found, try pulling it "
-                          "first", 404)
+        model = self._model(name, embedding=True)
+        if isinstance(model, Response):
+            return model
         options = body.get("options") or {}
         if isinstance(options, dict) and (wrong := sim_checks.option_type_error(options)):
             return _error(wrong, 500)
@@ -366,9 +382,9 @@ class SimApp:
         name = body.get("model")
         if not name or not isinstance(name, str):
             return _error("model is required", 400)
-        model = sim.config.model(name)
-        if model is None:
-            return _error(f"model '{name}' not found", 404)
+        model = self._model(name)
+        if isinstance(model, Response):
+            return model
         options = body.get("options") or {}
         if not isinstance(options, dict):
             return _error("options must be an object", 400)

@@ -294,9 +294,58 @@ def decode_step_s(tokens_per_s: float, speed: float, sequences: int, batch_cost:
     return (1 + batch_cost * (max(sequences, 1) - 1)) / (tokens_per_s * speed)
 
 
+# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart; the
+# same rules at v0.12.6 :135, :319): [[scheme://]host/][namespace/]model[:tag], host
+# registry.ollama.ai, namespace library and tag latest when missing (:39-41); a separator with
+# nothing beside it spoils the name. The simulator keeps its own copy: it ships without the sidecar.
+NAME_DEFAULTS = ("registry.ollama.ai", "library", "", "latest")
+_NAME_LENGTHS = (350, 80, 80, 80)
+_NAME_EXTRA = ("-_.:", "-_", "-_.", "-_.")
+_MISSING = "!MISSING!"
+INVALID_MODEL_NAME = "invalid model name"  # server/routes.go:66-75 writeModelRefParseError
+
+
+def _cut(text: str, sep: str) -> tuple[str, str, bool]:
+    before, found, after = text.rpartition(sep)
+    return (before or _MISSING, after or _MISSING, True) if found else (text, "", False)
+
+
+def name_parts(name: str) -> tuple[str, str, str, str]:
+    """Host, namespace, model and tag as ParseName reads them, the defaults filled in."""
+    host = namespace = tag = ""
+    rest = name
+    if rest.rfind(":") > rest.rfind("/"):
+        rest, tag, _ = _cut(rest, ":")
+    rest, model, promised = _cut(rest, "/")
+    if not promised:
+        model = rest
+    else:
+        rest, namespace, promised = _cut(rest, "/")
+        if not promised:
+            namespace = rest
+        else:
+            scheme, sep, host = rest.partition("://")
+            host = host if sep else scheme
+    given = (host, namespace, model, tag)
+    return tuple(g or d for g, d in zip(given, NAME_DEFAULTS, strict=True))  # type: ignore[return-value]
+
+
+def _word(c: str) -> bool:
+    return c.isascii() and (c.isalnum() or c == "_")
+
+
+def valid_name(name: str) -> bool:
+    """Name.IsValid: every part present, within its length and of its characters."""
+    return all(1 <= len(part) <= size and _word(part[0]) and
+               all(c in extra or _word(c) for c in part[1:])
+               for part, size, extra in zip(name_parts(name), _NAME_LENGTHS, _NAME_EXTRA,
+                                            strict=True))
+
+
 def normalise_name(name: str) -> str:
-    """Ollama's `name[:tag]` with the tag defaulting to `latest`."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    """What Ollama matches a name by: its four parts, defaults filled in, case folded
+    (server/routes.go:1222-1245 getExistingName compares each part with EqualFold)."""
+    return "/".join(name_parts(name)).lower()
 
 
 DIGITS = "0123456789"

@@ -37,61 +37,16 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from proxy.core.models import ollama_name_parts, valid_name_part
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
 ENV_PREFIX = "KUBEMOOT_"
 
 
-# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart):
-# [[scheme://]host/][namespace/]model[:tag], the missing parts its defaults. Each part begins
-# with a letter, digit or `_`, then those, `-`, `_`, and `.` (not in a namespace) or `:` (only
-# in a host); a separator with nothing beside it makes the name invalid.
-_NAME_DEFAULTS = {"host": "registry.ollama.ai", "namespace": "library", "tag": "latest"}
-_NAME_LENGTHS = {"host": 350, "namespace": 80, "model": 80, "tag": 80}
-_MISSING = "!MISSING!"  # Ollama's marker of a part a separator promised (never valid)
-
-
-def _cut_last(text: str, sep: str) -> tuple[str, str, bool]:
-    before, found, after = text.rpartition(sep)
-    if not found:
-        return text, "", False
-    return before or _MISSING, after or _MISSING, True
-
-
-def ollama_name_parts(name: str) -> dict[str, str]:
-    """A model name's host, namespace, model and tag as Ollama's ParseName reads them."""
-    parts = {"host": "", "namespace": "", "model": "", "tag": ""}
-    rest = name
-    if rest.rfind(":") > rest.rfind("/"):
-        rest, parts["tag"], _ = _cut_last(rest, ":")
-    rest, parts["model"], promised = _cut_last(rest, "/")
-    if not promised:
-        parts["model"] = rest
-    else:
-        rest, parts["namespace"], promised = _cut_last(rest, "/")
-        if not promised:
-            parts["namespace"] = rest
-        else:
-            scheme, sep, host = rest.partition("://")
-            parts["host"] = host if sep else scheme
-    return {kind: value or _NAME_DEFAULTS.get(kind, "") for kind, value in parts.items()}
-
-
-def _valid_part(kind: str, part: str) -> bool:
-    if not 1 <= len(part) <= _NAME_LENGTHS[kind]:
-        return False
-    extra = {"host": "-_.:", "namespace": "-_", "model": "-_.", "tag": "-_."}[kind]
-    return _WORD.match(part[0]) is not None and all(
-        c in extra or _WORD.match(c) for c in part[1:])
-
-
-_WORD = re.compile(r"[A-Za-z0-9_]")
-
-
 def check_model_name(name: str) -> str:
     """`name` if Ollama takes it as a model name, else ValueError saying which part is not."""
     for kind, part in ollama_name_parts(name).items():
-        if not _valid_part(kind, part):
+        if not valid_name_part(kind, part):
             raise ValueError(f"{name!r} is not a model name as Ollama reads one "
                              "([host/][namespace/]model[:tag]; letters, digits, '_', '-' and "
                              f"'.'): its {kind} is not valid")

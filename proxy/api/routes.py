@@ -26,7 +26,7 @@ from proxy.api.errors import (
 from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
-from proxy.core.models import model_name, normalise_model
+from proxy.core.models import model_name, normalise_model, ollama_name_parts, resolve_model
 from proxy.core.tokens import (
     answers_tool_result,
     conversation_digests,
@@ -38,7 +38,6 @@ from proxy.observability.metrics import Metrics
 from proxy.ports import ModelEntry, ModelServer, UpstreamError
 from proxy.service.codec import parse_rfc3339, rfc3339
 from proxy.service.routing import NO_PROMPT, CallRequest, Calls, ProviderPool
-from proxy.settings import ollama_name_parts
 
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
@@ -342,7 +341,7 @@ class SidecarApi:
         model = pull.model or pull.name
         if not model:
             return error_response(400, "bad-request", "field 'model': model is required")
-        if normalise_model(model) not in await self._provider_models():
+        if resolve_model(model, listed := await self._provider_models()) not in listed:
             return error_response(
                 501, "not-supported",
                 f"model '{model}' is on no provider, and the sidecar does not download models "
@@ -385,7 +384,7 @@ class SidecarApi:
     async def openai_model(self, request: Request) -> Response:
         name = request.path_params["model"]
         models = await self._provider_models()
-        key = name if name in models else normalise_model(name)
+        key = resolve_model(name, models)
         if key not in models:
             return error_response(404, "model-not-found",
                                   f"model '{name}' is on no provider", name, dialect="openai")

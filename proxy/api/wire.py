@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from proxy.core.context import NEWEST, Version
 from proxy.core.durations import DurationError, parse_duration
+from proxy.core.models import INVALID_MODEL_NAME, is_valid_model_name
 
 
 class BadRequest(Exception):
@@ -386,7 +387,7 @@ def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) ->
     if model in (OllamaInference, OllamaEmbed):
         check_options(body.get("options"))
     try:
-        return model.model_validate(body)
+        parsed = model.model_validate(body)
     except ValidationError as exc:
         errors = exc.errors()
         field = _field(errors[0]["loc"])
@@ -396,3 +397,13 @@ def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) ->
         message = errors[0]["msg"] if len(wanted) == 1 else \
             "Input should be " + " or ".join(wanted)
         raise BadRequest(f"field '{field}': {message}", field) from None
+    check_model_name(parsed)
+    return parsed
+
+
+def check_model_name(parsed: BaseModel) -> None:
+    """Ollama's 400 for a model name its ParseName cannot read (server/routes.go:66-75,
+    model_resolver.go:36-47); an empty name is the sidecar's "the model I am bound to"."""
+    name = getattr(parsed, "model", None) or getattr(parsed, "name", None)
+    if isinstance(name, str) and not is_valid_model_name(name):
+        raise BadRequest(INVALID_MODEL_NAME, "model")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,13 +12,94 @@ from proxy.core.types import Candidate
 
 
 def model_name(entry: Mapping[str, Any]) -> str:
-    """The model of an /api/tags or /api/ps entry (`model`, or `name` on older servers)."""
-    return str(entry.get("model") or entry.get("name"))
+    """The model of an /api/tags or /api/ps entry (`model`, or `name` on older servers),
+    normalised."""
+    return normalise_model(str(entry.get("model") or entry.get("name")))
+
+
+# Ollama's model names (types/model/name.go:101-176 ParseName, 344-376 isValidPart; the
+# same rules at v0.12.6, :135 and :319): [[scheme://]host/][namespace/]model[:tag], the
+# missing parts its defaults (:39-41). Each part begins with a letter, digit or `_`, then
+# those, `-`, `_`, and `.` (not in a namespace) or `:` (only in a host); a separator with
+# nothing beside it makes the name invalid. Ollama matches each part case-insensitively
+# (server/routes.go getExistingName, :1222-1245; v0.12.6 :916-940), so `Qwen3:8B` runs
+# the store's `qwen3:8b`.
+DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG = "registry.ollama.ai", "library", "latest"
+_NAME_DEFAULTS = {"host": DEFAULT_HOST, "namespace": DEFAULT_NAMESPACE, "tag": DEFAULT_TAG}
+_NAME_LENGTHS = {"host": 350, "namespace": 80, "model": 80, "tag": 80}
+_NAME_EXTRA = {"host": "-_.:", "namespace": "-_", "model": "-_.", "tag": "-_."}
+_MISSING = "!MISSING!"  # Ollama's marker of a part a separator promised (never valid)
+# Ollama's answer to a name it cannot parse (server/routes.go:66-75 writeModelRefParseError)
+INVALID_MODEL_NAME = "invalid model name"
+
+
+def _cut_last(text: str, sep: str) -> tuple[str, str, bool]:
+    before, found, after = text.rpartition(sep)
+    if not found:
+        return text, "", False
+    return before or _MISSING, after or _MISSING, True
+
+
+def ollama_name_parts(name: str) -> dict[str, str]:
+    """A model name's host, namespace, model and tag as Ollama's ParseName reads them."""
+    parts = {"host": "", "namespace": "", "model": "", "tag": ""}
+    rest = name
+    if rest.rfind(":") > rest.rfind("/"):
+        rest, parts["tag"], _ = _cut_last(rest, ":")
+    rest, parts["model"], promised = _cut_last(rest, "/")
+    if not promised:
+        parts["model"] = rest
+    else:
+        rest, parts["namespace"], promised = _cut_last(rest, "/")
+        if not promised:
+            parts["namespace"] = rest
+        else:
+            scheme, sep, host = rest.partition("://")
+            parts["host"] = host if sep else scheme
+    return {kind: value or _NAME_DEFAULTS.get(kind, "") for kind, value in parts.items()}
+
+
+def _word(c: str) -> bool:
+    return c.isascii() and (c.isalnum() or c == "_")
+
+
+def valid_name_part(kind: str, part: str) -> bool:
+    """Whether Ollama's isValidPart takes `part` as the name's `kind` part."""
+    return 1 <= len(part) <= _NAME_LENGTHS[kind] and _word(part[0]) and all(
+        c in _NAME_EXTRA[kind] or _word(c) for c in part[1:])
+
+
+def is_valid_model_name(name: str) -> bool:
+    """Whether Ollama's ParseName(name).IsValid() holds."""
+    return all(valid_name_part(k, p) for k, p in ollama_name_parts(name).items())
 
 
 def normalise_model(name: str) -> str:
-    """Ollama's `name[:tag]`, the tag defaulting to `latest`, as /api/ps reports it."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    """The name as Ollama's /api/ps shows it (Name.DisplayShortest): the tag filled in,
+    the default host and namespace left out, each part spelled as given; a name Ollama
+    refuses keeps its spelling, with `:latest` when it names no tag."""
+    if not is_valid_model_name(name):
+        return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:{DEFAULT_TAG}"
+    parts = ollama_name_parts(name)
+    prefix = ""
+    if parts["host"].lower() != DEFAULT_HOST:
+        prefix = f"{parts['host']}/{parts['namespace']}/"
+    elif parts["namespace"].lower() != DEFAULT_NAMESPACE:
+        prefix = f"{parts['namespace']}/"
+    return f"{prefix}{parts['model']}:{parts['tag']}"
+
+
+def model_key(name: str) -> str:
+    """What two spellings of one model share (Ollama matches the parts case-insensitively)."""
+    return normalise_model(name).lower()
+
+
+def resolve_model(name: str, known: Iterable[str]) -> str:
+    """The spelling of `name` among the `known` models (Ollama's getExistingName), else its
+    own spelling normalised."""
+    key = model_key(name)
+    return next((normalise_model(k) for k in known if model_key(k) == key),
+                normalise_model(name))
 
 
 @dataclass(frozen=True)
@@ -34,26 +115,29 @@ class CallModels:
         and none is configured."""
         if phase == "triage":
             bound = model or self.triage_model
-            return (Candidate(normalise_model(bound)),) if bound else None
+            return (Candidate(self.resolve(bound)),) if bound else None
         if model is None:
             return self.mulling or None
-        wanted = normalise_model(model)
-        mine = next((c for c in self.mulling if c.model == wanted), None)
+        wanted = model_key(model)
+        mine = next((c for c in self.mulling if model_key(c.model) == wanted), None)
         if mine is None:
-            return (Candidate(wanted),)
-        return (mine, *(c for c in self.mulling if c.model != wanted))
+            return (Candidate(self.resolve(model)),)
+        return (mine, *(c for c in self.mulling if c is not mine))
+
+    def resolve(self, model: str) -> str:
+        """The spelling of `model` among this agent's configured models."""
+        known = (*(c.model for c in self.mulling), *filter(None, (self.triage_model,)))
+        return resolve_model(model, known)
 
 
 def full_model_name(name: str) -> str:
     """Ollama's full name of a model, as its capability errors spell it (types/model/name.go
     ParseName and Name.String: host `registry.ollama.ai`, namespace `library` and tag
     `latest` filled in): "qwen3:8b" is "registry.ollama.ai/library/qwen3:8b"."""
-    parts = normalise_model(name).split("/")
-    if len(parts) == 1:
-        parts = ["library", *parts]
-    if len(parts) == 2:
-        parts = ["registry.ollama.ai", *parts]
-    return "/".join(parts)
+    if not is_valid_model_name(name):
+        return normalise_model(name)
+    parts = ollama_name_parts(name)
+    return f"{parts['host']}/{parts['namespace']}/{parts['model']}:{parts['tag']}"
 
 
 def not_found(name: str, embedding: bool = False) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.models import normalise_model
+from proxy.core.models import model_key
 from proxy.core.types import ProviderView
 from proxy.operator import scheduling as s
 from proxy.operator.candidates import Documents, policy_for
@@ -63,7 +63,7 @@ def live_providers(declared: Mapping[str, s.Provider], states: Mapping[str, Prov
                 f"state {now - state.last_probed_at:.0f} s old"
             out[name] = replace(base, ready=False, not_ready=why)
             continue
-        on_disk = frozenset(normalise_model(m) for m in (*state.available_mib,
+        on_disk = frozenset(model_key(m) for m in (*state.available_mib,
                                                           *state.loaded_mib))
         out[name] = s.Provider(
             name, (doc.endpoint if doc and doc.endpoint else state.endpoint), state.ready,

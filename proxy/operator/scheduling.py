@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from proxy.core.models import normalise_model
+from proxy.core.models import model_key, normalise_model
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.sizing import Sizer
 from proxy.core.types import ProviderView
@@ -245,7 +245,7 @@ def feasibility(model: Model, providers: Mapping[str, Provider], options: Option
     if not provider.ready:
         return None, f"{model.name}: provider {provider.name} not Ready" + (
             f" ({provider.not_ready})" if provider.not_ready else "")
-    if provider.on_disk is not None and normalise_model(model.identifier) not in \
+    if provider.on_disk is not None and model_key(model.identifier) not in \
             provider.on_disk:
         return None, f"{model.name}: {model.identifier} is not on {provider.name}"
     total = provider.vram_total_mib

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.models import CallModels, normalise_model
+from proxy.core.models import CallModels, model_key, normalise_model
 from proxy.core.types import Candidate
 from proxy.observability.logging import get_logger
 from proxy.ports import BINDINGS, SYSTEM_CLOCK, Clock, Entry, StateStore, StoreUnavailable
@@ -166,7 +166,7 @@ class Bindings:
         env = self.env.models
         deployed = env.triage_model if phase == "triage" else \
             (env.mulling[0].model if env.mulling else None)
-        return deployed is not None and normalise_model(deployed) == normalise_model(model)
+        return deployed is not None and model_key(deployed) == model_key(model)
 
     def used(self, phase: str, thread: str | None = None) -> Resolved:
         """The binding the last resolution for this phase and thread ran on: read at once

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context
 from proxy.core.lengths import CallLength
-from proxy.core.models import CallModels, normalise_model, not_found
+from proxy.core.models import CallModels, not_found, resolve_model
 from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize
@@ -103,9 +103,16 @@ class Scheduler:
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None, thread: str | None = None,
                    ask: bool = True) -> tuple[Candidate, ...] | None:
-        if self.bindings is not None:
-            return self.bindings.for_call(phase, model, thread, ask)
-        return self.settings.models.for_call(phase, model)
+        found = self.bindings.for_call(phase, model, thread, ask) if self.bindings is not None \
+            else self.settings.models.for_call(phase, model)
+        if not found:
+            return found
+        known = self.view.known_models(self.clock.now())
+        return tuple(replace(c, model=resolve_model(c.model, known)) for c in found)
+
+    def resolve(self, model: str) -> str:
+        """The spelling of `model` the providers list (Ollama's own case-insensitive match)."""
+        return resolve_model(model, self.view.known_models(self.clock.now()))
 
     def binding_label(self, call: CallRequest) -> str:
         """Where the candidates just resolved for `call` came from (source@revision)."""
@@ -433,7 +440,7 @@ class Scheduler:
 
     async def unload_everywhere(self, model: str) -> list[str]:
         """A client's explicit unload: see Evictions.unload_everywhere."""
-        return await self.evictions.unload_everywhere(normalise_model(model),
+        return await self.evictions.unload_everywhere(self.resolve(model),
                                                       self.snapshot(self.clock.now()))
 
     def spawn(self, coro: Coroutine[object, object, object]) -> None:
@@ -448,7 +455,7 @@ class Scheduler:
     # -- what the API asks besides routing ------------------------------------------------
     def providers_with(self, model: str) -> list[str]:
         """Providers whose fresh state lists the model on disk or loaded."""
-        return self.view.providers_with(normalise_model(model), self.clock.now())
+        return self.view.providers_with(self.resolve(model), self.clock.now())
 
     def ready(self) -> bool:
         """Can place calls: a static endpoint, or at least one provider with fresh state."""

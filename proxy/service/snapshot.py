@@ -72,6 +72,15 @@ class StateView:
                 out.append(config.name)
         return out
 
+    def known_models(self, now: float) -> set[str]:
+        """Every model a fresh provider state lists on disk or loaded."""
+        known: set[str] = set()
+        for config in self.configs:
+            state = self.provider_state(config.name, now)
+            if state is not None:
+                known.update(state.available_mib, state.loaded_mib)
+        return known
+
     def any_ready(self, now: float) -> bool:
         """At least one provider with fresh state that can take calls."""
         return any((s := self.provider_state(c.name, now)) is not None and s.ready

@@ -1,0 +1,44 @@
+"""Model names as Ollama reads them (types/model/name.go ParseName, each part matched
+case-insensitively): the official `ollama` client through the sidecar to simulated GPUs,
+every spelling of a model served by the one copy."""
+
+from __future__ import annotations
+
+import httpx
+import ollama
+import pytest
+
+from loadtest.sim_model import CATALOG
+from tests.e2e.test_scheduling import Sidecars, Sims
+
+HI = [{"role": "user", "content": "hello there"}]
+SPELLINGS = ("qwen3:8b", "Qwen3:8B", "registry.ollama.ai/library/qwen3:8b", "library/QWEN3:8b")
+
+
+def _ps(url: str) -> list[str]:
+    return [m["model"] for m in httpx.get(f"{url}/api/ps").json()["models"]]
+
+
+@pytest.mark.parametrize("configured", ["qwen3:8b", "Qwen3:8B"])
+def test_every_spelling_of_a_model_runs_on_its_one_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars, configured: str) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    client = ollama.Client(host=sidecar_factory([gpu], model_model=configured).url)
+    for name in SPELLINGS:
+        assert client.chat(model=name, messages=HI).done, name
+        assert client.generate(model=name, prompt="hi").done, name
+    assert client.embed(model="NOMIC-EMBED-TEXT", input="hi").embeddings
+    assert (gpu.sim.stats.inference_requests, gpu.sim.stats.loads) == (9, 2)
+    assert sorted(_ps(gpu.url)) == ["nomic-embed-text:latest", "qwen3:8b"]
+    assert client.show("Qwen3:8B").capabilities
+
+
+@pytest.mark.parametrize("name", ["qwen3:", "qwen3:8b!", "/qwen3", "my.team/qwen3", "q" * 81])
+def test_a_name_ollama_cannot_parse_is_its_400(sim_factory: Sims, sidecar_factory: Sidecars,
+                                               name: str) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    for url in (sidecar_factory([gpu]).url, gpu.url):  # the simulator answers as Ollama
+        with pytest.raises(ollama.ResponseError) as caught:
+            ollama.Client(host=url).chat(model=name, messages=HI)
+        assert (caught.value.status_code, caught.value.error) == (400, "invalid model name")
+    assert (gpu.sim.stats.inference_requests, gpu.sim.stats.loads) == (0, 0)

@@ -1,0 +1,106 @@
+"""Model names as Ollama reads them (types/model/name.go), the sidecar's and the simulator's
+copies alike; the tables are Ollama's own (types/model/name_test.go) where they apply."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.sim_model import CATALOG, SimConfig, name_parts, valid_name
+from proxy.core.models import (
+    CallModels,
+    is_valid_model_name,
+    model_key,
+    normalise_model,
+    ollama_name_parts,
+    resolve_model,
+)
+from proxy.core.types import Candidate
+
+P80, P350 = "8" * 80, "3" * 350
+
+# name_test.go:15-141 TestParseNameParts, with ParseName's defaults (:39-41) filled in
+PARTS = [
+    ("registry.ollama.ai/library/dolphin-mistral:7b-v2.6-dpo-laser-q6_K",
+     ("registry.ollama.ai", "library", "dolphin-mistral", "7b-v2.6-dpo-laser-q6_K")),
+    ("scheme://host:port/namespace/model:tag", ("host:port", "namespace", "model", "tag")),
+    ("host/namespace/model:tag", ("host", "namespace", "model", "tag")),
+    ("host:port/namespace/model:tag", ("host:port", "namespace", "model", "tag")),
+    ("host/namespace/model", ("host", "namespace", "model", "latest")),
+    ("host:port/namespace/model", ("host:port", "namespace", "model", "latest")),
+    ("namespace/model", ("registry.ollama.ai", "namespace", "model", "latest")),
+    ("model", ("registry.ollama.ai", "library", "model", "latest")),
+    ("h/nn/mm:t", ("h", "nn", "mm", "t")),
+    (f"{P80}/{P80}/{P80}:{P80}", (P80, P80, P80, P80)),
+    (f"{P350}/{P80}/{P80}:{P80}", (P350, P80, P80, P80)),
+]
+
+
+@pytest.mark.parametrize(("name", "parts"), PARTS)
+def test_the_parts_of_a_name(name: str, parts: tuple[str, ...]) -> None:
+    assert tuple(ollama_name_parts(name).values()) == parts
+    assert name_parts(name) == parts
+
+
+# name_test.go:143-190 testCases (ParseNameBare(s).IsValid()), the entries whose answer
+# ParseName's defaults do not change, and the defaults' own: a missing part is filled in
+VALID = {
+    "_why/_the/_lucky:_stiff": True, "h/n/m:t": True, "host/namespace/model:tag": True,
+    f"{P80}/{P80}/{P80}:{P80}": True, f"{P350}/{P80}/{P80}:{P80}": True, "h/nn/mm:t": True,
+    "host:https/namespace/model:tag": True,
+    "": False, "n/m:": False, "@t": False, "m@d": False, "^": False, "mm:": False,
+    "/nn/mm": False, "//": False, "//mm": False, "hh//": False, "//mm:@": False, "00@": False,
+    "@": False, "-hh/nn/mm:tt": False, "hh/-nn/mm:tt": False, "hh/nn/-mm:tt": False,
+    "hh/nn/mm:-tt": False, "host/name:space/model:tag": False,
+    # what ParseName's defaults complete (name_test.go:193-201), and what is too long
+    "model": True, "h/n/m": True, "namespace/model": True, "Qwen3:8B": True,
+    f"{'3' * 351}/n/m:t": False, f"{'8' * 81}": False, "my.team/m": False, "qwen3:8b!": False,
+}
+
+
+@pytest.mark.parametrize(("name", "valid"), VALID.items())
+def test_which_names_ollama_takes(name: str, valid: bool) -> None:
+    assert is_valid_model_name(name) is valid
+    assert valid_name(name) is valid
+
+
+# name_test.go:292-309 TestDisplayShortest, and the defaults filled in first
+@pytest.mark.parametrize(("name", "shortest"), [
+    ("registry.ollama.ai/library/model:latest", "model:latest"),
+    ("registry.ollama.ai/library/model:tag", "model:tag"),
+    ("registry.ollama.ai/namespace/model:tag", "namespace/model:tag"),
+    ("host/namespace/model:tag", "host/namespace/model:tag"),
+    ("host/library/model:tag", "host/library/model:tag"),
+    ("library/qwen3:8b", "qwen3:8b"), ("qwen3", "qwen3:latest"),
+    ("REGISTRY.ollama.ai/Library/Qwen3:8B", "Qwen3:8B"),  # EqualFold on host and namespace
+    ("hf.co/unsloth/Qwen3-8B-GGUF:Q4_K_M", "hf.co/unsloth/Qwen3-8B-GGUF:Q4_K_M"),
+])
+def test_the_name_as_ollama_lists_it(name: str, shortest: str) -> None:
+    assert normalise_model(name) == shortest
+
+
+SPELLINGS = ("qwen3:8b", "Qwen3:8B", "library/qwen3:8b", "registry.ollama.ai/library/qwen3:8b",
+             "REGISTRY.OLLAMA.AI/LIBRARY/QWEN3:8B")
+
+
+@pytest.mark.parametrize("name", SPELLINGS)
+def test_every_spelling_of_a_model_is_the_one_the_fleet_lists(name: str) -> None:
+    assert model_key(name) == "qwen3:8b"
+    assert resolve_model(name, ("phi3:mini", "qwen3:8b")) == "qwen3:8b"
+    models = CallModels((Candidate("qwen3:8b", 2.0), Candidate("phi3:mini", 1.0)), "phi3:mini")
+    assert [c.model for c in models.for_call("mulling", name) or ()] == \
+        ["qwen3:8b", "phi3:mini"]
+    assert models.for_call("triage", name) == (Candidate("qwen3:8b"),)
+
+
+def test_a_model_the_fleet_spells_in_capitals_keeps_its_spelling() -> None:
+    known = ("hf.co/unsloth/Qwen3-8B-GGUF:Q4_K_M",)
+    assert resolve_model("hf.co/unsloth/qwen3-8b-gguf:q4_k_m", known) == known[0]
+    assert resolve_model("nomic-embed-text", known) == "nomic-embed-text:latest"
+
+
+@pytest.mark.parametrize("name", [*SPELLINGS, "NOMIC-EMBED-TEXT"])
+def test_the_simulator_finds_every_spelling(name: str) -> None:
+    config = SimConfig(name="gpu", total_vram_mib=24576, models=CATALOG)
+    found = config.model(name)
+    assert found is not None
+    assert model_key(found.name) == model_key(name)
