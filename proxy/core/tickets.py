@@ -119,14 +119,34 @@ def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy
                                needs_free_slot)
     if not ok:
         return Refused(why)
+    others = current.tickets
     loads = current.loads
     if fresh.cold:
+        others = _beside_later_loads(others, fresh, seen)
         # Recorded with the ticket: should the holder die before its release, the copy
         # still counts once the ticket has expired.
         loads = {**loads, ticket.ticket_id: Load(fresh.model, fresh.footprint_mib,
                                                  fresh.context, now)}
-    return Admitted(replace(current, tickets={**current.tickets, ticket.ticket_id: fresh},
+    return Admitted(replace(current, tickets={**others, ticket.ticket_id: fresh},
                             loads=loads), why, seen)
+
+
+def _beside_later_loads(tickets: dict[str, Ticket], fresh: Ticket, seen: ProviderView
+                        ) -> dict[str, Ticket]:
+    """The loads in flight that may load after `fresh`, each counting it beside them: Ollama
+    loads in the order the calls reach it, which the order of claims does not fix, and a
+    runner counts what was loaded when it loaded (Resident.beside_mib). A copy already
+    listed loaded before it."""
+    loaded = {r.model for r in seen.residents if not r.loading}
+    everyone = [*tickets.values(), fresh]
+    out = tickets
+    for key, held in tickets.items():
+        if not held.cold or held.model in (fresh.model, *loaded) or fresh.model in held.evicts:
+            continue
+        beside = held_beside(held.model, held.evicts, seen.residents, everyone)
+        if beside > held.beside_mib:
+            out = {**out, key: replace(held, beside_mib=beside)}
+    return out
 
 
 def without(current: TicketSet, ticket_ids: Collection[str]) -> TicketSet:
@@ -238,7 +258,8 @@ def merge_recorded(view: ProviderView, recorded: TicketSet) -> ProviderView:
     until a probe newer than the load lists the model (that copy counts then) or its grace
     passes (`live`). The load is no resident entry: nothing recorded of the model, before or
     after, replaces it or is replaced by it."""
-    merged = merge_residency(view, recorded.residents)
+    merged = _beside_as_claimed(merge_residency(view, recorded.residents),
+                                recorded.tickets.values())
     probed = {r.model: r.context_length for r in view.residents}
     orphaned: dict[str, Load] = {}
     for load in recorded.orphaned_loads().values():
@@ -254,6 +275,28 @@ def merge_recorded(view: ProviderView, recorded: TicketSet) -> ProviderView:
     loading = tuple(Resident(load.model, load.mib, load.context_length, load.at, loading=True)
                     for load in orphaned.values())
     return replace(merged, residents=kept + loading)
+
+
+def _beside_as_claimed(view: ProviderView, tickets: Iterable[Ticket]) -> ProviderView:
+    """A copy whose load is still held counts what its ticket says was beside it, other
+    loads in flight included (`_beside_later_loads`): the release records that, but the
+    call runs on the copy, listed, before it."""
+    beside: dict[tuple[str, int], int] = {}
+    for t in tickets:
+        if t.cold and t.beside_mib:
+            key = (t.model, t.context)
+            beside[key] = max(beside.get(key, 0), t.beside_mib)
+    if not beside:
+        return view
+    out, changed = [], False
+    for r in view.residents:
+        held = max((mib for (model, ctx), mib in beside.items() if model == r.model and
+                    _same_context(view, model, r.context_length, ctx)), default=0)
+        if held > r.beside_mib:
+            r = replace(r, beside_mib=held)
+            changed = True
+        out.append(r)
+    return replace(view, residents=tuple(out)) if changed else view
 
 
 def _same_context(view: ProviderView, model: str, probed: int, loaded: int) -> bool:

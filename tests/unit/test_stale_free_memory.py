@@ -6,6 +6,7 @@ when a probe first saw it (Resident.beside_mib) and plans for the stalest readin
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from proxy.core.occupancy import Load, admission_problem
@@ -139,3 +140,32 @@ async def test_a_copy_first_seen_after_its_neighbours_left_takes_what_another_pr
     server.listed = [_copy("phi3:mini", 3600)]
     state = await prober.probe("a")
     assert state.loaded_beside_mib == {"phi3:mini": 24970 + RUNNER_OVERHEAD_MIB}
+
+
+def test_loads_in_flight_together_each_count_the_other_whichever_ollama_loads_first() -> None:
+    """The fleet soak's case on a 49140 MiB card at 0.33: llama3.2 is claimed first, but its
+    load waits for an unload, and an 8b claimed after it loads first; llama's runner then
+    counts the 8b. Once the 8b is unloaded, a 32b (estimate 25320 MiB) fits 80 % of the
+    memory beside llama alone, not of what llama's runner reads: Ollama would unload llama,
+    busy, on its own. The claim is refused while llama's ticket holds what it loaded beside."""
+    empty = ProviderView("a", 49140, version="0.33.0", probed_at=0.0)
+    llama = Ticket("llama", "a", "llama3.2:3b", 6477, 0, 0, cold=True, estimate_mib=6000)
+    eight = Ticket("8b", "a", "qwen3:8b", 10676, 0, 0, cold=True, estimate_mib=10000)
+    first = claim(TicketSet(), llama, empty, DEFAULT_POLICY, 60, 1.0)
+    assert isinstance(first, Admitted)
+    second = claim(first.tickets, eight, empty, DEFAULT_POLICY, 60, 2.0)
+    assert isinstance(second, Admitted)
+    assert second.tickets.tickets["llama"].beside_mib == 10676 + RUNNER_OVERHEAD_MIB
+    # both loaded; no probe saw them together; the 8b's call is over, llama's goes on
+    both = ProviderView("a", 49140, version="0.33.0", probed_at=3.0, residents=(
+        Resident("llama3.2:3b", 6477, 16384), Resident("qwen3:8b", 10676, 16384)))
+    held = TicketSet(tickets={"llama": second.tickets.tickets["llama"]})
+    big = Ticket("32b", "a", "qwen3:32b", 28810, 0, 0, cold=True, estimate_mib=25320,
+                 evicts={"qwen3:8b": 10676})
+    refused = claim(held, big, both, DEFAULT_POLICY, 60, 4.0)
+    assert not isinstance(refused, Admitted)
+    assert "Ollama would unload a model" in refused.reason
+    # with llama's call over, its copy may go with the 8b: the plan Ollama would not upset
+    both_go = claim(TicketSet(), replace(big, evicts={"qwen3:8b": 10676, "llama3.2:3b": 6477}),
+                    both, DEFAULT_POLICY, 60, 4.0)
+    assert isinstance(both_go, Admitted)
