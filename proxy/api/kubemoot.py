@@ -19,6 +19,7 @@ from proxy.api.routes import (
     read_capped,
 )
 from proxy.core.affinity import expected_cached, shared_prompt_size
+from proxy.core.models import INVALID_MODEL_NAME, is_valid_model_name
 from proxy.core.occupancy import index_providers, loaded_limit
 from proxy.core.placement import explain
 from proxy.core.tokens import conversation_digests, prompt_size
@@ -88,6 +89,8 @@ def _model_param(request: Request) -> str | None:
     if model is not None and len(model) > wire.MAX_ID_LENGTH:
         raise wire.BadRequest(f"query parameter 'model' must be at most {wire.MAX_ID_LENGTH} "
                               "characters", "model")
+    if model is not None and not is_valid_model_name(model):
+        raise wire.BadRequest(INVALID_MODEL_NAME, "model")
     return model
 
 
@@ -191,6 +194,8 @@ class KubemootApi:
         model = wire.named_model(body)
         if model is None:
             return error_response(400, "bad-request", "field 'model': a model is required")
+        if not is_valid_model_name(model):
+            return error_response(400, "bad-request", INVALID_MODEL_NAME, model)
         try:
             phase = _phase_param(request)
         except wire.BadRequest as exc:

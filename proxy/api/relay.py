@@ -29,6 +29,7 @@ from proxy.api.errors import (
 )
 from proxy.core.context import unshifted_answer_cap
 from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
+from proxy.core.models import model_key
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
 from proxy.service.routing import STATIC, Attempt, Attempts, CallOutcome, Refusal
@@ -450,6 +451,8 @@ class UsageEventFilter:
         data = self.pending + chunk
         cut = data.rfind(b"\n\n") + 2 if b"\n\n" in data else 0
         complete, self.pending = data[:cut], data[cut:]
+        if len(self.pending) > MAX_HELD_ERROR_BYTES:  # far longer than a usage event: not it
+            complete, self.pending = data, b""
         if self.MARK not in complete:
             return complete
         events = complete.split(b"\n\n")
@@ -465,7 +468,7 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
     """The body as the chosen provider gets it: the picked model, num_ctx set to the context
     of the copy planned, no other option that would make Ollama reload it, `truncate` off
     unless the agent asked for it, and `shift` as the engine can take it without a reload."""
-    out = {**body, "model": attempt.model}
+    out = {**body, "model": _as_asked(body.get("model"), attempt.model)}
     if attempt.strip_keep_alive:
         out.pop("keep_alive", None)
     if path in TRUNCATING_PATHS and out.get("truncate") is None:
@@ -484,6 +487,14 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
     if path in SHIFTING_PATHS and shift is not None:
         out.update(shift_payload(attempt, shift, out.get("options")))
     return orjson.dumps(out)
+
+
+def _as_asked(asked: object, model: str) -> str:
+    """The model to name to Ollama: the agent's own spelling when it names the model picked
+    (Ollama echoes the name as the call spelled it, server/routes.go:408, 2985), else the
+    pick."""
+    return asked if isinstance(asked, str) and asked and model_key(asked) == model_key(model) \
+        else model
 
 
 def shift_payload(attempt: Attempt, shift: object, options: object) -> dict[str, Any]:

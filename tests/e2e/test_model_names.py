@@ -24,9 +24,9 @@ def test_every_spelling_of_a_model_runs_on_its_one_copy(
         sim_factory: Sims, sidecar_factory: Sidecars, configured: str) -> None:
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
     client = ollama.Client(host=sidecar_factory([gpu], model_model=configured).url)
-    for name in SPELLINGS:
-        assert client.chat(model=name, messages=HI).done, name
-        assert client.generate(model=name, prompt="hi").done, name
+    for name in SPELLINGS:  # each answered under its own spelling, as Ollama echoes it
+        assert client.chat(model=name, messages=HI).model == name
+        assert client.generate(model=name, prompt="hi").model == name
     assert client.embed(model="NOMIC-EMBED-TEXT", input="hi").embeddings
     assert (gpu.sim.stats.inference_requests, gpu.sim.stats.loads) == (9, 2)
     assert sorted(_ps(gpu.url)) == ["nomic-embed-text:latest", "qwen3:8b"]
@@ -42,3 +42,14 @@ def test_a_name_ollama_cannot_parse_is_its_400(sim_factory: Sims, sidecar_factor
             ollama.Client(host=url).chat(model=name, messages=HI)
         assert (caught.value.status_code, caught.value.error) == (400, "invalid model name")
     assert (gpu.sim.stats.inference_requests, gpu.sim.stats.loads) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["qwen3:", "/qwen3"])
+def test_explain_refuses_a_name_ollama_cannot_parse(sim_factory: Sims, sidecar_factory: Sidecars,
+                                                   name: str) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = f"{sidecar_factory([gpu]).url}/kubemoot/v1/explain"
+    for r in (httpx.get(url, params={"model": name}),
+              httpx.post(url, json={"model": name, "messages": HI})):
+        assert r.status_code == 400
+        assert r.json()["error"] == "invalid model name"

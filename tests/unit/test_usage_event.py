@@ -54,3 +54,10 @@ def test_a_stream_without_the_event_passes_at_once_and_unchanged() -> None:
     assert usage.feed(CHUNK[:10]) == b"" and usage.feed(CHUNK[10:]) == CHUNK
     assert usage.feed(b"data: {\"x\": 1}") == b"" and usage.flush() == b"data: {\"x\": 1}"
     assert orjson.loads(USAGE[6:])["choices"] == []  # the mark is Ollama's compact JSON
+
+
+def test_an_event_too_long_to_be_the_usage_event_is_not_held_back() -> None:
+    usage = UsageEventFilter()
+    long = b'data: {"id":"c","choices":[{"delta":{"content":"' + b"x" * 70_000
+    assert usage.feed(long) == long and usage.pending == b""
+    assert usage.feed(b'"}}]}\n\n' + USAGE + DONE) == b'"}}]}\n\n' + DONE
