@@ -143,7 +143,9 @@ class KubemootApi:
         try:
             model = _model_param(request)
         except wire.BadRequest as exc:
-            return error_response(400, "bad-request", str(exc))
+            asked = request.query_params.get("model") or ""
+            return error_response(400, "bad-request", str(exc),
+                                  asked if len(asked) <= wire.MAX_ID_LENGTH else None)
         try:
             prompt_chars = _int_param(request, "promptChars") or 0
             num_ctx = _int_param(request, "numCtx")

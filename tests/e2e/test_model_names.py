@@ -52,4 +52,4 @@ def test_explain_refuses_a_name_ollama_cannot_parse(sim_factory: Sims, sidecar_f
     for r in (httpx.get(url, params={"model": name}),
               httpx.post(url, json={"model": name, "messages": HI})):
         assert r.status_code == 400
-        assert r.json()["error"] == "invalid model name"
+        assert (r.json()["error"], r.json()["model"]) == ("invalid model name", name)
