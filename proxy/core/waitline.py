@@ -30,7 +30,7 @@ YIELD_S = 0.25
 # A call may be passed by calls that arrive within this many of its own expected lengths
 # after it: short calls do not queue behind long ones, and a long call waits at most about
 # its own length more than in arrival order.
-SLACK_LENGTHS = 0.5
+SLACK_LENGTHS = 0.75
 MAX_SLACK_S = 30.0
 
 
