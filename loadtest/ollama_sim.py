@@ -40,8 +40,10 @@ from .sim_engine import (
     embedding_refusal,
     embedding_too_long,
     reported_prompt_eval_count,
+    version_tuple,
 )
 from .sim_model import (
+    ANY_SPELLING_SINCE,
     CATALOG,
     CURRENT_VERSION,
     INVALID_MODEL_NAME,
@@ -49,6 +51,7 @@ from .sim_model import (
     SimModel,
     demo_fleet,
     fit_prompt,
+    name_parts,
     tokens_for_text,
     valid_name,
 )
@@ -385,6 +388,11 @@ class SimApp:
         model = self._model(name)
         if isinstance(model, Response):
             return model
+        if chat and version_tuple(version) < ANY_SPELLING_SINCE and \
+                name_parts(name) != name_parts(model.name):
+            # before 0.15.5 chat reads the manifest under the name as spelled (v0.12.6
+            # server/routes.go:1826 GetModel(req.Model)): a file path, case-sensitive
+            return _error(f"model '{name}' not found", 404)
         options = body.get("options") or {}
         if not isinstance(options, dict):
             return _error("options must be an object", 400)

@@ -299,6 +299,9 @@ def decode_step_s(tokens_per_s: float, speed: float, sequences: int, batch_cost:
 # registry.ollama.ai, namespace library and tag latest when missing (:39-41); a separator with
 # nothing beside it spoils the name. The simulator keeps its own copy: it ships without the sidecar.
 NAME_DEFAULTS = ("registry.ollama.ai", "library", "", "latest")
+# From 0.15.5 /api/chat finds the model under any spelling; before, only as the store spells
+# it (v0.12.6 server/routes.go:1826 GetModel(req.Model), 0.15.5 :1980 GetModel(name.String()))
+ANY_SPELLING_SINCE = (0, 15, 5)
 _NAME_LENGTHS = (350, 80, 80, 80)
 _NAME_EXTRA = ("-_.:", "-_", "-_.", "-_.")
 _MISSING = "!MISSING!"

@@ -468,7 +468,7 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
     """The body as the chosen provider gets it: the picked model, num_ctx set to the context
     of the copy planned, no other option that would make Ollama reload it, `truncate` off
     unless the agent asked for it, and `shift` as the engine can take it without a reload."""
-    out = {**body, "model": _as_asked(body.get("model"), attempt.model)}
+    out = {**body, "model": _as_asked(body.get("model"), attempt)}
     if attempt.strip_keep_alive:
         out.pop("keep_alive", None)
     if path in TRUNCATING_PATHS and out.get("truncate") is None:
@@ -489,12 +489,14 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
     return orjson.dumps(out)
 
 
-def _as_asked(asked: object, model: str) -> str:
+def _as_asked(asked: object, attempt: Attempt) -> str:
     """The model to name to Ollama: the agent's own spelling when it names the model picked
-    (Ollama echoes the name as the call spelled it, server/routes.go:408, 2985), else the
-    pick."""
-    return asked if isinstance(asked, str) and asked and model_key(asked) == model_key(model) \
-        else model
+    and the engine finds a model under any spelling (Ollama echoes the name as the call
+    spelled it, server/routes.go:408, 2985), else the spelling the provider lists."""
+    if attempt.any_spelling and isinstance(asked, str) and asked and \
+            model_key(asked) == model_key(attempt.model):
+        return asked
+    return attempt.model
 
 
 def shift_payload(attempt: Attempt, shift: object, options: object) -> dict[str, Any]:

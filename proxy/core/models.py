@@ -29,6 +29,11 @@ _NAME_DEFAULTS = {"host": DEFAULT_HOST, "namespace": DEFAULT_NAMESPACE, "tag": D
 _NAME_LENGTHS = {"host": 350, "namespace": 80, "model": 80, "tag": 80}
 _NAME_EXTRA = {"host": "-_.:", "namespace": "-_", "model": "-_.", "tag": "-_."}
 _MISSING = "!MISSING!"  # Ollama's marker of a part a separator promised (never valid)
+# From 0.15.5 every handler finds the model under the name getExistingName resolved; before,
+# /api/chat (and the /v1 chat paths through it) read the manifest under the name as the
+# call spelled it (v0.12.6 server/routes.go:1826 GetModel(req.Model), 0.15.5 :1980
+# GetModel(name.String())), so `Qwen3:8B` was a 404 where the store holds `qwen3:8b`.
+ANY_SPELLING_SINCE = (0, 15, 5)
 # Ollama's answer to a name it cannot parse (server/routes.go:66-75 writeModelRefParseError)
 INVALID_MODEL_NAME = "invalid model name"
 

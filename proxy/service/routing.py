@@ -109,6 +109,9 @@ class Attempt:
     strip_keep_alive: bool = False  # keep_alive 0: the sidecar unloads when it is safe
     # The engine takes `shift` as a load option of the copy (0.30+), not per call
     shift_at_load: bool = False
+    # The engine finds the model under any spelling of its name (models.ANY_SPELLING_SINCE):
+    # the caller's goes upstream, and comes back in the answer as Ollama echoes it
+    any_spelling: bool = False
     estimated_tokens: int = 0
     binding: str = "env"  # the candidates' source and revision, as resolved for this call
     watches_tool_calls: bool = False  # a loop's step: whether its answer calls a tool

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context
 from proxy.core.lengths import CallLength
-from proxy.core.models import CallModels, not_found, resolve_model
+from proxy.core.models import ANY_SPELLING_SINCE, CallModels, not_found, resolve_model
 from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize
@@ -418,6 +418,8 @@ class Scheduler:
                           strip_keep_alive=call.unloads_after,
                           shift_at_load=context.parse_version(view.version) >=
                           context.SHIFT_AT_LOAD_SINCE,
+                          any_spelling=context.parse_version(view.version) >=
+                          ANY_SPELLING_SINCE,
                           estimated_tokens=spec.prompt_tokens,
                           context_length=placement.context_length,
                           binding=self.binding_label(call) if binding is None else binding,

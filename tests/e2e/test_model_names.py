@@ -33,6 +33,19 @@ def test_every_spelling_of_a_model_runs_on_its_one_copy(
     assert client.show("Qwen3:8B").capabilities
 
 
+def test_before_0_15_5_chat_gets_the_spelling_the_store_has(sim_factory: Sims,
+                                                             sidecar_factory: Sidecars) -> None:
+    """0.12.6's chat reads the manifest under the name as spelled: `Qwen3:8B` is its 404.
+    The sidecar sends such a provider the spelling it lists."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG, version="0.12.6")
+    with pytest.raises(ollama.ResponseError) as caught:
+        ollama.Client(host=gpu.url).chat(model="Qwen3:8B", messages=HI)
+    assert caught.value.status_code == 404
+    assert ollama.Client(host=gpu.url).generate(model="Qwen3:8B", prompt="hi").done
+    client = ollama.Client(host=sidecar_factory([gpu]).url)
+    assert client.chat(model="Qwen3:8B", messages=HI).model == "qwen3:8b"
+
+
 @pytest.mark.parametrize("name", ["qwen3:", "qwen3:8b!", "/qwen3", "my.team/qwen3", "q" * 81])
 def test_a_name_ollama_cannot_parse_is_its_400(sim_factory: Sims, sidecar_factory: Sidecars,
                                                name: str) -> None:
