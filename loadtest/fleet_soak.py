@@ -428,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dialects", default="ollama",
                         help="comma-separated, drawn per call: ollama (the `ollama` client on "
                              "/api/chat), openai (/v1/chat/completions), anthropic (/v1/messages)")
+    parser.add_argument("--ollama-version", metavar="VERSION",
+                        help="the Ollama version every simulated GPU behaves as (default: "
+                             "the simulator's; 0.12.6: driver free memory, no 80 %% rule)")
     add_sharing_flags(parser)
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
@@ -436,8 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     nats: NatsServer | None = None
     try:
         fleet = FLEETS[args.fleet]
+        version = ["--version", args.ollama_version] if args.ollama_version else []
         gpus, commands = start_gpus(fleet, args.time_scale, logs, procs,
-                                    tuple(sharing_args(args)))
+                                    (*sharing_args(args), *version))
         if args.outage:
             def reboot(at: float, lasting: float) -> None:
                 time.sleep(at)
@@ -492,8 +496,9 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
     mode = "direct (round-robin pinning)" if args.direct else f"{len(sidecars)} sidecars, {state}"
     calls = sum(tally.outcomes.values())
     churn = f", model churn every {args.churn:.0f} s" if args.churn else ""
+    version = f", Ollama {args.ollama_version}" if args.ollama_version else ""
     print(f"# fleet soak: {args.fleet} fleet, {mode}, {args.agents} agents each, "
-          f"{args.seconds:.0f} s{churn}, time scale {args.time_scale}; logs in {logs}")
+          f"{args.seconds:.0f} s{churn}, time scale {args.time_scale}{version}; logs in {logs}")
     print(f"calls {calls}  outcomes {dict(sorted(tally.outcomes.items()))}")
     if len(tally.dialects) > 1:
         print(f"dialects {dict(sorted(tally.dialects.items()))}")
