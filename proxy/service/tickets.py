@@ -289,17 +289,19 @@ class TicketBook:
         write to the provider's set (a claim's, typically) or within `release_delay_s`, so it
         never holds up the claim that follows it; one that changes residents is written now.
         """
+        # The ticket as the set holds it, read before it is owed (every write leaves owed
+        # tickets out): its claim, and later claims of loads beside it, raised its figure
+        held = self._newest(ticket.provider)[0].tickets.get(ticket.ticket_id)
         self._owe(ticket)
         if leave_resident is None:
             self._write_soon(ticket.provider)
             return ClaimResult(True, "owed")
+        left = leave_resident
+        if held is not None and held.beside_mib > left.beside:
+            left = replace(left, beside=held.beside_mib)  # as its claim found it
 
         def remove(current: TicketSet, now: float) -> TicketSet:
             # (The ticket itself is owed: the write carries it whatever this returns.)
-            held = current.tickets.get(ticket.ticket_id)
-            left = leave_resident
-            if left is not None and held is not None and held.beside_mib > left.beside:
-                left = replace(left, beside=held.beside_mib)  # as its claim found it
             return transition.record_residency(current, ticket.model, left)
 
         try:

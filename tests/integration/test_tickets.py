@@ -14,6 +14,7 @@ from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
+from proxy.core.sizing import RUNNER_OVERHEAD_MIB
 from proxy.core.tickets import Residency, merge_recorded, merge_residency
 from proxy.core.types import ProviderView, Resident
 from proxy.ports import PROVIDER_TICKETS, Entry, StateStore, StoreUnavailable
@@ -145,6 +146,21 @@ async def test_release_records_the_model_left_resident(store: StateStore) -> Non
     warm = book.new_ticket("w", "gpu", "idle:8b", 512, False, {}, "h")
     refused = await book.claim(warm, VIEW)
     assert not refused.ok and "neither loaded" in refused.reason
+
+
+async def test_a_release_records_what_the_claim_found_beside_the_load(store: StateStore
+                                                                       ) -> None:
+    """The wide fleet soak's case: an 8b was decided with nothing seen beside it, and its
+    claim found idle:8b's copy there (its ticket counts it); the release records that figure,
+    not the decision's, so the copy goes on counting it (Resident.beside_mib) once the
+    ticket is gone and whatever the probe first saw it with."""
+    book = _book(store)
+    t = book.new_ticket("c", "gpu", "new:8b", 3000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    beside = 4000 + RUNNER_OVERHEAD_MIB
+    assert book.known("gpu")[0].tickets["c"].beside_mib == beside
+    await book.release(t, Residency(3000, 8192, time.time()))
+    assert book.known("gpu")[0].residents["new:8b"].beside == beside
 
 
 async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_the_model(
