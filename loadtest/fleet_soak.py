@@ -442,15 +442,6 @@ def main(argv: list[str] | None = None) -> int:
         version = ["--version", args.ollama_version] if args.ollama_version else []
         gpus, commands = start_gpus(fleet, args.time_scale, logs, procs,
                                     (*sharing_args(args), *version))
-        if args.outage:
-            def reboot(at: float, lasting: float) -> None:
-                time.sleep(at)
-                procs[0].kill()  # sims are started first: procs[0] is the first GPU
-                procs[0].wait()
-                time.sleep(lasting)
-                procs[0] = start(commands[0], {}, logs / f"{fleet[0].name}.log", append=True)
-
-            threading.Thread(target=reboot, args=tuple(args.outage), daemon=True).start()
         sidecars: list[tuple[str, str]] = []  # (url, model)
         if not args.direct:
             common = sidecar_env(fleet, gpus, args.log_level)
@@ -471,6 +462,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sidecars = [(gpus[i % len(gpus)], PROFILES[i % len(PROFILES)][0])
                         for i in range(args.sidecars)]
+        if args.outage:  # timed from the agents' start, as --nats-outage is
+            def reboot(at: float, lasting: float) -> None:
+                time.sleep(at)
+                procs[0].kill()  # sims are started first: procs[0] is the first GPU
+                procs[0].wait()
+                time.sleep(lasting)
+                procs[0] = start(commands[0], {}, logs / f"{fleet[0].name}.log", append=True)
+
+            threading.Thread(target=reboot, args=tuple(args.outage), daemon=True).start()
         tally = asyncio.run(soak(sidecars, args))
         time.sleep(1.0)  # releases ride along within 50 ms; the state settles
         return report(tally, gpus, [] if args.direct else [u for u, _ in sidecars], logs, args)
