@@ -200,8 +200,9 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
         return "200"
     except anthropic.APIConnectionError as exc:
         raise ConnectionError(str(exc)) from None
-    except anthropic.APIStatusError as exc:
-        raise Failed(exc.status_code, exc.message) from None
+    except anthropic.APIStatusError as exc:  # a stream's error event: the stream's own 200
+        status = -1 if exc.status_code == 200 else exc.status_code
+        raise Failed(status, exc.message) from None
     except anthropic.APIError as exc:
         raise Failed(-1, exc.message) from None
 
