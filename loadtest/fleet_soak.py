@@ -200,8 +200,9 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
         return "200"
     except anthropic.APIConnectionError as exc:
         raise ConnectionError(str(exc)) from None
-    except anthropic.APIStatusError as exc:
-        raise Failed(exc.status_code, exc.message) from None
+    except anthropic.APIStatusError as exc:  # a stream's error event: the stream's own 200
+        status = -1 if exc.status_code == 200 else exc.status_code
+        raise Failed(status, exc.message) from None
     except anthropic.APIError as exc:
         raise Failed(-1, exc.message) from None
 
@@ -428,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dialects", default="ollama",
                         help="comma-separated, drawn per call: ollama (the `ollama` client on "
                              "/api/chat), openai (/v1/chat/completions), anthropic (/v1/messages)")
+    parser.add_argument("--ollama-version", metavar="VERSION",
+                        help="the Ollama version every simulated GPU behaves as (default: "
+                             "the simulator's; 0.12.6: driver free memory, no 80 %% rule)")
     add_sharing_flags(parser)
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
@@ -436,17 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     nats: NatsServer | None = None
     try:
         fleet = FLEETS[args.fleet]
+        version = ["--version", args.ollama_version] if args.ollama_version else []
         gpus, commands = start_gpus(fleet, args.time_scale, logs, procs,
-                                    tuple(sharing_args(args)))
-        if args.outage:
-            def reboot(at: float, lasting: float) -> None:
-                time.sleep(at)
-                procs[0].kill()  # sims are started first: procs[0] is the first GPU
-                procs[0].wait()
-                time.sleep(lasting)
-                procs[0] = start(commands[0], {}, logs / f"{fleet[0].name}.log", append=True)
-
-            threading.Thread(target=reboot, args=tuple(args.outage), daemon=True).start()
+                                    (*sharing_args(args), *version))
         sidecars: list[tuple[str, str]] = []  # (url, model)
         if not args.direct:
             common = sidecar_env(fleet, gpus, args.log_level)
@@ -467,6 +463,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sidecars = [(gpus[i % len(gpus)], PROFILES[i % len(PROFILES)][0])
                         for i in range(args.sidecars)]
+        if args.outage:  # timed from the agents' start, as --nats-outage is
+            def reboot(at: float, lasting: float) -> None:
+                time.sleep(at)
+                procs[0].kill()  # sims are started first: procs[0] is the first GPU
+                procs[0].wait()
+                time.sleep(lasting)
+                procs[0] = start(commands[0], {}, logs / f"{fleet[0].name}.log", append=True)
+
+            threading.Thread(target=reboot, args=tuple(args.outage), daemon=True).start()
         tally = asyncio.run(soak(sidecars, args))
         time.sleep(1.0)  # releases ride along within 50 ms; the state settles
         return report(tally, gpus, [] if args.direct else [u for u, _ in sidecars], logs, args)
@@ -492,8 +497,9 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
     mode = "direct (round-robin pinning)" if args.direct else f"{len(sidecars)} sidecars, {state}"
     calls = sum(tally.outcomes.values())
     churn = f", model churn every {args.churn:.0f} s" if args.churn else ""
+    version = f", Ollama {args.ollama_version}" if args.ollama_version else ""
     print(f"# fleet soak: {args.fleet} fleet, {mode}, {args.agents} agents each, "
-          f"{args.seconds:.0f} s{churn}, time scale {args.time_scale}; logs in {logs}")
+          f"{args.seconds:.0f} s{churn}, time scale {args.time_scale}{version}; logs in {logs}")
     print(f"calls {calls}  outcomes {dict(sorted(tally.outcomes.items()))}")
     if len(tally.dialects) > 1:
         print(f"dialects {dict(sorted(tally.dialects.items()))}")

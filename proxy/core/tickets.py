@@ -245,7 +245,7 @@ def _beside_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> Pr
     for r in view.residents:
         rec = residency.get(r.model)
         if rec is not None and rec.beside > r.beside_mib and not rec.gone and \
-                rec.context_length in (0, r.context_length):
+                _same_context(view, r.model, r.context_length, rec.context_length):
             r = replace(r, beside_mib=rec.beside)
             changed = True
         out.append(r)

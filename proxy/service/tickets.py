@@ -285,28 +285,39 @@ class TicketBook:
                       ) -> ClaimResult:
         """Remove the ticket; record the model it leaves loaded (or, `mib` 0, unloaded).
 
-        The ticket stops counting here at once. A plain release is written with the next
-        write to the provider's set (a claim's, typically) or within `release_delay_s`, so it
-        never holds up the claim that follows it; one that changes residents is written now.
+        A plain release stops counting here at once, and is written with the next write to
+        the provider's set (a claim's, typically) or within `release_delay_s`, so it never
+        holds up the claim that follows it. One that changes residents is written now, the
+        ticket's removal with the record in one write: every set written holds one or the
+        other (owed, a write in flight and retried after a conflict would drop the ticket
+        first, and for that moment other sidecars would see neither).
         """
-        self._owe(ticket)
         if leave_resident is None:
+            self._owe(ticket)
             self._write_soon(ticket.provider)
             return ClaimResult(True, "owed")
+        # its figure as the set holds it: its claim, and later claims of loads beside it,
+        # raised it (Resident.beside_mib)
+        known = self._newest(ticket.provider)[0].tickets.get(ticket.ticket_id)
 
         def remove(current: TicketSet, now: float) -> TicketSet:
-            # (The ticket itself is owed: the write carries it whatever this returns.)
-            held = current.tickets.get(ticket.ticket_id)
+            held = current.tickets.get(ticket.ticket_id, known)
             left = leave_resident
-            if left is not None and held is not None and held.beside_mib > left.beside:
+            if held is not None and held.beside_mib > left.beside:
                 left = replace(left, beside=held.beside_mib)  # as its claim found it
-            return transition.record_residency(current, ticket.model, left)
+            return transition.record_residency(
+                transition.without(current, (ticket.ticket_id,)), ticket.model, left)
 
         try:
-            return await self._mutate(ticket.provider, remove)
-        except StoreUnavailable:
+            result = await self._mutate(ticket.provider, remove)
+        except BaseException:  # the store away, or the caller cancelled: owed, as a plain one
+            self._owe(ticket)
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
+        if not result.ok:  # (gave up on conflicting writes)
+            self._owe(ticket)
+            self._write_soon(ticket.provider)
+        return result
 
     def _owe(self, ticket: Ticket) -> None:
         """The ticket stops counting here at once; the next write to its set removes it."""
@@ -318,19 +329,25 @@ class TicketBook:
                                 ) -> bool:
         """Remove the ticket of a call that asked for its model to be unloaded as it ends
         (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama).
-        `loaded`: the copy the call loaded, recorded as left loaded if others keep it."""
-        self._owe(ticket)
+        `loaded`: the copy the call loaded, recorded as left loaded if others keep it.
+        The ticket's removal and the mark go in one write, as `release`'s with a record."""
         # A cold ticket's footprint is the copy it loaded, which a probe may not list yet.
         mib = ticket.footprint_mib if ticket.cold else 1
         try:
-            return await self.mark_leaving_unless_used(ticket.provider, ticket.model, mib,
-                                                       loaded)
-        except StoreUnavailable:
+            unused = await self.mark_leaving_unless_used(ticket.provider, ticket.model, mib,
+                                                         loaded, releasing=ticket.ticket_id)
+        except BaseException:  # the store away, or the caller cancelled: owed, as a plain one
+            self._owe(ticket)
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
+        if ticket.ticket_id in self._newest(ticket.provider)[0].tickets:  # (gave up)
+            self._owe(ticket)
+            self._write_soon(ticket.provider)
+        return unused
 
     async def mark_leaving_unless_used(self, provider: str, model: str, mib: int,
-                                       loaded: Residency | None = None) -> bool:
+                                       loaded: Residency | None = None,
+                                       releasing: str | None = None) -> bool:
         """Record `model` as leaving `provider` unless a live ticket names it; True when
         recorded, and only then may Ollama be asked to unload it.
 
@@ -339,11 +356,14 @@ class TicketBook:
         holds), and its memory still counts until it is seen gone (`mark_unloaded`), so no
         other load is sent to land on it before Ollama has freed it. `mib` is the copy's
         size for views whose probe does not list it (a probe's own figure wins). When the
-        model stays, `loaded` (a copy the caller loaded) is recorded as any release would."""
+        model stays, `loaded` (a copy the caller loaded) is recorded as any release would.
+        `releasing`: a ticket removed in the same write (it keeps nothing in use)."""
         unused = False
 
         def leaving(current: TicketSet, now: float) -> TicketSet:
             nonlocal unused  # (a conflict runs this again on the newer set)
+            if releasing is not None:
+                current = transition.without(current, (releasing,))
             unused = not transition.in_use(current, model, now)
             return transition.leave_unless_used(current, model, mib, loaded, now)
 

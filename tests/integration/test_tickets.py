@@ -14,9 +14,10 @@ from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
+from proxy.core.sizing import RUNNER_OVERHEAD_MIB
 from proxy.core.tickets import Residency, merge_recorded, merge_residency
 from proxy.core.types import ProviderView, Resident
-from proxy.ports import PROVIDER_TICKETS, Entry, StateStore, StoreUnavailable
+from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import decode_ticket_set
 from proxy.service.tickets import TicketBook
 from tests.integration.conftest import empty_buckets
@@ -145,6 +146,79 @@ async def test_release_records_the_model_left_resident(store: StateStore) -> Non
     warm = book.new_ticket("w", "gpu", "idle:8b", 512, False, {}, "h")
     refused = await book.claim(warm, VIEW)
     assert not refused.ok and "neither loaded" in refused.reason
+
+
+async def test_a_release_records_what_the_claim_found_beside_the_load(store: StateStore
+                                                                       ) -> None:
+    """The wide fleet soak's case: an 8b was decided with nothing seen beside it, and its
+    claim found idle:8b's copy there (its ticket counts it); the release records that figure,
+    not the decision's, so the copy goes on counting it (Resident.beside_mib) once the
+    ticket is gone and whatever the probe first saw it with."""
+    book = _book(store)
+    t = book.new_ticket("c", "gpu", "new:8b", 3000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    beside = 4000 + RUNNER_OVERHEAD_MIB
+    assert book.known("gpu")[0].tickets["c"].beside_mib == beside
+    await book.release(t, Residency(3000, 8192, time.time()))
+    assert book.known("gpu")[0].residents["new:8b"].beside == beside
+
+
+class _Contested(MemoryStore):
+    """A store whose writes wait for `gate`; the first after it loses to another writer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.lose_next = False
+        self.written: list[bytes] = []
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.lose_next:
+            self.lose_next = False
+            await self.put(bucket, key, await self._value(bucket, key))  # the other writer
+            raise CasConflict("another writer")
+        revision = await super().cas(bucket, key, value, last_revision)
+        self.written.append(value)
+        return revision
+
+    async def _value(self, bucket: str, key: str) -> bytes:
+        entry = await self.get(bucket, key)
+        assert entry is not None
+        return entry.value
+
+
+@pytest.mark.parametrize("unload", [False, True], ids=["kept", "keep_alive-0"])
+async def test_a_load_is_in_every_set_written_until_its_release_records_the_copy(
+        unload: bool) -> None:
+    """The wide fleet soak's case: a load's call ends (its release records the copy, or with
+    keep_alive 0 marks it leaving) while another write of the same set is in flight and
+    loses a race. That write, retried, must not leave out the load's ticket before the copy
+    is recorded: a set with neither let another sidecar plan a 32b beside a phi3 it could
+    not see, and Ollama unloaded phi3."""
+    store = _Contested()
+    book = TicketBook(store, Policy(), ttl_s=60)
+    load = book.new_ticket("a", "gpu", "new:8b", 3000, True, {}, "h")
+    assert (await book.claim(load, VIEW)).ok
+    store.gate, store.lose_next = asyncio.Event(), True
+    other = asyncio.create_task(book.claim(book.new_ticket("b", "gpu", "idle:8b", 512, False,
+                                                           {}, "h"), VIEW))
+    await asyncio.sleep(0.01)  # its write waits at the gate
+    loaded = Residency(3000, 8192, time.time())
+    release = asyncio.create_task(book.release_to_unload(load, loaded) if unload else
+                                  book.release(load, loaded))
+    await asyncio.sleep(0.01)
+    store.gate.set()
+    assert (await other).ok
+    if unload:
+        assert await release  # nothing else names it: it may go
+    else:
+        assert (await release).ok
+    for value in store.written:
+        written = decode_ticket_set("gpu", value)
+        assert "a" in written.tickets or "new:8b" in written.residents, written
+    assert "a" not in book.known("gpu")[0].tickets
 
 
 async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_the_model(

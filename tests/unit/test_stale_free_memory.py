@@ -14,7 +14,7 @@ from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.sizing import RUNNER_OVERHEAD_MIB
 from proxy.core.tickets import Admitted, Residency, TicketSet, claim, merge_residency
-from proxy.core.types import ProviderView, Resident, Ticket
+from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 from proxy.service.prober import Prober
 from tests.unit.builders import call, snapshot
 from tests.unit.test_placement import QWEN3_14B
@@ -169,3 +169,22 @@ def test_loads_in_flight_together_each_count_the_other_whichever_ollama_loads_fi
     both_go = claim(TicketSet(), replace(big, evicts={"qwen3:8b": 10676, "llama3.2:3b": 6477}),
                     both, DEFAULT_POLICY, 60, 4.0)
     assert isinstance(both_go, Admitted)
+
+
+def test_a_copy_capped_at_its_trained_context_keeps_what_its_load_was_beside() -> None:
+    """The wide fleet soak's case (49140 MiB at 0.33, num_ctx 16384): phi3 (trained on 4096
+    tokens) loaded beside a 14b and an 8b; its call recorded the copy at the num_ctx it asked
+    for, 16384, and /api/ps lists it at 4096, the context its runner got. Once the 14b and the
+    8b are unloaded, the probe that lists phi3 first saw it alone. Its runner still counts
+    them, so a 32b (estimate 25320 MiB) may not load beside it: Ollama would unload phi3."""
+    phi3 = ModelInfo(trained_context=4096)
+    beside = 15165 + 10676 + 2 * RUNNER_OVERHEAD_MIB
+    view = ProviderView("a", 49140, version="0.33.0", probed_at=5.0, models={
+        "phi3:mini": phi3}, residents=(Resident("phi3:mini", 6207, 4096),))
+    recorded = {"phi3:mini": Residency(6207, 16384, 4.0, beside=beside)}
+    merged = merge_residency(view, recorded)
+    assert [(r.model, r.beside_mib) for r in merged.residents] == [("phi3:mini", beside)]
+    big = Ticket("32b", "a", "qwen3:32b", 28810, 0, 0, cold=True, estimate_mib=25320)
+    refused = claim(TicketSet(residents=recorded), big, view, DEFAULT_POLICY, 60, 6.0)
+    assert not isinstance(refused, Admitted)
+    assert "Ollama would unload a model" in refused.reason
