@@ -535,7 +535,7 @@ class OllamaSim:
             ctx = min(request.num_ctx, model.trained_ctx)
             # (the batch's compute surcharge is a completion model's, sched.go:815-819)
             need = model.footprint_mib(ctx, slots, c.cache_type,
-                                       0 if model.embedding else request.num_batch)
+                                       0 if model.embedding else request.num_batch, c.version)
             if self.runners:
                 if self.newest:
                     free = self.fit_free_mib()
