@@ -90,15 +90,17 @@ class SimModel:
         return self.key_length or default, self.value_length or default
 
     def footprint_mib(self, num_ctx: int, slots: int, cache_type: str = "f16",
-                      batch: int = 512, version: str = CURRENT_VERSION) -> int:
-        """What a runner really holds of the GPU (HEAD's measured size)."""
+                      batch: int = 512, version: str = CURRENT_VERSION,
+                      window_batch: int = 0) -> int:
+        """What a runner really holds of the GPU (HEAD's measured size); a windowed layer
+        holds `window_batch` (else `batch`, else 512) more than its window."""
         key, value = self._head_dims()
         windowed = self.windowed_layers
         kv = kv_cache_bytes(self.block_count - windowed, self.head_count_kv, key, value,
                             num_ctx * slots, cache_type)
         if windowed:
             cells = windowed_cells(self.arch, self.sliding_window, num_ctx, slots, version,
-                                   batch or 512)
+                                   window_batch or batch or 512)
             kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
         return math.ceil(self.disk_mib * self.gpu_weights_share + kv / MIB
                          + self.compute_base_mib + batch_surcharge_mib(batch))

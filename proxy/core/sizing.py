@@ -31,8 +31,8 @@ ADMISSION_RULE_SINCE: Version = (0, 30, 0)
 # Ollama's free memory is the driver's: each loaded runner's CUDA context comes off it too
 # (its own figure for that, MinimumMemory, ml/device.go:359-364).
 RUNNER_OVERHEAD_MIB = 457
-# Ollama's default num_batch: llama-server's -b/-ub (llm/llama_server.go:581-593, api/types.go
-# :1116) and 0.12's runner batch; the windowed caches hold one more batch than the window
+# Ollama's default num_batch (api/types.go:1116): 0.12's runner batch, and 0.30+'s automatic
+# batch for a small context; the windowed caches hold one more batch than the window
 BATCH = 512
 # llama.cpp pads an SWA cache to 256 cells (llama-kv-cache-iswa.cpp); 0.12's engine pads to
 # 256 with flash attention, 32 without (ml/backend/ggml/ggml.go:685-691): the larger
@@ -63,6 +63,14 @@ SINGLE_SLOT_FAMILIES = frozenset((
     "nemotron_h", "nemotron_h_moe", "nemotron_h_omni"))
 
 
+def automatic_batch(tokens: int) -> int:
+    """The num_batch (llama-server's -b and -ub) Ollama 0.30+ gives a copy with `tokens` of
+    context in all (server/sched.go:798-833, the tier before any step down)."""
+    if tokens <= 4096:
+        return BATCH
+    return 1024 if tokens <= 32768 else 2048
+
+
 def graph_mib(tokens: int) -> int:
     """Compute buffers for a copy with `tokens` of context in all (Ollama's batch tiers)."""
     if tokens <= 4096:
@@ -77,8 +85,10 @@ def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) 
     window = info.swa_window
     if version >= LLAMA_SERVER_SINCE:
         # llama.cpp's iSWA cache, one stream per slot (-np without --kv-unified): the window
-        # and a ubatch, at most the slot's context, padded to 256 cells
-        return slots * _round_up(min(context, window + BATCH), SWA_PADDING)
+        # and a ubatch (-ub: Ollama's automatic batch), at most the slot's context, padded
+        # to 256 cells
+        ubatch = automatic_batch(full)
+        return slots * _round_up(min(context, window + ubatch), SWA_PADDING)
     if info.swa_chunked or not own_engine(info, version):
         # 0.12's own engine keeps a chunked layer whole; its llama engine sets swa_full
         return full

@@ -2,8 +2,9 @@
 Ollama's engines size it, one row per worked example.
 
 Expected figures are worked out by hand: from 0.30 llama-server's iSWA cache (one stream per
-slot, each min(context, window + 512) cells padded to 256, llama-kv-cache-iswa.cpp; -ub 512,
-llm/llama_server.go:581-593); before, Ollama's own engine (v0.12.6 kvcache/causal.go:136-186:
+slot, each min(context, window + ubatch) cells padded to 256, llama-kv-cache-iswa.cpp; -ub
+the automatic batch, 512 / 1024 / 2048 by context x slots, llm/llama_server.go:581-593,
+server/sched.go:798-833); before, Ollama's own engine (v0.12.6 kvcache/causal.go:136-186:
 slots x memory + 512 padded to 256, memory the window, one more cell with several slots,
 gpt-oss 4096; the whole context when that is no smaller), and its llama engine's swa_full.
 Architectures from the models' published configs.
@@ -68,27 +69,27 @@ def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
 
 @pytest.mark.parametrize(("info", "version", "context", "slots", "mib"), [
     # gemma3 27b at 0.33: 10 full layers x 8 KiB x context x slots, 52 windowed x 8 KiB x
-    # slots x pad256(min(context, 1024 + 512))
-    (GEMMA3_27B, "0.33.0", 32768, 1, 2560 + 624),  # 1536 cells: not the 15872 of all 62
-    (GEMMA3_27B, "0.33.0", 4096, 1, 320 + 624),
+    # slots x pad256(min(context, 1024 + ubatch))
+    (GEMMA3_27B, "0.33.0", 32768, 1, 2560 + 832),  # 2048 cells: not the 15872 of all 62
+    (GEMMA3_27B, "0.33.0", 4096, 1, 320 + 624),  # ubatch 512: 1536 cells
     (GEMMA3_27B, "0.33.0", 1024, 1, 80 + 416),  # the context is less than window + batch
-    (GEMMA3_27B, "0.33.0", 8192, 4, 2560 + 2496),  # 4 streams of 1536
+    (GEMMA3_27B, "0.33.0", 8192, 4, 2560 + 3328),  # 4 streams of 1024 + 1024
     (GEMMA3_27B, "", 4096, 1, 320 + 624),  # an unknown version: the newest rules
     # 0.12.6's own engine: pad256(slots x (1024, +1 with several slots) + 512)
     (GEMMA3_27B, "0.12.6", 4096, 1, 320 + 624),
     (GEMMA3_27B, "0.12.6", 8192, 4, 2560 + 1976),  # 4 x 1025 + 512 = 4612 -> 4864 cells
     (GEMMA3_27B, "0.12.6", 1024, 1, 496),  # the window is the whole context: all full
-    # gpt-oss 20b: 12 full x 2 KiB, 12 windowed; 0.33: pad256(128 + 512) = 768 cells
-    (GPT_OSS_20B, "0.33.0", 32768, 1, 768 + 18),
+    # gpt-oss 20b: 12 full x 2 KiB, 12 windowed; 0.33: pad256(128 + 1024) = 1280 cells
+    (GPT_OSS_20B, "0.33.0", 32768, 1, 768 + 30),
     # 0.12.6: 4096 a sequence + 512 = 4608 cells (also its own estimate, fs/ggml GraphSize)
     (GPT_OSS_20B, "0.12.6", 32768, 1, 768 + 108),
     (GPT_OSS_20B, "0.12.6", 4096, 1, 192),  # 4096 is no smaller than the context: all full
-    # llama4: 12 full x 4 KiB; 0.33: 36 chunked x pad256(8192 + 512) = 8704 cells
-    (LLAMA4_SCOUT, "0.33.0", 32768, 1, 1536 + 1224),
+    # llama4: 12 full x 4 KiB; 0.33: 36 chunked x pad256(8192 + 1024) = 9216 cells
+    (LLAMA4_SCOUT, "0.33.0", 32768, 1, 1536 + 1296),
     (LLAMA4_SCOUT, "0.12.6", 32768, 1, 6144),  # 0.12's engine keeps a chunk layer whole
-    # gemma2 9b: 0.33 21 windowed x pad256(4096 + 512) = 4608 cells; 0.12.6 runs it on the
+    # gemma2 9b: 0.33 21 windowed x pad256(4096 + 1024) = 5120 cells; 0.12.6 runs it on the
     # llama engine with swa_full (llama_context_default_params): every layer full
-    (GEMMA2_9B, "0.33.0", 8192, 1, 1344 + 756),
+    (GEMMA2_9B, "0.33.0", 8192, 1, 1344 + 840),
     (GEMMA2_9B, "0.12.6", 8192, 1, 2688),
 ])
 def test_windowed_layers_hold_what_the_engine_keeps(info: ModelInfo, version: str,
@@ -97,8 +98,8 @@ def test_windowed_layers_hold_what_the_engine_keeps(info: ModelInfo, version: st
 
 
 def test_the_cache_type_scales_both_parts() -> None:
-    # q8_0: 34 B for 32 values, (2560 + 624) MiB x 17 / 32
-    assert kv_mib(GEMMA3_27B, 32768, 1, "q8_0", "0.33.0") == 1692
+    # q8_0: 34 B for 32 values, (2560 + 832) MiB x 17 / 32
+    assert kv_mib(GEMMA3_27B, 32768, 1, "q8_0", "0.33.0") == 1802
 
 
 def test_ollamas_own_estimate_still_counts_every_layer_at_the_full_context() -> None:
@@ -114,15 +115,16 @@ def card(name: str, version: str = "0.33.0", **fields: object) -> ProviderView:
 
 
 def test_a_copy_seen_at_a_large_context_is_not_made_small_at_a_smaller_one() -> None:
-    """Seen at 32768 with 19533 MiB (the simulator's gemma3:27b: 0.97 of the file, 3184 KV,
-    256 compute): the weights are 19533 - 3184 - 768. Counted with every layer full, the KV
-    would be 15872 and the weights 2893, and a copy at 4096 would look 4877 MiB."""
-    seen = card("seen", observed={"gemma3:27b": {32768: 19533}})
+    """Seen at 32768 with 20509 MiB (the simulator's gemma3:27b: 0.97 of the file, 3392 KV,
+    256 compute and the 1024 batch's 768): the weights are 20509 - 3392 - 768. Counted with
+    every layer full, the KV would be 15872 and the weights 3869, and a copy at 4096 would
+    look 5853 MiB, not the 17293 it takes."""
+    seen = card("seen", observed={"gemma3:27b": {32768: 20509}})
     other = card("other", context_length=4096)
     fp = Sizer((seen, other), 1.2).footprint("gemma3:27b", other, 4096)
     assert fp is not None and fp.source == "calibrated from seen at 32768 x 1"
     assert (fp.weights_mib, fp.kv_mib, fp.graph_mib, fp.total_mib) == (
-        15581, 944, 0, 16525)
+        16349, 944, 0, 17293)
 
 
 def test_calibrated_weights_never_fall_below_the_file_less_its_token_embeddings() -> None:
@@ -135,9 +137,9 @@ def test_calibrated_weights_never_fall_below_the_file_less_its_token_embeddings(
     assert weights_floor_mib(ModelInfo(), 16590) == 0  # nothing known: no floor
     views = [ProviderView(n, 32768, disk_mib={"gemma3:27b": 16590},
                           models={"gemma3:27b": unmodelled}, observed=seen)
-             for n, seen in (("seen", {"gemma3:27b": {32768: 19533}}), ("other", {}))]
+             for n, seen in (("seen", {"gemma3:27b": {32768: 20509}}), ("other", {}))]
     fp = Sizer(views, 1.2).footprint("gemma3:27b", views[1], 4096)
-    assert fp is not None and fp.weights_mib == 13902  # not 19533 - 15872 - 768 = 2893
+    assert fp is not None and fp.weights_mib == 13902  # not 20509 - 15872 - 768 = 3869
     assert fp.source.endswith("raised to the file less its token embeddings")
     assert fp.total_mib == 13902 + 1984
     # the catalog's other models stay above it: qwen3 8b's file 5200 less 2048 MiB
