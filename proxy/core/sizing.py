@@ -2,11 +2,14 @@
 
 A copy is weights + KV cache + compute buffers. The KV cache is the context per slot x the
 card's slots for that model x the model's KV bytes per token (from /api/show: per-layer KV
-heads x (key + value length), at the card's OLLAMA_KV_CACHE_TYPE); the compute allowance
+heads x (key + value length), at the card's OLLAMA_KV_CACHE_TYPE), except in sliding-window
+layers, which hold only their window and a batch as the card's engine keeps them
+(`windowed_cells`, docs/engine.md "Sliding-window models"); the compute allowance
 follows Ollama's batch tiers by context x slots (server/sched.go:859-868, 906-915: 0, 768 MiB,
 2 GiB). The weights part is calibrated from copies seen fully on a GPU (size_vram less the
-KV and compute parts at the context they were seen with); before any is seen it is the
-on-disk size. A copy seen on this card at this context is its own best figure.
+KV and compute parts at the context they were seen with, never less than the file less its
+token embeddings); before any is seen it is the on-disk size. A copy seen on this card at
+this context is its own best figure.
 
 Ollama itself admits a load beside other models only when its own estimate (file size + KV
 at f16 by embedding / heads, llm/llama_server.go:2681-2700) is within 80 % of the free VRAM
