@@ -12,8 +12,12 @@ Architectures from the models' published configs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from loadtest import sim_model
+from loadtest.sim_engine import auto_batch
 from proxy.core.sizing import Sizer, kv_mib, ollama_estimate_mib, weights_floor_mib
 from proxy.core.types import ModelInfo, ProviderView
 from proxy.service.codec import decode_model_info, encode_model_info
@@ -153,3 +157,22 @@ def test_the_vocabulary_when_show_gives_it() -> None:
     listed = show("gemma3", 62, 5376, 32, 16, 128)
     listed["model_info"]["tokenizer.ggml.tokens"] = ["a", "b"]  # type: ignore[index]
     assert model_info(listed).token_embedding_bytes == 2 * 5376 * 2
+
+
+@pytest.mark.parametrize("version", ["0.12.6", "0.33.0"])
+@pytest.mark.parametrize(("context", "slots"), [(1024, 1), (4096, 1), (8192, 4), (32768, 1),
+                                                (131072, 1)])
+def test_the_sidecar_reads_the_simulators_window_models_as_it_sizes_them(
+        version: str, context: int, slots: int) -> None:
+    """What the sidecar reads of the simulator's /api/show gives the KV the simulator holds
+    (its batch: 0.30+'s automatic one, 0.12's 512)."""
+    for model in (sim_model.CATALOG[-1], sim_model.GPT_OSS_20B):
+        info = model_info({"model_info": model.model_info(),
+                           "details": {"family": model.model_family}})
+        batch = auto_batch(context, slots) if version == "0.33.0" else 512
+        windowed = model.footprint_mib(context, slots, "f16", batch, version)
+        flat = replace(model, sliding_window=0).footprint_mib(context, slots, "f16", batch,
+                                                              version)
+        weights_and_compute = flat - kv_mib(replace(info, swa_window=0), context, slots)
+        assert abs(windowed - weights_and_compute
+                   - kv_mib(info, context, slots, "f16", version)) <= 1, model.name
