@@ -229,6 +229,25 @@ def kv_cache_bytes(block_count: int, heads_kv: int, key_length: int, value_lengt
                * CACHE_BYTES.get(cache_type, 2.0))
 
 
+def windowed_cells(arch: str, window: int, num_ctx: int, slots: int, version: str,
+                   batch: int = 512) -> int:
+    """Tokens a sliding-window layer's cache holds, all slots together. 0.30+: llama.cpp's
+    iSWA cache, one stream per slot (llama-server -np without --kv-unified), each the window
+    and a ubatch (-ub num_batch, llm/llama_server.go:581-593) at most the slot's context,
+    padded to 256 (llama-kv-cache-iswa.cpp). Before: Ollama's own engine (kvcache/causal.go
+    Init, v0.12.6:136-186): a window per sequence (gpt-oss: 4096, gptoss/model.go:267-270),
+    one more cell with several slots, and a batch, padded (256 with flash attention); the
+    whole context when that is no smaller."""
+    if version_tuple(version) >= (0, 30, 0):
+        return slots * -(-min(num_ctx, window + batch) // 256) * 256
+    memory = 4096 if arch in ("gpt-oss", "gptoss") else window
+    if slots > 1:
+        memory = max(memory, window + 1)
+    if memory >= num_ctx:
+        return num_ctx * slots
+    return -(-(slots * memory + batch) // 256) * 256
+
+
 def predict_server_vram(file_bytes: int, block_count: int, heads_kv: int,
                         embedding_length: int, heads: int, tokens: int) -> int:
     """llm/llama_server.go:2681-2700: the file plus an f16 cache of embedding / heads."""

@@ -26,6 +26,7 @@ from .sim_engine import (
     kv_cache_bytes,
     predict_server_vram,
     version_tuple,
+    windowed_cells,
 )
 
 IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (server/prompt.go)
@@ -63,6 +64,10 @@ class SimModel:
     # and the compute buffers a batch of 512 needs.
     gpu_weights_share: float = 0.97
     compute_base_mib: int = 256
+    # Sliding-window attention: the window (<arch>.attention.sliding_window) and the period of
+    # the full layers among windowed ones (gemma3 6, gpt-oss 2); 0: every layer full
+    sliding_window: int = 0
+    full_layer_period: int = 0
 
     @property
     def model_family(self) -> str:
@@ -85,13 +90,27 @@ class SimModel:
         return self.key_length or default, self.value_length or default
 
     def footprint_mib(self, num_ctx: int, slots: int, cache_type: str = "f16",
-                      batch: int = 512) -> int:
-        """What a runner really holds of the GPU (HEAD's measured size)."""
+                      batch: int = 512, version: str = CURRENT_VERSION,
+                      window_batch: int = 0) -> int:
+        """What a runner really holds of the GPU (HEAD's measured size); a windowed layer
+        holds `window_batch` (else `batch`, else 512) more than its window."""
         key, value = self._head_dims()
-        kv = kv_cache_bytes(self.block_count, self.head_count_kv, key, value, num_ctx * slots,
-                            cache_type)
+        windowed = self.windowed_layers
+        kv = kv_cache_bytes(self.block_count - windowed, self.head_count_kv, key, value,
+                            num_ctx * slots, cache_type)
+        if windowed:
+            cells = windowed_cells(self.arch, self.sliding_window, num_ctx, slots, version,
+                                   window_batch or batch or 512)
+            kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
         return math.ceil(self.disk_mib * self.gpu_weights_share + kv / MIB
                          + self.compute_base_mib + batch_surcharge_mib(batch))
+
+    @property
+    def windowed_layers(self) -> int:
+        """Layers with a sliding window: all but every `full_layer_period`-th."""
+        if not (self.sliding_window and self.full_layer_period):
+            return 0
+        return self.block_count - self.block_count // self.full_layer_period
 
     def estimate_mib(self, num_ctx: int, slots: int) -> int:
         """Ollama's own estimate before loading it (PredictServerVRAM)."""
@@ -116,6 +135,8 @@ class SimModel:
             info[f"{arch}.attention.value_length"] = self.value_length
         if self.embedding:
             info[f"{arch}.pooling_type"] = self.pooling
+        if self.sliding_window:
+            info[f"{arch}.attention.sliding_window"] = self.sliding_window
         return info
 
     @property
@@ -458,7 +479,25 @@ CATALOG: tuple[SimModel, ...] = (
     SimModel("nomic-embed-text:latest", disk_mib=262, arch="nomic-bert", block_count=12,
              embedding_length=768, head_count=12, head_count_kv=12, trained_ctx=2048,
              parameter_size="137M", quantization="F16", embedding=True),
+    # A sliding-window model. gemma3 27B: Google's config (62 layers, hidden 5376, 32 heads,
+    # 16 KV heads, head_dim 128, sliding_window 1024, every 6th layer global; Ollama's own
+    # gemma3 code names the 62 layers, v0.12.6 model/models/gemma3/model_text.go:34), 17 GB
+    # as ollama.com lists gemma3:27b; text only here (its vision is left out), no tools in
+    # its template.
+    SimModel("gemma3:27b", disk_mib=16590, arch="gemma3", block_count=62,
+             embedding_length=5376, head_count=32, head_count_kv=16, key_length=128,
+             value_length=128, trained_ctx=131072, parameter_size="27.4B", tools=False,
+             sliding_window=1024, full_layer_period=6),
 )
+
+
+# gpt-oss 20B (OpenAI's config: 24 layers, hidden 2880, 64 heads, 8 KV heads, head_dim 64,
+# sliding_window 128 on every other layer), 14 GB as ollama.com lists it; not in the catalog
+# (its thinking and harmony format are not simulated)
+GPT_OSS_20B = SimModel("gpt-oss:20b", disk_mib=13141, arch="gpt-oss", block_count=24,
+                       embedding_length=2880, head_count=64, head_count_kv=8, key_length=64,
+                       value_length=64, trained_ctx=131072, parameter_size="20.9B",
+                       sliding_window=128, full_layer_period=2)
 
 
 def demo_fleet(time_scale: float = 1.0) -> list[SimConfig]:

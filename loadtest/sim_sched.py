@@ -534,8 +534,12 @@ class OllamaSim:
             slots = model.slots(c.num_parallel, c.version)
             ctx = min(request.num_ctx, model.trained_ctx)
             # (the batch's compute surcharge is a completion model's, sched.go:815-819)
+            # (0.12 has no automatic batch: its runner's is 512 unless the call sets one)
+            window_batch = request.num_batch if self.newest or not request.num_batch_auto \
+                else 512
             need = model.footprint_mib(ctx, slots, c.cache_type,
-                                       0 if model.embedding else request.num_batch)
+                                       0 if model.embedding else request.num_batch, c.version,
+                                       window_batch)
             if self.runners:
                 if self.newest:
                     free = self.fit_free_mib()

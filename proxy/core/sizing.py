@@ -2,11 +2,14 @@
 
 A copy is weights + KV cache + compute buffers. The KV cache is the context per slot x the
 card's slots for that model x the model's KV bytes per token (from /api/show: per-layer KV
-heads x (key + value length), at the card's OLLAMA_KV_CACHE_TYPE); the compute allowance
+heads x (key + value length), at the card's OLLAMA_KV_CACHE_TYPE), except in sliding-window
+layers, which hold only their window and a batch as the card's engine keeps them
+(`windowed_cells`, docs/engine.md "Sliding-window models"); the compute allowance
 follows Ollama's batch tiers by context x slots (server/sched.go:859-868, 906-915: 0, 768 MiB,
 2 GiB). The weights part is calibrated from copies seen fully on a GPU (size_vram less the
-KV and compute parts at the context they were seen with); before any is seen it is the
-on-disk size. A copy seen on this card at this context is its own best figure.
+KV and compute parts at the context they were seen with, never less than the file less its
+token embeddings); before any is seen it is the on-disk size. A copy seen on this card at
+this context is its own best figure.
 
 Ollama itself admits a load beside other models only when its own estimate (file size + KV
 at f16 by embedding / heads, llm/llama_server.go:2681-2700) is within 80 % of the free VRAM
@@ -21,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from proxy.core.context import Resolved, Version, effective, for_card, parse_version
+from proxy.core.engines import LLAMA_SERVER_SINCE, own_engine
 from proxy.core.types import ModelInfo, ProviderView
 
 MIB = 1 << 20
@@ -30,6 +34,24 @@ ADMISSION_RULE_SINCE: Version = (0, 30, 0)
 # Ollama's free memory is the driver's: each loaded runner's CUDA context comes off it too
 # (its own figure for that, MinimumMemory, ml/device.go:359-364).
 RUNNER_OVERHEAD_MIB = 457
+# Ollama's default num_batch (api/types.go:1116): 0.12's runner batch, and 0.30+'s automatic
+# batch for a small context; the windowed caches hold one more batch than the window
+BATCH = 512
+# llama.cpp pads an SWA cache to 256 cells (llama-kv-cache-iswa.cpp); 0.12's engine pads to
+# 256 with flash attention, 32 without (ml/backend/ggml/ggml.go:685-691): the larger
+SWA_PADDING = 256
+# Architectures whose windowed layers Ollama's engines keep short: the period of their full
+# (global) layers, every other layer windowed (gemma3: v0.12.6 model/models/gemma3/
+# model_text.go:33, 182-188; gemma2: gemma2/model.go:183-191; gpt-oss: gptoss/model.go:36-41;
+# llama4's chunks: llama4/model_text.go:216-223; llama.cpp's set_swa_pattern alike)
+FULL_LAYER_PERIOD = {"gemma3": 6, "gemma2": 2, "gpt-oss": 2, "gptoss": 2, "llama4": 4}
+CHUNKED = frozenset(("llama4",))
+GPTOSS = frozenset(("gpt-oss", "gptoss"))
+GPTOSS_SWA_MEMORY = 4096  # NewSWAMemCache(window, 4096), v0.12.6 gptoss/model.go:267-270
+LLAMA4_CHUNK = 8192  # attention.chunk_size's default (llama4/model.go:57), llama.cpp's n_swa
+# The largest vocabulary among the library's models (gemma3's), for a token embedding table
+# whose vocabulary /api/show does not give
+LARGEST_VOCAB = 262144
 
 
 def held_by_runners(footprints: Iterable[int]) -> int:
@@ -44,6 +66,14 @@ SINGLE_SLOT_FAMILIES = frozenset((
     "nemotron_h", "nemotron_h_moe", "nemotron_h_omni"))
 
 
+def automatic_batch(tokens: int) -> int:
+    """The num_batch (llama-server's -b and -ub) Ollama 0.30+ gives a copy with `tokens` of
+    context in all (server/sched.go:798-833, the tier before any step down)."""
+    if tokens <= 4096:
+        return BATCH
+    return 1024 if tokens <= 32768 else 2048
+
+
 def graph_mib(tokens: int) -> int:
     """Compute buffers for a copy with `tokens` of context in all (Ollama's batch tiers)."""
     if tokens <= 4096:
@@ -51,9 +81,51 @@ def graph_mib(tokens: int) -> int:
     return 768 if tokens <= 32768 else 2048
 
 
-def kv_mib(info: ModelInfo, context: int, slots: int, cache_type: str = "f16") -> int:
+def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) -> int:
+    """Tokens each sliding-window (or chunked) layer's cache holds for a copy of `context`
+    per slot x `slots`, all slots together, as the engine of that Ollama version sizes it."""
+    full = context * slots
+    window = info.swa_window
+    if version >= LLAMA_SERVER_SINCE:
+        # llama.cpp's iSWA cache, one stream per slot (-np without --kv-unified): the window
+        # and a ubatch (-ub: Ollama's automatic batch), at most the slot's context, padded
+        # to 256 cells
+        ubatch = automatic_batch(full)
+        return slots * _round_up(min(context, window + ubatch), SWA_PADDING)
+    if info.swa_chunked or not own_engine(info, version):
+        # 0.12's own engine keeps a chunked layer whole; its llama engine sets swa_full
+        return full
+    # kvcache/causal.go Init: a window's memory per sequence (gpt-oss: 4096), one more cell
+    # with several slots; the whole context when that is no smaller
+    memory = max(window, GPTOSS_SWA_MEMORY) if info.architecture in GPTOSS else window
+    if slots > 1:
+        memory = max(memory, window + 1)
+    if memory >= context:
+        return full
+    return _round_up(slots * memory + BATCH, SWA_PADDING)
+
+
+def kv_mib(info: ModelInfo, context: int, slots: int, cache_type: str = "f16",
+           version: str = "") -> int:
+    """The KV cache of a copy: full layers hold every slot's context, windowed ones only
+    what their engine keeps of it (`windowed_cells`)."""
     per_element = KV_BYTES_PER_ELEMENT.get(cache_type, 2.0)
-    return math.ceil(info.kv_bytes_per_token * per_element / 2 * context * slots / MIB)
+    windowed = info.swa_kv_bytes_per_token if info.swa_window else 0
+    cells = windowed_cells(info, context, slots, parse_version(version)) if windowed else 0
+    total = (info.kv_bytes_per_token - windowed) * context * slots + windowed * cells
+    return math.ceil(total * per_element / 2 / MIB)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def weights_floor_mib(info: ModelInfo, disk_mib: int) -> int:
+    """The least a copy's weights can take of the GPU: the file less its token embeddings
+    (what llama.cpp keeps on the CPU) at f16, more than any quantised table takes."""
+    if not info.token_embedding_bytes:
+        return 0
+    return max(0, disk_mib - math.ceil(info.token_embedding_bytes / MIB))
 
 
 def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int) -> int:
@@ -183,7 +255,7 @@ class Sizer:
             return self._without_architecture(model, view, declared)
         context = effective(recorded_ctx, info.trained_context)
         slots = model_slots(view, model)
-        kv = kv_mib(info, context, slots, view.kv_cache_type)
+        kv = kv_mib(info, context, slots, view.kv_cache_type, view.version)
         graph = graph_mib(context * slots)
         disk = self.disk_mib(model, view)
         estimate = ollama_estimate_mib(info, disk, context, slots) if disk else 0
@@ -191,6 +263,11 @@ class Sizer:
             return Footprint(seen, f"seen on {view.name} at this context",
                              max(0, seen - kv - graph), kv, graph, estimate)
         weights, source = self._calibrated_weights(model) or (disk, "architecture, file size")
+        floor = weights_floor_mib(info, disk)
+        if weights < floor:
+            # A KV figure modelled too large leaves too little for the weights: never less
+            # than the file can put on the GPU
+            weights, source = floor, f"{source}, raised to the file less its token embeddings"
         total = weights + kv + graph
         if declared and declared > total:
             total, source = declared, "declared vramMib (above the architecture's figure)"
@@ -214,8 +291,8 @@ class Sizer:
                     continue
                 context = effective(recorded, info.trained_context)
                 slots = model_slots(view, model)
-                weights = mib - kv_mib(info, context, slots, view.kv_cache_type) - \
-                    graph_mib(context * slots)
+                weights = mib - kv_mib(info, context, slots, view.kv_cache_type,
+                                       view.version) - graph_mib(context * slots)
                 if weights > 0 and (best is None or weights > best[0]):
                     best = (weights, f"calibrated from {view.name} at {context} x {slots}")
         self._weights[model] = best
@@ -255,6 +332,29 @@ def forget_fleets() -> None:
 def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
     """(real, Ollama-estimate) KV bytes per token at f16 from an /api/show `model_info`;
     (0, 0) when the architecture keys are missing."""
+    attention = _attention(info, arch)
+    if attention is None:
+        return 0, 0
+    blocks, embedding, heads, kv_heads, _, _ = attention
+    estimate = 4 * blocks * max(1, min(kv_heads)) * (embedding // max(heads))
+    return sum(kv_per_layer(info, arch)), estimate
+
+
+def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:
+    """Each layer's KV bytes per token at f16 (KV heads x (key + value length) x 2 B; 0 for a
+    layer without attention); [] when the architecture keys are missing."""
+    attention = _attention(info, arch)
+    if attention is None:
+        return []
+    _, _, heads, kv_heads, key, value = attention
+    return [kv * (key + value) * 2 if h and kv else 0
+            for h, kv in zip(heads, kv_heads, strict=True)]
+
+
+def _attention(info: Mapping[str, object], arch: str
+               ) -> tuple[int, int, list[int], list[int], int, int] | None:
+    """(blocks, embedding, heads and KV heads per layer, key and value length), None when
+    the architecture keys are missing."""
     def number(key: str) -> int:
         value = info.get(f"{arch}.{key}")
         return int(value) if isinstance(value, int | float) and value > 0 else 0
@@ -272,13 +372,46 @@ def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
     embedding = number("embedding_length")
     heads = per_layer("attention.head_count", blocks, [])
     if not blocks or not embedding or not heads or not max(heads):
-        return 0, 0
+        return None
     # Missing KV heads: as many as query heads (no grouping), the larger figure.
     kv_heads = per_layer("attention.head_count_kv", blocks, heads)
     fewest_heads = min((h for h in heads if h), default=1)
     key = number("attention.key_length") or embedding // fewest_heads
     value = number("attention.value_length") or embedding // fewest_heads
-    real = sum(kv * (key + value) * 2 for h, kv in zip(heads, kv_heads, strict=True)
-               if h and kv)
-    estimate = 4 * blocks * max(1, min(kv_heads)) * (embedding // max(heads))
-    return real, estimate
+    return blocks, embedding, heads, kv_heads, key, value
+
+
+def windowed_kv(info: Mapping[str, object], arch: str) -> tuple[int, int, bool]:
+    """(KV bytes per token at f16 in the windowed layers, the window, chunked) from an
+    /api/show `model_info`, for the architectures whose windowed layers Ollama keeps short;
+    (0, 0, False) for any other (every layer full, the larger figure)."""
+    period = FULL_LAYER_PERIOD.get(arch)
+    if period is None:
+        return 0, 0, False
+    chunked = arch in CHUNKED
+    raw = info.get(f"{arch}.attention.chunk_size" if chunked else
+                   f"{arch}.attention.sliding_window")
+    window = int(raw) if isinstance(raw, int | float) and raw > 0 else 0
+    window = window or (LLAMA4_CHUNK if chunked else 0)
+    per_layer = kv_per_layer(info, arch)
+    if not window or not per_layer:
+        return 0, 0, False
+    pattern = info.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list) and len(pattern) == len(per_layer):
+        windowed = [bool(p) for p in pattern]  # the file's own (newer converters)
+    else:
+        windowed = [(i + 1) % period != 0 for i in range(len(per_layer))]
+    return sum(b for b, w in zip(per_layer, windowed, strict=True) if w), window, chunked
+
+
+def token_embedding_bytes(info: Mapping[str, object], arch: str) -> int:
+    """The token embedding table at f16: vocabulary (<arch>.vocab_size, the tokens listed,
+    else the largest in use) x embedding length x 2 B; 0 without an embedding length."""
+    embedding = info.get(f"{arch}.embedding_length")
+    if not isinstance(embedding, int | float) or embedding <= 0:
+        return 0
+    vocab = info.get(f"{arch}.vocab_size")
+    tokens = info.get("tokenizer.ggml.tokens")
+    if not isinstance(vocab, int | float) or vocab <= 0:
+        vocab = len(tokens) if isinstance(tokens, list) and tokens else LARGEST_VOCAB
+    return int(vocab) * int(embedding) * 2

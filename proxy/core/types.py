@@ -57,6 +57,14 @@ class ModelInfo:
     split_projector: bool = False  # a vision projector in its own file (`projector_info`)
     # <arch>.pooling_type (llama.cpp's: 1 mean, 2 CLS, 3 last); -1 absent or not known
     pooling_type: int = -1
+    # Sliding-window (or chunked) attention: the part of kv_bytes_per_token in the layers
+    # that keep only a window of tokens, and that window; 0 none (every layer full)
+    swa_kv_bytes_per_token: int = 0
+    swa_window: int = 0
+    swa_chunked: bool = False  # llama4's chunks, not a sliding window
+    # The token embedding table at f16 (vocabulary x embedding length x 2 B): what of the file
+    # llama.cpp may keep on the CPU, at most; 0 unknown
+    token_embedding_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,8 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
             "embedding": info.embedding, "vision": info.vision,
             "architecture": info.architecture, "splitProjector": info.split_projector,
             "poolingType": info.pooling_type,
+            "swaKvBytesPerToken": info.swa_kv_bytes_per_token, "swaWindow": info.swa_window,
+            "swaChunked": info.swa_chunked, "tokenEmbeddingBytes": info.token_embedding_bytes,
             **({"capabilities": list(info.capabilities)} if info.capabilities is not None
                else {})}
 
@@ -64,7 +66,11 @@ def decode_model_info(d: dict[str, Any]) -> ModelInfo:
                      str(d.get("family") or ""), bool(d.get("embedding")), bool(d.get("vision")),
                      tuple(str(c) for c in capabilities) if isinstance(capabilities, list)
                      else None, str(d.get("architecture") or ""), bool(d.get("splitProjector")),
-                     _int_or(d.get("poolingType"), -1))  # absent from older writers
+                     _int_or(d.get("poolingType"), -1),  # absent from older writers
+                     swa_kv_bytes_per_token=_int_or(d.get("swaKvBytesPerToken"), 0),
+                     swa_window=_int_or(d.get("swaWindow"), 0),
+                     swa_chunked=bool(d.get("swaChunked")),
+                     token_embedding_bytes=_int_or(d.get("tokenEmbeddingBytes"), 0))
 
 
 def _int_or(value: Any, default: int) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from proxy.core.models import model_name
 from proxy.core.occupancy import loaded_limit
-from proxy.core.sizing import held_by_runners, kv_per_token
+from proxy.core.sizing import held_by_runners, kv_per_token, token_embedding_bytes, windowed_kv
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import (
@@ -92,6 +92,7 @@ def model_info(show: Any) -> ModelInfo:
     info = info if isinstance(info, dict) else {}
     arch = str(info.get("general.architecture") or "")
     real, estimate = kv_per_token(info, arch) if arch else (0, 0)
+    windowed, window, chunked = windowed_kv(info, arch) if arch else (0, 0, False)
     listed = show.get("capabilities")  # absent from an older Ollama: unknown
     capabilities = [str(c) for c in listed] if isinstance(listed, list) else []
     details = show.get("details")
@@ -106,7 +107,9 @@ def model_info(show: Any) -> ModelInfo:
         vision="vision" in capabilities,
         capabilities=tuple(capabilities) if isinstance(listed, list) else None,
         architecture=arch, split_projector=bool(show.get("projector_info")),
-        pooling_type=pooling if type(pooling) is int else -1)
+        pooling_type=pooling if type(pooling) is int else -1,
+        swa_kv_bytes_per_token=windowed, swa_window=window, swa_chunked=chunked,
+        token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0)
 
 
 async def _details(server: ModelServer, model: str) -> Any:

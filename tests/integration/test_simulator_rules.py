@@ -109,10 +109,11 @@ def test_one_load_at_a_time_and_a_full_queue_is_server_busy(sim_factory: Sims) -
 
 
 @pytest.mark.parametrize(("version", "new_engine", "own_engine"), [
-    # v0.12.6: qwen3 requires Ollama's own engine (fs/ggml/ggml.go:241-253); llama takes it
-    # with OLLAMA_NEW_ENGINE; phi3 and nomic-bert ("nomic-bert_embed") have no model there
-    ("0.12.6", False, {"qwen3:32b", "qwen3:14b", "qwen3:8b"}),
-    ("0.12.6", True, {"qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b"}),
+    # v0.12.6: qwen3 and gemma3 require Ollama's own engine (fs/ggml/ggml.go:241-253); llama
+    # takes it with OLLAMA_NEW_ENGINE; phi3 and nomic-bert ("nomic-bert_embed") have no model
+    # there
+    ("0.12.6", False, {"qwen3:32b", "qwen3:14b", "qwen3:8b", "gemma3:27b"}),
+    ("0.12.6", True, {"qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b", "gemma3:27b"}),
     ("0.11.4", True, set()),  # no commit before 0.11.5 (not modelled)
     ("0.30.0", True, set()),  # llama-server for every GGUF model
 ])

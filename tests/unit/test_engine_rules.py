@@ -214,7 +214,9 @@ def test_what_show_says_of_a_model_is_reduced_to_what_sizing_needs() -> None:
             "parameters": f"{'num_ctx':<30} 16384"}
     assert model_info(show) == ModelInfo(40960, 256 * KIB, 160 * KIB, 16384, "qwen3",
                                          capabilities=("completion", "tools"),
-                                         architecture="qwen3")
+                                         architecture="qwen3",
+                                         # no vocabulary given: the largest in use
+                                         token_embedding_bytes=262144 * 5120 * 2)
     # an Ollama whose answer lists none: what the model can do is unknown, not nothing
     assert model_info({k: v for k, v in show.items() if k != "capabilities"}) \
         .capabilities is None

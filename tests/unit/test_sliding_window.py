@@ -1,0 +1,178 @@
+"""Sliding-window (and chunked) attention: what the windowed layers' KV cache holds, as
+Ollama's engines size it, one row per worked example.
+
+Expected figures are worked out by hand: from 0.30 llama-server's iSWA cache (one stream per
+slot, each min(context, window + ubatch) cells padded to 256, llama-kv-cache-iswa.cpp; -ub
+the automatic batch, 512 / 1024 / 2048 by context x slots, llm/llama_server.go:581-593,
+server/sched.go:798-833); before, Ollama's own engine (v0.12.6 kvcache/causal.go:136-186:
+slots x memory + 512 padded to 256, memory the window, one more cell with several slots,
+gpt-oss 4096; the whole context when that is no smaller), and its llama engine's swa_full.
+Architectures from the models' published configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from loadtest import sim_model
+from loadtest.sim_engine import auto_batch
+from proxy.core.sizing import Sizer, kv_mib, ollama_estimate_mib, weights_floor_mib
+from proxy.core.types import ModelInfo, ProviderView
+from proxy.service.codec import decode_model_info, encode_model_info
+from proxy.service.prober import model_info
+
+KIB = 1024
+MIB = 1 << 20
+
+
+def show(arch: str, blocks: int, embedding: int, heads: int, kv_heads: int, head_dim: int,
+         **extra: object) -> dict[str, object]:
+    info: dict[str, object] = {
+        "general.architecture": arch, f"{arch}.block_count": blocks,
+        f"{arch}.embedding_length": embedding, f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": kv_heads, f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim, f"{arch}.context_length": 131072}
+    info.update({f"{arch}.{k}": v for k, v in extra.items()})
+    return {"model_info": info, "details": {"family": arch}}
+
+
+# 62 layers x 16 KV heads x (128 + 128) x 2 B = 8 KiB a layer; every 6th of 62 full: 10
+GEMMA3_27B = model_info(show("gemma3", 62, 5376, 32, 16, 128,
+                             **{"attention.sliding_window": 1024}))
+# 24 layers x 8 KV heads x (64 + 64) x 2 B = 2 KiB a layer; every other windowed: 12
+GPT_OSS_20B = model_info(show("gpt-oss", 24, 2880, 64, 8, 64,
+                              **{"attention.sliding_window": 128}))
+# llama4 scout: 48 layers x 8 x 256 x 2 = 4 KiB a layer; 36 chunked, chunks of 8192
+LLAMA4_SCOUT = model_info(show("llama4", 48, 5120, 40, 8, 128))
+# gemma2 9b: 42 layers x 8 x 512 x 2 = 8 KiB a layer; every other windowed (21), 4096
+GEMMA2_9B = model_info(show("gemma2", 42, 3584, 16, 8, 256,
+                            **{"attention.sliding_window": 4096}))
+
+
+def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
+    assert (GEMMA3_27B.kv_bytes_per_token, GEMMA3_27B.swa_kv_bytes_per_token,
+            GEMMA3_27B.swa_window, GEMMA3_27B.swa_chunked) == (496 * KIB, 52 * 8 * KIB, 1024,
+                                                               False)
+    assert (GPT_OSS_20B.swa_kv_bytes_per_token, GPT_OSS_20B.swa_window) == (12 * 2 * KIB, 128)
+    assert (LLAMA4_SCOUT.swa_kv_bytes_per_token, LLAMA4_SCOUT.swa_window,
+            LLAMA4_SCOUT.swa_chunked) == (36 * 4 * KIB, 8192, True)
+    # a file that lists its own pattern (newer converters): that pattern
+    listed = model_info(show("gemma3", 4, 1024, 8, 4, 128, **{
+        "attention.sliding_window": 512,
+        "attention.sliding_window_pattern": [True, False, True, True]}))
+    assert listed.swa_kv_bytes_per_token == 3 * 4 * 256 * 2
+    # an architecture whose window Ollama's engines do not keep short here: every layer full
+    phi3 = model_info(show("phi3", 32, 3072, 32, 32, 96, **{"attention.sliding_window": 2047}))
+    assert (phi3.swa_kv_bytes_per_token, phi3.swa_window) == (0, 0)
+    # no window in the file: no windowed layers
+    assert model_info(show("gemma3", 62, 5376, 32, 16, 128)).swa_window == 0
+    assert decode_model_info(encode_model_info(GEMMA3_27B)) == GEMMA3_27B
+
+
+@pytest.mark.parametrize(("info", "version", "context", "slots", "mib"), [
+    # gemma3 27b at 0.33: 10 full layers x 8 KiB x context x slots, 52 windowed x 8 KiB x
+    # slots x pad256(min(context, 1024 + ubatch))
+    (GEMMA3_27B, "0.33.0", 32768, 1, 2560 + 832),  # 2048 cells: not the 15872 of all 62
+    (GEMMA3_27B, "0.33.0", 4096, 1, 320 + 624),  # ubatch 512: 1536 cells
+    (GEMMA3_27B, "0.33.0", 1024, 1, 80 + 416),  # the context is less than window + batch
+    (GEMMA3_27B, "0.33.0", 8192, 4, 2560 + 3328),  # 4 streams of 1024 + 1024
+    (GEMMA3_27B, "", 4096, 1, 320 + 624),  # an unknown version: the newest rules
+    # 0.12.6's own engine: pad256(slots x (1024, +1 with several slots) + 512)
+    (GEMMA3_27B, "0.12.6", 4096, 1, 320 + 624),
+    (GEMMA3_27B, "0.12.6", 8192, 4, 2560 + 1976),  # 4 x 1025 + 512 = 4612 -> 4864 cells
+    (GEMMA3_27B, "0.12.6", 1024, 1, 496),  # the window is the whole context: all full
+    # gpt-oss 20b: 12 full x 2 KiB, 12 windowed; 0.33: pad256(128 + 1024) = 1280 cells
+    (GPT_OSS_20B, "0.33.0", 32768, 1, 768 + 30),
+    # 0.12.6: 4096 a sequence + 512 = 4608 cells (also its own estimate, fs/ggml GraphSize)
+    (GPT_OSS_20B, "0.12.6", 32768, 1, 768 + 108),
+    (GPT_OSS_20B, "0.12.6", 4096, 1, 192),  # 4096 is no smaller than the context: all full
+    # llama4: 12 full x 4 KiB; 0.33: 36 chunked x pad256(8192 + 1024) = 9216 cells
+    (LLAMA4_SCOUT, "0.33.0", 32768, 1, 1536 + 1296),
+    (LLAMA4_SCOUT, "0.12.6", 32768, 1, 6144),  # 0.12's engine keeps a chunk layer whole
+    # gemma2 9b: 0.33 21 windowed x pad256(4096 + 1024) = 5120 cells; 0.12.6 runs it on the
+    # llama engine with swa_full (llama_context_default_params): every layer full
+    (GEMMA2_9B, "0.33.0", 8192, 1, 1344 + 840),
+    (GEMMA2_9B, "0.12.6", 8192, 1, 2688),
+])
+def test_windowed_layers_hold_what_the_engine_keeps(info: ModelInfo, version: str,
+                                                    context: int, slots: int, mib: int) -> None:
+    assert kv_mib(info, context, slots, "f16", version) == mib
+
+
+def test_the_cache_type_scales_both_parts() -> None:
+    # q8_0: 34 B for 32 values, (2560 + 832) MiB x 17 / 32
+    assert kv_mib(GEMMA3_27B, 32768, 1, "q8_0", "0.33.0") == 1802
+
+
+def test_ollamas_own_estimate_still_counts_every_layer_at_the_full_context() -> None:
+    """PredictServerVRAM (llm/llama_server.go:2678-2700) knows no window: 62 layers x 16 KV
+    heads x 5376 / 32 x (K and V) x 2 B a token."""
+    assert GEMMA3_27B.estimate_kv_bytes_per_token == 62 * 16 * 168 * 4
+    assert ollama_estimate_mib(GEMMA3_27B, 16590, 32768, 1) == 16590 + 20832
+
+
+def card(name: str, version: str = "0.33.0", **fields: object) -> ProviderView:
+    return ProviderView(name, 32768, version=version, disk_mib={"gemma3:27b": 16590},
+                        models={"gemma3:27b": GEMMA3_27B}, **fields)  # type: ignore[arg-type]
+
+
+def test_a_copy_seen_at_a_large_context_is_not_made_small_at_a_smaller_one() -> None:
+    """Seen at 32768 with 20509 MiB (the simulator's gemma3:27b: 0.97 of the file, 3392 KV,
+    256 compute and the 1024 batch's 768): the weights are 20509 - 3392 - 768. Counted with
+    every layer full, the KV would be 15872 and the weights 3869, and a copy at 4096 would
+    look 5853 MiB, not the 17293 it takes."""
+    seen = card("seen", observed={"gemma3:27b": {32768: 20509}})
+    other = card("other", context_length=4096)
+    fp = Sizer((seen, other), 1.2).footprint("gemma3:27b", other, 4096)
+    assert fp is not None and fp.source == "calibrated from seen at 32768 x 1"
+    assert (fp.weights_mib, fp.kv_mib, fp.graph_mib, fp.total_mib) == (
+        16349, 944, 0, 17293)
+
+
+def test_calibrated_weights_never_fall_below_the_file_less_its_token_embeddings() -> None:
+    """A windowed KV the sidecar does not model (here the window left out of what it read)
+    makes the weights of a copy seen at a large context come out far too small: they are
+    raised to the file less its token embeddings at f16 (262144 x 5376 x 2 B = 2688 MiB)."""
+    unmodelled = ModelInfo(trained_context=131072, kv_bytes_per_token=496 * KIB,
+                           architecture="gemma3", token_embedding_bytes=262144 * 5376 * 2)
+    assert weights_floor_mib(unmodelled, 16590) == 13902
+    assert weights_floor_mib(ModelInfo(), 16590) == 0  # nothing known: no floor
+    views = [ProviderView(n, 32768, disk_mib={"gemma3:27b": 16590},
+                          models={"gemma3:27b": unmodelled}, observed=seen)
+             for n, seen in (("seen", {"gemma3:27b": {32768: 20509}}), ("other", {}))]
+    fp = Sizer(views, 1.2).footprint("gemma3:27b", views[1], 4096)
+    assert fp is not None and fp.weights_mib == 13902  # not 20509 - 15872 - 768 = 3869
+    assert fp.source.endswith("raised to the file less its token embeddings")
+    assert fp.total_mib == 13902 + 1984
+    # the catalog's other models stay above it: qwen3 8b's file 5200 less 2048 MiB
+    qwen = model_info(show("qwen3", 36, 4096, 32, 8, 128))
+    assert weights_floor_mib(qwen, 5200) == 5200 - 2048
+
+
+def test_the_vocabulary_when_show_gives_it() -> None:
+    sized = model_info(show("gemma3", 62, 5376, 32, 16, 128, vocab_size=1000))
+    assert sized.token_embedding_bytes == 1000 * 5376 * 2
+    listed = show("gemma3", 62, 5376, 32, 16, 128)
+    listed["model_info"]["tokenizer.ggml.tokens"] = ["a", "b"]  # type: ignore[index]
+    assert model_info(listed).token_embedding_bytes == 2 * 5376 * 2
+
+
+@pytest.mark.parametrize("version", ["0.12.6", "0.33.0"])
+@pytest.mark.parametrize(("context", "slots"), [(1024, 1), (4096, 1), (8192, 4), (32768, 1),
+                                                (131072, 1)])
+def test_the_sidecar_reads_the_simulators_window_models_as_it_sizes_them(
+        version: str, context: int, slots: int) -> None:
+    """What the sidecar reads of the simulator's /api/show gives the KV the simulator holds
+    (its batch: 0.30+'s automatic one, 0.12's 512)."""
+    for model in (sim_model.CATALOG[-1], sim_model.GPT_OSS_20B):
+        info = model_info({"model_info": model.model_info(),
+                           "details": {"family": model.model_family}})
+        batch = auto_batch(context, slots) if version == "0.33.0" else 512
+        windowed = model.footprint_mib(context, slots, "f16", batch, version)
+        flat = replace(model, sliding_window=0).footprint_mib(context, slots, "f16", batch,
+                                                              version)
+        weights_and_compute = flat - kv_mib(replace(info, swa_window=0), context, slots)
+        assert abs(windowed - weights_and_compute
+                   - kv_mib(info, context, slots, "f16", version)) <= 1, model.name
