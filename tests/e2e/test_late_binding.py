@@ -47,10 +47,12 @@ def test_two_sidecars_serve_a_shared_models_waiting_calls_in_arrival_order(
         ended[i] = time.monotonic()
 
     threads = []
-    for i in range(6):  # alternating sidecars, each well after the previous one
+    # alternating sidecars, each well after the previous one: more than a call's slack
+    # (three quarters of its ~0.2 s), so turns keep arrival order
+    for i in range(6):
         threads.append(threading.Thread(target=call, args=(i, (two, one)[i % 2])))
         threads[-1].start()
-        time.sleep(0.15)
+        time.sleep(0.3)
     for thread in threads:
         thread.join(30)
     holding.join(30)
