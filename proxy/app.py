@@ -165,6 +165,7 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
     """Every service of the sidecar over the given store and model servers, on one clock."""
     metrics = Metrics()
     local_store = MemoryStore(clock=clock)  # tickets while the shared store is unreachable
+    local_store.changes = store.changes  # its claims and releases wake waiting calls too
     policy = DEFAULT_POLICY
     prober = Prober(settings.providers, pool.clients, store, gpu_memory=gpu_memory,
                     clock=clock)

@@ -19,7 +19,7 @@ from proxy.core.types import Placement, Snapshot, Ticket
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import PROVIDER_TICKETS, Clock, StoreUnavailable
-from proxy.service.codec import decode_ticket_set, unescape_key
+from proxy.service.codec import unescape_key
 from proxy.service.prober import Prober
 from proxy.service.routing import CallOutcome
 from proxy.service.snapshot import StateView
@@ -147,11 +147,9 @@ class Claims:
         return out
 
     def _local_live(self, now: float) -> list[Ticket]:
-        mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
         out: list[Ticket] = []
-        for key, entry in mirror.items():
-            out.extend(decode_ticket_set(unescape_key(key), entry.value).live(now)
-                       .tickets.values())
+        for key in self.local_tickets.store.view(PROVIDER_TICKETS):  # (released: not counted)
+            out.extend(self.local_tickets.known(unescape_key(key))[0].live(now).tickets.values())
         return out
 
     # -- claimed ---------------------------------------------------------------------------
