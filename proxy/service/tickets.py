@@ -44,6 +44,7 @@ DEFAULT_TTL_S = 60.0
 MAX_ATTEMPTS = 8
 RELEASE_DELAY_S = 0.05  # how long a plain release may wait for a write to ride along with
 SETTLE_RETRY_S = 5.0  # while the store is away, how often to try owed writes again
+LET_GO_PRUNE_AT = 256  # released tickets remembered before the expired ones are dropped
 
 
 # A transition of the set at `now`: the new set, the same set (nothing to write), or Refused.
@@ -85,6 +86,10 @@ class TicketBook:
         # provider -> ticket id -> expiry: released here but not yet written to the store.
         self._owed: dict[str, dict[str, float]] = {}
         self._owed_changes = 0  # bumped whenever any owed entry comes or goes
+        # ticket id -> its expiry: released here, so never to be put back (`restore`), also
+        # once the release is written
+        self._let_go: dict[str, float] = {}
+        self._prune_let_go_at = LET_GO_PRUNE_AT
         # provider -> (set filtered, _owed_changes then, the set without owed tickets): every
         # snapshot asks, and releases are owed most of the time under load.
         self._filtered: dict[str, tuple[TicketSet, int, TicketSet]] = {}
@@ -318,8 +323,14 @@ class TicketBook:
 
     def _owe(self, ticket: Ticket) -> None:
         """The ticket stops counting here at once; the next write to its set removes it."""
-        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock.now() + self.ttl_s
+        expiry = self.clock.now() + self.ttl_s
+        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = expiry
         self._owed_changes += 1
+        self._let_go[ticket.ticket_id] = expiry
+        if len(self._let_go) >= self._prune_let_go_at:
+            now = self.clock.now()
+            self._let_go = {k: until for k, until in self._let_go.items() if until > now}
+            self._prune_let_go_at = max(LET_GO_PRUNE_AT, 2 * len(self._let_go))
         self.store.changes.bump()  # calls waiting for this room decide again
 
     async def release_to_unload(self, ticket: Ticket, loaded: Residency | None = None
@@ -412,7 +423,7 @@ class TicketBook:
         return await self._mutate(ticket.provider, back)
 
     def _released(self, ticket: Ticket) -> bool:
-        return ticket.ticket_id in self._owed.get(ticket.provider, {})
+        return ticket.ticket_id in self._let_go
 
     async def mark_leaving(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
         """Record `models` as leaving whatever tickets name them (the engine unloads them
