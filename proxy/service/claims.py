@@ -27,7 +27,7 @@ from proxy.service.tickets import TicketBook
 from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.claims")
-REJOIN_CHECK_S = 1.0  # how often, at most, held tickets are looked for outside the shared book
+REJOIN_CHECK_S = 0.5  # how often held tickets are looked for outside the shared book
 
 
 @dataclass
@@ -224,13 +224,12 @@ class Claims:
         store = self.tickets.store
         written = -1  # the generation whose views hold every held ticket
         while True:
-            seen = store.changes.value
             if store.connected and (store.generation != written or any(
                     c.local for c in self._held.values())):
                 generation = store.generation
                 if await self._write_held():
                     written = generation
-            await store.changes.wait_past(seen, REJOIN_CHECK_S)
+            await asyncio.sleep(REJOIN_CHECK_S)
 
     async def _write_held(self) -> bool:
         """Every held ticket written into the shared book (where it lacks it); False when
