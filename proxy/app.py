@@ -136,8 +136,7 @@ class Services:
         /api/show figures), so that the first probe asks /api/show only of models nobody
         described: a pod that starts (or rolls) beside many others probes each card's
         /api/ps, /api/tags and /api/version (what is loaded now), not every model again."""
-        if not self.shared or not self.store.connected or \
-                not await self.store.replayed(START_REPLAY_WAIT_S):
+        if not self.shared or not await self.store.replayed(START_REPLAY_WAIT_S):
             return
         now = self.scheduler.clock.now()
         for config in self.settings.providers:
@@ -166,6 +165,7 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
     """Every service of the sidecar over the given store and model servers, on one clock."""
     metrics = Metrics()
     local_store = MemoryStore(clock=clock)  # tickets while the shared store is unreachable
+    local_store.changes = store.changes  # its claims and releases wake waiting calls too
     policy = DEFAULT_POLICY
     prober = Prober(settings.providers, pool.clients, store, gpu_memory=gpu_memory,
                     clock=clock)

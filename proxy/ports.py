@@ -81,7 +81,16 @@ class StateStore(Protocol):
     async def close(self) -> None: ...
 
     @property
-    def connected(self) -> bool: ...
+    def connected(self) -> bool:
+        """The views are the store's: connected, and replayed since the last (re)connect."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """Moves each time a replayed view replaces the one before (after a reconnect): a
+        revision read before may mean nothing now (a server that came back without its
+        storage numbers its writes anew)."""
+        ...
 
     def view(self, bucket: str) -> Mapping[str, Entry]: ...
 

@@ -48,6 +48,10 @@ class MemoryStore:
     def connected(self) -> bool:
         return True
 
+    @property
+    def generation(self) -> int:
+        return 0  # never rebuilt
+
     def _expire(self, bucket: str) -> None:
         now = self.clock.monotonic()
         if now < self._next_expiry[bucket]:

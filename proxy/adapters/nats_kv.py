@@ -2,7 +2,9 @@
 
 One long-lived watch per bucket per process mirrors the bucket locally and advances the
 change counter; compare-and-set goes to the server (`update(last=rev)`), so two sidecars
-that read the same budget cannot both win it. On reconnect the watches are rebuilt.
+that read the same budget cannot both win it. On reconnect the watches are rebuilt; the
+views stay as they were until each new watch has replayed its bucket, and the store counts
+as connected only from then (a server may come back without its storage).
 """
 
 from __future__ import annotations
@@ -199,6 +201,7 @@ class NatsStore:
         self._versions = {b.name: 0 for b in buckets}
         # Set once a bucket's watch has replayed what the bucket held (reset on rewatch)
         self._replayed = {b.name: asyncio.Event() for b in buckets}
+        self._generation = 0  # moves each time a replayed view replaces the one before
         self._watch_tasks: list[asyncio.Task[None]] = []
         self._watchers: list[Any] = []
         self._connected = False
@@ -212,8 +215,20 @@ class NatsStore:
 
     @property
     def connected(self) -> bool:
+        """Reachable, and every view replayed since the watches were last rebuilt: until
+        then the views are what was seen before, and the sidecar places as in an outage."""
+        return self._reachable and all(e.is_set() for e in self._replayed.values())
+
+    @property
+    def _reachable(self) -> bool:
+        """The server answers and the watches are in place (their replay may be under way):
+        reads and writes go to the server, which checks every compare-and-set."""
         return self._connected and self._failing is None and self._nc is not None and \
             self._nc.is_connected
+
+    @property
+    def generation(self) -> int:
+        return self._generation
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         """What an operation that failed though NATS is connected means: JetStream is not
@@ -252,7 +267,7 @@ class NatsStore:
         """Connect once NATS answers; the outage was said by start()'s caller, its end is
         said here, and a refusal of the settings (NATS back, yet not for us) once."""
         attempts, since, refused = 0, time.monotonic(), ""
-        while not self.connected:
+        while True:
             await asyncio.sleep(RETRY_CONNECT_S)
             attempts += 1
             try:
@@ -267,6 +282,7 @@ class NatsStore:
             else:
                 log.info("nats connected", attempts=attempts,
                          waited_s=round(time.monotonic() - since, 1))
+                return
 
     async def _connect(self) -> None:
         # Until the first connection, what goes wrong is said once, by StoreUnavailable.
@@ -329,6 +345,8 @@ class NatsStore:
             self._kv[spec.name] = await js.key_value(spec.name)
 
     async def _rewatch(self, rebind: bool = True) -> None:
+        for replayed in self._replayed.values():  # not connected until the views are anew
+            replayed.clear()
         for task in self._watch_tasks:
             task.cancel()
         for watcher in self._watchers:
@@ -342,9 +360,6 @@ class NatsStore:
                 watcher = await self._kv[spec.name].watch(
                     ">", inactive_threshold=WATCH_INACTIVE_S)
                 self._watchers.append(watcher)
-                self._mirror[spec.name] = {}
-                self._replayed[spec.name].clear()
-                self._versions[spec.name] += 1
                 self._watch_tasks.append(asyncio.create_task(
                     self._drain(spec.name, watcher), name=f"watch-{spec.name}"))
             self._connected = True
@@ -356,12 +371,19 @@ class NatsStore:
         self.changes.bump()
 
     async def _drain(self, bucket: str, watcher: Any) -> None:
-        mirror = self._mirror[bucket]
+        """Fill a new view from the watch; it replaces the old one once the bucket is
+        replayed (the old one stands meanwhile: what was seen, as in an outage)."""
+        mirror: dict[str, Entry] = {}
+        replayed = self._replayed[bucket]
         spec = next(s for s in self.buckets if s.name == bucket)
         async for entry in watcher:
             if entry is None:  # end of the initial replay
-                self._replayed[bucket].set()
-                self.changes.bump()
+                if not replayed.is_set():
+                    self._mirror[bucket] = mirror
+                    self._versions[bucket] += 1
+                    self._generation += 1
+                    replayed.set()
+                    self.changes.bump()
                 continue
             wakes = True
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
@@ -369,9 +391,10 @@ class NatsStore:
             else:
                 wakes = spec.wakes(entry.key, entry.key in mirror)
                 mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
-            self._versions[bucket] += 1
-            if entry.delta == 0 and wakes:
-                self.changes.bump()
+            if replayed.is_set():
+                self._versions[bucket] += 1
+                if entry.delta == 0 and wakes:
+                    self.changes.bump()
 
     async def close(self) -> None:
         self._closing = True
@@ -393,19 +416,21 @@ class NatsStore:
 
     async def replayed(self, timeout_s: float) -> bool:
         """Wait until every bucket's view holds what the bucket held when its watch began
-        (after a connect or reconnect); False when that did not happen in time. A writer
-        that compares with the view must not compare with a view still filling."""
+        (after a connect or reconnect); False when that did not happen in time, or at once
+        when NATS is away."""
+        if not self._reachable:
+            return False
         waits = [asyncio.ensure_future(e.wait()) for e in self._replayed.values()]
         _, pending = await asyncio.wait(waits, timeout=timeout_s)
         for task in pending:
             task.cancel()
-        return not pending
+        return not pending and self.connected
 
     def version(self, bucket: str) -> int:
         return self._versions[bucket]
 
     def _bucket(self, bucket: str) -> Any:
-        if not self.connected:
+        if not self._reachable:
             raise StoreUnavailable("NATS is not connected")
         return self._kv[bucket]
 

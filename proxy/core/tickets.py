@@ -169,6 +169,32 @@ def extend(current: TicketSet, ticket_id: str, ttl_s: float, now: float
                    tickets={**current.tickets, ticket_id: replace(held, expires_at=now + ttl_s)})
 
 
+def restore(current: TicketSet, ticket: Ticket, ttl_s: float, now: float) -> TicketSet:
+    """Put back a ticket its holder still holds that the set lacks (claimed while the store
+    was away, lost with a store that came back empty, or expired before its renewal), held
+    `ttl_s` from `now`. Its call runs already, so this is a fact, not a claim: no budget
+    check. A cold ticket brings back the load its claim recorded, keyed by the ticket as
+    then, so the load counts once (the ticket carries it while it lives), from when the
+    claim made it."""
+    if ticket.ticket_id in current.tickets:
+        return current
+    back = replace(ticket, expires_at=now + ttl_s)
+    loads = current.loads
+    if ticket.cold and ticket.ticket_id not in loads and now - ticket.started_at < LOAD_GRACE_S:
+        loads = {**loads, ticket.ticket_id: Load(ticket.model, ticket.footprint_mib,
+                                                 ticket.context, ticket.started_at)}
+    return replace(current, tickets={**current.tickets, ticket.ticket_id: back}, loads=loads)
+
+
+def renew(current: TicketSet, ticket: Ticket, ttl_s: float, now: float) -> TicketSet:
+    """Hold `ticket` `ttl_s` from `now`: extended while in the set, else put back (`restore`)."""
+    held = current.tickets.get(ticket.ticket_id)
+    if held is None:
+        return restore(current, ticket, ttl_s, now)
+    extended = replace(held, expires_at=now + ttl_s)
+    return replace(current, tickets={**current.tickets, ticket.ticket_id: extended})
+
+
 def record_residency(current: TicketSet, model: str, residency: Residency | None
                      ) -> TicketSet:
     """Record what a call left of `model` (a copy loaded; `mib` 0, unloaded); None: nothing."""

@@ -1,6 +1,8 @@
 """This sidecar's tickets: reserved while their claim is on its way, claimed in the shared
 book (or in-process while the shared store is unreachable), held and renewed while their
-call or plan lives, released with what their load left on the GPU."""
+call or plan lives, written to the shared book again once it is back (claimed in-process,
+or lost with a store that came back without its storage), released with what their load
+left on the GPU."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import contextlib
 import itertools
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from proxy.core.tickets import ABANDONED_GRACE_S, Residency
@@ -17,7 +19,7 @@ from proxy.core.types import Placement, Snapshot, Ticket
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import PROVIDER_TICKETS, Clock, StoreUnavailable
-from proxy.service.codec import decode_ticket_set, unescape_key
+from proxy.service.codec import unescape_key
 from proxy.service.prober import Prober
 from proxy.service.routing import CallOutcome
 from proxy.service.snapshot import StateView
@@ -25,6 +27,7 @@ from proxy.service.tickets import TicketBook
 from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.claims")
+REJOIN_CHECK_S = 0.5  # how often held tickets are looked for outside the shared book
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Claims:
         self._pending: dict[str, Ticket] = {}
         self._held: dict[str, Claimed] = {}  # tickets of calls and plans in progress
         self._renewing: asyncio.Task[None] | None = None
+        self._rejoining: asyncio.Task[None] | None = None
 
     # -- reserved: counted by this sidecar's next decisions --------------------------------
     def reserve(self, placement: Placement, plan: bool = False) -> Ticket:
@@ -103,8 +107,30 @@ class Claims:
 
     def uncounted(self, now: float) -> tuple[Ticket, ...]:
         """This sidecar's tickets that the shared book's view does not count: claimed
-        in-process while the store was unreachable, or reserved and not yet written."""
-        return (*self._local_live(now), *self._claims_in_flight())
+        in-process while the store was unreachable, held but missing from the view (lost
+        with a store that came back empty, or expired there while renewals could not be
+        written) until written again, or reserved and not yet written."""
+        return (*self._unseen_held(now), *self._claims_in_flight())
+
+    def _unseen_held(self, now: float) -> list[Ticket]:
+        """The in-process book's live tickets and the held ones that the shared book's view
+        does not count live (a held ticket counts: its call runs)."""
+        mine = {t.ticket_id: t for t in self._local_live(now)}
+        for claimed in self._held.values():
+            mine.setdefault(claimed.ticket.ticket_id, replace(
+                claimed.ticket, expires_at=max(claimed.ticket.expires_at,
+                                               now + self.tickets.ttl_s)))
+        if not mine:
+            return []
+        known: dict[str, Mapping[str, Ticket]] = {}
+        out = []
+        for ticket in mine.values():
+            if ticket.provider not in known:
+                known[ticket.provider] = self.tickets.known(ticket.provider)[0].tickets
+            seen = known[ticket.provider].get(ticket.ticket_id)
+            if seen is None or seen.expires_at <= now:
+                out.append(ticket)
+        return out
 
     def _claims_in_flight(self) -> list[Ticket]:
         """Reserved tickets whose claim has not come back (or whose write is not yet in the
@@ -121,11 +147,9 @@ class Claims:
         return out
 
     def _local_live(self, now: float) -> list[Ticket]:
-        mirror = self.local_tickets.store.view(PROVIDER_TICKETS)
         out: list[Ticket] = []
-        for key, entry in mirror.items():
-            out.extend(decode_ticket_set(unescape_key(key), entry.value).live(now)
-                       .tickets.values())
+        for key in self.local_tickets.store.view(PROVIDER_TICKETS):  # (released: not counted)
+            out.extend(self.local_tickets.known(unescape_key(key))[0].live(now).tickets.values())
         return out
 
     # -- claimed ---------------------------------------------------------------------------
@@ -174,12 +198,14 @@ class Claims:
 
     def start(self) -> None:
         self._renewing = asyncio.create_task(self._renew_held())
+        self._rejoining = asyncio.create_task(self._rejoin())
 
     async def close(self) -> None:
-        if self._renewing is not None:
-            self._renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewing
+        for task in (self._renewing, self._rejoining):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _renew_held(self) -> None:
         """Every third of the TTL, renew every held ticket: one task for all of them, and
@@ -190,6 +216,44 @@ class Claims:
             held = list(self._held.values())
             await asyncio.gather(*(self.book(c).renew(c.ticket) for c in held),
                                  return_exceptions=True)  # unreachable store: next sweep
+
+    async def _rejoin(self) -> None:
+        """Each time the shared store's views are replayed anew (NATS back, maybe without
+        its storage), write every held ticket into the shared book, and move there the ones
+        claimed in-process; while connected, also those claimed in-process since."""
+        store = self.tickets.store
+        written = -1  # the generation whose views hold every held ticket
+        while True:
+            if store.connected and (store.generation != written or any(
+                    c.local for c in self._held.values())):
+                generation = store.generation
+                if await self._write_held():
+                    written = generation
+            await asyncio.sleep(REJOIN_CHECK_S)
+
+    async def _write_held(self) -> bool:
+        """Every held ticket written into the shared book (where it lacks it); False when
+        some could not be (the store went away again: the next replay tries again)."""
+        held = list(self._held.values())
+        results = await asyncio.gather(*(self._write_back(c) for c in held),
+                                       return_exceptions=True)
+        return all(r is True for r in results)
+
+    async def _write_back(self, claimed: Claimed) -> bool:
+        ticket = claimed.ticket
+        result = await self.tickets.restore(ticket, lambda: ticket.ticket_id in self._held)
+        if not result.ok:
+            return False
+        if not claimed.local:
+            return True
+        if ticket.ticket_id not in self._held:  # released in-process meanwhile
+            await self.tickets.release(ticket)  # (no-op unless this write put it back)
+            return True
+        claimed.local = False  # its release and renewals go to the shared book from now
+        await self.local_tickets.release(ticket)
+        log.info("ticket claimed during the outage written to the shared book",
+                 provider=ticket.provider, model=ticket.model, ticket=ticket.ticket_id)
+        return True
 
     # -- released --------------------------------------------------------------------------
     async def release_plan(self, claimed: Claimed, state: LoadState) -> None:

@@ -9,7 +9,9 @@ runs in `finally`; a dead holder's ticket stops counting at its expiry.
 
 A release is owed to the store from the moment it is asked for: this process stops counting
 the ticket at once, and the next write to that provider's set carries it (a claim's, or a
-delayed write of its own, retried while the store is away).
+delayed write of its own, retried while the store is away). A ticket its holder still holds
+goes back into a set that lacks it (`restore`, and each renewal): claimed while the store was
+away, or lost with a store that came back without its storage.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ DEFAULT_TTL_S = 60.0
 MAX_ATTEMPTS = 8
 RELEASE_DELAY_S = 0.05  # how long a plain release may wait for a write to ride along with
 SETTLE_RETRY_S = 5.0  # while the store is away, how often to try owed writes again
+LET_GO_PRUNE_AT = 256  # released tickets remembered before the expired ones are dropped
 
 
 # A transition of the set at `now`: the new set, the same set (nothing to write), or Refused.
@@ -76,12 +79,17 @@ class TicketBook:
         self._writers: set[asyncio.Task[None]] = set()
         self._flushing: set[str] = set()  # providers with a delayed write of owed releases
         # The newest ticket set known per provider, decoded: the watched mirror's or what
-        # this process wrote last (read-your-writes before the watch delivers it). Decoding
+        # this process wrote last (read-your-writes before the watch delivers it), with the
+        # store's generation then (a revision of another means nothing now). Decoding
         # once per revision matters: with 32 calls in flight a set holds 32 tickets.
-        self._known: dict[str, tuple[int, TicketSet]] = {}
+        self._known: dict[str, tuple[int, int, TicketSet]] = {}
         # provider -> ticket id -> expiry: released here but not yet written to the store.
         self._owed: dict[str, dict[str, float]] = {}
         self._owed_changes = 0  # bumped whenever any owed entry comes or goes
+        # ticket id -> its expiry: released here, so never to be put back (`restore`), also
+        # once the release is written
+        self._let_go: dict[str, float] = {}
+        self._prune_let_go_at = LET_GO_PRUNE_AT
         # provider -> (set filtered, _owed_changes then, the set without owed tickets): every
         # snapshot asks, and releases are owed most of the time under load.
         self._filtered: dict[str, tuple[TicketSet, int, TicketSet]] = {}
@@ -95,8 +103,9 @@ class TicketBook:
     def _newest(self, provider: str) -> tuple[TicketSet, int]:
         entry = self.store.view(PROVIDER_TICKETS).get(escape_key(provider))
         cached = self._known.get(provider)
-        if cached is not None and (entry is None or cached[0] >= entry.revision):
-            return cached[1], cached[0]
+        if cached is not None and cached[0] == self.store.generation and (
+                entry is None or cached[1] >= entry.revision):
+            return cached[2], cached[1]
         return self._remember(provider, entry)
 
     def _owed_now(self, provider: str) -> dict[str, float]:
@@ -128,16 +137,19 @@ class TicketBook:
 
     def _remember(self, provider: str, entry: Entry | None) -> tuple[TicketSet, int]:
         if entry is None:
+            self._known.pop(provider, None)
             return TicketSet(), 0
         tickets = decode_ticket_set(provider, entry.value)
-        self._known[provider] = (entry.revision, tickets)
+        self._known[provider] = (self.store.generation, entry.revision, tickets)
         return tickets, entry.revision
 
     async def _read(self, provider: str, stale: int | None) -> tuple[TicketSet, int]:
         """The ticket set and its revision: the newest known, unless a write at revision
-        `stale` just conflicted and nothing newer has been watched since: then the server's."""
+        `stale` just conflicted and nothing newer has been watched since, or the view is not
+        the store's yet (still replaying after a reconnect: its revisions may be of a server
+        that has since lost them): then the server's."""
         tickets, revision = self._newest(provider)
-        if stale is None or revision > stale:
+        if self.store.connected and (stale is None or revision > stale):
             return tickets, revision  # the watch already brought the write we lost to
         entry = await self.store.get(PROVIDER_TICKETS, escape_key(provider))
         return self._remember(provider, entry)
@@ -204,6 +216,7 @@ class TicketBook:
         conflicted_at: int | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             # A stale read only costs a conflict: the server checks the revision.
+            generation = self.store.generation
             current, revision = await self._read(provider, conflicted_at)
             now = self.clock.now()
             live = current.live(now)
@@ -236,7 +249,7 @@ class TicketBook:
                         await asyncio.sleep(random.uniform(0, delay))
                         delay = min(delay * 2, 0.004)
                     continue
-                self._known[provider] = (new_revision, state)
+                self._known[provider] = (generation, new_revision, state)
             self._settled(provider, settled)  # written now, or in no set any more
             for item, (ok, reason) in zip(batch, results, strict=True):
                 if not item.result.done():  # done: its caller was cancelled
@@ -296,6 +309,7 @@ class TicketBook:
             self._owe(ticket)
             self._write_soon(ticket.provider)
             return ClaimResult(True, "owed")
+        self._let_go_of(ticket)  # (no renewal or restore puts it back while this writes)
         # its figure as the set holds it: its claim, and later claims of loads beside it,
         # raised it (Resident.beside_mib)
         known = self._newest(ticket.provider)[0].tickets.get(ticket.ticket_id)
@@ -321,9 +335,21 @@ class TicketBook:
 
     def _owe(self, ticket: Ticket) -> None:
         """The ticket stops counting here at once; the next write to its set removes it."""
-        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = self.clock.now() + self.ttl_s
+        self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = \
+            self._let_go_of(ticket)
         self._owed_changes += 1
         self.store.changes.bump()  # calls waiting for this room decide again
+
+    def _let_go_of(self, ticket: Ticket) -> float:
+        """Remember `ticket` as released here, so nothing puts it back (`_released`), until
+        its expiry, which is returned."""
+        expiry = self.clock.now() + self.ttl_s
+        self._let_go[ticket.ticket_id] = expiry
+        if len(self._let_go) >= self._prune_let_go_at:
+            now = self.clock.now()
+            self._let_go = {k: until for k, until in self._let_go.items() if until > now}
+            self._prune_let_go_at = max(LET_GO_PRUNE_AT, 2 * len(self._let_go))
+        return expiry
 
     async def release_to_unload(self, ticket: Ticket, loaded: Residency | None = None
                                 ) -> bool:
@@ -331,6 +357,7 @@ class TicketBook:
         (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama).
         `loaded`: the copy the call loaded, recorded as left loaded if others keep it.
         The ticket's removal and the mark go in one write, as `release`'s with a record."""
+        self._let_go_of(ticket)
         # A cold ticket's footprint is the copy it loaded, which a probe may not list yet.
         mib = ticket.footprint_mib if ticket.cold else 1
         try:
@@ -404,10 +431,27 @@ class TicketBook:
             task.cancel()
 
     async def renew(self, ticket: Ticket) -> ClaimResult:
-        def extend(current: TicketSet, now: float) -> TicketSet | Refused:
-            return transition.extend(current, ticket.ticket_id, self.ttl_s, now)
+        """Hold `ticket` another TTL; one the set lacks (unless released) is put back."""
+        def hold(current: TicketSet, now: float) -> TicketSet:
+            if self._released(ticket):
+                return current
+            return transition.renew(current, ticket, self.ttl_s, now)
 
-        return await self._mutate(ticket.provider, extend)
+        return await self._mutate(ticket.provider, hold)
+
+    async def restore(self, ticket: Ticket, held: Callable[[], bool] = lambda: True
+                      ) -> ClaimResult:
+        """Write `ticket` into its set if the set lacks it, while `held()` (its holder has not
+        let it go) and no release of it is owed: no budget check, its call runs already."""
+        def back(current: TicketSet, now: float) -> TicketSet:
+            if self._released(ticket) or not held():
+                return current
+            return transition.restore(current, ticket, self.ttl_s, now)
+
+        return await self._mutate(ticket.provider, back)
+
+    def _released(self, ticket: Ticket) -> bool:
+        return ticket.ticket_id in self._let_go
 
     async def mark_leaving(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
         """Record `models` as leaving whatever tickets name them (the engine unloads them

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import pytest
@@ -15,10 +16,10 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.core.policy import Policy
 from proxy.core.sizing import RUNNER_OVERHEAD_MIB
-from proxy.core.tickets import Residency, merge_recorded, merge_residency
+from proxy.core.tickets import Residency, TicketSet, merge_recorded, merge_residency
 from proxy.core.types import ProviderView, Resident
 from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
-from proxy.service.codec import decode_ticket_set
+from proxy.service.codec import decode_ticket_set, encode_ticket_set
 from proxy.service.tickets import TicketBook
 from tests.integration.conftest import empty_buckets
 
@@ -128,6 +129,97 @@ async def test_renew_keeps_a_long_call_counted(store: StateStore) -> None:
         assert (await book.renew(t)).ok
     other = book.new_ticket("o", "gpu", "m2", 1, True, {}, "h")
     assert not (await book.claim(other, VIEW)).ok
+
+
+async def test_a_renewal_puts_back_a_ticket_its_set_lost(store: StateStore) -> None:
+    """A store back without its storage, or a ticket that expired while renewals could not
+    be written: the call runs on, so its renewal writes the ticket again, load and all."""
+    book = _book(store)
+    t = book.new_ticket("r", "gpu", "m", 6000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    await store.delete(PROVIDER_TICKETS, "gpu")
+    assert await _stored(store) == {}
+    assert (await book.renew(t)).ok
+    entry = await store.get(PROVIDER_TICKETS, "gpu")
+    assert entry is not None
+    stored = decode_ticket_set("gpu", entry.value)
+    assert set(stored.tickets) == {"r"} and set(stored.loads) == {"r"}
+    # counted once: the 6000 MiB free are taken
+    assert not (await book.claim(book.new_ticket("o", "gpu", "m2", 1, True, {}, "h"), VIEW)).ok
+
+
+async def test_a_released_ticket_is_not_put_back(store: StateStore) -> None:
+    book = TicketBook(store, Policy(), release_delay_s=10)  # its release still owed
+    _OPEN_BOOKS.append(book)
+    t = book.new_ticket("r", "gpu", "m", 6000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    await book.release(t)
+    await book.restore(t)
+    await book.renew(t)
+    assert await _stored(store) == {}
+    kept = book.new_ticket("k", "gpu", "m2", 1000, True, {}, "h")
+    assert (await book.claim(kept, VIEW)).ok
+    await store.put(PROVIDER_TICKETS, "gpu", encode_ticket_set(TicketSet()))  # lost
+    for _ in range(100):  # (the NATS view has it when its watch brings it)
+        if not book.known("gpu")[0].tickets:
+            break
+        await asyncio.sleep(0.01)
+    await book.restore(kept, held=lambda: False)  # its holder let it go meanwhile
+    assert await _stored(store) == {}
+    await book.restore(kept)
+    assert set(await _stored(store)) == {"k"}
+
+
+@pytest.mark.parametrize("keep_alive_0", [False, True])
+async def test_a_ticket_released_with_a_record_is_not_put_back(store: StateStore,
+                                                               keep_alive_0: bool) -> None:
+    """A release that records its copy removes the ticket in its own write; a renewal or a
+    restore racing it must not write the ticket back."""
+    book = _book(store)
+    t = book.new_ticket("r", "gpu", "m", 6000, True, {}, "h")
+    assert (await book.claim(t, VIEW)).ok
+    if keep_alive_0:
+        await book.release_to_unload(t)
+    else:
+        await book.release(t, Residency(6000, 4096, 0.0))
+    await book.renew(t)
+    await book.restore(t)
+    assert "r" not in await _stored(store)
+
+
+async def test_a_server_back_without_its_storage_is_connected_only_with_its_own_views() -> None:
+    """Until the watches have replayed the new server's buckets, the store is not connected
+    and the old views stand (an outage's); from then on no set of the old server counts."""
+    server = NatsServer().start()
+    store = NatsStore(NatsOptions(server.url))
+    try:
+        await store.start()
+        book = TicketBook(store, Policy())
+        assert (await book.claim(book.new_ticket("old", "gpu", "m", 1000, True, {}, "h"),
+                                 VIEW)).ok
+        server.stop()
+        shutil.rmtree(server.dir / "js")
+        assert await _until(lambda: not store.connected, 10)
+        assert set(book.known("gpu")[0].tickets) == {"old"}  # the outage's view
+        server.start()
+        assert await _until(lambda: store.connected, 10)  # (checked every 2 ms)
+        assert book.known("gpu") == (TicketSet(), 0)
+        # and a write finds the new server's set, not the old one's revision
+        assert (await book.claim(book.new_ticket("new", "gpu", "m2", 1000, True, {}, "h"),
+                                 VIEW)).ok
+        assert set(await _stored(store)) == {"new"}
+        await book.close()
+    finally:
+        await store.close()
+        server.cleanup()
+
+
+async def _until(check: Callable[[], bool], timeout_s: float) -> bool:
+    for _ in range(int(timeout_s / 0.002)):
+        if check():
+            return True
+        await asyncio.sleep(0.002)
+    return check()
 
 
 async def test_release_records_the_model_left_resident(store: StateStore) -> None:

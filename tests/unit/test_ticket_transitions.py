@@ -238,6 +238,59 @@ def test_extend_refuses_a_ticket_that_expired_first() -> None:
         "ticket expired before it was renewed")
 
 
+# -- restore and renew: a held ticket back in a set that lacks it ------------------------------
+
+def test_restore_puts_a_held_ticket_back_without_a_budget_check() -> None:
+    """Claimed in-process while the store was away: its call runs, so the set takes it even
+    where a claim would not fit any more."""
+    full = tickets(held("t1", "qwen3:32b", cold=True))
+    back = held("mine", "qwen3:14b", cold=True, expires_at=NOW - 1)
+    out = transition.restore(full, back, TTL, NOW)
+    assert out.tickets["mine"] == replace(back, expires_at=NOW + TTL)
+    assert out.tickets["t1"] is full.tickets["t1"]
+    assert out.loads == {"mine": Load("qwen3:14b", SIZES["qwen3:14b"], 0, NOW - 5)}
+    assert transition.restore(out, back, TTL, NOW + 1) is out  # there already: nothing
+
+
+def test_a_restored_load_counts_once_where_its_claim_recorded_it_already() -> None:
+    """Not renewed while the store was away, the ticket expired and its load stood in for
+    it; put back, the ticket carries the load again, counted once: a second load is held
+    to the memory the first leaves, not refused as if the first counted twice."""
+    card = gpu("a", GIB24)  # 21616 MiB usable
+    out = transition.claim(tickets(), new("qwen3:14b", cold=True), card, POLICY, TTL, NOW - 80)
+    assert isinstance(out, Admitted)
+    claimed = out.tickets.tickets["new"]
+    expired = out.tickets.live(NOW)
+    assert set(expired.tickets) == set() and set(expired.orphaned_loads()) == {"new"}
+    restored = transition.restore(expired, claimed, TTL, NOW)
+    assert restored.loads == out.tickets.loads and restored.orphaned_loads() == {}
+    assert transition.merge_recorded(card, restored).residents == ()
+    # 12224 of 21616 held: a load of the 9392 MiB left fits (counted twice, 12224 more
+    # would be held and it would not), a MiB more does not
+    fits = replace(new("qwen3:32b", cold=True), ticket_id="other", footprint_mib=9392)
+    admitted = transition.claim(restored, fits, card, POLICY, TTL, NOW)
+    assert isinstance(admitted, Admitted) and admitted.budget == "21616 MiB claimed of 21616 MiB"
+    over = replace(fits, footprint_mib=9393)
+    assert transition.claim(restored, over, card, POLICY, TTL, NOW) == Refused(
+        "21617 MiB would exceed 21616 MiB")
+
+
+def test_a_restored_load_past_its_grace_is_not_recorded_again() -> None:
+    old = held("mine", "qwen3:14b", cold=True)
+    out = transition.restore(tickets(), replace(old, started_at=NOW - LOAD_GRACE_S), TTL, NOW)
+    assert set(out.tickets) == {"mine"} and out.loads == {}
+
+
+def test_renew_extends_a_ticket_in_the_set_and_puts_back_one_it_lacks() -> None:
+    current = tickets(held("t1", "qwen3:8b", expires_at=NOW + 5))
+    assert transition.renew(current, current.tickets["t1"], TTL, NOW) == \
+        transition.extend(current, "t1", TTL, NOW)
+    lost = held("t2", "qwen3:8b", expires_at=NOW - 0.1)
+    out = transition.renew(current.live(NOW), lost, TTL, NOW)
+    assert out.tickets["t2"] == replace(lost, expires_at=NOW + TTL)
+    assert out.loads == {}  # (a warm ticket records no load)
+
+
 # -- release: the ticket leaves, what it left loaded is recorded -------------------------------
 
 def test_without_drops_the_named_tickets_and_keeps_the_set_when_none_is_there() -> None:

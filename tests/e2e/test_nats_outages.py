@@ -1,0 +1,132 @@
+"""Two sidecars on one real nats-server that goes away and comes back: with its storage, or
+without it (restarted on an empty JetStream store directory, its buckets created anew).
+
+Whatever a sidecar holds is in the shared book again once NATS is back (a ticket claimed
+during the outage, one lost with the storage), what it released meanwhile is not, and a
+sidecar counts as connected only once its views are the new server's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.nats_server import NatsServer
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from tests.conftest import eventually
+from tests.e2e.test_scheduling import chat, stream_in_background
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+SLOW = 0.5  # simulated seconds -> real: 10 ms a token, so 2000 tokens hold a slot ~20 s
+LONG = 2000
+BACK_S = 5.0  # "within a few seconds" of NATS answering again
+
+
+@pytest.fixture
+def server() -> Iterator[NatsServer]:
+    """A nats-server of the test's own: it is stopped and started again."""
+    nats = NatsServer().start()
+    yield nats
+    nats.cleanup()
+
+
+def _state(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/kubemoot/v1/state", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def _tickets(url: str, holder: str) -> list[str]:
+    return [t["id"] for t in _state(url)["tickets"] if t["holder"].endswith(f"/{holder}")]
+
+
+def _connected(url: str) -> bool:
+    return "kubemoot_nats_connected 1.0" in httpx.get(f"{url}/metrics", timeout=10).text
+
+
+def _stop(server: NatsServer, *urls: str) -> None:
+    server.stop()
+    for url in urls:
+        assert eventually(lambda u=url: not _connected(u), timeout_s=10)  # type: ignore[misc]
+
+
+def test_a_call_started_while_nats_is_down_is_in_the_shared_book_once_it_is_back(
+        sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
+    gpu = sim_factory("gpu", time_scale=SLOW)  # one slot
+    one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
+    two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
+    assert chat(one, "qwen3:8b", options={"num_predict": 4}).status_code == 200
+    assert eventually(lambda: _tickets(two, "one") == [])  # its release written
+    _stop(server, one, two)
+    # During the outage: a call that ends (released in-process), then one that goes on.
+    assert chat(one, "qwen3:8b", options={"num_predict": 4}).status_code == 200
+    streaming = stream_in_background(one, "qwen3:8b", LONG, threading.Event())
+    held = _tickets(one, "one")
+    assert len(held) == 1
+    assert _tickets(two, "one") == []  # the other sidecar cannot know it yet
+    server.start()
+    back = time.monotonic()
+    assert eventually(lambda: _tickets(two, "one") == held, timeout_s=BACK_S), \
+        _state(two)["tickets"]
+    seen_after = time.monotonic() - back
+    assert streaming.is_alive(), "the call ended before the check: make it longer"
+    assert _connected(one) and _connected(two)
+    # Only the held ticket went back: the released one was not resurrected.
+    assert _tickets(one, "one") == held
+    # Its release now goes to the shared book: the other sidecar sees the slot free.
+    streaming.join(60)
+    assert eventually(lambda: _tickets(two, "one") == [], timeout_s=BACK_S), \
+        _state(two)["tickets"]
+    assert eventually(lambda: _tickets(one, "one") == [], timeout_s=BACK_S)
+    assert seen_after < BACK_S
+
+
+def test_after_nats_comes_back_empty_a_sidecar_places_from_the_new_views_only(
+        sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
+    gpu = sim_factory("gpu", time_scale=SLOW, num_parallel=2)
+    one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
+    two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
+    assert chat(one, "qwen3:8b", options={"num_predict": 4}).status_code == 200
+    long_call = stream_in_background(one, "qwen3:8b", LONG, threading.Event())
+    short_call = stream_in_background(one, "qwen3:8b", 300, threading.Event())  # ~3 s
+    assert eventually(lambda: len(_tickets(two, "one")) == 2, timeout_s=BACK_S)
+    held = [t for t in _tickets(one, "one")]
+    _stop(server, one, two)
+    shutil.rmtree(server.dir / "js")  # the server comes back without its storage
+    short_call.join(30)  # its release is owed to a store that will not have the ticket
+    still = [t for t in _tickets(one, "one")]
+    assert len(still) == 1 and still[0] in held
+    released = next(t for t in held if t not in still)
+    assert released in _tickets(two, "one")  # the other sidecar's old view, during the outage
+    server.start()
+    # From the moment it says connected, the other sidecar's view is the new server's: the
+    # released ticket is gone, and the held one is back (written again by its holder).
+    deadline = time.monotonic() + BACK_S
+    said_connected = False
+    while time.monotonic() < deadline:
+        state = _state(two)
+        if state["sharedStateConnected"]:
+            said_connected = True
+            assert released not in [t["id"] for t in state["tickets"]], state["tickets"]
+            if [t["id"] for t in state["tickets"]] == still:
+                break
+        time.sleep(0.02)
+    assert said_connected
+    assert _tickets(two, "one") == still, _state(two)["tickets"]
+    # It places from that view: the slot the released ticket held is free, so a call of
+    # the other sidecar's runs at once beside the long call, on the copy.
+    began = time.monotonic()
+    r = chat(two, "qwen3:8b", options={"num_predict": 4}, timeout=30)
+    assert r.status_code == 200
+    assert r.headers["x-kubemoot-placement"] == "warm"
+    assert int(r.headers["x-kubemoot-waited-ms"]) < 1000
+    assert time.monotonic() - began < 5
+    assert long_call.is_alive()
+    long_call.join(60)
+    assert eventually(lambda: _tickets(two, "one") == [], timeout_s=BACK_S)
