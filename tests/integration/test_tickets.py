@@ -20,7 +20,7 @@ from proxy.core.tickets import Residency, TicketSet, merge_recorded, merge_resid
 from proxy.core.types import ProviderView, Resident
 from proxy.ports import PROVIDER_TICKETS, CasConflict, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import decode_ticket_set, encode_ticket_set
-from proxy.service.tickets import TicketBook
+from proxy.service.tickets import RELEASE_DELAY_S, TicketBook
 from tests.integration.conftest import empty_buckets
 
 # 10000 usable, 6000 free; OLLAMA_MAX_LOADED_MODELS set high: memory is the limit here
@@ -48,8 +48,10 @@ async def store(request: pytest.FixtureRequest, nats_server: NatsServer
 _OPEN_BOOKS: list[TicketBook] = []
 
 
-def _book(store: StateStore, ttl_s: float = 60) -> TicketBook:
-    book = TicketBook(store, Policy(), ttl_s=ttl_s)
+def _book(store: StateStore, ttl_s: float = 60, release_delay_s: float = RELEASE_DELAY_S
+          ) -> TicketBook:
+    """A book the fixture closes: its delayed writes never land in the next test's buckets."""
+    book = TicketBook(store, Policy(), ttl_s=ttl_s, release_delay_s=release_delay_s)
     _OPEN_BOOKS.append(book)
     return book
 
@@ -149,8 +151,7 @@ async def test_a_renewal_puts_back_a_ticket_its_set_lost(store: StateStore) -> N
 
 
 async def test_a_released_ticket_is_not_put_back(store: StateStore) -> None:
-    book = TicketBook(store, Policy(), release_delay_s=10)  # its release still owed
-    _OPEN_BOOKS.append(book)
+    book = _book(store, release_delay_s=10)  # its release still owed
     t = book.new_ticket("r", "gpu", "m", 6000, True, {}, "h")
     assert (await book.claim(t, VIEW)).ok
     await book.release(t)
@@ -388,7 +389,7 @@ def _stored_now(store: MemoryStore) -> set[str]:
 
 async def test_a_release_stops_counting_at_once_and_is_written_shortly_after(
         store: StateStore) -> None:
-    book = TicketBook(store, Policy(), release_delay_s=0.05)
+    book = _book(store, release_delay_s=0.05)
     a = book.new_ticket("a", "gpu", "m1", 4000, True, {}, "h")
     b = book.new_ticket("b", "gpu", "m2", 1000, True, {}, "h")
     assert (await book.claim(a, VIEW)).ok and (await book.claim(b, VIEW)).ok
@@ -403,7 +404,7 @@ async def test_a_release_stops_counting_at_once_and_is_written_shortly_after(
 
 async def test_a_release_after_its_ticket_expired_deletes_the_load_its_claim_recorded(
         store: StateStore) -> None:
-    book = TicketBook(store, Policy(), ttl_s=0.3, release_delay_s=0.05)
+    book = _book(store, ttl_s=0.3, release_delay_s=0.05)
     assert (await book.claim(book.new_ticket("a", "gpu", "m", 6000, True, {}, "h"), VIEW)).ok
     await asyncio.sleep(0.4)  # not renewed: the ticket expired, so its load counts alone
     live = book.known("gpu")[0].live(time.time())
@@ -416,7 +417,7 @@ async def test_a_release_after_its_ticket_expired_deletes_the_load_its_claim_rec
     await book.close()
 
 async def test_a_claim_after_a_release_carries_it_in_one_write(store: StateStore) -> None:
-    book = TicketBook(store, Policy(), release_delay_s=10)
+    book = _book(store, release_delay_s=10)
     a = book.new_ticket("a", "gpu", "m1", 6000, True, {}, "h")
     assert (await book.claim(a, VIEW)).ok
     before = await store.get(PROVIDER_TICKETS, "gpu")
