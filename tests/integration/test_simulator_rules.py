@@ -598,13 +598,13 @@ def test_embed_inputs_take_the_runners_one_slot(sim_factory: Sims) -> None:
         httpx.post(f"{sim.url}/api/embed", json=body, timeout=30)
         return time.perf_counter() - start
 
-    alone = timed()
     with ThreadPoolExecutor(2) as pool:
         start = time.perf_counter()
         list(pool.map(lambda _: timed(), range(2)))
         both = time.perf_counter() - start
-    # with a slot each, both would end about when one alone does
-    assert both - alone > 0.6 * evaluation_s, (both, alone)
+    # one after the other: two evaluations at least (with a slot each, about one); a lower
+    # bound, which a loaded machine only makes longer
+    assert both > 1.8 * evaluation_s, both
 
 
 @pytest.mark.parametrize(("value", "status", "answer"), [
