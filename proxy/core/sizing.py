@@ -74,11 +74,13 @@ def automatic_batch(tokens: int) -> int:
     return 1024 if tokens <= 32768 else 2048
 
 
+# The compute a larger batch adds (server/sched.go:906-915), by automatic batch
+GRAPH_MIB = {BATCH: 0, 1024: 768, 2048: 2048}
+
+
 def graph_mib(tokens: int) -> int:
     """Compute buffers for a copy with `tokens` of context in all (Ollama's batch tiers)."""
-    if tokens <= 4096:
-        return 0
-    return 768 if tokens <= 32768 else 2048
+    return GRAPH_MIB[automatic_batch(tokens)]
 
 
 def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) -> int:
@@ -337,15 +339,17 @@ def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
         return 0, 0
     blocks, embedding, heads, kv_heads, _, _ = attention
     estimate = 4 * blocks * max(1, min(kv_heads)) * (embedding // max(heads))
-    return sum(kv_per_layer(info, arch)), estimate
+    return sum(_layer_bytes(attention)), estimate
 
 
 def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:
     """Each layer's KV bytes per token at f16 (KV heads x (key + value length) x 2 B; 0 for a
     layer without attention); [] when the architecture keys are missing."""
     attention = _attention(info, arch)
-    if attention is None:
-        return []
+    return [] if attention is None else _layer_bytes(attention)
+
+
+def _layer_bytes(attention: tuple[int, int, list[int], list[int], int, int]) -> list[int]:
     _, _, heads, kv_heads, key, value = attention
     return [kv * (key + value) * 2 if h and kv else 0
             for h, kv in zip(heads, kv_heads, strict=True)]

@@ -137,11 +137,11 @@ def _beside_later_loads(tickets: dict[str, Ticket], fresh: Ticket, seen: Provide
     loads in the order the calls reach it, which the order of claims does not fix, and a
     runner counts what was loaded when it loaded (Resident.beside_mib). A copy already
     listed loaded before it."""
-    loaded = {r.model for r in seen.residents if not r.loading}
+    settled = {r.model for r in seen.residents if not r.loading} | {fresh.model}
     everyone = [*tickets.values(), fresh]
     out = tickets
     for key, held in tickets.items():
-        if not held.cold or held.model in (fresh.model, *loaded) or fresh.model in held.evicts:
+        if not held.cold or held.model in settled or fresh.model in held.evicts:
             continue
         beside = held_beside(held.model, held.evicts, seen.residents, everyone)
         if beside > held.beside_mib:
@@ -188,11 +188,8 @@ def restore(current: TicketSet, ticket: Ticket, ttl_s: float, now: float) -> Tic
 
 def renew(current: TicketSet, ticket: Ticket, ttl_s: float, now: float) -> TicketSet:
     """Hold `ticket` `ttl_s` from `now`: extended while in the set, else put back (`restore`)."""
-    held = current.tickets.get(ticket.ticket_id)
-    if held is None:
-        return restore(current, ticket, ttl_s, now)
-    extended = replace(held, expires_at=now + ttl_s)
-    return replace(current, tickets={**current.tickets, ticket.ticket_id: extended})
+    extended = extend(current, ticket.ticket_id, ttl_s, now)
+    return restore(current, ticket, ttl_s, now) if isinstance(extended, Refused) else extended
 
 
 def record_residency(current: TicketSet, model: str, residency: Residency | None

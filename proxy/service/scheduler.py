@@ -408,6 +408,7 @@ class Scheduler:
                 raise
         self.experience.start_trial(placement.provider, self.clock.now())
         view = self.provider_view(placement.provider)
+        version = context.parse_version(view.version)
         self.learning.sent(placement, spec.conversation, view, claimed.ticket.ticket_id,
                            self.clock.now())
         self.claims.hold(claimed)
@@ -416,10 +417,8 @@ class Scheduler:
                           evicted=tuple(placement.evicts), waited_ms=waited_ms,
                           num_ctx=placement.num_ctx if call.pins_context else 0,
                           strip_keep_alive=call.unloads_after,
-                          shift_at_load=context.parse_version(view.version) >=
-                          context.SHIFT_AT_LOAD_SINCE,
-                          any_spelling=context.parse_version(view.version) >=
-                          ANY_SPELLING_SINCE,
+                          shift_at_load=version >= context.SHIFT_AT_LOAD_SINCE,
+                          any_spelling=version >= ANY_SPELLING_SINCE,
                           estimated_tokens=spec.prompt_tokens,
                           context_length=placement.context_length,
                           binding=self.binding_label(call) if binding is None else binding,
