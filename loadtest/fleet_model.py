@@ -20,8 +20,10 @@ token into one batch, one Decode; llama-server's update_slots likewise adds "sam
 any ongoing sequences" to one batch). A step with n sequences costs (1 + batch_cost x (n - 1))
 times one alone: decoding is memory-bound, one more sequence adds its KV-cache reads, not
 another read of the weights. Runners on one card time-slice it: each decoding call gets a
-token per period, the sum of the step times of the card's runners that are decoding. Prefill
-runs at full speed, unshared. `GpuSpec.share_gpu = False` decodes every call at full speed.
+token per period, the sum of the step times of the card's runners that are decoding
+(`GpuSpec.slicing = "time"` instead gives each decoding runner an equal share of the card's
+time). Prefill runs at full speed, unshared. `GpuSpec.share_gpu = False` decodes every call
+at full speed.
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ class GpuSpec:
     # step is memory-bound; the weights are read once for the whole batch). A hardware figure.
     batch_cost: float = 0.1
     share_gpu: bool = True  # False: every call decodes at full speed, whatever else runs
+    # How runners decoding at once share the card: "steps", one step of each a round (a
+    # token of every call waits for every busy runner's step); "time", equal shares of the
+    # card's time (a call's token takes its runner's step x the busy runners). A hardware
+    # question Ollama's source does not settle: the driver's time-slicing between processes.
+    slicing: str = "steps"
 
 
 def load_seconds(model: ModelSpec, gpu: GpuSpec) -> float:
@@ -222,9 +229,8 @@ class Gpu:
         self.recovering = False  # the unloader blocked in its wait for freed memory
         self.rng = random.Random(f"{seed}/{spec.name}")
         self.memory_trace: list[tuple[float, int]] = [(0.0, 0)]
-        # Processor sharing of the decode: every decoding call gains a token per `period`
+        # Processor sharing of the decode: each decoding call gains a token per `token_s`
         self.decoding: dict[int, Decode] = {}
-        self.period = 0.0
         self.decoded_at = 0.0  # when each Decode.left was last brought up to date
 
     # -- memory ----------------------------------------------------------------------------
@@ -446,23 +452,31 @@ class Gpu:
         resident.decoding += 1
         self._reschedule()
 
+    def token_s(self) -> Callable[[Resident], float]:
+        """Seconds a token takes a decoding call of a runner, while the card's set of
+        decoding runners stays as it is now (`GpuSpec.slicing`)."""
+        busy = {d.resident.model.name: d.resident for d in self.decoding.values()}
+        if self.spec.slicing == "time":
+            return lambda resident: self.step_s(resident) * len(busy)
+        period = sum(self.step_s(r) for r in busy.values())
+        return lambda _: period
+
     def _catch_up(self) -> None:
         """Every decoding call gains the tokens of the time since the last change."""
         now = self.now()
         if self.decoding:
-            gained = (now - self.decoded_at) / self.period
+            token_s = self.token_s()
             for decode in self.decoding.values():
-                decode.left -= gained
+                decode.left -= (now - self.decoded_at) / token_s(decode.resident)
         self.decoded_at = now
 
     def _reschedule(self) -> None:
-        """The set of decoding calls changed: a new period, and each call's finish moved."""
-        busy = {d.resident.model.name: d.resident for d in self.decoding.values()}
-        self.period = sum(self.step_s(r) for r in busy.values())
+        """The set of decoding calls changed: each call's finish moved."""
+        token_s = self.token_s()
         now = self.now()
         for decode in self.decoding.values():
             decode.version += 1
-            self.schedule(now + max(decode.left, 0.0) * self.period,
+            self.schedule(now + max(decode.left, 0.0) * token_s(decode.resident),
                           partial(self._decoded, decode, decode.version))
 
     def _decoded(self, decode: Decode, version: int) -> None:

@@ -5,6 +5,7 @@
     python -m loadtest.simulate --report loadtest/report      # every pair: a table and plots
     python -m loadtest.simulate --targets 1,2,3,4,5,7         # the target on several seeds
     python -m loadtest.simulate --targets 7 --no-share-gpu    # every call decoding at full speed
+    python -m loadtest.simulate --targets 7 --slicing time    # runners share a card's time equally
 
 Every policy sees the same trace (same seed). kubemoot runs `proxy.core.place` as shipped,
 with the sidecar's late binding: when it says "wait" the call waits here (not in a GPU's
@@ -12,7 +13,8 @@ queue) and is placed again on every change in the fleet, a free slot going to th
 call with the soonest turn (proxy/core/waitline.py), for at most the wait limit. Each agent's
 sidecar learns call lengths from its own answers only. Calls decoding at once on a card
 share it (loadtest/fleet_model.py): --batch-cost sets what one more sequence adds to a runner's
-decode step, --no-share-gpu decodes every call at full speed.
+decode step, --no-share-gpu decodes every call at full speed, --slicing time gives the runners
+decoding on a card equal shares of its time instead of one step each a round.
 """
 
 from __future__ import annotations
@@ -91,18 +93,21 @@ class DecodeSharing:
 
     batch_cost: float | None = None
     share_gpu: bool | None = None
+    slicing: str | None = None
 
     def apply(self, scenario: Scenario) -> Scenario:
         gpus = tuple(replace(
             g, batch_cost=g.batch_cost if self.batch_cost is None else self.batch_cost,
-            share_gpu=g.share_gpu if self.share_gpu is None else self.share_gpu)
+            share_gpu=g.share_gpu if self.share_gpu is None else self.share_gpu,
+            slicing=g.slicing if self.slicing is None else self.slicing)
             for g in scenario.gpus)
         return replace(scenario, gpus=gpus)
 
     def flags(self) -> str:
         """As given on the command line (nothing when as the scenario says)."""
         cost = "" if self.batch_cost is None else f" --batch-cost {self.batch_cost:g}"
-        return cost + (" --no-share-gpu" if self.share_gpu is False else "")
+        slicing = "" if self.slicing is None else f" --slicing {self.slicing}"
+        return cost + (" --no-share-gpu" if self.share_gpu is False else "") + slicing
 
 
 AS_SCENARIO = DecodeSharing()
@@ -420,10 +425,13 @@ def main(argv: list[str] | None = None) -> None:
                         "a step alone, on every card (default: each card's, 0.1)")
     p.add_argument("--no-share-gpu", action="store_true",
                    help="every call decodes at full speed, whatever else runs on its card")
+    p.add_argument("--slicing", choices=("steps", "time"),
+                   help="how runners decoding at once share a card: one step of each a round "
+                        "(steps, the default) or equal shares of its time")
     a = p.parse_args(argv)
     if a.batch_cost is not None and a.batch_cost < 0:
         p.error("--batch-cost: a share of a step, 0 or more")
-    sharing = DecodeSharing(a.batch_cost, False if a.no_share_gpu else None)
+    sharing = DecodeSharing(a.batch_cost, False if a.no_share_gpu else None, a.slicing)
     if a.list:
         print("scenarios: " + " ".join(SCENARIOS))
         print("policies:  " + " ".join(POLICIES))

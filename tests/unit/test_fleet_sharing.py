@@ -71,6 +71,23 @@ def test_two_models_on_one_card_each_get_a_token_per_summed_step() -> None:
     assert done[4] == pytest.approx(10.0 + 100 * 0.15)
 
 
+def test_with_time_slicing_each_busy_runner_gets_half_the_card() -> None:
+    fleet = Fleet(GpuSpec("card", 8192, slots=2, slicing="time"))
+    fleet.submit(0.0, 1, TEN, 0)
+    fleet.submit(0.0, 2, TWENTY, 0)
+    fleet.submit(10.0, 3, TEN, 100)
+    fleet.submit(10.0, 4, TEN, 100)
+    fleet.submit(10.0, 5, TWENTY, 100)
+    done = fleet.run_until_done(5)
+    # two runners busy: each step takes twice its time alone. TWENTY's 100 steps of 0.05 s
+    # end at 10 s; TEN's batch of two (1.1 x 0.1 s a step) has done 100 x 0.05 / 0.11 steps
+    # by then (45.45...), and its remaining steps run alone
+    assert done[5] == pytest.approx(10.0 + 100 * 0.05 * 2)
+    left = 100 - 100 * 0.05 * 2 / (2 * 0.11)
+    assert done[3] == pytest.approx(done[5] + left * 0.11)
+    assert done[4] == pytest.approx(done[3])
+
+
 def test_a_call_finishing_speeds_the_other_up_and_prefill_is_not_shared() -> None:
     fleet = Fleet(GpuSpec("card", 8192, slots=2, batch_cost=0.1, prompt_tokens_per_s=1000.0))
     fleet.submit(0.0, 1, TEN, 100)
@@ -128,11 +145,13 @@ def test_sharing_only_slows_the_decode_of_a_whole_run() -> None:
 
 def test_the_command_line_sets_every_cards_sharing(capsys: pytest.CaptureFixture[str]) -> None:
     figures = {}
-    for flags in ([], ["--no-share-gpu"], ["--batch-cost", "0"], ["--batch-cost", "0.5"]):
+    for flags in ([], ["--no-share-gpu"], ["--batch-cost", "0"], ["--batch-cost", "0.5"],
+                  ["--slicing", "time"]):
         main(["--scenario", "hot-model", "--policy", "static", "--json", *flags])
         figures[" ".join(flags)] = json.loads(capsys.readouterr().out)["mean_s"]
     # one model, two slots a card: only the batch cost slows a call, more the higher it is
     assert figures["--no-share-gpu"] == pytest.approx(figures["--batch-cost 0"])
     assert figures["--batch-cost 0"] < figures[""] < figures["--batch-cost 0.5"]
+    assert figures["--slicing time"] == pytest.approx(figures[""])  # one runner a card
     with pytest.raises(SystemExit):
         main(["--targets", "7", "--batch-cost", "-1"])
