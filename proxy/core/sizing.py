@@ -45,15 +45,18 @@ SWA_PADDING = 256
 @dataclass(frozen=True, slots=True)
 class WindowRule:
     """How an architecture's windowed layers are laid out and kept (docs/engine.md
-    "Sliding-window models"): every `period`-th layer full, the others windowed (unless the
-    file lists its own pattern); the window under `key` (else `default`); `memory` tokens a
-    sequence on Ollama's own engine at least (NewSWAMemCache)."""
+    "Sliding-window models"): every `period`-th layer full, the others windowed, unless the
+    file lists its own pattern (period 0: only that); the window under `key` (else
+    `default`); `memory` tokens a sequence on Ollama's own engine at least
+    (NewSWAMemCache); `llama_server` False where llama-server (0.30+) is not known to keep
+    them short, so they count whole there."""
 
     period: int
     key: str = "attention.sliding_window"
     default: int = 0
     chunked: bool = False
     memory: int = 0
+    llama_server: bool = True
 
 
 # Architectures whose windowed layers Ollama's engines keep short, with file:line of Ollama's
@@ -80,6 +83,10 @@ WINDOWED: dict[str, WindowRule] = {
     # own engine: the file's pattern (v0.12.6 model/models/gemma3n/model_text.go:58-65,
     # 329-330, 354; model.go:42-45); llama-model.cpp:1300-1310
     "gemma3n": WindowRule(5),
+    # own engine 0.22-0.24 only: the file's pattern (or layer types 1), a window of 512
+    # unless set (v0.24.0 model/models/laguna/model.go:281-283, 314-315, 345-360, 417-423);
+    # not in the llama.cpp Ollama vendored, so whole from 0.30
+    "laguna": WindowRule(0, default=512, llama_server=False),
 }
 # Architectures whose last `<arch>.attention.shared_kv_layers` layers read an earlier
 # layer's cache and keep none of their own: gemma3n (v0.12.6 model_text.go:48-56, 262;
@@ -124,7 +131,10 @@ def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) 
     per slot x `slots`, all slots together, as the engine of that Ollama version sizes it."""
     full = context * slots
     window = info.swa_window
+    rule = WINDOWED.get(info.architecture)
     if version >= LLAMA_SERVER_SINCE:
+        if rule is not None and not rule.llama_server:
+            return full
         # llama.cpp's iSWA cache, one stream per slot (-np without --kv-unified): the window
         # and a ubatch (-ub: Ollama's automatic batch), at most the slot's context, padded
         # to 256 cells
@@ -135,7 +145,6 @@ def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) 
         return full
     # kvcache/causal.go Init: a window's memory per sequence (gpt-oss: 4096), one more cell
     # with several slots; the whole context when that is no smaller
-    rule = WINDOWED.get(info.architecture)
     memory = max(window, rule.memory if rule else 0)
     if slots > 1:
         memory = max(memory, window + 1)
@@ -442,10 +451,15 @@ def windowed_kv(info: Mapping[str, object], arch: str) -> tuple[int, int, bool]:
     if not window or not per_layer:
         return 0, 0, False
     pattern = info.get(f"{arch}.attention.sliding_window_pattern")
+    types = info.get(f"{arch}.attention.layer_types")
     if isinstance(pattern, list) and len(pattern) == len(per_layer):
         windowed = [bool(p) for p in pattern]  # the file's own (newer converters)
-    else:
+    elif isinstance(types, list) and len(types) == len(per_layer):
+        windowed = [t == 1 for t in types]  # laguna's layer types, 1 sliding
+    elif rule.period:
         windowed = [(i + 1) % rule.period != 0 for i in range(len(per_layer))]
+    else:
+        return 0, 0, False
     return (sum(b for b, w in zip(per_layer, windowed, strict=True) if w), window,
             rule.chunked)
 

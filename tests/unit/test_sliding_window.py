@@ -60,6 +60,10 @@ OLMO3_7B = model_info(show("olmo3", 32, 4096, 32, 32, 128,
 GEMMA3N_E4B = model_info(show("gemma3n", 35, 2048, 8, 2, 256, **{
     "attention.sliding_window": 512, "attention.shared_kv_layers": 15,
     "attention.sliding_window_pattern": [(i + 1) % 5 != 0 for i in range(35)]}))
+# laguna, a layout of 8 layers x 8 KV heads x 256 x 2 = 4 KiB a layer, the file's pattern
+# (3 windowed, 1 full) and its window's default of 512
+LAGUNA = model_info(show("laguna", 8, 2048, 16, 8, 128, **{
+    "attention.sliding_window_pattern": [True, True, True, False] * 2}))
 
 
 def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
@@ -86,6 +90,12 @@ def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
     (COMMAND_R7B, 32 * 4 * KIB, 24 * 4 * KIB, 4096),
     (OLMO3_7B, 32 * 16 * KIB, 24 * 16 * KIB, 4096),
     (GEMMA3N_E4B, 20 * 2 * KIB, 16 * 2 * KIB, 512),  # not 35 layers of cache
+    (LAGUNA, 8 * 4 * KIB, 6 * 4 * KIB, 512),
+    # its layer types (1 sliding) when the file lists no pattern; neither: no windowed layers
+    (model_info(show("laguna", 8, 2048, 16, 8, 128, **{
+        "attention.sliding_window": 1024, "attention.layer_types": [1, 1, 1, 0] * 2})),
+     8 * 4 * KIB, 6 * 4 * KIB, 1024),
+    (model_info(show("laguna", 8, 2048, 16, 8, 128)), 8 * 4 * KIB, 0, 0),
 ])
 def test_the_other_windowed_architectures_are_read_from_show(info: ModelInfo, kv: int,
                                                               windowed: int,
@@ -135,6 +145,10 @@ def test_the_other_windowed_architectures_are_read_from_show(info: ModelInfo, kv
     (GEMMA3N_E4B, "0.12.6", 32768, 1, 256 + 32),  # 512 + 512 = 1024 cells
     (GEMMA3N_E4B, "0.12.6", 8192, 4, 256 + 88),  # 4 x 513 + 512 = 2564 -> 2816 cells
     (GEMMA3N_E4B, "0.12.6", 512, 1, 20),  # the window is the whole context: all full
+    # laguna: 2 full x 4 KiB; 0.22-0.24 its own engine, 6 windowed x 4 KiB x (512 + 512)
+    (LAGUNA, "0.24.0", 32768, 1, 256 + 24),
+    (LAGUNA, "0.21.0", 32768, 1, 1024),  # not yet on the own engine: whole
+    (LAGUNA, "0.33.0", 32768, 1, 1024),  # llama-server not known to keep it short: whole
 ])
 def test_windowed_layers_hold_what_the_engine_keeps(info: ModelInfo, version: str,
                                                     context: int, slots: int, mib: int) -> None:
