@@ -83,6 +83,10 @@ WINDOWED: dict[str, WindowRule] = {
     # own engine: the file's pattern (v0.12.6 model/models/gemma3n/model_text.go:58-65,
     # 329-330, 354; model.go:42-45); llama-model.cpp:1300-1310
     "gemma3n": WindowRule(5),
+    # own engine 0.20-0.24 only: the file's pattern, 4096 a sequence (v0.24.0 model/models/
+    # gemma4/model.go:114-118, model_text.go:106, 186-199); llama.cpp b9452's rules not read
+    # here (the vendored llama.cpp has no gemma4), so whole from 0.30
+    "gemma4": WindowRule(0, memory=4096, llama_server=False),
     # own engine 0.22-0.24 only: the file's pattern (or layer types 1), a window of 512
     # unless set (v0.24.0 model/models/laguna/model.go:281-283, 314-315, 345-360, 417-423);
     # not in the llama.cpp Ollama vendored, so whole from 0.30
@@ -396,10 +400,24 @@ def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:
     if attention is None:
         return []
     per_layer = _layer_bytes(attention)
+    # Windowed layers with a head size of their own (gemma4's key_length_swa: v0.24.0
+    # model/models/gemma4/model_text.go:57-72, 86-88, 265-268)
+    key, value = _length(info, arch, "key_length_swa"), _length(info, arch, "value_length_swa")
+    pattern = info.get(f"{arch}.attention.sliding_window_pattern")
+    if key and value and isinstance(pattern, list) and len(pattern) == len(per_layer):
+        kv_heads = attention[3]
+        per_layer = [kv_heads[i] * (key + value) * 2 if windowed and bytes_ else bytes_
+                     for i, (bytes_, windowed) in enumerate(zip(per_layer, pattern,
+                                                                strict=True))]
     shared = info.get(f"{arch}.attention.shared_kv_layers") if arch in SHARED_KV else 0
     if isinstance(shared, int | float) and 0 < shared < len(per_layer):
         per_layer[len(per_layer) - int(shared):] = [0] * int(shared)
     return per_layer
+
+
+def _length(info: Mapping[str, object], arch: str, key: str) -> int:
+    value = info.get(f"{arch}.attention.{key}")
+    return int(value) if isinstance(value, int | float) and value > 0 else 0
 
 
 def _layer_bytes(attention: tuple[int, int, list[int], list[int], int, int]) -> list[int]:

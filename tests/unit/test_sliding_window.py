@@ -60,6 +60,12 @@ OLMO3_7B = model_info(show("olmo3", 32, 4096, 32, 32, 128,
 GEMMA3N_E4B = model_info(show("gemma3n", 35, 2048, 8, 2, 256, **{
     "attention.sliding_window": 512, "attention.shared_kv_layers": 15,
     "attention.sliding_window_pattern": [(i + 1) % 5 != 0 for i in range(35)]}))
+# gemma4, a layout of 6 layers, every 6th full: windowed 8 KV heads x (256 + 256) x 2 B =
+# 8 KiB a layer (its key_length_swa), the full one 2 x (512 + 512) x 2 = 4 KiB; 44 KiB a token
+GEMMA4 = model_info(show("gemma4", 6, 2816, 16, 8, 512, **{
+    "attention.head_count_kv": [8, 8, 8, 8, 8, 2], "attention.key_length_swa": 256,
+    "attention.value_length_swa": 256, "attention.sliding_window": 1024,
+    "attention.sliding_window_pattern": [True] * 5 + [False]}))
 # laguna, a layout of 8 layers x 8 KV heads x 256 x 2 = 4 KiB a layer, the file's pattern
 # (3 windowed, 1 full) and its window's default of 512
 LAGUNA = model_info(show("laguna", 8, 2048, 16, 8, 128, **{
@@ -91,6 +97,7 @@ def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
     (OLMO3_7B, 32 * 16 * KIB, 24 * 16 * KIB, 4096),
     (GEMMA3N_E4B, 20 * 2 * KIB, 16 * 2 * KIB, 512),  # not 35 layers of cache
     (LAGUNA, 8 * 4 * KIB, 6 * 4 * KIB, 512),
+    (GEMMA4, 44 * KIB, 40 * KIB, 1024),  # not 84: the windowed layers' own head size
     # its layer types (1 sliding) when the file lists no pattern; neither: no windowed layers
     (model_info(show("laguna", 8, 2048, 16, 8, 128, **{
         "attention.sliding_window": 1024, "attention.layer_types": [1, 1, 1, 0] * 2})),
@@ -145,6 +152,11 @@ def test_the_other_windowed_architectures_are_read_from_show(info: ModelInfo, kv
     (GEMMA3N_E4B, "0.12.6", 32768, 1, 256 + 32),  # 512 + 512 = 1024 cells
     (GEMMA3N_E4B, "0.12.6", 8192, 4, 256 + 88),  # 4 x 513 + 512 = 2564 -> 2816 cells
     (GEMMA3N_E4B, "0.12.6", 512, 1, 20),  # the window is the whole context: all full
+    # gemma4: 1 full x 4 KiB; 0.20-0.24 its own engine, 5 windowed x 8 KiB x (4096 a
+    # sequence + 512) cells; 0.30+ every layer whole, at its own head size
+    (GEMMA4, "0.24.0", 32768, 1, 128 + 180),
+    (GEMMA4, "0.24.0", 4096, 1, 176),  # 4096 is no smaller than the context: all full
+    (GEMMA4, "0.33.0", 32768, 1, 1408),
     # laguna: 2 full x 4 KiB; 0.22-0.24 its own engine, 6 windowed x 4 KiB x (512 + 512)
     (LAGUNA, "0.24.0", 32768, 1, 256 + 24),
     (LAGUNA, "0.21.0", 32768, 1, 1024),  # not yet on the own engine: whole
