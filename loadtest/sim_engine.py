@@ -230,16 +230,19 @@ def kv_cache_bytes(block_count: int, heads_kv: int, key_length: int, value_lengt
 
 
 def windowed_cells(arch: str, window: int, num_ctx: int, slots: int, version: str,
-                   batch: int = 512) -> int:
+                   batch: int = 512, own: bool = True) -> int:
     """Tokens a sliding-window layer's cache holds, all slots together. 0.30+: llama.cpp's
     iSWA cache, one stream per slot (llama-server -np without --kv-unified), each the window
     and a ubatch (-ub num_batch, llm/llama_server.go:581-593) at most the slot's context,
     padded to 256 (llama-kv-cache-iswa.cpp). Before: Ollama's own engine (kvcache/causal.go
     Init, v0.12.6:136-186): a window per sequence (gpt-oss: 4096, gptoss/model.go:267-270),
     one more cell with several slots, and a batch, padded (256 with flash attention); the
-    whole context when that is no smaller."""
+    whole context when that is no smaller. The llama engine (`own` False: cohere2, gemma2)
+    keeps the whole context (llama_context_default_params' swa_full)."""
     if version_tuple(version) >= (0, 30, 0):
         return slots * -(-min(num_ctx, window + batch) // 256) * 256
+    if not own:
+        return num_ctx * slots
     memory = 4096 if arch in ("gpt-oss", "gptoss") else window
     if slots > 1:
         memory = max(memory, window + 1)

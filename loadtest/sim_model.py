@@ -24,6 +24,7 @@ from .sim_engine import (
     context_shift_limit,
     default_num_ctx,
     kv_cache_bytes,
+    own_engine,
     predict_server_vram,
     version_tuple,
     windowed_cells,
@@ -65,9 +66,13 @@ class SimModel:
     gpu_weights_share: float = 0.97
     compute_base_mib: int = 256
     # Sliding-window attention: the window (<arch>.attention.sliding_window) and the period of
-    # the full layers among windowed ones (gemma3 6, gpt-oss 2); 0: every layer full
+    # the full layers among windowed ones (gemma3 6, gpt-oss 2, cohere2 and olmo3 4, gemma3n
+    # 5); 0: every layer full
     sliding_window: int = 0
     full_layer_period: int = 0
+    # The last layers that read an earlier layer's cache and keep none (gemma3n's
+    # <arch>.attention.shared_kv_layers)
+    shared_kv_layers: int = 0
 
     @property
     def model_family(self) -> str:
@@ -96,21 +101,32 @@ class SimModel:
         holds `window_batch` (else `batch`, else 512) more than its window."""
         key, value = self._head_dims()
         windowed = self.windowed_layers
-        kv = kv_cache_bytes(self.block_count - windowed, self.head_count_kv, key, value,
+        kv = kv_cache_bytes(self.kv_layers - windowed, self.head_count_kv, key, value,
                             num_ctx * slots, cache_type)
         if windowed:
             cells = windowed_cells(self.arch, self.sliding_window, num_ctx, slots, version,
-                                   window_batch or batch or 512)
+                                   window_batch or batch or 512,
+                                   own_engine(self.arch, self.embedding, False))
             kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
         return math.ceil(self.disk_mib * self.gpu_weights_share + kv / MIB
                          + self.compute_base_mib + batch_surcharge_mib(batch))
 
     @property
+    def kv_layers(self) -> int:
+        """Layers with a cache of their own: all but the shared ones."""
+        return self.block_count - self.shared_kv_layers
+
+    @property
     def windowed_layers(self) -> int:
-        """Layers with a sliding window: all but every `full_layer_period`-th."""
+        """Layers with a sliding window and a cache: all but every `full_layer_period`-th."""
         if not (self.sliding_window and self.full_layer_period):
             return 0
-        return self.block_count - self.block_count // self.full_layer_period
+        return self.kv_layers - self.kv_layers // self.full_layer_period
+
+    @property
+    def window_pattern(self) -> list[bool]:
+        """Which layers are windowed, as Ollama's converter lists them (gemma3n)."""
+        return [(i + 1) % self.full_layer_period != 0 for i in range(self.block_count)]
 
     def estimate_mib(self, num_ctx: int, slots: int) -> int:
         """Ollama's own estimate before loading it (PredictServerVRAM)."""
@@ -137,6 +153,9 @@ class SimModel:
             info[f"{arch}.pooling_type"] = self.pooling
         if self.sliding_window:
             info[f"{arch}.attention.sliding_window"] = self.sliding_window
+        if self.shared_kv_layers:
+            info[f"{arch}.attention.shared_kv_layers"] = self.shared_kv_layers
+            info[f"{arch}.attention.sliding_window_pattern"] = self.window_pattern
         return info
 
     @property
@@ -498,6 +517,26 @@ GPT_OSS_20B = SimModel("gpt-oss:20b", disk_mib=13141, arch="gpt-oss", block_coun
                        embedding_length=2880, head_count=64, head_count_kv=8, key_length=64,
                        value_length=64, trained_ctx=131072, parameter_size="20.9B",
                        sliding_window=128, full_layer_period=2)
+# Other windowed architectures, not in the catalog either, from their published configs and
+# ollama.com's sizes: command-r7b (cohere2: 32 layers, hidden 4096, 32 heads, 8 KV heads,
+# head_dim 128, sliding_window 4096, every 4th layer full; Ollama 0.12 runs it on the llama
+# engine); olmo-3 7B (32 layers, hidden 4096, 32 heads and KV heads, sliding_window 4096,
+# every 4th full); gemma3n E4B (35 layers, hidden 2048, 8 heads, 2 KV heads, head_dim 256,
+# sliding_window 512, every 5th full, the last 15 reading the cache of earlier ones)
+COMMAND_R7B = SimModel("command-r7b:latest", disk_mib=5100, arch="cohere2", block_count=32,
+                       embedding_length=4096, head_count=32, head_count_kv=8, key_length=128,
+                       value_length=128, trained_ctx=131072, parameter_size="8.0B",
+                       sliding_window=4096, full_layer_period=4)
+OLMO3_7B = SimModel("olmo-3:7b", disk_mib=4500, arch="olmo3", block_count=32,
+                    embedding_length=4096, head_count=32, head_count_kv=32, trained_ctx=65536,
+                    parameter_size="7.3B", tools=False, sliding_window=4096,
+                    full_layer_period=4)
+GEMMA3N_E4B = SimModel("gemma3n:e4b", disk_mib=7500, arch="gemma3n", block_count=35,
+                       embedding_length=2048, head_count=8, head_count_kv=2, key_length=256,
+                       value_length=256, trained_ctx=32768, parameter_size="6.9B",
+                       tools=False, sliding_window=512, full_layer_period=5,
+                       shared_kv_layers=15)
+WINDOWED_MODELS = (GPT_OSS_20B, COMMAND_R7B, OLMO3_7B, GEMMA3N_E4B)
 
 
 def demo_fleet(time_scale: float = 1.0) -> list[SimConfig]:

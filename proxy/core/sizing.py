@@ -40,15 +40,62 @@ BATCH = 512
 # llama.cpp pads an SWA cache to 256 cells (llama-kv-cache-iswa.cpp); 0.12's engine pads to
 # 256 with flash attention, 32 without (ml/backend/ggml/ggml.go:685-691): the larger
 SWA_PADDING = 256
-# Architectures whose windowed layers Ollama's engines keep short: the period of their full
-# (global) layers, every other layer windowed (gemma3: v0.12.6 model/models/gemma3/
-# model_text.go:33, 182-188; gemma2: gemma2/model.go:183-191; gpt-oss: gptoss/model.go:36-41;
-# llama4's chunks: llama4/model_text.go:216-223; llama.cpp's set_swa_pattern alike)
-FULL_LAYER_PERIOD = {"gemma3": 6, "gemma2": 2, "gpt-oss": 2, "gptoss": 2, "llama4": 4}
-CHUNKED = frozenset(("llama4",))
-GPTOSS = frozenset(("gpt-oss", "gptoss"))
-GPTOSS_SWA_MEMORY = 4096  # NewSWAMemCache(window, 4096), v0.12.6 gptoss/model.go:267-270
-LLAMA4_CHUNK = 8192  # attention.chunk_size's default (llama4/model.go:57), llama.cpp's n_swa
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRule:
+    """How an architecture's windowed layers are laid out and kept (docs/engine.md
+    "Sliding-window models"): every `period`-th layer full, the others windowed, unless the
+    file lists its own pattern (period 0: only that); the window under `key` (else
+    `default`); `memory` tokens a sequence on Ollama's own engine at least
+    (NewSWAMemCache); `llama_server` False where llama-server (0.30+) is not known to keep
+    them short, so they count whole there."""
+
+    period: int
+    key: str = "attention.sliding_window"
+    default: int = 0
+    chunked: bool = False
+    memory: int = 0
+    llama_server: bool = True
+
+
+# Architectures whose windowed layers Ollama's engines keep short, with file:line of Ollama's
+# own engine and of llama.cpp's load_hparams (set_swa_pattern; read at the llama.cpp Ollama
+# vendored last, v0.24.0 llama/llama.cpp/src/llama-model.cpp)
+WINDOWED: dict[str, WindowRule] = {
+    # v0.12.6 model/models/gemma3/model_text.go:33, 182-188; llama-model.cpp:1268-1273
+    "gemma3": WindowRule(6),
+    # gemma2/model.go:183-191; llama-model.cpp:1244-1251
+    "gemma2": WindowRule(2),
+    # gptoss/model.go:36-41, NewSWAMemCache(window, 4096) :267-270; llama-model.cpp:2154-2161
+    "gpt-oss": WindowRule(2, memory=4096),
+    "gptoss": WindowRule(2, memory=4096),
+    # chunks: llama4/model_text.go:216-223, chunk_size's default llama4/model.go:57;
+    # llama-model.cpp:657-673
+    "llama4": WindowRule(4, "attention.chunk_size", 8192, chunked=True),
+    # llama.cpp only (0.12 runs it on the llama engine): llama-model.cpp:1462-1467
+    "cohere2": WindowRule(4),
+    # 0.13.4-0.24 own engine: the file's pattern (v0.24.0 model/models/olmo3/model.go:77,
+    # 81-83, 181-204); 0.30+ llama.cpp's olmo2 loader (llama/compat/llama-ollama-compat.cpp
+    # v0.30.0:1549-1561) with a window: llama-model.cpp:1497-1506
+    "olmo3": WindowRule(4),
+    "olmo2": WindowRule(4),
+    # own engine: the file's pattern (v0.12.6 model/models/gemma3n/model_text.go:58-65,
+    # 329-330, 354; model.go:42-45); llama-model.cpp:1300-1310
+    "gemma3n": WindowRule(5),
+    # own engine 0.20-0.24 only: the file's pattern, 4096 a sequence (v0.24.0 model/models/
+    # gemma4/model.go:114-118, model_text.go:106, 186-199); llama.cpp b9452's rules not read
+    # here (the vendored llama.cpp has no gemma4), so whole from 0.30
+    "gemma4": WindowRule(0, memory=4096, llama_server=False),
+    # own engine 0.22-0.24 only: the file's pattern (or layer types 1), a window of 512
+    # unless set (v0.24.0 model/models/laguna/model.go:281-283, 314-315, 345-360, 417-423);
+    # not in the llama.cpp Ollama vendored, so whole from 0.30
+    "laguna": WindowRule(0, default=512, llama_server=False),
+}
+# Architectures whose last `<arch>.attention.shared_kv_layers` layers read an earlier
+# layer's cache and keep none of their own: gemma3n (v0.12.6 model_text.go:48-56, 262;
+# llama.cpp's reuse from n_layer_kv_from_start = 20, llama-model.cpp:1305, 7192-7195)
+SHARED_KV = frozenset(("gemma3n",))
 # The largest vocabulary among the library's models (gemma3's), for a token embedding table
 # whose vocabulary /api/show does not give
 LARGEST_VOCAB = 262144
@@ -88,7 +135,10 @@ def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) 
     per slot x `slots`, all slots together, as the engine of that Ollama version sizes it."""
     full = context * slots
     window = info.swa_window
+    rule = WINDOWED.get(info.architecture)
     if version >= LLAMA_SERVER_SINCE:
+        if rule is not None and not rule.llama_server:
+            return full
         # llama.cpp's iSWA cache, one stream per slot (-np without --kv-unified): the window
         # and a ubatch (-ub: Ollama's automatic batch), at most the slot's context, padded
         # to 256 cells
@@ -99,7 +149,7 @@ def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) 
         return full
     # kvcache/causal.go Init: a window's memory per sequence (gpt-oss: 4096), one more cell
     # with several slots; the whole context when that is no smaller
-    memory = max(window, GPTOSS_SWA_MEMORY) if info.architecture in GPTOSS else window
+    memory = max(window, rule.memory if rule else 0)
     if slots > 1:
         memory = max(memory, window + 1)
     if memory >= context:
@@ -339,14 +389,35 @@ def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
         return 0, 0
     blocks, embedding, heads, kv_heads, _, _ = attention
     estimate = 4 * blocks * max(1, min(kv_heads)) * (embedding // max(heads))
-    return sum(_layer_bytes(attention)), estimate
+    return sum(kv_per_layer(info, arch)), estimate
 
 
 def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:
     """Each layer's KV bytes per token at f16 (KV heads x (key + value length) x 2 B; 0 for a
-    layer without attention); [] when the architecture keys are missing."""
+    layer without attention or one that reads another's cache, SHARED_KV); [] when the
+    architecture keys are missing."""
     attention = _attention(info, arch)
-    return [] if attention is None else _layer_bytes(attention)
+    if attention is None:
+        return []
+    per_layer = _layer_bytes(attention)
+    # Windowed layers with a head size of their own (gemma4's key_length_swa: v0.24.0
+    # model/models/gemma4/model_text.go:57-72, 86-88, 265-268)
+    key, value = _length(info, arch, "key_length_swa"), _length(info, arch, "value_length_swa")
+    pattern = info.get(f"{arch}.attention.sliding_window_pattern")
+    if key and value and isinstance(pattern, list) and len(pattern) == len(per_layer):
+        kv_heads = attention[3]
+        per_layer = [kv_heads[i] * (key + value) * 2 if windowed and bytes_ else bytes_
+                     for i, (bytes_, windowed) in enumerate(zip(per_layer, pattern,
+                                                                strict=True))]
+    shared = info.get(f"{arch}.attention.shared_kv_layers") if arch in SHARED_KV else 0
+    if isinstance(shared, int | float) and 0 < shared < len(per_layer):
+        per_layer[len(per_layer) - int(shared):] = [0] * int(shared)
+    return per_layer
+
+
+def _length(info: Mapping[str, object], arch: str, key: str) -> int:
+    value = info.get(f"{arch}.attention.{key}")
+    return int(value) if isinstance(value, int | float) and value > 0 else 0
 
 
 def _layer_bytes(attention: tuple[int, int, list[int], list[int], int, int]) -> list[int]:
@@ -389,23 +460,26 @@ def windowed_kv(info: Mapping[str, object], arch: str) -> tuple[int, int, bool]:
     """(KV bytes per token at f16 in the windowed layers, the window, chunked) from an
     /api/show `model_info`, for the architectures whose windowed layers Ollama keeps short;
     (0, 0, False) for any other (every layer full, the larger figure)."""
-    period = FULL_LAYER_PERIOD.get(arch)
-    if period is None:
+    rule = WINDOWED.get(arch)
+    if rule is None:
         return 0, 0, False
-    chunked = arch in CHUNKED
-    raw = info.get(f"{arch}.attention.chunk_size" if chunked else
-                   f"{arch}.attention.sliding_window")
-    window = int(raw) if isinstance(raw, int | float) and raw > 0 else 0
-    window = window or (LLAMA4_CHUNK if chunked else 0)
+    raw = info.get(f"{arch}.{rule.key}")
+    window = int(raw) if isinstance(raw, int | float) and raw > 0 else rule.default
     per_layer = kv_per_layer(info, arch)
     if not window or not per_layer:
         return 0, 0, False
     pattern = info.get(f"{arch}.attention.sliding_window_pattern")
+    types = info.get(f"{arch}.attention.layer_types")
     if isinstance(pattern, list) and len(pattern) == len(per_layer):
         windowed = [bool(p) for p in pattern]  # the file's own (newer converters)
+    elif isinstance(types, list) and len(types) == len(per_layer):
+        windowed = [t == 1 for t in types]  # laguna's layer types, 1 sliding
+    elif rule.period:
+        windowed = [(i + 1) % rule.period != 0 for i in range(len(per_layer))]
     else:
-        windowed = [(i + 1) % period != 0 for i in range(len(per_layer))]
-    return sum(b for b, w in zip(per_layer, windowed, strict=True) if w), window, chunked
+        return 0, 0, False
+    return (sum(b for b, w in zip(per_layer, windowed, strict=True) if w), window,
+            rule.chunked)
 
 
 def token_embedding_bytes(info: Mapping[str, object], arch: str) -> int:

@@ -49,6 +49,27 @@ LLAMA4_SCOUT = model_info(show("llama4", 48, 5120, 40, 8, 128))
 # gemma2 9b: 42 layers x 8 x 512 x 2 = 8 KiB a layer; every other windowed (21), 4096
 GEMMA2_9B = model_info(show("gemma2", 42, 3584, 16, 8, 256,
                             **{"attention.sliding_window": 4096}))
+# command-r7b (cohere2): 32 layers x 8 x 256 x 2 = 4 KiB a layer; every 4th full: 24 windowed
+COMMAND_R7B = model_info(show("cohere2", 32, 4096, 32, 8, 128,
+                              **{"attention.sliding_window": 4096}))
+# olmo-3 7b: 32 layers x 32 x 256 x 2 = 16 KiB a layer; every 4th full: 24 windowed
+OLMO3_7B = model_info(show("olmo3", 32, 4096, 32, 32, 128,
+                           **{"attention.sliding_window": 4096}))
+# gemma3n e4b: 35 layers x 2 x 512 x 2 = 2 KiB a layer, the last 15 reading earlier layers'
+# cache; of the first 20, every 5th full: 4 full, 16 windowed of 512
+GEMMA3N_E4B = model_info(show("gemma3n", 35, 2048, 8, 2, 256, **{
+    "attention.sliding_window": 512, "attention.shared_kv_layers": 15,
+    "attention.sliding_window_pattern": [(i + 1) % 5 != 0 for i in range(35)]}))
+# gemma4, a layout of 6 layers, every 6th full: windowed 8 KV heads x (256 + 256) x 2 B =
+# 8 KiB a layer (its key_length_swa), the full one 2 x (512 + 512) x 2 = 4 KiB; 44 KiB a token
+GEMMA4 = model_info(show("gemma4", 6, 2816, 16, 8, 512, **{
+    "attention.head_count_kv": [8, 8, 8, 8, 8, 2], "attention.key_length_swa": 256,
+    "attention.value_length_swa": 256, "attention.sliding_window": 1024,
+    "attention.sliding_window_pattern": [True] * 5 + [False]}))
+# laguna, a layout of 8 layers x 8 KV heads x 256 x 2 = 4 KiB a layer, the file's pattern
+# (3 windowed, 1 full) and its window's default of 512
+LAGUNA = model_info(show("laguna", 8, 2048, 16, 8, 128, **{
+    "attention.sliding_window_pattern": [True, True, True, False] * 2}))
 
 
 def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
@@ -68,6 +89,27 @@ def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
     assert (phi3.swa_kv_bytes_per_token, phi3.swa_window) == (0, 0)
     # no window in the file: no windowed layers
     assert model_info(show("gemma3", 62, 5376, 32, 16, 128)).swa_window == 0
+    assert model_info(show("olmo2", 16, 2048, 16, 16, 128)).swa_window == 0
+
+
+@pytest.mark.parametrize(("info", "kv", "windowed", "window"), [
+    (COMMAND_R7B, 32 * 4 * KIB, 24 * 4 * KIB, 4096),
+    (OLMO3_7B, 32 * 16 * KIB, 24 * 16 * KIB, 4096),
+    (GEMMA3N_E4B, 20 * 2 * KIB, 16 * 2 * KIB, 512),  # not 35 layers of cache
+    (LAGUNA, 8 * 4 * KIB, 6 * 4 * KIB, 512),
+    (GEMMA4, 44 * KIB, 40 * KIB, 1024),  # not 84: the windowed layers' own head size
+    # its layer types (1 sliding) when the file lists no pattern; neither: no windowed layers
+    (model_info(show("laguna", 8, 2048, 16, 8, 128, **{
+        "attention.sliding_window": 1024, "attention.layer_types": [1, 1, 1, 0] * 2})),
+     8 * 4 * KIB, 6 * 4 * KIB, 1024),
+    (model_info(show("laguna", 8, 2048, 16, 8, 128)), 8 * 4 * KIB, 0, 0),
+])
+def test_the_other_windowed_architectures_are_read_from_show(info: ModelInfo, kv: int,
+                                                              windowed: int,
+                                                              window: int) -> None:
+    assert (info.kv_bytes_per_token, info.swa_kv_bytes_per_token, info.swa_window,
+            info.swa_chunked) == (kv, windowed, window, False)
+    assert decode_model_info(encode_model_info(info)) == info
     assert decode_model_info(encode_model_info(GEMMA3_27B)) == GEMMA3_27B
 
 
@@ -95,6 +137,30 @@ def test_the_windowed_layers_and_their_window_are_read_from_show() -> None:
     # llama engine with swa_full (llama_context_default_params): every layer full
     (GEMMA2_9B, "0.33.0", 8192, 1, 1344 + 840),
     (GEMMA2_9B, "0.12.6", 8192, 1, 2688),
+    # command-r7b: 8 full x 4 KiB; 0.33 24 windowed x 4 KiB x pad256(4096 + ubatch) a slot
+    (COMMAND_R7B, "0.33.0", 32768, 1, 1024 + 480),  # 5120 cells: not 4096 for all 32
+    (COMMAND_R7B, "0.33.0", 8192, 4, 1024 + 1920),  # 4 streams of 4096 + 1024
+    (COMMAND_R7B, "0.33.0", 4096, 1, 512),  # the context is less than window + batch
+    (COMMAND_R7B, "0.12.6", 32768, 1, 4096),  # the llama engine: swa_full
+    # olmo-3 7b: 8 full x 16 KiB; 0.33 24 windowed x 16 KiB x pad256(4096 + 1024) = 5120
+    (OLMO3_7B, "0.33.0", 32768, 1, 4096 + 1920),
+    # 0.13.4-0.24 its own engine: 4096 + 512 = 4608 cells
+    (OLMO3_7B, "0.24.0", 32768, 1, 4096 + 1728),
+    (OLMO3_7B, "0.13.3", 32768, 1, 16384),  # not yet on the own engine: whole
+    # gemma3n e4b: 4 full x 2 KiB; 16 windowed x 2 KiB; 15 shared layers none
+    (GEMMA3N_E4B, "0.33.0", 32768, 1, 256 + 48),  # pad256(512 + 1024) = 1536 cells
+    (GEMMA3N_E4B, "0.12.6", 32768, 1, 256 + 32),  # 512 + 512 = 1024 cells
+    (GEMMA3N_E4B, "0.12.6", 8192, 4, 256 + 88),  # 4 x 513 + 512 = 2564 -> 2816 cells
+    (GEMMA3N_E4B, "0.12.6", 512, 1, 20),  # the window is the whole context: all full
+    # gemma4: 1 full x 4 KiB; 0.20-0.24 its own engine, 5 windowed x 8 KiB x (4096 a
+    # sequence + 512) cells; 0.30+ every layer whole, at its own head size
+    (GEMMA4, "0.24.0", 32768, 1, 128 + 180),
+    (GEMMA4, "0.24.0", 4096, 1, 176),  # 4096 is no smaller than the context: all full
+    (GEMMA4, "0.33.0", 32768, 1, 1408),
+    # laguna: 2 full x 4 KiB; 0.22-0.24 its own engine, 6 windowed x 4 KiB x (512 + 512)
+    (LAGUNA, "0.24.0", 32768, 1, 256 + 24),
+    (LAGUNA, "0.21.0", 32768, 1, 1024),  # not yet on the own engine: whole
+    (LAGUNA, "0.33.0", 32768, 1, 1024),  # llama-server not known to keep it short: whole
 ])
 def test_windowed_layers_hold_what_the_engine_keeps(info: ModelInfo, version: str,
                                                     context: int, slots: int, mib: int) -> None:
@@ -166,7 +232,7 @@ def test_the_sidecar_reads_the_simulators_window_models_as_it_sizes_them(
         version: str, context: int, slots: int) -> None:
     """What the sidecar reads of the simulator's /api/show gives the KV the simulator holds
     (its batch: 0.30+'s automatic one, 0.12's 512)."""
-    for model in (sim_model.CATALOG[-1], sim_model.GPT_OSS_20B):
+    for model in (sim_model.CATALOG[-1], *sim_model.WINDOWED_MODELS):
         info = model_info({"model_info": model.model_info(),
                            "details": {"family": model.model_family}})
         batch = auto_batch(context, slots) if version == "0.33.0" else 512
@@ -176,3 +242,21 @@ def test_the_sidecar_reads_the_simulators_window_models_as_it_sizes_them(
         weights_and_compute = flat - kv_mib(replace(info, swa_window=0), context, slots)
         assert abs(windowed - weights_and_compute
                    - kv_mib(info, context, slots, "f16", version)) <= 1, model.name
+
+
+def test_a_cohere2_copy_seen_at_a_large_context_sizes_a_smaller_one_as_the_simulator() -> None:
+    """command-r7b seen at 32768 on 0.33 takes 7475 MiB in the simulator (0.97 of 5100, 1504
+    KV, 256 compute, the 1024 batch's 768): the weights are 7475 - 1504 - 768 = 5203, and a
+    copy at 4096 is 5203 + 512 = 5715, what the simulator holds. With every layer full the
+    KV seen would be 4096, the weights 2611 raised to the file less its embeddings (5100 -
+    2048 = 3052), and the copy at 4096 3564 MiB: 2151 too few."""
+    model = sim_model.COMMAND_R7B
+    views = [ProviderView(n, 32768, version="0.33.0", disk_mib={model.name: model.disk_mib},
+                          models={model.name: COMMAND_R7B}, observed=seen)
+             for n, seen in (("seen", {model.name: {32768: model.footprint_mib(
+                 32768, 1, "f16", 1024, "0.33.0")}}), ("other", {}))]
+    assert views[0].observed[model.name][32768] == 7475
+    fp = Sizer(views, 1.2).footprint(model.name, views[1], 4096)
+    assert fp is not None and fp.source == "calibrated from seen at 32768 x 1"
+    assert (fp.weights_mib, fp.kv_mib, fp.total_mib) == (5203, 512, 5715)
+    assert fp.total_mib == model.footprint_mib(4096, 1, "f16", 512, "0.33.0")
