@@ -267,8 +267,8 @@ class ModelServer(Protocol):
 
 
 class GpuMemoryGauge(Protocol):
-    """Reads a GPU's total memory from a metrics source (a DCGM exporter)."""
+    """Reads a provider's GPU memory total from a metrics source (a DCGM exporter)."""
 
-    async def total_mib(self, url: str) -> int | None:
-        """The total at `url` in MiB; None when it cannot be read."""
+    async def total_mib(self, url: str, gpus: int = 1) -> int | None:
+        """The total of `gpus` GPUs at `url` in MiB; None when it cannot be read."""
         ...

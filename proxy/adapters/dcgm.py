@@ -1,4 +1,4 @@
-"""HTTP adapter for an NVIDIA DCGM exporter: a GPU's total framebuffer from its metrics."""
+"""HTTP adapter for an NVIDIA DCGM exporter: the total framebuffer of a provider's GPUs."""
 
 from __future__ import annotations
 
@@ -15,18 +15,20 @@ class DcgmExporter:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
 
-    async def total_mib(self, url: str) -> int | None:
-        """FB_FREE + FB_USED (+ FB_RESERVED) of the first GPU listed, in MiB."""
+    async def total_mib(self, url: str, gpus: int = 1) -> int | None:
+        """FB_FREE + FB_USED (+ FB_RESERVED) of the first `gpus` GPUs listed, in MiB: an
+        exporter lists every GPU of its node, and the provider's Ollama runs on `gpus`."""
         try:
             async with httpx.AsyncClient(timeout=self.timeout_s) as client:
                 text = (await client.get(url)).text
         except httpx.HTTPError:
             return None
-        total = 0.0
-        seen = False
+        per_gpu: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             if family.name in FRAMEBUFFER:
-                for sample in family.samples[:1]:  # one GPU per Ollama
-                    total += sample.value
-                    seen = True
-        return int(total) if seen else None
+                for sample in family.samples:
+                    gpu = sample.labels.get("gpu") or sample.labels.get("UUID") or ""
+                    per_gpu[gpu] = per_gpu.get(gpu, 0.0) + sample.value
+        if not per_gpu:
+            return None
+        return int(sum(list(per_gpu.values())[:max(1, gpus)]))

@@ -209,7 +209,8 @@ def index_providers(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderInd
         if ticket.expires_at > snapshot.now:
             busy.setdefault(ticket.provider, set()).add(ticket.model)
     for view in snapshot.providers:
-        usable = policy.usable_mib(view.total_vram_mib) if view.total_vram_mib else None
+        usable = policy.usable_mib(view.total_vram_mib, view.gpus) if view.total_vram_mib \
+            else None
         if not view.residents:  # (half a fleet, often: nothing to fold)
             out[view.name] = ProviderIndex(view, usable, {}, 0, loaded_models=set())
             continue
@@ -346,7 +347,8 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
                            f"rest ({refused.estimate_mib} MiB by its estimate, over 80 % of "
                            "the memory free)")
     spent = sum(counted(t) for t in live) + counted(new)
-    limit = policy.usable_mib(view.total_vram_mib) if new.cold else view.total_vram_mib
+    limit = policy.usable_mib(view.total_vram_mib, view.gpus) if new.cold \
+        else view.total_vram_mib
     headroom = limit - sum(residents.values()) + credit
     if spent <= headroom:
         return True, f"{spent} MiB claimed of {headroom} MiB"

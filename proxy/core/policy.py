@@ -13,8 +13,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Policy:
     # Memory.
-    reserve_min_mib: int = 2048  # CUDA context, fragmentation, runtime overhead ...
-    reserve_fraction: float = 0.12  # ... whichever is larger
+    # CUDA context, fragmentation, runtime overhead, on each GPU of a provider ...
+    reserve_min_mib: int = 2048
+    reserve_fraction: float = 0.12  # ... or this share of the total, whichever is larger
     disk_to_vram_factor: float = 1.2  # occupancy guess from the on-disk size
     warm_scratch_mib: int = 512  # what a call sharing a loaded copy claims
 
@@ -42,11 +43,13 @@ class Policy:
     # Victims.
     max_victim_candidates: int = 10
 
-    def reserve_mib(self, total_mib: int) -> int:
-        return max(self.reserve_min_mib, int(total_mib * self.reserve_fraction))
+    def reserve_mib(self, total_mib: int, gpus: int = 1) -> int:
+        """Kept free on a provider of `gpus` GPUs: a copy spread over several pays a runner's
+        CUDA context and llama.cpp's fit margin on each (docs/engine.md, "Several GPUs")."""
+        return max(self.reserve_min_mib * max(1, gpus), int(total_mib * self.reserve_fraction))
 
-    def usable_mib(self, total_mib: int) -> int:
-        return total_mib - self.reserve_mib(total_mib)
+    def usable_mib(self, total_mib: int, gpus: int = 1) -> int:
+        return total_mib - self.reserve_mib(total_mib, gpus)
 
 
 DEFAULT_POLICY = Policy()

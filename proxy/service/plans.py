@@ -131,7 +131,7 @@ class PlanBook:
         if placement is None or not placement.loads:
             return None
         share = self.limits.memory_share
-        usable = sum(self.scheduler.policy.usable_mib(v.total_vram_mib)
+        usable = sum(self.scheduler.policy.usable_mib(v.total_vram_mib, v.gpus)
                      for v in snapshot.providers if v.total_vram_mib)
         held = sum(t.footprint_mib for t in snapshot.tickets
                    if t.plan and t.cold and t.expires_at > snapshot.now)

@@ -152,7 +152,7 @@ class Prober:
             client.tags(PROBE_TIMEOUT_S), return_exceptions=True)
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
-            total = await self.gpu_memory.total_mib(config.dcgm_url)
+            total = await self.gpu_memory.total_mib(config.dcgm_url, config.gpus)
         ready = not isinstance(version, BaseException) and not isinstance(ps, BaseException)
         loaded_mib: dict[str, int] = {}
         loaded_size: dict[str, int] = {}

@@ -50,7 +50,7 @@ class Answered:
 
 
 class NoGauge:
-    async def total_mib(self, url: str) -> int | None:
+    async def total_mib(self, url: str, gpus: int = 1) -> int | None:
         return None
 
 

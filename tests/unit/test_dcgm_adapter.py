@@ -31,13 +31,29 @@ async def test_an_exporter_without_reserved_memory_counts_free_and_used() -> Non
     assert await DcgmExporter(2.0).total_mib(URL) == 24000
 
 
+def _node(*gpus: tuple[float, float]) -> str:
+    """An exporter's page for a node: each GPU's free and used framebuffer, MiB."""
+    lines = ["# TYPE DCGM_FI_DEV_FB_FREE gauge"]
+    lines += [f'DCGM_FI_DEV_FB_FREE{{gpu="{i}",UUID="GPU-{i}"}} {free}'
+              for i, (free, _) in enumerate(gpus)]
+    lines += ["# TYPE DCGM_FI_DEV_FB_USED gauge"]
+    lines += [f'DCGM_FI_DEV_FB_USED{{gpu="{i}",UUID="GPU-{i}"}} {used}'
+              for i, (_, used) in enumerate(gpus)]
+    return "\n".join(lines) + "\n"
+
+
 @respx.mock
-async def test_only_the_first_gpu_listed_counts() -> None:
-    respx.get(URL).respond(text="# TYPE DCGM_FI_DEV_FB_FREE gauge\n"
-                           'DCGM_FI_DEV_FB_FREE{gpu="0"} 1000\n'
-                           'DCGM_FI_DEV_FB_FREE{gpu="1"} 9000\n'
-                           + _gauge("DCGM_FI_DEV_FB_USED", 500))
+async def test_a_one_gpu_provider_counts_the_first_gpu_listed() -> None:
+    respx.get(URL).respond(text=_node((1000, 500), (9000, 0)))
     assert await DcgmExporter(2.0).total_mib(URL) == 1500
+
+
+@respx.mock
+async def test_a_provider_on_several_gpus_counts_as_many_of_the_node() -> None:
+    respx.get(URL).respond(text=_node((20000, 4564), (24564, 0), (24564, 0), (1, 2)))
+    assert await DcgmExporter(2.0).total_mib(URL, gpus=2) == 2 * 24564
+    assert await DcgmExporter(2.0).total_mib(URL, gpus=3) == 3 * 24564
+    assert await DcgmExporter(2.0).total_mib(URL, gpus=8) == 3 * 24564 + 3  # all it lists
 
 
 @respx.mock

@@ -10,7 +10,16 @@ from proxy.core.occupancy import Load, index_providers, ticket_budget_ok
 from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.sizing import Sizer
-from proxy.core.types import Circuit, ModelDemand, ModelInfo, ProviderView, Resident, Ticket
+from proxy.core.types import (
+    CallSpec,
+    Candidate,
+    Circuit,
+    ModelDemand,
+    ModelInfo,
+    ProviderView,
+    Resident,
+    Ticket,
+)
 from tests.unit.builders import GIB16, GIB24, GIB32, NOW, call, gpu, snapshot, ticket
 
 
@@ -18,6 +27,23 @@ from tests.unit.builders import GIB16, GIB24, GIB32, NOW, call, gpu, snapshot, t
 def test_reserve_and_usable_reference_figures(total: int, usable: int) -> None:
     # reserve = max(2048 MiB, 12 % of total)
     assert DEFAULT_POLICY.usable_mib(total) == usable
+
+
+def test_a_provider_on_several_gpus_keeps_the_reserve_on_each() -> None:
+    # 2 x 24 GiB: 12 % (5898 MiB) is more than 2 x 2048; 4 x 12 GiB: 4 x 2048 is more
+    assert DEFAULT_POLICY.usable_mib(49152, gpus=2) == 49152 - 5898
+    assert DEFAULT_POLICY.usable_mib(49152, gpus=4) == 49152 - 4 * 2048
+
+
+def test_a_load_on_a_provider_of_four_small_gpus_leaves_each_its_reserve() -> None:
+    """qwen3:32b-class weights of 41000 MiB fit a 48 GiB card (43254 usable), not four
+    12 GiB GPUs, where a copy spread over them pays a runner's CUDA context and llama.cpp's
+    fit margin on each (40960 usable)."""
+    big = CallSpec((Candidate("big", 70, vram_mib=41000),))
+    one = place(big, snapshot(ProviderView("a", 49152)))
+    four = place(big, snapshot(ProviderView("a", 49152, gpus=4)))
+    assert one.outcome == "placed"
+    assert four.outcome == "model-too-large"
 
 
 def test_without_an_architecture_the_footprint_is_seen_then_declared_then_disk() -> None:
