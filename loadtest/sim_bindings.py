@@ -6,7 +6,8 @@ server/routes.go:256-258, 2452-2454), `raw` with a system, template or context
 (server/routes.go:422-424), a `format` neither "json" nor a schema object (refused by the
 runner, llm/llama_server.go:1584-1595, 2308-2326: a 500 after the load), and the OpenAI
 layer's binding and conversion refusals (middleware/openai.go:360-373, 395-423, 446-465,
-1169-1177; openai/openai.go:531-546, 738-768).
+1169-1177; openai/openai.go:531-546, 738-768) and the Anthropic layer's
+(middleware/anthropic.go:736-756).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ COMPLETION_FIELDS = ("CompletionRequest", {
     "temperature": "float32", "frequency_penalty": "float32", "presence_penalty": "float32",
     "top_p": "float32", "max_tokens": "int", "seed": "int", "stream": "bool",
     "suffix": "string"})
+
+MESSAGES_FIELDS = ("MessagesRequest", {
+    "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
+    "top_k": "int"})
 
 
 def base64_error(text: str) -> str | None:
@@ -192,12 +197,29 @@ def openai_chat_error(body: dict[str, Any]) -> str | None:
     """ChatMiddleware's 400s before the call is made: binding, then FromChatRequest."""
     if wrong := binding_error(CHAT_FIELDS, body):
         return wrong
+    if not body.get("messages"):
+        return "[] is too short - 'messages'"
     for message in body.get("messages") or []:
         if isinstance(message, dict) and (wrong := image_url_error(message.get("content"))):
             return wrong
     reasoning = body.get("reasoning")
     return effort_error(reasoning.get("effort") if isinstance(reasoning, dict)
                         else body.get("reasoning_effort"))
+
+
+def anthropic_error(body: dict[str, Any]) -> str | None:
+    """AnthropicMessagesMiddleware's 400s (middleware/anthropic.go:736-756): binding, then a
+    model, a positive max_tokens and messages, in that order."""
+    if wrong := binding_error(MESSAGES_FIELDS, body):
+        return wrong
+    if not body.get("model"):
+        return "model is required"
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int | float) or max_tokens <= 0:
+        return "max_tokens is required and must be positive"
+    if not body.get("messages"):
+        return "messages is required"
+    return None
 
 
 def openai_completion_error(body: dict[str, Any]) -> str | None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.api import wire
+from proxy.api import layers, wire
 from proxy.api.capabilities import call_needs, embeds
 from proxy.api.errors import (
     JSON,
@@ -450,6 +450,8 @@ class SidecarApi:
         if isinstance(read, Response):
             return read
         body, parsed = read
+        if wrong := layers.layer_error(path, body, self.engine_version()):
+            return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         try:
             call = self.call_request(request, path, body, parsed)
         except wire.BadRequest as exc:

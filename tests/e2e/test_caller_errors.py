@@ -97,3 +97,72 @@ def test_a_call_that_names_no_model_is_refused_in_its_bound_models_name(
                    timeout=30)
     assert (r.status_code, r.json()["error"]) == (400, '"phi3:mini" does not support thinking')
     assert gpu.sim.stats.loads == 0
+
+
+# What Ollama's OpenAI and Anthropic layers refuse from the body alone, before any model
+# (middleware/openai.go:395-465, middleware/anthropic.go:731-761): the caller's dialect,
+# Ollama's words.
+LAYER_REFUSALS = [
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": []},
+     "[] is too short - 'messages'"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "max_tokens": "5"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.max_tokens "
+     "of type int"),
+    ("/v1/completions", {"model": "qwen3:8b", "prompt": "hi", "temperature": "hot"},
+     "json: cannot unmarshal string into Go struct field CompletionRequest.temperature "
+     "of type float32"),
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": []}, "invalid input"),
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": "hi", "encoding_format": "hex"},
+     "Invalid value for 'encoding_format' = hex. Supported values: ['float', 'base64']."),
+    ("/v1/messages", {"model": "qwen3:8b", "messages": HI}, "max_tokens is required and "
+     "must be positive"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 0, "messages": HI},
+     "max_tokens is required and must be positive"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": []},
+     "messages is required"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), LAYER_REFUSALS)
+def test_a_call_ollamas_dialect_layer_refuses_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, body: dict[str, Any],
+        message: str) -> None:
+    """Refused at once, even when no GPU has room and the call cannot wait (placed, it was a
+    503 `gpu-busy` then, or a wait for a slot only to be refused after it), and never sent."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3] + CATALOG[5:6])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    refused = httpx.post(f"{url}{path}", json=body, headers={"X-Kubemoot-Wait": "false"})
+    assert refused.status_code == 400, refused.text
+    answer = refused.json()
+    assert (answer["error"]["message"], answer["reason"], answer["model"]) == (
+        message, "bad-request", body["model"])
+    assert "x-kubemoot-provider" not in refused.headers
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+
+
+def test_the_openai_client_gets_the_layers_400_while_every_gpu_is_busy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A malformed call does not wait behind a running one for a refusal it could have had
+    at once."""
+    import threading
+
+    import openai
+
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3], time_scale=0.05)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=60).url
+    _ready(url)
+    running = threading.Thread(target=lambda: httpx.post(f"{url}/api/chat", timeout=60, json={
+        "model": "qwen3:8b", "messages": HI, "stream": False,
+        "options": {"sim_answer_tokens": 4000}}))
+    running.start()
+    try:
+        assert eventually(lambda: gpu.sim.stats.inference_requests == 1, timeout_s=20)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="qwen3:8b", messages=[], timeout=10)
+        assert caught.value.response.json()["error"]["message"] == \
+            "[] is too short - 'messages'"
+        assert gpu.sim.stats.requests == 1
+    finally:
+        running.join(60)
