@@ -130,30 +130,27 @@ def format_error(fmt: Any) -> str | None:
     return f'invalid format: {go_quote(raw)}; expected "json" or a valid JSON Schema object'
 
 
-def _json_kind(value: Any) -> str:
-    """How Go's UnmarshalTypeError names the JSON value it could not store."""
+def _misfit(value: Any, kind: str) -> str | None:
+    """How Go's UnmarshalTypeError names a JSON value a field of `kind` cannot store, or None
+    when it fits (encoding/json literalStore): a number of the wrong kind is "number", one an
+    int cannot hold (a fraction, an exponent, out of int64) "number" and its text."""
+    if value is None:  # JSON null leaves a Go field as it is
+        return None
     if isinstance(value, bool):
-        return "bool"
+        return None if kind == "bool" else "bool"
     if isinstance(value, str):
-        return "string"
+        return None if kind == "string" else "string"
     if isinstance(value, list):
         return "array"
     if isinstance(value, dict):
         return "object"
-    return f"number {value!r}"
-
-
-def _fits(value: Any, kind: str) -> bool:
-    if value is None:  # JSON null leaves a Go field as it is
-        return True
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "string":
-        return isinstance(value, str)
-    number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind == "int":
-        return number and (isinstance(value, int) or float(value).is_integer())
-    return number and math.isfinite(value)
+        fits = isinstance(value, int) and -(2 ** 63) <= value < 2 ** 63
+    elif kind in ("float32", "float64"):
+        fits = math.isfinite(value) and (kind == "float64" or abs(value) <= 3.4028234663852886e38)
+    else:
+        return "number"
+    return None if fits else f"number {value!r}"
 
 
 def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> str | None:
@@ -161,8 +158,8 @@ def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> s
     struct, kinds = fields
     for key, value in body.items():
         kind = kinds.get(key)
-        if kind is not None and not _fits(value, kind):
-            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+        if kind is not None and (misfit := _misfit(value, kind)):
+            return (f"json: cannot unmarshal {misfit} into Go struct field "
                     f"{struct}.{key} of type {kind}")
     return None
 

@@ -166,3 +166,59 @@ def test_the_openai_client_gets_the_layers_400_while_every_gpu_is_busy(
         assert gpu.sim.stats.requests == 1
     finally:
         running.join(60)
+
+
+# What Ollama's own API refuses when it binds the body (a typed field of the wrong type, an
+# image that is not base64), before it looks for the model.
+NATIVE_REFUSALS = [
+    ("/api/chat", {"messages": [{**HI[0], "images": ["aGk="]}, {**HI[0], "images": ["!!"]}]},
+     "illegal base64 data at input byte 0"),
+    ("/api/generate", {"prompt": "hi", "images": ["aGVsbG8=", "aGVsbG8"]},
+     "illegal base64 data at input byte 4"),
+    ("/api/generate", {"prompt": "hi", "raw": "yes"},
+     "json: cannot unmarshal string into Go struct field GenerateRequest.raw of type bool"),
+    ("/api/generate", {"prompt": "hi", "suffix": 5},
+     "json: cannot unmarshal number into Go struct field GenerateRequest.suffix of type string"),
+    ("/api/chat", {"messages": HI, "truncate": "no"},
+     "json: cannot unmarshal string into Go struct field ChatRequest.truncate of type bool"),
+    ("/api/chat", {"messages": HI, "top_logprobs": 1.5},
+     "json: cannot unmarshal number 1.5 into Go struct field ChatRequest.top_logprobs of type "
+     "int"),
+    ("/api/embed", {"model": "nomic-embed-text", "input": "hi", "dimensions": "8"},
+     "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), NATIVE_REFUSALS)
+def test_a_body_ollama_cannot_bind_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, body: dict[str, Any],
+        message: str) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3] + CATALOG[5:6])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    body = {"model": "qwen3:8b", "stream": False, **body}
+    refused = httpx.post(f"{url}{path}", json=body, headers={"X-Kubemoot-Wait": "false"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json() == {"error": message, "reason": "bad-request", "model": body["model"]}
+    assert "x-kubemoot-provider" not in refused.headers
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+
+
+def test_raw_with_a_system_is_ollamas_400_once_the_model_is_found(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama looks for the model before it refuses `raw` with a system (server/routes.go:
+    422-424), and unloads before both."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    client = ollama.Client(host=url)
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.generate(model="qwen3:8b", prompt="hi", raw=True, system="be brief")
+    assert (caught.value.status_code, caught.value.error) == (
+        400, "raw mode does not support template, system, or context")
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.generate(model="nosuch:1b", prompt="hi", raw=True, system="be brief")
+    assert missing.value.status_code == 404
+    unloaded = client.generate(model="qwen3:8b", raw=True, system="be brief", keep_alive=0)
+    assert unloaded.done_reason == "unload"
