@@ -200,6 +200,7 @@ class KubemootApi:
             return error_response(400, "bad-request", INVALID_MODEL_NAME, model)
         try:
             phase = _phase_param(request)
+            wire.check_options(body.get("options"))
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
         candidates = self.scheduler.candidates(phase, model)
@@ -212,7 +213,8 @@ class KubemootApi:
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
         call = CallRequest("/api/chat", model, phase, prompt=prompt_size(body),
-                           can_wait=can_wait, num_predict=answer_cap(body), conversation=digests,
+                           can_wait=can_wait, num_ctx=wire.requested_num_ctx(body),
+                           num_predict=answer_cap(body), conversation=digests,
                            shared_prompt=shared_prompt_size(body) if digests else NO_PROMPT)
         spec = self.scheduler.spec(call, candidates)
         snapshot = self.scheduler.snapshot(self.scheduler.clock.now())

@@ -413,9 +413,6 @@ class SidecarApi:
     def call_request(self, request: Request, path: str, body: dict[str, Any],
                      parsed: wire.Inference) -> CallRequest:
         phase, thread, can_wait = call_headers(request, self.default_can_wait)
-        # (Only Ollama's own API has options; on the others an `options` field is extra.)
-        options = getattr(parsed, "options", None)
-        num_ctx = options.num_ctx if isinstance(options, wire.Options) else None
         conversation: tuple[int, ...] = ()
         if isinstance(parsed, wire.EMBEDDINGS):
             size = longest_input_size(body)
@@ -428,7 +425,8 @@ class SidecarApi:
             thread=thread,
             can_wait=can_wait,
             prompt=size,
-            num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
+            # (Only Ollama's own API has options; on the others an `options` field is extra.)
+            num_ctx=wire.requested_num_ctx(body) if dialect_of(path) == "ollama" else None,
             num_predict=answer_cap(body),
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,

@@ -91,6 +91,16 @@ def check_options(options: object) -> None:
             raise BadRequest(f'option "{key}" must be of type {kind}', f"options.{key}")
 
 
+def requested_num_ctx(body: dict[str, Any]) -> int | None:
+    """The context a call's options ask for, once check_options has passed them: none for
+    0 or less (Ollama would run such a call at 4 tokens), an int option's fraction dropped."""
+    options = body.get("options")
+    num_ctx = options.get("num_ctx") if isinstance(options, dict) else None
+    if not isinstance(num_ctx, int | float) or isinstance(num_ctx, bool):
+        return None
+    return int(num_ctx) if int(num_ctx) > 0 else None
+
+
 class Options(_Wire):
     """Ollama's free options map. Only `num_ctx` is read here (a requirement on the context),
     so only it is checked; Ollama itself refuses a non-number for it."""
