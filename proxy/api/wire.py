@@ -6,11 +6,13 @@ rather than a surprise. Unknown fields are kept and forwarded untouched.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from proxy.core.context import NEWEST, Version
 from proxy.core.durations import DurationError, parse_duration
@@ -396,19 +398,61 @@ def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) ->
     check_top_logprobs(body, model, version)
     if model in (OllamaInference, OllamaEmbed):
         check_options(body.get("options"))
-    try:
-        parsed = model.model_validate(body)
-    except ValidationError as exc:
-        errors = exc.errors()
-        field = _field(errors[0]["loc"])
-        # A union's field fails once per member: say every form it accepts, once.
-        wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ")
-                               for e in errors if _field(e["loc"]) == field)
-        message = errors[0]["msg"] if len(wanted) == 1 else \
-            "Input should be " + " or ".join(wanted)
-        raise BadRequest(f"field '{field}': {message}", field) from None
+    parsed = _validated(model, body)
     check_model_name(parsed)
     return parsed
+
+
+# A list longer than this is validated in pieces: pydantic holds the GIL for a whole
+# validation, so half a million messages in one call would stall the event loop for seconds
+# even from a worker thread.
+CHUNK = 2000
+
+
+def _validated(model: type[W], body: dict[str, Any]) -> W:
+    """`model` validated from `body`, its long lists a chunk at a time."""
+    fields = model.model_fields
+    long = {key: value for key, value in body.items()
+            if key in fields and isinstance(value, list) and len(value) > CHUNK}
+    try:
+        parsed = model.model_validate({**body, **{key: [] for key in long}} if long else body)
+    except ValidationError as exc:
+        raise _bad_request(exc.errors()) from None
+    for key, items in long.items():
+        adapter = _adapter(model, key)
+        checked: list[Any] = []
+        for start in range(0, len(items), CHUNK):
+            try:
+                checked.extend(adapter.validate_python(items[start:start + CHUNK]))
+            except ValidationError as exc:
+                raise _bad_request([{**e, "loc": (key, *_shifted(e["loc"], start))}
+                                    for e in exc.errors()]) from None
+        setattr(parsed, key, checked)
+    return parsed
+
+
+@functools.cache
+def _adapter(model: type[BaseModel], key: str) -> TypeAdapter[Any]:
+    """A validator of the field `key` of `model` on its own."""
+    annotation = model.model_fields[key].annotation
+    assert annotation is not None  # every field of a wire model is annotated
+    return TypeAdapter(annotation)
+
+
+def _shifted(loc: tuple[int | str, ...], start: int) -> tuple[int | str, ...]:
+    """An error's location in a chunk, as its location in the whole list."""
+    at = next((i for i, part in enumerate(loc) if isinstance(part, int)), None)
+    return loc if at is None else (*loc[:at], start + int(loc[at]), *loc[at + 1:])
+
+
+def _bad_request(errors: Sequence[Any]) -> BadRequest:
+    field = _field(errors[0]["loc"])
+    # A union's field fails once per member: say every form it accepts, once.
+    wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ")
+                           for e in errors if _field(e["loc"]) == field)
+    message = errors[0]["msg"] if len(wanted) == 1 else \
+        "Input should be " + " or ".join(wanted)
+    return BadRequest(f"field '{field}': {message}", field)
 
 
 def check_model_name(parsed: BaseModel) -> None:
