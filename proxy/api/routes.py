@@ -134,7 +134,7 @@ R = TypeVar("R")
 Measured = tuple[PromptSize, tuple[int, ...], PromptSize, bool]
 
 
-async def _off_loop(large: bool, fn: Callable[..., R], *args: Any) -> R:
+async def off_loop(large: bool, fn: Callable[..., R], *args: Any) -> R:
     """fn(*args): in a worker thread for a large body, so the event loop keeps serving the
     other calls meanwhile."""
     return await asyncio.to_thread(fn, *args) if large else fn(*args)
@@ -306,8 +306,8 @@ class SidecarApi:
             raw = await read_capped(request, self.max_request_bytes)
             large = len(raw) > OFF_LOOP_BYTES
             request.state.large_body = large
-            body = await _off_loop(large, wire.parse_body, raw)
-            return body, await _off_loop(large, wire.validate, schema, body,
+            body = await off_loop(large, wire.parse_body, raw)
+            return body, await off_loop(large, wire.validate, schema, body,
                                          self.engine_version())
         except BodyTooSlow:
             return error_response(408, "request-timeout", f"the request's body did not "
@@ -426,7 +426,7 @@ class SidecarApi:
         if isinstance(read, Response):
             return read
         body, parsed = read
-        measured = await _off_loop(getattr(request.state, "large_body", False), measure, body,
+        measured = await off_loop(getattr(request.state, "large_body", False), measure, body,
                                    parsed)
         try:
             call = self.call_request(request, "/v1/messages", body, parsed, measured)
@@ -476,10 +476,10 @@ class SidecarApi:
             return read
         body, parsed = read
         large = getattr(request.state, "large_body", False)
-        if wrong := await _off_loop(large, layers.layer_error, path, body,
+        if wrong := await off_loop(large, layers.layer_error, path, body,
                                     self.engine_version()):
             return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
-        measured = await _off_loop(large, measure, body, parsed)
+        measured = await off_loop(large, measure, body, parsed)
         try:
             call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:
