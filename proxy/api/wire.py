@@ -7,6 +7,8 @@ rather than a surprise. Unknown fields are kept and forwarded untouched.
 from __future__ import annotations
 
 import functools
+import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
@@ -346,13 +348,57 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        body = _as_go_reads(raw)
+        if body is _UNREADABLE:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     if nesting_depth(body) > MAX_DEPTH:
         raise BadRequest(f"request body nests objects and arrays deeper than {MAX_DEPTH} "
                          "levels")
     return body
+
+
+_UNREADABLE = object()
+_WHITESPACE = " \t\r\n"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as Go's float64 takes it: one out of its range is refused."""
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"number {text} is out of range")
+    return number
+
+
+def _as_go_reads(raw: bytes) -> Any:
+    """A body orjson refuses, read as Ollama reads it (gin's ShouldBindJSON: one value from a
+    json.Decoder): invalid UTF-8 and lone surrogates (`"\\ud83d"`, half an emoji a client cut)
+    become U+FFFD, and what follows the first value is left unread. `_UNREADABLE` when Go
+    would refuse it too."""
+    text = raw.decode("utf-8", "replace")
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    try:
+        value, _ = json.JSONDecoder(parse_constant=_refuse_constant,
+                                    parse_float=_finite).raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return _UNREADABLE
+    return _without_surrogates(value)
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def named_model(body: dict[str, Any] | None, also_name: bool = False) -> str | None:

@@ -222,3 +222,26 @@ def test_raw_with_a_system_is_ollamas_400_once_the_model_is_found(
     assert missing.value.status_code == 404
     unloaded = client.generate(model="qwen3:8b", raw=True, system="be brief", keep_alive=0)
     assert unloaded.done_reason == "unload"
+
+
+@pytest.mark.parametrize("raw", [
+    # half an emoji, as a JavaScript client that cut a string writes it (JSON.stringify)
+    b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"hi \\ud83d"}]}',
+    # text in Latin-1, not UTF-8
+    b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"caf\xe9"}]}',
+    # something after the object, which Go's json.Decoder leaves unread
+    b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"hi"}]}\n\n{}',
+])
+def test_a_body_ollama_reads_is_read(sim_factory: Sims, sidecar_factory: Sidecars,
+                                     raw: bytes) -> None:
+    """Ollama reads bodies with Go's encoding/json (gin's ShouldBindJSON): invalid UTF-8 and
+    lone surrogates become U+FFFD and what follows the first value is ignored, so the call is
+    answered, not refused as invalid JSON."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    answer = httpx.post(f"{url}/api/chat", content=raw, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["done"] is True
+    still_refused = httpx.post(f"{url}/api/chat", content=b'{"model": NaN}', timeout=30)
+    assert still_refused.status_code == 400
