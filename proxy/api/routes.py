@@ -141,6 +141,8 @@ async def off_loop(large: bool, fn: Callable[..., R], *args: Any) -> R:
 
 
 def measure(body: dict[str, Any], parsed: wire.Inference) -> Measured:
+    """What placement needs of the body's prompt (see `Measured`): an embedding's longest
+    input, else everything that ends up in the prompt and its conversation."""
     if isinstance(parsed, wire.EMBEDDINGS):
         return longest_input_size(body), (), NO_PROMPT, False
     size, conversation = prompt_size(body), conversation_digests(body)

@@ -368,6 +368,13 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _whole(text: str) -> int | float:
+    """A JSON integer as orjson reads it: one beyond 64 bits is a float (the body is sent on
+    with orjson, which writes no larger int)."""
+    number = int(text)
+    return number if -(2 ** 63) <= number < 2 ** 64 else _finite(text)
+
+
 def _finite(text: str) -> float:
     """A JSON number as Go's float64 takes it: one out of its range is refused."""
     number = float(text)
@@ -384,8 +391,8 @@ def _as_go_reads(raw: bytes) -> Any:
     text = raw.decode("utf-8", "replace")
     start = len(text) - len(text.lstrip(_WHITESPACE))
     try:
-        value, _ = json.JSONDecoder(parse_constant=_refuse_constant,
-                                    parse_float=_finite).raw_decode(text, start)
+        value, _ = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite,
+                                    parse_int=_whole).raw_decode(text, start)
     except (ValueError, RecursionError):
         return _UNREADABLE
     return _without_surrogates(value)
