@@ -6,7 +6,8 @@ server/routes.go:256-258, 2452-2454), `raw` with a system, template or context
 (server/routes.go:422-424), a `format` neither "json" nor a schema object (refused by the
 runner, llm/llama_server.go:1584-1595, 2308-2326: a 500 after the load), and the OpenAI
 layer's binding and conversion refusals (middleware/openai.go:360-373, 395-423, 446-465,
-1169-1177; openai/openai.go:531-546, 738-768).
+1169-1177; openai/openai.go:531-546, 738-768) and the Anthropic layer's
+(middleware/anthropic.go:736-756).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ COMPLETION_FIELDS = ("CompletionRequest", {
     "temperature": "float32", "frequency_penalty": "float32", "presence_penalty": "float32",
     "top_p": "float32", "max_tokens": "int", "seed": "int", "stream": "bool",
     "suffix": "string"})
+
+MESSAGES_FIELDS = ("MessagesRequest", {
+    "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
+    "top_k": "int"})
 
 
 def base64_error(text: str) -> str | None:
@@ -125,30 +130,27 @@ def format_error(fmt: Any) -> str | None:
     return f'invalid format: {go_quote(raw)}; expected "json" or a valid JSON Schema object'
 
 
-def _json_kind(value: Any) -> str:
-    """How Go's UnmarshalTypeError names the JSON value it could not store."""
+def _misfit(value: Any, kind: str) -> str | None:
+    """How Go's UnmarshalTypeError names a JSON value a field of `kind` cannot store, or None
+    when it fits (encoding/json literalStore): a number of the wrong kind is "number", one an
+    int cannot hold (a fraction, an exponent, out of int64) "number" and its text."""
+    if value is None:  # JSON null leaves a Go field as it is
+        return None
     if isinstance(value, bool):
-        return "bool"
+        return None if kind == "bool" else "bool"
     if isinstance(value, str):
-        return "string"
+        return None if kind == "string" else "string"
     if isinstance(value, list):
         return "array"
     if isinstance(value, dict):
         return "object"
-    return f"number {value!r}"
-
-
-def _fits(value: Any, kind: str) -> bool:
-    if value is None:  # JSON null leaves a Go field as it is
-        return True
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "string":
-        return isinstance(value, str)
-    number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind == "int":
-        return number and (isinstance(value, int) or float(value).is_integer())
-    return number and math.isfinite(value)
+        fits = isinstance(value, int) and -(2 ** 63) <= value < 2 ** 63
+    elif kind in ("float32", "float64"):
+        fits = math.isfinite(value) and (kind == "float64" or abs(value) <= 3.4028234663852886e38)
+    else:
+        return "number"
+    return None if fits else f"number {value!r}"
 
 
 def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> str | None:
@@ -156,8 +158,8 @@ def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> s
     struct, kinds = fields
     for key, value in body.items():
         kind = kinds.get(key)
-        if kind is not None and not _fits(value, kind):
-            return (f"json: cannot unmarshal {_json_kind(value)} into Go struct field "
+        if kind is not None and (misfit := _misfit(value, kind)):
+            return (f"json: cannot unmarshal {misfit} into Go struct field "
                     f"{struct}.{key} of type {kind}")
     return None
 
@@ -192,12 +194,29 @@ def openai_chat_error(body: dict[str, Any]) -> str | None:
     """ChatMiddleware's 400s before the call is made: binding, then FromChatRequest."""
     if wrong := binding_error(CHAT_FIELDS, body):
         return wrong
+    if not body.get("messages"):
+        return "[] is too short - 'messages'"
     for message in body.get("messages") or []:
         if isinstance(message, dict) and (wrong := image_url_error(message.get("content"))):
             return wrong
     reasoning = body.get("reasoning")
     return effort_error(reasoning.get("effort") if isinstance(reasoning, dict)
                         else body.get("reasoning_effort"))
+
+
+def anthropic_error(body: dict[str, Any]) -> str | None:
+    """AnthropicMessagesMiddleware's 400s (middleware/anthropic.go:736-756): binding, then a
+    model, a positive max_tokens and messages, in that order."""
+    if wrong := binding_error(MESSAGES_FIELDS, body):
+        return wrong
+    if not body.get("model"):
+        return "model is required"
+    max_tokens = body.get("max_tokens")
+    if not isinstance(max_tokens, int | float) or max_tokens <= 0:
+        return "max_tokens is required and must be positive"
+    if not body.get("messages"):
+        return "messages is required"
+    return None
 
 
 def openai_completion_error(body: dict[str, Any]) -> str | None:

@@ -76,6 +76,8 @@ def request_error(path: str, body: dict[str, Any]) -> str | None:
         return sim_bindings.openai_completion_error(body)
     if path == RESPONSES:
         return sim_bindings.responses_error(body)
+    if path == MESSAGES:
+        return sim_bindings.anthropic_error(body)
     return None
 
 

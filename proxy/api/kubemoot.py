@@ -11,18 +11,20 @@ from starlette.responses import Response
 from proxy.api import wire
 from proxy.api.errors import JSON, error_response
 from proxy.api.routes import (
+    OFF_LOOP_BYTES,
     PHASES,
     BodyTooSlow,
     RequestTooLarge,
     answer_cap,
     can_wait_header,
+    off_loop,
     read_capped,
 )
 from proxy.core.affinity import expected_cached, shared_prompt_size
 from proxy.core.models import INVALID_MODEL_NAME, is_valid_model_name
 from proxy.core.occupancy import index_providers, loaded_limit
 from proxy.core.placement import explain
-from proxy.core.tokens import conversation_digests, prompt_size
+from proxy.core.tokens import PromptSize, conversation_digests, prompt_size
 from proxy.core.types import CallSpec, Decision, Verdict
 from proxy.core.waitline import slack_s
 from proxy.ports import MODEL_DEMAND
@@ -200,20 +202,22 @@ class KubemootApi:
             return error_response(400, "bad-request", INVALID_MODEL_NAME, model)
         try:
             phase = _phase_param(request)
+            wire.check_options(body.get("options"))
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
         candidates = self.scheduler.candidates(phase, model)
         if not candidates:
             return error_response(400, "bad-request", "field 'model': a model is required",
                                   model)
-        digests = conversation_digests(body)
         try:
             can_wait = can_wait_header(request, self.default_can_wait)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
-        call = CallRequest("/api/chat", model, phase, prompt=prompt_size(body),
-                           can_wait=can_wait, num_predict=answer_cap(body), conversation=digests,
-                           shared_prompt=shared_prompt_size(body) if digests else NO_PROMPT)
+        size, digests, shared = await off_loop(request.state.large_body, _measure, body)
+        call = CallRequest("/api/chat", model, phase, prompt=size,
+                           can_wait=can_wait, num_ctx=wire.requested_num_ctx(body),
+                           num_predict=answer_cap(body), conversation=digests,
+                           shared_prompt=shared)
         spec = self.scheduler.spec(call, candidates)
         snapshot = self.scheduler.snapshot(self.scheduler.clock.now())
         decision, verdicts = explain(spec, snapshot, self.scheduler.policy)
@@ -263,12 +267,20 @@ class KubemootApi:
         })
 
 
+def _measure(body: dict[str, Any]) -> tuple[PromptSize, tuple[int, ...], PromptSize]:
+    """A call body's prompt size, its conversation's digests and what its calls share."""
+    digests = conversation_digests(body)
+    return prompt_size(body), digests, shared_prompt_size(body) if digests else NO_PROMPT
+
+
 async def _json_body(request: Request, limit: int, what: str, the_setting: bool
                      ) -> dict[str, Any] | Response:
     """The request's JSON object, or the error to answer: malformed, over `limit` bytes (the
     setting's, or the request's own), or too slow to arrive."""
     try:
-        return wire.parse_body(await read_capped(request, limit))
+        raw = await read_capped(request, limit)
+        request.state.large_body = len(raw) > OFF_LOOP_BYTES
+        return await off_loop(request.state.large_body, wire.parse_body, raw)
     except wire.BadRequest as exc:
         return error_response(400, "bad-request", str(exc))
     except RequestTooLarge:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.api import wire
+from proxy.api import layers, wire
 from proxy.api.capabilities import call_needs, embeds
 from proxy.api.errors import (
     JSON,
@@ -28,6 +28,7 @@ from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
 from proxy.core.models import model_name, normalise_model, ollama_name_parts, resolve_model
 from proxy.core.tokens import (
+    PromptSize,
     answers_tool_result,
     conversation_digests,
     longest_input_size,
@@ -122,6 +123,32 @@ async def _disconnect(request: Request) -> None:
 # `max_output_tokens`, responses.go:572; Anthropic's `max_tokens`, anthropic.go:337). OpenAI's
 # `max_completion_tokens` is not read: the answer is not capped by it.
 ANSWER_CAPS = ("max_tokens", "max_output_tokens")
+
+
+# A body larger than this is read, checked and measured in a worker thread, a piece at a
+# time: done on the event loop, 20 MB of small messages stalled every other call for seconds.
+OFF_LOOP_BYTES = 1 << 20
+R = TypeVar("R")
+# What placement needs of a body's prompt: its size, its conversation's digests, the size of
+# what its calls share, and whether its answer ends an agent's tool loop
+Measured = tuple[PromptSize, tuple[int, ...], PromptSize, bool]
+
+
+async def off_loop(large: bool, fn: Callable[..., R], *args: Any) -> R:
+    """fn(*args): in a worker thread for a large body, so the event loop keeps serving the
+    other calls meanwhile."""
+    return await asyncio.to_thread(fn, *args) if large else fn(*args)
+
+
+def measure(body: dict[str, Any], parsed: wire.Inference) -> Measured:
+    """What placement needs of the body's prompt (see `Measured`): an embedding's longest
+    input, else everything that ends up in the prompt and its conversation."""
+    if isinstance(parsed, wire.EMBEDDINGS):
+        return longest_input_size(body), (), NO_PROMPT, False
+    size, conversation = prompt_size(body), conversation_digests(body)
+    if not conversation:
+        return size, conversation, NO_PROMPT, False
+    return size, conversation, shared_prompt_size(body), answers_tool_result(body)
 
 
 def answer_cap(body: dict[str, Any]) -> int:
@@ -278,8 +305,12 @@ class SidecarApi:
         """The request's body and its checked fields, or the error answer (413, 400)."""
         body: dict[str, Any] | None = None
         try:
-            body = wire.parse_body(await read_capped(request, self.max_request_bytes))
-            return body, wire.validate(schema, body, self.engine_version())
+            raw = await read_capped(request, self.max_request_bytes)
+            large = len(raw) > OFF_LOOP_BYTES
+            request.state.large_body = large
+            body = await off_loop(large, wire.parse_body, raw)
+            return body, await off_loop(large, wire.validate, schema, body,
+                                         self.engine_version())
         except BodyTooSlow:
             return error_response(408, "request-timeout", f"the request's body did not "
                                   f"arrive within {BODY_TIMEOUT_S:.0f} s", dialect=dialect)
@@ -397,8 +428,10 @@ class SidecarApi:
         if isinstance(read, Response):
             return read
         body, parsed = read
+        measured = await off_loop(getattr(request.state, "large_body", False), measure, body,
+                                   parsed)
         try:
-            call = self.call_request(request, "/v1/messages", body, parsed)
+            call = self.call_request(request, "/v1/messages", body, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, "anthropic", parsed.model or None)
         return _json({"input_tokens": self.prompt_tokens(call)})
@@ -411,16 +444,9 @@ class SidecarApi:
         return handle
 
     def call_request(self, request: Request, path: str, body: dict[str, Any],
-                     parsed: wire.Inference) -> CallRequest:
+                     parsed: wire.Inference, measured: Measured | None = None) -> CallRequest:
         phase, thread, can_wait = call_headers(request, self.default_can_wait)
-        # (Only Ollama's own API has options; on the others an `options` field is extra.)
-        options = getattr(parsed, "options", None)
-        num_ctx = options.num_ctx if isinstance(options, wire.Options) else None
-        conversation: tuple[int, ...] = ()
-        if isinstance(parsed, wire.EMBEDDINGS):
-            size = longest_input_size(body)
-        else:
-            size, conversation = prompt_size(body), conversation_digests(body)
+        size, conversation, shared, ends_loop = measured or measure(body, parsed)
         return CallRequest(
             path=path,
             model=parsed.model or None,
@@ -428,15 +454,16 @@ class SidecarApi:
             thread=thread,
             can_wait=can_wait,
             prompt=size,
-            num_ctx=int(num_ctx) if num_ctx is not None and num_ctx > 0 else None,
+            # (Only Ollama's own API has options; on the others an `options` field is extra.)
+            num_ctx=wire.requested_num_ctx(body) if dialect_of(path) == "ollama" else None,
             num_predict=answer_cap(body),
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
             cut_allowed=path in TRUNCATING_PATHS and body.get("truncate") is True,
             conversation=conversation,
-            ends_loop_unless_tool_called=bool(conversation) and answers_tool_result(body),
-            shared_prompt=shared_prompt_size(body) if conversation else NO_PROMPT,
+            ends_loop_unless_tool_called=ends_loop,
+            shared_prompt=shared,
             needs=call_needs(path, body, parsed.model or self.calls.bound_model(phase, thread)),
             embeds=embeds(path, body),
             disconnected=lambda: _disconnect(request),
@@ -450,12 +477,23 @@ class SidecarApi:
         if isinstance(read, Response):
             return read
         body, parsed = read
+        large = getattr(request.state, "large_body", False)
+        if wrong := await off_loop(large, layers.layer_error, path, body,
+                                    self.engine_version()):
+            return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
+        measured = await off_loop(large, measure, body, parsed)
         try:
-            call = self.call_request(request, path, body, parsed)
+            call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)
+        if wrong := layers.raw_error(path, body):
+            # Ollama looks for the model first (and unloads before this check): one no
+            # provider has is the placement's 404
+            model = call.model or self.calls.bound_model(call.phase, call.thread)
+            if not model or await self._on_a_provider(model):
+                return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:

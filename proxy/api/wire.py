@@ -6,11 +6,15 @@ rather than a surprise. Unknown fields are kept and forwarded untouched.
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from proxy.core.context import NEWEST, Version
 from proxy.core.durations import DurationError, parse_duration
@@ -89,6 +93,16 @@ def check_options(options: object) -> None:
             fits = isinstance(value, int | float) and not isinstance(value, bool)
         if not fits:
             raise BadRequest(f'option "{key}" must be of type {kind}', f"options.{key}")
+
+
+def requested_num_ctx(body: dict[str, Any]) -> int | None:
+    """The context a call's options ask for, once check_options has passed them: none for
+    0 or less (Ollama would run such a call at 4 tokens), an int option's fraction dropped."""
+    options = body.get("options")
+    num_ctx = options.get("num_ctx") if isinstance(options, dict) else None
+    if not isinstance(num_ctx, int | float) or isinstance(num_ctx, bool):
+        return None
+    return int(num_ctx) if int(num_ctx) > 0 else None
 
 
 class Options(_Wire):
@@ -334,13 +348,64 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        body = _as_go_reads(raw)
+        if body is _UNREADABLE:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     if nesting_depth(body) > MAX_DEPTH:
         raise BadRequest(f"request body nests objects and arrays deeper than {MAX_DEPTH} "
                          "levels")
     return body
+
+
+_UNREADABLE = object()
+_WHITESPACE = " \t\r\n"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _whole(text: str) -> int | float:
+    """A JSON integer as orjson reads it: one beyond 64 bits is a float (the body is sent on
+    with orjson, which writes no larger int)."""
+    number = int(text)
+    return number if -(2 ** 63) <= number < 2 ** 64 else _finite(text)
+
+
+def _finite(text: str) -> float:
+    """A JSON number as Go's float64 takes it: one out of its range is refused."""
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"number {text} is out of range")
+    return number
+
+
+def _as_go_reads(raw: bytes) -> Any:
+    """A body orjson refuses, read as Ollama reads it (gin's ShouldBindJSON: one value from a
+    json.Decoder): invalid UTF-8 and lone surrogates (`"\\ud83d"`, half an emoji a client cut)
+    become U+FFFD, and what follows the first value is left unread. `_UNREADABLE` when Go
+    would refuse it too."""
+    text = raw.decode("utf-8", "replace")
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    try:
+        value, _ = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite,
+                                    parse_int=_whole).raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return _UNREADABLE
+    return _without_surrogates(value)
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def named_model(body: dict[str, Any] | None, also_name: bool = False) -> str | None:
@@ -386,19 +451,61 @@ def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) ->
     check_top_logprobs(body, model, version)
     if model in (OllamaInference, OllamaEmbed):
         check_options(body.get("options"))
-    try:
-        parsed = model.model_validate(body)
-    except ValidationError as exc:
-        errors = exc.errors()
-        field = _field(errors[0]["loc"])
-        # A union's field fails once per member: say every form it accepts, once.
-        wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ")
-                               for e in errors if _field(e["loc"]) == field)
-        message = errors[0]["msg"] if len(wanted) == 1 else \
-            "Input should be " + " or ".join(wanted)
-        raise BadRequest(f"field '{field}': {message}", field) from None
+    parsed = _validated(model, body)
     check_model_name(parsed)
     return parsed
+
+
+# A list longer than this is validated in pieces: pydantic holds the GIL for a whole
+# validation, so half a million messages in one call would stall the event loop for seconds
+# even from a worker thread.
+CHUNK = 2000
+
+
+def _validated(model: type[W], body: dict[str, Any]) -> W:
+    """`model` validated from `body`, its long lists a chunk at a time."""
+    fields = model.model_fields
+    long = {key: value for key, value in body.items()
+            if key in fields and isinstance(value, list) and len(value) > CHUNK}
+    try:
+        parsed = model.model_validate({**body, **{key: [] for key in long}} if long else body)
+    except ValidationError as exc:
+        raise _bad_request(exc.errors()) from None
+    for key, items in long.items():
+        adapter = _adapter(model, key)
+        checked: list[Any] = []
+        for start in range(0, len(items), CHUNK):
+            try:
+                checked.extend(adapter.validate_python(items[start:start + CHUNK]))
+            except ValidationError as exc:
+                raise _bad_request([{**e, "loc": (key, *_shifted(e["loc"], start))}
+                                    for e in exc.errors()]) from None
+        setattr(parsed, key, checked)
+    return parsed
+
+
+@functools.cache
+def _adapter(model: type[BaseModel], key: str) -> TypeAdapter[Any]:
+    """A validator of the field `key` of `model` on its own."""
+    annotation = model.model_fields[key].annotation
+    assert annotation is not None  # every field of a wire model is annotated
+    return TypeAdapter(annotation)
+
+
+def _shifted(loc: tuple[int | str, ...], start: int) -> tuple[int | str, ...]:
+    """An error's location in a chunk, as its location in the whole list."""
+    at = next((i for i, part in enumerate(loc) if isinstance(part, int)), None)
+    return loc if at is None else (*loc[:at], start + int(loc[at]), *loc[at + 1:])
+
+
+def _bad_request(errors: Sequence[Any]) -> BadRequest:
+    field = _field(errors[0]["loc"])
+    # A union's field fails once per member: say every form it accepts, once.
+    wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ")
+                           for e in errors if _field(e["loc"]) == field)
+    message = errors[0]["msg"] if len(wanted) == 1 else \
+        "Input should be " + " or ".join(wanted)
+    return BadRequest(f"field '{field}': {message}", field)
 
 
 def check_model_name(parsed: BaseModel) -> None:

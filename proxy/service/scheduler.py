@@ -14,7 +14,13 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context
 from proxy.core.lengths import CallLength
-from proxy.core.models import ANY_SPELLING_SINCE, CallModels, not_found, resolve_model
+from proxy.core.models import (
+    ANY_SPELLING_SINCE,
+    CallModels,
+    model_key,
+    not_found,
+    resolve_model,
+)
 from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize
@@ -367,6 +373,8 @@ class Scheduler:
 
     def _refusal(self, decision: Decision, call: CallRequest, spec: CallSpec) -> Refusal | None:
         model = spec.preferred.model
+        if call.model and model_key(call.model) == model_key(model):
+            model = call.model  # the refusal names the model as the call did, as Ollama's does
         if decision.outcome == "model-not-found":  # Ollama's words name it as the call did
             return Refusal("model-not-found", not_found(call.model or model, not call.generates),
                            model)

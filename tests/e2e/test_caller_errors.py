@@ -97,3 +97,151 @@ def test_a_call_that_names_no_model_is_refused_in_its_bound_models_name(
                    timeout=30)
     assert (r.status_code, r.json()["error"]) == (400, '"phi3:mini" does not support thinking')
     assert gpu.sim.stats.loads == 0
+
+
+# What Ollama's OpenAI and Anthropic layers refuse from the body alone, before any model
+# (middleware/openai.go:395-465, middleware/anthropic.go:731-761): the caller's dialect,
+# Ollama's words.
+LAYER_REFUSALS = [
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": []},
+     "[] is too short - 'messages'"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "max_tokens": "5"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.max_tokens "
+     "of type int"),
+    ("/v1/completions", {"model": "qwen3:8b", "prompt": "hi", "temperature": "hot"},
+     "json: cannot unmarshal string into Go struct field CompletionRequest.temperature "
+     "of type float32"),
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": []}, "invalid input"),
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": "hi", "encoding_format": "hex"},
+     "Invalid value for 'encoding_format' = hex. Supported values: ['float', 'base64']."),
+    ("/v1/messages", {"model": "qwen3:8b", "messages": HI}, "max_tokens is required and "
+     "must be positive"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 0, "messages": HI},
+     "max_tokens is required and must be positive"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": []},
+     "messages is required"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), LAYER_REFUSALS)
+def test_a_call_ollamas_dialect_layer_refuses_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, body: dict[str, Any],
+        message: str) -> None:
+    """Refused at once, even when no GPU has room and the call cannot wait (placed, it was a
+    503 `gpu-busy` then, or a wait for a slot only to be refused after it), and never sent."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3] + CATALOG[5:6])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    refused = httpx.post(f"{url}{path}", json=body, headers={"X-Kubemoot-Wait": "false"})
+    assert refused.status_code == 400, refused.text
+    answer = refused.json()
+    assert (answer["error"]["message"], answer["reason"], answer["model"]) == (
+        message, "bad-request", body["model"])
+    assert "x-kubemoot-provider" not in refused.headers
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+
+
+def test_the_openai_client_gets_the_layers_400_while_every_gpu_is_busy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A malformed call does not wait behind a running one for a refusal it could have had
+    at once."""
+    import threading
+
+    import openai
+
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3], time_scale=0.05)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=60).url
+    _ready(url)
+    running = threading.Thread(target=lambda: httpx.post(f"{url}/api/chat", timeout=60, json={
+        "model": "qwen3:8b", "messages": HI, "stream": False,
+        "options": {"sim_answer_tokens": 4000}}))
+    running.start()
+    try:
+        assert eventually(lambda: gpu.sim.stats.inference_requests == 1, timeout_s=20)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="qwen3:8b", messages=[], timeout=10)
+        assert caught.value.response.json()["error"]["message"] == \
+            "[] is too short - 'messages'"
+        assert gpu.sim.stats.requests == 1
+    finally:
+        running.join(60)
+
+
+# What Ollama's own API refuses when it binds the body (a typed field of the wrong type, an
+# image that is not base64), before it looks for the model.
+NATIVE_REFUSALS = [
+    ("/api/chat", {"messages": [{**HI[0], "images": ["aGk="]}, {**HI[0], "images": ["!!"]}]},
+     "illegal base64 data at input byte 0"),
+    ("/api/generate", {"prompt": "hi", "images": ["aGVsbG8=", "aGVsbG8"]},
+     "illegal base64 data at input byte 4"),
+    ("/api/generate", {"prompt": "hi", "raw": "yes"},
+     "json: cannot unmarshal string into Go struct field GenerateRequest.raw of type bool"),
+    ("/api/generate", {"prompt": "hi", "suffix": 5},
+     "json: cannot unmarshal number into Go struct field GenerateRequest.suffix of type string"),
+    ("/api/chat", {"messages": HI, "truncate": "no"},
+     "json: cannot unmarshal string into Go struct field ChatRequest.truncate of type bool"),
+    ("/api/chat", {"messages": HI, "top_logprobs": 1.5},
+     "json: cannot unmarshal number 1.5 into Go struct field ChatRequest.top_logprobs of type "
+     "int"),
+    ("/api/embed", {"model": "nomic-embed-text", "input": "hi", "dimensions": "8"},
+     "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), NATIVE_REFUSALS)
+def test_a_body_ollama_cannot_bind_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, body: dict[str, Any],
+        message: str) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3] + CATALOG[5:6])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    body = {"model": "qwen3:8b", "stream": False, **body}
+    refused = httpx.post(f"{url}{path}", json=body, headers={"X-Kubemoot-Wait": "false"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json() == {"error": message, "reason": "bad-request", "model": body["model"]}
+    assert "x-kubemoot-provider" not in refused.headers
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+
+
+def test_raw_with_a_system_is_ollamas_400_once_the_model_is_found(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama looks for the model before it refuses `raw` with a system (server/routes.go:
+    422-424), and unloads before both."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    client = ollama.Client(host=url)
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.generate(model="qwen3:8b", prompt="hi", raw=True, system="be brief")
+    assert (caught.value.status_code, caught.value.error) == (
+        400, "raw mode does not support template, system, or context")
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.generate(model="nosuch:1b", prompt="hi", raw=True, system="be brief")
+    assert missing.value.status_code == 404
+    unloaded = client.generate(model="qwen3:8b", raw=True, system="be brief", keep_alive=0)
+    assert unloaded.done_reason == "unload"
+
+
+@pytest.mark.parametrize("raw", [
+    # half an emoji, as a JavaScript client that cut a string writes it (JSON.stringify)
+    b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"hi \\ud83d"}]}',
+    # text in Latin-1, not UTF-8
+    b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"caf\xe9"}]}',
+    # something after the object, which Go's json.Decoder leaves unread
+    b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"hi"}]}\n\n{}',
+])
+def test_a_body_ollama_reads_is_read(sim_factory: Sims, sidecar_factory: Sidecars,
+                                     raw: bytes) -> None:
+    """Ollama reads bodies with Go's encoding/json (gin's ShouldBindJSON): invalid UTF-8 and
+    lone surrogates become U+FFFD and what follows the first value is ignored, so the call is
+    answered, not refused as invalid JSON."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    answer = httpx.post(f"{url}/api/chat", content=raw, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["done"] is True
+    still_refused = httpx.post(f"{url}/api/chat", content=b'{"model": NaN}', timeout=30)
+    assert still_refused.status_code == 400

@@ -66,3 +66,21 @@ def test_explain_refuses_a_name_ollama_cannot_parse(sim_factory: Sims, sidecar_f
               httpx.post(url, json={"model": name, "messages": HI})):
         assert r.status_code == 400
         assert (r.json()["error"], r.json()["model"]) == ("invalid model name", name)
+
+
+@pytest.mark.parametrize(("path", "body", "reason"), [
+    ("/api/chat", {"model": "nosuch", "messages": HI}, "model-not-found"),
+    ("/v1/chat/completions", {"model": "NoSuch", "messages": HI}, "model-not-found"),
+    ("/api/embed", {"model": "Nomic-Embed-Text", "input": "word " * 20000}, "prompt-too-large"),
+    ("/api/chat", {"model": "library/qwen3:8b", "messages": [
+        {"role": "user", "content": "word " * 40000}]}, "prompt-too-large"),
+])
+def test_a_refusal_names_the_model_as_the_call_did(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, body: dict[str, object],
+        reason: str) -> None:
+    """As `/api/show` and every 400 do, and as Ollama's own answers echo the name: not the
+    sidecar's normalised spelling (`nosuch:latest`)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu]).url
+    refused = httpx.post(f"{url}{path}", json={**body, "stream": False}, timeout=30).json()
+    assert (refused["reason"], refused["model"]) == (reason, body["model"])

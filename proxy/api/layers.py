@@ -1,0 +1,223 @@
+"""The refusals Ollama makes from the body alone, before the call reaches a model: its own
+API's binding of typed fields and images (server/routes.go GenerateHandler, ChatHandler,
+EmbedHandler: `c.ShouldBindJSON`), and what its OpenAI and Anthropic layers refuse
+(middleware/openai.go:395-465, middleware/anthropic.go:731-761).
+
+The sidecar makes them itself, in Ollama's words, before placing the call: placed, such a call
+would wait for a busy GPU (or be refused `gpu-busy`), or have idle models evicted for it, only
+to get the same 400 from the provider afterwards.
+"""
+
+from __future__ import annotations
+
+import binascii
+from typing import Any
+
+from proxy.core.context import Version
+
+# Go's kind for the typed fields every version of each layer binds (openai/openai.go
+# ChatCompletionRequest, CompletionRequest; anthropic/anthropic.go MessagesRequest). Fields
+# only newer versions have are left out: an older Ollama ignores them.
+CHAT_FIELDS = ("ChatCompletionRequest", {
+    "stream": "bool", "max_tokens": "int", "seed": "int", "temperature": "float64",
+    "frequency_penalty": "float64", "presence_penalty": "float64", "top_p": "float64"})
+COMPLETION_FIELDS = ("CompletionRequest", {
+    "stream": "bool", "max_tokens": "int", "seed": "int", "temperature": "float32",
+    "frequency_penalty": "float32", "presence_penalty": "float32", "top_p": "float32",
+    "suffix": "string"})
+MESSAGES_FIELDS = ("MessagesRequest", {
+    "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
+    "top_k": "int"})
+# The native requests' typed fields the sidecar's own schema leaves unchecked (api/types.go
+# GenerateRequest, ChatRequest, EmbedRequest), each with the version that added it: an older
+# Ollama ignores a field it does not have.
+NATIVE_FIELDS: dict[str, tuple[str, dict[str, tuple[str, Version]]]] = {
+    "/api/generate": ("GenerateRequest", {
+        "suffix": ("string", (0, 0, 0)), "template": ("string", (0, 0, 0)),
+        "raw": ("bool", (0, 0, 0)), "truncate": ("bool", (0, 12, 6)),
+        "logprobs": ("bool", (0, 12, 11)), "top_logprobs": ("int", (0, 12, 11))}),
+    "/api/chat": ("ChatRequest", {
+        "truncate": ("bool", (0, 12, 6)), "logprobs": ("bool", (0, 12, 11)),
+        "top_logprobs": ("int", (0, 12, 11))}),
+    "/api/embed": ("EmbedRequest", {"dimensions": ("int", (0, 11, 11))}),
+}
+RAW_REFUSAL = "raw mode does not support template, system, or context"
+BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+NEWLINES = b"\r\n"
+# EmbeddingsMiddleware checks encoding_format from 0.12.7 (commit e0ead1ade)
+ENCODING_FORMAT_SINCE: Version = (0, 12, 7)
+ENCODING_FORMATS = ("float", "base64")
+
+
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _misfit(value: Any, kind: str) -> str | None:
+    """How Go's UnmarshalTypeError names a JSON value a field of `kind` cannot store, or None
+    when it fits (encoding/json literalStore): a number that is the wrong kind is "number", one
+    an int cannot hold (a fraction, an exponent, too large) is "number" and its text."""
+    if value is None:  # JSON null leaves a Go field as it is
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind in ("int", "float32", "float64") and number:
+        if kind == "int":
+            fits = isinstance(value, int) and INT64[0] <= value <= INT64[1]
+        else:
+            fits = kind == "float64" or abs(value) <= FLOAT32_MAX
+        return None if fits else f"number {value!r}"
+    if isinstance(value, bool):
+        return None if kind == "bool" else "bool"
+    if isinstance(value, str):
+        return None if kind == "string" else "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else "number"
+
+
+def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> str | None:
+    """encoding/json's refusal of the first typed field whose JSON value does not fit."""
+    struct, kinds = fields
+    for key, value in body.items():
+        kind = kinds.get(key)
+        if kind is not None and (misfit := _misfit(value, kind)):
+            return (f"json: cannot unmarshal {misfit} into Go struct field "
+                    f"{struct}.{key} of type {kind}")
+    return None
+
+
+def native_error(path: str, body: dict[str, Any], version: Version) -> str | None:
+    """Ollama's binding of a native call: the first typed field of the wrong type, then the
+    first image that is not base64 (api.ImageData is a []byte, which encoding/json decodes
+    with base64.StdEncoding)."""
+    struct, fields = NATIVE_FIELDS.get(path, ("", {}))
+    kinds = {key: kind for key, (kind, since) in fields.items() if version >= since}
+    if wrong := binding_error((struct, kinds), body):
+        return wrong
+    if path in ("/api/chat", "/api/generate"):
+        return image_error(body, chat=path == "/api/chat")
+    return None
+
+
+def image_error(body: dict[str, Any], chat: bool) -> str | None:
+    """The first image of a native call that does not decode (generate's `images`, each chat
+    message's `images`)."""
+    lists = [m.get("images") for m in body.get("messages") or [] if isinstance(m, dict)] \
+        if chat else [body.get("images")]
+    for images in lists:
+        for image in images if isinstance(images, list) else ():
+            if isinstance(image, str) and (wrong := base64_error(image)):
+                return wrong
+    return None
+
+
+def base64_error(text: str) -> str | None:
+    """base64.StdEncoding.Decode's refusal of `text`, if any. Most images decode: checked
+    whole first, the byte at fault looked for only when that fails."""
+    data = text.encode()
+    try:
+        binascii.a2b_base64(data.replace(b"\r", b"").replace(b"\n", b""), strict_mode=True)
+        return None
+    except binascii.Error:
+        return _go_base64_error(data)
+
+
+def _go_base64_error(data: bytes) -> str | None:
+    """encoding/base64 decodeQuantum: the byte offset of the bad character, of an unfinished
+    quantum, or of what trails the padding."""
+    si = 0
+
+    def corrupt(at: int) -> str:
+        return f"illegal base64 data at input byte {at}"
+
+    while True:
+        j = 0
+        while j < 4:
+            if si == len(data):
+                return None if j == 0 else corrupt(si - j)
+            byte = data[si]
+            si += 1
+            if byte in BASE64_ALPHABET:
+                j += 1
+                continue
+            if byte in NEWLINES:
+                continue
+            if byte != ord("=") or j < 2:
+                return corrupt(si - 1)
+            if j == 2:  # a second "=" must follow
+                while si < len(data) and data[si] in NEWLINES:
+                    si += 1
+                if si == len(data):
+                    return corrupt(len(data))
+                if data[si] != ord("="):
+                    return corrupt(si - 1)
+                si += 1
+            while si < len(data) and data[si] in NEWLINES:
+                si += 1
+            return corrupt(si) if si < len(data) else None
+
+
+def raw_error(path: str, body: dict[str, Any]) -> str | None:
+    """GenerateHandler's refusal of `raw` with a template, a system or an earlier call's
+    context (server/routes.go:422-424), made once the model is found."""
+    if path == "/api/generate" and body.get("raw") is True and (
+            body.get("template") or body.get("system") or body.get("context")):
+        return RAW_REFUSAL
+    return None
+
+
+def chat_error(body: dict[str, Any]) -> str | None:
+    """ChatMiddleware: the binding, then a chat without messages."""
+    if wrong := binding_error(CHAT_FIELDS, body):
+        return wrong
+    messages = body.get("messages")
+    if messages is None or messages == []:
+        return "[] is too short - 'messages'"
+    return None
+
+
+def completion_error(body: dict[str, Any]) -> str | None:
+    return binding_error(COMPLETION_FIELDS, body)
+
+
+def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
+    """EmbeddingsMiddleware: an encoding other than float or base64 (any case), then no
+    input or an empty list (`""` is one empty input)."""
+    wanted = body.get("encoding_format")
+    if version >= ENCODING_FORMAT_SINCE and wanted and isinstance(wanted, str) and \
+            wanted.lower() not in ENCODING_FORMATS:
+        return (f"Invalid value for 'encoding_format' = {wanted}. "
+                "Supported values: ['float', 'base64'].")
+    texts = body.get("input")
+    if texts is None or texts == []:
+        return "invalid input"
+    return None
+
+
+def messages_error(body: dict[str, Any]) -> str | None:
+    """AnthropicMessagesMiddleware: the binding, then max_tokens, then messages. A request
+    without a model is the sidecar's own (its preferred model), so that check is left out."""
+    if wrong := binding_error(MESSAGES_FIELDS, body):
+        return wrong
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None or max_tokens <= 0:
+        return "max_tokens is required and must be positive"
+    messages = body.get("messages")
+    if messages is None or messages == []:
+        return "messages is required"
+    return None
+
+
+def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None:
+    """The 400 Ollama answers to `body` on `path` from the body alone, if any."""
+    if path in NATIVE_FIELDS:
+        return native_error(path, body, version)
+    if path == "/v1/chat/completions":
+        return chat_error(body)
+    if path == "/v1/completions":
+        return completion_error(body)
+    if path == "/v1/embeddings":
+        return embeddings_error(body, version)
+    if path == "/v1/messages":
+        return messages_error(body)
+    return None

@@ -1,0 +1,56 @@
+"""Bodies read as Ollama's Go decoder reads them, and long lists validated in pieces."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.api import layers, wire
+
+
+@pytest.mark.parametrize(("raw", "read"), [
+    (b'{"a": "x\\ud83d"} and more', {"a": "x\ufffd"}),
+    (b'{"a": "caf\xe9"}', {"a": "caf\ufffd"}),
+    (b' \n{"a": 99999999999999999999999} {', {"a": 1e23}),  # orjson's float beyond 64 bits
+    (b'{"a": 18446744073709551615}', {"a": 18446744073709551615}),
+])
+def test_a_body_is_read_as_go_reads_it_and_sent_on_as_read(raw: bytes,
+                                                           read: dict[str, object]) -> None:
+    body = wire.parse_body(raw)
+    assert body == read
+    assert orjson.loads(orjson.dumps(body)) == read
+
+
+@pytest.mark.parametrize("raw", [b'{"a": NaN}', b'{"a": 1e400} x', b"\xef\xbb\xbf{}",
+                                 b"[" * 5000 + b"]" * 5000, b'{"a": 1'])
+def test_a_body_go_refuses_is_still_refused(raw: bytes) -> None:
+    with pytest.raises(wire.BadRequest, match="not valid JSON"):
+        wire.parse_body(raw)
+
+
+def test_a_long_list_is_checked_whole_and_its_fault_named_where_it_is() -> None:
+    messages = [{"role": "user", "content": "hi"}] * (3 * wire.CHUNK)
+    parsed = wire.validate(wire.OllamaInference, {"model": "m", "messages": messages})
+    assert parsed.messages is not None and len(parsed.messages) == 3 * wire.CHUNK
+    wrong = [*messages[:wire.CHUNK + 7], {"role": "user", "content": 5}]
+    with pytest.raises(wire.BadRequest, match=rf"messages\.{wire.CHUNK + 7}\.content"):
+        wire.validate(wire.OllamaInference, {"model": "m", "messages": wrong})
+
+
+@pytest.mark.parametrize(("value", "kind", "misfit"), [
+    (5, "string", "number"), (1.5, "int", "number 1.5"), (1.0, "int", "number 1.0"),
+    (2 ** 63, "int", f"number {2 ** 63}"), (1e39, "float32", "number 1e+39"),
+    (True, "int", "bool"), ("x", "bool", "string"), ([], "int", "array"), ({}, "int", "object"),
+    (None, "int", None), (3, "float32", None), (True, "bool", None),
+])
+def test_a_field_is_bound_as_go_binds_it(value: object, kind: str, misfit: str | None) -> None:
+    assert layers._misfit(value, kind) == misfit
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("aGk=", None), ("aGk", "illegal base64 data at input byte 0"),
+    ("aGVs\nbG8=", None), ("!!", "illegal base64 data at input byte 0"),
+    ("aGVsbG8=x", "illegal base64 data at input byte 8"), ("", None),
+])
+def test_an_image_is_decoded_as_go_decodes_base64(text: str, error: str | None) -> None:
+    assert layers.base64_error(text) == error
