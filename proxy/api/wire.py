@@ -395,6 +395,8 @@ def _as_go_reads(raw: bytes) -> Any:
                                     parse_int=_whole).raw_decode(text, start)
     except (ValueError, RecursionError):
         return _UNREADABLE
+    if nesting_depth(value) > MAX_DEPTH:
+        return value  # refused for its depth (a recursive walk could overflow on it)
     return _without_surrogates(value)
 
 

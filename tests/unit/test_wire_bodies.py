@@ -28,6 +28,13 @@ def test_a_body_go_refuses_is_still_refused(raw: bytes) -> None:
         wire.parse_body(raw)
 
 
+@pytest.mark.parametrize("depth", [200, 900, 990])
+def test_a_deep_body_read_as_go_reads_it_is_refused_for_its_depth(depth: int) -> None:
+    raw = b'{"a": ' + b"[" * depth + b'"\\ud83d"' + b"]" * depth + b"}"
+    with pytest.raises(wire.BadRequest, match=r"deeper than 128|not valid JSON"):  # never a crash
+        wire.parse_body(raw)
+
+
 def test_a_long_list_is_checked_whole_and_its_fault_named_where_it_is() -> None:
     messages = [{"role": "user", "content": "hi"}] * (3 * wire.CHUNK)
     parsed = wire.validate(wire.OllamaInference, {"model": "m", "messages": messages})
