@@ -26,7 +26,13 @@ from proxy.api.errors import (
 from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
-from proxy.core.models import model_name, normalise_model, ollama_name_parts, resolve_model
+from proxy.core.models import (
+    model_name,
+    normalise_model,
+    not_found,
+    ollama_name_parts,
+    resolve_model,
+)
 from proxy.core.tokens import (
     PromptSize,
     answers_tool_result,
@@ -417,8 +423,8 @@ class SidecarApi:
         models = await self._provider_models()
         key = resolve_model(name, models)
         if key not in models:
-            return error_response(404, "model-not-found",
-                                  f"model '{name}' is on no provider", name, dialect="openai")
+            return error_response(404, "model-not-found", not_found(name), name,
+                                  dialect="openai")  # Ollama's ShowHandler's words
         return _json(self._openai_model(key, models[key]))
 
     async def count_tokens(self, request: Request) -> Response:
