@@ -17,20 +17,20 @@ from proxy.api.routes import (
     RequestTooLarge,
     answer_cap,
     can_wait_header,
+    measure,
     off_loop,
     read_capped,
 )
-from proxy.core.affinity import expected_cached, shared_prompt_size
+from proxy.core.affinity import expected_cached
 from proxy.core.models import INVALID_MODEL_NAME, is_valid_model_name
 from proxy.core.occupancy import index_providers, loaded_limit
 from proxy.core.placement import explain
-from proxy.core.tokens import PromptSize, conversation_digests, prompt_size
 from proxy.core.types import CallSpec, Decision, Verdict
 from proxy.core.waitline import slack_s
 from proxy.ports import MODEL_DEMAND
 from proxy.service.demand import DemandBoard
 from proxy.service.plans import PlanBook
-from proxy.service.routing import NO_PROMPT, CallRequest
+from proxy.service.routing import CallRequest
 from proxy.service.scheduler import Scheduler
 from proxy.service.snapshot import StateView
 
@@ -213,7 +213,7 @@ class KubemootApi:
             can_wait = can_wait_header(request, self.default_can_wait)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
-        size, digests, shared = await off_loop(request.state.large_body, _measure, body)
+        size, digests, shared, _ = await off_loop(request.state.large_body, measure, body)
         call = CallRequest("/api/chat", model, phase, prompt=size,
                            can_wait=can_wait, num_ctx=wire.requested_num_ctx(body),
                            num_predict=answer_cap(body), conversation=digests,
@@ -265,12 +265,6 @@ class KubemootApi:
             "plans": sorted(self.plans.plans),
             "sharedStateConnected": self.view.store.connected,
         })
-
-
-def _measure(body: dict[str, Any]) -> tuple[PromptSize, tuple[int, ...], PromptSize]:
-    """A call body's prompt size, its conversation's digests and what its calls share."""
-    digests = conversation_digests(body)
-    return prompt_size(body), digests, shared_prompt_size(body) if digests else NO_PROMPT
 
 
 async def _json_body(request: Request, limit: int, what: str, the_setting: bool

@@ -146,9 +146,10 @@ async def off_loop(large: bool, fn: Callable[..., R], *args: Any) -> R:
     return await asyncio.to_thread(fn, *args) if large else fn(*args)
 
 
-def measure(body: dict[str, Any], parsed: wire.Inference) -> Measured:
+def measure(body: dict[str, Any], parsed: wire.Inference | None = None) -> Measured:
     """What placement needs of the body's prompt (see `Measured`): an embedding's longest
-    input, else everything that ends up in the prompt and its conversation."""
+    input, else everything that ends up in the prompt and its conversation (a chat's, when
+    the body is not parsed: explain's)."""
     if isinstance(parsed, wire.EMBEDDINGS):
         return longest_input_size(body), (), NO_PROMPT, False
     size, conversation = prompt_size(body), conversation_digests(body)
