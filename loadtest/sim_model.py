@@ -36,6 +36,13 @@ DEFAULT_MODELS_PER_GPU = 3  # server/sched.go:86
 THINKING_ARCHS = ("qwen3",)  # of the catalog's, the ones that think as Ollama serves them
 
 
+# Encoders that keep no KV cache on either engine: llama.cpp's create_memory gives them none
+# (llama/llama.cpp/src/llama-model.cpp, v0.12.6:19576-19588, v0.24.0:7126-7140), and
+# Ollama's own bert has no cache (v0.12.6 model/models/bert/embed.go)
+CACHELESS_ARCHS = frozenset(("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2",
+                             "jina-bert-v3", "neo-bert"))
+
+
 @dataclass(frozen=True)
 class SimModel:
     """A model on disk: what `/api/tags` and `/api/show` describe."""
@@ -113,7 +120,10 @@ class SimModel:
 
     @property
     def kv_layers(self) -> int:
-        """Layers with a cache of their own: all but the shared ones."""
+        """Layers with a cache of their own: all but the shared ones; none for a BERT-like
+        encoder, which neither engine gives a cache (CACHELESS_ARCHS)."""
+        if self.arch in CACHELESS_ARCHS:
+            return 0
         return self.block_count - self.shared_kv_layers
 
     @property

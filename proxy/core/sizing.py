@@ -92,6 +92,12 @@ WINDOWED: dict[str, WindowRule] = {
     # not in the llama.cpp Ollama vendored, so whole from 0.30
     "laguna": WindowRule(0, default=512, llama_server=False),
 }
+# Encoders that keep no KV cache on either engine (Ollama's estimate still counts one):
+# llama.cpp's create_memory gives them none (llama/llama.cpp/src/llama-model.cpp,
+# v0.12.6:19576-19588, v0.24.0:7126-7140) and Ollama's own bert has no cache (v0.12.6
+# model/models/bert/embed.go)
+CACHELESS = frozenset(("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
+                       "neo-bert"))
 # Architectures whose last `<arch>.attention.shared_kv_layers` layers read an earlier
 # layer's cache and keep none of their own: gemma3n (v0.12.6 model_text.go:48-56, 262;
 # llama.cpp's reuse from n_layer_kv_from_start = 20, llama-model.cpp:1305, 7192-7195)
@@ -389,6 +395,8 @@ def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
         return 0, 0
     blocks, embedding, heads, kv_heads, _, _ = attention
     estimate = 4 * blocks * max(1, min(kv_heads)) * (embedding // max(heads))
+    if arch in CACHELESS:
+        return 0, estimate
     return sum(kv_per_layer(info, arch)), estimate
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest.sim_model import CATALOG
 from proxy.core import context
 from proxy.core.context import NEWEST, fits, parse_version, reserve, resolve
 from proxy.core.sizing import (
@@ -223,6 +224,13 @@ def test_what_show_says_of_a_model_is_reduced_to_what_sizing_needs() -> None:
     embed = {"model_info": {"general.architecture": "nomic-bert", "nomic-bert.pooling_type": 1,
                             **arch("nomic-bert", 12, 768, 12, 12, trained=2048)},
              "capabilities": ["embedding"]}
-    assert model_info(embed).embedding and model_info(embed).kv_bytes_per_token == 36 * KIB
+    # a BERT-like encoder keeps no KV cache; Ollama's own estimate counts one all the same
+    assert model_info(embed).embedding and model_info(embed).kv_bytes_per_token == 0
+    assert model_info(embed).estimate_kv_bytes_per_token == 36 * KIB
     assert model_info({"capabilities": ["vision"]}).vision
     assert model_info("not a show answer") == ModelInfo()
+
+
+def test_an_encoder_holds_no_kv_cache_in_the_simulator_either() -> None:
+    nomic = next(m for m in CATALOG if m.arch == "nomic-bert")
+    assert nomic.footprint_mib(512, 1) == nomic.footprint_mib(2048, 4)
