@@ -155,6 +155,8 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return body
+        if wrong := sim_bindings.binding_error(sim_bindings.SHOW_FIELDS, body):
+            return _error(wrong, 400)
         name = body.get("model") or body.get("name")
         if not name:
             return _error("model is required", 400)

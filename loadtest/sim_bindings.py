@@ -38,6 +38,11 @@ COMPLETION_FIELDS = ("CompletionRequest", {
     "top_p": "float32", "max_tokens": "int", "seed": "int", "stream": "bool",
     "suffix": "string"})
 
+# api.ShowRequest's typed fields (api/types.go:722-734), bound by ShowHandler
+# (server/routes.go:1300-1310)
+SHOW_FIELDS = ("ShowRequest", {"model": "string", "system": "string", "template": "string",
+                               "verbose": "bool", "name": "string"})
+
 MESSAGES_FIELDS = ("MessagesRequest", {
     "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
     "top_k": "int"})

@@ -87,6 +87,14 @@ def test_unknown_model_is_ollamas_404(client: ollama.Client) -> None:
     assert raw.json()["model"] == "no-such-model:1b"
 
 
+def test_a_show_with_a_mistyped_field_is_ollamas_400(client: ollama.Client) -> None:
+    raw = httpx.post(client._client.base_url.join("/api/show"),  # type: ignore[attr-defined]
+                     json={"model": "qwen3:14b", "verbose": "x"})
+    assert raw.status_code == 400
+    assert raw.json()["error"] == ("json: cannot unmarshal string into Go struct field "
+                                   "ShowRequest.verbose of type bool")
+
+
 def test_response_headers_say_where_it_ran(fleet: list[SimServer],
                                            sidecar_factory: Sidecars) -> None:
     url = sidecar_factory(fleet).url
