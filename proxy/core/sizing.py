@@ -411,8 +411,8 @@ def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:
     # Windowed layers with a head size of their own (gemma4's key_length_swa: v0.24.0
     # model/models/gemma4/model_text.go:57-72, 86-88, 265-268)
     key, value = _length(info, arch, "key_length_swa"), _length(info, arch, "value_length_swa")
-    pattern = info.get(f"{arch}.attention.sliding_window_pattern")
-    if key and value and isinstance(pattern, list) and len(pattern) == len(per_layer):
+    pattern = _file_pattern(info, arch, len(per_layer))
+    if key and value and pattern is not None:
         kv_heads = attention[3]
         per_layer = [kv_heads[i] * (key + value) * 2 if windowed and bytes_ else bytes_
                      for i, (bytes_, windowed) in enumerate(zip(per_layer, pattern,
@@ -421,6 +421,14 @@ def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:
     if isinstance(shared, int | float) and 0 < shared < len(per_layer):
         per_layer[len(per_layer) - int(shared):] = [0] * int(shared)
     return per_layer
+
+
+def _file_pattern(info: Mapping[str, object], arch: str, layers: int) -> list[bool] | None:
+    """Which layers are windowed, as the file lists them (newer converters), if it does."""
+    pattern = info.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list) and len(pattern) == layers:
+        return [bool(p) for p in pattern]
+    return None
 
 
 def _length(info: Mapping[str, object], arch: str, key: str) -> int:
@@ -476,10 +484,9 @@ def windowed_kv(info: Mapping[str, object], arch: str) -> tuple[int, int, bool]:
     per_layer = kv_per_layer(info, arch)
     if not window or not per_layer:
         return 0, 0, False
-    pattern = info.get(f"{arch}.attention.sliding_window_pattern")
     types = info.get(f"{arch}.attention.layer_types")
-    if isinstance(pattern, list) and len(pattern) == len(per_layer):
-        windowed = [bool(p) for p in pattern]  # the file's own (newer converters)
+    if (pattern := _file_pattern(info, arch, len(per_layer))) is not None:
+        windowed = pattern
     elif isinstance(types, list) and len(types) == len(per_layer):
         windowed = [t == 1 for t in types]  # laguna's layer types, 1 sliding
     elif rule.period:
