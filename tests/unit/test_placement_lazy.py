@@ -86,6 +86,10 @@ def test_weighing_the_room_lazily_decides_as_weighing_it_everywhere(
 @given(fleets(), calls(), st.sampled_from([0.0, 0.3, 1.0, 5.0, 30.0]))
 def test_a_card_place_passes_over_could_neither_win_nor_tie(
         snap: Snapshot, spec: CallSpec, unload_s: float) -> None:
+    assert_passed_over_cost_more(snap, spec, unload_s)
+
+
+def assert_passed_over_cost_more(snap: Snapshot, spec: CallSpec, unload_s: float) -> None:
     """place() leaves out of its verdicts a card whose load costs at least more than the
     cheapest load or copy found; explain() weighs it, every term: it costs more."""
     policy = replace(DEFAULT_POLICY, unload_s=unload_s)
@@ -97,7 +101,10 @@ def test_a_card_place_passes_over_could_neither_win_nor_tie(
     passed_over = [v for v in verdicts if v.model == spec.preferred.model
                    and v.provider not in weighed]
     if passed_over:
-        chosen = lazy.placement.cost_s if lazy.placement else lazy.queue_option_s
+        # A wait's queue_option_s is the call's own wait, without the shared terms (provider
+        # weight) its slot's verdict carries: the bar was that verdict, the cheapest weighed
+        chosen = lazy.placement.cost_s if lazy.placement else min(
+            [v.cost_s for v in lazy.verdicts if v.feasible], default=lazy.queue_option_s)
         assert chosen is not None
         assert all(v.cost_s > chosen for v in passed_over if v.feasible)
 
@@ -131,3 +138,16 @@ def test_of_two_loads_that_tie_the_one_that_takes_room_loses_though_its_name_com
     terms = {v.provider: v.terms for v in decision.verdicts}
     assert terms["a"]["takes_room"] == DEFAULT_POLICY.unload_s
     assert {k: v for k, v in terms["a"].items() if k != "takes_room"} == terms["b"]
+
+
+def test_a_wait_for_a_slot_passes_over_a_load_dearer_than_its_verdict() -> None:
+    """A wait's bar is its slot's verdict (2.0 s: a 3 s wait less the provider weight's
+    second), not the call's own wait (3.0 s): a load costing 2.3 s is passed over."""
+    snap = snapshot(gpu("p2", GIB24), gpu("p3", GIB16, ("llama3.2:3b",)), gpu("p4", GIB24),
+                    tickets=(ticket("p3", "llama3.2:3b", elapsed=27),))
+    spec = call("llama3.2:3b", tokens=9000, tolerance=0)
+    policy = replace(DEFAULT_POLICY, unload_s=0.0)
+    assert_passed_over_cost_more(snap, spec, 0.0)
+    decision = place(spec, snap, policy)
+    assert decision.outcome == "wait" and decision.queue_option_s == 3.0
+    assert {v.provider for v in decision.verdicts} == {"p2", "p3"}  # p4 passed over
