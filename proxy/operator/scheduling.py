@@ -252,7 +252,8 @@ def feasibility(model: Model, providers: Mapping[str, Provider], options: Option
     if total:
         overhead = options.eviction_overhead_mib
         if overhead is None:
-            overhead = DEFAULT_POLICY.reserve_mib(total)
+            overhead = DEFAULT_POLICY.reserve_mib(total, provider.view.gpus if provider.view
+                                                  else 1)
         sized = sized_mib(model, provider)
         if sized is not None:
             need, context_length = sized

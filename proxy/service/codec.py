@@ -91,6 +91,7 @@ class ProviderState:
     # the models its Ollama keeps loaded (OLLAMA_MAX_LOADED_MODELS, or 3 x its GPUs when
     # unset); 0 from an older publisher is Ollama's automatic limit too
     max_loaded: int | None = None
+    gpus: int = 1  # the GPUs its Ollama runs on (the reserve is kept on each)
     kv_cache_type: str = "f16"
     loaded_mib: dict[str, int] = field(default_factory=dict)  # size_vram: GPU memory held
     loaded_size_mib: dict[str, int] = field(default_factory=dict)  # size: GPU and CPU
@@ -125,6 +126,7 @@ class ProviderState:
             "contextLength": self.context_length,
             "maxParallel": self.max_parallel,
             "maxLoadedModels": self.max_loaded,
+            "gpus": self.gpus,
             "kvCacheType": self.kv_cache_type,
             "ready": self.ready,
             "lastProbedAt": rfc3339(self.last_probed_at),
@@ -143,6 +145,7 @@ class ProviderState:
             total_vram_mib=d.get("totalVramMiB"), context_length=int(d.get("contextLength") or 0),
             max_parallel=int(d.get("maxParallel") or 1),
             max_loaded=d.get("maxLoadedModels"),  # absent from older publishers: None
+            gpus=max(1, _int_or(d.get("gpus"), 1)),
             kv_cache_type=str(d.get("kvCacheType") or "f16"),
             loaded_mib=dict(d.get("loadedModelFootprintsMiB") or {}),
             loaded_size_mib=dict(d.get("loadedModelSizesMiB") or {}),

@@ -189,7 +189,7 @@ class Prober:
             name=name, endpoint=config.endpoint, ready=ready, last_probed_at=now,
             total_vram_mib=total, context_length=config.context_length or 0,
             max_parallel=config.max_parallel,
-            max_loaded=loaded_limit(config.max_loaded_models, config.gpus),
+            max_loaded=loaded_limit(config.max_loaded_models, config.gpus), gpus=config.gpus,
             kv_cache_type=config.kv_cache_type,
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,

@@ -167,7 +167,7 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     up = sim_factory("up", total_vram_mib=24564, context_length=8192)
     down = sim_factory("down")
     configs = [ProviderConfig(name="up", endpoint=up.url, totalVramMiB=24564,
-                              contextLength=8192, maxParallel=2, maxLoadedModels=4),
+                              contextLength=8192, maxParallel=2, maxLoadedModels=4, gpus=2),
                ProviderConfig(name="down", endpoint=down.url)]
     down.stop()
     client = OllamaClient(up.url)
@@ -183,6 +183,7 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     state = ProviderState.decode(raw_up.value)
     assert state.ready and state.total_vram_mib == 24564 and state.max_parallel == 2
     assert state.max_loaded == 4 and ProviderState.decode(raw_down.value).max_loaded == 3
+    assert state.gpus == 2 and ProviderState.decode(raw_down.value).gpus == 1
     footprint = up.config.model("qwen3:8b").footprint_mib(8192, 1, batch=1024)
     assert state.loaded_mib == state.loaded_size_mib == {"qwen3:8b": footprint}
     assert state.loaded_ctx == {"qwen3:8b": 8192}

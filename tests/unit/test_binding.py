@@ -180,8 +180,8 @@ def shown() -> dict[str, ModelInfo]:
 
 
 def prod_fleet(loaded_on_a: dict[str, int], total_a: int = 32768,
-               architectures: bool = False, disk_without: tuple[str, ...] = ()
-               ) -> candidates.Documents:
+               architectures: bool = False, disk_without: tuple[str, ...] = (),
+               gpus_a: int = 1) -> candidates.Documents:
     """config/bundles/prod with live state: a 32 GiB and a 24 GiB card, every model on
     disk but `disk_without`; without `architectures` the declared vramMib decides the fit."""
     disk = {m: mib for m, mib in PROD_DISK.items() if m not in disk_without}
@@ -190,7 +190,7 @@ def prod_fleet(loaded_on_a: dict[str, int], total_a: int = 32768,
     models = shown() if architectures else {}
     states = {
         "ollama-a": ProviderState("ollama-a", "http://a:11434", True, NOW, total_a,
-                                  max_parallel=1, loaded_mib=dict(loaded_on_a),
+                                  max_parallel=1, gpus=gpus_a, loaded_mib=dict(loaded_on_a),
                                   available_mib=dict(disk), models=models),
         "ollama-b": ProviderState("ollama-b", "http://b:11434", True, NOW, 24576,
                                   max_parallel=2, available_mib=dict(disk),
@@ -269,3 +269,17 @@ def test_the_operator_sizes_a_model_as_the_sidecar_does() -> None:
     # a 48 GiB card takes it (at its trained context, 40960: 32488 MiB)
     roomy = prod_fleet({}, total_a=49152, architectures=True)
     assert s.feasibility(big, roomy.providers, Options())[0] is not None
+
+
+def test_the_operator_keeps_the_reserve_on_each_gpu_of_a_provider() -> None:
+    # 24 GiB over three 8 GiB GPUs keeps 3 x 2048 MiB, as the sidecar does
+    # (Policy.reserve_mib): the 32B's declared 20480 MiB fit one 24 GiB card, not this
+    one_card = prod_fleet({}, total_a=24576)
+    big = next(m for m in one_card.models if m.name == "qwen3-32b")
+    assert s.feasibility(big, one_card.providers, Options())[0] is not None
+    three = prod_fleet({}, total_a=24576, gpus_a=3)
+    provider, why = s.feasibility(big, three.providers, Options())
+    assert provider is None
+    assert why == ("qwen3-32b: needs 20480 MiB + 6144 MiB overhead, ollama-a has 24576 MiB")
+    state = three.providers["ollama-a"]
+    assert state.view is not None and state.view.gpus == 3
