@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,24 @@ class PlanBook:
         self.clock = clock
         self.plans: dict[str, HeldPlan] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # a thread's create, take and release run one at a time: a plan made while another
+        # was being made for the thread would replace it unreleased, its ticket renewed on
+        self._thread_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._creating = 0  # plans past the limit check, not yet in `plans`
+
+    @contextlib.asynccontextmanager
+    async def _serialised(self, thread: str) -> AsyncIterator[None]:
+        lock, users = self._thread_locks.get(thread) or (asyncio.Lock(), 0)
+        self._thread_locks[thread] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._thread_locks[thread]
+            if users == 1:
+                del self._thread_locks[thread]
+            else:
+                self._thread_locks[thread] = (lock, users - 1)
 
     def start(self) -> None:
         self._reaper = asyncio.create_task(self._reap())
@@ -77,13 +96,23 @@ class PlanBook:
 
     async def create(self, thread: str, phase: str, model: str | None,
                      prompt_chars: int | None) -> dict[str, Any]:
-        await self.release(thread)  # a thread holds one plan: a new one replaces it
+        async with self._serialised(thread):
+            await self._release(thread)  # a thread holds one plan: a new one replaces it
+            limit = self.limits.max_plans
+            held = len(self.plans) + self._creating
+            if held >= limit:
+                return {"thread": thread, "planned": False, "refusal": "plan-limit",
+                        "reason": f"this agent holds {held} plans already, the most it may "
+                                  f"(KUBEMOOT_MAX_PLANS {limit}); release one first"}
+            self._creating += 1
+            try:
+                return await self._create(thread, phase, model, prompt_chars)
+            finally:
+                self._creating -= 1
+
+    async def _create(self, thread: str, phase: str, model: str | None,
+                      prompt_chars: int | None) -> dict[str, Any]:
         s = self.scheduler
-        limit = self.limits.max_plans
-        if len(self.plans) >= limit:
-            return {"thread": thread, "planned": False, "refusal": "plan-limit",
-                    "reason": f"this agent holds {len(self.plans)} plans already, the most "
-                              f"it may (KUBEMOOT_MAX_PLANS {limit}); release one first"}
         candidates = s.candidates(phase, model)
         if not candidates:
             return {"thread": thread, "planned": False, "reason": "no model to plan for"}
@@ -166,6 +195,10 @@ class PlanBook:
         return True
 
     async def release(self, thread: str) -> bool:
+        async with self._serialised(thread):
+            return await self._release(thread)
+
+    async def _release(self, thread: str) -> bool:
         plan = self.plans.pop(thread, None)
         if plan is None:
             return False
@@ -210,13 +243,17 @@ class PlanBook:
     async def take(self, call: CallRequest) -> Granted | None:
         """The call's thread's held plan as its first attempt, when the plan still suits
         the call; otherwise the plan is released and None says to place the call afresh."""
-        plan = self.plans.pop(call.thread, None) if call.thread else None
-        if plan is None:
-            return None
-        if not self._still_good(plan, call):
-            self.plans[plan.thread] = plan
-            await self.release(plan.thread)
-            return None
+        if not call.thread or (call.thread not in self.plans
+                               and call.thread not in self._thread_locks):
+            return None  # (no plan held or being made: no lock to take)
+        async with self._serialised(call.thread):
+            plan = self.plans.get(call.thread)
+            if plan is None:
+                return None
+            if not self._still_good(plan, call):
+                await self._release(plan.thread)
+                return None
+            del self.plans[call.thread]
         for m in plan.intents:
             await self.scheduler.demand.drop_intent(m)
         spec = self.scheduler.spec(call, plan.spec.candidates)

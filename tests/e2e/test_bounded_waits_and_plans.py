@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -74,6 +75,29 @@ def test_an_agent_holds_a_bounded_number_of_plans(sim_factory: Sims,
     assert plan(url, "t3", "qwen3:8b").status_code == 201
     too_long = httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": "x" * 300})
     assert too_long.status_code == 400 and "thread" in too_long.json()["error"]
+
+
+@pytest.mark.parametrize("mode", ["nats"], indirect=True)
+def test_plans_made_at_once_leave_no_ticket_behind_nor_pass_the_limit(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """Two plans for one thread at once: the later replaces the earlier, released; two
+    threads at once against a limit of one: one of them is refused."""
+    gpu = sim_factory("gpu", total_vram_mib=49140, context_length=2048, time_scale=SCALE)
+    url = sidecar_factory([gpu], plan_memory_share=1.0, max_plans=1, **mode).url
+    for _ in range(5):
+        with ThreadPoolExecutor(2) as pool:
+            codes = list(pool.map(lambda m: plan(url, "t", m).status_code,
+                                  ["qwen3:8b", "llama3.2:3b"]))
+        assert codes == [201, 201]
+        assert httpx.delete(f"{url}/kubemoot/v1/plans/t").status_code == 200
+        deadline = time.monotonic() + 3  # (the release is seen on the watch)
+        while (state := httpx.get(f"{url}/kubemoot/v1/state").json())["tickets"] and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state["plans"] == [] and state["tickets"] == []
+    with ThreadPoolExecutor(2) as pool:
+        codes = sorted(pool.map(lambda t: plan(url, t, "qwen3:8b").status_code, ["a", "b"]))
+    assert codes == [201, 429]
 
 
 @pytest.mark.parametrize("path", ["room%2F42", "room/42"])
