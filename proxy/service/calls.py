@@ -167,6 +167,7 @@ class CallAttempts:
         self._current: Granted | None = None
         self._retried = False
         self._resized = False
+        self._waited_s = 0.0  # what the failed attempts waited for a GPU, of the call's limit
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
@@ -197,7 +198,8 @@ class CallAttempts:
             return _too_long(failed, outcome)
         self._resized = True
         tokens = outcome.prompt_eval_count or 0
-        placed = await self.service.scheduler.place_call(self.call, tokens)
+        placed = await self.service.scheduler.place_call(self.call, tokens,
+                                                         wait_limit_s=self._wait_left_s(failed))
         if isinstance(placed, Refusal):
             return placed
         log.info("placed again: the engine counted the prompt longer than its context",
@@ -215,11 +217,8 @@ class CallAttempts:
         if self._retried or not scheduler.others_could_take(failed.spec, provider):
             return None
         self._retried = True
-        # What the first attempt waited for a GPU counts; its time at the provider does not
-        waited_s = failed.attempt.waited_ms / 1000
         placed = await scheduler.place_call(self.call, exclude=frozenset((provider,)),
-                                            wait_limit_s=scheduler.settings.wait_limit_s
-                                            - waited_s)
+                                            wait_limit_s=self._wait_left_s(failed))
         if isinstance(placed, Refusal):
             # Every other GPU stayed busy, or the agent left: that is the answer. Any other
             # refusal means no other could ever take it: the failure is the answer.
@@ -230,6 +229,12 @@ class CallAttempts:
         log.info("retrying on another provider", failed=provider, cause=outcome.error,
                  provider=placed.attempt.provider, model=placed.attempt.model)
         return self._begin(placed)
+
+    def _wait_left_s(self, failed: Granted) -> float:
+        """What is left of the call's wait limit: what its attempts waited for a GPU counts,
+        their time at the provider does not."""
+        self._waited_s += failed.attempt.waited_ms / 1000
+        return self.service.scheduler.settings.wait_limit_s - self._waited_s
 
     def _begin(self, granted: Granted) -> Attempt:
         attempt = granted.attempt

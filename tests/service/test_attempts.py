@@ -155,3 +155,30 @@ async def test_a_ticket_is_released_when_its_call_settles(fleet: Fleet) -> None:
     await call
     assert not sidecar.tickets()
     assert sidecar.residents("gpu") == ["qwen3:8b"]  # what its load left stays counted
+
+
+async def test_a_call_placed_again_at_the_engines_count_waits_what_is_left_of_its_limit(
+        fleet: Fleet) -> None:
+    """Its first attempt waited 8 s of 10 for the small card, whose engine then counted
+    the prompt too long for it: the big card stays busy, so 503 gpu-busy at the limit."""
+    small = fleet.gpu("small", context_length=4096)
+    big = fleet.gpu("big", context_length=16384)
+    for card in (small, big):
+        card.preload("qwen3:8b")
+    small.script(Answer(seconds=8), Answer.too_long())
+    big.script(Answer(seconds=60))
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=10)
+    long_one = sidecar.start_chat("qwen3:8b", prompt_chars=20000)  # fits only big: 60 s
+    await asyncio.sleep(0.5)
+    short_one = sidecar.start_chat("qwen3:8b")  # small, 8 s
+    await asyncio.sleep(0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    r = await sidecar.chat("qwen3:8b", prompt_chars=8000)
+    elapsed = loop.time() - started
+    assert [t.provider for t in r.attempts] == ["small"]
+    assert r.attempts[0].waited_ms > 5000  # its first attempt waited for small
+    assert (r.status, r.reason) == (503, "gpu-busy")
+    assert elapsed <= 10.5, f"answered gpu-busy after {elapsed:.1f} s of a 10 s wait limit"
+    await short_one
+    long_one.cancel()
