@@ -376,6 +376,7 @@ class NatsStore:
         mirror: dict[str, Entry] = {}
         replayed = self._replayed[bucket]
         spec = next(s for s in self.buckets if s.name == bucket)
+        woken = False  # an entry since the last bump wakes waiters: bump at the burst's end
         async for entry in watcher:
             if entry is None:  # end of the initial replay
                 if not replayed.is_set():
@@ -393,8 +394,10 @@ class NatsStore:
                 mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
             if replayed.is_set():
                 self._versions[bucket] += 1
-                if entry.delta == 0 and wakes:
+                woken = woken or wakes
+                if entry.delta == 0 and woken:
                     self.changes.bump()
+                    woken = False
 
     async def close(self) -> None:
         self._closing = True

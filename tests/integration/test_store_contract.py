@@ -112,6 +112,22 @@ async def test_a_refresh_in_a_quiet_bucket_wakes_nobody(store: StateStore) -> No
     assert await wakes(lambda: store.put(PROVIDER_STATE, "p", b"2"))
 
 
+async def test_a_wait_going_wakes_though_a_refresh_follows_it(store: StateStore) -> None:
+    """The watch delivers the two in one burst; the refresh, last, wakes nobody itself."""
+    missed = 0
+    for n in range(20):
+        await store.put(MODEL_DEMAND, "wait.m.a.1", b"1")
+        assert await _until(lambda: "wait.m.a.1" in store.view(MODEL_DEMAND))
+        await asyncio.sleep(0.02)
+        seen = store.changes.value
+        await asyncio.gather(store.delete(MODEL_DEMAND, "wait.m.a.1"),
+                             store.put(MODEL_DEMAND, "use.m.a", b"%d" % n))
+        assert await _until(lambda: (e := store.view(MODEL_DEMAND).get("use.m.a")) is not None
+                            and e.value == b"%d" % n)  # noqa: B023
+        missed += not await store.changes.wait_past(seen, 0.05)
+    assert missed == 0, f"{missed} of 20 waits going woke nobody"
+
+
 async def test_entries_expire_after_the_bucket_ttl(store: StateStore) -> None:
     await store.put(SHORT.name, "gone", b"1")
     assert await store.get(SHORT.name, "gone") is not None
