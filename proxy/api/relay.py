@@ -246,6 +246,9 @@ class RelayStream(StreamingResponse):
         # client at `[DONE]`) has not left mid-answer, and the call settles as answered
         self._last_mark = self.end_event or (ANSWER_DONE if dialect == "ollama" else None)
         self._answered = False
+        # The upstream has ended and the outcome is known: a client that leaves on reading
+        # the last bytes (an error line) no longer cuts the relay or its settling short
+        self._ended = False
         self.attempt = attempt
         self.attempts = attempts
         self.started = started
@@ -305,12 +308,9 @@ class RelayStream(StreamingResponse):
                 if len(held) > MAX_HELD_ERROR_BYTES:
                     chunk, held = held, None
                     yield chunk
-            if held is not None:
-                yield with_reason(held)
-            if self._usage is not None and (rest := self._usage.flush()):
-                yield rest
             self._ok, self._error = True, None
             self._final = final_metrics(self._tail)
+            closing = b""
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
@@ -320,12 +320,20 @@ class RelayStream(StreamingResponse):
                 self._error = (f"provider {self.attempt.provider} ended the stream without "
                                f"{self.end_event.decode().removeprefix('data: ')}: the engine "
                                "failed mid-answer")
-                yield (b"" if ended_with_newline else b"\n") + stream_error_line(
+                closing = (b"" if ended_with_newline else b"\n") + stream_error_line(
                     self._error, self.dialect)
+            self._ended = True
+            if held is not None:
+                yield with_reason(held)
+            if self._usage is not None and (rest := self._usage.flush()):
+                yield rest
+            if closing:
+                yield closing
         except (UpstreamError, TimeoutError) as exc:
             cause = (f"no data for {self.chunk_timeout_s:g} s"
                      if isinstance(exc, TimeoutError) else str(exc))
             self._error = f"provider {self.attempt.provider} failed mid-stream: {cause}"
+            self._ended = True
             if self._usage is not None and (rest := self._usage.flush()):
                 yield rest
             # (an error line held back began a line: what was sent ends with a newline)
@@ -353,7 +361,7 @@ class RelayStream(StreamingResponse):
             while (await receive())["type"] != "http.disconnect":
                 pass
             left = True
-            if not self._answered:
+            if not (self._answered or self._ended):
                 relaying.cancel()
 
         watcher = asyncio.create_task(watch())

@@ -233,11 +233,14 @@ class SlowSettle(OneAttempt):
         await super().settle(outcome)
 
 
-async def test_a_client_that_leaves_once_it_has_the_last_event_lets_the_call_settle() -> None:
+@pytest.mark.parametrize("last", [b'{"done":true,"prompt_eval_count":3}\n',
+                                  b'{"error":"CUDA error: out of memory"}\n'])
+async def test_a_client_that_leaves_once_it_has_the_last_event_lets_the_call_settle(
+        last: bytes) -> None:
     """An agent may close the connection as soon as it has read the answer's last event (the
-    openai client at `[DONE]`), while the call settles: what the call taught must not be lost
-    with it."""
-    body = b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'
+    openai client at `[DONE]`), or an error line, while the call settles: what the call
+    taught, or what its failure says of the card, must not be lost with it."""
+    body = b'{"done":false}\n' + last
     outcomes: list[CallOutcome] = []
     last_sent = asyncio.Event()
 
@@ -246,7 +249,7 @@ async def test_a_client_that_leaves_once_it_has_the_last_event_lets_the_call_set
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
-        if b'"done":true' in message.get("body", b""):
+        if last[:8] in message.get("body", b""):
             last_sent.set()
             await asyncio.sleep(0.01)  # the client reads it and leaves
 
@@ -256,7 +259,11 @@ async def test_a_client_that_leaves_once_it_has_the_last_event_lets_the_call_set
                                  "/api/chat", {"model": "m"}, True, 1)
         await response({"type": "http", "method": "POST", "path": "/"}, receive, send)
         await client.close()
-    assert len(outcomes) == 1 and outcomes[0].ok and outcomes[0].prompt_eval_count == 3
+    assert len(outcomes) == 1
+    if b"error" in last:
+        assert not outcomes[0].ok and "out of memory" in (outcomes[0].error or "")
+    else:
+        assert outcomes[0].ok and outcomes[0].prompt_eval_count == 3
 
 
 CONTENT = b'{"message":{"role":"assistant","content":"the "},"done":false}\n'
