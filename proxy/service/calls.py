@@ -239,8 +239,9 @@ class CallAttempts:
     def _begin(self, granted: Granted) -> Attempt:
         attempt = granted.attempt
         self._current = granted
-        self.service.metrics.placements.labels(attempt.placement, attempt.provider,
-                                               attempt.model).inc()
+        self.service.metrics.placements.labels(
+            attempt.placement, attempt.provider,
+            self.service.scheduler.model_label(attempt.model)).inc()
         self.service.metrics.in_flight.labels(attempt.provider).inc()
         return attempt
 

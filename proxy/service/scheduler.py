@@ -120,6 +120,11 @@ class Scheduler:
         """The spelling of `model` the providers list (Ollama's own case-insensitive match)."""
         return resolve_model(model, self.view.known_models(self.clock.now()))
 
+    def model_label(self, model: str) -> str:
+        """`model` as a metrics label when a provider lists it, else "-": a series for every
+        name a client may send would grow /metrics without bound."""
+        return model if model in self.view.known_models(self.clock.now()) else "-"
+
     def binding_label(self, call: CallRequest) -> str:
         """Where the candidates just resolved for `call` came from (source@revision)."""
         return self.bindings.used(call.phase, call.thread).label() if self.bindings else "env"
@@ -285,7 +290,8 @@ class Scheduler:
                         "this is the cluster's capacity, ask again in a moment."),
                         spec.preferred.model, retry_after_s=5)
                 if wait is None:
-                    self.metrics.placements.labels("waiting", "-", spec.preferred.model).inc()
+                    self.metrics.placements.labels(
+                        "waiting", "-", self.model_label(spec.preferred.model)).inc()
                     wait = await self.demand.waiting(spec.preferred.model, arrived, due)
                     if exclude:
                         self._retries_waiting[wait] = exclude

@@ -20,6 +20,7 @@ from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
 from proxy.api import wire
 from proxy.api.errors import dialect_of
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims
 
 PATHS = [*wire.PLACED, "/api/show", "/api/pull", "/api/tags", "/api/ps", "/api/delete", "/",
          "/kubemoot/v1/plans", "/kubemoot/v1/plans/t", "/kubemoot/v1/explain",
@@ -170,3 +171,23 @@ def test_hostile_requests_get_documented_answers_and_cost_little(
     assert not problems, "\n".join(problems[:10])
     worst = max(refusals, default=(0.0, ""))
     assert worst[0] < REFUSAL_CPU_S, f"{worst[0] * 1000:.1f} ms of CPU to refuse {worst[1]}"
+
+
+def test_model_names_no_provider_lists_add_no_metrics_series(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    up = sim_factory("up", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
+    down = sim_factory("down", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
+    down.stop()
+    url = sidecar_factory([up, down], discuss_gpu_wait_limit_seconds=0.2).url
+    statuses = set()
+    for n in range(30):
+        r = httpx.post(f"{url}/api/chat", json={
+            "model": f"no-such-model-{n}", "stream": False,
+            "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        statuses.add((r.status_code, r.json().get("reason")))
+    metrics = httpx.get(f"{url}/metrics").text
+    series = [line for line in metrics.splitlines() if "no-such-model-" in line]
+    assert statuses == {(503, "gpu-busy")}  # (each waited for the card that is down)
+    assert series == []
+    assert 'kubemoot_placements_total{model="-",placement="waiting",provider="-"} 30.0' \
+        in metrics
