@@ -191,6 +191,18 @@ def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int
     return disk_mib + math.ceil(info.estimate_kv_bytes_per_token * context * slots / MIB)
 
 
+def spread_graph_mib(view: ProviderView, estimate_mib: int, graph: int) -> int:
+    """What a copy spread over a provider's GPUs adds to its one-card footprint: every GPU it
+    uses holds its own compute buffers (llm/llama_server.go:2821-2851). From 0.30 Ollama
+    spreads a copy whose estimate is over 80 % of every GPU's free memory
+    (server/sched.go:1009-1028, 1060-1076): certainly one over 80 % of a whole GPU, which is
+    all that is counted here (docs/engine.md, "Several GPUs")."""
+    if view.gpus <= 1 or not view.total_vram_mib or not graph:
+        return 0
+    per_gpu = view.total_vram_mib // view.gpus
+    return graph * (view.gpus - 1) if estimate_mib > per_gpu * 80 // 100 else 0
+
+
 def model_slots(view: ProviderView, model: str) -> int:
     info = view.models.get(model)
     if info is None:
@@ -329,6 +341,9 @@ class Sizer:
         total = weights + kv + graph
         if declared and declared > total:
             total, source = declared, "declared vramMib (above the architecture's figure)"
+        extra = spread_graph_mib(view, estimate or total, graph)
+        if extra:
+            total, source = total + extra, f"{source}, spread over {view.gpus} GPUs"
         return Footprint(total, source, weights, kv, graph, estimate)
 
     def _calibrated_weights(self, model: str) -> tuple[int, str] | None:
