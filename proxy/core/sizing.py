@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from proxy.core.context import Resolved, Version, effective, for_card, parse_version
 from proxy.core.engines import LLAMA_SERVER_SINCE, own_engine
+from proxy.core.gpus import RUNNER_OVERHEAD_MIB, spread_graph_mib
 from proxy.core.types import ModelInfo, ProviderView
 
 MIB = 1 << 20
@@ -32,8 +33,7 @@ MIB = 1 << 20
 KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 ADMISSION_RULE_SINCE: Version = (0, 30, 0)
 # Ollama's free memory is the driver's: each loaded runner's CUDA context comes off it too
-# (its own figure for that, MinimumMemory, ml/device.go:359-364).
-RUNNER_OVERHEAD_MIB = 457
+# (RUNNER_OVERHEAD_MIB, Ollama's own figure for that, MinimumMemory, ml/device.go:359-364).
 # Ollama's default num_batch (api/types.go:1116): 0.12's runner batch, and 0.30+'s automatic
 # batch for a small context; the windowed caches hold one more batch than the window
 BATCH = 512
@@ -191,18 +191,6 @@ def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int
     return disk_mib + math.ceil(info.estimate_kv_bytes_per_token * context * slots / MIB)
 
 
-def spread_graph_mib(view: ProviderView, estimate_mib: int, graph: int) -> int:
-    """What a copy spread over a provider's GPUs adds to its one-card footprint: every GPU it
-    uses holds its own compute buffers (llm/llama_server.go:2821-2851). From 0.30 Ollama
-    spreads a copy whose estimate is over 80 % of every GPU's free memory
-    (server/sched.go:1009-1028, 1060-1076): certainly one over 80 % of a whole GPU, which is
-    all that is counted here (docs/engine.md, "Several GPUs")."""
-    if view.gpus <= 1 or not view.total_vram_mib or not graph:
-        return 0
-    per_gpu = view.total_vram_mib // view.gpus
-    return graph * (view.gpus - 1) if estimate_mib > per_gpu * 80 // 100 else 0
-
-
 def model_slots(view: ProviderView, model: str) -> int:
     info = view.models.get(model)
     if info is None:
@@ -341,7 +329,7 @@ class Sizer:
         total = weights + kv + graph
         if declared and declared > total:
             total, source = declared, "declared vramMib (above the architecture's figure)"
-        extra = spread_graph_mib(view, estimate or total, graph)
+        extra = spread_graph_mib(graph, view.gpus)
         if extra:
             total, source = total + extra, f"{source}, spread over {view.gpus} GPUs"
         return Footprint(total, source, weights, kv, graph, estimate)

@@ -67,6 +67,25 @@ def test_a_copy_too_large_for_one_gpu_is_sized_with_each_gpus_compute_buffers(
     assert sorted(gpu.sim.runners) == ["qwen3:8b"]
 
 
+def test_a_load_spread_over_fragmented_gpus_pays_each_gpus_share(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """4 x 12 GiB with OLLAMA_SCHED_SPREAD=1: qwen3:8b at 40960 (20020 MiB) and qwen3:14b at
+    8192 (14397 MiB) each hold a part, a CUDA context and compute buffers on every GPU, about
+    2769 MiB left on each. llama3.2:3b at 8192 is 3789 MiB on one card and fits the 6543 MiB
+    the provider has beside them as one card (49152 less the 8192 reserve); spread, it needs
+    its 1024 MiB compute buffers, a 457 MiB context and llama.cpp's 1024 MiB margin on each
+    GPU: 12785 MiB of the 11076 free. The sidecar unloads one first rather than let it spill."""
+    gpu = several(sim_factory, "4x12GiB", sched_spread=True)
+    for model, num_ctx in (("qwen3:8b", 0), ("qwen3:14b", 8192)):
+        body = {"model": model, "options": {"num_ctx": num_ctx} if num_ctx else {}}
+        assert httpx.post(f"{gpu.url}/api/generate", json=body, timeout=30).status_code == 200
+    assert sorted(r.footprint_mib for r in gpu.sim.runners.values()) == [14397, 20020]
+    client = ollama.Client(host=sidecar_factory([gpu]).url)
+    assert ask(client, "llama3.2:3b", 8192) == ""
+    assert quiet(gpu) == NOTHING
+    assert len(gpu.sim.runners) == 2 and "llama3.2:3b" in gpu.sim.runners
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_a_mixed_workload_over_several_gpus_with_sched_spread(
         sim_factory: Sims, sidecar_factory: Sidecars, layout: str) -> None:
