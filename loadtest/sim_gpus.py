@@ -68,22 +68,26 @@ def by_free(free: Sequence[int]) -> list[int]:
 def lay_out(layered_mib: int, compute_mib: int, free: Sequence[int], use: Sequence[int],
             margin_mib: int = 0) -> Parts:
     """A copy's parts over the GPUs `use`, given what the driver says each GPU has free.
-    Each GPU used holds the compute buffers (llm/llama_server.go:2821-2851 sums llama-server's
-    buffers by device) and the runner's CUDA context; llama.cpp splits the layers in
-    proportion to the GPUs' free memory (llama_model_load's default tensor split) and its fit
-    moves layers off a GPU that would keep less than `margin_mib` free (fit_params_target).
-    A copy that does not fit so fills each GPU to SPILL_MARGIN_MIB (or the margin) and puts
-    the rest in CPU memory (a spill)."""
+    Each GPU that takes layers holds the compute buffers too (llm/llama_server.go:2821-2851
+    sums llama-server's buffers by device) and the runner's CUDA context; llama.cpp splits the
+    layers in proportion to the GPUs' free memory (llama_model_load's default tensor split)
+    and its fit moves layers off a GPU that would keep less than `margin_mib` free
+    (fit_params_target), leaving out a GPU without room for its compute buffers. A copy
+    that does not fit so fills each GPU to SPILL_MARGIN_MIB (or the margin) and puts the
+    rest in CPU memory (a spill)."""
     parts = [0] * len(free)
     room = {i: free[i] - CUDA_CONTEXT_MIB - margin_mib - compute_mib for i in use}
-    if use and min(room.values()) >= 0 and sum(room.values()) >= layered_mib:
-        for i, share in _proportional(layered_mib, room, {i: free[i] for i in use}).items():
+    room = {i: mib for i, mib in room.items() if mib > 0}
+    if room and sum(room.values()) >= layered_mib:
+        for i, share in _proportional(layered_mib, room, {i: free[i] for i in room}).items():
             parts[i] = compute_mib + share
         return Parts(tuple(parts))
     keep = max(SPILL_MARGIN_MIB, margin_mib)
-    for i in use:
-        parts[i] = max(0, free[i] - CUDA_CONTEXT_MIB - keep)
-    need = layered_mib + compute_mib * len(use)
+    filled = {i: free[i] - CUDA_CONTEXT_MIB - keep for i in use}
+    filled = {i: mib for i, mib in filled.items() if mib > compute_mib}
+    for i, mib in filled.items():
+        parts[i] = mib
+    need = layered_mib + compute_mib * len(filled)
     return Parts(tuple(parts), max(0, need - sum(parts)))
 
 

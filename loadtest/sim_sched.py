@@ -677,7 +677,7 @@ class OllamaSim:
             use, compute = spread
             gpu_free = self.gpu_free_mib()
             parts = lay_out(need - compute, compute, gpu_free, use, self.fit_margin_mib)
-            need = need + compute * (len(use) - 1)
+            need = parts.vram_mib + parts.cpu_mib
             vram = parts.vram_mib
             free = sum(gpu_free[i] - CUDA_CONTEXT_MIB for i in use)
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)

@@ -56,6 +56,14 @@ def test_llamas_fit_keeps_its_margin_on_each_gpu_or_the_copy_spills() -> None:
     assert lopsided.cpu_mib == 0 and lopsided.on_gpu[1] == 4000 - CUDA_CONTEXT_MIB - 1024
 
 
+def test_a_gpu_without_room_for_its_compute_buffers_takes_no_layers() -> None:
+    """llama.cpp's fit leaves out a GPU that cannot hold the compute buffers with its margin:
+    the copy goes over the others, each with its own buffers, nothing on the full one."""
+    parts = lay_out(16205, 2304, [3459, 11831, 11831, 11831], [0, 1, 2, 3], margin_mib=1024)
+    assert parts.cpu_mib == 0 and parts.gpus == (1, 2, 3)
+    assert parts.vram_mib == 16205 + 3 * 2304
+
+
 def test_one_gpu_keeps_the_simulators_single_card_rule() -> None:
     """A copy that fits in the free memory less the CUDA context is whole; one that does
     not leaves SPILL_MARGIN_MIB free (what sim_sched applied before it had several GPUs)."""
