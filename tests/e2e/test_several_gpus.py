@@ -54,7 +54,7 @@ def test_a_copy_too_large_for_one_gpu_is_sized_with_each_gpus_compute_buffers(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """4 x 12 GiB at 0.30+: qwen3:14b at its default 40960 tokens is spread (24637 MiB, seen
     so by the sidecar). qwen3:8b at 40960 is 13108 MiB on one card, its estimate (10960) over
-    80 % of any GPU: spread too, each GPU holding its 2048 MiB compute buffers, 20020 MiB in
+    80 % of any GPU: spread too, each GPU holding its compute buffers (2304 MiB), 20020 MiB in
     all. Sized as one card it would go beside the 14b, and llama.cpp, keeping its context and
     margin on each GPU, would spill it to the CPU: the sidecar unloads the 14b first."""
     gpu = several(sim_factory, "4x12GiB")
