@@ -1,4 +1,5 @@
-"""A faithful Ollama simulator: one simulated GPU per HTTP server on loopback.
+"""A faithful Ollama simulator: one `ollama serve` per HTTP server on loopback, on one
+simulated GPU or several (`--gpus`, each of `--vram` MiB: sim_gpus.py).
 
 It speaks Ollama's wire formats and behaves as Ollama's source says it does
 (sim_sched.py, sim_engine.py): memory from each model's architecture x context x slots,
@@ -10,6 +11,7 @@ and injects faults.
 
     python -m loadtest.ollama_sim --fleet demo           # three GPUs on 127.0.0.1:11501..11503
     python -m loadtest.ollama_sim --port 11501 --vram 24564 --parallel 2
+    python -m loadtest.ollama_sim --port 11501 --vram 24564 --gpus 2 --fit-target 1024
 """
 
 from __future__ import annotations
@@ -717,7 +719,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11501, help="first port")
     p.add_argument("--name", default="sim")
-    p.add_argument("--vram", type=int, default=24564, help="total VRAM in MiB")
+    p.add_argument("--vram", type=int, default=24564, help="each GPU's VRAM in MiB")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPUs this one `ollama serve` runs on, each of --vram MiB")
+    p.add_argument("--sched-spread", action="store_true",
+                   help="OLLAMA_SCHED_SPREAD (every load over all the GPUs)")
+    p.add_argument("--fit-target", type=int, default=0,
+                   help="MiB llama-server's fit keeps free on each GPU (0.30+; llama.cpp's "
+                        "default is 1024; 0 fits into all the free memory)")
     p.add_argument("--parallel", type=int, default=1, help="OLLAMA_NUM_PARALLEL")
     p.add_argument("--context", type=int, default=0, help="OLLAMA_CONTEXT_LENGTH (0 = auto)")
     p.add_argument("--max-loaded", type=int, default=3,
@@ -742,7 +751,10 @@ def configs_from(argv: list[str] | None) -> list[SimConfig]:
     if args.fleet:
         configs = demo_fleet(args.time_scale)
     else:
-        configs = [SimConfig(name=args.name, total_vram_mib=args.vram, models=CATALOG,
+        gpus = max(args.gpus, 1)
+        configs = [SimConfig(name=args.name, total_vram_mib=args.vram * gpus, models=CATALOG,
+                             gpu_count=gpus, sched_spread=args.sched_spread,
+                             fit_target_mib=args.fit_target,
                              num_parallel=args.parallel, context_length=args.context,
                              max_loaded_models=args.max_loaded,
                              kv_cache_type=args.kv_cache_type, max_queue=args.max_queue,
@@ -757,7 +769,9 @@ def main(argv: list[str] | None = None) -> None:
                         datefmt="%H:%M:%S")
     servers = start_fleet(configs_from(argv), args.host, args.port)
     for s in servers:
-        print(f"{s.config.name}: {s.url}  ({s.config.total_vram_mib} MiB)", flush=True)
+        c = s.config
+        gpus = f" on {c.gpu_count} GPUs" if c.gpu_count > 1 else ""
+        print(f"{c.name}: {s.url}  ({c.total_vram_mib} MiB{gpus})", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         threading.Event().wait()
     for s in servers:

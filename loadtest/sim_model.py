@@ -177,14 +177,19 @@ class SimModel:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One simulated GPU running one `ollama serve`."""
+    """One `ollama serve` on one simulated GPU, or on `gpu_count` of equal size."""
 
     name: str = "sim"
     total_vram_mib: int = 24576
     models: tuple[SimModel, ...] = ()
     num_parallel: int = 1  # OLLAMA_NUM_PARALLEL
     max_loaded_models: int = 3  # OLLAMA_MAX_LOADED_MODELS; 0: automatic, 3 per GPU
-    gpu_count: int = 1  # the GPUs this one `ollama serve` sees
+    gpu_count: int = 1  # the GPUs this one `ollama serve` sees, total_vram_mib split evenly
+    sched_spread: bool = False  # OLLAMA_SCHED_SPREAD: every load over all the GPUs
+    # What llama-server's fit keeps free on each GPU it uses (0.30+; llama.cpp's own default
+    # is 1024, sim_gpus.LLAMA_FIT_TARGET_MIB): 0 by default, which fits a copy into all the
+    # free memory, as the simulator did before it had several GPUs
+    fit_target_mib: int = 0
     context_length: int = 0  # OLLAMA_CONTEXT_LENGTH; 0 = Ollama's default for its version
     kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
     flash_attention: bool = True  # before 0.30 the cache type applies only with it
@@ -246,6 +251,8 @@ class SimConfig:
                                  "kvCacheType": self.kv_cache_type}
         if self.context_length:
             entry["contextLength"] = self.context_length
+        if self.gpu_count > 1:
+            entry["gpus"] = self.gpu_count
         return entry
 
     @property

@@ -43,12 +43,24 @@ from .sim_engine import (
     MINIMUM_MEMORY_MIB,
     SERVER_BUSY,
     LoadOptions,
+    batch_surcharge_mib,
     commits_before_read,
     embedding_batch,
     fits_in_80,
     needs_reload,
     resolve_options,
     version_tuple,
+)
+from .sim_gpus import (
+    CUDA_CONTEXT_MIB,
+    SPILL_MARGIN_MIB,
+    Parts,
+    counted_by_ollama,
+    fewest_gpus,
+    gpu_sizes,
+    lay_out,
+    single_gpu_fit,
+    spread_admits,
 )
 from .sim_model import (
     RECOVERY_TIMEOUT_S,
@@ -65,7 +77,6 @@ from .sim_model import (
 )
 
 log = logging.getLogger("ollama_sim")  # loads, unloads and evictions, when asked for
-SPILL_MARGIN_MIB = 256  # what llama-server leaves free on a card it fills
 BOS_BLOCK = (0, 1)  # the prompt's first token, the same in every prompt
 
 
@@ -107,6 +118,8 @@ class Runner:
     # In s.loaded (and /api/ps) while still reading its weights: 0.12's own engine once its
     # memory is committed (commits_before_read)
     listed: bool = False
+    # Its part on each GPU of a server with several (sim_gpus); None on one GPU
+    parts: Parts | None = None
 
     @property
     def crashed(self) -> bool:
@@ -195,6 +208,11 @@ class OllamaSim:
         return version_tuple(self.config.version) >= (0, 30, 0)
 
     # -- time ------------------------------------------------------------------------------
+    @property
+    def fit_margin_mib(self) -> int:
+        """What llama-server's fit keeps free on each GPU (0.30+, SimConfig.fit_target_mib)."""
+        return self.config.fit_target_mib if self.newest else 0
+
     async def _sleep(self, seconds: float) -> None:
         scaled = seconds * self.config.time_scale
         if scaled > 0:
@@ -540,6 +558,16 @@ class OllamaSim:
             need = model.footprint_mib(ctx, slots, c.cache_type,
                                        0 if model.embedding else request.num_batch, c.version,
                                        window_batch)
+            if c.gpu_count > 1:
+                compute = model.compute_base_mib + batch_surcharge_mib(
+                    0 if model.embedding else request.num_batch)
+                use = self._gpus_for(model.estimate_mib(ctx, slots), need - compute, compute)
+                if use is None:
+                    await self._evict(f"{model.name} needs room")
+                    continue
+                return await self._load(model, request, ctx, slots, need,
+                                        c.keep_alive_s if keep_alive_s is None else keep_alive_s,
+                                        (use, compute))
             if self.runners:
                 if self.newest:
                     free = self.fit_free_mib()
@@ -552,6 +580,64 @@ class OllamaSim:
                     continue
             return await self._load(model, request, ctx, slots, need,
                                     c.keep_alive_s if keep_alive_s is None else keep_alive_s)
+
+    def gpu_free_mib(self) -> list[int]:
+        """What the driver says each GPU has free: its size less every runner's part on it
+        and the runner's CUDA context there."""
+        c = self.config
+        free = list(gpu_sizes(c.total_vram_mib, c.gpu_count))
+        for runner in self.runners.values():
+            for i, mib in enumerate(runner.parts.on_gpu if runner.parts else ()):
+                if mib:
+                    free[i] -= mib + CUDA_CONTEXT_MIB
+        return free
+
+    def ollama_free_mib(self) -> list[int]:
+        """HEAD's free memory on each GPU for its placement and fit check: the GPU less what
+        updateFreeSpace counts of each loaded runner on it (server/sched.go:1295-1335; a GPU
+        no runner reports is read from the driver, discover/runner.go:335-366, which for a
+        GPU with no runner is its size). From 0.30 a copy alone on a GPU but the first is
+        not counted (sim_gpus.counted_by_ollama, Ollama issue 18349). The runners' static
+        accounting (fit_free_mib) is not modelled per GPU."""
+        c = self.config
+        free = list(gpu_sizes(c.total_vram_mib, c.gpu_count))
+        for runner in self.runners.values():
+            if runner.parts is None:
+                continue
+            for i, mib in enumerate(counted_by_ollama(runner.parts, self.newest)):
+                free[i] -= mib
+        return [max(0, mib) for mib in free]
+
+    def _gpus_for(self, predicted_mib: int, layered_mib: int, compute_mib: int
+                  ) -> list[int] | None:
+        """The GPUs a load goes to, or None when Ollama evicts first.
+
+        HEAD (selectLlamaServerPlacement, server/sched.go:967-1031): the single GPU with the
+        most free memory whose 80 % holds the estimate (bestSingleGPUFit, :1009-1026,
+        1060-1076), else all the GPUs (:1028, 1086-1098); OLLAMA_SCHED_SPREAD always all
+        (:1009). Beside loaded runners the estimate must be within 80 % of the chosen GPUs'
+        free memory (:544-551), which a single GPU passes by its choice.
+
+        0.12: the fewest GPUs by free memory that hold the whole copy (llm/memory.go:21-44,
+        llm/server.go:1003-1011), all with OLLAMA_SCHED_SPREAD; beside loaded runners a copy
+        that no set holds makes it evict (requireFull); alone it goes over all and spills."""
+        c = self.config
+        every = list(range(c.gpu_count))
+        if self.newest:
+            view = self.ollama_free_mib()
+            single = None if c.sched_spread else single_gpu_fit(predicted_mib, view)
+            if single is not None:
+                return [single]
+            if self.runners and not spread_admits(predicted_mib, view):
+                return None
+            return every
+        free = self.gpu_free_mib()
+        use = fewest_gpus(layered_mib, compute_mib, free)
+        if c.sched_spread and use is not None:
+            use = every
+        if use is None and self.runners:
+            return None
+        return use or every
 
     def fit_free_mib(self) -> int:
         """HEAD's free memory for the fit check beside loaded runners (server/sched.go:
@@ -576,26 +662,38 @@ class OllamaSim:
         return load_seconds(c.startup_s, model.disk_mib, c.load_mib_per_s)
 
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
-                    need: int, keep_alive_s: float) -> Runner:
+                    need: int, keep_alive_s: float,
+                    spread: tuple[list[int], int] | None = None) -> Runner:
         c = self.config
-        # llama-server fits what the driver says is free, its own CUDA context included, and
-        # logs that figure (free_at_load_mib): every other runner's buffers and CUDA context
-        # at this moment, kept for the runner's life whatever unloads later
-        free = c.total_vram_mib - self.driver_used_mib() - MINIMUM_MEMORY_MIB
-        vram = need if need <= free else max(0, free - SPILL_MARGIN_MIB)
+        parts = None
+        if spread is None:
+            # llama-server fits what the driver says is free, its own CUDA context included,
+            # and logs that figure (free_at_load_mib): every other runner's buffers and CUDA
+            # context at this moment, kept for the runner's life whatever unloads later
+            free = c.total_vram_mib - self.driver_used_mib() - MINIMUM_MEMORY_MIB
+            fits = need <= free - self.fit_margin_mib
+            vram = need if fits else max(0, free - max(SPILL_MARGIN_MIB, self.fit_margin_mib))
+        else:  # over several GPUs: each it uses holds the compute buffers (sim_gpus)
+            use, compute = spread
+            gpu_free = self.gpu_free_mib()
+            parts = lay_out(need - compute, compute, gpu_free, use, self.fit_margin_mib)
+            need = parts.vram_mib + parts.cpu_mib
+            vram = parts.vram_mib
+            free = sum(gpu_free[i] - CUDA_CONTEXT_MIB for i in use)
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
             request = replace(request, num_ctx=ctx)
         runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
                         vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
                         keep_alive_s=keep_alive_s, free_at_load_mib=max(0, free),
-                        cache=PromptCache(slots, self.config.version))
+                        cache=PromptCache(slots, self.config.version), parts=parts)
         self.runners[model.name] = runner
         self.stats.loads += 1
         if runner.spilled:
             self.stats.spills += 1
-        log.info("%s load: %s at %d x %d (%d MiB%s; %d MiB in use)", self.config.name,
+        log.info("%s load: %s at %d x %d (%d MiB%s%s; %d MiB in use)", self.config.name,
                  model.name, ctx, slots, need,
                  f", {need - vram} MiB on the CPU" if runner.spilled else "",
+                 f", {'/'.join(map(str, parts.on_gpu))} MiB on the GPUs" if parts else "",
                  self.used_vram_mib())
         self.stats.peak_vram_mib = max(self.stats.peak_vram_mib, self.used_vram_mib())
         try:

@@ -205,6 +205,10 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     if need > free:
         return Fit(False, f"needs {need} MiB, {free} MiB free beside residents")
     if not index.admits(Load(model, need, footprint.estimate_mib)):
+        if index.view.gpus > 1:
+            return Fit(False, f"Ollama would unload a model first or spill: {need} MiB "
+                              f"spread over {index.view.gpus} GPUs (or its estimate "
+                              f"{footprint.estimate_mib} MiB) does not fit beside residents")
         return Fit(False, f"Ollama would unload a model first: its estimate "
                           f"{footprint.estimate_mib} MiB is over 80 % of the memory free")
     return Fit(True, f"fits: {need} MiB of {free} MiB free")

@@ -10,9 +10,9 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.core.engines import lists_before_read
+from proxy.core.gpus import FIT_MARGIN_MIB, RUNNER_OVERHEAD_MIB, spread_fits
 from proxy.core.policy import Policy
 from proxy.core.sizing import (
-    RUNNER_OVERHEAD_MIB,
     admission_rule,
     held_by_runners,
     model_slots,
@@ -82,6 +82,23 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
                                 other.beside_mib)
         counted = max(used + RUNNER_OVERHEAD_MIB * others, stale)
         if others and not ollama_admits(load.estimate_mib, total_mib, counted):
+            return load
+    return None
+
+
+def spread_problem(view: ProviderView, residents: Mapping[str, int], loads: Sequence[Load]
+                   ) -> Load | None:
+    """On a provider of several GPUs, the first load in flight that would not fit spread
+    over them beside the residents it does not evict and the other loads (gpus.py: a CUDA
+    context for every copy on every GPU, and llama.cpp's fit margin from 0.30), or None."""
+    if view.gpus <= 1 or not view.total_vram_mib:
+        return None
+    margin = FIT_MARGIN_MIB if admission_rule(view) else 0
+    for load in loads:
+        held = [mib for model, mib in residents.items()
+                if model not in load.evicts and model != load.model]
+        held += [other.footprint_mib for other in loads if other.model != load.model]
+        if not spread_fits(load.footprint_mib, view.total_vram_mib, view.gpus, held, margin):
             return load
     return None
 
@@ -165,16 +182,17 @@ class ProviderIndex:
     def admits(self, load: Load) -> bool:
         """Ollama's own admission (its 80 % rule, from 0.30) of `load` here, beside the
         loads already in flight (in whatever order they reach it)."""
-        if not load.estimate_mib or self.view.total_vram_mib is None or \
-                not admission_rule(self.view):
+        if not load.estimate_mib or self.view.total_vram_mib is None:
             return True
         if self._admission is None:
             self._admission = ([Load.of(t) for t in self.tickets if _loads(t, self.residents)],
                                {r.model: r.footprint_mib for r in self.view.residents},
                                stale_views(self.view.residents))
         loads, residents, beside = self._admission
-        return admission_problem(self.view.total_vram_mib, residents, [*loads, load],
-                                 beside) is None
+        if spread_problem(self.view, residents, [*loads, load]) is not None:
+            return False
+        return not admission_rule(self.view) or admission_problem(
+            self.view.total_vram_mib, residents, [*loads, load], beside) is None
 
     def models_over_limit(self, model: str) -> int:
         """How many loaded models must go before `model` may load here without Ollama
@@ -346,6 +364,12 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             return False, (f"Ollama would unload a model to load {refused.model} beside the "
                            f"rest ({refused.estimate_mib} MiB by its estimate, over 80 % of "
                            "the memory free)")
+    if _loads(new, lasting) and new.estimate_mib:
+        spread = spread_problem(view, residents,
+                                [Load.of(t) for t in [*live, new] if _loads(t, lasting)])
+        if spread is not None:
+            return False, (f"{spread.model} would be spread over the {view.gpus} GPUs, "
+                           "whose free memory does not hold it with each GPU's share")
     spent = sum(counted(t) for t in live) + counted(new)
     limit = policy.usable_mib(view.total_vram_mib, view.gpus) if new.cold \
         else view.total_vram_mib

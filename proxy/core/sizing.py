@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from proxy.core.context import Resolved, Version, effective, for_card, parse_version
 from proxy.core.engines import LLAMA_SERVER_SINCE, own_engine
+from proxy.core.gpus import RUNNER_OVERHEAD_MIB, spread_graph_mib
 from proxy.core.types import ModelInfo, ProviderView
 
 MIB = 1 << 20
@@ -32,8 +33,7 @@ MIB = 1 << 20
 KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 ADMISSION_RULE_SINCE: Version = (0, 30, 0)
 # Ollama's free memory is the driver's: each loaded runner's CUDA context comes off it too
-# (its own figure for that, MinimumMemory, ml/device.go:359-364).
-RUNNER_OVERHEAD_MIB = 457
+# (RUNNER_OVERHEAD_MIB, Ollama's own figure for that, MinimumMemory, ml/device.go:359-364).
 # Ollama's default num_batch (api/types.go:1116): 0.12's runner batch, and 0.30+'s automatic
 # batch for a small context; the windowed caches hold one more batch than the window
 BATCH = 512
@@ -329,6 +329,9 @@ class Sizer:
         total = weights + kv + graph
         if declared and declared > total:
             total, source = declared, "declared vramMib (above the architecture's figure)"
+        extra = spread_graph_mib(graph, view.gpus)
+        if extra:
+            total, source = total + extra, f"{source}, spread over {view.gpus} GPUs"
         return Footprint(total, source, weights, kv, graph, estimate)
 
     def _calibrated_weights(self, model: str) -> tuple[int, str] | None:

@@ -1,0 +1,55 @@
+"""A provider of several GPUs (`gpus`) planned as Ollama spreads copies over them
+(proxy/core/gpus.py; docs/engine.md, "Several GPUs")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from proxy.core.gpus import (
+    COMPUTE_BASE_MIB,
+    FIT_MARGIN_MIB,
+    RUNNER_OVERHEAD_MIB,
+    spread_fits,
+    spread_graph_mib,
+)
+from proxy.core.occupancy import ticket_budget_ok
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.types import ProviderView, Resident, Ticket
+from tests.unit.builders import NOW
+
+FOUR_SMALL = 4 * 12288
+
+
+def test_a_spread_copy_holds_its_compute_buffers_on_each_gpu() -> None:
+    """llm/llama_server.go:2821-2851: the buffers summed by device, compute on each."""
+    assert spread_graph_mib(2048, 4) == 3 * (2048 + COMPUTE_BASE_MIB)
+    assert spread_graph_mib(768, 2) == 768 + COMPUTE_BASE_MIB
+    assert spread_graph_mib(2048, 1) == 0
+
+
+def test_every_copy_pays_a_context_on_every_gpu_and_each_gpu_the_fit_margin() -> None:
+    held = [20020, 14397]
+    room = FOUR_SMALL - sum(held) - 3 * 4 * RUNNER_OVERHEAD_MIB - 4 * FIT_MARGIN_MIB
+    assert spread_fits(room, FOUR_SMALL, 4, held, FIT_MARGIN_MIB)
+    assert not spread_fits(room + 1, FOUR_SMALL, 4, held, FIT_MARGIN_MIB)
+
+
+def _load(model: str, footprint: int, estimate: int) -> Ticket:
+    return Ticket("t-new", "a", model, footprint, NOW, NOW + 60, cold=True,
+                  estimate_mib=estimate)
+
+
+def test_a_load_within_the_usable_memory_is_refused_when_its_gpus_do_not_hold_it() -> None:
+    """4 x 12 GiB at 0.33 with two copies spread (20020 and 14397 MiB, as /api/ps lists
+    them): a load of 5500 MiB (spread already) fits the provider's usable 40960 MiB beside
+    them (39917), but three copies' CUDA contexts on four GPUs (5484 MiB) and llama.cpp's
+    margin on each (4096) bring it to 49497 MiB of 49152: llama.cpp would spill it."""
+    view = ProviderView("a", FOUR_SMALL, gpus=4, version="0.33.0",
+                        residents=(Resident("qwen3:8b", 20020, 40960),
+                                   Resident("qwen3:14b", 14397, 8192)))
+    load = _load("llama3.2:3b", 5500, 3100)
+    ok, why = ticket_budget_ok([], load, view, DEFAULT_POLICY)
+    assert not ok and "spread over the 4 GPUs" in why
+    assert ticket_budget_ok([], _load("llama3.2:3b", 5100, 3100), view, DEFAULT_POLICY)[0]
+    # before 0.30 no fit margin is kept (no llama-server): 45401 MiB
+    assert ticket_budget_ok([], load, replace(view, version="0.12.6"), DEFAULT_POLICY)[0]
