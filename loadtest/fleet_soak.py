@@ -51,23 +51,29 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Card:
-    """One GPU's Ollama: its memory and the OLLAMA_* settings it runs with."""
+    """One Ollama: its memory (over `gpus` GPUs of equal size) and the OLLAMA_* settings it
+    runs with."""
 
     name: str
     vram_mib: int
     context: int = 0  # OLLAMA_CONTEXT_LENGTH; 0: Ollama's default (by VRAM)
     parallel: int = 1  # OLLAMA_NUM_PARALLEL
     kv_cache_type: str = "f16"
+    gpus: int = 1  # several: OLLAMA_SCHED_SPREAD=1, llama.cpp's fit margin on each GPU
+    # (docs/engine.md, "Several GPUs": the layout to run one Ollama over several with)
 
     def sim_args(self) -> list[str]:
-        return ["--name", self.name, "--vram", str(self.vram_mib), "--context",
+        spread = ["--gpus", str(self.gpus), "--sched-spread", "--fit-target", "1024",
+                  "--max-loaded", "0"] \
+            if self.gpus > 1 else []
+        return ["--name", self.name, "--vram", str(self.vram_mib // self.gpus), "--context",
                 str(self.context), "--parallel", str(self.parallel), "--kv-cache-type",
-                self.kv_cache_type]
+                self.kv_cache_type, *spread]
 
     def provider(self, endpoint: str) -> dict[str, Any]:
         entry: dict[str, Any] = {"name": self.name, "endpoint": endpoint,
                                  "totalVramMiB": self.vram_mib, "maxParallel": self.parallel,
-                                 "kvCacheType": self.kv_cache_type}
+                                 "kvCacheType": self.kv_cache_type, "gpus": self.gpus}
         return {**entry, "contextLength": self.context} if self.context else entry
 
 
@@ -81,6 +87,9 @@ FLEETS = {
               Card("gpu-4070", 12282, 8192)],
     # A card with memory for more models than Ollama keeps loaded (3 per GPU by default).
     "wide": [Card("gpu-a6000", 49140, 16384, 2), Card("gpu-4080", 16376, 4096)],
+    # One Ollama over two GPUs and one over four, beside a single card.
+    "several": [Card("node-2x4090", 2 * 24564, 8192, 2, gpus=2),
+                Card("node-4x4070", 4 * 12282, gpus=4), Card("gpu-4080", 16376, 4096, 2)],
 }
 
 # What each sidecar's agents run: (bound model, mulling candidates).

@@ -30,8 +30,10 @@ pytestmark = pytest.mark.skipif(nats_server_binary() is None,
     # the first GPU's Ollama killed 3 s in and started again 2 s later: its calls may fail
     # (502, or an error line once streaming), the rest may not, and it serves again
     ["--fleet", "wide", "--sidecars", "4", "--agents", "2", "--outage", "3", "2"],
+    # one Ollama over two GPUs and one over four (OLLAMA_SCHED_SPREAD=1), beside one card
+    ["--fleet", "several", "--sidecars", "4", "--agents", "2"],
 ], ids=["demo-nats", "tight-nats", "tight-embedded", "wide-nats", "tight-nats-0.12.6",
-        "wide-nats-outage"])
+        "wide-nats-outage", "several-nats"])
 def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
