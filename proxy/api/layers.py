@@ -13,6 +13,9 @@ from __future__ import annotations
 import binascii
 from typing import Any
 
+import orjson
+
+from proxy.api.wire import go_quoted
 from proxy.core.context import Version
 
 # Go's kind for the typed fields every version of each layer binds (openai/openai.go
@@ -87,16 +90,182 @@ def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> s
 
 
 def native_error(path: str, body: dict[str, Any], version: Version) -> str | None:
-    """Ollama's binding of a native call: the first typed field of the wrong type, then the
-    first image that is not base64 (api.ImageData is a []byte, which encoding/json decodes
-    with base64.StdEncoding)."""
+    """Ollama's binding of a native call: a message's nested field of the wrong type (its
+    Message.UnmarshalJSON returns the error, which stops the decoder, so it wins), then the
+    first typed field or tool of the wrong type in the body's order, then the first image
+    that is not base64 (api.ImageData is a []byte, which encoding/json decodes with
+    base64.StdEncoding)."""
     struct, fields = NATIVE_FIELDS.get(path, ("", {}))
     kinds = {key: kind for key, (kind, since) in fields.items() if version >= since}
-    if wrong := binding_error((struct, kinds), body):
+    if path == "/api/chat" and (wrong := messages_binding_error(body, version)):
         return wrong
+    for key, value in body.items():
+        if key == "tools" and path == "/api/chat":
+            wrong = tools_binding_error(value, version)
+        elif key == "images" and path == "/api/generate" and isinstance(value, list):
+            wrong = next((_go_misfit("GenerateRequest", "images", image, "api.ImageData")
+                          for image in value if not isinstance(image, str | None)), None)
+        else:
+            wrong = binding_error((struct, kinds), {key: value})
+        if wrong:
+            return wrong
     if path in ("/api/chat", "/api/generate"):
         return image_error(body, chat=path == "/api/chat")
     return None
+
+
+# Ollama 0.14.0 keeps tool arguments and tool properties in insertion order
+# (api/types.go ToolCallFunctionArguments, ToolPropertiesMap over wk8/go-ordered-map): a
+# value that is no object there is refused by jsonparser.ObjectEach in its own words.
+ORDERED_MAPS_SINCE: Version = (0, 14, 0)
+NOT_AN_OBJECT = "Value looks like object, but can't find closing '}' symbol"
+
+
+def _go_misfit(struct: str, path: str, value: Any, go_type: str) -> str:
+    """encoding/json's UnmarshalTypeError as Go 1.24+ words it: the innermost struct, the
+    field path from the request's root (no indices or keys), the Go type."""
+    kind = _misfit(value, "object") or "object"
+    return (f"json: cannot unmarshal {kind} into Go struct field {struct}.{path} "
+            f"of type {go_type}")
+
+
+def _scalar_misfit(struct: str, path: str, value: Any, kind: str) -> str | None:
+    misfit = _misfit(value, kind)
+    return None if misfit is None else \
+        f"json: cannot unmarshal {misfit} into Go struct field {struct}.{path} of type {kind}"
+
+
+def _ordered_map_error(struct: str, path: str, value: Any, go_type: str,
+                       version: Version) -> str | None:
+    """A field Go reads as an object (a map, or an ordered map from 0.14.0): None for an
+    object or null."""
+    if value is None or isinstance(value, dict):
+        return None
+    return NOT_AN_OBJECT if version >= ORDERED_MAPS_SINCE else \
+        _go_misfit(struct, path, value, go_type)
+
+
+def tools_binding_error(tools: Any, version: Version) -> str | None:
+    """ChatRequest.Tools bound as Ollama binds it (api.Tool, ToolFunction,
+    ToolFunctionParameters): the first field of the wrong type. A tool that is no object, or
+    `tools` that is no list, the sidecar's own schema refuses first."""
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        for key, value in tool.items():
+            if key == "type" and (wrong := _scalar_misfit("Tool", "tools.type", value,
+                                                          "string")):
+                return wrong
+            if key == "function" and (wrong := _function_error(value, version)):
+                return wrong
+    return None
+
+
+def _function_error(function: Any, version: Version) -> str | None:
+    if function is None:
+        return None
+    if not isinstance(function, dict):
+        return _go_misfit("Tool", "tools.function", function, "api.ToolFunction")
+    for key, value in function.items():
+        path = f"tools.function.{key}"
+        if key in ("name", "description") and \
+                (wrong := _scalar_misfit("ToolFunction", path, value, "string")):
+            return wrong
+        if key == "parameters" and value is not None:
+            if not isinstance(value, dict):
+                return _go_misfit("ToolFunction", path, value, "api.ToolFunctionParameters")
+            if wrong := _parameters_error(value, version):
+                return wrong
+    return None
+
+
+def _parameters_error(parameters: dict[str, Any], version: Version) -> str | None:
+    struct, at = "ToolFunctionParameters", "tools.function.parameters"
+    for key, value in parameters.items():
+        if key == "type":
+            wrong = _scalar_misfit(struct, f"{at}.type", value, "string")
+        elif key == "required":
+            wrong = _strings_error(struct, f"{at}.required", value)
+        elif key == "properties":
+            wrong = _ordered_map_error(struct, f"{at}.properties", value,
+                                       "map[string]api.ToolProperty", version) or \
+                next((_go_misfit(struct, f"{at}.properties", item, "api.ToolProperty")
+                      for item in (value or {}).values()
+                      if item is not None and not isinstance(item, dict)), None)
+        else:
+            wrong = None
+        if wrong:
+            return wrong
+    return None
+
+
+def _strings_error(struct: str, path: str, value: Any) -> str | None:
+    """A []string field: a list of strings or null."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        return _go_misfit(struct, path, value, "[]string")
+    return next((_scalar_misfit(struct, path, item, "string") for item in value
+                 if _misfit(item, "string")), None)
+
+
+def messages_binding_error(body: dict[str, Any], version: Version) -> str | None:
+    """A message's field the sidecar's own schema leaves unchecked, bound as Ollama binds it:
+    Message.UnmarshalJSON decodes each message on its own and the outer decoder names the
+    error from ChatRequest (`ChatRequest.messages.tool_calls.function.arguments`)."""
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict):
+            continue
+        for key, value in message.items():
+            if key == "thinking":
+                wrong = _scalar_misfit("ChatRequest", "messages.thinking", value, "string")
+            elif key == "tool_calls":
+                wrong = _tool_calls_error(value, version)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def _tool_calls_error(calls: Any, version: Version) -> str | None:
+    at = "messages.tool_calls.function"
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if function is None:
+            continue
+        if not isinstance(function, dict):
+            return _go_misfit("ChatRequest", "messages.tool_calls.function", function,
+                              "api.ToolCallFunction")
+        for key, value in function.items():
+            if key == "index":
+                wrong = _scalar_misfit("ChatRequest", f"{at}.index", value, "int")
+            elif key == "name":
+                wrong = _scalar_misfit("ChatRequest", f"{at}.name", value, "string")
+            elif key == "arguments":
+                wrong = _ordered_map_error("ChatRequest", f"{at}.arguments", value,
+                                           "api.ToolCallFunctionArguments", version)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def format_error(path: str, body: dict[str, Any]) -> str | None:
+    """What Ollama answers a call with a `format` that is neither "json" nor a JSON schema
+    object, once its model is loaded (llm/server.go Completion; llm/llama_server.go from
+    0.30: a 500). Go quotes the field's bytes as sent; here they are the value written
+    compactly. A load (no prompt, no messages) never gets that far."""
+    if path not in ("/api/chat", "/api/generate"):
+        return None
+    runs = body.get("messages") if path == "/api/chat" else body.get("prompt")
+    wanted = body.get("format")
+    if not runs or wanted in (None, "", "json") or isinstance(wanted, dict):
+        return None
+    sent = orjson.dumps(wanted).decode()
+    return f'invalid format: {go_quoted(sent)}; expected "json" or a valid JSON Schema object'
 
 
 def image_error(body: dict[str, Any], chat: bool) -> str | None:
@@ -164,6 +333,12 @@ def raw_error(path: str, body: dict[str, Any]) -> str | None:
             body.get("template") or body.get("system") or body.get("context")):
         return RAW_REFUSAL
     return None
+
+
+def found_error(path: str, body: dict[str, Any]) -> str | None:
+    """What Ollama refuses from the body once the model is found: `raw` with a template,
+    system or context, then a `format` it cannot use."""
+    return raw_error(path, body) or format_error(path, body)
 
 
 def chat_error(body: dict[str, Any]) -> str | None:

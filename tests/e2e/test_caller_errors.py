@@ -186,6 +186,34 @@ NATIVE_REFUSALS = [
      "int"),
     ("/api/embed", {"model": "nomic-embed-text", "input": "hi", "dimensions": "8"},
      "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int"),
+    # nested fields: tools, a message's tool calls and thinking, generate's images
+    ("/api/chat", {"messages": HI, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+     "json: cannot unmarshal string into Go struct field ToolFunction.tools.function.parameters"
+     " of type api.ToolFunctionParameters"),
+    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "required": "city"}}}]},
+     "json: cannot unmarshal string into Go struct field "
+     "ToolFunctionParameters.tools.function.parameters.required of type []string"),
+    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": ["city"]}}}]},
+     "Value looks like object, but can't find closing '}' symbol"),
+    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {"name": 5}}]},
+     "json: cannot unmarshal number into Go struct field ToolFunction.tools.function.name of "
+     "type string"),
+    ("/api/chat", {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": '{"city": "Paris"}'}}]}, *HI]},
+     "Value looks like object, but can't find closing '}' symbol"),
+    ("/api/chat", {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"index": "0", "name": "f", "arguments": {}}}]}, *HI]},
+     "json: cannot unmarshal string into Go struct field "
+     "ChatRequest.messages.tool_calls.function.index of type int"),
+    ("/api/chat", {"messages": [{**HI[0], "thinking": 5}]},
+     "json: cannot unmarshal number into Go struct field ChatRequest.messages.thinking of type "
+     "string"),
+    ("/api/generate", {"prompt": "hi", "images": [5]},
+     "json: cannot unmarshal number into Go struct field GenerateRequest.images of type "
+     "api.ImageData"),
 ]
 
 
@@ -222,6 +250,53 @@ def test_raw_with_a_system_is_ollamas_400_once_the_model_is_found(
     assert missing.value.status_code == 404
     unloaded = client.generate(model="qwen3:8b", raw=True, system="be brief", keep_alive=0)
     assert unloaded.done_reason == "unload"
+
+
+def test_a_format_ollama_cannot_use_is_its_refusal_once_the_model_is_found(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama refuses a `format` that is neither "json" nor a schema object only once the
+    model is loaded (a 500, llm/server.go Completion); the sidecar refuses it before placing
+    the call, with Ollama's words, after the model's 404 and never for a load."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    for path, body in (("/api/chat", {"messages": HI}), ("/api/generate", {"prompt": "hi"})):
+        refused = httpx.post(f"{url}{path}", json={
+            "model": "qwen3:8b", "stream": False, "format": "yaml", **body})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"] == \
+            'invalid format: "\\"yaml\\""; expected "json" or a valid JSON Schema object'
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+    assert httpx.post(f"{url}/api/chat", json={
+        "model": "nosuch:1b", "messages": HI, "format": 5}).status_code == 404
+    client = ollama.Client(host=url)
+    assert client.chat(model="qwen3:8b", messages=HI, format={"type": "object"}).done
+    loaded = httpx.post(f"{url}/api/generate", json={"model": "qwen3:8b", "format": [1]})
+    assert loaded.json()["done_reason"] == "load"
+
+
+def test_a_malformed_tool_gets_its_400_while_every_gpu_is_busy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A tool whose parameters are a string is refused at once, not after a wait for the
+    slot a running call holds."""
+    import threading
+
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3], time_scale=0.05)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=60).url
+    _ready(url)
+    running = threading.Thread(target=lambda: httpx.post(f"{url}/api/chat", timeout=60, json={
+        "model": "qwen3:8b", "messages": HI, "stream": False,
+        "options": {"sim_answer_tokens": 4000}}))
+    running.start()
+    try:
+        assert eventually(lambda: gpu.sim.stats.inference_requests == 1, timeout_s=20)
+        refused = httpx.post(f"{url}/api/chat", timeout=10, json={
+            "model": "qwen3:8b", "messages": HI, "stream": False, "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": "{}"}}]})
+        assert refused.status_code == 400
+        assert gpu.sim.stats.requests == 1
+    finally:
+        running.join(60)
 
 
 @pytest.mark.parametrize("raw", [
