@@ -341,14 +341,27 @@ def found_error(path: str, body: dict[str, Any]) -> str | None:
     return raw_error(path, body) or format_error(path, body)
 
 
-def chat_error(body: dict[str, Any]) -> str | None:
-    """ChatMiddleware: the binding, then a chat without messages."""
-    if wrong := binding_error(CHAT_FIELDS, body):
+def chat_error(body: dict[str, Any], version: Version) -> str | None:
+    """ChatMiddleware: the binding (top-level typed fields, the tools as Ollama's own API
+    binds them, response_format), then a chat without messages."""
+    if wrong := binding_error(CHAT_FIELDS, body) or tools_binding_error(
+            body.get("tools"), version) or response_format_error(body.get("response_format")):
         return wrong
     messages = body.get("messages")
     if messages is None or messages == []:
         return "[] is too short - 'messages'"
     return None
+
+
+def response_format_error(wanted: Any) -> str | None:
+    """openai.ResponseFormat bound: an object whose `type` is a string."""
+    if wanted is None:
+        return None
+    if not isinstance(wanted, dict):
+        return _go_misfit("ChatCompletionRequest", "response_format", wanted,
+                          "openai.ResponseFormat")
+    return _scalar_misfit("ResponseFormat", "response_format.type", wanted.get("type"),
+                          "string")
 
 
 def completion_error(body: dict[str, Any]) -> str | None:
@@ -388,7 +401,7 @@ def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None
     if path in NATIVE_FIELDS:
         return native_error(path, body, version)
     if path == "/v1/chat/completions":
-        return chat_error(body)
+        return chat_error(body, version)
     if path == "/v1/completions":
         return completion_error(body)
     if path == "/v1/embeddings":

@@ -111,6 +111,14 @@ LAYER_REFUSALS = [
     ("/v1/completions", {"model": "qwen3:8b", "prompt": "hi", "temperature": "hot"},
      "json: cannot unmarshal string into Go struct field CompletionRequest.temperature "
      "of type float32"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+     "json: cannot unmarshal string into Go struct field ToolFunction.tools.function.parameters"
+     " of type api.ToolFunctionParameters"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI,
+                              "response_format": "json_object"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.response_format"
+     " of type openai.ResponseFormat"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": []}, "invalid input"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": "hi", "encoding_format": "hex"},
      "Invalid value for 'encoding_format' = hex. Supported values: ['float', 'base64']."),
