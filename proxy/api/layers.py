@@ -50,6 +50,7 @@ NEWLINES = b"\r\n"
 # EmbeddingsMiddleware checks encoding_format from 0.12.7 (commit e0ead1ade)
 ENCODING_FORMAT_SINCE: Version = (0, 12, 7)
 ENCODING_FORMATS = ("float", "base64")
+INVALID_INPUT_TYPE = "invalid input type"
 
 
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -111,7 +112,18 @@ def native_error(path: str, body: dict[str, Any], version: Version) -> str | Non
             return wrong
     if path in ("/api/chat", "/api/generate"):
         return image_error(body, chat=path == "/api/chat")
+    if path == "/api/embed":
+        return input_error(body.get("input"))
     return None
+
+
+def input_error(texts: Any) -> str | None:
+    """EmbedHandler's refusal of an input that is neither text nor a list of texts (token
+    arrays included), before it looks for the model (server/routes.go:820-839; v0.12.6
+    :627-643)."""
+    fits = texts is None or isinstance(texts, str) or \
+        (isinstance(texts, list) and all(isinstance(text, str) for text in texts))
+    return None if fits else INVALID_INPUT_TYPE
 
 
 # Ollama 0.14.0 keeps tool arguments and tool properties in insertion order
@@ -379,7 +391,7 @@ def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
     texts = body.get("input")
     if texts is None or texts == []:
         return "invalid input"
-    return None
+    return input_error(texts)
 
 
 def messages_error(body: dict[str, Any]) -> str | None:

@@ -132,7 +132,7 @@ class OllamaEmbed(_Wire):
     """/api/embed (`input`) and the legacy /api/embeddings (`prompt`)."""
 
     model: ModelName | None = None
-    input: str | list[str] | None = None
+    input: Any = None  # Ollama's `any`: its handler refuses what is no text (layers.py)
     prompt: str | None = None
     options: Options | None = None
     keep_alive: float | int | str | None = None
@@ -162,7 +162,7 @@ class OpenAICompletion(_Wire):
 
 class OpenAIEmbed(_Wire):
     model: ModelName | None = None
-    input: str | list[Any] | None = None
+    input: Any = None  # Ollama's `any`, as on /api/embed
     stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed
 
 

@@ -120,6 +120,9 @@ LAYER_REFUSALS = [
      "json: cannot unmarshal string into Go struct field ChatCompletionRequest.response_format"
      " of type openai.ResponseFormat"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": []}, "invalid input"),
+    # token arrays: Ollama's embed handler takes texts only
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": [[1, 2, 3]]}, "invalid input type"),
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": [1, 2, 3]}, "invalid input type"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": "hi", "encoding_format": "hex"},
      "Invalid value for 'encoding_format' = hex. Supported values: ['float', 'base64']."),
     ("/v1/messages", {"model": "qwen3:8b", "messages": HI}, "max_tokens is required and "
@@ -194,6 +197,8 @@ NATIVE_REFUSALS = [
      "int"),
     ("/api/embed", {"model": "nomic-embed-text", "input": "hi", "dimensions": "8"},
      "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int"),
+    ("/api/embed", {"model": "nomic-embed-text", "input": ["hi", 5]}, "invalid input type"),
+    ("/api/embed", {"model": "nomic-embed-text", "input": {"text": "hi"}}, "invalid input type"),
     # nested fields: tools, a message's tool calls and thinking, generate's images
     ("/api/chat", {"messages": HI, "tools": [
         {"type": "function", "function": {"name": "f", "parameters": "{}"}}]},

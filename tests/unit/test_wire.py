@@ -69,7 +69,6 @@ def test_a_bad_num_ctx_is_named() -> None:
          {"messages": [{"role": "user", "tool_calls": [{"function": {"arguments": 3}}]}]},
          "messages.0.tool_calls.0.function.arguments", "a valid dictionary or a valid string"),
         (wire.OpenAICompletion, {"prompt": 3}, "prompt", "a valid string or a valid list"),
-        (wire.OpenAIEmbed, {"input": {"text": "x"}}, "input", "a valid string or a valid list"),
         (wire.OllamaInference, {"shift": "no"}, "shift", "a valid boolean"),  # Go's *bool
     ],
 )
