@@ -266,14 +266,18 @@ def _tool_calls_error(calls: Any, version: Version) -> str | None:
 
 
 def format_error(path: str, body: dict[str, Any]) -> str | None:
-    """What Ollama answers a call with a `format` that is neither "json" nor a JSON schema
-    object, once its model is loaded (llm/server.go Completion; llm/llama_server.go from
-    0.30: a 500). Go quotes the field's bytes as sent; here they are the value written
-    compactly. A load (no prompt, no messages) never gets that far."""
-    if path not in ("/api/chat", "/api/generate"):
+    """What Ollama answers a call with a `format` (on OpenAI's chat, a json_schema's
+    `schema`) that is neither "json" nor a JSON schema object, once its model is loaded
+    (llm/server.go Completion; llm/llama_server.go from 0.30: a 500). Go quotes the
+    field's bytes as sent; here they are the value written compactly. A load (no prompt,
+    no messages) never gets that far."""
+    if path == "/v1/chat/completions":
+        runs, wanted = body.get("messages"), _openai_format(body)
+    elif path in ("/api/chat", "/api/generate"):
+        runs = body.get("messages") if path == "/api/chat" else body.get("prompt")
+        wanted = body.get("format")
+    else:
         return None
-    runs = body.get("messages") if path == "/api/chat" else body.get("prompt")
-    wanted = body.get("format")
     if not runs or wanted in (None, "", "json") or isinstance(wanted, dict):
         return None
     sent = orjson.dumps(wanted).decode()
@@ -372,8 +376,24 @@ def response_format_error(wanted: Any) -> str | None:
     if not isinstance(wanted, dict):
         return _go_misfit("ChatCompletionRequest", "response_format", wanted,
                           "openai.ResponseFormat")
+    schema = wanted.get("json_schema")
     return _scalar_misfit("ResponseFormat", "response_format.type", wanted.get("type"),
-                          "string")
+                          "string") or (None if schema is None or isinstance(schema, dict) else
+                                        _go_misfit("ResponseFormat", "response_format.json_schema",
+                                                   schema, "openai.JsonSchema"))
+
+
+def _openai_format(body: dict[str, Any]) -> Any:
+    """The `format` Ollama's OpenAI layer makes of `response_format` (openai/openai.go
+    FromChatRequest): "json" for json_object, a json_schema's `schema` as it is."""
+    wanted = body.get("response_format")
+    kind = wanted.get("type") if isinstance(wanted, dict) else None
+    kind = kind.strip().lower() if isinstance(kind, str) else ""
+    if kind == "json_object":
+        return "json"
+    schema = wanted.get("json_schema") if kind == "json_schema" and \
+        isinstance(wanted, dict) else None
+    return schema.get("schema") if isinstance(schema, dict) else None
 
 
 def completion_error(body: dict[str, Any]) -> str | None:

@@ -119,6 +119,10 @@ LAYER_REFUSALS = [
                               "response_format": "json_object"},
      "json: cannot unmarshal string into Go struct field ChatCompletionRequest.response_format"
      " of type openai.ResponseFormat"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "response_format": {
+        "type": "json_schema", "json_schema": "object"}},
+     "json: cannot unmarshal string into Go struct field "
+     "ResponseFormat.response_format.json_schema of type openai.JsonSchema"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": []}, "invalid input"),
     # token arrays: Ollama's embed handler takes texts only
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": [[1, 2, 3]]}, "invalid input type"),
@@ -279,6 +283,12 @@ def test_a_format_ollama_cannot_use_is_its_refusal_once_the_model_is_found(
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"] == \
             'invalid format: "\\"yaml\\""; expected "json" or a valid JSON Schema object'
+    schema = httpx.post(f"{url}/v1/chat/completions", json={
+        "model": "qwen3:8b", "messages": HI, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}})
+    assert schema.status_code == 400, schema.text
+    assert schema.json()["error"]["message"] == \
+        'invalid format: "\\"object\\""; expected "json" or a valid JSON Schema object'
     assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
     assert httpx.post(f"{url}/api/chat", json={
         "model": "nosuch:1b", "messages": HI, "format": 5}).status_code == 404
