@@ -360,9 +360,17 @@ def found_error(path: str, body: dict[str, Any]) -> str | None:
 def chat_error(body: dict[str, Any], version: Version) -> str | None:
     """ChatMiddleware: the binding (top-level typed fields, the tools as Ollama's own API
     binds them, response_format), then a chat without messages."""
-    if wrong := binding_error(CHAT_FIELDS, body) or tools_binding_error(
-            body.get("tools"), version) or response_format_error(body.get("response_format")):
-        return wrong
+    for key, value in body.items():  # encoding/json keeps the first error in the body
+        if key == "tools":
+            wrong = tools_binding_error(value, version)
+        elif key == "response_format":
+            wrong = response_format_error(value)
+        elif key == "messages":
+            wrong = openai_messages_error(value)
+        else:
+            wrong = binding_error(CHAT_FIELDS, {key: value})
+        if wrong:
+            return wrong
     messages = body.get("messages")
     if messages is None or messages == []:
         return "[] is too short - 'messages'"
@@ -381,6 +389,52 @@ def response_format_error(wanted: Any) -> str | None:
                           "string") or (None if schema is None or isinstance(schema, dict) else
                                         _go_misfit("ResponseFormat", "response_format.json_schema",
                                                    schema, "openai.JsonSchema"))
+
+
+# openai.ToolCall's function is an anonymous struct: Go names it by its fields, and an
+# error inside it by no struct name at all
+OPENAI_TOOL_FUNCTION = ('struct { Name string "json:\\"name\\""; '
+                        'Arguments string "json:\\"arguments\\"" }')
+
+
+def openai_messages_error(messages: Any) -> str | None:
+    """openai.Message's typed fields the sidecar's own schema leaves unchecked: `reasoning`,
+    `name`, `tool_call_id`, and each tool call's `id`, `index`, `type` and `function` (whose
+    `arguments` is a JSON string on this API)."""
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict):
+            continue
+        for key, value in message.items():
+            if key in ("reasoning", "name", "tool_call_id"):
+                wrong = _scalar_misfit("Message", f"messages.{key}", value, "string")
+            elif key == "tool_calls":
+                wrong = _openai_tool_calls_error(value)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def _openai_tool_calls_error(calls: Any) -> str | None:
+    at = "messages.tool_calls"
+    for call in calls if isinstance(calls, list) else ():
+        for key, value in call.items() if isinstance(call, dict) else ():
+            if key in ("id", "type", "index"):
+                wrong = _scalar_misfit("ToolCall", f"{at}.{key}", value,
+                                       "int" if key == "index" else "string")
+            elif key == "function" and value is not None and not isinstance(value, dict):
+                wrong = _go_misfit("ToolCall", f"{at}.function", value, OPENAI_TOOL_FUNCTION)
+            elif key == "function" and isinstance(value, dict):
+                wrong = next((_scalar_misfit("", f"{at}.function.{name}", value[name],
+                                             "string")
+                              for name in value if name in ("name", "arguments") and
+                              _misfit(value[name], "string")), None)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
 
 
 def _openai_format(body: dict[str, Any]) -> Any:

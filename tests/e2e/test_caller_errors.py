@@ -123,6 +123,14 @@ LAYER_REFUSALS = [
         "type": "json_schema", "json_schema": "object"}},
      "json: cannot unmarshal string into Go struct field "
      "ResponseFormat.response_format.json_schema of type openai.JsonSchema"),
+    # an assistant's tool call with its arguments as an object: a string on this API
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                             "function": {"name": "f",
+                                                                          "arguments": {}}}]},
+        *HI]},
+     "json: cannot unmarshal object into Go struct field .messages.tool_calls.function."
+     "arguments of type string"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": []}, "invalid input"),
     # token arrays: Ollama's embed handler takes texts only
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": [[1, 2, 3]]}, "invalid input type"),
