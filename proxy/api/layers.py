@@ -468,11 +468,51 @@ def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
     return input_error(texts)
 
 
+# anthropic/anthropic.go (0.14.0 on): MessagesRequest's nested structs, by field, each with
+# its Go type and its fields' kinds
+ANTHROPIC_STRUCTS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "tool_choice": ("ToolChoice", "anthropic.ToolChoice", {
+        "type": "string", "name": "string", "disable_parallel_tool_use": "bool"}),
+    "thinking": ("ThinkingConfig", "anthropic.ThinkingConfig", {
+        "type": "string", "budget_tokens": "int"}),
+    "metadata": ("Metadata", "anthropic.Metadata", {"user_id": "string"}),
+}
+ANTHROPIC_TOOL = {"type": "string", "name": "string", "description": "string"}
+
+
+def _fields_error(struct: str, at: str, value: dict[str, Any], kinds: dict[str, str]
+                  ) -> str | None:
+    """The first of a Go struct's scalar fields whose JSON value does not fit."""
+    return next((wrong for key, item in value.items() if key in kinds and
+                 (wrong := _scalar_misfit(struct, f"{at}.{key}", item, kinds[key]))), None)
+
+
+def anthropic_field_error(key: str, value: Any) -> str | None:
+    """MessagesRequest's nested fields bound: stop_sequences, tools, tool_choice, thinking,
+    metadata."""
+    if value is None:
+        return None
+    if key == "stop_sequences":
+        return _strings_error("MessagesRequest", key, value)
+    if key == "tools":
+        return next((wrong for tool in value if isinstance(tool, dict) and
+                     (wrong := _fields_error("Tool", "tools", tool, ANTHROPIC_TOOL))), None) \
+            if isinstance(value, list) else None
+    if key in ANTHROPIC_STRUCTS:
+        struct, go_type, kinds = ANTHROPIC_STRUCTS[key]
+        if not isinstance(value, dict):
+            return _go_misfit("MessagesRequest", key, value, go_type)
+        return _fields_error(struct, key, value, kinds)
+    return None
+
+
 def messages_error(body: dict[str, Any]) -> str | None:
     """AnthropicMessagesMiddleware: the binding, then max_tokens, then messages. A request
     without a model is the sidecar's own (its preferred model), so that check is left out."""
-    if wrong := binding_error(MESSAGES_FIELDS, body):
-        return wrong
+    for key, value in body.items():  # encoding/json keeps the first error in the body
+        if wrong := binding_error(MESSAGES_FIELDS, {key: value}) or \
+                anthropic_field_error(key, value):
+            return wrong
     max_tokens = body.get("max_tokens")
     if max_tokens is None or max_tokens <= 0:
         return "max_tokens is required and must be positive"

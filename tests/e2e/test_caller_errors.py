@@ -143,6 +143,18 @@ LAYER_REFUSALS = [
      "max_tokens is required and must be positive"),
     ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": []},
      "messages is required"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": HI,
+                      "stop_sequences": "\n\n"},
+     "json: cannot unmarshal string into Go struct field MessagesRequest.stop_sequences of "
+     "type []string"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": HI,
+                      "thinking": {"type": "enabled", "budget_tokens": "1024"}},
+     "json: cannot unmarshal string into Go struct field ThinkingConfig.thinking.budget_tokens"
+     " of type int"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": HI,
+                      "tool_choice": "auto"},
+     "json: cannot unmarshal string into Go struct field MessagesRequest.tool_choice of type "
+     "anthropic.ToolChoice"),
 ]
 
 
