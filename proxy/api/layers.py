@@ -43,6 +43,7 @@ NATIVE_FIELDS: dict[str, tuple[str, dict[str, tuple[str, Version]]]] = {
         "truncate": ("bool", (0, 12, 6)), "logprobs": ("bool", (0, 12, 11)),
         "top_logprobs": ("int", (0, 12, 11))}),
     "/api/embed": ("EmbedRequest", {"dimensions": ("int", (0, 11, 11))}),
+    "/api/embeddings": ("EmbeddingRequest", {}),
 }
 RAW_REFUSAL = "raw mode does not support template, system, or context"
 BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
@@ -101,7 +102,9 @@ def native_error(path: str, body: dict[str, Any], version: Version) -> str | Non
     if path == "/api/chat" and (wrong := messages_binding_error(body, version)):
         return wrong
     for key, value in body.items():
-        if key == "tools" and path == "/api/chat":
+        if key == "options" and value is not None and not isinstance(value, dict):
+            wrong = _go_misfit(struct, "options", value, "map[string]interface {}")
+        elif key == "tools" and path == "/api/chat":
             wrong = tools_binding_error(value, version)
         elif key == "images" and path == "/api/generate" and isinstance(value, list):
             wrong = next((_go_misfit("GenerateRequest", "images", image, "api.ImageData")

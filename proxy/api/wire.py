@@ -105,19 +105,12 @@ def requested_num_ctx(body: dict[str, Any]) -> int | None:
     return int(num_ctx) if int(num_ctx) > 0 else None
 
 
-class Options(_Wire):
-    """Ollama's free options map. Only `num_ctx` is read here (a requirement on the context),
-    so only it is checked; Ollama itself refuses a non-number for it."""
-
-    num_ctx: float | None = None
-
-
 class OllamaInference(_Wire):
     """Fields of /api/chat and /api/generate the sidecar needs to see."""
 
     model: ModelName | None = None
     stream: bool | None = None
-    options: Options | None = None
+    options: Any = None  # Ollama's map[string]any: check_options, layers.native_error
     keep_alive: float | int | str | None = None
     messages: list[Message] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -134,7 +127,7 @@ class OllamaEmbed(_Wire):
     model: ModelName | None = None
     input: Any = None  # Ollama's `any`: its handler refuses what is no text (layers.py)
     prompt: str | None = None
-    options: Options | None = None
+    options: Any = None  # Ollama's map[string]any: check_options, layers.native_error
     keep_alive: float | int | str | None = None
     truncate: bool | None = None
     stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed

@@ -222,6 +222,12 @@ NATIVE_REFUSALS = [
     ("/api/embed", {"model": "nomic-embed-text", "input": "hi", "dimensions": "8"},
      "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int"),
     ("/api/embed", {"model": "nomic-embed-text", "input": ["hi", 5]}, "invalid input type"),
+    ("/api/chat", {"messages": HI, "options": "temperature=0"},
+     "json: cannot unmarshal string into Go struct field ChatRequest.options of type "
+     "map[string]interface {}"),
+    ("/api/embeddings", {"model": "nomic-embed-text", "prompt": "hi", "options": [1]},
+     "json: cannot unmarshal array into Go struct field EmbeddingRequest.options of type "
+     "map[string]interface {}"),
     ("/api/embed", {"model": "nomic-embed-text", "input": {"text": "hi"}}, "invalid input type"),
     # nested fields: tools, a message's tool calls and thinking, generate's images
     ("/api/chat", {"messages": HI, "tools": [
