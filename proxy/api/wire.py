@@ -39,19 +39,22 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+# Ollama's own API as Go binds it: a field left out or null is its zero value (a message
+# without a role, a tool call without a function), so such a body is not the sidecar's to
+# refuse; a value of another type is (here, or in Ollama's words in layers.py).
 class ToolFunctionCall(_Wire):
-    name: str = ""
-    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    name: str | None = ""
+    arguments: dict[str, Any] | str | None = Field(default_factory=dict)
 
 
 class ToolCall(_Wire):
-    function: ToolFunctionCall
+    function: ToolFunctionCall | None = None
 
 
 class Message(_Wire):
-    role: str
+    role: str | None = None
     content: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[ToolCall | None] | None = None
     images: list[str] | None = None
     tool_name: str | None = None
 
@@ -112,11 +115,11 @@ class OllamaInference(_Wire):
     stream: bool | None = None
     options: Any = None  # Ollama's map[string]any: check_options, layers.native_error
     keep_alive: float | int | str | None = None
-    messages: list[Message] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: list[Message] | None = None  # a null message (Go's empty one) is still refused
+    tools: list[dict[str, Any] | None] | None = None
     prompt: str | None = None
     system: str | None = None
-    context: list[int] | None = None  # /api/generate: an earlier answer's tokens
+    context: list[int | None] | None = None  # /api/generate: an earlier answer's tokens
     think: bool | Literal["low", "medium", "high", "max"] | None = None
     shift: bool | None = None  # Ollama's *bool (api/types.go:117, 167)
 

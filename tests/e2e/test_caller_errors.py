@@ -295,6 +295,30 @@ def test_raw_with_a_system_is_ollamas_400_once_the_model_is_found(
     assert unloaded.done_reason == "unload"
 
 
+# What Go binds to a field's zero value (a field left out or null), which Ollama answers
+ZERO_VALUES = [
+    ("/api/chat", {"messages": [{"content": "hello there"}]}),  # no role
+    ("/api/chat", {"messages": [{"role": None, "content": "hello there"}]}),
+    ("/api/chat", {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1"}, {"function": None},
+        {"function": {"name": None, "arguments": None}}]}, *HI]}),
+    ("/api/chat", {"messages": HI, "tools": [None]}),
+    ("/api/generate", {"prompt": "hi", "context": [1, None, 3]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ZERO_VALUES)
+def test_a_field_go_reads_as_its_zero_value_is_not_refused(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, body: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    answer = httpx.post(f"{url}{path}", timeout=30,
+                        json={"model": "qwen3:8b", "stream": False, **body})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["done"]
+
+
 def test_a_format_ollama_cannot_use_is_its_refusal_once_the_model_is_found(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """Ollama refuses a `format` that is neither "json" nor a schema object only once the
