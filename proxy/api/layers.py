@@ -27,7 +27,7 @@ CHAT_FIELDS = ("ChatCompletionRequest", {
 COMPLETION_FIELDS = ("CompletionRequest", {
     "stream": "bool", "max_tokens": "int", "seed": "int", "temperature": "float32",
     "frequency_penalty": "float32", "presence_penalty": "float32", "top_p": "float32",
-    "suffix": "string"})
+    "suffix": "string", "prompt": "string"})
 MESSAGES_FIELDS = ("MessagesRequest", {
     "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
     "top_k": "int"})
@@ -370,6 +370,8 @@ def chat_error(body: dict[str, Any], version: Version) -> str | None:
             wrong = response_format_error(value)
         elif key == "messages":
             wrong = openai_messages_error(value)
+        elif key == "stream_options":
+            wrong = stream_options_error("ChatCompletionRequest", value)
         else:
             wrong = binding_error(CHAT_FIELDS, {key: value})
         if wrong:
@@ -453,8 +455,25 @@ def _openai_format(body: dict[str, Any]) -> Any:
     return schema.get("schema") if isinstance(schema, dict) else None
 
 
+def stream_options_error(struct: str, options: Any) -> str | None:
+    """openai.StreamOptions bound: an object whose `include_usage` is a boolean."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return _go_misfit(struct, "stream_options", options, "openai.StreamOptions")
+    return _scalar_misfit("StreamOptions", "stream_options.include_usage",
+                          options.get("include_usage"), "bool")
+
+
 def completion_error(body: dict[str, Any]) -> str | None:
-    return binding_error(COMPLETION_FIELDS, body)
+    """CompletionsMiddleware's binding: its typed fields (a prompt is one string, no list
+    of prompts or tokens), stream_options."""
+    for key, value in body.items():
+        if wrong := binding_error(COMPLETION_FIELDS, {key: value}) or (
+                stream_options_error("CompletionRequest", value)
+                if key == "stream_options" else None):
+            return wrong
+    return None
 
 
 def embeddings_error(body: dict[str, Any], version: Version) -> str | None:

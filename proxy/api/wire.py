@@ -151,8 +151,8 @@ class OpenAIChat(_Wire):
 
 class OpenAICompletion(_Wire):
     model: ModelName | None = None
-    prompt: str | list[Any] | None = None
-    suffix: str | None = None
+    prompt: Any = None  # a string: refused otherwise in Ollama's words (layers.py)
+    suffix: Any = None  # as `prompt`
     stream: bool | None = None
 
 

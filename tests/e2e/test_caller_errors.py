@@ -111,6 +111,14 @@ LAYER_REFUSALS = [
     ("/v1/completions", {"model": "qwen3:8b", "prompt": "hi", "temperature": "hot"},
      "json: cannot unmarshal string into Go struct field CompletionRequest.temperature "
      "of type float32"),
+    # a list of prompts (or of tokens): Ollama's completions take one string
+    ("/v1/completions", {"model": "qwen3:8b", "prompt": ["hi", "there"]},
+     "json: cannot unmarshal array into Go struct field CompletionRequest.prompt of type "
+     "string"),
+    ("/v1/completions", {"model": "qwen3:8b", "prompt": "hi", "stream": True,
+                         "stream_options": {"include_usage": "yes"}},
+     "json: cannot unmarshal string into Go struct field StreamOptions.stream_options."
+     "include_usage of type bool"),
     ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "tools": [
         {"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
      "json: cannot unmarshal string into Go struct field ToolFunction.tools.function.parameters"

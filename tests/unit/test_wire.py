@@ -68,7 +68,6 @@ def test_a_bad_num_ctx_is_named() -> None:
         (wire.OllamaInference,
          {"messages": [{"role": "user", "tool_calls": [{"function": {"arguments": 3}}]}]},
          "messages.0.tool_calls.0.function.arguments", "a valid dictionary or a valid string"),
-        (wire.OpenAICompletion, {"prompt": 3}, "prompt", "a valid string or a valid list"),
         (wire.OllamaInference, {"shift": "no"}, "shift", "a valid boolean"),  # Go's *bool
     ],
 )
