@@ -23,7 +23,11 @@ from proxy.core.context import Version
 # only newer versions have are left out: an older Ollama ignores them.
 CHAT_FIELDS = ("ChatCompletionRequest", {
     "stream": "bool", "max_tokens": "int", "seed": "int", "temperature": "float64",
-    "frequency_penalty": "float64", "presence_penalty": "float64", "top_p": "float64"})
+    "frequency_penalty": "float64", "presence_penalty": "float64", "top_p": "float64",
+    "reasoning_effort": "string"})
+# ChatCompletionRequest's logprobs and top_logprobs, from 0.12.11 (as on Ollama's own API)
+CHAT_LOGPROBS: tuple[dict[str, str], Version] = (
+    {"logprobs": "bool", "top_logprobs": "int"}, (0, 12, 11))
 COMPLETION_FIELDS = ("CompletionRequest", {
     "stream": "bool", "max_tokens": "int", "seed": "int", "temperature": "float32",
     "frequency_penalty": "float32", "presence_penalty": "float32", "top_p": "float32",
@@ -372,6 +376,12 @@ def chat_error(body: dict[str, Any], version: Version) -> str | None:
             wrong = openai_messages_error(value)
         elif key == "stream_options":
             wrong = stream_options_error("ChatCompletionRequest", value)
+        elif key == "reasoning" and value is not None:
+            wrong = _go_misfit("ChatCompletionRequest", key, value, "openai.Reasoning") \
+                if not isinstance(value, dict) else \
+                _scalar_misfit("Reasoning", "reasoning.effort", value.get("effort"), "string")
+        elif key in CHAT_LOGPROBS[0] and version >= CHAT_LOGPROBS[1]:
+            wrong = binding_error((CHAT_FIELDS[0], CHAT_LOGPROBS[0]), {key: value})
         else:
             wrong = binding_error(CHAT_FIELDS, {key: value})
         if wrong:

@@ -131,6 +131,12 @@ LAYER_REFUSALS = [
         "type": "json_schema", "json_schema": "object"}},
      "json: cannot unmarshal string into Go struct field "
      "ResponseFormat.response_format.json_schema of type openai.JsonSchema"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "logprobs": "true"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.logprobs of "
+     "type bool"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "reasoning": "high"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.reasoning of "
+     "type openai.Reasoning"),
     # an assistant's tool call with its arguments as an object: a string on this API
     ("/v1/chat/completions", {"model": "qwen3:8b", "messages": [
         {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
