@@ -313,6 +313,9 @@ class SidecarApi:
         body: dict[str, Any] | None = None
         try:
             raw = await read_capped(request, self.max_request_bytes)
+            if request.url.path in wire.ZSTD_PATHS and \
+                    request.headers.get("content-encoding") == "zstd":
+                raw = await asyncio.to_thread(wire.decompress_zstd, raw)
             large = len(raw) > OFF_LOOP_BYTES
             request.state.large_body = large
             body = await off_loop(large, wire.parse_body, raw)

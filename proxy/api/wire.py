@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
+import zstandard
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from proxy.core.context import NEWEST, Version
@@ -336,6 +337,30 @@ def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
         stack.extend((child, depth + 1) for child in children
                      if isinstance(child, dict | list))
     return deepest
+
+
+# Ollama's Responses layer reads a body sent with `Content-Encoding: zstd` (Codex sends
+# them; middleware/openai.go ResponsesMiddleware, from 0.16.3): an 8 MiB window at most,
+# and 20 MiB once decompressed (maxDecompressedBodySize, through http.MaxBytesReader).
+ZSTD_WINDOW_BYTES = 8 << 20
+ZSTD_BODY_BYTES = 20 << 20
+ZSTD_PATHS = ("/v1/responses",)
+
+
+def decompress_zstd(raw: bytes) -> bytes:
+    """A zstd body decompressed as Ollama reads it, or the 400 it answers: Go's words for a
+    body over the limit, klauspost/compress's for one that is no zstd frame."""
+    reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_BYTES).stream_reader(
+        raw, read_across_frames=True)
+    try:
+        body = reader.read(ZSTD_BODY_BYTES + 1)
+    except zstandard.ZstdError as exc:
+        if raw[:4] != b"\x28\xb5\x2f\xfd":
+            raise BadRequest("invalid input: magic number mismatch") from None
+        raise BadRequest(f"failed to decompress zstd body: {exc}") from None
+    if len(body) > ZSTD_BODY_BYTES:
+        raise BadRequest("http: request body too large")
+    return body
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
