@@ -13,6 +13,9 @@ from __future__ import annotations
 import binascii
 from typing import Any
 
+import orjson
+
+from proxy.api.wire import go_quoted
 from proxy.core.context import Version
 
 # Go's kind for the typed fields every version of each layer binds (openai/openai.go
@@ -20,11 +23,15 @@ from proxy.core.context import Version
 # only newer versions have are left out: an older Ollama ignores them.
 CHAT_FIELDS = ("ChatCompletionRequest", {
     "stream": "bool", "max_tokens": "int", "seed": "int", "temperature": "float64",
-    "frequency_penalty": "float64", "presence_penalty": "float64", "top_p": "float64"})
+    "frequency_penalty": "float64", "presence_penalty": "float64", "top_p": "float64",
+    "reasoning_effort": "string"})
+# ChatCompletionRequest's logprobs and top_logprobs, from 0.12.11 (as on Ollama's own API)
+CHAT_LOGPROBS: tuple[dict[str, str], Version] = (
+    {"logprobs": "bool", "top_logprobs": "int"}, (0, 12, 11))
 COMPLETION_FIELDS = ("CompletionRequest", {
     "stream": "bool", "max_tokens": "int", "seed": "int", "temperature": "float32",
     "frequency_penalty": "float32", "presence_penalty": "float32", "top_p": "float32",
-    "suffix": "string"})
+    "suffix": "string", "prompt": "string"})
 MESSAGES_FIELDS = ("MessagesRequest", {
     "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
     "top_k": "int"})
@@ -40,6 +47,7 @@ NATIVE_FIELDS: dict[str, tuple[str, dict[str, tuple[str, Version]]]] = {
         "truncate": ("bool", (0, 12, 6)), "logprobs": ("bool", (0, 12, 11)),
         "top_logprobs": ("int", (0, 12, 11))}),
     "/api/embed": ("EmbedRequest", {"dimensions": ("int", (0, 11, 11))}),
+    "/api/embeddings": ("EmbeddingRequest", {}),
 }
 RAW_REFUSAL = "raw mode does not support template, system, or context"
 BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
@@ -47,6 +55,7 @@ NEWLINES = b"\r\n"
 # EmbeddingsMiddleware checks encoding_format from 0.12.7 (commit e0ead1ade)
 ENCODING_FORMAT_SINCE: Version = (0, 12, 7)
 ENCODING_FORMATS = ("float", "base64")
+INVALID_INPUT_TYPE = "invalid input type"
 
 
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -87,16 +96,199 @@ def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> s
 
 
 def native_error(path: str, body: dict[str, Any], version: Version) -> str | None:
-    """Ollama's binding of a native call: the first typed field of the wrong type, then the
-    first image that is not base64 (api.ImageData is a []byte, which encoding/json decodes
-    with base64.StdEncoding)."""
+    """Ollama's binding of a native call: a message's nested field of the wrong type (its
+    Message.UnmarshalJSON returns the error, which stops the decoder, so it wins), then the
+    first typed field or tool of the wrong type in the body's order, then the first image
+    that is not base64 (api.ImageData is a []byte, which encoding/json decodes with
+    base64.StdEncoding)."""
     struct, fields = NATIVE_FIELDS.get(path, ("", {}))
     kinds = {key: kind for key, (kind, since) in fields.items() if version >= since}
-    if wrong := binding_error((struct, kinds), body):
+    if path == "/api/chat" and (wrong := messages_binding_error(body, version)):
         return wrong
+    for key, value in body.items():
+        if key == "options" and value is not None and not isinstance(value, dict):
+            wrong = _go_misfit(struct, "options", value, "map[string]interface {}")
+        elif key == "tools" and path == "/api/chat":
+            wrong = tools_binding_error(value, version)
+        elif key == "images" and path == "/api/generate" and isinstance(value, list):
+            wrong = next((_go_misfit("GenerateRequest", "images", image, "api.ImageData")
+                          for image in value if not isinstance(image, str | None)), None)
+        else:
+            wrong = binding_error((struct, kinds), {key: value})
+        if wrong:
+            return wrong
     if path in ("/api/chat", "/api/generate"):
         return image_error(body, chat=path == "/api/chat")
+    if path == "/api/embed":
+        return input_error(body.get("input"))
     return None
+
+
+def input_error(texts: Any) -> str | None:
+    """EmbedHandler's refusal of an input that is neither text nor a list of texts (token
+    arrays included), before it looks for the model (server/routes.go:820-839; v0.12.6
+    :627-643)."""
+    fits = texts is None or isinstance(texts, str) or \
+        (isinstance(texts, list) and all(isinstance(text, str) for text in texts))
+    return None if fits else INVALID_INPUT_TYPE
+
+
+# Ollama 0.14.0 keeps tool arguments and tool properties in insertion order
+# (api/types.go ToolCallFunctionArguments, ToolPropertiesMap over wk8/go-ordered-map): a
+# value that is no object there is refused by jsonparser.ObjectEach in its own words.
+ORDERED_MAPS_SINCE: Version = (0, 14, 0)
+NOT_AN_OBJECT = "Value looks like object, but can't find closing '}' symbol"
+
+
+def _go_misfit(struct: str, path: str, value: Any, go_type: str) -> str:
+    """encoding/json's UnmarshalTypeError as Go 1.24+ words it: the innermost struct, the
+    field path from the request's root (no indices or keys), the Go type."""
+    kind = _misfit(value, "object") or "object"
+    return (f"json: cannot unmarshal {kind} into Go struct field {struct}.{path} "
+            f"of type {go_type}")
+
+
+def _scalar_misfit(struct: str, path: str, value: Any, kind: str) -> str | None:
+    misfit = _misfit(value, kind)
+    return None if misfit is None else \
+        f"json: cannot unmarshal {misfit} into Go struct field {struct}.{path} of type {kind}"
+
+
+def _ordered_map_error(struct: str, path: str, value: Any, go_type: str,
+                       version: Version) -> str | None:
+    """A field Go reads as an object (a map, or an ordered map from 0.14.0): None for an
+    object or null."""
+    if value is None or isinstance(value, dict):
+        return None
+    return NOT_AN_OBJECT if version >= ORDERED_MAPS_SINCE else \
+        _go_misfit(struct, path, value, go_type)
+
+
+def tools_binding_error(tools: Any, version: Version) -> str | None:
+    """ChatRequest.Tools bound as Ollama binds it (api.Tool, ToolFunction,
+    ToolFunctionParameters): the first field of the wrong type. A tool that is no object, or
+    `tools` that is no list, the sidecar's own schema refuses first."""
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        for key, value in tool.items():
+            if key == "type" and (wrong := _scalar_misfit("Tool", "tools.type", value,
+                                                          "string")):
+                return wrong
+            if key == "function" and (wrong := _function_error(value, version)):
+                return wrong
+    return None
+
+
+def _function_error(function: Any, version: Version) -> str | None:
+    if function is None:
+        return None
+    if not isinstance(function, dict):
+        return _go_misfit("Tool", "tools.function", function, "api.ToolFunction")
+    for key, value in function.items():
+        path = f"tools.function.{key}"
+        if key in ("name", "description") and \
+                (wrong := _scalar_misfit("ToolFunction", path, value, "string")):
+            return wrong
+        if key == "parameters" and value is not None:
+            if not isinstance(value, dict):
+                return _go_misfit("ToolFunction", path, value, "api.ToolFunctionParameters")
+            if wrong := _parameters_error(value, version):
+                return wrong
+    return None
+
+
+def _parameters_error(parameters: dict[str, Any], version: Version) -> str | None:
+    struct, at = "ToolFunctionParameters", "tools.function.parameters"
+    for key, value in parameters.items():
+        if key == "type":
+            wrong = _scalar_misfit(struct, f"{at}.type", value, "string")
+        elif key == "required":
+            wrong = _strings_error(struct, f"{at}.required", value)
+        elif key == "properties":
+            wrong = _ordered_map_error(struct, f"{at}.properties", value,
+                                       "map[string]api.ToolProperty", version) or \
+                next((_go_misfit(struct, f"{at}.properties", item, "api.ToolProperty")
+                      for item in (value or {}).values()
+                      if item is not None and not isinstance(item, dict)), None)
+        else:
+            wrong = None
+        if wrong:
+            return wrong
+    return None
+
+
+def _strings_error(struct: str, path: str, value: Any) -> str | None:
+    """A []string field: a list of strings or null."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        return _go_misfit(struct, path, value, "[]string")
+    return next((_scalar_misfit(struct, path, item, "string") for item in value
+                 if _misfit(item, "string")), None)
+
+
+def messages_binding_error(body: dict[str, Any], version: Version) -> str | None:
+    """A message's field the sidecar's own schema leaves unchecked, bound as Ollama binds it:
+    Message.UnmarshalJSON decodes each message on its own and the outer decoder names the
+    error from ChatRequest (`ChatRequest.messages.tool_calls.function.arguments`)."""
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict):
+            continue
+        for key, value in message.items():
+            if key == "thinking":
+                wrong = _scalar_misfit("ChatRequest", "messages.thinking", value, "string")
+            elif key == "tool_calls":
+                wrong = _tool_calls_error(value, version)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def _tool_calls_error(calls: Any, version: Version) -> str | None:
+    at = "messages.tool_calls.function"
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if function is None:
+            continue
+        if not isinstance(function, dict):
+            return _go_misfit("ChatRequest", "messages.tool_calls.function", function,
+                              "api.ToolCallFunction")
+        for key, value in function.items():
+            if key == "index":
+                wrong = _scalar_misfit("ChatRequest", f"{at}.index", value, "int")
+            elif key == "name":
+                wrong = _scalar_misfit("ChatRequest", f"{at}.name", value, "string")
+            elif key == "arguments":
+                wrong = _ordered_map_error("ChatRequest", f"{at}.arguments", value,
+                                           "api.ToolCallFunctionArguments", version)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def format_error(path: str, body: dict[str, Any]) -> str | None:
+    """What Ollama answers a call with a `format` (on OpenAI's chat, a json_schema's
+    `schema`) that is neither "json" nor a JSON schema object, once its model is loaded
+    (llm/server.go Completion; llm/llama_server.go from 0.30: a 500). Go quotes the
+    field's bytes as sent; here they are the value written compactly. A load (no prompt,
+    no messages) never gets that far."""
+    if path == "/v1/chat/completions":
+        runs, wanted = body.get("messages"), _openai_format(body)
+    elif path in ("/api/chat", "/api/generate"):
+        runs = body.get("messages") if path == "/api/chat" else body.get("prompt")
+        wanted = body.get("format")
+    else:
+        return None
+    if not runs or wanted in (None, "", "json") or isinstance(wanted, dict):
+        return None
+    sent = orjson.dumps(wanted).decode()
+    return f'invalid format: {go_quoted(sent)}; expected "json" or a valid JSON Schema object'
 
 
 def image_error(body: dict[str, Any], chat: bool) -> str | None:
@@ -166,18 +358,132 @@ def raw_error(path: str, body: dict[str, Any]) -> str | None:
     return None
 
 
-def chat_error(body: dict[str, Any]) -> str | None:
-    """ChatMiddleware: the binding, then a chat without messages."""
-    if wrong := binding_error(CHAT_FIELDS, body):
-        return wrong
+def found_error(path: str, body: dict[str, Any]) -> str | None:
+    """What Ollama refuses from the body once the model is found: `raw` with a template,
+    system or context, then a `format` it cannot use."""
+    return raw_error(path, body) or format_error(path, body)
+
+
+def chat_error(body: dict[str, Any], version: Version) -> str | None:
+    """ChatMiddleware: the binding (top-level typed fields, the tools as Ollama's own API
+    binds them, response_format), then a chat without messages."""
+    for key, value in body.items():  # encoding/json keeps the first error in the body
+        if key == "tools":
+            wrong = tools_binding_error(value, version)
+        elif key == "response_format":
+            wrong = response_format_error(value)
+        elif key == "messages":
+            wrong = openai_messages_error(value)
+        elif key == "stream_options":
+            wrong = stream_options_error("ChatCompletionRequest", value)
+        elif key == "reasoning" and value is not None:
+            wrong = _go_misfit("ChatCompletionRequest", key, value, "openai.Reasoning") \
+                if not isinstance(value, dict) else \
+                _scalar_misfit("Reasoning", "reasoning.effort", value.get("effort"), "string")
+        elif key in CHAT_LOGPROBS[0] and version >= CHAT_LOGPROBS[1]:
+            wrong = binding_error((CHAT_FIELDS[0], CHAT_LOGPROBS[0]), {key: value})
+        else:
+            wrong = binding_error(CHAT_FIELDS, {key: value})
+        if wrong:
+            return wrong
     messages = body.get("messages")
     if messages is None or messages == []:
         return "[] is too short - 'messages'"
     return None
 
 
+def response_format_error(wanted: Any) -> str | None:
+    """openai.ResponseFormat bound: an object whose `type` is a string."""
+    if wanted is None:
+        return None
+    if not isinstance(wanted, dict):
+        return _go_misfit("ChatCompletionRequest", "response_format", wanted,
+                          "openai.ResponseFormat")
+    schema = wanted.get("json_schema")
+    return _scalar_misfit("ResponseFormat", "response_format.type", wanted.get("type"),
+                          "string") or (None if schema is None or isinstance(schema, dict) else
+                                        _go_misfit("ResponseFormat", "response_format.json_schema",
+                                                   schema, "openai.JsonSchema"))
+
+
+# openai.ToolCall's function is an anonymous struct: Go names it by its fields, and an
+# error inside it by no struct name at all
+OPENAI_TOOL_FUNCTION = ('struct { Name string "json:\\"name\\""; '
+                        'Arguments string "json:\\"arguments\\"" }')
+
+
+def openai_messages_error(messages: Any) -> str | None:
+    """openai.Message's typed fields the sidecar's own schema leaves unchecked: `reasoning`,
+    `name`, `tool_call_id`, and each tool call's `id`, `index`, `type` and `function` (whose
+    `arguments` is a JSON string on this API)."""
+    for message in messages if isinstance(messages, list) else ():
+        if not isinstance(message, dict):
+            continue
+        for key, value in message.items():
+            if key in ("reasoning", "name", "tool_call_id"):
+                wrong = _scalar_misfit("Message", f"messages.{key}", value, "string")
+            elif key == "tool_calls":
+                wrong = _openai_tool_calls_error(value)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def _openai_tool_calls_error(calls: Any) -> str | None:
+    at = "messages.tool_calls"
+    for call in calls if isinstance(calls, list) else ():
+        for key, value in call.items() if isinstance(call, dict) else ():
+            if key in ("id", "type", "index"):
+                wrong = _scalar_misfit("ToolCall", f"{at}.{key}", value,
+                                       "int" if key == "index" else "string")
+            elif key == "function" and value is not None and not isinstance(value, dict):
+                wrong = _go_misfit("ToolCall", f"{at}.function", value, OPENAI_TOOL_FUNCTION)
+            elif key == "function" and isinstance(value, dict):
+                wrong = next((_scalar_misfit("", f"{at}.function.{name}", value[name],
+                                             "string")
+                              for name in value if name in ("name", "arguments") and
+                              _misfit(value[name], "string")), None)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def _openai_format(body: dict[str, Any]) -> Any:
+    """The `format` Ollama's OpenAI layer makes of `response_format` (openai/openai.go
+    FromChatRequest): "json" for json_object, a json_schema's `schema` as it is."""
+    wanted = body.get("response_format")
+    kind = wanted.get("type") if isinstance(wanted, dict) else None
+    kind = kind.strip().lower() if isinstance(kind, str) else ""
+    if kind == "json_object":
+        return "json"
+    schema = wanted.get("json_schema") if kind == "json_schema" and \
+        isinstance(wanted, dict) else None
+    return schema.get("schema") if isinstance(schema, dict) else None
+
+
+def stream_options_error(struct: str, options: Any) -> str | None:
+    """openai.StreamOptions bound: an object whose `include_usage` is a boolean."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return _go_misfit(struct, "stream_options", options, "openai.StreamOptions")
+    return _scalar_misfit("StreamOptions", "stream_options.include_usage",
+                          options.get("include_usage"), "bool")
+
+
 def completion_error(body: dict[str, Any]) -> str | None:
-    return binding_error(COMPLETION_FIELDS, body)
+    """CompletionsMiddleware's binding: its typed fields (a prompt is one string, no list
+    of prompts or tokens), stream_options."""
+    for key, value in body.items():
+        if wrong := binding_error(COMPLETION_FIELDS, {key: value}) or (
+                stream_options_error("CompletionRequest", value)
+                if key == "stream_options" else None):
+            return wrong
+    return None
 
 
 def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
@@ -191,14 +497,54 @@ def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
     texts = body.get("input")
     if texts is None or texts == []:
         return "invalid input"
+    return input_error(texts)
+
+
+# anthropic/anthropic.go (0.14.0 on): MessagesRequest's nested structs, by field, each with
+# its Go type and its fields' kinds
+ANTHROPIC_STRUCTS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "tool_choice": ("ToolChoice", "anthropic.ToolChoice", {
+        "type": "string", "name": "string", "disable_parallel_tool_use": "bool"}),
+    "thinking": ("ThinkingConfig", "anthropic.ThinkingConfig", {
+        "type": "string", "budget_tokens": "int"}),
+    "metadata": ("Metadata", "anthropic.Metadata", {"user_id": "string"}),
+}
+ANTHROPIC_TOOL = {"type": "string", "name": "string", "description": "string"}
+
+
+def _fields_error(struct: str, at: str, value: dict[str, Any], kinds: dict[str, str]
+                  ) -> str | None:
+    """The first of a Go struct's scalar fields whose JSON value does not fit."""
+    return next((wrong for key, item in value.items() if key in kinds and
+                 (wrong := _scalar_misfit(struct, f"{at}.{key}", item, kinds[key]))), None)
+
+
+def anthropic_field_error(key: str, value: Any) -> str | None:
+    """MessagesRequest's nested fields bound: stop_sequences, tools, tool_choice, thinking,
+    metadata."""
+    if value is None:
+        return None
+    if key == "stop_sequences":
+        return _strings_error("MessagesRequest", key, value)
+    if key == "tools":
+        return next((wrong for tool in value if isinstance(tool, dict) and
+                     (wrong := _fields_error("Tool", "tools", tool, ANTHROPIC_TOOL))), None) \
+            if isinstance(value, list) else None
+    if key in ANTHROPIC_STRUCTS:
+        struct, go_type, kinds = ANTHROPIC_STRUCTS[key]
+        if not isinstance(value, dict):
+            return _go_misfit("MessagesRequest", key, value, go_type)
+        return _fields_error(struct, key, value, kinds)
     return None
 
 
 def messages_error(body: dict[str, Any]) -> str | None:
     """AnthropicMessagesMiddleware: the binding, then max_tokens, then messages. A request
     without a model is the sidecar's own (its preferred model), so that check is left out."""
-    if wrong := binding_error(MESSAGES_FIELDS, body):
-        return wrong
+    for key, value in body.items():  # encoding/json keeps the first error in the body
+        if wrong := binding_error(MESSAGES_FIELDS, {key: value}) or \
+                anthropic_field_error(key, value):
+            return wrong
     max_tokens = body.get("max_tokens")
     if max_tokens is None or max_tokens <= 0:
         return "max_tokens is required and must be positive"
@@ -213,7 +559,7 @@ def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None
     if path in NATIVE_FIELDS:
         return native_error(path, body, version)
     if path == "/v1/chat/completions":
-        return chat_error(body)
+        return chat_error(body, version)
     if path == "/v1/completions":
         return completion_error(body)
     if path == "/v1/embeddings":

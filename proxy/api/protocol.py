@@ -1,7 +1,8 @@
-"""The HTTP protocol the sidecar's listeners run: uvicorn's (httptools), with a limit on how
-long a request's head may take. uvicorn closes a connection idle between requests (its
-keep-alive timeout) but waits forever for the head of one: a client that connects and sends
-nothing, or half a request line, would hold a connection (and a file descriptor) for good."""
+"""The HTTP protocol the sidecar's listeners run: uvicorn's (httptools), with limits on how
+long a request's head may take and how large it may be (as Go's net/http has). uvicorn
+closes a connection idle between requests (its keep-alive timeout) but waits forever for the
+head of one: a client that connects and sends nothing, or half a request line, would hold a
+connection (and a file descriptor) for good."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from proxy.api.status import EVENTS_PATH
 
 HEAD_TIMEOUT_S = 10.0  # from connecting (or a request's first byte) to its last header
+# Go's net/http (Ollama's server) reads at most http.DefaultMaxHeaderBytes of a request's
+# head, plus 4096 bytes of slack (server.go initialReadLimitSize), and answers anything longer
+# with this, as plain text, then closes: a client sending an endless head would otherwise
+# hold its whole head in the sidecar's memory for as long as HEAD_TIMEOUT_S lets it.
+MAX_HEAD_BYTES = (1 << 20) + 4096
+REFUSED_CLOSE_DELAY_S = 0.5  # Go's rstAvoidanceDelay: the answer is read before the reset
+HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                  b"Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+                  b"431 Request Header Fields Too Large")
 # An idle connection between requests. Ollama's server closes none (server/routes.go:2009:
 # an http.Server without IdleTimeout), and agents' pools keep theirs 5 s (httpx) to 90 s
 # (Go): a server that closes first races the agent's next request on that connection, which
@@ -26,10 +36,21 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     """Closes a connection whose request head does not arrive within HEAD_TIMEOUT_S."""
 
     head_timer: asyncio.TimerHandle | None = None
+    head_bytes: int | None = 0  # None while a request's body is read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self.head_bytes == -1:  # refused: what still comes is dropped
+            return
+        if self.head_bytes is not None:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._head_too_large()
+                return
+        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -37,7 +58,12 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self.head_bytes = None
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.head_bytes = 0  # what follows is the next request's head
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -61,6 +87,19 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
+
+    def _head_too_large(self) -> None:
+        """Go's answer, then its closeWriteAndWait: the write side shut, the rest of the
+        head read and dropped for a moment, so the client reads the 431 rather than a
+        reset."""
+        self._disarm()
+        self.head_bytes = -1
+        if self.transport.is_closing():
+            return
+        self.transport.write(HEAD_TOO_LARGE)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(REFUSED_CLOSE_DELAY_S, self.transport.close)
 
     def _head_too_slow(self) -> None:
         self.head_timer = None

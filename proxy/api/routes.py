@@ -313,6 +313,9 @@ class SidecarApi:
         body: dict[str, Any] | None = None
         try:
             raw = await read_capped(request, self.max_request_bytes)
+            if request.url.path in wire.ZSTD_PATHS and \
+                    request.headers.get("content-encoding") == "zstd":
+                raw = await asyncio.to_thread(wire.decompress_zstd, raw)
             large = len(raw) > OFF_LOOP_BYTES
             request.state.large_body = large
             body = await off_loop(large, wire.parse_body, raw)
@@ -495,7 +498,7 @@ class SidecarApi:
             return self._bad_request(exc, dialect, parsed.model or None)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)
-        if wrong := layers.raw_error(path, body):
+        if wrong := layers.found_error(path, body):
             # Ollama looks for the model first (and unloads before this check): one no
             # provider has is the placement's 404
             model = call.model or self.calls.bound_model(call.phase, call.thread)

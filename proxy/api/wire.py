@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
+import zstandard
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from proxy.core.context import NEWEST, Version
@@ -39,19 +40,22 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+# Ollama's own API as Go binds it: a field left out or null is its zero value (a message
+# without a role, a tool call without a function), so such a body is not the sidecar's to
+# refuse; a value of another type is (here, or in Ollama's words in layers.py).
 class ToolFunctionCall(_Wire):
-    name: str = ""
-    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    name: str | None = ""
+    arguments: dict[str, Any] | str | None = Field(default_factory=dict)
 
 
 class ToolCall(_Wire):
-    function: ToolFunctionCall
+    function: ToolFunctionCall | None = None
 
 
 class Message(_Wire):
-    role: str
+    role: str | None = None
     content: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[ToolCall | None] | None = None
     images: list[str] | None = None
     tool_name: str | None = None
 
@@ -105,25 +109,18 @@ def requested_num_ctx(body: dict[str, Any]) -> int | None:
     return int(num_ctx) if int(num_ctx) > 0 else None
 
 
-class Options(_Wire):
-    """Ollama's free options map. Only `num_ctx` is read here (a requirement on the context),
-    so only it is checked; Ollama itself refuses a non-number for it."""
-
-    num_ctx: float | None = None
-
-
 class OllamaInference(_Wire):
     """Fields of /api/chat and /api/generate the sidecar needs to see."""
 
     model: ModelName | None = None
     stream: bool | None = None
-    options: Options | None = None
+    options: Any = None  # Ollama's map[string]any: check_options, layers.native_error
     keep_alive: float | int | str | None = None
-    messages: list[Message] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: list[Message] | None = None  # a null message (Go's empty one) is still refused
+    tools: list[dict[str, Any] | None] | None = None
     prompt: str | None = None
     system: str | None = None
-    context: list[int] | None = None  # /api/generate: an earlier answer's tokens
+    context: list[int | None] | None = None  # /api/generate: an earlier answer's tokens
     think: bool | Literal["low", "medium", "high", "max"] | None = None
     shift: bool | None = None  # Ollama's *bool (api/types.go:117, 167)
 
@@ -132,9 +129,9 @@ class OllamaEmbed(_Wire):
     """/api/embed (`input`) and the legacy /api/embeddings (`prompt`)."""
 
     model: ModelName | None = None
-    input: str | list[str] | None = None
+    input: Any = None  # Ollama's `any`: its handler refuses what is no text (layers.py)
     prompt: str | None = None
-    options: Options | None = None
+    options: Any = None  # Ollama's map[string]any: check_options, layers.native_error
     keep_alive: float | int | str | None = None
     truncate: bool | None = None
     stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed
@@ -155,14 +152,14 @@ class OpenAIChat(_Wire):
 
 class OpenAICompletion(_Wire):
     model: ModelName | None = None
-    prompt: str | list[Any] | None = None
-    suffix: str | None = None
+    prompt: Any = None  # a string: refused otherwise in Ollama's words (layers.py)
+    suffix: Any = None  # as `prompt`
     stream: bool | None = None
 
 
 class OpenAIEmbed(_Wire):
     model: ModelName | None = None
-    input: str | list[Any] | None = None
+    input: Any = None  # Ollama's `any`, as on /api/embed
     stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed
 
 
@@ -340,6 +337,30 @@ def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
         stack.extend((child, depth + 1) for child in children
                      if isinstance(child, dict | list))
     return deepest
+
+
+# Ollama's Responses layer reads a body sent with `Content-Encoding: zstd` (Codex sends
+# them; middleware/openai.go ResponsesMiddleware, from 0.16.3): an 8 MiB window at most,
+# and 20 MiB once decompressed (maxDecompressedBodySize, through http.MaxBytesReader).
+ZSTD_WINDOW_BYTES = 8 << 20
+ZSTD_BODY_BYTES = 20 << 20
+ZSTD_PATHS = ("/v1/responses",)
+
+
+def decompress_zstd(raw: bytes) -> bytes:
+    """A zstd body decompressed as Ollama reads it, or the 400 it answers: Go's words for a
+    body over the limit, klauspost/compress's for one that is no zstd frame."""
+    reader = zstandard.ZstdDecompressor(max_window_size=ZSTD_WINDOW_BYTES).stream_reader(
+        raw, read_across_frames=True)
+    try:
+        body = reader.read(ZSTD_BODY_BYTES + 1)
+    except zstandard.ZstdError as exc:
+        if raw[:4] != b"\x28\xb5\x2f\xfd":
+            raise BadRequest("invalid input: magic number mismatch") from None
+        raise BadRequest(f"failed to decompress zstd body: {exc}") from None
+    if len(body) > ZSTD_BODY_BYTES:
+        raise BadRequest("http: request body too large")
+    return body
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:

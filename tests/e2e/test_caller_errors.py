@@ -111,7 +111,44 @@ LAYER_REFUSALS = [
     ("/v1/completions", {"model": "qwen3:8b", "prompt": "hi", "temperature": "hot"},
      "json: cannot unmarshal string into Go struct field CompletionRequest.temperature "
      "of type float32"),
+    # a list of prompts (or of tokens): Ollama's completions take one string
+    ("/v1/completions", {"model": "qwen3:8b", "prompt": ["hi", "there"]},
+     "json: cannot unmarshal array into Go struct field CompletionRequest.prompt of type "
+     "string"),
+    ("/v1/completions", {"model": "qwen3:8b", "prompt": "hi", "stream": True,
+                         "stream_options": {"include_usage": "yes"}},
+     "json: cannot unmarshal string into Go struct field StreamOptions.stream_options."
+     "include_usage of type bool"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+     "json: cannot unmarshal string into Go struct field ToolFunction.tools.function.parameters"
+     " of type api.ToolFunctionParameters"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI,
+                              "response_format": "json_object"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.response_format"
+     " of type openai.ResponseFormat"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "response_format": {
+        "type": "json_schema", "json_schema": "object"}},
+     "json: cannot unmarshal string into Go struct field "
+     "ResponseFormat.response_format.json_schema of type openai.JsonSchema"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "logprobs": "true"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.logprobs of "
+     "type bool"),
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": HI, "reasoning": "high"},
+     "json: cannot unmarshal string into Go struct field ChatCompletionRequest.reasoning of "
+     "type openai.Reasoning"),
+    # an assistant's tool call with its arguments as an object: a string on this API
+    ("/v1/chat/completions", {"model": "qwen3:8b", "messages": [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                             "function": {"name": "f",
+                                                                          "arguments": {}}}]},
+        *HI]},
+     "json: cannot unmarshal object into Go struct field .messages.tool_calls.function."
+     "arguments of type string"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": []}, "invalid input"),
+    # token arrays: Ollama's embed handler takes texts only
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": [[1, 2, 3]]}, "invalid input type"),
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": [1, 2, 3]}, "invalid input type"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": "hi", "encoding_format": "hex"},
      "Invalid value for 'encoding_format' = hex. Supported values: ['float', 'base64']."),
     ("/v1/messages", {"model": "qwen3:8b", "messages": HI}, "max_tokens is required and "
@@ -120,6 +157,18 @@ LAYER_REFUSALS = [
      "max_tokens is required and must be positive"),
     ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": []},
      "messages is required"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": HI,
+                      "stop_sequences": "\n\n"},
+     "json: cannot unmarshal string into Go struct field MessagesRequest.stop_sequences of "
+     "type []string"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": HI,
+                      "thinking": {"type": "enabled", "budget_tokens": "1024"}},
+     "json: cannot unmarshal string into Go struct field ThinkingConfig.thinking.budget_tokens"
+     " of type int"),
+    ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 5, "messages": HI,
+                      "tool_choice": "auto"},
+     "json: cannot unmarshal string into Go struct field MessagesRequest.tool_choice of type "
+     "anthropic.ToolChoice"),
 ]
 
 
@@ -186,6 +235,42 @@ NATIVE_REFUSALS = [
      "int"),
     ("/api/embed", {"model": "nomic-embed-text", "input": "hi", "dimensions": "8"},
      "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int"),
+    ("/api/embed", {"model": "nomic-embed-text", "input": ["hi", 5]}, "invalid input type"),
+    ("/api/chat", {"messages": HI, "options": "temperature=0"},
+     "json: cannot unmarshal string into Go struct field ChatRequest.options of type "
+     "map[string]interface {}"),
+    ("/api/embeddings", {"model": "nomic-embed-text", "prompt": "hi", "options": [1]},
+     "json: cannot unmarshal array into Go struct field EmbeddingRequest.options of type "
+     "map[string]interface {}"),
+    ("/api/embed", {"model": "nomic-embed-text", "input": {"text": "hi"}}, "invalid input type"),
+    # nested fields: tools, a message's tool calls and thinking, generate's images
+    ("/api/chat", {"messages": HI, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+     "json: cannot unmarshal string into Go struct field ToolFunction.tools.function.parameters"
+     " of type api.ToolFunctionParameters"),
+    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "required": "city"}}}]},
+     "json: cannot unmarshal string into Go struct field "
+     "ToolFunctionParameters.tools.function.parameters.required of type []string"),
+    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": ["city"]}}}]},
+     "Value looks like object, but can't find closing '}' symbol"),
+    ("/api/chat", {"messages": HI, "tools": [{"type": "function", "function": {"name": 5}}]},
+     "json: cannot unmarshal number into Go struct field ToolFunction.tools.function.name of "
+     "type string"),
+    ("/api/chat", {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": '{"city": "Paris"}'}}]}, *HI]},
+     "Value looks like object, but can't find closing '}' symbol"),
+    ("/api/chat", {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"index": "0", "name": "f", "arguments": {}}}]}, *HI]},
+     "json: cannot unmarshal string into Go struct field "
+     "ChatRequest.messages.tool_calls.function.index of type int"),
+    ("/api/chat", {"messages": [{**HI[0], "thinking": 5}]},
+     "json: cannot unmarshal number into Go struct field ChatRequest.messages.thinking of type "
+     "string"),
+    ("/api/generate", {"prompt": "hi", "images": [5]},
+     "json: cannot unmarshal number into Go struct field GenerateRequest.images of type "
+     "api.ImageData"),
 ]
 
 
@@ -222,6 +307,83 @@ def test_raw_with_a_system_is_ollamas_400_once_the_model_is_found(
     assert missing.value.status_code == 404
     unloaded = client.generate(model="qwen3:8b", raw=True, system="be brief", keep_alive=0)
     assert unloaded.done_reason == "unload"
+
+
+# What Go binds to a field's zero value (a field left out or null), which Ollama answers
+ZERO_VALUES = [
+    ("/api/chat", {"messages": [{"content": "hello there"}]}),  # no role
+    ("/api/chat", {"messages": [{"role": None, "content": "hello there"}]}),
+    ("/api/chat", {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1"}, {"function": None},
+        {"function": {"name": None, "arguments": None}}]}, *HI]}),
+    ("/api/chat", {"messages": HI, "tools": [None]}),
+    ("/api/generate", {"prompt": "hi", "context": [1, None, 3]}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ZERO_VALUES)
+def test_a_field_go_reads_as_its_zero_value_is_not_refused(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, body: dict[str, Any]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    answer = httpx.post(f"{url}{path}", timeout=30,
+                        json={"model": "qwen3:8b", "stream": False, **body})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["done"]
+
+
+def test_a_format_ollama_cannot_use_is_its_refusal_once_the_model_is_found(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama refuses a `format` that is neither "json" nor a schema object only once the
+    model is loaded (a 500, llm/server.go Completion); the sidecar refuses it before placing
+    the call, with Ollama's words, after the model's 404 and never for a load."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    _ready(url)
+    for path, body in (("/api/chat", {"messages": HI}), ("/api/generate", {"prompt": "hi"})):
+        refused = httpx.post(f"{url}{path}", json={
+            "model": "qwen3:8b", "stream": False, "format": "yaml", **body})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"] == \
+            'invalid format: "\\"yaml\\""; expected "json" or a valid JSON Schema object'
+    schema = httpx.post(f"{url}/v1/chat/completions", json={
+        "model": "qwen3:8b", "messages": HI, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}})
+    assert schema.status_code == 400, schema.text
+    assert schema.json()["error"]["message"] == \
+        'invalid format: "\\"object\\""; expected "json" or a valid JSON Schema object'
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+    assert httpx.post(f"{url}/api/chat", json={
+        "model": "nosuch:1b", "messages": HI, "format": 5}).status_code == 404
+    client = ollama.Client(host=url)
+    assert client.chat(model="qwen3:8b", messages=HI, format={"type": "object"}).done
+    loaded = httpx.post(f"{url}/api/generate", json={"model": "qwen3:8b", "format": [1]})
+    assert loaded.json()["done_reason"] == "load"
+
+
+def test_a_malformed_tool_gets_its_400_while_every_gpu_is_busy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A tool whose parameters are a string is refused at once, not after a wait for the
+    slot a running call holds."""
+    import threading
+
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3], time_scale=0.05)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=60).url
+    _ready(url)
+    running = threading.Thread(target=lambda: httpx.post(f"{url}/api/chat", timeout=60, json={
+        "model": "qwen3:8b", "messages": HI, "stream": False,
+        "options": {"sim_answer_tokens": 4000}}))
+    running.start()
+    try:
+        assert eventually(lambda: gpu.sim.stats.inference_requests == 1, timeout_s=20)
+        refused = httpx.post(f"{url}/api/chat", timeout=10, json={
+            "model": "qwen3:8b", "messages": HI, "stream": False, "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": "{}"}}]})
+        assert refused.status_code == 400
+        assert gpu.sim.stats.requests == 1
+    finally:
+        running.join(60)
 
 
 @pytest.mark.parametrize("raw", [

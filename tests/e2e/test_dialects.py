@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+import zstandard
 
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
@@ -270,3 +271,36 @@ def test_a_streamed_chat_teaches_the_sidecar_its_count_without_the_agent_asking(
     asked = list(client.chat.completions.create(model="qwen3:8b", messages=HI, stream=True,
                                                 stream_options={"include_usage": True}))
     assert asked[-1].choices == [] and asked[-1].usage is not None  # asked for: kept
+
+
+class ZstdBodies(httpx.HTTPTransport):
+    """Sends every request body zstd-compressed, as Codex does to /v1/responses."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = zstandard.ZstdCompressor().compress(request.read())
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+        return super().handle_request(httpx.Request(
+            request.method, request.url, content=body,
+            headers={**headers, "Content-Encoding": "zstd"}, extensions=request.extensions))
+
+
+def test_a_zstd_body_on_the_responses_api_is_read_as_ollama_reads_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's Responses layer decompresses a `Content-Encoding: zstd` body (0.16.3 on,
+    for Codex) up to 20 MiB; the sidecar refused it as no JSON."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
+                           http_client=httpx.Client(transport=ZstdBodies()))
+    reply = client.responses.create(model="llama3.2:3b", input="hello", max_output_tokens=5)
+    assert reply.output_text.rstrip() == "the answer is forty two"
+    events = list(client.responses.create(model="llama3.2:3b", input=HI, stream=True,
+                                          max_output_tokens=5))
+    assert events[-1].type == "response.completed"
+    huge = zstandard.ZstdCompressor().compress(
+        b'{"model": "llama3.2:3b", "input": "' + b"a" * (21 << 20) + b'"}')
+    refused = httpx.post(f"{url}/v1/responses", content=huge, timeout=60,
+                         headers={"Content-Encoding": "zstd"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "http: request body too large"
+    assert gpu.sim.stats.inference_requests == 2 and no_tickets(url)

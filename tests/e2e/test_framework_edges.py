@@ -139,6 +139,25 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
         server.stop()
 
 
+def test_a_head_over_gos_limit_is_its_431_and_is_not_kept(sim_factory: Sims) -> None:
+    """Go's net/http (Ollama's server) reads at most 1 MiB + 4 KiB of a request's head and
+    answers 431 as plain text; the sidecar held a head of any size in memory (50 MB grew it
+    by 42 MiB). A head just within the limit is served."""
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        big = socket.create_connection((server.host, server.port))
+        big.settimeout(5)
+        big.sendall(b"GET /api/version HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 << 20))
+        answer = big.recv(1000)
+        assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+        assert answer.endswith(b"\r\n\r\n431 Request Header Fields Too Large")
+        fits = httpx.get(f"{server.url}/", headers={"X-Big": "a" * 1_000_000})
+        assert fits.status_code == 200
+    finally:
+        server.stop()
+
+
 CALLS = {"/api/chat": {"model": "qwen3:8b", "stream": False,
                        "messages": [{"role": "user", "content": "hi"}]},
          "/v1/chat/completions": {"model": "qwen3:8b", "max_tokens": 2,

@@ -116,7 +116,8 @@ def test_response_headers_say_where_it_ran(fleet: list[SimServer],
         (b'{"model": "qwen3:8b", "messages": [{"role": "user", "content": 5}]}',
          "messages.0.content"),
         (b'{"model": "qwen3:8b", "messages": [], "stream": "yes"}', "stream"),
-        (b'{"model": "qwen3:8b", "messages": [], "options": []}', "options"),
+        (b'{"model": "qwen3:8b", "messages": [], "options": []}',
+         "Go struct field ChatRequest.options"),  # Ollama's binding's words
         (b'{"model": "qwen3:8b", "messages": [], "options": {"num_ctx": "big"}}',
          'option "num_ctx"'),  # Ollama's own words for it
     ],
@@ -132,7 +133,8 @@ def test_malformed_body_is_400_naming_the_field(body: bytes, field: str | None,
     # the request's model, when the body names one (CONTRACT.md's refusal body)
     assert data.get("model") == ("qwen3:8b" if b'"qwen3:8b"' in body else None)
     if field:
-        assert (field if field.startswith("option ") else f"'{field}'") in data["error"]
+        assert (field if field.startswith(("option ", "Go ")) else f"'{field}'") in \
+            data["error"]
     assert sum(s.sim.stats.requests for s in fleet) == 0  # nothing reached a GPU
 
 

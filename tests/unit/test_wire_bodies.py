@@ -61,3 +61,44 @@ def test_a_field_is_bound_as_go_binds_it(value: object, kind: str, misfit: str |
 ])
 def test_an_image_is_decoded_as_go_decodes_base64(text: str, error: str | None) -> None:
     assert layers.base64_error(text) == error
+
+
+def _tool_call(arguments: object) -> dict[str, object]:
+    return {"messages": [{"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": arguments}}]}]}
+
+
+@pytest.mark.parametrize(("version", "error"), [
+    ((0, 12, 6), "json: cannot unmarshal string into Go struct field "
+                 "ChatRequest.messages.tool_calls.function.arguments of type "
+                 "api.ToolCallFunctionArguments"),
+    ((0, 14, 0), "Value looks like object, but can't find closing '}' symbol"),
+])
+def test_tool_arguments_that_are_no_object_are_refused_in_the_versions_words(
+        version: tuple[int, int, int], error: str) -> None:
+    assert layers.native_error("/api/chat", _tool_call("{}"), version) == error
+    assert layers.native_error("/api/chat", _tool_call({"a": 1}), version) is None
+    assert layers.native_error("/api/chat", _tool_call(None), version) is None
+
+
+def test_a_messages_error_wins_over_an_earlier_tools_error() -> None:
+    """Message.UnmarshalJSON returns its error, which stops Go's decoder; a tool's is saved."""
+    body = {"tools": [{"function": {"name": 5}}],
+            "messages": [{"role": "user", "content": "", "thinking": 1}]}
+    assert "ChatRequest.messages.thinking" in str(layers.native_error("/api/chat", body,
+                                                                      (0, 30, 0)))
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    ({"messages": [{"role": "user"}], "format": "yaml"},
+     'invalid format: "\\"yaml\\""; expected "json" or a valid JSON Schema object'),
+    ({"messages": [{"role": "user"}], "format": [1, 2]},
+     'invalid format: "[1,2]"; expected "json" or a valid JSON Schema object'),
+    ({"messages": [{"role": "user"}], "format": "json"}, None),
+    ({"messages": [{"role": "user"}], "format": {}}, None),
+    ({"messages": [{"role": "user"}], "format": ""}, None),
+    ({"messages": [], "format": 5}, None),  # a load never reaches the check
+])
+def test_a_format_is_checked_as_ollamas_completion_checks_it(body: dict[str, object],
+                                                             error: str | None) -> None:
+    assert layers.format_error("/api/chat", body) == error
