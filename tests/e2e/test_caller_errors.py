@@ -190,13 +190,30 @@ def test_a_call_ollamas_dialect_layer_refuses_is_its_400_before_any_placement(
     assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
 
 
-def test_the_openai_client_gets_the_layers_400_while_every_gpu_is_busy(
-        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+def _openai_empty_messages(url: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="qwen3:8b", messages=[], timeout=10)
+    assert caught.value.response.json()["error"]["message"] == "[] is too short - 'messages'"
+
+
+def _native_tool_parameters_as_a_string(url: str) -> None:
+    refused = httpx.post(f"{url}/api/chat", timeout=10, json={
+        "model": "qwen3:8b", "messages": HI, "stream": False, "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": "{}"}}]})
+    assert refused.status_code == 400
+
+
+@pytest.mark.parametrize("malformed", [_openai_empty_messages,
+                                       _native_tool_parameters_as_a_string],
+                         ids=["openai-empty-messages", "native-tool-parameters"])
+def test_a_malformed_call_gets_its_400_while_every_gpu_is_busy(
+        sim_factory: Sims, sidecar_factory: Sidecars, malformed: Any) -> None:
     """A malformed call does not wait behind a running one for a refusal it could have had
     at once."""
     import threading
-
-    import openai
 
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3], time_scale=0.05)
     url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=60).url
@@ -207,11 +224,7 @@ def test_the_openai_client_gets_the_layers_400_while_every_gpu_is_busy(
     running.start()
     try:
         assert eventually(lambda: gpu.sim.stats.inference_requests == 1, timeout_s=20)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        with pytest.raises(openai.BadRequestError) as caught:
-            client.chat.completions.create(model="qwen3:8b", messages=[], timeout=10)
-        assert caught.value.response.json()["error"]["message"] == \
-            "[] is too short - 'messages'"
+        malformed(url)
         assert gpu.sim.stats.requests == 1
     finally:
         running.join(60)
@@ -360,30 +373,6 @@ def test_a_format_ollama_cannot_use_is_its_refusal_once_the_model_is_found(
     assert client.chat(model="qwen3:8b", messages=HI, format={"type": "object"}).done
     loaded = httpx.post(f"{url}/api/generate", json={"model": "qwen3:8b", "format": [1]})
     assert loaded.json()["done_reason"] == "load"
-
-
-def test_a_malformed_tool_gets_its_400_while_every_gpu_is_busy(
-        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    """A tool whose parameters are a string is refused at once, not after a wait for the
-    slot a running call holds."""
-    import threading
-
-    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3], time_scale=0.05)
-    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=60).url
-    _ready(url)
-    running = threading.Thread(target=lambda: httpx.post(f"{url}/api/chat", timeout=60, json={
-        "model": "qwen3:8b", "messages": HI, "stream": False,
-        "options": {"sim_answer_tokens": 4000}}))
-    running.start()
-    try:
-        assert eventually(lambda: gpu.sim.stats.inference_requests == 1, timeout_s=20)
-        refused = httpx.post(f"{url}/api/chat", timeout=10, json={
-            "model": "qwen3:8b", "messages": HI, "stream": False, "tools": [
-                {"type": "function", "function": {"name": "f", "parameters": "{}"}}]})
-        assert refused.status_code == 400
-        assert gpu.sim.stats.requests == 1
-    finally:
-        running.join(60)
 
 
 @pytest.mark.parametrize("raw", [
