@@ -141,6 +141,9 @@ class DemandBoard:
         self._view: tuple[tuple[int, int], float, Mapping[str, ModelDemand]] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._waits: dict[str, WaitEntry] = {}  # this sidecar's waiting calls
+        # this sidecar's held plans per model: they share one intent entry, which goes with
+        # the last of them
+        self._intents: dict[str, int] = {}
         self._wait_seq = itertools.count(1)
         self._own_version = 0  # moves when a wait entry of ours comes or goes
         self._refresher: asyncio.Task[None] | None = None
@@ -212,9 +215,14 @@ class DemandBoard:
         await self._drop(entry.key)
 
     async def intend(self, model: str) -> None:
+        self._intents[model] = self._intents.get(model, 0) + 1
         await self._put(self._key("intent", model), {"expiresAt": self.clock.now() + INTENT_TTL_S})
 
     async def drop_intent(self, model: str) -> None:
+        left = self._intents.pop(model, 1) - 1
+        if left > 0:
+            self._intents[model] = left
+            return
         await self._drop(self._key("intent", model))
 
     async def _bump(self, key: str, extra: dict[str, object], count: float = 1.0) -> None:

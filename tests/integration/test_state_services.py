@@ -66,6 +66,12 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     assert d["qwen3:32b"].predicted == pytest.approx(1.0)
     await b.done_waiting(theirs)
     assert a.view()["qwen3:14b"].waiters == 1
+    # two plans of one agent for one model: the intent stays until both are gone
+    await a.intend("qwen3:8b")
+    await a.drop_intent("qwen3:8b")
+    assert a.view()["qwen3:8b"].intents == 1
+    await a.drop_intent("qwen3:8b")
+    assert a.view()["qwen3:8b"].intents == 0
 
 
 async def test_each_waiting_call_has_its_own_entry_carrying_its_turn() -> None:
