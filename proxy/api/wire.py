@@ -371,7 +371,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         body = _as_go_reads(raw)
         if body is _UNREADABLE:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+            raise BadRequest(_no_value_start(raw) or
+                             f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     if nesting_depth(body) > MAX_DEPTH:
@@ -382,6 +383,34 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 _UNREADABLE = object()
 _WHITESPACE = " \t\r\n"
+_VALUE_STARTS = frozenset(b'{["-0123456789tfn')
+_GO_ESCAPES = {0x07: "\\a", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t",
+               0x0B: "\\v", 0x5C: "\\\\"}
+
+
+def _no_value_start(raw: bytes) -> str | None:
+    """encoding/json's words for a body whose first byte after whitespace begins no JSON
+    value (a gzip-compressed body's 0x1f, a byte-order mark), as Ollama answers it."""
+    first = next((b for b in raw if b not in b" \t\r\n"), None)
+    if first is None or first in _VALUE_STARTS:
+        return None
+    return f"invalid character {_go_quoted_byte(first)} looking for beginning of value"
+
+
+def _go_quoted_byte(byte: int) -> str:
+    """Go's quoteChar: the byte as a rune, in strconv.Quote's escapes, in single quotes."""
+    if byte == 0x27:
+        return "'\\''"
+    char = chr(byte)
+    if byte in _GO_ESCAPES:
+        quoted = _GO_ESCAPES[byte]
+    elif byte < 0x20 or byte == 0x7F:
+        quoted = f"\\x{byte:02x}"
+    elif not char.isprintable():
+        quoted = f"\\u{byte:04x}"
+    else:
+        quoted = char
+    return f"'{quoted}'"
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 

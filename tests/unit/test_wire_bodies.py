@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import orjson
 import pytest
 
@@ -21,11 +23,24 @@ def test_a_body_is_read_as_go_reads_it_and_sent_on_as_read(raw: bytes,
     assert orjson.loads(orjson.dumps(body)) == read
 
 
-@pytest.mark.parametrize("raw", [b'{"a": NaN}', b'{"a": 1e400} x', b"\xef\xbb\xbf{}",
+@pytest.mark.parametrize("raw", [b'{"a": NaN}', b'{"a": 1e400} x',
                                  b"[" * 5000 + b"]" * 5000, b'{"a": 1'])
 def test_a_body_go_refuses_is_still_refused(raw: bytes) -> None:
     with pytest.raises(wire.BadRequest, match="not valid JSON"):
         wire.parse_body(raw)
+
+
+@pytest.mark.parametrize(("raw", "character"), [
+    (gzip.compress(b"{}"), "'\\x1f'"),  # sent compressed: Ollama reads bodies as they come
+    (b"\xef\xbb\xbf{}", "'\u00ef'"),  # a byte-order mark: Go reads the byte as a rune
+    (b" \r\n'a'", "'\\''"),
+    (b"\xa0{}", "'\\u00a0'"),
+])
+def test_a_body_that_begins_no_json_value_is_refused_in_gos_words(raw: bytes,
+                                                                  character: str) -> None:
+    with pytest.raises(wire.BadRequest) as refused:
+        wire.parse_body(raw)
+    assert str(refused.value) == f"invalid character {character} looking for beginning of value"
 
 
 @pytest.mark.parametrize("depth", [200, 900, 990])
