@@ -629,7 +629,9 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     during a load or a long complete answer) has the call to Ollama cancelled with it.
     """
     started = time.perf_counter()
-    headers = attempt_headers(attempt)
+    # the model as the body names it (CONTRACT.md: the body's `model` says the same)
+    headers = {**attempt_headers(attempt),
+               "X-Kubemoot-Model": _as_asked(body.get("model"), attempt)}
 
     def failed(cause: str, healthy: bool = False, answer: Response | None = None
                ) -> Unanswered:

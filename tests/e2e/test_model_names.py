@@ -23,12 +23,16 @@ def _ps(url: str) -> list[str]:
 def test_every_spelling_of_a_model_runs_on_its_one_copy(
         sim_factory: Sims, sidecar_factory: Sidecars, configured: str) -> None:
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
-    client = ollama.Client(host=sidecar_factory([gpu], model_model=configured).url)
+    url = sidecar_factory([gpu], model_model=configured).url
+    client = ollama.Client(host=url)
     for name in SPELLINGS:  # each answered under its own spelling, as Ollama echoes it
         assert client.chat(model=name, messages=HI).model == name
         assert client.generate(model=name, prompt="hi").model == name
+        named = httpx.post(f"{url}/api/chat", timeout=30, json={
+            "model": name, "messages": HI, "stream": False})
+        assert named.headers["x-kubemoot-model"] == named.json()["model"] == name
     assert client.embed(model="NOMIC-EMBED-TEXT", input="hi").embeddings
-    assert (gpu.sim.stats.inference_requests, gpu.sim.stats.loads) == (9, 2)
+    assert (gpu.sim.stats.inference_requests, gpu.sim.stats.loads) == (13, 2)
     assert sorted(_ps(gpu.url)) == ["nomic-embed-text:latest", "qwen3:8b"]
     assert client.show("Qwen3:8B").capabilities
 
@@ -42,8 +46,11 @@ def test_before_0_15_5_chat_gets_the_spelling_the_store_has(sim_factory: Sims,
         ollama.Client(host=gpu.url).chat(model="Qwen3:8B", messages=HI)
     assert caught.value.status_code == 404
     assert ollama.Client(host=gpu.url).generate(model="Qwen3:8B", prompt="hi").done
-    client = ollama.Client(host=sidecar_factory([gpu]).url)
-    assert client.chat(model="Qwen3:8B", messages=HI).model == "qwen3:8b"
+    url = sidecar_factory([gpu]).url
+    assert ollama.Client(host=url).chat(model="Qwen3:8B", messages=HI).model == "qwen3:8b"
+    named = httpx.post(f"{url}/api/chat", timeout=30, json={
+        "model": "Qwen3:8B", "messages": HI, "stream": False})
+    assert named.headers["x-kubemoot-model"] == named.json()["model"] == "qwen3:8b"
 
 
 @pytest.mark.parametrize("name", ["qwen3:", "qwen3:8b!", "/qwen3", "my.team/qwen3", "q" * 81])
