@@ -27,7 +27,7 @@ class Breaker:
 
     failures: tuple[float, ...] = ()
     opened_at: float | None = None
-    trial: bool = False  # half-open: a trial call is out
+    trial: str | None = None  # half-open: the ticket of the trial call that is out
     seen_down_at: float | None = None  # open: when a probe last found the card down
     back: bool = False  # open: a probe found it ready after that (a restart)
     # a trial after such a restart failed: the cooldown runs its course until the circuit
@@ -59,16 +59,19 @@ class Breaker:
     def allows(self, now: float) -> bool:
         """Closed, or half-open with no trial call out yet."""
         state = self.state(now)
-        return state is Circuit.CLOSED or (state is Circuit.HALF_OPEN and not self.trial)
+        return state is Circuit.CLOSED or (state is Circuit.HALF_OPEN and self.trial is None)
 
-    def start_trial(self, now: float) -> Breaker:
-        if self.state(now) is Circuit.HALF_OPEN:
-            return replace(self, trial=True)
+    def start_trial(self, now: float, ticket: str = "trial") -> Breaker:
+        """The call holding `ticket` goes to a half-open card: the one trial, unless
+        another is out already."""
+        if self.state(now) is Circuit.HALF_OPEN and self.trial is None:
+            return replace(self, trial=ticket)
         return self
 
-    def without_trial(self) -> Breaker:
-        """A trial call that ended telling nothing (its client left): another may go."""
-        return replace(self, trial=False) if self.trial else self
+    def without_trial(self, ticket: str = "trial") -> Breaker:
+        """The trial call holding `ticket` ended telling nothing (its client left, or it
+        never went): another may go. Any other call's end leaves the trial out."""
+        return replace(self, trial=None) if self.trial == ticket else self
 
     def record(self, ok: bool, now: float) -> Breaker:
         state = self.state(now)
@@ -108,9 +111,9 @@ class ProviderStats:
         return ProviderStats(self.breaker.record(ok, now), latency,
                              self.success.add(1.0 if ok else 0.0, SUCCESS_ALPHA))
 
-    def abandoned(self) -> ProviderStats:
+    def abandoned(self, ticket: str = "trial") -> ProviderStats:
         """A call its client left: neither a success nor a failure of the provider."""
-        return ProviderStats(self.breaker.without_trial(), self.latency, self.success)
+        return ProviderStats(self.breaker.without_trial(ticket), self.latency, self.success)
 
     def probed(self, ready: bool, at: float) -> ProviderStats:
         breaker = self.breaker.probed(ready, at)

@@ -81,7 +81,8 @@ class CallService:
         placement = claimed.placement
         self.claims.unhold(claimed)
         now = self.clock.now()
-        circuit = self.experience.record(placement.provider, outcome, now)
+        circuit = self.experience.record(placement.provider, outcome, now,
+                                         claimed.ticket.ticket_id)
         # Open and half-open both read 1; only a recorded outcome moves it to or from 0.
         self.metrics.circuit_open.labels(placement.provider).set(
             0 if circuit is Circuit.CLOSED else 1)

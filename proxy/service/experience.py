@@ -198,10 +198,17 @@ class Experience:
             out[name] = ProviderHealth(circuit, stats.latency.value, stats.success_rate)
         return out
 
-    def start_trial(self, provider: str, now: float) -> None:
-        """A call goes to the provider: a half-open circuit lets no other through meanwhile."""
+    def start_trial(self, provider: str, now: float, ticket: str) -> None:
+        """The call holding `ticket` goes to the provider: a half-open circuit lets no other
+        through meanwhile."""
         stats = self.stats[provider]
-        self.stats[provider] = replace(stats, breaker=stats.breaker.start_trial(now))
+        self.stats[provider] = replace(stats, breaker=stats.breaker.start_trial(now, ticket))
+
+    def end_trial(self, provider: str, ticket: str) -> None:
+        """The call holding `ticket` will not go after all (its claim refused, its victims
+        not unloaded): if it was the trial, another may go."""
+        stats = self.stats[provider]
+        self.stats[provider] = replace(stats, breaker=stats.breaker.without_trial(ticket))
 
     def probed(self, provider: str, ready: bool, at: float) -> bool:
         """What a probe started at `at` found of the provider (core/health.py: a card seen
@@ -213,12 +220,14 @@ class Experience:
         self.stats[provider] = moved
         return moved is not stats
 
-    def record(self, provider: str, outcome: CallOutcome, now: float) -> Circuit:
-        """The provider's health after the outcome; its circuit's state now."""
+    def record(self, provider: str, outcome: CallOutcome, now: float, ticket: str = ""
+               ) -> Circuit:
+        """The provider's health after the outcome of the call holding `ticket`; its
+        circuit's state now."""
         stats = self.stats[provider]
         # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
         # as too long, says nothing of the GPU.
-        stats = stats.abandoned() if outcome.client_left or outcome.prompt_too_long else \
-            stats.record(outcome.ok, outcome.seconds, now)
+        stats = stats.abandoned(ticket) if outcome.client_left or outcome.prompt_too_long \
+            else stats.record(outcome.ok, outcome.seconds, now)
         self.stats[provider] = stats
         return stats.breaker.state(now)

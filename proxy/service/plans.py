@@ -16,7 +16,7 @@ from typing import Any
 from proxy.core.context import fits
 from proxy.core.placement import in_tolerance
 from proxy.core.tokens import PromptSize
-from proxy.core.types import CallSpec, Placement, Snapshot
+from proxy.core.types import CallSpec, Circuit, Placement, Snapshot
 from proxy.observability.logging import get_logger
 from proxy.ports import SYSTEM_CLOCK, Clock, StoreUnavailable, UpstreamError
 from proxy.service.claims import Claimed, LoadState, recheck_after_s
@@ -227,6 +227,8 @@ class PlanBook:
         view = s.provider_view(placement.provider)
         if not view.ready:
             return False
+        if s.experience.health(s.clock.now())[placement.provider].circuit is Circuit.OPEN:
+            return False  # failing (or its one trial call is out): placed afresh, elsewhere
         if not placement.loads and placement.model not in {
                 r.model for r in view.residents if not r.leaving}:
             return False  # its ticket holds a call's share of a copy that has gone since

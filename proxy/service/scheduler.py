@@ -349,6 +349,11 @@ class Scheduler:
             ticket = None
             if decision.placement is not None:
                 ticket = self.claims.reserve(decision.placement, plan)
+                if not plan:  # (a plan's call takes the trial once it goes: start_claimed)
+                    # the trial of a half-open card from the decision on: the next decision
+                    # runs before this claim's write returns
+                    self.experience.start_trial(decision.placement.provider, self.clock.now(),
+                                                ticket.ticket_id)
         finally:
             self._done_placing()
         return Reserved(decision, snapshot, ticket)
@@ -356,12 +361,16 @@ class Scheduler:
     def unreserve(self, reserved: Reserved) -> None:
         if reserved.ticket is not None:
             self.claims.unreserve(reserved.ticket)
+            self.experience.end_trial(reserved.ticket.provider, reserved.ticket.ticket_id)
 
     async def claim_reserved(self, reserved: Reserved) -> Claimed | None:
         """Claim a reserved ticket in the store; None when the store refuses it."""
         assert reserved.decision.placement is not None and reserved.ticket is not None
-        return await self.claims.claim(reserved.decision.placement, reserved.snapshot,
-                                       reserved.ticket)
+        claimed = await self.claims.claim(reserved.decision.placement, reserved.snapshot,
+                                          reserved.ticket)
+        if claimed is None:
+            self.experience.end_trial(reserved.ticket.provider, reserved.ticket.ticket_id)
+        return claimed
 
     def _done_placing(self) -> None:
         """Let the next decision run on the loop's next turn, not this one. A burst of calls
@@ -418,9 +427,11 @@ class Scheduler:
             try:
                 self.learning.observe_unload(placement, await self.evictions.make_room(claimed))
             except BaseException:  # failed or cancelled: the call never reaches its GPU
+                self.experience.end_trial(placement.provider, claimed.ticket.ticket_id)
                 self._spawn(self.claims.book(claimed).release(claimed.ticket))
                 raise
-        self.experience.start_trial(placement.provider, self.clock.now())
+        self.experience.start_trial(placement.provider, self.clock.now(),
+                                    claimed.ticket.ticket_id)
         view = self.provider_view(placement.provider)
         version = context.parse_version(view.version)
         self.learning.sent(placement, spec.conversation, view, claimed.ticket.ticket_id,

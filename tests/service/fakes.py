@@ -19,6 +19,7 @@ import orjson
 
 from loadtest.sim_engine import MIB, PROMPT_TOO_LONG
 from loadtest.sim_model import CATALOG, SimConfig, SimModel, load_seconds
+from proxy.adapters.memory_kv import MemoryStore
 from proxy.core.engine_errors import SERVER_BUSY
 from proxy.ports import ModelEntry, ShowAnswer, Timeouts, UpstreamError
 
@@ -275,3 +276,16 @@ def gpu(name: str, **config: Any) -> FakeModelServer:
     """A GPU as the end-to-end tests' `sim_factory` makes one: the whole catalog on disk."""
     config.setdefault("models", CATALOG)
     return FakeModelServer(SimConfig(name=name, **config))
+
+
+class RoundTripStore(MemoryStore):
+    """The embedded store with a round trip on every write, as NATS JetStream's have: the
+    next decision runs before a claim's write returns."""
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        await asyncio.sleep(0.005)
+        return await super().cas(bucket, key, value, last_revision)
+
+    async def put(self, bucket: str, key: str, value: bytes) -> int:
+        await asyncio.sleep(0.005)
+        return await super().put(bucket, key, value)

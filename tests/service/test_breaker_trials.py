@@ -1,0 +1,107 @@
+"""A half-open card takes one trial call at a time: the trial is the call's from its
+decision (before its claim's write returns), only its own end ends it, and a held plan is
+not taken onto an open circuit."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.core.health import OPEN_FOR_S
+from proxy.core.types import Circuit
+from tests.service.fakes import Answer, RoundTripStore
+from tests.service.harness import Fleet
+
+MODEL = "qwen3:14b"
+
+
+def only_big_holds_it(fleet: Fleet) -> None:
+    big = fleet.gpu("big", total_vram_mib=24564, num_parallel=4, context_length=8192)
+    fleet.gpu("small", total_vram_mib=8192, context_length=4096)
+    big.preload(MODEL)
+
+
+async def _open_then_half_open(fleet: Fleet, **settings: object):
+    only_big_holds_it(fleet)
+    big = fleet.servers["big"]
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120, **settings)
+    big.script(*[Answer(breaks=True)] * 3)
+    for _ in range(3):
+        assert (await sidecar.chat(MODEL)).status == 502
+    assert sidecar.circuit("big") is Circuit.OPEN
+    await asyncio.sleep(OPEN_FOR_S + 1)
+    assert sidecar.circuit("big") is Circuit.HALF_OPEN
+    return sidecar, big
+
+
+async def test_half_open_lets_one_trial_at_a_time(fleet: Fleet) -> None:
+    """Baseline (passes): two calls arriving together at a half-open card: one trial goes."""
+    sidecar, big = await _open_then_half_open(fleet)
+    before = len(big.stats.calls)
+    big.script(Answer(seconds=10), Answer(seconds=10))
+    calls = [sidecar.start_chat(MODEL) for _ in range(2)]
+    await asyncio.sleep(2)
+    assert len(big.stats.calls) - before == 1
+    for c in calls:
+        await c
+
+
+async def test_a_held_plan_is_not_taken_onto_an_open_circuit(fleet: Fleet) -> None:
+    only_big_holds_it(fleet)
+    big = fleet.servers["big"]
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=5)
+    planned = await sidecar.plan("t1", MODEL)
+    assert planned["planned"] and planned["provider"] == "big"
+    big.script(*[Answer(breaks=True)] * 3)
+    for _ in range(3):
+        assert (await sidecar.chat(MODEL)).status == 502
+    assert sidecar.circuit("big") is Circuit.OPEN
+    before = len(big.stats.calls)
+    big.script(Answer(breaks=True))
+    r = await sidecar.chat(MODEL, thread="t1")
+    # an open circuit takes no call: the plan should be released, the call wait/refused
+    assert len(big.stats.calls) == before, f"call sent to an open card: {r}"
+
+
+async def test_one_trial_at_a_time_over_a_store_with_round_trips(fleet: Fleet) -> None:
+    only_big_holds_it(fleet)
+    big = fleet.servers["big"]
+    sidecar = await fleet.sidecar(RoundTripStore(clock=fleet.clock),
+                                  discuss_gpu_wait_limit_seconds=120)
+    big.script(*[Answer(breaks=True)] * 3)
+    for _ in range(3):
+        assert (await sidecar.chat(MODEL)).status == 502
+    await asyncio.sleep(OPEN_FOR_S + 1)
+    assert sidecar.circuit("big") is Circuit.HALF_OPEN
+    before = len(big.stats.calls)
+    big.script(Answer(seconds=10), Answer(seconds=10))
+    calls = [sidecar.start_chat(MODEL) for _ in range(2)]
+    await asyncio.sleep(2)
+    assert len(big.stats.calls) - before == 1
+    for c in calls:
+        await c
+
+
+async def test_another_calls_abandonment_does_not_end_the_trial(fleet: Fleet) -> None:
+    from loadtest.sim_engine import PROMPT_TOO_LONG
+    only_big_holds_it(fleet)
+    big = fleet.servers["big"]
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=300)
+    # C: placed while the card is well, refused as too long 80 s later (after a load, say)
+    big.script(Answer(seconds=80, status=400, error=PROMPT_TOO_LONG),
+               *[Answer(breaks=True)] * 3, Answer(seconds=100), Answer(seconds=1),
+               Answer(seconds=1))
+    early = sidecar.start_chat(MODEL)
+    await asyncio.sleep(0.1)
+    for _ in range(3):
+        assert (await sidecar.chat(MODEL)).status == 502
+    assert sidecar.circuit("big") is Circuit.OPEN
+    await asyncio.sleep(OPEN_FOR_S + 1)
+    trial = sidecar.start_chat(MODEL)  # the trial: 100 s
+    await asyncio.sleep(1)
+    sent = len(big.stats.calls)
+    assert (await early).status == 413  # C ended at 80 s: too long, telling nothing
+    other = sidecar.start_chat(MODEL)  # while the trial (until ~161 s) is still out
+    await asyncio.sleep(5)
+    assert len(big.stats.calls) == sent, "a second call went while the trial was out"
+    await trial
+    await other
