@@ -30,6 +30,7 @@ from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.observability.recent import RecentCalls
 from proxy.ports import (
+    SIDECAR_BUCKETS,
     SYSTEM_CLOCK,
     Clock,
     GpuMemoryGauge,
@@ -67,8 +68,9 @@ def nats_options(settings: Settings) -> NatsOptions:
 
 def build_store(settings: Settings, clock: Clock = SYSTEM_CLOCK) -> StateStore:
     if settings.nats_url:
-        return NatsStore(nats_options(settings), replicas=settings.nats_replicas)
-    return MemoryStore(clock=clock)
+        return NatsStore(nats_options(settings), SIDECAR_BUCKETS,
+                         replicas=settings.nats_replicas)
+    return MemoryStore(SIDECAR_BUCKETS, clock=clock)
 
 
 def placement_settings(settings: Settings) -> PlacementSettings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import orjson
@@ -45,6 +45,10 @@ BUCKETS = (
     # so an age limit would drop them; the binder prunes the discussions' keys itself.
     BucketSpec(BINDINGS, ttl_s=0.0),
 )
+# A sidecar reads its binding at each call and waits for none: a binding's or a discussion's
+# ask written (by any agent) wakes none of its waiting calls. The binder waits for them.
+SIDECAR_BUCKETS = tuple(replace(b, wake_on_rewrite=False, quiet_arrivals=("",))
+                        if b.name == BINDINGS else b for b in BUCKETS)
 
 
 @dataclass(frozen=True, slots=True)

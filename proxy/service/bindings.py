@@ -75,6 +75,7 @@ class Bindings:
         self._asked: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._used: OrderedDict[tuple[str, str | None], Resolved] = OrderedDict()
         self._background: set[asyncio.Task[None]] = set()
+        self._warned: dict[str, int | None] = {}  # malformed bindings logged, by revision
 
     def _value(self, view: Mapping[str, Entry], key: str) -> dict[str, Any] | None:
         entry = view.get(key)
@@ -96,15 +97,33 @@ class Bindings:
 
     def resolve(self, phase: str, thread: str | None = None) -> Resolved:
         view = self.store.view(BINDINGS)
-        resolved = self._agent(self._value(view, self.key), phase)
+        try:
+            resolved = self._agent(self._value(view, self.key), phase)
+        except (ValueError, TypeError, AttributeError) as exc:
+            # (a binding written by hand, or by another version): the env's, not a 500 on
+            # every call of the agent
+            self._malformed(self.key, exc)
+            resolved = self.env
         if thread:
             key = f"thread.{escape_key(thread)}.{escape_key(phase)}"
             discussion = self._value(view, key)
-            mine = ((discussion or {}).get("agents") or {}).get(self.me)
-            if isinstance(mine, dict):
-                resolved = self._discussion(resolved, mine, phase,
-                                            (discussion or {}).get("generation"))
+            try:
+                mine = ((discussion or {}).get("agents") or {}).get(self.me)
+                if isinstance(mine, dict):
+                    resolved = self._discussion(resolved, mine, phase,
+                                                (discussion or {}).get("generation"))
+            except (ValueError, TypeError, AttributeError) as exc:
+                self._malformed(key, exc)
         return resolved
+
+    def _malformed(self, key: str, exc: Exception) -> None:
+        hit = self._decoded.get(key)
+        revision = hit[0] if hit else None
+        if key not in self._warned or self._warned[key] != revision:  # once per revision
+            if len(self._warned) >= DECODED_KEPT:
+                self._warned.clear()
+            self._warned[key] = revision
+            log.warning("binding ignored: it does not decode", key=key, error=str(exc))
 
     def _agent(self, binding: dict[str, Any] | None, phase: str) -> Resolved:
         if binding is None:

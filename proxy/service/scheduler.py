@@ -391,8 +391,8 @@ class Scheduler:
         if call.model and model_key(call.model) == model_key(model):
             model = call.model  # the refusal names the model as the call did, as Ollama's does
         if decision.outcome == "model-not-found":  # Ollama's words name it as the call did
-            return Refusal("model-not-found", not_found(call.model or model, not call.generates),
-                           model)
+            # (or the bound model that runs for the deployed one's name, and is missing)
+            return Refusal("model-not-found", not_found(model, not call.generates), model)
         if decision.outcome == "unsupported":  # Ollama's own refusal, without its load
             return Refusal("bad-request", decision.reason, model, status=decision.status or None)
         if decision.outcome == "prompt-too-large":

@@ -17,7 +17,7 @@ from proxy.app import Services, build_services
 from proxy.core.engine_errors import SERVER_BUSY, prompt_too_long
 from proxy.core.tokens import PromptSize
 from proxy.core.types import Circuit, Ticket
-from proxy.ports import UpstreamError
+from proxy.ports import SIDECAR_BUCKETS, UpstreamError
 from proxy.service.routing import Attempt, CallOutcome, CallRequest, ProviderPool, Refusal
 from proxy.settings import load_settings
 from tests.service.fakes import Answer, FakeModelServer, LoopClock, gpu
@@ -186,8 +186,8 @@ class Fleet:
         config = load_settings(**settings)
         pool = ProviderPool(config.providers, config.model_endpoint, config.triage_endpoint,
                             lambda endpoint: by_endpoint[endpoint])
-        services = build_services(config, store or MemoryStore(clock=self.clock), pool,
-                                  gpu_memory=NoGauge(), clock=self.clock)
+        store = store or MemoryStore(SIDECAR_BUCKETS, clock=self.clock)  # as the app has it
+        services = build_services(config, store, pool, gpu_memory=NoGauge(), clock=self.clock)
         await services.start()
         sidecar = Sidecar(services, self.servers, self.clock)
         self.sidecars.append(sidecar)
