@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 
@@ -21,13 +22,18 @@ def binding(generation: int, model: str, score: object = 100, tolerance: object 
         "tolerance": tolerance, "unschedulable": []})
 
 
-async def test_a_binding_to_a_model_no_provider_has(fleet: Fleet) -> None:
+async def bound(fleet: Fleet, written: bytes) -> Any:
+    """A sidecar deployed with qwen3:8b, warm on its one card, and bound as `written` says."""
     a = fleet.gpu("a", total_vram_mib=24564)
     a.preload("qwen3:8b")
     sidecar = await fleet.sidecar(namespace="crew", agent_name="tooler",
                                   model_candidates_mulling='[{"model": "qwen3:8b", "score": 1}]')
-    await sidecar.services.store.put(BINDINGS, escape_key("crew/tooler"),
-                                     binding(1, "nosuch:1b"))
+    await sidecar.services.store.put(BINDINGS, escape_key("crew/tooler"), written)
+    return sidecar
+
+
+async def test_a_binding_to_a_model_no_provider_has(fleet: Fleet) -> None:
+    sidecar = await bound(fleet, binding(1, "nosuch:1b"))
     r = await sidecar.chat(None)  # type: ignore[arg-type]
     named = await sidecar.chat("qwen3:8b")  # the deployed model's name: follows the binding
     for refused in (r, named):  # the 404 names the model that is missing, the bound one
@@ -35,12 +41,7 @@ async def test_a_binding_to_a_model_no_provider_has(fleet: Fleet) -> None:
 
 
 async def test_a_malformed_binding_does_not_break_every_call(fleet: Fleet) -> None:
-    a = fleet.gpu("a", total_vram_mib=24564)
-    a.preload("qwen3:8b")
-    sidecar = await fleet.sidecar(namespace="crew", agent_name="tooler",
-                                  model_candidates_mulling='[{"model": "qwen3:8b", "score": 1}]')
-    await sidecar.services.store.put(BINDINGS, escape_key("crew/tooler"),
-                                     binding(1, "llama3.2:3b", score="high"))
+    sidecar = await bound(fleet, binding(1, "llama3.2:3b", score="high"))
     r = await sidecar.chat(None)  # type: ignore[arg-type]
     assert (r.status, r.last.model) == (200, "qwen3:8b")  # the environment's, not a 500
 
