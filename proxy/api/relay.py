@@ -689,6 +689,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         return Response(status_code=499)
 
     if data is None:
+        attempts.answering()
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
                            dialect, path, usage_added(path, body))
     media_type = upstream.content_type or "application/json"

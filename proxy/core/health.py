@@ -73,6 +73,11 @@ class Breaker:
         never went): another may go. Any other call's end leaves the trial out."""
         return replace(self, trial=None) if self.trial == ticket else self
 
+    def answering(self, ticket: str) -> Breaker:
+        """The trial call holding `ticket` began its answer: the card serves again, and
+        its circuit closes (its end, a failure mid-answer, counts as a closed one's)."""
+        return Breaker() if self.trial is not None and self.trial == ticket else self
+
     def record(self, ok: bool, now: float) -> Breaker:
         state = self.state(now)
         if ok:

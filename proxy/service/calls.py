@@ -182,6 +182,14 @@ class CallAttempts:
             return granted
         return self._begin(granted)
 
+    def answering(self) -> None:
+        """A stream's first bytes prove its card serves: a half-open circuit whose trial
+        this is closes now, not when the answer ends (minutes for a long one)."""
+        current = self._current
+        if current is not None and current.claimed is not None:
+            self.service.experience.answering(current.attempt.provider,
+                                              current.claimed.ticket.ticket_id)
+
     async def again(self, outcome: CallOutcome) -> Attempt | Refusal | None:
         failed = self._current
         if failed is None:

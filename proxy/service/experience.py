@@ -210,6 +210,12 @@ class Experience:
         stats = self.stats[provider]
         self.stats[provider] = replace(stats, breaker=stats.breaker.without_trial(ticket))
 
+    def answering(self, provider: str, ticket: str) -> None:
+        """The call holding `ticket` began its answer (core/health.py: its trial's proof)."""
+        stats = self.stats.get(provider)
+        if stats is not None:
+            self.stats[provider] = replace(stats, breaker=stats.breaker.answering(ticket))
+
     def probed(self, provider: str, ready: bool, at: float) -> bool:
         """What a probe started at `at` found of the provider (core/health.py: a card seen
         down and then ready again half-opens its circuit); True when its circuit moved."""

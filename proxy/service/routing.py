@@ -149,6 +149,10 @@ class Attempts(Protocol):
         """The current attempt ended for good (answered, failed mid-stream, client gone)."""
         ...
 
+    def answering(self) -> None:
+        """The current attempt's stream began: its provider took the call and answers."""
+        ...
+
 
 class Calls(Protocol):
     def attempts(self, call: CallRequest, started: float) -> Attempts: ...

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,9 +65,10 @@ class Sidecar:
     async def chat(self, model: str | None, *, prompt_chars: int = 100,
                    thread: str | None = None, can_wait: bool = True,
                    num_ctx: int | None = None, num_predict: int = 0,
-                   client_gone: asyncio.Event | None = None, phase: str = "mulling"
-                   ) -> Answered:
-        """One /api/chat call, relayed to its end."""
+                   client_gone: asyncio.Event | None = None, phase: str = "mulling",
+                   stream: bool = False) -> Answered:
+        """One /api/chat call, relayed to its end (`stream`: its answer's beginning told to
+        the service, as the relay tells a stream's)."""
         disconnected = client_gone.wait if client_gone is not None else None
         call = CallRequest("/api/chat", model, phase, thread=thread, can_wait=can_wait,
                            prompt=PromptSize(prompt_chars), num_ctx=num_ctx,
@@ -76,7 +78,7 @@ class Sidecar:
         tried: list[Attempt] = []
         while not isinstance(placed, Refusal):
             tried.append(placed)
-            outcome, final = await send(placed, call)
+            outcome, final = await send(placed, call, attempts.answering if stream else None)
             if final:
                 await attempts.settle(outcome)
                 return Answered(200 if outcome.ok else 502, tried, error=outcome.error)
@@ -116,7 +118,8 @@ class Sidecar:
         return sorted(r.model for r in self.services.scheduler.provider_view(provider).residents)
 
 
-async def send(attempt: Attempt, call: CallRequest) -> tuple[CallOutcome, bool]:
+async def send(attempt: Attempt, call: CallRequest,
+               answering: Callable[[], None] | None = None) -> tuple[CallOutcome, bool]:
     """Send one attempt; how it ended, and whether that is the call's end (True) or a failure
     before its answer began that the service may place again (False)."""
     loop = asyncio.get_running_loop()
@@ -128,6 +131,8 @@ async def send(attempt: Attempt, call: CallRequest) -> tuple[CallOutcome, bool]:
         upstream = await attempt.client.open(call.path, orjson.dumps(payload))
     except UpstreamError as exc:
         return CallOutcome(False, loop.time() - started, error=str(exc), began=False), False
+    if answering is not None and upstream.status_code < 400:
+        answering()
     try:
         data = await upstream.read()
     except UpstreamError as exc:  # the answer broke off

@@ -93,3 +93,18 @@ async def test_another_calls_abandonment_does_not_end_the_trial(fleet: Fleet) ->
     assert len(big.stats.calls) == sent, "a second call went while the trial was out"
     await trial
     await other
+
+
+async def test_a_streamed_trial_closes_the_circuit_once_its_answer_begins(fleet: Fleet
+                                                                          ) -> None:
+    """A long trial call (300 s) on a card with four slots: once its stream has begun, the
+    card serves again, and the next call does not wait out the trial."""
+    sidecar, big = await _open_then_half_open(fleet)
+    big.script(Answer(seconds=300), Answer(seconds=1))
+    trial = sidecar.start_chat(MODEL, stream=True)
+    await asyncio.sleep(5)
+    assert sidecar.circuit("big") is Circuit.CLOSED
+    r = await sidecar.chat(MODEL)
+    assert r.status == 200 and r.last.waited_ms < 1000
+    await trial
+

@@ -52,6 +52,7 @@ class OneAttempt:
         self.attempt = attempt
         self.outcomes = outcomes
         self.settled = False
+        self.answering_told = 0
 
     async def first(self) -> Attempt:
         return self.attempt
@@ -63,6 +64,9 @@ class OneAttempt:
         if not self.settled:
             self.settled = True
             self.outcomes.append(outcome)
+
+    def answering(self) -> None:
+        self.answering_told += 1
 
 
 def _attempts(outcomes: list[CallOutcome], upstream: respx.Router, watch: bool = False
@@ -179,10 +183,12 @@ async def test_streaming_returns_a_stream_with_attempt_headers(upstream: respx.R
     upstream.post(f"{BASE}/api/chat").mock(return_value=httpx.Response(
         200, content=b'{"done":false}\n{"done":true,"prompt_eval_count":3}\n'))
     outcomes: list[CallOutcome] = []
-    response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
+    attempts = _attempts(outcomes, upstream)
+    response = await forward(attempts, "/api/chat", {"model": "m"}, True, 1)
     assert isinstance(response, StreamingResponse)
     assert response.headers["x-kubemoot-provider"] == "p"
     assert response.headers["x-kubemoot-placement"] == "warm"
+    assert attempts.answering_told == 1  # the stream began: its card serves (a trial's proof)
 
 
 def _chunked(*parts: bytes) -> bytes:
