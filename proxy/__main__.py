@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
+import math
 import os
 import socket
 import sys
@@ -89,13 +90,26 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> float:
+    """An interval: a finite number of seconds above 0 (0 would spin the loop it paces)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0")
+    return value
+
+
 def _bind(setting: str, address: str) -> socket.socket:
     host, port = parse_listen(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         return socket.create_server((host, port), family=family, backlog=2048)
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        # (a host that does not resolve: getaddrinfo's errno is negative, strerror says it)
+        reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else \
+            (exc.strerror or str(exc)).split(" (while attempting")[0]
         raise ConfigError(f"{setting}: cannot listen on {address}: {reason}") from None
 
 
@@ -338,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     publish = sub.add_parser("publish", help="probe every provider and publish its state")
     publish.add_argument("--config", help="YAML file with settings (env vars win)")
     publish.add_argument("--once", action="store_true", help="one round, then exit")
-    publish.add_argument("--interval", type=float, default=5.0,
+    publish.add_argument("--interval", type=_positive, default=5.0,
                          help="seconds between writes when nothing changed (default 5); "
                               "changes are written at the next probe, within 1 s")
     publish.set_defaults(func=_publish)
@@ -367,9 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the documents `candidates` reads (repeatable; directories are "
                            "read whole, and read again when their content changes)")
     bind.add_argument("--config", help="YAML file with settings (env vars win)")
-    bind.add_argument("--poll-interval", type=float, default=0.5,
+    bind.add_argument("--poll-interval", type=_positive, default=0.5,
                       help="seconds between reads of the documents (default 0.5)")
-    bind.add_argument("--thread-ttl", type=float, default=3600.0,
+    bind.add_argument("--thread-ttl", type=_positive, default=3600.0,
                       help="seconds a discussion binding lives after its last ask "
                            "(default 3600)")
     bind.add_argument("--eviction-overhead-mib", type=int, default=None,

@@ -56,11 +56,12 @@ def check_model_name(name: str) -> str:
 class ProviderConfig(BaseModel):
     """One Ollama server (one GPU) the sidecar may place calls on."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
+                              allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     endpoint: str = Field(min_length=1)
-    total_vram_mib: int | None = Field(default=None, alias="totalVramMiB", ge=0)
+    total_vram_mib: int | None = Field(default=None, alias="totalVramMiB", gt=0)
     context_length: int | None = Field(default=None, alias="contextLength", ge=0)
     max_parallel: int = Field(default=1, alias="maxParallel", ge=1)
     # OLLAMA_MAX_LOADED_MODELS; 0 (unset) is Ollama's automatic limit, 3 x its GPUs
@@ -76,13 +77,22 @@ class ProviderConfig(BaseModel):
     def _endpoint_is_http(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        try:
+            parts = urlsplit(value)
+            port = parts.port  # (a ValueError when out of 0-65535 or not a number)
+        except ValueError as exc:
+            raise ValueError(f"is no URL ({exc})") from None
+        if not parts.hostname or any(c.isspace() for c in value) or port == 0:
+            raise ValueError("is no URL: http(s)://host[:port] with a host, no spaces, "
+                             "a port from 1 to 65535")
         return value.rstrip("/")
 
 
 class CandidateModel(BaseModel):
     """One entry of a phase's candidate list, as the operator publishes it."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True,
+                              allow_inf_nan=False)
 
     model: str = Field(min_length=1)
     score: float  # the model's quality score: the operator publishes one for every entry
@@ -166,7 +176,8 @@ class _YamlFileSource(PydanticBaseSettingsSource):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True,
+                                      allow_inf_nan=False)
 
     # The agent pod's model settings (docs/configuration.md).
     model_model: str | None = None

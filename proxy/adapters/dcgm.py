@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,15 +22,19 @@ class DcgmExporter:
         exporter lists every GPU of its node, and the provider's Ollama runs on `gpus`."""
         try:
             async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-                text = (await client.get(url)).text
+                answer = await client.get(url)
         except httpx.HTTPError:
             return None
-        per_gpu: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            if family.name in FRAMEBUFFER:
-                for sample in family.samples:
-                    gpu = sample.labels.get("gpu") or sample.labels.get("UUID") or ""
-                    per_gpu[gpu] = per_gpu.get(gpu, 0.0) + sample.value
-        if not per_gpu:
+        if not answer.is_success:
             return None
-        return int(sum(list(per_gpu.values())[:max(1, gpus)]))
+        per_gpu: dict[str, float] = {}
+        try:  # (an answer that is no exposition text: unknown, not a failed probe)
+            for family in text_string_to_metric_families(answer.text):
+                if family.name in FRAMEBUFFER:
+                    for sample in family.samples:
+                        gpu = sample.labels.get("gpu") or sample.labels.get("UUID") or ""
+                        per_gpu[gpu] = per_gpu.get(gpu, 0.0) + sample.value
+        except ValueError:
+            return None
+        total = sum(list(per_gpu.values())[:max(1, gpus)])
+        return int(total) if per_gpu and math.isfinite(total) and total > 0 else None

@@ -194,6 +194,18 @@ def encode_ticket_set(tickets: TicketSet) -> bytes:
     })
 
 
+# A ticket whose expiry is no finite number (JSON has no infinity: orjson writes null) lasts
+# the default ticket TTL from its start: counted, and gone in time, not held for good
+UNREADABLE_EXPIRY_TTL_S = 60.0
+
+
+def _expiry(ticket: dict[str, Any]) -> float:
+    exp = ticket.get("exp")
+    if isinstance(exp, int | float) and not isinstance(exp, bool) and math.isfinite(exp):
+        return float(exp)
+    return float(ticket["started"]) + UNREADABLE_EXPIRY_TTL_S
+
+
 def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
     """The ticket set a `kubemoot_provider_tickets` entry holds (empty when there is none)."""
     if not raw:
@@ -201,7 +213,7 @@ def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
     d: dict[str, Any] = orjson.loads(raw)
     tickets = {
         tid: Ticket(tid, provider, str(t["model"]), int(t["mib"]), float(t["started"]),
-                    float(t["exp"]), cold=bool(t.get("cold")),
+                    _expiry(t), cold=bool(t.get("cold")),
                     evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
                     holder=str(t.get("holder", "")), context=int(t.get("ctx") or 0),
                     estimate_mib=int(t.get("est") or 0), plan=bool(t.get("plan")),

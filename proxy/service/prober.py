@@ -195,8 +195,10 @@ class Prober:
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
             version=version if isinstance(version, str) else "")
-        if not ready and name in self.latest and self.latest[name].ready:
-            log.warning("provider unreachable", provider=name)
+        if not ready and (name not in self.latest or self.latest[name].ready):
+            # (once when it goes, and once at start for one never reached: a wrong endpoint
+            # or an Ollama that is down would otherwise be silent)
+            log.warning("provider unreachable", provider=name, endpoint=config.endpoint)
         self.latest[name] = state
         for watch in self.watchers:
             watch(state)

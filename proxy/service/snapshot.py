@@ -105,7 +105,7 @@ class StateView:
     def ticket_set(self, name: str, now: float) -> TicketSet:
         try:
             return self.tickets.known(name)[0].live(now)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):  # an entry no version of this writes
             return TicketSet()
 
     def provider_view(self, config: ProviderConfig, now: float) -> ProviderView:
