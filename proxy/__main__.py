@@ -91,13 +91,25 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _positive(text: str) -> float:
-    """An interval: a finite number of seconds above 0 (0 would spin the loop it paces)."""
+    """A finite number above 0: an interval of 0 would spin the loop it paces, a
+    concurrency factor of 0 would bind nothing."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is no number") from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0")
+        raise argparse.ArgumentTypeError(f"{text} is not a number above 0")
+    return value
+
+
+def _mib(text: str) -> int:
+    """A memory figure: a whole number of MiB, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no whole number of MiB") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is below 0")
     return value
 
 
@@ -369,9 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     cands.add_argument("--output", "-o", choices=["env", "json", "yaml"], default="env")
     cands.add_argument("--strict", action="store_true",
                        help="exit 1 when an agent is unschedulable or a phase is invalid")
-    cands.add_argument("--eviction-overhead-mib", type=int, default=None,
+    cands.add_argument("--eviction-overhead-mib", type=_mib, default=None,
                        help="VRAM kept free beside a model (default: max(2048, 12%% of total))")
-    cands.add_argument("--concurrency-factor", type=float, default=4.0,
+    cands.add_argument("--concurrency-factor", type=_positive, default=4.0,
                        help="agents per parallel slot a provider may serve (default 4)")
     cands.set_defaults(func=_candidates)
 
@@ -386,9 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     bind.add_argument("--thread-ttl", type=_positive, default=3600.0,
                       help="seconds a discussion binding lives after its last ask "
                            "(default 3600)")
-    bind.add_argument("--eviction-overhead-mib", type=int, default=None,
+    bind.add_argument("--eviction-overhead-mib", type=_mib, default=None,
                       help="VRAM kept free beside a model (default: max(2048, 12%% of total))")
-    bind.add_argument("--concurrency-factor", type=float, default=4.0,
+    bind.add_argument("--concurrency-factor", type=_positive, default=4.0,
                       help="agents per parallel slot a provider may serve (default 4)")
     bind.set_defaults(func=_bind_command)
     return parser

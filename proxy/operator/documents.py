@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -122,6 +123,14 @@ class ProviderScheduling(_Schema):
 
 class ProviderSpec(_Schema):
     endpoint: str = ""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_http(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https:// (as a sidecar's provider "
+                             "endpoint does)")
+        return value
     scheduling: Annotated[ProviderScheduling, _empty_when_null(ProviderScheduling)] = \
         ProviderScheduling()
 

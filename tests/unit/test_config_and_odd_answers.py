@@ -120,7 +120,10 @@ async def test_a_garbage_exporter_leaves_the_provider_probed(
 @pytest.mark.parametrize("argv", [["publish", "--interval", "0"],
                                   ["publish", "--interval", "-1"],
                                   ["bind", "-f", "x", "--poll-interval", "0"],
-                                  ["bind", "-f", "x", "--thread-ttl", "-5"]])
+                                  ["bind", "-f", "x", "--thread-ttl", "-5"],
+                                  ["candidates", "-f", "x", "--concurrency-factor", "-1"],
+                                  ["bind", "-f", "x", "--concurrency-factor", "0"],
+                                  ["candidates", "-f", "x", "--eviction-overhead-mib", "-5"]])
 def test_an_interval_that_is_not_positive_is_refused(argv: list[str]) -> None:
     from proxy.__main__ import build_parser
 
@@ -150,3 +153,12 @@ async def test_a_provider_unreachable_from_the_start_is_logged() -> None:
 def test_a_provider_of_no_memory_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"KUBEMOOT_PROVIDERS\[0\]\.totalVramMiB"):
         load_settings(providers=[{**PROVIDER, "totalVramMiB": 0}])
+
+
+def test_a_model_provider_document_whose_endpoint_is_no_url_is_refused() -> None:
+    from proxy.operator.documents import ProviderSpec
+
+    with pytest.raises(ValueError, match="must start with http"):
+        ProviderSpec(endpoint="gpu-b")
+    assert ProviderSpec(endpoint="").endpoint == ""  # (left out: the live state's)
+
