@@ -131,7 +131,8 @@ class OllamaClient:
 
     async def version(self, timeout_s: float | None = None) -> str | None:
         data = await self._object("/api/version", timeout_s)
-        return str(data["version"]) if "version" in data else None
+        version = data.get("version")
+        return version if isinstance(version, str) and version else None
 
     async def ps(self, timeout_s: float | None = None) -> list[ModelEntry]:
         return list((await self._object("/api/ps", timeout_s)).get("models") or [])

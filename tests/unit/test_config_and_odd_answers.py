@@ -162,3 +162,22 @@ def test_a_model_provider_document_whose_endpoint_is_no_url_is_refused() -> None
         ProviderSpec(endpoint="gpu-b")
     assert ProviderSpec(endpoint="").endpoint == ""  # (left out: the live state's)
 
+
+@pytest.mark.parametrize("answer", [{"version": None}, {"version": ""}, {"version": 5}, {}])
+async def test_an_ollama_version_that_is_no_text_is_no_version(answer: dict[str, Any]) -> None:
+    """Not the version "None": a version the sidecar would read rules from."""
+    import httpx
+    import respx
+
+    from proxy.adapters.ollama import OllamaClient
+    from proxy.ports import Timeouts
+
+    router = respx.Router(base_url="http://ollama.test:11434")
+    router.get("/api/version").mock(return_value=httpx.Response(200, json=answer))
+    client = OllamaClient("http://ollama.test:11434", Timeouts(1, 1, 1),
+                          httpx.MockTransport(router.async_handler))
+    try:
+        assert await client.version() is None
+    finally:
+        await client.close()
+
