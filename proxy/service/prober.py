@@ -112,6 +112,9 @@ def model_info(show: Any) -> ModelInfo:
         token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0)
 
 
+SHOWS_AT_ONCE = 8  # /api/show asks in flight to one card
+
+
 async def _details(server: ModelServer, model: str) -> Any:
     return (await server.show({"model": model}, PROBE_TIMEOUT_S)).details()
 
@@ -182,7 +185,8 @@ class Prober:
                 model = model_name(m)
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
-        models = await self._shown_models(name, digests)
+        models = await self._shown_models(
+            name, digests, version if isinstance(version, str) else "")
         beside = self._first_seen_beside(name, loaded_mib, loaded_ctx) \
             if not isinstance(ps, BaseException) else {}
         state = ProviderState(
@@ -248,20 +252,29 @@ class Prober:
         process's own for the digests the next probe lists, instead of asking again."""
         self._described[provider] = dict(models)
 
-    async def _shown_models(self, name: str, digests: dict[str, str]) -> dict[str, ModelInfo]:
-        """Asks /api/show only for models (or digests) not seen before, nor described by
-        another process's probe; a failed ask is retried on the next probe."""
+    async def _shown_models(self, name: str, digests: dict[str, str], version: str
+                            ) -> dict[str, ModelInfo]:
+        """Asks /api/show only for models (or digests) not seen before on this Ollama
+        version (another may describe a file otherwise: its capabilities, say), nor described
+        by another process's probe; a failed ask is retried on the next probe. A few at a
+        time: a card with hundreds of models on disk is not sent hundreds at once."""
         known = self._shown.setdefault(name, {})
+        seen_as = {m: f"{digest}@{version}" for m, digest in digests.items()}
         for model, info in self._described.pop(name, {}).items():
-            if model in digests and model not in known:
-                known[model] = (digests[model], info)
-        new = [m for m, digest in digests.items() if m not in known or known[m][0] != digest]
+            if model in seen_as and model not in known:
+                known[model] = (seen_as[model], info)
+        new = [m for m, key in seen_as.items() if m not in known or known[m][0] != key]
         if new:
-            shows = await asyncio.gather(*(_details(self.clients[name], m) for m in new),
-                                         return_exceptions=True)
+            asking = asyncio.Semaphore(SHOWS_AT_ONCE)
+
+            async def details(model: str) -> Any:
+                async with asking:
+                    return await _details(self.clients[name], model)
+
+            shows = await asyncio.gather(*(details(m) for m in new), return_exceptions=True)
             for model, show in zip(new, shows, strict=True):
                 if not isinstance(show, BaseException):
-                    known[model] = (digests[model], model_info(show))
+                    known[model] = (seen_as[model], model_info(show))
         for model in [m for m in known if m not in digests]:
             del known[model]  # removed from disk
         return {m: info for m, (_, info) in known.items()}

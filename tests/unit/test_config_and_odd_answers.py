@@ -181,3 +181,45 @@ async def test_an_ollama_version_that_is_no_text_is_no_version(answer: dict[str,
     finally:
         await client.close()
 
+
+class _Upgraded(_Ps):
+    """A card with 20 models on disk whose Ollama restarts at another version."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = "0.30.0"
+        self.asked: list[str] = []
+        self.in_flight = self.most_in_flight = 0
+
+    async def version(self, timeout_s: float | None = None) -> str:
+        return self.running
+
+    async def tags(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        return [{"model": f"m{i}:latest", "size": 1 << 30, "digest": f"d{i}"}
+                for i in range(20)]
+
+    async def show(self, body: dict[str, Any], timeout_s: float | None = None) -> Any:
+        import asyncio
+
+        from proxy.ports import ShowAnswer
+
+        self.asked.append(body["model"])
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        return ShowAnswer(200, b'{"model_info": {}}')
+
+
+async def test_models_are_described_again_after_an_ollama_upgrade_a_few_at_a_time() -> None:
+    settings = load_settings(providers=[{**PROVIDER, "totalVramMiB": 24576}])
+    server = _Upgraded()
+    prober = Prober(list(settings.providers), {"a": server}, None,  # type: ignore[dict-item]
+                    gpu_memory=DcgmExporter(2.0))
+    await prober.probe("a")
+    await prober.probe("a")
+    assert len(server.asked) == 20 and server.most_in_flight <= 8  # each once, 8 at a time
+    server.running = "0.33.0"
+    await prober.probe("a")
+    assert len(server.asked) == 40  # the new version may describe them otherwise
+
