@@ -391,10 +391,10 @@ _GO_ESCAPES = {0x07: "\\a", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 
 def _no_value_start(raw: bytes) -> str | None:
     """encoding/json's words for a body whose first byte after whitespace begins no JSON
     value (a gzip-compressed body's 0x1f, a byte-order mark), as Ollama answers it."""
-    first = next((b for b in raw if b not in b" \t\r\n"), None)
-    if first is None or first in _VALUE_STARTS:
+    start = raw.lstrip(_WHITESPACE.encode())[:1]
+    if not start or start[0] in _VALUE_STARTS:
         return None
-    return f"invalid character {_go_quoted_byte(first)} looking for beginning of value"
+    return f"invalid character {_go_quoted_byte(start[0])} looking for beginning of value"
 
 
 def _go_quoted_byte(byte: int) -> str:
@@ -411,6 +411,8 @@ def _go_quoted_byte(byte: int) -> str:
     else:
         quoted = char
     return f"'{quoted}'"
+
+
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
