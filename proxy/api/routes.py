@@ -498,7 +498,7 @@ class SidecarApi:
             return self._bad_request(exc, dialect, parsed.model or None)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path)
-        if wrong := layers.found_error(path, body):
+        if wrong := await off_loop(large, layers.found_error, path, body):
             # Ollama looks for the model first (and unloads before this check): one no
             # provider has is the placement's 404
             model = call.model or self.calls.bound_model(call.phase, call.thread)

@@ -237,8 +237,15 @@ GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "
               "\v": "\\v", '"': '\\"', "\\": "\\\\"}
 
 
+# strconv.Quote's escapes of ASCII: the named ones, \xNN for the other controls
+_GO_ASCII = {code: GO_ESCAPES.get(chr(code)) or f"\\x{code:02x}"
+             for code in (*range(0x20), 0x7F, ord('"'), ord("\\"))}
+
+
 def go_quoted(text: str) -> str:
     """Go's %q (strconv.Quote): printable characters as they are, the rest escaped."""
+    if text.isascii():  # (str.translate: a value of megabytes quoted in C, not char by char)
+        return '"' + text.translate(_GO_ASCII) + '"'
     out: list[str] = []
     for char in text:
         code = ord(char)
@@ -384,8 +391,6 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 _UNREADABLE = object()
 _WHITESPACE = " \t\r\n"
 _VALUE_STARTS = frozenset(b'{["-0123456789tfn')
-_GO_ESCAPES = {0x07: "\\a", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t",
-               0x0B: "\\v", 0x5C: "\\\\"}
 
 
 def _no_value_start(raw: bytes) -> str | None:
@@ -398,19 +403,11 @@ def _no_value_start(raw: bytes) -> str | None:
 
 
 def _go_quoted_byte(byte: int) -> str:
-    """Go's quoteChar: the byte as a rune, in strconv.Quote's escapes, in single quotes."""
-    if byte == 0x27:
-        return "'\\''"
-    char = chr(byte)
-    if byte in _GO_ESCAPES:
-        quoted = _GO_ESCAPES[byte]
-    elif byte < 0x20 or byte == 0x7F:
-        quoted = f"\\x{byte:02x}"
-    elif not char.isprintable():
-        quoted = f"\\u{byte:04x}"
-    else:
-        quoted = char
-    return f"'{quoted}'"
+    """Go's quoteChar: the byte as a rune, quoted as strconv.Quote does, in single quotes
+    (a quote of either kind as it is, but `'` escaped)."""
+    if byte in b"'\"":
+        return "'\\''" if byte == 0x27 else "'\"'"
+    return f"'{go_quoted(chr(byte))[1:-1]}'"
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
