@@ -27,7 +27,7 @@ from proxy.service.evictions import Evictions
 from proxy.service.experience import CacheCheck, Experience
 from proxy.service.plans import PlanBook
 from proxy.service.prober import Prober
-from proxy.service.routing import Attempt, CallOutcome, CallRequest, Refusal
+from proxy.service.routing import STATIC, Attempt, CallOutcome, CallRequest, Refusal
 from proxy.service.scheduler import Granted, Scheduler
 
 log = get_logger("kubemoot.calls")
@@ -248,9 +248,11 @@ class CallAttempts:
     def _begin(self, granted: Granted) -> Attempt:
         attempt = granted.attempt
         self._current = granted
-        self.service.metrics.placements.labels(
-            attempt.placement, attempt.provider,
-            self.service.scheduler.model_label(attempt.model)).inc()
+        # (a provider's placement runs a model it lists; the static endpoint, any name sent)
+        model = self.service.scheduler.model_label(attempt.model) \
+            if attempt.placement == STATIC else attempt.model
+        self.service.metrics.placements.labels(attempt.placement, attempt.provider,
+                                               model).inc()
         self.service.metrics.in_flight.labels(attempt.provider).inc()
         return attempt
 
