@@ -39,10 +39,12 @@ log = get_logger("kubemoot.relay")
 NDJSON = "application/x-ndjson"
 
 
-def attempt_headers(attempt: Attempt) -> dict[str, str]:
+def attempt_headers(attempt: Attempt, model: str) -> dict[str, str]:
+    """The placed response's headers; `model` as the body names it (CONTRACT.md: the
+    body's `model` says the same)."""
     headers = {
         "X-Kubemoot-Provider": attempt.provider,
-        "X-Kubemoot-Model": attempt.model,
+        "X-Kubemoot-Model": model,
         "X-Kubemoot-Placement": attempt.placement,
         "X-Kubemoot-Waited-Ms": str(attempt.waited_ms),
     }
@@ -629,9 +631,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     during a load or a long complete answer) has the call to Ollama cancelled with it.
     """
     started = time.perf_counter()
-    # the model as the body names it (CONTRACT.md: the body's `model` says the same)
-    headers = {**attempt_headers(attempt),
-               "X-Kubemoot-Model": _as_asked(body.get("model"), attempt)}
+    headers = attempt_headers(attempt, _as_asked(body.get("model"), attempt))
 
     def failed(cause: str, healthy: bool = False, answer: Response | None = None
                ) -> Unanswered:
