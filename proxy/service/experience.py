@@ -226,7 +226,7 @@ class Experience:
         self.stats[provider] = moved
         return moved is not stats
 
-    def record(self, provider: str, outcome: CallOutcome, now: float, ticket: str = ""
+    def record(self, provider: str, outcome: CallOutcome, now: float, ticket: str
                ) -> Circuit:
         """The provider's health after the outcome of the call holding `ticket`; its
         circuit's state now."""
