@@ -23,9 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.core import context
+from proxy.core.conversations import Conversation, PromptCaches
 from proxy.core.durations import parse_duration
 from proxy.core.eviction import choose_victims, idle_residents
-from proxy.core.lengths import CallLength
+from proxy.core.lengths import CallLength, CallLengths, CallSample
+from proxy.core.load_times import LoadTimes
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY
@@ -148,7 +150,26 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                              turns=tuple(sorted(turns)))
               for m in draw(st.lists(st.sampled_from(MODELS), unique=True, max_size=2))
               for turns in [draw(st.lists(st.floats(NOW - 60, NOW + 60), max_size=3))]}
-    return Snapshot(NOW, views, tuple(tickets), demand, health)
+    learned = CallLengths()
+    loads = LoadTimes()
+    caches = PromptCaches()
+    for _ in range(draw(st.integers(0, 4))):
+        name, model = draw(st.sampled_from(views)).name, draw(st.sampled_from(MODELS))
+        learned = learned.observe(name, model, CallSample(
+            draw(st.sampled_from([0.0, 0.001, 2.0, 1e6])),
+            draw(st.sampled_from([None, 0, 1, 500])), draw(st.sampled_from([None, 0.0, 1.0])),
+            draw(st.sampled_from([None, 0, 3000])), draw(st.sampled_from([None, 0.0, 0.5]))))
+        loads = loads.observe_load(name, model, size_of(model),
+                                   draw(st.sampled_from([None, 0.0, 0.5, 30.0])), 1.0)
+        caches = caches.sent(name, model, draw(conversations()), NOW - draw(st.floats(0, 60)))
+    return Snapshot(NOW, views, tuple(tickets), demand, health, loads, learned, caches)
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> Conversation:
+    digests = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
+    return Conversation(digests, draw(st.sampled_from([0, 100, 5000, 10**8])),
+                        draw(st.sampled_from([0, 50])))
 
 
 @st.composite
@@ -169,7 +190,9 @@ def calls(draw: st.DrawFn) -> CallSpec:
         generates=generates, embeds="" if generates else "/api/embed",
         tolerance=draw(st.sampled_from([-5, 0, 10, 100])),
         can_wait=draw(st.booleans()) or draw(st.booleans()),
-        wait_left_s=draw(st.sampled_from([None, 0.0, 3.0, 1e9])))
+        wait_left_s=draw(st.sampled_from([None, 0.0, 3.0, 1e9])),
+        conversation=draw(st.one_of(st.none(), conversations())),
+        needs=draw(st.sampled_from([(), (), (("tools", "does not support tools"),)])))
 
 
 def live(snap: Snapshot, provider: str) -> list[Ticket]:
