@@ -5,6 +5,7 @@ follows it (strict xfail: a fix turns it into a plain pass)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,3 +62,57 @@ def test_the_context_shift_of_an_over_long_prompt_keeps_the_calls_num_keep(
              options={"num_ctx": 4096, "num_keep": -1})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == 4095
+
+
+def load(sim: SimServer, model: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{sim.url}/api/generate", json={"model": model, **body}, timeout=30)
+
+
+def listed(sim: SimServer) -> set[str]:
+    return {m["model"] for m in httpx.get(f"{sim.url}/api/ps").json()["models"]}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator breaks a tie between copies of equal keep-alive by model name; Ollama "
+    "by the path of the model's GGUF blob (sha256-<digest>), which the simulator has none of"))
+def test_ollamas_own_victim_among_equal_keep_alives_is_the_first_blob_path(
+        sim_factory: Sims) -> None:
+    """findRunnerToUnload sorts s.loaded with ByDurationAndName (HEAD server/sched.go:
+    1557-1578, 1664-1693; v0.12.6 :738-751, 760-789): by sessionDuration, then by
+    runnerRef.modelPath (HEAD falls back to the model key only for a model without one),
+    the blob's path, .../blobs/sha256-<hex>, which /api/show's modelfile names in its FROM
+    line (server/routes.go:1520-1533, server/images.go:586-592). The name plays no part."""
+    sim = sim_factory("gpu", total_vram_mib=24564, max_loaded_models=2, time_scale=SCALE)
+    for model in ("llama3.2:3b", "phi3:mini"):
+        assert load(sim, model).status_code == 200
+    blobs = {}
+    for model in ("llama3.2:3b", "phi3:mini"):
+        modelfile = httpx.post(f"{sim.url}/api/show", json={"model": model}).json()["modelfile"]
+        blobs[model] = next(line.split(" ", 1)[1] for line in modelfile.splitlines()
+                            if line.startswith("FROM "))
+    assert all("/blobs/sha256-" in path for path in blobs.values()), blobs
+    assert load(sim, "qwen3:8b").status_code == 200  # a third model: one must go
+    victim = min(blobs, key=lambda m: blobs[m])
+    assert victim not in listed(sim)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator keeps a copy whose keep_alive is a number of seconds past Go's Duration "
+    "(about 292 years) forever; Ollama on amd64 converts it to a negative duration and "
+    "unloads the copy once its call ends"))
+def test_a_keep_alive_number_past_gos_duration_unloads_the_copy_after_its_call(
+        sim_factory: Sims) -> None:
+    """api.Duration.UnmarshalJSON (HEAD api/types.go:1252-1257; v0.12.6 :986-991) turns a
+    non-negative number into time.Duration(t * float64(time.Second)): over 9.22e18 ns the
+    float-to-int64 conversion is implementation-defined in Go, and amd64's CVTTSD2SQ gives
+    math.MinInt64. A copy with a sessionDuration <= 0 is expired as soon as its last call
+    ends (processCompleted, HEAD server/sched.go:383-392; v0.12.6 :283-292). (arm64
+    saturates instead: forever.)"""
+    sim = sim_factory("gpu", total_vram_mib=24564, time_scale=SCALE)
+    r = load(sim, "qwen3:8b", prompt="hello", stream=False, keep_alive=1e10)
+    assert r.status_code == 200, r.text
+    deadline = 50
+    while "qwen3:8b" in listed(sim) and deadline:
+        deadline -= 1
+        time.sleep(0.05)
+    assert "qwen3:8b" not in listed(sim)
