@@ -116,3 +116,20 @@ def test_a_keep_alive_number_past_gos_duration_unloads_the_copy_after_its_call(
         deadline -= 1
         time.sleep(0.05)
     assert "qwen3:8b" not in listed(sim)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator takes a call without use_mmap as matching any loaded copy; from 0.30 only "
+    "a copy whose use_mmap Ollama chose itself (useMMapAuto) is matched so, and a copy "
+    "loaded with an explicit use_mmap is reloaded"))
+def test_a_call_without_use_mmap_reloads_a_copy_loaded_with_one(sim_factory: Sims) -> None:
+    """HEAD needsReload (server/sched.go:1405-1407): `if runner.useMMapAuto && optsNew.UseMMap
+    == nil` takes the copy's value; useMMapAuto is set only where the scheduler derived
+    UseMMap itself (:1143-1146, 1213-1214). A copy loaded with `use_mmap: false` keeps
+    UseMMap &false and useMMapAuto false, so a later call without the option compares nil
+    with &false in reflect.DeepEqual (:1425) and reloads it. v0.12.6 compares the struct as
+    it is (:598-608): a reload too, which the simulator does get right there."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version="0.33.0", time_scale=SCALE)
+    assert load(sim, "qwen3:8b", options={"use_mmap": False}).status_code == 200
+    assert load(sim, "qwen3:8b").status_code == 200
+    assert sim.sim.stats.reloads == 1
