@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 
 from loadtest.ollama_sim import SimServer
+from loadtest.sim_model import CATALOG
 
 Sims = Callable[..., SimServer]
 SCALE = 0.002
@@ -133,3 +135,29 @@ def test_a_call_without_use_mmap_reloads_a_copy_loaded_with_one(sim_factory: Sim
     assert load(sim, "qwen3:8b", options={"use_mmap": False}).status_code == 200
     assert load(sim, "qwen3:8b").status_code == 200
     assert sim.sim.stats.reloads == 1
+
+
+QWEN3_8B = next(m for m in CATALOG if m.name == "qwen3:8b")
+# `ollama create qwen3-16k -f Modelfile` with `FROM qwen3:8b` and `PARAMETER num_ctx 16384`:
+# a new manifest whose model layer is qwen3:8b's own blob (only the params layer is new)
+QWEN3_16K = replace(QWEN3_8B, name="qwen3-16k:latest", modelfile_num_ctx=16384)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator keys its runners by model name; Ollama keys s.loaded by the weights "
+    "file (ModelPath), so two names on one blob share one runner"))
+def test_two_names_on_one_weights_file_share_one_runner(sim_factory: Sims) -> None:
+    """HEAD getRunner and processPending look the runner up by schedulerModelKey (server/
+    sched.go:111-128: ModelPath, the model blob, whenever there is one; :198-200, 246-248),
+    v0.12.6 by req.model.ModelPath itself (:107, 151). A model created FROM another keeps
+    the other's model layer, so a call for it finds the other's runner and needsReload
+    compares its own options (its Modelfile's num_ctx) with the runner's: here a reload of
+    the one copy at 16384, never a second copy beside it. /api/ps then lists that one runner
+    under the name of the call that loaded it (server/routes.go:2276)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, models=(*CATALOG, QWEN3_16K),
+                      context_length=4096, time_scale=SCALE)
+    assert load(sim, "qwen3:8b").status_code == 200
+    r = chat(sim, "qwen3-16k", [{"role": "user", "content": "hello"}])
+    assert r.status_code == 200, r.text
+    assert sim.sim.stats.reloads == 1
+    assert listed(sim) == {"qwen3-16k:latest"}
