@@ -5,6 +5,7 @@ follows it (strict xfail: a fix turns it into a plain pass)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -161,3 +162,27 @@ def test_two_names_on_one_weights_file_share_one_runner(sim_factory: Sims) -> No
     assert r.status_code == 200, r.text
     assert sim.sim.stats.reloads == 1
     assert listed(sim) == {"qwen3-16k:latest"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator frees a queued call's place in the load queue when its client leaves; "
+    "Ollama's queue is a channel that keeps it until processPending reaches it"))
+def test_a_queued_call_whose_client_left_keeps_its_place_in_the_load_queue(
+        sim_factory: Sims) -> None:
+    """GetRunner puts a call that needs a load into pendingReqCh, a channel of
+    OLLAMA_MAX_QUEUE places, without blocking, else ErrMaxQueue (503; HEAD server/sched.go:
+    88-95, 203-208, routes.go:3113-3114; v0.12.6 :111-117). Nothing takes a call out of it
+    when its client leaves: processPending drops it only when it reaches it (HEAD :237-240;
+    v0.12.6 :143-146), after the load it is busy with. So with one place, a call whose
+    client left holds it, and the next call is refused."""
+    sim = sim_factory("gpu", total_vram_mib=49152, context_length=4096, max_queue=1,
+                      time_scale=0.3)  # qwen3:14b loads in about 3 s
+    first = threading.Thread(target=load, args=(sim, "qwen3:14b"), daemon=True)
+    first.start()
+    time.sleep(0.2)  # loading
+    with pytest.raises(httpx.ReadTimeout):  # queued, then its client leaves
+        httpx.post(f"{sim.url}/api/generate", json={"model": "phi3:mini"}, timeout=0.3)
+    time.sleep(0.3)  # (the simulator has seen it leave)
+    third = load(sim, "llama3.2:3b")
+    first.join(10)
+    assert third.status_code == 503, third.text
