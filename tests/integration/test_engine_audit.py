@@ -1,0 +1,188 @@
+"""Where the simulator departs from Ollama's source (an audit of server/sched.go,
+server/routes.go, server/prompt.go, llm/llama_server.go and the 0.12 runners at HEAD fb30760
+and v0.12.6). Each test states Ollama's rule and is expected to fail until the simulator
+follows it (strict xfail: a fix turns it into a plain pass)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.ollama_sim import SimServer
+from loadtest.sim_model import CATALOG
+
+Sims = Callable[..., SimServer]
+SCALE = 0.002
+
+
+def chat(sim: SimServer, model: str, messages: list[dict[str, str]], **body: Any
+         ) -> httpx.Response:
+    payload = {"model": model, "messages": messages, "stream": False, **body}
+    return httpx.post(f"{sim.url}/api/chat", json=payload, timeout=30)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator drops old messages against the copy's capped context on every version; "
+    "0.12 drops them against the call's own num_ctx (uncapped) and its runner then cuts "
+    "the middle, keeping num_keep tokens"))
+def test_0_12_drops_messages_against_the_calls_num_ctx_not_the_trained_one(
+        sim_factory: Sims) -> None:
+    """v0.12.6: chatPrompt gets the options scheduleRunner resolved (server/routes.go:1997)
+    and keeps messages while they fit opts.NumCtx (server/prompt.go:62); the trained cap is
+    applied to NewLlamaServer's own copy of the options (llm/server.go:172-176), so a call
+    asking phi3:mini (trained 4096) for 8192 keeps all its messages. The runner then cuts
+    the prompt to fill its 4096 exactly, num_keep (+ BOS) kept, and counts what it kept
+    (runner/llamarunner/runner.go:116-137, 155, 677). HEAD caps first (optionsForPrompt,
+    server/routes.go:2336-2347, 2699), as the simulator does for both."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version="0.12.6", time_scale=SCALE)
+    messages = [{"role": "system", "content": "rule " * 400},  # ~500 tokens
+                {"role": "user", "content": "word " * 2400},  # ~3000
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "more " * 1200}]  # ~1500: ~5000 in all
+    r = chat(sim, "phi3:mini", messages, options={"num_ctx": 8192})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] == 4096
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator halves an over-long prompt keeping Ollama's default num_keep (4) + BOS "
+    "whatever the call sets; HEAD keeps the call's num_keep (-1: the whole prompt)"))
+def test_the_context_shift_of_an_over_long_prompt_keeps_the_calls_num_keep(
+        sim_factory: Sims) -> None:
+    """HEAD llm/llama_server.go:279-331 completionPromptForRequest: nKeep is the call's
+    num_keep (all the prompt when negative), + 1 where the tokenizer adds BOS, at most
+    num_ctx - 1; the prompt keeps contextShiftPromptLimit(num_ctx, nKeep) = num_ctx -
+    max((num_ctx - nKeep) / 2, 1) tokens. num_keep -1 on a 4096 context: 4095 kept (the
+    head), not 2051. prompt_eval_count is cache_n + prompt_n (:1503-1513)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version="0.33.0", time_scale=SCALE)
+    r = chat(sim, "qwen3:8b", [{"role": "user", "content": "word " * 6000}],  # ~7500 tokens
+             options={"num_ctx": 4096, "num_keep": -1})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] == 4095
+
+
+def load(sim: SimServer, model: str, **body: Any) -> httpx.Response:
+    return httpx.post(f"{sim.url}/api/generate", json={"model": model, **body}, timeout=30)
+
+
+def listed(sim: SimServer) -> set[str]:
+    return {m["model"] for m in httpx.get(f"{sim.url}/api/ps").json()["models"]}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator breaks a tie between copies of equal keep-alive by model name; Ollama "
+    "by the path of the model's GGUF blob (sha256-<digest>), which the simulator has none of"))
+def test_ollamas_own_victim_among_equal_keep_alives_is_the_first_blob_path(
+        sim_factory: Sims) -> None:
+    """findRunnerToUnload sorts s.loaded with ByDurationAndName (HEAD server/sched.go:
+    1557-1578, 1664-1693; v0.12.6 :738-751, 760-789): by sessionDuration, then by
+    runnerRef.modelPath (HEAD falls back to the model key only for a model without one),
+    the blob's path, .../blobs/sha256-<hex>, which /api/show's modelfile names in its FROM
+    line (server/routes.go:1520-1533, server/images.go:586-592). The name plays no part."""
+    sim = sim_factory("gpu", total_vram_mib=24564, max_loaded_models=2, time_scale=SCALE)
+    for model in ("llama3.2:3b", "phi3:mini"):
+        assert load(sim, model).status_code == 200
+    blobs = {}
+    for model in ("llama3.2:3b", "phi3:mini"):
+        modelfile = httpx.post(f"{sim.url}/api/show", json={"model": model}).json()["modelfile"]
+        blobs[model] = next(line.split(" ", 1)[1] for line in modelfile.splitlines()
+                            if line.startswith("FROM "))
+    assert all("/blobs/sha256-" in path for path in blobs.values()), blobs
+    assert load(sim, "qwen3:8b").status_code == 200  # a third model: one must go
+    victim = min(blobs, key=lambda m: blobs[m])
+    assert victim not in listed(sim)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator keeps a copy whose keep_alive is a number of seconds past Go's Duration "
+    "(about 292 years) forever; Ollama on amd64 converts it to a negative duration and "
+    "unloads the copy once its call ends"))
+def test_a_keep_alive_number_past_gos_duration_unloads_the_copy_after_its_call(
+        sim_factory: Sims) -> None:
+    """api.Duration.UnmarshalJSON (HEAD api/types.go:1252-1257; v0.12.6 :986-991) turns a
+    non-negative number into time.Duration(t * float64(time.Second)): over 9.22e18 ns the
+    float-to-int64 conversion is implementation-defined in Go, and amd64's CVTTSD2SQ gives
+    math.MinInt64. A copy with a sessionDuration <= 0 is expired as soon as its last call
+    ends (processCompleted, HEAD server/sched.go:383-392; v0.12.6 :283-292). (arm64
+    saturates instead: forever.)"""
+    sim = sim_factory("gpu", total_vram_mib=24564, time_scale=SCALE)
+    r = load(sim, "qwen3:8b", prompt="hello", stream=False, keep_alive=1e10)
+    assert r.status_code == 200, r.text
+    deadline = 50
+    while "qwen3:8b" in listed(sim) and deadline:
+        deadline -= 1
+        time.sleep(0.05)
+    assert "qwen3:8b" not in listed(sim)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator takes a call without use_mmap as matching any loaded copy; from 0.30 only "
+    "a copy whose use_mmap Ollama chose itself (useMMapAuto) is matched so, and a copy "
+    "loaded with an explicit use_mmap is reloaded"))
+def test_a_call_without_use_mmap_reloads_a_copy_loaded_with_one(sim_factory: Sims) -> None:
+    """HEAD needsReload (server/sched.go:1405-1407): `if runner.useMMapAuto && optsNew.UseMMap
+    == nil` takes the copy's value; useMMapAuto is set only where the scheduler derived
+    UseMMap itself (:1143-1146, 1213-1214). A copy loaded with `use_mmap: false` keeps
+    UseMMap &false and useMMapAuto false, so a later call without the option compares nil
+    with &false in reflect.DeepEqual (:1425) and reloads it. v0.12.6 compares the struct as
+    it is (:598-608): a reload too, which the simulator does get right there."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version="0.33.0", time_scale=SCALE)
+    assert load(sim, "qwen3:8b", options={"use_mmap": False}).status_code == 200
+    assert load(sim, "qwen3:8b").status_code == 200
+    assert sim.sim.stats.reloads == 1
+
+
+QWEN3_8B = next(m for m in CATALOG if m.name == "qwen3:8b")
+# `ollama create qwen3-16k -f Modelfile` with `FROM qwen3:8b` and `PARAMETER num_ctx 16384`:
+# a new manifest whose model layer is qwen3:8b's own blob (only the params layer is new)
+QWEN3_16K = replace(QWEN3_8B, name="qwen3-16k:latest", modelfile_num_ctx=16384)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator keys its runners by model name; Ollama keys s.loaded by the weights "
+    "file (ModelPath), so two names on one blob share one runner"))
+def test_two_names_on_one_weights_file_share_one_runner(sim_factory: Sims) -> None:
+    """HEAD getRunner and processPending look the runner up by schedulerModelKey (server/
+    sched.go:111-128: ModelPath, the model blob, whenever there is one; :198-200, 246-248),
+    v0.12.6 by req.model.ModelPath itself (:107, 151). A model created FROM another keeps
+    the other's model layer, so a call for it finds the other's runner and needsReload
+    compares its own options (its Modelfile's num_ctx) with the runner's: here a reload of
+    the one copy at 16384, never a second copy beside it. /api/ps then lists that one runner
+    under the name of the call that loaded it (server/routes.go:2276)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, models=(*CATALOG, QWEN3_16K),
+                      context_length=4096, time_scale=SCALE)
+    assert load(sim, "qwen3:8b").status_code == 200
+    r = chat(sim, "qwen3-16k", [{"role": "user", "content": "hello"}])
+    assert r.status_code == 200, r.text
+    assert sim.sim.stats.reloads == 1
+    assert listed(sim) == {"qwen3-16k:latest"}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the simulator frees a queued call's place in the load queue when its client leaves; "
+    "Ollama's queue is a channel that keeps it until processPending reaches it"))
+def test_a_queued_call_whose_client_left_keeps_its_place_in_the_load_queue(
+        sim_factory: Sims) -> None:
+    """GetRunner puts a call that needs a load into pendingReqCh, a channel of
+    OLLAMA_MAX_QUEUE places, without blocking, else ErrMaxQueue (503; HEAD server/sched.go:
+    88-95, 203-208, routes.go:3113-3114; v0.12.6 :111-117). Nothing takes a call out of it
+    when its client leaves: processPending drops it only when it reaches it (HEAD :237-240;
+    v0.12.6 :143-146), after the load it is busy with. So with one place, a call whose
+    client left holds it, and the next call is refused."""
+    sim = sim_factory("gpu", total_vram_mib=49152, context_length=4096, max_queue=1,
+                      time_scale=0.3)  # qwen3:14b loads in about 3 s
+    first = threading.Thread(target=load, args=(sim, "qwen3:14b"), daemon=True)
+    first.start()
+    time.sleep(0.2)  # loading
+    with pytest.raises(httpx.ReadTimeout):  # queued, then its client leaves
+        httpx.post(f"{sim.url}/api/generate", json={"model": "phi3:mini"}, timeout=0.3)
+    time.sleep(0.3)  # (the simulator has seen it leave)
+    third = load(sim, "llama3.2:3b")
+    first.join(10)
+    assert third.status_code == 503, third.text
