@@ -304,7 +304,8 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     planned victim once, only while still resident.
     A claim whose planned victim picked up in-flight work is refused. A claim that loads a
     model is held to the usable memory (total - reserve), as the decision was, and to
-    Ollama's own admission rule against what stays loaded beside it.
+    Ollama's own admission rule against what stays loaded beside it. A join is held to its
+    copy's free slots, not to memory: the copy's size holds its slots.
     """
     live = [t for t in tickets if t.expires_at > new.started_at and t.ticket_id != new.ticket_id]
     busy = {t.model for t in live}
@@ -370,9 +371,13 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         if spread is not None:
             return False, (f"{spread.model} would be spread over the {view.gpus} GPUs, "
                            "whose free memory does not hold it with each GPU's share")
+    if not new.cold:
+        # A join runs in one of the copy's slots, whose memory Ollama reserved at the load
+        # and reports in the copy's size: refused for room, a copy filling its card could
+        # never be joined. Its scratch still counts against later loads.
+        return True, "joins a copy whose slots hold its memory"
     spent = sum(counted(t) for t in live) + counted(new)
-    limit = policy.usable_mib(view.total_vram_mib, view.gpus) if new.cold \
-        else view.total_vram_mib
+    limit = policy.usable_mib(view.total_vram_mib, view.gpus)
     headroom = limit - sum(residents.values()) + credit
     if spent <= headroom:
         return True, f"{spent} MiB claimed of {headroom} MiB"

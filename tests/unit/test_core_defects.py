@@ -25,9 +25,6 @@ def claim_admits(decision: Decision, snap: Snapshot, tickets: list[Ticket]) -> t
                             DEFAULT_POLICY, placement.needs_free_slot)
 
 
-@pytest.mark.xfail(strict=True, reason="a join's 512 MiB scratch is refused by the claim "
-                   "(limit: total - residents) though the decision never checks it: a free "
-                   "slot of a loaded copy on a well-packed card is decided warm and refused")
 def test_a_free_slot_on_a_packed_card_is_claimable() -> None:
     # 14B + 8B + 3B = 21324 MiB, within the 21616 usable of a 24 GiB card: the sidecar itself
     # loads this. With 4 slots each, 12 calls fit the copies; the 7th claim is refused.
@@ -40,8 +37,6 @@ def test_a_free_slot_on_a_packed_card_is_claimable() -> None:
     assert ok, why
 
 
-@pytest.mark.xfail(strict=True, reason="the same: a copy Ollama loaded to near the card's "
-                   "total leaves < 512 MiB, so no join of it is ever admitted")
 def test_a_copy_filling_its_card_can_be_joined() -> None:
     card = ProviderView("gA", GIB24, residents=(Resident("qwen3:32b", 24200),),
                         max_parallel=2)
