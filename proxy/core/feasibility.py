@@ -179,6 +179,8 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         return Fit(False, "resident but planned for eviction by another call")
     if model in index.leaving:
         return Fit(False, "being unloaded (keep_alive 0); placed again once it is gone")
+    if model in index.making_room:  # joinable once its victims are gone; a second load is refused
+        return Fit(False, "being loaded here once the copies it unloads are gone")
     if index.view.disk_mib and model not in index.view.disk_mib:
         return Fit(False, "model not pulled on this provider")
     resolved, footprint = fitting.load(index, model)

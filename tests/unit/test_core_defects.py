@@ -47,10 +47,6 @@ def test_a_copy_filling_its_card_can_be_joined() -> None:
     assert ok, why
 
 
-@pytest.mark.xfail(strict=True, reason="a load whose victims are still listed is in "
-                   "`making_room`, not `loading` (occupancy.py), and feasibility.check does "
-                   "not consult making_room: a second cold load of the same model is planned "
-                   "on the card, which the claim refuses ('already being loaded here')")
 def test_no_second_load_beside_a_load_making_room() -> None:
     card = gpu("gA", 49152, ("qwen3:8b",))
     loading = ticket("gA", "qwen3:14b", cold=True, evicts={"qwen3:8b": SIZES["qwen3:8b"]})
