@@ -57,13 +57,17 @@ def stale_views(residents: Iterable[Resident]) -> dict[str, int]:
 
 
 def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load],
-                      beside: Mapping[str, int] | None = None) -> Load | None:
+                      beside: Mapping[str, int] | None = None,
+                      newcomer: Load | None = None) -> Load | None:
     """Ollama loads one model at a time, in the order the calls reach it, on every version
     (processPending; docs/engine.md, "Loads, one at a time on every version"): each load in
     flight must pass its 80 % rule beside the residents it does not evict and every other load.
     The free memory it reads is the least of that and what a staying copy's runner still
     counts (`beside`: what the others held when it loaded, Resident.beside_mib; which runner
-    Ollama asks is a map's order, so the stalest). The first load that would not, or None."""
+    Ollama asks is a map's order, so the stalest). A load in flight counts the others in its
+    `beside_mib` (the claims keep that so), but not itself: a runner that loaded first never
+    saw the load it is checked against. `newcomer`: a load not claimed yet, which no other's
+    figure counts. The first load that would not, or None."""
     for load in loads:
         if not load.estimate_mib:
             continue
@@ -78,8 +82,10 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
                 others += 1
                 used += other.footprint_mib
                 if other.model not in load.evicts:
+                    counted_in = load is not newcomer and load.model not in other.evicts
+                    own = load.footprint_mib + RUNNER_OVERHEAD_MIB if counted_in else 0
                     stale = max(stale, other.footprint_mib + RUNNER_OVERHEAD_MIB +
-                                other.beside_mib)
+                                max(0, other.beside_mib - own))
         counted = max(used + RUNNER_OVERHEAD_MIB * others, stale)
         if others and not ollama_admits(load.estimate_mib, total_mib, counted):
             return load
@@ -192,7 +198,7 @@ class ProviderIndex:
         if spread_problem(self.view, residents, [*loads, load]) is not None:
             return False
         return not admission_rule(self.view) or admission_problem(
-            self.view.total_vram_mib, residents, [*loads, load], beside) is None
+            self.view.total_vram_mib, residents, [*loads, load], beside, newcomer=load) is None
 
     def models_over_limit(self, model: str) -> int:
         """How many loaded models must go before `model` may load here without Ollama

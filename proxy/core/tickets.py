@@ -115,14 +115,14 @@ def claim(current: TicketSet, ticket: Ticket, view: ProviderView, policy: Policy
     if fresh.cold:  # what it loads beside, as the set says now (the decision's may be older)
         fresh = replace(fresh, beside_mib=max(fresh.beside_mib, held_beside(
             fresh.model, fresh.evicts, seen.residents, current.tickets.values())))
-    ok, why = ticket_budget_ok(list(current.tickets.values()), fresh, seen, policy,
-                               needs_free_slot)
+    # the loads in flight count it beside them before the check, as they will after it
+    others = _beside_later_loads(current.tickets, fresh, seen) if fresh.cold else \
+        current.tickets
+    ok, why = ticket_budget_ok(list(others.values()), fresh, seen, policy, needs_free_slot)
     if not ok:
         return Refused(why)
-    others = current.tickets
     loads = current.loads
     if fresh.cold:
-        others = _beside_later_loads(others, fresh, seen)
         # Recorded with the ticket: should the holder die before its release, the copy
         # still counts once the ticket has expired.
         loads = {**loads, ticket.ticket_id: Load(fresh.model, fresh.footprint_mib,

@@ -68,11 +68,6 @@ def test_a_model_of_unknown_size_is_not_loaded_onto_a_full_card() -> None:
     assert decision.placement is None or not decision.placement.loads, decision.reason
 
 
-@pytest.mark.xfail(strict=True, reason="the claim's admission check reads a second load's "
-                   "`beside_mib`, which counts the first load, as the free memory Ollama sees "
-                   "when it admits that first load (occupancy.admission_problem): the first "
-                   "load counted against itself, so a pair Ollama admits in either order is "
-                   "refused, while the decision (index.admits, with beside 0) places it")
 def test_two_loads_ollama_admits_in_either_order_are_claimed() -> None:
     qwen3_8b = ModelInfo(trained_context=40960, kv_bytes_per_token=147456,
                          estimate_kv_bytes_per_token=147456, family="qwen3",

@@ -201,8 +201,7 @@ def live(snap: Snapshot, provider: str) -> list[Ticket]:
 
 def known_defect(placement: Placement, why: str) -> bool:
     """A claim refusal test_core_defects.py reproduces (each to go with its fix)."""
-    return ((placement.loads and placement.footprint_mib == DEFAULT_POLICY.warm_scratch_mib)
-            or "Ollama would unload a model to load" in why)  # a load counted against itself
+    return bool(placement.loads and placement.footprint_mib == DEFAULT_POLICY.warm_scratch_mib)
 
 
 def new_ticket(placement: Placement, now: float, ticket_id: str = "new") -> Ticket:
