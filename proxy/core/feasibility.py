@@ -29,9 +29,10 @@ class Fit:
 class Fitting:
     """One call against every card; footprints and contexts worked out once per card."""
 
-    def __init__(self, call: CallSpec, sizer: Sizer, declared: Mapping[str, int | None]
-                 ) -> None:
+    def __init__(self, call: CallSpec, sizer: Sizer, declared: Mapping[str, int | None],
+                 unknown_mib: int = 512) -> None:
         self.call = call
+        self.unknown_mib = unknown_mib  # what the claim counts of a load of unknown size
         self.sizer = sizer
         self.declared = declared
         self.requested = call.num_ctx if call.pins_context else 0  # num_ctx a load asks for
@@ -197,6 +198,10 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
                           "(OLLAMA_MAX_LOADED_MODELS): one must be unloaded first")
     usable = index.usable_mib
     if usable is None or footprint is None:
+        free = index.free_mib()
+        if free is not None and free < fitting.unknown_mib:
+            return Fit(False, f"its size is unknown and only {free} MiB is free beside "
+                              "residents")
         return Fit(True, "fit unknown (no VRAM total or no footprint published)")
     need = footprint.total_mib
     if need > usable:

@@ -94,7 +94,8 @@ class _Planner:
         self.acceptable = [call.preferred, *self.alternatives]
         self.fitting = Fitting(call, Sizer.for_fleet(snapshot.providers,
                                                       policy.disk_to_vram_factor),
-                               {c.model: c.vram_mib for c in call.candidates})
+                               {c.model: c.vram_mib for c in call.candidates},
+                               unknown_mib=policy.warm_scratch_mib)
         self.backlogs: dict[str, Backlog] = {}
         self.wanted_models: list[str] | None = None
         self.fits: dict[tuple[str, str], Fit] = {}

@@ -8,10 +8,6 @@ a card that is down, never a model outside the candidates, never a load past the
 usable memory, never a busy victim, never a context too small for the prompt, the claim's
 own budget check admits what the decision chose, warm reuse first, and a refusal only when
 its reason holds; a run of calls placed and claimed in turn never overcommits a card.
-
-The claim refuses some decisions for known defects (tests/unit/test_core_defects.py):
-`known_defect` names them, so this file passes until they are fixed and then catches any
-other disagreement; drop each case with its fix.
 """
 
 from __future__ import annotations
@@ -199,11 +195,6 @@ def live(snap: Snapshot, provider: str) -> list[Ticket]:
     return [t for t in snap.tickets if t.provider == provider and t.expires_at > snap.now]
 
 
-def known_defect(placement: Placement, why: str) -> bool:
-    """A claim refusal test_core_defects.py reproduces (each to go with its fix)."""
-    return bool(placement.loads and placement.footprint_mib == DEFAULT_POLICY.warm_scratch_mib)
-
-
 def new_ticket(placement: Placement, now: float, ticket_id: str = "new") -> Ticket:
     return Ticket(ticket_id, placement.provider, placement.model, placement.footprint_mib,
                   now, now + 60, cold=placement.loads, evicts=dict(placement.evicts),
@@ -238,7 +229,7 @@ def check_placed(snap: Snapshot, call: CallSpec, decision: Decision) -> None:
     ok, why = ticket_budget_ok([t for t in snap.tickets if t.provider == view.name],
                                new_ticket(placement, snap.now), view, DEFAULT_POLICY,
                                placement.needs_free_slot)
-    assert ok or known_defect(placement, why), (why, decision.reason)
+    assert ok, (why, decision.reason)
 
 
 def idle_warm_copy(snap: Snapshot, call: CallSpec) -> str | None:
@@ -319,9 +310,7 @@ def test_calls_placed_and_claimed_in_turn_never_overcommit(snap: Snapshot,
         view = views[placement.provider]
         outcome = claim(sets[view.name].live(NOW), new_ticket(placement, NOW, f"c{n}"), view,
                         DEFAULT_POLICY, 60.0, NOW, placement.needs_free_slot)
-        if isinstance(outcome, Refused):
-            assert known_defect(placement, outcome.reason), (outcome.reason, decision.reason)
-            continue
+        assert not isinstance(outcome, Refused), (outcome.reason, decision.reason)
         sets[view.name] = outcome.tickets
         if not placement.loads or view.total_vram_mib is None:
             continue

@@ -1,9 +1,8 @@
-"""Defects of the placement core found by tests/unit/test_core_invariants.py, each reduced to
-its smallest case. Marked xfail(strict): a fix makes them pass, and then the mark goes."""
+"""The claim admits what the decision chose, in the smallest cases where it once refused it
+(found by tests/unit/test_core_invariants.py): each refusal cost the call its claim rounds,
+then a wait, or a 503 for a call that cannot wait."""
 
 from __future__ import annotations
-
-import pytest
 
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.placement import place
@@ -57,9 +56,6 @@ def test_no_second_load_beside_a_load_making_room() -> None:
         assert ok, (why, decision.reason)
 
 
-@pytest.mark.xfail(strict=True, reason="a model with no size known (no /api/tags catalog, "
-                   "no footprint seen, none declared) is 'fit unknown' and loaded onto a card "
-                   "with no usable memory left, claiming 512 MiB (warm_scratch_mib)")
 def test_a_model_of_unknown_size_is_not_loaded_onto_a_full_card() -> None:
     # usable 14328 MiB, 14224 held: 104 MiB free; the model's size is known nowhere
     card = ProviderView("gA", 16376, residents=(Resident("qwen3:14b", 12224),
