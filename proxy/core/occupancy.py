@@ -6,6 +6,7 @@ filter and cost reads, once per placement rather than once per candidate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -274,18 +275,55 @@ def _keep_earliest(loads: dict[str, Ticket], ticket: Ticket) -> None:
 def indexes_for(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:
     """`index_providers`, kept for the last snapshot: every plan made on one snapshot (a
     decision and its explanation, a fallback to another candidate) reads the same indexes.
-    Held by reference, so a snapshot built anew (equal or not) is indexed anew; the indexes
-    are not changed once built (their lazy parts are worked out from what they hold)."""
+    A snapshot built anew from the same cards and tickets (the same objects: the service
+    builds them anew only when its state changed) reuses them while its `now` crosses no
+    moment at which the indexes would differ (a ticket's expiry, a copy's keep-alive less
+    the margin): each of a sidecar's waiting calls decides on a snapshot of its own, the
+    cards being those of the others. The indexes are not changed once built (their lazy
+    parts are worked out from what they hold)."""
     global _last_indexed
     last = _last_indexed
-    if last is not None and last[0] is snapshot and last[1] == policy:
-        return last[2]
+    if last is not None and last.policy == policy and (last.snapshot is snapshot or (
+            last.snapshot.providers is snapshot.providers
+            and last.snapshot.tickets is snapshot.tickets
+            and last.valid_from <= snapshot.now < last.valid_until)):
+        return last.indexes
     indexes = index_providers(snapshot, policy)
-    _last_indexed = (snapshot, policy, indexes)
+    valid_from, valid_until = _unchanged_between(snapshot, policy)
+    _last_indexed = _Indexed(snapshot, policy, indexes, valid_from, valid_until)
     return indexes
 
 
-_last_indexed: tuple[Snapshot, Policy, dict[str, ProviderIndex]] | None = None
+@dataclass(frozen=True)
+class _Indexed:
+    snapshot: Snapshot
+    policy: Policy
+    indexes: dict[str, ProviderIndex]
+    valid_from: float
+    valid_until: float
+
+
+_last_indexed: _Indexed | None = None
+# Widens a moment compared against `now` (an expiry, an age limit) by more than a rounding
+# of either side: `now + margin` against `expires_at`, `now - at` against a limit
+MOMENT_SLACK_S = 1e-6
+
+
+def _unchanged_between(snapshot: Snapshot, policy: Policy) -> tuple[float, float]:
+    """The span of `now` around the snapshot's over which `index_providers` folds its cards
+    and tickets the same: no ticket expires and no idle copy's keep-alive runs out within
+    the margin in it."""
+    now = snapshot.now
+    moments = [t.expires_at for t in snapshot.tickets]
+    moments += [r.expires_at - policy.expiry_margin_s for v in snapshot.providers
+                for r in v.residents if math.isfinite(r.expires_at)]
+    valid_from, valid_until = -math.inf, math.inf
+    for moment in moments:
+        if moment <= now:
+            valid_from = max(valid_from, moment + MOMENT_SLACK_S)
+        else:
+            valid_until = min(valid_until, moment - MOMENT_SLACK_S)
+    return valid_from, valid_until
 
 
 def _making_room(ticket: Ticket, present: Container[str]) -> bool:
