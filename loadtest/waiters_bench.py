@@ -8,7 +8,8 @@ embedded store, in this process and on this loop; nothing is probed or sent to a
 store holds what the fleet's probes and the other sidecars would have written: every card's
 state (a few resident copies, each filling the card's memory so no load fits beside them),
 a ticket for every slot of every copy (held by the sidecars in turn, so every slot is busy),
-and on the demand board each sidecar's use counts, a selection and ten waiting calls. This
+and on the demand board each sidecar's use counts, a selection and ten waiting calls; this
+sidecar has learned how long each copy's calls take (one answer of each). This
 sidecar's waiters are real calls in `Scheduler.place_call`, each asking for one resident
 model: each is decided "wait", blocks, and is placed again on every change.
 
@@ -43,6 +44,7 @@ import proxy.service.scheduler as scheduler_module
 from loadtest.loadgen import percentile
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.app import Services, build_services
+from proxy.core.lengths import NO_LENGTHS, CallSample
 from proxy.core.placement import place
 from proxy.core.tickets import TicketSet
 from proxy.core.types import CallSpec, Candidate, ModelInfo, Ticket
@@ -137,6 +139,14 @@ def fleet(providers: int, models: int, sidecars: int, seed: int) -> Fleet:
         store._write(PROVIDER_STATE, escape_key(state.name), state.encode())
     for name, ticket_set in sets.items():
         store._write(PROVIDER_TICKETS, escape_key(name), encode_ticket_set(ticket_set))
+    # What this sidecar learned of its answers: each copy's calls on its card
+    lengths = NO_LENGTHS
+    for state in states:
+        for m in state.loaded_mib:
+            tokens, rate = rng.randint(100, 600), rng.uniform(20, 80)
+            lengths = lengths.observe(state.name, m, CallSample(
+                tokens / rate + 1.0, tokens, tokens / rate, 2000, 1.0))
+    services.experience.learning.lengths = lengths
     # The other sidecars on the demand board: use counts, a selection, ten waiting calls each
     order = sorted(resident)
     for s in range(1, sidecars):

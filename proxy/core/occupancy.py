@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from proxy.core.engines import lists_before_read
 from proxy.core.gpus import FIT_MARGIN_MIB, RUNNER_OVERHEAD_MIB, spread_fits
+from proxy.core.lengths import CallLengths
 from proxy.core.policy import Policy
 from proxy.core.sizing import (
     admission_rule,
@@ -149,6 +150,10 @@ class ProviderIndex:
     # them: the same for every model weighed here, so worked out on the first load weighed
     _admission: tuple[list[Load], dict[str, int], dict[str, int]] | None = field(
         default=None, init=False, repr=False, compare=False)
+    _running: dict[str, tuple[int, float]] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    _run_lengths: tuple[CallLengths, float | None, float, dict[str, float]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -194,6 +199,32 @@ class ProviderIndex:
             return False
         return not admission_rule(self.view) or admission_problem(
             self.view.total_vram_mib, residents, [*loads, load], beside) is None
+
+    def running(self) -> dict[str, tuple[int, float]]:
+        """Per model with calls running here (not plans, not on a copy being loaded): how
+        many, and when the latest started; in the order of the tickets. The same for every
+        call weighed here, so worked out on the first."""
+        if self._running is None:
+            running: dict[str, tuple[int, float]] = {}
+            for ticket in self.tickets:
+                if not ticket.plan and not self.is_loading(ticket.model):
+                    count, latest = running.get(ticket.model, (0, ticket.started_at))
+                    running[ticket.model] = (count + 1, max(latest, ticket.started_at))
+            self._running = running
+        return self._running
+
+    def run_lengths(self, lengths: CallLengths, latency_s: float | None, default_s: float
+                    ) -> dict[str, float]:
+        """The expected seconds of a call of each model running here (`running`): every
+        call weighed here asks, on every card."""
+        kept = self._run_lengths
+        if kept is None or kept[0] is not lengths or kept[1] != latency_s or \
+                kept[2] != default_s:
+            seconds = {model: lengths.estimate(self.name, model, default_s=default_s,
+                                               provider_latency_s=latency_s).seconds
+                       for model in self.running()}
+            kept = self._run_lengths = (lengths, latency_s, default_s, seconds)
+        return kept[3]
 
     def models_over_limit(self, model: str) -> int:
         """How many loaded models must go before `model` may load here without Ollama
