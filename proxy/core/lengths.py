@@ -144,7 +144,7 @@ class CallLengths:
 
     def _elsewhere(self, provider: str, model: str) -> CallLength | None:
         """The model's calls on the card that answered it most, scaled to this card."""
-        best = self._most_seen(provider, model)
+        best = self._most_seen(provider, model) if self.seconds else None
         if best is None:
             return None
         other, seconds = best
@@ -161,7 +161,10 @@ class CallLengths:
             seen = ((-models[model].samples, other, models[model].value)
                     for other, models in self.seconds.items() if model in models)
             most = self._most[model] = tuple(sorted(seen)[:2])
-        return next(((other, value) for _, other, value in most if other != provider), None)
+        for _, other, value in most:
+            if other != provider:
+                return other, value
+        return None
 
     def _speedup(self, provider: str, other: str) -> float | None:
         """How many times faster `provider` answers than `other`: the geometric mean of

@@ -215,15 +215,12 @@ class ProviderIndex:
 
     def run_lengths(self, lengths: CallLengths, latency_s: float | None, default_s: float
                     ) -> dict[str, float]:
-        """The expected seconds of a call of each model running here (`running`): every
-        call weighed here asks, on every card."""
+        """The expected seconds of a call of each model running here (`running`), filled in
+        as asked (`run_length`): every call weighed here asks, on every card."""
         kept = self._run_lengths
         if kept is None or kept[0] is not lengths or kept[1] != latency_s or \
                 kept[2] != default_s:
-            seconds = {model: lengths.estimate(self.name, model, default_s=default_s,
-                                               provider_latency_s=latency_s).seconds
-                       for model in self.running()}
-            kept = self._run_lengths = (lengths, latency_s, default_s, seconds)
+            kept = self._run_lengths = (lengths, latency_s, default_s, {})
         return kept[3]
 
     def models_over_limit(self, model: str) -> int:
@@ -314,24 +311,26 @@ def indexes_for(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:
     parts are worked out from what they hold)."""
     global _last_indexed
     last = _last_indexed
-    if last is not None and last.policy == policy and (last.snapshot is snapshot or (
-            last.snapshot.providers is snapshot.providers
-            and last.snapshot.tickets is snapshot.tickets
-            and last.valid_from <= snapshot.now < last.valid_until)):
-        return last.indexes
+    if last is not None and last.policy == policy:
+        if last.snapshot is snapshot:
+            return last.indexes
+        if last.snapshot.providers is snapshot.providers and \
+                last.snapshot.tickets is snapshot.tickets:
+            if last.span is None:
+                last.span = _unchanged_between(last.snapshot, policy)
+            if last.span[0] <= snapshot.now < last.span[1]:
+                return last.indexes
     indexes = index_providers(snapshot, policy)
-    valid_from, valid_until = _unchanged_between(snapshot, policy)
-    _last_indexed = _Indexed(snapshot, policy, indexes, valid_from, valid_until)
+    _last_indexed = _Indexed(snapshot, policy, indexes)
     return indexes
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Indexed:
     snapshot: Snapshot
     policy: Policy
     indexes: dict[str, ProviderIndex]
-    valid_from: float
-    valid_until: float
+    span: tuple[float, float] | None = None  # see _unchanged_between, once asked
 
 
 _last_indexed: _Indexed | None = None
