@@ -215,8 +215,9 @@ class ProviderIndex:
 
     def run_lengths(self, lengths: CallLengths, latency_s: float | None, default_s: float
                     ) -> dict[str, float]:
-        """The expected seconds of a call of each model running here (`running`), filled in
-        as asked (`run_length`): every call weighed here asks, on every card."""
+        """The expected seconds of a call of each model running here (`running`), for these
+        learned lengths, filled in by `cost.contention_s` as it asks: every call weighed on
+        the card asks the same."""
         kept = self._run_lengths
         if kept is None or kept[0] is not lengths or kept[1] != latency_s or \
                 kept[2] != default_s:

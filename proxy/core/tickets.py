@@ -83,8 +83,8 @@ class TicketSet:
                           if now - load.at < LOAD_GRACE_S})
 
     def live_until(self, now: float) -> float:
-        """How long after `now` `live` keeps the same entries: until the first ticket
-        expires or entry ages out (a moment within a rounding of `now` ends it at once)."""
+        """Until when, from `now`, `live` keeps the same entries: the first moment a ticket
+        expires or an entry ages out (one within a rounding of `now` ends it at once)."""
         moments = [t.expires_at for t in self.tickets.values()]
         moments += [r.at + RESIDENCY_MAX_AGE_S for r in self.residents.values()]
         moments += [load.at + LOAD_GRACE_S for load in self.loads.values()]
