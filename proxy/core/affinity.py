@@ -73,16 +73,17 @@ def seen_loads(caches: PromptCaches, snapshot: Snapshot,
         for victim in ticket.evicts:
             caches = caches.wiped(ticket.provider, victim, ticket.started_at)
     contexts = dict(caches.contexts)
-    known = {*caches.held, *contexts, *shared}
+    known: dict[str, list[str]] = {}  # per provider, in the order the copies are known
+    for provider, model in {*caches.held, *contexts, *shared}:
+        known.setdefault(provider, []).append(model)
     for view in snapshot.providers:
         if not view.ready:
             continue  # unreachable: its state is unknown, not empty
         present = {r.model: r for r in view.residents if not r.loading and not r.leaving}
-        for provider, model in known:
-            if provider == view.name and model not in present and \
-                    (provider, model) not in loading:
-                caches = caches.wiped(provider, model, snapshot.now)
-                contexts.pop((provider, model), None)
+        for model in known.get(view.name, ()):
+            if model not in present and (view.name, model) not in loading:
+                caches = caches.wiped(view.name, model, snapshot.now)
+                contexts.pop((view.name, model), None)
         for model, resident in present.items():
             key = (view.name, model)
             before = contexts.get(key)

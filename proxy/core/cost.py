@@ -184,18 +184,23 @@ def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
     step reads the weights once): while both run, this call advances at its own step over
     the sum of both. Taking turns so, the call ends `step` x its length later when it ends
     first, and the other's remaining time later when that ends first."""
-    running: dict[str, list[float]] = {}
-    for ticket in index.tickets:
-        if ticket.model != model and not ticket.plan and not index.is_loading(ticket.model):
-            running.setdefault(ticket.model, []).append(ticket.started_at)
+    running = index.running()
+    if not running or (len(running) == 1 and model in running):
+        return 0.0
     total = 0.0
-    for other, starts in running.items():
-        length = snapshot.lengths.estimate(
-            index.name, other, default_s=policy.default_call_s,
-            provider_latency_s=snapshot.health.get(index.name, NO_HEALTH).latency_ema_s).seconds
-        left = max(0.0, length - (snapshot.now - max(starts)))
+    latency_s = snapshot.health.get(index.name, NO_HEALTH).latency_ema_s
+    lengths = index.run_lengths(snapshot.lengths, latency_s, policy.default_call_s)
+    for other, (count, latest) in running.items():
+        if other == model:
+            continue
+        length = lengths.get(other)
+        if length is None:
+            length = lengths[other] = snapshot.lengths.estimate(
+                index.name, other, default_s=policy.default_call_s,
+                provider_latency_s=latency_s).seconds
+        left = max(0.0, length - (snapshot.now - latest))
         other_mib = model_mib(index, other)
-        batch = min(len(starts), max(index.slots(other), 1))  # calls beyond its slots wait
+        batch = min(count, max(index.slots(other), 1))  # calls beyond its slots wait
         step = (other_mib / own_mib if other_mib and own_mib else 1.0) * \
             (1 + policy.batch_share * (batch - 1))
         total += min(call_s * step, left)

@@ -73,6 +73,12 @@ class CallLengths:
     card_rates: Mapping[str, Average] = field(default_factory=dict)  # any model
     prompt_rates: Mapping[str, Average] = field(default_factory=dict)  # prompt tokens/s
     answers: Mapping[str, Average] = field(default_factory=dict)  # model -> answer tokens
+    # model -> the two cards that answered it most (see _most_seen): every call weighed on
+    # a card asks of each model the card has not answered
+    _most: dict[str, tuple[tuple[int, str, float], ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _speedups: dict[tuple[str, str], float | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False)  # see _speedup
 
     def observe(self, provider: str, model: str, sample: CallSample) -> CallLengths:
         seconds = dict(self.seconds)
@@ -138,28 +144,40 @@ class CallLengths:
 
     def _elsewhere(self, provider: str, model: str) -> CallLength | None:
         """The model's calls on the card that answered it most, scaled to this card."""
-        best: tuple[int, str, float] | None = None
-        for other, models in self.seconds.items():
-            seen = models.get(model)
-            if seen is not None and other != provider and (
-                    best is None or (-seen.samples, other) < (-best[0], best[1])):
-                best = (seen.samples, other, seen.value)
+        best = self._most_seen(provider, model) if self.seconds else None
         if best is None:
             return None
-        _, other, seconds = best
+        other, seconds = best
         speedup = self._speedup(provider, other)
         if speedup is None:
             return CallLength(seconds, f"{model} on {other}")
         return CallLength(seconds / speedup, f"{model} on {other}, scaled by token rate")
 
+    def _most_seen(self, provider: str, model: str) -> tuple[str, float] | None:
+        """The card other than `provider` that answered `model` most (by name among equals),
+        and its seconds per call."""
+        most = self._most.get(model)
+        if most is None:
+            seen = ((-models[model].samples, other, models[model].value)
+                    for other, models in self.seconds.items() if model in models)
+            most = self._most[model] = tuple(sorted(seen)[:2])
+        for _, other, value in most:
+            if other != provider:
+                return other, value
+        return None
+
     def _speedup(self, provider: str, other: str) -> float | None:
         """How many times faster `provider` answers than `other`: the geometric mean of
         their token rates' ratio over the models both answered (a card's rate over all its
         models would mostly say which models it ran); None when they share none."""
+        key = (provider, other)
+        if key in self._speedups:  # (asked for every card a call is weighed on)
+            return self._speedups[key]
         mine, theirs = self.rates.get(provider, {}), self.rates.get(other, {})
         shared = sorted(mine.keys() & theirs.keys())  # sorted: the same sum every time
         logs = [math.log(mine[m].value / theirs[m].value) for m in shared]
-        return math.exp(sum(logs) / len(logs)) if logs else None
+        speedup = self._speedups[key] = math.exp(sum(logs) / len(logs)) if logs else None
+        return speedup
 
     def _prompt_s(self, provider: str, prompt_tokens: int) -> float:
         rate = self.prompt_rates.get(provider)

@@ -6,11 +6,13 @@ filter and cost reads, once per placement rather than once per candidate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.core.engines import lists_before_read
 from proxy.core.gpus import FIT_MARGIN_MIB, RUNNER_OVERHEAD_MIB, spread_fits
+from proxy.core.lengths import CallLengths
 from proxy.core.policy import Policy
 from proxy.core.sizing import (
     admission_rule,
@@ -154,6 +156,10 @@ class ProviderIndex:
     # them: the same for every model weighed here, so worked out on the first load weighed
     _admission: tuple[list[Load], dict[str, int], dict[str, int]] | None = field(
         default=None, init=False, repr=False, compare=False)
+    _running: dict[str, tuple[int, float]] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    _run_lengths: tuple[CallLengths, float | None, float, dict[str, float]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -199,6 +205,30 @@ class ProviderIndex:
             return False
         return not admission_rule(self.view) or admission_problem(
             self.view.total_vram_mib, residents, [*loads, load], beside, newcomer=load) is None
+
+    def running(self) -> dict[str, tuple[int, float]]:
+        """Per model with calls running here (not plans, not on a copy being loaded): how
+        many, and when the latest started; in the order of the tickets. The same for every
+        call weighed here, so worked out on the first."""
+        if self._running is None:
+            running: dict[str, tuple[int, float]] = {}
+            for ticket in self.tickets:
+                if not ticket.plan and not self.is_loading(ticket.model):
+                    count, latest = running.get(ticket.model, (0, ticket.started_at))
+                    running[ticket.model] = (count + 1, max(latest, ticket.started_at))
+            self._running = running
+        return self._running
+
+    def run_lengths(self, lengths: CallLengths, latency_s: float | None, default_s: float
+                    ) -> dict[str, float]:
+        """The expected seconds of a call of each model running here (`running`), for these
+        learned lengths, filled in by `cost.contention_s` as it asks: every call weighed on
+        the card asks the same."""
+        kept = self._run_lengths
+        if kept is None or kept[0] is not lengths or kept[1] != latency_s or \
+                kept[2] != default_s:
+            kept = self._run_lengths = (lengths, latency_s, default_s, {})
+        return kept[3]
 
     def models_over_limit(self, model: str) -> int:
         """How many loaded models must go before `model` may load here without Ollama
@@ -280,18 +310,57 @@ def _keep_earliest(loads: dict[str, Ticket], ticket: Ticket) -> None:
 def indexes_for(snapshot: Snapshot, policy: Policy) -> dict[str, ProviderIndex]:
     """`index_providers`, kept for the last snapshot: every plan made on one snapshot (a
     decision and its explanation, a fallback to another candidate) reads the same indexes.
-    Held by reference, so a snapshot built anew (equal or not) is indexed anew; the indexes
-    are not changed once built (their lazy parts are worked out from what they hold)."""
+    A snapshot built anew from the same cards and tickets (the same objects: the service
+    builds them anew only when its state changed) reuses them while its `now` crosses no
+    moment at which the indexes would differ (a ticket's expiry, a copy's keep-alive less
+    the margin): each of a sidecar's waiting calls decides on a snapshot of its own, the
+    cards being those of the others. The indexes are not changed once built (their lazy
+    parts are worked out from what they hold)."""
     global _last_indexed
     last = _last_indexed
-    if last is not None and last[0] is snapshot and last[1] == policy:
-        return last[2]
+    if last is not None and last.policy == policy:
+        if last.snapshot is snapshot:
+            return last.indexes
+        if last.snapshot.providers is snapshot.providers and \
+                last.snapshot.tickets is snapshot.tickets:
+            if last.span is None:
+                last.span = _unchanged_between(last.snapshot, policy)
+            if last.span[0] <= snapshot.now < last.span[1]:
+                return last.indexes
     indexes = index_providers(snapshot, policy)
-    _last_indexed = (snapshot, policy, indexes)
+    _last_indexed = _Indexed(snapshot, policy, indexes)
     return indexes
 
 
-_last_indexed: tuple[Snapshot, Policy, dict[str, ProviderIndex]] | None = None
+@dataclass
+class _Indexed:
+    snapshot: Snapshot
+    policy: Policy
+    indexes: dict[str, ProviderIndex]
+    span: tuple[float, float] | None = None  # see _unchanged_between, once asked
+
+
+_last_indexed: _Indexed | None = None
+# Widens a moment compared against `now` (an expiry, an age limit) by more than a rounding
+# of either side: `now + margin` against `expires_at`, `now - at` against a limit
+MOMENT_SLACK_S = 1e-6
+
+
+def _unchanged_between(snapshot: Snapshot, policy: Policy) -> tuple[float, float]:
+    """The span of `now` around the snapshot's over which `index_providers` folds its cards
+    and tickets the same: no ticket expires and no idle copy's keep-alive runs out within
+    the margin in it."""
+    now = snapshot.now
+    moments = [t.expires_at for t in snapshot.tickets]
+    moments += [r.expires_at - policy.expiry_margin_s for v in snapshot.providers
+                for r in v.residents if math.isfinite(r.expires_at)]
+    valid_from, valid_until = -math.inf, math.inf
+    for moment in moments:
+        if moment <= now:
+            valid_from = max(valid_from, moment + MOMENT_SLACK_S)
+        else:
+            valid_until = min(valid_until, moment - MOMENT_SLACK_S)
+    return valid_from, valid_until
 
 
 def _making_room(ticket: Ticket, present: Container[str]) -> bool:

@@ -97,6 +97,7 @@ class _Planner:
                                {c.model: c.vram_mib for c in call.candidates},
                                unknown_mib=policy.warm_scratch_mib)
         self.backlogs: dict[str, Backlog] = {}
+        self.lines: dict[str, Backlog] = {}  # see line
         self.wanted_models: list[str] | None = None
         self.fits: dict[tuple[str, str], Fit] = {}
         self.blocked: dict[tuple[str, str], list[str]] = {}
@@ -640,9 +641,17 @@ class _Planner:
         """Calls of `model` are ahead of this one for its copies' slots: queued in an engine
         beyond them, or waiting in a sidecar with a sooner turn. Without them a load would
         serve this call alone (rules.md, "Waiting for a slot counts the calls behind it")."""
-        indexes = self.indexes.values()
-        return queued_in_engines(indexes, model).calls + \
-            waiting_line(indexes, model, self.snapshot, self.call.turn).calls > 0
+        return queued_in_engines(self.indexes.values(), model).calls + \
+            self.line(model).calls > 0
+
+    def line(self, model: str) -> Backlog:
+        """`waiting_line` for the call, worked out once per model: each full copy weighed
+        asks it of the whole fleet."""
+        found = self.lines.get(model)
+        if found is None:
+            found = self.lines[model] = waiting_line(self.indexes.values(), model,
+                                                     self.snapshot, self.call.turn)
+        return found
 
     def own_wait_s(self, option: Verdict | QueueOption) -> float:
         """The call's own wait at a full copy: for its slot behind the calls running and
@@ -650,8 +659,7 @@ class _Planner:
         not what its run would cost once started, nor what it adds to the calls behind it."""
         if isinstance(option, QueueOption):
             return option.wait_s
-        ahead = waiting_line(self.indexes.values(), option.model, self.snapshot,
-                             self.call.turn)
+        ahead = self.line(option.model)
         line_s = ahead.delay_s(call_length(option.provider, option.model, self.call,
                                            self.snapshot, self.policy).seconds)
         return option.terms.get("queue", 0.0) + option.terms.get("load", 0.0) + line_s

@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from proxy.core.context import effective
-from proxy.core.occupancy import held_beside, ticket_budget_ok
+from proxy.core.occupancy import MOMENT_SLACK_S, held_beside, ticket_budget_ok
 from proxy.core.policy import Policy
 from proxy.core.sizing import held_by_runners
 from proxy.core.types import ProviderView, Resident, Ticket
@@ -81,6 +81,15 @@ class TicketSet:
                           if now - r.at < RESIDENCY_MAX_AGE_S},
                          {k: load for k, load in self.loads.items()
                           if now - load.at < LOAD_GRACE_S})
+
+    def live_until(self, now: float) -> float:
+        """Until when, from `now`, `live` keeps the same entries: the first moment a ticket
+        expires or an entry ages out (one within a rounding of `now` ends it at once)."""
+        moments = [t.expires_at for t in self.tickets.values()]
+        moments += [r.at + RESIDENCY_MAX_AGE_S for r in self.residents.values()]
+        moments += [load.at + LOAD_GRACE_S for load in self.loads.values()]
+        return min((m - MOMENT_SLACK_S for m in moments if m > now - MOMENT_SLACK_S),
+                   default=math.inf)
 
     def orphaned_loads(self) -> dict[str, Load]:
         """The loads whose ticket is gone without a release: their holder died."""

@@ -19,7 +19,7 @@ use the slot, or whose sidecar died, must not hold it), so the line cannot deadl
 from __future__ import annotations
 
 from proxy.core.lengths import CallLength
-from proxy.core.occupancy import index_providers
+from proxy.core.occupancy import indexes_for
 from proxy.core.policy import Policy
 from proxy.core.types import Placement, Snapshot
 
@@ -54,7 +54,7 @@ def free_slots(snapshot: Snapshot, policy: Policy, model: str) -> int:
     """Slots of `model` free now on every card: its warm copies' and those of copies being
     loaded, less the calls bound to them (a copy partly in CPU memory is no free slot)."""
     total = 0
-    for index in index_providers(snapshot, policy).values():
+    for index in indexes_for(snapshot, policy).values():
         resident = index.residents.get(model)
         if resident is not None and resident.spilled:
             continue

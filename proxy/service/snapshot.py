@@ -5,7 +5,9 @@ Decoded entries are cached by revision, so a placement decodes only what changed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 from proxy.core.lengths import NO_LENGTHS, CallLengths
@@ -45,6 +47,8 @@ class StateView:
         self.tickets = tickets  # the newest ticket sets, own writes included
         self.stale_s = stale_s
         self._states = _Decoded()
+        self._cards: dict[str, _Card] = {}  # per card: see _card
+        self._last: _Fleet | None = None  # the last snapshot's: see snapshot
 
     def provider_state(self, name: str, now: float) -> ProviderState | None:
         """The freshest state for a provider: shared store or own probe, None if stale."""
@@ -109,7 +113,39 @@ class StateView:
             return TicketSet()
 
     def provider_view(self, config: ProviderConfig, now: float) -> ProviderView:
+        return self._card(config, now).view
+
+    def _card(self, config: ProviderConfig, now: float) -> _Card:
+        """The card's view and live tickets, kept while what they are made of is the same:
+        its state (the same object, fresh), its ticket set (the same object) and no ticket
+        or entry of it expiring since. Every decision builds a snapshot, and a sidecar's
+        waiting calls each decide again on every change of any card."""
         state = self.provider_state(config.name, now)
+        try:
+            known = self.tickets.known(config.name)[0]
+        except (ValueError, KeyError, TypeError):
+            known = _NO_TICKETS
+        if not (known.tickets or known.residents or known.loads):
+            known = _NO_TICKETS  # (a card without an entry gets a new empty set each time)
+        kept = self._cards.get(config.name)
+        if kept is not None and kept.config is config and kept.state is state and \
+                kept.known is known and kept.built_at <= now < kept.until:
+            return kept
+        if known is _NO_TICKETS:
+            live, until = _NO_TICKETS, math.inf
+        else:
+            try:
+                live, until = known.live(now), known.live_until(now)
+            except (ValueError, KeyError, TypeError):
+                live, until = _NO_TICKETS, math.inf
+        card = _Card(config, state, known, now, until, self._build_view(config, state, live),
+                     live)
+        self._cards[config.name] = card
+        return card
+
+    @staticmethod
+    def _build_view(config: ProviderConfig, state: ProviderState | None, live: TicketSet
+                    ) -> ProviderView:
         if state is None:
             return ProviderView(config.name, config.total_vram_mib, ready=False,
                                 context_length=config.context_length or 0,
@@ -128,14 +164,50 @@ class StateView:
             disk_mib=state.available_mib, models=state.models, observed=state.observed,
             kv_cache_type=state.kv_cache_type, version=state.version,
             probed_at=state.last_probed_at)
-        return merge_recorded(view, self.ticket_set(config.name, now))
+        return merge_recorded(view, live)
 
     def snapshot(self, now: float, health: Mapping[str, ProviderHealth],
                  demand: Mapping[str, ModelDemand], loads: LoadTimes,
                  extra_tickets: tuple[Ticket, ...] = (), lengths: CallLengths = NO_LENGTHS
                  ) -> Snapshot:
-        views = tuple(self.provider_view(c, now) for c in self.configs)
-        tickets: list[Ticket] = list(extra_tickets)
-        for config in self.configs:
-            tickets.extend(self.ticket_set(config.name, now).tickets.values())
-        return Snapshot(now, views, tuple(tickets), demand, health, loads, lengths)
+        cards = [self._card(c, now) for c in self.configs]
+        last = self._last
+        if last is not None and len(last.cards) == len(cards) and all(
+                a is b for a, b in zip(last.cards, cards, strict=True)):
+            views = last.views  # the same objects: the core keeps what it worked out of them
+            tickets = last.tickets if last.extra == extra_tickets else \
+                (*extra_tickets, *last.tickets[len(last.extra):])
+        else:
+            views = tuple(card.view for card in cards)
+            listed: list[Ticket] = list(extra_tickets)
+            for card in cards:
+                listed.extend(card.live.tickets.values())
+            tickets = tuple(listed)
+        self._last = _Fleet(tuple(cards), views, extra_tickets, tickets)
+        return Snapshot(now, views, tickets, demand, health, loads, lengths)
+
+
+_NO_TICKETS = TicketSet()
+
+
+@dataclass(frozen=True, slots=True)
+class _Card:
+    """One card's view and live tickets, and what they were made of."""
+
+    config: ProviderConfig
+    state: ProviderState | None
+    known: TicketSet  # the ticket set they were made from
+    built_at: float
+    until: float  # when a ticket or entry of it expires or ages out
+    view: ProviderView
+    live: TicketSet
+
+
+@dataclass(frozen=True, slots=True)
+class _Fleet:
+    """The last snapshot's cards, views and tickets (the extra ones first)."""
+
+    cards: tuple[_Card, ...]
+    views: tuple[ProviderView, ...]
+    extra: tuple[Ticket, ...]
+    tickets: tuple[Ticket, ...]

@@ -57,6 +57,24 @@ def test_the_card_that_answered_the_model_most_is_the_one_scaled() -> None:
     assert lengths.estimate("c", "qwen3:8b", default_s=DEFAULT).source == "qwen3:8b on b"
 
 
+def test_each_card_is_scaled_from_the_card_that_answered_the_model_most_but_itself() -> None:
+    """The cards that answered a model most are kept per model: a card asking is sent to
+    the most but itself, by name among equals, whichever card asked before it."""
+    lengths = answered(NO_LENGTHS, "c", "qwen3:8b", 6.0)
+    lengths = answered(answered(lengths, "b", "qwen3:8b", 2.0), "b", "qwen3:8b", 2.0)
+    lengths = answered(answered(lengths, "a", "qwen3:8b", 3.0), "a", "qwen3:8b", 3.0)
+    sources = {card: lengths.estimate(card, "qwen3:8b", default_s=DEFAULT).source
+               for card in ("d", "a", "b", "c")}
+    assert sources == {"d": "qwen3:8b on a", "a": "qwen3:8b on a", "b": "qwen3:8b on b",
+                       "c": "qwen3:8b on c"}
+    assert lengths.estimate("a", "qwen3:14b", default_s=DEFAULT).source == "default"
+    # A card answering more later is seen by the lengths that learned it
+    later = answered(answered(answered(lengths, "c", "qwen3:8b", 6.0), "c", "qwen3:8b", 6.0),
+                     "c", "qwen3:8b", 6.0)
+    assert later.estimate("d", "qwen3:8b", default_s=DEFAULT).source == "qwen3:8b on c"
+    assert lengths.estimate("d", "qwen3:8b", default_s=DEFAULT).source == "qwen3:8b on a"
+
+
 def test_num_predict_at_the_card_s_token_rate_plus_the_prompt() -> None:
     lengths = answered(NO_LENGTHS, "a", "qwen3:14b", 10.0, tokens=400, rate=40.0,
                        prompt_rate=2000.0)
