@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 
+# Ollama's own list, matched case-insensitively (llm/status.go:85-96, 117-119)
 OUT_OF_MEMORY = ("out of memory", "out of device memory", "cudamalloc failed",
                  "hipmalloc failed", "failed to allocate", "allocation failed",
-                 "not enough memory", "insufficient memory", "erroroutofmemory")
+                 "not enough memory", "insufficient memory", "vk_error_out_of_device_memory",
+                 "erroroutofmemory")
 SERVER_BUSY = "server busy"
 PROMPT_TOO_LONG = ("prompt is longer than the context length",
                    "exceeds the available context size",

@@ -12,6 +12,7 @@ import pytest
 from loadtest.sim_model import CATALOG
 from proxy.core import context
 from proxy.core.context import NEWEST, fits, parse_version, reserve, resolve
+from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.sizing import (
     Sizer,
     graph_mib,
@@ -234,3 +235,14 @@ def test_what_show_says_of_a_model_is_reduced_to_what_sizing_needs() -> None:
 def test_an_encoder_holds_no_kv_cache_in_the_simulator_either() -> None:
     nomic = next(m for m in CATALOG if m.arch == "nomic-bert")
     assert nomic.footprint_mib(512, 1) == nomic.footprint_mib(2048, 4)
+
+
+@pytest.mark.parametrize("message", [
+    "llama runner process has terminated: VK_ERROR_OUT_OF_DEVICE_MEMORY",
+    "ggml_vulkan: vk::Device::allocateMemory: ErrorOutOfMemory",
+    "CUDA error: out of memory",
+    "cudaMalloc failed: out of memory",
+])
+def test_every_out_of_memory_wording_ollama_matches_is_read_as_one(message: str) -> None:
+    # llm/status.go:85-96, matched lower-cased (:117-119)
+    assert is_out_of_memory(message)
