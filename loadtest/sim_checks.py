@@ -78,7 +78,10 @@ def parse_keep_alive(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         kind = {bool: "bool", list: "[]interface {}", dict: "map[string]interface {}"}
         raise ValueError(f"Unsupported type: '{kind.get(type(value), type(value).__name__)}'")
-    seconds = parse_go_duration(value) if isinstance(value, str) else float(value)
+    if isinstance(value, str):
+        seconds = parse_go_duration(value)
+    else:  # time.Duration(t * 1e9): whole nanoseconds, truncated
+        seconds = 0.0 if 0 <= value * 1e9 < 1 else float(value)
     return math.inf if seconds < 0 else seconds
 
 

@@ -314,7 +314,9 @@ def zero_keep_alive(parsed: BaseModel) -> bool:
             return parse_duration(keep_alive) == 0
         except DurationError:
             return False
-    return keep_alive is not None and keep_alive == 0
+    # Go keeps whole nanoseconds of a number of seconds (time.Duration(t * 1e9), api/types.go
+    # UnmarshalJSON): anything under one is 0
+    return keep_alive is not None and 0 <= keep_alive * 1e9 < 1
 
 
 def asks_to_unload(parsed: BaseModel) -> bool:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from loadtest.sim_checks import parse_keep_alive
 from proxy.api import wire
 
 
@@ -166,3 +167,14 @@ def test_top_logprobs_outside_0_to_20_is_ollamas_400(schema: type[wire.Inference
 def test_top_logprobs_ollama_takes_pass(schema: type[wire.Inference],
                                         body: dict[str, Any]) -> None:
     wire.validate(schema, {"model": "m", **body})
+
+
+@pytest.mark.parametrize(("keep_alive", "unloads"), [
+    (0, True), (-0.0, True), (5e-10, True), ("0s", True),
+    (1e-9, False), (-1, False), (1e300, False), (300, False), ("1ns", False),
+])
+def test_a_keep_alive_under_a_nanosecond_is_go_s_zero(keep_alive: Any, unloads: bool) -> None:
+    # Go keeps whole nanoseconds of a number of seconds (api/types.go UnmarshalJSON)
+    parsed = wire.validate(wire.OllamaInference, {"model": "m", "keep_alive": keep_alive})
+    assert wire.zero_keep_alive(parsed) is unloads
+    assert (parse_keep_alive(keep_alive) == 0) is unloads  # and the simulator, as Ollama
