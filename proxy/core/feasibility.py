@@ -30,7 +30,7 @@ class Fitting:
     """One call against every card; footprints and contexts worked out once per card."""
 
     def __init__(self, call: CallSpec, sizer: Sizer, declared: Mapping[str, int | None],
-                 unknown_mib: int = 512) -> None:
+                 unknown_mib: int) -> None:
         self.call = call
         self.unknown_mib = unknown_mib  # what the claim counts of a load of unknown size
         self.sizer = sizer
