@@ -49,19 +49,33 @@ class Evictions:
         last call ends (one may be finishing as its ticket goes), and one copy at a time; a
         load sent before then would find them still there. When each victim was seen gone,
         in seconds from the first unload asked; None when some were still listed at the end
-        of the wait."""
+        of the wait.
+
+        The victims are marked leaving before the first is asked to go: the claim's ticket
+        keeps every view off them only while it lives, and a call that goes first (its plan
+        released, a shutdown) would leave copies Ollama is unloading counted warm, for
+        others to join and have reloaded. When it does go, their unloads finish here."""
         placement = claimed.placement
         victims = tuple(placement.evicts)
-        started = self.clock.monotonic()
-        for victim in victims:
-            await self._ask_unload(placement.provider, victim)
-        gone_at = await self._seen_gone(placement.provider, victims)
+        book = self.claims.book(claimed)
+        try:
+            with contextlib.suppress(StoreUnavailable):  # (then as before: nobody is told)
+                await book.mark_leaving(placement.provider, victims, placement.evicts)
+            started = self.clock.monotonic()
+            for victim in victims:
+                await self._ask_unload(placement.provider, victim)
+            gone_at = await self._seen_gone(placement.provider, victims)
+        except BaseException:
+            for ahead, victim in enumerate(victims):
+                self._spawn(self._unload_unless_used(book, placement.provider, victim,
+                                                     placement.evicts[victim], ahead))
+            raise
         departures = None if gone_at is None else tuple(t - started for t in gone_at.values())
         if departures is None:
             log.warning("victims still loaded; sending the call anyway",
                         provider=placement.provider, victims=victims)
         try:
-            await self.claims.book(claimed).mark_unloaded(placement.provider, victims)
+            await book.mark_unloaded(placement.provider, victims)
         except StoreUnavailable:  # the next probe shows them gone; counting them is safe
             log.warning("victims' unload not recorded: shared state unreachable",
                         provider=placement.provider, victims=victims)
@@ -122,6 +136,14 @@ class Evictions:
             return  # the probe after this failure tells the truth soon enough
         for ahead, model in enumerate(models):
             self._spawn(self._unload_leaving(self.tickets, provider, model, ahead))
+
+    async def _unload_unless_used(self, book: TicketBook, provider: str, model: str,
+                                  mib: int, ahead: int) -> None:
+        """A victim whose call went before it was seen gone: unloaded, as asked, unless a
+        call joined it meanwhile (possible only if its mark never reached the store)."""
+        with contextlib.suppress(StoreUnavailable):
+            if await book.mark_leaving_unless_used(provider, model, mib):
+                await self._unload_leaving(book, provider, model, ahead)
 
     async def _unload_leaving(self, book: TicketBook, provider: str, model: str,
                               ahead: int = 0) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core.context import fits
@@ -44,6 +44,9 @@ class HeldPlan:
     created: float
     intents: tuple[str, ...]
     loader: asyncio.Task[bool] | None = None
+    # set once the loader's victims are gone (or it gave up on them): until then a call
+    # sent to the card would have Ollama unload what is still there itself
+    room_made: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class PlanBook:
@@ -147,7 +150,10 @@ class PlanBook:
         plan = HeldPlan(thread, claimed, spec, self.clock.monotonic(), acceptable)
         s.claims.hold(claimed)
         if placement.loads:
-            plan.loader = asyncio.create_task(self._load(claimed))
+            plan.loader = asyncio.create_task(self._load(claimed, plan.room_made))
+            plan.loader.add_done_callback(lambda _: plan.room_made.set())  # (however it ends)
+        else:
+            plan.room_made.set()
         self.plans[thread] = plan
         return {"thread": thread, "planned": True, "provider": placement.provider,
                 "model": placement.model, "placement": placement.kind,
@@ -170,9 +176,9 @@ class PlanBook:
                     "(KUBEMOOT_PLAN_MEMORY_SHARE)")
         return None
 
-    async def _load(self, claimed: Claimed) -> bool:
-        """Unload the victims and start loading, so the load overlaps prompt building; True
-        once the model is loaded."""
+    async def _load(self, claimed: Claimed, room_made: asyncio.Event) -> bool:
+        """Unload the victims (`room_made` set once they are gone) and start loading, so the
+        load overlaps prompt building; True once the model is loaded."""
         placement = claimed.placement
         client = self.scheduler.pool.clients[placement.provider]
         try:
@@ -180,6 +186,7 @@ class PlanBook:
             if placement.evicts:
                 learning.observe_unload(placement,
                                         await self.scheduler.evictions.make_room(claimed))
+            room_made.set()
             view = self.scheduler.provider_view(placement.provider)
             info = view.models.get(placement.model)
             started = self.clock.monotonic()
@@ -252,6 +259,7 @@ class PlanBook:
             plan = self.plans.get(call.thread)
             if plan is None:
                 return None
+            await plan.room_made.wait()  # (its ticket plans the victims gone meanwhile)
             if not self._still_good(plan, call):
                 await self._release(plan.thread)
                 return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 
 from proxy.core import tickets as transition
@@ -453,11 +453,16 @@ class TicketBook:
     def _released(self, ticket: Ticket) -> bool:
         return ticket.ticket_id in self._let_go
 
-    async def mark_leaving(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
+    async def mark_leaving(self, provider: str, models: tuple[str, ...],
+                           sizes: Mapping[str, int] | None = None) -> ClaimResult:
         """Record `models` as leaving whatever tickets name them (the engine unloads them
-        itself): no claim joins them; their memory counts until they are seen gone."""
+        itself, or a placement's victims): no claim joins them; their memory counts until
+        they are seen gone. `sizes`: a model's size where no call recorded its copy."""
         def leaving(current: TicketSet, now: float) -> TicketSet:
-            return transition.mark_leaving(current, models, now)
+            for model in models:
+                current = transition.mark_leaving(current, (model,), now,
+                                                  (sizes or {}).get(model, 1))
+            return current
 
         return await self._mutate(provider, leaving)
 

@@ -100,3 +100,47 @@ async def test_a_call_waiting_behind_held_plans_answers_at_its_limit_without_spi
     assert 30 <= asyncio.get_running_loop().time() - started < 31
     # Woken by changes (the plan's renewals), not re-placed over and over.
     assert sidecar.decisions() - before < 40
+
+
+async def test_a_plans_call_goes_to_its_card_only_once_the_victims_are_gone(
+        fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b", "phi3:mini")
+    gpu.unload_gap_s = 3.0  # Ollama unloads one copy at a time: the second 3 s later
+    sidecar = await fleet.sidecar()
+    plan = await sidecar.plan("t-1", "qwen3:14b")
+    assert plan["evicts"] == ["phi3:mini", "qwen3:8b"]
+    loaded_when_sent: list[list[str]] = []
+    sent = gpu.open
+
+    async def open_(path: str, payload: bytes) -> object:
+        loaded_when_sent.append(sorted(gpu.loaded))
+        return await sent(path, payload)
+
+    gpu.open = open_  # type: ignore[method-assign]
+    await asyncio.sleep(0.5)  # the first victim has gone, the second has not
+    r = await sidecar.chat("qwen3:14b", thread="t-1")
+    assert (r.status, r.placement) == (200, "held")
+    # Sent earlier, Ollama would have unloaded the 8b itself to load the 14b.
+    assert loaded_when_sent[0] in ([], ["qwen3:14b"])
+    assert not sidecar.tickets()
+
+
+async def test_victims_of_a_plan_released_while_they_leave_are_not_joined(
+        fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b", "phi3:mini")
+    gpu.unload_gap_s = 3.0
+    sidecar = await fleet.sidecar()
+    plan = await sidecar.plan("t-1", "qwen3:14b")
+    assert plan["evicts"] == ["phi3:mini", "qwen3:8b"]
+    await asyncio.sleep(0.5)
+    assert "qwen3:8b" in gpu.loaded  # asked to go: Ollama unloads it next
+    assert await sidecar.services.plans.release("t-1")
+    # The plan's ticket is gone, but the copy Ollama is unloading is not counted warm: a
+    # call joining it would have Ollama reload it with no ticket holding its memory.
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.placement) == (200, "cold")
+    assert gpu.stats.loads == 3  # the two preloaded, then the 8b again (no 14b: abandoned)
+    await asyncio.sleep(10)
+    assert not sidecar.tickets()
