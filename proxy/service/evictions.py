@@ -67,8 +67,7 @@ class Evictions:
             gone_at = await self._seen_gone(placement.provider, victims)
         except BaseException:
             for ahead, victim in enumerate(victims):
-                self._spawn(self._unload_unless_used(book, placement.provider, victim,
-                                                     placement.evicts[victim], ahead))
+                self._spawn(self._unload_unless_used(book, claimed, victim, ahead))
             raise
         departures = None if gone_at is None else tuple(t - started for t in gone_at.values())
         if departures is None:
@@ -137,13 +136,18 @@ class Evictions:
         for ahead, model in enumerate(models):
             self._spawn(self._unload_leaving(self.tickets, provider, model, ahead))
 
-    async def _unload_unless_used(self, book: TicketBook, provider: str, model: str,
-                                  mib: int, ahead: int) -> None:
+    async def _unload_unless_used(self, book: TicketBook, claimed: Claimed, victim: str,
+                                  ahead: int) -> None:
         """A victim whose call went before it was seen gone: unloaded, as asked, unless a
-        call joined it meanwhile (possible only if its mark never reached the store)."""
+        call joined it meanwhile (possible only if its mark never reached the store). The
+        call's own ticket goes in the same write: a copy it was to reload at another
+        context is its victim too, and must not stay marked leaving, in use by it."""
+        provider = claimed.placement.provider
         with contextlib.suppress(StoreUnavailable):
-            if await book.mark_leaving_unless_used(provider, model, mib):
-                await self._unload_leaving(book, provider, model, ahead)
+            if await book.mark_leaving_unless_used(provider, victim,
+                                                   claimed.placement.evicts[victim],
+                                                   releasing=claimed.ticket.ticket_id):
+                await self._unload_leaving(book, provider, victim, ahead)
 
     async def _unload_leaving(self, book: TicketBook, provider: str, model: str,
                               ahead: int = 0) -> None:

@@ -245,3 +245,30 @@ async def test_a_call_whose_room_cannot_be_made_leaves_no_ticket(fleet: Fleet) -
         await sidecar.chat("qwen3:14b")
     await asyncio.sleep(1)
     assert sidecar.tickets() == []
+
+
+async def test_a_reload_whose_call_goes_before_the_unload_leaves_no_copy_marked_leaving(
+        fleet: Fleet) -> None:
+    gpu = fleet.gpu("gpu", total_vram_mib=24564, context_length=4096)
+    sidecar = await fleet.sidecar()
+    assert (await sidecar.chat("qwen3:8b")).placement == "cold"
+    evictions = sidecar.services.scheduler.evictions
+    asked = evictions._ask_unload
+    stalled = asyncio.Event()
+
+    async def first_ask_stalls(provider: str, model: str) -> bool:
+        if not stalled.is_set():
+            stalled.set()
+            await asyncio.Event().wait()  # the call goes (a shutdown) while this is asked
+        return await asked(provider, model)
+
+    evictions._ask_unload = first_ask_stalls  # type: ignore[method-assign]
+    call = sidecar.start_chat("qwen3:8b", num_ctx=16384)  # a reload at another context
+    await stalled.wait()
+    call.cancel()
+    await asyncio.sleep(5)
+    # Its copy was its own victim: unloaded as planned, not left loaded and marked leaving
+    # (no call could join it) under a ticket that named it.
+    assert "qwen3:8b" not in gpu.loaded and not sidecar.tickets()
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.placement) == (200, "cold")
