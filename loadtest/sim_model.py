@@ -44,6 +44,17 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def weights_of(name: str) -> str:
+    """The sha256 of the weights file of a model named `name` that has one of its own (the
+    simulator's files are made up: drawn from the name, the same in every run)."""
+    return sha256_hex(f"weights of {name}")
+
+
+def blob_path(weights: str) -> str:
+    """A model blob's path, its ModelPath (server/images.go:586-592)."""
+    return f"{BLOBS_DIR}/sha256-{weights}"
+
+
 # Encoders that keep no KV cache on either engine: llama.cpp's create_memory gives them none
 # (llama/llama.cpp/src/llama-model.cpp, v0.12.6:19576-19588, v0.24.0:7126-7140), and
 # Ollama's own bert has no cache (v0.12.6 model/models/bert/embed.go)
@@ -96,13 +107,13 @@ class SimModel:
 
     def __post_init__(self) -> None:
         if not self.weights:
-            object.__setattr__(self, "weights", sha256_hex(f"weights of {self.name}"))
+            object.__setattr__(self, "weights", weights_of(self.name))
 
     @property
     def blob_path(self) -> str:
         """Its ModelPath: what /api/show's FROM line names, and what Ollama sorts its victims
         by among equal keep-alives."""
-        return f"{BLOBS_DIR}/sha256-{self.weights}"
+        return blob_path(self.weights)
 
     @property
     def digest(self) -> str:
