@@ -1,6 +1,8 @@
 """One simulated `ollama serve`: its runners and its scheduler, as Ollama's server/sched.go
 runs them.
 
+- A copy is a model blob's (s.loaded's key): a call under any name of a loaded weights file
+  finds its copy, and /api/ps lists it under the name that loaded it.
 - A call for a loaded copy whose load options match goes straight to it; any other waits
   in one queue (OLLAMA_MAX_QUEUE, then 503 "server busy") for the loader, which handles one
   load at a time (processPending) on either version: 0.12's own engine lists a copy (and
