@@ -42,7 +42,7 @@ from loadtest.sim_cache import (
     depth_scale,
     prefill_seconds,
 )
-from loadtest.sim_model import CATALOG, accounted_free_mib, recovery_s
+from loadtest.sim_model import CATALOG, accounted_free_mib, blob_path, recovery_s, weights_of
 from loadtest.sim_model import load_seconds as sim_load_seconds
 from proxy.core.conversations import Conversation
 
@@ -62,8 +62,13 @@ class ModelSpec:
     # The weights file a load reads (/api/tags `size`; v0.12.6 ml/backend/ggml/ggml.go:495
     # reads the GGUF tensor data). None: the whole footprint, for a model stated by it alone.
     disk_mib: int | None = None
+    # The sha256 of its weights file, which Ollama keys its runners by (sim_model.SimModel's):
+    # its own when empty; `dataclasses.replace(m, name=...)` keeps m's (an alias)
+    weights: str = ""
 
     def __post_init__(self) -> None:
+        if not self.weights:
+            object.__setattr__(self, "weights", weights_of(self.name))
         if self.disk_mib is not None and not 0 < self.disk_mib <= self.footprint_mib:
             raise ValueError(f"{self.name}: weights of {self.disk_mib} MiB do not fit its "
                              f"footprint of {self.footprint_mib} MiB")
@@ -72,6 +77,10 @@ class ModelSpec:
     def catalogued(cls, name: str, footprint_mib: int, tokens_per_s: float) -> ModelSpec:
         """A model of the simulator's catalogue (loadtest/sim_model.py), its file's size."""
         return cls(name, footprint_mib, tokens_per_s, CATALOG_DISK_MIB[name])
+
+    @property
+    def blob_path(self) -> str:
+        return blob_path(self.weights)
 
     @property
     def read_mib(self) -> int:
@@ -214,7 +223,8 @@ class Gpu:
         self.now = now
         self.counters = counters
         self.on_change = on_change
-        # s.loaded and the copy loading: a copy whose unload is asked for stays until killed
+        # s.loaded and the copy loading, by the model blob (schedulerModelKey, server/sched.go:
+        # 111-128), whichever name loaded it: a copy whose unload is asked for stays until killed
         self.residents: dict[str, Resident] = {}
         # processPending: calls for a model not loaded, one load at a time in arrival order
         self.loads: deque[tuple[ModelSpec, SimCall]] = deque()
@@ -251,13 +261,13 @@ class Gpu:
     def in_flight(self) -> int:
         return sum(r.running + len(r.queue) for r in self.residents.values()) + len(self.loads)
 
-    def unload(self, name: str) -> None:
+    def unload(self, model: ModelSpec) -> None:
         """keep_alive 0 from the scheduler (expireRunner, server/sched.go:1713-1731; v0.12.6
         :809-826): a copy still loading is not in s.loaded and stays; a loaded one goes
         through the unloader once idle (at once if idle now, else when its last call ends),
         loaded until killed. The scheduler sends the load it made room for once its victims
         are gone (the sidecar waits for /api/ps): `leaving`."""
-        resident = self.residents.get(name)
+        resident = self.residents.get(model.weights)
         if resident is None or not resident.ready:
             return
         resident.leaving = True
@@ -290,7 +300,7 @@ class Gpu:
         queues it again when its last call ends); an idle one is killed."""
         while self.expiries and not self.recovering:
             resident = self.expiries.popleft()
-            if self.residents.get(resident.model.name) is resident and resident.idle:
+            if self.residents.get(resident.model.weights) is resident and resident.idle:
                 self._kill(resident)
 
     def _kill(self, resident: Resident) -> None:
@@ -304,7 +314,7 @@ class Gpu:
         loaded = [resident, *queued] + [r for r in self.residents.values() if r.ready and
                                         r is not resident and not any(r is q for q in queued)]
         wait = recovery_s(resident, loaded, self.rng, self.spec.discovery_s)
-        del self.residents[resident.model.name]
+        del self.residents[resident.model.weights]
         unload = Unload(resident, now + self.spec.unload_s)
         self.unloads.append(unload)
         self.recovering = True
@@ -336,7 +346,7 @@ class Gpu:
             # mid-answer (llama-server's --context-shift, llm/llama_server.go:420, 789-795)
             call.truncated = True
             self.counters.truncations += 1
-        resident = self.residents.get(model.name)
+        resident = self.residents.get(model.weights)
         if resident is not None and resident.ready:
             # GetRunner's fast path (server/sched.go:199-202): a loaded copy, no queue
             resident.queue.append(call)
@@ -356,7 +366,7 @@ class Gpu:
         then."""
         while self.loads and self.loading is None and not self.evicting:
             model, call = self.loads[0]
-            resident = self.residents.get(model.name)
+            resident = self.residents.get(model.weights)
             # loaded by a call ahead of it, or waiting for the unloader (:255-264)
             if resident is not None and resident.ready:
                 self.loads.popleft()
@@ -388,7 +398,7 @@ class Gpu:
                             free_at_load_mib=self.spec.total_mib - self.held_mib(),
                             keep_alive_s=self.spec.keep_alive_s)
         resident.queue.append(call)
-        self.residents[model.name] = resident
+        self.residents[model.weights] = resident
         self.loading = resident
         self.counters.cold_loads += 1
         self.counters.loaded_mib += model.footprint_mib
@@ -398,12 +408,13 @@ class Gpu:
 
     def _evict(self) -> None:
         """Ollama's own eviction (findRunnerToUnload, server/sched.go:1664-1693; 6 :760-789):
-        the first idle copy by keep-alive, then name (ByDurationAndName, :1557-1578; 6
-        :738-751; no LRU), so a victim still waiting for the unloader, at keep-alive 0, comes
-        first again; with every copy busy, the first of them, which goes once its calls end
-        (`_zero_keep_alive`). Either way the loader then waits on unloadedCh (:349-358)."""
+        the first idle copy by keep-alive, then the model blob's path (ByDurationAndName,
+        :1557-1578; 6 :738-751; no LRU), so a victim still waiting for the unloader, at
+        keep-alive 0, comes first again; with every copy busy, the first of them, which goes
+        once its calls end (`_zero_keep_alive`). Either way the loader then waits on
+        unloadedCh (:349-358)."""
         ordered = sorted((r for r in self.residents.values() if r.ready and not r.leaving),
-                         key=lambda r: (r.keep_alive_s, r.model.name))
+                         key=lambda r: (r.keep_alive_s, r.model.blob_path))
         if ordered:
             self.evicting = True
             self._zero_keep_alive(next((r for r in ordered if r.idle), ordered[0]))
@@ -411,7 +422,7 @@ class Gpu:
     def _loaded(self, resident: Resident) -> None:
         if self.loading is resident:
             self.loading = None
-        if self.residents.get(resident.model.name) is resident:
+        if self.residents.get(resident.model.weights) is resident:
             resident.ready = True
             self._start_calls(resident)
         self._next_load()
@@ -455,7 +466,7 @@ class Gpu:
     def token_s(self) -> Callable[[Resident], float]:
         """Seconds a token takes a decoding call of a runner, while the card's set of
         decoding runners stays as it is now (`GpuSpec.slicing`)."""
-        busy = {d.resident.model.name: d.resident for d in self.decoding.values()}
+        busy = {d.resident.model.weights: d.resident for d in self.decoding.values()}
         if self.spec.slicing == "time":
             return lambda resident: self.step_s(resident) * len(busy)
         period = sum(self.step_s(r) for r in busy.values())
@@ -512,6 +523,6 @@ class Gpu:
     def _expire(self, resident: Resident, token: int) -> None:
         """Its keep-alive ran out: into the unloader's queue like any expiry."""
         if resident.expiry_token == token and resident.idle and \
-                self.residents.get(resident.model.name) is resident:
+                self.residents.get(resident.model.weights) is resident:
             self._queue_unload(resident)
             self.on_change()

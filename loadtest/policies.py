@@ -110,7 +110,8 @@ class ModelAffinity(_Baseline):
     name = "model-affinity"
 
     def pick(self, call: SimCall, gpus: Mapping[str, Gpu]) -> str:
-        holders = [n for n, g in gpus.items() if call.preferred in g.residents]
+        blob = MODELS[call.preferred].weights
+        holders = [n for n, g in gpus.items() if blob in g.residents]
         pool = holders or list(gpus)
         return min(pool, key=lambda n: (gpus[n].in_flight(), n))
 

@@ -7,10 +7,11 @@ follows it (sim_engine.py).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from .sim_engine import (
@@ -34,6 +35,24 @@ IMAGE_TOKENS = 768  # what Ollama counts for each image in a chat message (serve
 CURRENT_VERSION = "0.33.0"
 DEFAULT_MODELS_PER_GPU = 3  # server/sched.go:86
 THINKING_ARCHS = ("qwen3",)  # of the catalog's, the ones that think as Ollama serves them
+
+
+BLOBS_DIR = "/root/.ollama/models/blobs"  # where Ollama's image keeps the model blobs
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def weights_of(name: str) -> str:
+    """The sha256 of the weights file of a model named `name` that has one of its own (the
+    simulator's files are made up: drawn from the name, the same in every run)."""
+    return sha256_hex(f"weights of {name}")
+
+
+def blob_path(weights: str) -> str:
+    """A model blob's path, its ModelPath (server/images.go:586-592)."""
+    return f"{BLOBS_DIR}/sha256-{weights}"
 
 
 # Encoders that keep no KV cache on either engine: llama.cpp's create_memory gives them none
@@ -80,6 +99,28 @@ class SimModel:
     # The last layers that read an earlier layer's cache and keep none (gemma3n's
     # <arch>.attention.shared_kv_layers)
     shared_kv_layers: int = 0
+    # The sha256 of its model blob, the GGUF file Ollama keys its runners by (ModelPath):
+    # when left empty, one of its own from its name. `dataclasses.replace(m, name=...)`
+    # keeps m's, as `ollama cp` and `ollama create` FROM m keep m's model layer; pass
+    # weights="" for a model with a file of its own.
+    weights: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.weights:
+            object.__setattr__(self, "weights", weights_of(self.name))
+
+    @property
+    def blob_path(self) -> str:
+        """Its ModelPath: what /api/show's FROM line names, and what Ollama sorts its victims
+        by among equal keep-alives."""
+        return blob_path(self.weights)
+
+    @property
+    def digest(self) -> str:
+        """Its manifest's digest (/api/tags, /api/ps): the same for names that differ in
+        nothing else (`ollama cp`), another for a model whose Modelfile changes anything."""
+        layers = tuple(getattr(self, f.name) for f in fields(self) if f.name != "name")
+        return sha256_hex(repr(layers))
 
     @property
     def model_family(self) -> str:

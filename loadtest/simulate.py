@@ -193,7 +193,7 @@ class Simulation:
                   ) -> None:
         gpu = self.gpus[choice.gpu]
         for victim in choice.evicts:
-            gpu.unload(victim)
+            gpu.unload(MODELS[victim])
         call.placement = choice.placement
         self.policy.started(call, choice, self.now)
 

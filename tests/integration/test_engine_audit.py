@@ -75,9 +75,6 @@ def listed(sim: SimServer) -> set[str]:
     return {m["model"] for m in httpx.get(f"{sim.url}/api/ps").json()["models"]}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator breaks a tie between copies of equal keep-alive by model name; Ollama "
-    "by the path of the model's GGUF blob (sha256-<digest>), which the simulator has none of"))
 def test_ollamas_own_victim_among_equal_keep_alives_is_the_first_blob_path(
         sim_factory: Sims) -> None:
     """findRunnerToUnload sorts s.loaded with ByDurationAndName (HEAD server/sched.go:
@@ -144,9 +141,6 @@ QWEN3_8B = next(m for m in CATALOG if m.name == "qwen3:8b")
 QWEN3_16K = replace(QWEN3_8B, name="qwen3-16k:latest", modelfile_num_ctx=16384)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator keys its runners by model name; Ollama keys s.loaded by the weights "
-    "file (ModelPath), so two names on one blob share one runner"))
 def test_two_names_on_one_weights_file_share_one_runner(sim_factory: Sims) -> None:
     """HEAD getRunner and processPending look the runner up by schedulerModelKey (server/
     sched.go:111-128: ModelPath, the model blob, whenever there is one; :198-200, 246-248),

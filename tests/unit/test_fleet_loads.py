@@ -9,6 +9,7 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, MutableSequence
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -19,6 +20,19 @@ from loadtest.scenarios import MODELS, SCENARIOS
 
 # 12224 MiB in VRAM, a 9300 MiB file (qwen3:14b's); a name without a depth scale
 FOURTEEN = ModelSpec("fourteen", 12224, 50.0, disk_mib=9300)
+
+
+def lettered(name: str, footprint_mib: int) -> ModelSpec:
+    """A model of a 1024 MiB file whose blob path sorts as its name does (its sha256 the
+    name's bytes in hex, zero-padded): Ollama's order among equal keep-alives, by blob path
+    (ByDurationAndName, server/sched.go:1557-1578), is the name order here."""
+    return ModelSpec(name, footprint_mib, 10.0, disk_mib=1024,
+                     weights=name.encode().hex().ljust(64, "0"))
+
+
+def names(gpu: Gpu) -> list[str]:
+    """The copies on the card, by the name each was loaded under."""
+    return [r.model.name for r in gpu.residents.values()]
 
 
 @pytest.mark.parametrize(("model", "gpu", "seconds"), [
@@ -104,7 +118,7 @@ def test_the_fleet_model_loads_once_the_memory_it_needs_is_back(
     card = Card(GpuSpec("card", total_mib, unload_s=1.0))
     first, again = call(1, FOURTEEN, 0.0, 100), call(2, FOURTEEN, 20.0, 0)
     # done at 12.25 s; unloaded at 20 s, the memory back at 21 s
-    card.schedule(20.0, partial(card.gpu.unload, FOURTEEN.name))
+    card.schedule(20.0, partial(card.gpu.unload, FOURTEEN))
     card.run([(first, FOURTEEN), (again, FOURTEEN)])
     assert first.finished == pytest.approx(10.25 + 2.0)
     assert again.started == pytest.approx(load_from + 10.25)
@@ -194,9 +208,9 @@ class MapOrder(random.Random):
 
 
 # Two copies of 8000 MiB and one of 17000 MiB that needs both gone on a 24576 MiB card
-X = ModelSpec("x", 8000, 10.0, disk_mib=1024)
-Y = ModelSpec("y", 8000, 10.0, disk_mib=1024)
-Z = ModelSpec("z", 17000, 10.0, disk_mib=1024)
+X = lettered("x", 8000)
+Y = lettered("y", 8000)
+Z = lettered("z", 17000)
 
 
 def two_idle_copies(backwards: bool = False, seed: int = 0) -> Card:
@@ -226,8 +240,8 @@ def test_unloads_go_one_at_a_time_each_after_the_previous_ones_recovery(
     both unloads starts when the memory it needs is back (x's at 11 s is not enough)."""
     card = two_idle_copies(backwards)
     z = call(3, Z, 10.0, 0)
-    card.schedule(10.0, partial(card.gpu.unload, "x"))
-    card.schedule(10.0, partial(card.gpu.unload, "y"))
+    card.schedule(10.0, partial(card.gpu.unload, X))
+    card.schedule(10.0, partial(card.gpu.unload, Y))
     card.run([(z, Z)])
     assert z.started == pytest.approx(z_loads_at + 2.0)
     assert (card.counters.evictions, card.counters.overcommits) == (2, 0)
@@ -237,7 +251,7 @@ def test_unloads_go_one_at_a_time_each_after_the_previous_ones_recovery(
 
 
 @pytest.mark.parametrize(("backwards", "z_loads_at"), [
-    # x evicted at 10 s (first by name), done at 10.25 s as above; still no room: y evicted
+    # x evicted at 10 s (first by blob path), done at 10.25 s as above; still no room: y evicted
     # then, its memory back at 11.25 s
     (False, 11.25),
     (True, 16.0),
@@ -312,8 +326,8 @@ def test_the_schedulers_unload_of_a_busy_copy_takes_it_once_its_calls_end() -> N
     last call ends (:385-392), serving the calls that reach it first."""
     card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
     first, joins = call(1, X, 0.0, 50), call(2, X, 4.0, 10)  # x loaded at 2 s, busy to 7 s
-    card.schedule(1.0, partial(card.gpu.unload, "x"))  # still loading: no effect
-    card.schedule(3.0, partial(card.gpu.unload, "x"))
+    card.schedule(1.0, partial(card.gpu.unload, X))  # still loading: no effect
+    card.schedule(3.0, partial(card.gpu.unload, X))
     card.run([(first, X), (joins, X)])
     assert joins.started == pytest.approx(7.0)  # the copy's one slot, after the first call
     assert card.counters.evictions == 1
@@ -323,11 +337,11 @@ def test_the_schedulers_unload_of_a_busy_copy_takes_it_once_its_calls_end() -> N
 
 # Copies of 8000, 8000, 4000 and 4000 MiB on a 24576 MiB card (24000 MiB), loaded one after
 # the other in 2 s each; a 12000 MiB load that needs a or b gone beside the other
-A = ModelSpec("a", 8000, 10.0, disk_mib=1024)
-B = ModelSpec("b", 8000, 10.0, disk_mib=1024)
-C = ModelSpec("c", 4000, 10.0, disk_mib=1024)
-D = ModelSpec("d", 4000, 10.0, disk_mib=1024)
-TWELVE = ModelSpec("twelve", 12000, 10.0, disk_mib=1024)
+A = lettered("a", 8000)
+B = lettered("b", 8000)
+C = lettered("c", 4000)
+D = lettered("d", 4000)
+TWELVE = lettered("twelve", 12000)
 
 
 def test_ollamas_own_eviction_wakes_on_any_unloads_recovery() -> None:
@@ -340,8 +354,8 @@ def test_ollamas_own_eviction_wakes_on_any_unloads_recovery() -> None:
     for ident, model in ((1, A), (2, B), (3, C)):  # loaded at 2, 4 and 6 s
         card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
     # a killed at 10 s, c's reading first: 5 s. z does not fit beside b and c (a is going):
-    # b, idle and first by name, is Ollama's victim, queued behind a
-    card.schedule(10.0, partial(card.gpu.unload, "a"))
+    # b, idle and first by blob path, is Ollama's victim, queued behind a
+    card.schedule(10.0, partial(card.gpu.unload, A))
     load = call(4, Z, 10.0, 0)
     card.run([(load, Z)])
     # a's wait over at 15 s: b killed (c's reading first again: 5 s, to 20 s), the loader
@@ -354,7 +368,7 @@ def test_a_victim_still_waiting_for_the_unloader_is_ollamas_first_choice_again()
     """Woken by another unload's recovery, processPending checks again while its victim still
     waits its turn: findRunnerToUnload sorts by keep-alive first (ByDurationAndName, server/
     sched.go:1557-1578; 6 :738-751), and the victim's is 0 (:344; 6 :245), so it picks the
-    victim again, not the copy that went idle meanwhile and sorts first by name."""
+    victim again, not the copy that went idle meanwhile and sorts first by blob path."""
     card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
     card.gpu.rng = MapOrder(backwards=True)
     busy = call(1, A, 0.0, 100)  # a busy from 2 to 12 s
@@ -363,11 +377,11 @@ def test_a_victim_still_waiting_for_the_unloader_is_ollamas_first_choice_again()
         card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
     # c killed at 10 s (d's reading first: 5 s), d queued; the load counts a and b: b, the
     # idle one, is Ollama's victim, queued behind d
-    card.schedule(10.0, partial(card.gpu.unload, "c"))
-    card.schedule(10.0, partial(card.gpu.unload, "d"))
+    card.schedule(10.0, partial(card.gpu.unload, C))
+    card.schedule(10.0, partial(card.gpu.unload, D))
     load = call(5, TWELVE, 10.0, 0)
     loaded_at_30: list[str] = []
-    card.schedule(30.0, lambda: loaded_at_30.extend(card.gpu.residents))
+    card.schedule(30.0, lambda: loaded_at_30.extend(names(card.gpu)))
     card.run([(load, TWELVE)])
     assert busy.finished == pytest.approx(12.0)
     # 15 s: d killed (a's reading first: 5 s); the loader checks again, a idle since 12 s,
@@ -378,20 +392,52 @@ def test_a_victim_still_waiting_for_the_unloader_is_ollamas_first_choice_again()
 
 
 def test_with_every_copy_busy_ollama_waits_for_the_first_by_keep_alive_and_name() -> None:
-    """No idle copy: findRunnerToUnload returns the first by keep-alive and name (server/
+    """No idle copy: findRunnerToUnload returns the first by keep-alive and blob path (server/
     sched.go:1690-1692; v0.12.6 :786-788), busy; processPending sets its keep-alive to 0 and
     waits on unloadedCh (:337-358), which another copy going idle does not send. The victim
     goes once its calls end (:385-392), and the load then fits beside the other copy."""
     card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5, share_gpu=False))
     card.gpu.rng = MapOrder(backwards=False)
-    sixteen = ModelSpec("sixteen", 16000, 10.0, disk_mib=1024)  # fits beside one of x, y
+    sixteen = lettered("sixteen", 16000)  # fits beside one of x, y
     long, short = call(1, X, 0.0, 100), call(2, Y, 0.0, 20)  # x busy 2-12 s, y 4-6 s
     load = call(3, sixteen, 5.0, 0)
     loaded_at_20: list[str] = []
-    card.schedule(20.0, lambda: loaded_at_20.extend(card.gpu.residents))
+    card.schedule(20.0, lambda: loaded_at_20.extend(names(card.gpu)))
     card.run([(long, X), (short, Y), (load, sixteen)])
     # x killed when idle at 12 s (its own reading first, y's lower: one tick); the loader
     # finds room beside y and loads once x's memory is back at 13 s
     assert load.started == pytest.approx(13.0 + 2.0)
     assert loaded_at_20 == ["y", "sixteen"]
     assert (card.counters.evictions, card.counters.overcommits) == (1, 1)
+
+
+def test_every_name_of_one_weights_file_is_served_by_its_one_copy() -> None:
+    """Ollama keys s.loaded by the model blob (schedulerModelKey, server/sched.go:111-128,
+    198-202; v0.12.6 ModelPath, :107): a call for an alias (`ollama cp`) of a loaded model
+    takes its copy, with no load; the scheduler's unload under either name is of that copy."""
+    model = ModelSpec("m", 8000, 10.0, disk_mib=1024)
+    alias = replace(model, name="m-alias")
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    first, other = call(1, model, 0.0, 10), call(2, alias, 5.0, 10)  # m loaded at 2 s
+    card.schedule(10.0, partial(card.gpu.unload, alias))
+    card.run([(first, model), (other, alias)])
+    assert other.started == pytest.approx(5.0)
+    assert card.counters.cold_loads == 1 and card.counters.evictions == 1
+    assert card.gpu.residents == {}
+
+
+def test_ollamas_own_victim_among_equal_idle_copies_is_the_first_blob_path() -> None:
+    """ByDurationAndName sorts equal keep-alives by runnerRef.modelPath, the blob (server/
+    sched.go:1557-1578; v0.12.6 :738-751): qwen3:8b's sorts before qwen3:14b's, whose name
+    sorts first."""
+    older = ModelSpec("qwen3:14b", 8000, 10.0, disk_mib=1024)
+    newer = ModelSpec("qwen3:8b", 8000, 10.0, disk_mib=1024)
+    card = Card(GpuSpec("card", 24576, unload_s=1.0, discovery_s=0.5))
+    for ident, model in ((1, older), (2, newer)):  # loaded at 2 and 4 s, then idle
+        card.schedule(0.0, partial(card.gpu.submit, call(ident, model, 0.0, 0), model))
+    twelve = lettered("twelve", 12000)  # not beside both
+    loaded_at_30: list[str] = []
+    card.schedule(30.0, lambda: loaded_at_30.extend(names(card.gpu)))
+    card.run([(call(3, twelve, 10.0, 0), twelve)])
+    assert loaded_at_30 == ["qwen3:14b", "twelve"]
+    assert newer.blob_path < older.blob_path and older.name < newer.name
