@@ -1,5 +1,5 @@
-"""Where the sidecar shares a simplification of Ollama with the simulator (an audit of
-Ollama's source at HEAD fb30760 and v0.12.6). Strict xfails until both follow Ollama."""
+"""Where the sidecar departs from Ollama, which the simulator follows (an audit of Ollama's
+source at HEAD fb30760 and v0.12.6). Strict xfails until the sidecar follows it too."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.integration.test_engine_audit import QWEN3_16K
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the sidecar (and the simulator) take every model name for a copy of its own; Ollama "
+    "the sidecar takes every model name for a copy of its own; Ollama (and the simulator) "
     "keys its runners by the weights file, so a model created FROM a loaded one reloads "
     "that copy instead of loading beside it"))
 def test_a_model_created_from_a_loaded_one_is_planned_as_a_reload_of_its_copy(
@@ -38,7 +38,7 @@ def test_a_model_created_from_a_loaded_one_is_planned_as_a_reload_of_its_copy(
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the sidecar (and the simulator) take an alias for a model of its own; Ollama serves "
+    "the sidecar takes an alias for a model of its own; Ollama (and the simulator) serves "
     "every name of one weights file from the one runner"))
 def test_a_call_for_another_name_of_a_loaded_model_joins_its_copy(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
