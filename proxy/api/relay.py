@@ -500,13 +500,16 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
 
 
 def _as_asked(asked: object, attempt: Attempt) -> str:
-    """The model to name to Ollama: the agent's own spelling when it names the model picked
-    and the engine finds a model under any spelling (Ollama echoes the name as the call
-    spelled it, server/routes.go:408, 2985), else the spelling the provider lists."""
-    if attempt.any_spelling and isinstance(asked, str) and asked and \
-            model_key(asked) == model_key(attempt.model):
-        return asked
-    return attempt.model
+    """The model to name to Ollama: the name the agent asked for when the provider has it
+    under that name (its own spelling where the engine finds a model under any spelling:
+    Ollama echoes the name as the call spelled it, server/routes.go:408, 2985), else the
+    provider's own name of the model picked."""
+    names = attempt.names_here or (attempt.model,)
+    if isinstance(asked, str) and asked:
+        for name in names:
+            if model_key(asked) == model_key(name):
+                return asked if attempt.any_spelling else name
+    return names[0]
 
 
 def shift_payload(attempt: Attempt, shift: object, options: object) -> dict[str, Any]:

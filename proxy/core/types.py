@@ -97,6 +97,14 @@ class ProviderView:
     kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
     version: str = ""  # /api/version; "" unknown (the newest rules apply)
     probed_at: float = 0.0  # when the residents were last observed
+    # A model placed under one of its names (core/aliases.py) -> this card's own names of
+    # it, the one to send first; only where they differ from the placed name alone
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def own_name(self, model: str) -> str:
+        """The name of `model` (as placed) this card has, to send it."""
+        names = self.aliases.get(model)
+        return names[0] if names else model
 
 
 @dataclass(frozen=True, slots=True)

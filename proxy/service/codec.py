@@ -104,6 +104,8 @@ class ProviderState:
     observed: dict[str, dict[int, int]] = field(default_factory=dict)
     models: dict[str, ModelInfo] = field(default_factory=dict)  # on-disk model -> /api/show
     version: str = ""
+    # on-disk model -> its manifest digest (/api/tags): names with one digest are one model
+    digests: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return orjson.dumps({
@@ -131,6 +133,7 @@ class ProviderState:
             "ready": self.ready,
             "lastProbedAt": rfc3339(self.last_probed_at),
             "version": self.version,
+            "availableModelDigests": self.digests,
         })
 
     @staticmethod
@@ -160,6 +163,7 @@ class ProviderState:
                       if isinstance(seen, dict)},
             models=models,
             version=str(d.get("version", "")),
+            digests={str(m): str(v) for m, v in (d.get("availableModelDigests") or {}).items()},
         )
 
     def residents(self) -> tuple[Resident, ...]:

@@ -162,8 +162,9 @@ class Evictions:
     async def _ask_unload(self, provider: str, model: str) -> bool:
         """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""
         log.debug("unloading", provider=provider, model=model)
+        view = self.view.provider_view(self.providers[provider], self.clock.now())
         try:
-            await self.clients[provider].unload(model)
+            await self.clients[provider].unload(view.own_name(model))
         except UpstreamError as exc:
             log.warning("unload failed", provider=provider, model=model, error=str(exc))
             return False

@@ -190,7 +190,7 @@ class PlanBook:
             view = self.scheduler.provider_view(placement.provider)
             info = view.models.get(placement.model)
             started = self.clock.monotonic()
-            await client.load(placement.model, placement.num_ctx,
+            await client.load(view.own_name(placement.model), placement.num_ctx,
                               embedding=info is not None and info.embedding)
             # a preload's answer carries no load_duration: it returns once the copy is ready
             learning.observe_load(placement, self.clock.monotonic() - started,

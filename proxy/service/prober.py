@@ -54,7 +54,7 @@ def _significant(state: ProviderState) -> tuple[Any, ...]:
             sorted(state.loaded_size_mib.items()), sorted(state.available_mib.items()),
             sorted(state.loaded_beside_mib.items()),
             sorted(m for m in state.loaded_mib if m not in state.loaded_expiry),  # in use
-            sorted(state.models.items()),
+            sorted(state.models.items()), sorted(state.digests.items()),
             sorted((m, sorted(seen.items())) for m, seen in state.observed.items()))
 
 
@@ -198,7 +198,7 @@ class Prober:
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
-            version=version if isinstance(version, str) else "")
+            version=version if isinstance(version, str) else "", digests=digests)
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
             # or an Ollama that is down would otherwise be silent)

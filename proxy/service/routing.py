@@ -115,6 +115,9 @@ class Attempt:
     estimated_tokens: int = 0
     binding: str = "env"  # the candidates' source and revision, as resolved for this call
     watches_tool_calls: bool = False  # a loop's step: whether its answer calls a tool
+    # The provider's own names of `model` (placed under one of them, core/aliases.py), the
+    # one to send first; (): `model` itself
+    names_here: tuple[str, ...] = ()
 
 
 RefusalReason = Literal["bad-request", "model-not-found", "prompt-too-large", "client-gone",

@@ -113,12 +113,14 @@ class Scheduler:
             else self.settings.models.for_call(phase, model)
         if not found:
             return found
-        known = self.view.known_models(self.clock.now())
-        return tuple(replace(c, model=resolve_model(c.model, known)) for c in found)
+        return tuple(replace(c, model=self.resolve(c.model)) for c in found)
 
     def resolve(self, model: str) -> str:
-        """The spelling of `model` the providers list (Ollama's own case-insensitive match)."""
-        return resolve_model(model, self.view.known_models(self.clock.now()))
+        """The spelling of `model` the providers list (Ollama's own case-insensitive match),
+        and of the names of one model the one it is placed under (core/aliases.py)."""
+        now = self.clock.now()
+        listed = resolve_model(model, self.view.known_models(now))
+        return self.view.canonical(now).get(listed, listed)
 
     def model_label(self, model: str) -> str:
         """`model` as a metrics label when a provider lists it, else "-": a series for every
@@ -446,6 +448,7 @@ class Scheduler:
                           any_spelling=version >= ANY_SPELLING_SINCE,
                           estimated_tokens=spec.prompt_tokens,
                           context_length=placement.context_length,
+                          names_here=view.aliases.get(placement.model, ()),
                           binding=self.binding_label(call) if binding is None else binding,
                           watches_tool_calls=call.ends_loop_unless_tool_called)
         return Granted(attempt, claimed, spec)
@@ -480,8 +483,10 @@ class Scheduler:
 
     # -- what the API asks besides routing ------------------------------------------------
     def providers_with(self, model: str) -> list[str]:
-        """Providers whose fresh state lists the model on disk or loaded."""
-        return self.view.providers_with(self.resolve(model), self.clock.now())
+        """Providers whose fresh state lists the model on disk or loaded, under this name
+        (a request passed on names it as the agent did)."""
+        now = self.clock.now()
+        return self.view.providers_with(resolve_model(model, self.view.known_models(now)), now)
 
     def ready(self) -> bool:
         """Can place calls: a static endpoint, or at least one provider with fresh state."""

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from proxy.core.aliases import canonical_names, fold, names_here
 from proxy.core.lengths import NO_LENGTHS, CallLengths
 from proxy.core.load_times import LoadTimes
 from proxy.core.tickets import TicketSet, merge_recorded
@@ -49,6 +50,8 @@ class StateView:
         self._states = _Decoded()
         self._cards: dict[str, _Card] = {}  # per card: see _card
         self._last: _Fleet | None = None  # the last snapshot's: see snapshot
+        # the states the names were read from, and the names (the same object while equal)
+        self._names: tuple[tuple[ProviderState | None, ...], Mapping[str, str]] = ((), {})
 
     def provider_state(self, name: str, now: float) -> ProviderState | None:
         """The freshest state for a provider: shared store or own probe, None if stale."""
@@ -75,6 +78,20 @@ class StateView:
                     model in state.available_mib or model in state.loaded_mib):
                 out.append(config.name)
         return out
+
+    def canonical(self, now: float) -> Mapping[str, str]:
+        """Each name that is one model with another -> the name it is placed under
+        (core/aliases.py), from every fresh card's `/api/tags` digests."""
+        return self._canonical(tuple(self.provider_state(c.name, now) for c in self.configs))
+
+    def _canonical(self, states: tuple[ProviderState | None, ...]) -> Mapping[str, str]:
+        seen, names = self._names
+        if len(seen) == len(states) and all(a is b for a, b in zip(seen, states, strict=True)):
+            return names
+        found = canonical_names(s.digests for s in states if s is not None)
+        # the same object while equal: every card's view is kept while its names are
+        self._names = (states, names if found == names else found)
+        return self._names[1]
 
     def known_models(self, now: float) -> set[str]:
         """Every model a fresh provider state lists on disk or loaded."""
@@ -113,14 +130,17 @@ class StateView:
             return TicketSet()
 
     def provider_view(self, config: ProviderConfig, now: float) -> ProviderView:
-        return self._card(config, now).view
+        # (with the names the last snapshot read: what a decision on it goes on to do
+        # sends each card its own name of the model placed)
+        return self._card(config, now, self.provider_state(config.name, now),
+                          self._names[1]).view
 
-    def _card(self, config: ProviderConfig, now: float) -> _Card:
+    def _card(self, config: ProviderConfig, now: float, state: ProviderState | None,
+              canonical: Mapping[str, str]) -> _Card:
         """The card's view and live tickets, kept while what they are made of is the same:
         its state (the same object, fresh), its ticket set (the same object) and no ticket
         or entry of it expiring since. Every decision builds a snapshot, and a sidecar's
         waiting calls each decide again on every change of any card."""
-        state = self.provider_state(config.name, now)
         try:
             known = self.tickets.known(config.name)[0]
         except (ValueError, KeyError, TypeError):
@@ -129,7 +149,8 @@ class StateView:
             known = _NO_TICKETS  # (a card without an entry gets a new empty set each time)
         kept = self._cards.get(config.name)
         if kept is not None and kept.config is config and kept.state is state and \
-                kept.known is known and kept.built_at <= now < kept.until:
+                kept.known is known and kept.canonical is canonical and \
+                kept.built_at <= now < kept.until:
             return kept
         if known is _NO_TICKETS:
             live, until = _NO_TICKETS, math.inf
@@ -138,14 +159,14 @@ class StateView:
                 live, until = known.live(now), known.live_until(now)
             except (ValueError, KeyError, TypeError):
                 live, until = _NO_TICKETS, math.inf
-        card = _Card(config, state, known, now, until, self._build_view(config, state, live),
-                     live)
+        card = _Card(config, state, known, canonical, now, until,
+                     self._build_view(config, state, live, canonical), live)
         self._cards[config.name] = card
         return card
 
     @staticmethod
-    def _build_view(config: ProviderConfig, state: ProviderState | None, live: TicketSet
-                    ) -> ProviderView:
+    def _build_view(config: ProviderConfig, state: ProviderState | None, live: TicketSet,
+                    canonical: Mapping[str, str]) -> ProviderView:
         if state is None:
             return ProviderView(config.name, config.total_vram_mib, ready=False,
                                 context_length=config.context_length or 0,
@@ -164,13 +185,18 @@ class StateView:
             disk_mib=state.available_mib, models=state.models, observed=state.observed,
             kv_cache_type=state.kv_cache_type, version=state.version,
             probed_at=state.last_probed_at)
+        if canonical:
+            view = _one_name_a_model(view, state, canonical)
         return merge_recorded(view, live)
 
     def snapshot(self, now: float, health: Mapping[str, ProviderHealth],
                  demand: Mapping[str, ModelDemand], loads: LoadTimes,
                  extra_tickets: tuple[Ticket, ...] = (), lengths: CallLengths = NO_LENGTHS
                  ) -> Snapshot:
-        cards = [self._card(c, now) for c in self.configs]
+        states = tuple(self.provider_state(c.name, now) for c in self.configs)
+        canonical = self._canonical(states)
+        cards = [self._card(c, now, state, canonical)
+                 for c, state in zip(self.configs, states, strict=True)]
         last = self._last
         if last is not None and len(last.cards) == len(cards) and all(
                 a is b for a, b in zip(last.cards, cards, strict=True)):
@@ -190,6 +216,23 @@ class StateView:
 _NO_TICKETS = TicketSet()
 
 
+def _one_name_a_model(view: ProviderView, state: ProviderState, canonical: Mapping[str, str]
+                      ) -> ProviderView:
+    """The card's models under the names they are placed under, and the card's own names
+    of each model placed under another (to send it)."""
+    on_disk = set(state.available_mib) | set(state.models)
+    aliases = {}
+    for placed in {canonical[n] for n in on_disk if n in canonical}:
+        own = names_here(placed, on_disk, canonical)
+        if own != (placed,):
+            aliases[placed] = own
+    return replace(
+        view, residents=tuple(replace(r, model=canonical.get(r.model, r.model))
+                              for r in view.residents),
+        disk_mib=fold(view.disk_mib, canonical), models=fold(view.models, canonical),
+        observed=fold(view.observed, canonical), aliases=aliases)
+
+
 @dataclass(frozen=True, slots=True)
 class _Card:
     """One card's view and live tickets, and what they were made of."""
@@ -197,6 +240,7 @@ class _Card:
     config: ProviderConfig
     state: ProviderState | None
     known: TicketSet  # the ticket set they were made from
+    canonical: Mapping[str, str]  # the names they were made with (StateView.canonical)
     built_at: float
     until: float  # when a ticket or entry of it expires or ages out
     view: ProviderView

@@ -37,9 +37,6 @@ def test_a_model_created_from_a_loaded_one_is_planned_as_a_reload_of_its_copy(
     assert r.headers["x-kubemoot-evicted"] == "qwen3:8b"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the sidecar takes an alias for a model of its own; Ollama (and the simulator) serves "
-    "every name of one weights file from the one runner"))
 def test_a_call_for_another_name_of_a_loaded_model_joins_its_copy(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """`qwen3` (qwen3:latest) and qwen3:8b are one manifest on ollama.com (`ollama cp` makes
