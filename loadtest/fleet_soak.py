@@ -104,6 +104,9 @@ PROFILES: list[tuple[str, list[dict[str, Any]]]] = [
 REFUSALS = {413: "prompt-too-large", 503: "gpu-busy", 507: "model-too-large"}
 # --churn: every agent moves through these, one every few seconds, each from its own start.
 CHURN = ["qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b", "phi3:mini"]
+# --aliases: every card has these names of these models too (one manifest, as ollama.com
+# tags them), and agents ask for a model under either name
+ALIASES = {"qwen3:8b": "qwen3", "llama3.2:3b": "llama3.2", "phi3:mini": "phi3"}
 
 
 LOOPS_PER_AGENT = 3  # an agent's tool loops running at once, interleaved
@@ -218,9 +221,11 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
 
 async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 tally: Tally, churn_s: float = 0.0, tolerated: frozenset[int] = frozenset(),
-                dialects: tuple[str, ...] = ("ollama",), conversations: float = 0.0) -> None:
+                dialects: tuple[str, ...] = ("ollama",), conversations: float = 0.0,
+                aliases: bool = False) -> None:
     rng = random.Random(seed)
     talk = random.Random(seed + 7)  # its own draws: the default run's sequence stays as it was
+    naming = random.Random(seed + 11)  # (likewise, for --aliases)
     # Its tool loops: several conversations, interleaved, all opening with its system prompt
     # (the prefix a copy's prompt cache can share among them).
     histories: list[list[Any]] = [[] for _ in range(LOOPS_PER_AGENT)]
@@ -235,6 +240,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         turn += 1
         if churn_s:
             model = CHURN[(first + int((deadline - time.monotonic()) / churn_s)) % len(CHURN)]
+        asked = ALIASES.get(model, model) if aliases and naming.random() < 0.5 else model
         chars = prompt_chars(rng)
         messages = [{"role": "user", "content": "w " * (chars // 2)}]
         stream, leave = rng.random() < 0.6, rng.random() < 0.05
@@ -264,16 +270,16 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 headers = {"X-Kubemoot-Thread": thread}
                 client = ollama.AsyncClient(host=url, timeout=120, headers=headers)
             if dialect == "openai":
-                outcome = await openai_turn(oai, model, messages[0]["content"], stream, leave,
+                outcome = await openai_turn(oai, asked, messages[0]["content"], stream, leave,
                                             rng.randint(4, 40), headers)
             elif dialect == "anthropic":
-                outcome = await anthropic_turn(claude, model, messages[0]["content"], stream,
+                outcome = await anthropic_turn(claude, asked, messages[0]["content"], stream,
                                                leave, rng.randint(4, 40), headers)
             elif stop:
-                await client.generate(model=model, keep_alive=0)
+                await client.generate(model=asked, keep_alive=0)
                 outcome = "unload"
             elif stream:
-                parts = await client.chat(model=model, messages=messages, stream=True,
+                parts = await client.chat(model=asked, messages=messages, stream=True,
                                           keep_alive=keep_alive, tools=tools,
                                           options=answer_options(rng.randint(4, 40)))
                 chunks = 0
@@ -286,7 +292,7 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                         break  # the client goes away mid-stream
                 outcome = "left" if leave and chunks == 2 else "200"
             else:
-                reply = await client.chat(model=model, messages=messages, keep_alive=keep_alive,
+                reply = await client.chat(model=asked, messages=messages, keep_alive=keep_alive,
                                           tools=tools,
                                           options=answer_options(rng.randint(4, 40)))
                 answer = reply["message"]["content"] or ""
@@ -441,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ollama-version", metavar="VERSION",
                         help="the Ollama version every simulated GPU behaves as (default: "
                              "the simulator's; 0.12.6: driver free memory, no 80 %% rule)")
+    parser.add_argument("--aliases", action="store_true",
+                        help="every card has qwen3, llama3.2 and phi3 as other names of "
+                             "qwen3:8b, llama3.2:3b and phi3:mini, and agents ask for either")
     add_sharing_flags(parser)
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
@@ -450,8 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fleet = FLEETS[args.fleet]
         version = ["--version", args.ollama_version] if args.ollama_version else []
+        aliases = [f"--alias={alias}={model}" for model, alias in ALIASES.items()] \
+            if args.aliases else []
         gpus, commands = start_gpus(fleet, args.time_scale, logs, procs,
-                                    (*sharing_args(args), *version))
+                                    (*sharing_args(args), *version, *aliases))
         sidecars: list[tuple[str, str]] = []  # (url, model)
         if not args.direct:
             common = sidecar_env(fleet, gpus, args.log_level)
@@ -495,7 +506,8 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
     tolerated = frozenset({502, -1}) if args.outage else frozenset()
     await asyncio.gather(*(
         agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
-              args.churn, tolerated, tuple(args.dialects.split(",")), args.conversations)
+              args.churn, tolerated, tuple(args.dialects.split(",")), args.conversations,
+              args.aliases)
         for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
     return tally
 

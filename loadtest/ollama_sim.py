@@ -25,6 +25,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -741,8 +742,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="OLLAMA_NEW_ENGINE (0.12: Ollama's own engine for every model it has)")
     p.add_argument("--tokens-per-s", type=float, default=50.0)
     p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--alias", action="append", default=[], metavar="NAME=MODEL",
+                   help="another name of a catalog model, as `ollama cp MODEL NAME` makes "
+                        "(one manifest: one copy when loaded); repeatable")
     add_sharing_flags(p)
     return p.parse_args(argv)
+
+
+def with_aliases(models: tuple[SimModel, ...], aliases: list[str]) -> tuple[SimModel, ...]:
+    """`models` and, for each NAME=MODEL, MODEL under NAME as well."""
+    by_name = {m.name: m for m in models}
+    added = []
+    for alias in aliases:
+        name, _, model = alias.partition("=")
+        if model not in by_name:
+            raise SystemExit(f"--alias {alias}: no model {model!r} in the catalog")
+        added.append(replace(by_name[model], name=name))
+    return (*models, *added)
 
 
 def configs_from(argv: list[str] | None) -> list[SimConfig]:
@@ -760,6 +776,8 @@ def configs_from(argv: list[str] | None) -> list[SimConfig]:
                              kv_cache_type=args.kv_cache_type, max_queue=args.max_queue,
                              version=args.version, new_engine=args.new_engine,
                              tokens_per_s=args.tokens_per_s, time_scale=args.time_scale)]
+    if args.alias:
+        configs = [replace(c, models=with_aliases(c.models, args.alias)) for c in configs]
     return [sharing_from(args, config) for config in configs]
 
 

@@ -186,7 +186,8 @@ class Evictions:
             except UpstreamError:
                 return None
             now = self.clock.monotonic()
-            names = {model_name(m) for m in listed}
+            # (a copy is listed under the name that loaded it, maybe another of its names)
+            names = {self.view.placed_name(model_name(m)) for m in listed}
             for model in models:
                 if model not in names:
                     gone_at.setdefault(model, now)

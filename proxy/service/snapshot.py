@@ -93,6 +93,11 @@ class StateView:
         self._names = (states, names if found == names else found)
         return self._names[1]
 
+    def placed_name(self, name: str) -> str:
+        """The name the model Ollama lists as `name` is placed under (as the last snapshot
+        read the names)."""
+        return self._names[1].get(name, name)
+
     def known_models(self, now: float) -> set[str]:
         """Every model a fresh provider state lists on disk or loaded."""
         known: set[str] = set()

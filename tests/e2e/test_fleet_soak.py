@@ -1,7 +1,7 @@
 """A short fleet soak: real sidecar processes on NATS (or one with embedded state), simulated
 GPUs, agents on the `ollama`, `openai` and `anthropic` clients switching models every 2 s,
 some of their calls tool loops whose history grows by prose, numbers, CJK and images; one
-fleet at Ollama 0.12.6, one through a GPU's Ollama restarting.
+fleet at Ollama 0.12.6, one through a GPU's Ollama restarting, one with models under two names.
 Whatever happens, no GPU runs out of memory, no prompt is cut, Ollama never unloads a model
 on its own, no ticket is left behind, and every answer is a success or a contract refusal."""
 
@@ -32,8 +32,10 @@ pytestmark = pytest.mark.skipif(nats_server_binary() is None,
     ["--fleet", "wide", "--sidecars", "4", "--agents", "2", "--outage", "3", "2"],
     # one Ollama over two GPUs and one over four (OLLAMA_SCHED_SPREAD=1), beside one card
     ["--fleet", "several", "--sidecars", "4", "--agents", "2"],
+    # three models under two names each, one copy whichever name loaded it
+    ["--fleet", "wide", "--sidecars", "4", "--agents", "2", "--aliases"],
 ], ids=["demo-nats", "tight-nats", "tight-embedded", "wide-nats", "tight-nats-0.12.6",
-        "wide-nats-outage", "several-nats"])
+        "wide-nats-outage", "several-nats", "wide-nats-aliases"])
 def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:

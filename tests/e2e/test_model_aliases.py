@@ -4,12 +4,13 @@ model and sends each card a name it has (docs/rules.md, "Names of one model").""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import httpx
 
 from loadtest.sim_model import CATALOG
-from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
 
 QWEN3_8B = next(m for m in CATALOG if m.name == "qwen3:8b")
 QWEN3_LATEST = replace(QWEN3_8B, name="qwen3:latest")  # the same manifest, another name
@@ -48,3 +49,21 @@ def test_ollama_stop_under_another_name_unloads_the_copy(
             break
         httpx.get(f"{gpu.url}/api/version", timeout=5)  # (a moment for the unload)
     assert listed(gpu.url) == []
+
+
+def test_a_victim_listed_under_another_name_is_waited_for_until_it_is_gone(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, models=(*CATALOG, QWEN3_LATEST),
+                      time_scale=0.1)
+    # loaded under the alias, then busy with a call the sidecar never sees (sent to Ollama
+    # directly): asked to unload, Ollama keeps it, listed as `qwen3:latest`, until it ends
+    started = threading.Event()
+    outside = stream_in_background(gpu.url, "qwen3", 1500, started)  # about 3 s
+    assert listed(gpu.url) == ["qwen3:latest"]
+    url = sidecar_factory([gpu]).url  # (its first probe sees the copy)
+    r = chat(url, "qwen3:14b")  # the 8b copy must go first
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-kubemoot-evicted") == "qwen3:8b", dict(r.headers)
+    outside.join(30)
+    # the 14b was sent once the copy was gone, not beside it: Ollama unloaded nothing itself
+    assert gpu.sim.stats.self_evictions == 0
