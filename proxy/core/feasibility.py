@@ -106,7 +106,7 @@ class Fitting:
         if not context.fits(call.prompt_tokens, window, call.answer_tokens, call.generates,
                             call.answer_capped):
             spare = context.reserve(window, call.answer_tokens, call.generates,
-                                    call.answer_capped)
+                                    call.answer_capped, call.prompt_tokens)
             room = f"context {ctx} tokens" if window == ctx else \
                 f"the embedding batch of {window} tokens (context {ctx})"
             return (f"{room} cannot hold the prompt ({call.prompt_tokens} tokens "

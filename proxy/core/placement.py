@@ -462,7 +462,7 @@ class _Planner:
         else:
             advice = "raise OLLAMA_CONTEXT_LENGTH on a provider or shorten the prompt."
         spare = context.reserve(largest_ctx, self.call.answer_tokens, self.call.generates,
-                                self.call.answer_capped)
+                                self.call.answer_capped, self.call.prompt_tokens)
         return "prompt-too-large", (
             f"The prompt needs about {self.call.prompt_tokens} tokens (and {spare} kept for the "
             f"answer) but the largest context any GPU gives an acceptable model is "

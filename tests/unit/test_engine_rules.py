@@ -201,6 +201,16 @@ def test_a_capped_answer_keeps_only_its_cap() -> None:
     assert reserve(4096, 100000, capped=True) == 2049  # half the context at most
 
 
+def test_a_capped_answer_also_keeps_what_the_estimate_may_fall_short_by() -> None:
+    """A soak's call: 4073 tokens estimated, num_predict 17, a 4096-token context. The
+    engine counted 4083, and the answer made it shift the context. A thirty-second of the
+    estimate is kept besides the cap, never more than an uncapped answer keeps."""
+    assert reserve(4096, 17, capped=True, prompt_tokens=4073) == 17 + 128 + 1
+    assert not fits(4073, 4096, 17, capped=True)
+    assert fits(4073 - 146, 4096, 17, capped=True)
+    assert reserve(4096, 4, capped=True, prompt_tokens=100_000) == 257  # as uncapped
+
+
 def test_a_modelfile_num_ctx_is_read_from_show_parameters() -> None:
     padded = f"{'num_ctx':<30} 8192"
     assert modelfile_num_ctx({"parameters": f'stop                           "<|im_end|>"\n'
