@@ -35,7 +35,8 @@ GIB = 1024
 ANSWER_RESERVE = 256
 # What a prompt's estimate may fall short of the engine's count by, as a share (1/32): the
 # most seen over 33,004 soak calls of 500 tokens or more, tool-loop histories with CJK text
-# and images among them, was 2.7 %. A capped answer keeps it free besides its cap.
+# and images among them, was 2.7 %. A capped answer keeps it free besides its cap. (An answer
+# capped for `shift: false` keeps the looser ESTIMATE_SHORTFALL, which costs only answer length.)
 ESTIMATE_MISS = 32
 EMBEDDING_RESERVE = 2
 VISION_MIN_CONTEXT = 2048

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
 
 from proxy.core import context
@@ -113,14 +113,18 @@ class Scheduler:
             else self.settings.models.for_call(phase, model)
         if not found:
             return found
-        return tuple(replace(c, model=self.resolve(c.model)) for c in found)
+        known, canonical = self._names()
+        return tuple(replace(c, model=_placed(c.model, known, canonical)) for c in found)
 
     def resolve(self, model: str) -> str:
         """The spelling of `model` the providers list (Ollama's own case-insensitive match),
         and of the names of one model the one it is placed under (core/aliases.py)."""
+        return _placed(model, *self._names())
+
+    def _names(self) -> tuple[set[str], Mapping[str, str]]:
+        """The names the providers list, and the names of one model (StateView.canonical)."""
         now = self.clock.now()
-        listed = resolve_model(model, self.view.known_models(now))
-        return self.view.canonical(now).get(listed, listed)
+        return self.view.known_models(now), self.view.canonical(now)
 
     def model_label(self, model: str) -> str:
         """`model` as a metrics label when a provider lists it, else "-": a series for every
@@ -516,3 +520,7 @@ class Scheduler:
         decision, verdicts = explain(spec, self.snapshot(self.clock.now()), self.policy)
         return decision, verdicts, spec
 
+
+def _placed(model: str, known: set[str], canonical: Mapping[str, str]) -> str:
+    listed = resolve_model(model, known)
+    return canonical.get(listed, listed)
