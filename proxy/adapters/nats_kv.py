@@ -5,6 +5,11 @@ change counter; compare-and-set goes to the server (`update(last=rev)`), so two 
 that read the same budget cannot both win it. On reconnect the watches are rebuilt; the
 views stay as they were until each new watch has replayed its bucket, and the store counts
 as connected only from then (a server may come back without its storage).
+
+A watch can also stop with the connection up: its consumer lived on the node that led the
+bucket, and that node went. nats-py notices only after two missed heartbeats (10 s or
+more), and meanwhile the view looks current. So each write of ours is a probe: a watch
+that has not shown it within `WATCH_LAG_S` is rebuilt.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -43,6 +49,7 @@ log = get_logger("kubemoot.nats")
 WATCH_INACTIVE_S = 10.0  # server drops an abandoned watch consumer after this
 RETRY_CONNECT_S = 2.0  # while NATS was never reached, how often to try again
 SERVING_PROBE_S = 1.0  # while JetStream answers nothing, how often to ask again
+WATCH_LAG_S = 3.0  # a write of ours its watch has not shown by then: the watch is lost
 
 
 async def connect_client(options: NatsOptions, give_up_unreachable: int = 0,
@@ -204,6 +211,10 @@ class NatsStore:
         self._generation = 0  # moves each time a replayed view replaces the one before
         self._watch_tasks: list[asyncio.Task[None]] = []
         self._watchers: list[Any] = []
+        self._seen = {b.name: 0 for b in buckets}  # the newest revision each watch showed
+        # per bucket, the revisions of our writes the watch has yet to show, with deadlines
+        self._awaited: dict[str, deque[tuple[int, float]]] = {b.name: deque() for b in buckets}
+        self._lag_check: asyncio.Task[None] | None = None
         self._connected = False
         self._retry: asyncio.Task[None] | None = None
         self._closing = False
@@ -318,6 +329,8 @@ class NatsStore:
         except Exception as exc:
             raise StoreUnavailable(f"NATS JetStream KV unavailable: {exc}") from exc
         await self._rewatch(rebind=False)
+        if self._lag_check is None:
+            self._lag_check = asyncio.create_task(self._check_watch_lag())
         for hook in self.on_connect:
             await hook(client)
 
@@ -347,6 +360,9 @@ class NatsStore:
     async def _rewatch(self, rebind: bool = True) -> None:
         for replayed in self._replayed.values():  # not connected until the views are anew
             replayed.clear()
+        for awaited in self._awaited.values():  # the new watches replay them
+            awaited.clear()
+        self._seen = dict.fromkeys(self._seen, 0)  # (a server back empty counts anew)
         for task in self._watch_tasks:
             task.cancel()
         for watcher in self._watchers:
@@ -386,6 +402,7 @@ class NatsStore:
                     replayed.set()
                     self.changes.bump()
                 continue
+            self._seen[bucket] = max(self._seen[bucket], entry.revision)
             wakes = True
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
                 mirror.pop(entry.key, None)
@@ -399,9 +416,28 @@ class NatsStore:
                     self.changes.bump()
                     woken = False
 
+    def _written(self, bucket: str, revision: int) -> int:
+        """Note a write of ours at `revision`, for the watch to show in time."""
+        if self.connected:  # (while a watch replays, it shows the write anyway)
+            self._awaited[bucket].append((revision, time.monotonic() + WATCH_LAG_S))
+        return revision
+
+    async def _check_watch_lag(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_LAG_S / 4)
+            now = time.monotonic()
+            for bucket, awaited in self._awaited.items():
+                while awaited and awaited[0][0] <= self._seen[bucket]:
+                    awaited.popleft()
+                if awaited and awaited[0][1] < now and self.connected:
+                    log.warning("nats watch stopped showing writes; rebuilding it",
+                                bucket=bucket, written=awaited[0][0], shown=self._seen[bucket])
+                    await self._rewatch(rebind=False)
+                    break
+
     async def close(self) -> None:
         self._closing = True
-        for task in (self._retry, self._failing):
+        for task in (self._retry, self._failing, self._lag_check):
             if task is not None:
                 task.cancel()
         for task in self._watch_tasks:
@@ -452,7 +488,7 @@ class NatsStore:
 
     async def put(self, bucket: str, key: str, value: bytes) -> int:
         try:
-            return int(await self._bucket(bucket).put(key, value))
+            return self._written(bucket, int(await self._bucket(bucket).put(key, value)))
         except StoreUnavailable:
             raise
         except Exception as exc:
@@ -461,9 +497,9 @@ class NatsStore:
     async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
         kv = self._bucket(bucket)
         try:
-            if last_revision == 0:
-                return int(await kv.create(key, value))  # also re-creates over a tombstone
-            return int(await kv.update(key, value, last=last_revision))
+            if last_revision == 0:  # (create also re-creates over a tombstone)
+                return self._written(bucket, int(await kv.create(key, value)))
+            return self._written(bucket, int(await kv.update(key, value, last=last_revision)))
         except KeyWrongLastSequenceError as exc:
             raise CasConflict(str(exc)) from exc
         except BadRequestError as exc:

@@ -161,3 +161,32 @@ async def test_nats_store_recovers_when_the_server_returns_empty() -> None:
     finally:
         await store.close()
         server.cleanup()
+
+
+async def test_a_watch_whose_consumer_is_gone_is_rebuilt_at_the_next_write(
+        nats_server: NatsServer) -> None:
+    """As when the node leading the bucket dies under a connection to another node: the
+    connection stays up, the watch's consumer is gone, and nats-py notices only after two
+    missed heartbeats (10 s)."""
+    import nats
+
+    await empty_buckets(nats_server.url, [PROVIDER_STATE])
+    store = NatsStore(NatsOptions(nats_server.url))
+    other = await nats.connect(nats_server.url)
+    try:
+        await store.start()
+        assert await store.replayed(5)
+        jsm = other.jetstream()
+        stream = f"KV_{PROVIDER_STATE}"
+        for consumer in await jsm.consumers_info(stream):
+            await jsm.delete_consumer(stream, consumer.name)
+        started = asyncio.get_running_loop().time()
+        await store.put(PROVIDER_STATE, "mine", b"1")
+        kv = await jsm.key_value(PROVIDER_STATE)
+        await kv.put("theirs", b"2")
+        assert await _until(lambda: "theirs" in store.view(PROVIDER_STATE), timeout_s=8)
+        assert asyncio.get_running_loop().time() - started < 6  # 3 s late, then rebuilt
+        assert store.connected
+    finally:
+        await other.close()
+        await store.close()
