@@ -89,6 +89,9 @@ class Claims:
         self._ticket_ids = (f"{prefix}-{n:x}" for n in itertools.count(1))
         self._pending: dict[str, Ticket] = {}
         self._held: dict[str, Claimed] = {}  # tickets of calls and plans in progress
+        # Tickets whose shared claim failed unanswered and were claimed in-process instead:
+        # the write may have landed all the same (the server's answer lost with its leader).
+        self._unanswered: dict[str, Ticket] = {}
         self._renewing: asyncio.Task[None] | None = None
         self._rejoining: asyncio.Task[None] | None = None
 
@@ -170,6 +173,7 @@ class Claims:
             result = await self.tickets.claim(ticket, view, placement.needs_free_slot)
         except StoreUnavailable:
             local = True
+            self._unanswered[ticket.ticket_id] = ticket
             if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
                 await self.prober.refresh(placement.provider)
                 view = self.view.provider_view(self.providers[view.name], self.clock.now())
@@ -224,7 +228,7 @@ class Claims:
         store = self.tickets.store
         written = -1  # the generation whose views hold every held ticket
         while True:
-            if store.connected and (store.generation != written or any(
+            if store.connected and (store.generation != written or self._unanswered or any(
                     c.local for c in self._held.values())):
                 generation = store.generation
                 if await self._write_held():
@@ -237,6 +241,10 @@ class Claims:
         held = list(self._held.values())
         results = await asyncio.gather(*(self._write_back(c) for c in held),
                                        return_exceptions=True)
+        for ticket_id, ticket in list(self._unanswered.items()):
+            if ticket_id not in self._held:  # let go of in-process: in no book from now
+                del self._unanswered[ticket_id]
+                await self.tickets.release(ticket)  # (owed: a no-op where it never landed)
         return all(r is True for r in results)
 
     async def _write_back(self, claimed: Claimed) -> bool:
@@ -250,6 +258,7 @@ class Claims:
             await self.tickets.release(ticket)  # (no-op unless this write put it back)
             return True
         claimed.local = False  # its release and renewals go to the shared book from now
+        self._unanswered.pop(ticket.ticket_id, None)
         await self.local_tickets.release(ticket)
         log.info("ticket claimed during the outage written to the shared book",
                  provider=ticket.provider, model=ticket.model, ticket=ticket.ticket_id)

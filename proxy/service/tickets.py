@@ -292,7 +292,12 @@ class TicketBook:
                           live=len(current.tickets))
             return outcome.tickets
 
-        return await self._mutate(ticket.provider, add)
+        try:
+            return await self._mutate(ticket.provider, add)
+        except asyncio.CancelledError:  # its write may have landed: nobody else releases it
+            self._owe(ticket)
+            self._write_soon(ticket.provider)
+            raise
 
     async def release(self, ticket: Ticket, leave_resident: Residency | None = None
                       ) -> ClaimResult:
