@@ -138,6 +138,31 @@ class Fitting:
         return None if listed.context_length in (resolved.requested, resolved.context) \
             else listed
 
+    def sibling(self, index: ProviderIndex, model: str) -> str | None:
+        """Another model here made from `model`'s weights file (`ollama create` FROM it, a
+        name with a Modelfile of its own), loaded or being loaded, not leaving, with a
+        context a load of `model` would not ask for. Ollama runs one copy per weights file
+        (server/sched.go schedulerModelKey) and reloads it when a call's runner options
+        differ (needsReload), so that load is planned as the copy's eviction. Where the
+        contexts match, Ollama has the call join the copy: it is planned as before, a load
+        beside it, which counts the memory twice until the next probe (the safe side)."""
+        info = self.sizer.info(model, index.view)
+        if info is None or not info.weights:
+            return None
+        resolved = None
+        for other in (*index.loading, *index.loaded_models):
+            if other == model or other in index.leaving:
+                continue
+            theirs = self.sizer.info(other, index.view)
+            if theirs is None or theirs.weights != info.weights:
+                continue
+            copy = self.copy_context(index, other) or next(
+                (r.context_length for r in index.view.residents if r.model == other), 0)
+            resolved = resolved or self.load(index, model)[0]
+            if copy and copy not in (resolved.requested, resolved.context):
+                return other
+        return None
+
     def copy_context(self, index: ProviderIndex, model: str) -> int:
         """num_ctx as recorded for the copy this call would join (resident or loading)."""
         resident = index.residents.get(model)
@@ -192,6 +217,11 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     if stale is not None:
         return Fit(False, f"an idle copy with num_ctx {stale.context_length} is still listed: "
                           f"a load at {resolved.context} reloads it (planned as its eviction)")
+    sibling = fitting.sibling(index, model)
+    if sibling is not None:
+        return Fit(False, f"{sibling} is loaded from the same weights file: Ollama runs one "
+                          f"copy of them, so a load of {model} reloads it (planned as its "
+                          "eviction)")
     if index.models_over_limit(model):
         limit = loaded_limit(index.view.max_loaded, index.view.gpus)
         return Fit(False, f"{limit} models loaded, the most this Ollama keeps "

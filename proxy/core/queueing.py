@@ -95,6 +95,9 @@ def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resid
         return None
     copy = index.residents.get(model)
     if copy is None:
+        sibling = fitting.sibling(index, model)
+        if sibling is not None:
+            return _idle_copy(index, sibling)
         stale = fitting.stale_copy(index, model)
         if stale is None:
             return ()
@@ -103,6 +106,17 @@ def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resid
             index, model, copy.context_length) is None:
         return None  # busy, or usable: that is the queue option
     return (copy,)
+
+
+def _idle_copy(index: ProviderIndex, model: str) -> tuple[Resident, ...] | None:
+    """`model`'s copy here as a load's forced victim, or None while it cannot go yet (in
+    use, being loaded, or already another load's victim)."""
+    if index.calls_by_model.get(model) or model in index.loading or \
+            model in index.planned_victims or model in index.making_room:
+        return None
+    copy = index.residents.get(model) or next(
+        (r for r in index.view.residents if r.model == model), None)
+    return None if copy is None else (copy,)
 
 
 def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting,

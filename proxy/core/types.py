@@ -65,6 +65,9 @@ class ModelInfo:
     # The token embedding table at f16 (vocabulary x embedding length x 2 B): what of the file
     # llama.cpp may keep on the CPU, at most; 0 unknown
     token_embedding_bytes: int = 0
+    # The weights file its Modelfile's FROM names (`sha256-...`): Ollama runs one copy per
+    # weights file, whatever name loaded it; "" unknown
+    weights: str = ""
 
 
 @dataclass(frozen=True, slots=True)

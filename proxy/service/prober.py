@@ -84,6 +84,20 @@ def modelfile_num_ctx(show: dict[str, Any]) -> int:
     return 0
 
 
+_BLOB = re.compile(r"(?:^|[/\\])(sha256[-:][0-9a-f]{64})$")
+
+
+def weights_file(show: dict[str, Any]) -> str:
+    """The weights file the Modelfile's first FROM names (its blob, `sha256-...`); "" when
+    it names none (a model that is not one GGUF file, or no modelfile)."""
+    for line in str(show.get("modelfile") or "").splitlines():
+        command, _, argument = line.strip().partition(" ")
+        if command.upper() == "FROM":  # (the "# FROM <name>" hint is a comment)
+            match = _BLOB.search(argument.strip())
+            return match[1].replace(":", "-") if match else ""
+    return ""
+
+
 def model_info(show: Any) -> ModelInfo:
     """What sizing needs of a model from its /api/show answer."""
     if not isinstance(show, dict):
@@ -109,7 +123,8 @@ def model_info(show: Any) -> ModelInfo:
         architecture=arch, split_projector=bool(show.get("projector_info")),
         pooling_type=pooling if type(pooling) is int else -1,
         swa_kv_bytes_per_token=windowed, swa_window=window, swa_chunked=chunked,
-        token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0)
+        token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0,
+        weights=weights_file(show))
 
 
 SHOWS_AT_ONCE = 8  # /api/show asks in flight to one card

@@ -6,17 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import httpx
-import pytest
 
 from loadtest.sim_model import CATALOG
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat
 from tests.integration.test_engine_audit import QWEN3_16K
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the sidecar takes every model name for a copy of its own; Ollama (and the simulator) "
-    "keys its runners by the weights file, so a model created FROM a loaded one reloads "
-    "that copy instead of loading beside it"))
 def test_a_model_created_from_a_loaded_one_is_planned_as_a_reload_of_its_copy(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """`ollama create qwen3-16k` FROM qwen3:8b with `PARAMETER num_ctx 16384` shares the 8b's

@@ -1,0 +1,79 @@
+"""Models made from one weights file (`ollama create NAME` with `FROM qwen3:8b`): Ollama runs
+one copy of the file, under the name of the call that loaded it, and reloads it when a call's
+runner options differ (server/sched.go schedulerModelKey, needsReload). The sidecar reads the
+file from /api/show's FROM line and plans such a reload as the copy's eviction."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import httpx
+
+from loadtest.sim_model import CATALOG
+from tests.conftest import eventually
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
+from tests.integration.test_engine_audit import QWEN3_8B, QWEN3_16K
+
+# the same file and runner options; only its template differs (no tools)
+QWEN3_PLAIN = replace(QWEN3_8B, name="qwen3-plain:latest", tools=False)
+MODELS = (*CATALOG, QWEN3_16K, QWEN3_PLAIN)
+
+
+def listed(url: str) -> set[str]:
+    return {m["name"] for m in httpx.get(f"{url}/api/ps").json()["models"]}
+
+
+def test_calls_alternating_between_two_models_of_one_file_keep_each_on_its_own_card(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpus = [sim_factory(name, total_vram_mib=16376, context_length=4096, models=MODELS,
+                        time_scale=SCALE) for name in ("a", "b")]
+    url = sidecar_factory(gpus).url
+    placed = []
+    for model in ("qwen3:8b", "qwen3-16k", "qwen3:8b", "qwen3-16k", "qwen3:8b", "qwen3-16k"):
+        r = chat(url, model)
+        assert r.status_code == 200, r.text
+        placed.append((model, r.headers["x-kubemoot-provider"],
+                       r.headers["x-kubemoot-placement"]))
+    homes = {model: provider for model, provider, _ in placed}
+    assert homes["qwen3:8b"] != homes["qwen3-16k"], placed
+    assert [kind for _, _, kind in placed[2:]] == ["warm"] * 4, placed
+    for gpu in gpus:
+        stats = gpu.sim.stats
+        assert (stats.reloads, stats.self_evictions) == (0, 0)
+
+
+def test_a_model_of_a_busy_copys_file_waits_for_its_call_then_reloads_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    started = threading.Event()
+    long_call = stream_in_background(url, "qwen3:8b", 400, started)
+    assert started.wait(30)
+    r = chat(url, "qwen3-16k", timeout=60)
+    assert r.status_code == 200, r.text
+    assert not long_call.is_alive()  # it ran to its end first
+    assert (r.headers["x-kubemoot-placement"], r.headers["x-kubemoot-evicted"]) == (
+        "evict", "qwen3:8b")
+    assert int(r.headers["x-kubemoot-waited-ms"]) > 0
+    assert listed(gpu.url) == {"qwen3-16k:latest"}
+    assert (gpu.sim.stats.reloads, gpu.sim.stats.self_evictions) == (0, 0)
+
+
+def test_a_model_of_a_loaded_copys_file_with_its_runner_options_is_no_eviction(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama has the call join the copy: nothing is unloaded for it. The sidecar plans a
+    load beside the copy, and counts its memory until a probe shows the one copy."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "qwen3:8b").status_code == 200
+    r = chat(url, "qwen3-plain")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kubemoot-placement"] == "cold"
+    assert gpu.sim.stats.reloads == 0
+    assert eventually(lambda: listed(gpu.url) == {"qwen3:8b"}, timeout_s=5)
+    again = chat(url, "qwen3:8b")
+    assert again.headers["x-kubemoot-placement"] == "warm"
+    assert gpu.sim.stats.loads == 1
