@@ -107,6 +107,9 @@ CHURN = ["qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b", "phi3:mini"]
 # --aliases: every card has these names of these models too (one manifest, as ollama.com
 # tags them), and agents ask for a model under either name
 ALIASES = {"qwen3:8b": "qwen3", "llama3.2:3b": "llama3.2", "phi3:mini": "phi3"}
+# --siblings: every card has these models created FROM these (their weights file, their own
+# num_ctx: Ollama reloads the one copy for the other), and agents ask for either
+SIBLINGS = {"qwen3:8b": ("qwen3-16k", 16384), "llama3.2:3b": ("llama3.2-8k", 8192)}
 
 
 LOOPS_PER_AGENT = 3  # an agent's tool loops running at once, interleaved
@@ -222,10 +225,11 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
 async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 tally: Tally, churn_s: float = 0.0, tolerated: frozenset[int] = frozenset(),
                 dialects: tuple[str, ...] = ("ollama",), conversations: float = 0.0,
-                aliases: bool = False) -> None:
+                aliases: bool = False, siblings: bool = False) -> None:
     rng = random.Random(seed)
     talk = random.Random(seed + 7)  # its own draws: the default run's sequence stays as it was
     naming = random.Random(seed + 11)  # (likewise, for --aliases)
+    kin = random.Random(seed + 13)  # (and for --siblings)
     # Its tool loops: several conversations, interleaved, all opening with its system prompt
     # (the prefix a copy's prompt cache can share among them).
     histories: list[list[Any]] = [[] for _ in range(LOOPS_PER_AGENT)]
@@ -241,6 +245,8 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         if churn_s:
             model = CHURN[(first + int((deadline - time.monotonic()) / churn_s)) % len(CHURN)]
         asked = ALIASES.get(model, model) if aliases and naming.random() < 0.5 else model
+        if siblings and model in SIBLINGS and kin.random() < 0.5:
+            asked = SIBLINGS[model][0]
         chars = prompt_chars(rng)
         messages = [{"role": "user", "content": "w " * (chars // 2)}]
         stream, leave = rng.random() < 0.6, rng.random() < 0.05
@@ -450,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aliases", action="store_true",
                         help="every card has qwen3, llama3.2 and phi3 as other names of "
                              "qwen3:8b, llama3.2:3b and phi3:mini, and agents ask for either")
+    parser.add_argument("--siblings", action="store_true",
+                        help="every card has qwen3-16k and llama3.2-8k, created FROM qwen3:8b "
+                             "and llama3.2:3b with their own num_ctx, and agents ask for either")
     add_sharing_flags(parser)
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
@@ -461,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         version = ["--version", args.ollama_version] if args.ollama_version else []
         aliases = [f"--alias={alias}={model}" for model, alias in ALIASES.items()] \
             if args.aliases else []
+        aliases += [f"--derived={name}={model}:{ctx}" for model, (name, ctx) in SIBLINGS.items()
+                    ] if args.siblings else []
         gpus, commands = start_gpus(fleet, args.time_scale, logs, procs,
                                     (*sharing_args(args), *version, *aliases))
         sidecars: list[tuple[str, str]] = []  # (url, model)
@@ -507,7 +518,7 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
     await asyncio.gather(*(
         agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
               args.churn, tolerated, tuple(args.dialects.split(",")), args.conversations,
-              args.aliases)
+              args.aliases, args.siblings)
         for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
     return tally
 

@@ -745,6 +745,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--alias", action="append", default=[], metavar="NAME=MODEL",
                    help="another name of a catalog model, as `ollama cp MODEL NAME` makes "
                         "(one manifest: one copy when loaded); repeatable")
+    p.add_argument("--derived", action="append", default=[], metavar="NAME=MODEL:NUM_CTX",
+                   help="a model created FROM a catalog model with `PARAMETER num_ctx "
+                        "NUM_CTX` (its own manifest, the same weights file: one copy when "
+                        "loaded, reloaded for the other's context); repeatable")
     add_sharing_flags(p)
     return p.parse_args(argv)
 
@@ -758,6 +762,20 @@ def with_aliases(models: tuple[SimModel, ...], aliases: list[str]) -> tuple[SimM
         if model not in by_name:
             raise SystemExit(f"--alias {alias}: no model {model!r} in the catalog")
         added.append(replace(by_name[model], name=name))
+    return (*models, *added)
+
+
+def with_derived(models: tuple[SimModel, ...], derived: list[str]) -> tuple[SimModel, ...]:
+    """`models` and, for each NAME=MODEL:NUM_CTX, a model created FROM MODEL that sets its
+    num_ctx (`dataclasses.replace` keeps MODEL's weights file)."""
+    by_name = {m.name: m for m in models}
+    added = []
+    for spec in derived:
+        name, _, rest = spec.partition("=")
+        model, _, num_ctx = rest.rpartition(":")
+        if model not in by_name or not num_ctx.isdigit():
+            raise SystemExit(f"--derived {spec}: want NAME=MODEL:NUM_CTX, MODEL in the catalog")
+        added.append(replace(by_name[model], name=name, modelfile_num_ctx=int(num_ctx)))
     return (*models, *added)
 
 
@@ -778,6 +796,8 @@ def configs_from(argv: list[str] | None) -> list[SimConfig]:
                              tokens_per_s=args.tokens_per_s, time_scale=args.time_scale)]
     if args.alias:
         configs = [replace(c, models=with_aliases(c.models, args.alias)) for c in configs]
+    if args.derived:
+        configs = [replace(c, models=with_derived(c.models, args.derived)) for c in configs]
     return [sharing_from(args, config) for config in configs]
 
 

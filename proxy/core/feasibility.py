@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context, engines
 from proxy.core.context import Resolved
-from proxy.core.occupancy import Load, ProviderIndex, loaded_limit
+from proxy.core.occupancy import Load, ProviderIndex, loaded_limit, same_weights, sibling_loading
 from proxy.core.sizing import Footprint, Sizer
 from proxy.core.types import CallSpec, Circuit, Lack, ProviderHealth, Resident
 
@@ -140,24 +140,23 @@ class Fitting:
 
     def sibling(self, index: ProviderIndex, model: str) -> str | None:
         """Another model here made from `model`'s weights file (`ollama create` FROM it, a
-        name with a Modelfile of its own), loaded or being loaded, not leaving, with a
-        context a load of `model` would not ask for. Ollama runs one copy per weights file
-        (server/sched.go schedulerModelKey) and reloads it when a call's runner options
-        differ (needsReload), so that load is planned as the copy's eviction. Where the
-        contexts match, Ollama has the call join the copy: it is planned as before, a load
-        beside it, which counts the memory twice until the next probe (the safe side)."""
-        info = self.sizer.info(model, index.view)
-        if info is None or not info.weights:
-            return None
+        name with a Modelfile of its own) that a load of `model` would make Ollama reload:
+        one being loaded, or one loaded (not leaving) with a context that load would not
+        ask for. Ollama runs one copy per weights file (server/sched.go schedulerModelKey)
+        and reloads it when a call's runner options differ (needsReload), so the load is
+        planned as the copy's eviction once the copy is loaded and idle. Where the contexts
+        match, Ollama has the call join the copy: it is planned as before, a load beside it,
+        which counts the memory twice until the next probe (the safe side)."""
+        view = index.view
+        loading = sibling_loading(view, model, index.loading.values(), index.residents)
+        if loading is not None:
+            return loading
         resolved = None
-        for other in (*index.loading, *index.loaded_models):
-            if other == model or other in index.leaving:
-                continue
-            theirs = self.sizer.info(other, index.view)
-            if theirs is None or theirs.weights != info.weights:
+        for other in index.loaded_models:
+            if other in index.leaving or not same_weights(view, model, other):
                 continue
             copy = self.copy_context(index, other) or next(
-                (r.context_length for r in index.view.residents if r.model == other), 0)
+                (r.context_length for r in view.residents if r.model == other), 0)
             resolved = resolved or self.load(index, model)[0]
             if copy and copy not in (resolved.requested, resolved.context):
                 return other
@@ -220,8 +219,8 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     sibling = fitting.sibling(index, model)
     if sibling is not None:
         return Fit(False, f"{sibling} is loaded from the same weights file: Ollama runs one "
-                          f"copy of them, so a load of {model} reloads it (planned as its "
-                          "eviction)")
+                          f"copy of it, so a load of {model} reloads that copy (planned as "
+                          "its eviction once it is loaded and idle)")
     if index.models_over_limit(model):
         limit = loaded_limit(index.view.max_loaded, index.view.gpus)
         return Fit(False, f"{limit} models loaded, the most this Ollama keeps "

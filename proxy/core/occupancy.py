@@ -369,6 +369,22 @@ def _making_room(ticket: Ticket, present: Container[str]) -> bool:
     return any(victim in present for victim in ticket.evicts)
 
 
+def same_weights(view: ProviderView, model: str, other: str) -> bool:
+    """Whether two models here are made from one weights file (`ollama create` FROM the
+    other): Ollama runs one copy of it (server/sched.go schedulerModelKey)."""
+    mine, theirs = view.models.get(model), view.models.get(other)
+    return other != model and mine is not None and theirs is not None and \
+        bool(mine.weights) and mine.weights == theirs.weights
+
+
+def sibling_loading(view: ProviderView, model: str, tickets: Iterable[Ticket],
+                    residents: Container[str]) -> str | None:
+    """Another model of `model`'s weights file whose load here is in flight (a cold ticket,
+    its copy not listed yet): a load of `model` beside it would make Ollama reload it."""
+    return next((t.model for t in tickets if t.cold and t.model not in residents and
+                 same_weights(view, model, t.model)), None)
+
+
 def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
                      policy: Policy, needs_free_slot: bool = False) -> tuple[bool, str]:
     """The claim-first budget, checked against one provider's tickets.
@@ -410,6 +426,10 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
     for victim in new.evicts:
         if victim in busy:
             return False, f"planned victim {victim} has in-flight work"
+    if new.cold:
+        sibling = sibling_loading(view, new.model, live, residents)
+        if sibling is not None and sibling not in new.evicts:
+            return False, f"{sibling} is being loaded here from the same weights file"
     victims: dict[str, int] = {}
     for ticket in [*live, new]:
         for victim in ticket.evicts:

@@ -32,10 +32,11 @@ pytestmark = pytest.mark.skipif(nats_server_binary() is None,
     ["--fleet", "wide", "--sidecars", "4", "--agents", "2", "--outage", "3", "2"],
     # one Ollama over two GPUs and one over four (OLLAMA_SCHED_SPREAD=1), beside one card
     ["--fleet", "several", "--sidecars", "4", "--agents", "2"],
-    # three models under two names each, one copy whichever name loaded it
-    ["--fleet", "wide", "--sidecars", "4", "--agents", "2", "--aliases"],
+    # three models under two names each, one copy whichever name loaded it; and two models
+    # created FROM two of them with their own num_ctx (one copy, reloaded for the other)
+    ["--fleet", "wide", "--sidecars", "4", "--agents", "2", "--aliases", "--siblings"],
 ], ids=["demo-nats", "tight-nats", "tight-embedded", "wide-nats", "tight-nats-0.12.6",
-        "wide-nats-outage", "several-nats", "wide-nats-aliases"])
+        "wide-nats-outage", "several-nats", "wide-nats-names"])
 def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]
                                                         ) -> None:
@@ -46,4 +47,5 @@ def test_a_shifting_load_never_overcommits_or_truncates(setup: list[str], tmp_pa
     assert code == 0, report
     assert "'oom_events': 0" in report and "'truncations': 0" in report
     assert "'self_evictions': 0" in report  # Ollama never had to unload a model itself
+    assert "'reloads': 0" in report  # nor reload one for options the sidecar did not plan
     assert "'200'" in report  # it did serve

@@ -22,7 +22,7 @@ from proxy.core.tokens import (
     longest_input_size,
     prompt_size,
 )
-from proxy.core.types import Circuit, ModelDemand, Resident, Ticket
+from proxy.core.types import Circuit, ModelDemand, ModelInfo, Resident, Ticket
 from proxy.service.experience import Learning
 from proxy.service.routing import CallRequest
 from tests.unit.builders import GIB32, NOW, gpu, snapshot, ticket
@@ -343,6 +343,20 @@ def test_claim_refuses_a_second_load_of_a_model_already_loading() -> None:
     second = _t("2", "qwen3:14b", 12224)
     ok, why = ticket_budget_ok([first], second, view, DEFAULT_POLICY)
     assert not ok and "already being loaded" in why
+
+
+def test_claim_refuses_a_load_beside_one_of_the_same_weights_file_in_flight() -> None:
+    """qwen3-16k is made FROM qwen3:8b: Ollama runs one copy of the file, so two sidecars'
+    loads of the two at once would have it reload one for the other."""
+    file = ModelInfo(weights="sha256-" + "ab" * 32)
+    view = replace(gpu("a", 40000), models={"qwen3:8b": file, "qwen3-16k": file,
+                                            "qwen3:14b": ModelInfo(weights="sha256-" + "cd" * 32)})
+    loading = _t("1", "qwen3:8b", 7000)
+    ok, why = ticket_budget_ok([loading], _t("2", "qwen3-16k", 9000), view, DEFAULT_POLICY)
+    assert not ok and why == "qwen3:8b is being loaded here from the same weights file"
+    assert ticket_budget_ok([loading], _t("2", "qwen3:14b", 12224), view, DEFAULT_POLICY)[0]
+    listed = replace(view, residents=(Resident("qwen3:8b", 7000, 4096),))
+    assert ticket_budget_ok([loading], _t("2", "qwen3-16k", 9000), listed, DEFAULT_POLICY)[0]
 
 
 def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_ratio() -> None:
