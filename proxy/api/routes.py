@@ -216,13 +216,16 @@ class SidecarApi:
         add("/api/version", self.version, methods=["GET", "HEAD"])
         add("/api/tags", self.tags, methods=["GET", "HEAD"])
         add("/api/ps", self.ps, methods=["GET"])
+        _without_head(app)
         add("/api/show", self.show, methods=["POST"])
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
         add("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
+        _without_head(app)
         add("/v1/models/{model:path}", self.openai_model, methods=["GET"])
+        _without_head(app)
         add("/healthz", self.healthz, methods=["GET"])
         add("/readyz", self.readyz, methods=["GET"])
         add("/metrics", self.prometheus, methods=["GET"])
@@ -528,3 +531,13 @@ class SidecarApi:
         else:
             answer["response"] = ""
         return _json(answer)
+
+
+def _without_head(app: FastAPI) -> None:
+    """The route just added answers GET alone: Starlette adds HEAD to every GET route, and
+    Ollama's router answers HEAD only on /, /api/version and /api/tags (405 elsewhere,
+    server/routes.go:1870-1887)."""
+    route = app.router.routes[-1]
+    methods = getattr(route, "methods", None)
+    if methods is not None:
+        methods.discard("HEAD")

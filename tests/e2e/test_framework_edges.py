@@ -234,3 +234,15 @@ def test_an_idle_connection_outlives_the_agents_own_keep_alive(sim_factory: Sims
     finally:
         server.should_exit = True
         thread.join(timeout=5)
+
+
+def test_head_is_answered_where_ollama_answers_it(sim_factory: Sims,
+                                                  sidecar_factory: Sidecars) -> None:
+    """Ollama's router registers HEAD for /, /api/version and /api/tags alone, and answers
+    it with 405 elsewhere (server/routes.go:1870-1887)."""
+    url = sidecar_factory([sim_factory("gpu")]).url
+    for path in ("/", "/api/version", "/api/tags"):
+        assert httpx.head(f"{url}{path}").status_code == 200, path
+    for path in ("/api/ps", "/v1/models", "/v1/models/qwen3:8b"):
+        r = httpx.head(f"{url}{path}")
+        assert (r.status_code, r.headers["allow"]) == (405, "GET"), path
