@@ -28,6 +28,10 @@ LOAD_GRACE_S = 120.0
 # server/sched.go:733-739) and lists a copy that finished just before the close; the margin
 # covers Ollama's reading of the close and the sidecars' clocks.
 ABANDONED_GRACE_S = 1.0
+# A copy marked leaving that probes still list this long after the mark: its unload was
+# never asked (its sidecar died between the two), or Ollama keeps it for another client's
+# call. It counts as loaded again, and joinable (a call joining it makes Ollama keep it).
+LEAVING_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -247,11 +251,12 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     before it: Ollama lists a copy only once loaded), less models calls unloaded after it
     (otherwise, until the next probe, others would take them as warm and make Ollama load
     them again). A copy a call reloaded at another context since is counted as reloaded; a
-    copy asked to unload stays marked leaving as long as probes still list it."""
+    copy asked to unload stays marked leaving while probes still list it, up to
+    LEAVING_MAX_S."""
     view = _beside_as_loaded(view, residency)
     known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
-        r.leaving and m in known) or (
+        r.leaving and m in known and view.probed_at - r.at < LEAVING_MAX_S) or (
         r.loading and not r.gone and m not in known and r.at > view.probed_at - (
             ABANDONED_GRACE_S if r.abandoned else LOAD_GRACE_S))}
     if not newer:

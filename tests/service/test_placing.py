@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from proxy.ports import StoreUnavailable
+from proxy.adapters.memory_kv import MemoryStore
+from proxy.core.tickets import LEAVING_MAX_S
+from proxy.ports import SIDECAR_BUCKETS, StoreUnavailable
 from tests.service.fakes import Answer, FakeModelServer
 from tests.service.harness import Fleet, Sidecar
 
@@ -272,3 +274,22 @@ async def test_a_reload_whose_call_goes_before_the_unload_leaves_no_copy_marked_
     assert "qwen3:8b" not in gpu.loaded and not sidecar.tickets()
     r = await sidecar.chat("qwen3:8b")
     assert (r.status, r.placement) == (200, "cold")
+
+
+async def test_a_copy_left_marked_leaving_by_a_sidecar_that_died_serves_again(
+        fleet: Fleet) -> None:
+    """A sidecar marks the 8b leaving (its victim, or a keep_alive 0) and dies before it
+    asks Ollama to unload it: the copy stays loaded, and once probes have listed it a
+    minute past the mark it counts as loaded again, rather than shut out for the ten
+    minutes a record lasts."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b")
+    store = MemoryStore(SIDECAR_BUCKETS, clock=fleet.clock)
+    dead = await fleet.sidecar(store)
+    await dead.services.claims.tickets.mark_leaving("gpu", ("qwen3:8b",))
+    alive = await fleet.sidecar(store, discuss_gpu_wait_limit_seconds=300)
+    started = loop_time()
+    r = await alive.chat("qwen3:8b")
+    assert (r.status, r.placement) == (200, "warm")
+    assert LEAVING_MAX_S <= loop_time() - started < LEAVING_MAX_S + 10
+    assert gpu.stats.loads == 1  # (its preload)
