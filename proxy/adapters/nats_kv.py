@@ -432,7 +432,10 @@ class NatsStore:
                 if awaited and awaited[0][1] < now and self.connected:
                     log.warning("nats watch stopped showing writes; rebuilding it",
                                 bucket=bucket, written=awaited[0][0], shown=self._seen[bucket])
-                    await self._rewatch(rebind=False)
+                    try:
+                        await self._rewatch(rebind=False)
+                    except Exception as exc:  # (it says its own failures): checked again
+                        log.warning("nats watch not rebuilt", error=reason_of(exc))
                     break
 
     async def close(self) -> None:

@@ -276,7 +276,9 @@ class Prober:
         known = self._shown.setdefault(name, {})
         seen_as = {m: f"{digest}@{version}" for m, digest in digests.items()}
         for model, info in self._described.pop(name, {}).items():
-            if model in seen_as and model not in known:
+            # (one that names no weights file is asked again: an older sidecar's, which
+            # never read it, or a model that is not one GGUF file, which costs an ask)
+            if model in seen_as and model not in known and info.weights:
                 known[model] = (seen_as[model], info)
         new = [m for m, key in seen_as.items() if m not in known or known[m][0] != key]
         if new:

@@ -644,6 +644,41 @@ def test_a_sidecar_joining_shared_state_asks_no_card_to_describe_its_models_agai
     assert chat(url, "qwen3:8b").status_code == 200
 
 
+def test_models_an_older_sidecar_described_are_described_again(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    """A description published by a sidecar that did not read the weights file (an older
+    version, in a rolling upgrade) is not taken: the sidecar asks the card itself, and
+    publishes what it learned, so models made from one file are told apart from then on."""
+    import asyncio
+    from dataclasses import replace
+
+    import nats
+
+    from proxy.ports import PROVIDER_STATE
+    from proxy.service.codec import ProviderState
+    from tests.conftest import empty_buckets
+
+    asyncio.run(empty_buckets(nats_server.url))
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    sidecar_factory([gpu], nats_url=nats_server.url, agent_name="old", probe_interval_seconds=60)
+
+    async def as_an_older_sidecar_wrote_it() -> None:
+        nc = await nats.connect(nats_server.url)
+        kv = await nc.jetstream().key_value(PROVIDER_STATE)
+        state = ProviderState.decode((await kv.get("gpu")).value)
+        assert all(info.weights for info in state.models.values())
+        older = {m: replace(info, weights="") for m, info in state.models.items()}
+        await kv.put("gpu", replace(state, models=older).encode())
+        await nc.close()
+
+    asyncio.run(as_an_older_sidecar_wrote_it())
+    shows = gpu.sim.stats.probes_by_path["/api/show"]
+    url = sidecar_factory([gpu], nats_url=nats_server.url, agent_name="new",
+                          probe_interval_seconds=60).url
+    assert gpu.sim.stats.probes_by_path["/api/show"] == shows + len(gpu.sim.config.models)
+    assert chat(url, "qwen3:8b").status_code == 200
+
+
 def _nats_returns(server: NatsServer, url: str) -> None:
     """Start NATS again; the sidecar reconnects and keeps placing."""
     server.start()
