@@ -169,11 +169,13 @@ class Claims:
                      ) -> Claimed | None:
         view = next(v for v in snapshot.providers if v.name == placement.provider)
         local = False
+        sent = self.tickets.store.connected  # (else it fails before anything is written)
         try:
             result = await self.tickets.claim(ticket, view, placement.needs_free_slot)
         except StoreUnavailable:
             local = True
-            self._unanswered[ticket.ticket_id] = ticket
+            if sent:
+                self._unanswered[ticket.ticket_id] = ticket
             if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
                 await self.prober.refresh(placement.provider)
                 view = self.view.provider_view(self.providers[view.name], self.clock.now())
@@ -241,11 +243,19 @@ class Claims:
         held = list(self._held.values())
         results = await asyncio.gather(*(self._write_back(c) for c in held),
                                        return_exceptions=True)
+        now = self.clock.now()
         for ticket_id, ticket in list(self._unanswered.items()):
-            if ticket_id not in self._held:  # let go of in-process: in no book from now
+            if not self._in_process(ticket, now):  # its call is over: in no book from now
                 del self._unanswered[ticket_id]
                 await self.tickets.release(ticket)  # (owed: a no-op where it never landed)
         return all(r is True for r in results)
+
+    def _in_process(self, ticket: Ticket, now: float) -> bool:
+        """Whether this process still counts `ticket`: reserved for a claim, held by its
+        call, or claimed in-process and not released (a call whose victims are leaving
+        holds it only from when it is sent)."""
+        return ticket.ticket_id in self._held or ticket.ticket_id in self._pending or \
+            ticket.ticket_id in self.local_tickets.known(ticket.provider)[0].live(now).tickets
 
     async def _write_back(self, claimed: Claimed) -> bool:
         ticket = claimed.ticket

@@ -87,3 +87,33 @@ async def test_a_claim_its_caller_stopped_waiting_for_is_released(fleet: Fleet) 
     assert store.live_tickets("gpu", fleet.clock.now()) == []
     r = await sidecar.chat("qwen3:8b")
     assert (r.status, r.placement) == (200, "warm")
+
+
+async def test_a_claim_whose_call_is_still_making_room_stays_in_the_shared_book(
+        fleet: Fleet) -> None:
+    """The call waits for its victim to be unloaded, not yet sent (nor held), when the store
+    comes back: its ticket is still counted in-process, so the one the store wrote stays."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:14b")
+    store = LosesAClaimsAnswer(fleet)
+    sidecar = await fleet.sidecar(store)
+    evictions = sidecar.services.scheduler.evictions
+    asked, stalled, go_on = evictions._ask_unload, asyncio.Event(), asyncio.Event()
+
+    async def unload_stalls(provider: str, model: str) -> bool:
+        stalled.set()
+        await go_on.wait()
+        return await asked(provider, model)
+
+    evictions._ask_unload = unload_stalls  # type: ignore[method-assign]
+    store.loss = "error"
+    call = sidecar.start_chat("qwen3:8b")
+    await stalled.wait()
+    store.back()
+    await asyncio.sleep(2)
+    assert len(store.live_tickets("gpu", fleet.clock.now())) == 1
+    go_on.set()
+    r = await call
+    assert (r.status, r.placement) == (200, "evict")
+    await asyncio.sleep(2)
+    assert store.live_tickets("gpu", fleet.clock.now()) == []
