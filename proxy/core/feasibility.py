@@ -148,7 +148,9 @@ class Fitting:
         match, Ollama has the call join the copy: it is planned as before, a load beside it,
         which counts the memory twice until the next probe (the safe side)."""
         view = index.view
-        loading = sibling_loading(view, model, index.loading.values(), index.residents)
+        # (as the claim reads it: a load still making room is not in `index.loading`)
+        loading = sibling_loading(view, model, index.tickets,
+                                  {r.model for r in view.residents})
         if loading is not None:
             return loading
         resolved = None

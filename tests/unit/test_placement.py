@@ -20,7 +20,7 @@ from proxy.core.types import (
     Resident,
     Ticket,
 )
-from tests.unit.builders import GIB16, GIB24, GIB32, NOW, call, gpu, snapshot, ticket
+from tests.unit.builders import GIB16, GIB24, GIB32, NOW, SIZES, call, gpu, snapshot, ticket
 
 
 @pytest.mark.parametrize(("total", "usable"), [(32605, 28693), (24563, 21616), (8000, 5952)])
@@ -759,3 +759,32 @@ def test_two_loads_in_flight_must_pass_ollamas_rule_in_either_order() -> None:
     index = index_providers(snapshot(card, tickets=(replace(big, ticket_id="t9"),)),
                             DEFAULT_POLICY)["a"]
     assert not index.admits(Load("phi3:mini", 3183, 3712))
+
+
+def test_a_load_beside_one_of_its_weights_file_still_making_room_waits() -> None:
+    """qwen3:8b is being loaded (its victim phi3 still listed, so it is making room, not
+    loading): a load of qwen3-16k, made FROM it, would have Ollama reload it, and the claim
+    refuses one. The decision waits rather than choose what the claim refuses."""
+    file = ModelInfo(weights="sha256-" + "ab" * 32)
+    observed = {**{m: {0: mib} for m, mib in SIZES.items()}, "qwen3-16k": {0: 6500}}
+    card = gpu("a", GIB24, ("phi3:mini",), observed=observed,
+               models={"qwen3:8b": file, "qwen3-16k": file})
+    loading = ticket("a", "qwen3:8b", cold=True, evicts={"phi3:mini": SIZES["phi3:mini"]})
+    decision = place(call("qwen3-16k"), snapshot(card, tickets=(loading,)))
+    assert decision.outcome == "wait", decision
+
+
+def test_a_copy_ollama_would_share_is_not_unloaded_to_load_beside_it() -> None:
+    """qwen3-plain is made FROM qwen3:8b and asks the same context: Ollama has its call
+    join the 8b's copy. Unloading that copy to make room for a load beside it is no plan;
+    the only other victim, phi3, is."""
+    file = ModelInfo(weights="sha256-" + "ab" * 32)
+    observed = {**{m: {0: mib} for m, mib in SIZES.items()}, "qwen3-plain": {0: 6000}}
+    card = gpu("a", 11000, ("qwen3:8b",), observed=observed,
+               models={"qwen3:8b": file, "qwen3-plain": file})
+    decision = place(call("qwen3-plain"), snapshot(card))
+    assert decision.placement is None or "qwen3:8b" not in decision.placement.evicts, decision
+    with_phi = replace(card, total_vram_mib=14500,
+                       residents=(*card.residents, Resident("phi3:mini", 3600, 0)))
+    placed = place(call("qwen3-plain"), snapshot(with_phi)).placement
+    assert placed is not None and dict(placed.evicts) == {"phi3:mini": 3600}, placed
