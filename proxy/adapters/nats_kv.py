@@ -215,6 +215,7 @@ class NatsStore:
         # per bucket, the revisions of our writes the watch has yet to show, with deadlines
         self._awaited: dict[str, deque[tuple[int, float]]] = {b.name: deque() for b in buckets}
         self._lag_check: asyncio.Task[None] | None = None
+        self._rewatching = asyncio.Lock()  # (a reconnect and a lagging watch may both ask)
         self._connected = False
         self._retry: asyncio.Task[None] | None = None
         self._closing = False
@@ -358,6 +359,10 @@ class NatsStore:
             self._kv[spec.name] = await js.key_value(spec.name)
 
     async def _rewatch(self, rebind: bool = True) -> None:
+        async with self._rewatching:
+            await self._rewatch_now(rebind)
+
+    async def _rewatch_now(self, rebind: bool) -> None:
         for replayed in self._replayed.values():  # not connected until the views are anew
             replayed.clear()
         for awaited in self._awaited.values():  # the new watches replay them

@@ -186,7 +186,7 @@ async def test_a_watch_whose_consumer_is_gone_is_rebuilt_at_the_next_write(
         await kv.put("theirs", b"2")
         assert await _until(lambda: "theirs" in store.view(PROVIDER_STATE), timeout_s=8)
         assert asyncio.get_running_loop().time() - started < 6  # 3 s late, then rebuilt
-        assert store.connected
+        assert await store.replayed(5)
     finally:
         await other.close()
         await store.close()
