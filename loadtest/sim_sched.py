@@ -301,11 +301,11 @@ class OllamaSim:
                 self._expire(runner, "expired after running out of memory")
 
     def _victim(self) -> Runner:
-        """findRunnerToUnload: by keep-alive (forever last), then by the model blob's path
-        (ByDurationAndName, server/sched.go:1557-1578; v0.12.6 :738-751); the first idle
-        one, else the first."""
+        """findRunnerToUnload: by keep-alive as a uint64 (forever after every other, a
+        negative one after forever), then by the model blob's path (ByDurationAndName,
+        server/sched.go:1557-1578; v0.12.6 :738-751); the first idle one, else the first."""
         ordered = sorted(self.by_blob.values(),
-                         key=lambda r: (r.keep_alive_s, r.model.blob_path))
+                         key=lambda r: (r.keep_alive_s < 0, r.keep_alive_s, r.model.blob_path))
         return next((r for r in ordered if r.refcount == 0), ordered[0])
 
     async def _evict(self, why: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from loadtest.ollama_sim import SimServer
 from loadtest.sim_model import CATALOG
+from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
 SCALE = 0.002
@@ -96,10 +98,6 @@ def test_ollamas_own_victim_among_equal_keep_alives_is_the_first_blob_path(
     assert victim not in listed(sim)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator keeps a copy whose keep_alive is a number of seconds past Go's Duration "
-    "(about 292 years) forever; Ollama on amd64 converts it to a negative duration and "
-    "unloads the copy once its call ends"))
 def test_a_keep_alive_number_past_gos_duration_unloads_the_copy_after_its_call(
         sim_factory: Sims) -> None:
     """api.Duration.UnmarshalJSON (HEAD api/types.go:1252-1257; v0.12.6 :986-991) turns a
@@ -116,6 +114,34 @@ def test_a_keep_alive_number_past_gos_duration_unloads_the_copy_after_its_call(
         deadline -= 1
         time.sleep(0.05)
     assert "qwen3:8b" not in listed(sim)
+
+
+def test_a_busy_copy_whose_keep_alive_overflowed_is_the_last_victim(sim_factory: Sims) -> None:
+    """ByDurationAndName compares sessionDurations as uint64 (HEAD server/sched.go:1561-1567;
+    v0.12.6 :742-747): the negative one an overflowed keep_alive gives sorts after every
+    other, forever included. With both copies busy findRunnerToUnload takes the first in that
+    order, so a load expires the copy with 5 s, not the one with the overflowed keep_alive."""
+    sim = sim_factory("gpu", total_vram_mib=49152, context_length=4096, max_loaded_models=2,
+                      tokens_per_s=20, time_scale=0.1, startup_s=0.0, load_mib_per_s=1e6)
+    for model in ("llama3.2:3b", "phi3:mini"):
+        assert load(sim, model).status_code == 200
+
+    def busy_chat(model: str, keep_alive: Any) -> httpx.Response:
+        return chat(sim, model, [{"role": "user", "content": "hi"}], keep_alive=keep_alive,
+                    options={"sim_answer_tokens": 300})  # 15 s: 1.5 s real
+
+    with ThreadPoolExecutor(3) as pool:
+        overflowed = pool.submit(busy_chat, "llama3.2:3b", 1e10)
+        other = pool.submit(busy_chat, "phi3:mini", "5s")
+        runners = sim.sim.runners
+        assert eventually(lambda: all(runners[m].refcount == 1
+                                      for m in ("llama3.2:3b", "phi3:mini")))
+        evicting = pool.submit(load, sim, "qwen3:8b")  # two loaded: one must go
+        assert eventually(lambda: runners["phi3:mini"].keep_alive_s == 0)
+        assert runners["llama3.2:3b"].keep_alive_s < 0
+        assert overflowed.result().status_code == other.result().status_code == 200
+        assert evicting.result().status_code == 200
+    assert sim.sim.stats.self_evictions == 1
 
 
 @pytest.mark.xfail(strict=True, reason=(
