@@ -12,7 +12,7 @@ is coarser: the file size plus an f16 KV cache reckoned from embedding / heads.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 MIB = 1 << 20
@@ -90,6 +90,18 @@ class LoadOptions:
     use_mmap: bool | None = None
     num_thread: int = 0
     shift: bool = True
+    use_mmap_auto: bool = False  # HEAD: Ollama chose use_mmap itself at the load
+
+
+def mmap_default(loaded: LoadOptions) -> LoadOptions:
+    """HEAD's applyLlamaServerMmapDefaults at a load (server/sched.go:572, 1138-1156): a call
+    without use_mmap that keeps the model off the GPU (num_gpu 0, :1162-1163) gets use_mmap
+    false, marked as Ollama's own choice (useMMapAuto). Its other reasons (Windows CUDA, Metal
+    partial offload, host memory pressure, :1165-1175, 1200-1240) are outside the simulated
+    Linux CUDA server."""
+    if loaded.use_mmap is None and loaded.num_gpu == 0:
+        return replace(loaded, use_mmap=False, use_mmap_auto=True)
+    return loaded
 
 
 def _int_option(options: dict[str, Any], key: str) -> int | None:
@@ -142,9 +154,10 @@ def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: i
 
 def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, version: str
                  ) -> bool:
-    """sched.go needsReload: HEAD caps the request's num_ctx at the trained context and skips
-    num_ctx (num_batch) when both sides are automatic; v0.12.6 compares the struct as it is
-    and never reloads for `shift`."""
+    """sched.go needsReload: HEAD caps the request's num_ctx at the trained context, skips
+    num_ctx (num_batch) when both sides are automatic and use_mmap when the call leaves it
+    out and Ollama chose the copy's (:1405-1407; a copy loaded with an explicit one is
+    reloaded); v0.12.6 compares the struct as it is and never reloads for `shift`."""
     if version_tuple(version) < (0, 30, 0):
         def runner_part(o: LoadOptions) -> tuple[Any, ...]:
             return (o.num_ctx, o.num_batch, o.num_gpu if o.num_gpu >= 0 else -1,
@@ -155,7 +168,8 @@ def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, versio
         new_ctx = loaded.num_ctx
     new_batch = loaded.num_batch if loaded.num_batch_auto and request.num_batch_auto \
         else request.num_batch
-    new_mmap = loaded.use_mmap if request.use_mmap is None else request.use_mmap
+    new_mmap = loaded.use_mmap if loaded.use_mmap_auto and request.use_mmap is None \
+        else request.use_mmap
     new_gpu = -1 if request.num_gpu < 0 else request.num_gpu
     old_gpu = -1 if request.num_gpu < 0 else loaded.num_gpu
     if loaded.shift != request.shift:

@@ -48,6 +48,7 @@ from .sim_engine import (
     commits_before_read,
     embedding_batch,
     fits_in_80,
+    mmap_default,
     needs_reload,
     resolve_options,
     version_tuple,
@@ -697,7 +698,7 @@ class OllamaSim:
             vram = parts.vram_mib
             free = sum(gpu_free[i] - CUDA_CONTEXT_MIB for i in use)
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
-            request = replace(request, num_ctx=ctx)
+            request = mmap_default(replace(request, num_ctx=ctx))
         runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
                         vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
                         keep_alive_s=keep_alive_s, free_at_load_mib=max(0, free),

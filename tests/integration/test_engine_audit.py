@@ -144,21 +144,32 @@ def test_a_busy_copy_whose_keep_alive_overflowed_is_the_last_victim(sim_factory:
     assert sim.sim.stats.self_evictions == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator takes a call without use_mmap as matching any loaded copy; from 0.30 only "
-    "a copy whose use_mmap Ollama chose itself (useMMapAuto) is matched so, and a copy "
-    "loaded with an explicit use_mmap is reloaded"))
 def test_a_call_without_use_mmap_reloads_a_copy_loaded_with_one(sim_factory: Sims) -> None:
     """HEAD needsReload (server/sched.go:1405-1407): `if runner.useMMapAuto && optsNew.UseMMap
     == nil` takes the copy's value; useMMapAuto is set only where the scheduler derived
     UseMMap itself (:1143-1146, 1213-1214). A copy loaded with `use_mmap: false` keeps
     UseMMap &false and useMMapAuto false, so a later call without the option compares nil
     with &false in reflect.DeepEqual (:1425) and reloads it. v0.12.6 compares the struct as
-    it is (:598-608): a reload too, which the simulator does get right there."""
+    it is (:600-612): a reload too, which the simulator does get right there."""
     sim = sim_factory("gpu", total_vram_mib=24564, version="0.33.0", time_scale=SCALE)
     assert load(sim, "qwen3:8b", options={"use_mmap": False}).status_code == 200
     assert load(sim, "qwen3:8b").status_code == 200
     assert sim.sim.stats.reloads == 1
+
+
+@pytest.mark.parametrize(("version", "reloads"), [("0.33.0", 0), ("0.12.6", 1)])
+def test_a_copy_ollama_chose_use_mmap_for_is_joined_by_a_call_without_one(
+        sim_factory: Sims, version: str, reloads: int) -> None:
+    """HEAD: a load with num_gpu 0 and no use_mmap gets use_mmap false from the scheduler
+    (disableMmapDefaultReason "cpu", server/sched.go:1143-1146, 1162-1163), marked
+    useMMapAuto: a later call with num_gpu 0 and no use_mmap joins the copy, and so does one
+    that sends the value Ollama chose. v0.12.6 derives nothing and compares the options as
+    they are (:600-612): the call with use_mmap false reloads."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version=version, time_scale=SCALE)
+    assert load(sim, "qwen3:8b", options={"num_gpu": 0}).status_code == 200
+    assert load(sim, "qwen3:8b", options={"num_gpu": 0}).status_code == 200
+    assert load(sim, "qwen3:8b", options={"num_gpu": 0, "use_mmap": False}).status_code == 200
+    assert sim.sim.stats.reloads == reloads
 
 
 QWEN3_8B = next(m for m in CATALOG if m.name == "qwen3:8b")
