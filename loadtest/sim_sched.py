@@ -522,10 +522,11 @@ class OllamaSim:
                 self.stats.busy_refusals += 1
                 raise SimError(SERVER_BUSY, 503)
             self._pending += 1
+            await self._turn()
             try:
-                async with self._loader:
-                    runner = await self._schedule(model, request, keep_alive_s)
+                runner = await self._schedule(model, request, keep_alive_s)
             finally:
+                self._loader.release()
                 self._pending -= 1
         assert runner is not None
         runner.refcount += 1
@@ -534,6 +535,22 @@ class OllamaSim:
         if keep_alive_s is not None:
             runner.keep_alive_s = keep_alive_s  # last writer wins, as in Ollama
         return runner, time.perf_counter() - started
+
+    async def _turn(self) -> None:
+        """Wait in pendingReqCh until processPending takes this call: the loader, held. A call
+        whose client leaves first keeps its place (nothing takes it out of the channel), and
+        processPending drops it when it comes to it (sched.go:237-240; v0.12.6 :143-146)."""
+        turn = asyncio.ensure_future(self._loader.acquire())
+        try:
+            await asyncio.shield(turn)
+        except asyncio.CancelledError:
+            turn.add_done_callback(self._skip_turn)
+            raise
+
+    def _skip_turn(self, turn: asyncio.Future[bool]) -> None:
+        if not turn.cancelled():
+            self._loader.release()
+        self._pending -= 1
 
     @staticmethod
     async def _loaded_or_gone(runner: Runner) -> None:

@@ -195,9 +195,6 @@ def test_two_names_on_one_weights_file_share_one_runner(sim_factory: Sims) -> No
     assert listed(sim) == {"qwen3-16k:latest"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator frees a queued call's place in the load queue when its client leaves; "
-    "Ollama's queue is a channel that keeps it until processPending reaches it"))
 def test_a_queued_call_whose_client_left_keeps_its_place_in_the_load_queue(
         sim_factory: Sims) -> None:
     """GetRunner puts a call that needs a load into pendingReqCh, a channel of
@@ -217,3 +214,6 @@ def test_a_queued_call_whose_client_left_keeps_its_place_in_the_load_queue(
     third = load(sim, "llama3.2:3b")
     first.join(10)
     assert third.status_code == 503, third.text
+    assert eventually(lambda: sim.sim.loads_pending == 0)  # dropped once the loader came
+    assert load(sim, "llama3.2:3b").status_code == 200
+    assert listed(sim) == {"qwen3:14b", "llama3.2:3b"}  # phi3:mini was never loaded
