@@ -285,7 +285,15 @@ def fits_in_80(estimate_mib: int, total_mib: int, used_mib: int) -> bool:
 
 def context_shift_limit(num_ctx: int, num_keep: int) -> int:
     """llm/llama_server.go:321-331: what a halved prompt keeps."""
+    num_keep = max(0, min(num_keep, num_ctx - 1))
     return num_ctx - max((num_ctx - num_keep) // 2, 1)
+
+
+def call_num_keep(body: dict[str, Any]) -> int:
+    """The call's num_keep (api.DefaultOptions' 4 unless its options set one)."""
+    options = body.get("options")
+    value = _int_option(options, "num_keep") if isinstance(options, dict) else None
+    return NUM_KEEP if value is None else value
 
 
 

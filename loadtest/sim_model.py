@@ -503,10 +503,11 @@ def drop_old_messages(prompt: PromptTokens, num_ctx: int) -> tuple[int, bool]:
 
 
 def fit_prompt(prompt: PromptTokens, num_ctx: int, version: str, *, chat: bool,
-               truncate: bool = True, shift: bool = True) -> Fitted:
+               truncate: bool = True, shift: bool = True, num_keep: int = NUM_KEEP) -> Fitted:
     """Message dropping, then the runner's check (llm/llama_server.go:279-331 at HEAD: a
-    prompt of num_ctx tokens or more is halved with context shift, else refused with 400;
-    with images or `truncate: false` llama-server refuses it; v0.12.6's runners keep
+    prompt of num_ctx tokens or more is halved with context shift, keeping the call's
+    `num_keep` tokens + BOS, all of it when negative, at most num_ctx - 1; else refused with
+    400; with images or `truncate: false` llama-server refuses it; v0.12.6's runners keep
     num_keep tokens and fill the context exactly, or refuse with `truncate: false`)."""
     tokens, cut = drop_old_messages(prompt, num_ctx) if chat and truncate else \
         (prompt.total, False)
@@ -521,7 +522,8 @@ def fit_prompt(prompt: PromptTokens, num_ctx: int, version: str, *, chat: bool,
         return Fitted(tokens, cut)
     if truncate and not prompt.images:
         if shift:
-            return Fitted(context_shift_limit(num_ctx, NUM_KEEP + 1), True)
+            keep = tokens if num_keep < 0 else num_keep + 1  # + BOS (:301-307)
+            return Fitted(context_shift_limit(num_ctx, keep), True)
         return Fitted(tokens, cut, (400, PROMPT_TOO_LONG))
     return Fitted(tokens, cut, (400, llama_server_refusal(tokens, num_ctx)))
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from loadtest.ollama_sim import SimServer
-from loadtest.sim_model import CATALOG
+from loadtest.sim_model import CATALOG, Fitted, PromptTokens, fit_prompt
 from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
@@ -52,9 +52,6 @@ def test_0_12_drops_messages_against_the_calls_num_ctx_not_the_trained_one(
     assert r.json()["prompt_eval_count"] == 4096
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator halves an over-long prompt keeping Ollama's default num_keep (4) + BOS "
-    "whatever the call sets; HEAD keeps the call's num_keep (-1: the whole prompt)"))
 def test_the_context_shift_of_an_over_long_prompt_keeps_the_calls_num_keep(
         sim_factory: Sims) -> None:
     """HEAD llm/llama_server.go:279-331 completionPromptForRequest: nKeep is the call's
@@ -67,6 +64,23 @@ def test_the_context_shift_of_an_over_long_prompt_keeps_the_calls_num_keep(
              options={"num_ctx": 4096, "num_keep": -1})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == 4095
+
+
+@pytest.mark.parametrize(("version", "num_keep", "kept"), [
+    ("0.33.0", 4, 4096 - (4096 - 5) // 2),  # Ollama's default, + BOS: 2051
+    ("0.33.0", 1000, 4096 - (4096 - 1001) // 2),  # 2549
+    ("0.33.0", 0, 4096 - (4096 - 1) // 2),  # BOS alone: 2049
+    ("0.33.0", 5000, 4095),  # at most num_ctx - 1
+    ("0.33.0", -1, 4095),  # the whole prompt: as much of its head as leaves one to discard
+    ("0.12.6", -1, 4096),  # 0.12's runners fill the context whatever they keep
+])
+def test_a_shifted_prompt_keeps_the_calls_num_keep_and_bos(
+        version: str, num_keep: int, kept: int) -> None:
+    """HEAD completionPromptForRequest and contextShiftPromptLimit (llm/llama_server.go:
+    301-318, 321-331); v0.12.6 runner/llamarunner/runner.go:116-137."""
+    prompt = PromptTokens(messages=[7500], system_flags=[False])
+    fitted = fit_prompt(prompt, 4096, version, chat=False, num_keep=num_keep)
+    assert fitted == Fitted(kept, True)
 
 
 def load(sim: SimServer, model: str, **body: Any) -> httpx.Response:
