@@ -438,7 +438,8 @@ class SimApp:
         sim.stats.max_prompt_tokens = max(sim.stats.max_prompt_tokens, prompt.total)
         fitted = fit_prompt(prompt, runner.ctx, sim.config.version, chat=chat,
                             truncate=body.get("truncate") is not False,
-                            shift=runner.options.shift, num_keep=call_num_keep(body))
+                            shift=runner.options.shift, num_keep=call_num_keep(body),
+                            drop_ctx=sim.prompt_ctx(model, body, runner))
         if fitted.error is not None:
             sim.release(runner)
             sim.stats.too_long_refusals += 1

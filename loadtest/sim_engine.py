@@ -117,22 +117,31 @@ def auto_batch(num_ctx: int, num_parallel: int) -> int:
     return 2048 if tokens > 32768 else 1024 if tokens > 4096 else 512
 
 
-def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
-                    default_ctx: int, trained: int, vision: bool, family: str,
-                    num_parallel: int) -> LoadOptions:
-    """routes.go:129-150 (request > Modelfile > env > default), the floors of
-    sched.go:169-177 and the automatic batch; the trained cap comes at load."""
+def call_num_ctx(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
+                 default_ctx: int) -> tuple[int, bool]:
+    """The call's own num_ctx, routes.go:129-150 (request > Modelfile > env > default), and
+    whether it is Ollama's automatic one: before the scheduler's floors and the trained cap,
+    which apply to the scheduler's copy of the options."""
     options = body.get("options") if isinstance(body.get("options"), dict) else {}
     assert isinstance(options, dict)
     requested = _int_option(options, "num_ctx")
     if requested is not None:
-        num_ctx, auto = requested, False
-    elif modelfile_num_ctx:
-        num_ctx, auto = modelfile_num_ctx, False
-    elif env_num_ctx:
-        num_ctx, auto = env_num_ctx, False
-    else:
-        num_ctx, auto = default_ctx, True
+        return requested, False
+    if modelfile_num_ctx:
+        return modelfile_num_ctx, False
+    if env_num_ctx:
+        return env_num_ctx, False
+    return default_ctx, True
+
+
+def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
+                    default_ctx: int, trained: int, vision: bool, family: str,
+                    num_parallel: int) -> LoadOptions:
+    """The call's num_ctx, the floors of sched.go:169-177 and the automatic batch; the
+    trained cap comes at load."""
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    assert isinstance(options, dict)
+    num_ctx, auto = call_num_ctx(body, modelfile_num_ctx, env_num_ctx, default_ctx)
     num_ctx = max(num_ctx, 4)
     if vision:
         num_ctx = max(num_ctx, 2048)

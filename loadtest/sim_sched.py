@@ -45,6 +45,7 @@ from .sim_engine import (
     SERVER_BUSY,
     LoadOptions,
     batch_surcharge_mib,
+    call_num_ctx,
     commits_before_read,
     embedding_batch,
     fits_in_80,
@@ -486,6 +487,17 @@ class OllamaSim:
             return replace(options, num_batch=embedding_batch(options.num_ctx),
                            num_batch_auto=False)
         return options
+
+    def prompt_ctx(self, model: SimModel, body: dict[str, Any], runner: Runner) -> int:
+        """The context chatPrompt drops old messages against: the call's own num_ctx, not
+        floored (the floors are the scheduler's copy's), capped from 0.30 at the copy's
+        (optionsForPrompt, server/routes.go:2336-2347, 2699), on 0.12 not even at the trained
+        context (v0.12.6 server/routes.go:134, 153, 1997: the cap is NewLlamaServer's copy,
+        llm/server.go:172-176), whose runner then cuts what is left over its own."""
+        c = self.config
+        own, _ = call_num_ctx(body, model.modelfile_num_ctx, c.context_length,
+                              c.default_context())
+        return min(own, runner.ctx) if self.newest else own
 
     def _usable(self, runner: Runner | None, request: LoadOptions) -> bool:
         """needsReload's answer (sched.go:1381-1431), its Ping of a dead llama-server

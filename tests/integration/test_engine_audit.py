@@ -29,10 +29,6 @@ def chat(sim: SimServer, model: str, messages: list[dict[str, str]], **body: Any
     return httpx.post(f"{sim.url}/api/chat", json=payload, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator drops old messages against the copy's capped context on every version; "
-    "0.12 drops them against the call's own num_ctx (uncapped) and its runner then cuts "
-    "the middle, keeping num_keep tokens"))
 def test_0_12_drops_messages_against_the_calls_num_ctx_not_the_trained_one(
         sim_factory: Sims) -> None:
     """v0.12.6: chatPrompt gets the options scheduleRunner resolved (server/routes.go:1997)
@@ -50,6 +46,10 @@ def test_0_12_drops_messages_against_the_calls_num_ctx_not_the_trained_one(
     r = chat(sim, "phi3:mini", messages, options={"num_ctx": 8192})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == 4096
+    head = sim_factory("head", total_vram_mib=24564, version="0.33.0", time_scale=SCALE)
+    r = chat(head, "phi3:mini", messages, options={"num_ctx": 8192})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] < 2500  # the ~3000-token message dropped
 
 
 def test_the_context_shift_of_an_over_long_prompt_keeps_the_calls_num_keep(
