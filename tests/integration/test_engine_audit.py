@@ -1,7 +1,7 @@
-"""Where the simulator departs from Ollama's source (an audit of server/sched.go,
-server/routes.go, server/prompt.go, llm/llama_server.go and the 0.12 runners at HEAD fb30760
-and v0.12.6). Each test states Ollama's rule and is expected to fail until the simulator
-follows it (strict xfail: a fix turns it into a plain pass)."""
+"""Rules of Ollama's found by reading its source against the simulator (an audit of
+server/sched.go, server/routes.go, server/prompt.go, llm/llama_server.go, api/types.go and
+the 0.12 runners at HEAD fb30760 and v0.12.6). Each test states one rule, with its source
+lines. A departure found so goes in as a strict xfail until the simulator follows it."""
 
 from __future__ import annotations
 
