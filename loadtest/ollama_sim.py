@@ -40,6 +40,7 @@ from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import (
     INPUT_TOO_LONG,
+    call_num_keep,
     embedding_refusal,
     embedding_too_long,
     reported_prompt_eval_count,
@@ -437,7 +438,8 @@ class SimApp:
         sim.stats.max_prompt_tokens = max(sim.stats.max_prompt_tokens, prompt.total)
         fitted = fit_prompt(prompt, runner.ctx, sim.config.version, chat=chat,
                             truncate=body.get("truncate") is not False,
-                            shift=runner.options.shift)
+                            shift=runner.options.shift, num_keep=call_num_keep(body),
+                            drop_ctx=sim.prompt_ctx(model, body, runner))
         if fitted.error is not None:
             sim.release(runner)
             sim.stats.too_long_refusals += 1

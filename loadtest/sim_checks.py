@@ -15,6 +15,9 @@ from .sim_model import SimModel
 
 DEFAULT_HOST = "registry.ollama.ai/library/"  # how Model.Name spells a local model
 MAX_DURATION_NS = (1 << 63) - 1
+# time.Duration(t * 1e9) of a number past int64: Go leaves the conversion to the machine, and
+# amd64's CVTTSD2SQ gives math.MinInt64 (arm64 saturates; Ollama's builds are mostly amd64)
+OVERFLOWED_S = -(1 << 63) / 1e9
 UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000,
            "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
 # api.Options and api.Runner (api/types.go:568-597): each option's Go kind
@@ -72,7 +75,8 @@ def parse_go_duration(text: str) -> float:
 def parse_keep_alive(value: Any) -> float | None:
     """api.Duration.UnmarshalJSON: seconds, math.inf for any negative (forever), None when
     the call does not set it (JSON null leaves the pointer nil); ValueError with Ollama's
-    text for what it refuses (400)."""
+    text for what it refuses (400). A number of seconds past Go's Duration (about 292 years)
+    is not forever but negative (HEAD api/types.go:1252-1257; v0.12.6 :986-991)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -80,6 +84,8 @@ def parse_keep_alive(value: Any) -> float | None:
         raise ValueError(f"Unsupported type: '{kind.get(type(value), type(value).__name__)}'")
     if isinstance(value, str):
         seconds = parse_go_duration(value)
+    elif value * 1e9 >= 1 << 63:
+        return OVERFLOWED_S
     else:  # time.Duration(t * 1e9): whole nanoseconds, truncated
         seconds = 0.0 if 0 <= value * 1e9 < 1 else float(value)
     return math.inf if seconds < 0 else seconds

@@ -12,7 +12,7 @@ is coarser: the file size plus an f16 KV cache reckoned from embedding / heads.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 MIB = 1 << 20
@@ -90,6 +90,18 @@ class LoadOptions:
     use_mmap: bool | None = None
     num_thread: int = 0
     shift: bool = True
+    use_mmap_auto: bool = False  # HEAD: Ollama chose use_mmap itself at the load
+
+
+def mmap_default(loaded: LoadOptions) -> LoadOptions:
+    """HEAD's applyLlamaServerMmapDefaults at a load (server/sched.go:572, 1138-1156): a call
+    without use_mmap that keeps the model off the GPU (num_gpu 0, :1162-1163) gets use_mmap
+    false, marked as Ollama's own choice (useMMapAuto). Its other reasons (Windows CUDA, Metal
+    partial offload, host memory pressure, :1165-1175, 1200-1240) are outside the simulated
+    Linux CUDA server."""
+    if loaded.use_mmap is None and loaded.num_gpu == 0:
+        return replace(loaded, use_mmap=False, use_mmap_auto=True)
+    return loaded
 
 
 def _int_option(options: dict[str, Any], key: str) -> int | None:
@@ -105,22 +117,31 @@ def auto_batch(num_ctx: int, num_parallel: int) -> int:
     return 2048 if tokens > 32768 else 1024 if tokens > 4096 else 512
 
 
-def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
-                    default_ctx: int, trained: int, vision: bool, family: str,
-                    num_parallel: int) -> LoadOptions:
-    """routes.go:129-150 (request > Modelfile > env > default), the floors of
-    sched.go:169-177 and the automatic batch; the trained cap comes at load."""
+def call_num_ctx(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
+                 default_ctx: int) -> tuple[int, bool]:
+    """The call's own num_ctx, routes.go:129-150 (request > Modelfile > env > default), and
+    whether it is Ollama's automatic one: before the scheduler's floors and the trained cap,
+    which apply to the scheduler's copy of the options."""
     options = body.get("options") if isinstance(body.get("options"), dict) else {}
     assert isinstance(options, dict)
     requested = _int_option(options, "num_ctx")
     if requested is not None:
-        num_ctx, auto = requested, False
-    elif modelfile_num_ctx:
-        num_ctx, auto = modelfile_num_ctx, False
-    elif env_num_ctx:
-        num_ctx, auto = env_num_ctx, False
-    else:
-        num_ctx, auto = default_ctx, True
+        return requested, False
+    if modelfile_num_ctx:
+        return modelfile_num_ctx, False
+    if env_num_ctx:
+        return env_num_ctx, False
+    return default_ctx, True
+
+
+def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
+                    default_ctx: int, trained: int, vision: bool, family: str,
+                    num_parallel: int) -> LoadOptions:
+    """The call's num_ctx, the floors of sched.go:169-177 and the automatic batch; the
+    trained cap comes at load."""
+    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    assert isinstance(options, dict)
+    num_ctx, auto = call_num_ctx(body, modelfile_num_ctx, env_num_ctx, default_ctx)
     num_ctx = max(num_ctx, 4)
     if vision:
         num_ctx = max(num_ctx, 2048)
@@ -142,9 +163,10 @@ def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: i
 
 def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, version: str
                  ) -> bool:
-    """sched.go needsReload: HEAD caps the request's num_ctx at the trained context and skips
-    num_ctx (num_batch) when both sides are automatic; v0.12.6 compares the struct as it is
-    and never reloads for `shift`."""
+    """sched.go needsReload: HEAD caps the request's num_ctx at the trained context, skips
+    num_ctx (num_batch) when both sides are automatic and use_mmap when the call leaves it
+    out and Ollama chose the copy's (:1405-1407; a copy loaded with an explicit one is
+    reloaded); v0.12.6 compares the struct as it is and never reloads for `shift`."""
     if version_tuple(version) < (0, 30, 0):
         def runner_part(o: LoadOptions) -> tuple[Any, ...]:
             return (o.num_ctx, o.num_batch, o.num_gpu if o.num_gpu >= 0 else -1,
@@ -155,7 +177,8 @@ def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, versio
         new_ctx = loaded.num_ctx
     new_batch = loaded.num_batch if loaded.num_batch_auto and request.num_batch_auto \
         else request.num_batch
-    new_mmap = loaded.use_mmap if request.use_mmap is None else request.use_mmap
+    new_mmap = loaded.use_mmap if loaded.use_mmap_auto and request.use_mmap is None \
+        else request.use_mmap
     new_gpu = -1 if request.num_gpu < 0 else request.num_gpu
     old_gpu = -1 if request.num_gpu < 0 else loaded.num_gpu
     if loaded.shift != request.shift:
@@ -271,7 +294,15 @@ def fits_in_80(estimate_mib: int, total_mib: int, used_mib: int) -> bool:
 
 def context_shift_limit(num_ctx: int, num_keep: int) -> int:
     """llm/llama_server.go:321-331: what a halved prompt keeps."""
+    num_keep = max(0, min(num_keep, num_ctx - 1))
     return num_ctx - max((num_ctx - num_keep) // 2, 1)
+
+
+def call_num_keep(body: dict[str, Any]) -> int:
+    """The call's num_keep (api.DefaultOptions' 4 unless its options set one)."""
+    options = body.get("options")
+    value = _int_option(options, "num_keep") if isinstance(options, dict) else None
+    return NUM_KEEP if value is None else value
 
 
 

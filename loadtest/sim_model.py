@@ -503,12 +503,16 @@ def drop_old_messages(prompt: PromptTokens, num_ctx: int) -> tuple[int, bool]:
 
 
 def fit_prompt(prompt: PromptTokens, num_ctx: int, version: str, *, chat: bool,
-               truncate: bool = True, shift: bool = True) -> Fitted:
-    """Message dropping, then the runner's check (llm/llama_server.go:279-331 at HEAD: a
-    prompt of num_ctx tokens or more is halved with context shift, else refused with 400;
-    with images or `truncate: false` llama-server refuses it; v0.12.6's runners keep
+               truncate: bool = True, shift: bool = True, num_keep: int = NUM_KEEP,
+               drop_ctx: int | None = None) -> Fitted:
+    """Message dropping against `drop_ctx` (the runner's `num_ctx` unless given), then the
+    runner's check (llm/llama_server.go:279-331 at HEAD: a
+    prompt of num_ctx tokens or more is halved with context shift, keeping the call's
+    `num_keep` tokens + BOS, all of it when negative, at most num_ctx - 1; else refused with
+    400; with images or `truncate: false` llama-server refuses it; v0.12.6's runners keep
     num_keep tokens and fill the context exactly, or refuse with `truncate: false`)."""
-    tokens, cut = drop_old_messages(prompt, num_ctx) if chat and truncate else \
+    dropped_at = num_ctx if drop_ctx is None else drop_ctx
+    tokens, cut = drop_old_messages(prompt, dropped_at) if chat and truncate else \
         (prompt.total, False)
     tokens += 1  # BOS
     if version_tuple(version) < (0, 30, 0):
@@ -521,7 +525,8 @@ def fit_prompt(prompt: PromptTokens, num_ctx: int, version: str, *, chat: bool,
         return Fitted(tokens, cut)
     if truncate and not prompt.images:
         if shift:
-            return Fitted(context_shift_limit(num_ctx, NUM_KEEP + 1), True)
+            keep = tokens if num_keep < 0 else num_keep + 1  # + BOS (:301-307)
+            return Fitted(context_shift_limit(num_ctx, keep), True)
         return Fitted(tokens, cut, (400, PROMPT_TOO_LONG))
     return Fitted(tokens, cut, (400, llama_server_refusal(tokens, num_ctx)))
 

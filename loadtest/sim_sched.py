@@ -45,9 +45,11 @@ from .sim_engine import (
     SERVER_BUSY,
     LoadOptions,
     batch_surcharge_mib,
+    call_num_ctx,
     commits_before_read,
     embedding_batch,
     fits_in_80,
+    mmap_default,
     needs_reload,
     resolve_options,
     version_tuple,
@@ -301,11 +303,11 @@ class OllamaSim:
                 self._expire(runner, "expired after running out of memory")
 
     def _victim(self) -> Runner:
-        """findRunnerToUnload: by keep-alive (forever last), then by the model blob's path
-        (ByDurationAndName, server/sched.go:1557-1578; v0.12.6 :738-751); the first idle
-        one, else the first."""
+        """findRunnerToUnload: by keep-alive as a uint64 (forever after every other, a
+        negative one after forever), then by the model blob's path (ByDurationAndName,
+        server/sched.go:1557-1578; v0.12.6 :738-751); the first idle one, else the first."""
         ordered = sorted(self.by_blob.values(),
-                         key=lambda r: (r.keep_alive_s, r.model.blob_path))
+                         key=lambda r: (r.keep_alive_s < 0, r.keep_alive_s, r.model.blob_path))
         return next((r for r in ordered if r.refcount == 0), ordered[0])
 
     async def _evict(self, why: str) -> None:
@@ -486,6 +488,17 @@ class OllamaSim:
                            num_batch_auto=False)
         return options
 
+    def prompt_ctx(self, model: SimModel, body: dict[str, Any], runner: Runner) -> int:
+        """The context chatPrompt drops old messages against: the call's own num_ctx, not
+        floored (the floors are the scheduler's copy's), capped from 0.30 at the copy's
+        (optionsForPrompt, server/routes.go:2336-2347, 2699), on 0.12 not even at the trained
+        context (v0.12.6 server/routes.go:134, 153, 1997: the cap is NewLlamaServer's copy,
+        llm/server.go:172-176), whose runner then cuts what is left over its own."""
+        c = self.config
+        own, _ = call_num_ctx(body, model.modelfile_num_ctx, c.context_length,
+                              c.default_context())
+        return min(own, runner.ctx) if self.newest else own
+
     def _usable(self, runner: Runner | None, request: LoadOptions) -> bool:
         """needsReload's answer (sched.go:1381-1431), its Ping of a dead llama-server
         included (:1426). Nothing in it looks at an expiry: a runner whose unload was asked
@@ -521,10 +534,11 @@ class OllamaSim:
                 self.stats.busy_refusals += 1
                 raise SimError(SERVER_BUSY, 503)
             self._pending += 1
+            await self._turn()
             try:
-                async with self._loader:
-                    runner = await self._schedule(model, request, keep_alive_s)
+                runner = await self._schedule(model, request, keep_alive_s)
             finally:
+                self._loader.release()
                 self._pending -= 1
         assert runner is not None
         runner.refcount += 1
@@ -533,6 +547,22 @@ class OllamaSim:
         if keep_alive_s is not None:
             runner.keep_alive_s = keep_alive_s  # last writer wins, as in Ollama
         return runner, time.perf_counter() - started
+
+    async def _turn(self) -> None:
+        """Wait in pendingReqCh until processPending takes this call: the loader, held. A call
+        whose client leaves first keeps its place (nothing takes it out of the channel), and
+        processPending drops it when it comes to it (sched.go:237-240; v0.12.6 :143-146)."""
+        turn = asyncio.ensure_future(self._loader.acquire())
+        try:
+            await asyncio.shield(turn)
+        except asyncio.CancelledError:
+            turn.add_done_callback(self._skip_turn)
+            raise
+
+    def _skip_turn(self, turn: asyncio.Future[bool]) -> None:
+        if not turn.cancelled():
+            self._loader.release()
+        self._pending -= 1
 
     @staticmethod
     async def _loaded_or_gone(runner: Runner) -> None:
@@ -697,7 +727,7 @@ class OllamaSim:
             vram = parts.vram_mib
             free = sum(gpu_free[i] - CUDA_CONTEXT_MIB for i in use)
         if self.newest:  # the runner keeps the context it really got (sched.go:692-694)
-            request = replace(request, num_ctx=ctx)
+            request = mmap_default(replace(request, num_ctx=ctx))
         runner = Runner(model=model, options=request, ctx=ctx, footprint_mib=need,
                         vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
                         keep_alive_s=keep_alive_s, free_at_load_mib=max(0, free),

@@ -1,13 +1,14 @@
-"""Where the simulator departs from Ollama's source (an audit of server/sched.go,
-server/routes.go, server/prompt.go, llm/llama_server.go and the 0.12 runners at HEAD fb30760
-and v0.12.6). Each test states Ollama's rule and is expected to fail until the simulator
-follows it (strict xfail: a fix turns it into a plain pass)."""
+"""Rules of Ollama's found by reading its source against the simulator (an audit of
+server/sched.go, server/routes.go, server/prompt.go, llm/llama_server.go, api/types.go and
+the 0.12 runners at HEAD fb30760 and v0.12.6). Each test states one rule, with its source
+lines. A departure found so goes in as a strict xfail until the simulator follows it."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +16,8 @@ import httpx
 import pytest
 
 from loadtest.ollama_sim import SimServer
-from loadtest.sim_model import CATALOG
+from loadtest.sim_model import CATALOG, Fitted, PromptTokens, fit_prompt
+from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
 SCALE = 0.002
@@ -27,10 +29,6 @@ def chat(sim: SimServer, model: str, messages: list[dict[str, str]], **body: Any
     return httpx.post(f"{sim.url}/api/chat", json=payload, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator drops old messages against the copy's capped context on every version; "
-    "0.12 drops them against the call's own num_ctx (uncapped) and its runner then cuts "
-    "the middle, keeping num_keep tokens"))
 def test_0_12_drops_messages_against_the_calls_num_ctx_not_the_trained_one(
         sim_factory: Sims) -> None:
     """v0.12.6: chatPrompt gets the options scheduleRunner resolved (server/routes.go:1997)
@@ -48,11 +46,12 @@ def test_0_12_drops_messages_against_the_calls_num_ctx_not_the_trained_one(
     r = chat(sim, "phi3:mini", messages, options={"num_ctx": 8192})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == 4096
+    head = sim_factory("head", total_vram_mib=24564, version="0.33.0", time_scale=SCALE)
+    r = chat(head, "phi3:mini", messages, options={"num_ctx": 8192})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] < 2500  # the ~3000-token message dropped
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator halves an over-long prompt keeping Ollama's default num_keep (4) + BOS "
-    "whatever the call sets; HEAD keeps the call's num_keep (-1: the whole prompt)"))
 def test_the_context_shift_of_an_over_long_prompt_keeps_the_calls_num_keep(
         sim_factory: Sims) -> None:
     """HEAD llm/llama_server.go:279-331 completionPromptForRequest: nKeep is the call's
@@ -65,6 +64,23 @@ def test_the_context_shift_of_an_over_long_prompt_keeps_the_calls_num_keep(
              options={"num_ctx": 4096, "num_keep": -1})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_eval_count"] == 4095
+
+
+@pytest.mark.parametrize(("version", "num_keep", "kept"), [
+    ("0.33.0", 4, 4096 - (4096 - 5) // 2),  # Ollama's default, + BOS: 2051
+    ("0.33.0", 1000, 4096 - (4096 - 1001) // 2),  # 2549
+    ("0.33.0", 0, 4096 - (4096 - 1) // 2),  # BOS alone: 2049
+    ("0.33.0", 5000, 4095),  # at most num_ctx - 1
+    ("0.33.0", -1, 4095),  # the whole prompt: as much of its head as leaves one to discard
+    ("0.12.6", -1, 4096),  # 0.12's runners fill the context whatever they keep
+])
+def test_a_shifted_prompt_keeps_the_calls_num_keep_and_bos(
+        version: str, num_keep: int, kept: int) -> None:
+    """HEAD completionPromptForRequest and contextShiftPromptLimit (llm/llama_server.go:
+    301-318, 321-331); v0.12.6 runner/llamarunner/runner.go:116-137."""
+    prompt = PromptTokens(messages=[7500], system_flags=[False])
+    fitted = fit_prompt(prompt, 4096, version, chat=False, num_keep=num_keep)
+    assert fitted == Fitted(kept, True)
 
 
 def load(sim: SimServer, model: str, **body: Any) -> httpx.Response:
@@ -96,10 +112,6 @@ def test_ollamas_own_victim_among_equal_keep_alives_is_the_first_blob_path(
     assert victim not in listed(sim)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator keeps a copy whose keep_alive is a number of seconds past Go's Duration "
-    "(about 292 years) forever; Ollama on amd64 converts it to a negative duration and "
-    "unloads the copy once its call ends"))
 def test_a_keep_alive_number_past_gos_duration_unloads_the_copy_after_its_call(
         sim_factory: Sims) -> None:
     """api.Duration.UnmarshalJSON (HEAD api/types.go:1252-1257; v0.12.6 :986-991) turns a
@@ -118,21 +130,60 @@ def test_a_keep_alive_number_past_gos_duration_unloads_the_copy_after_its_call(
     assert "qwen3:8b" not in listed(sim)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator takes a call without use_mmap as matching any loaded copy; from 0.30 only "
-    "a copy whose use_mmap Ollama chose itself (useMMapAuto) is matched so, and a copy "
-    "loaded with an explicit use_mmap is reloaded"))
+def test_a_busy_copy_whose_keep_alive_overflowed_is_the_last_victim(sim_factory: Sims) -> None:
+    """ByDurationAndName compares sessionDurations as uint64 (HEAD server/sched.go:1561-1567;
+    v0.12.6 :742-747): the negative one an overflowed keep_alive gives sorts after every
+    other, forever included. With both copies busy findRunnerToUnload takes the first in that
+    order, so a load expires the copy with 5 s, not the one with the overflowed keep_alive."""
+    sim = sim_factory("gpu", total_vram_mib=49152, context_length=4096, max_loaded_models=2,
+                      tokens_per_s=20, time_scale=0.1, startup_s=0.0, load_mib_per_s=1e6)
+    for model in ("llama3.2:3b", "phi3:mini"):
+        assert load(sim, model).status_code == 200
+
+    def busy_chat(model: str, keep_alive: Any) -> httpx.Response:
+        return chat(sim, model, [{"role": "user", "content": "hi"}], keep_alive=keep_alive,
+                    options={"sim_answer_tokens": 300})  # 15 s: 1.5 s real
+
+    with ThreadPoolExecutor(3) as pool:
+        overflowed = pool.submit(busy_chat, "llama3.2:3b", 1e10)
+        other = pool.submit(busy_chat, "phi3:mini", "5s")
+        runners = sim.sim.runners
+        assert eventually(lambda: all(runners[m].refcount == 1
+                                      for m in ("llama3.2:3b", "phi3:mini")))
+        evicting = pool.submit(load, sim, "qwen3:8b")  # two loaded: one must go
+        assert eventually(lambda: runners["phi3:mini"].keep_alive_s == 0)
+        assert runners["llama3.2:3b"].keep_alive_s < 0
+        assert overflowed.result().status_code == other.result().status_code == 200
+        assert evicting.result().status_code == 200
+    assert sim.sim.stats.self_evictions == 1
+
+
 def test_a_call_without_use_mmap_reloads_a_copy_loaded_with_one(sim_factory: Sims) -> None:
     """HEAD needsReload (server/sched.go:1405-1407): `if runner.useMMapAuto && optsNew.UseMMap
     == nil` takes the copy's value; useMMapAuto is set only where the scheduler derived
     UseMMap itself (:1143-1146, 1213-1214). A copy loaded with `use_mmap: false` keeps
     UseMMap &false and useMMapAuto false, so a later call without the option compares nil
     with &false in reflect.DeepEqual (:1425) and reloads it. v0.12.6 compares the struct as
-    it is (:598-608): a reload too, which the simulator does get right there."""
+    it is (:600-612): a reload too, which the simulator does get right there."""
     sim = sim_factory("gpu", total_vram_mib=24564, version="0.33.0", time_scale=SCALE)
     assert load(sim, "qwen3:8b", options={"use_mmap": False}).status_code == 200
     assert load(sim, "qwen3:8b").status_code == 200
     assert sim.sim.stats.reloads == 1
+
+
+@pytest.mark.parametrize(("version", "reloads"), [("0.33.0", 0), ("0.12.6", 1)])
+def test_a_copy_ollama_chose_use_mmap_for_is_joined_by_a_call_without_one(
+        sim_factory: Sims, version: str, reloads: int) -> None:
+    """HEAD: a load with num_gpu 0 and no use_mmap gets use_mmap false from the scheduler
+    (disableMmapDefaultReason "cpu", server/sched.go:1143-1146, 1162-1163), marked
+    useMMapAuto: a later call with num_gpu 0 and no use_mmap joins the copy, and so does one
+    that sends the value Ollama chose. v0.12.6 derives nothing and compares the options as
+    they are (:600-612): the call with use_mmap false reloads."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version=version, time_scale=SCALE)
+    assert load(sim, "qwen3:8b", options={"num_gpu": 0}).status_code == 200
+    assert load(sim, "qwen3:8b", options={"num_gpu": 0}).status_code == 200
+    assert load(sim, "qwen3:8b", options={"num_gpu": 0, "use_mmap": False}).status_code == 200
+    assert sim.sim.stats.reloads == reloads
 
 
 QWEN3_8B = next(m for m in CATALOG if m.name == "qwen3:8b")
@@ -158,9 +209,6 @@ def test_two_names_on_one_weights_file_share_one_runner(sim_factory: Sims) -> No
     assert listed(sim) == {"qwen3-16k:latest"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the simulator frees a queued call's place in the load queue when its client leaves; "
-    "Ollama's queue is a channel that keeps it until processPending reaches it"))
 def test_a_queued_call_whose_client_left_keeps_its_place_in_the_load_queue(
         sim_factory: Sims) -> None:
     """GetRunner puts a call that needs a load into pendingReqCh, a channel of
@@ -180,3 +228,6 @@ def test_a_queued_call_whose_client_left_keeps_its_place_in_the_load_queue(
     third = load(sim, "llama3.2:3b")
     first.join(10)
     assert third.status_code == 503, third.text
+    assert eventually(lambda: sim.sim.loads_pending == 0)  # dropped once the loader came
+    assert load(sim, "llama3.2:3b").status_code == 200
+    assert listed(sim) == {"qwen3:14b", "llama3.2:3b"}  # phi3:mini was never loaded
