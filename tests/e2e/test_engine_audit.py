@@ -1,5 +1,6 @@
-"""Where the sidecar departs from Ollama, which the simulator follows (an audit of Ollama's
-source at HEAD fb30760 and v0.12.6). Strict xfails until the sidecar follows it too."""
+"""Rules of Ollama's that the simulator follows and the sidecar once did not (an audit of
+Ollama's source at HEAD fb30760 and v0.12.6). A departure found so goes in as a strict
+xfail until the sidecar follows it."""
 
 from __future__ import annotations
 
