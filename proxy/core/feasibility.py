@@ -11,7 +11,14 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context, engines
 from proxy.core.context import Resolved
-from proxy.core.occupancy import Load, ProviderIndex, loaded_limit, same_weights, sibling_loading
+from proxy.core.occupancy import (
+    Load,
+    ProviderIndex,
+    loaded_limit,
+    same_runner,
+    same_weights,
+    sibling_loading,
+)
 from proxy.core.sizing import Footprint, Sizer
 from proxy.core.types import CallSpec, Circuit, Lack, ProviderHealth, Resident
 
@@ -141,12 +148,13 @@ class Fitting:
     def sibling(self, index: ProviderIndex, model: str) -> str | None:
         """Another model here made from `model`'s weights file (`ollama create` FROM it, a
         name with a Modelfile of its own) that a load of `model` would make Ollama reload:
-        one being loaded, or one loaded (not leaving) with a context that load would not
-        ask for. Ollama runs one copy per weights file (server/sched.go schedulerModelKey)
-        and reloads it when a call's runner options differ (needsReload), so the load is
-        planned as the copy's eviction once the copy is loaded and idle. Where the contexts
-        match, Ollama has the call join the copy: it is planned as before, a load beside it,
-        which counts the memory twice until the next probe (the safe side)."""
+        one being loaded, or one loaded (not leaving) with other runner options than that
+        load's (ModelInfo.runner, or a context it would not ask for). Ollama runs one copy
+        per weights file (server/sched.go schedulerModelKey) and reloads it when a call's
+        runner options differ (needsReload), so the load is planned as the copy's eviction
+        once the copy is loaded and idle. Where the options match, Ollama has the call join
+        the copy: it is planned as before, a load beside it, which counts the memory twice
+        until the next probe (the safe side)."""
         view = index.view
         # (as the claim reads it: a load still making room is not in `index.loading`)
         loading = sibling_loading(view, model, index.tickets,
@@ -157,6 +165,8 @@ class Fitting:
         for other in index.loaded_models:
             if other in index.leaving or not same_weights(view, model, other):
                 continue
+            if not same_runner(view, model, other):
+                return other
             copy = self.copy_context(index, other) or next(
                 (r.context_length for r in view.residents if r.model == other), 0)
             resolved = resolved or self.load(index, model)[0]

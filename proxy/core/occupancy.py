@@ -377,6 +377,13 @@ def same_weights(view: ProviderView, model: str, other: str) -> bool:
         bool(mine.weights) and mine.weights == theirs.weights
 
 
+def same_runner(view: ProviderView, model: str, other: str) -> bool:
+    """Whether two models of one weights file would share a copy at one context: the same
+    runner PARAMETERs, adapters and projectors (ModelInfo.runner)."""
+    mine, theirs = view.models.get(model), view.models.get(other)
+    return mine is not None and theirs is not None and mine.runner == theirs.runner
+
+
 def sibling_loading(view: ProviderView, model: str, tickets: Iterable[Ticket],
                     residents: Container[str]) -> str | None:
     """Another model of `model`'s weights file whose load here is in flight (a cold ticket,

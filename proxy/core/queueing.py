@@ -20,7 +20,7 @@ from proxy.core.cost import (
 )
 from proxy.core.eviction import NO_DEMAND, choose_victims
 from proxy.core.feasibility import Fitting, health_reason
-from proxy.core.occupancy import Load, ProviderIndex, same_weights
+from proxy.core.occupancy import Load, ProviderIndex, same_runner, same_weights
 from proxy.core.policy import Policy
 from proxy.core.sizing import Footprint
 from proxy.core.types import ProviderView, Resident, Snapshot
@@ -137,7 +137,8 @@ def unload_option(indexes: Iterable[ProviderIndex], model: str, fitting: Fitting
         # A copy of the model's weights file that Ollama would have the call join (the same
         # context): unloading it to make room for the load beside it is pointless.
         spared = frozenset(r.model for r in index.view.residents
-                           if r not in forced and same_weights(index.view, model, r.model))
+                           if r not in forced and same_weights(index.view, model, r.model)
+                           and same_runner(index.view, model, r.model))
 
         def enough(victims: tuple[Resident, ...], index: ProviderIndex = index,
                    free: int = free, need: Footprint = footprint, over: int = over_limit,

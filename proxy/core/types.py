@@ -68,6 +68,9 @@ class ModelInfo:
     # The weights file its Modelfile's FROM names (`sha256-...`): Ollama runs one copy per
     # weights file, whatever name loaded it; "" unknown
     weights: str = ""
+    # What else its copy's runner is loaded with (service/prober.py: runner PARAMETERs, adapters,
+    # projectors); models of one weights file share a copy only where this matches
+    runner: str = ""
 
 
 @dataclass(frozen=True, slots=True)

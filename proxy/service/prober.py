@@ -98,6 +98,33 @@ def weights_file(show: dict[str, Any]) -> str:
     return ""
 
 
+# The Modelfile PARAMETERs that are runner options (api.Runner): a copy loaded with other
+# values is reloaded (server/sched.go needsReload); num_ctx is compared on its own
+RUNNER_PARAMETERS = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
+
+
+def runner_files(show: dict[str, Any]) -> str:
+    """What besides the weights file and the context a copy of the model is loaded with, as
+    needsReload compares it (server/sched.go:1400-1425): its Modelfile's runner PARAMETERs,
+    its ADAPTER files and its projector files (the FROMs after the first), in order; "" for
+    none. Two models of one weights file share a copy only where this is the same."""
+    parts = []
+    for line in str(show.get("parameters") or "").splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key in RUNNER_PARAMETERS:
+            parts.append(f"{key}={value.strip()}")
+    froms = 0
+    for line in str(show.get("modelfile") or "").splitlines():
+        command, _, argument = line.strip().partition(" ")
+        command = command.upper()
+        if command == "FROM":
+            froms += 1
+        if (command == "FROM" and froms > 1) or command == "ADAPTER":
+            match = _BLOB.search(argument.strip())
+            parts.append(f"{command.lower()}={match[1] if match else argument.strip()}")
+    return ";".join(parts)
+
+
 def model_info(show: Any) -> ModelInfo:
     """What sizing needs of a model from its /api/show answer."""
     if not isinstance(show, dict):
@@ -124,7 +151,7 @@ def model_info(show: Any) -> ModelInfo:
         pooling_type=pooling if type(pooling) is int else -1,
         swa_kv_bytes_per_token=windowed, swa_window=window, swa_chunked=chunked,
         token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0,
-        weights=weights_file(show))
+        weights=weights_file(show), runner=runner_files(show))
 
 
 SHOWS_AT_ONCE = 8  # /api/show asks in flight to one card

@@ -24,7 +24,7 @@ from proxy.core.sizing import (
 )
 from proxy.core.types import ModelInfo, ProviderView
 from proxy.service.codec import decode_model_info, encode_model_info
-from proxy.service.prober import model_info, modelfile_num_ctx, weights_file
+from proxy.service.prober import model_info, modelfile_num_ctx, runner_files, weights_file
 
 KIB = 1024
 
@@ -242,6 +242,22 @@ def test_the_weights_file_is_read_from_the_first_from_of_show_modelfile() -> Non
     assert info.weights == BLOB
     assert decode_model_info(encode_model_info(info)).weights == BLOB
     assert "weights" not in encode_model_info(ModelInfo())
+
+
+def test_what_else_a_copy_is_loaded_with_is_read_from_show() -> None:
+    """needsReload compares the runner options, adapters and projectors (HEAD server/
+    sched.go:1400-1425): the Modelfile's runner PARAMETERs, its ADAPTER lines and the FROMs
+    after the model's own (server/images.go:586-640)."""
+    adapter = "sha256-" + "ef" * 32
+    show = {"parameters": f"{'num_gpu':<30} 20\n{'temperature':<30} 0.2\n"
+                          f"{'num_batch':<30} 1024",
+            "modelfile": (f"# FROM qwen3:8b\n\nFROM /root/.ollama/models/blobs/{BLOB}\n"
+                          f"ADAPTER /root/.ollama/models/blobs/{adapter}\n")}
+    assert runner_files(show) == f"num_gpu=20;num_batch=1024;adapter={adapter}"
+    info = model_info(show)
+    assert (info.weights, info.runner) == (BLOB, runner_files(show))
+    assert decode_model_info(encode_model_info(info)).runner == info.runner
+    assert runner_files({"modelfile": f"FROM /m/blobs/{BLOB}\n", "parameters": ""}) == ""
 
 
 def test_what_show_says_of_a_model_is_reduced_to_what_sizing_needs() -> None:

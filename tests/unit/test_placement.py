@@ -788,3 +788,21 @@ def test_a_copy_ollama_would_share_is_not_unloaded_to_load_beside_it() -> None:
                        residents=(*card.residents, Resident("phi3:mini", 3600, 0)))
     placed = place(call("qwen3-plain"), snapshot(with_phi)).placement
     assert placed is not None and dict(placed.evicts) == {"phi3:mini": 3600}, placed
+
+
+def test_a_model_of_one_file_with_an_adapter_of_its_own_is_planned_as_a_reload() -> None:
+    """Ollama's needsReload compares a copy's adapters (and projectors, and runner options)
+    besides its context: a call for the LoRA model finds the 8b's copy and reloads it."""
+    file = "sha256-" + "ab" * 32
+    observed = {**{m: {0: mib} for m, mib in SIZES.items()}, "qwen3-lora": {0: 6200}}
+    card = gpu("a", GIB24, ("qwen3:8b",), observed=observed, resident_ctx=4096,
+               ctx=4096, models={"qwen3:8b": ModelInfo(weights=file),
+                                 "qwen3-lora": ModelInfo(weights=file,
+                                                         runner="adapter=sha256-" + "cd" * 32)})
+    placed = place(call("qwen3-lora"), snapshot(card)).placement
+    assert placed is not None and placed.kind == "evict", placed
+    assert dict(placed.evicts) == {"qwen3:8b": SIZES["qwen3:8b"]}
+    same = replace(card, models={"qwen3:8b": ModelInfo(weights=file),
+                                 "qwen3-lora": ModelInfo(weights=file)})
+    beside = place(call("qwen3-lora"), snapshot(same)).placement
+    assert beside is not None and beside.kind == "cold", beside
