@@ -85,22 +85,31 @@ def modelfile_num_ctx(show: dict[str, Any]) -> int:
 
 
 _BLOB = re.compile(r"(?:^|[/\\])(sha256[-:][0-9a-f]{64})$")
+# The Modelfile PARAMETERs that are runner options (api.Runner): a copy loaded with other
+# values is reloaded (server/sched.go needsReload); num_ctx is compared on its own
+RUNNER_PARAMETERS = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
+
+
+def _modelfile(show: dict[str, Any]) -> list[tuple[str, str]]:
+    """/api/show's modelfile as (COMMAND, argument) lines (server/images.go:586-640); the
+    "# FROM <name>" hint above them is a comment."""
+    lines = (line.strip().partition(" ") for line in str(show.get("modelfile") or "")
+             .splitlines())
+    return [(command.upper(), argument.strip()) for command, _, argument in lines
+            if command and not command.startswith("#")]
+
+
+def _blob(argument: str) -> str:
+    """The blob a FROM or ADAPTER names (`sha256-...`); "" for anything else."""
+    match = _BLOB.search(argument)
+    return match[1].replace(":", "-") if match else ""
 
 
 def weights_file(show: dict[str, Any]) -> str:
     """The weights file the Modelfile's first FROM names (its blob, `sha256-...`); "" when
     it names none (a model that is not one GGUF file, or no modelfile)."""
-    for line in str(show.get("modelfile") or "").splitlines():
-        command, _, argument = line.strip().partition(" ")
-        if command.upper() == "FROM":  # (the "# FROM <name>" hint is a comment)
-            match = _BLOB.search(argument.strip())
-            return match[1].replace(":", "-") if match else ""
-    return ""
-
-
-# The Modelfile PARAMETERs that are runner options (api.Runner): a copy loaded with other
-# values is reloaded (server/sched.go needsReload); num_ctx is compared on its own
-RUNNER_PARAMETERS = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
+    return next((_blob(argument) for command, argument in _modelfile(show)
+                 if command == "FROM"), "")
 
 
 def runner_files(show: dict[str, Any]) -> str:
@@ -113,15 +122,11 @@ def runner_files(show: dict[str, Any]) -> str:
         key, _, value = line.strip().partition(" ")
         if key in RUNNER_PARAMETERS:
             parts.append(f"{key}={value.strip()}")
-    froms = 0
-    for line in str(show.get("modelfile") or "").splitlines():
-        command, _, argument = line.strip().partition(" ")
-        command = command.upper()
-        if command == "FROM":
-            froms += 1
-        if (command == "FROM" and froms > 1) or command == "ADAPTER":
-            match = _BLOB.search(argument.strip())
-            parts.append(f"{command.lower()}={match[1] if match else argument.strip()}")
+    commands = _modelfile(show)
+    adapters = [argument for command, argument in commands if command == "ADAPTER"]
+    projectors = [argument for command, argument in commands if command == "FROM"][1:]
+    parts += [f"adapter={_blob(a) or a}" for a in adapters]
+    parts += [f"from={_blob(a) or a}" for a in projectors]
     return ";".join(parts)
 
 
