@@ -384,6 +384,17 @@ def same_runner(view: ProviderView, model: str, other: str) -> bool:
     return mine is not None and theirs is not None and mine.runner == theirs.runner
 
 
+def copy_sharers(view: ProviderView, model: str) -> tuple[str, ...]:
+    """The other models listed here that Ollama runs on the copy a call for `model` uses:
+    those of its weights file with its runner options and context (a call for it joined
+    theirs). An unload by any of their names unloads that one copy."""
+    own = next((r.context_length for r in view.residents if r.model == model), 0)
+    return tuple(r.model for r in view.residents
+                 if not r.leaving and same_weights(view, model, r.model) and
+                 same_runner(view, model, r.model) and
+                 (not own or not r.context_length or r.context_length == own))
+
+
 def sibling_loading(view: ProviderView, model: str, tickets: Iterable[Ticket],
                     residents: Container[str]) -> str | None:
     """Another model of `model`'s weights file whose load here is in flight (a cold ticket,

@@ -213,9 +213,10 @@ def record_residency(current: TicketSet, model: str, residency: Residency | None
     return replace(current, residents={**current.residents, model: residency})
 
 
-def in_use(current: TicketSet, model: str, now: float) -> bool:
-    """Whether a live ticket names `model`."""
-    return any(t.model == model and t.expires_at > now for t in current.tickets.values())
+def in_use(current: TicketSet, model: str, now: float, sharing: Collection[str] = ()) -> bool:
+    """Whether a live ticket names `model` (or a model in `sharing`: its copy's other names)."""
+    return any((t.model == model or t.model in sharing) and t.expires_at > now
+               for t in current.tickets.values())
 
 
 def mark_leaving(current: TicketSet, models: Iterable[str], now: float, mib: int = 1
@@ -232,12 +233,13 @@ def mark_leaving(current: TicketSet, models: Iterable[str], now: float, mib: int
 
 
 def leave_unless_used(current: TicketSet, model: str, mib: int, loaded: Residency | None,
-                      now: float) -> TicketSet:
+                      now: float, sharing: tuple[str, ...] = ()) -> TicketSet:
     """`model` marked leaving unless a live ticket names it (`in_use`); if one does, the copy
-    stays, and `loaded` (the copy the caller loaded) is recorded as any release records it."""
-    if in_use(current, model, now):
+    stays, and `loaded` (the copy the caller loaded) is recorded as any release records it.
+    `sharing`: other models Ollama runs on the same copy, used and marked with it."""
+    if in_use(current, model, now, sharing):
         return record_residency(current, model, loaded)
-    return mark_leaving(current, (model,), now, mib)
+    return mark_leaving(current, (model, *sharing), now, mib)
 
 
 def mark_unloaded(current: TicketSet, models: Iterable[str], now: float) -> TicketSet:

@@ -11,6 +11,7 @@ from collections.abc import Coroutine, Mapping
 
 from proxy.core.context import parse_version
 from proxy.core.models import model_name
+from proxy.core.occupancy import copy_sharers
 from proxy.core.tickets import Residency
 from proxy.core.types import Snapshot
 from proxy.observability.logging import get_logger
@@ -87,8 +88,11 @@ class Evictions:
         after the write that marks the copy leaving."""
         placement = claimed.placement
         book = self.claims.book(claimed)
-        if await book.release_to_unload(claimed.ticket, loaded):
-            self._spawn(self._unload_leaving(book, placement.provider, placement.model))
+        view = self.view.provider_view(self.providers[placement.provider], self.clock.now())
+        sharing = copy_sharers(view, placement.model)
+        if await book.release_to_unload(claimed.ticket, loaded, sharing):
+            self._spawn(self._unload_leaving(book, placement.provider, placement.model,
+                                             sharing=sharing))
 
     async def unload_everywhere(self, model: str, snapshot: Snapshot) -> list[str]:
         """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`
@@ -150,14 +154,16 @@ class Evictions:
                 await self._unload_leaving(book, provider, victim, ahead)
 
     async def _unload_leaving(self, book: TicketBook, provider: str, model: str,
-                              ahead: int = 0) -> None:
+                              ahead: int = 0, sharing: tuple[str, ...] = ()) -> None:
         """Unload a copy marked leaving; once `/api/ps` no longer lists it, every view frees
         its memory (until then it counts, so no load is sent to land on it). `ahead`: copies
-        of the card unloaded before it (Ollama goes one at a time)."""
+        of the card unloaded before it (Ollama goes one at a time). `sharing`: the copy's
+        other names (`copy_sharers`), gone with it."""
+        gone = (model, *sharing)
         if await self._ask_unload(provider, model) and \
-                await self._seen_gone(provider, (model,), ahead) is not None:
+                await self._seen_gone(provider, gone, ahead) is not None:
             with contextlib.suppress(StoreUnavailable):
-                await book.mark_unloaded(provider, (model,))
+                await book.mark_unloaded(provider, gone)
 
     async def _ask_unload(self, provider: str, model: str) -> bool:
         """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""

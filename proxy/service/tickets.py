@@ -356,18 +356,20 @@ class TicketBook:
             self._prune_let_go_at = max(LET_GO_PRUNE_AT, 2 * len(self._let_go))
         return expiry
 
-    async def release_to_unload(self, ticket: Ticket, loaded: Residency | None = None
-                                ) -> bool:
+    async def release_to_unload(self, ticket: Ticket, loaded: Residency | None = None,
+                                sharing: tuple[str, ...] = ()) -> bool:
         """Remove the ticket of a call that asked for its model to be unloaded as it ends
         (`keep_alive: 0`); True when its model may go now (the caller then asks Ollama).
         `loaded`: the copy the call loaded, recorded as left loaded if others keep it.
-        The ticket's removal and the mark go in one write, as `release`'s with a record."""
+        The ticket's removal and the mark go in one write, as `release`'s with a record.
+        `sharing`: the other models Ollama runs on that copy (`mark_leaving_unless_used`)."""
         self._let_go_of(ticket)
         # A cold ticket's footprint is the copy it loaded, which a probe may not list yet.
         mib = ticket.footprint_mib if ticket.cold else 1
         try:
             unused = await self.mark_leaving_unless_used(ticket.provider, ticket.model, mib,
-                                                         loaded, releasing=ticket.ticket_id)
+                                                         loaded, releasing=ticket.ticket_id,
+                                                         sharing=sharing)
         except BaseException:  # the store away, or the caller cancelled: owed, as a plain one
             self._owe(ticket)
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
@@ -379,7 +381,8 @@ class TicketBook:
 
     async def mark_leaving_unless_used(self, provider: str, model: str, mib: int,
                                        loaded: Residency | None = None,
-                                       releasing: str | None = None) -> bool:
+                                       releasing: str | None = None,
+                                       sharing: tuple[str, ...] = ()) -> bool:
         """Record `model` as leaving `provider` unless a live ticket names it; True when
         recorded, and only then may Ollama be asked to unload it.
 
@@ -389,15 +392,18 @@ class TicketBook:
         other load is sent to land on it before Ollama has freed it. `mib` is the copy's
         size for views whose probe does not list it (a probe's own figure wins). When the
         model stays, `loaded` (a copy the caller loaded) is recorded as any release would.
-        `releasing`: a ticket removed in the same write (it keeps nothing in use)."""
+        `releasing`: a ticket removed in the same write (it keeps nothing in use).
+        `sharing`: other models of its weights file listed on the copy it runs on (Ollama
+        unloads that copy by any of their names): a ticket for one keeps it, and all are
+        marked leaving with it."""
         unused = False
 
         def leaving(current: TicketSet, now: float) -> TicketSet:
             nonlocal unused  # (a conflict runs this again on the newer set)
             if releasing is not None:
                 current = transition.without(current, (releasing,))
-            unused = not transition.in_use(current, model, now)
-            return transition.leave_unless_used(current, model, mib, loaded, now)
+            unused = not transition.in_use(current, model, now, sharing)
+            return transition.leave_unless_used(current, model, mib, loaded, now, sharing)
 
         await self._mutate(provider, leaving)
         return unused

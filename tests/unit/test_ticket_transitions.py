@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from proxy.core import tickets as transition
+from proxy.core.occupancy import copy_sharers
 from proxy.core.policy import Policy
 from proxy.core.tickets import (
     LOAD_GRACE_S,
@@ -22,7 +23,7 @@ from proxy.core.tickets import (
     Residency,
     TicketSet,
 )
-from proxy.core.types import ProviderView, Ticket
+from proxy.core.types import ModelInfo, ProviderView, Ticket
 from tests.unit.builders import GIB24, GIB32, NOW, SIZES, gpu
 
 TTL = 60.0
@@ -353,6 +354,29 @@ def test_a_copy_a_live_ticket_names_stays_and_what_the_caller_loaded_is_recorded
     expired = tickets(held("t1", "qwen3:8b", expires_at=NOW))
     left = transition.leave_unless_used(expired, "qwen3:8b", 6000, loaded, NOW)
     assert left.residents["qwen3:8b"].leaving
+
+
+def test_an_unload_of_a_shared_copy_is_held_by_and_marks_every_name_on_it() -> None:
+    """qwen3-plain's call ran on qwen3:8b's copy (one weights file, one runner): Ollama's
+    unload by either name unloads that copy, so a ticket for either keeps it, and both are
+    marked leaving with it. (A soak saw Ollama unload the copy for a keep_alive 0 while
+    every view still counted qwen3:8b loaded, then evict it itself for the next load.)"""
+    busy = tickets(held("t1", "qwen3:8b"))
+    assert transition.leave_unless_used(busy, "qwen3-plain", 6000, None, NOW,
+                                        ("qwen3:8b",)) is busy
+    idle = tickets(held("t1", "phi3:mini"))
+    out = transition.leave_unless_used(idle, "qwen3-plain", 6000, None, NOW, ("qwen3:8b",))
+    assert out.residents["qwen3-plain"].leaving and out.residents["qwen3:8b"].leaving
+
+
+def test_the_names_sharing_a_copy_are_those_of_its_file_runner_and_context() -> None:
+    file = ModelInfo(weights="sha256-" + "ab" * 32)
+    card = gpu("a", GIB24, ("qwen3:8b",), resident_ctx=4096,
+               models={"qwen3:8b": file, "qwen3-plain": file,
+                       "qwen3-lora": replace(file, runner="adapter=sha256-" + "cd" * 32)})
+    assert copy_sharers(card, "qwen3-plain") == ("qwen3:8b",)
+    assert copy_sharers(card, "qwen3-lora") == ()  # its own runner: a reload, not a join
+    assert copy_sharers(card, "phi3:mini") == ()
 
 
 def test_mark_leaving_marks_every_model_whatever_tickets_name_them() -> None:
