@@ -56,7 +56,8 @@ def queue_option(indexes: Iterable[ProviderIndex], models: Iterable[str], fittin
             continue
         for model in wanted:
             if not (index.is_warm(model) or index.is_loading(model)) or fitting.copy_problem(
-                    index, model, fitting.copy_context(index, model)):
+                    index, model, fitting.copy_context(index, model)) or \
+                    fitting.lacking(index, model):  # (Ollama would refuse the call there)
                 continue
             call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
             if model not in lines:

@@ -125,3 +125,15 @@ def test_a_suffix_goes_to_a_candidate_that_can_insert_or_is_ollamas_refusal() ->
     alone = place(call("qwen3:8b", needs=needs), snapshot(card))
     assert (alone.outcome, alone.reason) == (
         "unsupported", "registry.ollama.ai/library/qwen3:8b does not support insert")
+
+
+def test_a_warm_candidate_that_lacks_a_capability_is_no_slot_to_wait_for() -> None:
+    """phi3 (preferred) loads only once the idle qwen3:8b is unloaded, and qwen3:8b lacks
+    the tools the call needs: its free slot is no wait, or the call would wait on it until
+    its limit."""
+    card = gpu("a", 8192, ("qwen3:8b",), models={"qwen3:8b": NO_TOOLS, "phi3:mini": CHAT})
+    decision = place(call(("phi3:mini", 100), ("qwen3:8b", 95), needs=(TOOLS[1],)),
+                     snapshot(card))
+    placed = decision.placement
+    assert placed is not None and (placed.model, placed.kind, set(placed.evicts)) == (
+        "phi3:mini", "evict", {"qwen3:8b"}), decision
