@@ -107,9 +107,11 @@ CHURN = ["qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b", "phi3:mini"]
 # --aliases: every card has these names of these models too (one manifest, as ollama.com
 # tags them), and agents ask for a model under either name
 ALIASES = {"qwen3:8b": "qwen3", "llama3.2:3b": "llama3.2", "phi3:mini": "phi3"}
-# --siblings: every card has these models created FROM these (their weights file, their own
-# num_ctx: Ollama reloads the one copy for the other), and agents ask for either
-SIBLINGS = {"qwen3:8b": ("qwen3-16k", 16384), "llama3.2:3b": ("llama3.2-8k", 8192)}
+# --siblings: every card has these models created FROM these (their weights file, a system
+# prompt of their own, and a num_ctx of their own unless 0: Ollama reloads the one copy for
+# the other's context, and has calls of both share it at one), and agents ask for either
+SIBLINGS = {"qwen3:8b": ("qwen3-16k", 16384), "llama3.2:3b": ("llama3.2-8k", 8192),
+            "phi3:mini": ("phi3-helper", 0), "qwen3:14b": ("qwen3-14b-helper", 0)}
 
 
 LOOPS_PER_AGENT = 3  # an agent's tool loops running at once, interleaved
@@ -458,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
                              "qwen3:8b, llama3.2:3b and phi3:mini, and agents ask for either")
     parser.add_argument("--siblings", action="store_true",
                         help="every card has qwen3-16k and llama3.2-8k, created FROM qwen3:8b "
-                             "and llama3.2:3b with their own num_ctx, and agents ask for either")
+                             "and llama3.2:3b with their own num_ctx, and phi3-helper and "
+                             "qwen3-14b-helper, FROM phi3:mini and qwen3:14b with only a "
+                             "system prompt of their own; agents ask for either")
     add_sharing_flags(parser)
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))

@@ -748,9 +748,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="another name of a catalog model, as `ollama cp MODEL NAME` makes "
                         "(one manifest: one copy when loaded); repeatable")
     p.add_argument("--derived", action="append", default=[], metavar="NAME=MODEL:NUM_CTX",
-                   help="a model created FROM a catalog model with `PARAMETER num_ctx "
-                        "NUM_CTX` (its own manifest, the same weights file: one copy when "
-                        "loaded, reloaded for the other's context); repeatable")
+                   help="a model created FROM a catalog model with a SYSTEM prompt of "
+                        "its own and, unless NUM_CTX is 0, `PARAMETER num_ctx NUM_CTX` (its "
+                        "own manifest, the same weights file: one copy when loaded, shared "
+                        "at one context, reloaded for the other's); repeatable")
     add_sharing_flags(p)
     return p.parse_args(argv)
 
@@ -768,8 +769,9 @@ def with_aliases(models: tuple[SimModel, ...], aliases: list[str]) -> tuple[SimM
 
 
 def with_derived(models: tuple[SimModel, ...], derived: list[str]) -> tuple[SimModel, ...]:
-    """`models` and, for each NAME=MODEL:NUM_CTX, a model created FROM MODEL that sets its
-    num_ctx (`dataclasses.replace` keeps MODEL's weights file)."""
+    """`models` and, for each NAME=MODEL:NUM_CTX, a model created FROM MODEL with a system
+    prompt of its own that sets its num_ctx unless 0 (`dataclasses.replace` keeps MODEL's
+    weights file)."""
     by_name = {m.name: m for m in models}
     added = []
     for spec in derived:
@@ -777,7 +779,8 @@ def with_derived(models: tuple[SimModel, ...], derived: list[str]) -> tuple[SimM
         model, _, num_ctx = rest.rpartition(":")
         if model not in by_name or not num_ctx.isdigit():
             raise SystemExit(f"--derived {spec}: want NAME=MODEL:NUM_CTX, MODEL in the catalog")
-        added.append(replace(by_name[model], name=name, modelfile_num_ctx=int(num_ctx)))
+        added.append(replace(by_name[model], name=name, modelfile_num_ctx=int(num_ctx),
+                             system=f"You are {name}."))
     return (*models, *added)
 
 

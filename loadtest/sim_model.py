@@ -80,6 +80,7 @@ class SimModel:
     parameter_size: str = "8B"
     quantization: str = "Q4_K_M"
     modelfile_num_ctx: int = 0  # PARAMETER num_ctx in its Modelfile
+    system: str = ""  # SYSTEM in its Modelfile: another manifest, no other runner option
     embedding: bool = False  # has <arch>.pooling_type: one slot, /api/embed only
     pooling: int = 1  # its <arch>.pooling_type (1 mean, 2 CLS, 3 last), when `embedding`
     vision: bool = False

@@ -916,6 +916,8 @@ class OllamaSim:
         if model.modelfile_num_ctx:
             parameters.append(f"{'num_ctx':<30} {model.modelfile_num_ctx}")
             modelfile.append(f"PARAMETER num_ctx {model.modelfile_num_ctx}")
+        if model.system:
+            modelfile.append(f'SYSTEM """{model.system}"""')
         capabilities = ["embedding"] if model.embedding else \
             ["completion", "tools"] if model.tools else ["completion"]
         if model.insert and not model.embedding:
@@ -928,6 +930,7 @@ class OllamaSim:
             "modelfile": MODELFILE_HEAD.format(model.name) + "\n".join(modelfile) + "\n",
             "parameters": "\n".join(parameters),
             "template": TEMPLATE,
+            **({"system": model.system} if model.system else {}),
             "details": self._describe(model)["details"],
             "model_info": model.model_info(),
             "capabilities": capabilities,

@@ -55,7 +55,8 @@ def decision_json(d: Decision) -> dict[str, Any]:
             "provider": p.provider, "model": p.model, "kind": p.kind, "step": p.step,
             "footprintMiB": p.footprint_mib, "cost_s": round(p.cost_s, 4),
             "evicts": dict(p.evicts), "contextLength": p.context_length,
-            "numCtx": p.num_ctx, "ollamaEstimateMiB": p.estimate_mib},
+            "numCtx": p.num_ctx, "ollamaEstimateMiB": p.estimate_mib,
+            **({"copyOf": p.copy} if p.copy else {})},
         "queueOption_s": d.queue_option_s, "unloadOption_s": d.unload_option_s,
     }
 

@@ -56,6 +56,7 @@ from proxy.core.queueing import (
     queue_wins,
     unload_option,
 )
+from proxy.core.shared_copies import as_own_copy, joined_copies, on_copy
 from proxy.core.sizing import Sizer
 from proxy.core.types import (
     CallSpec,
@@ -89,13 +90,21 @@ class _Planner:
         self.call = call
         self.snapshot = snapshot
         self.policy = policy
-        self.indexes = indexes_for(snapshot, policy)
         self.alternatives = in_tolerance(call)
         self.acceptable = [call.preferred, *self.alternatives]
         self.fitting = Fitting(call, Sizer.for_fleet(snapshot.providers,
                                                       policy.disk_to_vram_factor),
                                {c.model: c.vram_mib for c in call.candidates},
                                unknown_mib=policy.warm_scratch_mib)
+        self.indexes = indexes_for(snapshot, policy)
+        # Cards where the call would join another model's copy of its weights file: planned
+        # as its own copy there, and the placement put back in the card's names
+        self.joined = joined_copies(self.indexes, [c.model for c in self.acceptable],
+                                    self.fitting, {c.model for c in call.candidates})
+        if self.joined:
+            self.indexes = {name: as_own_copy(index, *self.joined[name], snapshot.now, policy)
+                            if name in self.joined else index
+                            for name, index in self.indexes.items()}
         self.backlogs: dict[str, Backlog] = {}
         self.lines: dict[str, Backlog] = {}  # see line
         self.wanted_models: list[str] | None = None
@@ -549,6 +558,16 @@ class _Planner:
         return False if could_hold else None
 
     def place(self) -> Decision:
+        decision = self.decide()
+        if decision.placement is None or not self.joined:
+            return decision
+        placement = on_copy(decision.placement, self.joined)
+        reason = decision.reason
+        if placement.copy and not decision.placement.copy:
+            reason += f", on the copy of {placement.copy} (one weights file)"
+        return replace(decision, placement=placement, reason=reason)
+
+    def decide(self) -> Decision:
         preferred = self.call.preferred.model
         if not self.indexes:
             return Decision("wait", None, "no provider is known")

@@ -278,6 +278,14 @@ class Placement:
     estimate_mib: int = 0  # a load: Ollama's own estimate of it
     loads_ahead: int = 0  # a load: loads in flight on its card when it was placed
     beside_mib: int = 0  # a load: what the copies staying beside it hold (Resident.beside_mib)
+    # The model whose copy the call joins, when that is another model's of its weights file
+    # (core/shared_copies.py): its ticket names that copy; the call goes under `model`
+    copy: str = ""
+
+    @property
+    def copy_model(self) -> str:
+        """The name its card lists the copy under that the call's ticket claims."""
+        return self.copy or self.model
 
     @property
     def loads(self) -> bool:

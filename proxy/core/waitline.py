@@ -70,6 +70,11 @@ def yields_to_sooner(placement: Placement, snapshot: Snapshot, policy: Policy,
     if placement.loads or placement.kind == "queued":  # no free slot taken
         return 0
     ahead = waiters_ahead(snapshot, placement.model, turn_at)
-    if ahead == 0 or ahead < free_slots(snapshot, policy, placement.model):
+    if ahead == 0:
+        return 0
+    free = free_slots(snapshot, policy, placement.model)
+    if placement.copy:  # another model's copy it joins (core/shared_copies.py)
+        free += free_slots(snapshot, policy, placement.copy)
+    if ahead < free:
         return 0
     return ahead

@@ -100,7 +100,8 @@ class CallService:
             log.warning("ticket release not written; no longer counted here, written "
                         "when the store is back", provider=placement.provider,
                         ticket=claimed.ticket.ticket_id)
-        if not writes_now and self.demand.others_waiting(placement.model):
+        if not writes_now and any(self.demand.others_waiting(m) for m in
+                                  {placement.model, placement.copy_model}):
             # Another sidecar's call waits for this slot: it sees the slot free only once the
             # release is written, so it is written now, not with the next write.
             self._spawn_release(claimed)
@@ -267,7 +268,10 @@ class CallAttempts:
         if not outcome.ok and not outcome.client_left:
             metrics.upstream_errors.labels(attempt.provider).inc()
         seconds = round(time.perf_counter() - self.started, 4)
+        # (a call that joined another model's copy of its weights file names that copy)
+        joined = current.claimed.placement.copy if current.claimed is not None else ""
         log.info("call", provider=attempt.provider, model=attempt.model,
+                 **({"copy": joined} if joined else {}),
                  placement=attempt.placement, evicted=list(attempt.evicted),
                  waited_ms=attempt.waited_ms, prompt_chars=self.call.prompt.chars,
                  estimated_prompt_tokens=attempt.estimated_tokens,

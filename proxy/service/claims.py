@@ -98,7 +98,8 @@ class Claims:
     # -- reserved: counted by this sidecar's next decisions --------------------------------
     def reserve(self, placement: Placement, plan: bool = False) -> Ticket:
         ticket = self.tickets.new_ticket(
-            next(self._ticket_ids), placement.provider, placement.model, placement.footprint_mib,
+            next(self._ticket_ids), placement.provider, placement.copy_model,
+            placement.footprint_mib,
             cold=placement.loads, evicts=dict(placement.evicts), holder=self.holder,
             context=placement.num_ctx, estimate_mib=placement.estimate_mib, plan=plan,
             beside_mib=placement.beside_mib)

@@ -89,10 +89,10 @@ class Evictions:
         placement = claimed.placement
         book = self.claims.book(claimed)
         view = self.view.provider_view(self.providers[placement.provider], self.clock.now())
-        sharing = copy_sharers(view, placement.model)
+        copy = claimed.ticket.model  # (another model's, when the call joined its copy)
+        sharing = copy_sharers(view, copy)
         if await book.release_to_unload(claimed.ticket, loaded, sharing):
-            self._spawn(self._unload_leaving(book, placement.provider, placement.model,
-                                             sharing=sharing))
+            self._spawn(self._unload_leaving(book, placement.provider, copy, sharing=sharing))
 
     async def unload_everywhere(self, model: str, snapshot: Snapshot) -> list[str]:
         """A client's explicit unload (`keep_alive: 0` and nothing to run, as `ollama stop`

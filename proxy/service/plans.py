@@ -236,7 +236,7 @@ class PlanBook:
             return False
         if s.experience.health(s.clock.now())[placement.provider].circuit is Circuit.OPEN:
             return False  # failing (or its one trial call is out): placed afresh, elsewhere
-        if not placement.loads and placement.model not in {
+        if not placement.loads and placement.copy_model not in {
                 r.model for r in view.residents if not r.leaving}:
             return False  # its ticket holds a call's share of a copy that has gone since
         if call.num_ctx and placement.context_length and \

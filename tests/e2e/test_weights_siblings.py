@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import httpx
 
+from loadtest.ollama_sim import SimServer
 from loadtest.sim_model import CATALOG
 from tests.conftest import eventually
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
@@ -22,6 +23,22 @@ MODELS = (*CATALOG, QWEN3_16K, QWEN3_PLAIN)
 
 def listed(url: str) -> set[str]:
     return {m["name"] for m in httpx.get(f"{url}/api/ps").json()["models"]}
+
+
+def behind_a_long_8b_call(sim_factory: Sims, sidecar_factory: Sidecars, total_mib: int,
+                          model: str) -> tuple[SimServer, httpx.Response]:
+    """A call for `model` sent while a long call runs on qwen3:8b's one slot, which it
+    waits for: the card, and its answer."""
+    gpu = sim_factory("gpu", total_vram_mib=total_mib, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    started = threading.Event()
+    long_call = stream_in_background(url, "qwen3:8b", 400, started)
+    assert started.wait(30)
+    r = chat(url, model, timeout=60)
+    assert r.status_code == 200, r.text
+    assert not long_call.is_alive()  # it ran to its end first
+    return gpu, r
 
 
 def test_calls_alternating_between_two_models_of_one_file_keep_each_on_its_own_card(
@@ -45,15 +62,7 @@ def test_calls_alternating_between_two_models_of_one_file_keep_each_on_its_own_c
 
 def test_a_model_of_a_busy_copys_file_waits_for_its_call_then_reloads_it(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, models=MODELS,
-                      time_scale=SCALE)
-    url = sidecar_factory([gpu]).url
-    started = threading.Event()
-    long_call = stream_in_background(url, "qwen3:8b", 400, started)
-    assert started.wait(30)
-    r = chat(url, "qwen3-16k", timeout=60)
-    assert r.status_code == 200, r.text
-    assert not long_call.is_alive()  # it ran to its end first
+    gpu, r = behind_a_long_8b_call(sim_factory, sidecar_factory, 16376, "qwen3-16k")
     assert (r.headers["x-kubemoot-placement"], r.headers["x-kubemoot-evicted"]) == (
         "evict", "qwen3:8b")
     assert int(r.headers["x-kubemoot-waited-ms"]) > 0
@@ -63,17 +72,59 @@ def test_a_model_of_a_busy_copys_file_waits_for_its_call_then_reloads_it(
 
 def test_a_model_of_a_loaded_copys_file_with_its_runner_options_is_no_eviction(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    """Ollama has the call join the copy: nothing is unloaded for it. The sidecar plans a
-    load beside the copy, and counts its memory until a probe shows the one copy."""
+    """Ollama has the call join the copy: nothing is unloaded or loaded for it, and the
+    sidecar places it there warm, as that copy's call."""
     gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, models=MODELS,
                       time_scale=SCALE)
     url = sidecar_factory([gpu]).url
     assert chat(url, "qwen3:8b").status_code == 200
     r = chat(url, "qwen3-plain")
     assert r.status_code == 200, r.text
-    assert r.headers["x-kubemoot-placement"] == "cold"
+    assert r.headers["x-kubemoot-placement"] == "warm"
+    assert r.headers["x-kubemoot-model"] == "qwen3-plain"
     assert gpu.sim.stats.reloads == 0
     assert eventually(lambda: listed(gpu.url) == {"qwen3:8b"}, timeout_s=5)
     again = chat(url, "qwen3:8b")
     assert again.headers["x-kubemoot-placement"] == "warm"
     assert gpu.sim.stats.loads == 1
+
+
+def test_a_model_of_a_loaded_copys_file_joins_it_on_a_full_card_and_unloads_nothing(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """No room is left for a second copy of the file: planned as a load beside the copy,
+    the call unloaded an idle model that Ollama never needed gone."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    for model in ("qwen3:8b", "llama3.2:3b", "phi3:mini"):
+        assert chat(url, model).status_code == 200
+    r = chat(url, "qwen3-plain")
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-kubemoot-placement"], r.headers.get("x-kubemoot-evicted", "")) == (
+        "warm", ""), dict(r.headers)
+    assert listed(gpu.url) == {"qwen3:8b", "llama3.2:3b", "phi3:mini"}
+    assert (gpu.sim.stats.loads, gpu.sim.stats.reloads) == (3, 0)
+
+
+def test_a_model_of_a_busy_copys_file_with_its_options_waits_for_a_slot_of_that_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama never loads a second copy of one file: a load planned beside the busy copy
+    would queue inside Ollama instead. The call waits in the sidecar for the copy's slot."""
+    gpu, r = behind_a_long_8b_call(sim_factory, sidecar_factory, 24564, "qwen3-plain")
+    assert r.headers["x-kubemoot-placement"] == "warm"
+    assert int(r.headers["x-kubemoot-waited-ms"]) > 0
+    assert (gpu.sim.stats.loads, gpu.sim.stats.reloads) == (1, 0)
+
+
+def test_keep_alive_0_on_a_call_that_joined_another_models_copy_unloads_that_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "qwen3:8b").status_code == 200
+    r = chat(url, "qwen3-plain", keep_alive=0)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kubemoot-placement"] == "warm"
+    assert eventually(lambda: listed(gpu.url) == set(), timeout_s=5)
+    again = chat(url, "qwen3:8b")
+    assert again.headers["x-kubemoot-placement"] == "cold"

@@ -47,14 +47,19 @@ from proxy.core.waitline import MAX_SLACK_S, slack_s, yields_to_sooner
 NOW = 1_000_000.0
 # Sizes seen on every card at any context (no architecture known); "mystery:1b" has none
 SIZES = {"qwen3:32b": 27000, "qwen3:14b": 12224, "qwen3:8b": 6000, "phi3:mini": 3600,
-         "llama3.2:3b": 3100}
+         "llama3.2:3b": 3100, "qwen3-helper": 6000, "qwen3-16k": 6500}
 MODELS = [*sorted(SIZES), "mystery:1b"]
 FOREVER = NOW + 292 * 365 * 86400.0
 # What /api/show says of some models on some cards (architecture known: sized per context)
+QWEN3_8B = ModelInfo(trained_context=40960, kv_bytes_per_token=147456,
+                     estimate_kv_bytes_per_token=147456, family="qwen3", architecture="qwen3",
+                     capabilities=("completion", "tools"), weights="sha256-" + "8b" * 32)
 INFOS = {
-    "qwen3:8b": ModelInfo(trained_context=40960, kv_bytes_per_token=147456,
-                          estimate_kv_bytes_per_token=147456, family="qwen3",
-                          architecture="qwen3", capabilities=("completion", "tools")),
+    "qwen3:8b": QWEN3_8B,
+    # created FROM qwen3:8b: a template without tools (Ollama joins the 8b's copy), and a
+    # num_ctx of its own (Ollama reloads the copy for it)
+    "qwen3-helper": replace(QWEN3_8B, capabilities=("completion",)),
+    "qwen3-16k": replace(QWEN3_8B, modelfile_num_ctx=16384),
     "qwen3:14b": ModelInfo(trained_context=40960, kv_bytes_per_token=163840,
                            estimate_kv_bytes_per_token=163840, family="qwen3",
                            architecture="qwen3", capabilities=("completion", "tools"),
@@ -74,10 +79,14 @@ def size_of(model: str) -> int:
 
 
 @st.composite
-def residents(draw: st.DrawFn, total: int | None) -> tuple[Resident, ...]:
+def residents(draw: st.DrawFn, total: int | None, likely: str = "") -> tuple[Resident, ...]:
+    """`likely`: a model listed first on half the cards."""
     out: list[Resident] = []
     used = 0
-    for model in draw(st.lists(st.sampled_from(MODELS), unique=True, max_size=3)):
+    models = draw(st.lists(st.sampled_from(MODELS), unique=True, max_size=3))
+    if likely and likely not in models and draw(st.booleans()):
+        models.insert(0, likely)
+    for model in models:
         mib = size_of(model)
         if total is not None and used + mib > total:
             continue
@@ -93,7 +102,8 @@ def residents(draw: st.DrawFn, total: int | None) -> tuple[Resident, ...]:
 
 
 @st.composite
-def cards(draw: st.DrawFn) -> tuple[ProviderView, ...]:
+def cards(draw: st.DrawFn, described: bool = False) -> tuple[ProviderView, ...]:
+    """`described`: every card has the models' /api/show (their weights files known)."""
     out = []
     for i in range(draw(st.integers(1, 4))):
         total = draw(st.sampled_from([None, 4096, 8192, 16376, 24563, 32605, 49152, 98304]))
@@ -101,7 +111,7 @@ def cards(draw: st.DrawFn) -> tuple[ProviderView, ...]:
         disk = {} if pulled == "unknown" else {
             m: size_of(m) * 5 // 6 for m in MODELS
             if pulled == "all" or draw(st.booleans())}
-        loaded = draw(residents(total))
+        loaded = draw(residents(total, "qwen3:8b" if described else ""))
         if disk:  # what is loaded is on its disk
             disk.update({r.model: size_of(r.model) * 5 // 6 for r in loaded})
         out.append(ProviderView(
@@ -111,15 +121,15 @@ def cards(draw: st.DrawFn) -> tuple[ProviderView, ...]:
             max_parallel=draw(st.integers(0, 4)), max_loaded=draw(st.integers(0, 3)),
             gpus=draw(st.integers(1, 2)), disk_mib=disk,
             version=draw(st.sampled_from(["", "0.12.6", "0.30.0"])),
-            models=draw(st.sampled_from([{}, {}, INFOS])),
+            models=INFOS if described else draw(st.sampled_from([{}, {}, INFOS])),
             observed=draw(st.sampled_from([{m: {0: mib} for m, mib in SIZES.items()},
                                            {m: {0: mib} for m, mib in SIZES.items()}, {}]))))
     return tuple(out)
 
 
 @st.composite
-def snapshots(draw: st.DrawFn) -> Snapshot:
-    views = draw(cards())
+def snapshots(draw: st.DrawFn, described: bool = False) -> Snapshot:
+    views = draw(cards(described))
     tickets: list[Ticket] = []
     for n in range(draw(st.integers(0, 8))):
         view = draw(st.sampled_from(views))
@@ -196,7 +206,7 @@ def live(snap: Snapshot, provider: str) -> list[Ticket]:
 
 
 def new_ticket(placement: Placement, now: float, ticket_id: str = "new") -> Ticket:
-    return Ticket(ticket_id, placement.provider, placement.model, placement.footprint_mib,
+    return Ticket(ticket_id, placement.provider, placement.copy_model, placement.footprint_mib,
                   now, now + 60, cold=placement.loads, evicts=dict(placement.evicts),
                   context=placement.num_ctx, estimate_mib=placement.estimate_mib,
                   beside_mib=placement.beside_mib)
@@ -210,6 +220,11 @@ def check_placed(snap: Snapshot, call: CallSpec, decision: Decision) -> None:
     assert view.ready, decision.reason
     assert snap.health[view.name].circuit is not Circuit.OPEN, decision.reason
     assert placement.model in {c.model for c in call.candidates}
+    if placement.copy:  # another model's copy of its weights file, listed or being loaded
+        info, other = view.models.get(placement.model), view.models.get(placement.copy)
+        assert info is not None and other is not None and info.weights == other.weights
+        assert placement.copy not in {c.model for c in call.candidates}
+        assert not placement.loads and placement.copy in index.loaded_models
     assert placement.kind in ("warm", "loading", "cold", "evict"), decision.reason
     assert math.isfinite(placement.cost_s), decision.reason
     # a prompt is never placed where its context would cut it
@@ -290,6 +305,23 @@ def test_place_holds_the_rules(snap: Snapshot, call: CallSpec) -> None:
     check_decision(snap, call, decision)
 
 
+def for_a_sibling(call: CallSpec) -> CallSpec:
+    """The call, preferring qwen3-helper (made FROM qwen3:8b), a chat that needs no tools."""
+    rest = tuple(c for c in call.candidates if c.model != "qwen3-helper")
+    return replace(call, candidates=(Candidate("qwen3-helper", 100), *rest), needs=(),
+                   generates=True, embeds="")
+
+
+SIBLING_CALLS = calls().map(for_a_sibling)
+
+
+@PROPERTY
+@given(snapshots(described=True), SIBLING_CALLS)
+def test_a_call_of_a_shared_weights_file_holds_the_rules(snap: Snapshot, call: CallSpec
+                                                         ) -> None:
+    test_place_holds_the_rules.hypothesis.inner_test(snap, call)  # type: ignore[attr-defined]
+
+
 @settings(PROPERTY, max_examples=60)
 @given(snapshots(), st.lists(calls(), min_size=2, max_size=6))
 def test_calls_placed_and_claimed_in_turn_never_overcommit(snap: Snapshot,
@@ -297,6 +329,18 @@ def test_calls_placed_and_claimed_in_turn_never_overcommit(snap: Snapshot,
     """Each call is placed on the tickets the calls before it claimed (tickets.claim, as
     the ticket book applies it to the live set); after each load admitted, what stays on
     the card and every load in flight fit its usable memory."""
+    placed_and_claimed_in_turn(snap, made)
+
+
+@settings(PROPERTY, max_examples=60)
+@given(snapshots(described=True),
+       st.lists(st.one_of(SIBLING_CALLS, calls()), min_size=2, max_size=6))
+def test_calls_of_a_shared_weights_file_placed_in_turn_never_overcommit(
+        snap: Snapshot, made: list[CallSpec]) -> None:
+    placed_and_claimed_in_turn(snap, made)
+
+
+def placed_and_claimed_in_turn(snap: Snapshot, made: list[CallSpec]) -> None:
     views = {v.name: v for v in snap.providers}
     sets = {name: TicketSet({t.ticket_id: t for t in snap.tickets if t.provider == name})
             for name in views}

@@ -774,20 +774,23 @@ def test_a_load_beside_one_of_its_weights_file_still_making_room_waits() -> None
     assert decision.outcome == "wait", decision
 
 
-def test_a_copy_ollama_would_share_is_not_unloaded_to_load_beside_it() -> None:
+def test_a_call_joins_the_copy_of_a_model_of_its_file_and_unloads_nothing() -> None:
     """qwen3-plain is made FROM qwen3:8b and asks the same context: Ollama has its call
-    join the 8b's copy. Unloading that copy to make room for a load beside it is no plan;
-    the only other victim, phi3, is."""
+    join the 8b's copy. It is placed there warm, its ticket naming that copy, and nothing
+    is unloaded for it (planned as a load beside the copy, it unloaded phi3 to make room)."""
     file = ModelInfo(weights="sha256-" + "ab" * 32)
     observed = {**{m: {0: mib} for m, mib in SIZES.items()}, "qwen3-plain": {0: 6000}}
-    card = gpu("a", 11000, ("qwen3:8b",), observed=observed,
+    card = gpu("a", 14500, ("qwen3:8b", "phi3:mini"), observed=observed,
                models={"qwen3:8b": file, "qwen3-plain": file})
-    decision = place(call("qwen3-plain"), snapshot(card))
-    assert decision.placement is None or "qwen3:8b" not in decision.placement.evicts, decision
-    with_phi = replace(card, total_vram_mib=14500,
-                       residents=(*card.residents, Resident("phi3:mini", 3600, 0)))
-    placed = place(call("qwen3-plain"), snapshot(with_phi)).placement
-    assert placed is not None and dict(placed.evicts) == {"phi3:mini": 3600}, placed
+    placed = place(call("qwen3-plain"), snapshot(card)).placement
+    assert placed is not None, placed
+    assert (placed.model, placed.copy, placed.copy_model, placed.kind, dict(placed.evicts)) \
+        == ("qwen3-plain", "qwen3:8b", "qwen3:8b", "warm", {})
+    full = snapshot(card, tickets=(ticket("a", "qwen3:8b"),))  # its one slot
+    decision = place(call("qwen3-plain"), full)
+    assert decision.outcome == "wait" and "qwen3-plain" in decision.reason, decision
+    listed = place(call("qwen3-plain", "qwen3:8b"), snapshot(card)).placement
+    assert listed is not None and (listed.model, listed.copy) == ("qwen3:8b", ""), listed
 
 
 def test_a_model_of_one_file_with_an_adapter_of_its_own_is_planned_as_a_reload() -> None:
@@ -804,5 +807,5 @@ def test_a_model_of_one_file_with_an_adapter_of_its_own_is_planned_as_a_reload()
     assert dict(placed.evicts) == {"qwen3:8b": SIZES["qwen3:8b"]}
     same = replace(card, models={"qwen3:8b": ModelInfo(weights=file),
                                  "qwen3-lora": ModelInfo(weights=file)})
-    beside = place(call("qwen3-lora"), snapshot(same)).placement
-    assert beside is not None and beside.kind == "cold", beside
+    joins = place(call("qwen3-lora"), snapshot(same)).placement
+    assert joins is not None and (joins.kind, joins.copy) == ("warm", "qwen3:8b"), joins

@@ -1,0 +1,99 @@
+"""A call for one model on the copy of another made from its weights file.
+
+Ollama runs one copy per weights file, whatever name loaded it (server/sched.go
+schedulerModelKey), lists it under the name of the call that loaded it, and has a call for
+another model of that file (`ollama create X` with `FROM Y`) join it when the runner options
+and the context match (needsReload, sched.go:1400-1425). The call still runs with its own
+model's template and system prompt. So, for one call, a card where such a copy of Y is
+listed or being loaded is planned as if the copy were the call's model's own: its slots,
+its calls and its memory, counted once. The placement then names Y as the copy its ticket
+claims, and the call is sent under its own name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import replace
+
+from proxy.core.feasibility import Fitting
+from proxy.core.occupancy import ProviderIndex, index_providers, same_runner, same_weights
+from proxy.core.policy import Policy
+from proxy.core.types import Placement, Snapshot, Ticket
+
+
+def joined_copy(index: ProviderIndex, model: str, fitting: Fitting,
+                names: Collection[str]) -> str | None:
+    """The model whose copy here a call for `model` would join: made from its weights file,
+    with its runner options, loaded to last (or being loaded) at a context this call's own
+    load would ask for, and not leaving. None when `model` has a copy of its own here, or
+    no such copy is here. A model among `names` (the call's candidates) is no such copy:
+    the call may be placed on it under its own name."""
+    if model in index.loaded_models:
+        return None
+    info = index.view.models.get(model)
+    if info is None or not info.weights:
+        return None
+    resolved = None
+    for other in sorted(index.loaded_models):
+        # (one that may expire before the call arrives, or whose load is still making room,
+        # is no copy to count on: feasibility's `sibling` weighs those)
+        lasting = other in index.residents or other in index.loading
+        if not lasting or other in names or other in index.leaving or \
+                not same_weights(index.view, model, other) or \
+                not same_runner(index.view, model, other):
+            continue
+        copy = fitting.copy_context(index, other)
+        resolved = resolved or fitting.load(index, model)[0]
+        if not copy or copy in (resolved.requested, resolved.context):
+            return other
+    return None
+
+
+def joined_copies(indexes: Mapping[str, ProviderIndex], models: Iterable[str],
+                  fitting: Fitting, names: Collection[str]) -> dict[str, tuple[str, str]]:
+    """Per card, the first of `models` (the call's acceptable ones, preferred first) with
+    another model's copy there to join (`joined_copy`): card -> (model, the copy's model)."""
+    models = tuple(models)
+    out: dict[str, tuple[str, str]] = {}
+    for name, index in indexes.items():
+        if not index.loaded_models:
+            continue
+        for model in models:
+            copy = joined_copy(index, model, fitting, names)
+            if copy is not None:
+                out[name] = (model, copy)
+                break
+    return out
+
+
+def as_own_copy(index: ProviderIndex, model: str, copy: str, now: float, policy: Policy
+                ) -> ProviderIndex:
+    """The card's index with `copy`'s listed copy, its tickets and the plans to unload it
+    under `model`'s name."""
+    view = replace(index.view, residents=tuple(
+        replace(r, model=model) if r.model == copy else r for r in index.view.residents))
+    tickets = tuple(_renamed_ticket(t, copy, model) for t in index.tickets)
+    return index_providers(Snapshot(now, (view,), tickets), policy)[view.name]
+
+
+def _renamed_ticket(ticket: Ticket, copy: str, model: str) -> Ticket:
+    if ticket.model != copy and copy not in ticket.evicts:
+        return ticket
+    evicts = {model if victim == copy else victim: mib for victim, mib in ticket.evicts.items()}
+    return replace(ticket, model=model if ticket.model == copy else ticket.model,
+                   evicts=evicts)
+
+
+def on_copy(placement: Placement, joined: Mapping[str, tuple[str, str]]) -> Placement:
+    """`placement`, made on indexes where a card's joined copy was listed as its model's own,
+    in the card's real names: a call that joins it names the copy (`Placement.copy`), a load
+    that unloads it names it among its victims."""
+    found = joined.get(placement.provider)
+    if found is None:
+        return placement
+    model, copy = found
+    evicts = {copy if victim == model else victim: mib
+              for victim, mib in placement.evicts.items()}
+    joins = placement.model == model and not placement.loads
+    return replace(placement, evicts=evicts,
+                   copy=placement.copy or (copy if joins else ""))

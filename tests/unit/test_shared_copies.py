@@ -1,0 +1,75 @@
+"""A call placed on the copy of another model made from its weights file
+(core/shared_copies.py): joined where Ollama would join it, never where Ollama would reload
+it, and put back in the card's own names."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from proxy.core.occupancy import ticket_budget_ok
+from proxy.core.placement import place
+from proxy.core.policy import DEFAULT_POLICY
+from proxy.core.types import ModelInfo, ProviderView, Resident
+from tests.unit.builders import GIB24, SIZES, call, gpu, snapshot, ticket
+
+FILE = ModelInfo(weights="sha256-" + "ab" * 32)
+OBSERVED = {**{m: {0: mib} for m, mib in SIZES.items()}, "qwen3-plain": {0: 6000}}
+
+
+def card(total: int = GIB24, residents: tuple[str, ...] = ("qwen3:8b",), **extra: Any
+         ) -> ProviderView:
+    extra.setdefault("models", {"qwen3:8b": FILE, "qwen3-plain": FILE})
+    return gpu("a", total, residents, observed=OBSERVED, **extra)
+
+
+def test_a_copy_being_loaded_is_joined_as_a_loading_copy() -> None:
+    loading = ticket("a", "qwen3:8b", cold=True, elapsed=1.0)
+    snap = snapshot(card(residents=(), parallel=2), tickets=(loading,))
+    placed = place(call("qwen3-plain"), snap).placement
+    assert placed is not None and (placed.kind, placed.copy) == ("loading", "qwen3:8b"), placed
+    join = replace(loading, ticket_id="new", cold=False, footprint_mib=512)
+    assert ticket_budget_ok([loading], join, snap.providers[0], DEFAULT_POLICY, True)[0]
+
+
+def test_a_copy_at_a_context_the_call_would_not_load_is_not_joined() -> None:
+    """Ollama would reload it (needsReload compares num_ctx): planned as its eviction."""
+    own_ctx = {"qwen3:8b": FILE, "qwen3-plain": replace(FILE, modelfile_num_ctx=16384)}
+    placed = place(call("qwen3-plain"), snapshot(card(models=own_ctx, resident_ctx=4096,
+                                                      ctx=4096))).placement
+    assert placed is not None and placed.copy == "", placed
+    assert placed.kind == "evict" and set(placed.evicts) == {"qwen3:8b"}, placed
+
+
+def test_a_copy_with_other_runner_options_or_leaving_is_not_joined() -> None:
+    adapter = {"qwen3:8b": FILE, "qwen3-plain": replace(FILE, runner="adapter=x")}
+    placed = place(call("qwen3-plain"), snapshot(card(models=adapter))).placement
+    assert placed is not None and placed.copy == "", placed
+    leaving = card(residents=())
+    leaving = replace(leaving, residents=(Resident("qwen3:8b", 6000, leaving=True),))
+    placed = place(call("qwen3-plain"), snapshot(leaving)).placement
+    assert placed is None or placed.copy == "", placed
+
+
+def test_a_load_that_unloads_a_joined_copy_names_it_by_the_cards_name() -> None:
+    """The call's in-tolerance qwen3-plain sees the idle 8b's copy as its own, but lacks the
+    tools the call needs; phi3 loads only once that copy is unloaded. The victim is named as
+    the card lists it, or nothing would unload it."""
+    models = {"qwen3:8b": FILE, "qwen3-plain": replace(FILE, capabilities=("completion",))}
+    snap = snapshot(card(total=8192, models=models))
+    tools = (("tools", "does not support tools"),)
+    decision = place(call(("phi3:mini", 100), ("qwen3-plain", 95), needs=tools), snap)
+    placed = decision.placement
+    assert placed is not None, decision
+    assert (placed.model, placed.kind, dict(placed.evicts), placed.copy) == (
+        "phi3:mini", "evict", {"qwen3:8b": SIZES["qwen3:8b"]}, ""), decision
+
+
+def test_a_join_on_a_shared_copy_leaves_no_second_load_in_the_claim() -> None:
+    """Two calls joined in turn on a copy of one slot: the second waits (the first's
+    ticket names the copy, so the copy's slot is seen taken)."""
+    first = place(call("qwen3-plain"), snapshot(card())).placement
+    assert first is not None and first.copy_model == "qwen3:8b"
+    taken = replace(ticket("a", "qwen3:8b"), ticket_id="first")
+    second = place(call("qwen3-plain"), snapshot(card(), tickets=(taken,)))
+    assert second.outcome == "wait", second
