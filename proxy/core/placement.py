@@ -56,7 +56,7 @@ from proxy.core.queueing import (
     queue_wins,
     unload_option,
 )
-from proxy.core.shared_copies import as_own_copy, joined_copies, on_copy
+from proxy.core.shared_copies import as_own_caches, as_own_copy, joined_copies, on_copy
 from proxy.core.sizing import Sizer
 from proxy.core.types import (
     CallSpec,
@@ -105,6 +105,7 @@ class _Planner:
             self.indexes = {name: as_own_copy(index, *self.joined[name], snapshot.now, policy)
                             if name in self.joined else index
                             for name, index in self.indexes.items()}
+            self.snapshot = as_own_caches(snapshot, self.joined)
         self.backlogs: dict[str, Backlog] = {}
         self.lines: dict[str, Backlog] = {}  # see line
         self.wanted_models: list[str] | None = None

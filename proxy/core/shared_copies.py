@@ -84,6 +84,22 @@ def _renamed_ticket(ticket: Ticket, copy: str, model: str) -> Ticket:
                    evicts=evicts)
 
 
+def as_own_caches(snapshot: Snapshot, joined: Mapping[str, tuple[str, str]]) -> Snapshot:
+    """`snapshot` with what each joined copy's prompt cache holds, and its prefill rate,
+    under the call's model (as `as_own_copy` lists the copy)."""
+    def renamed(key: tuple[str, str]) -> tuple[str, str]:
+        provider, name = key
+        found = joined.get(provider)
+        return (provider, found[0]) if found is not None and found[1] == name else key
+
+    caches, prefill = snapshot.caches, snapshot.prefill
+    return replace(snapshot, caches=replace(
+        caches, held={renamed(k): v for k, v in caches.held.items()},
+        loaded_at={renamed(k): v for k, v in caches.loaded_at.items()},
+        contexts={renamed(k): v for k, v in caches.contexts.items()}),
+        prefill=replace(prefill, rates={renamed(k): v for k, v in prefill.rates.items()}))
+
+
 def on_copy(placement: Placement, joined: Mapping[str, tuple[str, str]]) -> Placement:
     """`placement`, made on indexes where a card's joined copy was listed as its model's own,
     in the card's real names: a call that joins it names the copy (`Placement.copy`), a load

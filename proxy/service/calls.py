@@ -126,7 +126,7 @@ class CallService:
             self.demand.note_use(placement.model)
             self.demand.note_held(self.experience.learning.take_unshared())
         check = self.experience.learning.observe_prefill(
-            placement.provider, placement.model, claimed.ticket.ticket_id,
+            placement.provider, placement.copy_model, claimed.ticket.ticket_id,
             self.scheduler.provider_view(placement.provider).version, outcome)
         if check is not None:
             self._count_cache(placement.provider, check)

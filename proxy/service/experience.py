@@ -95,8 +95,9 @@ class Learning:
 
     def sent(self, placement: Placement, conversation: Conversation | None,
              view: ProviderView, ticket: str, now: float) -> None:
-        """A call goes to a copy: a load empties its slots; its prompt is the newest there."""
-        provider, model = placement.provider, placement.model
+        """A call goes to a copy: a load empties its slots; its prompt is the newest there
+        (a copy is known by the name its card lists it under: `Placement.copy_model`)."""
+        provider, model = placement.provider, placement.copy_model
         if placement.loads:
             self.caches = self.caches.loaded(provider, model, now)
         if conversation is None or not conversation.digests:

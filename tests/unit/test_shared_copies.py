@@ -7,11 +7,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from proxy.core.conversations import NO_CACHES
+from proxy.core.lengths import NO_LENGTHS, CallSample
 from proxy.core.occupancy import ticket_budget_ok
-from proxy.core.placement import place
+from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.types import ModelInfo, ProviderView, Resident
-from tests.unit.builders import GIB24, SIZES, call, gpu, snapshot, ticket
+from tests.unit.builders import GIB24, NOW, SIZES, call, gpu, snapshot, ticket
+from tests.unit.test_affinity import loop, rates
 
 FILE = ModelInfo(weights="sha256-" + "ab" * 32)
 OBSERVED = {**{m: {0: mib} for m, mib in SIZES.items()}, "qwen3-plain": {0: 6000}}
@@ -73,3 +76,19 @@ def test_a_join_on_a_shared_copy_leaves_no_second_load_in_the_claim() -> None:
     taken = replace(ticket("a", "qwen3:8b"), ticket_id="first")
     second = place(call("qwen3-plain"), snapshot(card(), tickets=(taken,)))
     assert second.outcome == "wait", second
+
+
+def test_a_conversation_goes_back_to_the_joined_copy_holding_its_history() -> None:
+    """The copy's prompt cache is kept under the name the card lists it by: the next call
+    of a conversation that ran there as qwen3-plain finds its history there."""
+    history, nxt = loop(1, 4), loop(1, 5)
+    caches = NO_CACHES.sent("b", "qwen3:8b", history, NOW - 10)
+    fleet = snapshot(card(), replace(card(), name="b"), caches=caches, prefill=rates(),
+                     lengths=NO_LENGTHS.observe("a", "qwen3:8b", CallSample(20.0))
+                     .observe("b", "qwen3:8b", CallSample(20.0)))
+    decision, verdicts = explain(call("qwen3-plain", tokens=nxt.tokens, conversation=nxt),
+                                 fleet)
+    placed = decision.placement
+    assert placed is not None and (placed.provider, placed.copy) == ("b", "qwen3:8b"), decision
+    prefill = {v.provider: v.terms["prefill"] for v in verdicts}
+    assert prefill["b"] < prefill["a"]
