@@ -27,6 +27,7 @@ from proxy.api.errors import (
     refusal_response,
     stream_error_line,
 )
+from proxy.api.wire import past_go_duration
 from proxy.core.context import unshifted_answer_cap
 from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
 from proxy.core.models import model_key
@@ -481,6 +482,8 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
     out = {**body, "model": _as_asked(body.get("model"), attempt)}
     if attempt.strip_keep_alive:
         out.pop("keep_alive", None)
+    elif past_go_duration(out.get("keep_alive")):
+        out["keep_alive"] = -1
     if path in TRUNCATING_PATHS and out.get("truncate") is None:
         out["truncate"] = False
     if usage_added(path, body):

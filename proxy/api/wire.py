@@ -319,6 +319,19 @@ def zero_keep_alive(parsed: BaseModel) -> bool:
     return keep_alive is not None and 0 <= keep_alive * 1e9 < 1
 
 
+# Go's time.Duration holds int64 nanoseconds: a number of seconds from this many up overflows
+# `time.Duration(t * 1e9)` (api/types.go UnmarshalJSON), to the most negative duration on amd64
+# (the copy unloads as its calls end) and to the largest on arm64 (forever)
+GO_DURATION_LIMIT_S = 2**63 / 1e9
+
+
+def past_go_duration(keep_alive: object) -> bool:
+    """A `keep_alive` number too large for Go's Duration: meant as "keep it loaded", and sent
+    as -1 (forever), which every Ollama reads alike."""
+    return isinstance(keep_alive, int | float) and not isinstance(keep_alive, bool) and \
+        keep_alive >= GO_DURATION_LIMIT_S
+
+
 def asks_to_unload(parsed: BaseModel) -> bool:
     """`keep_alive: 0` with nothing to run: Ollama's way to unload a model (`ollama stop`)."""
     return isinstance(parsed, OllamaInference) and not parsed.prompt and \

@@ -435,3 +435,18 @@ def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
     assert quiet(a) == NOTHING
     leave()
 
+
+
+@pytest.mark.parametrize("keep_alive", [1e10, 2**63])
+def test_a_keep_alive_past_gos_duration_keeps_the_copy_as_the_agent_meant(
+        sim_factory: Sims, sidecar_factory: Sidecars, keep_alive: float) -> None:
+    """Ollama on amd64 reads such a number as the most negative duration and unloads the copy
+    as its call ends, while every sidecar counts it loaded (tests/integration/
+    test_engine_audit.py); the sidecar sends -1, forever, as arm64 reads it."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "qwen3:8b", keep_alive=keep_alive).status_code == 200
+    time.sleep(0.5)
+    listed = httpx.get(f"{gpu.url}/api/ps").json()["models"]
+    assert [m["name"] for m in listed] == ["qwen3:8b"]
+    assert listed[0]["expires_at"].startswith("2318-"), listed  # Go's largest Duration
