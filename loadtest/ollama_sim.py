@@ -56,6 +56,7 @@ from .sim_model import (
     demo_fleet,
     fit_prompt,
     name_parts,
+    sha256_hex,
     tokens_for_text,
     valid_name,
 )
@@ -747,11 +748,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--alias", action="append", default=[], metavar="NAME=MODEL",
                    help="another name of a catalog model, as `ollama cp MODEL NAME` makes "
                         "(one manifest: one copy when loaded); repeatable")
-    p.add_argument("--derived", action="append", default=[], metavar="NAME=MODEL:NUM_CTX",
+    p.add_argument("--derived", action="append", default=[],
+                   metavar="NAME=MODEL:NUM_CTX[,KEY=VALUE...]",
                    help="a model created FROM a catalog model with a SYSTEM prompt of "
                         "its own and, unless NUM_CTX is 0, `PARAMETER num_ctx NUM_CTX` (its "
                         "own manifest, the same weights file: one copy when loaded, shared "
-                        "at one context, reloaded for the other's); repeatable")
+                        "at one context, reloaded for the other's); each KEY=VALUE another "
+                        "runner PARAMETER (num_batch, num_gpu, main_gpu, use_mmap, "
+                        "num_thread) or adapter=NAME, a LoRA ADAPTER; repeatable")
     add_sharing_flags(p)
     return p.parse_args(argv)
 
@@ -776,12 +780,38 @@ def with_derived(models: tuple[SimModel, ...], derived: list[str]) -> tuple[SimM
     added = []
     for spec in derived:
         name, _, rest = spec.partition("=")
+        rest, *extra = rest.split(",")
         model, _, num_ctx = rest.rpartition(":")
-        if model not in by_name or not num_ctx.isdigit():
-            raise SystemExit(f"--derived {spec}: want NAME=MODEL:NUM_CTX, MODEL in the catalog")
+        parameters, adapter = _runner_parameters(extra)
+        if model not in by_name or not num_ctx.isdigit() or parameters is None:
+            raise SystemExit(f"--derived {spec}: want NAME=MODEL:NUM_CTX[,KEY=VALUE...], "
+                             f"MODEL in the catalog, KEY one of {', '.join(RUNNER_KEYS)} "
+                             "or adapter")
         added.append(replace(by_name[model], name=name, modelfile_num_ctx=int(num_ctx),
-                             system=f"You are {name}."))
+                             system=f"You are {name}.", parameters=parameters,
+                             adapter=sha256_hex(adapter) if adapter else ""))
     return (*models, *added)
+
+
+RUNNER_KEYS = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
+
+
+def _runner_parameters(pairs: list[str]) -> tuple[tuple[tuple[str, int | bool], ...] | None,
+                                                  str]:
+    """KEY=VALUE runner PARAMETERs (None when one is not) and an adapter's name."""
+    out: list[tuple[str, int | bool]] = []
+    adapter = ""
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key == "adapter" and value:
+            adapter = value
+        elif key == "use_mmap" and value in ("true", "false"):
+            out.append((key, value == "true"))
+        elif key in RUNNER_KEYS and value.lstrip("-").isdigit():
+            out.append((key, int(value)))
+        else:
+            return None, ""
+    return tuple(out), adapter
 
 
 def configs_from(argv: list[str] | None) -> list[SimConfig]:

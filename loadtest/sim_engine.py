@@ -12,6 +12,7 @@ is coarser: the file size plus an f16 KV cache reckoned from embedding / heads.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -91,6 +92,7 @@ class LoadOptions:
     num_thread: int = 0
     shift: bool = True
     use_mmap_auto: bool = False  # HEAD: Ollama chose use_mmap itself at the load
+    adapter: str = ""  # the model's ADAPTER file (its Model.AdapterPaths), "" none
 
 
 def mmap_default(loaded: LoadOptions) -> LoadOptions:
@@ -136,11 +138,15 @@ def call_num_ctx(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
 
 def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
                     default_ctx: int, trained: int, vision: bool, family: str,
-                    num_parallel: int) -> LoadOptions:
+                    num_parallel: int, modelfile: Mapping[str, Any] | None = None
+                    ) -> LoadOptions:
     """The call's num_ctx, the floors of sched.go:169-177 and the automatic batch; the
-    trained cap comes at load."""
-    options = body.get("options") if isinstance(body.get("options"), dict) else {}
-    assert isinstance(options, dict)
+    trained cap comes at load. `modelfile`: the model's own runner PARAMETERs, under the
+    call's options (routes.go modelOptions: the Modelfile's, then the request's; a
+    num_batch from either is no automatic one, usesAutomaticNumBatch)."""
+    requested = body.get("options") if isinstance(body.get("options"), dict) else {}
+    assert isinstance(requested, dict)
+    options = {**(modelfile or {}), **requested}
     num_ctx, auto = call_num_ctx(body, modelfile_num_ctx, env_num_ctx, default_ctx)
     num_ctx = max(num_ctx, 4)
     if vision:
@@ -167,10 +173,13 @@ def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, versio
     num_ctx (num_batch) when both sides are automatic and use_mmap when the call leaves it
     out and Ollama chose the copy's (:1405-1407; a copy loaded with an explicit one is
     reloaded); v0.12.6 compares the struct as it is and never reloads for `shift`."""
+    if loaded.adapter != request.adapter:  # AdapterPaths (:1423; v0.12.6 :610)
+        return True
     if version_tuple(version) < (0, 30, 0):
         def runner_part(o: LoadOptions) -> tuple[Any, ...]:
-            return (o.num_ctx, o.num_batch, o.num_gpu if o.num_gpu >= 0 else -1,
-                    o.main_gpu or 0, o.use_mmap, o.num_thread)
+            # a call whose num_gpu is -1 takes the copy's (v0.12.6 :600-606)
+            num_gpu = -1 if request.num_gpu < 0 else o.num_gpu
+            return (o.num_ctx, o.num_batch, num_gpu, o.main_gpu or 0, o.use_mmap, o.num_thread)
         return runner_part(loaded) != runner_part(request)
     new_ctx = min(request.num_ctx, trained) if trained else request.num_ctx
     if loaded.num_ctx_auto and request.num_ctx_auto:

@@ -81,6 +81,10 @@ class SimModel:
     quantization: str = "Q4_K_M"
     modelfile_num_ctx: int = 0  # PARAMETER num_ctx in its Modelfile
     system: str = ""  # SYSTEM in its Modelfile: another manifest, no other runner option
+    # Runner PARAMETERs in its Modelfile (num_batch, num_gpu, main_gpu, use_mmap,
+    # num_thread): its calls' defaults, which needsReload compares
+    parameters: tuple[tuple[str, int | bool], ...] = ()
+    adapter: str = ""  # the sha256 of an ADAPTER (a LoRA) in its Modelfile; "" none
     embedding: bool = False  # has <arch>.pooling_type: one slot, /api/embed only
     pooling: int = 1  # its <arch>.pooling_type (1 mean, 2 CLS, 3 last), when `embedding`
     vision: bool = False

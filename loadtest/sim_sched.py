@@ -71,6 +71,7 @@ from .sim_model import (
     SimConfig,
     SimModel,
     accounted_free_mib,
+    blob_path,
     decode_step_s,
     driver_recovery_s,
     in_map_order,
@@ -480,7 +481,9 @@ class OllamaSim:
         c = self.config
         options = resolve_options(body, model.modelfile_num_ctx, c.context_length,
                                   c.default_context(), model.trained_ctx, model.vision,
-                                  model.model_family, model.slots(c.num_parallel, c.version))
+                                  model.model_family, model.slots(c.num_parallel, c.version),
+                                  dict(model.parameters))
+        options = replace(options, adapter=model.adapter)
         if model.embedding and self.newest and options.num_batch_auto:
             # HEAD sets an embedding model's num_batch, not automatic (server/routes.go:
             # 150-152, 216-218): compared as any other in needsReload
@@ -916,6 +919,12 @@ class OllamaSim:
         if model.modelfile_num_ctx:
             parameters.append(f"{'num_ctx':<30} {model.modelfile_num_ctx}")
             modelfile.append(f"PARAMETER num_ctx {model.modelfile_num_ctx}")
+        for key, value in model.parameters:
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            parameters.append(f"{key:<30} {shown}")
+            modelfile.append(f"PARAMETER {key} {shown}")
+        if model.adapter:
+            modelfile.append(f"ADAPTER {blob_path(model.adapter)}")
         if model.system:
             modelfile.append(f'SYSTEM """{model.system}"""')
         capabilities = ["embedding"] if model.embedding else \

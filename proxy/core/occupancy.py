@@ -378,10 +378,18 @@ def same_weights(view: ProviderView, model: str, other: str) -> bool:
 
 
 def same_runner(view: ProviderView, model: str, other: str) -> bool:
-    """Whether two models of one weights file would share a copy at one context: the same
-    runner PARAMETERs, adapters and projectors (ModelInfo.runner)."""
+    """Whether a call for `model` would share `other`'s copy of their weights file at one
+    context: the same runner PARAMETERs, adapters and projectors (ModelInfo.runner), except
+    that a call whose num_gpu is Ollama's default takes the copy's (needsReload sets both to
+    -1, server/sched.go:1390-1395; v0.12.6 :600-606)."""
     mine, theirs = view.models.get(model), view.models.get(other)
-    return mine is not None and theirs is not None and mine.runner == theirs.runner
+    if mine is None or theirs is None:
+        return False
+    if mine.runner == theirs.runner:
+        return True
+    own = [p for p in mine.runner.split(";") if p]
+    return not any(p.startswith("num_gpu=") for p in own) and \
+        [p for p in theirs.runner.split(";") if p and not p.startswith("num_gpu=")] == own
 
 
 def copy_sharers(view: ProviderView, model: str) -> tuple[str, ...]:

@@ -9,12 +9,19 @@ import threading
 from dataclasses import replace
 
 import httpx
+import pytest
 
 from loadtest.ollama_sim import SimServer
 from loadtest.sim_model import CATALOG
 from tests.conftest import eventually
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
-from tests.integration.test_engine_audit import QWEN3_8B, QWEN3_16K
+from tests.integration.test_engine_audit import (
+    QWEN3_8B,
+    QWEN3_16K,
+    QWEN3_BATCH,
+    QWEN3_GPU,
+    QWEN3_LORA,
+)
 
 # the same file and runner options; only its template differs (no tools)
 QWEN3_PLAIN = replace(QWEN3_8B, name="qwen3-plain:latest", tools=False)
@@ -128,3 +135,25 @@ def test_keep_alive_0_on_a_call_that_joined_another_models_copy_unloads_that_cop
     assert eventually(lambda: listed(gpu.url) == set(), timeout_s=5)
     again = chat(url, "qwen3:8b")
     assert again.headers["x-kubemoot-placement"] == "cold"
+
+
+@pytest.mark.parametrize(("loaded", "asked", "placement"), [
+    ("qwen3-gpu", "qwen3:8b", "warm"),  # a call without num_gpu takes the copy's
+    ("qwen3:8b", "qwen3-gpu", "evict"),
+    ("qwen3:8b", "qwen3-batch", "evict"),  # a Modelfile's num_batch is compared
+    ("qwen3-lora", "qwen3:8b", "evict"),  # and its adapter
+])
+def test_runner_parameters_and_adapters_of_models_of_one_file_are_planned_as_ollama_runs_them(
+        sim_factory: Sims, sidecar_factory: Sidecars, loaded: str, asked: str,
+        placement: str) -> None:
+    """The prober reads them from /api/show's Modelfile; Ollama never reloads or evicts a
+    copy on its own for these calls."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, time_scale=SCALE,
+                      models=(*MODELS, QWEN3_BATCH, QWEN3_GPU, QWEN3_LORA))
+    url = sidecar_factory([gpu]).url
+    assert chat(url, loaded).status_code == 200
+    r = chat(url, asked)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-kubemoot-placement"] == placement
+    assert (gpu.sim.stats.reloads, gpu.sim.stats.self_evictions) == (0, 0)
+    assert gpu.sim.stats.loads == (1 if placement == "warm" else 2)

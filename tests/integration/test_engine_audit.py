@@ -17,6 +17,7 @@ import pytest
 
 from loadtest.ollama_sim import SimServer
 from loadtest.sim_model import CATALOG, Fitted, PromptTokens, fit_prompt
+from proxy.service.prober import runner_files, weights_file
 from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
@@ -231,3 +232,48 @@ def test_a_queued_call_whose_client_left_keeps_its_place_in_the_load_queue(
     assert eventually(lambda: sim.sim.loads_pending == 0)  # dropped once the loader came
     assert load(sim, "llama3.2:3b").status_code == 200
     assert listed(sim) == {"qwen3:14b", "llama3.2:3b"}  # phi3:mini was never loaded
+
+
+# Models created FROM qwen3:8b with runner options of their own in their Modelfiles
+QWEN3_BATCH = replace(QWEN3_8B, name="qwen3-batch:latest", parameters=(("num_batch", 1024),))
+QWEN3_GPU = replace(QWEN3_8B, name="qwen3-gpu:latest", parameters=(("num_gpu", 99),))
+QWEN3_LORA = replace(QWEN3_8B, name="qwen3-lora:latest", adapter="ab" * 32)
+QWEN3_PLAIN = replace(QWEN3_8B, name="qwen3-plain:latest", system="You are plain.")
+
+
+@pytest.mark.parametrize(("first", "then", "reloads"), [
+    # a Modelfile's num_batch is no automatic one (routes.go usesAutomaticNumBatch)
+    ("qwen3:8b", "qwen3-batch", 1), ("qwen3-batch", "qwen3:8b", 1),
+    # AdapterPaths are compared, the model's that loaded the copy with the call's (:1423)
+    ("qwen3:8b", "qwen3-lora", 1), ("qwen3-lora", "qwen3:8b", 1),
+    # a call whose num_gpu is -1 takes the copy's, whatever it is (:1390-1395); one that sets
+    # it compares it
+    ("qwen3-gpu", "qwen3:8b", 0), ("qwen3:8b", "qwen3-gpu", 1),
+    ("qwen3:8b", "qwen3-plain", 0), ("qwen3-plain", "qwen3:8b", 0),
+])
+@pytest.mark.parametrize("version", ["0.33.0", "0.12.6"])
+def test_models_of_one_file_share_its_copy_unless_their_runner_options_differ(
+        sim_factory: Sims, first: str, then: str, reloads: int, version: str) -> None:
+    """needsReload (HEAD server/sched.go:1381-1431; v0.12.6 :586-618) on a call for one
+    model created FROM another: the options are the Modelfile's PARAMETERs under the call's
+    (routes.go modelOptions)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, time_scale=SCALE,
+                      version=version,
+                      models=(*CATALOG, QWEN3_BATCH, QWEN3_GPU, QWEN3_LORA, QWEN3_PLAIN))
+    assert load(sim, first).status_code == 200
+    r = chat(sim, then, [{"role": "user", "content": "hello"}])
+    assert r.status_code == 200, r.text
+    assert sim.sim.stats.reloads == reloads
+    assert len(listed(sim)) == 1
+
+
+def test_the_simulators_show_lists_a_models_runner_parameters_and_adapter(
+        sim_factory: Sims) -> None:
+    """As Ollama's Modelfile String() writes them (server/images.go:586-640), and as the
+    sidecar's prober reads them."""
+    sim = sim_factory("gpu", total_vram_mib=24564, models=(*CATALOG, QWEN3_BATCH, QWEN3_LORA))
+    shown = {m: httpx.post(f"{sim.url}/api/show", json={"model": m}).json()
+             for m in ("qwen3-batch", "qwen3-lora")}
+    assert runner_files(shown["qwen3-batch"]) == "num_batch=1024"
+    assert runner_files(shown["qwen3-lora"]) == "adapter=sha256-" + "ab" * 32
+    assert weights_file(shown["qwen3-batch"]) == weights_file(shown["qwen3-lora"])

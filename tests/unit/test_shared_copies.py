@@ -92,3 +92,16 @@ def test_a_conversation_goes_back_to_the_joined_copy_holding_its_history() -> No
     assert placed is not None and (placed.provider, placed.copy) == ("b", "qwen3:8b"), decision
     prefill = {v.provider: v.terms["prefill"] for v in verdicts}
     assert prefill["b"] < prefill["a"]
+
+
+def test_a_call_without_a_num_gpu_of_its_own_joins_a_copy_loaded_with_one() -> None:
+    """needsReload gives a call whose num_gpu is Ollama's default the copy's: a call for the
+    8b joins the copy its num_gpu 99 sibling loaded; that sibling's call reloads the 8b's."""
+    models = {"qwen3:8b": FILE, "qwen3-plain": replace(FILE, runner="num_gpu=99")}
+    sibling_loaded = replace(card(models=models), residents=(Resident("qwen3-plain", 6000),))
+    joins = place(call("qwen3:8b"), snapshot(sibling_loaded))
+    placed = joins.placement
+    assert placed is not None and (placed.kind, placed.copy) == ("warm", "qwen3-plain"), joins
+    reloads = place(call("qwen3-plain"), snapshot(card(models=models))).placement
+    assert reloads is not None and (reloads.kind, set(reloads.evicts)) == (
+        "evict", {"qwen3:8b"}), reloads
