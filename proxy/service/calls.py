@@ -124,6 +124,8 @@ class CallService:
                 learning.finished(call.conversation)
                 self.metrics.tool_loops_ended.labels(placement.provider).inc()
             self.demand.note_use(placement.model)
+            if placement.copy:  # its copy is in use too: an eviction weighs that
+                self.demand.note_use(placement.copy)
             self.demand.note_held(self.experience.learning.take_unshared())
         check = self.experience.learning.observe_prefill(
             placement.provider, placement.copy_model, claimed.ticket.ticket_id,

@@ -157,3 +157,20 @@ def test_runner_parameters_and_adapters_of_models_of_one_file_are_planned_as_oll
     assert r.headers["x-kubemoot-placement"] == placement
     assert (gpu.sim.stats.reloads, gpu.sim.stats.self_evictions) == (0, 0)
     assert gpu.sim.stats.loads == (1 if placement == "warm" else 2)
+
+
+def test_a_call_on_another_models_copy_counts_as_a_use_of_that_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The demand board's use of the copy's model weighs its unload against its reloads."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    assert httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    url = sidecar_factory([gpu]).url
+    r = chat(url, "qwen3-plain")
+    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm"), r.text
+
+    def used() -> float:
+        demand = httpx.get(f"{url}/kubemoot/v1/state").json()["demand"]
+        return float(demand.get("qwen3:8b", {}).get("recentUse", 0))
+
+    assert eventually(lambda: used() > 0, timeout_s=5)
