@@ -392,6 +392,13 @@ def same_runner(view: ProviderView, model: str, other: str) -> bool:
         [p for p in theirs.runner.split(";") if p and not p.startswith("num_gpu=")] == own
 
 
+def copy_users(view: ProviderView, copy: str) -> tuple[str, ...]:
+    """The models whose calls Ollama runs on `copy`'s copy here: its own, and those made
+    from its weights file whose runner options it serves (at a context it may not)."""
+    return (copy, *sorted(m for m in view.models
+                          if same_weights(view, m, copy) and same_runner(view, m, copy)))
+
+
 def copy_sharers(view: ProviderView, model: str) -> tuple[str, ...]:
     """The other models listed here that Ollama runs on the copy a call for `model` uses:
     those of its weights file with its runner options and context (a call for it joined

@@ -15,6 +15,7 @@ from collections.abc import Coroutine
 from dataclasses import replace
 
 from proxy.core.engine_errors import is_out_of_memory
+from proxy.core.occupancy import copy_users
 from proxy.core.types import Circuit
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
@@ -100,8 +101,10 @@ class CallService:
             log.warning("ticket release not written; no longer counted here, written "
                         "when the store is back", provider=placement.provider,
                         ticket=claimed.ticket.ticket_id)
-        if not writes_now and any(self.demand.others_waiting(m) for m in
-                                  {placement.model, placement.copy_model}):
+        users = copy_users(self.scheduler.provider_view(placement.provider),
+                           placement.copy_model)
+        if not writes_now and any(self.demand.others_waiting(m)
+                                  for m in {placement.model, *users}):
             # Another sidecar's call waits for this slot: it sees the slot free only once the
             # release is written, so it is written now, not with the next write.
             self._spawn_release(claimed)

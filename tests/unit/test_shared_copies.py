@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.core.conversations import NO_CACHES
 from proxy.core.lengths import NO_LENGTHS, CallSample
-from proxy.core.occupancy import ticket_budget_ok
+from proxy.core.occupancy import copy_users, ticket_budget_ok
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.types import ModelInfo, ProviderView, Resident
@@ -105,3 +105,13 @@ def test_a_call_without_a_num_gpu_of_its_own_joins_a_copy_loaded_with_one() -> N
     reloads = place(call("qwen3-plain"), snapshot(card(models=models))).placement
     assert reloads is not None and (reloads.kind, set(reloads.evicts)) == (
         "evict", {"qwen3:8b"}), reloads
+
+
+def test_the_users_of_a_copy_are_the_models_ollama_runs_on_it() -> None:
+    """A release there is written at once when another sidecar's call for any of them
+    waits (service/calls.py)."""
+    models = {"qwen3:8b": FILE, "qwen3-plain": FILE,
+              "qwen3-lora": replace(FILE, runner="adapter=x"), "phi3:mini": ModelInfo()}
+    view = card(models=models)
+    assert copy_users(view, "qwen3:8b") == ("qwen3:8b", "qwen3-plain")
+    assert copy_users(view, "phi3:mini") == ("phi3:mini",)
