@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Mapping
 from itertools import combinations
 
-from proxy.core.occupancy import ProviderIndex
-from proxy.core.types import ModelDemand, Resident
+from proxy.core.occupancy import ProviderIndex, copy_users
+from proxy.core.types import ModelDemand, ProviderView, Resident
 
 NO_DEMAND = ModelDemand()
 # Ollama lists a copy kept forever as expiring 292 years on; no keep-alive set by hand is
@@ -41,6 +41,21 @@ def need_key(resident: Resident, demand: Mapping[str, ModelDemand], now: float |
             resident.expires_at, last_used, resident.model)
 
 
+def copy_demand(view: ProviderView, model: str, demand: Mapping[str, ModelDemand]
+                ) -> ModelDemand:
+    """What the demand board says of `model`'s copy here: of every model Ollama runs on it
+    (`copy_users`: models created FROM it join it), summed."""
+    users = [m for m in copy_users(view, model) if m in demand]
+    if len(users) <= 1:
+        return demand.get(users[0], NO_DEMAND) if users else NO_DEMAND
+    parts = [demand[m] for m in users]
+    return ModelDemand(
+        waiters=sum(d.waiters for d in parts), intents=sum(d.intents for d in parts),
+        recent_use=sum(d.recent_use for d in parts), predicted=sum(d.predicted for d in parts),
+        last_used_at=max(d.last_used_at for d in parts),
+        turns=tuple(sorted(t for d in parts for t in d.turns)))
+
+
 def idle_residents(index: ProviderIndex) -> list[Resident]:
     """Residents with no in-flight ticket and not already planned for release by a ticket."""
     return [r for r in index.residents.values()
@@ -60,9 +75,10 @@ def choose_victims(index: ProviderIndex, enough: Callable[[tuple[Resident, ...]]
     """
     if enough(forced):
         return forced
-    ordered = sorted((r for r in idle_residents(index) if r not in forced),
-                     key=lambda r: need_key(r, demand, now))
-    without_waiters = [r for r in ordered if not demand.get(r.model, NO_DEMAND).waiters]
+    idle = [r for r in idle_residents(index) if r not in forced]
+    needs = {r.model: copy_demand(index.view, r.model, demand) for r in idle}
+    ordered = sorted(idle, key=lambda r: need_key(r, needs, now))
+    without_waiters = [r for r in ordered if not needs[r.model].waiters]
     expiring = [r for r in without_waiters if not kept_forever(r, now)]
     for pool in (expiring, without_waiters, ordered):
         pool = pool[:max_candidates]

@@ -6,7 +6,7 @@ Ollama resolves it), whether a loaded copy's context holds it, and what a load t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 
 from proxy.core import context, engines
@@ -174,6 +174,32 @@ class Fitting:
                 return other
         return None
 
+    def joined_sibling(self, index: ProviderIndex, model: str,
+                       excluded: Container[str] = ()) -> str | None:
+        """Another model of `model`'s weights file whose copy here Ollama would have this
+        call join (core/shared_copies.py): loaded to last or being loaded, not leaving, with
+        runner options a call for `model` shares (`same_runner`), and a context that holds
+        the call as it is sent (`copy_problem`: a call over Ollama's API carries the copy's
+        num_ctx, one over another API gets Ollama's default); nor may the call need what
+        `model` lacks. None when `model` has a copy of its own here, or no such copy is
+        here. A model in `excluded` is passed over."""
+        if model in index.loaded_models:
+            return None
+        info = index.view.models.get(model)
+        if info is None or not info.weights or self.lacking(index, model) is not None:
+            return None
+        for other in sorted(index.loaded_models):
+            # (one that may expire before the call arrives, or whose load is still making
+            # room, is no copy to count on: `sibling` weighs those)
+            lasting = other in index.residents or other in index.loading
+            if lasting and other not in excluded and other not in index.leaving and \
+                    other not in index.planned_victims and \
+                    same_weights(index.view, model, other) and \
+                    same_runner(index.view, model, other) and \
+                    self.copy_problem(index, model, self.copy_context(index, other)) is None:
+                return other
+        return None
+
     def copy_context(self, index: ProviderIndex, model: str) -> int:
         """num_ctx as recorded for the copy this call would join (resident or loading)."""
         resident = index.residents.get(model)
@@ -228,6 +254,10 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     if stale is not None:
         return Fit(False, f"an idle copy with num_ctx {stale.context_length} is still listed: "
                           f"a load at {resolved.context} reloads it (planned as its eviction)")
+    joined = fitting.joined_sibling(index, model)
+    if joined is not None:  # (the call may run there as that model, a candidate of its own)
+        return Fit(False, f"Ollama would run the call on the copy of {joined} here (one "
+                          "weights file), not load another")
     sibling = fitting.sibling(index, model)
     if sibling is not None:
         return Fit(False, f"{sibling} is loaded from the same weights file: Ollama runs one "

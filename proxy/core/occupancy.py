@@ -185,6 +185,18 @@ class ProviderIndex:
         return model in self.loading and model not in self.planned_victims and \
             model not in self.leaving
 
+    def serves(self, model: str) -> bool:
+        """A copy here (warm or being loaded) that calls for `model` run on: its own, or
+        another model's of its weights file whose runner options it shares (`same_runner`;
+        at a context that may not suit every call)."""
+        if self.is_warm(model) or self.is_loading(model):
+            return True
+        info = self.view.models.get(model)
+        return info is not None and bool(info.weights) and any(
+            (self.is_warm(other) or self.is_loading(other)) and
+            same_weights(self.view, model, other) and same_runner(self.view, model, other)
+            for other in self.loaded_models)
+
     def slots(self, model: str) -> int:
         return model_slots(self.view, model)
 

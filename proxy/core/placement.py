@@ -100,7 +100,7 @@ class _Planner:
         # Cards where the call would join another model's copy of its weights file: planned
         # as its own copy there, and the placement put back in the card's names
         self.joined = joined_copies(self.indexes, [c.model for c in self.acceptable],
-                                    self.fitting, {c.model for c in call.candidates})
+                                    self.fitting, {c.model for c in self.acceptable})
         if self.joined:
             self.indexes = {name: as_own_copy(index, *self.joined[name], snapshot.now, policy)
                             if name in self.joined else index
@@ -370,8 +370,7 @@ class _Planner:
         free = index.free_mib()
         need = self.fitting.footprint_mib(index, model)
         found = self.blocked[index.name, model] = [] if free is None or need is None else [
-            other for other in self.wanted() if other != model
-            and not (index.is_warm(other) or index.is_loading(other))
+            other for other in self.wanted() if other != model and not index.serves(other)
             and self.fits_free_room(index, other, free)
             and not self.fits_free_room(index, other, free - need)]
         return found
@@ -402,7 +401,7 @@ class _Planner:
             if other == model or not (demand.waiters or demand.recent_use or
                                       demand.predicted):
                 continue
-            if any(i.is_warm(other) or i.is_loading(other) for i in self.indexes.values()):
+            if any(i.serves(other) for i in self.indexes.values()):
                 continue
             fits_here = self.fits_free_room(index, other, free)
             if fits_here and not self.fits_free_room(index, other, free - need) and not any(

@@ -18,7 +18,7 @@ from proxy.core.cost import (
     unload_seconds,
     waiting_line,
 )
-from proxy.core.eviction import NO_DEMAND, choose_victims
+from proxy.core.eviction import choose_victims, copy_demand
 from proxy.core.feasibility import Fitting, health_reason
 from proxy.core.occupancy import Load, ProviderIndex, same_runner, same_weights
 from proxy.core.policy import Policy
@@ -79,7 +79,7 @@ def victims_cost_s(view: ProviderView, victims: Iterable[Resident], snapshot: Sn
     total = unload_seconds(view.name, len(victims), snapshot, policy)
     for victim in victims:
         if victim.model != loading:
-            demand = snapshot.demand.get(victim.model, NO_DEMAND)
+            demand = copy_demand(view, victim.model, snapshot.demand)
             total += load_seconds(view, victim.model, victim.footprint_mib, snapshot,
                                   policy) * demand.expected_reloads
     return total
@@ -95,6 +95,8 @@ def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resid
             model in index.loading or model in index.making_room:
         return None
     copy = index.residents.get(model)
+    if copy is None and fitting.joined_sibling(index, model) is not None:
+        return None  # Ollama would run the call on that copy: no load here
     if copy is None:
         sibling = fitting.sibling(index, model)
         if sibling is not None:

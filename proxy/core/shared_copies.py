@@ -16,50 +16,24 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 
 from proxy.core.feasibility import Fitting
-from proxy.core.occupancy import ProviderIndex, index_providers, same_runner, same_weights
+from proxy.core.occupancy import ProviderIndex, index_providers
 from proxy.core.policy import Policy
 from proxy.core.types import Placement, Snapshot, Ticket
-
-
-def joined_copy(index: ProviderIndex, model: str, fitting: Fitting,
-                names: Collection[str]) -> str | None:
-    """The model whose copy here a call for `model` would join: made from its weights file,
-    with its runner options, loaded to last (or being loaded) at a context this call's own
-    load would ask for, and not leaving. None when `model` has a copy of its own here, or
-    no such copy is here. A model among `names` (the call's candidates) is no such copy:
-    the call may be placed on it under its own name."""
-    if model in index.loaded_models:
-        return None
-    info = index.view.models.get(model)
-    if info is None or not info.weights:
-        return None
-    resolved = None
-    for other in sorted(index.loaded_models):
-        # (one that may expire before the call arrives, or whose load is still making room,
-        # is no copy to count on: feasibility's `sibling` weighs those)
-        lasting = other in index.residents or other in index.loading
-        if not lasting or other in names or other in index.leaving or \
-                not same_weights(index.view, model, other) or \
-                not same_runner(index.view, model, other):
-            continue
-        copy = fitting.copy_context(index, other)
-        resolved = resolved or fitting.load(index, model)[0]
-        if not copy or copy in (resolved.requested, resolved.context):
-            return other
-    return None
 
 
 def joined_copies(indexes: Mapping[str, ProviderIndex], models: Iterable[str],
                   fitting: Fitting, names: Collection[str]) -> dict[str, tuple[str, str]]:
     """Per card, the first of `models` (the call's acceptable ones, preferred first) with
-    another model's copy there to join (`joined_copy`): card -> (model, the copy's model)."""
+    another model's copy there to join (`Fitting.joined_sibling`), that copy's model not
+    among `names` (those the call may run as under their own names): card -> (model, the
+    copy's model)."""
     models = tuple(models)
     out: dict[str, tuple[str, str]] = {}
     for name, index in indexes.items():
         if not index.loaded_models:
             continue
         for model in models:
-            copy = joined_copy(index, model, fitting, names)
+            copy = fitting.joined_sibling(index, model, names)
             if copy is not None:
                 out[name] = (model, copy)
                 break

@@ -11,7 +11,7 @@ from collections.abc import Coroutine, Mapping
 
 from proxy.core.context import parse_version
 from proxy.core.models import model_name
-from proxy.core.occupancy import copy_sharers
+from proxy.core.occupancy import copy_sharers, same_weights
 from proxy.core.tickets import Residency
 from proxy.core.types import Snapshot
 from proxy.observability.logging import get_logger
@@ -103,20 +103,23 @@ class Evictions:
         Nothing is placed, claimed or loaded."""
         unloaded, in_use = [], []
         for view in snapshot.providers:
-            copy = next((r for r in view.residents if r.model == model), None)
+            # Ollama finds the copy by its weights file (sched.go expireRunner): another
+            # model's copy of it, when a model created FROM it is named
+            copy = next((r for r in view.residents if r.model == model), None) or next(
+                (r for r in view.residents if same_weights(view, model, r.model)), None)
             if copy is None or copy.loading:
                 # Still loading: while llama.Load runs keep_alive 0 finds nothing to expire
                 # (server/sched.go:627, 726, 1713-1731), and recorded unloaded the copy about
                 # to be there would be uncounted.
                 continue
             try:
-                unused = await self.tickets.mark_leaving_unless_used(view.name, model,
+                unused = await self.tickets.mark_leaving_unless_used(view.name, copy.model,
                                                                      copy.footprint_mib)
             except StoreUnavailable:
                 unused = False  # the others could not be told: leave it loaded
             if unused:
                 unloaded.append(view.name)
-                self._spawn(self._unload_leaving(self.tickets, view.name, model))
+                self._spawn(self._unload_leaving(self.tickets, view.name, copy.model))
             else:
                 in_use.append(view.name)
         log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use)

@@ -10,6 +10,7 @@ import httpx
 
 from loadtest.sim_model import CATALOG
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat
+from tests.e2e.test_weights_siblings import openai_chat
 from tests.integration.test_engine_audit import QWEN3_16K
 
 
@@ -22,12 +23,13 @@ def test_a_model_created_from_a_loaded_one_is_planned_as_a_reload_of_its_copy(
     reloaded at 16384. Planned as a cold load beside the 8b, the sidecar counts memory for
     two copies, then takes the next qwen3:8b call for a warm join that reloads it again.
     /api/show's modelfile names the blob (FROM .../blobs/sha256-...), which is how a
-    sidecar could tell."""
+    sidecar could tell. (The call comes over the OpenAI API, which cannot carry the copy's
+    num_ctx: over Ollama's own it would join the copy at 4096.)"""
     gpu = sim_factory("gpu", total_vram_mib=16376, models=(*CATALOG, QWEN3_16K),
                       time_scale=SCALE)  # default context: 4096
     httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
     url = sidecar_factory([gpu]).url
-    r = chat(url, "qwen3-16k")
+    r = openai_chat(url, "qwen3-16k")
     assert r.status_code == 200, r.text
     assert r.headers["x-kubemoot-placement"] == "evict", dict(r.headers)
     assert r.headers["x-kubemoot-evicted"] == "qwen3:8b"

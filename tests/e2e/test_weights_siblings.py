@@ -6,6 +6,7 @@ file from /api/show's FROM line and plans such a reload as the copy's eviction."
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 import httpx
@@ -32,17 +33,25 @@ def listed(url: str) -> set[str]:
     return {m["name"] for m in httpx.get(f"{url}/api/ps").json()["models"]}
 
 
+def openai_chat(url: str, model: str, timeout: float = 30) -> httpx.Response:
+    """A chat over the OpenAI API: it cannot carry num_ctx, so Ollama gives the model its own
+    (its Modelfile's), not the copy's."""
+    return httpx.post(f"{url}/v1/chat/completions", timeout=timeout,
+                      json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+
+
 def behind_a_long_8b_call(sim_factory: Sims, sidecar_factory: Sidecars, total_mib: int,
-                          model: str) -> tuple[SimServer, httpx.Response]:
-    """A call for `model` sent while a long call runs on qwen3:8b's one slot, which it
-    waits for: the card, and its answer."""
+                          model: str, send: Callable[..., httpx.Response] = chat
+                          ) -> tuple[SimServer, httpx.Response]:
+    """A call for `model` sent (by `send`) while a long call runs on qwen3:8b's one slot,
+    which it waits for: the card, and its answer."""
     gpu = sim_factory("gpu", total_vram_mib=total_mib, context_length=4096, models=MODELS,
                       time_scale=SCALE)
     url = sidecar_factory([gpu]).url
     started = threading.Event()
     long_call = stream_in_background(url, "qwen3:8b", 400, started)
     assert started.wait(30)
-    r = chat(url, model, timeout=60)
+    r = send(url, model, timeout=60)
     assert r.status_code == 200, r.text
     assert not long_call.is_alive()  # it ran to its end first
     return gpu, r
@@ -50,12 +59,14 @@ def behind_a_long_8b_call(sim_factory: Sims, sidecar_factory: Sidecars, total_mi
 
 def test_calls_alternating_between_two_models_of_one_file_keep_each_on_its_own_card(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """qwen3-16k's calls come over the OpenAI API: at its own 16384, which the 8b's copy at
+    4096 is not."""
     gpus = [sim_factory(name, total_vram_mib=16376, context_length=4096, models=MODELS,
                         time_scale=SCALE) for name in ("a", "b")]
     url = sidecar_factory(gpus).url
     placed = []
     for model in ("qwen3:8b", "qwen3-16k", "qwen3:8b", "qwen3-16k", "qwen3:8b", "qwen3-16k"):
-        r = chat(url, model)
+        r = chat(url, model) if model == "qwen3:8b" else openai_chat(url, model)
         assert r.status_code == 200, r.text
         placed.append((model, r.headers["x-kubemoot-provider"],
                        r.headers["x-kubemoot-placement"]))
@@ -69,7 +80,8 @@ def test_calls_alternating_between_two_models_of_one_file_keep_each_on_its_own_c
 
 def test_a_model_of_a_busy_copys_file_waits_for_its_call_then_reloads_it(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    gpu, r = behind_a_long_8b_call(sim_factory, sidecar_factory, 16376, "qwen3-16k")
+    gpu, r = behind_a_long_8b_call(sim_factory, sidecar_factory, 16376, "qwen3-16k",
+                                   openai_chat)
     assert (r.headers["x-kubemoot-placement"], r.headers["x-kubemoot-evicted"]) == (
         "evict", "qwen3:8b")
     assert int(r.headers["x-kubemoot-waited-ms"]) > 0
@@ -174,3 +186,16 @@ def test_a_call_on_another_models_copy_counts_as_a_use_of_that_copy(
         return float(demand.get("qwen3:8b", {}).get("recentUse", 0))
 
     assert eventually(lambda: used() > 0, timeout_s=5)
+
+
+def test_a_model_with_a_context_of_its_own_joins_the_copy_when_its_call_can_carry_the_copys(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Over Ollama's API the call is sent with the num_ctx of the copy it joins, as any call
+    is: qwen3-16k's short prompt runs on the 8b's copy at 4096, with no reload."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "qwen3:8b").status_code == 200
+    r = chat(url, "qwen3-16k")
+    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm"), r.text
+    assert (gpu.sim.stats.loads, gpu.sim.stats.reloads) == (1, 0)

@@ -25,7 +25,7 @@ from proxy.core.eviction import choose_victims, idle_residents
 from proxy.core.lengths import CallLength, CallLengths, CallSample
 from proxy.core.load_times import LoadTimes
 from proxy.core.occupancy import index_providers, ticket_budget_ok
-from proxy.core.placement import explain, place
+from proxy.core.placement import explain, in_tolerance, place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.tickets import Refused, TicketSet, claim, without
 from proxy.core.types import (
@@ -223,7 +223,7 @@ def check_placed(snap: Snapshot, call: CallSpec, decision: Decision) -> None:
     if placement.copy:  # another model's copy of its weights file, listed or being loaded
         info, other = view.models.get(placement.model), view.models.get(placement.copy)
         assert info is not None and other is not None and info.weights == other.weights
-        assert placement.copy not in {c.model for c in call.candidates}
+        assert placement.copy not in {c.model for c in (call.preferred, *in_tolerance(call))}
         assert not placement.loads and placement.copy in index.loaded_models
     assert placement.kind in ("warm", "loading", "cold", "evict"), decision.reason
     assert math.isfinite(placement.cost_s), decision.reason

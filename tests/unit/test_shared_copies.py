@@ -35,13 +35,17 @@ def test_a_copy_being_loaded_is_joined_as_a_loading_copy() -> None:
     assert ticket_budget_ok([loading], join, snap.providers[0], DEFAULT_POLICY, True)[0]
 
 
-def test_a_copy_at_a_context_the_call_would_not_load_is_not_joined() -> None:
-    """Ollama would reload it (needsReload compares num_ctx): planned as its eviction."""
+def test_a_copy_at_another_context_is_joined_only_by_a_call_that_can_carry_it() -> None:
+    """Over the OpenAI or Anthropic API the call gets its Modelfile's num_ctx, and Ollama
+    would reload the copy (needsReload compares num_ctx): planned as its eviction. Over
+    Ollama's own API it carries the copy's num_ctx, which holds it: joined."""
     own_ctx = {"qwen3:8b": FILE, "qwen3-plain": replace(FILE, modelfile_num_ctx=16384)}
-    placed = place(call("qwen3-plain"), snapshot(card(models=own_ctx, resident_ctx=4096,
-                                                      ctx=4096))).placement
+    snap = snapshot(card(models=own_ctx, resident_ctx=4096, ctx=4096))
+    placed = place(call("qwen3-plain", pins_context=False), snap).placement
     assert placed is not None and placed.copy == "", placed
     assert placed.kind == "evict" and set(placed.evicts) == {"qwen3:8b"}, placed
+    joins = place(call("qwen3-plain"), snap).placement
+    assert joins is not None and (joins.copy, joins.num_ctx) == ("qwen3:8b", 4096), joins
 
 
 def test_a_copy_with_other_runner_options_or_leaving_is_not_joined() -> None:
