@@ -199,3 +199,16 @@ def test_a_model_with_a_context_of_its_own_joins_the_copy_when_its_call_can_carr
     r = chat(url, "qwen3-16k")
     assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm"), r.text
     assert (gpu.sim.stats.loads, gpu.sim.stats.reloads) == (1, 0)
+
+
+def test_ollama_stop_of_a_model_made_from_a_loaded_one_unloads_that_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's expireRunner finds the copy by the weights file (sched.go
+    schedulerModelKey): `ollama stop qwen3-plain` unloads the copy listed as qwen3:8b."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, models=MODELS,
+                      time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "qwen3:8b").status_code == 200
+    stop = httpx.post(f"{url}/api/generate", json={"model": "qwen3-plain", "keep_alive": 0})
+    assert stop.status_code == 200, stop.text
+    assert eventually(lambda: listed(gpu.url) == set(), timeout_s=5)

@@ -12,7 +12,7 @@ from proxy.core.lengths import NO_LENGTHS, CallSample
 from proxy.core.occupancy import copy_users, ticket_budget_ok
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.types import ModelInfo, ProviderView, Resident
+from proxy.core.types import ModelDemand, ModelInfo, ProviderView, Resident
 from tests.unit.builders import GIB24, NOW, SIZES, call, gpu, snapshot, ticket
 from tests.unit.test_affinity import loop, rates
 
@@ -119,3 +119,12 @@ def test_the_users_of_a_copy_are_the_models_ollama_runs_on_it() -> None:
     view = card(models=models)
     assert copy_users(view, "qwen3:8b") == ("qwen3:8b", "qwen3-plain")
     assert copy_users(view, "phi3:mini") == ("phi3:mini",)
+
+
+def test_a_model_in_demand_that_runs_on_another_models_copy_is_not_shut_out_by_a_load() -> None:
+    """qwen3-plain, in demand, has no copy of its own but runs on the 8b's: a load of the
+    14b beside that copy takes no room it needs."""
+    fleet = snapshot(card(), replace(card(residents=()), name="b"),
+                     demand={"qwen3-plain": ModelDemand(recent_use=3.0)})
+    verdicts = {v.provider: v for v in explain(call("qwen3:14b"), fleet)[1]}
+    assert "takes_room" not in verdicts["a"].terms, verdicts["a"]
