@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 from itertools import combinations
 
-from proxy.core.occupancy import ProviderIndex, copy_users
+from proxy.core.occupancy import ProviderIndex, same_runner, same_weights
 from proxy.core.types import ModelDemand, ProviderView, Resident
 
 NO_DEMAND = ModelDemand()
@@ -45,10 +45,11 @@ def copy_demand(view: ProviderView, model: str, demand: Mapping[str, ModelDemand
                 ) -> ModelDemand:
     """What the demand board says of `model`'s copy here: of every model Ollama runs on it
     (`copy_users`: models created FROM it join it), summed."""
-    users = [m for m in copy_users(view, model) if m in demand]
-    if len(users) <= 1:
-        return demand.get(users[0], NO_DEMAND) if users else NO_DEMAND
-    parts = [demand[m] for m in users]
+    # (the board lists far fewer models than a card has: its entries are the ones asked)
+    parts = [d for m, d in demand.items() if m == model or (
+        same_weights(view, m, model) and same_runner(view, m, model))]
+    if len(parts) <= 1:
+        return parts[0] if parts else NO_DEMAND
     return ModelDemand(
         waiters=sum(d.waiters for d in parts), intents=sum(d.intents for d in parts),
         recent_use=sum(d.recent_use for d in parts), predicted=sum(d.predicted for d in parts),

@@ -16,7 +16,6 @@ from proxy.core.occupancy import (
     ProviderIndex,
     loaded_limit,
     same_runner,
-    same_weights,
     sibling_loading,
 )
 from proxy.core.sizing import Footprint, Sizer
@@ -153,8 +152,9 @@ class Fitting:
         per weights file (server/sched.go schedulerModelKey) and reloads it when a call's
         runner options differ (needsReload), so the load is planned as the copy's eviction
         once the copy is loaded and idle. Where the options match, Ollama has the call join
-        the copy: it is planned as before, a load beside it, which counts the memory twice
-        until the next probe (the safe side)."""
+        the copy (`joined_sibling`, weighed first); a matching copy that may expire before
+        the call arrives is planned beside, counting the memory twice until the next probe
+        (the safe side)."""
         view = index.view
         # (as the claim reads it: a load still making room is not in `index.loading`)
         loading = sibling_loading(view, model, index.tickets,
@@ -162,8 +162,8 @@ class Fitting:
         if loading is not None:
             return loading
         resolved = None
-        for other in index.loaded_models:
-            if other in index.leaving or not same_weights(view, model, other):
+        for other in index.siblings(model):
+            if other in index.leaving:
                 continue
             if not same_runner(view, model, other):
                 return other
@@ -185,16 +185,15 @@ class Fitting:
         here. A model in `excluded` is passed over."""
         if model in index.loaded_models:
             return None
-        info = index.view.models.get(model)
-        if info is None or not info.weights or self.lacking(index, model) is not None:
+        siblings = index.siblings(model)
+        if not siblings or self.lacking(index, model) is not None:
             return None
-        for other in sorted(index.loaded_models):
+        for other in siblings:
             # (one that may expire before the call arrives, or whose load is still making
             # room, is no copy to count on: `sibling` weighs those)
             lasting = other in index.residents or other in index.loading
             if lasting and other not in excluded and other not in index.leaving and \
                     other not in index.planned_victims and \
-                    same_weights(index.view, model, other) and \
                     same_runner(index.view, model, other) and \
                     self.copy_problem(index, model, self.copy_context(index, other)) is None:
                 return other

@@ -160,6 +160,9 @@ class ProviderIndex:
         default=None, init=False, repr=False, compare=False)
     _run_lengths: tuple[CallLengths, float | None, float, dict[str, float]] | None = field(
         default=None, init=False, repr=False, compare=False)
+    # loaded_models by weights file, worked out when first asked
+    _by_weights: dict[str, tuple[str, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -191,11 +194,23 @@ class ProviderIndex:
         at a context that may not suit every call)."""
         if self.is_warm(model) or self.is_loading(model):
             return True
+        return any((self.is_warm(other) or self.is_loading(other)) and
+                   same_runner(self.view, model, other) for other in self.siblings(model))
+
+    def siblings(self, model: str) -> tuple[str, ...]:
+        """The other models listed or being loaded here made from `model`'s weights file
+        (`same_weights`), in name order."""
         info = self.view.models.get(model)
-        return info is not None and bool(info.weights) and any(
-            (self.is_warm(other) or self.is_loading(other)) and
-            same_weights(self.view, model, other) and same_runner(self.view, model, other)
-            for other in self.loaded_models)
+        if info is None or not info.weights:
+            return ()
+        if self._by_weights is None:
+            by: dict[str, list[str]] = {}
+            for other in sorted(self.loaded_models):
+                found = self.view.models.get(other)
+                if found is not None and found.weights:
+                    by.setdefault(found.weights, []).append(other)
+            self._by_weights = {w: tuple(names) for w, names in by.items()}
+        return tuple(m for m in self._by_weights.get(info.weights, ()) if m != model)
 
     def slots(self, model: str) -> int:
         return model_slots(self.view, model)
