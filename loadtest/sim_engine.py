@@ -113,6 +113,9 @@ def _int_option(options: dict[str, Any], key: str) -> int | None:
     return int(value)
 
 
+DEFAULT_NUM_BATCH = 512  # api.DefaultOptions' NumBatch
+
+
 def auto_batch(num_ctx: int, num_parallel: int) -> int:
     """The automatic num_batch (sched.go:859-868) by context x slots."""
     tokens = num_ctx * num_parallel
@@ -177,15 +180,19 @@ def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, versio
         return True
     if version_tuple(version) < (0, 30, 0):
         def runner_part(o: LoadOptions) -> tuple[Any, ...]:
-            # a call whose num_gpu is -1 takes the copy's (v0.12.6 :600-606)
+            # a call whose num_gpu is -1 takes the copy's (v0.12.6 :600-606); no batch is
+            # automatic there: DefaultOptions' unless set
             num_gpu = -1 if request.num_gpu < 0 else o.num_gpu
-            return (o.num_ctx, o.num_batch, num_gpu, o.main_gpu or 0, o.use_mmap, o.num_thread)
+            num_batch = DEFAULT_NUM_BATCH if o.num_batch_auto else o.num_batch
+            return (o.num_ctx, num_batch, num_gpu, o.main_gpu or 0, o.use_mmap, o.num_thread)
         return runner_part(loaded) != runner_part(request)
     new_ctx = min(request.num_ctx, trained) if trained else request.num_ctx
     if loaded.num_ctx_auto and request.num_ctx_auto:
         new_ctx = loaded.num_ctx
+    # The automatic batch is set at a load (sched.go:807-813): a call still carries
+    # DefaultOptions' (api/types.go:1116), compared unless the copy's is automatic too
     new_batch = loaded.num_batch if loaded.num_batch_auto and request.num_batch_auto \
-        else request.num_batch
+        else DEFAULT_NUM_BATCH if request.num_batch_auto else request.num_batch
     new_mmap = loaded.use_mmap if loaded.use_mmap_auto and request.use_mmap is None \
         else request.use_mmap
     new_gpu = -1 if request.num_gpu < 0 else request.num_gpu

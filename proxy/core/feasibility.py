@@ -182,7 +182,8 @@ class Fitting:
         the call as it is sent (`copy_problem`: a call over Ollama's API carries the copy's
         num_ctx, one over another API gets Ollama's default); nor may the call need what
         `model` lacks. None when `model` has a copy of its own here, or no such copy is
-        here. A model in `excluded` is passed over."""
+        here. A model in `excluded` (one the call may run as) is passed over where it can
+        take the call."""
         if model in index.loaded_models:
             return None
         siblings = index.siblings(model)
@@ -192,7 +193,8 @@ class Fitting:
             # (one that may expire before the call arrives, or whose load is still making
             # room, is no copy to count on: `sibling` weighs those)
             lasting = other in index.residents or other in index.loading
-            if lasting and other not in excluded and other not in index.leaving and \
+            runs_as_other = other in excluded and self.lacking(index, other) is None
+            if lasting and not runs_as_other and other not in index.leaving and \
                     other not in index.planned_victims and \
                     same_runner(index.view, model, other) and \
                     self.copy_problem(index, model, self.copy_context(index, other)) is None:

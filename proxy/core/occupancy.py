@@ -414,9 +414,24 @@ def same_runner(view: ProviderView, model: str, other: str) -> bool:
         return False
     if mine.runner == theirs.runner:
         return True
-    own = [p for p in mine.runner.split(";") if p]
-    return not any(p.startswith("num_gpu=") for p in own) and \
-        [p for p in theirs.runner.split(";") if p and not p.startswith("num_gpu=")] == own
+    own, copy = _runner_parts(mine.runner), _runner_parts(theirs.runner)
+    if not any(p.startswith("num_gpu=") for p in own):  # (a negative one is dropped)
+        copy = [p for p in copy if not p.startswith("num_gpu=")]
+    return own == copy
+
+
+def _runner_parts(runner: str) -> list[str]:
+    """ModelInfo.runner's parts: the PARAMETERs in name order (/api/show lists them in a Go
+    map's order, server/routes.go:1499-1508), a negative num_gpu (Ollama's default: the
+    copy's is taken) left out; then the files in their order."""
+    parts = [p for p in runner.split(";") if p]
+    parameters = sorted(p for p in parts if not p.startswith(RUNNER_FILES)
+                        and not (p.startswith("num_gpu=-")))
+    return [*parameters, *(p for p in parts if p.startswith(RUNNER_FILES))]
+
+
+# ModelInfo.runner's parts that name files (service/prober.py runner_files), in their order
+RUNNER_FILES = ("adapter=", "from=", "draft=")
 
 
 def copy_users(view: ProviderView, copy: str) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ use the slot, or whose sidecar died, must not hold it), so the line cannot deadl
 from __future__ import annotations
 
 from proxy.core.lengths import CallLength
-from proxy.core.occupancy import copy_users, indexes_for
+from proxy.core.occupancy import copy_users, indexes_for, same_runner
 from proxy.core.policy import Policy
 from proxy.core.types import Placement, Snapshot
 
@@ -50,38 +50,34 @@ def waiters_ahead(snapshot: Snapshot, model: str, turn_at: float) -> int:
     return sum(1 for other in demand.turns if other < turn_at)
 
 
-def free_slots(snapshot: Snapshot, policy: Policy, model: str,
-               shared_by: frozenset[str] = frozenset()) -> int:
-    """Slots of `model` free now on every card: its warm copies' and those of copies being
-    loaded, less the calls bound to them (a copy partly in CPU memory is no free slot).
-    `shared_by`: only on cards where Ollama runs calls of all these models on its copy
-    (`copy_users`)."""
+def free_slots(snapshot: Snapshot, policy: Policy, model: str) -> int:
+    """Slots free now on every card for calls of `model`: those of its warm copies and of
+    copies being loaded, and of the copies of other models of its weights file it runs on
+    (core/shared_copies.py; at a context that may not suit every call), less the calls
+    bound to them (a copy partly in CPU memory is no free slot)."""
     total = 0
     for index in indexes_for(snapshot, policy).values():
-        resident = index.residents.get(model)
-        if resident is not None and resident.spilled:
-            continue
-        if (index.is_warm(model) or index.is_loading(model)) and \
-                shared_by.issubset(copy_users(index.view, model) if shared_by else ()):
-            total += max(0, index.free_slots(model))
+        for copy in (model, *index.siblings(model)):
+            resident = index.residents.get(copy)
+            if resident is not None and resident.spilled:
+                continue
+            if (index.is_warm(copy) or index.is_loading(copy)) and \
+                    (copy == model or same_runner(index.view, model, copy)):
+                total += max(0, index.free_slots(copy))
     return total
 
 
 def yields_to_sooner(placement: Placement, snapshot: Snapshot, policy: Policy,
                      turn_at: float) -> int:
     """How many waiting calls with sooner turns the placement's slot is due to first; 0: take
-    it."""
+    it. Those of every model Ollama runs on the copy (core/shared_copies.py) count: the slot
+    is due to them when, for one of those models, fewer slots are free than such calls."""
     if placement.loads or placement.kind == "queued":  # no free slot taken
         return 0
-    # The models whose calls Ollama runs on the copy (core/shared_copies.py): their waiting
-    # calls are due its slot as much as the call's own model's are
     view = next((v for v in snapshot.providers if v.name == placement.provider), None)
     users = copy_users(view, placement.copy_model) if view is not None else ()
-    models = {placement.model, placement.copy_model, *users}
-    ahead = sum(waiters_ahead(snapshot, model, turn_at) for model in models)
-    if ahead == 0:
-        return 0
-    shared = frozenset(models) if len(models) > 1 else frozenset()
-    if ahead < sum(free_slots(snapshot, policy, model, shared) for model in models):
-        return 0
-    return ahead
+    ahead = {model: waiters_ahead(snapshot, model, turn_at)
+             for model in {placement.model, placement.copy_model, *users}}
+    if any(0 < count >= free_slots(snapshot, policy, model) for model, count in ahead.items()):
+        return sum(ahead.values())
+    return 0

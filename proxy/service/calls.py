@@ -126,9 +126,7 @@ class CallService:
             if call.ends_loop_unless_tool_called and outcome.called_tools is False:
                 learning.finished(call.conversation)
                 self.metrics.tool_loops_ended.labels(placement.provider).inc()
-            self.demand.note_use(placement.model)
-            if placement.copy:  # its copy is in use too: an eviction weighs that
-                self.demand.note_use(placement.copy)
+            self.demand.note_use(placement.model)  # (a copy's is its users': copy_demand)
             self.demand.note_held(self.experience.learning.take_unshared())
         check = self.experience.learning.observe_prefill(
             placement.provider, placement.copy_model, claimed.ticket.ticket_id,

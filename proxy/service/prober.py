@@ -87,7 +87,8 @@ def modelfile_num_ctx(show: dict[str, Any]) -> int:
 _BLOB = re.compile(r"(?:^|[/\\])(sha256[-:][0-9a-f]{64})$")
 # The Modelfile PARAMETERs that are runner options (api.Runner): a copy loaded with other
 # values is reloaded (server/sched.go needsReload); num_ctx is compared on its own
-RUNNER_PARAMETERS = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
+RUNNER_PARAMETERS = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread",
+                     "draft_num_predict")
 
 
 def _modelfile(show: dict[str, Any]) -> list[tuple[str, str]]:
@@ -115,8 +116,10 @@ def weights_file(show: dict[str, Any]) -> str:
 def runner_files(show: dict[str, Any]) -> str:
     """What besides the weights file and the context a copy of the model is loaded with, as
     needsReload compares it (server/sched.go:1400-1425): its Modelfile's runner PARAMETERs,
-    its ADAPTER files and its projector files (the FROMs after the first), in order; "" for
-    none. Two models of one weights file share a copy only where this is the same."""
+    its ADAPTER files, its projector files (the FROMs after the first) and its DRAFT model
+    (HEAD images.go:601-606; a draft sets draft_num_predict), in order; "" for none. Two
+    models of one weights file share a copy only where this is the same
+    (core/occupancy.py same_runner)."""
     parts = []
     for line in str(show.get("parameters") or "").splitlines():
         key, _, value = line.strip().partition(" ")
@@ -125,8 +128,10 @@ def runner_files(show: dict[str, Any]) -> str:
     commands = _modelfile(show)
     adapters = [argument for command, argument in commands if command == "ADAPTER"]
     projectors = [argument for command, argument in commands if command == "FROM"][1:]
+    drafts = [argument for command, argument in commands if command == "DRAFT"]
     parts += [f"adapter={_blob(a) or a}" for a in adapters]
     parts += [f"from={_blob(a) or a}" for a in projectors]
+    parts += [f"draft={_blob(a) or a}" for a in drafts]
     return ";".join(parts)
 
 

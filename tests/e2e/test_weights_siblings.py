@@ -171,23 +171,6 @@ def test_runner_parameters_and_adapters_of_models_of_one_file_are_planned_as_oll
     assert gpu.sim.stats.loads == (1 if placement == "warm" else 2)
 
 
-def test_a_call_on_another_models_copy_counts_as_a_use_of_that_copy(
-        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    """The demand board's use of the copy's model weighs its unload against its reloads."""
-    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, models=MODELS,
-                      time_scale=SCALE)
-    assert httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
-    url = sidecar_factory([gpu]).url
-    r = chat(url, "qwen3-plain")
-    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm"), r.text
-
-    def used() -> float:
-        demand = httpx.get(f"{url}/kubemoot/v1/state").json()["demand"]
-        return float(demand.get("qwen3:8b", {}).get("recentUse", 0))
-
-    assert eventually(lambda: used() > 0, timeout_s=5)
-
-
 def test_a_model_with_a_context_of_its_own_joins_the_copy_when_its_call_can_carry_the_copys(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """Over Ollama's API the call is sent with the num_ctx of the copy it joins, as any call
@@ -212,3 +195,24 @@ def test_ollama_stop_of_a_model_made_from_a_loaded_one_unloads_that_copy(
     stop = httpx.post(f"{url}/api/generate", json={"model": "qwen3-plain", "keep_alive": 0})
     assert stop.status_code == 200, stop.text
     assert eventually(lambda: listed(gpu.url) == set(), timeout_s=5)
+
+
+CANDIDATES = [{"model": "qwen3-plain", "score": 100}, {"model": "qwen3:8b", "score": 95}]
+
+
+def test_a_candidates_busy_copy_of_the_file_unloads_nothing_for_a_model_made_from_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096, models=MODELS,
+                      time_scale=SCALE, version="0.12.6")  # (no 80 % rule to refuse the load)
+    for model in ("qwen3:8b", "llama3.2:3b", "phi3:mini"):  # (no call length learned)
+        assert httpx.post(f"{gpu.url}/api/generate", json={"model": model}).status_code == 200
+    url = sidecar_factory([gpu], model_candidates_mulling=CANDIDATES).url
+    started = threading.Event()
+    long_call = stream_in_background(url, "qwen3:8b", 400, started)
+    assert started.wait(30)
+    r = chat(url, "qwen3-plain", timeout=60)
+    assert r.status_code == 200, r.text
+    long_call.join(60)
+    assert r.headers.get("x-kubemoot-evicted", "") == "", dict(r.headers)
+    assert listed(gpu.url) == {"qwen3:8b", "llama3.2:3b", "phi3:mini"}
+    assert (gpu.sim.stats.loads, gpu.sim.stats.reloads) == (3, 0)

@@ -277,3 +277,18 @@ def test_the_simulators_show_lists_a_models_runner_parameters_and_adapter(
     assert runner_files(shown["qwen3-batch"]) == "num_batch=1024"
     assert runner_files(shown["qwen3-lora"]) == "adapter=sha256-" + "ab" * 32
     assert weights_file(shown["qwen3-batch"]) == weights_file(shown["qwen3-lora"])
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.12.6"])
+def test_an_automatic_call_on_a_copy_with_a_modelfile_num_batch_compares_ollamas_default(
+        sim_factory: Sims, version: str) -> None:
+    """qwen3-batch (PARAMETER num_batch 1024) loaded; a call for qwen3:8b (no num_batch):
+    HEAD's needsReload keeps the request's 512 (only both automatic take the copy's,
+    :1402-1404) against 1024, and reloads; v0.12.6 compares its 512 too (:595-610)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, num_parallel=2,
+                      time_scale=SCALE, version=version, models=(*CATALOG, QWEN3_BATCH))
+    assert load(sim, "qwen3-batch").status_code == 200
+    r = chat(sim, "qwen3:8b", [{"role": "user", "content": "hello"}])
+    assert r.status_code == 200, r.text
+    assert sim.sim.stats.reloads == 1
+    assert len(listed(sim)) == 1

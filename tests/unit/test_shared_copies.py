@@ -18,6 +18,7 @@ from tests.unit.test_affinity import loop, rates
 
 FILE = ModelInfo(weights="sha256-" + "ab" * 32)
 OBSERVED = {**{m: {0: mib} for m, mib in SIZES.items()}, "qwen3-plain": {0: 6000}}
+TOOLS = (("tools", "does not support tools"),)
 
 
 def card(total: int = GIB24, residents: tuple[str, ...] = ("qwen3:8b",), **extra: Any
@@ -64,8 +65,7 @@ def test_a_load_that_unloads_a_joined_copy_names_it_by_the_cards_name() -> None:
     the card lists it, or nothing would unload it."""
     models = {"qwen3:8b": FILE, "qwen3-plain": replace(FILE, capabilities=("completion",))}
     snap = snapshot(card(total=8192, models=models))
-    tools = (("tools", "does not support tools"),)
-    decision = place(call(("phi3:mini", 100), ("qwen3-plain", 95), needs=tools), snap)
+    decision = place(call(("phi3:mini", 100), ("qwen3-plain", 95), needs=TOOLS), snap)
     placed = decision.placement
     assert placed is not None, decision
     assert (placed.model, placed.kind, dict(placed.evicts), placed.copy) == (
