@@ -147,7 +147,7 @@ class Fitting:
     def sibling(self, index: ProviderIndex, model: str) -> str | None:
         """Another model here made from `model`'s weights file (`ollama create` FROM it, a
         name with a Modelfile of its own) that a load of `model` would make Ollama reload:
-        one being loaded, or one loaded (not leaving) with other runner options than that
+        one being loaded or unloaded, or one loaded with other runner options than that
         load's (ModelInfo.runner, or a context it would not ask for). Ollama runs one copy
         per weights file (server/sched.go schedulerModelKey) and reloads it when a call's
         runner options differ (needsReload), so the load is planned as the copy's eviction
@@ -164,7 +164,9 @@ class Fitting:
         resolved = None
         for other in index.siblings(model):
             if other in index.leaving:
-                continue
+                # Ollama keeps it until its calls end, and a call for `model` finds it
+                # there: the load waits until it is gone
+                return other
             if not same_runner(view, model, other):
                 return other
             copy = self.copy_context(index, other) or next(
@@ -260,6 +262,9 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         return Fit(False, f"Ollama would run the call on the copy of {joined} here (one "
                           "weights file), not load another")
     sibling = fitting.sibling(index, model)
+    if sibling in index.leaving:
+        return Fit(False, f"{sibling}, of the same weights file, is being unloaded here: "
+                          f"a load of {model} waits until it is gone")
     if sibling is not None:
         return Fit(False, f"{sibling} is loaded from the same weights file: Ollama runs one "
                           f"copy of it, so a load of {model} reloads that copy (planned as "

@@ -505,6 +505,10 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         sibling = sibling_loading(view, new.model, live, residents)
         if sibling is not None and sibling not in new.evicts:
             return False, f"{sibling} is being loaded here from the same weights file"
+        leaving = next((r.model for r in view.residents if r.leaving and
+                        same_weights(view, new.model, r.model)), None)
+        if leaving is not None:  # Ollama would reload it, once its calls end
+            return False, f"{leaving} is being unloaded here from the same weights file"
     victims: dict[str, int] = {}
     for ticket in [*live, new]:
         for victim in ticket.evicts:

@@ -113,9 +113,10 @@ def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resid
 
 def _idle_copy(index: ProviderIndex, model: str) -> tuple[Resident, ...] | None:
     """`model`'s copy here as a load's forced victim, or None while it cannot go yet (in
-    use, being loaded, or already another load's victim)."""
+    use, being loaded, already another load's victim, or being unloaded)."""
     if index.calls_by_model.get(model) or model in index.loading or \
-            model in index.planned_victims or model in index.making_room:
+            model in index.planned_victims or model in index.making_room or \
+            model in index.leaving:
         return None
     copy = index.residents.get(model) or next(
         (r for r in index.view.residents if r.model == model), None)

@@ -12,7 +12,7 @@ from proxy.core.lengths import NO_LENGTHS, CallSample
 from proxy.core.occupancy import copy_users, ticket_budget_ok
 from proxy.core.placement import explain, place
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.types import ModelDemand, ModelInfo, ProviderView, Resident
+from proxy.core.types import ModelDemand, ModelInfo, ProviderView, Resident, Ticket
 from tests.unit.builders import GIB24, NOW, SIZES, call, gpu, snapshot, ticket
 from tests.unit.test_affinity import loop, rates
 
@@ -128,3 +128,17 @@ def test_a_model_in_demand_that_runs_on_another_models_copy_is_not_shut_out_by_a
                      demand={"qwen3-plain": ModelDemand(recent_use=3.0)})
     verdicts = {v.provider: v for v in explain(call("qwen3:14b"), fleet)[1]}
     assert "takes_room" not in verdicts["a"].terms, verdicts["a"]
+
+
+def test_no_load_goes_beside_a_copy_of_the_file_being_unloaded() -> None:
+    """Ollama keeps a copy asked to unload until its calls end, and a call for another
+    model of its file finds it there and reloads it: the load waits until it is gone, and
+    the claim refuses one."""
+    own_ctx = {"qwen3:8b": FILE, "qwen3-16k": replace(FILE, modelfile_num_ctx=16384)}
+    leaving = replace(card(models=own_ctx, ctx=4096),
+                      residents=(Resident("qwen3:8b", 6000, 4096, leaving=True),))
+    decision = place(call("qwen3-16k", pins_context=False), snapshot(leaving))
+    assert decision.outcome == "wait" and decision.placement is None, decision
+    load = Ticket("t", "a", "qwen3-16k", 6500, NOW, NOW + 60, cold=True)
+    ok, why = ticket_budget_ok([], load, leaving, DEFAULT_POLICY)
+    assert not ok and "being unloaded" in why, why
