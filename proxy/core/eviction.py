@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 from itertools import combinations
 
-from proxy.core.occupancy import ProviderIndex, same_runner, same_weights
+from proxy.core.occupancy import ProviderIndex, runs_on
 from proxy.core.types import ModelDemand, ProviderView, Resident
 
 NO_DEMAND = ModelDemand()
@@ -44,10 +44,9 @@ def need_key(resident: Resident, demand: Mapping[str, ModelDemand], now: float |
 def copy_demand(view: ProviderView, model: str, demand: Mapping[str, ModelDemand]
                 ) -> ModelDemand:
     """What the demand board says of `model`'s copy here: of every model Ollama runs on it
-    (`copy_users`: models created FROM it join it), summed."""
+    (`runs_on`: models created FROM it join it), summed."""
     # (the board lists far fewer models than a card has: its entries are the ones asked)
-    parts = [d for m, d in demand.items() if m == model or (
-        same_weights(view, m, model) and same_runner(view, m, model))]
+    parts = [d for m, d in demand.items() if runs_on(view, m, model)]
     if len(parts) <= 1:
         return parts[0] if parts else NO_DEMAND
     return ModelDemand(

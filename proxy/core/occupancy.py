@@ -192,10 +192,14 @@ class ProviderIndex:
         """A copy here (warm or being loaded) that calls for `model` run on: its own, or
         another model's of its weights file whose runner options it shares (`same_runner`;
         at a context that may not suit every call)."""
-        if self.is_warm(model) or self.is_loading(model):
-            return True
-        return any((self.is_warm(other) or self.is_loading(other)) and
-                   same_runner(self.view, model, other) for other in self.siblings(model))
+        return any(self.is_warm(copy) or self.is_loading(copy)
+                   for copy in self.copies_for(model))
+
+    def copies_for(self, model: str) -> tuple[str, ...]:
+        """`model` and the other models listed or being loaded here whose copy calls for
+        `model` run on (`runs_on`)."""
+        return (model, *(other for other in self.siblings(model)
+                         if same_runner(self.view, model, other)))
 
     def siblings(self, model: str) -> tuple[str, ...]:
         """The other models listed or being loaded here made from `model`'s weights file
@@ -434,11 +438,16 @@ def _runner_parts(runner: str) -> list[str]:
 RUNNER_FILES = ("adapter=", "from=", "draft=")
 
 
+def runs_on(view: ProviderView, model: str, copy: str) -> bool:
+    """Whether Ollama runs calls for `model` on `copy`'s copy here: its own, or one of its
+    weights file whose runner options it shares (at a context that may not suit every
+    call)."""
+    return model == copy or (same_weights(view, model, copy) and same_runner(view, model, copy))
+
+
 def copy_users(view: ProviderView, copy: str) -> tuple[str, ...]:
-    """The models whose calls Ollama runs on `copy`'s copy here: its own, and those made
-    from its weights file whose runner options it serves (at a context it may not)."""
-    return (copy, *sorted(m for m in view.models
-                          if same_weights(view, m, copy) and same_runner(view, m, copy)))
+    """The models whose calls Ollama runs on `copy`'s copy here (`runs_on`), its own first."""
+    return (copy, *sorted(m for m in view.models if m != copy and runs_on(view, m, copy)))
 
 
 def copy_sharers(view: ProviderView, model: str) -> tuple[str, ...]:

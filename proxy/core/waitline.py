@@ -19,7 +19,7 @@ use the slot, or whose sidecar died, must not hold it), so the line cannot deadl
 from __future__ import annotations
 
 from proxy.core.lengths import CallLength
-from proxy.core.occupancy import copy_users, indexes_for, same_runner
+from proxy.core.occupancy import copy_users, indexes_for
 from proxy.core.policy import Policy
 from proxy.core.types import Placement, Snapshot
 
@@ -57,12 +57,11 @@ def free_slots(snapshot: Snapshot, policy: Policy, model: str) -> int:
     bound to them (a copy partly in CPU memory is no free slot)."""
     total = 0
     for index in indexes_for(snapshot, policy).values():
-        for copy in (model, *index.siblings(model)):
+        for copy in index.copies_for(model):
             resident = index.residents.get(copy)
             if resident is not None and resident.spilled:
                 continue
-            if (index.is_warm(copy) or index.is_loading(copy)) and \
-                    (copy == model or same_runner(index.view, model, copy)):
+            if index.is_warm(copy) or index.is_loading(copy):
                 total += max(0, index.free_slots(copy))
     return total
 

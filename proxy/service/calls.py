@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.occupancy import copy_users
-from proxy.core.types import Circuit
+from proxy.core.types import Circuit, Placement
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.observability.recent import RecentCalls
@@ -101,10 +101,7 @@ class CallService:
             log.warning("ticket release not written; no longer counted here, written "
                         "when the store is back", provider=placement.provider,
                         ticket=claimed.ticket.ticket_id)
-        users = copy_users(self.scheduler.provider_view(placement.provider),
-                           placement.copy_model)
-        if not writes_now and any(self.demand.others_waiting(m)
-                                  for m in {placement.model, *users}):
+        if not writes_now and self._others_wait_for(placement):
             # Another sidecar's call waits for this slot: it sees the slot free only once the
             # release is written, so it is written now, not with the next write.
             self._spawn_release(claimed)
@@ -142,6 +139,15 @@ class CallService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+
+    def _others_wait_for(self, placement: Placement) -> bool:
+        """Whether another sidecar's call waits for the slot the placement held: one of its
+        model, or of any model Ollama runs on its copy (core/occupancy.py copy_users)."""
+        if self.demand.others_waiting(placement.model):
+            return True
+        view = self.scheduler.provider_view(placement.provider)
+        return any(self.demand.others_waiting(m)
+                   for m in copy_users(view, placement.copy_model) if m != placement.model)
 
     def _count_cache(self, provider: str, check: CacheCheck) -> None:
         metrics = self.metrics

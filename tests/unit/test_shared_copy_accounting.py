@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.types import ModelDemand, Resident
@@ -98,18 +100,14 @@ def test_a_copy_of_a_candidate_that_cannot_take_the_call_is_joined_under_the_cal
         "warm", "qwen3-plain", "qwen3:8b"), decision
 
 
-def test_a_model_whose_modelfile_sets_num_gpu_minus_1_joins_a_copy_loaded_with_another(
-        ) -> None:
-    models = {"qwen3:8b": replace(FILE, runner="num_gpu=99"),
-              "qwen3-plain": replace(FILE, runner="num_gpu=-1")}
-    card = gpu("a", GIB24, ("qwen3:8b",), observed=OBSERVED, models=models)
-    placed = place(call("qwen3-plain"), snapshot(card)).placement
-    assert placed is not None and (placed.kind, placed.copy) == ("warm", "qwen3:8b"), placed
-
-
-def test_runner_parameters_listed_in_another_order_are_the_same_runner() -> None:
-    models = {"qwen3:8b": replace(FILE, runner="num_batch=1024;num_thread=8"),
-              "qwen3-plain": replace(FILE, runner="num_thread=8;num_batch=1024")}
+@pytest.mark.parametrize(("copy", "own"), [
+    # a negative num_gpu (Ollama's default) takes the copy's
+    ("num_gpu=99", "num_gpu=-1"),
+    # /api/show lists PARAMETERs in a Go map's order
+    ("num_batch=1024;num_thread=8", "num_thread=8;num_batch=1024"),
+])
+def test_runner_options_ollama_takes_as_the_same_join_the_copy(copy: str, own: str) -> None:
+    models = {"qwen3:8b": replace(FILE, runner=copy), "qwen3-plain": replace(FILE, runner=own)}
     card = gpu("a", GIB24, ("qwen3:8b",), observed=OBSERVED, models=models)
     placed = place(call("qwen3-plain"), snapshot(card)).placement
     assert placed is not None and (placed.kind, placed.copy) == ("warm", "qwen3:8b"), placed
