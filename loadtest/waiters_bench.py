@@ -71,8 +71,11 @@ class NoGauge:
         return None
 
 
-def model_info(i: int) -> ModelInfo:
+def model_info(i: int, weights: bool = False) -> ModelInfo:
+    """`weights`: a weights file of its own, as /api/show names one for every model on a
+    real Ollama (the checks for models of one file then run: docs/rules.md)."""
     return ModelInfo(trained_context=32768, kv_bytes_per_token=(64 + 16 * (i % 5)) * 1024,
+                     weights=f"sha256-{i:064x}" if weights else "",
                      estimate_kv_bytes_per_token=(64 + 16 * (i % 5)) * 1024,
                      family="qwen3", architecture="qwen3",
                      capabilities=("completion", "tools"))
@@ -87,7 +90,8 @@ class Fleet:
     tickets: dict[str, TicketSet]  # per card, as written
 
 
-def fleet(providers: int, models: int, sidecars: int, seed: int) -> Fleet:
+def fleet(providers: int, models: int, sidecars: int, seed: int, weights: bool = False
+          ) -> Fleet:
     rng = random.Random(seed)
     names = [f"m{i:02d}:{rng.choice((4, 8, 14))}b" for i in range(models)]
     disk = {m: 2500 + 700 * (i % 17) for i, m in enumerate(names)}
@@ -121,7 +125,7 @@ def fleet(providers: int, models: int, sidecars: int, seed: int) -> Fleet:
             loaded_expiry={m: now + 300 for m in loaded},
             available_mib=dict(disk),
             observed={m: {8192 * parallel: loaded[m]} for m in loaded},
-            models={m: model_info(i) for i, m in enumerate(names)}, version="0.33.0"))
+            models={m: model_info(i, weights) for i, m in enumerate(names)}, version="0.33.0"))
         tickets = {}
         for m in loaded:
             for s in range(parallel):
@@ -236,7 +240,7 @@ async def place_table(a: argparse.Namespace) -> None:
     print("providers  candidates  place_p50_us  p99_us  snapshot+place_p50_us  p99_us  outcome")
     sizes = sorted({n for n in (10, 20, a.providers) if n <= a.providers})
     for n in sizes:
-        f = fleet(n, a.models, a.sidecars, a.seed)
+        f = fleet(n, a.models, a.sidecars, a.seed, a.own_weights)
         s = f.services.scheduler
         for k in (1, 4, 8):
             spec = CallSpec(tuple(Candidate(m, 100 - 5 * i) for i, m in
@@ -332,7 +336,7 @@ async def run(a: argparse.Namespace) -> None:
           "wait entries")
     print("waiters  change_wall_ms  change_cpu_ms  per_waiter_us  stall_max_ms")
     steps = sorted({w for w in (10, 50, a.waiters) if w <= a.waiters})
-    f = fleet(a.providers, a.models, a.sidecars, a.seed)
+    f = fleet(a.providers, a.models, a.sidecars, a.seed, a.own_weights)
     tasks: list[asyncio.Task[object]] = []
     have = 0
     for n in steps:
@@ -366,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=300)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--part", choices=("all", "place", "waiters"), default="all")
+    p.add_argument("--own-weights", action="store_true",
+                   help="every model with a weights file of its own, as on a real Ollama")
     configure_logging("warning")
     asyncio.run(run(p.parse_args(argv)))
 
