@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import sim_bindings, sim_checks, sim_dialects, sim_output
+from . import sim_bindings, sim_checks, sim_cloud, sim_dialects, sim_output
 from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import (
@@ -117,6 +117,7 @@ class SimApp:
             Route("/api/version", self.version, methods=["GET", "HEAD"]),
             Route("/api/tags", self.tags, methods=["GET", "HEAD"]),
             Route("/api/ps", self.ps, methods=["GET"]),
+            Route("/api/status", self.status, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
@@ -155,6 +156,11 @@ class SimApp:
         self._probed("/api/ps")
         return _json(self.sim.ps())
 
+    async def status(self, request: Request) -> Response:
+        if version_tuple(self.sim.config.version) < sim_cloud.STATUS_SINCE:
+            return PlainTextResponse("404 page not found", status_code=404)  # gin's own
+        return _json(sim_cloud.status(self.sim.config.no_cloud))
+
     async def show(self, request: Request) -> Response:
         self._probed("/api/show")
         body = await self._body(request)
@@ -165,7 +171,16 @@ class SimApp:
         name = body.get("model") or body.get("name")
         if not name:
             return _error("model is required", 400)
-        model = self._model(str(name))
+        config = self.sim.config
+        routed = sim_cloud.route(str(name), config.version, config.cloud_stubs)
+        if isinstance(routed, sim_cloud.Refused):
+            return _error(routed.message, routed.status)
+        if isinstance(routed, sim_cloud.ToCloud):
+            refused = sim_cloud.disabled(config.no_cloud, config.version,
+                                        sim_cloud.DETAILS_UNAVAILABLE)
+            return _error(refused.message, refused.status) if refused else \
+                _json(sim_cloud.show_answer(routed.echo))
+        model = self._model(routed)
         if isinstance(model, Response):
             return model
         return _json(self.sim.show(model))
@@ -344,6 +359,10 @@ class SimApp:
             return sim_dialects.error(path, wrong, 400)
         chat = path in sim_dialects.CHAT_PATHS
         native = await self._run(sim_dialects.native_request(path, body), chat, request)
+        routed = sim_cloud.route(str(body.get("model") or ""), self.sim.config.version,
+                                 self.sim.config.cloud_stubs)
+        if isinstance(routed, sim_cloud.ToCloud):  # the cloud's own answer names its model
+            body = {**body, "model": routed.echo}
         return await sim_dialects.answer(path, native, body)
 
     async def openai_embed(self, request: Request) -> Response:
@@ -392,7 +411,12 @@ class SimApp:
         name = body.get("model")
         if not name or not isinstance(name, str):
             return _error("model is required", 400)
-        model = self._model(name)
+        routed = sim_cloud.route(name, version, sim.config.cloud_stubs)
+        if isinstance(routed, sim_cloud.Refused):
+            return _error(routed.message, routed.status)
+        if isinstance(routed, sim_cloud.ToCloud):
+            return await self._cloud(body, chat, request, routed.echo)
+        model = self._model(routed)
         if isinstance(model, Response):
             return model
         if chat and version_tuple(version) < ANY_SPELLING_SINCE and \
@@ -476,6 +500,41 @@ class SimApp:
         gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault, name)
         if stream:
             return await self._stream(gen, request)
+        return await self._collect(gen, chat, request)
+
+    async def _cloud(self, body: dict[str, Any], chat: bool, request: Request, echo: str
+                     ) -> Response:
+        """The cloud's answer, sent back as Ollama relays it: no runner, no slot, no GPU."""
+        sim = self.sim
+        if refused := sim_cloud.disabled(sim.config.no_cloud, sim.config.version,
+                                         sim_cloud.INFERENCE_UNAVAILABLE):
+            return _error(refused.message, refused.status)
+        options = body.get("options") if isinstance(body.get("options"), dict) else {}
+        sim.stats.cloud_requests += 1
+        reply = sim_output.reply_for(body, chat, sim_output.answer_tokens(
+            options, sim.config.answer_tokens), sim_output.answer_cap(options), False)
+        prompt = sim.chat_prompt(body) if chat else sim.generate_prompt(body)
+        gen = self._cloud_answer(reply, prompt.total, chat, echo)
+        if body.get("stream", True) is not False:
+            return await self._stream(gen, request)
+        return await self._collect(gen, chat, request)
+
+    async def _cloud_answer(self, reply: Reply, prompt_tokens: int, chat: bool, echo: str
+                            ) -> AsyncGenerator[bytes, None]:
+        started = time.perf_counter()
+        for piece in reply.pieces:
+            await asyncio.sleep(piece.tokens / self.sim.config.tokens_per_s
+                                * self.sim.config.time_scale)
+            yield self._chunk(echo, piece, chat)
+        final = self._done(echo, chat, reply.done_reason)
+        final.update({"total_duration": int((time.perf_counter() - started) * 1e9),
+                      "prompt_eval_count": prompt_tokens, "eval_count": reply.tokens})
+        yield orjson.dumps(final) + b"\n"
+
+    async def _collect(self, gen: AsyncGenerator[bytes, None], chat: bool, request: Request
+                       ) -> Response:
+        """A non-streamed answer: the chunks run to the end and gathered into the last."""
+        sim = self.sim
         final: dict[str, Any] = {}
         text: list[str] = []
         thinking: list[str] = []
@@ -756,6 +815,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "at one context, reloaded for the other's); each KEY=VALUE another "
                         "runner PARAMETER (num_batch, num_gpu, main_gpu, use_mmap, "
                         "num_thread) or adapter=NAME, a LoRA ADAPTER; repeatable")
+    p.add_argument("--cloud-stub", action="append", default=[], metavar="NAME=REMOTE_MODEL",
+                   help="a stub of a model Ollama's cloud runs, as `ollama pull "
+                        "gpt-oss:120b-cloud` leaves (listed, never loaded; the simulator "
+                        "answers for the cloud); repeatable")
+    p.add_argument("--no-cloud", action="store_true", help="OLLAMA_NO_CLOUD (0.18+)")
     add_sharing_flags(p)
     return p.parse_args(argv)
 
@@ -833,6 +897,10 @@ def configs_from(argv: list[str] | None) -> list[SimConfig]:
         configs = [replace(c, models=with_aliases(c.models, args.alias)) for c in configs]
     if args.derived:
         configs = [replace(c, models=with_derived(c.models, args.derived)) for c in configs]
+    stubs = tuple(sim_cloud.CloudStub(*s.split("=", 1)) for s in args.cloud_stub
+                  if "=" in s)
+    if stubs or args.no_cloud:
+        configs = [replace(c, cloud_stubs=stubs, no_cloud=args.no_cloud) for c in configs]
     return [sharing_from(args, config) for config in configs]
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from .sim_cloud import CloudStub
 from .sim_engine import (
     INPUT_TOO_LONG,
     LAST_POOLING,
@@ -268,6 +269,8 @@ class SimConfig:
     # Runners decoding at once time-slice the card (OllamaSim.token_period_s); False: every
     # slot decodes alone at full speed, whatever else runs
     share_gpu: bool = True
+    cloud_stubs: tuple[CloudStub, ...] = ()  # stubs of cloud models in the store (sim_cloud.py)
+    no_cloud: bool = False  # OLLAMA_NO_CLOUD
 
     def model(self, name: str) -> SimModel | None:
         wanted = normalise_name(name)

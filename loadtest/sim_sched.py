@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from . import sim_cloud
 from .sim_cache import PromptCache
 from .sim_engine import (
     MIB,
@@ -163,6 +164,7 @@ class Fault:
 @dataclass
 class Stats:
     requests: int = 0
+    cloud_requests: int = 0  # calls sent on to Ollama's cloud (sim_cloud.py): no GPU
     loads: int = 0
     unloads: int = 0
     reloads: int = 0  # copies Ollama reloaded because a call's load options differed
@@ -910,7 +912,7 @@ class OllamaSim:
         return {"models": [
             {**self._describe(m), "modified_at": "2026-01-01T00:00:00Z", "size": m.disk_mib * MIB}
             for m in self.config.models
-        ]}
+        ] + [sim_cloud.tags_entry(s) for s in self.config.cloud_stubs]}
 
     def show(self, model: SimModel) -> dict[str, Any]:
         parameters = ['stop                           "<|im_end|>"']

@@ -248,6 +248,10 @@ class ModelServer(Protocol):
         """The models loaded now."""
         ...
 
+    async def status(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """/api/status: whether the server's cloud features are on (Ollama 0.17+)."""
+        ...
+
     async def tags(self, timeout_s: float | None = None) -> list[ModelEntry]:
         """The models on disk."""
         ...

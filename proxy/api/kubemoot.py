@@ -22,7 +22,7 @@ from proxy.api.routes import (
     read_capped,
 )
 from proxy.core.affinity import expected_cached
-from proxy.core.models import INVALID_MODEL_NAME, is_valid_model_name
+from proxy.core.models import split_source
 from proxy.core.occupancy import index_providers, loaded_limit
 from proxy.core.placement import explain
 from proxy.core.types import CallSpec, Decision, Verdict
@@ -30,7 +30,7 @@ from proxy.core.waitline import slack_s
 from proxy.ports import MODEL_DEMAND
 from proxy.service.demand import DemandBoard
 from proxy.service.plans import PlanBook
-from proxy.service.routing import CallRequest
+from proxy.service.routing import CLOUD, CallRequest
 from proxy.service.scheduler import Scheduler
 from proxy.service.snapshot import StateView
 
@@ -92,8 +92,8 @@ def _model_param(request: Request) -> str | None:
     if model is not None and len(model) > wire.MAX_ID_LENGTH:
         raise wire.BadRequest(f"query parameter 'model' must be at most {wire.MAX_ID_LENGTH} "
                               "characters", "model")
-    if model is not None and not is_valid_model_name(model):
-        raise wire.BadRequest(INVALID_MODEL_NAME, "model")
+    if model is not None:
+        wire.check_name(model)
     return model
 
 
@@ -130,8 +130,12 @@ class KubemootApi:
             plan = wire.validate(wire.PlanRequest, body)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), wire.named_model(body))
-        result = await self.plans.create(plan.thread, plan.phase or "mulling", plan.model,
-                                         plan.promptChars)
+        phase = plan.phase or "mulling"
+        if self._cloud_provider(plan.model, phase) is not None:
+            return _json({"thread": plan.thread, "planned": False, "reason": f"Ollama's cloud "
+                          f"runs {plan.model}: nothing of the fleet to plan"})
+        model = split_source(plan.model)[0] if plan.model else plan.model
+        result = await self.plans.create(plan.thread, phase, model, plan.promptChars)
         if result.get("refusal"):  # over this agent's plans, or the fleet's share for them
             return error_response(429, result["refusal"], result["reason"], plan.model,
                                   retry_after_s=30)
@@ -163,6 +167,9 @@ class KubemootApi:
             can_wait = can_wait_header(request, self.default_can_wait)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
+        if cloud := self._cloud(model, phase):
+            return cloud
+        model = split_source(model)[0] if model else model
         result = self.scheduler.explain(phase, model, prompt_chars, num_ctx, thread, can_wait)
         if result is None:
             return error_response(400, "bad-request", "field 'model': a model is required")
@@ -180,6 +187,26 @@ class KubemootApi:
             "decision": decision_json(decision),
             "verdicts": [verdict_json(v) for v in verdicts],
         })
+
+    def _cloud_provider(self, model: str | None, phase: str) -> str | None:
+        """The provider a call for `model` would go through to Ollama's cloud
+        (core/cloud.py); None: the model is placed."""
+        granted = self.scheduler.cloud_attempt(CallRequest(
+            "/api/chat", model, phase, source=split_source(model)[1])) if model else None
+        return granted.attempt.provider if granted else None
+
+    def _cloud(self, model: str | None, phase: str) -> Response | None:
+        """Explain's answer for a model Ollama's cloud runs: sent on as it came, nothing
+        placed; None for any other model."""
+        provider = self._cloud_provider(model, phase)
+        if provider is None:
+            return None
+        return _json({
+            "candidates": [{"model": model, "score": 0.0}],
+            "decision": {"outcome": CLOUD, "reason": f"Ollama's cloud runs {model}: sent on "
+                         f"through {provider}'s Ollama, on no GPU of the fleet",
+                         "provider": provider},
+            "verdicts": []})
 
     def _wait_slack(self, spec: CallSpec) -> dict[str, Any]:
         """Where the call would stand among the calls waiting for its model: its turn comes
@@ -199,13 +226,15 @@ class KubemootApi:
         model = wire.named_model(body)
         if model is None:
             return error_response(400, "bad-request", "field 'model': a model is required")
-        if not is_valid_model_name(model):
-            return error_response(400, "bad-request", INVALID_MODEL_NAME, model)
         try:
+            wire.check_name(model)
             phase = _phase_param(request)
             wire.check_options(body.get("options"))
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
+        if cloud := self._cloud(model, phase):
+            return cloud
+        model = split_source(model)[0]
         candidates = self.scheduler.candidates(phase, model)
         if not candidates:
             return error_response(400, "bad-request", "field 'model': a model is required",

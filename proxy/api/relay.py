@@ -30,10 +30,10 @@ from proxy.api.errors import (
 from proxy.api.wire import past_go_duration
 from proxy.core.context import unshifted_answer_cap
 from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
-from proxy.core.models import model_key
+from proxy.core.models import cloud_echo, model_key, split_source
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
-from proxy.service.routing import STATIC, Attempt, Attempts, CallOutcome, Refusal
+from proxy.service.routing import CLOUD, STATIC, Attempt, Attempts, CallOutcome, Refusal
 
 log = get_logger("kubemoot.relay")
 
@@ -509,8 +509,9 @@ def _as_asked(asked: object, attempt: Attempt) -> str:
     provider's own name of the model picked."""
     names = attempt.names_here or (attempt.model,)
     if isinstance(asked, str) and asked:
+        ref = split_source(asked)[0] if attempt.reads_source else asked
         for name in names:
-            if model_key(asked) == model_key(name):
+            if model_key(ref) == model_key(name):
                 return asked if attempt.any_spelling else name
     return names[0]
 
@@ -637,7 +638,9 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     during a load or a long complete answer) has the call to Ollama cancelled with it.
     """
     started = time.perf_counter()
-    headers = attempt_headers(attempt, _as_asked(body.get("model"), attempt))
+    sent = _as_asked(body.get("model"), attempt)
+    headers = attempt_headers(attempt, cloud_echo(sent) if attempt.placement == CLOUD and
+                              attempt.reads_source else sent)
 
     def failed(cause: str, healthy: bool = False, answer: Response | None = None
                ) -> Unanswered:

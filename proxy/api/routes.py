@@ -27,11 +27,14 @@ from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
 from proxy.core.models import (
+    CLOUD,
+    SOURCE_SUFFIXES_SINCE,
     model_name,
     normalise_model,
     not_found,
     ollama_name_parts,
     resolve_model,
+    split_source,
 )
 from proxy.core.tokens import (
     PromptSize,
@@ -217,6 +220,8 @@ class SidecarApi:
         add("/api/tags", self.tags, methods=["GET", "HEAD"])
         add("/api/ps", self.ps, methods=["GET"])
         _without_head(app)
+        add("/api/status", self.status, methods=["GET"])
+        _without_head(app)
         add("/api/show", self.show, methods=["POST"])
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
@@ -267,6 +272,18 @@ class SidecarApi:
         return error_response(503, "no-provider", "no provider has answered the sidecar yet, "
                               "so there is no Ollama version to report", retry_after_s=
                               VERSION_RETRY_S)
+
+    async def status(self, request: Request) -> Response:
+        """Whether cloud models run (Ollama's /api/status, from 0.17): the first provider's
+        answer. The sidecar sends a cloud model's calls through a provider's Ollama, so that
+        Ollama's settings are the ones that hold."""
+        for _, client in self.pool.everything():
+            try:
+                return _json(await client.status(2.0))
+            except UpstreamError:
+                continue
+        return error_response(404, "not-found", "no provider answered GET /api/status "
+                              "(Ollama serves it from 0.17)")
 
     async def _gather(self, listing: Callable[[ModelServer], Awaitable[list[ModelEntry]]]
                       ) -> list[tuple[str, list[ModelEntry]]]:
@@ -460,9 +477,11 @@ class SidecarApi:
                      parsed: wire.Inference, measured: Measured | None = None) -> CallRequest:
         phase, thread, can_wait = call_headers(request, self.default_can_wait)
         size, conversation, shared, ends_loop = measured or measure(body, parsed)
+        model, source = self.model_source(parsed.model)
         return CallRequest(
             path=path,
-            model=parsed.model or None,
+            model=model,
+            source=source,
             phase=phase,
             thread=thread,
             can_wait=can_wait,
@@ -477,10 +496,17 @@ class SidecarApi:
             conversation=conversation,
             ends_loop_unless_tool_called=ends_loop,
             shared_prompt=shared,
-            needs=call_needs(path, body, parsed.model or self.calls.bound_model(phase, thread)),
+            needs=call_needs(path, body, model or self.calls.bound_model(phase, thread)),
             embeds=embeds(path, body),
             disconnected=lambda: _disconnect(request),
         )
+
+    def model_source(self, name: str | None) -> tuple[str | None, str]:
+        """The call's model and the source its name asks for (core/models.py split_source),
+        as the providers' Ollama reads it."""
+        if not name:
+            return None, ""
+        return split_source(name, self.engine_version() >= SOURCE_SUFFIXES_SINCE)
 
     async def _infer(self, request: Request, path: str, schema: type[wire.Inference]
                      ) -> Response:
@@ -499,7 +525,7 @@ class SidecarApi:
             call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
-        if call.model and wire.asks_to_unload(parsed):
+        if call.model and wire.asks_to_unload(parsed) and call.source != CLOUD:
             return await self._unload(call.model, path)
         if wrong := await off_loop(large, layers.found_error, path, body):
             # Ollama looks for the model first (and unloads before this check): one no

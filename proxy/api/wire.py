@@ -19,7 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from proxy.core.context import NEWEST, Version
 from proxy.core.durations import DurationError, parse_duration
-from proxy.core.models import INVALID_MODEL_NAME, is_valid_model_name
+from proxy.core.models import (
+    INVALID_MODEL_NAME,
+    SOURCE_SUFFIXES_SINCE,
+    is_valid_model_name,
+    model_ref,
+)
 
 
 class BadRequest(Exception):
@@ -518,7 +523,7 @@ def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) ->
     if model in (OllamaInference, OllamaEmbed):
         check_options(body.get("options"))
     parsed = _validated(model, body)
-    check_model_name(parsed)
+    check_model_name(parsed, version)
     return parsed
 
 
@@ -574,9 +579,21 @@ def _bad_request(errors: Sequence[Any]) -> BadRequest:
     return BadRequest(f"field '{field}': {message}", field)
 
 
-def check_model_name(parsed: BaseModel) -> None:
+def check_model_name(parsed: BaseModel, version: Version = NEWEST) -> None:
     """Ollama's 400 for a model name its ParseName cannot read (server/routes.go:66-75,
-    model_resolver.go:36-47); an empty name is the sidecar's "the model I am bound to"."""
+    model_resolver.go:36-47), its source suffix aside from 0.18; an empty name is the
+    sidecar's "the model I am bound to"."""
     name = getattr(parsed, "model", None) or getattr(parsed, "name", None)
-    if isinstance(name, str) and not is_valid_model_name(name):
+    if isinstance(name, str) and name:
+        check_name(name, version)
+
+
+def check_name(name: str, version: Version = NEWEST) -> None:
+    """check_model_name's test of one name."""
+    if version >= SOURCE_SUFFIXES_SINCE:
+        try:
+            name = model_ref(name).base
+        except ValueError as exc:
+            raise BadRequest(str(exc), "model") from None
+    if not is_valid_model_name(name):
         raise BadRequest(INVALID_MODEL_NAME, "model")

@@ -79,6 +79,74 @@ def is_valid_model_name(name: str) -> bool:
     return all(valid_name_part(k, p) for k, p in ollama_name_parts(name).items())
 
 
+# From 0.18 a name may end in its source (internal/modelref/modelref.go ParseRef):
+# `:local` is the model in the store and never a cloud stub; `:cloud`, or a tag ending in
+# `-cloud`, is a model Ollama's cloud runs, sent there without a stub in the store
+# (server/routes.go:267-272 generate, 2460-2467 chat, cloud_proxy.go for /v1). Before, those
+# spellings were names like any other (`x:8b:local` invalid, `x:8b-cloud` a stub's tag).
+SOURCE_SUFFIXES_SINCE = (0, 18, 0)
+LOCAL, CLOUD = "local", "cloud"
+CONFLICTING_SOURCES = "use either :local or :cloud, not both"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model name read for its source: the name without its suffix, and the source the
+    suffix asked for ("" none)."""
+
+    base: str
+    source: str = ""
+
+
+def _source_suffix(raw: str) -> tuple[str, str]:
+    """modelref.go parseSourceSuffix: the name without its source suffix, and that source."""
+    cut = raw.rfind(":")
+    if cut < 0:
+        return raw, ""
+    suffix = raw[cut + 1:].strip()
+    if suffix.lower() in (LOCAL, CLOUD):
+        return raw[:cut], suffix.lower()
+    if "/" not in suffix and suffix.lower().endswith("-" + CLOUD):
+        return raw[:cut + 1] + suffix[:-len("-" + CLOUD)], CLOUD
+    return raw, ""
+
+
+def model_ref(name: str) -> ModelRef:
+    """The name as Ollama 0.18+ reads its source; ValueError (Ollama's 400) for a name that
+    names two sources."""
+    raw = name.strip()
+    base, source = _source_suffix(raw)
+    if source and _source_suffix(base)[1]:
+        raise ValueError(f"{CONFLICTING_SOURCES}: {orjson.dumps(raw).decode()}")
+    return ModelRef(base, source)
+
+
+def _read_ref(name: str) -> ModelRef:
+    """model_ref, or no source at all for a name asking for two (refused where the engine
+    reads sources)."""
+    try:
+        return model_ref(name)
+    except ValueError:
+        return ModelRef(name)
+
+
+def split_source(name: str, reads_source: bool = True) -> tuple[str, str]:
+    """The model a call's name places and the source it asks for: a name ending in
+    `:local` is placed as the model without it where the engine reads the suffix; a cloud
+    name is kept whole (an Ollama before 0.18 knows it as a stub's name)."""
+    ref = _read_ref(name)
+    if ref.source == LOCAL:
+        return (ref.base, LOCAL) if reads_source else (name, "")
+    return name, ref.source
+
+
+def cloud_echo(name: str) -> str:
+    """The model a cloud call's answer names: Ollama sends a name with a cloud suffix on
+    without it (server/routes.go:267-272), a stub's as it was asked (:361)."""
+    ref = _read_ref(name)
+    return ref.base if ref.source == CLOUD else name
+
+
 def normalise_model(name: str) -> str:
     """The name as Ollama's /api/ps shows it (Name.DisplayShortest): the tag filled in,
     the default host and namespace left out, each part spelled as given; a name Ollama

@@ -106,6 +106,8 @@ class ProviderView:
     # A model placed under one of its names (core/aliases.py) -> this card's own names of
     # it, the one to send first; only where they differ from the placed name alone
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Stubs of models Ollama's cloud runs, listed here (model -> remote host): never placed
+    remote: Mapping[str, str] = field(default_factory=dict)
 
     def own_name(self, model: str) -> str:
         """The name of `model` (as placed) this card has, to send it."""

@@ -28,7 +28,7 @@ from proxy.service.evictions import Evictions
 from proxy.service.experience import CacheCheck, Experience
 from proxy.service.plans import PlanBook
 from proxy.service.prober import Prober
-from proxy.service.routing import STATIC, Attempt, CallOutcome, CallRequest, Refusal
+from proxy.service.routing import CLOUD, STATIC, Attempt, CallOutcome, CallRequest, Refusal
 from proxy.service.scheduler import Granted, Scheduler
 
 log = get_logger("kubemoot.calls")
@@ -182,7 +182,8 @@ class CallAttempts:
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
-        granted = await s.plans.take(self.call) or await s.scheduler.place_call(self.call)
+        granted = s.scheduler.cloud_attempt(self.call) or await s.plans.take(self.call) or \
+            await s.scheduler.place_call(self.call)
         if isinstance(granted, Refusal):
             s.metrics.refusals.labels(granted.reason).inc()
             log.info("call refused", path=self.call.path,
@@ -258,9 +259,10 @@ class CallAttempts:
     def _begin(self, granted: Granted) -> Attempt:
         attempt = granted.attempt
         self._current = granted
-        # (a provider's placement runs a model it lists; the static endpoint, any name sent)
+        # (a provider's placement runs a model it lists; the static endpoint and the cloud,
+        # any name sent)
         model = self.service.scheduler.model_label(attempt.model) \
-            if attempt.placement == STATIC else attempt.model
+            if attempt.placement in (STATIC, CLOUD) else attempt.model
         self.service.metrics.placements.labels(attempt.placement, attempt.provider,
                                                model).inc()
         self.service.metrics.in_flight.labels(attempt.provider).inc()

@@ -109,6 +109,9 @@ class ProviderState:
     version: str = ""
     # on-disk model -> its manifest digest (/api/tags): names with one digest are one model
     digests: dict[str, str] = field(default_factory=dict)
+    # Stubs of models Ollama's cloud runs (/api/tags `remote_host`): listed, never loaded,
+    # so not among the models on disk; model -> its remote host
+    remote: dict[str, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return orjson.dumps({
@@ -137,6 +140,7 @@ class ProviderState:
             "lastProbedAt": rfc3339(self.last_probed_at),
             "version": self.version,
             "availableModelDigests": self.digests,
+            **({"remoteModels": self.remote} if self.remote else {}),
         })
 
     @staticmethod
@@ -167,6 +171,7 @@ class ProviderState:
             models=models,
             version=str(d.get("version", "")),
             digests={str(m): str(v) for m, v in (d.get("availableModelDigests") or {}).items()},
+            remote={str(m): str(h) for m, h in (d.get("remoteModels") or {}).items()},
         )
 
     def residents(self) -> tuple[Resident, ...]:

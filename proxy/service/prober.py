@@ -231,10 +231,14 @@ class Prober:
                 if size_vram and size_vram >= size:  # a spilled copy is no footprint
                     observed.setdefault(model, {})[loaded_ctx[model]] = size_vram // MIB
         available = {}
+        remote: dict[str, str] = {}
         digests: dict[str, str] = {}
         if not isinstance(tags, BaseException):
             for m in tags:
                 model = model_name(m)
+                if m.get("remote_host"):
+                    remote[model] = str(m["remote_host"])
+                    continue
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
         models = await self._shown_models(
@@ -250,7 +254,8 @@ class Prober:
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
-            version=version if isinstance(version, str) else "", digests=digests)
+            version=version if isinstance(version, str) else "", digests=digests,
+            remote=remote)
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
             # or an Ollama that is down would otherwise be silent)

@@ -14,6 +14,7 @@ from proxy.ports import ModelServer
 from proxy.settings import ProviderConfig
 
 STATIC = "static"
+CLOUD = "cloud"  # the placement of a call a provider's Ollama sends on to its cloud
 NATIVE_PATHS = frozenset(("/api/chat", "/api/generate", "/api/embed", "/api/embeddings"))
 EMBEDDING_PATHS = frozenset(("/api/embed", "/api/embeddings", "/v1/embeddings"))
 NO_PROMPT = PromptSize()  # frozen: one instance serves as every default
@@ -48,6 +49,9 @@ class CallRequest:
     needs: tuple[tuple[str, str], ...] = ()
     # The path, when the call has inputs to embed (api/capabilities.py `embeds`)
     embeds: str = ""
+    # The source the model's name asks for ("local", "cloud"; core/models.py model_ref);
+    # a "local" call's `model` is the name without it
+    source: str = ""
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 
@@ -112,6 +116,9 @@ class Attempt:
     # The engine finds the model under any spelling of its name (models.ANY_SPELLING_SINCE):
     # the caller's goes upstream, and comes back in the answer as Ollama echoes it
     any_spelling: bool = False
+    # The engine reads a name's source suffix (models.SOURCE_SUFFIXES_SINCE): a call named
+    # `x:local` goes up so named, and Ollama echoes it so
+    reads_source: bool = False
     estimated_tokens: int = 0
     binding: str = "env"  # the candidates' source and revision, as resolved for this call
     watches_tool_calls: bool = False  # a loop's step: whether its answer calls a tool

@@ -13,9 +13,12 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
 
 from proxy.core import context
+from proxy.core.cloud import cloud_provider
 from proxy.core.lengths import CallLength
 from proxy.core.models import (
     ANY_SPELLING_SINCE,
+    LOCAL,
+    SOURCE_SUFFIXES_SINCE,
     CallModels,
     model_key,
     not_found,
@@ -44,7 +47,7 @@ from proxy.service.claims import Claimed, Claims
 from proxy.service.demand import DemandBoard, WaitEntry, without_waiter
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
-from proxy.service.routing import STATIC, Attempt, CallRequest, ProviderPool, Refusal
+from proxy.service.routing import CLOUD, STATIC, Attempt, CallRequest, ProviderPool, Refusal
 from proxy.service.snapshot import StateView
 from proxy.settings import ProviderConfig
 
@@ -396,6 +399,8 @@ class Scheduler:
         model = spec.preferred.model
         if call.model and model_key(call.model) == model_key(model):
             model = call.model  # the refusal names the model as the call did, as Ollama's does
+            if call.source == LOCAL:
+                model = f"{model}:{LOCAL}"
         if decision.outcome == "model-not-found":  # Ollama's words name it as the call did
             # (or the bound model that runs for the deployed one's name, and is missing)
             return Refusal("model-not-found", not_found(model, not call.generates), model)
@@ -418,6 +423,31 @@ class Scheduler:
                 "call cannot wait; set KUBEMOOT_MODEL_ENDPOINT for such calls or retry."),
                 spec.preferred.model, retry_after_s=5)
         return Granted(Attempt(STATIC, static, spec.preferred.model, STATIC), None, spec)
+
+    def cloud_attempt(self, call: CallRequest) -> Granted | None:
+        """A call that a provider's Ollama sends on to its cloud (core/cloud.py) goes there as
+        it came: no GPU, ticket or wait, nothing to size; None: the call is placed."""
+        model = call.model
+        if model is None:
+            bound = self.candidates(call.phase, None, call.thread, ask=False)
+            if not bound:
+                return None
+            model = bound[0].model
+        now = self.clock.now()
+        health = self.experience.health(now)
+        views = [self.view.provider_view(c, now) for c in self.settings.providers]
+        provider = cloud_provider(model, call.source, views, lambda name: any(
+            v.name == name and v.ready for v in views) and health.get(
+            name, ProviderHealth()).circuit is not Circuit.OPEN)
+        if provider is None:
+            return None
+        spec = CallSpec((Candidate(model),), prompt_tokens=0, generates=call.generates,
+                        phase="triage" if call.phase == "triage" else "mulling")
+        reads_source = context.parse_version(self.provider_view(provider).version) >= \
+            SOURCE_SUFFIXES_SINCE
+        return Granted(Attempt(provider, self.pool.clients[provider], model, CLOUD,
+                               any_spelling=True, reads_source=reads_source,
+                               binding=self.binding_label(call)), None, spec)
 
     def _static_for(self, call: CallRequest) -> ModelServer | None:
         return self.pool.static_triage if call.phase == "triage" else self.pool.static
@@ -450,6 +480,7 @@ class Scheduler:
                           strip_keep_alive=call.unloads_after,
                           shift_at_load=version >= context.SHIFT_AT_LOAD_SINCE,
                           any_spelling=version >= ANY_SPELLING_SINCE,
+                          reads_source=version >= SOURCE_SUFFIXES_SINCE,
                           estimated_tokens=spec.prompt_tokens,
                           context_length=placement.context_length,
                           names_here=view.aliases.get(placement.model, ()),

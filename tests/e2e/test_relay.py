@@ -304,7 +304,7 @@ def test_an_engines_refusal_on_anthropics_path_in_anthropics_shape(
             "type": "invalid_request_error",
             "message": "json: cannot unmarshal string into Go struct field"},
             "reason": "bad-request", "model": "qwen3:8b"}
-        denied = httpx.post(f"{url}/v1/messages", json={**ask, "model": "glm-4.6:cloud-cloud"})
+        denied = httpx.post(f"{url}/v1/messages", json={**ask, "model": "glm-4.6:355b-cloud"})
         assert denied.status_code == 401, denied.text
         assert denied.json()["error"] == {"type": "authentication_error",
                                           "message": "unauthorized"}

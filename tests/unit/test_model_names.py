@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest import sim_cloud
 from loadtest.sim_model import CATALOG, SimConfig, name_parts, valid_name
 from proxy.core.models import (
     CallModels,
+    ModelRef,
+    cloud_echo,
     is_valid_model_name,
     model_key,
+    model_ref,
     normalise_model,
     ollama_name_parts,
     resolve_model,
+    split_source,
 )
 from proxy.core.types import Candidate
 
@@ -104,3 +109,35 @@ def test_the_simulator_finds_every_spelling(name: str) -> None:
     found = config.model(name)
     assert found is not None
     assert model_key(found.name) == model_key(name)
+
+
+# modelref_test.go TestParseRef: (name, base, source); the simulator's copy reads it alike
+SOURCES = [
+    ("gpt-oss:20b:cloud", "gpt-oss:20b", "cloud"),
+    ("gpt-oss:20b-cloud", "gpt-oss:20b", "cloud"),
+    ("qwen3:8b:local", "qwen3:8b", "local"),
+    ("llama3.2", "llama3.2", ""),
+    ("my-cloud-model", "my-cloud-model", ""),
+    ("foo:bar-cloud/baz", "foo:bar-cloud/baz", ""),
+    ("gpt-oss:CLOUD", "gpt-oss", "cloud"),
+    ("  qwen3:8b:local ", "qwen3:8b", "local"),
+]
+
+
+@pytest.mark.parametrize(("name", "base", "source"), SOURCES)
+def test_the_source_a_name_asks_for(name: str, base: str, source: str) -> None:
+    assert model_ref(name) == ModelRef(base, source)
+    assert split_source(name) == (base if source == "local" else name, source)
+    assert split_source(name, reads_source=False)[0] == name
+    assert cloud_echo(name) == (base if source == "cloud" else name)
+    routed = sim_cloud.route(name, "0.18.0", ())
+    assert routed == (sim_cloud.ToCloud(base) if source == "cloud" else base)
+    assert sim_cloud.route(name, "0.17.7", ()) == name  # before 0.18: a name like any other
+
+
+@pytest.mark.parametrize("name", ["foo:cloud:local", "qwen3:8b:local:cloud", "x:8b-cloud:local"])
+def test_a_name_that_asks_for_two_sources_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="use either :local or :cloud, not both"):
+        model_ref(name)
+    assert sim_cloud.route(name, "0.18.0", ()) == sim_cloud.Refused(
+        400, f'use either :local or :cloud, not both: "{name}"')
