@@ -263,6 +263,17 @@ class SimApp:
             keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         except ValueError as exc:
             return _error(str(exc), 400)
+        config = self.sim.config
+        routed = sim_cloud.route(str(body.get("model") or ""), config.version, ())
+        if isinstance(routed, sim_cloud.Refused):
+            return _error(routed.message, routed.status)
+        if isinstance(routed, sim_cloud.ToCloud):  # sent on before the input is read
+            if refused := sim_cloud.disabled(config.no_cloud, config.version,
+                                             sim_cloud.INFERENCE_UNAVAILABLE):
+                return _error(refused.message, refused.status)
+            self.sim.stats.cloud_requests += 1
+            inputs = [texts] if isinstance(texts, str) else texts or []
+            return {"model": routed.echo, "embeddings": [_vector(str(t), 0) for t in inputs]}
         if isinstance(texts, str):
             texts = [texts] if texts else []
         elif isinstance(texts, list):

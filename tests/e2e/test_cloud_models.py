@@ -43,7 +43,10 @@ def test_a_cloud_model_is_sent_on_without_a_gpu(sim_factory: Sims, sidecar_facto
     assert completion.choices[0].message.content
     # keep_alive 0 is the cloud's to read: not an unload of a model no GPU has
     assert _chat(url, name, keep_alive=0).status_code == 200
-    assert (gpu.sim.stats.cloud_requests, gpu.sim.stats.loads) == (5, 0)
+    embedded = httpx.post(f"{url}/api/embed", json={"model": name, "input": ["a", "b"]})
+    assert embedded.headers["x-kubemoot-placement"] == "cloud"
+    assert len(embedded.json()["embeddings"]) == 2
+    assert (gpu.sim.stats.cloud_requests, gpu.sim.stats.loads) == (6, 0)
     assert httpx.get(f"{url}/api/ps").json()["models"] == []
     assert 'placement="cloud"' in httpx.get(f"{url}/metrics").text
 
