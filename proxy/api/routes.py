@@ -27,7 +27,7 @@ from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
 from proxy.core.models import (
-    CLOUD,
+    CLOUD_SOURCE,
     SOURCE_SUFFIXES_SINCE,
     model_name,
     normalise_model,
@@ -525,7 +525,7 @@ class SidecarApi:
             call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
-        if call.model and wire.asks_to_unload(parsed) and call.source != CLOUD:
+        if call.model and wire.asks_to_unload(parsed) and call.source != CLOUD_SOURCE:
             return await self._unload(call.model, path)
         if wrong := await off_loop(large, layers.found_error, path, body):
             # Ollama looks for the model first (and unloads before this check): one no

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from proxy.core.context import parse_version
-from proxy.core.models import CLOUD, LOCAL, SOURCE_SUFFIXES_SINCE, model_key
+from proxy.core.models import CLOUD_SOURCE, LOCAL_SOURCE, SOURCE_SUFFIXES_SINCE, model_key
 from proxy.core.types import ProviderView
 
 
@@ -19,9 +19,9 @@ def sends_to_cloud(view: ProviderView, model: str, source: str) -> bool:
     """Whether this provider's Ollama sends a call for `model` (named with `source`: "",
     "local" or "cloud", as core/models.py reads the call's name) on to its cloud."""
     reads_source = parse_version(view.version) >= SOURCE_SUFFIXES_SINCE
-    if source == CLOUD and reads_source:
+    if source == CLOUD_SOURCE and reads_source:
         return True
-    if source == LOCAL and reads_source:
+    if source == LOCAL_SOURCE and reads_source:
         return False  # a stub asked for as local is Ollama's 404: placed, found nowhere
     key = model_key(model)
     return any(model_key(stub) == key for stub in view.remote)

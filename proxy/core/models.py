@@ -85,7 +85,7 @@ def is_valid_model_name(name: str) -> bool:
 # (server/routes.go:267-272 generate, 2460-2467 chat, cloud_proxy.go for /v1). Before, those
 # spellings were names like any other (`x:8b:local` invalid, `x:8b-cloud` a stub's tag).
 SOURCE_SUFFIXES_SINCE = (0, 18, 0)
-LOCAL, CLOUD = "local", "cloud"
+LOCAL_SOURCE, CLOUD_SOURCE = "local", "cloud"
 CONFLICTING_SOURCES = "use either :local or :cloud, not both"
 
 
@@ -104,10 +104,10 @@ def _source_suffix(raw: str) -> tuple[str, str]:
     if cut < 0:
         return raw, ""
     suffix = raw[cut + 1:].strip()
-    if suffix.lower() in (LOCAL, CLOUD):
+    if suffix.lower() in (LOCAL_SOURCE, CLOUD_SOURCE):
         return raw[:cut], suffix.lower()
-    if "/" not in suffix and suffix.lower().endswith("-" + CLOUD):
-        return raw[:cut + 1] + suffix[:-len("-" + CLOUD)], CLOUD
+    if "/" not in suffix and suffix.lower().endswith("-" + CLOUD_SOURCE):
+        return raw[:cut + 1] + suffix[:-len("-" + CLOUD_SOURCE)], CLOUD_SOURCE
     return raw, ""
 
 
@@ -135,8 +135,8 @@ def split_source(name: str, reads_source: bool = True) -> tuple[str, str]:
     `:local` is placed as the model without it where the engine reads the suffix; a cloud
     name is kept whole (an Ollama before 0.18 knows it as a stub's name)."""
     ref = _read_ref(name)
-    if ref.source == LOCAL:
-        return (ref.base, LOCAL) if reads_source else (name, "")
+    if ref.source == LOCAL_SOURCE:
+        return (ref.base, LOCAL_SOURCE) if reads_source else (name, "")
     return name, ref.source
 
 
@@ -144,7 +144,7 @@ def cloud_echo(name: str) -> str:
     """The model a cloud call's answer names: Ollama sends a name with a cloud suffix on
     without it (server/routes.go:267-272), a stub's as it was asked (:361)."""
     ref = _read_ref(name)
-    return ref.base if ref.source == CLOUD else name
+    return ref.base if ref.source == CLOUD_SOURCE else name
 
 
 def normalise_model(name: str) -> str:

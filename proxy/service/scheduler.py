@@ -17,12 +17,14 @@ from proxy.core.cloud import cloud_provider
 from proxy.core.lengths import CallLength
 from proxy.core.models import (
     ANY_SPELLING_SINCE,
-    LOCAL,
+    CLOUD_SOURCE,
+    LOCAL_SOURCE,
     SOURCE_SUFFIXES_SINCE,
     CallModels,
     model_key,
     not_found,
     resolve_model,
+    split_source,
 )
 from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
 from proxy.core.policy import Policy
@@ -399,8 +401,8 @@ class Scheduler:
         model = spec.preferred.model
         if call.model and model_key(call.model) == model_key(model):
             model = call.model  # the refusal names the model as the call did, as Ollama's does
-            if call.source == LOCAL:
-                model = f"{model}:{LOCAL}"
+            if call.source == LOCAL_SOURCE:
+                model = f"{model}:{LOCAL_SOURCE}"
         if decision.outcome == "model-not-found":  # Ollama's words name it as the call did
             # (or the bound model that runs for the deployed one's name, and is missing)
             return Refusal("model-not-found", not_found(model, not call.generates), model)
@@ -427,24 +429,26 @@ class Scheduler:
     def cloud_attempt(self, call: CallRequest) -> Granted | None:
         """A call that a provider's Ollama sends on to its cloud (core/cloud.py) goes there as
         it came: no GPU, ticket or wait, nothing to size; None: the call is placed."""
-        model = call.model
-        if model is None:
+        model, source = call.model, call.source
+        if model is None:  # the phase's bound model, its name read as a call's would be
             bound = self.candidates(call.phase, None, call.thread, ask=False)
             if not bound:
                 return None
-            model = bound[0].model
+            model, source = split_source(bound[0].model)
+        if source == LOCAL_SOURCE:
+            return None
         now = self.clock.now()
+        views = {c.name: self.view.provider_view(c, now) for c in self.settings.providers}
+        if source != CLOUD_SOURCE and not any(v.remote for v in views.values()):
+            return None  # (every call asks: the common answer costs no health or parsing)
         health = self.experience.health(now)
-        views = [self.view.provider_view(c, now) for c in self.settings.providers]
-        provider = cloud_provider(model, call.source, views, lambda name: any(
-            v.name == name and v.ready for v in views) and health.get(
-            name, ProviderHealth()).circuit is not Circuit.OPEN)
+        provider = cloud_provider(model, source, list(views.values()), lambda name: views[
+            name].ready and health.get(name, ProviderHealth()).circuit is not Circuit.OPEN)
         if provider is None:
             return None
         spec = CallSpec((Candidate(model),), prompt_tokens=0, generates=call.generates,
                         phase="triage" if call.phase == "triage" else "mulling")
-        reads_source = context.parse_version(self.provider_view(provider).version) >= \
-            SOURCE_SUFFIXES_SINCE
+        reads_source = context.parse_version(views[provider].version) >= SOURCE_SUFFIXES_SINCE
         return Granted(Attempt(provider, self.pool.clients[provider], model, CLOUD,
                                any_spelling=True, reads_source=reads_source,
                                binding=self.binding_label(call)), None, spec)

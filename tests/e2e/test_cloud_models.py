@@ -158,3 +158,13 @@ def test_explain_and_plans_know_a_cloud_model(sim_factory: Sims,
                                                           "model": "qwen3:8b:local"})
     assert (planned.status_code, planned.json()["planned"]) == (201, True)
     assert gpu.sim.stats.loads == 1
+
+
+def test_a_bound_cloud_model_serves_calls_that_name_none(sim_factory: Sims,
+                                                         sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu], model_model="gpt-oss:20b-cloud").url
+    answered = httpx.post(f"{url}/api/chat", timeout=30, json={"messages": HI, "stream": False})
+    assert answered.status_code == 200, answered.text
+    assert answered.headers["x-kubemoot-placement"] == "cloud"
+    assert (gpu.sim.stats.cloud_requests, gpu.sim.stats.loads) == (1, 0)
