@@ -107,6 +107,7 @@ CHURN = ["qwen3:32b", "qwen3:14b", "qwen3:8b", "llama3.2:3b", "phi3:mini"]
 # --aliases: every card has these names of these models too (one manifest, as ollama.com
 # tags them), and agents ask for a model under either name
 ALIASES = {"qwen3:8b": "qwen3", "llama3.2:3b": "llama3.2", "phi3:mini": "phi3"}
+CLOUD_MODEL = "gpt-oss:20b-cloud"  # --cloud
 # --siblings: every card has these models created FROM these (their weights file, a system
 # prompt of their own, and a num_ctx of their own unless 0: Ollama reloads the one copy for
 # the other's context, and has calls of both share it at one), and agents ask for either
@@ -227,11 +228,12 @@ async def anthropic_turn(client: anthropic.AsyncAnthropic, model: str, text: str
 async def agent(name: str, url: str, model: str, deadline: float, seed: int,
                 tally: Tally, churn_s: float = 0.0, tolerated: frozenset[int] = frozenset(),
                 dialects: tuple[str, ...] = ("ollama",), conversations: float = 0.0,
-                aliases: bool = False, siblings: bool = False) -> None:
+                aliases: bool = False, siblings: bool = False, cloud: float = 0.0) -> None:
     rng = random.Random(seed)
     talk = random.Random(seed + 7)  # its own draws: the default run's sequence stays as it was
     naming = random.Random(seed + 11)  # (likewise, for --aliases)
     kin = random.Random(seed + 13)  # (and for --siblings)
+    sky = random.Random(seed + 17)  # (and for --cloud)
     # Its tool loops: several conversations, interleaved, all opening with its system prompt
     # (the prefix a copy's prompt cache can share among them).
     histories: list[list[Any]] = [[] for _ in range(LOOPS_PER_AGENT)]
@@ -249,6 +251,8 @@ async def agent(name: str, url: str, model: str, deadline: float, seed: int,
         asked = ALIASES.get(model, model) if aliases and naming.random() < 0.5 else model
         if siblings and model in SIBLINGS and kin.random() < 0.5:
             asked = SIBLINGS[model][0]
+        if cloud and sky.random() < cloud:
+            asked = CLOUD_MODEL
         chars = prompt_chars(rng)
         messages = [{"role": "user", "content": "w " * (chars // 2)}]
         stream, leave = rng.random() < 0.6, rng.random() < 0.05
@@ -397,7 +401,8 @@ def gpu_totals(gpus: list[str]) -> collections.Counter[str]:
     totals: collections.Counter[str] = collections.Counter()
     for gpu in gpus:
         stats = httpx.get(gpu + "/_sim/stats").json()
-        for key in ("requests", "loads", "unloads", "reloads", "self_evictions", "spills",
+        for key in ("requests", "cloud_requests", "loads", "unloads", "reloads",
+                    "self_evictions", "spills",
                     "oom_events", "truncations", "too_long_refusals", "busy_refusals"):
             totals[key] += int(stats.get(key, 0))
     return totals
@@ -463,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
                              "and llama3.2:3b with their own num_ctx, and phi3-helper and "
                              "qwen3-14b-helper, FROM phi3:mini and qwen3:14b with only a "
                              "system prompt of their own; agents ask for either")
+    parser.add_argument("--cloud", type=float, default=0.0, metavar="P",
+                        help=f"an agent's call asks for {CLOUD_MODEL}, a model Ollama's "
+                             "cloud runs (a stub on every card, for versions before 0.18), "
+                             "with this probability")
     add_sharing_flags(parser)
     args = parser.parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="fleet-soak-"))
@@ -476,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.aliases else []
         aliases += [f"--derived={name}={model}:{ctx}" for model, (name, ctx) in SIBLINGS.items()
                     ] if args.siblings else []
+        aliases += [f"--cloud-stub={CLOUD_MODEL}={CLOUD_MODEL.removesuffix('-cloud')}"
+                    ] if args.cloud else []
         gpus, commands = start_gpus(fleet, args.time_scale, logs, procs,
                                     (*sharing_args(args), *version, *aliases))
         sidecars: list[tuple[str, str]] = []  # (url, model)
@@ -522,7 +533,7 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
     await asyncio.gather(*(
         agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
               args.churn, tolerated, tuple(args.dialects.split(",")), args.conversations,
-              args.aliases, args.siblings)
+              args.aliases, args.siblings, args.cloud)
         for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
     return tally
 
@@ -573,6 +584,9 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
                 tally.placements[label] += int(float(line.rsplit(" ", 1)[1]))
     if sidecars:
         print("placements", dict(tally.placements))
+        if tally.placements["cloud"] != totals["cloud_requests"]:  # each sent on, unplaced
+            problems.append(f"{tally.placements['cloud']} calls placed cloud, "
+                            f"{totals['cloud_requests']} sent on to the cloud")
     for p in problems:
         print("PROBLEM", p)
     return 1 if problems else 0

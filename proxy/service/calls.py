@@ -182,8 +182,13 @@ class CallAttempts:
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
-        granted = s.scheduler.cloud_attempt(self.call) or await s.plans.take(self.call) or \
-            await s.scheduler.place_call(self.call)
+        cloud = s.scheduler.cloud_attempt(self.call)
+        if cloud is not None:
+            if self.call.thread and await s.plans.release(self.call.thread):
+                log.info("plan released: its thread's call went to the cloud",
+                         thread=self.call.thread)
+            return self._begin(cloud)
+        granted = await s.plans.take(self.call) or await s.scheduler.place_call(self.call)
         if isinstance(granted, Refusal):
             s.metrics.refusals.labels(granted.reason).inc()
             log.info("call refused", path=self.call.path,

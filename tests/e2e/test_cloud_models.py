@@ -168,3 +168,18 @@ def test_a_bound_cloud_model_serves_calls_that_name_none(sim_factory: Sims,
     assert answered.status_code == 200, answered.text
     assert answered.headers["x-kubemoot-placement"] == "cloud"
     assert (gpu.sim.stats.cloud_requests, gpu.sim.stats.loads) == (1, 0)
+
+
+def test_a_threads_plan_is_released_when_its_call_goes_to_the_cloud(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The plan held a GPU for the thread; its call runs on no GPU of the fleet, so nothing
+    else would take the plan before it expires."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu], model_model="qwen3:8b").url
+    planned = httpx.post(f"{url}/kubemoot/v1/plans", json={"thread": "t1"})
+    assert planned.json()["planned"] is True
+    answered = httpx.post(f"{url}/api/chat", timeout=30, headers={"X-Kubemoot-Thread": "t1"},
+                          json={"model": "gpt-oss:20b-cloud", "messages": HI, "stream": False})
+    assert answered.headers["x-kubemoot-placement"] == "cloud"
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert (state["tickets"], state["plans"]) == ([], [])
