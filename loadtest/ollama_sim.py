@@ -118,6 +118,7 @@ class SimApp:
             Route("/api/tags", self.tags, methods=["GET", "HEAD"]),
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/api/status", self.status, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.cloud_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
@@ -160,6 +161,19 @@ class SimApp:
         if version_tuple(self.sim.config.version) < sim_cloud.STATUS_SINCE:
             return PlainTextResponse("404 page not found", status_code=404)  # gin's own
         return _json(sim_cloud.status(self.sim.config.no_cloud))
+
+    async def cloud_model(self, request: Request) -> Response:
+        """A cloud model's OpenAI model object, sent on to the cloud (cloud_proxy.go
+        cloudModelPathPassthroughMiddleware); the simulator answers for no other model
+        here (the sidecar lists those itself)."""
+        config = self.sim.config
+        routed = sim_cloud.route(request.path_params["model"], config.version, ())
+        if not isinstance(routed, sim_cloud.ToCloud):
+            return _error("the simulator lists only cloud models here", 404)
+        if refused := sim_cloud.disabled(config.no_cloud, config.version,
+                                         sim_cloud.DETAILS_UNAVAILABLE):
+            return _error(refused.message, refused.status)
+        return _json(sim_cloud.openai_model(routed.echo))
 
     async def show(self, request: Request) -> Response:
         self._probed("/api/show")

@@ -109,6 +109,11 @@ def show_answer(model: str) -> dict[str, Any]:
             "remote_model": model, "remote_host": CLOUD_HOST}
 
 
+def openai_model(model: str) -> dict[str, Any]:
+    """The cloud's OpenAI model object (as openai.ToModel writes one)."""
+    return {"id": model, "object": "model", "created": 1767225600, "owned_by": "library"}
+
+
 def status(no_cloud: bool) -> dict[str, Any]:
     """GET /api/status (server/routes.go:2146-2154)."""
     return {"cloud": {"disabled": no_cloud, "source": "env" if no_cloud else "none"}}

@@ -213,8 +213,8 @@ ModelEntry = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class ShowAnswer:
-    """/api/show's answer whatever its status: the body's bytes as sent, so that an error
-    (a 404 for an unknown model) can be relayed unchanged."""
+    """/api/show's answer (or another passed through) whatever its status: the body's bytes
+    as sent, so that an error (a 404 for an unknown model) can be relayed unchanged."""
 
     status_code: int
     content: bytes
@@ -248,8 +248,9 @@ class ModelServer(Protocol):
         """The models loaded now."""
         ...
 
-    async def status(self, timeout_s: float | None = None) -> dict[str, Any]:
-        """/api/status: whether the server's cloud features are on (Ollama 0.17+)."""
+    async def fetch(self, path: str, timeout_s: float | None = None) -> ShowAnswer:
+        """GET `path` (what the sidecar passes through: /api/status, a cloud model's
+        /v1/models entry); an error status is an answer, not an exception."""
         ...
 
     async def tags(self, timeout_s: float | None = None) -> list[ModelEntry]:

@@ -137,8 +137,9 @@ class OllamaClient:
     async def ps(self, timeout_s: float | None = None) -> list[ModelEntry]:
         return list((await self._object("/api/ps", timeout_s)).get("models") or [])
 
-    async def status(self, timeout_s: float | None = None) -> dict[str, Any]:
-        return await self._object("/api/status", timeout_s)
+    async def fetch(self, path: str, timeout_s: float | None = None) -> ShowAnswer:
+        response = await self._request("GET", path, None, timeout_s)
+        return ShowAnswer(response.status_code, response.content)
 
     async def tags(self, timeout_s: float | None = None) -> list[ModelEntry]:
         return list((await self._object("/api/tags", timeout_s)).get("models") or [])

@@ -279,9 +279,11 @@ class SidecarApi:
         Ollama's settings are the ones that hold."""
         for _, client in self.pool.everything():
             try:
-                return _json(await client.status(2.0))
+                answer = await client.fetch("/api/status", 2.0)
             except UpstreamError:
                 continue
+            if answer.status_code < 400:
+                return Response(answer.content, media_type=JSON)
         return error_response(404, "not-found", "no provider answered GET /api/status "
                               "(Ollama serves it from 0.17)")
 
@@ -444,12 +446,30 @@ class SidecarApi:
 
     async def openai_model(self, request: Request) -> Response:
         name = request.path_params["model"]
+        if split_source(name)[1] == CLOUD_SOURCE and (cloud := await self._cloud_model(name)):
+            return cloud
         models = await self._provider_models()
         key = resolve_model(name, models)
         if key not in models:
             return error_response(404, "model-not-found", not_found(name), name,
                                   dialect="openai")  # Ollama's ShowHandler's words
         return _json(self._openai_model(key, models[key]))
+
+    async def _cloud_model(self, name: str) -> Response | None:
+        """A cloud model's OpenAI model object, as the first provider that sends the
+        question on to its cloud answers it (0.18+, cloud_proxy.go
+        cloudModelPathPassthroughMiddleware); None when none does."""
+        for _, client in self.pool.everything():
+            try:
+                answer = await client.fetch(f"/v1/models/{name}", client.timeouts.first_byte_s)
+            except UpstreamError:
+                continue
+            # the cloud's answer, or the refusal of a sign-in it lacks or a cloud turned off;
+            # an Ollama before 0.18 has no such name (404, or 400 for a `:cloud` suffix)
+            if answer.status_code < 400 or answer.status_code in (401, 403):
+                return Response(answer.content, status_code=answer.status_code,
+                                media_type=JSON)
+        return None
 
     async def count_tokens(self, request: Request) -> Response:
         """Anthropic's token count, as the sidecar sizes the prompt to place it (the

@@ -49,6 +49,8 @@ def test_a_cloud_model_is_sent_on_without_a_gpu(sim_factory: Sims, sidecar_facto
     assert (gpu.sim.stats.cloud_requests, gpu.sim.stats.loads) == (6, 0)
     assert httpx.get(f"{url}/api/ps").json()["models"] == []
     assert 'placement="cloud"' in httpx.get(f"{url}/metrics").text
+    retrieved = openai.OpenAI(base_url=f"{url}/v1", api_key="-").models.retrieve(name)
+    assert (retrieved.id, retrieved.owned_by) == (echo, "library")
 
 
 def test_a_cloud_call_does_not_wait_for_a_busy_gpu(sim_factory: Sims,
@@ -124,6 +126,7 @@ def test_with_the_cloud_off_ollama_s_refusal_is_the_answer(sim_factory: Sims,
     with pytest.raises(ollama.ResponseError) as details:
         client.show("gpt-oss:20b-cloud")
     assert details.value.status_code == 403
+    assert httpx.get(f"{url}/v1/models/gpt-oss:20b-cloud").status_code == 403
     assert httpx.get(f"{url}/api/status").json() == {
         "cloud": {"disabled": True, "source": "env"}}
 
