@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from proxy.core.context import effective
-from proxy.core.occupancy import MOMENT_SLACK_S, held_beside, ticket_budget_ok
+from proxy.core.occupancy import MOMENT_SLACK_S, held_beside, same_weights, ticket_budget_ok
 from proxy.core.policy import Policy
 from proxy.core.sizing import held_by_runners
 from proxy.core.types import ProviderView, Resident, Ticket
@@ -254,13 +254,15 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     (otherwise, until the next probe, others would take them as warm and make Ollama load
     them again). A copy a call reloaded at another context since is counted as reloaded; a
     copy asked to unload stays marked leaving while probes still list it, up to
-    LEAVING_MAX_S."""
+    LEAVING_MAX_S. Ollama runs one copy per weights file: one asked to unload, or unloaded,
+    under a name of that file is so under the name the probe lists it by (`_by_weights`)."""
     view = _beside_as_loaded(view, residency)
     known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
         r.leaving and m in known and view.probed_at - r.at < LEAVING_MAX_S) or (
         r.loading and not r.gone and m not in known and r.at > view.probed_at - (
             ABANDONED_GRACE_S if r.abandoned else LOAD_GRACE_S))}
+    newer.update(_by_weights(view, residency, newer))
     if not newer:
         return view
     kept = tuple(_as_recorded(view, r, newer.get(r.model)) for r in view.residents
@@ -275,6 +277,32 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     if extra or kept != view.residents:
         return replace(view, residents=kept + extra)
     return view
+
+
+def _by_weights(view: ProviderView, residency: dict[str, Residency],
+                newer: dict[str, Residency]) -> dict[str, Residency]:
+    """For each probed copy with no record of its own, the newest record that it is leaving
+    or gone under another name of its weights file: two calls of models of one file that
+    raced to load it each recorded it under their own name, and Ollama lists it under the
+    first's; an unload by either name takes it (the wide fleet soak's self-evictions: a copy
+    marked gone as `phi3-helper`, still listed as `phi3`, was taken as warm)."""
+    if not any(r.leaving or r.gone for r in residency.values()):
+        return {}
+    found: dict[str, Residency] = {}
+    for probed in view.residents:
+        if probed.model in newer:
+            continue
+        own = residency.get(probed.model)  # a load of it recorded since comes after
+        after = max(own.at if own is not None else -math.inf,
+                    found[probed.model].at if probed.model in found else -math.inf)
+        for model, r in residency.items():
+            if model != probed.model and r.at > after and same_weights(
+                    view, model, probed.model) and (
+                    (r.gone and r.at > view.probed_at) or
+                    (r.leaving and view.probed_at - r.at < LEAVING_MAX_S)):
+                found[probed.model] = r
+                after = r.at
+    return found
 
 
 def _beside_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:

@@ -158,3 +158,33 @@ def test_every_placed_call_is_sent_without_the_options_that_reload() -> None:
     body = {"model": "x", "prompt": "hi", "shift": False,
             "options": {"num_batch": 1024, "num_ctx": 4096, "seed": 1}}
     assert orjson.loads(payload_for(route, body))["options"] == {"num_ctx": 4096, "seed": 1}
+
+
+FILE = ModelInfo(weights="sha256-" + "ab" * 32)  # phi3:mini, and phi3-helper FROM it
+
+
+def _one_file(*listed: str) -> ProviderView:
+    """A card whose probe at NOW lists `listed`, phi3:mini and phi3-helper one weights file."""
+    return replace(gpu("a", GIB24), probed_at=NOW, residents=tuple(
+        Resident(m, 3600, 4096) for m in listed), models={
+            "phi3:mini": FILE, "phi3-helper:latest": FILE, "qwen3:8b": ModelInfo()})
+
+
+@pytest.mark.parametrize(("records", "expected"), [
+    # unloaded under the other name since the probe: the one copy is gone
+    ({"phi3-helper:latest": Residency(0, 0, NOW + 1)}, []),
+    # asked to unload under the other name: the one copy is leaving
+    ({"phi3-helper:latest": Residency(3600, 4096, NOW - 1, leaving=True)},
+     [("phi3:mini", True)]),
+    # unloaded before the probe, which lists it again: loaded since
+    ({"phi3-helper:latest": Residency(0, 0, NOW - 1)}, [("phi3:mini", False)]),
+    # asked to unload before a load of it was recorded: that load is the copy listed
+    ({"phi3-helper:latest": Residency(3600, 4096, NOW - 2, leaving=True),
+      "phi3:mini": Residency(3600, 4096, NOW - 1)}, [("phi3:mini", False)]),
+])
+def test_a_copy_leaves_under_every_name_of_its_weights_file(
+        records: dict[str, Residency], expected: list[tuple[str, bool]]) -> None:
+    """Two calls of models of one file raced to load it: Ollama lists it under the first's
+    name, the other recorded it under its own; an unload by either name takes the copy."""
+    merged = merge_residency(_one_file("phi3:mini"), records)
+    assert [(r.model, r.leaving) for r in merged.residents] == expected
