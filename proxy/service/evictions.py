@@ -189,16 +189,18 @@ class Evictions:
         deadline = self.clock.monotonic() + UNLOAD_WAIT_S + \
             RECOVERY_WAIT_S * (max(0, len(models) - 1) + ahead)
         gone_at: dict[str, float] = {}
+        view = self.view.provider_view(self.providers[provider], self.clock.now())
         while True:
             try:
                 listed = await client.ps(client.timeouts.connect_s)
             except UpstreamError:
                 return None
             now = self.clock.monotonic()
-            # (a copy is listed under the name that loaded it, maybe another of its names)
+            # (a copy is listed under the name that loaded it: another of its names, or of
+            # its weights file, as Ollama runs one copy of the file whoever loaded it)
             names = {self.view.placed_name(model_name(m)) for m in listed}
             for model in models:
-                if model not in names:
+                if model not in names and not any(same_weights(view, model, n) for n in names):
                     gone_at.setdefault(model, now)
             if len(gone_at) == len(models):
                 return gone_at

@@ -140,7 +140,8 @@ class FakeModelServer:
         capabilities = ["embedding"] if model.embedding else ["completion", "tools"]
         return ShowAnswer(200, orjson.dumps({
             "details": self._describe(model)["details"], "model_info": model.model_info(),
-            "capabilities": capabilities, "parameters": ""}))
+            "capabilities": capabilities, "parameters": "",
+            "modelfile": f"FROM {model.blob_path}\n"}))
 
     async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None,
                    embedding: bool = False) -> None:
@@ -148,9 +149,11 @@ class FakeModelServer:
         await self._ready_copy(self._model(model), num_ctx)
 
     async def unload(self, model: str) -> None:
+        """The copy of the model's weights file goes, whatever name loaded it (Ollama runs
+        one copy of a file)."""
         self._check_reachable()
-        copy = self.loaded.get(self._model(model).name)
-        if copy is not None:
+        blob = self._model(model).blob_path
+        for copy in [c for c in self.loaded.values() if c.model.blob_path == blob]:
             copy.leaving = True
             self._drop_if_idle(copy)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
+from loadtest.ollama_sim import with_derived
+from loadtest.sim_model import CATALOG
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.core.tickets import LEAVING_MAX_S
 from proxy.ports import SIDECAR_BUCKETS, StoreUnavailable
@@ -293,3 +296,24 @@ async def test_a_copy_left_marked_leaving_by_a_sidecar_that_died_serves_again(
     assert (r.status, r.placement) == (200, "warm")
     assert LEAVING_MAX_S <= loop_time() - started < LEAVING_MAX_S + 10
     assert gpu.stats.loads == 1  # (its preload)
+
+
+async def test_an_unload_waits_for_the_copy_under_whatever_name_of_its_file_it_is_listed(
+        fleet: Fleet) -> None:
+    """Two calls of models of one weights file raced to load it: a view has it as
+    `phi3-helper` (its call's record), Ollama lists it as `phi3:mini`, busy with another
+    client's call. The unload of `phi3-helper` takes that copy once the call ends; room is
+    made only then, not as soon as `phi3-helper` is seen unlisted (it never was listed)."""
+    models = with_derived(CATALOG, ["phi3-helper=phi3:mini:0"])
+    gpu = fleet.gpu("gpu", total_vram_mib=16376, models=models)
+    sidecar = await fleet.sidecar()
+    gpu.preload("phi3:mini")
+    gpu.script(Answer(seconds=5))
+    other_client = await gpu.open("/api/chat", orjson.dumps({"model": "phi3:mini"}))
+    reading = asyncio.ensure_future(other_client.read())
+    evictions = sidecar.services.scheduler.evictions
+    started = loop_time()
+    await gpu.unload("phi3-helper")
+    gone = await evictions._seen_gone("gpu", ("phi3-helper:latest",))
+    assert gone is not None and gone["phi3-helper:latest"] - started == pytest.approx(5, abs=0.5)
+    await reading
