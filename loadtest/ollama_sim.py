@@ -193,7 +193,7 @@ class SimApp:
             refused = sim_cloud.disabled(config.no_cloud, config.version,
                                         sim_cloud.DETAILS_UNAVAILABLE)
             return _error(refused.message, refused.status) if refused else \
-                _json(sim_cloud.show_answer(routed.echo))
+                _json(sim_cloud.show_answer(routed))
         model = self._model(routed)
         if isinstance(model, Response):
             return model

@@ -37,15 +37,17 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from proxy.core.models import ollama_name_parts, valid_name_part
+from proxy.core.models import model_ref, ollama_name_parts, valid_name_part
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
 ENV_PREFIX = "KUBEMOOT_"
 
 
 def check_model_name(name: str) -> str:
-    """`name` if Ollama takes it as a model name, else ValueError saying which part is not."""
-    for kind, part in ollama_name_parts(name).items():
+    """`name` if Ollama takes it as a model name (a source suffix aside, `:local` or `:cloud`,
+    as 0.18 reads it), else ValueError saying which part is not."""
+    base = model_ref(name).base  # (two sources at once: ValueError, Ollama's words)
+    for kind, part in ollama_name_parts(base).items():
         if not valid_name_part(kind, part):
             raise ValueError(f"{name!r} is not a model name as Ollama reads one "
                              "([host/][namespace/]model[:tag]; letters, digits, '_', '-' and "

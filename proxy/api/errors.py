@@ -70,12 +70,17 @@ def provider_refusal(status: int, message: str, model: str, dialect: Dialect = "
     """The body of a provider's refusal (a 4xx before its answer began) in the caller's
     dialect, as the sidecar's own refusals are: Ollama's message, a `reason` and the model.
     On the OpenAI and Anthropic paths the engine's own error object (its type, Anthropic's
-    request_id) is kept as Ollama's layers wrote it; the reason is by status unless given."""
+    request_id) is kept as Ollama's layers wrote it; on Ollama's own, any field beside its
+    `error` too (a cloud call's 401 `signin_url`, which Ollama's clients show to sign in).
+    The reason is by status unless given."""
     reason = reason or PROVIDER_REASONS.get(status, "provider-refused")
     body = error_body(status, reason, message, dialect)
-    theirs = _object(upstream) if dialect != "ollama" else None
-    if theirs is not None and isinstance(theirs.get("error"), dict):
-        body = {**theirs, "reason": reason}
+    theirs = _object(upstream)
+    if dialect != "ollama":
+        if theirs is not None and isinstance(theirs.get("error"), dict):
+            body = {**theirs, "reason": reason}
+    elif theirs is not None:
+        body = {**{k: v for k, v in theirs.items() if k != "error"}, **body}
     return orjson.dumps({**body, "model": model})
 
 

@@ -30,7 +30,7 @@ from proxy.core.waitline import slack_s
 from proxy.ports import MODEL_DEMAND
 from proxy.service.demand import DemandBoard
 from proxy.service.plans import PlanBook
-from proxy.service.routing import CLOUD, CallRequest
+from proxy.service.routing import CLOUD, Attempt, CallRequest
 from proxy.service.scheduler import Scheduler
 from proxy.service.snapshot import StateView
 
@@ -131,9 +131,9 @@ class KubemootApi:
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), wire.named_model(body))
         phase = plan.phase or "mulling"
-        if self._cloud_provider(plan.model, phase) is not None:
+        if cloud := self._cloud_attempt(plan.model, phase):
             return _json({"thread": plan.thread, "planned": False, "reason": f"Ollama's cloud "
-                          f"runs {plan.model}: nothing of the fleet to plan"})
+                          f"runs {cloud.model}: nothing of the fleet to plan"})
         model = split_source(plan.model)[0] if plan.model else plan.model
         result = await self.plans.create(plan.thread, phase, model, plan.promptChars)
         if result.get("refusal"):  # over this agent's plans, or the fleet's share for them
@@ -188,19 +188,20 @@ class KubemootApi:
             "verdicts": [verdict_json(v) for v in verdicts],
         })
 
-    def _cloud_provider(self, model: str | None, phase: str) -> str | None:
-        """The provider a call for `model` would go through to Ollama's cloud
-        (core/cloud.py); None: the model is placed."""
+    def _cloud_attempt(self, model: str | None, phase: str) -> Attempt | None:
+        """How a call for `model` (None: the phase's bound one) would go to Ollama's cloud
+        through a provider (core/cloud.py); None: it is placed."""
         granted = self.scheduler.cloud_attempt(CallRequest(
-            "/api/chat", model, phase, source=split_source(model)[1])) if model else None
-        return granted.attempt.provider if granted else None
+            "/api/chat", model, phase, source=split_source(model)[1] if model else ""))
+        return granted.attempt if granted else None
 
     def _cloud(self, model: str | None, phase: str) -> Response | None:
         """Explain's answer for a model Ollama's cloud runs: sent on as it came, nothing
         placed; None for any other model."""
-        provider = self._cloud_provider(model, phase)
-        if provider is None:
+        attempt = self._cloud_attempt(model, phase)
+        if attempt is None:
             return None
+        model, provider = attempt.model, attempt.provider
         return _json({
             "candidates": [{"model": model, "score": 0.0}],
             "decision": {"outcome": CLOUD, "reason": f"Ollama's cloud runs {model}: sent on "

@@ -404,7 +404,11 @@ class SidecarApi:
         model = pull.model or pull.name
         if not model:
             return error_response(400, "bad-request", "field 'model': model is required")
-        if resolve_model(model, listed := await self._provider_models()) not in listed:
+        # a cloud model needs no pull where a provider sends its calls on (Ollama 0.18+)
+        cloud = self.calls.sends_to_cloud(CallRequest("/api/pull", model,
+                                                      source=split_source(model)[1]))
+        if not cloud and resolve_model(model, listed := await self._provider_models()) \
+                not in listed:
             return error_response(
                 501, "not-supported",
                 f"model '{model}' is on no provider, and the sidecar does not download models "
@@ -537,22 +541,31 @@ class SidecarApi:
             return read
         body, parsed = read
         large = getattr(request.state, "large_body", False)
-        if wrong := await off_loop(large, layers.layer_error, path, body,
-                                    self.engine_version()):
-            return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         measured = await off_loop(large, measure, body, parsed)
         try:
             call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
-        if call.model and wire.asks_to_unload(parsed) and call.source != CLOUD_SOURCE:
-            return await self._unload(call.model, path)
+        if self.calls.sends_to_cloud(call):
+            # sent on as it came: Ollama does so before the checks below (server/routes.go
+            # 267-272, 308-362 before its option, unload, raw and input checks)
+            return await self._forward(call, path, body, parsed, started)
+        if wrong := await off_loop(large, layers.layer_error, path, body,
+                                    self.engine_version()):
+            return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
+        if call.model and wire.asks_to_unload(parsed):
+            return await self._unload(call.model, path, parsed.model or call.model)
         if wrong := await off_loop(large, layers.found_error, path, body):
             # Ollama looks for the model first (and unloads before this check): one no
             # provider has is the placement's 404
             model = call.model or self.calls.bound_model(call.phase, call.thread)
             if not model or await self._on_a_provider(model):
                 return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
+        return await self._forward(call, path, body, parsed, started)
+
+    async def _forward(self, call: CallRequest, path: str, body: dict[str, Any],
+                       parsed: wire.Inference, started: float) -> Response:
+        dialect = dialect_of(path)
         if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:
@@ -562,7 +575,7 @@ class SidecarApi:
                              self.chunk_timeout_s, dialect=dialect,
                              disconnected=call.disconnected)
 
-    async def _unload(self, model: str, path: str) -> Response:
+    async def _unload(self, model: str, path: str, asked: str) -> Response:
         """Ollama's answer to an unload, after asking every provider that has the model; a
         model no provider has is Ollama's 404, which it answers before it looks for a copy
         to unload (server/routes.go:289 before :404 generate, :2485 before :2505 chat; v0.12.6
@@ -570,7 +583,7 @@ class SidecarApi:
         if not await self._on_a_provider(model):
             return error_response(404, "model-not-found", f"model '{model}' not found", model)
         await self.unload(model)
-        answer: dict[str, Any] = {"model": model, "created_at": rfc3339(time.time()), "done": True,
+        answer: dict[str, Any] = {"model": asked, "created_at": rfc3339(time.time()), "done": True,
                                   "done_reason": "unload"}
         if path == "/api/chat":
             answer["message"] = {"role": "assistant", "content": ""}

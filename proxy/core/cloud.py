@@ -29,7 +29,10 @@ def sends_to_cloud(view: ProviderView, model: str, source: str) -> bool:
 
 def cloud_provider(model: str, source: str, views: Sequence[ProviderView],
                    up: Callable[[str], bool]) -> str | None:
-    """The provider to send a call for `model` through to Ollama's cloud: the first one up
-    (configured order) whose Ollama would; None when none would, and the call is placed."""
-    able = [v.name for v in views if sends_to_cloud(v, model, source)]
-    return next((name for name in able if up(name)), able[0] if able else None)
+    """The provider to send a call for `model` through to Ollama's cloud: of those whose
+    Ollama would, in configured order, the first one up with the cloud on; else one up
+    with it off (OLLAMA_NO_CLOUD: its refusal is the answer, as Ollama's own); else the
+    first, whose failure is. None when none would, and the call is placed."""
+    able = [v for v in views if sends_to_cloud(v, model, source)]
+    ranked = sorted(able, key=lambda v: (not up(v.name), v.cloud_off))
+    return ranked[0].name if ranked else None

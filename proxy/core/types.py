@@ -108,6 +108,7 @@ class ProviderView:
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Stubs of models Ollama's cloud runs, listed here (model -> remote host): never placed
     remote: Mapping[str, str] = field(default_factory=dict)
+    cloud_off: bool = False  # OLLAMA_NO_CLOUD: Ollama refuses every cloud call here
 
     def own_name(self, model: str) -> str:
         """The name of `model` (as placed) this card has, to send it."""

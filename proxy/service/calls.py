@@ -74,6 +74,9 @@ class CallService:
     def attempts(self, call: CallRequest, started: float) -> CallAttempts:
         return CallAttempts(self, call, started)
 
+    def sends_to_cloud(self, call: CallRequest) -> bool:
+        return self.scheduler.cloud_attempt(call) is not None
+
     async def settle(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
                      outcome: CallOutcome) -> None:
         """A claimed attempt ended: release its ticket (recording what its load left), and

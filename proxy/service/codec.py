@@ -112,6 +112,7 @@ class ProviderState:
     # Stubs of models Ollama's cloud runs (/api/tags `remote_host`): listed, never loaded,
     # so not among the models on disk; model -> its remote host
     remote: dict[str, str] = field(default_factory=dict)
+    cloud_off: bool = False  # /api/status: OLLAMA_NO_CLOUD, every cloud call refused here
 
     def encode(self) -> bytes:
         return orjson.dumps({
@@ -141,6 +142,7 @@ class ProviderState:
             "version": self.version,
             "availableModelDigests": self.digests,
             **({"remoteModels": self.remote} if self.remote else {}),
+            **({"cloudDisabled": True} if self.cloud_off else {}),
         })
 
     @staticmethod
@@ -172,6 +174,7 @@ class ProviderState:
             version=str(d.get("version", "")),
             digests={str(m): str(v) for m, v in (d.get("availableModelDigests") or {}).items()},
             remote={str(m): str(h) for m, h in (d.get("remoteModels") or {}).items()},
+            cloud_off=d.get("cloudDisabled") is True,
         )
 
     def residents(self) -> tuple[Resident, ...]:

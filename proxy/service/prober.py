@@ -29,6 +29,7 @@ from proxy.ports import (
     Clock,
     GpuMemoryGauge,
     ModelServer,
+    ShowAnswer,
     StateStore,
     StoreUnavailable,
     UpstreamError,
@@ -164,6 +165,16 @@ def model_info(show: Any) -> ModelInfo:
         weights=weights_file(show), runner=runner_files(show))
 
 
+def cloud_off(status: ShowAnswer) -> bool:
+    """Whether /api/status says the cloud is off here (OLLAMA_NO_CLOUD, Ollama 0.17+); an
+    older Ollama's 404, or an odd answer, says nothing."""
+    try:
+        cloud = status.details().get("cloud")
+    except (UpstreamError, AttributeError):
+        return False
+    return isinstance(cloud, dict) and cloud.get("disabled") is True
+
+
 SHOWS_AT_ONCE = 8  # /api/show asks in flight to one card
 
 
@@ -202,9 +213,10 @@ class Prober:
         # Stamped when the probe starts: what /api/ps says may be that old, so a change a
         # call records after this moment must win over it (see merge_residency).
         now = self.clock.now()
-        version, ps, tags = await asyncio.gather(
+        version, ps, tags, status = await asyncio.gather(
             client.version(PROBE_TIMEOUT_S), client.ps(PROBE_TIMEOUT_S),
-            client.tags(PROBE_TIMEOUT_S), return_exceptions=True)
+            client.tags(PROBE_TIMEOUT_S), client.fetch("/api/status", PROBE_TIMEOUT_S),
+            return_exceptions=True)
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
             total = await self.gpu_memory.total_mib(config.dcgm_url, config.gpus)
@@ -255,7 +267,7 @@ class Prober:
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
             version=version if isinstance(version, str) else "", digests=digests,
-            remote=remote)
+            remote=remote, cloud_off=not isinstance(status, BaseException) and cloud_off(status))
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
             # or an Ollama that is down would otherwise be silent)

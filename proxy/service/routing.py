@@ -167,6 +167,10 @@ class Attempts(Protocol):
 class Calls(Protocol):
     def attempts(self, call: CallRequest, started: float) -> Attempts: ...
 
+    def sends_to_cloud(self, call: CallRequest) -> bool:
+        """Whether a provider's Ollama sends the call on to its cloud (core/cloud.py)."""
+        ...
+
     def bound_model(self, phase: str, thread: str | None) -> str: ...
 
 

@@ -119,7 +119,9 @@ class Scheduler:
         if not found:
             return found
         known, canonical = self._names()
-        return tuple(replace(c, model=_placed(c.model, known, canonical)) for c in found)
+        # (a configured `x:local` is x, as a call names it: core/models.py split_source)
+        return tuple(replace(c, model=_placed(split_source(c.model)[0], known, canonical))
+                     for c in found)
 
     def resolve(self, model: str) -> str:
         """The spelling of `model` the providers list (Ollama's own case-insensitive match),
@@ -428,15 +430,15 @@ class Scheduler:
 
     def cloud_attempt(self, call: CallRequest) -> Granted | None:
         """A call that a provider's Ollama sends on to its cloud (core/cloud.py) goes there as
-        it came: no GPU, ticket or wait, nothing to size; None: the call is placed."""
-        model, source = call.model, call.source
-        if model is None:  # the phase's bound model, its name read as a call's would be
-            bound = self.candidates(call.phase, None, call.thread, ask=False)
-            if not bound:
-                return None
-            model, source = split_source(bound[0].model)
-        if source == LOCAL_SOURCE:
+        it came: no GPU, ticket or wait, nothing to size; None: the call is placed. The model
+        is the one the call runs first: the one it names, or its binding's in its place (a
+        deployed model's name the binding moved), or the phase's bound one."""
+        if call.source == LOCAL_SOURCE:
             return None
+        runs = self.candidates(call.phase, call.model, call.thread, ask=False)
+        if not runs:
+            return None
+        model, source = split_source(runs[0].model)
         now = self.clock.now()
         views = {c.name: self.view.provider_view(c, now) for c in self.settings.providers}
         if source != CLOUD_SOURCE and not any(v.remote for v in views.values()):

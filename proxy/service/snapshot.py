@@ -189,7 +189,7 @@ class StateView:
             else state.max_loaded, gpus=config.gpus, weight=config.weight,
             disk_mib=state.available_mib, models=state.models, observed=state.observed,
             kv_cache_type=state.kv_cache_type, version=state.version,
-            probed_at=state.last_probed_at, remote=state.remote)
+            probed_at=state.last_probed_at, remote=state.remote, cloud_off=state.cloud_off)
         if canonical:
             view = _one_name_a_model(view, state, canonical)
         return merge_recorded(view, live)

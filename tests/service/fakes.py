@@ -128,6 +128,10 @@ class FakeModelServer:
                  "context_length": c.num_ctx}
                 for c in self.loaded.values() if c.loaded.is_set()]
 
+    async def fetch(self, path: str, timeout_s: float | None = None) -> ShowAnswer:
+        self._check_reachable()
+        return ShowAnswer(404, b"404 page not found")  # (no /api/status before 0.17)
+
     async def tags(self, timeout_s: float | None = None) -> list[ModelEntry]:
         self._check_reachable()
         return [{**self._describe(m), "size": m.disk_mib * MIB} for m in self.config.models]

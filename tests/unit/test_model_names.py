@@ -131,7 +131,7 @@ def test_the_source_a_name_asks_for(name: str, base: str, source: str) -> None:
     assert split_source(name, reads_source=False)[0] == name
     assert cloud_echo(name) == (base if source == "cloud" else name)
     routed = sim_cloud.route(name, "0.18.0", ())
-    assert routed == (sim_cloud.ToCloud(base) if source == "cloud" else base)
+    assert routed == (sim_cloud.ToCloud(base, base) if source == "cloud" else base)
     assert sim_cloud.route(name, "0.17.7", ()) == name  # before 0.18: a name like any other
 
 
@@ -141,3 +141,18 @@ def test_a_name_that_asks_for_two_sources_is_refused(name: str) -> None:
         model_ref(name)
     assert sim_cloud.route(name, "0.18.0", ()) == sim_cloud.Refused(
         400, f'use either :local or :cloud, not both: "{name}"')
+
+
+@pytest.mark.parametrize(("name", "placed", "source"), [
+    ("registry.example.com:5000/ns/model:9b", "registry.example.com:5000/ns/model:9b", ""),
+    ("registry.example.com:5000/ns/some-model", "registry.example.com:5000/ns/some-model", ""),
+    ("host:5000/ns/model-cloud", "host:5000/ns/model-cloud", ""),
+    ("localhost:11434/library/foo:cloud", "localhost:11434/library/foo:cloud", "cloud"),
+    ("host:5000/ns/model:local", "host:5000/ns/model", "local"),
+])
+def test_a_colon_in_the_host_is_no_source_suffix(name: str, placed: str, source: str) -> None:
+    """modelref.go reads only what follows the last colon: a registry's port never names a
+    source (modelref_test.go TestHasExplicitTag, TestNormalizePullName)."""
+    assert split_source(name) == (placed, source)
+    assert is_valid_model_name(model_ref(name).base)
+    assert cloud_echo(name) == (model_ref(name).base if source == "cloud" else name)

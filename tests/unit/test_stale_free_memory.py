@@ -15,6 +15,7 @@ from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.sizing import RUNNER_OVERHEAD_MIB
 from proxy.core.tickets import Admitted, Residency, TicketSet, claim, merge_residency
 from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
+from proxy.ports import ShowAnswer
 from proxy.service.prober import Prober
 from tests.unit.builders import call, snapshot
 from tests.unit.test_placement import QWEN3_14B
@@ -65,6 +66,9 @@ class _Ps:
 
     async def tags(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
         return []
+
+    async def fetch(self, path: str, timeout_s: float | None = None) -> ShowAnswer:
+        return ShowAnswer(404, b"404 page not found")
 
 
 def _copy(model: str, mib: int, ctx: int = 4096) -> dict[str, Any]:
