@@ -199,19 +199,32 @@ class SimApp:
             return model
         return _json(self.sim.show(model))
 
-    def _model(self, name: str, embedding: bool = False) -> SimModel | Response:
+    def _model(self, name: str, embedding: bool = False, handler: str = "show"
+               ) -> SimModel | Response:
         """The model a call names, as Ollama finds it (types/model/name.go ParseName, each
-        part matched case-insensitively), or its 400 for a name it cannot parse and 404 (the
-        embedding handlers' in a scheduling error's words: handleScheduleError,
-        routes.go:3116, from :848-851, :1066-1070)."""
+        part matched case-insensitively), or its refusal of a name it cannot parse
+        (`_unparsable`, by `handler`) and 404 (the embedding handlers' in a scheduling
+        error's words: handleScheduleError, routes.go:3116, from :848-851, :1066-1070)."""
         if not valid_name(name):
-            return _error(INVALID_MODEL_NAME, 400)
+            return self._unparsable(name, handler)
         model = self.sim.config.model(name)
         if model is not None:
             return model
         if embedding:
             return _error(f"model {orjson.dumps(name).decode()} not found, try pulling it "
                           "first", 404)
+        return _error(f"model '{name}' not found", 404)
+
+    def _unparsable(self, name: str, handler: str) -> Response:
+        """A name ParseName cannot read: writeModelRefParseError's 400 from 0.18; before, each
+        handler's own words (v0.17.7 server/routes.go: generate :199-203 and embed :695-697 a
+        404, chat :1998-2000 and the legacy embeddings :842-844 "model is required"; show's
+        GetModelInfo the 400 of every version)."""
+        if handler == "show" or \
+                version_tuple(self.sim.config.version) >= sim_cloud.SOURCE_SUFFIXES_SINCE:
+            return _error(INVALID_MODEL_NAME, 400)
+        if handler in ("chat", "embeddings"):
+            return _error("model is required", 400)
         return _error(f"model '{name}' not found", 404)
 
     async def stats(self, request: Request) -> Response:
@@ -296,7 +309,7 @@ class SimApp:
         elif texts is not None:
             return _error("invalid input type", 400)
         name = str(body.get("model") or "")
-        model = self._model(name, embedding=True)
+        model = self._model(name, embedding=True, handler="embeddings" if legacy else "embed")
         if isinstance(model, Response):
             return model
         options = body.get("options") or {}
@@ -441,7 +454,7 @@ class SimApp:
             return _error(routed.message, routed.status)
         if isinstance(routed, sim_cloud.ToCloud):
             return await self._cloud(body, chat, request, routed.echo)
-        model = self._model(routed)
+        model = self._model(routed, handler="chat" if chat else "generate")
         if isinstance(model, Response):
             return model
         if chat and version_tuple(version) < ANY_SPELLING_SINCE and \

@@ -28,6 +28,7 @@ from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
 from proxy.core.models import (
     CLOUD_SOURCE,
+    INVALID_MODEL_NAME,
     SOURCE_SUFFIXES_SINCE,
     model_name,
     normalise_model,
@@ -60,6 +61,14 @@ MODEL_COMMANDS = {"/api/push": "ollama push <model>",
 MODEL_MANAGEMENT = tuple(MODEL_COMMANDS)
 
 
+# Before 0.18 (writeModelRefParseError's 400 `invalid model name`), each handler answered a
+# name it cannot parse in its own words (v0.17.7, v0.12.6 server/routes.go): generate
+# (:199-203) and embed (:695-697) a 404 `model '...' not found`, chat (:1998-2000) and the
+# legacy embeddings (:842-844) a 400 `model is required`; the other dialects as the handler
+# they go through. Show's is `invalid model name` on every version.
+UNPARSABLE_BEFORE_0_18 = {"/api/generate": 404, "/v1/completions": 404, "/api/embed": 404,
+                          "/v1/embeddings": 404, "/api/chat": 400, "/v1/chat/completions": 400,
+                          "/v1/responses": 400, "/v1/messages": 400, "/api/embeddings": 400}
 PHASES = ("mulling", "triage")
 WAIT_VALUES = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
@@ -352,11 +361,25 @@ class SidecarApi:
                                   f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
                                   dialect=dialect)
         except wire.BadRequest as exc:
-            return self._bad_request(exc, dialect, wire.named_model(
-                body, also_name="name" in schema.model_fields))
+            named = wire.named_model(body, also_name="name" in schema.model_fields)
+            older = self._unparsable(request.url.path, named, dialect) \
+                if str(exc) == INVALID_MODEL_NAME else None
+            return older or self._bad_request(exc, dialect, named)
         except ClientDisconnect:  # gone before its body arrived: nobody to answer
             log.info("client went away while sending its request", path=request.url.path)
             return Response(status_code=499)
+
+    def _unparsable(self, path: str, model: str | None, dialect: Dialect) -> Response | None:
+        """Before 0.18 each handler refused a name Ollama cannot parse in its own words
+        (`UNPARSABLE_BEFORE_0_18`); None: the `invalid model name` of every other case."""
+        status = UNPARSABLE_BEFORE_0_18.get(path)
+        if status is None or model is None or self.engine_version() >= SOURCE_SUFFIXES_SINCE:
+            return None
+        if status == 404:
+            return error_response(404, "model-not-found", not_found(model), model,
+                                  dialect=dialect)
+        self.metrics.refusals.labels("bad-request").inc()
+        return error_response(400, "bad-request", "model is required", model, dialect=dialect)
 
     def _bad_request(self, exc: wire.BadRequest, dialect: Dialect, model: str | None
                      ) -> Response:

@@ -94,10 +94,11 @@ def test_a_stub_is_the_cloud_s_and_never_a_gpu_load(sim_factory: Sims,
     assert "gpt-oss:120b-cloud" in [m.model for m in ollama.Client(host=url).list().models]
     assert (old.sim.stats.cloud_requests, old.sim.stats.loads) == (1, 0)
     # an Ollama before 0.18 has no such suffixes: `:cloud` and `:local` are names it refuses
+    # (chat's words for a name it cannot parse, then)
     for name in ("gpt-oss:120b:cloud", "qwen3:8b:local"):
         for target in (url, old.url):
             refused = _chat(target, name)
-            assert (refused.status_code, refused.json()["error"]) == (400, "invalid model name")
+            assert (refused.status_code, refused.json()["error"]) == (400, "model is required")
 
 
 def test_a_local_name_is_placed_as_its_model(sim_factory: Sims,
@@ -267,12 +268,6 @@ def test_a_provider_with_the_cloud_off_does_not_take_the_cloud_calls(
     assert answered.headers["x-kubemoot-provider"] == "on"
 
 
-@pytest.mark.xfail(strict=True, reason="review: before 0.18 a name ParseName cannot read is "
-                   "chat's 400 `model is required` and generate's 404 `model '...' not found` "
-                   "(v0.12.6 and v0.17.7 server/routes.go ChatHandler, GenerateHandler); "
-                   "`invalid model name` is writeModelRefParseError's, 0.18+. The simulator "
-                   "(ollama_sim.py _model), the sidecar (api/wire.py check_name, whatever "
-                   "the version) and docs/interface.md give the 0.18 answer")
 def test_before_0_18_a_suffixed_name_is_refused_as_that_ollama_does(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     old = sim_factory("old", total_vram_mib=24564, models=CATALOG, version="0.12.6")
@@ -284,6 +279,12 @@ def test_before_0_18_a_suffixed_name_is_refused_as_that_ollama_does(
             "model": "gpt-oss:120b:cloud", "prompt": "hi", "stream": False})
         assert (generate.status_code, generate.json()["error"]) == (
             404, "model 'gpt-oss:120b:cloud' not found")
+        embed = httpx.post(f"{target}/api/embed", timeout=30, json={
+            "model": "qwen3:", "input": "hi"})
+        assert (embed.status_code, embed.json()["error"]) == (404, "model 'qwen3:' not found")
+        legacy = httpx.post(f"{target}/api/embeddings", timeout=30, json={
+            "model": "qwen3:", "prompt": "hi"})
+        assert (legacy.status_code, legacy.json()["error"]) == (400, "model is required")
 
 
 def test_a_cloud_embed_is_sent_on_before_its_input_is_read(
