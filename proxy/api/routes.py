@@ -427,9 +427,10 @@ class SidecarApi:
         model = pull.model or pull.name
         if not model:
             return error_response(400, "bad-request", "field 'model': model is required")
-        # a cloud model needs no pull where a provider sends its calls on (Ollama 0.18+)
-        cloud = self.calls.sends_to_cloud(CallRequest("/api/pull", model,
-                                                      source=split_source(model)[1]))
+        # a cloud model needs no pull where the providers send its calls on (Ollama 0.18+); a
+        # stub is among the models they list
+        cloud = split_source(model)[1] == CLOUD_SOURCE and \
+            self.engine_version() >= SOURCE_SUFFIXES_SINCE
         if not cloud and resolve_model(model, listed := await self._provider_models()) \
                 not in listed:
             return error_response(
@@ -548,6 +549,16 @@ class SidecarApi:
             disconnected=lambda: _disconnect(request),
         )
 
+    def _goes_to_cloud(self, request: Request, path: str, parsed: wire.Inference) -> bool:
+        """Whether a provider's Ollama sends the call on to its cloud; a call whose headers
+        are wrong is no such call (its 400 comes where it always has)."""
+        model, source = self.model_source(parsed.model)
+        try:
+            phase, thread, _ = call_headers(request, self.default_can_wait)
+        except wire.BadRequest:
+            return False
+        return self.calls.sends_to_cloud(CallRequest(path, model, phase, thread, source=source))
+
     def model_source(self, name: str | None) -> tuple[str | None, str]:
         """The call's model and the source its name asks for (core/models.py split_source),
         as the providers' Ollama reads it."""
@@ -564,18 +575,19 @@ class SidecarApi:
             return read
         body, parsed = read
         large = getattr(request.state, "large_body", False)
+        # A cloud call is sent on as it came: Ollama does so before the checks below
+        # (server/routes.go 267-272, 308-362, before its option, unload, raw and input ones)
+        cloud = self._goes_to_cloud(request, path, parsed)
+        if not cloud and (wrong := await off_loop(large, layers.layer_error, path, body,
+                                                  self.engine_version())):
+            return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         measured = await off_loop(large, measure, body, parsed)
         try:
             call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
-        if self.calls.sends_to_cloud(call):
-            # sent on as it came: Ollama does so before the checks below (server/routes.go
-            # 267-272, 308-362 before its option, unload, raw and input checks)
+        if cloud:
             return await self._forward(call, path, body, parsed, started)
-        if wrong := await off_loop(large, layers.layer_error, path, body,
-                                    self.engine_version()):
-            return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path, parsed.model or call.model)
         if wrong := await off_loop(large, layers.found_error, path, body):

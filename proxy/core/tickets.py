@@ -10,7 +10,7 @@ store's encoding of a set lives in the shell (`proxy/service/codec.py`).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from proxy.core.context import effective
@@ -242,10 +242,13 @@ def leave_unless_used(current: TicketSet, model: str, mib: int, loaded: Residenc
     return mark_leaving(current, (model, *sharing), now, mib)
 
 
-def mark_unloaded(current: TicketSet, models: Iterable[str], now: float) -> TicketSet:
-    """Record `models` as unloaded, so every view drops them before the next probe does."""
-    return replace(current,
-                   residents={**current.residents, **{m: Residency(0, 0, now) for m in models}})
+def mark_unloaded(current: TicketSet, seen_gone: Mapping[str, float], now: float) -> TicketSet:
+    """Record models as unloaded, each when it was seen gone (`seen_gone`; at latest `now`),
+    so every view drops them before the next probe does. Stamped when each went, not when
+    written: a copy of its weights file loaded and probed since, under another name, is no
+    copy of it (`_by_weights`)."""
+    return replace(current, residents={**current.residents, **{
+        m: Residency(0, 0, min(at, now)) for m, at in seen_gone.items()}})
 
 
 def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:

@@ -143,7 +143,8 @@ def prompt_size(body: dict[str, Any]) -> PromptSize:
     images = body.get(IMAGE_KEY)  # /api/generate's
     if isinstance(images, list):
         prompt.images += len(images)
-    for tool in body.get("tools") or []:
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():  # (one Ollama ignores: no list)
         _tool_spec_texts(tool, prompt)
     return prompt.size(_pieces(body))
 

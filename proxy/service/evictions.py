@@ -75,7 +75,8 @@ class Evictions:
             log.warning("victims still loaded; sending the call anyway",
                         provider=placement.provider, victims=victims)
         try:
-            await book.mark_unloaded(placement.provider, victims)
+            # only those seen gone: one still listed counts, leaving, until a probe says
+            await book.mark_unloaded(placement.provider, self._when(gone_at))
         except StoreUnavailable:  # the next probe shows them gone; counting them is safe
             log.warning("victims' unload not recorded: shared state unreachable",
                         provider=placement.provider, victims=victims)
@@ -164,9 +165,14 @@ class Evictions:
         other names (`copy_sharers`), gone with it."""
         gone = (model, *sharing)
         if await self._ask_unload(provider, model) and \
-                await self._seen_gone(provider, gone, ahead) is not None:
+                (seen := await self._seen_gone(provider, gone, ahead)) is not None:
             with contextlib.suppress(StoreUnavailable):
-                await book.mark_unloaded(provider, gone)
+                await book.mark_unloaded(provider, self._when(seen))
+
+    def _when(self, seen_gone: Mapping[str, float] | None) -> dict[str, float]:
+        """`_seen_gone`'s times (the monotonic clock) as wall-clock times, the records'."""
+        offset = self.clock.now() - self.clock.monotonic()
+        return {m: at + offset for m, at in (seen_gone or {}).items()}
 
     async def _ask_unload(self, provider: str, model: str) -> bool:
         """`keep_alive: 0` to one provider; False (and a warning) when it cannot be asked."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -175,6 +176,16 @@ def cloud_off(status: ShowAnswer) -> bool:
     return isinstance(cloud, dict) and cloud.get("disabled") is True
 
 
+async def _nothing() -> None:
+    return None
+
+
+# /api/status says whether the cloud is off (OLLAMA_NO_CLOUD), which changes only when Ollama
+# restarts: asked now and then, each time within a short limit, so that an endpoint slow on it
+# (a gateway in front of Ollama) holds back no probe round for long
+STATUS_EVERY_S = 30.0
+STATUS_TIMEOUT_S = 0.25
+
 SHOWS_AT_ONCE = 8  # /api/show asks in flight to one card
 
 
@@ -199,6 +210,8 @@ class Prober:
         # what the last probe listed (model -> MiB)
         self._beside: dict[str, dict[str, tuple[int, int]]] = {}
         self._listed: dict[str, dict[str, int]] = {}
+        self._status_at: dict[str, float] = {}  # when /api/status was last asked
+        self._cloud_off: dict[str, bool] = {}  # what it said last
         # provider -> model -> (digest, what /api/show says of it)
         self._shown: dict[str, dict[str, tuple[str, ModelInfo]]] = {}
         # provider -> model -> what another process's /api/show said of it (shared state)
@@ -213,10 +226,15 @@ class Prober:
         # Stamped when the probe starts: what /api/ps says may be that old, so a change a
         # call records after this moment must win over it (see merge_residency).
         now = self.clock.now()
+        asks_status = now - self._status_at.get(name, -math.inf) >= STATUS_EVERY_S
         version, ps, tags, status = await asyncio.gather(
             client.version(PROBE_TIMEOUT_S), client.ps(PROBE_TIMEOUT_S),
-            client.tags(PROBE_TIMEOUT_S), client.fetch("/api/status", PROBE_TIMEOUT_S),
-            return_exceptions=True)
+            client.tags(PROBE_TIMEOUT_S), client.fetch("/api/status", STATUS_TIMEOUT_S)
+            if asks_status else _nothing(), return_exceptions=True)
+        if asks_status:
+            self._status_at[name] = now
+            if isinstance(status, ShowAnswer):  # (failed: what it said last holds)
+                self._cloud_off[name] = cloud_off(status)
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
             total = await self.gpu_memory.total_mib(config.dcgm_url, config.gpus)
@@ -267,7 +285,7 @@ class Prober:
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
             version=version if isinstance(version, str) else "", digests=digests,
-            remote=remote, cloud_off=not isinstance(status, BaseException) and cloud_off(status))
+            remote=remote, cloud_off=self._cloud_off.get(name, False))
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
             # or an Ollama that is down would otherwise be silent)

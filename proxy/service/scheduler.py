@@ -114,14 +114,19 @@ class Scheduler:
     # -- inputs ----------------------------------------------------------------------------
     def candidates(self, phase: str, model: str | None, thread: str | None = None,
                    ask: bool = True) -> tuple[Candidate, ...] | None:
-        found = self.bindings.for_call(phase, model, thread, ask) if self.bindings is not None \
-            else self.settings.models.for_call(phase, model)
+        found = self._configured(phase, model, thread, ask)
         if not found:
             return found
         known, canonical = self._names()
         # (a configured `x:local` is x, as a call names it: core/models.py split_source)
         return tuple(replace(c, model=_placed(split_source(c.model)[0], known, canonical))
                      for c in found)
+
+    def _configured(self, phase: str, model: str | None, thread: str | None, ask: bool
+                    ) -> tuple[Candidate, ...] | None:
+        """The call's candidates as the binding (else the env) names them."""
+        return self.bindings.for_call(phase, model, thread, ask) if self.bindings is not None \
+            else self.settings.models.for_call(phase, model)
 
     def resolve(self, model: str) -> str:
         """The spelling of `model` the providers list (Ollama's own case-insensitive match),
@@ -435,10 +440,12 @@ class Scheduler:
         deployed model's name the binding moved), or the phase's bound one."""
         if call.source == LOCAL_SOURCE:
             return None
-        runs = self.candidates(call.phase, call.model, call.thread, ask=False)
+        runs = self._configured(call.phase, call.model, call.thread, ask=False)
         if not runs:
             return None
-        model, source = split_source(runs[0].model)
+        model, source = split_source(runs[0].model)  # (as configured: `x:local` is local)
+        if source == LOCAL_SOURCE:
+            return None
         now = self.clock.now()
         views = {c.name: self.view.provider_view(c, now) for c in self.settings.providers}
         if source != CLOUD_SOURCE and not any(v.remote for v in views.values()):

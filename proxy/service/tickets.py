@@ -477,10 +477,11 @@ class TicketBook:
 
         return await self._mutate(provider, leaving)
 
-    async def mark_unloaded(self, provider: str, models: tuple[str, ...]) -> ClaimResult:
-        """Record that `models` were unloaded, so every view drops them before the next
-        probe does."""
+    async def mark_unloaded(self, provider: str, seen_gone: Mapping[str, float]
+                            ) -> ClaimResult:
+        """Record that models were unloaded, each when it was seen gone (wall-clock time),
+        so every view drops them before the next probe does."""
         def gone(current: TicketSet, now: float) -> TicketSet:
-            return transition.mark_unloaded(current, models, now)
+            return transition.mark_unloaded(current, seen_gone, now)
 
         return await self._mutate(provider, gone)

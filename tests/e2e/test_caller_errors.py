@@ -396,3 +396,14 @@ def test_a_body_ollama_reads_is_read(sim_factory: Sims, sidecar_factory: Sidecar
     assert answer.json()["done"] is True
     still_refused = httpx.post(f"{url}/api/chat", content=b'{"model": NaN}', timeout=30)
     assert still_refused.status_code == 400
+
+
+@pytest.mark.parametrize("extra", [{}, {"suffix": [None]}])
+def test_a_completion_with_an_odd_tools_field_is_answered_as_ollama_does(
+        sim_factory: Sims, sidecar_factory: Sidecars, extra: dict[str, object]) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu]).url
+    body = {"model": "qwen3:8b", "prompt": "hi", "tools": 1.5, **extra}
+    direct = httpx.post(f"{gpu.url}/v1/completions", json=body, timeout=30)
+    answered = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert answered.status_code == direct.status_code, (direct.text, answered.text)

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from loadtest.nats_server import NatsServer
+from loadtest.ollama_sim import with_derived
 from loadtest.sim_cloud import CloudStub
 from loadtest.sim_model import CATALOG
 from proxy.ports import BINDINGS
@@ -341,3 +342,41 @@ def test_a_stubs_details_name_the_model_it_runs(sim_factory: Sims,
     assert shown.model_dump().get("remote_model", "gpt-oss:120b") == "gpt-oss:120b"
     assert httpx.post(f"{gpu.url}/api/show", json={"model": "mycloud"}).json()[
         "remote_model"] == "gpt-oss:120b"
+
+
+
+def test_a_call_bound_to_a_local_name_is_not_sent_to_the_cloud(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Card a lists `mycloud` as a cloud stub, card b has a model of its own named
+    `mycloud`; the role is bound to `mycloud:local`, the local one. A call naming no model
+    runs on b, as Ollama runs `mycloud:local` (on a it is Ollama's 404)."""
+    a = sim_factory("a", total_vram_mib=24564, models=CATALOG,
+                    cloud_stubs=(CloudStub("mycloud:latest", "gpt-oss:120b"),))
+    b = sim_factory("b", total_vram_mib=24564,
+                    models=with_derived(CATALOG, ["mycloud=qwen3:8b:0"]))
+    url = sidecar_factory([a, b], model_model="mycloud:local").url
+    answered = httpx.post(f"{url}/api/chat", timeout=30,
+                          json={"messages": HI, "stream": False})
+    assert answered.headers.get("x-kubemoot-placement") != "cloud", answered.headers
+    assert (answered.status_code, answered.headers.get("x-kubemoot-provider")) == (200, "b")
+
+
+def test_an_agent_pulls_its_deployed_cloud_name_that_a_binding_moved_to_a_gpu(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    """Deployed with `gpt-oss:20b-cloud`, bound to qwen3:8b: the sidecar's pull of a cloud
+    name succeeds (tests/e2e/test_cloud_models.py), and so should this one, whose calls
+    run qwen3:8b, which a provider has."""
+    asyncio.run(empty_buckets(nats_server.url))
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu], nats_url=nats_server.url, namespace="crew",
+                          agent_name="tooler", model_model="gpt-oss:20b-cloud").url
+    asyncio.run(_bind(nats_server.url, "crew/tooler", {
+        "namespace": "crew", "agent": "tooler", "generation": 1,
+        "phases": {"mulling": {"model": "qwen3:8b", "provider": "gpu"}},
+        "candidates": {"mulling": [{"model": "qwen3:8b", "score": 100}]},
+        "tolerance": None, "unschedulable": []}))
+    assert eventually(lambda: httpx.get(f"{url}/kubemoot/v1/explain").json()[
+        "candidates"][0]["model"] == "qwen3:8b")  # the binding is read
+    pulled = httpx.post(f"{url}/api/pull", timeout=30,
+                        json={"model": "gpt-oss:20b-cloud", "stream": False})
+    assert (pulled.status_code, pulled.json()) == (200, {"status": "success"})

@@ -231,7 +231,7 @@ async def test_release_records_the_model_left_resident(store: StateStore) -> Non
     # The residency entry counts at once: only 1000 MiB are left beside idle:8b and new:14b.
     probe = book.new_ticket("q", "gpu", "x", 1001, True, {}, "h")
     assert not (await book.claim(probe, VIEW)).ok
-    await book.mark_unloaded("gpu", ("new:14b", "idle:8b"))
+    await book.mark_unloaded("gpu", {"new:14b": time.time(), "idle:8b": time.time()})
     assert (await book.claim(probe, VIEW)).ok
     # The probe still lists idle:8b, but it was unloaded after that probe: the view drops it.
     known = book.known("gpu")[0]
@@ -332,7 +332,7 @@ async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_th
     # ...and its memory counts until it is seen gone: no other load lands on it meanwhile.
     (leaving,) = _residents(book)
     assert leaving.footprint_mib == 4000 and leaving.expires_at < time.time() + 1
-    await book.mark_unloaded("gpu", ("idle:8b",))
+    await book.mark_unloaded("gpu", {"idle:8b": time.time()})
     assert not _residents(book)
 
 

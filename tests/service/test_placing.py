@@ -227,7 +227,7 @@ async def test_an_unload_the_shared_state_cannot_record_still_serves_the_call(
     gpu.preload("qwen3:8b")
     sidecar = await fleet.sidecar()
 
-    async def unreachable(provider: str, models: tuple[str, ...]) -> object:
+    async def unreachable(provider: str, seen_gone: dict[str, float]) -> object:
         raise StoreUnavailable("NATS is not connected")
 
     sidecar.services.claims.tickets.mark_unloaded = unreachable  # type: ignore[method-assign]
@@ -317,3 +317,38 @@ async def test_an_unload_waits_for_the_copy_under_whatever_name_of_its_file_it_i
     gone = await evictions._seen_gone("gpu", ("phi3-helper:latest",))
     assert gone is not None and gone["phi3-helper:latest"] - started == pytest.approx(5, abs=0.5)
     await reading
+
+
+
+async def test_a_copy_loaded_under_a_sibling_name_after_its_victim_left_stays_counted(
+        fleet: Fleet) -> None:
+    """The 14b evicts phi3:mini and the 8b; Ollama unloads one copy at a time, the 8b
+    seconds after phi3. Meanwhile another client loads phi3-helper (FROM phi3:mini) and a
+    probe lists it. When the unloads are recorded, the view still counts phi3-helper:
+    it was loaded after phi3:mini left, and probed since."""
+    models = with_derived(CATALOG, ["phi3-helper=phi3:mini:0"])
+    gpu = fleet.gpu("gpu", total_vram_mib=16376, models=models)
+    gpu.preload("qwen3:8b", "phi3:mini")
+    gpu.unload_gap_s = 12.0  # the 8b goes 12 s after phi3:mini
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120)
+    book = sidecar.services.claims.tickets
+    record = book.mark_unloaded
+    recorded: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+
+    async def then_look(provider: str, models: tuple[str, ...], *more: object) -> object:
+        result = await record(provider, models, *more)
+        if not recorded.done():
+            recorded.set_result(sidecar.residents("gpu"))
+        return result
+
+    book.mark_unloaded = then_look  # type: ignore[method-assign]
+    call = sidecar.start_chat("qwen3:14b")
+    await asyncio.sleep(1)
+    assert "phi3:mini" not in gpu.loaded  # the first victim left
+    started = loop_time()
+    await gpu.load("phi3-helper")  # another client's load, of the file phi3:mini left
+    await sidecar.services.prober.refresh("gpu")  # a probe lists it
+    assert "qwen3:8b" in gpu.loaded and loop_time() - started < 10  # (the 8b still there)
+    seen = await recorded
+    assert "phi3-helper:latest" in seen, seen
+    await call

@@ -8,13 +8,21 @@ from dataclasses import replace
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.adapters.ollama import OllamaClient
 from proxy.api.relay import payload_for
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY, Policy
-from proxy.core.tickets import ABANDONED_GRACE_S, Residency, TicketSet, merge_residency
+from proxy.core.tickets import (
+    ABANDONED_GRACE_S,
+    LEAVING_MAX_S,
+    Residency,
+    TicketSet,
+    merge_residency,
+)
 from proxy.core.types import ModelInfo, Placement, ProviderView, Resident, Ticket
 from proxy.service.claims import left_loaded, load_state
 from proxy.service.codec import decode_ticket_set, encode_ticket_set
@@ -188,3 +196,53 @@ def test_a_copy_leaves_under_every_name_of_its_weights_file(
     name, the other recorded it under its own; an unload by either name takes the copy."""
     merged = merge_residency(_one_file("phi3:mini"), records)
     assert [(r.model, r.leaving) for r in merged.residents] == expected
+
+
+# `_by_weights`: what a sibling's record may and may not do to the copy listed.
+@pytest.mark.parametrize(("records", "expected"), [
+    # loaded again under the listed name after the other name's unload: that load counts
+    ({"phi3-helper:latest": Residency(0, 0, NOW + 1),
+      "phi3:mini": Residency(3600, 4096, NOW + 2)}, [("phi3:mini", False)]),
+    # reloaded at another context under the listed name after the other's leave was asked
+    ({"phi3-helper:latest": Residency(3600, 4096, NOW - 5, leaving=True),
+      "phi3:mini": Residency(5000, 8192, NOW - 1)}, [("phi3:mini", False)]),
+    # asked to leave under the other name too long ago: loaded again (LEAVING_MAX_S)
+    ({"phi3-helper:latest": Residency(3600, 4096, NOW - LEAVING_MAX_S - 1, leaving=True)},
+     [("phi3:mini", False)]),
+    # unloaded under the other name before the probe, which lists an outside client's load
+    ({"phi3-helper:latest": Residency(0, 0, NOW - 0.001)}, [("phi3:mini", False)]),
+    # loaded under a third name after the other's unload: that one is the copy now
+    ({"phi3-helper:latest": Residency(0, 0, NOW + 1),
+      "phi3-chat:latest": Residency(3600, 4096, NOW + 2)}, [("phi3-chat:latest", False)]),
+    # another file's unload, or one whose file is unknown here, is no sign of this copy
+    ({"qwen3:8b": Residency(0, 0, NOW + 1), "phi3-x:latest": Residency(0, 0, NOW + 1)},
+     [("phi3:mini", False)]),
+])
+def test_a_sibling_record_marks_only_the_copy_it_took(
+        records: dict[str, Residency], expected: list[tuple[str, bool]]) -> None:
+    view = _one_file("phi3:mini")
+    view = replace(view, models={**view.models, "phi3-chat:latest": FILE})
+    merged = merge_residency(view, records)
+    assert [(r.model, r.leaving) for r in merged.residents] == expected
+
+
+_NAMES = ("phi3:mini", "phi3-helper:latest", "phi3-chat:latest")
+
+
+@given(st.dictionaries(st.sampled_from(_NAMES), st.tuples(
+    st.floats(-2 * LEAVING_MAX_S, 10), st.sampled_from(("loaded", "leaving", "gone"))),
+    max_size=3), st.floats(0.001, 10))
+def test_a_load_recorded_under_the_listed_name_last_is_never_taken_away(
+        others: dict[str, tuple[float, str]], after: float) -> None:
+    """Whatever the other names of its file recorded, a load of the listed copy recorded
+    after all of them leaves it counted, not leaving."""
+    def record(at: float, kind: str) -> Residency:
+        return Residency(0, 0, NOW + at) if kind == "gone" else \
+            Residency(3600, 4096, NOW + at, leaving=kind == "leaving")
+    records = {m: record(*v) for m, v in others.items() if m != "phi3:mini"}
+    last = max((r.at for r in records.values()), default=NOW - 1)
+    records["phi3:mini"] = Residency(3600, 4096, last + after)
+    view = _one_file("phi3:mini")
+    view = replace(view, models={**view.models, "phi3-chat:latest": FILE})
+    merged = merge_residency(view, records)
+    assert ("phi3:mini", False) in [(r.model, r.leaving) for r in merged.residents]

@@ -200,7 +200,7 @@ def test_a_reload_whose_holder_dies_stays_counted() -> None:
     reload = replace(new("qwen3:14b", cold=True, evicts={"qwen3:14b": 12224}), context=16384)
     out = transition.claim(tickets(), reload, card, POLICY, TTL, NOW - 20)
     assert isinstance(out, Admitted)
-    made_room = transition.mark_unloaded(out.tickets, ("qwen3:14b",), NOW - 19)
+    made_room = transition.mark_unloaded(out.tickets, {"qwen3:14b": NOW - 19}, NOW - 19)
     assert made_room.loads == out.tickets.loads
     seen = transition.merge_recorded(card, made_room.live(NOW - 20 + TTL))
     assert [(r.model, r.footprint_mib, r.context_length, r.loading)
@@ -390,13 +390,14 @@ def test_mark_leaving_marks_every_model_whatever_tickets_name_them() -> None:
 
 # -- gone: seen unloaded ----------------------------------------------------------------------
 
-def test_mark_unloaded_records_each_model_gone_now() -> None:
+def test_mark_unloaded_records_each_model_gone_when_it_was_seen_gone() -> None:
     current = tickets(held("t1", "phi3:mini"),
                       residents={"qwen3:8b": Residency(6000, 0, NOW - 2, leaving=True)})
-    out = transition.mark_unloaded(current, ("qwen3:8b", "qwen3:14b"), NOW)
-    assert out.residents == {"qwen3:8b": Residency(0, 0, NOW), "qwen3:14b": Residency(0, 0, NOW)}
+    out = transition.mark_unloaded(current, {"qwen3:8b": NOW - 1, "qwen3:14b": NOW + 5}, NOW)
+    assert out.residents == {"qwen3:8b": Residency(0, 0, NOW - 1),
+                             "qwen3:14b": Residency(0, 0, NOW)}  # (never later than written)
     assert all(r.gone for r in out.residents.values()) and out.tickets == current.tickets
-    card = replace(gpu("a", GIB24, ("qwen3:8b",)), probed_at=NOW - 1)
+    card = replace(gpu("a", GIB24, ("qwen3:8b",)), probed_at=NOW - 1.5)
     assert not transition.merge_residency(card, out.residents).residents  # before any probe
 
 
