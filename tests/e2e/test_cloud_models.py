@@ -299,8 +299,9 @@ def test_a_cloud_embed_is_sent_on_before_its_input_is_read(
     assert embedded.headers["x-kubemoot-placement"] == "cloud"
 
 
-def test_a_binding_to_a_gpu_model_is_not_sent_to_the_cloud(
-        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+def _deployed_cloud_bound_to_gpu(sim_factory: Sims, sidecar_factory: Sidecars,
+                                 nats_server: NatsServer) -> str:
+    """A sidecar deployed with `gpt-oss:20b-cloud` whose binding moved it to qwen3:8b."""
     asyncio.run(empty_buckets(nats_server.url))
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
     url = sidecar_factory([gpu], nats_url=nats_server.url, namespace="crew",
@@ -312,6 +313,12 @@ def test_a_binding_to_a_gpu_model_is_not_sent_to_the_cloud(
         "tolerance": None, "unschedulable": []}))
     assert eventually(lambda: httpx.get(f"{url}/kubemoot/v1/explain").json()[
         "candidates"][0]["model"] == "qwen3:8b")  # the binding is read
+    return url
+
+
+def test_a_binding_to_a_gpu_model_is_not_sent_to_the_cloud(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
+    url = _deployed_cloud_bound_to_gpu(sim_factory, sidecar_factory, nats_server)
     answered = _chat(url, "gpt-oss:20b-cloud")  # the deployed name: the binding's model
     assert answered.status_code == 200, answered.text
     assert answered.headers["x-kubemoot-placement"] != "cloud"
@@ -366,17 +373,7 @@ def test_an_agent_pulls_its_deployed_cloud_name_that_a_binding_moved_to_a_gpu(
     """Deployed with `gpt-oss:20b-cloud`, bound to qwen3:8b: the sidecar's pull of a cloud
     name succeeds (tests/e2e/test_cloud_models.py), and so should this one, whose calls
     run qwen3:8b, which a provider has."""
-    asyncio.run(empty_buckets(nats_server.url))
-    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
-    url = sidecar_factory([gpu], nats_url=nats_server.url, namespace="crew",
-                          agent_name="tooler", model_model="gpt-oss:20b-cloud").url
-    asyncio.run(_bind(nats_server.url, "crew/tooler", {
-        "namespace": "crew", "agent": "tooler", "generation": 1,
-        "phases": {"mulling": {"model": "qwen3:8b", "provider": "gpu"}},
-        "candidates": {"mulling": [{"model": "qwen3:8b", "score": 100}]},
-        "tolerance": None, "unschedulable": []}))
-    assert eventually(lambda: httpx.get(f"{url}/kubemoot/v1/explain").json()[
-        "candidates"][0]["model"] == "qwen3:8b")  # the binding is read
+    url = _deployed_cloud_bound_to_gpu(sim_factory, sidecar_factory, nats_server)
     pulled = httpx.post(f"{url}/api/pull", timeout=30,
                         json={"model": "gpt-oss:20b-cloud", "stream": False})
     assert (pulled.status_code, pulled.json()) == (200, {"status": "success"})
