@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import sim_bindings, sim_checks, sim_cloud, sim_dialects, sim_output
+from . import sim_audio, sim_bindings, sim_checks, sim_cloud, sim_dialects, sim_output
 from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import (
@@ -126,6 +126,7 @@ class SimApp:
                 sim_dialects.CHAT, sim_dialects.COMPLETIONS, sim_dialects.RESPONSES,
                 sim_dialects.MESSAGES)),
             Route("/v1/embeddings", self.openai_embed, methods=["POST"]),
+            Route(sim_audio.PATH, self.transcribe, methods=["POST"]),
             Route("/api/embed", self.embed, methods=["POST"]),
             Route("/api/embeddings", self.embed, methods=["POST"]),
             Route("/_sim/stats", self.stats, methods=["GET"]),
@@ -402,6 +403,21 @@ class SimApp:
         if isinstance(routed, sim_cloud.ToCloud):  # the cloud's own answer names its model
             body = {**body, "model": routed.echo}
         return await sim_dialects.answer(path, native, body)
+
+    async def transcribe(self, request: Request) -> Response:
+        """/v1/audio/transcriptions where the version's router has it: the form's audio
+        through the native chat."""
+        version = self.sim.config.version
+        if not sim_audio.served(version):
+            return PlainTextResponse(sim_audio.GIN_NOT_FOUND, status_code=404)
+        self.sim.stats.requests += 1
+        asked = await sim_audio.chat_request(request, version)
+        if isinstance(asked, str):
+            return sim_dialects.error(request.url.path, asked, 400)
+        native = await self._run(asked[0], True, request)
+        if native.status_code >= 400:
+            return sim_dialects.translated_error(request.url.path, native)
+        return sim_audio.answer(native, asked[1])
 
     async def openai_embed(self, request: Request) -> Response:
         """EmbeddingsMiddleware (middleware/openai.go:395-445): `""` is one input, none or

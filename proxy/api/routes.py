@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.api import layers, wire
+from proxy.api import layers, transcription, wire
 from proxy.api.capabilities import call_needs, embeds
 from proxy.api.errors import (
     JSON,
@@ -23,7 +23,7 @@ from proxy.api.errors import (
     install_error_shapes,
     provider_refusal,
 )
-from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
+from proxy.api.relay import TRUNCATING_PATHS, Reshape, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
 from proxy.core.models import (
@@ -235,6 +235,7 @@ class SidecarApi:
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
+        add(transcription.PATH, self.transcribe, methods=["POST"])
         add("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
         _without_head(app)
@@ -341,9 +342,11 @@ class SidecarApi:
     async def _read(self, request: Request, schema: type[W], dialect: Dialect = "ollama"
                     ) -> tuple[dict[str, Any], W] | Response:
         """The request's body and its checked fields, or the error answer (413, 400)."""
+        raw = await self._read_raw(request, dialect)
+        if isinstance(raw, Response):
+            return raw
         body: dict[str, Any] | None = None
         try:
-            raw = await read_capped(request, self.max_request_bytes)
             if request.url.path in wire.ZSTD_PATHS and \
                     request.headers.get("content-encoding") == "zstd":
                 raw = await asyncio.to_thread(wire.decompress_zstd, raw)
@@ -352,6 +355,16 @@ class SidecarApi:
             body = await off_loop(large, wire.parse_body, raw)
             return body, await off_loop(large, wire.validate, schema, body,
                                          self.engine_version())
+        except wire.BadRequest as exc:
+            named = wire.named_model(body, also_name="name" in schema.model_fields)
+            older = self._unparsable(request.url.path, named, dialect) \
+                if str(exc) == INVALID_MODEL_NAME else None
+            return older or self._bad_request(exc, dialect, named)
+
+    async def _read_raw(self, request: Request, dialect: Dialect) -> bytes | Response:
+        """The request's body as it came, or the error answer (413, 408)."""
+        try:
+            return await read_capped(request, self.max_request_bytes)
         except BodyTooSlow:
             return error_response(408, "request-timeout", f"the request's body did not "
                                   f"arrive within {BODY_TIMEOUT_S:.0f} s", dialect=dialect)
@@ -360,11 +373,6 @@ class SidecarApi:
                                   f"request body exceeds the sidecar's limit of "
                                   f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
                                   dialect=dialect)
-        except wire.BadRequest as exc:
-            named = wire.named_model(body, also_name="name" in schema.model_fields)
-            older = self._unparsable(request.url.path, named, dialect) \
-                if str(exc) == INVALID_MODEL_NAME else None
-            return older or self._bad_request(exc, dialect, named)
         except ClientDisconnect:  # gone before its body arrived: nobody to answer
             log.info("client went away while sending its request", path=request.url.path)
             return Response(status_code=499)
@@ -457,7 +465,8 @@ class SidecarApi:
             404, "not-found",
             f"{request.method} {request.url.path} is not served by the sidecar; it serves "
             "Ollama's /api/*, OpenAI's /v1/chat/completions, /v1/completions, /v1/responses, "
-            "/v1/embeddings and /v1/models, and Anthropic's /v1/messages",
+            "/v1/embeddings, /v1/audio/transcriptions and /v1/models, and Anthropic's "
+            "/v1/messages",
             dialect=dialect_of(request.url.path))
 
     @staticmethod
@@ -573,7 +582,36 @@ class SidecarApi:
         read = await self._read(request, schema, dialect)
         if isinstance(read, Response):
             return read
-        body, parsed = read
+        return await self._serve(request, path, *read, started, dialect)
+
+    async def transcribe(self, request: Request) -> Response:
+        """OpenAI's transcription form, served as the chat call Ollama makes of it
+        (api/transcription.py) where the providers' Ollama serves the path."""
+        started = time.perf_counter()
+        version = self.engine_version()
+        if not transcription.served(version):
+            running = self.probed_version() or "no known version"
+            return error_response(
+                404, "not-found", f"POST {transcription.PATH} is served by Ollama 0.20 to 0.24 "
+                f"and 0.30 or later; the providers run {running}", dialect="openai")
+        raw = await self._read_raw(request, "openai")
+        if isinstance(raw, Response):
+            return raw
+        large = request.state.large_body = len(raw) > OFF_LOOP_BYTES
+        try:
+            asked = await transcription.read_form(raw, request.headers, request.query_params)
+            body = await off_loop(large, transcription.chat_body, asked, version)
+            parsed = wire.validate(wire.OllamaInference, body, version)
+        except (transcription.FormError, wire.BadRequest) as exc:
+            return self._bad_request(wire.BadRequest(str(exc)), "openai", None)
+        return await self._serve(request, "/api/chat", body, parsed, started, "openai",
+                                 lambda chat: transcription.answer(chat, asked.response_format))
+
+    async def _serve(self, request: Request, path: str, body: dict[str, Any],
+                     parsed: wire.Inference, started: float, dialect: Dialect,
+                     reshape: Reshape | None = None) -> Response:
+        """A checked call placed and sent on: `path` is what the provider is asked, `dialect`
+        the caller's, `reshape` what becomes of a complete answer before the caller has it."""
         large = getattr(request.state, "large_body", False)
         # A cloud call is sent on as it came: Ollama does so before the checks below
         # (server/routes.go 267-272, 308-362, before its option, unload, raw and input ones)
@@ -587,7 +625,7 @@ class SidecarApi:
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
         if cloud:
-            return await self._forward(call, path, body, parsed, started)
+            return await self._forward(call, path, body, parsed, started, dialect, reshape)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path, parsed.model or call.model)
         if wrong := await off_loop(large, layers.found_error, path, body):
@@ -596,11 +634,11 @@ class SidecarApi:
             model = call.model or self.calls.bound_model(call.phase, call.thread)
             if not model or await self._on_a_provider(model):
                 return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
-        return await self._forward(call, path, body, parsed, started)
+        return await self._forward(call, path, body, parsed, started, dialect, reshape)
 
     async def _forward(self, call: CallRequest, path: str, body: dict[str, Any],
-                       parsed: wire.Inference, started: float) -> Response:
-        dialect = dialect_of(path)
+                       parsed: wire.Inference, started: float, dialect: Dialect,
+                       reshape: Reshape | None) -> Response:
         if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:
@@ -608,7 +646,7 @@ class SidecarApi:
             stream = parsed.stream is not False if dialect == "ollama" else bool(parsed.stream)
         return await forward(self.calls.attempts(call, started), path, body, stream,
                              self.chunk_timeout_s, dialect=dialect,
-                             disconnected=call.disconnected)
+                             disconnected=call.disconnected, reshape=reshape)
 
     async def _unload(self, model: str, path: str, asked: str) -> Response:
         """Ollama's answer to an unload, after asking every provider that has the model; a
