@@ -50,8 +50,14 @@ class FormError(Exception):
     """A form Ollama refuses with 400, in its words."""
 
 
-async def _once(raw: bytes) -> AsyncGenerator[bytes, None]:
-    yield raw
+PIECE = 1 << 20
+
+
+async def _pieces(raw: bytes) -> AsyncGenerator[bytes, None]:
+    """The body a piece at a time: the parser hands each piece's file data to a thread, so
+    other calls are served between pieces rather than after the whole form."""
+    for start in range(0, len(raw), PIECE):
+        yield raw[start:start + PIECE]
 
 
 async def read_form(raw: bytes, headers: Headers, query: QueryParams) -> Transcription:
@@ -66,7 +72,7 @@ async def read_form(raw: bytes, headers: Headers, query: QueryParams) -> Transcr
         raise FormError("failed to parse multipart form: no multipart boundary param in "
                         "Content-Type")
     try:
-        form = await MultiPartParser(headers, _once(raw), max_fields=MAX_FIELDS,
+        form = await MultiPartParser(headers, _pieces(raw), max_fields=MAX_FIELDS,
                                      max_files=MAX_FIELDS).parse()
     except (MultiPartException, ValueError) as exc:  # UnicodeDecodeError among them
         raise FormError(f"failed to parse multipart form: {exc}") from None
