@@ -27,7 +27,6 @@ WORDS_SINCE_0_30 = ("Transcribe the audio exactly as spoken. Output only the spo
                     "What exact words are spoken in this audio?")
 WORDS_BEFORE_0_30 = ("Transcribe the following audio exactly as spoken. Output only the "
                      "transcription text, nothing else.", "Transcribe this audio.")
-# A form's text fields are small; its one file is spooled to disk past 1 MiB by Starlette.
 MAX_FIELDS = 100
 
 
@@ -71,9 +70,12 @@ async def read_form(raw: bytes, headers: Headers, query: QueryParams) -> Transcr
     if "boundary=" not in params.lower():
         raise FormError("failed to parse multipart form: no multipart boundary param in "
                         "Content-Type")
+    parser = MultiPartParser(headers, _pieces(raw), max_fields=MAX_FIELDS, max_files=MAX_FIELDS)
+    # The body is in memory already (capped): its file stays there, as a spill to disk
+    # would fail on the read-only root file system the sidecar's pod runs with.
+    parser.spool_max_size = len(raw) + 1
     try:
-        form = await MultiPartParser(headers, _pieces(raw), max_fields=MAX_FIELDS,
-                                     max_files=MAX_FIELDS).parse()
+        form = await parser.parse()
     except (MultiPartException, ValueError) as exc:  # UnicodeDecodeError among them
         raise FormError(f"failed to parse multipart form: {exc}") from None
     try:

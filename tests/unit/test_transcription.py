@@ -56,3 +56,18 @@ def test_the_answer_is_the_chats_text_trimmed() -> None:
     assert transcription.answer(chat, "json") == (b'{"text":"hello there"}\n',
                                                    "application/json")
     assert transcription.answer(chat, "text") == (b"hello there", "text/plain")
+
+
+async def test_a_large_file_is_not_spilled_to_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod's root file system is read-only: a temporary file cannot be made."""
+    import tempfile
+
+    def no_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_disk)
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", no_disk)
+    monkeypatch.setattr(tempfile, "mkstemp", no_disk)
+    audio = bytes(range(256)) * (12 << 12)  # 12 MiB
+    asked = await read({"model": "m"}, {"file": ("a.wav", audio)})
+    assert asked.audio == audio
