@@ -118,6 +118,10 @@ class SimApp:
             Route("/api/tags", self.tags, methods=["GET", "HEAD"]),
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/api/status", self.status, methods=["GET"]),
+            Route("/api/me", self.whoami, methods=["POST"]),
+            *(Route(path, self.web, methods=["POST"]) for path in sim_cloud.WEB_UNAVAILABLE),
+            Route("/api/experimental/model-recommendations", self.recommendations,
+                  methods=["GET"]),
             Route("/v1/models/{model:path}", self.cloud_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
@@ -159,9 +163,30 @@ class SimApp:
         return _json(self.sim.ps())
 
     async def status(self, request: Request) -> Response:
-        if version_tuple(self.sim.config.version) < sim_cloud.STATUS_SINCE:
+        if self._before(sim_cloud.STATUS_SINCE):
             return PlainTextResponse("404 page not found", status_code=404)  # gin's own
         return _json(sim_cloud.status(self.sim.config.no_cloud))
+
+    def _before(self, since: tuple[int, int, int]) -> bool:
+        return version_tuple(self.sim.config.version) < since
+
+    async def whoami(self, request: Request) -> Response:
+        if self._before(sim_cloud.ACCOUNT_SINCE):
+            return PlainTextResponse("404 page not found", status_code=404)
+        return _json(sim_cloud.whoami(self.sim.config.name))
+
+    async def web(self, request: Request) -> Response:
+        config = self.sim.config
+        if self._before(sim_cloud.WEB_SINCE):
+            return PlainTextResponse("404 page not found", status_code=404)
+        status, answer = sim_cloud.web(request.url.path, await request.body(),
+                                       config.no_cloud, config.version)
+        return _json(answer, status)
+
+    async def recommendations(self, request: Request) -> Response:
+        if self._before(sim_cloud.RECOMMENDATIONS_SINCE):
+            return PlainTextResponse("404 page not found", status_code=404)
+        return _json(sim_cloud.recommendations())
 
     async def cloud_model(self, request: Request) -> Response:
         """A cloud model's OpenAI model object, sent on to the cloud (cloud_proxy.go

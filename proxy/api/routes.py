@@ -59,6 +59,12 @@ MODEL_COMMANDS = {"/api/push": "ollama push <model>",
                   "/api/copy": "ollama cp <source> <destination>",
                   "/api/delete": "ollama rm <model>"}
 MODEL_MANAGEMENT = tuple(MODEL_COMMANDS)
+# What Ollama's cloud answers through a provider's Ollama, signed in with its key: the account
+# (`ollama signin` checks it, and `ollama run` before a cloud model, cmd/cmd.go:566), a web
+# search or fetch (0.18+), and the models Ollama recommends (0.24+, `ollama launch`)
+THROUGH_GATEWAY = {"/api/me": "POST", "/api/experimental/web_search": "POST",
+                   "/api/experimental/web_fetch": "POST",
+                   "/api/experimental/model-recommendations": "GET"}
 
 
 # Before 0.18 (writeModelRefParseError's 400 `invalid model name`), each handler answered a
@@ -235,6 +241,11 @@ class SidecarApi:
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
+        for path, method in THROUGH_GATEWAY.items():
+            add(path, self.through_gateway, methods=[method])
+            _without_head(app)
+        add("/api/signout", self.not_signed_here, methods=["POST"])
+        add("/api/user/keys/{key:path}", self.not_signed_here, methods=["DELETE"])
         add(transcription.PATH, self.transcribe, methods=["POST"])
         add("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
@@ -284,10 +295,10 @@ class SidecarApi:
                               VERSION_RETRY_S)
 
     async def status(self, request: Request) -> Response:
-        """Whether cloud models run (Ollama's /api/status, from 0.17): the first provider's
-        answer. The sidecar sends a cloud model's calls through a provider's Ollama, so that
-        Ollama's settings are the ones that hold."""
-        for _, client in self.pool.everything():
+        """Whether cloud models run (Ollama's /api/status, from 0.17): the answer of the
+        provider the sidecar sends cloud calls through, whose settings are the ones that hold
+        (else the next one's)."""
+        for _, client in self._gateway_first():
             try:
                 answer = await client.fetch("/api/status", 2.0)
             except UpstreamError:
@@ -296,6 +307,41 @@ class SidecarApi:
                 return Response(answer.content, media_type=JSON)
         return error_response(404, "not-found", "no provider answered GET /api/status "
                               "(Ollama serves it from 0.17)")
+
+    def _gateway_first(self) -> list[tuple[str, ModelServer]]:
+        """The providers, the one the sidecar reaches Ollama's cloud through first
+        (core/cloud.py `gateway`), then the others in configured order."""
+        first = self.calls.cloud_gateway()
+        return sorted(self.pool.everything(), key=lambda entry: entry[0] != first)
+
+    async def through_gateway(self, request: Request) -> Response:
+        """The provider's answer, as it came (a 401 `signin_url` included), from the one the
+        sidecar sends cloud calls through: it is that Ollama's key they are signed with. The
+        next provider only when it cannot be reached."""
+        path = request.url.path
+        raw = b""
+        if request.method == "POST":
+            read = await self._read_raw(request, "ollama")
+            if isinstance(read, Response):
+                return read
+            raw = read
+        for _, client in self._gateway_first():
+            try:
+                answer = await (client.post(path, raw, client.timeouts.first_byte_s)
+                                if request.method == "POST" else
+                                client.fetch(path, client.timeouts.first_byte_s))
+            except UpstreamError:
+                continue
+            return Response(answer.content, status_code=answer.status_code,
+                            media_type=answer.media_type)
+        return error_response(502, "upstream-failed",
+                              f"no provider answered {request.method} {path}")
+
+    async def not_signed_here(self, request: Request) -> Response:
+        return error_response(
+            501, "not-supported",
+            f"{request.url.path} signs one Ollama out of ollama.com; the sidecar fronts many, "
+            f"so run it against each provider directly (OLLAMA_HOST=<provider> ollama signout)")
 
     async def _gather(self, listing: Callable[[ModelServer], Awaitable[list[ModelEntry]]]
                       ) -> list[tuple[str, list[ModelEntry]]]:
