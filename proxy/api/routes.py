@@ -57,7 +57,8 @@ VERSION_RETRY_S = 5  # about two probe rounds: when a provider comes back, it ha
 MODEL_COMMANDS = {"/api/push": "ollama push <model>",
                   "/api/create": "ollama create <model> -f <Modelfile>",
                   "/api/copy": "ollama cp <source> <destination>",
-                  "/api/delete": "ollama rm <model>"}
+                  "/api/delete": "ollama rm <model>",
+                  "/api/blobs": "ollama create <model> -f <Modelfile>"}  # a create's files
 MODEL_MANAGEMENT = tuple(MODEL_COMMANDS)
 # What Ollama's cloud answers through a provider's Ollama, signed in with its key: the account
 # (`ollama signin` checks it, and `ollama run` before a cloud model, cmd/cmd.go:566), a web
@@ -241,6 +242,7 @@ class SidecarApi:
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
+        add("/api/blobs/{digest}", self.not_here, methods=["POST", "HEAD"])
         for path, method in THROUGH_GATEWAY.items():
             add(path, self.through_gateway, methods=[method])
             _without_head(app)
@@ -500,7 +502,8 @@ class SidecarApi:
 
     async def not_here(self, request: Request) -> Response:
         path = request.url.path
-        command = MODEL_COMMANDS[path]
+        command = MODEL_COMMANDS[path.rsplit("/", 1)[0] if "digest" in request.path_params
+                                 else path]
         return error_response(
             501, "not-supported",
             f"{path} changes one Ollama's model store; the sidecar fronts many GPUs, so run "
