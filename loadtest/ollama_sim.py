@@ -393,10 +393,12 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(path, body)
-        if wrong := sim_dialects.request_error(path, body):
+        version = self.sim.config.version
+        if wrong := sim_dialects.request_error(path, body, version):
             return sim_dialects.error(path, wrong, 400)
         chat = path in sim_dialects.CHAT_PATHS
-        native = await self._run(sim_dialects.native_request(path, body), chat, request)
+        native = await self._run(sim_dialects.native_request(path, body, version), chat,
+                                 request)
         routed = sim_cloud.route(str(body.get("model") or ""), self.sim.config.version,
                                  self.sim.config.cloud_stubs)
         if isinstance(routed, sim_cloud.ToCloud):  # the cloud's own answer names its model

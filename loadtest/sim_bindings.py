@@ -23,7 +23,12 @@ from .sim_engine import version_tuple
 BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 NEWLINES = b"\r\n"
 RAW_REFUSAL = "raw mode does not support template, system, or context"
+# The reasoning efforts each version takes (openai/openai.go thinkFromReasoningEffort):
+# max from 0.22.0, minimal, xhigh and ultra from 0.32.11; the Responses API reads none
+# before 0.22.0 (openai/responses.go)
 EFFORTS = ("", "none", "minimal", "low", "medium", "high", "max", "xhigh", "ultra")
+MAX_EFFORT_SINCE, MORE_EFFORTS_SINCE = (0, 22, 0), (0, 32, 11)
+RESPONSES_EFFORT_SINCE = (0, 22, 0)
 IMAGE_PREFIXES = ("data:;base64,", "data:image/jpeg;base64,", "data:image/jpg;base64,",
                   "data:image/png;base64,", "data:image/webp;base64,")
 ENCODING_FORMATS = ("float", "base64")
@@ -169,12 +174,25 @@ def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> s
     return None
 
 
-def effort_error(effort: Any) -> str | None:
-    """thinkFromReasoningEffort (openai/openai.go:531-546)."""
-    if effort is None or effort in EFFORTS:
+def efforts(version: str) -> tuple[str, ...]:
+    """The efforts `version` takes, "" and "none" among them."""
+    at = version_tuple(version)
+    if at >= MORE_EFFORTS_SINCE:
+        return EFFORTS
+    return ("", "none", "low", "medium", "high") + (("max",) if at >= MAX_EFFORT_SINCE else ())
+
+
+def effort_error(effort: Any, version: str, responses: bool = False) -> str | None:
+    """thinkFromReasoningEffort (openai/openai.go:531-546); before 0.32.11 each API's own
+    check, chat's quoting the effort in single quotes."""
+    if effort is None or effort in efforts(version):
         return None
-    return (f"invalid reasoning value: {go_quote(str(effort))} (must be \"minimal\", \"low\", "
-            "\"medium\", \"high\", \"xhigh\", \"ultra\", \"max\", or \"none\")")
+    if version_tuple(version) >= MORE_EFFORTS_SINCE:
+        return (f"invalid reasoning value: {go_quote(str(effort))} (must be \"minimal\", "
+                "\"low\", \"medium\", \"high\", \"xhigh\", \"ultra\", \"max\", or \"none\")")
+    named = "".join(f'"{e}", ' for e in ("high", "medium", "low", "max") if e in efforts(version))
+    quoted = go_quote(str(effort)) if responses else f"'{effort}'"
+    return f'invalid reasoning value: {quoted} (must be {named}or "none")'
 
 
 def image_url_error(content: Any) -> str | None:
@@ -195,7 +213,7 @@ def image_url_error(content: Any) -> str | None:
     return None
 
 
-def openai_chat_error(body: dict[str, Any]) -> str | None:
+def openai_chat_error(body: dict[str, Any], version: str) -> str | None:
     """ChatMiddleware's 400s before the call is made: binding, then FromChatRequest."""
     if wrong := binding_error(CHAT_FIELDS, body):
         return wrong
@@ -206,7 +224,7 @@ def openai_chat_error(body: dict[str, Any]) -> str | None:
             return wrong
     reasoning = body.get("reasoning")
     return effort_error(reasoning.get("effort") if isinstance(reasoning, dict)
-                        else body.get("reasoning_effort"))
+                        else body.get("reasoning_effort"), version)
 
 
 def anthropic_error(body: dict[str, Any]) -> str | None:
@@ -228,10 +246,76 @@ def openai_completion_error(body: dict[str, Any]) -> str | None:
     return binding_error(COMPLETION_FIELDS, body)
 
 
-def responses_error(body: dict[str, Any]) -> str | None:
-    """FromResponsesRequest's reasoning effort (openai/responses.go:575)."""
+# What each version reads of a Responses `input` (openai/responses.go
+# unmarshalResponsesInputItem, unmarshalResponsesContent): web_search_call items from
+# 0.32.10, input_file parts and lists as a function's output from 0.20.4; from 0.20.5 an
+# unknown item type is quoted and a missing one named.
+ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+PARTS = ("input_text", "input_image", "output_text")
+
+
+def responses_error(body: dict[str, Any], version: str) -> str | None:
+    """ResponsesMiddleware's 400s: `input` (its own decoder's error stops the binding), a
+    mistyped `instructions`, then FromResponsesRequest's reasoning effort (from 0.22.0)."""
+    at = version_tuple(version)
+    given = body.get("input")
+    if given is not None and not isinstance(given, str):
+        if not isinstance(given, list):
+            return ("input must be a string or array: json: cannot unmarshal "
+                    f"{_json_kind(given)} into Go value of type []json.RawMessage")
+        for index, item in enumerate(given):
+            if wrong := _item_error(item if item is not None else {}, at):
+                return f"input[{index}]: {wrong}"
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        return (f"json: cannot unmarshal {_json_kind(instructions)} into Go struct field "
+                "ResponsesRequest.instructions of type string")
     reasoning = body.get("reasoning")
-    return effort_error(reasoning.get("effort")) if isinstance(reasoning, dict) else None
+    if at < RESPONSES_EFFORT_SINCE or not isinstance(reasoning, dict):
+        return None
+    return effort_error(reasoning.get("effort"), version, responses=True)
+
+
+def _json_kind(value: Any) -> str:
+    return "string" if isinstance(value, str) else "bool" if isinstance(value, bool) else \
+        "array" if isinstance(value, list) else "object" if isinstance(value, dict) else "number"
+
+
+def _item_error(item: Any, at: tuple[int, int, int]) -> str | None:
+    if not isinstance(item, dict):
+        return (f"json: cannot unmarshal {_json_kind(item)} into Go value of type struct "
+                '{ Type string "json:\\"type\\""; Role string "json:\\"role\\"" }')
+    kind = item.get("type") or ("message" if item.get("role") else "")
+    known = ITEMS + (("web_search_call",) if at >= (0, 32, 10) else ())
+    if kind not in known:
+        if at < (0, 20, 5):
+            return f"unknown input item type: {item.get('type') or ''}"
+        return f"unknown input item type: {go_quote(kind)}" if kind else \
+            "input item missing required 'type' field"
+    if kind == "message":
+        return _parts_error(item.get("content"), "content", at)
+    if kind == "function_call_output":
+        output = item.get("output")
+        if at < (0, 20, 4):
+            return None if output is None or isinstance(output, str) else (
+                f"json: cannot unmarshal {_json_kind(output)} into Go struct field "
+                "ResponsesFunctionCallOutput.output of type string")
+        return _parts_error(output, "output", at)
+    return None
+
+
+def _parts_error(parts: Any, name: str, at: tuple[int, int, int]) -> str | None:
+    if parts is None or isinstance(parts, str):
+        return None
+    if not isinstance(parts, list):
+        return (f"{name} must be a string or array: json: cannot unmarshal "
+                f"{_json_kind(parts)} into Go value of type []json.RawMessage")
+    known = PARTS + (("input_file",) if at >= (0, 20, 4) else ())
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(part, dict | None) and (kind or "") not in known:
+            return f"{name}[{index}]: unknown content type: {kind or ''}"
+    return None
 
 
 def encoding_format_error(body: dict[str, Any]) -> str | None:

@@ -17,6 +17,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from . import sim_bindings
+from .sim_engine import version_tuple
 from .sim_output import ANSWER_TOKENS
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -68,20 +69,20 @@ def _tool(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
 
 
 # -- requests -------------------------------------------------------------------------------
-def request_error(path: str, body: dict[str, Any]) -> str | None:
+def request_error(path: str, body: dict[str, Any], version: str) -> str | None:
     """The OpenAI layer's 400 for a request it cannot bind or convert, before any model."""
     if path == CHAT:
-        return sim_bindings.openai_chat_error(body)
+        return sim_bindings.openai_chat_error(body, version)
     if path == COMPLETIONS:
         return sim_bindings.openai_completion_error(body)
     if path == RESPONSES:
-        return sim_bindings.responses_error(body)
+        return sim_bindings.responses_error(body, version)
     if path == MESSAGES:
         return sim_bindings.anthropic_error(body)
     return None
 
 
-def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
+def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, Any]:
     """The /api/chat or /api/generate body Ollama builds from the dialect's request."""
     native: dict[str, Any] = {"model": body.get("model"), "stream": True}
     predict = body.get({RESPONSES: "max_output_tokens", MESSAGES: "max_tokens"}.get(
@@ -101,7 +102,7 @@ def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
         native["messages"], tools = _responses_messages(body), [
             _tool(t.get("name"), t.get("description"), t.get("parameters"))
             for t in body.get("tools") or [] if isinstance(t, dict)]
-        native.update(_responses_format_and_think(body))
+        native.update(_responses_format_and_think(body, version))
     elif path == MESSAGES:
         native["messages"], tools = _anthropic_messages(body), [
             _tool(t.get("name"), t.get("description"), t.get("input_schema"))
@@ -139,10 +140,12 @@ def _openai_format_and_think(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _responses_format_and_think(body: dict[str, Any]) -> dict[str, Any]:
+def _responses_format_and_think(body: dict[str, Any], version: str) -> dict[str, Any]:
     """responses.go:575, 602-612 FromResponsesRequest: `text.format` json_schema's schema is the
-    format (no "json" mode on this API); `reasoning.effort` a think level as on chat."""
-    out = _openai_format_and_think({"reasoning": body.get("reasoning")})
+    format (no "json" mode on this API); `reasoning.effort` a think level as on chat, from
+    0.22.0 (an older Ollama ignores it)."""
+    read = version_tuple(version) >= sim_bindings.RESPONSES_EFFORT_SINCE
+    out = _openai_format_and_think({"reasoning": body.get("reasoning") if read else None})
     text = body.get("text")
     wanted = text.get("format") if isinstance(text, dict) else None
     if isinstance(wanted, dict) and wanted.get("type") == "json_schema" and \

@@ -15,6 +15,12 @@ from typing import Any
 
 import orjson
 
+from proxy.api.capabilities import (
+    EFFORTS_BY_VERSION,
+    RESPONSES_EFFORT_SINCE,
+    reasoning_effort,
+    thinking_efforts,
+)
 from proxy.api.wire import go_quoted
 from proxy.core.context import Version
 
@@ -389,7 +395,30 @@ def chat_error(body: dict[str, Any], version: Version) -> str | None:
     messages = body.get("messages")
     if messages is None or messages == []:
         return "[] is too short - 'messages'"
-    return None
+    return effort_error("/v1/chat/completions", body, version)
+
+
+# thinkFromReasoningEffort's words from 0.32.11, each effort quoted as %q; before, chat's
+# quoted the effort in single quotes and the Responses API's as %q, each naming its levels
+SHARED_EFFORT_WORDS_SINCE: Version = EFFORTS_BY_VERSION[-1][0]
+
+
+def effort_error(path: str, body: dict[str, Any], version: Version) -> str | None:
+    """FromChatRequest's and FromResponsesRequest's refusal of a reasoning effort the
+    version does not take (the Responses API reads none before 0.22)."""
+    effort = reasoning_effort(path, body)
+    if path == "/v1/responses" and version < RESPONSES_EFFORT_SINCE:
+        return None
+    if not isinstance(effort, str) or not effort or effort == "none" or \
+            effort in thinking_efforts(version):
+        return None
+    if version >= SHARED_EFFORT_WORDS_SINCE:
+        return (f"invalid reasoning value: {go_quoted(effort)} (must be \"minimal\", \"low\", "
+                '"medium", "high", "xhigh", "ultra", "max", or "none")')
+    levels = "".join(f'"{level}", ' for level in ("high", "medium", "low", "max")
+                     if level in thinking_efforts(version))
+    quoted = go_quoted(effort) if path == "/v1/responses" else f"'{effort}'"
+    return f'invalid reasoning value: {quoted} (must be {levels}or "none")'
 
 
 def response_format_error(wanted: Any) -> str | None:
@@ -554,6 +583,126 @@ def messages_error(body: dict[str, Any]) -> str | None:
     return None
 
 
+# openai/responses.go ResponsesRequest's scalar fields, as on every version with the API
+RESPONSES_FIELDS = ("ResponsesRequest", {
+    "model": "string", "background": "bool", "instructions": "string",
+    "max_output_tokens": "int", "temperature": "float64", "top_p": "float64",
+    "truncation": "string", "stream": "bool"})
+REASONING_FIELDS = {"effort": "string", "generate_summary": "string", "summary": "string"}
+# The input items and content parts each version reads (unmarshalResponsesInputItem,
+# unmarshalResponsesContent): input_file parts and function outputs that are lists from
+# 0.20.4 (commit f86a969f2), web_search_call items from 0.32.10 (commit b6b1b258c).
+ITEM_TYPES: tuple[tuple[Version, tuple[str, ...]], ...] = (
+    ((0, 0, 0), ("message", "function_call", "function_call_output", "reasoning")),
+    ((0, 32, 10), ("web_search_call",)))
+CONTENT_TYPES: tuple[tuple[Version, tuple[str, ...]], ...] = (
+    ((0, 0, 0), ("input_text", "input_image", "output_text")),
+    ((0, 20, 4), ("input_file",)))
+OUTPUT_LISTS_SINCE: Version = (0, 20, 4)
+# From 0.20.5 (commit 612f0a17d) an unknown item type is quoted, a missing one named
+ITEM_WORDS_SINCE: Version = (0, 20, 5)
+# Go's names of the anonymous structs these layers first read an item's type into
+ITEM_PEEK = 'struct { Type string "json:\\"type\\""; Role string "json:\\"role\\"" }'
+CONTENT_PEEK = 'struct { Type string "json:\\"type\\"" }'
+RAW_LIST = "[]json.RawMessage"
+
+
+def _since(table: tuple[tuple[Version, tuple[str, ...]], ...], version: Version
+           ) -> frozenset[str]:
+    return frozenset(kind for since, kinds in table if version >= since for kind in kinds)
+
+
+def _go_value_misfit(value: Any, go_type: str) -> str:
+    """encoding/json's UnmarshalTypeError outside any struct field."""
+    kind = _misfit(value, "object") or "object"
+    return f"json: cannot unmarshal {kind} into Go value of type {go_type}"
+
+
+def responses_error(body: dict[str, Any], version: Version) -> str | None:
+    """ResponsesMiddleware's binding: `input` first (ResponsesInput.UnmarshalJSON returns its
+    error, which stops Go's decoder, so it wins over a mistyped field before it), then the
+    first scalar field of the wrong type, then a reasoning effort the version does not take
+    (FromResponsesRequest)."""
+    if "input" in body and (wrong := responses_input_error(body["input"], version)):
+        return wrong
+    for key, value in body.items():
+        if key == "reasoning" and value is not None:
+            wrong = _go_misfit("ResponsesRequest", key, value, "openai.ResponsesReasoning") \
+                if not isinstance(value, dict) else \
+                _fields_error("ResponsesReasoning", "reasoning", value, REASONING_FIELDS)
+        else:
+            wrong = binding_error(RESPONSES_FIELDS, {key: value})
+        if wrong:
+            return wrong
+    return effort_error("/v1/responses", body, version)
+
+
+def responses_input_error(given: Any, version: Version) -> str | None:
+    """ResponsesInput.UnmarshalJSON: text, or a list of items each of a type the version
+    reads, in its words (`input[0]: unknown input item type: "bogus"`)."""
+    if given is None or isinstance(given, str):
+        return None
+    if not isinstance(given, list):
+        return f"input must be a string or array: {_go_value_misfit(given, RAW_LIST)}"
+    for index, item in enumerate(given):
+        if wrong := _input_item_error(item, version):
+            return f"input[{index}]: {wrong}"
+    return None
+
+
+def _input_item_error(item: Any, version: Version) -> str | None:
+    if item is None:
+        item = {}
+    if not isinstance(item, dict):
+        return _go_value_misfit(item, ITEM_PEEK)
+    kind, role = item.get("type"), item.get("role")
+    for key, value in (("type", kind), ("role", role)):
+        if _misfit(value, "string"):
+            return _peeked_misfit(value, key)
+    kind = kind or ("message" if role else "")
+    if kind not in _since(ITEM_TYPES, version):
+        if version < ITEM_WORDS_SINCE:
+            return f"unknown input item type: {item.get('type') or ''}"
+        return "input item missing required 'type' field" if not kind else \
+            f"unknown input item type: {go_quoted(kind)}"
+    if kind == "message" and "content" in item:
+        return _content_error(item["content"], "content", version)
+    if kind == "function_call_output" and "output" in item:
+        output = item["output"]
+        if version < OUTPUT_LISTS_SINCE:
+            return _scalar_misfit("ResponsesFunctionCallOutput", "output", output, "string")
+        return _content_error(output, "output", version)
+    return None
+
+
+def _peeked_misfit(value: Any, key: str) -> str:
+    """A peeked field of the wrong type: Go names the anonymous struct's field, and no
+    struct."""
+    kind = _misfit(value, "string") or "object"
+    return f"json: cannot unmarshal {kind} into Go struct field .{key} of type string"
+
+
+def _content_error(content: Any, name: str, version: Version) -> str | None:
+    """A message's `content` (or a function's `output`): text, or a list of parts each of a
+    type the version reads."""
+    if content is None or isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return (f"{name} must be a string or array: "
+                f"{_go_value_misfit(content, RAW_LIST)}")
+    for index, part in enumerate(content):
+        if part is None:
+            part = {}
+        if not isinstance(part, dict):
+            return f"{name}[{index}]: {_go_value_misfit(part, CONTENT_PEEK)}"
+        kind = part.get("type")
+        if _misfit(kind, "string"):
+            return f"{name}[{index}]: {_peeked_misfit(kind, 'type')}"
+        if kind not in _since(CONTENT_TYPES, version):
+            return f"{name}[{index}]: unknown content type: {kind or ''}"
+    return None
+
+
 def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None:
     """The 400 Ollama answers to `body` on `path` from the body alone, if any."""
     if path in NATIVE_FIELDS:
@@ -566,4 +715,6 @@ def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None
         return embeddings_error(body, version)
     if path == "/v1/messages":
         return messages_error(body)
+    if path == "/v1/responses":
+        return responses_error(body, version)
     return None

@@ -142,8 +142,12 @@ class OllamaEmbed(_Wire):
     stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed
 
 
+# OpenAI's and Anthropic's messages and tools as Ollama's layers bind them: a message's
+# `role` left out or null is Go's "" and a null tool Go's empty one (each accepted there);
+# what the layers read as `any` (OpenAI's message content, Anthropic's system) is theirs to
+# refuse, in their words (layers.py).
 class OpenAIMessage(_Wire):
-    role: str
+    role: str | None = None
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
@@ -152,7 +156,7 @@ class OpenAIChat(_Wire):
     model: ModelName | None = None
     messages: list[OpenAIMessage]
     stream: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any] | None] | None = None
 
 
 class OpenAICompletion(_Wire):
@@ -173,15 +177,15 @@ class OpenAIResponses(_Wire):
     their outputs)."""
 
     model: ModelName | None = None
-    input: str | list[dict[str, Any]] | None = None
-    instructions: str | None = None
+    input: Any = None  # text or items: refused otherwise in Ollama's words (layers.py)
+    instructions: Any = None  # as `input`
     stream: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any] | None] | None = None
 
 
 class AnthropicMessage(_Wire):
-    role: str
-    content: str | list[dict[str, Any]]
+    role: str | None = None
+    content: str | list[dict[str, Any]] | None  # required: Go cannot read a message without
 
 
 class AnthropicMessages(_Wire):
@@ -189,10 +193,10 @@ class AnthropicMessages(_Wire):
 
     model: ModelName | None = None
     messages: list[AnthropicMessage]
-    system: str | list[dict[str, Any]] | None = None
+    system: Any = None  # Ollama's `any`: text, or blocks whose text it reads; else ignored
     max_tokens: int | None = None
     stream: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any] | None] | None = None
 
 
 Inference = (OllamaInference | OllamaEmbed | OpenAIChat | OpenAICompletion | OpenAIEmbed

@@ -304,3 +304,95 @@ def test_a_zstd_body_on_the_responses_api_is_read_as_ollama_reads_it(
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == "http: request body too large"
     assert gpu.sim.stats.inference_requests == 2 and no_tickets(url)
+
+
+def _version_known(url: str) -> None:
+    """The sidecar has heard its provider's version (its rules depend on it)."""
+    assert httpx.get(f"{url}/api/version").status_code == 200
+    assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200)
+
+
+def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Before 0.22 Ollama's Responses API ignores `reasoning.effort`, so a model that cannot
+    think takes the call (Codex sends an effort with every call); its chat takes high,
+    medium, low and none, and refuses any other effort before any model is looked at."""
+    gpu = sim_factory("gpu", version="0.21.2", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    client = client_for(url)
+    reply = client.responses.create(model="llama3.2:3b", input="hello", max_output_tokens=5,
+                                    reasoning={"effort": "medium"})
+    assert reply.output_text.rstrip() == "the answer is forty two"
+    served = gpu.sim.stats.requests
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="qwen3:8b", messages=HI,
+                                       reasoning_effort="minimal")
+    assert info.value.response.json()["error"]["message"] == (
+        "invalid reasoning value: 'minimal' (must be \"high\", \"medium\", \"low\", or \"none\")")
+    assert gpu.sim.stats.requests == served  # refused before any placement
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]},
+     'input[0]: unknown input item type: "item_reference"'),
+    ({"input": [{"content": "hello"}]}, "input[0]: input item missing required 'type' field"),
+    ({"input": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]},
+     "input[0]: content[0]: unknown content type: text"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": {"ok": True}}]},
+     "input[0]: output must be a string or array: json: cannot unmarshal object into Go "
+     "value of type []json.RawMessage"),
+    ({"input": "hello", "instructions": ["be brief"]},
+     "json: cannot unmarshal array into Go struct field ResponsesRequest.instructions of "
+     "type string"),
+    ({"input": "hello", "reasoning": {"effort": "extreme"}},
+     'invalid reasoning value: "extreme" (must be "minimal", "low", "medium", "high", '
+     '"xhigh", "ultra", "max", or "none")'),
+])
+def test_a_responses_body_ollama_cannot_read_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, given: dict[str, Any],
+        message: str) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).responses.create(model="llama3.2:3b", **given)
+    body = info.value.response.json()
+    assert (body["error"]["message"], body["reason"]) == (message, "bad-request")
+    assert gpu.sim.stats.requests == 0
+    # the simulator, as Ollama, refuses it alike
+    direct = httpx.post(f"{gpu.url}/v1/responses", json={"model": "llama3.2:3b", **given})
+    assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+
+
+def test_a_message_go_reads_as_its_zero_value_is_answered(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's OpenAI and Anthropic layers read a message without a role, a null tool, an
+    Anthropic `system` of another type (ignored) or message content that is null as Go's
+    zero values, and answer the call."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    roleless: Any = [{"content": "hello"}]
+    reply = client_for(url).chat.completions.create(
+        model="llama3.2:3b", max_tokens=5, messages=roleless, extra_body={"tools": [None]})
+    assert reply.choices[0].message.content
+    turns: Any = [*roleless, {"role": "assistant", "content": None},
+                  {"role": "user", "content": "go on"}]
+    system: Any = 7
+    message = anthropic_for(url).messages.create(
+        model="llama3.2:3b", max_tokens=5, system=system, messages=turns,
+        extra_body={"tools": [None]})
+    assert message.content[0].type == "text"
+
+
+def test_the_answer_is_capped_only_by_the_field_ollama_reads(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """`max_tokens` is not a field of the Responses API (its cap is `max_output_tokens`):
+    Ollama does not cap the answer by it, so the sidecar keeps no room for it either, and a
+    prompt that fits its context with room for an uncapped answer's start is placed."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    reply = client_for(url).responses.create(
+        model="llama3.2:3b", input="word " * 1600, extra_body={"max_tokens": 4000})
+    assert reply.output_text
+    assert gpu.sim.stats.truncations == 0
