@@ -100,8 +100,7 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
         return native
     if path == RESPONSES:
         native["messages"], tools = _responses_messages(body), [
-            _tool(t.get("name"), t.get("description"), t.get("parameters"))
-            for t in body.get("tools") or [] if isinstance(t, dict)]
+            tool for t in body.get("tools") or [] for tool in _responses_tools(t, version)]
         native.update(_responses_format_and_think(body, version))
     elif path == MESSAGES:
         native["messages"], tools = _anthropic_messages(body), [
@@ -152,6 +151,25 @@ def _responses_format_and_think(body: dict[str, Any], version: str) -> dict[str,
             wanted.get("schema") is not None:
         out["format"] = wanted["schema"]
     return out
+
+
+# From 0.32.7 a `namespace` tool is its member functions, each named `namespace.name`
+# (openai/responses.go convertTools); before, it is one function with no parameters.
+NAMESPACES_SINCE = (0, 32, 7)
+
+
+def _responses_tools(tool: Any, version: str, prefix: str = "") -> list[dict[str, Any]]:
+    if not isinstance(tool, dict):
+        return [_tool("", None, None)] if tool is None else []
+    members = tool.get("tools")
+    if tool.get("type") == "namespace" and isinstance(members, list) and \
+            version_tuple(version) >= NAMESPACES_SINCE:
+        name = tool.get("name")
+        inner = f"{prefix}{name}." if isinstance(name, str) and name else prefix
+        return [t for member in members for t in _responses_tools(member, version, inner)]
+    name = tool.get("name")
+    return [_tool(f"{prefix}{name}" if prefix and isinstance(name, str) else name,
+                  tool.get("description"), tool.get("parameters"))]
 
 
 def _anthropic_think(body: dict[str, Any]) -> dict[str, Any]:

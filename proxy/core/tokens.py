@@ -112,9 +112,21 @@ def _json_text(value: Any, out: _Prompt) -> None:
     out.texts.append(orjson.dumps(value).decode())
 
 
-def _tool_spec_texts(tool: Any, out: _Prompt) -> None:
+def _tool_spec_texts(tool: Any, out: _Prompt, namespace: str = "") -> None:
+    """A tool's name, description and parameter schema. A Responses `namespace` tool is
+    its member functions, each named `namespace.name` (openai/responses.go convertTools,
+    from Ollama 0.32.7; an older one offers the namespace alone, so this counts more)."""
     if not isinstance(tool, dict):
         return
+    members = tool.get("tools")
+    if tool.get("type") == "namespace" and isinstance(members, list):
+        name = tool.get("name")
+        for member in members:
+            _tool_spec_texts(member, out, f"{namespace}{name}." if isinstance(name, str)
+                             and name else namespace)
+        return
+    if namespace:
+        out.texts.append(namespace)
     nested = tool.get("function")
     function: dict[str, Any] = nested if isinstance(nested, dict) else tool
     _texts(function.get("name"), out)

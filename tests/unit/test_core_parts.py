@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import orjson
 import pytest
 
 from proxy.core.eviction import choose_victims
@@ -287,6 +288,20 @@ def test_prompt_chars_reads_anthropic_blocks_and_responses_items() -> None:
     }
     assert prompt_size(responses).chars == 8 + 2 + 5 + (3 + 7) + 4 + (3 + 2 + 17)
     assert prompt_size({"input": "plain text"}).chars == 10
+
+
+def test_a_responses_namespace_tool_is_sized_by_its_member_functions() -> None:
+    """Ollama offers the model each member of a `namespace` tool, named `ns.member`, with
+    its schema (openai/responses.go convertTools): a namespace of MCP tools is most of such
+    a prompt."""
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    body = {"input": "hi", "tools": [{"type": "namespace", "name": "fs", "tools": [
+        {"type": "function", "name": "read", "description": "read a file",
+         "parameters": schema},
+        {"type": "function", "name": "list", "description": "list files",
+         "parameters": schema}]}]}
+    member = len(orjson.dumps(schema))
+    assert prompt_size(body).chars == 2 + (3 + 4 + 11 + member) + (3 + 4 + 10 + member)
 
 
 def test_an_embedding_request_is_sized_by_its_longest_input() -> None:
