@@ -117,3 +117,62 @@ def test_a_messages_error_wins_over_an_earlier_tools_error() -> None:
 def test_a_format_is_checked_as_ollamas_completion_checks_it(body: dict[str, object],
                                                              error: str | None) -> None:
     assert layers.format_error("/api/chat", body) == error
+
+
+@pytest.mark.parametrize(("version", "body", "error"), [
+    # before 0.20.5 an unknown item type is not quoted and a missing one not named
+    ((0, 20, 4), {"input": [{"type": "bogus"}]}, "input[0]: unknown input item type: bogus"),
+    ((0, 20, 4), {"input": [{"content": "hi"}]}, "input[0]: unknown input item type: "),
+    ((0, 20, 5), {"input": [{"type": "bogus"}]}, 'input[0]: unknown input item type: "bogus"'),
+    # web_search_call items from 0.32.10
+    ((0, 32, 9), {"input": [{"type": "web_search_call"}]},
+     'input[0]: unknown input item type: "web_search_call"'),
+    ((0, 32, 10), {"input": [{"type": "web_search_call"}]}, None),
+    # a function's output as a list of parts from 0.20.4; input_file parts too
+    ((0, 20, 3), {"input": [{"type": "function_call_output", "output": []}]},
+     "input[0]: json: cannot unmarshal array into Go struct field "
+     "ResponsesFunctionCallOutput.output of type string"),
+    ((0, 20, 4), {"input": [{"type": "function_call_output", "output": [
+        {"type": "input_text", "text": "x"}, {"type": "input_file"}]}]}, None),
+    ((0, 20, 3), {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
+     "input[0]: content[0]: unknown content type: input_file"),
+    # an item that is no object, a type that is no string
+    ((0, 30, 0), {"input": ["hi"]}, "input[0]: json: cannot unmarshal string into Go value "
+     'of type struct { Type string "json:\\"type\\""; Role string "json:\\"role\\"" }'),
+    ((0, 30, 0), {"input": [{"type": 1}]},
+     "input[0]: json: cannot unmarshal number into Go struct field .type of type string"),
+    # the input's error wins over a mistyped field before it (its decoder's error stops Go's)
+    ((0, 30, 0), {"instructions": 1, "input": [{"type": "bogus"}]},
+     'input[0]: unknown input item type: "bogus"'),
+    ((0, 30, 0), {"reasoning": "high", "input": "hi"},
+     "json: cannot unmarshal string into Go struct field ResponsesRequest.reasoning of type "
+     "openai.ResponsesReasoning"),
+    # the effort: none read before 0.22, then each version's words
+    ((0, 21, 2), {"input": "hi", "reasoning": {"effort": "bogus"}}, None),
+    ((0, 30, 0), {"input": "hi", "reasoning": {"effort": "minimal"}},
+     'invalid reasoning value: "minimal" (must be "high", "medium", "low", "max", or "none")'),
+    ((0, 32, 11), {"input": "hi", "reasoning": {"effort": "minimal"}}, None),
+    ((0, 30, 0), {"input": [None, {"role": "user", "content": None},
+                            {"type": "reasoning", "encrypted_content": "x"}]},
+     "input[0]: input item missing required 'type' field"),
+])
+def test_a_responses_body_is_read_as_the_versions_layer_reads_it(
+        version: tuple[int, int, int], body: dict[str, object], error: str | None) -> None:
+    assert layers.layer_error("/v1/responses", body, version) == error
+
+
+@pytest.mark.parametrize(("version", "effort", "error"), [
+    ((0, 21, 2), "max",
+     "invalid reasoning value: 'max' (must be \"high\", \"medium\", \"low\", or \"none\")"),
+    ((0, 22, 0), "max", None),
+    ((0, 30, 0), "xhigh", "invalid reasoning value: 'xhigh' (must be \"high\", \"medium\", "
+     "\"low\", \"max\", or \"none\")"),
+    ((0, 32, 11), "xhigh", None),
+    ((0, 32, 11), "huge", 'invalid reasoning value: "huge" (must be "minimal", "low", '
+     '"medium", "high", "xhigh", "ultra", "max", or "none")'),
+    ((0, 12, 6), "none", None),
+])
+def test_a_chats_reasoning_effort_is_checked_as_the_version_checks_it(
+        version: tuple[int, int, int], effort: str, error: str | None) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": effort}
+    assert layers.layer_error("/v1/chat/completions", body, version) == error
