@@ -213,6 +213,34 @@ def image_url_error(content: Any) -> str | None:
     return None
 
 
+GO_KINDS = {bool: "bool", dict: "map[string]interface {}", type(None): "<nil>"}
+
+
+def message_error(message: dict[str, Any]) -> str | None:
+    """FromChatRequest (openai/openai.go:559-631): content that is no text or list of parts
+    without tool calls, a part that is no text, image or audio, a tool call's arguments that
+    are no JSON object."""
+    content, calls = message.get("content"), message.get("tool_calls")
+    if isinstance(content, list):
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("text", "image_url", "input_audio") or \
+                    (kind == "text" and not isinstance(part.get("text"), str)):
+                return "invalid message format"
+    elif not isinstance(content, str) and calls is None:
+        return f"invalid message content type: {GO_KINDS.get(type(content), 'float64')}"
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        try:
+            parsed = orjson.loads(arguments or "")
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return "invalid tool call arguments"
+    return None
+
+
 def openai_chat_error(body: dict[str, Any], version: str) -> str | None:
     """ChatMiddleware's 400s before the call is made: binding, then FromChatRequest."""
     if wrong := binding_error(CHAT_FIELDS, body):
@@ -220,7 +248,8 @@ def openai_chat_error(body: dict[str, Any], version: str) -> str | None:
     if not body.get("messages"):
         return "[] is too short - 'messages'"
     for message in body.get("messages") or []:
-        if isinstance(message, dict) and (wrong := image_url_error(message.get("content"))):
+        if isinstance(message, dict) and (wrong := message_error(message) or
+                                          image_url_error(message.get("content"))):
             return wrong
     reasoning = body.get("reasoning")
     return effort_error(reasoning.get("effort") if isinstance(reasoning, dict)

@@ -395,7 +395,89 @@ def chat_error(body: dict[str, Any], version: Version) -> str | None:
     messages = body.get("messages")
     if messages is None or messages == []:
         return "[] is too short - 'messages'"
-    return effort_error("/v1/chat/completions", body, version)
+    return next((wrong for message in messages if isinstance(message, dict) and
+                 (wrong := openai_message_error(message, version))), None) or \
+        effort_error("/v1/chat/completions", body, version)
+
+
+INVALID_MESSAGE = "invalid message format"
+INVALID_IMAGE = "invalid image input"
+INVALID_ARGUMENTS = "invalid tool call arguments"
+# From 0.14.2 an image given by URL gets words of its own, and an image that is no base64
+# is INVALID_IMAGE (before, INVALID_MESSAGE); `input_audio` parts from 0.20.0.
+IMAGE_URL_WORDS_SINCE: Version = (0, 14, 2)
+IMAGE_URLS = "image URLs are not currently supported, please use base64 encoded data instead"
+INPUT_AUDIO_SINCE: Version = (0, 20, 0)
+IMAGE_PREFIXES = tuple(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp"))
+# Go's %T of a JSON value decoded into `any`
+GO_TYPES = {bool: "bool", int: "float64", float: "float64", dict: "map[string]interface {}",
+            type(None): "<nil>"}
+
+
+def openai_message_error(message: dict[str, Any], version: Version) -> str | None:
+    """FromChatRequest's refusal of a message: content that is neither text nor a list of
+    parts (without tool calls), a part it cannot read, a tool call whose `arguments` are no
+    JSON object."""
+    content, calls = message.get("content"), message.get("tool_calls")
+    if isinstance(content, str):
+        return _arguments_error(calls, version)
+    if isinstance(content, list):
+        return next((wrong for part in content if (wrong := _part_error(part, version))),
+                    None) or _arguments_error(calls, version)
+    if calls is None:
+        return f"invalid message content type: {GO_TYPES.get(type(content), 'float64')}"
+    return _arguments_error(calls, version)
+
+
+def _part_error(part: Any, version: Version) -> str | None:
+    if not isinstance(part, dict):
+        return INVALID_MESSAGE
+    kind = part.get("type")
+    if kind == "text":
+        return None if isinstance(part.get("text"), str) else INVALID_MESSAGE
+    if kind == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        return _image_url_error(url, version) if isinstance(url, str) else INVALID_MESSAGE
+    if kind == "input_audio" and version >= INPUT_AUDIO_SINCE:
+        audio = part.get("input_audio")
+        if not isinstance(audio, dict):
+            return "invalid input_audio format"
+        data = audio.get("data")
+        if not isinstance(data, str):
+            return "invalid input_audio format: missing data"
+        wrong = base64_error(data)
+        return f"invalid input_audio base64 data: {wrong}" if wrong else None
+    return INVALID_MESSAGE
+
+
+def _image_url_error(url: str, version: Version) -> str | None:
+    """decodeImageURL: a data URI of a JPEG, PNG or WebP image (or none named) in base64."""
+    newer = version >= IMAGE_URL_WORDS_SINCE
+    if newer and url.startswith(("http://", "https://")):
+        return IMAGE_URLS
+    prefix = next((p for p in ("data:;base64,", *IMAGE_PREFIXES) if url.startswith(p)), None)
+    if prefix is None:
+        return INVALID_IMAGE
+    if base64_error(url[len(prefix):]) is None:
+        return None
+    return INVALID_IMAGE if newer else INVALID_MESSAGE
+
+
+def _arguments_error(calls: Any, version: Version) -> str | None:
+    """FromCompletionToolCall: each call's `arguments` a JSON object as text (null too before
+    0.14, into a plain map)."""
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        try:
+            parsed = orjson.loads(arguments or "")
+        except orjson.JSONDecodeError:
+            return INVALID_ARGUMENTS
+        if not isinstance(parsed, dict) and (parsed is not None or
+                                             version >= ORDERED_MAPS_SINCE):
+            return INVALID_ARGUMENTS
+    return None
 
 
 # thinkFromReasoningEffort's words from 0.32.11, each effort quoted as %q; before, chat's

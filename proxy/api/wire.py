@@ -148,7 +148,7 @@ class OllamaEmbed(_Wire):
 # refuse, in their words (layers.py).
 class OpenAIMessage(_Wire):
     role: str | None = None
-    content: str | list[dict[str, Any]] | None = None
+    content: Any = None  # Ollama's `any`: text or parts, else its 400 (layers.py)
     tool_calls: list[dict[str, Any]] | None = None
 
 

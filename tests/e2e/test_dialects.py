@@ -396,3 +396,36 @@ def test_the_answer_is_capped_only_by_the_field_ollama_reads(
         model="llama3.2:3b", input="word " * 1600, extra_body={"max_tokens": 4000})
     assert reply.output_text
     assert gpu.sim.stats.truncations == 0
+
+
+@pytest.mark.parametrize(("messages", "message"), [
+    ([{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}],
+     "image URLs are not currently supported, please use base64 encoded data instead"),
+    ([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/gif;base64,R0lGOD"}}]}],
+     "invalid image input"),
+    ([*HI, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": ""}}]}],
+     "invalid tool call arguments"),
+    ([{"role": "user"}], "invalid message content type: <nil>"),
+    ([{"role": "user", "content": 42}], "invalid message content type: float64"),
+    ([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}],
+     "invalid message format"),
+])
+def test_a_chat_message_ollama_cannot_convert_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, messages: Any, message: str) -> None:
+    """Ollama's OpenAI layer converts each message before the call reaches a model
+    (openai/openai.go FromChatRequest): one it cannot is its 400, never placed."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).chat.completions.create(model="llama3.2:3b", messages=messages)
+    body = info.value.response.json()
+    assert (body["error"]["message"], body["reason"]) == (message, "bad-request")
+    assert gpu.sim.stats.requests == 0
+    direct = httpx.post(f"{gpu.url}/v1/chat/completions",
+                        json={"model": "llama3.2:3b", "messages": messages})
+    assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)

@@ -176,3 +176,38 @@ def test_a_chats_reasoning_effort_is_checked_as_the_version_checks_it(
         version: tuple[int, int, int], effort: str, error: str | None) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": effort}
     assert layers.layer_error("/v1/chat/completions", body, version) == error
+
+
+@pytest.mark.parametrize(("version", "content", "calls", "error"), [
+    # before 0.14.2 an image's URL is no data URI, and bad base64 a message format error
+    ((0, 14, 1), [{"type": "image_url", "image_url": "https://x/y.png"}], None,
+     "invalid image input"),
+    ((0, 14, 2), [{"type": "image_url", "image_url": "https://x/y.png"}], None,
+     "image URLs are not currently supported, please use base64 encoded data instead"),
+    ((0, 14, 1), [{"type": "image_url", "image_url": "data:image/png;base64,!"}], None,
+     "invalid message format"),
+    ((0, 14, 2), [{"type": "image_url", "image_url": "data:;base64,iVBORw0KGgo="}], None,
+     None),
+    # input_audio parts from 0.20.0, their data base64
+    ((0, 19, 0), [{"type": "input_audio", "input_audio": {"data": "AAAA"}}], None,
+     "invalid message format"),
+    ((0, 20, 0), [{"type": "input_audio", "input_audio": {"data": "AA!A"}}], None,
+     "invalid input_audio base64 data: illegal base64 data at input byte 2"),
+    # no content is fine with tool calls (an empty list of them too), not without
+    ((0, 30, 0), None, [], None),
+    ((0, 30, 0), {"a": 1}, None, "invalid message content type: map[string]interface {}"),
+    # arguments: a JSON object as text; null into the plain map before 0.14 only
+    ((0, 13, 5), "", [{"function": {"name": "f", "arguments": "null"}}], None),
+    ((0, 14, 0), "", [{"function": {"name": "f", "arguments": "null"}}],
+     "invalid tool call arguments"),
+    ((0, 30, 0), "", [{"function": {"name": "f", "arguments": "[1]"}}],
+     "invalid tool call arguments"),
+])
+def test_a_chat_message_is_converted_as_the_versions_layer_converts_it(
+        version: tuple[int, int, int], content: object, calls: object,
+        error: str | None) -> None:
+    message: dict[str, object] = {"role": "user", "content": content}
+    if calls is not None:
+        message["tool_calls"] = calls
+    assert layers.layer_error("/v1/chat/completions", {"messages": [message]}, version) == \
+        error
