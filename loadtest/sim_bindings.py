@@ -256,7 +256,7 @@ def openai_chat_error(body: dict[str, Any], version: str) -> str | None:
                         else body.get("reasoning_effort"), version)
 
 
-def anthropic_error(body: dict[str, Any]) -> str | None:
+def anthropic_error(body: dict[str, Any], version: str) -> str | None:
     """AnthropicMessagesMiddleware's 400s (middleware/anthropic.go:736-756): binding, then a
     model, a positive max_tokens and messages, in that order."""
     if wrong := binding_error(MESSAGES_FIELDS, body):
@@ -268,7 +268,42 @@ def anthropic_error(body: dict[str, Any]) -> str | None:
         return "max_tokens is required and must be positive"
     if not body.get("messages"):
         return "messages is required"
+    for message in body["messages"]:
+        blocks = message.get("content") if isinstance(message, dict) else None
+        for block in blocks if isinstance(blocks, list) else ():
+            if wrong := anthropic_block_error(block, version):
+                return wrong
     return None
+
+
+def anthropic_block_error(block: Any, version: str) -> str | None:
+    """anthropic.go convertMessage: an image that is no base64 source, a tool_use without id
+    or name, an image in a tool's result likewise (read from 0.23.4)."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "image":
+        source = block.get("source")
+        return "invalid image source" if source is None else image_source_error(source)
+    if kind == "tool_use":
+        return next((f"tool_use block missing required '{key}' field"
+                     for key in ("id", "name") if not block.get(key)), None)
+    if kind == "tool_result" and version_tuple(version) >= (0, 23, 4):
+        for inner in block.get("content") if isinstance(block.get("content"), list) else ():
+            if isinstance(inner, dict) and inner.get("type") == "image":
+                source = inner.get("source")
+                if not isinstance(source, dict):
+                    return "invalid tool_result image source"
+                if wrong := image_source_error(source):
+                    return wrong
+    return None
+
+
+def image_source_error(source: Any) -> str | None:
+    source = source if isinstance(source, dict) else {}
+    if source.get("type") != "base64":
+        return (f"invalid image source type: {source.get('type') or ''}. "
+                "Only base64 images are supported.")
+    wrong = base64_error(str(source.get("data") or ""))
+    return f"invalid base64 image data: {wrong}" if wrong else None
 
 
 def openai_completion_error(body: dict[str, Any]) -> str | None:

@@ -78,7 +78,7 @@ def request_error(path: str, body: dict[str, Any], version: str) -> str | None:
     if path == RESPONSES:
         return sim_bindings.responses_error(body, version)
     if path == MESSAGES:
-        return sim_bindings.anthropic_error(body)
+        return sim_bindings.anthropic_error(body, version)
     return None
 
 

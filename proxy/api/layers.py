@@ -649,9 +649,10 @@ def anthropic_field_error(key: str, value: Any) -> str | None:
     return None
 
 
-def messages_error(body: dict[str, Any]) -> str | None:
-    """AnthropicMessagesMiddleware: the binding, then max_tokens, then messages. A request
-    without a model is the sidecar's own (its preferred model), so that check is left out."""
+def messages_error(body: dict[str, Any], version: Version) -> str | None:
+    """AnthropicMessagesMiddleware: the binding, then max_tokens, then messages, then what
+    FromMessagesRequest cannot convert. A request without a model is the sidecar's own (its
+    preferred model), so that check is left out."""
     for key, value in body.items():  # encoding/json keeps the first error in the body
         if wrong := binding_error(MESSAGES_FIELDS, {key: value}) or \
                 anthropic_field_error(key, value):
@@ -662,6 +663,56 @@ def messages_error(body: dict[str, Any]) -> str | None:
     messages = body.get("messages")
     if messages is None or messages == []:
         return "messages is required"
+    return next((wrong for message in messages if isinstance(message, dict) and
+                 (wrong := anthropic_message_error(message, version))), None)
+
+
+# anthropic.go convertMessage reads the images in a tool's result from 0.23.4 (commit
+# 6bdb73073); an older one leaves them out
+TOOL_RESULT_IMAGES_SINCE: Version = (0, 23, 4)
+
+
+def anthropic_message_error(message: dict[str, Any], version: Version) -> str | None:
+    """FromMessagesRequest's refusal of a message's blocks: an image that is no base64
+    source, a tool_use without its id or name."""
+    blocks = message.get("content")
+    for block in blocks if isinstance(blocks, list) else ():
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "image":
+            source = block.get("source")
+            # (a source that is no object is Go's binding error, left to Ollama to word)
+            wrong = "invalid image source" if source is None else \
+                _image_source_error(source) if isinstance(source, dict) else None
+        elif kind == "tool_use":
+            wrong = next((f"tool_use block missing required '{key}' field"
+                          for key in ("id", "name") if not block.get(key)), None)
+        elif kind == "tool_result" and version >= TOOL_RESULT_IMAGES_SINCE:
+            wrong = _tool_result_error(block.get("content"))
+        else:
+            wrong = None
+        if wrong:
+            return wrong
+    return None
+
+
+def _image_source_error(source: dict[str, Any]) -> str | None:
+    """resolveImageSource: a base64 source whose data decodes."""
+    kind, data = source.get("type"), source.get("data")
+    if kind != "base64":
+        return (f"invalid image source type: {kind if isinstance(kind, str) else ''}. "
+                "Only base64 images are supported.")
+    wrong = base64_error(data) if isinstance(data, str) else None
+    return f"invalid base64 image data: {wrong}" if wrong else None
+
+
+def _tool_result_error(content: Any) -> str | None:
+    for block in content if isinstance(content, list) else ():
+        if isinstance(block, dict) and block.get("type") == "image":
+            source = block.get("source")
+            if not isinstance(source, dict):
+                return "invalid tool_result image source"
+            if wrong := _image_source_error(source):
+                return wrong
     return None
 
 
@@ -796,7 +847,7 @@ def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None
     if path == "/v1/embeddings":
         return embeddings_error(body, version)
     if path == "/v1/messages":
-        return messages_error(body)
+        return messages_error(body, version)
     if path == "/v1/responses":
         return responses_error(body, version)
     return None

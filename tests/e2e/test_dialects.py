@@ -429,3 +429,43 @@ def test_a_chat_message_ollama_cannot_convert_is_its_400_before_any_placement(
     direct = httpx.post(f"{gpu.url}/v1/chat/completions",
                         json={"model": "llama3.2:3b", "messages": messages})
     assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+
+
+PNG = "iVBORw0KGgo="
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ([{"type": "text", "text": "what is this?"},
+      {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}],
+     "invalid image source type: url. Only base64 images are supported."),
+    ([{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                   "data": "not base64!"}}],
+     "invalid base64 image data: illegal base64 data at input byte 3"),
+    ([{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}],
+     "invalid image source type: url. Only base64 images are supported."),
+])
+def test_an_anthropic_block_ollama_cannot_convert_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, content: Any, message: str) -> None:
+    """Ollama's Anthropic layer takes only base64 images (anthropic.go resolveImageSource),
+    in a tool's result too from 0.23.4, and refuses any other before the call reaches a
+    model; a base64 one is answered."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    client = anthropic_for(url)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="llama3.2:3b", max_tokens=5,
+                               messages=[{"role": "user", "content": content}])
+    body = info.value.response.json()
+    assert (body["error"]["type"], body["error"]["message"], body["reason"]) == (
+        "invalid_request_error", message, "bad-request")
+    assert gpu.sim.stats.requests == 0
+    direct = httpx.post(f"{gpu.url}/v1/messages", json={
+        "model": "llama3.2:3b", "max_tokens": 5,
+        "messages": [{"role": "user", "content": content}]})
+    assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+    image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                              "data": PNG}}
+    assert client.messages.create(model="llama3.2:3b", max_tokens=5, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": "what is this?"}]}])

@@ -211,3 +211,20 @@ def test_a_chat_message_is_converted_as_the_versions_layer_converts_it(
         message["tool_calls"] = calls
     assert layers.layer_error("/v1/chat/completions", {"messages": [message]}, version) == \
         error
+
+
+@pytest.mark.parametrize(("version", "block", "error"), [
+    ((0, 23, 3), {"type": "tool_result", "content": [{"type": "image", "source": "x"}]}, None),
+    ((0, 23, 4), {"type": "tool_result", "content": [{"type": "image", "source": "x"}]},
+     "invalid tool_result image source"),
+    ((0, 14, 0), {"type": "image"}, "invalid image source"),
+    ((0, 14, 0), {"type": "image", "source": {"type": "base64", "data": "iVBORw0KGgo="}},
+     None),
+    ((0, 14, 0), {"type": "tool_use", "id": "t1", "input": {}},
+     "tool_use block missing required 'name' field"),
+    ((0, 14, 0), {"type": "document", "source": {"type": "url"}}, None),  # ignored there
+])
+def test_an_anthropic_block_is_converted_as_the_versions_layer_converts_it(
+        version: tuple[int, int, int], block: dict[str, object], error: str | None) -> None:
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}
+    assert layers.layer_error("/v1/messages", body, version) == error
