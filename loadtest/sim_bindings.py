@@ -306,8 +306,20 @@ def image_source_error(source: Any) -> str | None:
     return f"invalid base64 image data: {wrong}" if wrong else None
 
 
-def openai_completion_error(body: dict[str, Any]) -> str | None:
-    return binding_error(COMPLETION_FIELDS, body)
+def openai_completion_error(body: dict[str, Any], version: str) -> str | None:
+    """CompletionsMiddleware: the binding (`logprobs` an int from 0.12.11), then
+    FromCompleteRequest's `stop` list of strings (openai/openai.go:790-803)."""
+    fields = COMPLETION_FIELDS if version_tuple(version) < (0, 12, 11) else \
+        (COMPLETION_FIELDS[0], {**COMPLETION_FIELDS[1], "logprobs": "int"})
+    if wrong := binding_error(fields, body):
+        return wrong
+    stop = body.get("stop")
+    for item in stop if isinstance(stop, list) else ():
+        if not isinstance(item, str):
+            kind = "[]interface {}" if isinstance(item, list) else \
+                GO_KINDS.get(type(item), "float64")
+            return f"invalid type for 'stop' field: {kind}"
+    return None
 
 
 # What each version reads of a Responses `input` (openai/responses.go

@@ -74,7 +74,7 @@ def request_error(path: str, body: dict[str, Any], version: str) -> str | None:
     if path == CHAT:
         return sim_bindings.openai_chat_error(body, version)
     if path == COMPLETIONS:
-        return sim_bindings.openai_completion_error(body)
+        return sim_bindings.openai_completion_error(body, version)
     if path == RESPONSES:
         return sim_bindings.responses_error(body, version)
     if path == MESSAGES:

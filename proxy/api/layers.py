@@ -425,7 +425,7 @@ def openai_message_error(message: dict[str, Any], version: Version) -> str | Non
         return next((wrong for part in content if (wrong := _part_error(part, version))),
                     None) or _arguments_error(calls, version)
     if calls is None:
-        return f"invalid message content type: {GO_TYPES.get(type(content), 'float64')}"
+        return f"invalid message content type: {_go_type(content)}"
     return _arguments_error(calls, version)
 
 
@@ -586,15 +586,32 @@ def stream_options_error(struct: str, options: Any) -> str | None:
                           options.get("include_usage"), "bool")
 
 
-def completion_error(body: dict[str, Any]) -> str | None:
+# CompletionRequest's `logprobs`, an int, from 0.12.11 (commit 59241c5be)
+COMPLETION_LOGPROBS: tuple[dict[str, str], Version] = ({"logprobs": "int"}, (0, 12, 11))
+
+
+def completion_error(body: dict[str, Any], version: Version) -> str | None:
     """CompletionsMiddleware's binding: its typed fields (a prompt is one string, no list
-    of prompts or tokens), stream_options."""
+    of prompts or tokens), stream_options; then FromCompleteRequest's refusal of a `stop`
+    list with an item that is no string."""
+    kinds = {**COMPLETION_FIELDS[1],
+             **(COMPLETION_LOGPROBS[0] if version >= COMPLETION_LOGPROBS[1] else {})}
     for key, value in body.items():
-        if wrong := binding_error(COMPLETION_FIELDS, {key: value}) or (
+        if wrong := binding_error((COMPLETION_FIELDS[0], kinds), {key: value}) or (
                 stream_options_error("CompletionRequest", value)
                 if key == "stream_options" else None):
             return wrong
-    return None
+    stop = body.get("stop")
+    odd = next((item for item in stop if not isinstance(item, str)), "") \
+        if isinstance(stop, list) else ""
+    return None if isinstance(odd, str) else \
+        f"invalid type for 'stop' field: {_go_type(odd)}"
+
+
+def _go_type(value: Any) -> str:
+    """Go's %T of a JSON value decoded into `any`."""
+    return "[]interface {}" if isinstance(value, list) else \
+        GO_TYPES.get(type(value), "float64")
 
 
 def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
@@ -843,7 +860,7 @@ def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None
     if path == "/v1/chat/completions":
         return chat_error(body, version)
     if path == "/v1/completions":
-        return completion_error(body)
+        return completion_error(body, version)
     if path == "/v1/embeddings":
         return embeddings_error(body, version)
     if path == "/v1/messages":

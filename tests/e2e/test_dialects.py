@@ -469,3 +469,19 @@ def test_an_anthropic_block_ollama_cannot_convert_is_its_400_before_any_placemen
                                               "data": PNG}}
     assert client.messages.create(model="llama3.2:3b", max_tokens=5, messages=[
         {"role": "user", "content": [image, {"type": "text", "text": "what is this?"}]}])
+
+
+def test_a_completion_ollama_cannot_convert_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    stops: Any = ["\n", 0]
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).completions.create(model="llama3.2:3b", prompt="hi", stop=stops)
+    body = info.value.response.json()
+    assert body["error"]["message"] == "invalid type for 'stop' field: float64"
+    assert gpu.sim.stats.requests == 0
+    direct = httpx.post(f"{gpu.url}/v1/completions",
+                        json={"model": "llama3.2:3b", "prompt": "hi", "stop": stops})
+    assert direct.json()["error"]["message"] == "invalid type for 'stop' field: float64"

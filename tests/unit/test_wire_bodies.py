@@ -228,3 +228,16 @@ def test_an_anthropic_block_is_converted_as_the_versions_layer_converts_it(
         version: tuple[int, int, int], block: dict[str, object], error: str | None) -> None:
     body = {"max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}
     assert layers.layer_error("/v1/messages", body, version) == error
+
+
+@pytest.mark.parametrize(("version", "body", "error"), [
+    ((0, 12, 10), {"logprobs": True}, None),  # no such field yet
+    ((0, 12, 11), {"logprobs": True},
+     "json: cannot unmarshal bool into Go struct field CompletionRequest.logprobs of type int"),
+    ((0, 30, 0), {"stop": ["\n", 1]}, "invalid type for 'stop' field: float64"),
+    ((0, 30, 0), {"stop": [["x"]]}, "invalid type for 'stop' field: []interface {}"),
+    ((0, 30, 0), {"stop": 5}, None),  # neither text nor a list: ignored
+])
+def test_a_completion_is_read_as_the_versions_layer_reads_it(
+        version: tuple[int, int, int], body: dict[str, object], error: str | None) -> None:
+    assert layers.layer_error("/v1/completions", {"prompt": "hi", **body}, version) == error
