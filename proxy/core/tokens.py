@@ -34,9 +34,11 @@ from proxy.core.token_ratio import TokenRatio
 
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
+# (A Responses reasoning item's `summary` is not: Ollama reads its thinking from
+# `encrypted_content` alone, and writes the same text to both in its answers, which an agent
+# sends back whole.)
 TEXT_KEYS = frozenset((
-    "content", "text", "thinking", "output", "summary", "refusal", "name", "tool_calls",
-    "function",
+    "content", "text", "thinking", "output", "refusal", "name", "tool_calls", "function",
     "encrypted_content",  # Ollama keeps a Responses reasoning item's thinking here
 ))
 # Keys whose object value is data the model reads as JSON (tool arguments).

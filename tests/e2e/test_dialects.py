@@ -485,3 +485,21 @@ def test_a_completion_ollama_cannot_convert_is_its_400_before_any_placement(
     direct = httpx.post(f"{gpu.url}/v1/completions",
                         json={"model": "llama3.2:3b", "prompt": "hi", "stop": stops})
     assert direct.json()["error"]["message"] == "invalid type for 'stop' field: float64"
+
+
+def test_a_replayed_reasoning_item_is_sized_as_ollama_reads_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Codex sends each reasoning item of Ollama's answers back whole: its thinking is in
+    the summary and in encrypted_content, and Ollama reads only encrypted_content. Counted
+    once, this conversation fits the context; twice, it was refused as too long."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    thinking = "the user wants a file listed so I list it " * 180  # ~2200 tokens
+    items: Any = [
+        {"role": "user", "content": "list the files"},
+        {"type": "reasoning", "id": "rs_1", "encrypted_content": thinking,
+         "summary": [{"type": "summary_text", "text": thinking}]},
+        {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt b.txt"}]
+    reply = client_for(url).responses.create(model="llama3.2:3b", input=items)
+    assert reply.output_text

@@ -290,6 +290,17 @@ def test_prompt_chars_reads_anthropic_blocks_and_responses_items() -> None:
     assert prompt_size({"input": "plain text"}).chars == 10
 
 
+def test_a_replayed_reasoning_item_counts_its_thinking_once() -> None:
+    """Ollama's answer has its thinking in a reasoning item's summary and encrypted_content
+    both; sent back, it reads encrypted_content alone (openai/responses.go)."""
+    thinking = "because " * 100
+    item = {"type": "reasoning", "id": "rs_1", "encrypted_content": thinking,
+            "summary": [{"type": "summary_text", "text": thinking}]}
+    assert prompt_size({"input": [item]}).chars == len(thinking)
+    summary_only = {**item, "encrypted_content": None}
+    assert prompt_size({"input": [summary_only]}).chars == 0
+
+
 def test_a_responses_namespace_tool_is_sized_by_its_member_functions() -> None:
     """Ollama offers the model each member of a `namespace` tool, named `ns.member`, with
     its schema (openai/responses.go convertTools): a namespace of MCP tools is most of such
