@@ -40,6 +40,7 @@ from proxy.core.token_ratio import TokenRatio
 TEXT_KEYS = frozenset((
     "content", "text", "thinking", "output", "refusal", "name", "tool_calls", "function",
     "encrypted_content",  # Ollama keeps a Responses reasoning item's thinking here
+    "reasoning",  # an OpenAI chat message's thinking (openai.Message.Reasoning)
 ))
 # Keys whose object value is data the model reads as JSON (tool arguments).
 DATA_KEYS = frozenset(("input", "arguments"))

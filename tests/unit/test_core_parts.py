@@ -299,6 +299,9 @@ def test_a_replayed_reasoning_item_counts_its_thinking_once() -> None:
     assert prompt_size({"input": [item]}).chars == len(thinking)
     summary_only = {**item, "encrypted_content": None}
     assert prompt_size({"input": [summary_only]}).chars == 0
+    # an OpenAI chat message's thinking, as Ollama's answer gave it
+    chat = {"messages": [{"role": "assistant", "content": "ok", "reasoning": thinking}]}
+    assert prompt_size(chat).chars == 2 + len(thinking)
 
 
 def test_a_responses_namespace_tool_is_sized_by_its_member_functions() -> None:
