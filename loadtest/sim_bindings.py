@@ -343,6 +343,9 @@ def responses_error(body: dict[str, Any], version: str) -> str | None:
             if wrong := _item_error(item if item is not None else {}, at):
                 return f"input[{index}]: {wrong}"
     instructions = body.get("instructions")
+    for item in given if isinstance(given, list) else ():
+        if isinstance(item, dict) and (wrong := _item_parts_error(item)):
+            return wrong
     if instructions is not None and not isinstance(instructions, str):
         return (f"json: cannot unmarshal {_json_kind(instructions)} into Go struct field "
                 "ResponsesRequest.instructions of type string")
@@ -350,6 +353,24 @@ def responses_error(body: dict[str, Any], version: str) -> str | None:
     if at < RESPONSES_EFFORT_SINCE or not isinstance(reasoning, dict):
         return None
     return effort_error(reasoning.get("effort"), version, responses=True)
+
+
+def _item_parts_error(item: dict[str, Any]) -> str | None:
+    """convertResponsesContent (openai/responses.go:729-755): a file, an image URL that
+    decodeImageURL cannot read."""
+    kind = item.get("type") or ("message" if item.get("role") else "")
+    parts = item.get("content") if kind == "message" else item.get("output")
+    for part in parts if isinstance(parts, list) and kind in (
+            "message", "function_call_output") else ():
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "input_file":
+            return "file inputs are not currently supported"
+        url = part.get("image_url") if part.get("type") == "input_image" else None
+        if isinstance(url, str) and url and (wrong := image_url_error(
+                [{"type": "image_url", "image_url": url}])):
+            return wrong
+    return None
 
 
 def _json_kind(value: Any) -> str:

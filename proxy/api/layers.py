@@ -784,7 +784,32 @@ def responses_error(body: dict[str, Any], version: Version) -> str | None:
             wrong = binding_error(RESPONSES_FIELDS, {key: value})
         if wrong:
             return wrong
+    given = body.get("input")
+    for item in given if isinstance(given, list) else ():
+        if isinstance(item, dict) and (wrong := _item_conversion_error(item, version)):
+            return wrong
     return effort_error("/v1/responses", body, version)
+
+
+FILE_INPUTS = "file inputs are not currently supported"
+
+
+def _item_conversion_error(item: dict[str, Any], version: Version) -> str | None:
+    """FromResponsesRequest's refusal of an item's parts (convertResponsesContent): an image
+    URL decodeImageURL cannot read, a file. (A function call's `arguments` that are no JSON
+    object are refused there too, in Go's own words, left to Ollama.)"""
+    kind = item.get("type") or ("message" if item.get("role") else "")
+    parts = item.get("content") if kind == "message" else \
+        item.get("output") if kind == "function_call_output" else None
+    for part in parts if isinstance(parts, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_file":
+            return FILE_INPUTS
+        url = part.get("image_url") if kind == "input_image" and isinstance(part, dict) \
+            else None
+        if isinstance(url, str) and url and (wrong := _image_url_error(url, version)):
+            return wrong
+    return None
 
 
 def responses_input_error(given: Any, version: Version) -> str | None:

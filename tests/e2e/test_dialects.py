@@ -342,6 +342,13 @@ def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
     ({"input": [{"type": "function_call_output", "call_id": "c1", "output": {"ok": True}}]},
      "input[0]: output must be a string or array: json: cannot unmarshal object into Go "
      "value of type []json.RawMessage"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "detail": "auto", "image_url": "https://example.com/a.png"}]}]},
+     "image URLs are not currently supported, please use base64 encoded data instead"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_file", "filename": "a.txt", "file_data": "aGk="}]}]},
+     "file inputs are not currently supported"),
     ({"input": "hello", "instructions": ["be brief"]},
      "json: cannot unmarshal array into Go struct field ResponsesRequest.instructions of "
      "type string"),

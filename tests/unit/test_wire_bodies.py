@@ -133,7 +133,11 @@ def test_a_format_is_checked_as_ollamas_completion_checks_it(body: dict[str, obj
      "input[0]: json: cannot unmarshal array into Go struct field "
      "ResponsesFunctionCallOutput.output of type string"),
     ((0, 20, 4), {"input": [{"type": "function_call_output", "output": [
-        {"type": "input_text", "text": "x"}, {"type": "input_file"}]}]}, None),
+        {"type": "input_text", "text": "x"}]}]}, None),
+    # read, then refused as it is converted (convertResponsesContent)
+    ((0, 20, 4), {"input": [{"type": "function_call_output", "output": [
+        {"type": "input_text", "text": "x"}, {"type": "input_file"}]}]},
+     "file inputs are not currently supported"),
     ((0, 20, 3), {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
      "input[0]: content[0]: unknown content type: input_file"),
     # an item that is no object, a type that is no string
