@@ -154,7 +154,7 @@ class OpenAIMessage(_Wire):
 
 class OpenAIChat(_Wire):
     model: ModelName | None = None
-    messages: list[OpenAIMessage]
+    messages: list[OpenAIMessage] | None = None  # none: Ollama's 400 in its words (layers.py)
     stream: bool | None = None
     tools: list[dict[str, Any] | None] | None = None
 
@@ -192,9 +192,9 @@ class AnthropicMessages(_Wire):
     """Anthropic's Messages API, which Ollama serves on /v1/messages."""
 
     model: ModelName | None = None
-    messages: list[AnthropicMessage]
+    messages: list[AnthropicMessage] | None = None  # none: Ollama's 400 (layers.py)
     system: Any = None  # Ollama's `any`: text, or blocks whose text it reads; else ignored
-    max_tokens: int | None = None
+    max_tokens: Any = None  # an int, else Ollama's 400 in its words (layers.py)
     stream: bool | None = None
     tools: list[dict[str, Any] | None] | None = None
 

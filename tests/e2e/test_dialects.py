@@ -510,3 +510,22 @@ def test_a_replayed_reasoning_item_is_sized_as_ollama_reads_it(
         {"type": "function_call_output", "call_id": "c1", "output": "a.txt b.txt"}]
     reply = client_for(url).responses.create(model="llama3.2:3b", input=items)
     assert reply.output_text
+
+
+def test_a_missing_field_ollamas_layer_requires_is_refused_in_its_words(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    for path, body, message in [
+        ("/v1/chat/completions", {}, "[] is too short - 'messages'"),
+        ("/v1/messages", {"max_tokens": 5}, "messages is required"),
+        ("/v1/messages", {"max_tokens": 5.0, "messages": HI},
+         "json: cannot unmarshal number 5.0 into Go struct field MessagesRequest.max_tokens "
+         "of type int")]:
+        body = {"model": "llama3.2:3b", **body}
+        for server in (url, gpu.url):
+            refused = httpx.post(f"{server}{path}", json=body)
+            assert refused.status_code == 400
+            assert refused.json()["error"]["message"] == message
+    assert gpu.sim.stats.requests == 3  # the ones sent to it directly: none placed
