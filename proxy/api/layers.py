@@ -647,11 +647,20 @@ def _fields_error(struct: str, at: str, value: dict[str, Any], kinds: dict[str, 
                  (wrong := _scalar_misfit(struct, f"{at}.{key}", item, kinds[key]))), None)
 
 
-def anthropic_field_error(key: str, value: Any) -> str | None:
+# MessagesRequest's output_config (its effort a thinking level), from 0.23.4
+OUTPUT_CONFIG: tuple[tuple[str, str, dict[str, str]], Version] = (
+    ("OutputConfig", "anthropic.OutputConfig", {"effort": "string"}), (0, 23, 4))
+
+
+def anthropic_field_error(key: str, value: Any, version: Version) -> str | None:
     """MessagesRequest's nested fields bound: stop_sequences, tools, tool_choice, thinking,
-    metadata."""
+    metadata, output_config (from 0.23.4)."""
     if value is None:
         return None
+    if key == "output_config" and version >= OUTPUT_CONFIG[1]:
+        struct, go_type, kinds = OUTPUT_CONFIG[0]
+        return _go_misfit("MessagesRequest", key, value, go_type) \
+            if not isinstance(value, dict) else _fields_error(struct, key, value, kinds)
     if key == "stop_sequences":
         return _strings_error("MessagesRequest", key, value)
     if key == "tools":
@@ -672,7 +681,7 @@ def messages_error(body: dict[str, Any], version: Version) -> str | None:
     preferred model), so that check is left out."""
     for key, value in body.items():  # encoding/json keeps the first error in the body
         if wrong := binding_error(MESSAGES_FIELDS, {key: value}) or \
-                anthropic_field_error(key, value):
+                anthropic_field_error(key, value, version):
             return wrong
     max_tokens = body.get("max_tokens")
     if max_tokens is None or max_tokens <= 0:

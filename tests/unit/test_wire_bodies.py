@@ -245,3 +245,18 @@ def test_an_anthropic_block_is_converted_as_the_versions_layer_converts_it(
 def test_a_completion_is_read_as_the_versions_layer_reads_it(
         version: tuple[int, int, int], body: dict[str, object], error: str | None) -> None:
     assert layers.layer_error("/v1/completions", {"prompt": "hi", **body}, version) == error
+
+
+@pytest.mark.parametrize(("version", "config", "error"), [
+    ((0, 23, 3), "high", None),  # no such field yet: ignored
+    ((0, 23, 4), "high", "json: cannot unmarshal string into Go struct field "
+     "MessagesRequest.output_config of type anthropic.OutputConfig"),
+    ((0, 23, 4), {"effort": 2}, "json: cannot unmarshal number into Go struct field "
+     "OutputConfig.output_config.effort of type string"),
+    ((0, 23, 4), {"effort": "xhigh"}, None),
+])
+def test_anthropic_output_config_is_bound_as_the_version_binds_it(
+        version: tuple[int, int, int], config: object, error: str | None) -> None:
+    body = {"max_tokens": 5, "output_config": config,
+            "messages": [{"role": "user", "content": "hi"}]}
+    assert layers.layer_error("/v1/messages", body, version) == error
