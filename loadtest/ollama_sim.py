@@ -403,7 +403,7 @@ class SimApp:
                                  self.sim.config.cloud_stubs)
         if isinstance(routed, sim_cloud.ToCloud):  # the cloud's own answer names its model
             body = {**body, "model": routed.echo}
-        return await sim_dialects.answer(path, native, body)
+        return await sim_dialects.answer(path, native, body, version)
 
     async def openai_embed(self, request: Request) -> Response:
         """EmbeddingsMiddleware (middleware/openai.go:395-445): `""` is one input, none or

@@ -18,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from . import sim_bindings
 from .sim_engine import version_tuple
+from .sim_model import CURRENT_VERSION
 from .sim_output import ANSWER_TOKENS
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -278,8 +279,9 @@ def _ident(prefix: str) -> str:
 class OpenAIChat:
     """Chat completions (`chat.completion.chunk`) or text completions (`text_completion`)."""
 
-    def __init__(self, body: dict[str, Any], chat: bool) -> None:
+    def __init__(self, body: dict[str, Any], chat: bool, role_once: bool = True) -> None:
         self.chat, self.model = chat, str(body.get("model"))
+        self.role_once, self.role_said = role_once, False
         self.ident, self.created = _ident("chatcmpl-" if chat else "cmpl-"), int(time.time())
         options = body.get("stream_options")
         self.usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -293,6 +295,9 @@ class OpenAIChat:
     def _chunk(self, said: Said, finish: str | None) -> dict[str, Any]:
         if self.chat:
             delta = self._message(said) if finish is None else {}
+            if delta and self.role_once and self.role_said:
+                delta.pop("role")
+            self.role_said = self.role_said or bool(delta)
             return self._object("chat.completion.chunk",
                                 {"index": 0, "delta": delta, "finish_reason": finish})
         return self._object("text_completion", {"index": 0, "text": said.content,
@@ -617,12 +622,18 @@ class AnthropicMessages:
         return self._message(content, stop, final)
 
 
-def translation_for(path: str, body: dict[str, Any]) -> Translation:
+# From 0.32.6 a streamed chat names the role in its first chunk only (commit 8edecb5c6)
+ROLE_ONCE_SINCE = (0, 32, 6)
+
+
+def translation_for(path: str, body: dict[str, Any], version: str = CURRENT_VERSION
+                    ) -> Translation:
     if path == RESPONSES:
         return OpenAIResponses(body)
     if path == MESSAGES:
         return AnthropicMessages(body)
-    return OpenAIChat(body, chat=path == CHAT)
+    return OpenAIChat(body, chat=path == CHAT,
+                      role_once=version_tuple(version) >= ROLE_ONCE_SINCE)
 
 
 def _said(data: dict[str, Any]) -> Said:
@@ -632,11 +643,12 @@ def _said(data: dict[str, Any]) -> Said:
                 str(said.get("thinking", "")), list(said.get("tool_calls", ())))
 
 
-async def answer(path: str, native: Response, body: dict[str, Any]) -> Response:
+async def answer(path: str, native: Response, body: dict[str, Any],
+                 version: str = CURRENT_VERSION) -> Response:
     """The native answer in the dialect's shape: events when streaming, else one object."""
     if native.status_code >= 400:
         return translated_error(path, native)
-    shape = translation_for(path, body)
+    shape = translation_for(path, body, version)
     if not isinstance(native, StreamingResponse):  # a load-only call: nothing generated
         return _json(shape.whole(Said(), {}))
     lines: AsyncIterable[Any] = native.body_iterator
