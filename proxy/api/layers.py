@@ -279,13 +279,15 @@ def _tool_calls_error(calls: Any, version: Version) -> str | None:
 
 
 def format_error(path: str, body: dict[str, Any]) -> str | None:
-    """What Ollama answers a call with a `format` (on OpenAI's chat, a json_schema's
-    `schema`) that is neither "json" nor a JSON schema object, once its model is loaded
-    (llm/server.go Completion; llm/llama_server.go from 0.30: a 500). Go quotes the
+    """What Ollama answers a call with a `format` (on OpenAI's chat and Responses API, a
+    json_schema's `schema`) that is neither "json" nor a JSON schema object, once its model
+    is loaded (llm/server.go Completion; llm/llama_server.go from 0.30: a 500). Go quotes the
     field's bytes as sent; here they are the value written compactly. A load (no prompt,
     no messages) never gets that far."""
     if path == "/v1/chat/completions":
         runs, wanted = body.get("messages"), _openai_format(body)
+    elif path == "/v1/responses":
+        runs, wanted = body.get("input") or body.get("instructions"), _responses_format(body)
     elif path in ("/api/chat", "/api/generate"):
         runs = body.get("messages") if path == "/api/chat" else body.get("prompt")
         wanted = body.get("format")
@@ -574,6 +576,15 @@ def _openai_format(body: dict[str, Any]) -> Any:
     schema = wanted.get("json_schema") if kind == "json_schema" and \
         isinstance(wanted, dict) else None
     return schema.get("schema") if isinstance(schema, dict) else None
+
+
+def _responses_format(body: dict[str, Any]) -> Any:
+    """The `format` Ollama's Responses layer makes of `text.format`: a json_schema's
+    `schema` as it is (openai/responses.go FromResponsesRequest)."""
+    text = body.get("text")
+    wanted = text.get("format") if isinstance(text, dict) else None
+    return wanted.get("schema") if isinstance(wanted, dict) and \
+        wanted.get("type") == "json_schema" else None
 
 
 def stream_options_error(struct: str, options: Any) -> str | None:

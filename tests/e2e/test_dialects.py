@@ -529,3 +529,18 @@ def test_a_missing_field_ollamas_layer_requires_is_refused_in_its_words(
             assert refused.status_code == 400
             assert refused.json()["error"]["message"] == message
     assert gpu.sim.stats.requests == 3  # the ones sent to it directly: none placed
+
+
+def test_a_responses_schema_ollama_cannot_use_is_its_refusal_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """As on OpenAI's chat: a json_schema whose `schema` is no object is Ollama's 500 once
+    the model is loaded; the sidecar answers it as a 400 before placing the call."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    text: Any = {"format": {"type": "json_schema", "name": "answer", "schema": "object"}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).responses.create(model="llama3.2:3b", input="hello", text=text)
+    assert info.value.response.json()["error"]["message"] == \
+        'invalid format: "\\"object\\""; expected "json" or a valid JSON Schema object'
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
