@@ -390,10 +390,12 @@ class SimApp:
         """OpenAI's and Anthropic's generation paths, through the native chat and generate."""
         self.sim.stats.requests += 1
         path = request.url.path
+        version = self.sim.config.version
+        if version_tuple(version) < sim_dialects.SERVED_SINCE.get(path, (0, 0, 0)):
+            return PlainTextResponse("404 page not found", 404)  # gin's NoRoute answer
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(path, body)
-        version = self.sim.config.version
         if wrong := sim_dialects.request_error(path, body, version):
             return sim_dialects.error(path, wrong, 400)
         chat = path in sim_dialects.CHAT_PATHS

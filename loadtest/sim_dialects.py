@@ -23,6 +23,9 @@ from .sim_output import ANSWER_TOKENS
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
+# Paths an older Ollama has no route for: the Responses API from 0.13.3, Anthropic's
+# messages from 0.14.0 (openai/responses.go, anthropic/anthropic.go added)
+SERVED_SINCE = {RESPONSES: (0, 13, 3), MESSAGES: (0, 14, 0)}
 CHAT_PATHS = (CHAT, RESPONSES, MESSAGES)  # served by the native chat; completions by generate
 RELAX_THINKING = "relax_thinking"  # a native body's mark: think is dropped, not refused
 EFFORT_TO_THINK: dict[Any, Any] = {"none": False, "minimal": "low", "low": "low",

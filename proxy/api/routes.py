@@ -146,6 +146,11 @@ ANSWER_CAPS = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tok
                "/v1/responses": "max_output_tokens", "/v1/messages": "max_tokens"}
 
 
+# The dialect paths an older Ollama does not have (its router's 404): the Responses API from
+# 0.13.3, Anthropic's messages from 0.14.0
+SERVED_SINCE: dict[str, Version] = {"/v1/responses": (0, 13, 3), "/v1/messages": (0, 14, 0)}
+
+
 # A body larger than this is read, checked and measured in a worker thread, a piece at a
 # time: done on the event loop, 20 MB of small messages stalled every other call for seconds.
 OFF_LOOP_BYTES = 1 << 20
@@ -578,6 +583,12 @@ class SidecarApi:
                      ) -> Response:
         started = time.perf_counter()
         dialect = dialect_of(path)
+        if (since := SERVED_SINCE.get(path)) and (version := self.engine_version()) < since:
+            # (Ollama's router answers it before reading anything: so does the sidecar)
+            return error_response(
+                404, "not-found", f"POST {path} is served by Ollama from "
+                f"{'.'.join(map(str, since))}; the providers run "
+                f"{'.'.join(map(str, version))}", dialect=dialect)
         read = await self._read(request, schema, dialect)
         if isinstance(read, Response):
             return read

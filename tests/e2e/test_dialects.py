@@ -544,3 +544,25 @@ def test_a_responses_schema_ollama_cannot_use_is_its_refusal_before_any_placemen
     assert info.value.response.json()["error"]["message"] == \
         'invalid format: "\\"object\\""; expected "json" or a valid JSON Schema object'
     assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+
+
+@pytest.mark.parametrize(("version", "path", "body"), [
+    ("0.13.2", "/v1/responses", {"input": "hello"}),
+    ("0.12.6", "/v1/messages", {"max_tokens": 5, "messages": HI}),
+])
+def test_a_dialect_the_providers_ollama_lacks_is_its_404_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, path: str,
+        body: dict[str, Any]) -> None:
+    """Before 0.13.3 Ollama has no Responses API, before 0.14 no Anthropic messages: its
+    router's 404, which the sidecar gives without placing (and loading) anything."""
+    gpu = sim_factory("gpu", version=version, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    body = {"model": "llama3.2:3b", **body}
+    direct = httpx.post(f"{gpu.url}{path}", json=body)
+    assert (direct.status_code, direct.text) == (404, "404 page not found")
+    answer = httpx.post(f"{url}{path}", json=body)
+    assert answer.status_code == 404
+    assert answer.json()["reason"] == "not-found"
+    assert f"the providers run {version}" in str(answer.json()["error"])
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (1, 0)  # the direct call only
