@@ -96,7 +96,9 @@ def _texts(value: Any, out: _Prompt) -> None:
             _texts(item, out)
     elif isinstance(value, dict):
         kind = value.get("type")
-        if isinstance(kind, str) and kind in IMAGE_TYPES:
+        # (a Responses image given by file_id alone Ollama skips: it has no image_url)
+        if isinstance(kind, str) and kind in IMAGE_TYPES and \
+                (kind != "input_image" or value.get("image_url")):
             out.images += 1
         for key, item in value.items():
             if key in TEXT_KEYS:

@@ -297,6 +297,9 @@ def test_a_replayed_reasoning_item_counts_its_thinking_once() -> None:
     item = {"type": "reasoning", "id": "rs_1", "encrypted_content": thinking,
             "summary": [{"type": "summary_text", "text": thinking}]}
     assert prompt_size({"input": [item]}).chars == len(thinking)
+    # a Responses image by file_id alone Ollama skips (convertResponsesContent)
+    by_id = {"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}
+    assert prompt_size({"input": [by_id]}).images == 0
     summary_only = {**item, "encrypted_content": None}
     assert prompt_size({"input": [summary_only]}).chars == 0
     # an OpenAI chat message's thinking, as Ollama's answer gave it
