@@ -297,14 +297,19 @@ def test_a_replayed_reasoning_item_counts_its_thinking_once() -> None:
     item = {"type": "reasoning", "id": "rs_1", "encrypted_content": thinking,
             "summary": [{"type": "summary_text", "text": thinking}]}
     assert prompt_size({"input": [item]}).chars == len(thinking)
-    # a Responses image by file_id alone Ollama skips (convertResponsesContent)
-    by_id = {"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}
-    assert prompt_size({"input": [by_id]}).images == 0
     summary_only = {**item, "encrypted_content": None}
     assert prompt_size({"input": [summary_only]}).chars == 0
     # an OpenAI chat message's thinking, as Ollama's answer gave it
     chat = {"messages": [{"role": "assistant", "content": "ok", "reasoning": thinking}]}
     assert prompt_size(chat).chars == 2 + len(thinking)
+
+
+def test_a_responses_image_by_file_id_alone_is_not_counted() -> None:
+    """Ollama skips it (convertResponsesContent: no image_url)."""
+    by_id = {"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}
+    assert prompt_size({"input": [by_id]}).images == 0
+    by_url = {"role": "user", "content": [{"type": "input_image", "image_url": "data:;base64,"}]}
+    assert prompt_size({"input": [by_url]}).images == 1
 
 
 def test_a_responses_namespace_tool_is_sized_by_its_member_functions() -> None:
