@@ -344,7 +344,8 @@ def responses_error(body: dict[str, Any], version: str) -> str | None:
                 return f"input[{index}]: {wrong}"
     instructions = body.get("instructions")
     for item in given if isinstance(given, list) else ():
-        if isinstance(item, dict) and (wrong := _item_parts_error(item)):
+        if isinstance(item, dict) and (wrong := _item_parts_error(item) or
+                                       _function_call_error(item)):
             return wrong
     if instructions is not None and not isinstance(instructions, str):
         return (f"json: cannot unmarshal {_json_kind(instructions)} into Go struct field "
@@ -371,6 +372,20 @@ def _item_parts_error(item: dict[str, Any]) -> str | None:
                 [{"type": "image_url", "image_url": url}])):
             return wrong
     return None
+
+
+def _function_call_error(item: dict[str, Any]) -> str | None:
+    """FromResponsesRequest: a function call's `arguments` ("" aside) must be a JSON object.
+    The reason after the colon is Go's own and only approximated here."""
+    arguments = item.get("arguments") if item.get("type") == "function_call" else None
+    if not isinstance(arguments, str) or not arguments:
+        return None
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return "failed to parse function call arguments: invalid JSON"
+    return None if isinstance(parsed, dict) else \
+        "failed to parse function call arguments: not a JSON object"
 
 
 def _json_kind(value: Any) -> str:

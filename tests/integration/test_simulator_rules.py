@@ -839,3 +839,16 @@ def test_a_streamed_openai_chat_names_the_role_as_the_version_does(
     content = [d for d in deltas if d]
     named = sum("role" in d for d in content)
     assert named == (roles if roles is not None else len(content)) and len(content) > 1
+
+
+def test_a_responses_function_call_whose_arguments_are_no_json_is_a_400(
+        sim_factory: Sims) -> None:
+    """FromResponsesRequest refuses it before any model (openai/responses.go: `failed to
+    parse function call arguments`): a 400, not the simulator's own fault."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    answer = httpx.post(f"{sim.url}/v1/responses", timeout=30, json={
+        "model": "llama3.2:3b", "input": [
+            {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{bad"}]})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"].startswith(
+        "failed to parse function call arguments: ")
