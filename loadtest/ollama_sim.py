@@ -416,18 +416,22 @@ class SimApp:
         """OpenAI's and Anthropic's generation paths, through the native chat and generate."""
         self.sim.stats.requests += 1
         path = request.url.path
+        version = self.sim.config.version
+        if version_tuple(version) < sim_dialects.SERVED_SINCE.get(path, (0, 0, 0)):
+            return PlainTextResponse("404 page not found", 404)  # gin's NoRoute answer
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(path, body)
-        if wrong := sim_dialects.request_error(path, body):
+        if wrong := sim_dialects.request_error(path, body, version):
             return sim_dialects.error(path, wrong, 400)
         chat = path in sim_dialects.CHAT_PATHS
-        native = await self._run(sim_dialects.native_request(path, body), chat, request)
+        native = await self._run(sim_dialects.native_request(path, body, version), chat,
+                                 request)
         routed = sim_cloud.route(str(body.get("model") or ""), self.sim.config.version,
                                  self.sim.config.cloud_stubs)
         if isinstance(routed, sim_cloud.ToCloud):  # the cloud's own answer names its model
             body = {**body, "model": routed.echo}
-        return await sim_dialects.answer(path, native, body)
+        return await sim_dialects.answer(path, native, body, version)
 
     async def transcribe(self, request: Request) -> Response:
         """/v1/audio/transcriptions where the version's router has it: the form's audio

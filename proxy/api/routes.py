@@ -143,11 +143,19 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-# Where each dialect caps the answer, as Ollama turns it into num_predict (OpenAI's chat and
-# completions `max_tokens`, openai/openai.go:657, 806; the Responses API's
-# `max_output_tokens`, responses.go:572; Anthropic's `max_tokens`, anthropic.go:337). OpenAI's
-# `max_completion_tokens` is not read: the answer is not capped by it.
-ANSWER_CAPS = ("max_tokens", "max_output_tokens")
+# Where each path caps the answer, as Ollama turns it into num_predict: its own API's
+# `options.num_predict`; OpenAI's chat and completions `max_tokens` (openai/openai.go:657,
+# 806); the Responses API's `max_output_tokens` (responses.go:572); Anthropic's `max_tokens`
+# (anthropic.go:337). Any other field is not read there (OpenAI's `max_completion_tokens`,
+# a `max_tokens` on Ollama's own API or on the Responses API, `options` on the others): the
+# answer is not capped by it.
+ANSWER_CAPS = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens",
+               "/v1/responses": "max_output_tokens", "/v1/messages": "max_tokens"}
+
+
+# The dialect paths an older Ollama does not have (its router's 404): the Responses API from
+# 0.13.3, Anthropic's messages from 0.14.0
+SERVED_SINCE: dict[str, Version] = {"/v1/responses": (0, 13, 3), "/v1/messages": (0, 14, 0)}
 
 
 # A body larger than this is read, checked and measured in a worker thread, a piece at a
@@ -177,12 +185,16 @@ def measure(body: dict[str, Any], parsed: wire.Inference | None = None) -> Measu
     return size, conversation, shared_prompt_size(body), answers_tool_result(body)
 
 
-def answer_cap(body: dict[str, Any]) -> int:
-    """The call's cap on its answer in tokens (num_predict, max_tokens ...); 0 none (Ollama's
-    -1 and -2 mean none too)."""
+def answer_cap(path: str | None, body: dict[str, Any]) -> int:
+    """The call's cap on its answer in tokens, from the field Ollama reads on `path`
+    (ANSWER_CAPS); with no path (explain's body, of whichever dialect), the first of them
+    the body has. 0 none (Ollama's -1 and -2 mean none too)."""
     options = body.get("options")
-    values = [options.get("num_predict") if isinstance(options, dict) else None,
-              *(body.get(key) for key in ANSWER_CAPS)]
+    native = options.get("num_predict") if isinstance(options, dict) else None
+    if path is None:
+        values = [native, *(body.get(key) for key in dict.fromkeys(ANSWER_CAPS.values()))]
+    else:
+        values = [body.get(ANSWER_CAPS[path]) if path in ANSWER_CAPS else native]
     return next((int(v) for v in values
                  if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 2**31),
                 0)
@@ -594,7 +606,7 @@ class SidecarApi:
             prompt=size,
             # (Only Ollama's own API has options; on the others an `options` field is extra.)
             num_ctx=wire.requested_num_ctx(body) if dialect_of(path) == "ollama" else None,
-            num_predict=answer_cap(body),
+            num_predict=answer_cap(path, body),
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
@@ -602,7 +614,8 @@ class SidecarApi:
             conversation=conversation,
             ends_loop_unless_tool_called=ends_loop,
             shared_prompt=shared,
-            needs=call_needs(path, body, model or self.calls.bound_model(phase, thread)),
+            needs=call_needs(path, body, model or self.calls.bound_model(phase, thread),
+                             self.engine_version()),
             embeds=embeds(path, body),
             disconnected=lambda: _disconnect(request),
         )
@@ -628,6 +641,12 @@ class SidecarApi:
                      ) -> Response:
         started = time.perf_counter()
         dialect = dialect_of(path)
+        if (since := SERVED_SINCE.get(path)) and (version := self.engine_version()) < since:
+            # (Ollama's router answers it before reading anything: so does the sidecar)
+            return error_response(
+                404, "not-found", f"POST {path} is served by Ollama from "
+                f"{'.'.join(map(str, since))}; the providers run "
+                f"{'.'.join(map(str, version))}", dialect=dialect)
         read = await self._read(request, schema, dialect)
         if isinstance(read, Response):
             return read
