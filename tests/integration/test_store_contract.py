@@ -134,9 +134,21 @@ async def test_entries_expire_after_the_bucket_ttl(store: StateStore) -> None:
     written = store.version(SHORT.name)
     await asyncio.sleep(1.3)
     assert await store.get(SHORT.name, "gone") is None
-    if isinstance(store, MemoryStore):  # NATS sends watchers no marker for max-age expiry
-        assert "gone" not in store.view(SHORT.name)
-        assert store.version(SHORT.name) > written  # the view moved on: readers recompute
+    # NATS sends watchers no marker for max-age expiry: the view drops the entry itself
+    assert "gone" not in store.view(SHORT.name)
+    assert store.version(SHORT.name) > written  # the view moved on: readers recompute
+
+
+async def test_keys_of_agents_that_left_leave_the_view_with_the_bucket_ttl(
+        store: StateStore) -> None:
+    """Every sidecar that ever wrote (a use count, a cache entry, per agent and model) must
+    not stay in the views of those that run on: the view holds what the bucket holds."""
+    for i in range(200):
+        await store.put(SHORT.name, f"use.m.agent-{i}", b"1")
+    assert await _until(lambda: len(store.view(SHORT.name)) == 200)
+    await asyncio.sleep(1.3)
+    await store.put(SHORT.name, "use.m.here", b"1")  # one written since stays
+    assert await _until(lambda: set(store.view(SHORT.name)) == {"use.m.here"})
 
 
 async def test_nats_store_recovers_when_the_server_returns_empty() -> None:
