@@ -98,6 +98,28 @@ async def test_each_waiting_call_has_its_own_entry_carrying_its_turn() -> None:
     await b.close()
 
 
+async def test_waiting_calls_one_after_another_leave_no_marker_each_in_the_bucket(
+        nats_url: str) -> None:
+    """A deleted key leaves a marker in the bucket for its max age (6 h): a key per waiting
+    call ever made would leave one per call, in the stream and in every watch's replay. The
+    numbers are used again, so the markers are as many as calls that waited at once."""
+    store = NatsStore(NatsOptions(nats_url), BUCKETS)
+    await store.start()
+    board = DemandBoard(store, "crew/a")
+    together = [await board.waiting("qwen3:8b") for _ in range(3)]
+    assert len({e.key for e in together}) == 3  # calls waiting at once: an entry each
+    for entry in together:
+        await board.done_waiting(entry)
+    for _ in range(100):
+        await board.done_waiting(await board.waiting("qwen3:8b"))
+    await board.close()
+    await store.close()
+    nc = await nats.connect(nats_url)
+    info = await nc.jetstream().stream_info(f"KV_{MODEL_DEMAND}")
+    await nc.close()
+    assert info.state.messages <= 3, info.state
+
+
 async def test_the_demand_view_is_reused_only_while_the_board_is_unchanged() -> None:
     store, clock = MemoryStore(), Clock()
     board = DemandBoard(store, "crew/a", clock)
