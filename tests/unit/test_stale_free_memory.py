@@ -192,3 +192,27 @@ def test_a_copy_capped_at_its_trained_context_keeps_what_its_load_was_beside() -
     refused = claim(TicketSet(residents=recorded), big, view, DEFAULT_POLICY, 60, 6.0)
     assert not isinstance(refused, Admitted)
     assert "Ollama would unload a model" in refused.reason
+
+
+async def test_a_model_loaded_at_many_contexts_keeps_the_newest_footprints() -> None:
+    """An agent may send a num_ctx per call (some clients size it to the prompt): a figure
+    per context ever loaded grew the published state without end."""
+    from proxy.settings import load_settings
+
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server = _Ps()
+    prober = Prober(list(settings.providers), {"a": server}, None,  # type: ignore[dict-item]
+                    gpu_memory=None)  # type: ignore[arg-type]
+    for i in range(100):
+        server.listed = [_copy("qwen3:8b", 6000 + i, ctx=2048 + 16 * i)]
+        state = await prober.probe("a")
+    seen = state.observed["qwen3:8b"]
+    assert len(seen) <= 16
+    assert seen[2048 + 16 * 99] == 6099  # the newest stays
+    oldest, next_oldest = sorted(seen)[:2]
+    server.listed = [_copy("qwen3:8b", 7000, ctx=oldest)]  # seen again: the newest now
+    await prober.probe("a")
+    server.listed = [_copy("qwen3:8b", 6000, ctx=1024)]
+    seen = (await prober.probe("a")).observed["qwen3:8b"]
+    assert oldest in seen and next_oldest not in seen and len(seen) == 16
