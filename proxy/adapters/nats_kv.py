@@ -559,6 +559,36 @@ class NatsStore:
         except Exception as exc:
             raise self._unavailable(exc) from exc
 
+    async def purge_deleted(self, bucket: str, older_than_s: float) -> int:
+        """Remove the markers that deletes left in `bucket` once older than `older_than_s`:
+        a bucket without a max age keeps them for good, and every watch begun replays them.
+        The watches running have shown them by then (a later one needs them not). How many
+        were removed."""
+        kv = self._bucket(bucket)
+        old: list[tuple[str, int]] = []
+        try:
+            watcher = await kv.watchall(inactive_threshold=WATCH_INACTIVE_S)
+            try:
+                now = time.time()
+                async for entry in watcher:
+                    if entry is None:  # (the replay's end)
+                        break
+                    if entry.operation in ("DEL", "PURGE") and \
+                            now - _stamp(entry.created) > older_than_s:
+                        old.append((entry.key, entry.revision))
+            finally:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
+            js = self._nc.jetstream(timeout=self.options.timeout_s)
+            prefix = getattr(kv, "_pre", f"$KV.{bucket}.")
+            for key, revision in old:  # up to the marker: a write since stays
+                await js.purge_stream(f"KV_{bucket}", seq=revision + 1, subject=prefix + key)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+        return len(old)
+
     async def delete(self, bucket: str, key: str) -> None:
         try:
             await self._bucket(bucket).delete(key)
