@@ -283,6 +283,8 @@ class Prober:
                     continue
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
+            for model in [m for m in observed if m not in available and m not in loaded_mib]:
+                del observed[model]  # removed from disk
         models = await self._shown_models(
             name, digests, version if isinstance(version, str) else "")
         beside = self._first_seen_beside(name, loaded_mib, loaded_ctx) \
