@@ -269,8 +269,13 @@ class DemandBoard:
             await self._bump(self._key("use", model), {}, count)
         if self._held_unwritten:
             self._held_unwritten = False
+            now = self.clock.now()
+            # (what no cache is expected to hold any more goes: copies of models run once,
+            # or removed, would stay in every write)
+            self._held = {copy: kept for copy, held in self._held.items()
+                          if (kept := tuple(h for h in held if now - h.at < CACHE_TTL_S))}
             await self._put(f"cache.{self.agent}", {
-                "expiresAt": self.clock.now() + CACHE_TTL_S,
+                "expiresAt": now + CACHE_TTL_S,
                 "copies": [[provider, model, [list(_held_row(h)) for h in held]]
                            for (provider, model), held in self._held.items()]})
 

@@ -165,6 +165,24 @@ async def test_a_loops_end_and_cadence_are_shared_with_the_prompts_each_sidecar_
     assert [(h.finished, h.pause) for h in two.shared_caches()[("c", "m")]] == [(False, 0)]
 
 
+async def test_copies_no_cache_holds_any_more_leave_what_a_sidecar_shares(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each model ever run (agents create and remove them) kept its copy's prompts in every
+    write of the sidecar's cache entry, long after no cache was expected to hold them."""
+    monkeypatch.setattr(demand_module, "USE_FLUSH_S", 0.01)
+    store, clock = MemoryStore(), Clock()
+    board = DemandBoard(store, "crew/one", clock)
+    for i in range(50):
+        board.note_held([(("a", f"custom-{i}"), Held(1, 2, 3, 4, 500, 0, clock.now()))])
+    await board.flush_uses()
+    clock.at += demand_module.CACHE_TTL_S + 1
+    board.note_held([(("a", "qwen3:8b"), Held(1, 2, 3, 4, 500, 0, clock.now()))])
+    await board.flush_uses()
+    written = orjson.loads(store.view(MODEL_DEMAND)["cache.crew=2Fone"].value)
+    assert [row[1] for row in written["copies"]] == ["qwen3:8b"]
+    await board.close()
+
+
 async def test_demand_rates_decay_and_entries_expire() -> None:
     store, clock = MemoryStore(), Clock()
     board = DemandBoard(store, "crew/a", clock)
