@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -155,6 +156,14 @@ class _Outage:
         return said
 
 
+def _stamp(created: Any) -> float:
+    """An entry's write time (the stream's stamp, a datetime in nats-py), else now."""
+    try:
+        return float(created.timestamp())
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return time.time()
+
+
 def bucket_config(spec: BucketSpec, replicas: int = 1) -> KeyValueConfig:
     return KeyValueConfig(bucket=spec.name, history=spec.history, ttl=spec.ttl_s,
                           storage=StorageType.FILE, direct=True, replicas=replicas)
@@ -205,6 +214,13 @@ class NatsStore:
         self._nc: Any = None
         self._kv: dict[str, Any] = {}
         self._mirror: dict[str, dict[str, Entry]] = {b.name: {} for b in buckets}
+        # NATS tells no watch when an entry ages past the bucket's max age, so the view
+        # drops it itself: per key the wall-clock time of its last write (the server's
+        # stamp), and when the oldest may be due (as in the embedded store; without it every
+        # key of a sidecar that left, or of a model asked once, stayed in every view)
+        self._ttl = {b.name: b.ttl_s or math.inf for b in buckets}  # 0: never
+        self._written_at: dict[str, dict[str, float]] = {b.name: {} for b in buckets}
+        self._next_expiry = {b.name: math.inf for b in buckets}
         self._versions = {b.name: 0 for b in buckets}
         # Set once a bucket's watch has replayed what the bucket held (reset on rewatch)
         self._replayed = {b.name: asyncio.Event() for b in buckets}
@@ -395,6 +411,7 @@ class NatsStore:
         """Fill a new view from the watch; it replaces the old one once the bucket is
         replayed (the old one stands meanwhile: what was seen, as in an outage)."""
         mirror: dict[str, Entry] = {}
+        written_at: dict[str, float] = {}
         replayed = self._replayed[bucket]
         spec = next(s for s in self.buckets if s.name == bucket)
         woken = False  # an entry since the last bump wakes waiters: bump at the burst's end
@@ -402,6 +419,8 @@ class NatsStore:
             if entry is None:  # end of the initial replay
                 if not replayed.is_set():
                     self._mirror[bucket] = mirror
+                    self._written_at[bucket] = written_at
+                    self._next_expiry[bucket] = -math.inf  # (the replay may hold old ones)
                     self._versions[bucket] += 1
                     self._generation += 1
                     replayed.set()
@@ -411,9 +430,14 @@ class NatsStore:
             wakes = True
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
                 mirror.pop(entry.key, None)
+                written_at.pop(entry.key, None)
             else:
                 wakes = spec.wakes(entry.key, entry.key in mirror)
                 mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
+                written_at[entry.key] = _stamp(entry.created)
+                if replayed.is_set():
+                    self._next_expiry[bucket] = min(self._next_expiry[bucket],
+                                                    written_at[entry.key] + self._ttl[bucket])
             if replayed.is_set():
                 self._versions[bucket] += 1
                 woken = woken or wakes
@@ -458,7 +482,22 @@ class NatsStore:
                 await self._nc.drain()
         self._connected = False
 
+    def _expire(self, bucket: str) -> None:
+        """Drop what the bucket's max age has removed on the server (a scan only once the
+        oldest entry may be due: view() is on every placement's path)."""
+        now = time.time()
+        if now < self._next_expiry[bucket]:
+            return
+        mirror, written_at, ttl = self._mirror[bucket], self._written_at[bucket], \
+            self._ttl[bucket]
+        for key in [k for k, at in written_at.items() if now - at > ttl]:
+            del written_at[key]
+            if mirror.pop(key, None) is not None:
+                self._versions[bucket] += 1
+        self._next_expiry[bucket] = min(written_at.values(), default=math.inf) + ttl
+
     def view(self, bucket: str) -> Mapping[str, Entry]:
+        self._expire(bucket)
         return self._mirror[bucket]
 
     async def replayed(self, timeout_s: float) -> bool:
@@ -474,6 +513,7 @@ class NatsStore:
         return not pending and self.connected
 
     def version(self, bucket: str) -> int:
+        self._expire(bucket)
         return self._versions[bucket]
 
     def _bucket(self, bucket: str) -> Any:
@@ -518,6 +558,36 @@ class NatsStore:
             raise
         except Exception as exc:
             raise self._unavailable(exc) from exc
+
+    async def purge_deleted(self, bucket: str, older_than_s: float) -> int:
+        """Remove the markers that deletes left in `bucket` once older than `older_than_s`:
+        a bucket without a max age keeps them for good, and every watch begun replays them.
+        The watches running have shown them by then (a later one needs them not). How many
+        were removed."""
+        kv = self._bucket(bucket)
+        old: list[tuple[str, int]] = []
+        try:
+            watcher = await kv.watchall(inactive_threshold=WATCH_INACTIVE_S)
+            try:
+                now = time.time()
+                async for entry in watcher:
+                    if entry is None:  # (the replay's end)
+                        break
+                    if entry.operation in ("DEL", "PURGE") and \
+                            now - _stamp(entry.created) > older_than_s:
+                        old.append((entry.key, entry.revision))
+            finally:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
+            js = self._nc.jetstream(timeout=self.options.timeout_s)
+            prefix = getattr(kv, "_pre", f"$KV.{bucket}.")
+            for key, revision in old:  # up to the marker: a write since stays
+                await js.purge_stream(f"KV_{bucket}", seq=revision + 1, subject=prefix + key)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            raise self._unavailable(exc) from exc
+        return len(old)
 
     async def delete(self, bucket: str, key: str) -> None:
         try:

@@ -22,6 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 ALPHA = 0.4  # weight of the newest answer: recent lengths matter, one odd answer does not rule
+# The figures worked out per model are kept until the next answer replaces the lengths; a
+# sidecar whose calls name models nothing answers (names no provider has) would otherwise
+# keep one per name asked in the meantime.
+WORKED_OUT_KEPT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,8 @@ class CallLengths:
         and its seconds per call."""
         most = self._most.get(model)
         if most is None:
+            if len(self._most) >= WORKED_OUT_KEPT:
+                self._most.clear()
             seen = ((-models[model].samples, other, models[model].value)
                     for other, models in self.seconds.items() if model in models)
             most = self._most[model] = tuple(sorted(seen)[:2])

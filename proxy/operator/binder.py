@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +40,9 @@ class BinderTiming:
     stale_s: float = 15.0  # provider state older than this: the provider is not Ready
     thread_ttl_s: float = 3600.0  # a discussion nobody asked about for this long is dropped
     echo_s: float = 2.0  # at most this long for the watch to show the binder's own writes
+    # The markers its deletes leave in the bindings bucket (no max age: they stay for good, a
+    # discussion's each) are purged this often, once this old
+    markers_s: float = 600.0
 
 
 class DocumentSource:
@@ -95,6 +99,7 @@ class Binder:
         self._logged: dict[str, Any] = {}  # agent -> the unschedulable phases last logged
         self._documents_changed = asyncio.Event()
         self._no_agents = False  # logged once, not every evaluation
+        self._purged_at = -math.inf  # when the delete markers were last purged
 
     # -- the loop ----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -188,7 +193,23 @@ class Binder:
         namespaces = {a.namespace for a, _ in live.agents} | {p.namespace for p in live.policies}
         await self._drop_gone_agents(set(bindings), namespaces)
         await self._await_echo(written)
+        await self._purge_markers()
         return len(written)
+
+    async def _purge_markers(self) -> None:
+        """Purge the old markers of the discussions and agents dropped (an outage leaves
+        them for the next time)."""
+        now = self.clock.monotonic()
+        if now - self._purged_at < self.timing.markers_s:
+            return
+        self._purged_at = now
+        try:
+            purged = await self.store.purge_deleted(BINDINGS, self.timing.markers_s)
+        except StoreUnavailable as exc:
+            log.warning("delete markers not purged", error=str(exc))
+            return
+        if purged:
+            log.info("delete markers purged", bucket=BINDINGS, markers=purged)
 
     async def _drop_gone_agents(self, present: set[str], namespaces: set[str]) -> None:
         """Delete the agent bindings of agents no document declares any more, in the

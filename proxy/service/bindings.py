@@ -199,8 +199,10 @@ class Bindings:
     # -- asking the binder for a discussion binding ----------------------------------------
     def ask(self, thread: str, phase: str) -> None:
         """Once per thread and phase (again after ASK_AGAIN_S), in the background: the call
-        does not wait for the binder."""
-        if not self.shared:
+        does not wait for the binder. Only once the binder has bound this agent: it binds
+        no discussion of an agent its documents do not declare, and an ask nobody answers
+        stays in the bucket (no max age) for good, a key per thread the agent ever called."""
+        if not self.shared or self.key not in self.store.view(BINDINGS):
             return
         now = self.clock.now()
         last = self._asked.get((thread, phase))

@@ -9,7 +9,9 @@ wall clock) and its turn (`turn`: the arrival plus its slack, core/waitline.py) 
 sidecar serves a model's waiters in the same order (docs/rules.md, "Late binding"); an
 entry without a turn is due at its arrival. It lives WAIT_TTL_S and is rewritten every
 WAIT_REFRESH_S while the call waits: a sidecar that dies stops holding its place within
-seconds.
+seconds. Its `<n>` is the lowest number the sidecar has free for the model (taken back once
+the entry's delete is written): a deleted key leaves a marker in the bucket for its max age,
+so a number per call ever made would leave one marker per waiting call (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -141,10 +143,10 @@ class DemandBoard:
         self._view: tuple[tuple[int, int], float, Mapping[str, ModelDemand]] | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._waits: dict[str, WaitEntry] = {}  # this sidecar's waiting calls
+        self._numbers: dict[str, set[int]] = {}  # per model, the wait numbers in use
         # this sidecar's held plans per model: they share one intent entry, which goes with
         # the last of them
         self._intents: dict[str, int] = {}
-        self._wait_seq = itertools.count(1)
         self._own_version = 0  # moves when a wait entry of ours comes or goes
         self._refresher: asyncio.Task[None] | None = None
         self._held: dict[Copy, tuple[Held, ...]] = {}  # mine, newest first
@@ -172,7 +174,7 @@ class DemandBoard:
         """A call starts waiting for `model` (due a slot at `turn`, by default its arrival);
         it counts in this sidecar's view at once, in the others' once the write arrives."""
         arrived = self.clock.now() if since is None else since
-        entry = WaitEntry(f"{self._key('wait', model)}.{next(self._wait_seq)}", model,
+        entry = WaitEntry(f"{self._key('wait', model)}.{self._take_number(model)}", model,
                           arrived, arrived if turn is None else turn)
         self._waits[entry.key] = entry
         self._own_version += 1
@@ -180,6 +182,19 @@ class DemandBoard:
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_waits())
         await self._write_wait(entry)
         return entry
+
+    def _take_number(self, model: str) -> int:
+        used = self._numbers.setdefault(model, set())
+        number = next(n for n in itertools.count(1) if n not in used)
+        used.add(number)
+        return number
+
+    def _free_number(self, entry: WaitEntry) -> None:
+        used = self._numbers.get(entry.model)
+        if used is not None:
+            used.discard(int(entry.key.rpartition(".")[2]))
+            if not used:
+                del self._numbers[entry.model]
 
     async def _write_wait(self, entry: WaitEntry) -> None:
         await self._put(entry.key, self._wait_value(entry, self.clock.now()))
@@ -192,7 +207,7 @@ class DemandBoard:
         while self._waits:
             await asyncio.sleep(WAIT_REFRESH_S)
             for entry in list(self._waits.values()):
-                if entry.key in self._waits:
+                if self._waits.get(entry.key) is entry:  # (its number may be taken anew)
                     await self._write_wait(entry)
 
     def others_waiting(self, model: str) -> bool:
@@ -212,7 +227,10 @@ class DemandBoard:
 
     async def done_waiting(self, entry: WaitEntry) -> None:
         self.stop_waiting(entry)
-        await self._drop(entry.key)
+        try:
+            await self._drop(entry.key)
+        finally:  # (its number is used again only once the delete is written, or failed)
+            self._free_number(entry)
 
     async def intend(self, model: str) -> None:
         self._intents[model] = self._intents.get(model, 0) + 1
@@ -251,8 +269,13 @@ class DemandBoard:
             await self._bump(self._key("use", model), {}, count)
         if self._held_unwritten:
             self._held_unwritten = False
+            now = self.clock.now()
+            # (what no cache is expected to hold any more goes: copies of models run once,
+            # or removed, would stay in every write)
+            self._held = {copy: kept for copy, held in self._held.items()
+                          if (kept := tuple(h for h in held if now - h.at < CACHE_TTL_S))}
             await self._put(f"cache.{self.agent}", {
-                "expiresAt": self.clock.now() + CACHE_TTL_S,
+                "expiresAt": now + CACHE_TTL_S,
                 "copies": [[provider, model, [list(_held_row(h)) for h in held]]
                            for (provider, model), held in self._held.items()]})
 

@@ -30,6 +30,10 @@ WATCHED_S = 15.0  # pushes stop this long after the last word from a page (three
 GATHER_S = 1.0  # the longest a gather waits for answers
 STALL_S = 0.2  # and how long it waits after the last answer for another
 MAX_TEXT = 300  # characters of an error or refusal message sent
+# Sidecars whose newest version is remembered, the least recently heard forgotten first:
+# every restart is a new instance, and a page open for weeks hears them all. One forgotten
+# and heard again asks for a gather, which is harmless.
+HEARD_KEPT = 1024
 Handler = Callable[[bytes], Awaitable[bytes | None]]
 
 
@@ -104,9 +108,11 @@ class FleetCalls(Moves):
     def merge(self, batch: Batch) -> bool:
         """Take a batch in; True if records came before it that were never heard (a push
         from a sidecar not heard since its ring moved on): the caller should gather."""
-        _, last = self.heard.get(batch.instance, (batch.sidecar, 0))
+        _, last = self.heard.pop(batch.instance, (batch.sidecar, 0))
         missed = batch.after is not None and batch.after > last
         self.heard[batch.instance] = (batch.sidecar, max(last, batch.version))
+        while len(self.heard) > HEARD_KEPT:
+            del self.heard[next(iter(self.heard))]
         for call in batch.calls:
             self.calls[batch.instance, call.seq] = (batch.sidecar, call)
         for refusal in batch.refusals:

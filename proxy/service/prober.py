@@ -47,6 +47,8 @@ PROBE_TIMEOUT_S = 2.0
 # another's wait for freed memory (5 s at most each, :101; v0.12.6 :654) and a call sent now
 # still gets it (:197-209, 414-427; v0.12.6 :106-117, 314-327). Its expiry is then unknown.
 STALE_EXPIRY_S = 6.0  # (a clock of Ollama's more than this behind the sidecar's misleads it)
+# Footprints seen per model: the newest contexts kept (see _observe)
+OBSERVED_KEPT = 16
 
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
@@ -193,6 +195,15 @@ async def _details(server: ModelServer, model: str) -> Any:
     return (await server.show({"model": model}, PROBE_TIMEOUT_S)).details()
 
 
+def _observe(seen: dict[int, int], context: int, mib: int) -> None:
+    """Note a copy seen fully on the GPU at `context`: the newest OBSERVED_KEPT contexts of a
+    model are kept (an agent may send a num_ctx per call; each is loaded, and a figure per
+    context ever loaded would grow the published state without end)."""
+    seen.pop(context, None)
+    seen[context] = mib
+    while len(seen) > OBSERVED_KEPT:
+        del seen[next(iter(seen))]
+
 class Prober:
     def __init__(self, configs: list[ProviderConfig], clients: Mapping[str, ModelServer],
                  store: StateStore | None, *, gpu_memory: GpuMemoryGauge,
@@ -259,7 +270,8 @@ class Prober:
                         if expiry >= now - STALE_EXPIRY_S:
                             loaded_expiry[model] = expiry
                 if size_vram and size_vram >= size:  # a spilled copy is no footprint
-                    observed.setdefault(model, {})[loaded_ctx[model]] = size_vram // MIB
+                    _observe(observed.setdefault(model, {}), loaded_ctx[model],
+                             size_vram // MIB)
         available = {}
         remote: dict[str, str] = {}
         digests: dict[str, str] = {}
@@ -271,6 +283,8 @@ class Prober:
                     continue
                 available[model] = int(m.get("size") or 0) // MIB
                 digests[model] = str(m.get("digest") or "")
+            for model in [m for m in observed if m not in available and m not in loaded_mib]:
+                del observed[model]  # removed from disk
         models = await self._shown_models(
             name, digests, version if isinstance(version, str) else "")
         beside = self._first_seen_beside(name, loaded_mib, loaded_ctx) \

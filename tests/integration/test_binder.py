@@ -325,3 +325,39 @@ async def test_an_agent_gone_from_the_documents_loses_its_binding_and_nothing_el
 
 async def _absent(url: str, key: str) -> bool:
     return await read(url, key) is None
+
+
+async def test_the_binder_purges_the_markers_its_deletes_leave(nats_url: str,
+                                                               tmp_path: Path) -> None:
+    """The bindings bucket has no max age: each dropped discussion's asks and binding left a
+    marker for good (50 discussions, 50 markers), replayed by every sidecar's watch."""
+    from dataclasses import replace
+
+    from proxy.adapters.nats_bus import NatsBus
+    from proxy.adapters.nats_kv import NatsOptions, NatsStore
+    from proxy.operator.binder import Binder, BinderTiming, DocumentSource
+    from proxy.operator.scheduling import Options
+    from proxy.ports import BUCKETS
+
+    now = time.time()
+    await publish_states(nats_url, state("gpu-a", now), state("gpu-b", now))
+    store = NatsStore(NatsOptions(nats_url),
+                      tuple(b for b in BUCKETS if b.name in (PROVIDER_STATE, BINDINGS)))
+    await store.start()
+    try:
+        for i in range(50):  # discussions that last asked two hours ago
+            await store.put(BINDINGS, f"ask.t{i}.mulling.{KEY}", orjson.dumps(
+                {"thread": f"t{i}", "phase": "mulling", "namespace": NAMESPACE,
+                 "agent": AGENT, "at": now - 7200}))
+        source = DocumentSource([str(write_documents(tmp_path))])
+        source.poll()
+        binder = Binder(store, NatsBus(), source, Options(),
+                        replace(BinderTiming(), markers_s=0.0))
+        await binder.evaluate()
+        assert set(store.view(BINDINGS)) == {KEY}  # the asks dropped, the agent bound
+        nc = await nats.connect(nats_url)
+        info = await nc.jetstream().stream_info(f"KV_{BINDINGS}")
+        await nc.close()
+        assert info.state.messages == 1, info.state  # the agent's binding, no markers
+    finally:
+        await store.close()

@@ -98,6 +98,28 @@ async def test_each_waiting_call_has_its_own_entry_carrying_its_turn() -> None:
     await b.close()
 
 
+async def test_waiting_calls_one_after_another_leave_no_marker_each_in_the_bucket(
+        nats_url: str) -> None:
+    """A deleted key leaves a marker in the bucket for its max age (6 h): a key per waiting
+    call ever made would leave one per call, in the stream and in every watch's replay. The
+    numbers are used again, so the markers are as many as calls that waited at once."""
+    store = NatsStore(NatsOptions(nats_url), BUCKETS)
+    await store.start()
+    board = DemandBoard(store, "crew/a")
+    together = [await board.waiting("qwen3:8b") for _ in range(3)]
+    assert len({e.key for e in together}) == 3  # calls waiting at once: an entry each
+    for entry in together:
+        await board.done_waiting(entry)
+    for _ in range(100):
+        await board.done_waiting(await board.waiting("qwen3:8b"))
+    await board.close()
+    await store.close()
+    nc = await nats.connect(nats_url)
+    info = await nc.jetstream().stream_info(f"KV_{MODEL_DEMAND}")
+    await nc.close()
+    assert info.state.messages <= 3, info.state
+
+
 async def test_the_demand_view_is_reused_only_while_the_board_is_unchanged() -> None:
     store, clock = MemoryStore(), Clock()
     board = DemandBoard(store, "crew/a", clock)
@@ -141,6 +163,24 @@ async def test_a_loops_end_and_cadence_are_shared_with_the_prompts_each_sidecar_
     await store.put(MODEL_DEMAND, "cache.crew/old", orjson.dumps({
         "expiresAt": clock.now() + 60, "copies": [["c", "m", [[1, 9, 3, 4, 5000, 100, 0.0]]]]}))
     assert [(h.finished, h.pause) for h in two.shared_caches()[("c", "m")]] == [(False, 0)]
+
+
+async def test_copies_no_cache_holds_any_more_leave_what_a_sidecar_shares(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each model ever run (agents create and remove them) kept its copy's prompts in every
+    write of the sidecar's cache entry, long after no cache was expected to hold them."""
+    monkeypatch.setattr(demand_module, "USE_FLUSH_S", 0.01)
+    store, clock = MemoryStore(), Clock()
+    board = DemandBoard(store, "crew/one", clock)
+    for i in range(50):
+        board.note_held([(("a", f"custom-{i}"), Held(1, 2, 3, 4, 500, 0, clock.now()))])
+    await board.flush_uses()
+    clock.at += demand_module.CACHE_TTL_S + 1
+    board.note_held([(("a", "qwen3:8b"), Held(1, 2, 3, 4, 500, 0, clock.now()))])
+    await board.flush_uses()
+    written = orjson.loads(store.view(MODEL_DEMAND)["cache.crew=2Fone"].value)
+    assert [row[1] for row in written["copies"]] == ["qwen3:8b"]
+    await board.close()
 
 
 async def test_demand_rates_decay_and_entries_expire() -> None:

@@ -6,12 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import nats
 import pytest
 
 from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.ports import (
+    BINDINGS,
     BUCKETS,
     MODEL_DEMAND,
     PROVIDER_STATE,
@@ -134,9 +136,21 @@ async def test_entries_expire_after_the_bucket_ttl(store: StateStore) -> None:
     written = store.version(SHORT.name)
     await asyncio.sleep(1.3)
     assert await store.get(SHORT.name, "gone") is None
-    if isinstance(store, MemoryStore):  # NATS sends watchers no marker for max-age expiry
-        assert "gone" not in store.view(SHORT.name)
-        assert store.version(SHORT.name) > written  # the view moved on: readers recompute
+    # NATS sends watchers no marker for max-age expiry: the view drops the entry itself
+    assert "gone" not in store.view(SHORT.name)
+    assert store.version(SHORT.name) > written  # the view moved on: readers recompute
+
+
+async def test_keys_of_agents_that_left_leave_the_view_with_the_bucket_ttl(
+        store: StateStore) -> None:
+    """Every sidecar that ever wrote (a use count, a cache entry, per agent and model) must
+    not stay in the views of those that run on: the view holds what the bucket holds."""
+    for i in range(200):
+        await store.put(SHORT.name, f"use.m.agent-{i}", b"1")
+    assert await _until(lambda: len(store.view(SHORT.name)) == 200)
+    await asyncio.sleep(1.3)
+    await store.put(SHORT.name, "use.m.here", b"1")  # one written since stays
+    assert await _until(lambda: set(store.view(SHORT.name)) == {"use.m.here"})
 
 
 async def test_nats_store_recovers_when_the_server_returns_empty() -> None:
@@ -189,4 +203,28 @@ async def test_a_watch_whose_consumer_is_gone_is_rebuilt_at_the_next_write(
         assert await store.replayed(5)
     finally:
         await other.close()
+        await store.close()
+
+
+async def test_old_delete_markers_are_purged_and_nothing_else(nats_server: NatsServer) -> None:
+    """A bucket without a max age (the bindings) keeps a marker per deleted key for good:
+    a key per discussion ever bound, replayed by every watch begun."""
+    await empty_buckets(nats_server.url, [BINDINGS])
+    store = NatsStore(NatsOptions(nats_server.url), BUCKETS)
+    await store.start()
+    try:
+        for i in range(200):
+            await store.put(BINDINGS, f"thread.t{i}.mulling", b"{}")
+            await store.delete(BINDINGS, f"thread.t{i}.mulling")
+        await store.put(BINDINGS, "crew=2Fa", b"{}")
+        await store.put(BINDINGS, "thread.t0.mulling", b"again")  # written since its delete
+        assert await store.purge_deleted(BINDINGS, older_than_s=60) == 0  # too recent
+        assert await store.purge_deleted(BINDINGS, older_than_s=0) == 199
+        nc = await nats.connect(nats_server.url)
+        info = await nc.jetstream().stream_info(f"KV_{BINDINGS}")
+        await nc.close()
+        assert info.state.messages == 2
+        assert (await store.get(BINDINGS, "thread.t0.mulling")).value == b"again"  # type: ignore[union-attr]
+        assert set(store.view(BINDINGS)) == {"crew=2Fa", "thread.t0.mulling"}
+    finally:
         await store.close()

@@ -90,18 +90,34 @@ async def test_a_thread_asks_once_and_only_with_shared_state() -> None:
     await asyncio.sleep(0)
     assert not store.view(BINDINGS)  # embedded: no binder to ask
     shared = bindings(store, shared=True)
+    await store.put(BINDINGS, "crew=2Ftooler", agent_binding())  # a binder binds the agent
     shared.for_call("mulling", None, "t.1", ask=False)  # explain only looks
     await asyncio.sleep(0.01)
-    assert not store.view(BINDINGS)
+    assert set(store.view(BINDINGS)) == {"crew=2Ftooler"}
     for _ in range(3):
         shared.for_call("mulling", None, "t.1")
     await asyncio.sleep(0.01)
-    [key] = store.view(BINDINGS)
+    [key] = set(store.view(BINDINGS)) - {"crew=2Ftooler"}
     assert key == "ask.t=2E1.mulling.crew=2Ftooler"
     ask = orjson.loads(store.view(BINDINGS)[key].value)
     assert (ask["thread"], ask["phase"], ask["namespace"], ask["agent"]) == \
         ("t.1", "mulling", "crew", "tooler")
-    assert store.view(BINDINGS)[key].revision == 1  # written once
+    assert store.view(BINDINGS)[key].revision == 2  # written once (after the agent's binding)
+
+
+async def test_threads_of_an_agent_no_binder_binds_leave_no_ask_behind() -> None:
+    """The bindings bucket has no max age: an ask no binder answers (none runs, or its
+    documents do not declare the agent) would stay for good, one per thread ever called."""
+    store = MemoryStore()
+    shared = bindings(store, shared=True)
+    for i in range(300):
+        shared.for_call("mulling", None, f"thread-{i}")
+    await asyncio.sleep(0.01)
+    assert not store.view(BINDINGS)
+    await store.put(BINDINGS, "crew=2Ftooler", agent_binding())  # now a binder binds it
+    shared.for_call("mulling", None, "thread-0")
+    await asyncio.sleep(0.01)
+    assert set(store.view(BINDINGS)) == {"crew=2Ftooler", "ask.thread-0.mulling.crew=2Ftooler"}
 
 
 async def test_bindings_the_binder_pruned_are_not_kept_decoded() -> None:

@@ -26,6 +26,16 @@ def test_nothing_known_is_the_default() -> None:
         CallLength(DEFAULT, "default")
 
 
+def test_models_asked_between_answers_are_not_each_remembered() -> None:
+    """Calls for names no provider has are weighed, and answered by no one: the lengths
+    then stay the same object for as long as they come."""
+    lengths = answered(NO_LENGTHS, "a", "qwen3:8b", 2.0)
+    for i in range(3000):
+        assert lengths.estimate("b", f"bogus-{i}", default_s=DEFAULT).source == "default"
+    assert len(lengths._most) <= 1024
+    assert lengths.estimate("b", "qwen3:8b", default_s=DEFAULT).source == "qwen3:8b on a"
+
+
 def test_the_model_on_the_card_averages_its_recent_calls() -> None:
     lengths = answered(answered(NO_LENGTHS, "a", "qwen3:8b", 2.0), "a", "qwen3:8b", 4.0)
     estimate = lengths.estimate("a", "qwen3:8b", num_predict=4000, default_s=DEFAULT)

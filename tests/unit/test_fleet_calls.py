@@ -47,6 +47,17 @@ def test_the_newest_records_across_sidecars_are_kept_within_the_bound() -> None:
     assert {i for i, _ in fleet.calls} <= {"i1", "i2", "i3"} and len(fleet.heard) == 3
 
 
+def test_sidecars_heard_over_a_long_run_are_remembered_within_a_bound() -> None:
+    """Each restart is a new instance: a page open for weeks hears thousands."""
+    fleet = FleetCalls()
+    ring = ring_of(1)
+    for n in range(3000):
+        fleet.merge(whole(ring, f"i{n}", f"ns/s{n}"))
+        fleet.merge(whole(ring, "i-steady", "ns/steady"))
+    assert len(fleet.heard) <= 1024
+    assert "i-steady" in fleet.heard and "i2999" in fleet.heard and "i0" not in fleet.heard
+
+
 def test_the_wire_round_trips_and_cuts_long_texts() -> None:
     recent = RecentCalls()
     recent.add_call("m", "a", "evict", ("old:1b",), 12, 1.5, False, "x" * 5000)

@@ -192,3 +192,50 @@ def test_a_copy_capped_at_its_trained_context_keeps_what_its_load_was_beside() -
     refused = claim(TicketSet(residents=recorded), big, view, DEFAULT_POLICY, 60, 6.0)
     assert not isinstance(refused, Admitted)
     assert "Ollama would unload a model" in refused.reason
+
+
+async def test_a_model_loaded_at_many_contexts_keeps_the_newest_footprints() -> None:
+    """An agent may send a num_ctx per call (some clients size it to the prompt): a figure
+    per context ever loaded grew the published state without end."""
+    from proxy.settings import load_settings
+
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server = _Ps()
+    prober = Prober(list(settings.providers), {"a": server}, None,  # type: ignore[dict-item]
+                    gpu_memory=None)  # type: ignore[arg-type]
+    for i in range(100):
+        server.listed = [_copy("qwen3:8b", 6000 + i, ctx=2048 + 16 * i)]
+        state = await prober.probe("a")
+    seen = state.observed["qwen3:8b"]
+    assert len(seen) <= 16
+    assert seen[2048 + 16 * 99] == 6099  # the newest stays
+    oldest, next_oldest = sorted(seen)[:2]
+    server.listed = [_copy("qwen3:8b", 7000, ctx=oldest)]  # seen again: the newest now
+    await prober.probe("a")
+    server.listed = [_copy("qwen3:8b", 6000, ctx=1024)]
+    seen = (await prober.probe("a")).observed["qwen3:8b"]
+    assert oldest in seen and next_oldest not in seen and len(seen) == 16
+
+
+async def test_footprints_of_a_model_removed_from_disk_are_forgotten() -> None:
+    from proxy.settings import load_settings
+
+    class _Disk(_Ps):
+        on_disk: list[dict[str, Any]] = []
+
+        async def tags(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+            return self.on_disk
+
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server = _Disk()
+    prober = Prober(list(settings.providers), {"a": server}, None,  # type: ignore[dict-item]
+                    gpu_memory=None)  # type: ignore[arg-type]
+    server.on_disk = [{"name": f"custom-{i}", "model": f"custom-{i}", "size": 1 << 30,
+                       "digest": f"{i:064x}"} for i in range(50)]
+    for i in range(50):  # agents create models, run them, and remove them
+        server.listed = [_copy(f"custom-{i}", 6000)]
+        await prober.probe("a")
+    server.listed, server.on_disk = [], server.on_disk[-1:]
+    assert set((await prober.probe("a")).observed) == {"custom-49:latest"}
