@@ -434,7 +434,10 @@ class NatsStore:
             else:
                 wakes = spec.wakes(entry.key, entry.key in mirror)
                 mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
-                written_at[entry.key] = _stamp(entry.created)
+                # a live write's age from its arrival, so a clock ahead of the server's
+                # cannot age it early; a replayed one's from the server's stamp
+                written_at[entry.key] = time.time() if replayed.is_set() else \
+                    _stamp(entry.created)
                 if replayed.is_set():
                     self._next_expiry[bucket] = min(self._next_expiry[bucket],
                                                     written_at[entry.key] + self._ttl[bucket])
