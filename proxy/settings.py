@@ -55,6 +55,15 @@ def check_model_name(name: str) -> str:
     return name
 
 
+def same_server(endpoint: str) -> str:
+    """An endpoint as the server it reaches: scheme and host in lower case, the default
+    port spelled out, no trailing slash."""
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}" \
+        f"{parts.path.rstrip('/')}"
+
+
 class ProviderConfig(BaseModel):
     """One Ollama server (one GPU) the sidecar may place calls on."""
 
@@ -243,6 +252,16 @@ class Settings(BaseSettings):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate provider name(s): {', '.join(duplicates)}")
+        # One Ollama under two names would have its GPU's memory counted twice: loads placed
+        # "beside" each other on one card, which Ollama spills or evicts.
+        by_server: dict[str, str] = {}
+        for provider in value:
+            server = same_server(provider.endpoint)
+            if server in by_server:
+                raise ValueError(f"providers {by_server[server]!r} and {provider.name!r} "
+                                 f"have one endpoint ({provider.endpoint}): one Ollama is "
+                                 "one provider")
+            by_server[server] = provider.name
         return value
 
     @field_validator("model_model", "triage_model_model_id")

@@ -59,3 +59,20 @@ def test_well_formed_model_settings_start_serve() -> None:
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("http://localhost:11501", "http://localhost:11501/"),
+    ("http://localhost:11501", "http://LOCALHOST:11501"),
+    ("http://gpu-0.ollama", "http://gpu-0.ollama:80"),
+])
+def test_one_ollama_under_two_provider_names_ends_serve_with_one_line(first: str, second: str
+                                                                      ) -> None:
+    # Its GPU's memory would count twice: two loads "beside" each other on one card.
+    providers = (f'[{{"name": "gpu-a", "endpoint": "{first}"}}, '
+                 f'{{"name": "gpu-b", "endpoint": "{second}"}}]')
+    done = serve(KUBEMOOT_PROVIDERS=providers)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == (
+        "kubemoot-proxy: bad configuration: KUBEMOOT_PROVIDERS: providers 'gpu-a' and 'gpu-b' "
+        f"have one endpoint ({second.rstrip('/')}): one Ollama is one provider\n")
