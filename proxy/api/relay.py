@@ -548,6 +548,23 @@ def engine_error(data: bytes) -> str:
     return data[:200].decode(errors="replace").strip() or "no message"
 
 
+def not_ollamas(content_type: str | None, data: bytes | None) -> str | None:
+    """Why a successful answer cannot be Ollama's, or None: Ollama answers JSON, NDJSON or
+    (its OpenAI and Anthropic layers) server-sent events. Something else answering at the
+    endpoint (an ingress's or a sign-in proxy's HTML page) is the provider's failure, not
+    the call's answer."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media and not media.endswith("json") and media != "text/event-stream":
+        return f"the answer is {media}, not Ollama's JSON (is something else at the endpoint?)"
+    if data is None or media == "text/event-stream" or media.endswith("ndjson"):
+        return None
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return f"the answer is not JSON: {data[:100].decode(errors='replace').strip()!r}"
+    return None
+
+
 class ClientGone(Exception):
     """The agent closed its connection before the answer began."""
 
@@ -697,6 +714,10 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                                           began=False))
         return Response(status_code=499)
 
+    if upstream.status_code < 400 and (alien := not_ollamas(upstream.content_type, data)):
+        if data is None:
+            await upstream.aclose()
+        return failed(f"HTTP {upstream.status_code}: {alien}")
     if data is None:
         attempts.answering()
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,
