@@ -317,12 +317,13 @@ class RelayStream(StreamingResponse):
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
-            elif self.end_event and not self._answered:
-                # the agent must hear of the failure, and it is not a finished call
+            elif self._last_mark and not self._answered:
+                # the agent must hear of the failure, and it is not a finished call (Ollama
+                # ends every stream with `"done":true` or its error line)
                 self._ok = False
                 self._error = (f"provider {self.attempt.provider} ended the stream without "
-                               f"{self.end_event.decode().removeprefix('data: ')}: the engine "
-                               "failed mid-answer")
+                               f"{self._last_mark.decode().removeprefix('data: ')}: the "
+                               "engine failed mid-answer")
                 closing = (b"" if ended_with_newline else b"\n") + stream_error_line(
                     self._error, self.dialect)
             self._ended = True
