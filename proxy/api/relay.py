@@ -536,9 +536,13 @@ def shift_payload(attempt: Attempt, shift: object, options: object) -> dict[str,
     return {"options": kept}
 
 
+HTML_TITLE = re.compile(rb"<title[^>]*>\s*(.*?)\s*</title>", re.IGNORECASE | re.DOTALL)
+
+
 def engine_error(data: bytes) -> str:
     """The message of an error answer in any dialect (Ollama's `error` string, OpenAI's and
-    Anthropic's `error.message`), else the start of the body."""
+    Anthropic's `error.message`); an HTML page's title (an ingress's 502, a sign-in
+    proxy's 401); else the start of the body."""
     with contextlib.suppress(orjson.JSONDecodeError):
         body = orjson.loads(data)
         error = body.get("error") if isinstance(body, dict) else None
@@ -546,6 +550,8 @@ def engine_error(data: bytes) -> str:
             error = error.get("message")
         if isinstance(error, str) and error:
             return error[:300]
+    if title := HTML_TITLE.search(data[:8192]):
+        return f"{title.group(1)[:200].decode(errors='replace')} (an HTML page, not Ollama's)"
     return data[:200].decode(errors="replace").strip() or "no message"
 
 

@@ -158,3 +158,21 @@ def test_a_provider_that_is_no_ollama_is_logged_with_what_it_answered() -> None:
         proc.kill()
         proc.communicate()
         web.stop()
+
+
+def test_an_ingress_error_page_is_named_by_its_title(sidecar_factory: Sidecars) -> None:
+    page = ("<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad "
+            "Gateway</h1></center><hr><center>nginx</center></body></html>")
+    engine = ThreadedServer(Starlette(routes=[Route(
+        "/api/chat", lambda request: HTMLResponse(page, 502), methods=["POST"])]),
+        name="engine").start()
+    try:
+        url = sidecar_factory(model_endpoint=engine.url, model_model="qwen3:8b").url
+        r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:8b", "messages": HI},
+                       timeout=30)
+        assert r.status_code == 502, r.text
+        assert r.json() == {"error": "provider static failed before answering: HTTP 502: 502 "
+                                     "Bad Gateway (an HTML page, not Ollama's)",
+                            "reason": "upstream-failed", "model": "qwen3:8b"}
+    finally:
+        engine.stop()
