@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import orjson
@@ -202,10 +202,12 @@ class SidecarApi:
                  max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
                  readiness: Callable[[], bool], shared_state: Callable[[], str],
                  prompt_tokens: Callable[[CallRequest], int],
-                 probed_version: Callable[[], str | None] = lambda: None) -> None:
+                 probed_version: Callable[[], str | None] = lambda: None,
+                 unreachable: Callable[[], Collection[str]] = frozenset) -> None:
         self.calls = calls
         self.pool = pool
         self.holders = holders
+        self.unreachable = unreachable  # providers whose last probe found them down
         self.unload = unload
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
@@ -267,7 +269,7 @@ class SidecarApi:
         """The first provider's version; when none answers, the version one reported last
         (here or to the prober); when none ever did, 503: a made-up version would tell a
         client something no server said."""
-        for _, client in self.pool.everything():
+        for _, client in self._answering():
             try:
                 version = await client.version(2.0)
             except UpstreamError:
@@ -286,7 +288,7 @@ class SidecarApi:
         """Whether cloud models run (Ollama's /api/status, from 0.17): the first provider's
         answer. The sidecar sends a cloud model's calls through a provider's Ollama, so that
         Ollama's settings are the ones that hold."""
-        for _, client in self.pool.everything():
+        for _, client in self._answering():
             try:
                 answer = await client.fetch("/api/status", 2.0)
             except UpstreamError:
@@ -296,11 +298,19 @@ class SidecarApi:
         return error_response(404, "not-found", "no provider answered GET /api/status "
                               "(Ollama serves it from 0.17)")
 
+    def _answering(self) -> list[tuple[str, ModelServer]]:
+        """The providers to ask a question all of them may answer (`/api/tags`, `/api/ps`,
+        the version): those known down are left out, so that one dead card does not hold
+        every such answer for its timeout; all of them when every one is."""
+        everything = self.pool.everything()
+        down = self.unreachable()
+        return [(n, c) for n, c in everything if n not in down] or everything
+
     async def _gather(self, listing: Callable[[ModelServer], Awaitable[list[ModelEntry]]]
                       ) -> list[tuple[str, list[ModelEntry]]]:
         """Each provider's models as `listing` asks for them; those that did not answer are
         left out."""
-        targets = self.pool.everything()
+        targets = self._answering()
         results = await asyncio.gather(*(listing(c) for _, c in targets),
                                        return_exceptions=True)
         return [(name, r) for (name, _), r in zip(targets, results, strict=True)
@@ -396,7 +406,7 @@ class SidecarApi:
             return error_response(400, "bad-request", "field 'model': model is required")
         holders = self.holders(model)
         candidates = [self.pool.clients[h] for h in holders] or [
-            c for _, c in self.pool.everything()]
+            c for _, c in self._answering()]
         last: Response | None = None
         for client in candidates:
             try:
@@ -487,7 +497,7 @@ class SidecarApi:
         """A cloud model's OpenAI model object, as the first provider that sends the
         question on to its cloud answers it (0.18+, cloud_proxy.go
         cloudModelPathPassthroughMiddleware); None when none does."""
-        for _, client in self.pool.everything():
+        for _, client in self._answering():
             try:
                 answer = await client.fetch(f"/v1/models/{name}", client.timeouts.first_byte_s)
             except UpstreamError:

@@ -6,8 +6,10 @@ another card takes the call where one can."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
 from proxy.app import build_app
 from proxy.settings import load_settings
-from tests.conftest import provider_entry
+from tests.conftest import eventually, provider_entry
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -176,3 +178,32 @@ def test_an_ingress_error_page_is_named_by_its_title(sidecar_factory: Sidecars) 
                             "reason": "upstream-failed", "model": "qwen3:8b"}
     finally:
         engine.stop()
+
+
+def test_a_card_that_accepts_and_never_answers_holds_no_listing_once_probed(
+        sim_factory: Sims) -> None:
+    # A hung node: its port takes connections (the kernel's backlog) and says nothing.
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    try:
+        gpu = sim_factory("gpu")
+        sidecar = ThreadedServer(build_app(load_settings(providers=[
+            provider_entry(gpu), {"name": "hung", "endpoint":
+                                  f"http://127.0.0.1:{hole.getsockname()[1]}"}])),
+            name="sidecar").start()
+        try:
+            url = sidecar.url
+            assert eventually(lambda: [p["ready"] for p in httpx.get(
+                f"{url}/kubemoot/v1/state").json()["providers"]] == [True, False], 15)
+            for path in ("/api/tags", "/api/ps", "/api/version", "/v1/models"):
+                started = time.monotonic()
+                r = httpx.get(url + path, timeout=30)
+                assert r.status_code == 200, (path, r.text)
+                assert time.monotonic() - started < 1.5, path  # not the 3 s of the hung card
+            assert "qwen3:8b" in {m["name"] for m in httpx.get(f"{url}/api/tags").json()[
+                "models"]}
+        finally:
+            sidecar.stop()
+    finally:
+        hole.close()
