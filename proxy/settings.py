@@ -37,7 +37,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from proxy.core.models import model_ref, ollama_name_parts, valid_name_part
+from proxy.core.models import model_key, model_ref, ollama_name_parts, valid_name_part
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
 ENV_PREFIX = "KUBEMOOT_"
@@ -239,6 +239,19 @@ class Settings(BaseSettings):
     @classmethod
     def _candidates(cls, value: Any) -> Any:
         return _parse_json_or_file(value, "candidates")
+
+    @field_validator("model_candidates_mulling", "model_candidates_triage")
+    @classmethod
+    def _one_entry_per_model(cls, value: list[CandidateModel]) -> list[CandidateModel]:
+        # Two entries of one model (as Ollama matches names) would give it two scores.
+        seen: dict[str, str] = {}
+        for entry in value:
+            key = model_key(entry.model)
+            if key in seen:
+                raise ValueError(f"{entry.model!r} is listed twice (also as {seen[key]!r}); "
+                                 "one entry per model")
+            seen[key] = entry.model
+        return value
 
     @field_validator("providers", mode="before")
     @classmethod

@@ -26,6 +26,10 @@ def serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
      "KUBEMOOT_MODEL_MODEL: 'bad model!!' is not a model name as Ollama reads one"),
     ({"KUBEMOOT_MODEL_CANDIDATES_TRIAGE": '[{"model": "qwen3:8b!", "score": 5}]'},
      "KUBEMOOT_MODEL_CANDIDATES_TRIAGE[0].model: 'qwen3:8b!' is not a model name"),
+    ({"KUBEMOOT_MODEL_CANDIDATES_MULLING": '[{"model": "qwen3:8b", "score": 70}, '
+                                           '{"model": "Qwen3:8B", "score": 10}]'},
+     "KUBEMOOT_MODEL_CANDIDATES_MULLING: 'Qwen3:8B' is listed twice (also as 'qwen3:8b'); "
+     "one entry per model"),
 ])
 def test_a_bad_model_setting_ends_serve_with_one_line(env: dict[str, str], said: str
                                                       ) -> None:
