@@ -29,7 +29,7 @@ from proxy.api.errors import (
 )
 from proxy.api.wire import past_go_duration
 from proxy.core.context import unshifted_answer_cap
-from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
+from proxy.core.engine_errors import SERVER_BUSY, body_excerpt, callers_error, prompt_too_long
 from proxy.core.models import cloud_echo, model_key, split_source
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
@@ -536,9 +536,6 @@ def shift_payload(attempt: Attempt, shift: object, options: object) -> dict[str,
     return {"options": kept}
 
 
-HTML_TITLE = re.compile(rb"<title[^>]*>\s*(.*?)\s*</title>", re.IGNORECASE | re.DOTALL)
-
-
 def engine_error(data: bytes) -> str:
     """The message of an error answer in any dialect (Ollama's `error` string, OpenAI's and
     Anthropic's `error.message`); an HTML page's title (an ingress's 502, a sign-in
@@ -550,9 +547,7 @@ def engine_error(data: bytes) -> str:
             error = error.get("message")
         if isinstance(error, str) and error:
             return error[:300]
-    if title := HTML_TITLE.search(data[:8192]):
-        return f"{title.group(1)[:200].decode(errors='replace')} (an HTML page, not Ollama's)"
-    return data[:200].decode(errors="replace").strip() or "no message"
+    return body_excerpt(data) or "no message"
 
 
 def not_ollamas(content_type: str | None, data: bytes | None) -> str | None:

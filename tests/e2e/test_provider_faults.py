@@ -143,7 +143,9 @@ def test_a_stream_closed_without_its_last_line_ends_with_an_error_line(
 
 
 def test_a_provider_that_is_no_ollama_is_logged_with_what_it_answered() -> None:
-    web = ThreadedServer(Starlette(), name="web").start()  # a 404 to every path
+    web = ThreadedServer(Starlette(routes=[Route("/{path:path}", lambda request: HTMLResponse(
+        "<html><head><title>Error response</title></head><body>404</body></html>", 404))]),
+        name="web").start()  # a web server that is no Ollama: its HTML 404 to every path
     env = {"PATH": "/usr/bin:/bin", "KUBEMOOT_LISTEN": "127.0.0.1:0",
            "KUBEMOOT_PROVIDERS": f'[{{"name": "gpu-a", "endpoint": "{web.url}"}}]'}
     proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], cwd=ROOT, env=env,
@@ -155,7 +157,8 @@ def test_a_provider_that_is_no_ollama_is_logged_with_what_it_answered() -> None:
                 break
         logged = json.loads(line)
         assert logged["endpoint"] == web.url
-        assert logged["error"].startswith(f"{web.url}/api/version: HTTP 404")
+        assert logged["error"] == (f"{web.url}/api/version: HTTP 404: Error response (an "
+                                   "HTML page, not Ollama's)")
     finally:
         proc.kill()
         proc.communicate()
