@@ -68,4 +68,3 @@ def body_excerpt(data: bytes) -> str:
     if (title := html_title(data)) is not None:
         return f"{title} (an HTML page, not Ollama's)"
     return data[:200].decode(errors="replace").strip()
-
