@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import sim_bindings, sim_checks, sim_cloud, sim_dialects, sim_output
+from . import sim_audio, sim_bindings, sim_checks, sim_cloud, sim_dialects, sim_output
 from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import (
@@ -118,6 +118,10 @@ class SimApp:
             Route("/api/tags", self.tags, methods=["GET", "HEAD"]),
             Route("/api/ps", self.ps, methods=["GET"]),
             Route("/api/status", self.status, methods=["GET"]),
+            Route("/api/me", self.whoami, methods=["POST"]),
+            *(Route(path, self.web, methods=["POST"]) for path in sim_cloud.WEB_UNAVAILABLE),
+            Route("/api/experimental/model-recommendations", self.recommendations,
+                  methods=["GET"]),
             Route("/v1/models/{model:path}", self.cloud_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
@@ -126,6 +130,7 @@ class SimApp:
                 sim_dialects.CHAT, sim_dialects.COMPLETIONS, sim_dialects.RESPONSES,
                 sim_dialects.MESSAGES)),
             Route("/v1/embeddings", self.openai_embed, methods=["POST"]),
+            Route(sim_audio.PATH, self.transcribe, methods=["POST"]),
             Route("/api/embed", self.embed, methods=["POST"]),
             Route("/api/embeddings", self.embed, methods=["POST"]),
             Route("/_sim/stats", self.stats, methods=["GET"]),
@@ -158,9 +163,30 @@ class SimApp:
         return _json(self.sim.ps())
 
     async def status(self, request: Request) -> Response:
-        if version_tuple(self.sim.config.version) < sim_cloud.STATUS_SINCE:
+        if self._before(sim_cloud.STATUS_SINCE):
             return PlainTextResponse("404 page not found", status_code=404)  # gin's own
         return _json(sim_cloud.status(self.sim.config.no_cloud))
+
+    def _before(self, since: tuple[int, int, int]) -> bool:
+        return version_tuple(self.sim.config.version) < since
+
+    async def whoami(self, request: Request) -> Response:
+        if self._before(sim_cloud.ACCOUNT_SINCE):
+            return PlainTextResponse("404 page not found", status_code=404)
+        return _json(sim_cloud.whoami(self.sim.config.name))
+
+    async def web(self, request: Request) -> Response:
+        config = self.sim.config
+        if self._before(sim_cloud.WEB_SINCE):
+            return PlainTextResponse("404 page not found", status_code=404)
+        status, answer = sim_cloud.web(request.url.path, await request.body(),
+                                       config.no_cloud, config.version)
+        return _json(answer, status)
+
+    async def recommendations(self, request: Request) -> Response:
+        if self._before(sim_cloud.RECOMMENDATIONS_SINCE):
+            return PlainTextResponse("404 page not found", status_code=404)
+        return _json(sim_cloud.recommendations())
 
     async def cloud_model(self, request: Request) -> Response:
         """A cloud model's OpenAI model object, sent on to the cloud (cloud_proxy.go
@@ -390,18 +416,37 @@ class SimApp:
         """OpenAI's and Anthropic's generation paths, through the native chat and generate."""
         self.sim.stats.requests += 1
         path = request.url.path
+        version = self.sim.config.version
+        if version_tuple(version) < sim_dialects.SERVED_SINCE.get(path, (0, 0, 0)):
+            return PlainTextResponse("404 page not found", 404)  # gin's NoRoute answer
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(path, body)
-        if wrong := sim_dialects.request_error(path, body):
+        if wrong := sim_dialects.request_error(path, body, version):
             return sim_dialects.error(path, wrong, 400)
         chat = path in sim_dialects.CHAT_PATHS
-        native = await self._run(sim_dialects.native_request(path, body), chat, request)
+        native = await self._run(sim_dialects.native_request(path, body, version), chat,
+                                 request)
         routed = sim_cloud.route(str(body.get("model") or ""), self.sim.config.version,
                                  self.sim.config.cloud_stubs)
         if isinstance(routed, sim_cloud.ToCloud):  # the cloud's own answer names its model
             body = {**body, "model": routed.echo}
-        return await sim_dialects.answer(path, native, body)
+        return await sim_dialects.answer(path, native, body, version)
+
+    async def transcribe(self, request: Request) -> Response:
+        """/v1/audio/transcriptions where the version's router has it: the form's audio
+        through the native chat."""
+        version = self.sim.config.version
+        if not sim_audio.served(version):
+            return PlainTextResponse(sim_audio.GIN_NOT_FOUND, status_code=404)
+        self.sim.stats.requests += 1
+        asked = await sim_audio.chat_request(request, version)
+        if isinstance(asked, str):
+            return sim_dialects.error(request.url.path, asked, 400)
+        native = await self._run(asked[0], True, request)
+        if native.status_code >= 400:
+            return sim_dialects.translated_error(request.url.path, native)
+        return sim_audio.answer(native, asked[1])
 
     async def openai_embed(self, request: Request) -> Response:
         """EmbeddingsMiddleware (middleware/openai.go:395-445): `""` is one input, none or

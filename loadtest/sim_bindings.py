@@ -23,7 +23,12 @@ from .sim_engine import version_tuple
 BASE64_ALPHABET = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 NEWLINES = b"\r\n"
 RAW_REFUSAL = "raw mode does not support template, system, or context"
+# The reasoning efforts each version takes (openai/openai.go thinkFromReasoningEffort):
+# max from 0.22.0, minimal, xhigh and ultra from 0.32.11; the Responses API reads none
+# before 0.22.0 (openai/responses.go)
 EFFORTS = ("", "none", "minimal", "low", "medium", "high", "max", "xhigh", "ultra")
+MAX_EFFORT_SINCE, MORE_EFFORTS_SINCE = (0, 22, 0), (0, 32, 11)
+RESPONSES_EFFORT_SINCE = (0, 22, 0)
 IMAGE_PREFIXES = ("data:;base64,", "data:image/jpeg;base64,", "data:image/jpg;base64,",
                   "data:image/png;base64,", "data:image/webp;base64,")
 ENCODING_FORMATS = ("float", "base64")
@@ -169,12 +174,25 @@ def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> s
     return None
 
 
-def effort_error(effort: Any) -> str | None:
-    """thinkFromReasoningEffort (openai/openai.go:531-546)."""
-    if effort is None or effort in EFFORTS:
+def efforts(version: str) -> tuple[str, ...]:
+    """The efforts `version` takes, "" and "none" among them."""
+    at = version_tuple(version)
+    if at >= MORE_EFFORTS_SINCE:
+        return EFFORTS
+    return ("", "none", "low", "medium", "high") + (("max",) if at >= MAX_EFFORT_SINCE else ())
+
+
+def effort_error(effort: Any, version: str, responses: bool = False) -> str | None:
+    """thinkFromReasoningEffort (openai/openai.go:531-546); before 0.32.11 each API's own
+    check, chat's quoting the effort in single quotes."""
+    if effort is None or effort in efforts(version):
         return None
-    return (f"invalid reasoning value: {go_quote(str(effort))} (must be \"minimal\", \"low\", "
-            "\"medium\", \"high\", \"xhigh\", \"ultra\", \"max\", or \"none\")")
+    if version_tuple(version) >= MORE_EFFORTS_SINCE:
+        return (f"invalid reasoning value: {go_quote(str(effort))} (must be \"minimal\", "
+                "\"low\", \"medium\", \"high\", \"xhigh\", \"ultra\", \"max\", or \"none\")")
+    named = "".join(f'"{e}", ' for e in ("high", "medium", "low", "max") if e in efforts(version))
+    quoted = go_quote(str(effort)) if responses else f"'{effort}'"
+    return f'invalid reasoning value: {quoted} (must be {named}or "none")'
 
 
 def image_url_error(content: Any) -> str | None:
@@ -195,21 +213,50 @@ def image_url_error(content: Any) -> str | None:
     return None
 
 
-def openai_chat_error(body: dict[str, Any]) -> str | None:
+GO_KINDS = {bool: "bool", dict: "map[string]interface {}", type(None): "<nil>"}
+
+
+def message_error(message: dict[str, Any]) -> str | None:
+    """FromChatRequest (openai/openai.go:559-631): content that is no text or list of parts
+    without tool calls, a part that is no text, image or audio, a tool call's arguments that
+    are no JSON object."""
+    content, calls = message.get("content"), message.get("tool_calls")
+    if isinstance(content, list):
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("text", "image_url", "input_audio") or \
+                    (kind == "text" and not isinstance(part.get("text"), str)):
+                return "invalid message format"
+    elif not isinstance(content, str) and calls is None:
+        return f"invalid message content type: {GO_KINDS.get(type(content), 'float64')}"
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        try:
+            parsed = orjson.loads(arguments or "")
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return "invalid tool call arguments"
+    return None
+
+
+def openai_chat_error(body: dict[str, Any], version: str) -> str | None:
     """ChatMiddleware's 400s before the call is made: binding, then FromChatRequest."""
     if wrong := binding_error(CHAT_FIELDS, body):
         return wrong
     if not body.get("messages"):
         return "[] is too short - 'messages'"
     for message in body.get("messages") or []:
-        if isinstance(message, dict) and (wrong := image_url_error(message.get("content"))):
+        if isinstance(message, dict) and (wrong := message_error(message) or
+                                          image_url_error(message.get("content"))):
             return wrong
     reasoning = body.get("reasoning")
     return effort_error(reasoning.get("effort") if isinstance(reasoning, dict)
-                        else body.get("reasoning_effort"))
+                        else body.get("reasoning_effort"), version)
 
 
-def anthropic_error(body: dict[str, Any]) -> str | None:
+def anthropic_error(body: dict[str, Any], version: str) -> str | None:
     """AnthropicMessagesMiddleware's 400s (middleware/anthropic.go:736-756): binding, then a
     model, a positive max_tokens and messages, in that order."""
     if wrong := binding_error(MESSAGES_FIELDS, body):
@@ -221,17 +268,166 @@ def anthropic_error(body: dict[str, Any]) -> str | None:
         return "max_tokens is required and must be positive"
     if not body.get("messages"):
         return "messages is required"
+    for message in body["messages"]:
+        blocks = message.get("content") if isinstance(message, dict) else None
+        for block in blocks if isinstance(blocks, list) else ():
+            if wrong := anthropic_block_error(block, version):
+                return wrong
     return None
 
 
-def openai_completion_error(body: dict[str, Any]) -> str | None:
-    return binding_error(COMPLETION_FIELDS, body)
+def anthropic_block_error(block: Any, version: str) -> str | None:
+    """anthropic.go convertMessage: an image that is no base64 source, a tool_use without id
+    or name, an image in a tool's result likewise (read from 0.23.4)."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "image":
+        source = block.get("source")
+        return "invalid image source" if source is None else image_source_error(source)
+    if kind == "tool_use":
+        return next((f"tool_use block missing required '{key}' field"
+                     for key in ("id", "name") if not block.get(key)), None)
+    if kind == "tool_result" and version_tuple(version) >= (0, 23, 4):
+        for inner in block.get("content") if isinstance(block.get("content"), list) else ():
+            if isinstance(inner, dict) and inner.get("type") == "image":
+                source = inner.get("source")
+                if not isinstance(source, dict):
+                    return "invalid tool_result image source"
+                if wrong := image_source_error(source):
+                    return wrong
+    return None
 
 
-def responses_error(body: dict[str, Any]) -> str | None:
-    """FromResponsesRequest's reasoning effort (openai/responses.go:575)."""
+def image_source_error(source: Any) -> str | None:
+    source = source if isinstance(source, dict) else {}
+    if source.get("type") != "base64":
+        return (f"invalid image source type: {source.get('type') or ''}. "
+                "Only base64 images are supported.")
+    wrong = base64_error(str(source.get("data") or ""))
+    return f"invalid base64 image data: {wrong}" if wrong else None
+
+
+def openai_completion_error(body: dict[str, Any], version: str) -> str | None:
+    """CompletionsMiddleware: the binding (`logprobs` an int from 0.12.11), then
+    FromCompleteRequest's `stop` list of strings (openai/openai.go:790-803)."""
+    fields = COMPLETION_FIELDS if version_tuple(version) < (0, 12, 11) else \
+        (COMPLETION_FIELDS[0], {**COMPLETION_FIELDS[1], "logprobs": "int"})
+    if wrong := binding_error(fields, body):
+        return wrong
+    stop = body.get("stop")
+    for item in stop if isinstance(stop, list) else ():
+        if not isinstance(item, str):
+            kind = "[]interface {}" if isinstance(item, list) else \
+                GO_KINDS.get(type(item), "float64")
+            return f"invalid type for 'stop' field: {kind}"
+    return None
+
+
+# What each version reads of a Responses `input` (openai/responses.go
+# unmarshalResponsesInputItem, unmarshalResponsesContent): web_search_call items from
+# 0.32.10, input_file parts and lists as a function's output from 0.20.4; from 0.20.5 an
+# unknown item type is quoted and a missing one named.
+ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+PARTS = ("input_text", "input_image", "output_text")
+
+
+def responses_error(body: dict[str, Any], version: str) -> str | None:
+    """ResponsesMiddleware's 400s: `input` (its own decoder's error stops the binding), a
+    mistyped `instructions`, then FromResponsesRequest's reasoning effort (from 0.22.0)."""
+    at = version_tuple(version)
+    given = body.get("input")
+    if given is not None and not isinstance(given, str):
+        if not isinstance(given, list):
+            return ("input must be a string or array: json: cannot unmarshal "
+                    f"{_json_kind(given)} into Go value of type []json.RawMessage")
+        for index, item in enumerate(given):
+            if wrong := _item_error(item if item is not None else {}, at):
+                return f"input[{index}]: {wrong}"
+    instructions = body.get("instructions")
+    for item in given if isinstance(given, list) else ():
+        if isinstance(item, dict) and (wrong := _item_parts_error(item) or
+                                       _function_call_error(item)):
+            return wrong
+    if instructions is not None and not isinstance(instructions, str):
+        return (f"json: cannot unmarshal {_json_kind(instructions)} into Go struct field "
+                "ResponsesRequest.instructions of type string")
     reasoning = body.get("reasoning")
-    return effort_error(reasoning.get("effort")) if isinstance(reasoning, dict) else None
+    if at < RESPONSES_EFFORT_SINCE or not isinstance(reasoning, dict):
+        return None
+    return effort_error(reasoning.get("effort"), version, responses=True)
+
+
+def _item_parts_error(item: dict[str, Any]) -> str | None:
+    """convertResponsesContent (openai/responses.go:729-755): a file, an image URL that
+    decodeImageURL cannot read."""
+    kind = item.get("type") or ("message" if item.get("role") else "")
+    parts = item.get("content") if kind == "message" else item.get("output")
+    for part in parts if isinstance(parts, list) and kind in (
+            "message", "function_call_output") else ():
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "input_file":
+            return "file inputs are not currently supported"
+        url = part.get("image_url") if part.get("type") == "input_image" else None
+        if isinstance(url, str) and url and (wrong := image_url_error(
+                [{"type": "image_url", "image_url": url}])):
+            return wrong
+    return None
+
+
+def _function_call_error(item: dict[str, Any]) -> str | None:
+    """FromResponsesRequest: a function call's `arguments` ("" aside) must be a JSON object.
+    The reason after the colon is Go's own and only approximated here."""
+    arguments = item.get("arguments") if item.get("type") == "function_call" else None
+    if not isinstance(arguments, str) or not arguments:
+        return None
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return "failed to parse function call arguments: invalid JSON"
+    return None if isinstance(parsed, dict) else \
+        "failed to parse function call arguments: not a JSON object"
+
+
+def _json_kind(value: Any) -> str:
+    return "string" if isinstance(value, str) else "bool" if isinstance(value, bool) else \
+        "array" if isinstance(value, list) else "object" if isinstance(value, dict) else "number"
+
+
+def _item_error(item: Any, at: tuple[int, int, int]) -> str | None:
+    if not isinstance(item, dict):
+        return (f"json: cannot unmarshal {_json_kind(item)} into Go value of type struct "
+                '{ Type string "json:\\"type\\""; Role string "json:\\"role\\"" }')
+    kind = item.get("type") or ("message" if item.get("role") else "")
+    known = ITEMS + (("web_search_call",) if at >= (0, 32, 10) else ())
+    if kind not in known:
+        if at < (0, 20, 5):
+            return f"unknown input item type: {item.get('type') or ''}"
+        return f"unknown input item type: {go_quote(kind)}" if kind else \
+            "input item missing required 'type' field"
+    if kind == "message":
+        return _parts_error(item.get("content"), "content", at)
+    if kind == "function_call_output":
+        output = item.get("output")
+        if at < (0, 20, 4):
+            return None if output is None or isinstance(output, str) else (
+                f"json: cannot unmarshal {_json_kind(output)} into Go struct field "
+                "ResponsesFunctionCallOutput.output of type string")
+        return _parts_error(output, "output", at)
+    return None
+
+
+def _parts_error(parts: Any, name: str, at: tuple[int, int, int]) -> str | None:
+    if parts is None or isinstance(parts, str):
+        return None
+    if not isinstance(parts, list):
+        return (f"{name} must be a string or array: json: cannot unmarshal "
+                f"{_json_kind(parts)} into Go value of type []json.RawMessage")
+    known = PARTS + (("input_file",) if at >= (0, 20, 4) else ())
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(part, dict | None) and (kind or "") not in known:
+            return f"{name}[{index}]: unknown content type: {kind or ''}"
+    return None
 
 
 def encoding_format_error(body: dict[str, Any]) -> str | None:

@@ -12,8 +12,11 @@ listed by /api/tags with `remote_host` and `remote_model`, and its calls go to t
 from __future__ import annotations
 
 import hashlib
+import uuid
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from .sim_engine import version_tuple
 
@@ -120,3 +123,40 @@ def openai_model(model: str) -> dict[str, Any]:
 def status(no_cloud: bool) -> dict[str, Any]:
     """GET /api/status (server/routes.go:2146-2154)."""
     return {"cloud": {"disabled": no_cloud, "source": "env" if no_cloud else "none"}}
+
+
+# The paths whose answer comes from ollama.com, signed with this Ollama's key, from the
+# version that has each (server/routes.go: 0.12 /api/me, 0.18 the web ones, 0.24 the
+# recommendations)
+ACCOUNT_SINCE = (0, 12, 0)
+WEB_SINCE = (0, 18, 0)
+RECOMMENDATIONS_SINCE = (0, 24, 0)
+WEB_UNAVAILABLE = {"/api/experimental/web_search": "web search is unavailable",
+                   "/api/experimental/web_fetch": "web fetch is unavailable"}
+
+
+def whoami(server: str) -> dict[str, Any]:
+    """The account this Ollama is signed in with (the simulator always is): named after
+    the simulated server, so that a test sees whose answer it got."""
+    return {"id": str(uuid.uuid5(uuid.NAMESPACE_DNS, server)), "email": f"{server}@sim.invalid",
+            "name": server, "plan": "free"}
+
+
+def web(path: str, body: bytes, no_cloud: bool, version: str) -> tuple[int, dict[str, Any]]:
+    """A web search's or fetch's answer (webExperimentalProxyHandler, :2164-2182): 400 for
+    an empty body, the cloud-off 403, else results made of the query or URL."""
+    if not body.strip():
+        return 400, {"error": "missing request body"}
+    if refused := disabled(no_cloud, version, WEB_UNAVAILABLE[path]):
+        return refused.status, {"error": refused.message}
+    asked = orjson.loads(body)
+    if path.endswith("web_fetch"):
+        url = str(asked.get("url") or "")
+        return 200, {"title": url, "content": f"the page at {url}", "links": [url]}
+    query = str(asked.get("query") or "")
+    return 200, {"results": [{"title": query, "url": "https://example.invalid/",
+                              "content": f"about {query}"}]}
+
+
+def recommendations() -> dict[str, Any]:
+    return {"recommendations": [{"model": "qwen3:8b", "description": "a simulated model"}]}

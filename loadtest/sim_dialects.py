@@ -17,10 +17,15 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from . import sim_bindings
+from .sim_engine import version_tuple
+from .sim_model import CURRENT_VERSION
 from .sim_output import ANSWER_TOKENS
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
+# Paths an older Ollama has no route for: the Responses API from 0.13.3, Anthropic's
+# messages from 0.14.0 (openai/responses.go, anthropic/anthropic.go added)
+SERVED_SINCE = {RESPONSES: (0, 13, 3), MESSAGES: (0, 14, 0)}
 CHAT_PATHS = (CHAT, RESPONSES, MESSAGES)  # served by the native chat; completions by generate
 RELAX_THINKING = "relax_thinking"  # a native body's mark: think is dropped, not refused
 EFFORT_TO_THINK: dict[Any, Any] = {"none": False, "minimal": "low", "low": "low",
@@ -68,20 +73,20 @@ def _tool(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
 
 
 # -- requests -------------------------------------------------------------------------------
-def request_error(path: str, body: dict[str, Any]) -> str | None:
+def request_error(path: str, body: dict[str, Any], version: str) -> str | None:
     """The OpenAI layer's 400 for a request it cannot bind or convert, before any model."""
     if path == CHAT:
-        return sim_bindings.openai_chat_error(body)
+        return sim_bindings.openai_chat_error(body, version)
     if path == COMPLETIONS:
-        return sim_bindings.openai_completion_error(body)
+        return sim_bindings.openai_completion_error(body, version)
     if path == RESPONSES:
-        return sim_bindings.responses_error(body)
+        return sim_bindings.responses_error(body, version)
     if path == MESSAGES:
-        return sim_bindings.anthropic_error(body)
+        return sim_bindings.anthropic_error(body, version)
     return None
 
 
-def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
+def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, Any]:
     """The /api/chat or /api/generate body Ollama builds from the dialect's request."""
     native: dict[str, Any] = {"model": body.get("model"), "stream": True}
     predict = body.get({RESPONSES: "max_output_tokens", MESSAGES: "max_tokens"}.get(
@@ -99,9 +104,8 @@ def native_request(path: str, body: dict[str, Any]) -> dict[str, Any]:
         return native
     if path == RESPONSES:
         native["messages"], tools = _responses_messages(body), [
-            _tool(t.get("name"), t.get("description"), t.get("parameters"))
-            for t in body.get("tools") or [] if isinstance(t, dict)]
-        native.update(_responses_format_and_think(body))
+            tool for t in body.get("tools") or [] for tool in _responses_tools(t, version)]
+        native.update(_responses_format_and_think(body, version))
     elif path == MESSAGES:
         native["messages"], tools = _anthropic_messages(body), [
             _tool(t.get("name"), t.get("description"), t.get("input_schema"))
@@ -139,16 +143,37 @@ def _openai_format_and_think(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _responses_format_and_think(body: dict[str, Any]) -> dict[str, Any]:
+def _responses_format_and_think(body: dict[str, Any], version: str) -> dict[str, Any]:
     """responses.go:575, 602-612 FromResponsesRequest: `text.format` json_schema's schema is the
-    format (no "json" mode on this API); `reasoning.effort` a think level as on chat."""
-    out = _openai_format_and_think({"reasoning": body.get("reasoning")})
+    format (no "json" mode on this API); `reasoning.effort` a think level as on chat, from
+    0.22.0 (an older Ollama ignores it)."""
+    read = version_tuple(version) >= sim_bindings.RESPONSES_EFFORT_SINCE
+    out = _openai_format_and_think({"reasoning": body.get("reasoning") if read else None})
     text = body.get("text")
     wanted = text.get("format") if isinstance(text, dict) else None
     if isinstance(wanted, dict) and wanted.get("type") == "json_schema" and \
             wanted.get("schema") is not None:
         out["format"] = wanted["schema"]
     return out
+
+
+# From 0.32.7 a `namespace` tool is its member functions, each named `namespace.name`
+# (openai/responses.go convertTools); before, it is one function with no parameters.
+NAMESPACES_SINCE = (0, 32, 7)
+
+
+def _responses_tools(tool: Any, version: str, prefix: str = "") -> list[dict[str, Any]]:
+    if not isinstance(tool, dict):
+        return [_tool("", None, None)] if tool is None else []
+    members = tool.get("tools")
+    if tool.get("type") == "namespace" and isinstance(members, list) and \
+            version_tuple(version) >= NAMESPACES_SINCE:
+        name = tool.get("name")
+        inner = f"{prefix}{name}." if isinstance(name, str) and name else prefix
+        return [t for member in members for t in _responses_tools(member, version, inner)]
+    name = tool.get("name")
+    return [_tool(f"{prefix}{name}" if prefix and isinstance(name, str) else name,
+                  tool.get("description"), tool.get("parameters"))]
 
 
 def _anthropic_think(body: dict[str, Any]) -> dict[str, Any]:
@@ -257,8 +282,9 @@ def _ident(prefix: str) -> str:
 class OpenAIChat:
     """Chat completions (`chat.completion.chunk`) or text completions (`text_completion`)."""
 
-    def __init__(self, body: dict[str, Any], chat: bool) -> None:
+    def __init__(self, body: dict[str, Any], chat: bool, role_once: bool = True) -> None:
         self.chat, self.model = chat, str(body.get("model"))
+        self.role_once, self.role_said = role_once, False
         self.ident, self.created = _ident("chatcmpl-" if chat else "cmpl-"), int(time.time())
         options = body.get("stream_options")
         self.usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -272,6 +298,9 @@ class OpenAIChat:
     def _chunk(self, said: Said, finish: str | None) -> dict[str, Any]:
         if self.chat:
             delta = self._message(said) if finish is None else {}
+            if delta and self.role_once and self.role_said:
+                delta.pop("role")
+            self.role_said = self.role_said or bool(delta)
             return self._object("chat.completion.chunk",
                                 {"index": 0, "delta": delta, "finish_reason": finish})
         return self._object("text_completion", {"index": 0, "text": said.content,
@@ -596,12 +625,18 @@ class AnthropicMessages:
         return self._message(content, stop, final)
 
 
-def translation_for(path: str, body: dict[str, Any]) -> Translation:
+# From 0.32.6 a streamed chat names the role in its first chunk only (commit 8edecb5c6)
+ROLE_ONCE_SINCE = (0, 32, 6)
+
+
+def translation_for(path: str, body: dict[str, Any], version: str = CURRENT_VERSION
+                    ) -> Translation:
     if path == RESPONSES:
         return OpenAIResponses(body)
     if path == MESSAGES:
         return AnthropicMessages(body)
-    return OpenAIChat(body, chat=path == CHAT)
+    return OpenAIChat(body, chat=path == CHAT,
+                      role_once=version_tuple(version) >= ROLE_ONCE_SINCE)
 
 
 def _said(data: dict[str, Any]) -> Said:
@@ -611,11 +646,12 @@ def _said(data: dict[str, Any]) -> Said:
                 str(said.get("thinking", "")), list(said.get("tool_calls", ())))
 
 
-async def answer(path: str, native: Response, body: dict[str, Any]) -> Response:
+async def answer(path: str, native: Response, body: dict[str, Any],
+                 version: str = CURRENT_VERSION) -> Response:
     """The native answer in the dialect's shape: events when streaming, else one object."""
     if native.status_code >= 400:
         return translated_error(path, native)
-    shape = translation_for(path, body)
+    shape = translation_for(path, body, version)
     if not isinstance(native, StreamingResponse):  # a load-only call: nothing generated
         return _json(shape.whole(Said(), {}))
     lines: AsyncIterable[Any] = native.body_iterator

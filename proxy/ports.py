@@ -218,6 +218,7 @@ class ShowAnswer:
 
     status_code: int
     content: bytes
+    media_type: str = "application/json"
 
     def details(self) -> Any:
         """The parsed answer; UpstreamError when it is an error or not JSON."""
@@ -260,6 +261,12 @@ class ModelServer(Protocol):
     async def show(self, body: dict[str, Any], timeout_s: float | None = None
                    ) -> ShowAnswer:
         """/api/show with the body given; an error status is an answer, not an exception."""
+        ...
+
+    async def post(self, path: str, content: bytes, timeout_s: float | None = None
+                   ) -> ShowAnswer:
+        """POST `content` as it came to `path` (what the sidecar passes through: the
+        account's and the web search's paths); an error status is an answer."""
         ...
 
     async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None,

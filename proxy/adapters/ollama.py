@@ -139,8 +139,11 @@ class OllamaClient:
         return list((await self._object("/api/ps", timeout_s)).get("models") or [])
 
     async def fetch(self, path: str, timeout_s: float | None = None) -> ShowAnswer:
-        response = await self._request("GET", path, None, timeout_s)
-        return ShowAnswer(response.status_code, response.content)
+        return _answer(await self._request("GET", path, None, timeout_s))
+
+    async def post(self, path: str, content: bytes, timeout_s: float | None = None
+                   ) -> ShowAnswer:
+        return _answer(await self._request("POST", path, content, timeout_s))
 
     async def tags(self, timeout_s: float | None = None) -> list[ModelEntry]:
         return list((await self._object("/api/tags", timeout_s)).get("models") or [])
@@ -171,17 +174,17 @@ class OllamaClient:
 
     async def show(self, body: dict[str, Any], timeout_s: float | None = None
                    ) -> ShowAnswer:
-        response = await self._request("POST", "/api/show", body, timeout_s)
-        return ShowAnswer(response.status_code, response.content)
+        return _answer(await self._request("POST", "/api/show", body, timeout_s))
 
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None,
+    async def _request(self, method: str, path: str, body: dict[str, Any] | bytes | None,
                        timeout_s: float | None) -> httpx.Response:
         # A long wait for the answer (a load) must not mean a long wait to connect
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, self.timeouts.connect_s)) \
             if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+        content = orjson.dumps(body) if isinstance(body, dict) else body
         try:
             return await self._client.request(
-                method, path, content=orjson.dumps(body) if body is not None else None,
+                method, path, content=content,
                 headers=JSON_HEADERS if body is not None else None, timeout=timeout)
         except TRANSPORT_ERRORS as exc:
             raise UpstreamError(f"{self.endpoint}{path}: {describe(exc)}") from exc
@@ -206,3 +209,9 @@ class OllamaClient:
         """Ask Ollama to release a model (`keep_alive: 0`); it returns at once."""
         await self._post_json("/api/generate", {"model": model, "keep_alive": 0},
                              self.timeouts.connect_s + 5)
+
+
+def _answer(response: httpx.Response) -> ShowAnswer:
+    """An answer passed through: status, bytes and media type as the server sent them."""
+    kind = response.headers.get("content-type", "application/json").split(";")[0].strip()
+    return ShowAnswer(response.status_code, response.content, kind or "application/json")

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.context import NEWEST, Version
 from proxy.core.models import full_model_name
 
 # The paths Ollama serves with its chat handler and with its generate handler (the OpenAI
@@ -20,14 +21,37 @@ GENERATE_PATHS = frozenset(("/api/generate", "/v1/completions"))
 EMBED, LEGACY_EMBED, OPENAI_EMBED = "/api/embed", "/api/embeddings", "/v1/embeddings"
 # ThinkValue.Bool (api/types.go:1166-1180): true, or one of these levels
 THINKING = frozenset(("high", "medium", "low", "max"))
-# OpenAI's reasoning efforts that Ollama turns into thinking (openai/openai.go:531-546;
-# "none" turns it off, an unknown one is refused by Ollama itself)
-THINKING_EFFORTS = frozenset(("minimal", "low", "medium", "high", "max", "xhigh", "ultra"))
+# OpenAI's reasoning efforts each Ollama takes ("none" turns thinking off; any other is its
+# 400, layers.effort_error): high, medium and low; max from 0.22 (commit c2ebb4d57); minimal,
+# xhigh and ultra from 0.32.11 (openai/openai.go thinkFromReasoningEffort, commit 01d04d50f)
+EFFORTS_BY_VERSION: tuple[tuple[Version, tuple[str, ...]], ...] = (
+    ((0, 0, 0), ("high", "medium", "low")),
+    ((0, 22, 0), ("max",)),
+    ((0, 32, 11), ("minimal", "xhigh", "ultra")))
+# The Responses API reads `reasoning.effort` from 0.22 (openai/responses.go, commit
+# ea01af6f7); an older Ollama ignores it, and the call asks for no thinking.
+RESPONSES_EFFORT_SINCE: Version = (0, 22, 0)
 
 Needs = tuple[tuple[str, str], ...]
 
 
-def call_needs(path: str, body: dict[str, Any], model: str) -> Needs:
+def thinking_efforts(version: Version) -> frozenset[str]:
+    """The reasoning efforts that ask Ollama `version` to think."""
+    return frozenset(effort for since, efforts in EFFORTS_BY_VERSION if version >= since
+                     for effort in efforts)
+
+
+def reasoning_effort(path: str, body: dict[str, Any]) -> Any:
+    """The effort a call on OpenAI's chat or Responses API asks for: `reasoning.effort`
+    when `reasoning` is given (an object), else the chat's `reasoning_effort`."""
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict):
+        return reasoning.get("effort")
+    return body.get("reasoning_effort") if path == "/v1/chat/completions" else None
+
+
+def call_needs(path: str, body: dict[str, Any], model: str,
+               version: Version = NEWEST) -> Needs:
     """The capabilities the call needs, each with Ollama's refusal, in the order Ollama
     checks them: thinking asked of a model that cannot think (`think`; on the OpenAI paths
     a reasoning effort, openai/openai.go:697-705 and responses.go:575; the Anthropic layer
@@ -46,7 +70,7 @@ def call_needs(path: str, body: dict[str, Any], model: str) -> Needs:
         return ()
     quoted = orjson.dumps(model).decode()  # Go's %q of a plain name
     needs: list[tuple[str, str]] = []
-    if thinks(path, body):
+    if thinks(path, body, version):
         needs.append(("thinking", f"{quoted} does not support thinking"))
     needs.append(("completion", f"{quoted} does not support {verb}"))
     tools = body.get("tools")
@@ -58,16 +82,16 @@ def call_needs(path: str, body: dict[str, Any], model: str) -> Needs:
     return tuple(needs)
 
 
-def thinks(path: str, body: dict[str, Any]) -> bool:
-    """Whether the call asks the model to think."""
+def thinks(path: str, body: dict[str, Any], version: Version = NEWEST) -> bool:
+    """Whether the call asks the model to think, as Ollama `version` reads it."""
     if path in ("/api/chat", "/api/generate"):
         think = body.get("think")
         return think is True or (isinstance(think, str) and think in THINKING)
+    if path == "/v1/responses" and version < RESPONSES_EFFORT_SINCE:
+        return False
     if path in ("/v1/chat/completions", "/v1/responses"):
-        reasoning = body.get("reasoning")
-        effort = reasoning.get("effort") if isinstance(reasoning, dict) else \
-            body.get("reasoning_effort") if path == "/v1/chat/completions" else None
-        return isinstance(effort, str) and effort in THINKING_EFFORTS
+        effort = reasoning_effort(path, body)
+        return isinstance(effort, str) and effort in thinking_efforts(version)
     return False
 
 

@@ -247,7 +247,7 @@ class KubemootApi:
         size, digests, shared, _ = await off_loop(request.state.large_body, measure, body)
         call = CallRequest("/api/chat", model, phase, prompt=size,
                            can_wait=can_wait, num_ctx=wire.requested_num_ctx(body),
-                           num_predict=answer_cap(body), conversation=digests,
+                           num_predict=answer_cap(None, body), conversation=digests,
                            shared_prompt=shared)
         spec = self.scheduler.spec(call, candidates)
         snapshot = self.scheduler.snapshot(self.scheduler.clock.now())

@@ -15,6 +15,12 @@ from typing import Any
 
 import orjson
 
+from proxy.api.capabilities import (
+    EFFORTS_BY_VERSION,
+    RESPONSES_EFFORT_SINCE,
+    reasoning_effort,
+    thinking_efforts,
+)
 from proxy.api.wire import go_quoted
 from proxy.core.context import Version
 
@@ -273,13 +279,15 @@ def _tool_calls_error(calls: Any, version: Version) -> str | None:
 
 
 def format_error(path: str, body: dict[str, Any]) -> str | None:
-    """What Ollama answers a call with a `format` (on OpenAI's chat, a json_schema's
-    `schema`) that is neither "json" nor a JSON schema object, once its model is loaded
-    (llm/server.go Completion; llm/llama_server.go from 0.30: a 500). Go quotes the
+    """What Ollama answers a call with a `format` (on OpenAI's chat and Responses API, a
+    json_schema's `schema`) that is neither "json" nor a JSON schema object, once its model
+    is loaded (llm/server.go Completion; llm/llama_server.go from 0.30: a 500). Go quotes the
     field's bytes as sent; here they are the value written compactly. A load (no prompt,
     no messages) never gets that far."""
     if path == "/v1/chat/completions":
         runs, wanted = body.get("messages"), _openai_format(body)
+    elif path == "/v1/responses":
+        runs, wanted = body.get("input") or body.get("instructions"), _responses_format(body)
     elif path in ("/api/chat", "/api/generate"):
         runs = body.get("messages") if path == "/api/chat" else body.get("prompt")
         wanted = body.get("format")
@@ -389,7 +397,112 @@ def chat_error(body: dict[str, Any], version: Version) -> str | None:
     messages = body.get("messages")
     if messages is None or messages == []:
         return "[] is too short - 'messages'"
+    return next((wrong for message in messages if isinstance(message, dict) and
+                 (wrong := openai_message_error(message, version))), None) or \
+        effort_error("/v1/chat/completions", body, version)
+
+
+INVALID_MESSAGE = "invalid message format"
+INVALID_IMAGE = "invalid image input"
+INVALID_ARGUMENTS = "invalid tool call arguments"
+# From 0.14.2 an image given by URL gets words of its own, and an image that is no base64
+# is INVALID_IMAGE (before, INVALID_MESSAGE); `input_audio` parts from 0.20.0.
+IMAGE_URL_WORDS_SINCE: Version = (0, 14, 2)
+IMAGE_URLS = "image URLs are not currently supported, please use base64 encoded data instead"
+INPUT_AUDIO_SINCE: Version = (0, 20, 0)
+IMAGE_PREFIXES = tuple(f"data:image/{kind};base64," for kind in ("jpeg", "jpg", "png", "webp"))
+# Go's %T of a JSON value decoded into `any`
+GO_TYPES = {bool: "bool", int: "float64", float: "float64", dict: "map[string]interface {}",
+            type(None): "<nil>"}
+
+
+def openai_message_error(message: dict[str, Any], version: Version) -> str | None:
+    """FromChatRequest's refusal of a message: content that is neither text nor a list of
+    parts (without tool calls), a part it cannot read, a tool call whose `arguments` are no
+    JSON object."""
+    content, calls = message.get("content"), message.get("tool_calls")
+    if isinstance(content, str):
+        return _arguments_error(calls, version)
+    if isinstance(content, list):
+        return next((wrong for part in content if (wrong := _part_error(part, version))),
+                    None) or _arguments_error(calls, version)
+    if calls is None:
+        return f"invalid message content type: {_go_type(content)}"
+    return _arguments_error(calls, version)
+
+
+def _part_error(part: Any, version: Version) -> str | None:
+    if not isinstance(part, dict):
+        return INVALID_MESSAGE
+    kind = part.get("type")
+    if kind == "text":
+        return None if isinstance(part.get("text"), str) else INVALID_MESSAGE
+    if kind == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        return _image_url_error(url, version) if isinstance(url, str) else INVALID_MESSAGE
+    if kind == "input_audio" and version >= INPUT_AUDIO_SINCE:
+        audio = part.get("input_audio")
+        if not isinstance(audio, dict):
+            return "invalid input_audio format"
+        data = audio.get("data")
+        if not isinstance(data, str):
+            return "invalid input_audio format: missing data"
+        wrong = base64_error(data)
+        return f"invalid input_audio base64 data: {wrong}" if wrong else None
+    return INVALID_MESSAGE
+
+
+def _image_url_error(url: str, version: Version) -> str | None:
+    """decodeImageURL: a data URI of a JPEG, PNG or WebP image (or none named) in base64."""
+    newer = version >= IMAGE_URL_WORDS_SINCE
+    if newer and url.startswith(("http://", "https://")):
+        return IMAGE_URLS
+    prefix = next((p for p in ("data:;base64,", *IMAGE_PREFIXES) if url.startswith(p)), None)
+    if prefix is None:
+        return INVALID_IMAGE
+    if base64_error(url[len(prefix):]) is None:
+        return None
+    return INVALID_IMAGE if newer else INVALID_MESSAGE
+
+
+def _arguments_error(calls: Any, version: Version) -> str | None:
+    """FromCompletionToolCall: each call's `arguments` a JSON object as text (null too before
+    0.14, into a plain map)."""
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        try:
+            parsed = orjson.loads(arguments or "")
+        except orjson.JSONDecodeError:
+            return INVALID_ARGUMENTS
+        if not isinstance(parsed, dict) and (parsed is not None or
+                                             version >= ORDERED_MAPS_SINCE):
+            return INVALID_ARGUMENTS
     return None
+
+
+# thinkFromReasoningEffort's words from 0.32.11, each effort quoted as %q; before, chat's
+# quoted the effort in single quotes and the Responses API's as %q, each naming its levels
+SHARED_EFFORT_WORDS_SINCE: Version = EFFORTS_BY_VERSION[-1][0]
+
+
+def effort_error(path: str, body: dict[str, Any], version: Version) -> str | None:
+    """FromChatRequest's and FromResponsesRequest's refusal of a reasoning effort the
+    version does not take (the Responses API reads none before 0.22)."""
+    effort = reasoning_effort(path, body)
+    if path == "/v1/responses" and version < RESPONSES_EFFORT_SINCE:
+        return None
+    if not isinstance(effort, str) or not effort or effort == "none" or \
+            effort in thinking_efforts(version):
+        return None
+    if version >= SHARED_EFFORT_WORDS_SINCE:
+        return (f"invalid reasoning value: {go_quoted(effort)} (must be \"minimal\", \"low\", "
+                '"medium", "high", "xhigh", "ultra", "max", or "none")')
+    levels = "".join(f'"{level}", ' for level in ("high", "medium", "low", "max")
+                     if level in thinking_efforts(version))
+    quoted = go_quoted(effort) if path == "/v1/responses" else f"'{effort}'"
+    return f'invalid reasoning value: {quoted} (must be {levels}or "none")'
 
 
 def response_format_error(wanted: Any) -> str | None:
@@ -465,6 +578,15 @@ def _openai_format(body: dict[str, Any]) -> Any:
     return schema.get("schema") if isinstance(schema, dict) else None
 
 
+def _responses_format(body: dict[str, Any]) -> Any:
+    """The `format` Ollama's Responses layer makes of `text.format`: a json_schema's
+    `schema` as it is (openai/responses.go FromResponsesRequest)."""
+    text = body.get("text")
+    wanted = text.get("format") if isinstance(text, dict) else None
+    return wanted.get("schema") if isinstance(wanted, dict) and \
+        wanted.get("type") == "json_schema" else None
+
+
 def stream_options_error(struct: str, options: Any) -> str | None:
     """openai.StreamOptions bound: an object whose `include_usage` is a boolean."""
     if options is None:
@@ -475,15 +597,32 @@ def stream_options_error(struct: str, options: Any) -> str | None:
                           options.get("include_usage"), "bool")
 
 
-def completion_error(body: dict[str, Any]) -> str | None:
+# CompletionRequest's `logprobs`, an int, from 0.12.11 (commit 59241c5be)
+COMPLETION_LOGPROBS: tuple[dict[str, str], Version] = ({"logprobs": "int"}, (0, 12, 11))
+
+
+def completion_error(body: dict[str, Any], version: Version) -> str | None:
     """CompletionsMiddleware's binding: its typed fields (a prompt is one string, no list
-    of prompts or tokens), stream_options."""
+    of prompts or tokens), stream_options; then FromCompleteRequest's refusal of a `stop`
+    list with an item that is no string."""
+    kinds = {**COMPLETION_FIELDS[1],
+             **(COMPLETION_LOGPROBS[0] if version >= COMPLETION_LOGPROBS[1] else {})}
     for key, value in body.items():
-        if wrong := binding_error(COMPLETION_FIELDS, {key: value}) or (
+        if wrong := binding_error((COMPLETION_FIELDS[0], kinds), {key: value}) or (
                 stream_options_error("CompletionRequest", value)
                 if key == "stream_options" else None):
             return wrong
-    return None
+    stop = body.get("stop")
+    odd = next((item for item in stop if not isinstance(item, str)), "") \
+        if isinstance(stop, list) else ""
+    return None if isinstance(odd, str) else \
+        f"invalid type for 'stop' field: {_go_type(odd)}"
+
+
+def _go_type(value: Any) -> str:
+    """Go's %T of a JSON value decoded into `any`."""
+    return "[]interface {}" if isinstance(value, list) else \
+        GO_TYPES.get(type(value), "float64")
 
 
 def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
@@ -519,11 +658,20 @@ def _fields_error(struct: str, at: str, value: dict[str, Any], kinds: dict[str, 
                  (wrong := _scalar_misfit(struct, f"{at}.{key}", item, kinds[key]))), None)
 
 
-def anthropic_field_error(key: str, value: Any) -> str | None:
+# MessagesRequest's output_config (its effort a thinking level), from 0.23.4
+OUTPUT_CONFIG: tuple[tuple[str, str, dict[str, str]], Version] = (
+    ("OutputConfig", "anthropic.OutputConfig", {"effort": "string"}), (0, 23, 4))
+
+
+def anthropic_field_error(key: str, value: Any, version: Version) -> str | None:
     """MessagesRequest's nested fields bound: stop_sequences, tools, tool_choice, thinking,
-    metadata."""
+    metadata, output_config (from 0.23.4)."""
     if value is None:
         return None
+    if key == "output_config" and version >= OUTPUT_CONFIG[1]:
+        struct, go_type, kinds = OUTPUT_CONFIG[0]
+        return _go_misfit("MessagesRequest", key, value, go_type) \
+            if not isinstance(value, dict) else _fields_error(struct, key, value, kinds)
     if key == "stop_sequences":
         return _strings_error("MessagesRequest", key, value)
     if key == "tools":
@@ -538,12 +686,13 @@ def anthropic_field_error(key: str, value: Any) -> str | None:
     return None
 
 
-def messages_error(body: dict[str, Any]) -> str | None:
-    """AnthropicMessagesMiddleware: the binding, then max_tokens, then messages. A request
-    without a model is the sidecar's own (its preferred model), so that check is left out."""
+def messages_error(body: dict[str, Any], version: Version) -> str | None:
+    """AnthropicMessagesMiddleware: the binding, then max_tokens, then messages, then what
+    FromMessagesRequest cannot convert. A request without a model is the sidecar's own (its
+    preferred model), so that check is left out."""
     for key, value in body.items():  # encoding/json keeps the first error in the body
         if wrong := binding_error(MESSAGES_FIELDS, {key: value}) or \
-                anthropic_field_error(key, value):
+                anthropic_field_error(key, value, version):
             return wrong
     max_tokens = body.get("max_tokens")
     if max_tokens is None or max_tokens <= 0:
@@ -551,6 +700,201 @@ def messages_error(body: dict[str, Any]) -> str | None:
     messages = body.get("messages")
     if messages is None or messages == []:
         return "messages is required"
+    return next((wrong for message in messages if isinstance(message, dict) and
+                 (wrong := anthropic_message_error(message, version))), None)
+
+
+# anthropic.go convertMessage reads the images in a tool's result from 0.23.4 (commit
+# 6bdb73073); an older one leaves them out
+TOOL_RESULT_IMAGES_SINCE: Version = (0, 23, 4)
+
+
+def anthropic_message_error(message: dict[str, Any], version: Version) -> str | None:
+    """FromMessagesRequest's refusal of a message's blocks: an image that is no base64
+    source, a tool_use without its id or name."""
+    blocks = message.get("content")
+    for block in blocks if isinstance(blocks, list) else ():
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "image":
+            source = block.get("source")
+            # (a source that is no object is Go's binding error, left to Ollama to word)
+            wrong = "invalid image source" if source is None else \
+                _image_source_error(source) if isinstance(source, dict) else None
+        elif kind == "tool_use":
+            wrong = next((f"tool_use block missing required '{key}' field"
+                          for key in ("id", "name") if not block.get(key)), None)
+        elif kind == "tool_result" and version >= TOOL_RESULT_IMAGES_SINCE:
+            wrong = _tool_result_error(block.get("content"))
+        else:
+            wrong = None
+        if wrong:
+            return wrong
+    return None
+
+
+def _image_source_error(source: dict[str, Any]) -> str | None:
+    """resolveImageSource: a base64 source whose data decodes."""
+    kind, data = source.get("type"), source.get("data")
+    if kind != "base64":
+        return (f"invalid image source type: {kind if isinstance(kind, str) else ''}. "
+                "Only base64 images are supported.")
+    wrong = base64_error(data) if isinstance(data, str) else None
+    return f"invalid base64 image data: {wrong}" if wrong else None
+
+
+def _tool_result_error(content: Any) -> str | None:
+    for block in content if isinstance(content, list) else ():
+        if isinstance(block, dict) and block.get("type") == "image":
+            source = block.get("source")
+            if not isinstance(source, dict):
+                return "invalid tool_result image source"
+            if wrong := _image_source_error(source):
+                return wrong
+    return None
+
+
+# openai/responses.go ResponsesRequest's scalar fields, as on every version with the API
+RESPONSES_FIELDS = ("ResponsesRequest", {
+    "model": "string", "background": "bool", "instructions": "string",
+    "max_output_tokens": "int", "temperature": "float64", "top_p": "float64",
+    "truncation": "string", "stream": "bool"})
+REASONING_FIELDS = {"effort": "string", "generate_summary": "string", "summary": "string"}
+# The input items and content parts each version reads (unmarshalResponsesInputItem,
+# unmarshalResponsesContent): input_file parts and function outputs that are lists from
+# 0.20.4 (commit f86a969f2), web_search_call items from 0.32.10 (commit b6b1b258c).
+ITEM_TYPES: tuple[tuple[Version, tuple[str, ...]], ...] = (
+    ((0, 0, 0), ("message", "function_call", "function_call_output", "reasoning")),
+    ((0, 32, 10), ("web_search_call",)))
+CONTENT_TYPES: tuple[tuple[Version, tuple[str, ...]], ...] = (
+    ((0, 0, 0), ("input_text", "input_image", "output_text")),
+    ((0, 20, 4), ("input_file",)))
+OUTPUT_LISTS_SINCE: Version = (0, 20, 4)
+# From 0.20.5 (commit 612f0a17d) an unknown item type is quoted, a missing one named
+ITEM_WORDS_SINCE: Version = (0, 20, 5)
+# Go's names of the anonymous structs these layers first read an item's type into
+ITEM_PEEK = 'struct { Type string "json:\\"type\\""; Role string "json:\\"role\\"" }'
+CONTENT_PEEK = 'struct { Type string "json:\\"type\\"" }'
+RAW_LIST = "[]json.RawMessage"
+
+
+def _since(table: tuple[tuple[Version, tuple[str, ...]], ...], version: Version
+           ) -> frozenset[str]:
+    return frozenset(kind for since, kinds in table if version >= since for kind in kinds)
+
+
+def _go_value_misfit(value: Any, go_type: str) -> str:
+    """encoding/json's UnmarshalTypeError outside any struct field."""
+    kind = _misfit(value, "object") or "object"
+    return f"json: cannot unmarshal {kind} into Go value of type {go_type}"
+
+
+def responses_error(body: dict[str, Any], version: Version) -> str | None:
+    """ResponsesMiddleware's binding: `input` first (ResponsesInput.UnmarshalJSON returns its
+    error, which stops Go's decoder, so it wins over a mistyped field before it), then the
+    first scalar field of the wrong type, then a reasoning effort the version does not take
+    (FromResponsesRequest)."""
+    if "input" in body and (wrong := responses_input_error(body["input"], version)):
+        return wrong
+    for key, value in body.items():
+        if key == "reasoning" and value is not None:
+            wrong = _go_misfit("ResponsesRequest", key, value, "openai.ResponsesReasoning") \
+                if not isinstance(value, dict) else \
+                _fields_error("ResponsesReasoning", "reasoning", value, REASONING_FIELDS)
+        else:
+            wrong = binding_error(RESPONSES_FIELDS, {key: value})
+        if wrong:
+            return wrong
+    given = body.get("input")
+    for item in given if isinstance(given, list) else ():
+        if isinstance(item, dict) and (wrong := _item_conversion_error(item, version)):
+            return wrong
+    return effort_error("/v1/responses", body, version)
+
+
+FILE_INPUTS = "file inputs are not currently supported"
+
+
+def _item_conversion_error(item: dict[str, Any], version: Version) -> str | None:
+    """FromResponsesRequest's refusal of an item's parts (convertResponsesContent): an image
+    URL decodeImageURL cannot read, a file. (A function call's `arguments` that are no JSON
+    object are refused there too, in Go's own words, left to Ollama.)"""
+    kind = item.get("type") or ("message" if item.get("role") else "")
+    parts = item.get("content") if kind == "message" else \
+        item.get("output") if kind == "function_call_output" else None
+    for part in parts if isinstance(parts, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_file":
+            return FILE_INPUTS
+        url = part.get("image_url") if kind == "input_image" and isinstance(part, dict) \
+            else None
+        if isinstance(url, str) and url and (wrong := _image_url_error(url, version)):
+            return wrong
+    return None
+
+
+def responses_input_error(given: Any, version: Version) -> str | None:
+    """ResponsesInput.UnmarshalJSON: text, or a list of items each of a type the version
+    reads, in its words (`input[0]: unknown input item type: "bogus"`)."""
+    if given is None or isinstance(given, str):
+        return None
+    if not isinstance(given, list):
+        return f"input must be a string or array: {_go_value_misfit(given, RAW_LIST)}"
+    for index, item in enumerate(given):
+        if wrong := _input_item_error(item, version):
+            return f"input[{index}]: {wrong}"
+    return None
+
+
+def _input_item_error(item: Any, version: Version) -> str | None:
+    if item is None:
+        item = {}
+    if not isinstance(item, dict):
+        return _go_value_misfit(item, ITEM_PEEK)
+    kind, role = item.get("type"), item.get("role")
+    for key, value in (("type", kind), ("role", role)):
+        if _misfit(value, "string"):
+            return _peeked_misfit(value, key)
+    kind = kind or ("message" if role else "")
+    if kind not in _since(ITEM_TYPES, version):
+        if version < ITEM_WORDS_SINCE:
+            return f"unknown input item type: {item.get('type') or ''}"
+        return "input item missing required 'type' field" if not kind else \
+            f"unknown input item type: {go_quoted(kind)}"
+    if kind == "message" and "content" in item:
+        return _content_error(item["content"], "content", version)
+    if kind == "function_call_output" and "output" in item:
+        output = item["output"]
+        if version < OUTPUT_LISTS_SINCE:
+            return _scalar_misfit("ResponsesFunctionCallOutput", "output", output, "string")
+        return _content_error(output, "output", version)
+    return None
+
+
+def _peeked_misfit(value: Any, key: str) -> str:
+    """A peeked field of the wrong type: Go names the anonymous struct's field, and no
+    struct."""
+    kind = _misfit(value, "string") or "object"
+    return f"json: cannot unmarshal {kind} into Go struct field .{key} of type string"
+
+
+def _content_error(content: Any, name: str, version: Version) -> str | None:
+    """A message's `content` (or a function's `output`): text, or a list of parts each of a
+    type the version reads."""
+    if content is None or isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return (f"{name} must be a string or array: "
+                f"{_go_value_misfit(content, RAW_LIST)}")
+    for index, part in enumerate(content):
+        if part is None:
+            part = {}
+        if not isinstance(part, dict):
+            return f"{name}[{index}]: {_go_value_misfit(part, CONTENT_PEEK)}"
+        kind = part.get("type")
+        if _misfit(kind, "string"):
+            return f"{name}[{index}]: {_peeked_misfit(kind, 'type')}"
+        if kind not in _since(CONTENT_TYPES, version):
+            return f"{name}[{index}]: unknown content type: {kind or ''}"
     return None
 
 
@@ -561,9 +905,11 @@ def layer_error(path: str, body: dict[str, Any], version: Version) -> str | None
     if path == "/v1/chat/completions":
         return chat_error(body, version)
     if path == "/v1/completions":
-        return completion_error(body)
+        return completion_error(body, version)
     if path == "/v1/embeddings":
         return embeddings_error(body, version)
     if path == "/v1/messages":
-        return messages_error(body)
+        return messages_error(body, version)
+    if path == "/v1/responses":
+        return responses_error(body, version)
     return None

@@ -617,16 +617,22 @@ class Unanswered:
     answer: Response
 
 
+# What a complete answer becomes before the caller has it: its body and media type
+Reshape = Callable[[bytes], tuple[bytes, str]]
+
+
 async def forward(attempts: Attempts, path: str, body: dict[str, Any], stream: bool,
                   chunk_timeout_s: float, dialect: Dialect = "ollama",
-                  disconnected: Callable[[], Awaitable[None]] | None = None) -> Response:
+                  disconnected: Callable[[], Awaitable[None]] | None = None,
+                  reshape: Reshape | None = None) -> Response:
     """Send `body` to each attempt the service places for the call, until one answers (or
-    the service has no other), and relay that answer (or the failure)."""
+    the service has no other), and relay that answer (or the failure); `reshape` turns a
+    complete answer (not an error) into what the caller gets."""
     placed = await attempts.first()
     while not isinstance(placed, Refusal):
         try:
             sent = await send_attempt(placed, attempts, path, body, stream, chunk_timeout_s,
-                                      dialect, disconnected)
+                                      dialect, disconnected, reshape)
         except BaseException as exc:
             # Shutdown, or a fault of the relay's own: the ticket must not stay held. Nothing
             # is known of the provider's health.
@@ -645,8 +651,8 @@ async def forward(attempts: Attempts, path: str, body: dict[str, Any], stream: b
 
 async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: dict[str, Any],
                        stream: bool, chunk_timeout_s: float, dialect: Dialect,
-                       disconnected: Callable[[], Awaitable[None]] | None
-                       ) -> Response | Unanswered:
+                       disconnected: Callable[[], Awaitable[None]] | None,
+                       reshape: Reshape | None = None) -> Response | Unanswered:
     """One attempt: its answer, or how it ended before its answer began.
 
     A provider that fails before any byte of its answer (the connection fails, or it answers
@@ -758,5 +764,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
         data, calls_tool(data)) if attempt.watches_tool_calls else None)
     if not ok:
         outcome = CallOutcome(True, outcome.seconds, error=message, began=False)
+    elif reshape is not None:
+        data, media_type = reshape(data)
     return SettlingResponse(data, attempts, outcome, status_code=upstream.status_code,
                             media_type=media_type, headers=headers)

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.api import layers, wire
+from proxy.api import layers, transcription, wire
 from proxy.api.capabilities import call_needs, embeds
 from proxy.api.errors import (
     JSON,
@@ -23,7 +23,7 @@ from proxy.api.errors import (
     install_error_shapes,
     provider_refusal,
 )
-from proxy.api.relay import TRUNCATING_PATHS, engine_error, forward
+from proxy.api.relay import TRUNCATING_PATHS, Reshape, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import Version, parse_version
 from proxy.core.models import (
@@ -57,8 +57,15 @@ VERSION_RETRY_S = 5  # about two probe rounds: when a provider comes back, it ha
 MODEL_COMMANDS = {"/api/push": "ollama push <model>",
                   "/api/create": "ollama create <model> -f <Modelfile>",
                   "/api/copy": "ollama cp <source> <destination>",
-                  "/api/delete": "ollama rm <model>"}
+                  "/api/delete": "ollama rm <model>",
+                  "/api/blobs": "ollama create <model> -f <Modelfile>"}  # a create's files
 MODEL_MANAGEMENT = tuple(MODEL_COMMANDS)
+# What Ollama's cloud answers through a provider's Ollama, signed in with its key: the account
+# (`ollama signin` checks it, and `ollama run` before a cloud model, cmd/cmd.go:566), a web
+# search or fetch (0.18+), and the models Ollama recommends (0.24+, `ollama launch`)
+THROUGH_GATEWAY = {"/api/me": "POST", "/api/experimental/web_search": "POST",
+                   "/api/experimental/web_fetch": "POST",
+                   "/api/experimental/model-recommendations": "GET"}
 
 
 # Before 0.18 (writeModelRefParseError's 400 `invalid model name`), each handler answered a
@@ -136,11 +143,19 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-# Where each dialect caps the answer, as Ollama turns it into num_predict (OpenAI's chat and
-# completions `max_tokens`, openai/openai.go:657, 806; the Responses API's
-# `max_output_tokens`, responses.go:572; Anthropic's `max_tokens`, anthropic.go:337). OpenAI's
-# `max_completion_tokens` is not read: the answer is not capped by it.
-ANSWER_CAPS = ("max_tokens", "max_output_tokens")
+# Where each path caps the answer, as Ollama turns it into num_predict: its own API's
+# `options.num_predict`; OpenAI's chat and completions `max_tokens` (openai/openai.go:657,
+# 806); the Responses API's `max_output_tokens` (responses.go:572); Anthropic's `max_tokens`
+# (anthropic.go:337). Any other field is not read there (OpenAI's `max_completion_tokens`,
+# a `max_tokens` on Ollama's own API or on the Responses API, `options` on the others): the
+# answer is not capped by it.
+ANSWER_CAPS = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tokens",
+               "/v1/responses": "max_output_tokens", "/v1/messages": "max_tokens"}
+
+
+# The dialect paths an older Ollama does not have (its router's 404): the Responses API from
+# 0.13.3, Anthropic's messages from 0.14.0
+SERVED_SINCE: dict[str, Version] = {"/v1/responses": (0, 13, 3), "/v1/messages": (0, 14, 0)}
 
 
 # A body larger than this is read, checked and measured in a worker thread, a piece at a
@@ -170,12 +185,16 @@ def measure(body: dict[str, Any], parsed: wire.Inference | None = None) -> Measu
     return size, conversation, shared_prompt_size(body), answers_tool_result(body)
 
 
-def answer_cap(body: dict[str, Any]) -> int:
-    """The call's cap on its answer in tokens (num_predict, max_tokens ...); 0 none (Ollama's
-    -1 and -2 mean none too)."""
+def answer_cap(path: str | None, body: dict[str, Any]) -> int:
+    """The call's cap on its answer in tokens, from the field Ollama reads on `path`
+    (ANSWER_CAPS); with no path (explain's body, of whichever dialect), the first of them
+    the body has. 0 none (Ollama's -1 and -2 mean none too)."""
     options = body.get("options")
-    values = [options.get("num_predict") if isinstance(options, dict) else None,
-              *(body.get(key) for key in ANSWER_CAPS)]
+    native = options.get("num_predict") if isinstance(options, dict) else None
+    if path is None:
+        values = [native, *(body.get(key) for key in dict.fromkeys(ANSWER_CAPS.values()))]
+    else:
+        values = [body.get(ANSWER_CAPS[path]) if path in ANSWER_CAPS else native]
     return next((int(v) for v in values
                  if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 2**31),
                 0)
@@ -237,6 +256,13 @@ class SidecarApi:
         add("/api/pull", self.pull, methods=["POST"])
         for path in MODEL_MANAGEMENT:
             add(path, self.not_here, methods=["POST", "DELETE"])
+        add("/api/blobs/{digest}", self.not_here, methods=["POST", "HEAD"])
+        for path, method in THROUGH_GATEWAY.items():
+            add(path, self.through_gateway, methods=[method])
+            _without_head(app)
+        add("/api/signout", self.not_signed_here, methods=["POST"])
+        add("/api/user/keys/{key:path}", self.not_signed_here, methods=["DELETE"])
+        add(transcription.PATH, self.transcribe, methods=["POST"])
         add("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
         _without_head(app)
@@ -285,10 +311,10 @@ class SidecarApi:
                               VERSION_RETRY_S)
 
     async def status(self, request: Request) -> Response:
-        """Whether cloud models run (Ollama's /api/status, from 0.17): the first provider's
-        answer. The sidecar sends a cloud model's calls through a provider's Ollama, so that
-        Ollama's settings are the ones that hold."""
-        for _, client in self._answering():
+        """Whether cloud models run (Ollama's /api/status, from 0.17): the answer of the
+        provider the sidecar sends cloud calls through, whose settings are the ones that hold
+        (else the next one's)."""
+        for _, client in self._gateway_first():
             try:
                 answer = await client.fetch("/api/status", 2.0)
             except UpstreamError:
@@ -305,6 +331,41 @@ class SidecarApi:
         everything = self.pool.everything()
         down = self.unreachable()
         return [(n, c) for n, c in everything if n not in down] or everything
+
+    def _gateway_first(self) -> list[tuple[str, ModelServer]]:
+        """The providers, the one the sidecar reaches Ollama's cloud through first
+        (core/cloud.py `gateway`), then the others in configured order."""
+        first = self.calls.cloud_gateway()
+        return sorted(self._answering(), key=lambda entry: entry[0] != first)
+
+    async def through_gateway(self, request: Request) -> Response:
+        """The provider's answer, as it came (a 401 `signin_url` included), from the one the
+        sidecar sends cloud calls through: it is that Ollama's key they are signed with. The
+        next provider only when it cannot be reached."""
+        path = request.url.path
+        raw = b""
+        if request.method == "POST":
+            read = await self._read_raw(request, "ollama")
+            if isinstance(read, Response):
+                return read
+            raw = read
+        for _, client in self._gateway_first():
+            try:
+                answer = await (client.post(path, raw, client.timeouts.first_byte_s)
+                                if request.method == "POST" else
+                                client.fetch(path, client.timeouts.first_byte_s))
+            except UpstreamError:
+                continue
+            return Response(answer.content, status_code=answer.status_code,
+                            media_type=answer.media_type)
+        return error_response(502, "upstream-failed",
+                              f"no provider answered {request.method} {path}")
+
+    async def not_signed_here(self, request: Request) -> Response:
+        return error_response(
+            501, "not-supported",
+            f"{request.url.path} signs one Ollama out of ollama.com; the sidecar fronts many, "
+            f"so run it against each provider directly (OLLAMA_HOST=<provider> ollama signout)")
 
     async def _gather(self, listing: Callable[[ModelServer], Awaitable[list[ModelEntry]]]
                       ) -> list[tuple[str, list[ModelEntry]]]:
@@ -351,9 +412,11 @@ class SidecarApi:
     async def _read(self, request: Request, schema: type[W], dialect: Dialect = "ollama"
                     ) -> tuple[dict[str, Any], W] | Response:
         """The request's body and its checked fields, or the error answer (413, 400)."""
+        raw = await self._read_raw(request, dialect)
+        if isinstance(raw, Response):
+            return raw
         body: dict[str, Any] | None = None
         try:
-            raw = await read_capped(request, self.max_request_bytes)
             if request.url.path in wire.ZSTD_PATHS and \
                     request.headers.get("content-encoding") == "zstd":
                 raw = await asyncio.to_thread(wire.decompress_zstd, raw)
@@ -362,6 +425,16 @@ class SidecarApi:
             body = await off_loop(large, wire.parse_body, raw)
             return body, await off_loop(large, wire.validate, schema, body,
                                          self.engine_version())
+        except wire.BadRequest as exc:
+            named = wire.named_model(body, also_name="name" in schema.model_fields)
+            older = self._unparsable(request.url.path, named, dialect) \
+                if str(exc) == INVALID_MODEL_NAME else None
+            return older or self._bad_request(exc, dialect, named)
+
+    async def _read_raw(self, request: Request, dialect: Dialect) -> bytes | Response:
+        """The request's body as it came, or the error answer (413, 408)."""
+        try:
+            return await read_capped(request, self.max_request_bytes)
         except BodyTooSlow:
             return error_response(408, "request-timeout", f"the request's body did not "
                                   f"arrive within {BODY_TIMEOUT_S:.0f} s", dialect=dialect)
@@ -370,11 +443,6 @@ class SidecarApi:
                                   f"request body exceeds the sidecar's limit of "
                                   f"{self.max_request_bytes} bytes (KUBEMOOT_MAX_REQUEST_BYTES)",
                                   dialect=dialect)
-        except wire.BadRequest as exc:
-            named = wire.named_model(body, also_name="name" in schema.model_fields)
-            older = self._unparsable(request.url.path, named, dialect) \
-                if str(exc) == INVALID_MODEL_NAME else None
-            return older or self._bad_request(exc, dialect, named)
         except ClientDisconnect:  # gone before its body arrived: nobody to answer
             log.info("client went away while sending its request", path=request.url.path)
             return Response(status_code=499)
@@ -456,7 +524,8 @@ class SidecarApi:
 
     async def not_here(self, request: Request) -> Response:
         path = request.url.path
-        command = MODEL_COMMANDS[path]
+        command = MODEL_COMMANDS[path.rsplit("/", 1)[0] if "digest" in request.path_params
+                                 else path]
         return error_response(
             501, "not-supported",
             f"{path} changes one Ollama's model store; the sidecar fronts many GPUs, so run "
@@ -467,7 +536,8 @@ class SidecarApi:
             404, "not-found",
             f"{request.method} {request.url.path} is not served by the sidecar; it serves "
             "Ollama's /api/*, OpenAI's /v1/chat/completions, /v1/completions, /v1/responses, "
-            "/v1/embeddings and /v1/models, and Anthropic's /v1/messages",
+            "/v1/embeddings, /v1/audio/transcriptions and /v1/models, and Anthropic's "
+            "/v1/messages",
             dialect=dialect_of(request.url.path))
 
     @staticmethod
@@ -546,7 +616,7 @@ class SidecarApi:
             prompt=size,
             # (Only Ollama's own API has options; on the others an `options` field is extra.)
             num_ctx=wire.requested_num_ctx(body) if dialect_of(path) == "ollama" else None,
-            num_predict=answer_cap(body),
+            num_predict=answer_cap(path, body),
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
@@ -554,7 +624,8 @@ class SidecarApi:
             conversation=conversation,
             ends_loop_unless_tool_called=ends_loop,
             shared_prompt=shared,
-            needs=call_needs(path, body, model or self.calls.bound_model(phase, thread)),
+            needs=call_needs(path, body, model or self.calls.bound_model(phase, thread),
+                             self.engine_version()),
             embeds=embeds(path, body),
             disconnected=lambda: _disconnect(request),
         )
@@ -580,10 +651,45 @@ class SidecarApi:
                      ) -> Response:
         started = time.perf_counter()
         dialect = dialect_of(path)
+        if (since := SERVED_SINCE.get(path)) and (version := self.engine_version()) < since:
+            # (Ollama's router answers it before reading anything: so does the sidecar)
+            return error_response(
+                404, "not-found", f"POST {path} is served by Ollama from "
+                f"{'.'.join(map(str, since))}; the providers run "
+                f"{'.'.join(map(str, version))}", dialect=dialect)
         read = await self._read(request, schema, dialect)
         if isinstance(read, Response):
             return read
-        body, parsed = read
+        return await self._serve(request, path, *read, started, dialect)
+
+    async def transcribe(self, request: Request) -> Response:
+        """OpenAI's transcription form, served as the chat call Ollama makes of it
+        (api/transcription.py) where the providers' Ollama serves the path."""
+        started = time.perf_counter()
+        version = self.engine_version()
+        if not transcription.served(version):
+            running = self.probed_version() or "no known version"
+            return error_response(
+                404, "not-found", f"POST {transcription.PATH} is served by Ollama 0.20 to 0.24 "
+                f"and 0.30 or later; the providers run {running}", dialect="openai")
+        raw = await self._read_raw(request, "openai")
+        if isinstance(raw, Response):
+            return raw
+        large = request.state.large_body = len(raw) > OFF_LOOP_BYTES
+        try:
+            asked = await transcription.read_form(raw, request.headers, request.query_params)
+            body = await off_loop(large, transcription.chat_body, asked, version)
+            parsed = wire.validate(wire.OllamaInference, body, version)
+        except (transcription.FormError, wire.BadRequest) as exc:
+            return self._bad_request(wire.BadRequest(str(exc)), "openai", None)
+        return await self._serve(request, "/api/chat", body, parsed, started, "openai",
+                                 lambda chat: transcription.answer(chat, asked.response_format))
+
+    async def _serve(self, request: Request, path: str, body: dict[str, Any],
+                     parsed: wire.Inference, started: float, dialect: Dialect,
+                     reshape: Reshape | None = None) -> Response:
+        """A checked call placed and sent on: `path` is what the provider is asked, `dialect`
+        the caller's, `reshape` what becomes of a complete answer before the caller has it."""
         large = getattr(request.state, "large_body", False)
         # A cloud call is sent on as it came: Ollama does so before the checks below
         # (server/routes.go 267-272, 308-362, before its option, unload, raw and input ones)
@@ -597,7 +703,7 @@ class SidecarApi:
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
         if cloud:
-            return await self._forward(call, path, body, parsed, started)
+            return await self._forward(call, path, body, parsed, started, dialect, reshape)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path, parsed.model or call.model)
         if wrong := await off_loop(large, layers.found_error, path, body):
@@ -606,11 +712,11 @@ class SidecarApi:
             model = call.model or self.calls.bound_model(call.phase, call.thread)
             if not model or await self._on_a_provider(model):
                 return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
-        return await self._forward(call, path, body, parsed, started)
+        return await self._forward(call, path, body, parsed, started, dialect, reshape)
 
     async def _forward(self, call: CallRequest, path: str, body: dict[str, Any],
-                       parsed: wire.Inference, started: float) -> Response:
-        dialect = dialect_of(path)
+                       parsed: wire.Inference, started: float, dialect: Dialect,
+                       reshape: Reshape | None) -> Response:
         if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:
@@ -618,7 +724,7 @@ class SidecarApi:
             stream = parsed.stream is not False if dialect == "ollama" else bool(parsed.stream)
         return await forward(self.calls.attempts(call, started), path, body, stream,
                              self.chunk_timeout_s, dialect=dialect,
-                             disconnected=call.disconnected)
+                             disconnected=call.disconnected, reshape=reshape)
 
     async def _unload(self, model: str, path: str, asked: str) -> Response:
         """Ollama's answer to an unload, after asking every provider that has the model; a

@@ -142,17 +142,21 @@ class OllamaEmbed(_Wire):
     stream: Any = None  # ignored, as Ollama ignores it: an embedding is never streamed
 
 
+# OpenAI's and Anthropic's messages and tools as Ollama's layers bind them: a message's
+# `role` left out or null is Go's "" and a null tool Go's empty one (each accepted there);
+# what the layers read as `any` (OpenAI's message content, Anthropic's system) is theirs to
+# refuse, in their words (layers.py).
 class OpenAIMessage(_Wire):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: str | None = None
+    content: Any = None  # Ollama's `any`: text or parts, else its 400 (layers.py)
     tool_calls: list[dict[str, Any]] | None = None
 
 
 class OpenAIChat(_Wire):
     model: ModelName | None = None
-    messages: list[OpenAIMessage]
+    messages: list[OpenAIMessage] | None = None  # none: Ollama's 400 in its words (layers.py)
     stream: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any] | None] | None = None
 
 
 class OpenAICompletion(_Wire):
@@ -173,26 +177,26 @@ class OpenAIResponses(_Wire):
     their outputs)."""
 
     model: ModelName | None = None
-    input: str | list[dict[str, Any]] | None = None
-    instructions: str | None = None
+    input: Any = None  # text or items: refused otherwise in Ollama's words (layers.py)
+    instructions: Any = None  # as `input`
     stream: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any] | None] | None = None
 
 
 class AnthropicMessage(_Wire):
-    role: str
-    content: str | list[dict[str, Any]]
+    role: str | None = None
+    content: str | list[dict[str, Any]] | None  # required: Go cannot read a message without
 
 
 class AnthropicMessages(_Wire):
     """Anthropic's Messages API, which Ollama serves on /v1/messages."""
 
     model: ModelName | None = None
-    messages: list[AnthropicMessage]
-    system: str | list[dict[str, Any]] | None = None
-    max_tokens: int | None = None
+    messages: list[AnthropicMessage] | None = None  # none: Ollama's 400 (layers.py)
+    system: Any = None  # Ollama's `any`: text, or blocks whose text it reads; else ignored
+    max_tokens: Any = None  # an int, else Ollama's 400 in its words (layers.py)
     stream: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any] | None] | None = None
 
 
 Inference = (OllamaInference | OllamaEmbed | OpenAIChat | OpenAICompletion | OpenAIEmbed

@@ -33,6 +33,12 @@ def cloud_provider(model: str, source: str, views: Sequence[ProviderView],
     Ollama would, in configured order, the first one up with the cloud on; else one up
     with it off (OLLAMA_NO_CLOUD: its refusal is the answer, as Ollama's own); else the
     first, whose failure is. None when none would, and the call is placed."""
-    able = [v for v in views if sends_to_cloud(v, model, source)]
-    ranked = sorted(able, key=lambda v: (not up(v.name), v.cloud_off))
+    return gateway([v for v in views if sends_to_cloud(v, model, source)], up)
+
+
+def gateway(views: Sequence[ProviderView], up: Callable[[str], bool]) -> str | None:
+    """Of these providers, the one to reach Ollama's cloud through (a call, the account
+    signed in, a web search): in configured order, the first one up with the cloud on; else
+    one up with it off; else the first. None when there is none."""
+    ranked = sorted(views, key=lambda v: (not up(v.name), v.cloud_off))
     return ranked[0].name if ranked else None

@@ -34,10 +34,13 @@ from proxy.core.token_ratio import TokenRatio
 
 # Keys of a message, content part, block or input item whose value is prompt text (or
 # holds more of it); anything else (ids, roles, types, image data) is not.
+# (A Responses reasoning item's `summary` is not: Ollama reads its thinking from
+# `encrypted_content` alone, and writes the same text to both in its answers, which an agent
+# sends back whole.)
 TEXT_KEYS = frozenset((
-    "content", "text", "thinking", "output", "summary", "refusal", "name", "tool_calls",
-    "function",
+    "content", "text", "thinking", "output", "refusal", "name", "tool_calls", "function",
     "encrypted_content",  # Ollama keeps a Responses reasoning item's thinking here
+    "reasoning",  # an OpenAI chat message's thinking (openai.Message.Reasoning)
 ))
 # Keys whose object value is data the model reads as JSON (tool arguments).
 DATA_KEYS = frozenset(("input", "arguments"))
@@ -93,7 +96,9 @@ def _texts(value: Any, out: _Prompt) -> None:
             _texts(item, out)
     elif isinstance(value, dict):
         kind = value.get("type")
-        if isinstance(kind, str) and kind in IMAGE_TYPES:
+        # (a Responses image given by file_id alone Ollama skips: it has no image_url)
+        if isinstance(kind, str) and kind in IMAGE_TYPES and \
+                (kind != "input_image" or value.get("image_url")):
             out.images += 1
         for key, item in value.items():
             if key in TEXT_KEYS:
@@ -112,9 +117,21 @@ def _json_text(value: Any, out: _Prompt) -> None:
     out.texts.append(orjson.dumps(value).decode())
 
 
-def _tool_spec_texts(tool: Any, out: _Prompt) -> None:
+def _tool_spec_texts(tool: Any, out: _Prompt, namespace: str = "") -> None:
+    """A tool's name, description and parameter schema. A Responses `namespace` tool is
+    its member functions, each named `namespace.name` (openai/responses.go convertTools,
+    from Ollama 0.32.7; an older one offers the namespace alone, so this counts more)."""
     if not isinstance(tool, dict):
         return
+    members = tool.get("tools")
+    if tool.get("type") == "namespace" and isinstance(members, list):
+        name = tool.get("name")
+        for member in members:
+            _tool_spec_texts(member, out, f"{namespace}{name}." if isinstance(name, str)
+                             and name else namespace)
+        return
+    if namespace:
+        out.texts.append(namespace)
     nested = tool.get("function")
     function: dict[str, Any] = nested if isinstance(nested, dict) else tool
     _texts(function.get("name"), out)

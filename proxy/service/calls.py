@@ -77,6 +77,9 @@ class CallService:
     def sends_to_cloud(self, call: CallRequest) -> bool:
         return self.scheduler.cloud_attempt(call) is not None
 
+    def cloud_gateway(self) -> str | None:
+        return self.scheduler.cloud_gateway()
+
     async def settle(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
                      outcome: CallOutcome) -> None:
         """A claimed attempt ended: release its ticket (recording what its load left), and

@@ -171,6 +171,10 @@ class Calls(Protocol):
         """Whether a provider's Ollama sends the call on to its cloud (core/cloud.py)."""
         ...
 
+    def cloud_gateway(self) -> str | None:
+        """The provider the sidecar reaches Ollama's cloud through (core/cloud.py)."""
+        ...
+
     def bound_model(self, phase: str, thread: str | None) -> str: ...
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 
 from proxy.core import context
-from proxy.core.cloud import cloud_provider
+from proxy.core.cloud import cloud_provider, gateway
 from proxy.core.lengths import CallLength
 from proxy.core.models import (
     ANY_SPELLING_SINCE,
@@ -450,9 +450,8 @@ class Scheduler:
         views = {c.name: self.view.provider_view(c, now) for c in self.settings.providers}
         if source != CLOUD_SOURCE and not any(v.remote for v in views.values()):
             return None  # (every call asks: the common answer costs no health or parsing)
-        health = self.experience.health(now)
-        provider = cloud_provider(model, source, list(views.values()), lambda name: views[
-            name].ready and health.get(name, ProviderHealth()).circuit is not Circuit.OPEN)
+        provider = cloud_provider(model, source, list(views.values()), self._reachable(views,
+                                                                                  now))
         if provider is None:
             return None
         spec = CallSpec((Candidate(model),), prompt_tokens=0, generates=call.generates,
@@ -461,6 +460,19 @@ class Scheduler:
         return Granted(Attempt(provider, self.pool.clients[provider], model, CLOUD,
                                any_spelling=True, reads_source=reads_source,
                                binding=self.binding_label(call)), None, spec)
+
+    def cloud_gateway(self) -> str | None:
+        """The provider whose Ollama the sidecar reaches the cloud through, as for a cloud
+        call: whose account is signed in, whose web search answers (core/cloud.py)."""
+        now = self.clock.now()
+        views = {c.name: self.view.provider_view(c, now) for c in self.settings.providers}
+        return gateway(list(views.values()), self._reachable(views, now))
+
+    def _reachable(self, views: dict[str, ProviderView], now: float) -> Callable[[str], bool]:
+        """Whether a provider is up: ready, and its circuit not open."""
+        health = self.experience.health(now)
+        return lambda name: views[name].ready and \
+            health.get(name, ProviderHealth()).circuit is not Circuit.OPEN
 
     def _static_for(self, call: CallRequest) -> ModelServer | None:
         return self.pool.static_triage if call.phase == "triage" else self.pool.static

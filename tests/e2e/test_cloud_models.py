@@ -153,6 +153,40 @@ def test_api_status_is_the_providers(sim_factory: Sims, sidecar_factory: Sidecar
     assert httpx.head(f"{sidecar_factory([new]).url}/api/status").status_code == 405
 
 
+def test_the_account_and_web_search_are_those_of_the_provider_cloud_calls_go_through(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """`ollama run x:cloud` asks POST /api/me before it runs (cmd/cmd.go:566): the account is
+    that of the Ollama the sidecar sends cloud calls through, the first up with the cloud
+    on; so are a web search, a web fetch and /api/status."""
+    off = sim_factory("off", total_vram_mib=24564, models=CATALOG, no_cloud=True)
+    on = sim_factory("on", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([off, on]).url
+    assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200)
+    assert eventually(lambda: httpx.post(f"{url}/api/me").json().get("name") == "on")
+    me = httpx.post(f"{url}/api/me")
+    assert me.json() == httpx.post(f"{on.url}/api/me").json()
+    assert httpx.get(f"{url}/api/status").json() == {
+        "cloud": {"disabled": False, "source": "none"}}
+    found = httpx.post(f"{url}/api/experimental/web_search", json={"query": "ollama"})
+    assert found.json() == httpx.post(f"{on.url}/api/experimental/web_search",
+                                      json={"query": "ollama"}).json()
+    fetched = httpx.post(f"{url}/api/experimental/web_fetch", json={"url": "https://a.b/"})
+    assert fetched.status_code == 200 and fetched.json()["title"] == "https://a.b/"
+    empty = httpx.post(f"{url}/api/experimental/web_search")
+    assert (empty.status_code, empty.json()) == (400, {"error": "missing request body"})
+    recommended = httpx.get(f"{url}/api/experimental/model-recommendations")
+    assert recommended.json()["recommendations"]
+    signout = httpx.post(f"{url}/api/signout")
+    assert (signout.status_code, signout.json()["reason"]) == (501, "not-supported")
+    assert httpx.delete(f"{url}/api/user/keys/abc").status_code == 501
+    # an Ollama that has no such path says so, as it does to a client of its own
+    old = sidecar_factory([sim_factory("old", models=CATALOG, version="0.17.7")]).url
+    assert eventually(lambda: httpx.get(f"{old}/readyz").status_code == 200)
+    missing = httpx.post(f"{old}/api/experimental/web_search", json={"query": "x"})
+    assert (missing.status_code, missing.text) == (404, "404 page not found")
+    assert httpx.post(f"{old}/api/me").json()["name"] == "old"
+
+
 def test_explain_and_plans_know_a_cloud_model(sim_factory: Sims,
                                               sidecar_factory: Sidecars) -> None:
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)

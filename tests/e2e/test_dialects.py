@@ -304,3 +304,265 @@ def test_a_zstd_body_on_the_responses_api_is_read_as_ollama_reads_it(
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == "http: request body too large"
     assert gpu.sim.stats.inference_requests == 2 and no_tickets(url)
+
+
+def _version_known(url: str) -> None:
+    """The sidecar has heard its provider's version (its rules depend on it)."""
+    assert httpx.get(f"{url}/api/version").status_code == 200
+    assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200)
+
+
+def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Before 0.22 Ollama's Responses API ignores `reasoning.effort`, so a model that cannot
+    think takes the call (Codex sends an effort with every call); its chat takes high,
+    medium, low and none, and refuses any other effort before any model is looked at."""
+    gpu = sim_factory("gpu", version="0.21.2", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    client = client_for(url)
+    reply = client.responses.create(model="llama3.2:3b", input="hello", max_output_tokens=5,
+                                    reasoning={"effort": "medium"})
+    assert reply.output_text.rstrip() == "the answer is forty two"
+    served = gpu.sim.stats.requests
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="qwen3:8b", messages=HI,
+                                       reasoning_effort="minimal")
+    assert info.value.response.json()["error"]["message"] == (
+        "invalid reasoning value: 'minimal' (must be \"high\", \"medium\", \"low\", or \"none\")")
+    assert gpu.sim.stats.requests == served  # refused before any placement
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]},
+     'input[0]: unknown input item type: "item_reference"'),
+    ({"input": [{"content": "hello"}]}, "input[0]: input item missing required 'type' field"),
+    ({"input": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]},
+     "input[0]: content[0]: unknown content type: text"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": {"ok": True}}]},
+     "input[0]: output must be a string or array: json: cannot unmarshal object into Go "
+     "value of type []json.RawMessage"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "detail": "auto", "image_url": "https://example.com/a.png"}]}]},
+     "image URLs are not currently supported, please use base64 encoded data instead"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_file", "filename": "a.txt", "file_data": "aGk="}]}]},
+     "file inputs are not currently supported"),
+    ({"input": "hello", "instructions": ["be brief"]},
+     "json: cannot unmarshal array into Go struct field ResponsesRequest.instructions of "
+     "type string"),
+    ({"input": "hello", "reasoning": {"effort": "extreme"}},
+     'invalid reasoning value: "extreme" (must be "minimal", "low", "medium", "high", '
+     '"xhigh", "ultra", "max", or "none")'),
+])
+def test_a_responses_body_ollama_cannot_read_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, given: dict[str, Any],
+        message: str) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).responses.create(model="llama3.2:3b", **given)
+    body = info.value.response.json()
+    assert (body["error"]["message"], body["reason"]) == (message, "bad-request")
+    assert gpu.sim.stats.requests == 0
+    # the simulator, as Ollama, refuses it alike
+    direct = httpx.post(f"{gpu.url}/v1/responses", json={"model": "llama3.2:3b", **given})
+    assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+
+
+def test_a_message_go_reads_as_its_zero_value_is_answered(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's OpenAI and Anthropic layers read a message without a role, a null tool, an
+    Anthropic `system` of another type (ignored) or message content that is null as Go's
+    zero values, and answer the call."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    roleless: Any = [{"content": "hello"}]
+    reply = client_for(url).chat.completions.create(
+        model="llama3.2:3b", max_tokens=5, messages=roleless, extra_body={"tools": [None]})
+    assert reply.choices[0].message.content
+    turns: Any = [*roleless, {"role": "assistant", "content": None},
+                  {"role": "user", "content": "go on"}]
+    system: Any = 7
+    message = anthropic_for(url).messages.create(
+        model="llama3.2:3b", max_tokens=5, system=system, messages=turns,
+        extra_body={"tools": [None]})
+    assert message.content[0].type == "text"
+
+
+def test_the_answer_is_capped_only_by_the_field_ollama_reads(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """`max_tokens` is not a field of the Responses API (its cap is `max_output_tokens`):
+    Ollama does not cap the answer by it, so the sidecar keeps no room for it either, and a
+    prompt that fits its context with room for an uncapped answer's start is placed."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    reply = client_for(url).responses.create(
+        model="llama3.2:3b", input="word " * 1600, extra_body={"max_tokens": 4000})
+    assert reply.output_text
+    assert gpu.sim.stats.truncations == 0
+
+
+@pytest.mark.parametrize(("messages", "message"), [
+    ([{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}],
+     "image URLs are not currently supported, please use base64 encoded data instead"),
+    ([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/gif;base64,R0lGOD"}}]}],
+     "invalid image input"),
+    ([*HI, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": ""}}]}],
+     "invalid tool call arguments"),
+    ([{"role": "user"}], "invalid message content type: <nil>"),
+    ([{"role": "user", "content": 42}], "invalid message content type: float64"),
+    ([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}],
+     "invalid message format"),
+])
+def test_a_chat_message_ollama_cannot_convert_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, messages: Any, message: str) -> None:
+    """Ollama's OpenAI layer converts each message before the call reaches a model
+    (openai/openai.go FromChatRequest): one it cannot is its 400, never placed."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).chat.completions.create(model="llama3.2:3b", messages=messages)
+    body = info.value.response.json()
+    assert (body["error"]["message"], body["reason"]) == (message, "bad-request")
+    assert gpu.sim.stats.requests == 0
+    direct = httpx.post(f"{gpu.url}/v1/chat/completions",
+                        json={"model": "llama3.2:3b", "messages": messages})
+    assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+
+
+PNG = "iVBORw0KGgo="
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ([{"type": "text", "text": "what is this?"},
+      {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}],
+     "invalid image source type: url. Only base64 images are supported."),
+    ([{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                   "data": "not base64!"}}],
+     "invalid base64 image data: illegal base64 data at input byte 3"),
+    ([{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}],
+     "invalid image source type: url. Only base64 images are supported."),
+])
+def test_an_anthropic_block_ollama_cannot_convert_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, content: Any, message: str) -> None:
+    """Ollama's Anthropic layer takes only base64 images (anthropic.go resolveImageSource),
+    in a tool's result too from 0.23.4, and refuses any other before the call reaches a
+    model; a base64 one is answered."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    client = anthropic_for(url)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="llama3.2:3b", max_tokens=5,
+                               messages=[{"role": "user", "content": content}])
+    body = info.value.response.json()
+    assert (body["error"]["type"], body["error"]["message"], body["reason"]) == (
+        "invalid_request_error", message, "bad-request")
+    assert gpu.sim.stats.requests == 0
+    direct = httpx.post(f"{gpu.url}/v1/messages", json={
+        "model": "llama3.2:3b", "max_tokens": 5,
+        "messages": [{"role": "user", "content": content}]})
+    assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+    image: Any = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                              "data": PNG}}
+    assert client.messages.create(model="llama3.2:3b", max_tokens=5, messages=[
+        {"role": "user", "content": [image, {"type": "text", "text": "what is this?"}]}])
+
+
+def test_a_completion_ollama_cannot_convert_is_its_400_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    stops: Any = ["\n", 0]
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).completions.create(model="llama3.2:3b", prompt="hi", stop=stops)
+    body = info.value.response.json()
+    assert body["error"]["message"] == "invalid type for 'stop' field: float64"
+    assert gpu.sim.stats.requests == 0
+    direct = httpx.post(f"{gpu.url}/v1/completions",
+                        json={"model": "llama3.2:3b", "prompt": "hi", "stop": stops})
+    assert direct.json()["error"]["message"] == "invalid type for 'stop' field: float64"
+
+
+def test_a_replayed_reasoning_item_is_sized_as_ollama_reads_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Codex sends each reasoning item of Ollama's answers back whole: its thinking is in
+    the summary and in encrypted_content, and Ollama reads only encrypted_content. Counted
+    once, this conversation fits the context; twice, it was refused as too long."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    thinking = "the user wants a file listed so I list it " * 180  # ~2200 tokens
+    items: Any = [
+        {"role": "user", "content": "list the files"},
+        {"type": "reasoning", "id": "rs_1", "encrypted_content": thinking,
+         "summary": [{"type": "summary_text", "text": thinking}]},
+        {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt b.txt"}]
+    reply = client_for(url).responses.create(model="llama3.2:3b", input=items)
+    assert reply.output_text
+
+
+def test_a_missing_field_ollamas_layer_requires_is_refused_in_its_words(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    for path, body, message in [
+        ("/v1/chat/completions", {}, "[] is too short - 'messages'"),
+        ("/v1/messages", {"max_tokens": 5}, "messages is required"),
+        ("/v1/messages", {"max_tokens": 5.0, "messages": HI},
+         "json: cannot unmarshal number 5.0 into Go struct field MessagesRequest.max_tokens "
+         "of type int")]:
+        body = {"model": "llama3.2:3b", **body}
+        for server in (url, gpu.url):
+            refused = httpx.post(f"{server}{path}", json=body)
+            assert refused.status_code == 400
+            assert refused.json()["error"]["message"] == message
+    assert gpu.sim.stats.requests == 3  # the ones sent to it directly: none placed
+
+
+def test_a_responses_schema_ollama_cannot_use_is_its_refusal_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """As on OpenAI's chat: a json_schema whose `schema` is no object is Ollama's 500 once
+    the model is loaded; the sidecar answers it as a 400 before placing the call."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    text: Any = {"format": {"type": "json_schema", "name": "answer", "schema": "object"}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client_for(url).responses.create(model="llama3.2:3b", input="hello", text=text)
+    assert info.value.response.json()["error"]["message"] == \
+        'invalid format: "\\"object\\""; expected "json" or a valid JSON Schema object'
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
+
+
+@pytest.mark.parametrize(("version", "path", "body"), [
+    ("0.13.2", "/v1/responses", {"input": "hello"}),
+    ("0.12.6", "/v1/messages", {"max_tokens": 5, "messages": HI}),
+])
+def test_a_dialect_the_providers_ollama_lacks_is_its_404_before_any_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, path: str,
+        body: dict[str, Any]) -> None:
+    """Before 0.13.3 Ollama has no Responses API, before 0.14 no Anthropic messages: its
+    router's 404, which the sidecar gives without placing (and loading) anything."""
+    gpu = sim_factory("gpu", version=version, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    body = {"model": "llama3.2:3b", **body}
+    direct = httpx.post(f"{gpu.url}{path}", json=body)
+    assert (direct.status_code, direct.text) == (404, "404 page not found")
+    answer = httpx.post(f"{url}{path}", json=body)
+    assert answer.status_code == 404
+    assert answer.json()["reason"] == "not-found"
+    assert f"the providers run {version}" in str(answer.json()["error"])
+    assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (1, 0)  # the direct call only

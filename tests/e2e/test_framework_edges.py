@@ -202,7 +202,8 @@ def test_kubemoot_headers_within_their_values_are_taken(
     ("POST", "/api/copy", {"source": "qwen3:8b", "destination": "mine"},
      "ollama cp <source> <destination>"),
     ("POST", "/api/push", {"model": "qwen3:8b"}, "ollama push <model>"),
-    ("POST", "/api/create", {"model": "mine"}, "ollama create <model>")])
+    ("POST", "/api/create", {"model": "mine"}, "ollama create <model>"),
+    ("POST", "/api/blobs/sha256:ab12", {}, "ollama create <model>")])
 def test_model_management_names_the_command_to_run_on_each_provider(
         sim_factory: Sims, sidecar_factory: Sidecars, method: str, path: str,
         body: dict[str, str], command: str) -> None:
@@ -210,6 +211,8 @@ def test_model_management_names_the_command_to_run_on_each_provider(
     r = httpx.request(method, f"{url}{path}", json=body)
     assert r.status_code == 501 and r.json()["reason"] == "not-supported"
     assert f"OLLAMA_HOST=<provider> {command}" in r.json()["error"]
+    if path.startswith("/api/blobs/"):  # `ollama create` asks whether the server has it
+        assert httpx.head(f"{url}{path}").status_code == 501
 
 
 def test_an_idle_connection_outlives_the_agents_own_keep_alive(sim_factory: Sims) -> None:

@@ -822,3 +822,33 @@ def test_openai_embeddings_in_base64_are_little_endian_float32s(sim_factory: Sim
                for u, f in zip(us, fs, strict=True))
     assert openai_error(embed(encoding_format="int8")) == (
         "Invalid value for 'encoding_format' = int8. Supported values: ['float', 'base64'].")
+
+
+@pytest.mark.parametrize(("version", "roles"), [("0.32.6", 1), ("0.30.0", None)])
+def test_a_streamed_openai_chat_names_the_role_as_the_version_does(
+        sim_factory: Sims, version: str, roles: int | None) -> None:
+    """From 0.32.6 only the first chunk says `role` (middleware/openai.go ChatWriter,
+    commit 8edecb5c6); before, every content chunk did."""
+    sim = sim_factory("gpu", version=version, time_scale=SCALE)
+    answer = httpx.post(f"{sim.url}/v1/chat/completions", timeout=30, json={
+        "model": "llama3.2:3b", "stream": True, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]})
+    chunks = [orjson.loads(line[6:]) for line in answer.text.splitlines()
+              if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    content = [d for d in deltas if d]
+    named = sum("role" in d for d in content)
+    assert named == (roles if roles is not None else len(content)) and len(content) > 1
+
+
+def test_a_responses_function_call_whose_arguments_are_no_json_is_a_400(
+        sim_factory: Sims) -> None:
+    """FromResponsesRequest refuses it before any model (openai/responses.go: `failed to
+    parse function call arguments`): a 400, not the simulator's own fault."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    answer = httpx.post(f"{sim.url}/v1/responses", timeout=30, json={
+        "model": "llama3.2:3b", "input": [
+            {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{bad"}]})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"].startswith(
+        "failed to parse function call arguments: ")

@@ -52,6 +52,27 @@ def test_what_a_call_needs_and_ollamas_words_when_it_is_missing(
     assert call_needs(path, body, model) == needs
 
 
+@pytest.mark.parametrize(("path", "body", "version", "thinks"), [
+    # the Responses API reads no effort before 0.22
+    ("/v1/responses", {"reasoning": {"effort": "high"}}, (0, 21, 2), False),
+    ("/v1/responses", {"reasoning": {"effort": "high"}}, (0, 22, 0), True),
+    # "max" from 0.22; minimal, xhigh and ultra from 0.32.11 (before, Ollama's 400)
+    ("/v1/chat/completions", {"reasoning_effort": "max"}, (0, 21, 2), False),
+    ("/v1/chat/completions", {"reasoning_effort": "max"}, (0, 22, 0), True),
+    ("/v1/chat/completions", {"reasoning_effort": "minimal"}, (0, 32, 10), False),
+    ("/v1/chat/completions", {"reasoning_effort": "minimal"}, (0, 32, 11), True),
+    # `reasoning` given wins over reasoning_effort, even with no effort in it
+    ("/v1/chat/completions", {"reasoning": {}, "reasoning_effort": "high"}, (0, 30, 0), False),
+    ("/v1/chat/completions", {"reasoning": None, "reasoning_effort": "high"}, (0, 30, 0),
+     True),
+])
+def test_a_reasoning_effort_asks_for_thinking_as_the_version_reads_it(
+        path: str, body: dict[str, object], version: tuple[int, int, int],
+        thinks: bool) -> None:
+    needs = call_needs(path, body, "phi3:mini", version)
+    assert (needs[0][0] == "thinking") is thinks
+
+
 @pytest.mark.parametrize(("name", "full"), [
     ("phi3:mini", "registry.ollama.ai/library/phi3:mini"),
     ("nomic-embed-text", "registry.ollama.ai/library/nomic-embed-text:latest"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import orjson
 import pytest
 
 from proxy.core.eviction import choose_victims
@@ -287,6 +288,42 @@ def test_prompt_chars_reads_anthropic_blocks_and_responses_items() -> None:
     }
     assert prompt_size(responses).chars == 8 + 2 + 5 + (3 + 7) + 4 + (3 + 2 + 17)
     assert prompt_size({"input": "plain text"}).chars == 10
+
+
+def test_a_replayed_reasoning_item_counts_its_thinking_once() -> None:
+    """Ollama's answer has its thinking in a reasoning item's summary and encrypted_content
+    both; sent back, it reads encrypted_content alone (openai/responses.go)."""
+    thinking = "because " * 100
+    item = {"type": "reasoning", "id": "rs_1", "encrypted_content": thinking,
+            "summary": [{"type": "summary_text", "text": thinking}]}
+    assert prompt_size({"input": [item]}).chars == len(thinking)
+    summary_only = {**item, "encrypted_content": None}
+    assert prompt_size({"input": [summary_only]}).chars == 0
+    # an OpenAI chat message's thinking, as Ollama's answer gave it
+    chat = {"messages": [{"role": "assistant", "content": "ok", "reasoning": thinking}]}
+    assert prompt_size(chat).chars == 2 + len(thinking)
+
+
+def test_a_responses_image_by_file_id_alone_is_not_counted() -> None:
+    """Ollama skips it (convertResponsesContent: no image_url)."""
+    by_id = {"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}
+    assert prompt_size({"input": [by_id]}).images == 0
+    by_url = {"role": "user", "content": [{"type": "input_image", "image_url": "data:;base64,"}]}
+    assert prompt_size({"input": [by_url]}).images == 1
+
+
+def test_a_responses_namespace_tool_is_sized_by_its_member_functions() -> None:
+    """Ollama offers the model each member of a `namespace` tool, named `ns.member`, with
+    its schema (openai/responses.go convertTools): a namespace of MCP tools is most of such
+    a prompt."""
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    body = {"input": "hi", "tools": [{"type": "namespace", "name": "fs", "tools": [
+        {"type": "function", "name": "read", "description": "read a file",
+         "parameters": schema},
+        {"type": "function", "name": "list", "description": "list files",
+         "parameters": schema}]}]}
+    member = len(orjson.dumps(schema))
+    assert prompt_size(body).chars == 2 + (3 + 4 + 11 + member) + (3 + 4 + 10 + member)
 
 
 def test_an_embedding_request_is_sized_by_its_longest_input() -> None:

@@ -97,12 +97,20 @@ def test_a_refusal_names_the_model_the_body_names(body: dict[str, Any] | None,
 
 def test_the_answer_cap_is_read_where_ollama_reads_it() -> None:
     from proxy.api.routes import answer_cap
-    assert answer_cap({"options": {"num_predict": 64}}) == 64
-    assert answer_cap({"max_tokens": 32}) == 32  # OpenAI chat and completions, Anthropic
-    assert answer_cap({"max_output_tokens": 16}) == 16  # the Responses API
+    assert answer_cap("/api/chat", {"options": {"num_predict": 64}}) == 64
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
+        assert answer_cap(path, {"max_tokens": 32}) == 32
+    assert answer_cap("/v1/responses", {"max_output_tokens": 16}) == 16
     # Ollama's OpenAI layer does not read max_completion_tokens: the answer is not capped
-    assert answer_cap({"max_completion_tokens": 8}) == 0
-    assert answer_cap({"options": {"num_predict": -1}}) == 0
+    assert answer_cap("/v1/chat/completions", {"max_completion_tokens": 8}) == 0
+    assert answer_cap("/api/chat", {"options": {"num_predict": -1}}) == 0
+    # a field the path's layer does not have caps nothing
+    assert answer_cap("/api/chat", {"max_tokens": 32}) == 0
+    assert answer_cap("/v1/responses", {"max_tokens": 32}) == 0
+    assert answer_cap("/v1/chat/completions", {"max_output_tokens": 16,
+                                               "options": {"num_predict": 64}}) == 0
+    # explain's body names no path: whichever it has
+    assert answer_cap(None, {"max_output_tokens": 16}) == 16
 
 
 NEWEST_FORMS = '"high", "medium", "low", "max", true, or false'

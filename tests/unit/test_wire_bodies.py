@@ -117,3 +117,146 @@ def test_a_messages_error_wins_over_an_earlier_tools_error() -> None:
 def test_a_format_is_checked_as_ollamas_completion_checks_it(body: dict[str, object],
                                                              error: str | None) -> None:
     assert layers.format_error("/api/chat", body) == error
+
+
+@pytest.mark.parametrize(("version", "body", "error"), [
+    # before 0.20.5 an unknown item type is not quoted and a missing one not named
+    ((0, 20, 4), {"input": [{"type": "bogus"}]}, "input[0]: unknown input item type: bogus"),
+    ((0, 20, 4), {"input": [{"content": "hi"}]}, "input[0]: unknown input item type: "),
+    ((0, 20, 5), {"input": [{"type": "bogus"}]}, 'input[0]: unknown input item type: "bogus"'),
+    # web_search_call items from 0.32.10
+    ((0, 32, 9), {"input": [{"type": "web_search_call"}]},
+     'input[0]: unknown input item type: "web_search_call"'),
+    ((0, 32, 10), {"input": [{"type": "web_search_call"}]}, None),
+    # a function's output as a list of parts from 0.20.4; input_file parts too
+    ((0, 20, 3), {"input": [{"type": "function_call_output", "output": []}]},
+     "input[0]: json: cannot unmarshal array into Go struct field "
+     "ResponsesFunctionCallOutput.output of type string"),
+    ((0, 20, 4), {"input": [{"type": "function_call_output", "output": [
+        {"type": "input_text", "text": "x"}]}]}, None),
+    # read, then refused as it is converted (convertResponsesContent)
+    ((0, 20, 4), {"input": [{"type": "function_call_output", "output": [
+        {"type": "input_text", "text": "x"}, {"type": "input_file"}]}]},
+     "file inputs are not currently supported"),
+    ((0, 20, 3), {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
+     "input[0]: content[0]: unknown content type: input_file"),
+    # an item that is no object, a type that is no string
+    ((0, 30, 0), {"input": ["hi"]}, "input[0]: json: cannot unmarshal string into Go value "
+     'of type struct { Type string "json:\\"type\\""; Role string "json:\\"role\\"" }'),
+    ((0, 30, 0), {"input": [{"type": 1}]},
+     "input[0]: json: cannot unmarshal number into Go struct field .type of type string"),
+    # the input's error wins over a mistyped field before it (its decoder's error stops Go's)
+    ((0, 30, 0), {"instructions": 1, "input": [{"type": "bogus"}]},
+     'input[0]: unknown input item type: "bogus"'),
+    ((0, 30, 0), {"reasoning": "high", "input": "hi"},
+     "json: cannot unmarshal string into Go struct field ResponsesRequest.reasoning of type "
+     "openai.ResponsesReasoning"),
+    # the effort: none read before 0.22, then each version's words
+    ((0, 21, 2), {"input": "hi", "reasoning": {"effort": "bogus"}}, None),
+    ((0, 30, 0), {"input": "hi", "reasoning": {"effort": "minimal"}},
+     'invalid reasoning value: "minimal" (must be "high", "medium", "low", "max", or "none")'),
+    ((0, 32, 11), {"input": "hi", "reasoning": {"effort": "minimal"}}, None),
+    ((0, 30, 0), {"input": [None, {"role": "user", "content": None},
+                            {"type": "reasoning", "encrypted_content": "x"}]},
+     "input[0]: input item missing required 'type' field"),
+])
+def test_a_responses_body_is_read_as_the_versions_layer_reads_it(
+        version: tuple[int, int, int], body: dict[str, object], error: str | None) -> None:
+    assert layers.layer_error("/v1/responses", body, version) == error
+
+
+@pytest.mark.parametrize(("version", "effort", "error"), [
+    ((0, 21, 2), "max",
+     "invalid reasoning value: 'max' (must be \"high\", \"medium\", \"low\", or \"none\")"),
+    ((0, 22, 0), "max", None),
+    ((0, 30, 0), "xhigh", "invalid reasoning value: 'xhigh' (must be \"high\", \"medium\", "
+     "\"low\", \"max\", or \"none\")"),
+    ((0, 32, 11), "xhigh", None),
+    ((0, 32, 11), "huge", 'invalid reasoning value: "huge" (must be "minimal", "low", '
+     '"medium", "high", "xhigh", "ultra", "max", or "none")'),
+    ((0, 12, 6), "none", None),
+])
+def test_a_chats_reasoning_effort_is_checked_as_the_version_checks_it(
+        version: tuple[int, int, int], effort: str, error: str | None) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": effort}
+    assert layers.layer_error("/v1/chat/completions", body, version) == error
+
+
+@pytest.mark.parametrize(("version", "content", "calls", "error"), [
+    # before 0.14.2 an image's URL is no data URI, and bad base64 a message format error
+    ((0, 14, 1), [{"type": "image_url", "image_url": "https://x/y.png"}], None,
+     "invalid image input"),
+    ((0, 14, 2), [{"type": "image_url", "image_url": "https://x/y.png"}], None,
+     "image URLs are not currently supported, please use base64 encoded data instead"),
+    ((0, 14, 1), [{"type": "image_url", "image_url": "data:image/png;base64,!"}], None,
+     "invalid message format"),
+    ((0, 14, 2), [{"type": "image_url", "image_url": "data:;base64,iVBORw0KGgo="}], None,
+     None),
+    # input_audio parts from 0.20.0, their data base64
+    ((0, 19, 0), [{"type": "input_audio", "input_audio": {"data": "AAAA"}}], None,
+     "invalid message format"),
+    ((0, 20, 0), [{"type": "input_audio", "input_audio": {"data": "AA!A"}}], None,
+     "invalid input_audio base64 data: illegal base64 data at input byte 2"),
+    # no content is fine with tool calls (an empty list of them too), not without
+    ((0, 30, 0), None, [], None),
+    ((0, 30, 0), {"a": 1}, None, "invalid message content type: map[string]interface {}"),
+    # arguments: a JSON object as text; null into the plain map before 0.14 only
+    ((0, 13, 5), "", [{"function": {"name": "f", "arguments": "null"}}], None),
+    ((0, 14, 0), "", [{"function": {"name": "f", "arguments": "null"}}],
+     "invalid tool call arguments"),
+    ((0, 30, 0), "", [{"function": {"name": "f", "arguments": "[1]"}}],
+     "invalid tool call arguments"),
+])
+def test_a_chat_message_is_converted_as_the_versions_layer_converts_it(
+        version: tuple[int, int, int], content: object, calls: object,
+        error: str | None) -> None:
+    message: dict[str, object] = {"role": "user", "content": content}
+    if calls is not None:
+        message["tool_calls"] = calls
+    assert layers.layer_error("/v1/chat/completions", {"messages": [message]}, version) == \
+        error
+
+
+@pytest.mark.parametrize(("version", "block", "error"), [
+    ((0, 23, 3), {"type": "tool_result", "content": [{"type": "image", "source": "x"}]}, None),
+    ((0, 23, 4), {"type": "tool_result", "content": [{"type": "image", "source": "x"}]},
+     "invalid tool_result image source"),
+    ((0, 14, 0), {"type": "image"}, "invalid image source"),
+    ((0, 14, 0), {"type": "image", "source": {"type": "base64", "data": "iVBORw0KGgo="}},
+     None),
+    ((0, 14, 0), {"type": "tool_use", "id": "t1", "input": {}},
+     "tool_use block missing required 'name' field"),
+    ((0, 14, 0), {"type": "document", "source": {"type": "url"}}, None),  # ignored there
+])
+def test_an_anthropic_block_is_converted_as_the_versions_layer_converts_it(
+        version: tuple[int, int, int], block: dict[str, object], error: str | None) -> None:
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": [block]}]}
+    assert layers.layer_error("/v1/messages", body, version) == error
+
+
+@pytest.mark.parametrize(("version", "body", "error"), [
+    ((0, 12, 10), {"logprobs": True}, None),  # no such field yet
+    ((0, 12, 11), {"logprobs": True},
+     "json: cannot unmarshal bool into Go struct field CompletionRequest.logprobs of type int"),
+    ((0, 30, 0), {"stop": ["\n", 1]}, "invalid type for 'stop' field: float64"),
+    ((0, 30, 0), {"stop": [["x"]]}, "invalid type for 'stop' field: []interface {}"),
+    ((0, 30, 0), {"stop": 5}, None),  # neither text nor a list: ignored
+])
+def test_a_completion_is_read_as_the_versions_layer_reads_it(
+        version: tuple[int, int, int], body: dict[str, object], error: str | None) -> None:
+    assert layers.layer_error("/v1/completions", {"prompt": "hi", **body}, version) == error
+
+
+@pytest.mark.parametrize(("version", "config", "error"), [
+    ((0, 23, 3), "high", None),  # no such field yet: ignored
+    ((0, 23, 4), "high", "json: cannot unmarshal string into Go struct field "
+     "MessagesRequest.output_config of type anthropic.OutputConfig"),
+    ((0, 23, 4), {"effort": 2}, "json: cannot unmarshal number into Go struct field "
+     "OutputConfig.output_config.effort of type string"),
+    ((0, 23, 4), {"effort": "xhigh"}, None),
+])
+def test_anthropic_output_config_is_bound_as_the_version_binds_it(
+        version: tuple[int, int, int], config: object, error: str | None) -> None:
+    body = {"max_tokens": 5, "output_config": config,
+            "messages": [{"role": "user", "content": "hi"}]}
+    assert layers.layer_error("/v1/messages", body, version) == error
