@@ -243,7 +243,7 @@ def build_app(settings: Settings, store: StateStore | None = None,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(OllamaCors, extra_origins=settings.origins)
     api = SidecarApi(calls=services.calls, pool=pool,
-                     holders=scheduler.providers_with,
+                     holders=scheduler.providers_with, unreachable=scheduler.unreachable,
                      unload=scheduler.unload_everywhere, metrics=metrics,
                      max_request_bytes=settings.max_request_bytes,
                      chunk_timeout_s=settings.chunk_timeout_seconds,

@@ -37,7 +37,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from proxy.core.models import model_ref, ollama_name_parts, valid_name_part
+from proxy.core.models import model_key, model_ref, ollama_name_parts, valid_name_part
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
 ENV_PREFIX = "KUBEMOOT_"
@@ -53,6 +53,15 @@ def check_model_name(name: str) -> str:
                              "([host/][namespace/]model[:tag]; letters, digits, '_', '-' and "
                              f"'.'): its {kind} is not valid")
     return name
+
+
+def same_server(endpoint: str) -> str:
+    """An endpoint as the server it reaches: scheme and host in lower case, the default
+    port spelled out, no trailing slash."""
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}" \
+        f"{parts.path.rstrip('/')}"
 
 
 class ProviderConfig(BaseModel):
@@ -231,6 +240,19 @@ class Settings(BaseSettings):
     def _candidates(cls, value: Any) -> Any:
         return _parse_json_or_file(value, "candidates")
 
+    @field_validator("model_candidates_mulling", "model_candidates_triage")
+    @classmethod
+    def _one_entry_per_model(cls, value: list[CandidateModel]) -> list[CandidateModel]:
+        # Two entries of one model (as Ollama matches names) would give it two scores.
+        seen: dict[str, str] = {}
+        for entry in value:
+            key = model_key(entry.model)
+            if key in seen:
+                raise ValueError(f"{entry.model!r} is listed twice (also as {seen[key]!r}); "
+                                 "one entry per model")
+            seen[key] = entry.model
+        return value
+
     @field_validator("providers", mode="before")
     @classmethod
     def _providers(cls, value: Any) -> Any:
@@ -243,6 +265,16 @@ class Settings(BaseSettings):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate provider name(s): {', '.join(duplicates)}")
+        # One Ollama under two names would have its GPU's memory counted twice: loads placed
+        # "beside" each other on one card, which Ollama spills or evicts.
+        by_server: dict[str, str] = {}
+        for provider in value:
+            server = same_server(provider.endpoint)
+            if server in by_server:
+                raise ValueError(f"providers {by_server[server]!r} and {provider.name!r} "
+                                 f"have one endpoint ({provider.endpoint}): one Ollama is "
+                                 "one provider")
+            by_server[server] = provider.name
         return value
 
     @field_validator("model_model", "triage_model_model_id")

@@ -36,10 +36,12 @@ from nats.js.errors import (
 from proxy.adapters.nats_options import (
     NatsConfigError,
     NatsOptions,
+    PlainTextServer,
     reason_of,
     redact,
     refusal,
     unreachable,
+    wants_tls,
 )
 from proxy.observability.logging import drop_harmless_asyncio_lines, get_logger
 from proxy.ports import BUCKETS, BucketSpec, CasConflict, ChangeCounter, Entry, StoreUnavailable
@@ -51,6 +53,23 @@ WATCH_INACTIVE_S = 10.0  # server drops an abandoned watch consumer after this
 RETRY_CONNECT_S = 2.0  # while NATS was never reached, how often to try again
 SERVING_PROBE_S = 1.0  # while JetStream answers nothing, how often to ask again
 WATCH_LAG_S = 3.0  # a write of ours its watch has not shown by then: the watch is lost
+
+
+class TlsOnlyClient(NATS):
+    """nats-py's client, which goes on in plain text when a server asked for over TLS
+    offers none (it starts TLS only when the server's INFO requires it): such a server is
+    refused before the CONNECT, which would carry the credentials in the clear."""
+
+    def __init__(self, wants_tls: bool) -> None:
+        super().__init__()
+        self._wants_tls = wants_tls
+
+    def _connect_command(self) -> bytes:
+        server = self._current_server
+        if self._wants_tls and not self._server_info.get("tls_required") and (
+                server is None or server.uri.scheme not in ("ws", "wss")):
+            raise PlainTextServer("nats: the server offers no TLS")
+        return super()._connect_command()
 
 
 async def connect_client(options: NatsOptions, give_up_unreachable: int = 0,
@@ -77,7 +96,7 @@ async def connect_client(options: NatsOptions, give_up_unreachable: int = 0,
 
     kwargs = options.connect_kwargs()
     drop_harmless_asyncio_lines()  # said by asyncio for each TLS connection nats-py closes
-    client = NATS()
+    client = TlsOnlyClient(wants_tls(options))
     connect = asyncio.ensure_future(client.connect(**kwargs, error_cb=error, **callbacks))
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait((connect, stopped), timeout=options.timeout_s,

@@ -140,6 +140,18 @@ def check_creds_file(path: Path) -> None:
         raise NatsConfigError(f"{CREDS}={path}: its user nkey seed is not valid") from None
 
 
+class PlainTextServer(nats.errors.Error):
+    """A server asked for over TLS that offers none (raised before the CONNECT, which carries
+    the credentials)."""
+
+
+def wants_tls(options: NatsOptions) -> bool:
+    """TLS asked for: a `tls://` server or a TLS file. (`wss://` is TLS below the protocol,
+    whatever the server's INFO says.)"""
+    return bool(options.tls_ca or options.tls_cert or options.tls_key or
+                any(u.startswith("tls://") for u in options.servers))
+
+
 def redact(urls: str) -> str:
     """Server URLs without any user:password@ part, fit for logs."""
     return re.sub(r"(?<=://)[^@/,]*@", "***@", urls)
@@ -177,6 +189,10 @@ def refusal(exc: BaseException, options: NatsOptions) -> NatsConfigError | None:
             refused in text for refused in REFUSED_CREDENTIALS):
         return NatsConfigError(f"{where}: authorization violation: check "
                                f"{options.auth_settings()}")
+    if isinstance(exc, PlainTextServer):
+        return NatsConfigError(f"{where}: TLS: the server offers no TLS, so nothing was sent "
+                               f"to it in plain text: check KUBEMOOT_NATS_URL (tls://) and "
+                               "the server's TLS settings")
     if isinstance(exc, ssl.SSLCertVerificationError):
         return NatsConfigError(f"{where}: TLS: the server's certificate is not trusted "
                                f"({exc.verify_message}): check {TLS_CA}")

@@ -16,6 +16,7 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
+from proxy.core.engine_errors import body_excerpt
 from proxy.ports import ModelEntry, ShowAnswer, Timeouts, UpstreamError
 
 JSON_HEADERS = {"content-type": "application/json"}
@@ -165,7 +166,7 @@ class OllamaClient:
         response = await self._request(method, path, body, timeout_s)
         if response.status_code >= 400:
             raise UpstreamError(f"{self.endpoint}{path}: HTTP {response.status_code}: "
-                                f"{response.text[:200]}")
+                                f"{body_excerpt(response.content)}")
         try:
             return orjson.loads(response.content)
         except orjson.JSONDecodeError as exc:

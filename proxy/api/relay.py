@@ -29,7 +29,7 @@ from proxy.api.errors import (
 )
 from proxy.api.wire import past_go_duration
 from proxy.core.context import unshifted_answer_cap
-from proxy.core.engine_errors import SERVER_BUSY, callers_error, prompt_too_long
+from proxy.core.engine_errors import SERVER_BUSY, body_excerpt, callers_error, prompt_too_long
 from proxy.core.models import cloud_echo, model_key, split_source
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
@@ -317,12 +317,13 @@ class RelayStream(StreamingResponse):
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
-            elif self.end_event and not self._answered:
-                # the agent must hear of the failure, and it is not a finished call
+            elif self._last_mark and not self._answered:
+                # the agent must hear of the failure, and it is not a finished call (Ollama
+                # ends every stream with `"done":true` or its error line)
                 self._ok = False
                 self._error = (f"provider {self.attempt.provider} ended the stream without "
-                               f"{self.end_event.decode().removeprefix('data: ')}: the engine "
-                               "failed mid-answer")
+                               f"{self._last_mark.decode().removeprefix('data: ')}: the "
+                               "engine failed mid-answer")
                 closing = (b"" if ended_with_newline else b"\n") + stream_error_line(
                     self._error, self.dialect)
             self._ended = True
@@ -537,7 +538,8 @@ def shift_payload(attempt: Attempt, shift: object, options: object) -> dict[str,
 
 def engine_error(data: bytes) -> str:
     """The message of an error answer in any dialect (Ollama's `error` string, OpenAI's and
-    Anthropic's `error.message`), else the start of the body."""
+    Anthropic's `error.message`); an HTML page's title (an ingress's 502, a sign-in
+    proxy's 401); else the start of the body."""
     with contextlib.suppress(orjson.JSONDecodeError):
         body = orjson.loads(data)
         error = body.get("error") if isinstance(body, dict) else None
@@ -545,7 +547,24 @@ def engine_error(data: bytes) -> str:
             error = error.get("message")
         if isinstance(error, str) and error:
             return error[:300]
-    return data[:200].decode(errors="replace").strip() or "no message"
+    return body_excerpt(data) or "no message"
+
+
+def not_ollamas(content_type: str | None, data: bytes | None) -> str | None:
+    """Why a successful answer cannot be Ollama's, or None: Ollama answers JSON, NDJSON or
+    (its OpenAI and Anthropic layers) server-sent events. Something else answering at the
+    endpoint (an ingress's or a sign-in proxy's HTML page) is the provider's failure, not
+    the call's answer."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media and not media.endswith("json") and media != "text/event-stream":
+        return f"the answer is {media}, not Ollama's JSON (is something else at the endpoint?)"
+    if data is None or media == "text/event-stream" or media.endswith("ndjson"):
+        return None
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return f"the answer is not JSON: {data[:100].decode(errors='replace').strip()!r}"
+    return None
 
 
 class ClientGone(Exception):
@@ -703,6 +722,10 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                                           began=False))
         return Response(status_code=499)
 
+    if upstream.status_code < 400 and (alien := not_ollamas(upstream.content_type, data)):
+        if data is None:
+            await upstream.aclose()
+        return failed(f"HTTP {upstream.status_code}: {alien}")
     if data is None:
         attempts.answering()
         return RelayStream(upstream, attempt, attempts, started, chunk_timeout_s, headers,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import orjson
@@ -221,10 +221,12 @@ class SidecarApi:
                  max_request_bytes: int, chunk_timeout_s: float, default_can_wait: bool,
                  readiness: Callable[[], bool], shared_state: Callable[[], str],
                  prompt_tokens: Callable[[CallRequest], int],
-                 probed_version: Callable[[], str | None] = lambda: None) -> None:
+                 probed_version: Callable[[], str | None] = lambda: None,
+                 unreachable: Callable[[], Collection[str]] = frozenset) -> None:
         self.calls = calls
         self.pool = pool
         self.holders = holders
+        self.unreachable = unreachable  # providers whose last probe found them down
         self.unload = unload
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
@@ -293,7 +295,7 @@ class SidecarApi:
         """The first provider's version; when none answers, the version one reported last
         (here or to the prober); when none ever did, 503: a made-up version would tell a
         client something no server said."""
-        for _, client in self.pool.everything():
+        for _, client in self._answering():
             try:
                 version = await client.version(2.0)
             except UpstreamError:
@@ -322,11 +324,19 @@ class SidecarApi:
         return error_response(404, "not-found", "no provider answered GET /api/status "
                               "(Ollama serves it from 0.17)")
 
+    def _answering(self) -> list[tuple[str, ModelServer]]:
+        """The providers to ask a question all of them may answer (`/api/tags`, `/api/ps`,
+        the version): those known down are left out, so that one dead card does not hold
+        every such answer for its timeout; all of them when every one is."""
+        everything = self.pool.everything()
+        down = self.unreachable()
+        return [(n, c) for n, c in everything if n not in down] or everything
+
     def _gateway_first(self) -> list[tuple[str, ModelServer]]:
         """The providers, the one the sidecar reaches Ollama's cloud through first
         (core/cloud.py `gateway`), then the others in configured order."""
         first = self.calls.cloud_gateway()
-        return sorted(self.pool.everything(), key=lambda entry: entry[0] != first)
+        return sorted(self._answering(), key=lambda entry: entry[0] != first)
 
     async def through_gateway(self, request: Request) -> Response:
         """The provider's answer, as it came (a 401 `signin_url` included), from the one the
@@ -361,7 +371,7 @@ class SidecarApi:
                       ) -> list[tuple[str, list[ModelEntry]]]:
         """Each provider's models as `listing` asks for them; those that did not answer are
         left out."""
-        targets = self.pool.everything()
+        targets = self._answering()
         results = await asyncio.gather(*(listing(c) for _, c in targets),
                                        return_exceptions=True)
         return [(name, r) for (name, _), r in zip(targets, results, strict=True)
@@ -464,7 +474,7 @@ class SidecarApi:
             return error_response(400, "bad-request", "field 'model': model is required")
         holders = self.holders(model)
         candidates = [self.pool.clients[h] for h in holders] or [
-            c for _, c in self.pool.everything()]
+            c for _, c in self._answering()]
         last: Response | None = None
         for client in candidates:
             try:
@@ -557,7 +567,7 @@ class SidecarApi:
         """A cloud model's OpenAI model object, as the first provider that sends the
         question on to its cloud answers it (0.18+, cloud_proxy.go
         cloudModelPathPassthroughMiddleware); None when none does."""
-        for _, client in self.pool.everything():
+        for _, client in self._answering():
             try:
                 answer = await client.fetch(f"/v1/models/{name}", client.timeouts.first_byte_s)
             except UpstreamError:

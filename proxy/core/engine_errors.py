@@ -51,3 +51,20 @@ def callers_error(message: str) -> bool:
     """Whether an engine's 500 (or 501) is the call's own mistake (another card would refuse
     it too)."""
     return CALLERS_ERROR.match(message) is not None
+
+
+_HTML_TITLE = re.compile(rb"<title[^>]*>\s*(.*?)\s*</title>", re.IGNORECASE | re.DOTALL)
+
+
+def html_title(data: bytes) -> str | None:
+    """An HTML page's title (what an ingress's 502 or a sign-in proxy's page says), else
+    None: such a page is not Ollama's answer and its markup says nothing more."""
+    found = _HTML_TITLE.search(data[:8192])
+    return found.group(1)[:200].decode(errors="replace") if found else None
+
+
+def body_excerpt(data: bytes) -> str:
+    """A failed answer's body for a message: an HTML page by its title, else its start."""
+    if (title := html_title(data)) is not None:
+        return f"{title} (an HTML page, not Ollama's)"
+    return data[:200].decode(errors="replace").strip()

@@ -37,19 +37,19 @@ class Claimed:
     local: bool  # claimed in the in-process book because the shared store was unreachable
 
 
-LoadState = Literal["loaded", "loading", "abandoned", "failed"]
+LoadState = Literal["loaded", "abandoned", "failed"]
 
 
 def load_state(outcome: CallOutcome) -> LoadState:
-    """What a call that loaded its model left: the copy (it was answered), maybe a copy still
-    loading (the answer broke off), a load abandoned (its agent left before the answer
-    began: its connection closed, Ollama aborts the load unless it had just finished), or
-    nothing (the engine refused or failed before answering)."""
-    if outcome.prompt_too_long or (outcome.ok and outcome.error is None):
+    """What a call that loaded its model left: the copy (it was answered, or its answer began
+    and broke off: Ollama answers only once the model is loaded, so the copy is there unless
+    the runner or Ollama died with the answer, which the next probe shows), a load abandoned
+    (its agent left before the answer began: its connection closed, Ollama aborts the load
+    unless it had just finished), or nothing (the engine refused or failed before
+    answering)."""
+    if outcome.prompt_too_long or (outcome.ok and outcome.error is None) or outcome.began:
         return "loaded"
-    if outcome.client_left and not outcome.began:
-        return "abandoned"
-    return "loading" if outcome.client_left or outcome.began else "failed"
+    return "abandoned" if outcome.client_left else "failed"
 
 
 def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"

@@ -303,7 +303,9 @@ class Prober:
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
             # or an Ollama that is down would otherwise be silent)
-            log.warning("provider unreachable", provider=name, endpoint=config.endpoint)
+            # (with what it answered: a server that is not Ollama is not one that is down)
+            log.warning("provider unreachable", provider=name, endpoint=config.endpoint,
+                        error=str(version if isinstance(version, BaseException) else ps))
         self.latest[name] = state
         for watch in self.watchers:
             watch(state)

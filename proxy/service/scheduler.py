@@ -552,6 +552,10 @@ class Scheduler:
         """Can place calls: a static endpoint, or at least one provider with fresh state."""
         return self.pool.static is not None or self.view.any_ready(self.clock.now())
 
+    def unreachable(self) -> set[str]:
+        """Providers known not to answer now (their last probe failed)."""
+        return self.view.unreachable(self.clock.now())
+
     def provider_view(self, provider: str) -> ProviderView:
         """One provider as the state shows it now (no health, demand or local tickets)."""
         return self.view.provider_view(self.providers[provider], self.clock.now())

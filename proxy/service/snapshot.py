@@ -112,6 +112,11 @@ class StateView:
         return any((s := self.provider_state(c.name, now)) is not None and s.ready
                    for c in self.configs)
 
+    def unreachable(self, now: float) -> set[str]:
+        """Providers whose fresh state says they did not answer their last probe."""
+        return {c.name for c in self.configs
+                if (s := self.provider_state(c.name, now)) is not None and not s.ready}
+
     def stale_providers(self, now: float, margin: float = 0.5) -> list[str]:
         """Providers whose shared state is missing or older than margin x the limit."""
         out = []

@@ -188,6 +188,22 @@ def test_a_wrong_password_or_token_ends_serve_with_one_line(
                                f"authorization violation: check {settings}"])
 
 
+def test_a_server_asked_for_over_tls_that_offers_none_gets_no_credentials(
+        serve: Callable[..., Serve]) -> None:
+    # nats-py goes on in plain text when the server's INFO does not require TLS: the token
+    # would cross the network in the clear, to whatever answers on that port.
+    server = NatsServer(extra_args=["--auth", "t0ken"]).start()
+    try:
+        url = server.url.replace("nats://", "tls://")
+        rc, lines = serve(KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_TOKEN="t0ken").exit()
+    finally:
+        server.cleanup()
+    assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: NATS at {url}: TLS: the "
+                               "server offers no TLS, so nothing was sent to it in plain "
+                               "text: check KUBEMOOT_NATS_URL (tls://) and the server's TLS "
+                               "settings"])
+
+
 def test_a_nats_that_comes_after_serve_and_refuses_it_is_said_once_as_an_error(
         serve: Callable[..., Serve]) -> None:
     server = NatsServer(extra_args=["--user", "agent", "--pass", "s3cret"]).start()

@@ -26,6 +26,10 @@ def serve(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
      "KUBEMOOT_MODEL_MODEL: 'bad model!!' is not a model name as Ollama reads one"),
     ({"KUBEMOOT_MODEL_CANDIDATES_TRIAGE": '[{"model": "qwen3:8b!", "score": 5}]'},
      "KUBEMOOT_MODEL_CANDIDATES_TRIAGE[0].model: 'qwen3:8b!' is not a model name"),
+    ({"KUBEMOOT_MODEL_CANDIDATES_MULLING": '[{"model": "qwen3:8b", "score": 70}, '
+                                           '{"model": "Qwen3:8B", "score": 10}]'},
+     "KUBEMOOT_MODEL_CANDIDATES_MULLING: 'Qwen3:8B' is listed twice (also as 'qwen3:8b'); "
+     "one entry per model"),
 ])
 def test_a_bad_model_setting_ends_serve_with_one_line(env: dict[str, str], said: str
                                                       ) -> None:
@@ -59,3 +63,20 @@ def test_well_formed_model_settings_start_serve() -> None:
     finally:
         proc.kill()
         proc.communicate()
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("http://localhost:11501", "http://localhost:11501/"),
+    ("http://localhost:11501", "http://LOCALHOST:11501"),
+    ("http://gpu-0.ollama", "http://gpu-0.ollama:80"),
+])
+def test_one_ollama_under_two_provider_names_ends_serve_with_one_line(first: str, second: str
+                                                                      ) -> None:
+    # Its GPU's memory would count twice: two loads "beside" each other on one card.
+    providers = (f'[{{"name": "gpu-a", "endpoint": "{first}"}}, '
+                 f'{{"name": "gpu-b", "endpoint": "{second}"}}]')
+    done = serve(KUBEMOOT_PROVIDERS=providers)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == (
+        "kubemoot-proxy: bad configuration: KUBEMOOT_PROVIDERS: providers 'gpu-a' and 'gpu-b' "
+        f"have one endpoint ({second.rstrip('/')}): one Ollama is one provider\n")

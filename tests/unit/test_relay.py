@@ -306,7 +306,8 @@ async def test_a_long_stream_that_begins_like_the_error_line_reaches_the_agent_a
         ) -> None:
     """An upstream that starts a line with `{"error":` and streams on past
     MAX_HELD_ERROR_BYTES is not ending: what was held goes out unchanged, no reason added."""
-    pieces = [DIED] + [CONTENT] * (MAX_HELD_ERROR_BYTES // len(CONTENT) + 2)
+    pieces = [DIED] + [CONTENT] * (MAX_HELD_ERROR_BYTES // len(CONTENT) + 2) + [
+        b'{"message":{"role":"assistant","content":""},"done":true}\n']
     sent, _ = await _stream_through(answering(NDJSON_HEAD + _chunked(*pieces, b"")), 1, [])
     assert b"".join(m.get("body", b"") for m in sent) == b"".join(pieces)
 

@@ -1,0 +1,212 @@
+"""A provider that is not quite Ollama: something else answering at its endpoint (an
+ingress's or a sign-in proxy's HTML page, a body that is no JSON), or a stream that ends
+cleanly without its last line. The caller gets the contract's status in its dialect, and
+another card takes the call where one can."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import ollama
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from loadtest.ollama_sim import SimServer
+from loadtest.serving import ThreadedServer
+from proxy.app import build_app
+from proxy.settings import load_settings
+from tests.conftest import eventually, provider_entry
+
+Sims = Callable[..., SimServer]
+Sidecars = Callable[..., ThreadedServer]
+ROOT = Path(__file__).resolve().parents[2]
+HI = [{"role": "user", "content": "hi"}]
+LOGIN_PAGE = "<html><head><title>Sign in</title></head><body>sign in first</body></html>"
+PARTIAL = b'{"model":"qwen3:8b","message":{"role":"assistant","content":"the"},"done":false}\n'
+
+
+def fronted(backend: SimServer, answer: Callable[[], Response]) -> Starlette:
+    """Ollama's probes and /api/show answered by `backend`; every call answered `answer()`."""
+
+    async def relay(request: Request) -> Response:
+        async with httpx.AsyncClient() as client:
+            got = await client.request(request.method, backend.url + request.url.path,
+                                       content=await request.body())
+        return Response(got.content, got.status_code,
+                        media_type=got.headers.get("content-type"))
+
+    async def call(request: Request) -> Response:
+        await request.body()
+        return answer()
+
+    return Starlette(routes=[
+        *(Route(path, call, methods=["POST"]) for path in (
+            "/api/chat", "/api/generate", "/v1/chat/completions")),
+        Route("/{path:path}", relay, methods=["GET", "POST", "HEAD"])])
+
+
+def login_page() -> Response:
+    return HTMLResponse(LOGIN_PAGE)
+
+
+def no_json() -> Response:
+    return Response(b"this is not json\n", media_type="application/json")
+
+
+def cut_clean() -> Response:
+    """A stream closed in good order after its first line: no `done: true`, no error."""
+
+    async def lines() -> object:
+        yield PARTIAL
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@pytest.mark.parametrize(("answer", "stream"), [(login_page, True), (login_page, False),
+                                                (no_json, False)])
+def test_a_provider_answering_no_ollama_answer_hands_the_call_to_another(
+        answer: Callable[[], Response], stream: bool, sim_factory: Sims,
+        sidecar_factory: Sidecars) -> None:
+    behind, good = sim_factory("behind"), sim_factory("good")
+    httpx.post(f"{behind.url}/api/generate", json={"model": "qwen3:8b"})  # warm: first choice
+    front = ThreadedServer(fronted(behind, answer), name="front").start()
+    try:
+        sidecar = ThreadedServer(build_app(load_settings(providers=[
+            {**provider_entry(behind), "name": "fronted", "endpoint": front.url},
+            provider_entry(good)])), name="sidecar").start()
+        try:
+            r = httpx.post(f"{sidecar.url}/api/chat", json={
+                "model": "qwen3:8b", "messages": HI, "stream": stream}, timeout=30)
+        finally:
+            sidecar.stop()
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kubemoot-provider"] == "good"
+        assert r.text.splitlines()[-1].startswith('{"model":"qwen3:8b"')
+    finally:
+        front.stop()
+
+
+@pytest.mark.parametrize(("path", "stream"), [("/api/chat", True), ("/api/chat", False),
+                                              ("/v1/chat/completions", True),
+                                              ("/v1/chat/completions", False)])
+def test_an_html_page_from_the_only_engine_is_a_502_in_the_callers_dialect(
+        path: str, stream: bool, sidecar_factory: Sidecars) -> None:
+    engine = ThreadedServer(Starlette(routes=[Route(
+        path, lambda request: HTMLResponse(LOGIN_PAGE), methods=["POST"]),
+        Route("/api/version", lambda request: PlainTextResponse("404 page not found", 404))]),
+        name="engine").start()
+    try:
+        url = sidecar_factory(model_endpoint=engine.url, model_model="qwen3:8b").url
+        r = httpx.post(url + path, json={"model": "qwen3:8b", "messages": HI,
+                                         "stream": stream}, timeout=30)
+        assert r.status_code == 502, r.text
+        body = r.json()
+        assert body["reason"] == "upstream-failed"
+        error = body["error"]["message"] if path.startswith("/v1") else body["error"]
+        assert "text/html, not Ollama's JSON" in error
+    finally:
+        engine.stop()
+
+
+def test_a_stream_closed_without_its_last_line_ends_with_an_error_line(
+        sidecar_factory: Sidecars) -> None:
+    # Ollama ends every stream with `"done":true` or its error line: one closed in good order
+    # without either (a proxy in the way, a runner gone) is a failure the agent must hear of.
+    engine = ThreadedServer(Starlette(routes=[Route(
+        "/api/chat", lambda request: cut_clean(), methods=["POST"])]), name="engine").start()
+    try:
+        url = sidecar_factory(model_endpoint=engine.url, model_model="qwen3:8b").url
+        r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:8b", "messages": HI},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+        first, last = r.text.splitlines()
+        assert first.encode() + b"\n" == PARTIAL
+        assert orjson.loads(last) == {
+            "error": 'provider static ended the stream without "done":true: the engine failed '
+                     "mid-answer", "reason": "upstream-failed"}
+        with pytest.raises(ollama.ResponseError, match="without"):
+            for _ in ollama.Client(host=url).chat(model="qwen3:8b", messages=HI, stream=True):
+                pass
+    finally:
+        engine.stop()
+
+
+def test_a_provider_that_is_no_ollama_is_logged_with_what_it_answered() -> None:
+    web = ThreadedServer(Starlette(routes=[Route("/{path:path}", lambda request: HTMLResponse(
+        "<html><head><title>Error response</title></head><body>404</body></html>", 404))]),
+        name="web").start()  # a web server that is no Ollama: its HTML 404 to every path
+    env = {"PATH": "/usr/bin:/bin", "KUBEMOOT_LISTEN": "127.0.0.1:0",
+           "KUBEMOOT_PROVIDERS": f'[{{"name": "gpu-a", "endpoint": "{web.url}"}}]'}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "serve"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # (the first probe's warning comes within a second)
+            if "provider unreachable" in line:
+                break
+        logged = json.loads(line)
+        assert logged["endpoint"] == web.url
+        assert logged["error"] == (f"{web.url}/api/version: HTTP 404: Error response (an "
+                                   "HTML page, not Ollama's)")
+    finally:
+        proc.kill()
+        proc.communicate()
+        web.stop()
+
+
+def test_an_ingress_error_page_is_named_by_its_title(sidecar_factory: Sidecars) -> None:
+    page = ("<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad "
+            "Gateway</h1></center><hr><center>nginx</center></body></html>")
+    engine = ThreadedServer(Starlette(routes=[Route(
+        "/api/chat", lambda request: HTMLResponse(page, 502), methods=["POST"])]),
+        name="engine").start()
+    try:
+        url = sidecar_factory(model_endpoint=engine.url, model_model="qwen3:8b").url
+        r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:8b", "messages": HI},
+                       timeout=30)
+        assert r.status_code == 502, r.text
+        assert r.json() == {"error": "provider static failed before answering: HTTP 502: 502 "
+                                     "Bad Gateway (an HTML page, not Ollama's)",
+                            "reason": "upstream-failed", "model": "qwen3:8b"}
+    finally:
+        engine.stop()
+
+
+def test_a_card_that_accepts_and_never_answers_holds_no_listing_once_probed(
+        sim_factory: Sims) -> None:
+    # A hung node: its port takes connections (the kernel's backlog) and says nothing.
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    try:
+        gpu = sim_factory("gpu")
+        sidecar = ThreadedServer(build_app(load_settings(providers=[
+            provider_entry(gpu), {"name": "hung", "endpoint":
+                                  f"http://127.0.0.1:{hole.getsockname()[1]}"}])),
+            name="sidecar").start()
+        try:
+            url = sidecar.url
+            assert eventually(lambda: [p["ready"] for p in httpx.get(
+                f"{url}/kubemoot/v1/state").json()["providers"]] == [True, False], 15)
+            for path in ("/api/tags", "/api/ps", "/api/version", "/v1/models"):
+                started = time.monotonic()
+                r = httpx.get(url + path, timeout=30)
+                assert r.status_code == 200, (path, r.text)
+                assert time.monotonic() - started < 1.5, path  # not the 3 s of the hung card
+            assert "qwen3:8b" in {m["name"] for m in httpx.get(f"{url}/api/tags").json()[
+                "models"]}
+        finally:
+            sidecar.stop()
+    finally:
+        hole.close()
