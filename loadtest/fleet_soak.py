@@ -41,6 +41,7 @@ from loadtest.loadgen import percentile, wait_http
 from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
 from loadtest.serving import add_sharing_flags, sharing_args
+from loadtest.sim_engine import version_tuple
 from loadtest.sim_model import CATALOG
 from loadtest.sim_output import ANSWER_TOKENS, answer_options
 
@@ -456,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                              "outgrows every context, then the loop starts over)")
     parser.add_argument("--dialects", default="ollama",
                         help="comma-separated, drawn per call: ollama (the `ollama` client on "
-                             "/api/chat), openai (/v1/chat/completions), anthropic (/v1/messages)")
+                             "/api/chat), openai (/v1/chat/completions), anthropic (/v1/messages; "
+                             "not before Ollama 0.14, which has no such path)")
     parser.add_argument("--ollama-version", metavar="VERSION",
                         help="the Ollama version every simulated GPU behaves as (default: "
                              "the simulator's; 0.12.6: driver free memory, no 80 %% rule)")
@@ -525,6 +527,18 @@ def main(argv: list[str] | None = None) -> int:
         stop_all(procs, nats)
 
 
+# Ollama serves Anthropic's /v1/messages from 0.14.0: an older fleet's agents do not use it
+MESSAGES_SINCE = (0, 14, 0)
+
+
+def served_dialects(asked: str, version: str | None) -> tuple[str, ...]:
+    """The dialects asked for that the fleet's Ollama serves."""
+    dialects = tuple(asked.split(","))
+    if version and version_tuple(version) < MESSAGES_SINCE:
+        dialects = tuple(d for d in dialects if d != "anthropic") or ("ollama",)
+    return dialects
+
+
 async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tally:
     tally = Tally()
     deadline = time.monotonic() + args.seconds
@@ -532,7 +546,8 @@ async def soak(sidecars: list[tuple[str, str]], args: argparse.Namespace) -> Tal
     tolerated = frozenset({502, -1}) if args.outage else frozenset()
     await asyncio.gather(*(
         agent(f"{kind}-{i}-{j}", url, model, deadline, args.seed * 1000 + i * 10 + j, tally,
-              args.churn, tolerated, tuple(args.dialects.split(",")), args.conversations,
+              args.churn, tolerated, served_dialects(args.dialects, args.ollama_version),
+              args.conversations,
               args.aliases, args.siblings, args.cloud)
         for i, (url, model) in enumerate(sidecars) for j in range(args.agents)))
     return tally
