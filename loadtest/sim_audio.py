@@ -42,9 +42,10 @@ async def chat_request(request: Request, version: str) -> tuple[dict[str, Any], 
     except MultiPartException as exc:
         return f"failed to parse multipart form: {exc}"
 
-    def value(name: str) -> str:  # Go's FormValue: the form's, else the query's
-        given = form.get(name)
-        return given if isinstance(given, str) else request.query_params.get(name) or ""
+    def value(name: str) -> str:  # Go's FormValue: r.Form's first, the query's before the form's
+        given = [*request.query_params.getlist(name),
+                 *(item for item in form.getlist(name) if isinstance(item, str))]
+        return given[0] if given else ""
 
     model = value("model")
     if not model:

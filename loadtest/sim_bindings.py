@@ -283,9 +283,12 @@ def anthropic_block_error(block: Any, version: str) -> str | None:
     if kind == "image":
         source = block.get("source")
         return "invalid image source" if source is None else image_source_error(source)
-    if kind == "tool_use":
+    if kind == "tool_use":  # (before 0.19.0 read from the map: an empty one taken)
+        newer = version_tuple(version) >= (0, 19, 0)
         return next((f"tool_use block missing required '{key}' field"
-                     for key in ("id", "name") if not block.get(key)), None)
+                     for key in ("id", "name") if (not block.get(key) if newer else
+                                                   not isinstance(block.get(key), str))),
+                    None)
     if kind == "tool_result" and version_tuple(version) >= (0, 23, 4):
         for inner in block.get("content") if isinstance(block.get("content"), list) else ():
             if isinstance(inner, dict) and inner.get("type") == "image":

@@ -722,7 +722,8 @@ def anthropic_message_error(message: dict[str, Any], version: Version) -> str | 
                 _image_source_error(source) if isinstance(source, dict) else None
         elif kind == "tool_use":
             wrong = next((f"tool_use block missing required '{key}' field"
-                          for key in ("id", "name") if not block.get(key)), None)
+                          for key in ("id", "name") if _tool_use_lacks(block.get(key), version)),
+                         None)
         elif kind == "tool_result" and version >= TOOL_RESULT_IMAGES_SINCE:
             wrong = _tool_result_error(block.get("content"))
         else:
@@ -730,6 +731,17 @@ def anthropic_message_error(message: dict[str, Any], version: Version) -> str | 
         if wrong:
             return wrong
     return None
+
+
+# From 0.19.0 convertMessage reads the bound block (an empty id or name refused); before, the
+# raw map (`blockMap["id"].(string)`: one absent or not text refused, an empty one taken)
+TOOL_USE_EMPTY_REFUSED_SINCE: Version = (0, 19, 0)
+
+
+def _tool_use_lacks(value: Any, version: Version) -> bool:
+    if version >= TOOL_USE_EMPTY_REFUSED_SINCE:
+        return not value  # (one of another type is Go's binding error, left to Ollama)
+    return not isinstance(value, str)
 
 
 def _image_source_error(source: dict[str, Any]) -> str | None:

@@ -61,7 +61,8 @@ async def _pieces(raw: bytes) -> AsyncGenerator[bytes, None]:
 
 async def read_form(raw: bytes, headers: Headers, query: QueryParams) -> Transcription:
     """The form's fields, or FormError as Ollama words it. A field is read as Go's
-    `FormValue` reads it: the form's first value, else the query string's."""
+    `FormValue` reads it: the first of its values in `r.Form`, where ParseMultipartForm
+    puts the query string's before the form's."""
     kind, _, params = headers.get("content-type", "").partition(";")
     if kind.strip().lower() != "multipart/form-data":
         # Go's ParseMultipartForm on any other body (net/http ErrNotMultipart)
@@ -80,10 +81,9 @@ async def read_form(raw: bytes, headers: Headers, query: QueryParams) -> Transcr
         raise FormError(f"failed to parse multipart form: {exc}") from None
     try:
         def value(name: str) -> str:
-            given = form.get(name)
-            if isinstance(given, str):
-                return given
-            return query.get(name) or ""
+            given = [*query.getlist(name),
+                     *(item for item in form.getlist(name) if isinstance(item, str))]
+            return given[0] if given else ""
 
         model = value("model")
         if not model:

@@ -260,3 +260,17 @@ def test_anthropic_output_config_is_bound_as_the_version_binds_it(
     body = {"max_tokens": 5, "output_config": config,
             "messages": [{"role": "user", "content": "hi"}]}
     assert layers.layer_error("/v1/messages", body, version) == error
+
+
+@pytest.mark.parametrize("version", [(0, 14, 0), (0, 18, 3)])
+def test_an_empty_tool_use_id_or_name_is_taken_before_0_19(
+        version: tuple[int, int, int]) -> None:
+    body = {"max_tokens": 5, "messages": [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "", "name": "", "input": {}}]}]}
+    assert layers.layer_error("/v1/messages", body, version) is None
+    # from 0.19.0 the bound block's empty id is refused; absent, on every version
+    assert layers.layer_error("/v1/messages", body, (0, 19, 0)) == \
+        "tool_use block missing required 'id' field"
+    del body["messages"][0]["content"][0]["id"]  # type: ignore[attr-defined]
+    assert layers.layer_error("/v1/messages", body, version) == \
+        "tool_use block missing required 'id' field"
