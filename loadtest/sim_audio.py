@@ -37,10 +37,15 @@ async def chat_request(request: Request, version: str) -> tuple[dict[str, Any], 
         return "failed to parse multipart form: request Content-Type isn't multipart/form-data"
     if "boundary=" not in params.lower():
         return "failed to parse multipart form: no multipart boundary param in Content-Type"
+    raw = await request.body()
     try:
         form = await request.form()
     except MultiPartException as exc:
         return f"failed to parse multipart form: {exc}"
+    boundary = params.split("boundary=", 1)[1].split(";")[0].strip().strip('"')
+    if b"--" + boundary.encode() + b"--" not in raw:  # Go's reader needs the closing one
+        return "failed to parse multipart form: " + (
+            "unexpected EOF" if raw.strip() else "multipart: NextPart: EOF")
 
     def value(name: str) -> str:  # Go's FormValue: r.Form's first, the query's before the form's
         given = [*request.query_params.getlist(name),

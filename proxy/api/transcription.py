@@ -30,6 +30,15 @@ WORDS_BEFORE_0_30 = ("Transcribe the following audio exactly as spoken. Output o
 MAX_FIELDS = 100
 
 
+def _closed(raw: bytes, params: str) -> bool:
+    """Whether the body ends its form with the closing delimiter (`--boundary--`)."""
+    for param in params.split(";"):
+        name, _, value = param.strip().partition("=")
+        if name.lower() == "boundary":
+            return b"--" + value.strip('"').encode("latin-1", "replace") + b"--" in raw
+    return False
+
+
 def served(version: Version) -> bool:
     return any(low <= version and (high is None or version < high) for low, high in SERVED)
 
@@ -79,6 +88,11 @@ async def read_form(raw: bytes, headers: Headers, query: QueryParams) -> Transcr
         form = await parser.parse()
     except (MultiPartException, ValueError) as exc:  # UnicodeDecodeError among them
         raise FormError(f"failed to parse multipart form: {exc}") from None
+    if not _closed(raw, params):
+        # Go's reader needs the closing delimiter; Starlette's keeps what came before it
+        await form.close()
+        raise FormError("failed to parse multipart form: " + (
+            "unexpected EOF" if raw.strip() else "multipart: NextPart: EOF"))
     try:
         def value(name: str) -> str:
             given = [*query.getlist(name),

@@ -134,10 +134,6 @@ def test_a_field_is_read_as_gos_formvalue_reads_it(sim_factory: Sims, sidecar_fa
     assert mine.text == theirs.text != ""
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Go's multipart reader refuses an empty or truncated body (`multipart: NextPart: EOF`, "
-    "`unexpected EOF`): Ollama's `failed to parse multipart form: ...`; Starlette's parser "
-    "reads what it can, and the sidecar answers `model is required` or `file is required`"))
 @pytest.mark.parametrize("raw", [
     b"",
     b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nqwen3:8b\r\n--b\r\n'
@@ -146,8 +142,10 @@ def test_a_field_is_read_as_gos_formvalue_reads_it(sim_factory: Sims, sidecar_fa
 def test_a_form_go_cannot_read_gets_ollamas_parse_error(sim_factory: Sims,
                                                        sidecar_factory: Sidecars,
                                                        raw: bytes) -> None:
-    sidecar = sidecar_factory([sim_factory("gpu", time_scale=SCALE)])
-    mine = httpx.post(f"{sidecar.url}{PATH}", content=raw,
-                      headers={"content-type": "multipart/form-data; boundary=b"})
-    assert mine.status_code == 400
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    sidecar = sidecar_factory([gpu])
+    mine, theirs = (httpx.post(f"{url}{PATH}", content=raw, headers={
+        "content-type": "multipart/form-data; boundary=b"}) for url in (sidecar.url, gpu.url))
+    assert mine.status_code == theirs.status_code == 400
+    assert mine.json()["error"]["message"] == theirs.json()["error"]["message"]
     assert mine.json()["error"]["message"].startswith("failed to parse multipart form: ")

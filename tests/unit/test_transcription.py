@@ -19,10 +19,11 @@ async def read(data: dict[str, str], files: dict[str, tuple[str, bytes]] | None 
                                          QueryParams(query))
 
 
-async def test_a_field_missing_from_the_form_is_read_from_the_query() -> None:
+async def test_a_field_is_read_as_gos_formvalue_reads_it() -> None:
+    """The query string's value first, then the form's: Go's Request.Form puts them so."""
     asked = await read({"language": "de"}, {"file": ("a.wav", b"abc")},
                        "model=qwen3:8b&language=fr")
-    assert (asked.model, asked.language, asked.audio) == ("qwen3:8b", "de", b"abc")
+    assert (asked.model, asked.language, asked.audio) == ("qwen3:8b", "fr", b"abc")
 
 
 async def test_a_file_sent_as_a_text_field_is_no_file() -> None:
