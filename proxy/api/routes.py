@@ -153,9 +153,16 @@ ANSWER_CAPS = {"/v1/chat/completions": "max_tokens", "/v1/completions": "max_tok
                "/v1/responses": "max_output_tokens", "/v1/messages": "max_tokens"}
 
 
-# The dialect paths an older Ollama does not have (its router's 404): the Responses API from
-# 0.13.3, Anthropic's messages from 0.14.0
-SERVED_SINCE: dict[str, Version] = {"/v1/responses": (0, 13, 3), "/v1/messages": (0, 14, 0)}
+# The paths some Ollama versions do not have (their router's 404), with the versions that
+# do, each from the first and before the second: the Responses API from 0.13.3, Anthropic's
+# messages from 0.14.0, audio transcriptions on 0.20-0.24 and from 0.30
+SERVED_IN: dict[str, tuple[tuple[Version, Version | None], ...]] = {
+    "/v1/responses": (((0, 13, 3), None),), "/v1/messages": (((0, 14, 0), None),),
+    transcription.PATH: transcription.SERVED}
+
+
+def _dotted(version: Version) -> str:
+    return ".".join(map(str, version))
 
 
 # A body larger than this is read, checked and measured in a worker thread, a piece at a
@@ -651,27 +658,32 @@ class SidecarApi:
                      ) -> Response:
         started = time.perf_counter()
         dialect = dialect_of(path)
-        if (since := SERVED_SINCE.get(path)) and (version := self.engine_version()) < since:
-            # (Ollama's router answers it before reading anything: so does the sidecar)
-            return error_response(
-                404, "not-found", f"POST {path} is served by Ollama from "
-                f"{'.'.join(map(str, since))}; the providers run "
-                f"{'.'.join(map(str, version))}", dialect=dialect)
+        if missing := self._not_served(path, dialect):
+            return missing
         read = await self._read(request, schema, dialect)
         if isinstance(read, Response):
             return read
         return await self._serve(request, path, *read, started, dialect)
 
+    def _not_served(self, path: str, dialect: Dialect) -> Response | None:
+        """Ollama's router's 404 for a path the providers' version does not have, answered
+        before anything is read, as Ollama does (`SERVED_IN`); None where it is served."""
+        ranges, version = SERVED_IN.get(path), self.engine_version()
+        if ranges is None or any(low <= version and (high is None or version < high)
+                                 for low, high in ranges):
+            return None
+        served = " and ".join(f"from {_dotted(low)}" + (f" to before {_dotted(high)}" if high
+                                                       else "") for low, high in ranges)
+        return error_response(404, "not-found", f"POST {path} is served by Ollama {served}; "
+                              f"the providers run {_dotted(version)}", dialect=dialect)
+
     async def transcribe(self, request: Request) -> Response:
         """OpenAI's transcription form, served as the chat call Ollama makes of it
         (api/transcription.py) where the providers' Ollama serves the path."""
         started = time.perf_counter()
+        if missing := self._not_served(transcription.PATH, "openai"):
+            return missing
         version = self.engine_version()
-        if not transcription.served(version):
-            running = self.probed_version() or "no known version"
-            return error_response(
-                404, "not-found", f"POST {transcription.PATH} is served by Ollama 0.20 to 0.24 "
-                f"and 0.30 or later; the providers run {running}", dialect="openai")
         raw = await self._read_raw(request, "openai")
         if isinstance(raw, Response):
             return raw

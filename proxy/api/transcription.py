@@ -39,10 +39,6 @@ def _closed(raw: bytes, params: str) -> bool:
     return False
 
 
-def served(version: Version) -> bool:
-    return any(low <= version and (high is None or version < high) for low, high in SERVED)
-
-
 @dataclass(frozen=True)
 class Transcription:
     """The form's fields Ollama reads (openai.TranscriptionRequest)."""
