@@ -183,6 +183,25 @@ def _stamp(created: Any) -> float:
         return time.time()
 
 
+class ReplayEnd:
+    """Where a watch's replay of what its bucket held ends. nats-py marks it with a None,
+    but it asks the consumer what is pending only after subscribing: when the server has
+    sent every entry already and none is handled yet, that None comes first, before the
+    whole replay. So a first None counts only if the bucket holds nothing; otherwise the
+    replay ends at the entry with nothing pending after it."""
+
+    def __init__(self, holds_nothing: Callable[[], Awaitable[bool]]) -> None:
+        self._holds_nothing = holds_nothing
+        self._seen = False
+
+    async def at(self, entry: Any) -> bool:
+        """Whether the replay ends with `entry` (a watch's next item, None the marker)."""
+        if entry is None:
+            return self._seen or await self._holds_nothing()
+        self._seen = True
+        return bool(entry.delta == 0)
+
+
 def bucket_config(spec: BucketSpec, replicas: int = 1) -> KeyValueConfig:
     return KeyValueConfig(bucket=spec.name, history=spec.history, ttl=spec.ttl_s,
                           storage=StorageType.FILE, direct=True, replicas=replicas)
@@ -434,38 +453,53 @@ class NatsStore:
         replayed = self._replayed[bucket]
         spec = next(s for s in self.buckets if s.name == bucket)
         woken = False  # an entry since the last bump wakes waiters: bump at the burst's end
+        end = ReplayEnd(lambda: self._holds_nothing(bucket))
         async for entry in watcher:
-            if entry is None:  # end of the initial replay
-                if not replayed.is_set():
-                    self._mirror[bucket] = mirror
-                    self._written_at[bucket] = written_at
-                    self._next_expiry[bucket] = -math.inf  # (the replay may hold old ones)
-                    self._versions[bucket] += 1
-                    self._generation += 1
-                    replayed.set()
-                    self.changes.bump()
-                continue
-            self._seen[bucket] = max(self._seen[bucket], entry.revision)
-            wakes = True
-            if entry.operation in ("DEL", "PURGE") or entry.value is None:
-                mirror.pop(entry.key, None)
-                written_at.pop(entry.key, None)
-            else:
-                wakes = spec.wakes(entry.key, entry.key in mirror)
-                mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
-                # a live write's age from its arrival, so a clock ahead of the server's
-                # cannot age it early; a replayed one's from the server's stamp
-                written_at[entry.key] = time.time() if replayed.is_set() else \
-                    _stamp(entry.created)
-                if replayed.is_set():
-                    self._next_expiry[bucket] = min(self._next_expiry[bucket],
-                                                    written_at[entry.key] + self._ttl[bucket])
-            if replayed.is_set():
+            if entry is not None:
+                woken = self._show(bucket, spec, entry, mirror, written_at, woken)
+            if not replayed.is_set() and await end.at(entry):
+                self._mirror[bucket] = mirror
+                self._written_at[bucket] = written_at
+                self._next_expiry[bucket] = -math.inf  # (the replay may hold old ones)
                 self._versions[bucket] += 1
-                woken = woken or wakes
-                if entry.delta == 0 and woken:
-                    self.changes.bump()
-                    woken = False
+                self._generation += 1
+                replayed.set()
+                self.changes.bump()
+
+    def _show(self, bucket: str, spec: BucketSpec, entry: Any, mirror: dict[str, Entry],
+              written_at: dict[str, float], woken: bool) -> bool:
+        """Put a watched entry into `mirror`; whether a wake is owed since the last bump."""
+        replayed = self._replayed[bucket]
+        self._seen[bucket] = max(self._seen[bucket], entry.revision)
+        wakes = True
+        if entry.operation in ("DEL", "PURGE") or entry.value is None:
+            mirror.pop(entry.key, None)
+            written_at.pop(entry.key, None)
+        else:
+            wakes = spec.wakes(entry.key, entry.key in mirror)
+            mirror[entry.key] = Entry(entry.key, entry.value, entry.revision)
+            # a live write's age from its arrival, so a clock ahead of the server's
+            # cannot age it early; a replayed one's from the server's stamp
+            written_at[entry.key] = time.time() if replayed.is_set() else \
+                _stamp(entry.created)
+            if replayed.is_set():
+                self._next_expiry[bucket] = min(self._next_expiry[bucket],
+                                                written_at[entry.key] + self._ttl[bucket])
+        if replayed.is_set():
+            self._versions[bucket] += 1
+            woken = woken or wakes
+            if entry.delta == 0 and woken:
+                self.changes.bump()
+                woken = False
+        return woken
+
+    async def _holds_nothing(self, bucket: str) -> bool:
+        try:
+            info = await self._nc.jetstream(timeout=self.options.timeout_s).stream_info(
+                f"KV_{bucket}")
+        except Exception:
+            return True  # (unknown: take nats-py's word)
+        return int(info.state.messages) == 0
 
     def _written(self, bucket: str, revision: int) -> int:
         """Note a write of ours at `revision`, for the watch to show in time."""
@@ -592,12 +626,13 @@ class NatsStore:
             watcher = await kv.watchall(inactive_threshold=WATCH_INACTIVE_S)
             try:
                 now = time.time()
+                end = ReplayEnd(lambda: self._holds_nothing(bucket))
                 async for entry in watcher:
-                    if entry is None:  # (the replay's end)
-                        break
-                    if entry.operation in ("DEL", "PURGE") and \
+                    if entry is not None and entry.operation in ("DEL", "PURGE") and \
                             now - _stamp(entry.created) > older_than_s:
                         old.append((entry.key, entry.revision))
+                    if await end.at(entry):
+                        break
             finally:
                 with contextlib.suppress(Exception):
                     await watcher.stop()

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
+import nats.js.kv
 import pytest
 
 from loadtest.nats_server import NatsServer
@@ -37,6 +38,7 @@ async def store(request: pytest.FixtureRequest, nats_server: NatsServer
     await empty_buckets(nats_server.url, [b.name for b in buckets])
     nats_store = NatsStore(NatsOptions(nats_server.url), buckets)
     await nats_store.start()
+    assert await nats_store.replayed(5)  # (the replays' ends bump the change counter)
     yield nats_store
     await nats_store.close()
 
@@ -226,5 +228,79 @@ async def test_old_delete_markers_are_purged_and_nothing_else(nats_server: NatsS
         assert info.state.messages == 2
         assert (await store.get(BINDINGS, "thread.t0.mulling")).value == b"again"  # type: ignore[union-attr]
         assert set(store.view(BINDINGS)) == {"crew=2Fa", "thread.t0.mulling"}
+    finally:
+        await store.close()
+
+
+class _MarkerFirst:
+    """A watch as nats-py yields it when the server has sent the whole replay before the
+    client asked what was pending: its end marker first, then every replayed entry."""
+
+    def __init__(self, watcher: Any) -> None:
+        self._watcher = watcher
+        self._marked: bool | str = False
+
+    def __aiter__(self) -> _MarkerFirst:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self._marked:
+            self._marked = True
+            return None
+        if self._marked is True:
+            self._marked = "late"
+            await asyncio.sleep(0.1)  # the replay comes after the marker has been read
+        entry = await self._watcher.__anext__()
+        while entry is None:  # (its own marker, after the replay)
+            entry = await self._watcher.__anext__()
+        return entry
+
+    async def stop(self) -> None:
+        await self._watcher.stop()
+
+
+@pytest.fixture
+def marker_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_watch = nats.js.kv.KeyValue.watch
+
+    async def watch(self: Any, *args: Any, **kwargs: Any) -> _MarkerFirst:
+        return _MarkerFirst(await real_watch(self, *args, **kwargs))
+
+    monkeypatch.setattr(nats.js.kv.KeyValue, "watch", watch)
+
+
+async def test_a_view_is_replayed_whole_when_the_end_marker_comes_first(
+        nats_server: NatsServer, marker_first: None) -> None:
+    """Read as replayed at that early marker, the view was empty while the bucket held
+    tickets: a placement then saw every card free."""
+    await empty_buckets(nats_server.url, [BINDINGS])
+    writer = NatsStore(NatsOptions(nats_server.url), BUCKETS)
+    await writer.start()
+    try:
+        for i in range(50):
+            await writer.put(BINDINGS, f"k{i}", b"{}")
+    finally:
+        await writer.close()
+    store = NatsStore(NatsOptions(nats_server.url), BUCKETS)
+    await store.start()
+    try:
+        assert await store.replayed(5)
+        assert len(store.view(BINDINGS)) == 50
+        assert await store.purge_deleted(BINDINGS, older_than_s=0) == 0  # none, and ends
+        await store.delete(BINDINGS, "k0")
+        assert await store.purge_deleted(BINDINGS, older_than_s=0) == 1
+    finally:
+        await store.close()
+
+
+async def test_an_empty_bucket_is_replayed_at_its_marker(
+        nats_server: NatsServer, marker_first: None) -> None:
+    await empty_buckets(nats_server.url, [BINDINGS])
+    store = NatsStore(NatsOptions(nats_server.url), BUCKETS)
+    await store.start()
+    try:
+        assert await store.replayed(5)
+        assert store.view(BINDINGS) == {}
+        assert await store.purge_deleted(BINDINGS, older_than_s=0) == 0
     finally:
         await store.close()
