@@ -33,6 +33,7 @@ async def worker(url: str, tasks: int, seconds: float, hold_ms: float, total_mib
                  ticket_mib: int) -> dict[str, Any]:
     store = NatsStore(NatsOptions(url))
     await store.start()
+    await store.replayed(5)
     # No reserve: the whole card is the budget the claims race for.
     book = TicketBook(store, Policy(reserve_min_mib=0, reserve_fraction=0.0), ttl_s=30)
     view = ProviderView(PROVIDER, total_mib)

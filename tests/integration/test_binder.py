@@ -344,6 +344,7 @@ async def test_the_binder_purges_the_markers_its_deletes_leave(nats_url: str,
     store = NatsStore(NatsOptions(nats_url),
                       tuple(b for b in BUCKETS if b.name in (PROVIDER_STATE, BINDINGS)))
     await store.start()
+    assert await store.replayed(5)
     try:
         for i in range(50):  # discussions that last asked two hours ago
             await store.put(BINDINGS, f"ask.t{i}.mulling.{KEY}", orjson.dumps(

@@ -105,6 +105,7 @@ async def test_waiting_calls_one_after_another_leave_no_marker_each_in_the_bucke
     numbers are used again, so the markers are as many as calls that waited at once."""
     store = NatsStore(NatsOptions(nats_url), BUCKETS)
     await store.start()
+    assert await store.replayed(5)
     board = DemandBoard(store, "crew/a")
     together = [await board.waiting("qwen3:8b") for _ in range(3)]
     assert len({e.key for e in together}) == 3  # calls waiting at once: an entry each
@@ -220,6 +221,7 @@ async def test_publisher_probes_simulators_and_writes_state(sim_factory, nats_ur
     await client.load("qwen3:8b")
     store = NatsStore(NatsOptions(nats_url))
     await store.start()
+    assert await store.replayed(5)
     clients = {c.name: OllamaClient(c.endpoint) for c in configs}
     prober = Prober(configs, clients, store, gpu_memory=DcgmExporter(2.0))
     await prober.round()

@@ -37,6 +37,7 @@ async def store(request: pytest.FixtureRequest, nats_server: NatsServer
     await empty_buckets(nats_server.url)
     nats_store = NatsStore(NatsOptions(nats_server.url))
     await nats_store.start()
+    assert await nats_store.replayed(5)  # the views whole before a book reads them
     yield nats_store
     # a book's delayed release write must not land in the next test's emptied buckets
     for book in _OPEN_BOOKS:
@@ -195,6 +196,7 @@ async def test_a_server_back_without_its_storage_is_connected_only_with_its_own_
     store = NatsStore(NatsOptions(server.url))
     try:
         await store.start()
+        assert await store.replayed(5)
         book = TicketBook(store, Policy())
         assert (await book.claim(book.new_ticket("old", "gpu", "m", 1000, True, {}, "h"),
                                  VIEW)).ok
@@ -477,6 +479,7 @@ async def test_claims_queued_behind_a_write_go_out_together(nats_server: NatsSer
     await empty_buckets(nats_server.url)
     store = NatsStore(NatsOptions(nats_server.url))
     await store.start()
+    assert await store.replayed(5)
     try:
         book = _book(store)
         first = book.new_ticket("first", "gpu", "m", 1, True, {}, "h")
@@ -560,6 +563,7 @@ from proxy.service.tickets import TicketBook
 async def main() -> None:
     store = NatsStore(NatsOptions(sys.argv[1]))
     await store.start()
+    assert await store.replayed(5)
     book = TicketBook(store, Policy(), ttl_s=1.0)
     ticket = book.new_ticket("held-by-a-dead-process", "gpu", "m", 6000, True, {}, "doomed")
     assert (await book.claim(ticket, ProviderView("gpu", 12048))).ok
@@ -591,6 +595,7 @@ def test_a_holder_killed_mid_call_stops_counting_within_the_ttl(nats_server: Nat
     async def claim_after_kill() -> tuple[bool, bool, float]:
         store = NatsStore(NatsOptions(nats_server.url))
         await store.start()
+        assert await store.replayed(5)
         book = TicketBook(store, Policy(), ttl_s=60)
         # A probe after the kill lists the copy the dead holder loaded, idle.
         view = ProviderView("gpu", 12048, residents=(Resident("m", 6000),),
