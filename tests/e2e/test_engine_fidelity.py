@@ -406,6 +406,7 @@ def _hold(url: str, model: str, tokens: int) -> Callable[[], None]:
     return leave
 
 
+@pytest.mark.parametrize("mode", ["nats"], indirect=True)  # (its prober publishes)
 def test_a_copy_busy_past_its_keep_alive_is_joined_not_loaded_again(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """Ollama sets a copy's `/api/ps` expiry when it goes idle and stops its timer while a

@@ -35,14 +35,14 @@ def _while_sent(url: str, path: str, body: bytes) -> tuple[httpx.Response, float
 @pytest.mark.parametrize("path", ["/api/chat", "/kubemoot/v1/explain"])
 def test_a_body_of_many_messages_does_not_stall_the_other_calls(
         sim_factory: Sims, sidecar_factory: Sidecars, path: str) -> None:
-    """About 20 MB of 400,000 short messages (far beyond any context: a call is refused 413)
+    """About 10 MB of 200,000 short messages (far beyond any context: a call is refused 413)
     takes the sidecar seconds to check; meanwhile no other request waits more than a fraction
     of that (on the event loop it waited for all of it)."""
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3])
     url = sidecar_factory([gpu]).url
     assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 200)
     big = orjson.dumps({"model": "qwen3:8b", "stream": False, "messages": [
-        {"role": "user", "content": f"m{i}"} for i in range(400_000)]})
+        {"role": "user", "content": f"m{i}"} for i in range(200_000)]})
     answer, took, waits = _while_sent(url, path, big)
     if path == "/api/chat":
         assert answer.json()["reason"] == "prompt-too-large", answer.text

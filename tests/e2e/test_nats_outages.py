@@ -66,7 +66,8 @@ def test_a_call_started_while_nats_is_down_is_in_the_shared_book_once_it_is_back
     _stop(server, one, two)
     # During the outage: a call that ends (released in-process), then one that goes on.
     assert chat(one, "qwen3:8b", options={"num_predict": 4}).status_code == 200
-    streaming = stream_in_background(one, "qwen3:8b", LONG, threading.Event())
+    leave = threading.Event()
+    streaming = stream_in_background(one, "qwen3:8b", LONG, threading.Event(), leave)
     held = _tickets(one, "one")
     assert len(held) == 1
     assert _tickets(two, "one") == []  # the other sidecar cannot know it yet
@@ -80,6 +81,7 @@ def test_a_call_started_while_nats_is_down_is_in_the_shared_book_once_it_is_back
     # Only the held ticket went back: the released one was not resurrected.
     assert _tickets(one, "one") == held
     # Its release now goes to the shared book: the other sidecar sees the slot free.
+    leave.set()
     streaming.join(60)
     assert eventually(lambda: _tickets(two, "one") == [], timeout_s=BACK_S), \
         _state(two)["tickets"]
@@ -93,7 +95,8 @@ def test_after_nats_comes_back_empty_a_sidecar_places_from_the_new_views_only(
     one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
     two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
     assert chat(one, "qwen3:8b", options={"num_predict": 4}).status_code == 200
-    long_call = stream_in_background(one, "qwen3:8b", LONG, threading.Event())
+    leave = threading.Event()
+    long_call = stream_in_background(one, "qwen3:8b", LONG, threading.Event(), leave)
     short_call = stream_in_background(one, "qwen3:8b", 300, threading.Event())  # ~3 s
     assert eventually(lambda: len(_tickets(two, "one")) == 2, timeout_s=BACK_S)
     held = [t for t in _tickets(one, "one")]
@@ -128,5 +131,6 @@ def test_after_nats_comes_back_empty_a_sidecar_places_from_the_new_views_only(
     assert int(r.headers["x-kubemoot-waited-ms"]) < 1000
     assert time.monotonic() - began < 5
     assert long_call.is_alive()
+    leave.set()
     long_call.join(60)
     assert eventually(lambda: _tickets(two, "one") == [], timeout_s=BACK_S)

@@ -40,15 +40,18 @@ def chat(url: str, model: str, headers: dict[str, str] | None = None, timeout: f
     return httpx.post(f"{url}/api/chat", json=payload, headers=headers, timeout=timeout)
 
 
-def stream_in_background(url: str, model: str, tokens: int, started: threading.Event
-                         ) -> threading.Thread:
-    """A long streaming call holding a slot until it finishes."""
+def stream_in_background(url: str, model: str, tokens: int, started: threading.Event,
+                         leave: threading.Event | None = None) -> threading.Thread:
+    """A long streaming call holding a slot until it finishes, or its agent leaves it once
+    `leave` is set."""
 
     def run() -> None:
         body = {"model": model, "messages": HI, "options": answer_options(tokens)}
         with httpx.stream("POST", f"{url}/api/chat", json=body, timeout=60) as r:
             for _ in r.iter_lines():
                 started.set()
+                if leave is not None and leave.is_set():
+                    break
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
