@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from . import sim_gojson
 from .sim_checks import go_quote
 from .sim_engine import version_tuple
 
@@ -348,7 +349,7 @@ def responses_error(body: dict[str, Any], version: str) -> str | None:
     instructions = body.get("instructions")
     for item in given if isinstance(given, list) else ():
         if isinstance(item, dict) and (wrong := _item_parts_error(item) or
-                                       _function_call_error(item)):
+                                       _function_call_error(item, at)):
             return wrong
     if instructions is not None and not isinstance(instructions, str):
         return (f"json: cannot unmarshal {_json_kind(instructions)} into Go struct field "
@@ -377,18 +378,27 @@ def _item_parts_error(item: dict[str, Any]) -> str | None:
     return None
 
 
-def _function_call_error(item: dict[str, Any]) -> str | None:
-    """FromResponsesRequest: a function call's `arguments` ("" aside) must be a JSON object.
-    The reason after the colon is Go's own and only approximated here."""
+# From 0.14 tool arguments are an ordered map, which jsonparser.ObjectEach reads: anything
+# but an object is refused in its words (api/types.go ToolCallFunctionArguments.UnmarshalJSON)
+ORDERED_ARGUMENTS_SINCE = (0, 14, 0)
+
+
+def _function_call_error(item: dict[str, Any], at: tuple[int, int, int]) -> str | None:
+    """FromResponsesRequest (openai/responses.go): json.Unmarshal of a function call's
+    `arguments` ("" skipped) into api.ToolCallFunctionArguments, its error wrapped."""
     arguments = item.get("arguments") if item.get("type") == "function_call" else None
     if not isinstance(arguments, str) or not arguments:
         return None
-    try:
-        parsed = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return "failed to parse function call arguments: invalid JSON"
-    return None if isinstance(parsed, dict) else \
-        "failed to parse function call arguments: not a JSON object"
+    data = arguments.encode("utf-8", "replace")
+    wrong = sim_gojson.syntax_error(data)
+    if wrong is None:
+        kind = sim_gojson.kind(data)
+        if kind == "object" or (kind == "null" and at < ORDERED_ARGUMENTS_SINCE):
+            return None
+        wrong = "Value looks like object, but can't find closing '}' symbol" \
+            if at >= ORDERED_ARGUMENTS_SINCE else \
+            f"json: cannot unmarshal {kind} into Go value of type api.ToolCallFunctionArguments"
+    return f"failed to parse function call arguments: {wrong}"
 
 
 def _json_kind(value: Any) -> str:

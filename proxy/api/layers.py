@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from proxy.api import gojson
 from proxy.api.capabilities import (
     EFFORTS_BY_VERSION,
     RESPONSES_EFFORT_SINCE,
@@ -827,10 +828,12 @@ FILE_INPUTS = "file inputs are not currently supported"
 
 
 def _item_conversion_error(item: dict[str, Any], version: Version) -> str | None:
-    """FromResponsesRequest's refusal of an item's parts (convertResponsesContent): an image
-    URL decodeImageURL cannot read, a file. (A function call's `arguments` that are no JSON
-    object are refused there too, in Go's own words, left to Ollama.)"""
+    """FromResponsesRequest's refusal of an item: a function call whose `arguments` Go
+    cannot read, a part convertResponsesContent cannot (an image URL decodeImageURL cannot
+    read, a file)."""
     kind = item.get("type") or ("message" if item.get("role") else "")
+    if kind == "function_call":
+        return function_arguments_error(item.get("arguments"), version)
     parts = item.get("content") if kind == "message" else \
         item.get("output") if kind == "function_call_output" else None
     for part in parts if isinstance(parts, list) else ():
@@ -842,6 +845,27 @@ def _item_conversion_error(item: dict[str, Any], version: Version) -> str | None
         if isinstance(url, str) and url and (wrong := _image_url_error(url, version)):
             return wrong
     return None
+
+
+ARGUMENTS_TYPE = "api.ToolCallFunctionArguments"
+
+
+def function_arguments_error(arguments: Any, version: Version) -> str | None:
+    """json.Unmarshal of a function call's `arguments` ("" is skipped) into
+    api.ToolCallFunctionArguments (openai/responses.go FromResponsesRequest): Go's syntax
+    check first, then the type's own reading: a plain map before 0.14 (null taken), an
+    ordered map from 0.14, which jsonparser refuses anything but an object in its words."""
+    if not isinstance(arguments, str) or not arguments:
+        return None
+    data = arguments.encode("utf-8", "replace")
+    wrong = gojson.syntax_error(data)
+    if wrong is None:  # valid JSON: its first byte says what it is
+        kind = gojson.kind(data)
+        if kind == "object" or (kind == "null" and version < ORDERED_MAPS_SINCE):
+            return None
+        wrong = NOT_AN_OBJECT if version >= ORDERED_MAPS_SINCE else \
+            f"json: cannot unmarshal {kind} into Go value of type {ARGUMENTS_TYPE}"
+    return f"failed to parse function call arguments: {wrong}"
 
 
 def responses_input_error(given: Any, version: Version) -> str | None:

@@ -349,6 +349,14 @@ def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
     ({"input": [{"role": "user", "content": [
         {"type": "input_file", "filename": "a.txt", "file_data": "aGk="}]}]},
      "file inputs are not currently supported"),
+    # a function call's arguments in Go's words: its syntax check, then the ordered map's
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls",
+                 "arguments": '{"path": "/tmp",}'}]},
+     "failed to parse function call arguments: invalid character '}' looking for beginning "
+     "of object key string"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "[1]"}]},
+     "failed to parse function call arguments: Value looks like object, but can't find "
+     "closing '}' symbol"),
     ({"input": "hello", "instructions": ["be brief"]},
      "json: cannot unmarshal array into Go struct field ResponsesRequest.instructions of "
      "type string"),

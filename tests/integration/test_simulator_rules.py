@@ -850,5 +850,6 @@ def test_a_responses_function_call_whose_arguments_are_no_json_is_a_400(
         "model": "llama3.2:3b", "input": [
             {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{bad"}]})
     assert answer.status_code == 400
-    assert answer.json()["error"]["message"].startswith(
-        "failed to parse function call arguments: ")
+    assert answer.json()["error"]["message"] == (
+        "failed to parse function call arguments: invalid character 'b' looking for "
+        "beginning of object key string")
