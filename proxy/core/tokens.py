@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.context import NEWEST, Version
 from proxy.core.token_ratio import TokenRatio
 
 # Keys of a message, content part, block or input item whose value is prompt text (or
@@ -152,8 +153,99 @@ def dense_chars(text: str) -> int:
         digits + len(text) - len(text.encode("ascii", "ignore"))
 
 
-def prompt_size(body: dict[str, Any]) -> PromptSize:
-    """Everything in a generation request that ends up in the prompt."""
+# The Responses layer joins a function call to the assistant message before it from 0.13.4
+# (commit 9b2035d19), and an assistant message to the call it answers from 0.32.10 (commit
+# b6b1b258c): a message's thinking then replaces the one it had.
+CALLS_JOIN_SINCE: Version = (0, 13, 4)
+REPLIES_JOIN_SINCE: Version = (0, 32, 10)
+
+
+def read_thinking(body: dict[str, Any], version: Version = NEWEST) -> dict[str, Any]:
+    """The body with the thinking Ollama's layers drop left out: a message keeps one
+    thinking text, its last thinking block's (anthropic/anthropic.go convertMessage), and a
+    Responses reasoning item gives its text to the next assistant message or function call
+    unless another reasoning item comes first (openai/responses.go FromResponsesRequest)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and any(_thinking_blocks(m) > 1 for m in messages):
+        body = {**body, "messages": [_last_thinking_only(m) for m in messages]}
+    given = body.get("input")
+    if isinstance(given, list) and sum(_kind(item) == "reasoning" for item in given) > 1:
+        kept = _kept_reasoning(given, version, bool(body.get("instructions")))
+        body = {**body, "input": [
+            {**item, "encrypted_content": None} if _kind(item) == "reasoning" and
+            index not in kept else item for index, item in enumerate(given)]}
+    return body
+
+
+def _kind(item: Any) -> str:
+    """A Responses input item's type (a message may give only its role)."""
+    if not isinstance(item, dict):
+        return ""
+    kind = item.get("type")
+    return kind if isinstance(kind, str) and kind else "message" if item.get("role") else ""
+
+
+def _thinking_blocks(message: Any) -> int:
+    blocks = message.get("content") if isinstance(message, dict) else None
+    return sum(isinstance(block, dict) and block.get("type") == "thinking" and
+               block.get("thinking") is not None
+               for block in blocks) if isinstance(blocks, list) else 0
+
+
+def _last_thinking_only(message: Any) -> Any:
+    """An Anthropic message whose thinking blocks but the last (with text) say nothing."""
+    if _thinking_blocks(message) < 2:
+        return message
+    blocks = message["content"]
+    last = max(i for i, block in enumerate(blocks) if isinstance(block, dict) and
+               block.get("type") == "thinking" and block.get("thinking") is not None)
+    return {**message, "content": [
+        {**block, "thinking": None} if i != last and isinstance(block, dict) and
+        block.get("type") == "thinking" else block for i, block in enumerate(blocks)]}
+
+
+def _kept_reasoning(items: list[Any], version: Version, instructed: bool) -> set[int]:
+    """The reasoning items whose text reaches a message, FromResponsesRequest's walk
+    replayed: each message as [role, the reasoning item its thinking is from, its calls]."""
+    messages: list[tuple[str, list[int | None], set[Any]]] = \
+        [("system", [None], set())] if instructed else []
+    pending: int | None = None
+    for index, item in enumerate(items):
+        kind = _kind(item)
+        if kind == "reasoning":
+            pending = index if item.get("encrypted_content") else None
+        elif kind == "message":
+            role, thinking = item.get("role"), None
+            if role == "assistant" and pending is not None:
+                thinking, pending = pending, None
+            answered = items[index + 1].get("call_id") if index + 1 < len(items) and \
+                _kind(items[index + 1]) == "function_call_output" else None
+            last = messages[-1] if messages else None
+            if version >= REPLIES_JOIN_SINCE and role == "assistant" and answered and \
+                    last is not None and last[0] == "assistant" and answered in last[2]:
+                if thinking is not None:
+                    last[1][0] = thinking
+                continue
+            messages.append((str(role), [thinking], set()))
+        elif kind == "function_call":
+            last = messages[-1] if messages else None
+            if version >= CALLS_JOIN_SINCE and last is not None and last[0] == "assistant":
+                last[2].add(item.get("call_id"))
+                if pending is not None:
+                    last[1][0] = pending
+            else:
+                messages.append(("assistant", [pending], {item.get("call_id")}))
+            pending = None
+        elif kind == "function_call_output":
+            messages.append(("tool", [None], set()))
+    kept = {thinking[0] for _, thinking, _ in messages}
+    return {index for index in (*kept, pending) if index is not None}
+
+
+def prompt_size(body: dict[str, Any], version: Version = NEWEST) -> PromptSize:
+    """Everything in a generation request that ends up in the prompt, for the providers'
+    Ollama `version`."""
+    body = read_thinking(body, version)
     prompt = _Prompt()
     for key in BODY_KEYS:
         _texts(body.get(key), prompt)

@@ -574,3 +574,32 @@ def test_a_dialect_the_providers_ollama_lacks_is_its_404_before_any_placement(
     assert answer.json()["reason"] == "not-found"
     assert f"the providers run {version}" in str(answer.json()["error"])
     assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (1, 0)  # the direct call only
+
+
+def test_thinking_ollama_drops_is_not_counted_against_the_context(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama keeps one thinking text a message, an Anthropic message's last thinking block
+    (anthropic.go convertMessage), and a Responses reasoning item only when no other comes
+    before the turn it belongs to (responses.go FromResponsesRequest): thinking it drops
+    does not reach the prompt, so a conversation that fits once it is dropped is placed
+    (not refused `prompt-too-large`), and the simulator, as Ollama, reads it alike."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    old = "earlier thoughts " * 1200  # ~20k characters: far beyond 4096 tokens twice over
+    blocks: Any = [{"type": "thinking", "thinking": old, "signature": "s1"},
+                   {"type": "thinking", "thinking": old, "signature": "s2"},
+                   {"type": "thinking", "thinking": "so: hello", "signature": "s3"},
+                   {"type": "text", "text": "hello"}]
+    message = anthropic_for(url).messages.create(
+        model="llama3.2:3b", max_tokens=5, messages=[
+            *HI, {"role": "assistant", "content": blocks}, {"role": "user", "content": "go on"}])
+    assert message.content[0].type == "text"
+    items: Any = [*HI, {"type": "reasoning", "summary": [], "encrypted_content": old},
+                  {"type": "reasoning", "summary": [], "encrypted_content": old},
+                  {"type": "reasoning", "summary": [], "encrypted_content": "so: hello"},
+                  {"role": "assistant", "content": "hello"},
+                  {"role": "user", "content": "go on"}]
+    assert client_for(url).responses.create(model="llama3.2:3b", input=items,
+                                            max_output_tokens=5).output_text
+    assert gpu.sim.stats.truncations == 0

@@ -554,3 +554,51 @@ ASKED = {"role": "user", "content": "list the files"}
 def test_a_call_answering_a_tools_result_is_an_agents_loop(body: dict[str, object],
                                                              loop: bool) -> None:
     assert answers_tool_result(body) is loop
+
+
+def test_several_thinking_blocks_in_a_message_count_as_ollama_keeps_them() -> None:
+    """anthropic.go convertMessage keeps one thinking text a message, its last thinking
+    block's (one with no text leaves it as it was)."""
+    message = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "first " * 50, "signature": "a"},
+        {"type": "text", "text": "ok"},
+        {"type": "thinking", "thinking": "last", "signature": "b"},
+        {"type": "thinking", "thinking": None}]}
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, message]}
+    assert prompt_size(body).chars == 2 + 2 + 4
+
+
+@pytest.mark.parametrize(("version", "chars"), [
+    # 0.13.3: each function call its own message, which takes the pending reasoning
+    ((0, 13, 3), 2 + (3 + 2) + 3 + 4 + 6),
+    # 0.13.4 on: a call joins the assistant message before it, whose thinking it replaces
+    ((0, 13, 4), 2 + 2 + 3 + 4 + 6)])
+def test_reasoning_items_count_as_ollama_gives_them_to_messages(
+        version: tuple[int, int, int], chars: int) -> None:
+    """FromResponsesRequest: a reasoning item's text goes to the next assistant message or
+    function call; one followed by another reasoning item first is dropped."""
+    reasoning = [{"type": "reasoning", "encrypted_content": text}
+                 for text in ("dropped " * 40, "one", "two", "three")]
+    items = [{"role": "user", "content": "hi"}, reasoning[0], reasoning[1],
+             {"role": "assistant", "content": "ok"}, reasoning[2],
+             {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": ""},
+             {"type": "function_call_output", "call_id": "c1", "output": "done"},
+             {"type": "reasoning", "encrypted_content": "trails"}]
+    sized = prompt_size({"input": items}, version)
+    assert sized.chars == chars + len("ls")
+    # with one reasoning item nothing is dropped
+    assert prompt_size({"input": items[:1] + items[2:]}, version).chars > 0
+
+
+@pytest.mark.parametrize(("version", "chars"), [((0, 32, 9), 2 + 5 + 3 + 4 + 4),
+                                                ((0, 32, 10), 2 + 3 + 4 + 4)])
+def test_an_assistant_reply_joined_to_its_call_keeps_its_own_thinking(
+        version: tuple[int, int, int], chars: int) -> None:
+    """From 0.32.10 an assistant message between a function call and its output joins the
+    call's message, its thinking replacing the call's."""
+    items = [{"type": "reasoning", "encrypted_content": "first"},
+             {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": ""},
+             {"type": "reasoning", "encrypted_content": "two"},
+             {"role": "assistant", "content": "note"},
+             {"type": "function_call_output", "call_id": "c1", "output": "done"}]
+    assert prompt_size({"input": items}, version).chars == chars
