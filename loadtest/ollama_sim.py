@@ -107,6 +107,15 @@ def _normalized(vector: list[float]) -> list[float]:
     return [x * norm for x in vector]
 
 
+LISTED_BY_MODEL_SINCE = (0, 30, 7)
+
+
+def _namespace(name: str) -> str:
+    """types/model ParseName's namespace: [host/][namespace/]model, "library" when none."""
+    parts = name.split("/")
+    return parts[-2] if len(parts) > 1 else "library"
+
+
 class SimApp:
     """HTTP routes over an OllamaSim."""
 
@@ -122,6 +131,7 @@ class SimApp:
             *(Route(path, self.web, methods=["POST"]) for path in sim_cloud.WEB_UNAVAILABLE),
             Route("/api/experimental/model-recommendations", self.recommendations,
                   methods=["GET"]),
+            Route("/v1/models", self.openai_models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.cloud_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
@@ -187,6 +197,18 @@ class SimApp:
         if self._before(sim_cloud.RECOMMENDATIONS_SINCE):
             return PlainTextResponse("404 page not found", status_code=404)
         return _json(sim_cloud.recommendations())
+
+    async def openai_models(self, request: Request) -> Response:
+        """ListMiddleware over ListHandler (openai/openai.go ToListCompletion): each tags
+        entry's `model` as its id from 0.30.7 (commit e09b3f9fb), its `name` before."""
+        by_model = not self._before(LISTED_BY_MODEL_SINCE)
+        return _json({"object": "list", "data": [{
+            "id": (entry.get("model") if by_model else None) or entry["name"],
+            "object": "model",
+            "created": int(datetime.fromisoformat(entry["modified_at"]).timestamp()),
+            "owned_by": _namespace((entry.get("model") if by_model else None) or
+                                   entry["name"])}
+            for entry in self.sim.tags()["models"]]})
 
     async def cloud_model(self, request: Request) -> Response:
         """A cloud model's OpenAI model object, sent on to the cloud (cloud_proxy.go

@@ -180,6 +180,17 @@ async def off_loop(large: bool, fn: Callable[..., R], *args: Any) -> R:
     return await asyncio.to_thread(fn, *args) if large else fn(*args)
 
 
+# From 0.30.7 a listed model's OpenAI id is its tags entry's `model`, else its `name`
+# (openai/openai.go ToListCompletion, commit e09b3f9fb); before, its `name`
+LISTED_BY_MODEL_SINCE: Version = (0, 30, 7)
+
+
+def listed_id(entry: dict[str, Any], version: Version) -> str:
+    """The id Ollama's /v1/models gives an /api/tags entry, as written there."""
+    named = entry.get("model") if version >= LISTED_BY_MODEL_SINCE else None
+    return str(named or entry.get("name") or "")
+
+
 def measure(body: dict[str, Any], parsed: wire.Inference | None = None,
             version: Version = NEWEST) -> Measured:
     """What placement needs of the body's prompt (see `Measured`): an embedding's longest
@@ -556,9 +567,9 @@ class SidecarApi:
                 "owned_by": ollama_name_parts(name)["namespace"]}
 
     async def openai_models(self, request: Request) -> Response:
-        models = await self._provider_models()
-        return _json({"object": "list",
-                      "data": [self._openai_model(n, e) for n, e in models.items()]})
+        models, version = await self._provider_models(), self.engine_version()
+        return _json({"object": "list", "data": [
+            self._openai_model(listed_id(e, version), e) for e in models.values()]})
 
     async def openai_model(self, request: Request) -> Response:
         name = request.path_params["model"]
@@ -569,7 +580,7 @@ class SidecarApi:
         if key not in models:
             return error_response(404, "model-not-found", not_found(name), name,
                                   dialect="openai")  # Ollama's ShowHandler's words
-        return _json(self._openai_model(key, models[key]))
+        return _json(self._openai_model(name, models[key]))  # ToModel: the name as asked
 
     async def _cloud_model(self, name: str) -> Response | None:
         """A cloud model's OpenAI model object, as the first provider that sends the

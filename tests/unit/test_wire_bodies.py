@@ -292,3 +292,13 @@ def test_an_empty_tool_use_id_or_name_is_taken_before_0_19(
     del body["messages"][0]["content"][0]["id"]  # type: ignore[attr-defined]
     assert layers.layer_error("/v1/messages", body, version) == \
         "tool_use block missing required 'id' field"
+
+
+def test_a_listed_models_openai_id_is_the_tags_field_the_version_reads() -> None:
+    """openai/openai.go ToListCompletion: `name` before 0.30.7; `model`, else `name`, from
+    0.30.7 (commit e09b3f9fb)."""
+    from proxy.api.routes import listed_id
+    entry = {"name": "legacy-name:latest", "model": "namespace/exposed-model:latest"}
+    assert listed_id(entry, (0, 30, 6)) == "legacy-name:latest"
+    assert listed_id(entry, (0, 30, 7)) == "namespace/exposed-model:latest"
+    assert listed_id({"name": "fallback-name:latest"}, (0, 30, 7)) == "fallback-name:latest"
