@@ -103,8 +103,8 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
             native["top_logprobs"] = logprobs
         return native
     if path == RESPONSES:
-        native["messages"], tools = _responses_messages(body, version), [
-            tool for t in body.get("tools") or [] for tool in _responses_tools(t, version)]
+        native["messages"], tools = _responses_messages(body, version), \
+            _responses_offered(body.get("tools") or [], version)
         native.update(_responses_format_and_think(body, version))
     elif path == MESSAGES:
         native["messages"], tools = _anthropic_messages(body), [
@@ -160,6 +160,28 @@ def _responses_format_and_think(body: dict[str, Any], version: str) -> dict[str,
 # From 0.32.7 a `namespace` tool is its member functions, each named `namespace.name`
 # (openai/responses.go convertTools); before, it is one function with no parameters.
 NAMESPACES_SINCE = (0, 32, 7)
+
+
+# From 0.32.10 a `web_search` tool is offered as Ollama's own function, which replaces a
+# declared function of that name (openai/responses.go WebSearchFunctionTool)
+WEB_SEARCH_SINCE = (0, 32, 10)
+WEB_SEARCH = {"type": "function", "function": {
+    "name": "web_search", "description": "Search the web for current information.",
+    "parameters": {"type": "object", "required": ["query"], "properties": {
+        "query": {"type": "string", "description": "The search query."}}}}}
+
+
+def _responses_offered(given: list[Any], version: str) -> list[dict[str, Any]]:
+    searches = version_tuple(version) >= WEB_SEARCH_SINCE and any(
+        isinstance(t, dict) and t.get("type") == "web_search" for t in given)
+    offered: list[dict[str, Any]] = []
+    for declared in given:
+        if searches and isinstance(declared, dict) and declared.get("type") == "web_search":
+            offered.append(WEB_SEARCH)
+            continue
+        offered += [tool for tool in _responses_tools(declared, version)
+                    if not searches or tool["function"]["name"] != "web_search"]
+    return offered
 
 
 def _responses_tools(tool: Any, version: str, prefix: str = "") -> list[dict[str, Any]]:

@@ -253,9 +253,32 @@ def prompt_size(body: dict[str, Any], version: Version = NEWEST) -> PromptSize:
     if isinstance(images, list):
         prompt.images += len(images)
     tools = body.get("tools")
-    for tool in tools if isinstance(tools, list) else ():  # (one Ollama ignores: no list)
-        _tool_spec_texts(tool, prompt)
+    for tool in offered_tools(body, version) if isinstance(tools, list) else ():
+        _tool_spec_texts(tool, prompt)  # (tools that are no list Ollama ignores)
     return prompt.size(_pieces(body))
+
+
+# From 0.32.10 the Responses layer offers the model its own function for a `web_search`
+# tool, and drops a declared function of that name (openai/responses.go
+# WebSearchFunctionTool, FromResponsesRequest; commit b6b1b258c)
+WEB_SEARCH_SINCE: Version = (0, 32, 10)
+WEB_SEARCH_FUNCTION = {"type": "function", "function": {
+    "name": "web_search", "description": "Search the web for current information.",
+    "parameters": {"type": "object", "required": ["query"], "properties": {
+        "query": {"type": "string", "description": "The search query."}}}}}
+
+
+def offered_tools(body: dict[str, Any], version: Version) -> list[Any]:
+    """The tools the model is offered: a Responses body's `web_search` as Ollama's
+    function for it, from 0.32.10."""
+    tools: list[Any] = body["tools"]
+    searches = version >= WEB_SEARCH_SINCE and isinstance(body.get("input"), str | list) and \
+        any(isinstance(tool, dict) and tool.get("type") == "web_search" for tool in tools)
+    if not searches:
+        return tools
+    return [WEB_SEARCH_FUNCTION if tool.get("type") == "web_search" else tool
+            for tool in tools if isinstance(tool, dict) and
+            (tool.get("type") in ("web_search", "namespace") or tool.get("name") != "web_search")]
 
 
 def _pieces(body: dict[str, Any]) -> int:

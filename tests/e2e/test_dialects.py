@@ -603,3 +603,18 @@ def test_thinking_ollama_drops_is_not_counted_against_the_context(
     assert client_for(url).responses.create(model="llama3.2:3b", input=items,
                                             max_output_tokens=5).output_text
     assert gpu.sim.stats.truncations == 0
+
+
+def test_a_responses_web_search_tool_is_placed_and_sent_on_as_it_came(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama refuses no `web_search` tool on the Responses API (from 0.32.10 it offers the
+    model its own function and runs the searches itself, middleware/openai.go
+    WebSearchResponsesWriter): the call is placed as any other, the tool sent on untouched."""
+    gpu = sim_factory("gpu", version="0.32.10", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    reply = client_for(url).responses.create(
+        model="llama3.2:3b", input="what is new today?", max_output_tokens=5,
+        tools=[{"type": "web_search"}])
+    # (the simulator runs no search: its model's call of the tool comes back as it is)
+    assert reply.status == "completed" and gpu.sim.stats.inference_requests == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.queueing import victims_cost_s
 from proxy.core.token_ratio import PIECE_TOKENS, TokenRatio
 from proxy.core.tokens import (
+    WEB_SEARCH_FUNCTION,
     Anchor,
     ConversationMemory,
     PromptSize,
@@ -602,3 +604,17 @@ def test_an_assistant_reply_joined_to_its_call_keeps_its_own_thinking(
              {"role": "assistant", "content": "note"},
              {"type": "function_call_output", "call_id": "c1", "output": "done"}]
     assert prompt_size({"input": items}, version).chars == chars
+
+
+def test_a_responses_web_search_tool_counts_as_the_function_ollama_offers() -> None:
+    """From 0.32.10 Ollama offers the model its own web_search function for the tool (and
+    drops a declared function of that name); before, a function with no name."""
+    declared = {"type": "function", "name": "web_search", "description": "mine " * 20,
+                "parameters": {}}
+    body = {"input": "hi", "tools": [{"type": "web_search"}, declared]}
+    before = prompt_size(body, (0, 32, 9)).chars
+    assert before == 2 + len("web_search") + 100 + 2
+    function: Any = WEB_SEARCH_FUNCTION["function"]
+    spec = len(orjson.dumps(function["parameters"]))
+    assert prompt_size(body, (0, 32, 10)).chars == 2 + len(
+        "web_searchSearch the web for current information.") + spec
