@@ -11,6 +11,7 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 import zstandard
 
@@ -210,6 +211,30 @@ def test_an_openai_stream_cut_by_its_provider_raises_in_the_client_with_the_reas
     body: Any = info.value.body
     assert (body["code"], body["type"]) == (None, "api_error")
     assert eventually(lambda: no_tickets(url))
+
+
+def test_a_responses_stream_cut_by_its_provider_ends_with_response_failed(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's Responses layer ends a stream its engine cut without `response.completed`;
+    the sidecar ends it in that API's own form, `response.failed` for the response opened,
+    with OpenAI's `error` beside it, which the openai client raises."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    gpu.sim.fault.mode, gpu.sim.fault.after_chunks, gpu.sim.fault.count = "midstream", 2, 1
+    with pytest.raises(openai.APIError) as info:
+        for _ in client_for(url).responses.create(model="qwen3:8b", input="hello",
+                                                  stream=True, max_output_tokens=8):
+            pass
+    assert "without event: response.completed" in info.value.message
+    assert eventually(lambda: no_tickets(url))
+    gpu.sim.fault.count = 1
+    answer = httpx.post(f"{url}/v1/responses", timeout=30, json={
+        "model": "qwen3:8b", "input": "hello", "stream": True, "max_output_tokens": 8})
+    events = [block.split("\n") for block in answer.text.strip().split("\n\n")]
+    opened, last = orjson.loads(events[0][1][6:]), orjson.loads(events[-1][1][6:])
+    assert (events[-1][0], last["type"]) == ("event: response.failed", "response.failed")
+    assert last["response"]["id"] == opened["response"]["id"]
+    assert last["sequence_number"] == orjson.loads(events[-2][1][6:])["sequence_number"] + 1
 
 
 def test_the_responses_api_is_placed(sim_factory: Sims, sidecar_factory: Sidecars,
