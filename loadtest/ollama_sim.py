@@ -476,18 +476,23 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(request.url.path, body)
-        if wrong := sim_bindings.encoding_format_error(body):
+        version = self.sim.config.version
+        if wrong := sim_bindings.embed_binding_error(body, version) or (
+                sim_bindings.encoding_format_error(body)
+                if not self._before(sim_bindings.ENCODING_FORMAT_SINCE) else None):
             return sim_dialects.error(request.url.path, wrong, 400)
         texts = body.get("input")
         if texts is None or texts == []:
             return sim_dialects.error(request.url.path, "invalid input", 400)
-        native = {key: body[key] for key in ("model", "dimensions") if key in body}
+        # (a version's layer passes on only the fields it has)
+        native = {key: body[key] for key in ("model", "dimensions") if key in body and
+                  (key == "model" or not self._before(sim_bindings.EMBED_FIELDS[key][1]))}
         answer = await self._embed(request, native, [""] if texts == "" else texts,
                                    legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
-        return _json(sim_dialects.embeddings(answer, str(body.get("model")),
-                                             body.get("encoding_format")))
+        return _json(sim_dialects.embeddings(answer, str(body.get("model")), None if self._before(
+            sim_bindings.ENCODING_FORMAT_SINCE) else body.get("encoding_format")))
 
     async def _infer(self, request: Request, chat: bool) -> Response:
         self.sim.stats.requests += 1

@@ -626,9 +626,18 @@ def _go_type(value: Any) -> str:
         GO_TYPES.get(type(value), "float64")
 
 
+# openai.EmbedRequest's typed fields, each with the version that added it
+EMBED_FIELDS: dict[str, tuple[str, Version]] = {
+    "dimensions": ("int", (0, 11, 11)), "encoding_format": ("string", ENCODING_FORMAT_SINCE)}
+
+
 def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
-    """EmbeddingsMiddleware: an encoding other than float or base64 (any case), then no
-    input or an empty list (`""` is one empty input)."""
+    """EmbeddingsMiddleware: the binding (the version's typed fields), an encoding other
+    than float or base64 (any case), then no input or an empty list (`""` is one empty
+    input)."""
+    kinds = {key: kind for key, (kind, since) in EMBED_FIELDS.items() if version >= since}
+    if wrong := binding_error(("EmbedRequest", kinds), body):
+        return wrong
     wanted = body.get("encoding_format")
     if version >= ENCODING_FORMAT_SINCE and wanted and isinstance(wanted, str) and \
             wanted.lower() not in ENCODING_FORMATS:
