@@ -822,6 +822,12 @@ def responses_error(body: dict[str, Any], version: Version) -> str | None:
             wrong = _go_misfit("ResponsesRequest", key, value, "openai.ResponsesReasoning") \
                 if not isinstance(value, dict) else \
                 _fields_error("ResponsesReasoning", "reasoning", value, REASONING_FIELDS)
+        elif key == "tools":
+            wrong = _responses_tools_error("ResponsesRequest", key, value, version)
+        elif key == "text":
+            wrong = _responses_text_error(value)
+        elif key == "include":
+            wrong = _strings_error("ResponsesRequest", key, value)
         else:
             wrong = binding_error(RESPONSES_FIELDS, {key: value})
         if wrong:
@@ -831,6 +837,55 @@ def responses_error(body: dict[str, Any], version: Version) -> str | None:
         if isinstance(item, dict) and (wrong := _item_conversion_error(item, version)):
             return wrong
     return effort_error("/v1/responses", body, version)
+
+
+# openai.ResponsesTool's scalar fields; a `namespace` tool's member tools from 0.32.7
+RESPONSES_TOOL_FIELDS = {"type": "string", "name": "string", "description": "string",
+                         "strict": "bool"}
+NAMESPACE_TOOLS_SINCE: Version = (0, 32, 7)
+TEXT_FORMAT_FIELDS = {"type": "string", "name": "string", "strict": "bool"}
+
+
+def _responses_tools_error(struct: str, at: str, tools: Any, version: Version) -> str | None:
+    """A []openai.ResponsesTool bound: a list of objects, each field of its type, Go naming
+    the path from the request's root (`ResponsesTool.tools.parameters`)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        return _go_misfit(struct, at, tools, "[]openai.ResponsesTool")
+    for tool in tools:
+        if tool is None:
+            continue
+        if not isinstance(tool, dict):
+            return _go_misfit(struct, at, tool, "openai.ResponsesTool")
+        for key, value in tool.items():
+            if key in RESPONSES_TOOL_FIELDS:
+                wrong = _scalar_misfit("ResponsesTool", f"{at}.{key}", value,
+                                       RESPONSES_TOOL_FIELDS[key])
+            elif key == "parameters":
+                wrong = None if value is None or isinstance(value, dict) else \
+                    _go_misfit("ResponsesTool", f"{at}.{key}", value, "map[string]interface {}")
+            elif key == "tools" and version >= NAMESPACE_TOOLS_SINCE:
+                wrong = _responses_tools_error("ResponsesTool", f"{at}.tools", value, version)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def _responses_text_error(text: Any) -> str | None:
+    """ResponsesRequest.text bound: an object whose `format` is an object of typed fields."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        return _go_misfit("ResponsesRequest", "text", text, "openai.ResponsesText")
+    wanted = text.get("format")
+    if wanted is None:
+        return None
+    if not isinstance(wanted, dict):
+        return _go_misfit("ResponsesText", "text.format", wanted, "openai.ResponsesTextFormat")
+    return _fields_error("ResponsesTextFormat", "text.format", wanted, TEXT_FORMAT_FIELDS)
 
 
 FILE_INPUTS = "file inputs are not currently supported"

@@ -382,6 +382,14 @@ def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
     ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "[1]"}]},
      "failed to parse function call arguments: Value looks like object, but can't find "
      "closing '}' symbol"),
+    # a tool's and the text format's fields bound as openai.ResponsesTool and
+    # ResponsesTextFormat bind them, Go naming the path from the root
+    ({"input": "hello", "tools": [{"type": "function", "name": "ls", "parameters": "{}"}]},
+     "json: cannot unmarshal string into Go struct field ResponsesTool.tools.parameters of "
+     "type map[string]interface {}"),
+    ({"input": "hello", "text": {"format": {"type": "json_schema", "strict": "yes"}}},
+     "json: cannot unmarshal string into Go struct field ResponsesTextFormat.text.format."
+     "strict of type bool"),
     ({"input": "hello", "instructions": ["be brief"]},
      "json: cannot unmarshal array into Go struct field ResponsesRequest.instructions of "
      "type string"),
