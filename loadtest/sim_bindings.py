@@ -468,6 +468,10 @@ def _item_error(item: Any, at: tuple[int, int, int]) -> str | None:
             return f"unknown input item type: {item.get('type') or ''}"
         return f"unknown input item type: {go_quote(kind)}" if kind else \
             "input item missing required 'type' field"
+    if kind == "function_call":  # ResponsesFunctionCall: every field a string
+        return next((_typed("ResponsesFunctionCall", key, value, "string") for key, value in
+                     item.items() if key in ("id", "type", "call_id", "name", "arguments") and
+                     _misfit(value, "string")), None)
     if kind == "message":
         return _parts_error(item.get("content"), "content", at)
     if kind == "function_call_output":

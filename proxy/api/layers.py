@@ -960,6 +960,10 @@ def _input_item_error(item: Any, version: Version) -> str | None:
             return f"unknown input item type: {item.get('type') or ''}"
         return "input item missing required 'type' field" if not kind else \
             f"unknown input item type: {go_quoted(kind)}"
+    if kind == "function_call":  # ResponsesFunctionCall: every field a string
+        return next((_scalar_misfit("ResponsesFunctionCall", key, value, "string")
+                     for key, value in item.items() if key in FUNCTION_CALL_FIELDS and
+                     _misfit(value, "string")), None)
     if kind == "message" and "content" in item:
         return _content_error(item["content"], "content", version)
     if kind == "function_call_output" and "output" in item:
@@ -968,6 +972,9 @@ def _input_item_error(item: Any, version: Version) -> str | None:
             return _scalar_misfit("ResponsesFunctionCallOutput", "output", output, "string")
         return _content_error(output, "output", version)
     return None
+
+
+FUNCTION_CALL_FIELDS = frozenset(("id", "type", "call_id", "name", "arguments"))
 
 
 def _peeked_misfit(value: Any, key: str) -> str:

@@ -379,6 +379,10 @@ def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
                  "arguments": '{"path": "/tmp",}'}]},
      "failed to parse function call arguments: invalid character '}' looking for beginning "
      "of object key string"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls",
+                 "arguments": {"path": "/tmp"}}]},
+     "input[0]: json: cannot unmarshal object into Go struct field ResponsesFunctionCall."
+     "arguments of type string"),
     ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "[1]"}]},
      "failed to parse function call arguments: Value looks like object, but can't find "
      "closing '}' symbol"),
