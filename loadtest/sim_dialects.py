@@ -107,7 +107,7 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
             _responses_offered(body.get("tools") or [], version)
         native.update(_responses_format_and_think(body, version))
     elif path == MESSAGES:
-        native["messages"], tools = _anthropic_messages(body), [
+        native["messages"], tools = _anthropic_messages(body, version), [
             _tool(t.get("name"), t.get("description"), t.get("input_schema"))
             for t in body.get("tools") or [] if isinstance(t, dict)]
         native.update(_anthropic_think(body))
@@ -275,7 +275,30 @@ def _responses_messages(body: dict[str, Any], version: str) -> list[dict[str, An
     return messages
 
 
-def _anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+# anthropic.go convertMessage reads a web search's blocks from 0.16.2 (commit 5f5ef2013)
+WEB_SEARCH_BLOCKS_SINCE = (0, 16, 2)
+
+
+def _search_result_text(content: Any) -> str:
+    """formatWebSearchToolResultContent: `- title: url` a result, an error's code."""
+    if isinstance(content, str):
+        return content
+    items = content if isinstance(content, list) else [content]
+    lines = []
+    for item in items:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "web_search_tool_result_error":
+            code = item.get("error_code")
+            return f"web_search_tool_result_error: {code}" if code else \
+                "web_search_tool_result_error"
+        if kind == "web_search_result":
+            lines.append(f"- {item.get('title') or ''}: {item.get('url') or ''}\n")
+    return "".join(lines) if isinstance(content, list) or lines else \
+        orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _anthropic_messages(body: dict[str, Any], version: str) -> list[dict[str, Any]]:
+    searches = version_tuple(version) >= WEB_SEARCH_BLOCKS_SINCE
     system = _text(body.get("system"))
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for message in body.get("messages") or []:
@@ -289,8 +312,11 @@ def _anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 text += str(block.get("text") or "")
             elif kind == "thinking" and block.get("thinking") is not None:
                 thinking = str(block["thinking"])  # the last block's (convertMessage)
-            elif kind == "tool_use":
+            elif kind == "tool_use" or (kind == "server_tool_use" and searches):
                 calls.append(_call(block.get("name"), block.get("input") or {}))
+            elif kind == "web_search_tool_result" and searches:
+                messages.append({"role": "tool",
+                                 "content": _search_result_text(block.get("content"))})
             elif kind == "tool_result":
                 messages.append({"role": "tool", "content": _text(block.get("content"))})
         if text or calls or thinking:

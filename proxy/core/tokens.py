@@ -160,14 +160,18 @@ CALLS_JOIN_SINCE: Version = (0, 13, 4)
 REPLIES_JOIN_SINCE: Version = (0, 32, 10)
 
 
-def read_thinking(body: dict[str, Any], version: Version = NEWEST) -> dict[str, Any]:
-    """The body with the thinking Ollama's layers drop left out: a message keeps one
-    thinking text, its last thinking block's (anthropic/anthropic.go convertMessage), and a
-    Responses reasoning item gives its text to the next assistant message or function call
-    unless another reasoning item comes first (openai/responses.go FromResponsesRequest)."""
+def as_ollama_reads(body: dict[str, Any], version: Version = NEWEST) -> dict[str, Any]:
+    """The body as Ollama's layers put it in the prompt, where that differs from its text:
+    a message keeps one thinking text, its last thinking block's (anthropic/anthropic.go
+    convertMessage), and a web search's result blocks are their titles and URLs (from
+    0.16.2; before, they and the server's tool calls are left out); a Responses reasoning
+    item gives its text to the next assistant message or function call unless another
+    reasoning item comes first (openai/responses.go FromResponsesRequest)."""
     messages = body.get("messages")
-    if isinstance(messages, list) and any(_thinking_blocks(m) > 1 for m in messages):
-        body = {**body, "messages": [_last_thinking_only(m) for m in messages]}
+    if isinstance(messages, list) and any(_thinking_blocks(m) > 1 or _searched(m)
+                                          for m in messages):
+        body = {**body, "messages": [_web_search_as_read(_last_thinking_only(m), version)
+                                     for m in messages]}
     given = body.get("input")
     if isinstance(given, list) and sum(_kind(item) == "reasoning" for item in given) > 1:
         kept = _kept_reasoning(given, version, bool(body.get("instructions")))
@@ -190,6 +194,60 @@ def _thinking_blocks(message: Any) -> int:
     return sum(isinstance(block, dict) and block.get("type") == "thinking" and
                block.get("thinking") is not None
                for block in blocks) if isinstance(blocks, list) else 0
+
+
+# anthropic.go convertMessage reads server_tool_use and web_search_tool_result blocks from
+# 0.16.2 (commit 5f5ef2013)
+WEB_SEARCH_BLOCKS_SINCE: Version = (0, 16, 2)
+SEARCH_BLOCKS = ("server_tool_use", "web_search_tool_result")
+
+
+def _searched(message: Any) -> bool:
+    blocks = message.get("content") if isinstance(message, dict) else None
+    return isinstance(blocks, list) and any(
+        isinstance(block, dict) and block.get("type") in SEARCH_BLOCKS for block in blocks)
+
+
+def _web_search_as_read(message: Any, version: Version) -> Any:
+    """An Anthropic message's web search blocks as Ollama reads them: a result is the text
+    formatWebSearchToolResultContent makes of it (its titles and URLs, no page content);
+    before 0.16.2 neither block is read."""
+    if not _searched(message):
+        return message
+    read = version >= WEB_SEARCH_BLOCKS_SINCE
+    blocks = [{"type": "text", "text": _search_result_text(block.get("content"))}
+              if read and block.get("type") == "web_search_tool_result" else block
+              for block in message["content"] if read or not isinstance(block, dict) or
+              block.get("type") not in SEARCH_BLOCKS]
+    return {**message, "content": blocks}
+
+
+def _search_result_text(content: Any) -> str:
+    """formatWebSearchToolResultContent: a line `- title: url` per result, an error's code,
+    any other value as JSON."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict) and content.get("type") == "web_search_tool_result_error":
+        return _search_error(content)
+    if not isinstance(content, list):
+        return orjson.dumps(content).decode() if not isinstance(content, dict) else \
+            orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+    lines = []
+    for item in content:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "web_search_tool_result_error":
+            return _search_error(item)
+        if kind == "web_search_result":
+            title, url = item.get("title"), item.get("url")
+            lines.append(f"- {title if isinstance(title, str) else ''}: "
+                         f"{url if isinstance(url, str) else ''}\n")
+    return "".join(lines)
+
+
+def _search_error(error: dict[str, Any]) -> str:
+    code = error.get("error_code")
+    return f"web_search_tool_result_error: {code}" if isinstance(code, str) and code else \
+        "web_search_tool_result_error"
 
 
 def _last_thinking_only(message: Any) -> Any:
@@ -245,7 +303,7 @@ def _kept_reasoning(items: list[Any], version: Version, instructed: bool) -> set
 def prompt_size(body: dict[str, Any], version: Version = NEWEST) -> PromptSize:
     """Everything in a generation request that ends up in the prompt, for the providers'
     Ollama `version`."""
-    body = read_thinking(body, version)
+    body = as_ollama_reads(body, version)
     prompt = _Prompt()
     for key in BODY_KEYS:
         _texts(body.get(key), prompt)

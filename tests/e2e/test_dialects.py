@@ -655,3 +655,24 @@ def test_a_responses_web_search_tool_is_placed_and_sent_on_as_it_came(
         tools=[{"type": "web_search"}])
     # (the simulator runs no search: its model's call of the tool comes back as it is)
     assert reply.status == "completed" and gpu.sim.stats.inference_requests == 1
+
+
+def test_a_web_search_results_page_content_is_not_counted_against_the_context(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's Anthropic layer reads a web search's result block as its titles and URLs
+    (anthropic.go formatWebSearchToolResultContent), not the page content a result may
+    carry: a conversation that fits so is placed, and the simulator reads it alike."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    page = "page content " * 1500  # ~20k characters, far beyond 4096 tokens
+    searched: Any = [
+        {"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {"query": "x"}},
+        {"type": "web_search_tool_result", "tool_use_id": "s1", "content": [
+            {"type": "web_search_result", "title": "A", "url": "https://a.example",
+             "encrypted_content": page}]},
+        {"type": "text", "text": "found it"}]
+    message = anthropic_for(url).messages.create(
+        model="llama3.2:3b", max_tokens=5, messages=[
+            *HI, {"role": "assistant", "content": searched}, {"role": "user", "content": "ok"}])
+    assert message.content[0].type == "text" and gpu.sim.stats.truncations == 0

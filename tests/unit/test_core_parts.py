@@ -618,3 +618,22 @@ def test_a_responses_web_search_tool_counts_as_the_function_ollama_offers() -> N
     spec = len(orjson.dumps(function["parameters"]))
     assert prompt_size(body, (0, 32, 10)).chars == 2 + len(
         "web_searchSearch the web for current information.") + spec
+
+
+@pytest.mark.parametrize(("version", "chars"), [
+    # from 0.16.2: the search's call and a line `- title: url` per result, no page content
+    ((0, 16, 2), 2 + len("web_search") + len('{"query":"news"}') + len("- A: u1\n- B: u2\n")),
+    # before, Ollama reads neither block
+    ((0, 16, 1), 2)])
+def test_a_web_search_result_counts_as_ollama_reads_it(version: tuple[int, int, int],
+                                                        chars: int) -> None:
+    """anthropic.go convertMessage, formatWebSearchToolResultContent."""
+    page = "encrypted page content " * 200
+    message = {"role": "assistant", "content": [
+        {"type": "text", "text": "ok"},
+        {"type": "server_tool_use", "id": "s1", "name": "web_search",
+         "input": {"query": "news"}},
+        {"type": "web_search_tool_result", "tool_use_id": "s1", "content": [
+            {"type": "web_search_result", "title": "A", "url": "u1", "encrypted_content": page},
+            {"type": "web_search_result", "title": "B", "url": "u2", "page_age": "1d"}]}]}
+    assert prompt_size({"messages": [message]}, version).chars == chars
