@@ -473,7 +473,7 @@ def usage_added(path: str, body: dict[str, Any]) -> bool:
         return False
     options = body.get("stream_options")
     return options is None or (isinstance(options, dict) and
-                               options.get("include_usage", False) is False)
+                               options.get("include_usage") in (None, False))  # null: false
 
 
 class UsageEventFilter:
