@@ -107,6 +107,15 @@ def _normalized(vector: list[float]) -> list[float]:
     return [x * norm for x in vector]
 
 
+LISTED_BY_MODEL_SINCE = (0, 30, 7)
+
+
+def _namespace(name: str) -> str:
+    """types/model ParseName's namespace: [host/][namespace/]model, "library" when none."""
+    parts = name.split("/")
+    return parts[-2] if len(parts) > 1 else "library"
+
+
 class SimApp:
     """HTTP routes over an OllamaSim."""
 
@@ -122,6 +131,7 @@ class SimApp:
             *(Route(path, self.web, methods=["POST"]) for path in sim_cloud.WEB_UNAVAILABLE),
             Route("/api/experimental/model-recommendations", self.recommendations,
                   methods=["GET"]),
+            Route("/v1/models", self.openai_models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.cloud_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
@@ -187,6 +197,18 @@ class SimApp:
         if self._before(sim_cloud.RECOMMENDATIONS_SINCE):
             return PlainTextResponse("404 page not found", status_code=404)
         return _json(sim_cloud.recommendations())
+
+    async def openai_models(self, request: Request) -> Response:
+        """ListMiddleware over ListHandler (openai/openai.go ToListCompletion): each tags
+        entry's `model` as its id from 0.30.7 (commit e09b3f9fb), its `name` before."""
+        by_model = not self._before(LISTED_BY_MODEL_SINCE)
+        return _json({"object": "list", "data": [{
+            "id": (entry.get("model") if by_model else None) or entry["name"],
+            "object": "model",
+            "created": int(datetime.fromisoformat(entry["modified_at"]).timestamp()),
+            "owned_by": _namespace((entry.get("model") if by_model else None) or
+                                   entry["name"])}
+            for entry in self.sim.tags()["models"]]})
 
     async def cloud_model(self, request: Request) -> Response:
         """A cloud model's OpenAI model object, sent on to the cloud (cloud_proxy.go
@@ -454,18 +476,23 @@ class SimApp:
         body = await self._body(request)
         if isinstance(body, Response):
             return sim_dialects.translated_error(request.url.path, body)
-        if wrong := sim_bindings.encoding_format_error(body):
+        version = self.sim.config.version
+        if wrong := sim_bindings.embed_binding_error(body, version) or (
+                sim_bindings.encoding_format_error(body)
+                if not self._before(sim_bindings.ENCODING_FORMAT_SINCE) else None):
             return sim_dialects.error(request.url.path, wrong, 400)
         texts = body.get("input")
         if texts is None or texts == []:
             return sim_dialects.error(request.url.path, "invalid input", 400)
-        native = {key: body[key] for key in ("model", "dimensions") if key in body}
+        # (a version's layer passes on only the fields it has)
+        native = {key: body[key] for key in ("model", "dimensions") if key in body and
+                  (key == "model" or not self._before(sim_bindings.EMBED_FIELDS[key][1]))}
         answer = await self._embed(request, native, [""] if texts == "" else texts,
                                    legacy=False)
         if isinstance(answer, Response):
             return sim_dialects.translated_error(request.url.path, answer)
-        return _json(sim_dialects.embeddings(answer, str(body.get("model")),
-                                             body.get("encoding_format")))
+        return _json(sim_dialects.embeddings(answer, str(body.get("model")), None if self._before(
+            sim_bindings.ENCODING_FORMAT_SINCE) else body.get("encoding_format")))
 
     async def _infer(self, request: Request, chat: bool) -> Response:
         self.sim.stats.requests += 1

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from . import sim_gojson
 from .sim_checks import go_quote
 from .sim_engine import version_tuple
 
@@ -345,18 +346,69 @@ def responses_error(body: dict[str, Any], version: str) -> str | None:
         for index, item in enumerate(given):
             if wrong := _item_error(item if item is not None else {}, at):
                 return f"input[{index}]: {wrong}"
-    instructions = body.get("instructions")
+    for key, value in body.items():  # the binding: the first field of the wrong type
+        if wrong := _responses_field_error(key, value, at):
+            return wrong
     for item in given if isinstance(given, list) else ():
         if isinstance(item, dict) and (wrong := _item_parts_error(item) or
-                                       _function_call_error(item)):
+                                       _function_call_error(item, at)):
             return wrong
-    if instructions is not None and not isinstance(instructions, str):
-        return (f"json: cannot unmarshal {_json_kind(instructions)} into Go struct field "
-                "ResponsesRequest.instructions of type string")
     reasoning = body.get("reasoning")
     if at < RESPONSES_EFFORT_SINCE or not isinstance(reasoning, dict):
         return None
     return effort_error(reasoning.get("effort"), version, responses=True)
+
+
+TOOL_KINDS = {"type": "string", "name": "string", "description": "string", "strict": "bool"}
+FORMAT_KINDS = {"type": "string", "name": "string", "strict": "bool"}
+
+
+def _responses_field_error(key: str, value: Any, at: tuple[int, int, int]) -> str | None:
+    """ResponsesRequest's `instructions`, `include`, `text` and `tools` bound (Go names a
+    nested field by its path from the root: ResponsesTool.tools.parameters)."""
+    if value is None:
+        return None
+    if key == "instructions":
+        return _typed("ResponsesRequest", key, value, "string") \
+            if _misfit(value, "string") else None
+    if key == "include":
+        return _typed("ResponsesRequest", key, value, "[]string") if not isinstance(
+            value, list) else next((_typed("ResponsesRequest", key, v, "string")
+                                    for v in value if v is not None and
+                                    not isinstance(v, str)), None)
+    if key == "text":
+        if not isinstance(value, dict):
+            return _typed("ResponsesRequest", key, value, "openai.ResponsesText")
+        wanted = value.get("format")
+        if wanted is not None and not isinstance(wanted, dict):
+            return _typed("ResponsesText", "text.format", wanted, "openai.ResponsesTextFormat")
+        return next((_typed("ResponsesTextFormat", f"text.format.{k}", v, FORMAT_KINDS[k])
+                     for k, v in (wanted or {}).items()
+                     if k in FORMAT_KINDS and _misfit(v, FORMAT_KINDS[k])), None)
+    return _tools_error("ResponsesRequest", "tools", value, at) if key == "tools" else None
+
+
+def _tools_error(struct: str, path: str, tools: Any, at: tuple[int, int, int]) -> str | None:
+    if not isinstance(tools, list):
+        return _typed(struct, path, tools, "[]openai.ResponsesTool")
+    for tool in tools:
+        if tool is not None and not isinstance(tool, dict):
+            return _typed(struct, path, tool, "openai.ResponsesTool")
+        for key, value in (tool or {}).items():
+            wrong = _typed("ResponsesTool", f"{path}.{key}", value, TOOL_KINDS[key]) \
+                if key in TOOL_KINDS and _misfit(value, TOOL_KINDS[key]) else \
+                _typed("ResponsesTool", f"{path}.{key}", value, "map[string]interface {}") \
+                if key == "parameters" and not isinstance(value, dict | None) else \
+                _tools_error("ResponsesTool", f"{path}.tools", value, at) \
+                if key == "tools" and value is not None and at >= (0, 32, 7) else None
+            if wrong:
+                return wrong
+    return None
+
+
+def _typed(struct: str, path: str, value: Any, go_type: str) -> str:
+    kind = _misfit(value, go_type) if go_type in ("string", "bool") else _json_kind(value)
+    return f"json: cannot unmarshal {kind} into Go struct field {struct}.{path} of type {go_type}"
 
 
 def _item_parts_error(item: dict[str, Any]) -> str | None:
@@ -377,18 +429,27 @@ def _item_parts_error(item: dict[str, Any]) -> str | None:
     return None
 
 
-def _function_call_error(item: dict[str, Any]) -> str | None:
-    """FromResponsesRequest: a function call's `arguments` ("" aside) must be a JSON object.
-    The reason after the colon is Go's own and only approximated here."""
+# From 0.14 tool arguments are an ordered map, which jsonparser.ObjectEach reads: anything
+# but an object is refused in its words (api/types.go ToolCallFunctionArguments.UnmarshalJSON)
+ORDERED_ARGUMENTS_SINCE = (0, 14, 0)
+
+
+def _function_call_error(item: dict[str, Any], at: tuple[int, int, int]) -> str | None:
+    """FromResponsesRequest (openai/responses.go): json.Unmarshal of a function call's
+    `arguments` ("" skipped) into api.ToolCallFunctionArguments, its error wrapped."""
     arguments = item.get("arguments") if item.get("type") == "function_call" else None
     if not isinstance(arguments, str) or not arguments:
         return None
-    try:
-        parsed = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return "failed to parse function call arguments: invalid JSON"
-    return None if isinstance(parsed, dict) else \
-        "failed to parse function call arguments: not a JSON object"
+    data = arguments.encode("utf-8", "replace")
+    wrong = sim_gojson.syntax_error(data)
+    if wrong is None:
+        kind = sim_gojson.kind(data)
+        if kind == "object" or (kind == "null" and at < ORDERED_ARGUMENTS_SINCE):
+            return None
+        wrong = "Value looks like object, but can't find closing '}' symbol" \
+            if at >= ORDERED_ARGUMENTS_SINCE else \
+            f"json: cannot unmarshal {kind} into Go value of type api.ToolCallFunctionArguments"
+    return f"failed to parse function call arguments: {wrong}"
 
 
 def _json_kind(value: Any) -> str:
@@ -407,6 +468,10 @@ def _item_error(item: Any, at: tuple[int, int, int]) -> str | None:
             return f"unknown input item type: {item.get('type') or ''}"
         return f"unknown input item type: {go_quote(kind)}" if kind else \
             "input item missing required 'type' field"
+    if kind == "function_call":  # ResponsesFunctionCall: every field a string
+        return next((_typed("ResponsesFunctionCall", key, value, "string") for key, value in
+                     item.items() if key in ("id", "type", "call_id", "name", "arguments") and
+                     _misfit(value, "string")), None)
     if kind == "message":
         return _parts_error(item.get("content"), "content", at)
     if kind == "function_call_output":
@@ -431,6 +496,20 @@ def _parts_error(parts: Any, name: str, at: tuple[int, int, int]) -> str | None:
         if isinstance(part, dict | None) and (kind or "") not in known:
             return f"{name}[{index}]: unknown content type: {kind or ''}"
     return None
+
+
+# openai.EmbedRequest (openai/openai.go): `dimensions` from 0.11.11, `encoding_format` from
+# 0.12.7, which EmbeddingsMiddleware checks then too
+ENCODING_FORMAT_SINCE = (0, 12, 7)
+EMBED_FIELDS = {"dimensions": ("int", (0, 11, 11)),
+                "encoding_format": ("string", ENCODING_FORMAT_SINCE)}
+
+
+def embed_binding_error(body: dict[str, Any], version: str) -> str | None:
+    """EmbeddingsMiddleware's ShouldBindJSON: the version's typed fields."""
+    at = version_tuple(version)
+    return binding_error(("EmbedRequest", {key: kind for key, (kind, since) in
+                                           EMBED_FIELDS.items() if at >= since}), body)
 
 
 def encoding_format_error(body: dict[str, Any]) -> str | None:

@@ -103,11 +103,11 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
             native["top_logprobs"] = logprobs
         return native
     if path == RESPONSES:
-        native["messages"], tools = _responses_messages(body), [
-            tool for t in body.get("tools") or [] for tool in _responses_tools(t, version)]
+        native["messages"], tools = _responses_messages(body, version), \
+            _responses_offered(body.get("tools") or [], version)
         native.update(_responses_format_and_think(body, version))
     elif path == MESSAGES:
-        native["messages"], tools = _anthropic_messages(body), [
+        native["messages"], tools = _anthropic_messages(body, version), [
             _tool(t.get("name"), t.get("description"), t.get("input_schema"))
             for t in body.get("tools") or [] if isinstance(t, dict)]
         native.update(_anthropic_think(body))
@@ -162,6 +162,28 @@ def _responses_format_and_think(body: dict[str, Any], version: str) -> dict[str,
 NAMESPACES_SINCE = (0, 32, 7)
 
 
+# From 0.32.10 a `web_search` tool is offered as Ollama's own function, which replaces a
+# declared function of that name (openai/responses.go WebSearchFunctionTool)
+WEB_SEARCH_SINCE = (0, 32, 10)
+WEB_SEARCH = {"type": "function", "function": {
+    "name": "web_search", "description": "Search the web for current information.",
+    "parameters": {"type": "object", "required": ["query"], "properties": {
+        "query": {"type": "string", "description": "The search query."}}}}}
+
+
+def _responses_offered(given: list[Any], version: str) -> list[dict[str, Any]]:
+    searches = version_tuple(version) >= WEB_SEARCH_SINCE and any(
+        isinstance(t, dict) and t.get("type") == "web_search" for t in given)
+    offered: list[dict[str, Any]] = []
+    for declared in given:
+        if searches and isinstance(declared, dict) and declared.get("type") == "web_search":
+            offered.append(WEB_SEARCH)
+            continue
+        offered += [tool for tool in _responses_tools(declared, version)
+                    if not searches or tool["function"]["name"] != "web_search"]
+    return offered
+
+
 def _responses_tools(tool: Any, version: str, prefix: str = "") -> list[dict[str, Any]]:
     if not isinstance(tool, dict):
         return [_tool("", None, None)] if tool is None else []
@@ -198,44 +220,109 @@ def _call(name: Any, arguments: Any) -> dict[str, Any]:
     return {"function": {"name": name, "arguments": arguments}}
 
 
-def _responses_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+# openai/responses.go FromResponsesRequest: a function call joins the assistant message
+# before it from 0.13.4, an assistant reply the call it answers from 0.32.10
+CALLS_JOIN_SINCE, REPLIES_JOIN_SINCE = (0, 13, 4), (0, 32, 10)
+
+
+def _responses_messages(body: dict[str, Any], version: str) -> list[dict[str, Any]]:
+    """FromResponsesRequest's walk: a reasoning item's text is the thinking of the next
+    assistant message or function call (a later reasoning item first replaces it)."""
+    at = version_tuple(version)
     messages: list[dict[str, Any]] = []
     if body.get("instructions"):
         messages.append({"role": "system", "content": str(body["instructions"])})
     given = body.get("input")
     if isinstance(given, str):
         return [*messages, {"role": "user", "content": given}]
-    for item in given or []:
+    items = given or []
+    pending = ""
+    for index, item in enumerate(items):
         kind = item.get("type") or "message"
-        if kind == "message":
-            messages.append({"role": item.get("role"), "content": _text(item.get("content"))})
+        last = messages[-1] if messages else {}
+        if kind == "reasoning":
+            pending = str(item.get("encrypted_content") or "")
+        elif kind == "message":
+            message = {"role": item.get("role"), "content": _text(item.get("content"))}
+            if message["role"] == "assistant" and pending:
+                message["thinking"], pending = pending, ""
+            after = items[index + 1] if index + 1 < len(items) else {}
+            answered = after.get("call_id") if after.get("type") == "function_call_output" \
+                else None
+            if at >= REPLIES_JOIN_SINCE and message["role"] == "assistant" and answered and \
+                    last.get("role") == "assistant" and \
+                    any(call.get("id") == answered for call in last.get("tool_calls") or []):
+                last["content"] += ("\n" if last["content"] and message["content"] else "") + \
+                    message["content"]
+                if message.get("thinking"):
+                    last["thinking"] = message["thinking"]
+                continue
+            messages.append(message)
         elif kind == "function_call":
-            messages.append({"role": "assistant", "content": "",
-                             "tool_calls": [_call(item.get("name"), item.get("arguments"))]})
+            call = {"id": item.get("call_id"),
+                    **_call(item.get("name"), item.get("arguments"))}
+            if at >= CALLS_JOIN_SINCE and last.get("role") == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                last = {"role": "assistant", "content": "", "tool_calls": [call]}
+                messages.append(last)
+            if pending:
+                last["thinking"], pending = pending, ""
         elif kind == "function_call_output":
             messages.append({"role": "tool", "content": _text(item.get("output"))})
+    if pending:
+        messages.append({"role": "assistant", "content": "", "thinking": pending})
     return messages
 
 
-def _anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+# anthropic.go convertMessage reads a web search's blocks from 0.16.2 (commit 5f5ef2013)
+WEB_SEARCH_BLOCKS_SINCE = (0, 16, 2)
+
+
+def _search_result_text(content: Any) -> str:
+    """formatWebSearchToolResultContent: `- title: url` a result, an error's code."""
+    if isinstance(content, str):
+        return content
+    items = content if isinstance(content, list) else [content]
+    lines = []
+    for item in items:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "web_search_tool_result_error":
+            code = item.get("error_code")
+            return f"web_search_tool_result_error: {code}" if code else \
+                "web_search_tool_result_error"
+        if kind == "web_search_result":
+            lines.append(f"- {item.get('title') or ''}: {item.get('url') or ''}\n")
+    return "".join(lines) if isinstance(content, list) or lines else \
+        orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _anthropic_messages(body: dict[str, Any], version: str) -> list[dict[str, Any]]:
+    searches = version_tuple(version) >= WEB_SEARCH_BLOCKS_SINCE
     system = _text(body.get("system"))
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for message in body.get("messages") or []:
         blocks = message.get("content")
         if isinstance(blocks, str):
             blocks = [{"type": "text", "text": blocks}]
-        text, calls = "", []
+        text, calls, thinking = "", [], ""
         for block in blocks or []:
             kind = block.get("type")
             if kind == "text":
                 text += str(block.get("text") or "")
-            elif kind == "tool_use":
+            elif kind == "thinking" and block.get("thinking") is not None:
+                thinking = str(block["thinking"])  # the last block's (convertMessage)
+            elif kind == "tool_use" or (kind == "server_tool_use" and searches):
                 calls.append(_call(block.get("name"), block.get("input") or {}))
+            elif kind == "web_search_tool_result" and searches:
+                messages.append({"role": "tool",
+                                 "content": _search_result_text(block.get("content"))})
             elif kind == "tool_result":
                 messages.append({"role": "tool", "content": _text(block.get("content"))})
-        if text or calls:
+        if text or calls or thinking:
             messages.append({"role": message.get("role"), "content": text,
-                             **({"tool_calls": calls} if calls else {})})
+                             **({"tool_calls": calls} if calls else {}),
+                             **({"thinking": thinking} if thinking else {})})
     return messages
 
 

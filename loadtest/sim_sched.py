@@ -825,7 +825,7 @@ class OllamaSim:
             prompt.fixed += tokens_for_text(str(tools), cpt)
             prompt.blocks.append((hash(str(tools)), prompt.fixed))
         for msg in body.get("messages") or []:
-            text = str(msg.get("content") or "")
+            text = str(msg.get("content") or "") + str(msg.get("thinking") or "")
             calls = msg.get("tool_calls")
             if calls:
                 text += str(calls)

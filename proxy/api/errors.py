@@ -3,7 +3,8 @@ machine-readable `reason` of docs/interface.md, always at the top level."""
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
 import orjson
 from starlette.applications import Starlette
@@ -104,6 +105,39 @@ def stream_error_line(message: str, dialect: Dialect = "ollama") -> bytes:
     if dialect == "ollama":
         return body + b"\n"
     return (b"event: error\n" if dialect == "anthropic" else b"") + b"data: " + body + b"\n\n"
+
+
+SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
+
+
+def responses_failed_event(message: str, head: bytes, tail: bytes) -> bytes:
+    """The end of a Responses stream that failed after it started, in that API's own form:
+    a `response.failed` event, numbered after the last event sent, for the response its
+    `response.created` opened (as Ollama's layer words one, openai/responses.go
+    ResponseFailed, middleware/openai.go writeWebSearchError). It also carries OpenAI's
+    `error` object, which the openai clients raise on, and the sidecar's reason."""
+    numbers = SEQUENCE.findall(tail)
+    opened = _first_event(head).get("response")
+    opened = opened if isinstance(opened, dict) else {}
+    failed = {"type": "response.failed",
+              "sequence_number": int(numbers[-1]) + 1 if numbers else 0,
+              "response": {"id": opened.get("id", ""), "object": "response",
+                           "status": "failed", "model": opened.get("model", ""),
+                           "output": [], "error": {"code": "api_error", "message": message}},
+              **error_body(502, "upstream-failed", message, "openai")}
+    return b"event: response.failed\ndata: " + orjson.dumps(failed) + b"\n\n"
+
+
+def _first_event(head: bytes) -> dict[str, Any]:
+    """The first server-sent event's data, when it is whole in `head`."""
+    for line in head.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                data = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return {}
+            return data if isinstance(data, dict) else {}
+    return {}
 
 
 REASONS = {400: "bad-request", 404: "not-found", 405: "method-not-allowed",

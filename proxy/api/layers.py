@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from proxy.api import gojson
 from proxy.api.capabilities import (
     EFFORTS_BY_VERSION,
     RESPONSES_EFFORT_SINCE,
@@ -625,9 +626,18 @@ def _go_type(value: Any) -> str:
         GO_TYPES.get(type(value), "float64")
 
 
+# openai.EmbedRequest's typed fields, each with the version that added it
+EMBED_FIELDS: dict[str, tuple[str, Version]] = {
+    "dimensions": ("int", (0, 11, 11)), "encoding_format": ("string", ENCODING_FORMAT_SINCE)}
+
+
 def embeddings_error(body: dict[str, Any], version: Version) -> str | None:
-    """EmbeddingsMiddleware: an encoding other than float or base64 (any case), then no
-    input or an empty list (`""` is one empty input)."""
+    """EmbeddingsMiddleware: the binding (the version's typed fields), an encoding other
+    than float or base64 (any case), then no input or an empty list (`""` is one empty
+    input)."""
+    kinds = {key: kind for key, (kind, since) in EMBED_FIELDS.items() if version >= since}
+    if wrong := binding_error(("EmbedRequest", kinds), body):
+        return wrong
     wanted = body.get("encoding_format")
     if version >= ENCODING_FORMAT_SINCE and wanted and isinstance(wanted, str) and \
             wanted.lower() not in ENCODING_FORMATS:
@@ -812,6 +822,12 @@ def responses_error(body: dict[str, Any], version: Version) -> str | None:
             wrong = _go_misfit("ResponsesRequest", key, value, "openai.ResponsesReasoning") \
                 if not isinstance(value, dict) else \
                 _fields_error("ResponsesReasoning", "reasoning", value, REASONING_FIELDS)
+        elif key == "tools":
+            wrong = _responses_tools_error("ResponsesRequest", key, value, version)
+        elif key == "text":
+            wrong = _responses_text_error(value)
+        elif key == "include":
+            wrong = _strings_error("ResponsesRequest", key, value)
         else:
             wrong = binding_error(RESPONSES_FIELDS, {key: value})
         if wrong:
@@ -823,14 +839,65 @@ def responses_error(body: dict[str, Any], version: Version) -> str | None:
     return effort_error("/v1/responses", body, version)
 
 
+# openai.ResponsesTool's scalar fields; a `namespace` tool's member tools from 0.32.7
+RESPONSES_TOOL_FIELDS = {"type": "string", "name": "string", "description": "string",
+                         "strict": "bool"}
+NAMESPACE_TOOLS_SINCE: Version = (0, 32, 7)
+TEXT_FORMAT_FIELDS = {"type": "string", "name": "string", "strict": "bool"}
+
+
+def _responses_tools_error(struct: str, at: str, tools: Any, version: Version) -> str | None:
+    """A []openai.ResponsesTool bound: a list of objects, each field of its type, Go naming
+    the path from the request's root (`ResponsesTool.tools.parameters`)."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        return _go_misfit(struct, at, tools, "[]openai.ResponsesTool")
+    for tool in tools:
+        if tool is None:
+            continue
+        if not isinstance(tool, dict):
+            return _go_misfit(struct, at, tool, "openai.ResponsesTool")
+        for key, value in tool.items():
+            if key in RESPONSES_TOOL_FIELDS:
+                wrong = _scalar_misfit("ResponsesTool", f"{at}.{key}", value,
+                                       RESPONSES_TOOL_FIELDS[key])
+            elif key == "parameters":
+                wrong = None if value is None or isinstance(value, dict) else \
+                    _go_misfit("ResponsesTool", f"{at}.{key}", value, "map[string]interface {}")
+            elif key == "tools" and version >= NAMESPACE_TOOLS_SINCE:
+                wrong = _responses_tools_error("ResponsesTool", f"{at}.tools", value, version)
+            else:
+                wrong = None
+            if wrong:
+                return wrong
+    return None
+
+
+def _responses_text_error(text: Any) -> str | None:
+    """ResponsesRequest.text bound: an object whose `format` is an object of typed fields."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        return _go_misfit("ResponsesRequest", "text", text, "openai.ResponsesText")
+    wanted = text.get("format")
+    if wanted is None:
+        return None
+    if not isinstance(wanted, dict):
+        return _go_misfit("ResponsesText", "text.format", wanted, "openai.ResponsesTextFormat")
+    return _fields_error("ResponsesTextFormat", "text.format", wanted, TEXT_FORMAT_FIELDS)
+
+
 FILE_INPUTS = "file inputs are not currently supported"
 
 
 def _item_conversion_error(item: dict[str, Any], version: Version) -> str | None:
-    """FromResponsesRequest's refusal of an item's parts (convertResponsesContent): an image
-    URL decodeImageURL cannot read, a file. (A function call's `arguments` that are no JSON
-    object are refused there too, in Go's own words, left to Ollama.)"""
+    """FromResponsesRequest's refusal of an item: a function call whose `arguments` Go
+    cannot read, a part convertResponsesContent cannot (an image URL decodeImageURL cannot
+    read, a file)."""
     kind = item.get("type") or ("message" if item.get("role") else "")
+    if kind == "function_call":
+        return function_arguments_error(item.get("arguments"), version)
     parts = item.get("content") if kind == "message" else \
         item.get("output") if kind == "function_call_output" else None
     for part in parts if isinstance(parts, list) else ():
@@ -842,6 +909,27 @@ def _item_conversion_error(item: dict[str, Any], version: Version) -> str | None
         if isinstance(url, str) and url and (wrong := _image_url_error(url, version)):
             return wrong
     return None
+
+
+ARGUMENTS_TYPE = "api.ToolCallFunctionArguments"
+
+
+def function_arguments_error(arguments: Any, version: Version) -> str | None:
+    """json.Unmarshal of a function call's `arguments` ("" is skipped) into
+    api.ToolCallFunctionArguments (openai/responses.go FromResponsesRequest): Go's syntax
+    check first, then the type's own reading: a plain map before 0.14 (null taken), an
+    ordered map from 0.14, which jsonparser refuses anything but an object in its words."""
+    if not isinstance(arguments, str) or not arguments:
+        return None
+    data = arguments.encode("utf-8", "replace")
+    wrong = gojson.syntax_error(data)
+    if wrong is None:  # valid JSON: its first byte says what it is
+        kind = gojson.kind(data)
+        if kind == "object" or (kind == "null" and version < ORDERED_MAPS_SINCE):
+            return None
+        wrong = NOT_AN_OBJECT if version >= ORDERED_MAPS_SINCE else \
+            f"json: cannot unmarshal {kind} into Go value of type {ARGUMENTS_TYPE}"
+    return f"failed to parse function call arguments: {wrong}"
 
 
 def responses_input_error(given: Any, version: Version) -> str | None:
@@ -872,6 +960,10 @@ def _input_item_error(item: Any, version: Version) -> str | None:
             return f"unknown input item type: {item.get('type') or ''}"
         return "input item missing required 'type' field" if not kind else \
             f"unknown input item type: {go_quoted(kind)}"
+    if kind == "function_call":  # ResponsesFunctionCall: every field a string
+        return next((_scalar_misfit("ResponsesFunctionCall", key, value, "string")
+                     for key, value in item.items() if key in FUNCTION_CALL_FIELDS and
+                     _misfit(value, "string")), None)
     if kind == "message" and "content" in item:
         return _content_error(item["content"], "content", version)
     if kind == "function_call_output" and "output" in item:
@@ -880,6 +972,9 @@ def _input_item_error(item: Any, version: Version) -> str | None:
             return _scalar_misfit("ResponsesFunctionCallOutput", "output", output, "string")
         return _content_error(output, "output", version)
     return None
+
+
+FUNCTION_CALL_FIELDS = frozenset(("id", "type", "call_id", "name", "arguments"))
 
 
 def _peeked_misfit(value: Any, key: str) -> str:

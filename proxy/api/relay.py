@@ -25,6 +25,7 @@ from proxy.api.errors import (
     error_response,
     provider_refusal,
     refusal_response,
+    responses_failed_event,
     stream_error_line,
 )
 from proxy.api.wire import past_go_duration
@@ -195,6 +196,20 @@ END_EVENTS = {"/v1/chat/completions": b"data: [DONE]", "/v1/completions": b"data
               "/v1/responses": b"event: response.completed"}
 
 
+# A Responses stream Ollama ends as failed (middleware/openai.go writeWebSearchError), and
+# how much of such a stream's start is kept to name the response in a failure of our own
+RESPONSE_FAILED = b"event: response.failed"
+HEAD_BYTES = 4096
+
+
+def failed_message(final: dict[str, Any]) -> str:
+    """The message of a `response.failed` event's error."""
+    response = final.get("response")
+    error = response.get("error") if isinstance(response, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else "no message"
+
+
 # The last line of an answer Ollama streams as NDJSON (`"done":true` inside a string would
 # have its quotes escaped)
 ANSWER_DONE = b'"done":true'
@@ -257,6 +272,8 @@ class RelayStream(StreamingResponse):
         self.started = started
         self.chunk_timeout_s = chunk_timeout_s
         self._tail = b""
+        self._head = b""  # a Responses stream's start: the response its events belong to
+        self._responses = path == "/v1/responses"
         self._watch = attempt.watches_tool_calls
         self._called_tools = False
         self._final: dict[str, Any] = {}
@@ -296,6 +313,8 @@ class RelayStream(StreamingResponse):
                 at_line_start = ended_with_newline
                 ended_with_newline = chunk.endswith(b"\n")
                 self._tail = (self._tail + chunk)[-8192:]
+                if self._responses and len(self._head) < HEAD_BYTES:
+                    self._head += chunk[:HEAD_BYTES - len(self._head)]
                 if held is not None:
                     held += chunk
                 elif ndjson and (start := ollamas_error_line_at(chunk, at_line_start)) >= 0:
@@ -317,6 +336,11 @@ class RelayStream(StreamingResponse):
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
+            elif self._responses and RESPONSE_FAILED in self._tail:
+                # Ollama's own end of a failed Responses stream (its web search's): whole
+                self._ok = False
+                self._error = "provider reported the response failed: " + failed_message(
+                    self._final)
             elif self._last_mark and not self._answered:
                 # the agent must hear of the failure, and it is not a finished call (Ollama
                 # ends every stream with `"done":true` or its error line)
@@ -324,8 +348,8 @@ class RelayStream(StreamingResponse):
                 self._error = (f"provider {self.attempt.provider} ended the stream without "
                                f"{self._last_mark.decode().removeprefix('data: ')}: the "
                                "engine failed mid-answer")
-                closing = (b"" if ended_with_newline else b"\n") + stream_error_line(
-                    self._error, self.dialect)
+                closing = (b"" if ended_with_newline else b"\n") + self._error_end(
+                    self._error)
             self._ended = True
             if held is not None:
                 yield with_reason(held)
@@ -342,8 +366,7 @@ class RelayStream(StreamingResponse):
                 yield rest
             # (an error line held back began a line: what was sent ends with a newline)
             at_line_start = ended_with_newline or held is not None
-            yield (b"" if at_line_start else b"\n") + stream_error_line(self._error,
-                                                                          self.dialect)
+            yield (b"" if at_line_start else b"\n") + self._error_end(self._error)
         finally:
             silence.stop()
         # Before the stream's end reaches the client: its next call must find this one's
@@ -352,6 +375,12 @@ class RelayStream(StreamingResponse):
         # (__call__): what the call taught (its prompt's count, its length, a tool loop's
         # end) would be lost.
         await self._settle()
+
+    def _error_end(self, message: str) -> bytes:
+        """The stream's closing error in its dialect (the Responses API's own event)."""
+        if self._responses:
+            return responses_failed_event(message, self._head, self._tail)
+        return stream_error_line(message, self.dialect)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Starlette's own __call__ watches for the client leaving with an anyio task group
@@ -444,7 +473,7 @@ def usage_added(path: str, body: dict[str, Any]) -> bool:
         return False
     options = body.get("stream_options")
     return options is None or (isinstance(options, dict) and
-                               options.get("include_usage", False) is False)
+                               options.get("include_usage") in (None, False))  # null: false
 
 
 class UsageEventFilter:

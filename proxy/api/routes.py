@@ -25,7 +25,7 @@ from proxy.api.errors import (
 )
 from proxy.api.relay import TRUNCATING_PATHS, Reshape, engine_error, forward
 from proxy.core.affinity import shared_prompt_size
-from proxy.core.context import Version, parse_version
+from proxy.core.context import NEWEST, Version, parse_version
 from proxy.core.models import (
     CLOUD_SOURCE,
     INVALID_MODEL_NAME,
@@ -180,13 +180,25 @@ async def off_loop(large: bool, fn: Callable[..., R], *args: Any) -> R:
     return await asyncio.to_thread(fn, *args) if large else fn(*args)
 
 
-def measure(body: dict[str, Any], parsed: wire.Inference | None = None) -> Measured:
+# From 0.30.7 a listed model's OpenAI id is its tags entry's `model`, else its `name`
+# (openai/openai.go ToListCompletion, commit e09b3f9fb); before, its `name`
+LISTED_BY_MODEL_SINCE: Version = (0, 30, 7)
+
+
+def listed_id(entry: dict[str, Any], version: Version) -> str:
+    """The id Ollama's /v1/models gives an /api/tags entry, as written there."""
+    named = entry.get("model") if version >= LISTED_BY_MODEL_SINCE else None
+    return str(named or entry.get("name") or "")
+
+
+def measure(body: dict[str, Any], parsed: wire.Inference | None = None,
+            version: Version = NEWEST) -> Measured:
     """What placement needs of the body's prompt (see `Measured`): an embedding's longest
-    input, else everything that ends up in the prompt and its conversation (a chat's, when
-    the body is not parsed: explain's)."""
+    input, else everything that ends up in the prompt of the providers' Ollama `version` and
+    its conversation (a chat's, when the body is not parsed: explain's)."""
     if isinstance(parsed, wire.EMBEDDINGS):
         return longest_input_size(body), (), NO_PROMPT, False
-    size, conversation = prompt_size(body), conversation_digests(body)
+    size, conversation = prompt_size(body, version), conversation_digests(body)
     if not conversation:
         return size, conversation, NO_PROMPT, False
     return size, conversation, shared_prompt_size(body), answers_tool_result(body)
@@ -555,9 +567,9 @@ class SidecarApi:
                 "owned_by": ollama_name_parts(name)["namespace"]}
 
     async def openai_models(self, request: Request) -> Response:
-        models = await self._provider_models()
-        return _json({"object": "list",
-                      "data": [self._openai_model(n, e) for n, e in models.items()]})
+        models, version = await self._provider_models(), self.engine_version()
+        return _json({"object": "list", "data": [
+            self._openai_model(listed_id(e, version), e) for e in models.values()]})
 
     async def openai_model(self, request: Request) -> Response:
         name = request.path_params["model"]
@@ -568,7 +580,7 @@ class SidecarApi:
         if key not in models:
             return error_response(404, "model-not-found", not_found(name), name,
                                   dialect="openai")  # Ollama's ShowHandler's words
-        return _json(self._openai_model(key, models[key]))
+        return _json(self._openai_model(name, models[key]))  # ToModel: the name as asked
 
     async def _cloud_model(self, name: str) -> Response | None:
         """A cloud model's OpenAI model object, as the first provider that sends the
@@ -594,7 +606,7 @@ class SidecarApi:
             return read
         body, parsed = read
         measured = await off_loop(getattr(request.state, "large_body", False), measure, body,
-                                   parsed)
+                                   parsed, self.engine_version())
         try:
             call = self.call_request(request, "/v1/messages", body, parsed, measured)
         except wire.BadRequest as exc:
@@ -709,7 +721,7 @@ class SidecarApi:
         if not cloud and (wrong := await off_loop(large, layers.layer_error, path, body,
                                                   self.engine_version())):
             return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
-        measured = await off_loop(large, measure, body, parsed)
+        measured = await off_loop(large, measure, body, parsed, self.engine_version())
         try:
             call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:

@@ -30,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from proxy.core.context import NEWEST, Version
 from proxy.core.token_ratio import TokenRatio
 
 # Keys of a message, content part, block or input item whose value is prompt text (or
@@ -152,8 +153,157 @@ def dense_chars(text: str) -> int:
         digits + len(text) - len(text.encode("ascii", "ignore"))
 
 
-def prompt_size(body: dict[str, Any]) -> PromptSize:
-    """Everything in a generation request that ends up in the prompt."""
+# The Responses layer joins a function call to the assistant message before it from 0.13.4
+# (commit 9b2035d19), and an assistant message to the call it answers from 0.32.10 (commit
+# b6b1b258c): a message's thinking then replaces the one it had.
+CALLS_JOIN_SINCE: Version = (0, 13, 4)
+REPLIES_JOIN_SINCE: Version = (0, 32, 10)
+
+
+def as_ollama_reads(body: dict[str, Any], version: Version = NEWEST) -> dict[str, Any]:
+    """The body as Ollama's layers put it in the prompt, where that differs from its text:
+    a message keeps one thinking text, its last thinking block's (anthropic/anthropic.go
+    convertMessage), and a web search's result blocks are their titles and URLs (from
+    0.16.2; before, they and the server's tool calls are left out); a Responses reasoning
+    item gives its text to the next assistant message or function call unless another
+    reasoning item comes first (openai/responses.go FromResponsesRequest)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and any(_thinking_blocks(m) > 1 or _searched(m)
+                                          for m in messages):
+        body = {**body, "messages": [_web_search_as_read(_last_thinking_only(m), version)
+                                     for m in messages]}
+    given = body.get("input")
+    if isinstance(given, list) and sum(_kind(item) == "reasoning" for item in given) > 1:
+        kept = _kept_reasoning(given, version, bool(body.get("instructions")))
+        body = {**body, "input": [
+            {**item, "encrypted_content": None} if _kind(item) == "reasoning" and
+            index not in kept else item for index, item in enumerate(given)]}
+    return body
+
+
+def _kind(item: Any) -> str:
+    """A Responses input item's type (a message may give only its role)."""
+    if not isinstance(item, dict):
+        return ""
+    kind = item.get("type")
+    return kind if isinstance(kind, str) and kind else "message" if item.get("role") else ""
+
+
+def _thinking_blocks(message: Any) -> int:
+    blocks = message.get("content") if isinstance(message, dict) else None
+    return sum(isinstance(block, dict) and block.get("type") == "thinking" and
+               block.get("thinking") is not None
+               for block in blocks) if isinstance(blocks, list) else 0
+
+
+# anthropic.go convertMessage reads server_tool_use and web_search_tool_result blocks from
+# 0.16.2 (commit 5f5ef2013)
+WEB_SEARCH_BLOCKS_SINCE: Version = (0, 16, 2)
+SEARCH_BLOCKS = ("server_tool_use", "web_search_tool_result")
+
+
+def _searched(message: Any) -> bool:
+    blocks = message.get("content") if isinstance(message, dict) else None
+    return isinstance(blocks, list) and any(
+        isinstance(block, dict) and block.get("type") in SEARCH_BLOCKS for block in blocks)
+
+
+def _web_search_as_read(message: Any, version: Version) -> Any:
+    """An Anthropic message's web search blocks as Ollama reads them: a result is the text
+    formatWebSearchToolResultContent makes of it (its titles and URLs, no page content);
+    before 0.16.2 neither block is read."""
+    if not _searched(message):
+        return message
+    read = version >= WEB_SEARCH_BLOCKS_SINCE
+    blocks = [{"type": "text", "text": _search_result_text(block.get("content"))}
+              if read and block.get("type") == "web_search_tool_result" else block
+              for block in message["content"] if read or not isinstance(block, dict) or
+              block.get("type") not in SEARCH_BLOCKS]
+    return {**message, "content": blocks}
+
+
+def _search_result_text(content: Any) -> str:
+    """formatWebSearchToolResultContent: a line `- title: url` per result, an error's code,
+    any other value as JSON."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict) and content.get("type") == "web_search_tool_result_error":
+        return _search_error(content)
+    if not isinstance(content, list):
+        return orjson.dumps(content).decode() if not isinstance(content, dict) else \
+            orjson.dumps(content, option=orjson.OPT_SORT_KEYS).decode()
+    lines = []
+    for item in content:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "web_search_tool_result_error":
+            return _search_error(item)
+        if kind == "web_search_result":
+            title, url = item.get("title"), item.get("url")
+            lines.append(f"- {title if isinstance(title, str) else ''}: "
+                         f"{url if isinstance(url, str) else ''}\n")
+    return "".join(lines)
+
+
+def _search_error(error: dict[str, Any]) -> str:
+    code = error.get("error_code")
+    return f"web_search_tool_result_error: {code}" if isinstance(code, str) and code else \
+        "web_search_tool_result_error"
+
+
+def _last_thinking_only(message: Any) -> Any:
+    """An Anthropic message whose thinking blocks but the last (with text) say nothing."""
+    if _thinking_blocks(message) < 2:
+        return message
+    blocks = message["content"]
+    last = max(i for i, block in enumerate(blocks) if isinstance(block, dict) and
+               block.get("type") == "thinking" and block.get("thinking") is not None)
+    return {**message, "content": [
+        {**block, "thinking": None} if i != last and isinstance(block, dict) and
+        block.get("type") == "thinking" else block for i, block in enumerate(blocks)]}
+
+
+def _kept_reasoning(items: list[Any], version: Version, instructed: bool) -> set[int]:
+    """The reasoning items whose text reaches a message, FromResponsesRequest's walk
+    replayed: each message as [role, the reasoning item its thinking is from, its calls]."""
+    messages: list[tuple[str, list[int | None], set[Any]]] = \
+        [("system", [None], set())] if instructed else []
+    pending: int | None = None
+    for index, item in enumerate(items):
+        kind = _kind(item)
+        if kind == "reasoning":
+            pending = index if item.get("encrypted_content") else None
+        elif kind == "message":
+            role, thinking = item.get("role"), None
+            if role == "assistant" and pending is not None:
+                thinking, pending = pending, None
+            answered = items[index + 1].get("call_id") if index + 1 < len(items) and \
+                _kind(items[index + 1]) == "function_call_output" else None
+            last = messages[-1] if messages else None
+            if version >= REPLIES_JOIN_SINCE and role == "assistant" and answered and \
+                    last is not None and last[0] == "assistant" and answered in last[2]:
+                if thinking is not None:
+                    last[1][0] = thinking
+                continue
+            messages.append((str(role), [thinking], set()))
+        elif kind == "function_call":
+            last = messages[-1] if messages else None
+            if version >= CALLS_JOIN_SINCE and last is not None and last[0] == "assistant":
+                last[2].add(item.get("call_id"))
+                if pending is not None:
+                    last[1][0] = pending
+            else:
+                messages.append(("assistant", [pending], {item.get("call_id")}))
+            pending = None
+        elif kind == "function_call_output":
+            messages.append(("tool", [None], set()))
+    kept = {thinking[0] for _, thinking, _ in messages}
+    return {index for index in (*kept, pending) if index is not None}
+
+
+def prompt_size(body: dict[str, Any], version: Version = NEWEST) -> PromptSize:
+    """Everything in a generation request that ends up in the prompt, for the providers'
+    Ollama `version`."""
+    body = as_ollama_reads(body, version)
     prompt = _Prompt()
     for key in BODY_KEYS:
         _texts(body.get(key), prompt)
@@ -161,9 +311,32 @@ def prompt_size(body: dict[str, Any]) -> PromptSize:
     if isinstance(images, list):
         prompt.images += len(images)
     tools = body.get("tools")
-    for tool in tools if isinstance(tools, list) else ():  # (one Ollama ignores: no list)
-        _tool_spec_texts(tool, prompt)
+    for tool in offered_tools(body, version) if isinstance(tools, list) else ():
+        _tool_spec_texts(tool, prompt)  # (tools that are no list Ollama ignores)
     return prompt.size(_pieces(body))
+
+
+# From 0.32.10 the Responses layer offers the model its own function for a `web_search`
+# tool, and drops a declared function of that name (openai/responses.go
+# WebSearchFunctionTool, FromResponsesRequest; commit b6b1b258c)
+WEB_SEARCH_SINCE: Version = (0, 32, 10)
+WEB_SEARCH_FUNCTION = {"type": "function", "function": {
+    "name": "web_search", "description": "Search the web for current information.",
+    "parameters": {"type": "object", "required": ["query"], "properties": {
+        "query": {"type": "string", "description": "The search query."}}}}}
+
+
+def offered_tools(body: dict[str, Any], version: Version) -> list[Any]:
+    """The tools the model is offered: a Responses body's `web_search` as Ollama's
+    function for it, from 0.32.10."""
+    tools: list[Any] = body["tools"]
+    searches = version >= WEB_SEARCH_SINCE and isinstance(body.get("input"), str | list) and \
+        any(isinstance(tool, dict) and tool.get("type") == "web_search" for tool in tools)
+    if not searches:
+        return tools
+    return [WEB_SEARCH_FUNCTION if tool.get("type") == "web_search" else tool
+            for tool in tools if isinstance(tool, dict) and
+            (tool.get("type") in ("web_search", "namespace") or tool.get("name") != "web_search")]
 
 
 def _pieces(body: dict[str, Any]) -> int:

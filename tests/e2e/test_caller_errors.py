@@ -151,6 +151,12 @@ LAYER_REFUSALS = [
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": [1, 2, 3]}, "invalid input type"),
     ("/v1/embeddings", {"model": "nomic-embed-text", "input": "hi", "encoding_format": "hex"},
      "Invalid value for 'encoding_format' = hex. Supported values: ['float', 'base64']."),
+    # openai.EmbedRequest's typed fields, bound before anything is checked
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": "hi", "dimensions": "256"},
+     "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int"),
+    ("/v1/embeddings", {"model": "nomic-embed-text", "input": [], "encoding_format": 1},
+     "json: cannot unmarshal number into Go struct field EmbedRequest.encoding_format of type "
+     "string"),
     ("/v1/messages", {"model": "qwen3:8b", "messages": HI}, "max_tokens is required and "
      "must be positive"),
     ("/v1/messages", {"model": "qwen3:8b", "max_tokens": 0, "messages": HI},

@@ -11,6 +11,7 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 import zstandard
 
@@ -212,6 +213,30 @@ def test_an_openai_stream_cut_by_its_provider_raises_in_the_client_with_the_reas
     assert eventually(lambda: no_tickets(url))
 
 
+def test_a_responses_stream_cut_by_its_provider_ends_with_response_failed(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's Responses layer ends a stream its engine cut without `response.completed`;
+    the sidecar ends it in that API's own form, `response.failed` for the response opened,
+    with OpenAI's `error` beside it, which the openai client raises."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    gpu.sim.fault.mode, gpu.sim.fault.after_chunks, gpu.sim.fault.count = "midstream", 2, 1
+    with pytest.raises(openai.APIError) as info:
+        for _ in client_for(url).responses.create(model="qwen3:8b", input="hello",
+                                                  stream=True, max_output_tokens=8):
+            pass
+    assert "without event: response.completed" in info.value.message
+    assert eventually(lambda: no_tickets(url))
+    gpu.sim.fault.count = 1
+    answer = httpx.post(f"{url}/v1/responses", timeout=30, json={
+        "model": "qwen3:8b", "input": "hello", "stream": True, "max_output_tokens": 8})
+    events = [block.split("\n") for block in answer.text.strip().split("\n\n")]
+    opened, last = orjson.loads(events[0][1][6:]), orjson.loads(events[-1][1][6:])
+    assert (events[-1][0], last["type"]) == ("event: response.failed", "response.failed")
+    assert last["response"]["id"] == opened["response"]["id"]
+    assert last["sequence_number"] == orjson.loads(events[-2][1][6:])["sequence_number"] + 1
+
+
 def test_the_responses_api_is_placed(sim_factory: Sims, sidecar_factory: Sidecars,
                                      mode: dict[str, Any]) -> None:
     gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
@@ -349,6 +374,26 @@ def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
     ({"input": [{"role": "user", "content": [
         {"type": "input_file", "filename": "a.txt", "file_data": "aGk="}]}]},
      "file inputs are not currently supported"),
+    # a function call's arguments in Go's words: its syntax check, then the ordered map's
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls",
+                 "arguments": '{"path": "/tmp",}'}]},
+     "failed to parse function call arguments: invalid character '}' looking for beginning "
+     "of object key string"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls",
+                 "arguments": {"path": "/tmp"}}]},
+     "input[0]: json: cannot unmarshal object into Go struct field ResponsesFunctionCall."
+     "arguments of type string"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "[1]"}]},
+     "failed to parse function call arguments: Value looks like object, but can't find "
+     "closing '}' symbol"),
+    # a tool's and the text format's fields bound as openai.ResponsesTool and
+    # ResponsesTextFormat bind them, Go naming the path from the root
+    ({"input": "hello", "tools": [{"type": "function", "name": "ls", "parameters": "{}"}]},
+     "json: cannot unmarshal string into Go struct field ResponsesTool.tools.parameters of "
+     "type map[string]interface {}"),
+    ({"input": "hello", "text": {"format": {"type": "json_schema", "strict": "yes"}}},
+     "json: cannot unmarshal string into Go struct field ResponsesTextFormat.text.format."
+     "strict of type bool"),
     ({"input": "hello", "instructions": ["be brief"]},
      "json: cannot unmarshal array into Go struct field ResponsesRequest.instructions of "
      "type string"),
@@ -566,3 +611,68 @@ def test_a_dialect_the_providers_ollama_lacks_is_its_404_before_any_placement(
     assert answer.json()["reason"] == "not-found"
     assert f"the providers run {version}" in str(answer.json()["error"])
     assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (1, 0)  # the direct call only
+
+
+def test_thinking_ollama_drops_is_not_counted_against_the_context(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama keeps one thinking text a message, an Anthropic message's last thinking block
+    (anthropic.go convertMessage), and a Responses reasoning item only when no other comes
+    before the turn it belongs to (responses.go FromResponsesRequest): thinking it drops
+    does not reach the prompt, so a conversation that fits once it is dropped is placed
+    (not refused `prompt-too-large`), and the simulator, as Ollama, reads it alike."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    old = "earlier thoughts " * 1200  # ~20k characters: far beyond 4096 tokens twice over
+    blocks: Any = [{"type": "thinking", "thinking": old, "signature": "s1"},
+                   {"type": "thinking", "thinking": old, "signature": "s2"},
+                   {"type": "thinking", "thinking": "so: hello", "signature": "s3"},
+                   {"type": "text", "text": "hello"}]
+    message = anthropic_for(url).messages.create(
+        model="llama3.2:3b", max_tokens=5, messages=[
+            *HI, {"role": "assistant", "content": blocks}, {"role": "user", "content": "go on"}])
+    assert message.content[0].type == "text"
+    items: Any = [*HI, {"type": "reasoning", "summary": [], "encrypted_content": old},
+                  {"type": "reasoning", "summary": [], "encrypted_content": old},
+                  {"type": "reasoning", "summary": [], "encrypted_content": "so: hello"},
+                  {"role": "assistant", "content": "hello"},
+                  {"role": "user", "content": "go on"}]
+    assert client_for(url).responses.create(model="llama3.2:3b", input=items,
+                                            max_output_tokens=5).output_text
+    assert gpu.sim.stats.truncations == 0
+
+
+def test_a_responses_web_search_tool_is_placed_and_sent_on_as_it_came(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama refuses no `web_search` tool on the Responses API (from 0.32.10 it offers the
+    model its own function and runs the searches itself, middleware/openai.go
+    WebSearchResponsesWriter): the call is placed as any other, the tool sent on untouched."""
+    gpu = sim_factory("gpu", version="0.32.10", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    reply = client_for(url).responses.create(
+        model="llama3.2:3b", input="what is new today?", max_output_tokens=5,
+        tools=[{"type": "web_search"}])
+    # (the simulator runs no search: its model's call of the tool comes back as it is)
+    assert reply.status == "completed" and gpu.sim.stats.inference_requests == 1
+
+
+def test_a_web_search_results_page_content_is_not_counted_against_the_context(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama's Anthropic layer reads a web search's result block as its titles and URLs
+    (anthropic.go formatWebSearchToolResultContent), not the page content a result may
+    carry: a conversation that fits so is placed, and the simulator reads it alike."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    _version_known(url)
+    page = "page content " * 1500  # ~20k characters, far beyond 4096 tokens
+    searched: Any = [
+        {"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {"query": "x"}},
+        {"type": "web_search_tool_result", "tool_use_id": "s1", "content": [
+            {"type": "web_search_result", "title": "A", "url": "https://a.example",
+             "encrypted_content": page}]},
+        {"type": "text", "text": "found it"}]
+    message = anthropic_for(url).messages.create(
+        model="llama3.2:3b", max_tokens=5, messages=[
+            *HI, {"role": "assistant", "content": searched}, {"role": "user", "content": "ok"}])
+    assert message.content[0].type == "text" and gpu.sim.stats.truncations == 0

@@ -78,6 +78,22 @@ def test_openai_models_are_owned_by_their_namespace(sim_factory: Sims,
     assert client.models.retrieve("someone/llama3.2:3b").owned_by == "someone"
 
 
+@pytest.mark.parametrize("version", ["0.30.6", "0.30.7"])
+def test_openai_models_are_listed_and_retrieved_as_the_versions_ollama_names_them(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str) -> None:
+    """The list's ids are the tags entries' (`name` before 0.30.7, `model` from it, as
+    ToListCompletion reads them), the simulator's list alike; one model's id is the name as
+    asked (ToModel is given the path's name, not the one found)."""
+    gpu = sim_factory("gpu", version=version, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert eventually(lambda: httpx.get(f"{url}/api/version").json().get("version") == version)
+    listed = httpx.get(f"{url}/v1/models").json()["data"]
+    assert sorted(listed, key=str) == sorted(httpx.get(f"{gpu.url}/v1/models").json()["data"],
+                                             key=str)
+    found = client_for(url).models.retrieve("Qwen3:8B")
+    assert (found.id, found.owned_by) == ("Qwen3:8B", "library")
+
+
 def test_an_openai_refusal_is_in_ollamas_shape_with_the_reason_beside_it(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     gpu = sim_factory("gpu", time_scale=SCALE)

@@ -824,6 +824,28 @@ def test_openai_embeddings_in_base64_are_little_endian_float32s(sim_factory: Sim
         "Invalid value for 'encoding_format' = int8. Supported values: ['float', 'base64'].")
 
 
+def test_openai_embeddings_fields_are_bound_as_the_versions_layer_binds_them(
+        sim_factory: Sims) -> None:
+    """openai.EmbedRequest: `dimensions` an int (from 0.11.11), `encoding_format` a string
+    checked from 0.12.7 (commit e0ead1ade); before, Ollama has no such field and ignores it."""
+    new, old = sim_factory("new", time_scale=SCALE), sim_factory("old", version="0.12.6",
+                                                                  time_scale=SCALE)
+
+    def embed(sim: Any, **body: Any) -> httpx.Response:
+        return httpx.post(f"{sim.url}/v1/embeddings", timeout=30,
+                          json={"model": "nomic-embed-text", "input": "a", **body})
+
+    assert openai_error(embed(new, dimensions="8")) == (
+        "json: cannot unmarshal string into Go struct field EmbedRequest.dimensions of type int")
+    assert openai_error(embed(new, encoding_format=1)) == (
+        "json: cannot unmarshal number into Go struct field EmbedRequest.encoding_format of "
+        "type string")
+    plain = embed(old, encoding_format="int8")
+    assert plain.status_code == 200 and isinstance(plain.json()["data"][0]["embedding"], list)
+    assert isinstance(embed(old, encoding_format="base64").json()["data"][0]["embedding"],
+                      list)
+
+
 @pytest.mark.parametrize(("version", "roles"), [("0.32.6", 1), ("0.30.0", None)])
 def test_a_streamed_openai_chat_names_the_role_as_the_version_does(
         sim_factory: Sims, version: str, roles: int | None) -> None:
@@ -850,5 +872,6 @@ def test_a_responses_function_call_whose_arguments_are_no_json_is_a_400(
         "model": "llama3.2:3b", "input": [
             {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{bad"}]})
     assert answer.status_code == 400
-    assert answer.json()["error"]["message"].startswith(
-        "failed to parse function call arguments: ")
+    assert answer.json()["error"]["message"] == (
+        "failed to parse function call arguments: invalid character 'b' looking for "
+        "beginning of object key string")

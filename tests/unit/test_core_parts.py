@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.queueing import victims_cost_s
 from proxy.core.token_ratio import PIECE_TOKENS, TokenRatio
 from proxy.core.tokens import (
+    WEB_SEARCH_FUNCTION,
     Anchor,
     ConversationMemory,
     PromptSize,
@@ -554,3 +556,84 @@ ASKED = {"role": "user", "content": "list the files"}
 def test_a_call_answering_a_tools_result_is_an_agents_loop(body: dict[str, object],
                                                              loop: bool) -> None:
     assert answers_tool_result(body) is loop
+
+
+def test_several_thinking_blocks_in_a_message_count_as_ollama_keeps_them() -> None:
+    """anthropic.go convertMessage keeps one thinking text a message, its last thinking
+    block's (one with no text leaves it as it was)."""
+    message = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "first " * 50, "signature": "a"},
+        {"type": "text", "text": "ok"},
+        {"type": "thinking", "thinking": "last", "signature": "b"},
+        {"type": "thinking", "thinking": None}]}
+    body = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, message]}
+    assert prompt_size(body).chars == 2 + 2 + 4
+
+
+@pytest.mark.parametrize(("version", "chars"), [
+    # 0.13.3: each function call its own message, which takes the pending reasoning
+    ((0, 13, 3), 2 + (3 + 2) + 3 + 4 + 6),
+    # 0.13.4 on: a call joins the assistant message before it, whose thinking it replaces
+    ((0, 13, 4), 2 + 2 + 3 + 4 + 6)])
+def test_reasoning_items_count_as_ollama_gives_them_to_messages(
+        version: tuple[int, int, int], chars: int) -> None:
+    """FromResponsesRequest: a reasoning item's text goes to the next assistant message or
+    function call; one followed by another reasoning item first is dropped."""
+    reasoning = [{"type": "reasoning", "encrypted_content": text}
+                 for text in ("dropped " * 40, "one", "two", "three")]
+    items = [{"role": "user", "content": "hi"}, reasoning[0], reasoning[1],
+             {"role": "assistant", "content": "ok"}, reasoning[2],
+             {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": ""},
+             {"type": "function_call_output", "call_id": "c1", "output": "done"},
+             {"type": "reasoning", "encrypted_content": "trails"}]
+    sized = prompt_size({"input": items}, version)
+    assert sized.chars == chars + len("ls")
+    # with one reasoning item nothing is dropped
+    assert prompt_size({"input": items[:1] + items[2:]}, version).chars > 0
+
+
+@pytest.mark.parametrize(("version", "chars"), [((0, 32, 9), 2 + 5 + 3 + 4 + 4),
+                                                ((0, 32, 10), 2 + 3 + 4 + 4)])
+def test_an_assistant_reply_joined_to_its_call_keeps_its_own_thinking(
+        version: tuple[int, int, int], chars: int) -> None:
+    """From 0.32.10 an assistant message between a function call and its output joins the
+    call's message, its thinking replacing the call's."""
+    items = [{"type": "reasoning", "encrypted_content": "first"},
+             {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": ""},
+             {"type": "reasoning", "encrypted_content": "two"},
+             {"role": "assistant", "content": "note"},
+             {"type": "function_call_output", "call_id": "c1", "output": "done"}]
+    assert prompt_size({"input": items}, version).chars == chars
+
+
+def test_a_responses_web_search_tool_counts_as_the_function_ollama_offers() -> None:
+    """From 0.32.10 Ollama offers the model its own web_search function for the tool (and
+    drops a declared function of that name); before, a function with no name."""
+    declared = {"type": "function", "name": "web_search", "description": "mine " * 20,
+                "parameters": {}}
+    body = {"input": "hi", "tools": [{"type": "web_search"}, declared]}
+    before = prompt_size(body, (0, 32, 9)).chars
+    assert before == 2 + len("web_search") + 100 + 2
+    function: Any = WEB_SEARCH_FUNCTION["function"]
+    spec = len(orjson.dumps(function["parameters"]))
+    assert prompt_size(body, (0, 32, 10)).chars == 2 + len(
+        "web_searchSearch the web for current information.") + spec
+
+
+@pytest.mark.parametrize(("version", "chars"), [
+    # from 0.16.2: the search's call and a line `- title: url` per result, no page content
+    ((0, 16, 2), 2 + len("web_search") + len('{"query":"news"}') + len("- A: u1\n- B: u2\n")),
+    # before, Ollama reads neither block
+    ((0, 16, 1), 2)])
+def test_a_web_search_result_counts_as_ollama_reads_it(version: tuple[int, int, int],
+                                                        chars: int) -> None:
+    """anthropic.go convertMessage, formatWebSearchToolResultContent."""
+    page = "encrypted page content " * 200
+    message = {"role": "assistant", "content": [
+        {"type": "text", "text": "ok"},
+        {"type": "server_tool_use", "id": "s1", "name": "web_search",
+         "input": {"query": "news"}},
+        {"type": "web_search_tool_result", "tool_use_id": "s1", "content": [
+            {"type": "web_search_result", "title": "A", "url": "u1", "encrypted_content": page},
+            {"type": "web_search_result", "title": "B", "url": "u2", "page_age": "1d"}]}]}
+    assert prompt_size({"messages": [message]}, version).chars == chars

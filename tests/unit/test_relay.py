@@ -17,7 +17,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
 from proxy.adapters.ollama import OllamaClient
-from proxy.api.errors import Dialect, stream_error_line
+from proxy.api.errors import Dialect, responses_failed_event, stream_error_line
 from proxy.api.relay import (
     MAX_HELD_ERROR_BYTES,
     ClientGone,
@@ -728,9 +728,54 @@ async def test_an_sdk_stream_that_ends_without_its_end_event_is_a_failed_call(
         body = b"".join(m.get("body", b"") for m in await _deliver(response))
     assert body.startswith(b"".join(parts))
     assert outcomes[0].ok is ok
-    if not ok:  # the agent's SDK hears of it as an error event
-        assert body.endswith(stream_error_line(str(outcomes[0].error), dialect))
+    if not ok:  # the agent's SDK hears of it as an error event (the Responses API's own)
+        sent = b"".join(parts)
+        ending = responses_failed_event(str(outcomes[0].error), sent, sent) \
+            if path == "/v1/responses" else stream_error_line(str(outcomes[0].error), dialect)
+        assert body.endswith(ending)
         assert "ended the stream without" in str(outcomes[0].error)
+
+
+RESPONSES_OPEN = (b'event: response.created\ndata: {"response":{"id":"resp_7","model":"m",'
+                  b'"status":"in_progress"},"sequence_number":0,"type":"response.created"}\n\n')
+RESPONSES_FAILED = (b'event: response.failed\ndata: {"response":{"error":{"code":'
+                    b'"authentication_error","message":"unauthorized"},"id":"resp_7",'
+                    b'"status":"failed"},"sequence_number":3,"type":"response.failed"}\n\n')
+
+
+async def test_a_responses_stream_cut_mid_answer_ends_with_its_apis_failed_event() -> None:
+    """The Responses API's own end of a failed stream (openai/responses.go ResponseFailed):
+    `response.failed`, numbered after the last event, naming the response `response.created`
+    opened; OpenAI's `error` beside it, which the openai clients raise on."""
+    outcomes: list[CallOutcome] = []
+    text = RESPONSES_TEXT.replace(b'"delta":"the"', b'"delta":"the","sequence_number":2')
+    async for url in serve(answering(SSE_HEAD + _chunked(RESPONSES_OPEN, text, b""))):
+        attempt = Attempt("p", OllamaClient(url, Timeouts(1, 1, 1)), "m", "warm")
+        response = await forward(OneAttempt(attempt, outcomes), "/v1/responses",
+                                 {"model": "m", "stream": True}, True, 1, dialect="openai")
+        body = b"".join(m.get("body", b"") for m in await _deliver(response))
+    event, data = body.removeprefix(RESPONSES_OPEN + text).split(b"\n", 1)
+    failed = orjson.loads(data.removeprefix(b"data: "))
+    assert event == b"event: response.failed" and failed["sequence_number"] == 3
+    assert failed["response"]["id"] == "resp_7" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["message"] == failed["error"]["message"] == str(
+        outcomes[0].error)
+    assert failed["reason"] == "upstream-failed" and outcomes[0].ok is False
+
+
+async def test_ollamas_own_failed_responses_stream_is_passed_on_as_its_end() -> None:
+    """Ollama ends a Responses stream with `response.failed` itself when its web search
+    fails (middleware/openai.go writeWebSearchError): that is the stream's end, not cut
+    short, and no second failure follows it; the call failed."""
+    outcomes: list[CallOutcome] = []
+    parts = (RESPONSES_OPEN, RESPONSES_FAILED)
+    async for url in serve(answering(SSE_HEAD + _chunked(*parts, b""))):
+        attempt = Attempt("p", OllamaClient(url, Timeouts(1, 1, 1)), "m", "warm")
+        response = await forward(OneAttempt(attempt, outcomes), "/v1/responses",
+                                 {"model": "m", "stream": True}, True, 1, dialect="openai")
+        body = b"".join(m.get("body", b"") for m in await _deliver(response))
+    assert body == b"".join(parts)
+    assert outcomes[0].ok is False and "unauthorized" in str(outcomes[0].error)
 
 
 def test_shift_false_is_kept_without_a_reload_on_every_version() -> None:

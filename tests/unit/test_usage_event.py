@@ -27,6 +27,9 @@ DONE = b"data: [DONE]\n\n"
     ("/v1/chat/completions", {"stream": True, "stream_options": {}}, True),
     ("/v1/chat/completions", {"stream": True, "stream_options": {"include_usage": False}}, True),
     ("/v1/chat/completions", {"stream": True, "stream_options": {"include_usage": True}}, False),
+    # null is Go's false: no usage event for the agent, so the sidecar asks for it
+    ("/v1/chat/completions", {"stream": True, "stream_options": {"include_usage": None}}, True),
+    ("/v1/chat/completions", {"stream": True, "stream_options": None}, True),
     ("/v1/chat/completions", {"stream": True, "stream_options": "yes"}, False),  # Ollama's 400
     ("/v1/chat/completions", {}, False),  # not streamed: the answer has its usage
     ("/v1/completions", {"stream": True}, False),  # a usage in every chunk there

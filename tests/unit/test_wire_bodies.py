@@ -156,6 +156,24 @@ def test_a_format_is_checked_as_ollamas_completion_checks_it(body: dict[str, obj
     ((0, 30, 0), {"input": "hi", "reasoning": {"effort": "minimal"}},
      'invalid reasoning value: "minimal" (must be "high", "medium", "low", "max", or "none")'),
     ((0, 32, 11), {"input": "hi", "reasoning": {"effort": "minimal"}}, None),
+    # a function call's arguments: Go's syntax check, then a plain map (null taken) before
+    # 0.14, an ordered map (jsonparser's words) from 0.14
+    ((0, 13, 3), {"input": [{"type": "function_call", "arguments": "{bad"}]},
+     "failed to parse function call arguments: invalid character 'b' looking for beginning "
+     "of object key string"),
+    ((0, 30, 0), {"input": [{"type": "function_call", "arguments": '{"a": tru}'}]},
+     "failed to parse function call arguments: invalid character '}' in literal true "
+     "(expecting 'e')"),
+    ((0, 30, 0), {"input": [{"type": "function_call", "arguments": '{"a": 1'}]},
+     "failed to parse function call arguments: unexpected end of JSON input"),
+    ((0, 13, 3), {"input": [{"type": "function_call", "arguments": "[1]"}]},
+     "failed to parse function call arguments: json: cannot unmarshal array into Go value "
+     "of type api.ToolCallFunctionArguments"),
+    ((0, 13, 3), {"input": [{"type": "function_call", "arguments": "null"}]}, None),
+    ((0, 14, 0), {"input": [{"type": "function_call", "arguments": "null"}]},
+     "failed to parse function call arguments: Value looks like object, but can't find "
+     "closing '}' symbol"),
+    ((0, 14, 0), {"input": [{"type": "function_call", "arguments": ""}]}, None),
     ((0, 30, 0), {"input": [None, {"role": "user", "content": None},
                             {"type": "reasoning", "encrypted_content": "x"}]},
      "input[0]: input item missing required 'type' field"),
@@ -274,3 +292,13 @@ def test_an_empty_tool_use_id_or_name_is_taken_before_0_19(
     del body["messages"][0]["content"][0]["id"]  # type: ignore[attr-defined]
     assert layers.layer_error("/v1/messages", body, version) == \
         "tool_use block missing required 'id' field"
+
+
+def test_a_listed_models_openai_id_is_the_tags_field_the_version_reads() -> None:
+    """openai/openai.go ToListCompletion: `name` before 0.30.7; `model`, else `name`, from
+    0.30.7 (commit e09b3f9fb)."""
+    from proxy.api.routes import listed_id
+    entry = {"name": "legacy-name:latest", "model": "namespace/exposed-model:latest"}
+    assert listed_id(entry, (0, 30, 6)) == "legacy-name:latest"
+    assert listed_id(entry, (0, 30, 7)) == "namespace/exposed-model:latest"
+    assert listed_id({"name": "fallback-name:latest"}, (0, 30, 7)) == "fallback-name:latest"
