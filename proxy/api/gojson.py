@@ -5,7 +5,10 @@ json.Unmarshal runs it before decoding anything, so its error is the first one G
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+
+import orjson
 
 from proxy.api.wire import go_quoted
 
@@ -213,6 +216,9 @@ class _Scanner:
 def syntax_error(data: bytes) -> str | None:
     """Go's words for `data` that is no JSON text, or None when it is one (checkValid, then
     eof: a text cut short is `unexpected end of JSON input`)."""
+    with contextlib.suppress(orjson.JSONDecodeError):  # the usual case, 100 times faster:
+        orjson.loads(data)  # a text orjson reads (RFC 8259 only) Go's scanner reads too
+        return None
     scanner = _Scanner()
     for byte in data:
         if scanner.step(byte):
