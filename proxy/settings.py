@@ -55,6 +55,22 @@ def check_model_name(name: str) -> str:
     return name
 
 
+def check_endpoint(value: str) -> str:
+    """An Ollama server's URL, `http(s)://host[:port]`, without its trailing slash; else
+    ValueError saying what is wrong."""
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # (a ValueError when out of 0-65535 or not a number)
+    except ValueError as exc:
+        raise ValueError(f"is no URL ({exc})") from None
+    if not parts.hostname or any(c.isspace() for c in value) or port == 0:
+        raise ValueError("is no URL: http(s)://host[:port] with a host, no spaces, "
+                         "a port from 1 to 65535")
+    return value.rstrip("/")
+
+
 def same_server(endpoint: str) -> str:
     """An endpoint as the server it reaches: scheme and host in lower case, the default
     port spelled out, no trailing slash."""
@@ -86,17 +102,7 @@ class ProviderConfig(BaseModel):
     @field_validator("endpoint")
     @classmethod
     def _endpoint_is_http(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        try:
-            parts = urlsplit(value)
-            port = parts.port  # (a ValueError when out of 0-65535 or not a number)
-        except ValueError as exc:
-            raise ValueError(f"is no URL ({exc})") from None
-        if not parts.hostname or any(c.isspace() for c in value) or port == 0:
-            raise ValueError("is no URL: http(s)://host[:port] with a host, no spaces, "
-                             "a port from 1 to 65535")
-        return value.rstrip("/")
+        return check_endpoint(value)
 
 
 class CandidateModel(BaseModel):
@@ -144,6 +150,15 @@ def _parse_json_or_file(value: Any, setting: str) -> Any:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"file {text} is not valid YAML/JSON: {yaml_problem(exc)}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"file {text} cannot be read: {unreadable(exc)}") from None
+
+
+def unreadable(exc: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read, in a few words."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.start})"
+    return exc.strerror or str(exc)
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
@@ -173,8 +188,8 @@ class _YamlFileSource(PydanticBaseSettingsSource):
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"--config {path}: not valid YAML: {yaml_problem(exc)}") from None
-        except OSError as exc:
-            raise ConfigError(f"--config {path}: cannot read: {exc.strerror or exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config {path}: cannot read: {unreadable(exc)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"--config {path}: top level must be a mapping")
         out: dict[str, Any] = {}
@@ -200,8 +215,9 @@ class Settings(BaseSettings):
     model_candidate_tolerance: float = 10.0
     discuss_gpu_wait_limit_seconds: float = 0.0
     discuss_synthesis_timeout_seconds: float = Field(default=90.0, gt=0)
-    namespace: str = "default"
-    agent_name: str = Field(default_factory=socket.gethostname)
+    # (not empty: `<namespace>/<agent>` names this sidecar's tickets and its binding)
+    namespace: str = Field(default="default", min_length=1)
+    agent_name: str = Field(default_factory=socket.gethostname, min_length=1)
     crew: str | None = None
 
     # Settings this project adds.
@@ -287,9 +303,7 @@ class Settings(BaseSettings):
     def _endpoint(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/")
+        return check_endpoint(value)
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -324,6 +338,22 @@ class Settings(BaseSettings):
         if value:
             parse_listen(value)
         return value or None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_given(cls, value: str | None) -> str:
+        # Empty is unset for the optional ops listener; the API's own needs an address.
+        if not value:
+            raise ValueError("expected host:port (like 127.0.0.1:11434), got ''")
+        return value
+
+    @field_validator("nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key",
+                     mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, value: Any) -> Any:
+        # An empty value (an optional Secret's key absent, `value: ""`) is no file: as
+        # unset, not Path("") read as the working directory.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @classmethod
     def settings_customise_sources(
@@ -497,7 +527,7 @@ def unknown_settings(config_file: str | Path | None = None,
 def _unknown_keys(path: Path, fields: list[str], known_env: list[str]) -> list[UnknownSetting]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []  # load_settings has said why already
     keys: Iterable[Any] = data if isinstance(data, dict) else ()
     found = []

@@ -121,6 +121,18 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         ({"KUBEMOOT_MODEL_MODEL": "bad model!!"},
          "KUBEMOOT_MODEL_MODEL: 'bad model!!' is not a model name as Ollama reads one"),
         ({"KUBEMOOT_TRIAGE_MODEL_MODEL_ID": "qwen3:"}, "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"),
+        # an empty address was a TypeError from the socket code; a static endpoint with no
+        # host was taken and failed at the first call
+        ({"KUBEMOOT_LISTEN": ""}, "KUBEMOOT_LISTEN: expected host:port"),
+        ({"KUBEMOOT_MODEL_ENDPOINT": "http://"}, "KUBEMOOT_MODEL_ENDPOINT: is no URL"),
+        ({"KUBEMOOT_TRIAGE_MODEL_ENDPOINT": "http://ollama:99999"},
+         "KUBEMOOT_TRIAGE_MODEL_ENDPOINT: is no URL"),
+        # `<namespace>/<agent>` names the tickets and the binding: empty is no identity
+        ({"KUBEMOOT_NAMESPACE": ""}, "KUBEMOOT_NAMESPACE"),
+        ({"KUBEMOOT_AGENT_NAME": ""}, "KUBEMOOT_AGENT_NAME"),
+        # a file that is there but cannot be read was an OSError's traceback
+        ({"KUBEMOOT_PROVIDERS": "/proc/self/mem"},
+         "KUBEMOOT_PROVIDERS: file /proc/self/mem cannot be read"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
@@ -289,6 +301,27 @@ def test_a_misspelt_name_is_told_after_the_error_it_caused() -> None:
     first, hint = done.stderr.strip().splitlines()
     assert first.startswith("kubemoot-proxy: bad configuration: KUBEMOOT_PROVIDERS:")
     assert "KUBEMOOT_PROVIDRES" in hint and "did you mean KUBEMOOT_PROVIDERS?" in hint
+
+
+def test_an_empty_nats_file_setting_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (it was Path(""), the working directory: "KUBEMOOT_NATS_CREDS=.: a directory")
+    for name in ("CREDS", "TLS_CA", "TLS_CERT", "TLS_KEY"):
+        monkeypatch.setenv(f"KUBEMOOT_NATS_{name}", "")
+    settings = load_settings()
+    assert (settings.nats_creds, settings.nats_tls_ca, settings.nats_tls_cert,
+            settings.nats_tls_key) == (None, None, None, None)
+
+
+def test_a_config_file_that_is_no_text_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "settings.yaml"
+    config.write_bytes(b"\xff\xfe\x00listen: x")
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"kubemoot-proxy: bad configuration: --config {config}: cannot read: not UTF-8 text "
+        "(byte 0)"]
 
 
 def test_cli_exits_nonzero_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
