@@ -40,6 +40,8 @@ class Documents:
 
 
 def files(paths: Iterable[str]) -> list[Path]:
+    """The YAML files under `paths`, each once: a file also named inside a directory given
+    (`-f config -f config/crew/agents.yaml`) is read once, not found "declared twice"."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -53,7 +55,30 @@ def files(paths: Iterable[str]) -> list[Path]:
             out.append(path)
         else:
             raise DocumentError(f"{raw}: no such file or directory")
-    return out
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as Kubernetes reads it: a key given twice in one mapping is an error (kubectl's
+    strict field validation), not the last value silently winning."""
+
+
+def _mapping_once(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    # Only the keys written here: what a merge key (`<<: *base`) brings may be overridden.
+    seen: set[str] = set()
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+            continue
+        if key_node.value in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key_node.value!r} is given twice in one mapping",
+                key_node.start_mark)
+        seen.add(key_node.value)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
 
 
 @dataclass(frozen=True)
@@ -131,7 +156,7 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
     docs = Documents()
     for path in files(paths):
         try:
-            loaded = list(yaml.safe_load_all(path.read_text()))
+            loaded = list(yaml.load_all(path.read_text(), Loader=_StrictLoader))
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -149,7 +174,7 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
             name = meta.get("name", "?") if isinstance(meta, dict) else "?"
             kind = doc.get("kind")
             label = f"{origin} ({kind}/{name})"
-            if kind not in d.SCHEMAS:
+            if not isinstance(kind, str) or kind not in d.SCHEMAS:
                 raise DocumentError(f"{label}: unknown kind {kind!r} "
                                     f"(expected one of {', '.join(sorted(KINDS))})")
             try:

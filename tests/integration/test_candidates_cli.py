@@ -120,6 +120,12 @@ spec:
          "unknown operator 'Like'"),
         ("kind: Model\nmetadata: {name: m}\nspec: {model: m}\n",
          "(Model/m): spec.providerRef is required"),
+        # a kind that is no string was a TypeError's traceback (unhashable list)
+        ("kind: [Agent]\nmetadata: {name: a}\n", "unknown kind ['Agent']"),
+        ("kind: {Agent: 1}\nmetadata: {name: a}\n", "unknown kind {'Agent': 1}"),
+        # a key given twice is Kubernetes' error too; it was the last one silently winning
+        ("kind: Agent\nkind: Model\nmetadata: {name: a}\nspec: {model: m}\n",
+         "malformed YAML at line 2: key 'kind' is given twice in one mapping"),
     ],
 )
 def test_bad_documents_get_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -208,6 +214,26 @@ def test_a_name_declared_twice_names_both_files(tmp_path: Path, extra: str, expe
     assert expected in done.stderr and str(again) in done.stderr
     assert str(CONFIG) in done.stderr  # the first declaration's file
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_file_named_twice_is_read_once() -> None:
+    # `-f config -f config/crew/agents.yaml`: one file, so no Agent is "declared twice"
+    done = run("-f", str(CONFIG / "crew"), "-f", str(CONFIG / "crew" / "agents.yaml"),
+               "-f", str(CONFIG / "bundles" / "staging"), "-f", str(CONFIG / "archetypes"),
+               "--strict")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.count("# crew-homelab-pilot/") == 4
+
+
+def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
+    # `<<: *base` then a key of the base again is YAML's override, not a key given twice
+    docs = tmp_path / "agents.yaml"
+    docs.write_text(edited(CREW, "metadata:\n  name: synthesizer\n",
+                           "metadata:\n  <<: {name: base}\n  name: synthesizer\n"))
+    done = run("-f", str(docs), "-f", str(CONFIG / "crew" / "policy.yaml"),
+               "-f", str(CONFIG / "bundles" / "staging"))
+    assert done.returncode == 0 and "# crew-homelab-pilot/synthesizer" in done.stdout, \
+        done.stderr
 
 
 def test_no_documents_is_a_warning_and_strict_fails(tmp_path: Path) -> None:
