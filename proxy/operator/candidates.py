@@ -55,8 +55,10 @@ def files(paths: Iterable[str]) -> list[Path]:
             out.append(path)
         else:
             raise DocumentError(f"{raw}: no such file or directory")
-    seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+    first: dict[Path, Path] = {}
+    for path in out:
+        first.setdefault(path.resolve(), path)
+    return list(first.values())
 
 
 class _StrictLoader(yaml.SafeLoader):
