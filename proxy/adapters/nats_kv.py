@@ -198,28 +198,46 @@ def default_replicas(nc: Any) -> int:
     return 3 if cluster_size(nc) >= 3 else 1
 
 
+def _ttl(seconds: float) -> str:
+    return f"ttl {seconds:.0f} s" if seconds else "no ttl"
+
+
 async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS,
                          replicas: int = 1) -> list[str]:
     """Create the buckets if missing, with `replicas` copies each; a bucket that exists with
-    another number of replicas is updated to it (idempotent). What was done, per bucket."""
+    another TTL, history or number of replicas (made by hand, `nats kv add`, or by an older
+    release) is updated to them (idempotent). What was done, per bucket."""
     done = []
     for spec in buckets:
         try:
             await js.key_value(spec.name)
         except BucketNotFoundError:
             await js.create_key_value(config=bucket_config(spec, replicas))
-            ttl = f"ttl {spec.ttl_s:.0f} s" if spec.ttl_s else "no ttl"
-            done.append(f"{spec.name}: created ({ttl}, history {spec.history}, "
+            done.append(f"{spec.name}: created ({_ttl(spec.ttl_s)}, history {spec.history}, "
                         f"replicas {replicas})")
             continue
-        info = await js.stream_info(f"KV_{spec.name}")
-        current = info.config.num_replicas or 1
-        if current == replicas:
-            done.append(f"{spec.name}: exists (replicas {current})")
+        config = (await js.stream_info(f"KV_{spec.name}")).config
+        # A TTL shorter than the writers' interval would drop live entries between writes;
+        # none would keep every ticket and demand entry ever written, replayed at each start.
+        current = {"ttl": float(config.max_age or 0), "history": config.max_msgs_per_subject,
+                   "replicas": config.num_replicas or 1}
+        wanted = {"ttl": spec.ttl_s, "history": spec.history, "replicas": replicas}
+        changes = [_change(key, current[key], wanted[key]) for key in wanted
+                   if current[key] != wanted[key]]
+        if not changes:
+            done.append(f"{spec.name}: exists (replicas {replicas})")
             continue
-        await js.update_stream(replace(info.config, num_replicas=replicas))
-        done.append(f"{spec.name}: replicas {current} -> {replicas}")
+        await js.update_stream(replace(config, max_age=spec.ttl_s,
+                                       max_msgs_per_subject=spec.history,
+                                       num_replicas=replicas))
+        done.append(f"{spec.name}: {', '.join(changes)}")
     return done
+
+
+def _change(key: str, old: float, new: float) -> str:
+    if key == "ttl":
+        return f"{_ttl(old)} -> {_ttl(new).removeprefix('ttl ')}"
+    return f"{key} {old:.0f} -> {new:.0f}"
 
 
 class NatsStore:
