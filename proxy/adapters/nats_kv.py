@@ -27,6 +27,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     BucketNotFoundError,
     KeyNotFoundError,
@@ -196,6 +197,22 @@ def cluster_size(nc: Any) -> int:
 def default_replicas(nc: Any) -> int:
     """Three copies of every bucket when the cluster has at least three servers, else one."""
     return 3 if cluster_size(nc) >= 3 else 1
+
+
+# JetStream's answers to a number of replicas it cannot place (nats-server's errors.json):
+# a server that is not clustered, a cluster with fewer servers than copies asked for.
+REPLICAS_REFUSED = {10074: "this NATS server is not clustered",
+                    10005: "the cluster has fewer servers than that",
+                    10023: "the cluster has not the resources for that many copies"}
+
+
+def replicas_refusal(exc: BaseException, replicas: int | None) -> str | None:
+    """One line naming KUBEMOOT_NATS_REPLICAS when JetStream refused the copies it asked for
+    (a setting to change, not an outage to wait through); None otherwise."""
+    why = REPLICAS_REFUSED.get(getattr(exc, "err_code", None) or 0)
+    if replicas is None or why is None or not isinstance(exc, APIError):
+        return None
+    return f"KUBEMOOT_NATS_REPLICAS={replicas}: {why} ({exc.description})"
 
 
 def _ttl(seconds: float) -> str:
@@ -381,6 +398,9 @@ class NatsStore:
         try:
             await self._bind()
         except Exception as exc:
+            refused = replicas_refusal(exc, self.replicas)
+            if refused:
+                raise NatsConfigError(refused) from exc
             raise StoreUnavailable(f"NATS JetStream KV unavailable: {exc}") from exc
         await self._rewatch(rebind=False)
         if self._lag_check is None:

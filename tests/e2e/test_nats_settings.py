@@ -353,3 +353,19 @@ def test_init_buckets_puts_right_a_bucket_made_with_other_settings(
         f"{name}: exists (replicas 1)" for name in (
             PROVIDER_STATE, "kubemoot_provider_tickets", "kubemoot_model_demand",
             "kubemoot_bindings")]
+
+
+def test_more_replicas_than_the_server_can_keep_is_said_naming_the_setting(
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    # It was JetStream's "nats: ServerError: code=500 err_code=10074 ..." alone.
+    from tests.conftest import empty_buckets
+
+    asyncio.run(empty_buckets(nats_server.url))
+    said = ("KUBEMOOT_NATS_REPLICAS=3: this NATS server is not clustered (replicas > 1 not "
+            "supported in non-clustered mode)")
+    env = {"KUBEMOOT_NATS_URL": nats_server.url, "KUBEMOOT_NATS_REPLICAS": "3"}
+    init = command("init-buckets", **env)
+    assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
+    (tmp_path / "docs.yaml").write_text("")
+    bind = command("bind", "-f", str(tmp_path / "docs.yaml"), **env)
+    assert (bind.returncode, bind.stderr.splitlines()[-1]) == (1, f"kubemoot-proxy bind: {said}")
