@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -346,6 +347,16 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("expected host:port (like 127.0.0.1:11434), got ''")
         return value
+
+    @field_validator("nats_password")
+    @classmethod
+    def _password_with_a_user(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # nats-py sends a password only with a user: alone it was silently left out, and
+        # the connect went without credentials.
+        if value and not info.data.get("nats_user"):
+            raise ValueError("set without KUBEMOOT_NATS_USER (a password goes with a user; "
+                             "a token alone is KUBEMOOT_NATS_TOKEN)")
+        return value or None
 
     @field_validator("nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key",
                      mode="before")

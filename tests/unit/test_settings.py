@@ -133,6 +133,9 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         # a file that is there but cannot be read was an OSError's traceback
         ({"KUBEMOOT_PROVIDERS": "/proc/self/mem"},
          "KUBEMOOT_PROVIDERS: file /proc/self/mem cannot be read"),
+        # a password without its user was left out of the connect without a word
+        ({"KUBEMOOT_NATS_PASSWORD": "s3cret"},
+         "KUBEMOOT_NATS_PASSWORD: set without KUBEMOOT_NATS_USER"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
@@ -343,6 +346,7 @@ def test_cli_without_anything_to_call_says_how_to_fix() -> None:
 def test_secrets_stay_out_of_logs_and_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy.adapters.nats_kv import redact
 
+    monkeypatch.setenv("KUBEMOOT_NATS_USER", "agent")
     monkeypatch.setenv("KUBEMOOT_NATS_PASSWORD", "hunter2")
     monkeypatch.setenv("KUBEMOOT_NATS_TOKEN", "t0ken")
     text = repr(load_settings())
