@@ -89,9 +89,20 @@ class Origin:
 
     path: Path
     index: int
+    item: int | None = None  # its place in a `kind: List` document's items
 
     def __str__(self) -> str:
-        return f"{self.path}: document {self.index}"
+        item = "" if self.item is None else f", item {self.item}"
+        return f"{self.path}: document {self.index}{item}"
+
+
+def _objects(path: Path, index: int, doc: Any) -> list[tuple[Origin, Any]]:
+    """A document's objects: itself, or the items of a list (`kubectl get models,agents -o
+    yaml` writes `kind: List`, the API `kind: ModelList`)."""
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+        return [(Origin(path, index, n), item) for n, item in enumerate(doc["items"], 1)]
+    return [(Origin(path, index), doc)]
 
 
 def _add(docs: Documents, kind: str, doc: dict[str, Any], origin: Origin) -> None:
@@ -169,25 +180,30 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
         for index, doc in enumerate(loaded, 1):
             if doc is None:
                 continue
-            origin = Origin(path, index)
-            if not isinstance(doc, dict):
-                raise DocumentError(f"{origin}: not a mapping")
-            meta = doc.get("metadata")
-            name = meta.get("name", "?") if isinstance(meta, dict) else "?"
-            kind = doc.get("kind")
-            label = f"{origin} ({kind}/{name})"
-            if not isinstance(kind, str) or kind not in d.SCHEMAS:
-                raise DocumentError(f"{label}: unknown kind {kind!r} "
-                                    f"(expected one of {', '.join(sorted(KINDS))})")
-            try:
-                _add(docs, str(kind), doc, origin)
-            except ValidationError as exc:
-                raise DocumentError(f"{label}: {d.problem(exc)}") from None
+            for origin, item in _objects(path, index, doc):
+                _read(docs, origin, item)
         docs.files += 1
     if references:
         for problem in check_references(docs):
             raise DocumentError(problem)
     return docs
+
+
+def _read(docs: Documents, origin: Origin, doc: Any) -> None:
+    """One object of a file into `docs`; DocumentError naming it when it is wrong."""
+    if not isinstance(doc, dict):
+        raise DocumentError(f"{origin}: not a mapping")
+    meta = doc.get("metadata")
+    name = meta.get("name", "?") if isinstance(meta, dict) else "?"
+    kind = doc.get("kind")
+    label = f"{origin} ({kind}/{name})"
+    if not isinstance(kind, str) or kind not in d.SCHEMAS:
+        raise DocumentError(f"{label}: unknown kind {kind!r} "
+                            f"(expected one of {', '.join(sorted(KINDS))}, or a List of them)")
+    try:
+        _add(docs, kind, doc, origin)
+    except ValidationError as exc:
+        raise DocumentError(f"{label}: {d.problem(exc)}") from None
 
 
 def validate_phases(docs: Documents) -> list[str]:

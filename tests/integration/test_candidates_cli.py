@@ -225,6 +225,28 @@ def test_a_file_named_twice_is_read_once() -> None:
     assert done.stdout.count("# crew-homelab-pilot/") == 4
 
 
+def test_what_kubectl_get_writes_is_read_as_its_items(tmp_path: Path) -> None:
+    # `kubectl get models,modelproviders,agents,... -o yaml` writes one `kind: List`
+    # document; it was "unknown kind 'List'"
+    import yaml
+
+    texts = (CREW, POLICY, (CONFIG / "bundles" / "staging" / "models.yaml").read_text())
+    items = [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
+    listed = tmp_path / "listed.yaml"
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    archetypes = str(CONFIG / "archetypes")
+    done = run("-f", str(listed), "-f", archetypes, "--strict")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == run("-f", str(CONFIG / "crew"), "-f", archetypes,
+                              "-f", str(CONFIG / "bundles" / "staging")).stdout
+    items[0]["spec"]["capabilities"] = "reasoning"
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    bad = run("-f", str(listed))
+    assert bad.returncode == 2
+    assert bad.stderr == (f"kubemoot-proxy candidates: {listed}: document 1, item 1 (Agent/"
+                          "synthesizer): spec.capabilities must be a list (got 'reasoning')\n")
+
+
 def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
     # `<<: *base` then a key of the base again is YAML's override, not a key given twice
     docs = tmp_path / "agents.yaml"
