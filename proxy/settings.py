@@ -105,6 +105,13 @@ class ProviderConfig(BaseModel):
     def _endpoint_is_http(cls, value: str) -> str:
         return check_endpoint(value)
 
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url(cls, value: str | None) -> str | None:
+        # A URL the exporter cannot be asked at (`dcgm-exporter:9400/metrics`, no scheme)
+        # left the card's total unknown at every probe, without a word.
+        return check_endpoint(value) if value else None
+
 
 class CandidateModel(BaseModel):
     """One entry of a phase's candidate list, as the operator publishes it."""

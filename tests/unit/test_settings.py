@@ -133,6 +133,9 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         # a file that is there but cannot be read was an OSError's traceback
         ({"KUBEMOOT_PROVIDERS": "/proc/self/mem"},
          "KUBEMOOT_PROVIDERS: file /proc/self/mem cannot be read"),
+        ({"KUBEMOOT_PROVIDERS": '[{"name": "a", "endpoint": "http://a:11434", '
+                                '"dcgmUrl": "dcgm-exporter:9400/metrics"}]'},
+         "KUBEMOOT_PROVIDERS[0].dcgmUrl: must start with http:// or https://"),
         # a password without its user was left out of the connect without a word
         ({"KUBEMOOT_NATS_PASSWORD": "s3cret"},
          "KUBEMOOT_NATS_PASSWORD: set without KUBEMOOT_NATS_USER"),
