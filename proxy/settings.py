@@ -38,6 +38,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from proxy import strict_yaml
 from proxy.core.models import model_key, model_ref, ollama_name_parts, valid_name_part
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
@@ -155,7 +156,7 @@ def _parse_json_or_file(value: Any, setting: str) -> Any:
     if not path.is_file():
         raise ValueError(f"is neither inline JSON nor a readable file: {text!r}")
     try:
-        return yaml.safe_load(path.read_text())
+        return strict_yaml.load(path.read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"file {text} is not valid YAML/JSON: {yaml_problem(exc)}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -193,7 +194,7 @@ class _YamlFileSource(PydanticBaseSettingsSource):
         if path is None:
             return {}
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = strict_yaml.load(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"--config {path}: not valid YAML: {yaml_problem(exc)}") from None
         except (OSError, UnicodeDecodeError) as exc:
@@ -544,7 +545,7 @@ def unknown_settings(config_file: str | Path | None = None,
 
 def _unknown_keys(path: Path, fields: list[str], known_env: list[str]) -> list[UnknownSetting]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = strict_yaml.load(path.read_text()) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []  # load_settings has said why already
     keys: Iterable[Any] = data if isinstance(data, dict) else ()

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from proxy import strict_yaml
 from proxy.operator import documents as d
 from proxy.operator import scheduling as s
 
@@ -59,28 +60,6 @@ def files(paths: Iterable[str]) -> list[Path]:
     for path in out:
         first.setdefault(path.resolve(), path)
     return list(first.values())
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """YAML as Kubernetes reads it: a key given twice in one mapping is an error (kubectl's
-    strict field validation), not the last value silently winning."""
-
-
-def _mapping_once(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    # Only the keys written here: what a merge key (`<<: *base`) brings may be overridden.
-    seen: set[str] = set()
-    for key_node, _ in node.value:
-        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
-            continue
-        if key_node.value in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key_node.value!r} is given twice in one mapping",
-                key_node.start_mark)
-        seen.add(key_node.value)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_once)
 
 
 @dataclass(frozen=True)
@@ -169,7 +148,7 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
     docs = Documents()
     for path in files(paths):
         try:
-            loaded = list(yaml.load_all(path.read_text(), Loader=_StrictLoader))
+            loaded = strict_yaml.load_all(path.read_text())
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -309,6 +309,28 @@ def test_a_misspelt_name_is_told_after_the_error_it_caused() -> None:
     assert "KUBEMOOT_PROVIDRES" in hint and "did you mean KUBEMOOT_PROVIDERS?" in hint
 
 
+def test_a_key_given_twice_in_a_settings_file_is_one_line(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    # It was the last one silently winning: a card's memory given twice, one of them wrong.
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("- name: a\n  endpoint: http://a:11434\n  totalVramMiB: 24564\n"
+                         "  totalVramMiB: 245640\n")
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", str(providers))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == (f"KUBEMOOT_PROVIDERS: file {providers} is not valid YAML/JSON: "
+                               "key 'totalVramMiB' is given twice in one mapping at line 4, "
+                               "column 3")
+    monkeypatch.delenv("KUBEMOOT_PROVIDERS")
+    config = tmp_path / "settings.yaml"
+    config.write_text("max_plans: 2\nmax_plans: 20\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    assert str(info.value) == (f"--config {config}: not valid YAML: key 'max_plans' is given "
+                               "twice in one mapping at line 2, column 1")
+
+
 def test_an_empty_nats_file_setting_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     # (it was Path(""), the working directory: "KUBEMOOT_NATS_CREDS=.: a directory")
     for name in ("CREDS", "TLS_CA", "TLS_CERT", "TLS_KEY"):
