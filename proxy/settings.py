@@ -149,7 +149,7 @@ def _parse_json_or_file(value: Any, setting: str) -> Any:
         return []
     if text[0] in "[{":
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_keys_once)
         except json.JSONDecodeError as exc:
             raise ValueError(f"is not valid JSON ({exc.msg} at char {exc.pos})") from exc
     path = Path(text)
@@ -168,6 +168,16 @@ def unreadable(exc: OSError | UnicodeDecodeError) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"not UTF-8 text (byte {exc.start})"
     return exc.strerror or str(exc)
+
+
+def _keys_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (as a file's YAML must have them)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"is not valid JSON (key {key!r} is given twice in one object)")
+        seen[key] = value
+    return seen
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:

@@ -322,6 +322,12 @@ def test_a_key_given_twice_in_a_settings_file_is_one_line(tmp_path: Path,
     assert str(info.value) == (f"KUBEMOOT_PROVIDERS: file {providers} is not valid YAML/JSON: "
                                "key 'totalVramMiB' is given twice in one mapping at line 4, "
                                "column 3")
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", '[{"name": "a", "endpoint": "http://a:11434", '
+                       '"name": "b"}]')
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == ("KUBEMOOT_PROVIDERS: is not valid JSON (key 'name' is given "
+                               "twice in one object)")
     monkeypatch.delenv("KUBEMOOT_PROVIDERS")
     config = tmp_path / "settings.yaml"
     config.write_text("max_plans: 2\nmax_plans: 20\n")
