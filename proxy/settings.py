@@ -571,9 +571,13 @@ def _unknown_keys(path: Path, fields: list[str], known_env: list[str]) -> list[U
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from env (and an optional YAML file); ConfigError on bad input."""
+    if config_file is not None and not str(config_file).strip():
+        # (`--config "$CONFIG"` with CONFIG unset: not the same as no --config at all)
+        raise ConfigError("--config: an empty path")
     path = Path(config_file) if config_file else None
     if path is not None and not path.is_file():
-        raise ConfigError(f"--config {path}: no such file")
+        what = "a directory, not a file" if path.is_dir() else "no such file"
+        raise ConfigError(f"--config {path}: {what}")
     token = _config_file.set(path)
     try:
         return Settings(**overrides)

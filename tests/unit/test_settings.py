@@ -337,6 +337,17 @@ def test_a_key_given_twice_in_a_settings_file_is_one_line(tmp_path: Path,
                                "twice in one mapping at line 2, column 1")
 
 
+@pytest.mark.parametrize(("given", "said"), [
+    ("", "--config: an empty path"),  # it was read as no --config at all
+    ("{tmp}", "--config {tmp}: a directory, not a file"),  # it was "no such file"
+])
+def test_a_config_path_that_is_no_file_is_said_so(given: str, said: str, tmp_path: Path
+                                                  ) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(given.format(tmp=tmp_path))
+    assert str(info.value) == said.format(tmp=tmp_path)
+
+
 def test_an_empty_nats_file_setting_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     # (it was Path(""), the working directory: "KUBEMOOT_NATS_CREDS=.: a directory")
     for name in ("CREDS", "TLS_CA", "TLS_CERT", "TLS_KEY"):
