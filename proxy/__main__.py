@@ -237,7 +237,8 @@ def _init_buckets(args: argparse.Namespace) -> int:
         try:
             await asyncio.sleep(0.2)  # the server's INFO names the cluster's other servers
             replicas = settings.nats_replicas or default_replicas(nc)
-            return await ensure_buckets(nc.jetstream(), replicas=replicas)
+            return await ensure_buckets(nc.jetstream(), replicas=replicas,
+                                        keep_more=settings.nats_replicas is None)
         finally:
             await nc.close()
 

@@ -220,10 +220,13 @@ def _ttl(seconds: float) -> str:
 
 
 async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS,
-                         replicas: int = 1) -> list[str]:
+                         replicas: int = 1, keep_more: bool = False) -> list[str]:
     """Create the buckets if missing, with `replicas` copies each; a bucket that exists with
     another TTL, history or number of replicas (made by hand, `nats kv add`, or by an older
-    release) is updated to them (idempotent). What was done, per bucket."""
+    release) is updated to them (idempotent). `keep_more`: `replicas` is a guess from the
+    cluster's size (KUBEMOOT_NATS_REPLICAS unset), which never takes copies away: a server
+    that restarts announces its cluster only once its routes are up, and a guess of 1 then
+    would leave every bucket on one server. What was done, per bucket."""
     done = []
     for spec in buckets:
         try:
@@ -234,19 +237,20 @@ async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS,
                         f"replicas {replicas})")
             continue
         config = (await js.stream_info(f"KV_{spec.name}")).config
+        copies = max(replicas, config.num_replicas or 1) if keep_more else replicas
         # A TTL shorter than the writers' interval would drop live entries between writes;
         # none would keep every ticket and demand entry ever written, replayed at each start.
         current = {"ttl": float(config.max_age or 0), "history": config.max_msgs_per_subject,
                    "replicas": config.num_replicas or 1}
-        wanted = {"ttl": spec.ttl_s, "history": spec.history, "replicas": replicas}
+        wanted = {"ttl": spec.ttl_s, "history": spec.history, "replicas": copies}
         changes = [_change(key, current[key], wanted[key]) for key in wanted
                    if current[key] != wanted[key]]
         if not changes:
-            done.append(f"{spec.name}: exists (replicas {replicas})")
+            done.append(f"{spec.name}: exists (replicas {copies})")
             continue
         await js.update_stream(replace(config, max_age=spec.ttl_s,
                                        max_msgs_per_subject=spec.history,
-                                       num_replicas=replicas))
+                                       num_replicas=copies))
         done.append(f"{spec.name}: {', '.join(changes)}")
     return done
 
