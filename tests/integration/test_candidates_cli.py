@@ -167,9 +167,13 @@ def edited(text: str, old: str, new: str) -> str:
          "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules must be a list (got 5)"),
         (edited(PROD, "providerRef: ollama-b", "providerRef: ollama-zzz"), CREW, POLICY,
          "Model/qwen3-8b: spec.providerRef 'ollama-zzz' names no ModelProvider document"),
+        # the second rule for a phase silently replaced the first
+        (PROD, CREW, edited(POLICY, "    - phase: triage\n", "    - phase: mulling\n"),
+         "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules: phase 'mulling' has two "
+         "rules (rules[0] and rules[1]): one rule per phase"),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
-         "capabilities-string", "rules-number", "unknown-provider"],
+         "capabilities-string", "rules-number", "unknown-provider", "phase-twice"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
