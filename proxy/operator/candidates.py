@@ -186,9 +186,15 @@ def _read(docs: Documents, origin: Origin, doc: Any) -> None:
 
 
 def validate_phases(docs: Documents) -> list[str]:
-    """CrewSchedulingPolicy phases outside their archetype's vocabulary."""
+    """CrewSchedulingPolicy phases outside their archetype's vocabulary, and spread phase
+    keys that name no rule's phase (a typo there spread nothing, without a word)."""
     problems = []
     for policy in docs.policies:
+        ruled = [rule.phase for rule in policy.rules]
+        for key in policy.spread.phase_keys if policy.spread else ():
+            if key not in ruled:
+                problems.append(f"CrewSchedulingPolicy/{policy.name}: topologySpread.phaseKeys "
+                                f"names {key!r}, which no rule has ({', '.join(ruled)})")
         archetype = docs.policy_archetype.get(policy.name)
         if archetype is None:
             continue

@@ -108,6 +108,19 @@ spec:
     assert done.returncode == 1 and "'brainstorm' is not in archetype consent-3" in done.stderr
 
 
+def test_a_spread_phase_key_that_no_rule_has_is_reported(tmp_path: Path) -> None:
+    # `phaseKeys: [mulling, triag]` spread nothing and said nothing
+    (tmp_path / "policy.yaml").write_text(edited(POLICY, "phaseKeys: [mulling, triage]",
+                                                 "phaseKeys: [mulling, triag]"))
+    done = run("-f", str(tmp_path), "-f", str(CONFIG / "crew" / "agents.yaml"),
+               "-f", str(CONFIG / "archetypes"), "-f", str(CONFIG / "bundles" / "prod"),
+               "--strict")
+    assert done.returncode == 1
+    assert done.stderr == ("kubemoot-proxy candidates: CrewSchedulingPolicy/homelab-pilot-"
+                           "default: topologySpread.phaseKeys names 'triag', which no rule "
+                           "has (mulling, triage)\n")
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
