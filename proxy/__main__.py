@@ -215,7 +215,13 @@ def _print_demo_banner(settings: Settings, fleet: Sequence[object]) -> None:
 def _init_buckets(args: argparse.Namespace) -> int:
     import asyncio
 
-    from proxy.adapters.nats_kv import connect_client, default_replicas, ensure_buckets, reason_of
+    from proxy.adapters.nats_kv import (
+        connect_client,
+        default_replicas,
+        ensure_buckets,
+        reason_of,
+        replicas_refusal,
+    )
     from proxy.app import nats_options
     from proxy.observability.logging import configure_logging
 
@@ -231,7 +237,8 @@ def _init_buckets(args: argparse.Namespace) -> int:
         try:
             await asyncio.sleep(0.2)  # the server's INFO names the cluster's other servers
             replicas = settings.nats_replicas or default_replicas(nc)
-            return await ensure_buckets(nc.jetstream(), replicas=replicas)
+            return await ensure_buckets(nc.jetstream(), replicas=replicas,
+                                        keep_more=settings.nats_replicas is None)
         finally:
             await nc.close()
 
@@ -239,7 +246,9 @@ def _init_buckets(args: argparse.Namespace) -> int:
         for line in asyncio.run(run()):
             print(line)
     except Exception as exc:  # connection and JetStream errors alike: one clear line
-        print(f"kubemoot-proxy init-buckets: {reason_of(exc)}", file=sys.stderr)
+        # (refused by the server, as refused credentials are: exit 1, the setting named)
+        said = replicas_refusal(exc, settings.nats_replicas) or reason_of(exc)
+        print(f"kubemoot-proxy init-buckets: {said}", file=sys.stderr)
         return 1
     return 0
 

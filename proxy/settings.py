@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -37,6 +38,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from proxy import strict_yaml
 from proxy.core.models import model_key, model_ref, ollama_name_parts, valid_name_part
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
@@ -53,6 +55,22 @@ def check_model_name(name: str) -> str:
                              "([host/][namespace/]model[:tag]; letters, digits, '_', '-' and "
                              f"'.'): its {kind} is not valid")
     return name
+
+
+def check_endpoint(value: str) -> str:
+    """An Ollama server's URL, `http(s)://host[:port]`, without its trailing slash; else
+    ValueError saying what is wrong."""
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # (a ValueError when out of 0-65535 or not a number)
+    except ValueError as exc:
+        raise ValueError(f"is no URL ({exc})") from None
+    if not parts.hostname or any(c.isspace() for c in value) or port == 0:
+        raise ValueError("is no URL: http(s)://host[:port] with a host, no spaces, "
+                         "a port from 1 to 65535")
+    return value.rstrip("/")
 
 
 def same_server(endpoint: str) -> str:
@@ -86,17 +104,14 @@ class ProviderConfig(BaseModel):
     @field_validator("endpoint")
     @classmethod
     def _endpoint_is_http(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        try:
-            parts = urlsplit(value)
-            port = parts.port  # (a ValueError when out of 0-65535 or not a number)
-        except ValueError as exc:
-            raise ValueError(f"is no URL ({exc})") from None
-        if not parts.hostname or any(c.isspace() for c in value) or port == 0:
-            raise ValueError("is no URL: http(s)://host[:port] with a host, no spaces, "
-                             "a port from 1 to 65535")
-        return value.rstrip("/")
+        return check_endpoint(value)
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url(cls, value: str | None) -> str | None:
+        # A URL the exporter cannot be asked at (`dcgm-exporter:9400/metrics`, no scheme)
+        # left the card's total unknown at every probe, without a word.
+        return check_endpoint(value) if value else None
 
 
 class CandidateModel(BaseModel):
@@ -134,16 +149,35 @@ def _parse_json_or_file(value: Any, setting: str) -> Any:
         return []
     if text[0] in "[{":
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_keys_once)
         except json.JSONDecodeError as exc:
             raise ValueError(f"is not valid JSON ({exc.msg} at char {exc.pos})") from exc
     path = Path(text)
     if not path.is_file():
         raise ValueError(f"is neither inline JSON nor a readable file: {text!r}")
     try:
-        return yaml.safe_load(path.read_text())
+        return strict_yaml.load(path.read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"file {text} is not valid YAML/JSON: {yaml_problem(exc)}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"file {text} cannot be read: {unreadable(exc)}") from None
+
+
+def unreadable(exc: OSError | UnicodeDecodeError) -> str:
+    """Why a file could not be read, in a few words."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {exc.start})"
+    return exc.strerror or str(exc)
+
+
+def _keys_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (as a file's YAML must have them)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"is not valid JSON (key {key!r} is given twice in one object)")
+        seen[key] = value
+    return seen
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
@@ -170,11 +204,11 @@ class _YamlFileSource(PydanticBaseSettingsSource):
         if path is None:
             return {}
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = strict_yaml.load(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"--config {path}: not valid YAML: {yaml_problem(exc)}") from None
-        except OSError as exc:
-            raise ConfigError(f"--config {path}: cannot read: {exc.strerror or exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config {path}: cannot read: {unreadable(exc)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"--config {path}: top level must be a mapping")
         out: dict[str, Any] = {}
@@ -200,8 +234,9 @@ class Settings(BaseSettings):
     model_candidate_tolerance: float = 10.0
     discuss_gpu_wait_limit_seconds: float = 0.0
     discuss_synthesis_timeout_seconds: float = Field(default=90.0, gt=0)
-    namespace: str = "default"
-    agent_name: str = Field(default_factory=socket.gethostname)
+    # (not empty: `<namespace>/<agent>` names this sidecar's tickets and its binding)
+    namespace: str = Field(default="default", min_length=1)
+    agent_name: str = Field(default_factory=socket.gethostname, min_length=1)
     crew: str | None = None
 
     # Settings this project adds.
@@ -287,9 +322,7 @@ class Settings(BaseSettings):
     def _endpoint(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/")
+        return check_endpoint(value)
 
     @field_validator("origins", mode="before")
     @classmethod
@@ -324,6 +357,32 @@ class Settings(BaseSettings):
         if value:
             parse_listen(value)
         return value or None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_given(cls, value: str | None) -> str:
+        # Empty is unset for the optional ops listener; the API's own needs an address.
+        if not value:
+            raise ValueError("expected host:port (like 127.0.0.1:11434), got ''")
+        return value
+
+    @field_validator("nats_password")
+    @classmethod
+    def _password_with_a_user(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # nats-py sends a password only with a user: alone it was silently left out, and
+        # the connect went without credentials.
+        if value and not info.data.get("nats_user"):
+            raise ValueError("set without KUBEMOOT_NATS_USER (a password goes with a user; "
+                             "a token alone is KUBEMOOT_NATS_TOKEN)")
+        return value or None
+
+    @field_validator("nats_creds", "nats_tls_ca", "nats_tls_cert", "nats_tls_key",
+                     mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, value: Any) -> Any:
+        # An empty value (an optional Secret's key absent, `value: ""`) is no file: as
+        # unset, not Path("") read as the working directory.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @classmethod
     def settings_customise_sources(
@@ -496,8 +555,8 @@ def unknown_settings(config_file: str | Path | None = None,
 
 def _unknown_keys(path: Path, fields: list[str], known_env: list[str]) -> list[UnknownSetting]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        data = strict_yaml.load(path.read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return []  # load_settings has said why already
     keys: Iterable[Any] = data if isinstance(data, dict) else ()
     found = []
@@ -512,9 +571,13 @@ def _unknown_keys(path: Path, fields: list[str], known_env: list[str]) -> list[U
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build Settings from env (and an optional YAML file); ConfigError on bad input."""
+    if config_file is not None and not str(config_file).strip():
+        # (`--config "$CONFIG"` with CONFIG unset: not the same as no --config at all)
+        raise ConfigError("--config: an empty path")
     path = Path(config_file) if config_file else None
     if path is not None and not path.is_file():
-        raise ConfigError(f"--config {path}: no such file")
+        what = "a directory, not a file" if path.is_dir() else "no such file"
+        raise ConfigError(f"--config {path}: {what}")
     token = _config_file.set(path)
     try:
         return Settings(**overrides)

@@ -27,6 +27,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     BucketNotFoundError,
     KeyNotFoundError,
@@ -217,28 +218,66 @@ def default_replicas(nc: Any) -> int:
     return 3 if cluster_size(nc) >= 3 else 1
 
 
+# JetStream's answers to a number of replicas it cannot place (nats-server's errors.json):
+# a server that is not clustered, a cluster with fewer servers than copies asked for.
+REPLICAS_REFUSED = {10074: "this NATS server is not clustered",
+                    10005: "the cluster has fewer servers than that",
+                    10023: "the cluster has not the resources for that many copies"}
+
+
+def replicas_refusal(exc: BaseException, replicas: int | None) -> str | None:
+    """One line naming KUBEMOOT_NATS_REPLICAS when JetStream refused the copies it asked for
+    (a setting to change, not an outage to wait through); None otherwise."""
+    why = REPLICAS_REFUSED.get(getattr(exc, "err_code", None) or 0)
+    if replicas is None or why is None or not isinstance(exc, APIError):
+        return None
+    return f"KUBEMOOT_NATS_REPLICAS={replicas}: {why} ({exc.description})"
+
+
+def _ttl(seconds: float) -> str:
+    return f"ttl {seconds:.0f} s" if seconds else "no ttl"
+
+
 async def ensure_buckets(js: Any, buckets: tuple[BucketSpec, ...] = BUCKETS,
-                         replicas: int = 1) -> list[str]:
+                         replicas: int = 1, keep_more: bool = False) -> list[str]:
     """Create the buckets if missing, with `replicas` copies each; a bucket that exists with
-    another number of replicas is updated to it (idempotent). What was done, per bucket."""
+    another TTL, history or number of replicas (made by hand, `nats kv add`, or by an older
+    release) is updated to them (idempotent). `keep_more`: `replicas` is a guess from the
+    cluster's size (KUBEMOOT_NATS_REPLICAS unset), which never takes copies away: a server
+    that restarts announces its cluster only once its routes are up, and a guess of 1 then
+    would leave every bucket on one server. What was done, per bucket."""
     done = []
     for spec in buckets:
         try:
             await js.key_value(spec.name)
         except BucketNotFoundError:
             await js.create_key_value(config=bucket_config(spec, replicas))
-            ttl = f"ttl {spec.ttl_s:.0f} s" if spec.ttl_s else "no ttl"
-            done.append(f"{spec.name}: created ({ttl}, history {spec.history}, "
+            done.append(f"{spec.name}: created ({_ttl(spec.ttl_s)}, history {spec.history}, "
                         f"replicas {replicas})")
             continue
-        info = await js.stream_info(f"KV_{spec.name}")
-        current = info.config.num_replicas or 1
-        if current == replicas:
-            done.append(f"{spec.name}: exists (replicas {current})")
+        config = (await js.stream_info(f"KV_{spec.name}")).config
+        copies = max(replicas, config.num_replicas or 1) if keep_more else replicas
+        # A TTL shorter than the writers' interval would drop live entries between writes;
+        # none would keep every ticket and demand entry ever written, replayed at each start.
+        current = {"ttl": float(config.max_age or 0), "history": config.max_msgs_per_subject,
+                   "replicas": config.num_replicas or 1}
+        wanted = {"ttl": spec.ttl_s, "history": spec.history, "replicas": copies}
+        changes = [_change(key, current[key], wanted[key]) for key in wanted
+                   if current[key] != wanted[key]]
+        if not changes:
+            done.append(f"{spec.name}: exists (replicas {copies})")
             continue
-        await js.update_stream(replace(info.config, num_replicas=replicas))
-        done.append(f"{spec.name}: replicas {current} -> {replicas}")
+        await js.update_stream(replace(config, max_age=spec.ttl_s,
+                                       max_msgs_per_subject=spec.history,
+                                       num_replicas=copies))
+        done.append(f"{spec.name}: {', '.join(changes)}")
     return done
+
+
+def _change(key: str, old: float, new: float) -> str:
+    if key == "ttl":
+        return f"{_ttl(old)} -> {_ttl(new).removeprefix('ttl ')}"
+    return f"{key} {old:.0f} -> {new:.0f}"
 
 
 class NatsStore:
@@ -382,6 +421,9 @@ class NatsStore:
         try:
             await self._bind()
         except Exception as exc:
+            refused = replicas_refusal(exc, self.replicas)
+            if refused:
+                raise NatsConfigError(refused) from exc
             raise StoreUnavailable(f"NATS JetStream KV unavailable: {exc}") from exc
         await self._rewatch(rebind=False)
         if self._lag_check is None:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from proxy import strict_yaml
 from proxy.operator import documents as d
 from proxy.operator import scheduling as s
 
@@ -40,6 +41,8 @@ class Documents:
 
 
 def files(paths: Iterable[str]) -> list[Path]:
+    """The YAML files under `paths`, each once: a file also named inside a directory given
+    (`-f config -f config/crew/agents.yaml`) is read once, not found "declared twice"."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -53,7 +56,10 @@ def files(paths: Iterable[str]) -> list[Path]:
             out.append(path)
         else:
             raise DocumentError(f"{raw}: no such file or directory")
-    return out
+    first: dict[Path, Path] = {}
+    for path in out:
+        first.setdefault(path.resolve(), path)
+    return list(first.values())
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,20 @@ class Origin:
 
     path: Path
     index: int
+    item: int | None = None  # its place in a `kind: List` document's items
 
     def __str__(self) -> str:
-        return f"{self.path}: document {self.index}"
+        item = "" if self.item is None else f", item {self.item}"
+        return f"{self.path}: document {self.index}{item}"
+
+
+def _objects(path: Path, index: int, doc: Any) -> list[tuple[Origin, Any]]:
+    """A document's objects: itself, or the items of a list (`kubectl get models,agents -o
+    yaml` writes `kind: List`, the API `kind: ModelList`)."""
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+        return [(Origin(path, index, n), item) for n, item in enumerate(doc["items"], 1)]
+    return [(Origin(path, index), doc)]
 
 
 def _add(docs: Documents, kind: str, doc: dict[str, Any], origin: Origin) -> None:
@@ -131,7 +148,7 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
     docs = Documents()
     for path in files(paths):
         try:
-            loaded = list(yaml.safe_load_all(path.read_text()))
+            loaded = strict_yaml.load_all(path.read_text())
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -142,20 +159,8 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
         for index, doc in enumerate(loaded, 1):
             if doc is None:
                 continue
-            origin = Origin(path, index)
-            if not isinstance(doc, dict):
-                raise DocumentError(f"{origin}: not a mapping")
-            meta = doc.get("metadata")
-            name = meta.get("name", "?") if isinstance(meta, dict) else "?"
-            kind = doc.get("kind")
-            label = f"{origin} ({kind}/{name})"
-            if kind not in d.SCHEMAS:
-                raise DocumentError(f"{label}: unknown kind {kind!r} "
-                                    f"(expected one of {', '.join(sorted(KINDS))})")
-            try:
-                _add(docs, str(kind), doc, origin)
-            except ValidationError as exc:
-                raise DocumentError(f"{label}: {d.problem(exc)}") from None
+            for origin, item in _objects(path, index, doc):
+                _read(docs, origin, item)
         docs.files += 1
     if references:
         for problem in check_references(docs):
@@ -163,10 +168,33 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
     return docs
 
 
+def _read(docs: Documents, origin: Origin, doc: Any) -> None:
+    """One object of a file into `docs`; DocumentError naming it when it is wrong."""
+    if not isinstance(doc, dict):
+        raise DocumentError(f"{origin}: not a mapping")
+    meta = doc.get("metadata")
+    name = meta.get("name", "?") if isinstance(meta, dict) else "?"
+    kind = doc.get("kind")
+    label = f"{origin} ({kind}/{name})"
+    if not isinstance(kind, str) or kind not in d.SCHEMAS:
+        raise DocumentError(f"{label}: unknown kind {kind!r} "
+                            f"(expected one of {', '.join(sorted(KINDS))}, or a List of them)")
+    try:
+        _add(docs, kind, doc, origin)
+    except ValidationError as exc:
+        raise DocumentError(f"{label}: {d.problem(exc)}") from None
+
+
 def validate_phases(docs: Documents) -> list[str]:
-    """CrewSchedulingPolicy phases outside their archetype's vocabulary."""
+    """CrewSchedulingPolicy phases outside their archetype's vocabulary, and spread phase
+    keys that name no rule's phase (a typo there spread nothing, without a word)."""
     problems = []
     for policy in docs.policies:
+        ruled = [rule.phase for rule in policy.rules]
+        for key in policy.spread.phase_keys if policy.spread else ():
+            if key not in ruled:
+                problems.append(f"CrewSchedulingPolicy/{policy.name}: topologySpread.phaseKeys "
+                                f"names {key!r}, which no rule has ({', '.join(ruled)})")
         archetype = docs.policy_archetype.get(policy.name)
         if archetype is None:
             continue

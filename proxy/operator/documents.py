@@ -174,6 +174,19 @@ class PolicySpec(_Schema):
     archetypeRef: str | None = None
     candidateTolerance: Annotated[float, Field(ge=0)] | None = None
 
+    @field_validator("rules")
+    @classmethod
+    def _one_rule_per_phase(cls, rules: list[Rule]) -> list[Rule]:
+        # Two rules for one phase: the scheduling keeps one of them, and the other is dropped
+        # without a word (as contradictory as two Models of one name).
+        first: dict[str, int] = {}
+        for index, rule in enumerate(rules):
+            if rule.phase in first:
+                raise ValueError(f"phase {rule.phase!r} has two rules (rules[{first[rule.phase]}]"
+                                 f" and rules[{index}]): one rule per phase")
+            first[rule.phase] = index
+        return rules
+
 
 class PolicyDocument(_Document):
     spec: PolicySpec

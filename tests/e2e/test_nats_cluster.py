@@ -20,7 +20,8 @@ import pytest
 from loadtest.nats_server import NatsCluster, nats_server_binary
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
-from proxy.ports import PROVIDER_TICKETS
+from proxy.adapters.nats_kv import ensure_buckets
+from proxy.ports import BUCKETS, PROVIDER_TICKETS
 from tests.conftest import eventually
 from tests.e2e.test_scheduling import chat
 
@@ -60,6 +61,20 @@ def test_init_buckets_keeps_three_copies_and_follows_the_setting(cluster: NatsCl
     assert all("replicas 3 -> 1" in line
                for line in init_buckets(cluster.url, KUBEMOOT_NATS_REPLICAS="1"))
     assert all("replicas 1 -> 3" in line for line in init_buckets(cluster.url))
+    # The setting unset, 3 copies are a guess from the servers the one connected to names:
+    # a guess of 1 (a server restarting, its routes not up yet) takes none away. It did.
+    assert asyncio.run(ensure_one_copy(cluster.url, guessed=True)) == [
+        f"{b.name}: exists (replicas 3)" for b in BUCKETS]
+    assert asyncio.run(ensure_one_copy(cluster.url, guessed=False)) == [
+        f"{b.name}: replicas 3 -> 1" for b in BUCKETS]  # KUBEMOOT_NATS_REPLICAS=1 does
+
+
+async def ensure_one_copy(url: str, guessed: bool) -> list[str]:
+    nc = await nats.connect(servers=url.split(","))
+    try:
+        return await ensure_buckets(nc.jetstream(), replicas=1, keep_more=guessed)
+    finally:
+        await nc.close()
 
 
 def test_losing_the_node_that_leads_the_buckets_loses_nothing(

@@ -309,3 +309,63 @@ def test_an_outage_is_said_once_when_it_begins_and_once_when_it_ends(
     assert back["failed_attempts"] >= 4 and back["down_s"] >= 2.5
     assert back["error"].endswith("Connection refused")
 
+
+
+async def _make_bucket_by_hand(url: str, name: str, ttl_s: float, history: int) -> None:
+    from nats.js.api import KeyValueConfig
+
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().create_key_value(config=KeyValueConfig(
+            bucket=name, ttl=ttl_s, history=history))
+    finally:
+        await nc.close()
+
+
+async def _bucket_settings(url: str, name: str) -> tuple[float, int]:
+    nc = await nats.connect(url)
+    try:
+        config = (await nc.jetstream().stream_info(f"KV_{name}")).config
+        return float(config.max_age or 0), int(config.max_msgs_per_subject or 0)
+    finally:
+        await nc.close()
+
+
+def test_init_buckets_puts_right_a_bucket_made_with_other_settings(
+        nats_server: NatsServer) -> None:
+    # `nats kv add` by hand (or an older release): provider state aging out in 5 s, between
+    # two of the publisher's writes; tickets never aging out. It said "exists" and left them.
+    from tests.conftest import empty_buckets
+
+    url = nats_server.url
+    asyncio.run(empty_buckets(url))
+    asyncio.run(_make_bucket_by_hand(url, PROVIDER_STATE, 5, 10))
+    asyncio.run(_make_bucket_by_hand(url, "kubemoot_provider_tickets", 0, 1))
+    first = command("init-buckets", KUBEMOOT_NATS_URL=url)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.splitlines()
+    assert f"{PROVIDER_STATE}: ttl 5 s -> 3600 s, history 10 -> 1" in lines
+    assert "kubemoot_provider_tickets: no ttl -> 21600 s" in lines
+    assert asyncio.run(_bucket_settings(url, PROVIDER_STATE)) == (3600.0, 1)
+    assert asyncio.run(_bucket_settings(url, "kubemoot_provider_tickets")) == (21600.0, 1)
+    again = command("init-buckets", KUBEMOOT_NATS_URL=url)  # idempotent
+    assert again.stdout.splitlines() == [
+        f"{name}: exists (replicas 1)" for name in (
+            PROVIDER_STATE, "kubemoot_provider_tickets", "kubemoot_model_demand",
+            "kubemoot_bindings")]
+
+
+def test_more_replicas_than_the_server_can_keep_is_said_naming_the_setting(
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    # It was JetStream's "nats: ServerError: code=500 err_code=10074 ..." alone.
+    from tests.conftest import empty_buckets
+
+    asyncio.run(empty_buckets(nats_server.url))
+    said = ("KUBEMOOT_NATS_REPLICAS=3: this NATS server is not clustered (replicas > 1 not "
+            "supported in non-clustered mode)")
+    env = {"KUBEMOOT_NATS_URL": nats_server.url, "KUBEMOOT_NATS_REPLICAS": "3"}
+    init = command("init-buckets", **env)
+    assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
+    (tmp_path / "docs.yaml").write_text("")
+    bind = command("bind", "-f", str(tmp_path / "docs.yaml"), **env)
+    assert (bind.returncode, bind.stderr.splitlines()[-1]) == (1, f"kubemoot-proxy bind: {said}")

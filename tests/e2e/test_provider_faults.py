@@ -210,3 +210,29 @@ def test_a_card_that_accepts_and_never_answers_holds_no_listing_once_probed(
             sidecar.stop()
     finally:
         hole.close()
+
+
+def test_an_unreachable_provider_is_fresh_and_not_ready_in_metrics() -> None:
+    # What deploy/monitoring's KubemootProviderDown reads (tests/unit/test_monitoring.py
+    # feeds promtool these series): a provider that never answers is probed all the same,
+    # so its state is fresh and says down, and the staleness alert never sees it.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # (nothing listens once it is closed)
+    sidecar = ThreadedServer(build_app(load_settings(providers=[
+        {"name": "gone", "endpoint": f"http://127.0.0.1:{port}"}])), name="sidecar").start()
+    url = sidecar.url
+
+    def figures() -> dict[str, float]:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if 'provider="gone"' in line and line.startswith(
+                    ("kubemoot_provider_ready", "kubemoot_provider_state_age_seconds"))}
+
+    try:
+        assert eventually(lambda: len(figures()) == 2)
+        seen = figures()
+        assert seen["kubemoot_provider_ready"] == 0
+        assert seen["kubemoot_provider_state_age_seconds"] < 15  # KUBEMOOT_STATE_STALE_SECONDS
+    finally:
+        sidecar.stop()

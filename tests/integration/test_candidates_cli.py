@@ -108,6 +108,19 @@ spec:
     assert done.returncode == 1 and "'brainstorm' is not in archetype consent-3" in done.stderr
 
 
+def test_a_spread_phase_key_that_no_rule_has_is_reported(tmp_path: Path) -> None:
+    # `phaseKeys: [mulling, triag]` spread nothing and said nothing
+    (tmp_path / "policy.yaml").write_text(edited(POLICY, "phaseKeys: [mulling, triage]",
+                                                 "phaseKeys: [mulling, triag]"))
+    done = run("-f", str(tmp_path), "-f", str(CONFIG / "crew" / "agents.yaml"),
+               "-f", str(CONFIG / "archetypes"), "-f", str(CONFIG / "bundles" / "prod"),
+               "--strict")
+    assert done.returncode == 1
+    assert done.stderr == ("kubemoot-proxy candidates: CrewSchedulingPolicy/homelab-pilot-"
+                           "default: topologySpread.phaseKeys names 'triag', which no rule "
+                           "has (mulling, triage)\n")
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -120,6 +133,12 @@ spec:
          "unknown operator 'Like'"),
         ("kind: Model\nmetadata: {name: m}\nspec: {model: m}\n",
          "(Model/m): spec.providerRef is required"),
+        # a kind that is no string was a TypeError's traceback (unhashable list)
+        ("kind: [Agent]\nmetadata: {name: a}\n", "unknown kind ['Agent']"),
+        ("kind: {Agent: 1}\nmetadata: {name: a}\n", "unknown kind {'Agent': 1}"),
+        # a key given twice is Kubernetes' error too; it was the last one silently winning
+        ("kind: Agent\nkind: Model\nmetadata: {name: a}\nspec: {model: m}\n",
+         "malformed YAML at line 2: key 'kind' is given twice in one mapping"),
     ],
 )
 def test_bad_documents_get_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -161,9 +180,13 @@ def edited(text: str, old: str, new: str) -> str:
          "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules must be a list (got 5)"),
         (edited(PROD, "providerRef: ollama-b", "providerRef: ollama-zzz"), CREW, POLICY,
          "Model/qwen3-8b: spec.providerRef 'ollama-zzz' names no ModelProvider document"),
+        # the second rule for a phase silently replaced the first
+        (PROD, CREW, edited(POLICY, "    - phase: triage\n", "    - phase: mulling\n"),
+         "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules: phase 'mulling' has two "
+         "rules (rules[0] and rules[1]): one rule per phase"),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
-         "capabilities-string", "rules-number", "unknown-provider"],
+         "capabilities-string", "rules-number", "unknown-provider", "phase-twice"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
@@ -208,6 +231,48 @@ def test_a_name_declared_twice_names_both_files(tmp_path: Path, extra: str, expe
     assert expected in done.stderr and str(again) in done.stderr
     assert str(CONFIG) in done.stderr  # the first declaration's file
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_file_named_twice_is_read_once() -> None:
+    # `-f config -f config/crew/agents.yaml`: one file, so no Agent is "declared twice"
+    done = run("-f", str(CONFIG / "crew"), "-f", str(CONFIG / "crew" / "agents.yaml"),
+               "-f", str(CONFIG / "bundles" / "staging"), "-f", str(CONFIG / "archetypes"),
+               "--strict")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.count("# crew-homelab-pilot/") == 4
+
+
+def test_what_kubectl_get_writes_is_read_as_its_items(tmp_path: Path) -> None:
+    # `kubectl get models,modelproviders,agents,... -o yaml` writes one `kind: List`
+    # document; it was "unknown kind 'List'"
+    import yaml
+
+    texts = (CREW, POLICY, (CONFIG / "bundles" / "staging" / "models.yaml").read_text())
+    items = [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
+    listed = tmp_path / "listed.yaml"
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    archetypes = str(CONFIG / "archetypes")
+    done = run("-f", str(listed), "-f", archetypes, "--strict")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == run("-f", str(CONFIG / "crew"), "-f", archetypes,
+                              "-f", str(CONFIG / "bundles" / "staging")).stdout
+    items[0]["spec"]["capabilities"] = "reasoning"
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}))
+    bad = run("-f", str(listed))
+    assert bad.returncode == 2
+    assert bad.stderr == (f"kubemoot-proxy candidates: {listed}: document 1, item 1 (Agent/"
+                          "synthesizer): spec.capabilities must be a list (got 'reasoning')\n")
+
+
+def test_merge_keys_may_override_what_they_merge(tmp_path: Path) -> None:
+    # `<<: *base` then a key of the base again is YAML's override, not a key given twice
+    docs = tmp_path / "agents.yaml"
+    docs.write_text(edited(CREW, "metadata:\n  name: synthesizer\n",
+                           "metadata:\n  <<: {name: base}\n  name: synthesizer\n"))
+    done = run("-f", str(docs), "-f", str(CONFIG / "crew" / "policy.yaml"),
+               "-f", str(CONFIG / "bundles" / "staging"))
+    assert done.returncode == 0 and "# crew-homelab-pilot/synthesizer" in done.stdout, \
+        done.stderr
 
 
 def test_no_documents_is_a_warning_and_strict_fails(tmp_path: Path) -> None:

@@ -168,3 +168,59 @@ def test_no_service_link_looks_like_a_setting() -> None:
     assert services
     prefixes = [name.upper().replace("-", "_") for name in services]
     assert not [p for p in prefixes if p == "KUBEMOOT" or p.startswith("KUBEMOOT_")]
+
+
+def _mounted(pod: dict[str, Any], container: dict[str, Any], docs: list[dict[str, Any]],
+             root: Path) -> dict[str, str]:
+    """Each ConfigMap a container mounts, written under `root` at its mount path: what the
+    settings naming a file there read. Returns mount path -> where it was written."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    out = {}
+    for mount in container.get("volumeMounts", []):
+        source = volumes[mount["name"]].get("configMap")
+        if source is None:
+            continue  # (a Secret: the NATS credentials, not in the manifests)
+        where = root / mount["mountPath"].strip("/")
+        where.mkdir(parents=True, exist_ok=True)
+        for key, text in maps[source["name"]]["data"].items():
+            (where / key).write_text(text)
+        out[mount["mountPath"]] = str(where)
+    return out
+
+
+@needs_kustomize
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_every_rendered_kubemoot_container_has_settings_it_can_start_with(
+        overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every KUBEMOOT_* name a rendered container sets is a setting, and its values (with
+    the ConfigMaps it mounts) load; `bind` and `candidates` read the mounted documents."""
+    from proxy.operator import candidates
+    from proxy.settings import load_settings, unknown_settings
+
+    docs = _render(overlay)
+    checked = 0
+    for doc in docs:
+        pod = doc.get("spec", {}).get("template", {}).get("spec")
+        for container in (pod or {}).get("initContainers", []) + (pod or {}).get(
+                "containers", []):
+            if not container["image"].startswith("kubemoot-proxy"):
+                continue
+            mounts = _mounted(pod, container, docs, tmp_path / doc["metadata"]["name"])
+            env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+            env.pop("KUBEMOOT_NATS_CREDS", None)  # a Secret's file, not in the manifests
+            for name, value in env.items():
+                for path, where in sorted(mounts.items(), key=lambda m: -len(m[0])):
+                    value = value.replace(path, where)
+                env[name] = value
+            assert not unknown_settings(environ=env), (doc["metadata"]["name"], env)
+            for name, value in env.items():
+                monkeypatch.setenv(name, value)
+            load_settings()
+            for name in env:
+                monkeypatch.delenv(name)
+            args = container.get("args", [])
+            if args[:1] == ["bind"]:
+                assert candidates.load([mounts[args[2]]], references=False).agents
+            checked += 1
+    assert checked == (1 if overlay == "dev" else 4)  # the sidecar; publisher, binder, Job

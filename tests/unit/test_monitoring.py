@@ -124,7 +124,8 @@ def test_every_alert_is_complete_and_names_only_exported_metrics() -> None:
     alerts = _alerts()
     assert {a["alert"] for a in alerts} == {
         "KubemootSidecarCpuSaturated", "KubemootSharedStateDisconnected", "KubemootCircuitOpen",
-        "KubemootGpuBusyRefusalsRising", "KubemootProviderStateStale"}
+        "KubemootGpuBusyRefusalsRising", "KubemootProviderStateStale",
+        "KubemootProviderDown"}
     for rule in alerts:
         assert {"alert", "expr", "for", "labels", "annotations"} <= rule.keys(), rule
         assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
@@ -244,6 +245,20 @@ RULE_TESTS: list[dict[str, Any]] = [
                 job="kubectl-agent-ops", instance="10.0.0.8:9464")],
      "alert_rule_test": [
          {"eval_time": "8m", "alertname": "KubemootProviderStateStale",
+          "exp_alerts": [{"exp_labels": {"provider": "gpu-b"} | WARNING}]}]},
+    # A provider that does not answer, as the sidecars export it (test_an_unreachable_
+    # provider_is_fresh_and_not_ready): probed every 2 s, so fresh, and not ready. The
+    # staleness alert stays quiet; this one is for it. gpu-a is up to one sidecar.
+    {"input_series": [
+        _series("kubemoot_provider_state_age_seconds", "2x10", provider="gpu-b", **SIDECAR),
+        _series("kubemoot_provider_ready", "0x10", provider="gpu-b", **SIDECAR),
+        _series("kubemoot_provider_ready", "0x10", provider="gpu-a", **SIDECAR),
+        _series("kubemoot_provider_ready", "1x10", provider="gpu-a",
+                job="kubectl-agent-ops", instance="10.0.0.8:9464")],
+     "alert_rule_test": [
+         {"eval_time": "8m", "alertname": "KubemootProviderStateStale", "exp_alerts": []},
+         {"eval_time": "3m", "alertname": "KubemootProviderDown", "exp_alerts": []},
+         {"eval_time": "8m", "alertname": "KubemootProviderDown",
           "exp_alerts": [{"exp_labels": {"provider": "gpu-b"} | WARNING}]}]},
 ]
 

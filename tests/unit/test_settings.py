@@ -121,6 +121,24 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         ({"KUBEMOOT_MODEL_MODEL": "bad model!!"},
          "KUBEMOOT_MODEL_MODEL: 'bad model!!' is not a model name as Ollama reads one"),
         ({"KUBEMOOT_TRIAGE_MODEL_MODEL_ID": "qwen3:"}, "KUBEMOOT_TRIAGE_MODEL_MODEL_ID"),
+        # an empty address was a TypeError from the socket code; a static endpoint with no
+        # host was taken and failed at the first call
+        ({"KUBEMOOT_LISTEN": ""}, "KUBEMOOT_LISTEN: expected host:port"),
+        ({"KUBEMOOT_MODEL_ENDPOINT": "http://"}, "KUBEMOOT_MODEL_ENDPOINT: is no URL"),
+        ({"KUBEMOOT_TRIAGE_MODEL_ENDPOINT": "http://ollama:99999"},
+         "KUBEMOOT_TRIAGE_MODEL_ENDPOINT: is no URL"),
+        # `<namespace>/<agent>` names the tickets and the binding: empty is no identity
+        ({"KUBEMOOT_NAMESPACE": ""}, "KUBEMOOT_NAMESPACE"),
+        ({"KUBEMOOT_AGENT_NAME": ""}, "KUBEMOOT_AGENT_NAME"),
+        # a file that is there but cannot be read was an OSError's traceback
+        ({"KUBEMOOT_PROVIDERS": "/proc/self/mem"},
+         "KUBEMOOT_PROVIDERS: file /proc/self/mem cannot be read"),
+        ({"KUBEMOOT_PROVIDERS": '[{"name": "a", "endpoint": "http://a:11434", '
+                                '"dcgmUrl": "dcgm-exporter:9400/metrics"}]'},
+         "KUBEMOOT_PROVIDERS[0].dcgmUrl: must start with http:// or https://"),
+        # a password without its user was left out of the connect without a word
+        ({"KUBEMOOT_NATS_PASSWORD": "s3cret"},
+         "KUBEMOOT_NATS_PASSWORD: set without KUBEMOOT_NATS_USER"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], named: str,
@@ -291,6 +309,66 @@ def test_a_misspelt_name_is_told_after_the_error_it_caused() -> None:
     assert "KUBEMOOT_PROVIDRES" in hint and "did you mean KUBEMOOT_PROVIDERS?" in hint
 
 
+def test_a_key_given_twice_in_a_settings_file_is_one_line(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    # It was the last one silently winning: a card's memory given twice, one of them wrong.
+    providers = tmp_path / "providers.yaml"
+    providers.write_text("- name: a\n  endpoint: http://a:11434\n  totalVramMiB: 24564\n"
+                         "  totalVramMiB: 245640\n")
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", str(providers))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == (f"KUBEMOOT_PROVIDERS: file {providers} is not valid YAML/JSON: "
+                               "key 'totalVramMiB' is given twice in one mapping at line 4, "
+                               "column 3")
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", '[{"name": "a", "endpoint": "http://a:11434", '
+                       '"name": "b"}]')
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value) == ("KUBEMOOT_PROVIDERS: is not valid JSON (key 'name' is given "
+                               "twice in one object)")
+    monkeypatch.delenv("KUBEMOOT_PROVIDERS")
+    config = tmp_path / "settings.yaml"
+    config.write_text("max_plans: 2\nmax_plans: 20\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config)
+    assert str(info.value) == (f"--config {config}: not valid YAML: key 'max_plans' is given "
+                               "twice in one mapping at line 2, column 1")
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    ("", "--config: an empty path"),  # it was read as no --config at all
+    ("{tmp}", "--config {tmp}: a directory, not a file"),  # it was "no such file"
+])
+def test_a_config_path_that_is_no_file_is_said_so(given: str, said: str, tmp_path: Path
+                                                  ) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(given.format(tmp=tmp_path))
+    assert str(info.value) == said.format(tmp=tmp_path)
+
+
+def test_an_empty_nats_file_setting_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (it was Path(""), the working directory: "KUBEMOOT_NATS_CREDS=.: a directory")
+    for name in ("CREDS", "TLS_CA", "TLS_CERT", "TLS_KEY"):
+        monkeypatch.setenv(f"KUBEMOOT_NATS_{name}", "")
+    settings = load_settings()
+    assert (settings.nats_creds, settings.nats_tls_ca, settings.nats_tls_cert,
+            settings.nats_tls_key) == (None, None, None, None)
+
+
+def test_a_config_file_that_is_no_text_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "settings.yaml"
+    config.write_bytes(b"\xff\xfe\x00listen: x")
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"kubemoot-proxy: bad configuration: --config {config}: cannot read: not UTF-8 text "
+        "(byte 0)"]
+
+
 def test_cli_exits_nonzero_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"KUBEMOOT_PROVIDERS": '[{"name": "a"}]', "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-m", "proxy", "serve"], env=env,
@@ -310,6 +388,7 @@ def test_cli_without_anything_to_call_says_how_to_fix() -> None:
 def test_secrets_stay_out_of_logs_and_reprs(monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy.adapters.nats_kv import redact
 
+    monkeypatch.setenv("KUBEMOOT_NATS_USER", "agent")
     monkeypatch.setenv("KUBEMOOT_NATS_PASSWORD", "hunter2")
     monkeypatch.setenv("KUBEMOOT_NATS_TOKEN", "t0ken")
     text = repr(load_settings())
