@@ -88,6 +88,11 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+def context_tokens(count: int) -> list[int]:
+    """`count` token ids, as Tokenize gives them for a generate call's prompt and answer."""
+    return [1 + (i * 7919) % 151_000 for i in range(count)]
+
+
 def _error(message: str, status: int) -> Response:
     return _json({"error": message}, status)
 
@@ -580,7 +585,11 @@ class SimApp:
                      sim.config.name, fitted.tokens, reply.tokens, runner.ctx)
         # A prompt cut to fit starts differently from what any slot holds.
         blocks = () if fitted.cut else tuple(prompt.blocks)
-        gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault, name)
+        # /api/generate answers the tokens of its whole prompt (BOS, any earlier context, not
+        # cut) and answer, none in raw mode (server/routes.go:712-719; v0.12.6 :537-544)
+        context = None if chat or body.get("raw") else prompt.total + 1
+        gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault, name,
+                             context)
         if stream:
             return await self._stream(gen, request)
         return await self._collect(gen, chat, request)
@@ -737,7 +746,8 @@ class SimApp:
 
     async def _generate(self, runner: Runner, prompt_tokens: int, blocks: tuple[Block, ...],
                         reply: Reply, load_s: float, chat: bool, fault: Fault | None,
-                        asked: str) -> AsyncGenerator[bytes, None]:
+                        asked: str, context: int | None = None
+                        ) -> AsyncGenerator[bytes, None]:
         """The answer's chunks (the model as the call named it, as Ollama echoes req.Model),
         or an {"error"} line where llama-server died."""
         sim = self.sim
@@ -800,8 +810,8 @@ class SimApp:
                 "eval_count": reply.tokens,
                 "eval_duration": int(eval_s * 1e9),
             })
-            if not chat:
-                final["context"] = [1, 2, 3]
+            if context is not None:
+                final["context"] = context_tokens(context + reply.tokens)
             # The runner frees the sequence's slot, and its cache, before the final response
             # goes out (0.12.6 runner/llamarunner/runner.go:321-331 removeSequence; llama-server
             # releases the slot, then sends the final result): the client's next call finds it

@@ -55,7 +55,20 @@ def test_chat_streams_chunk_by_chunk(client: ollama.Client) -> None:
 def test_generate_both_ways(client: ollama.Client) -> None:
     assert client.generate(model="qwen3:8b", prompt="hi").response.startswith("the answer")
     parts = list(client.generate(model="qwen3:8b", prompt="hi", stream=True))
-    assert parts[-1].done and parts[-1].context == [1, 2, 3]
+    assert parts[-1].done and parts[-1].context
+
+
+def test_generate_answers_the_tokens_of_its_prompt_and_answer_as_context(
+        client: ollama.Client) -> None:
+    """Ollama's `context` is Tokenize(prompt + answer), none in raw mode
+    (server/routes.go:712-719): a client that sends it back sends a longer prompt."""
+    first = client.generate(model="qwen3:8b", prompt="hi", think=False)
+    assert first.context and first.prompt_eval_count and first.eval_count
+    assert len(first.context) == first.prompt_eval_count + first.eval_count
+    second = client.generate(model="qwen3:8b", prompt="go on", context=first.context,
+                             think=False)
+    assert second.context and len(second.context) > len(first.context) + (second.eval_count or 0)
+    assert client.generate(model="qwen3:8b", prompt="hi", raw=True).context is None
 
 
 def test_list_is_the_union_of_providers(client: ollama.Client) -> None:
