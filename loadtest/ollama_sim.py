@@ -321,6 +321,9 @@ class SimApp:
             keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         except ValueError as exc:
             return _error(str(exc), 400)
+        fields = sim_bindings.EMBEDDING_FIELDS if legacy else sim_bindings.EMBED_FIELDS
+        if wrong := sim_bindings.binding_error(fields, body):
+            return _error(wrong, 400)
         config = self.sim.config
         routed = sim_cloud.route(str(body.get("model") or ""), config.version, ())
         if isinstance(routed, sim_cloud.Refused):
@@ -492,6 +495,9 @@ class SimApp:
             elif key == "think" and (wrong := sim_bindings.think_error(value, version)):
                 return _error(wrong, 400)
         keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
+        fields = sim_bindings.CHAT_REQUEST_FIELDS if chat else sim_bindings.GENERATE_FIELDS
+        if wrong := sim_bindings.native_binding_error(fields, body, version):
+            return _error(wrong, 400)
         if wrong := sim_bindings.native_image_error(body, chat):
             return _error(wrong, 400)
         if wrong := sim_bindings.top_logprobs_error(body, version):
