@@ -88,6 +88,19 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+# api.GenerateResponse's fields in their order (api/types.go:891-930), as Go writes them:
+# the metrics come after the context, the tool calls after the metrics
+GENERATE_ORDER = ("model", "remote_model", "remote_host", "created_at", "response", "thinking",
+                  "done", "done_reason", "context", "total_duration", "load_duration",
+                  "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration",
+                  "tool_calls", "logprobs")
+
+
+def in_generate_order(answer: dict[str, Any]) -> dict[str, Any]:
+    ranked = {key: i for i, key in enumerate(GENERATE_ORDER)}
+    return dict(sorted(answer.items(), key=lambda item: ranked.get(item[0], len(ranked))))
+
+
 def context_tokens(count: int) -> list[int]:
     """`count` token ids, as Tokenize gives them for a generate call's prompt and answer."""
     return [1 + (i * 7919) % 151_000 for i in range(count)]
@@ -675,7 +688,7 @@ class SimApp:
             said["thinking"] = "".join(thinking)
         if calls:
             said["tool_calls"] = calls
-        return _json(final)
+        return _json(final if chat else in_generate_order(final))
 
     async def _acquire(self, request: Request, model: SimModel, body: dict[str, Any],
                        keep_alive: float | None) -> tuple[Runner, float] | Response:
@@ -739,7 +752,7 @@ class SimApp:
             out["message"] = {"role": "assistant", "content": ""}
         else:
             out["response"] = ""
-        out.update({"done_reason": reason, "done": True})
+        out.update({"done": True, "done_reason": reason})  # api.ChatResponse's field order
         return out
 
     async def _load_only(self, request: Request, model: SimModel, body: dict[str, Any],
@@ -805,9 +818,12 @@ class SimApp:
                 final["message"] = {"role": "assistant", "content": ""}
             else:
                 final["response"] = ""
+            # In Ollama's field order (api/types.go ChatResponse, GenerateResponse): done,
+            # done_reason, /api/generate's context, then the metrics, last
+            final.update({"done": True, "done_reason": reply.done_reason})
+            if context is not None:
+                final["context"] = context_tokens(context + reply.tokens)
             final.update({
-                "done_reason": reply.done_reason,
-                "done": True,
                 "total_duration": int((time.perf_counter() - started + load_s) * 1e9),
                 "load_duration": max(1, int(load_s * 1e9)),  # not the slot wait
                 "prompt_eval_count": reported_prompt_eval_count(sim.config.version,
@@ -816,8 +832,6 @@ class SimApp:
                 "eval_count": reply.tokens,
                 "eval_duration": int(eval_s * 1e9),
             })
-            if context is not None:
-                final["context"] = context_tokens(context + reply.tokens)
             # The runner frees the sequence's slot, and its cache, before the final response
             # goes out (0.12.6 runner/llamarunner/runner.go:321-331 removeSequence; llama-server
             # releases the slot, then sends the final result): the client's next call finds it
@@ -848,7 +862,7 @@ class SimApp:
         else:
             chunk.update(said)
         chunk["done"] = False
-        return orjson.dumps(chunk) + b"\n"
+        return orjson.dumps(chunk if chat else in_generate_order(chunk)) + b"\n"
 
 
 class SimServer(ThreadedServer):

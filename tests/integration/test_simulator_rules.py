@@ -561,6 +561,27 @@ def test_ollamas_first_checks_refuse_before_the_model_is_looked_up(
     assert sim.sim.stats.loads == 0
 
 
+def test_answers_keep_the_field_order_of_ollamas_structs(sim_factory: Sims) -> None:
+    """Go writes a struct's fields in their order (api/types.go:520-540 ChatResponse,
+    891-930 GenerateResponse): `done` before `done_reason`, and /api/generate's metrics
+    after its `context`, whose length is the whole prompt's and answer's tokens."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "options": {"num_predict": 3}})
+    final = orjson.loads(r.content.splitlines()[-1])
+    assert list(final) == ["model", "created_at", "response", "done", "done_reason", "context",
+                           "total_duration", "load_duration", "prompt_eval_count",
+                           "prompt_eval_duration", "eval_count", "eval_duration"]
+    assert len(final["context"]) == final["prompt_eval_count"] + final["eval_count"]
+    whole = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "stream": False}).json()
+    assert list(whole)[:6] == list(final)[:6]
+    r = chat(sim, "llama3.2:3b", "hi")
+    assert list(r.json())[2:5] == ["message", "done", "done_reason"]
+    loaded = httpx.post(f"{sim.url}/api/chat", json={"model": "llama3.2:3b"}, timeout=30).json()
+    assert list(loaded)[2:] == ["message", "done", "done_reason"]
+
+
 def go_misfit(value: str, struct: str, field: str, kind: str) -> str:
     return f"json: cannot unmarshal {value} into Go struct field {struct}.{field} of type {kind}"
 
