@@ -71,6 +71,24 @@ def test_generate_answers_the_tokens_of_its_prompt_and_answer_as_context(
     assert client.generate(model="qwen3:8b", prompt="hi", raw=True).context is None
 
 
+def test_a_streamed_answer_whose_last_line_outgrows_the_relays_tail_still_gives_its_counts(
+        client: ollama.Client) -> None:
+    """A streamed /api/generate ends with its `context` (the tokens of the whole prompt and
+    answer) and then its metrics, one line longer than the tail the relay keeps for a long
+    prompt: the engine's count still reaches the sidecar, whose estimate learns from it."""
+    prompt = "word " * 3000
+    base = client._client.base_url  # type: ignore[attr-defined]
+    ask = {"model": "qwen3:8b", "promptChars": len(prompt)}
+    guessed = httpx.get(base.join("/kubemoot/v1/explain"), params=ask).json()["promptTokens"]
+    parts = list(client.generate(model="qwen3:8b", prompt=prompt, stream=True, think=False,
+                                 options={"num_predict": 5}))
+    counted = parts[-1].prompt_eval_count
+    assert parts[-1].context and len(str(parts[-1].context)) > 8192 and counted
+    assert abs(guessed - counted) > 0.1 * counted  # the default ratio is off for this text
+    learnt = httpx.get(base.join("/kubemoot/v1/explain"), params=ask).json()["promptTokens"]
+    assert abs(learnt - counted) < 0.02 * counted
+
+
 def test_list_is_the_union_of_providers(client: ollama.Client) -> None:
     names = sorted(m.model for m in client.list().models if m.model)
     assert names == ["llama3.2:3b", "qwen3:14b", "qwen3:8b"]
