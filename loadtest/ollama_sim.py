@@ -88,6 +88,8 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+METRICS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+           "eval_count", "eval_duration")
 # api.GenerateResponse's fields in their order (api/types.go:891-930), as Go writes them:
 # the metrics come after the context, the tool calls after the metrics
 GENERATE_ORDER = ("model", "remote_model", "remote_host", "created_at", "response", "thinking",
@@ -608,7 +610,7 @@ class SimApp:
         # cut) and answer, none in raw mode (server/routes.go:712-719; v0.12.6 :537-544)
         context = None if chat or body.get("raw") else prompt.total + 1
         gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault, name,
-                             context)
+                             context, sim_bindings.logprobs_asked(body, version))
         if stream:
             return await self._stream(gen, request)
         return await self._collect(gen, chat, request)
@@ -650,6 +652,7 @@ class SimApp:
         text: list[str] = []
         thinking: list[str] = []
         calls: list[Any] = []
+        logprobs: list[Any] = []
 
         async def generate() -> str | None:
             """Runs the answer to its end; the engine's error, if any."""
@@ -663,6 +666,7 @@ class SimApp:
                     text.append(said["content"] if chat else said["response"])
                     thinking.append(said.get("thinking", ""))
                     calls.extend(said.get("tool_calls", ()))
+                    logprobs.extend(chunk.get("logprobs", ()))
                     final = chunk
             finally:
                 await gen.aclose()
@@ -688,6 +692,9 @@ class SimApp:
             said["thinking"] = "".join(thinking)
         if calls:
             said["tool_calls"] = calls
+        if logprobs:  # after done_reason, before the metrics (api/types.go ChatResponse)
+            final = {**{k: v for k, v in final.items() if k not in METRICS},
+                     "logprobs": logprobs, **{k: v for k, v in final.items() if k in METRICS}}
         return _json(final if chat else in_generate_order(final))
 
     async def _acquire(self, request: Request, model: SimModel, body: dict[str, Any],
@@ -765,7 +772,7 @@ class SimApp:
 
     async def _generate(self, runner: Runner, prompt_tokens: int, blocks: tuple[Block, ...],
                         reply: Reply, load_s: float, chat: bool, fault: Fault | None,
-                        asked: str, context: int | None = None
+                        asked: str, context: int | None = None, logprobs: int | None = None
                         ) -> AsyncGenerator[bytes, None]:
         """The answer's chunks (the model as the call named it, as Ollama echoes req.Model),
         or an {"error"} line where llama-server died."""
@@ -811,7 +818,7 @@ class SimApp:
                     if runner.crashed:  # another call's crash took the process down
                         yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
                         return
-                    yield self._chunk(asked, piece, chat)
+                    yield self._chunk(asked, piece, chat, logprobs)
             eval_s = time.perf_counter() - t1
             final: dict[str, Any] = {"model": asked, "created_at": _now_rfc3339()}
             if chat:
@@ -850,9 +857,10 @@ class SimApp:
             sim.release(runner)
 
     @staticmethod
-    def _chunk(model: str, piece: Piece, chat: bool) -> bytes:
+    def _chunk(model: str, piece: Piece, chat: bool, logprobs: int | None = None) -> bytes:
         """A piece in Ollama's chunk: the message's (or /api/generate's) `content` (or
-        `response`), `thinking` or `tool_calls`, the text fields always present."""
+        `response`), `thinking` or `tool_calls`, the text fields always present; its tokens'
+        logprobs when asked (`logprobs`: how many alternatives)."""
         text = "content" if chat else "response"
         said: dict[str, Any] = {text: ""}
         said[text if piece.kind == "content" else piece.kind] = piece.value
@@ -862,6 +870,8 @@ class SimApp:
         else:
             chunk.update(said)
         chunk["done"] = False
+        if logprobs is not None:
+            chunk["logprobs"] = sim_output.piece_logprobs(piece, logprobs)
         return orjson.dumps(chunk if chat else in_generate_order(chunk)) + b"\n"
 
 

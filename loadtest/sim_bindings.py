@@ -194,6 +194,15 @@ def _json_kind(value: Any) -> str:
     return "object" if isinstance(value, dict) else "number"
 
 
+def logprobs_asked(body: dict[str, Any], version: str) -> int | None:
+    """How many alternatives a native call's logprobs take, None when it asks none (or
+    the version has none: before 0.12.11 the field is unknown)."""
+    if body.get("logprobs") is not True or version_tuple(version) < LOGPROBS_SINCE:
+        return None
+    top = body.get("top_logprobs")
+    return top if isinstance(top, int) and not isinstance(top, bool) else 0
+
+
 def native_binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any],
                          version: str) -> str | None:
     """binding_error for a native request, without the fields `version` has not got."""

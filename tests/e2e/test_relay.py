@@ -89,6 +89,23 @@ def test_a_streamed_answer_whose_last_line_outgrows_the_relays_tail_still_gives_
     assert abs(learnt - counted) < 0.02 * counted
 
 
+def test_logprobs_come_with_each_token_as_ollama_gives_them(client: ollama.Client) -> None:
+    """From 0.12.11 a call asking `logprobs` gets each generated token's, with `top_logprobs`
+    alternatives (server/logprob.go), per chunk or gathered in a whole answer
+    (server/routes.go:2391-2427); through the sidecar as from Ollama."""
+    whole = client.chat(model="qwen3:8b", messages=HI, logprobs=True, top_logprobs=3)
+    assert whole.logprobs and len(whole.logprobs) == whole.eval_count
+    assert all(len(lp.top_logprobs or ()) == 3 for lp in whole.logprobs)
+    tokens = "".join(lp.token for lp in whole.logprobs)
+    assert tokens == (whole.message.thinking or "") + whole.message.content
+    parts = list(client.generate(model="qwen3:8b", prompt="hi", think=False, stream=True,
+                                 logprobs=True))
+    said = [part for part in parts if not part.done]
+    assert all(part.logprobs and part.logprobs[0].token == part.response for part in said)
+    assert not said[0].logprobs[0].top_logprobs  # type: ignore[index]
+    assert client.chat(model="qwen3:8b", messages=HI).logprobs is None
+
+
 def test_list_is_the_union_of_providers(client: ollama.Client) -> None:
     names = sorted(m.model for m in client.list().models if m.model)
     assert names == ["llama3.2:3b", "qwen3:14b", "qwen3:8b"]
