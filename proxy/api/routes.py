@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
@@ -215,6 +216,13 @@ def unix_time(stamp: Any) -> int:
         return 0
 
 
+def expiry_second(model: dict[str, Any]) -> int:
+    """The Unix second a listed copy expires at; an unreadable one sorts last."""
+    with contextlib.suppress(TypeError, ValueError, OverflowError):
+        return int(parse_rfc3339(str(model.get("expires_at"))))
+    return -(2 ** 63)
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
@@ -409,6 +417,9 @@ class SidecarApi:
         for provider, listed in await self._gather(lambda c: c.ps(3.0)):
             for model in listed:
                 models.append({**model, "provider": provider})
+        # As each Ollama lists its own: the longest time left first, by the second
+        # (server/routes.go:2297-2300, a stable sort), across providers and their time zones
+        models.sort(key=expiry_second, reverse=True)
         return _json({"models": models})
 
     def engine_version(self) -> Version:

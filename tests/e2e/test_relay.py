@@ -106,6 +106,16 @@ def test_logprobs_come_with_each_token_as_ollama_gives_them(client: ollama.Clien
     assert client.chat(model="qwen3:8b", messages=HI).logprobs is None
 
 
+def test_ps_lists_the_longest_time_left_first_across_providers(client: ollama.Client) -> None:
+    """Each Ollama lists its copies longest time left first (server/routes.go:2297-2300);
+    the union does too, whichever provider holds them."""
+    client.chat(model="qwen3:14b", messages=HI, keep_alive="10h")  # only gpu-a has it
+    client.chat(model="llama3.2:3b", messages=HI, keep_alive=-1)  # only gpu-b, kept forever
+    raw = httpx.get(client._client.base_url.join("/api/ps")).json()  # type: ignore[attr-defined]
+    assert [(m["model"], m["provider"]) for m in raw["models"]] == [
+        ("llama3.2:3b", "gpu-b"), ("qwen3:14b", "gpu-a")]
+
+
 def test_list_is_the_union_of_providers(client: ollama.Client) -> None:
     names = sorted(m.model for m in client.list().models if m.model)
     assert names == ["llama3.2:3b", "qwen3:14b", "qwen3:8b"]
