@@ -30,7 +30,7 @@ from proxy.api.errors import (
 from proxy.api.wire import past_go_duration
 from proxy.core.context import unshifted_answer_cap
 from proxy.core.engine_errors import SERVER_BUSY, body_excerpt, callers_error, prompt_too_long
-from proxy.core.models import cloud_echo, model_key, split_source
+from proxy.core.models import cloud_echo, model_key, ollama_name_parts, split_source
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
 from proxy.service.routing import CLOUD, STATIC, Attempt, Attempts, CallOutcome, Refusal
@@ -533,7 +533,11 @@ def _as_asked(asked: object, attempt: Attempt) -> str:
         ref = split_source(asked)[0] if attempt.reads_source else asked
         for name in names:
             if model_key(ref) == model_key(name):
-                return asked if attempt.any_spelling else name
+                # (Before 0.15.5 the manifest is read under the name as spelled: the asked
+                # name when it is the same path, the parts Ollama fills in aside, as Ollama
+                # then echoes it; the provider's spelling when only the case differs.)
+                same_path = ollama_name_parts(ref) == ollama_name_parts(name)
+                return asked if attempt.any_spelling or same_path else name
     return names[0]
 
 
