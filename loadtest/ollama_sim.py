@@ -88,6 +88,26 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode()).digest()
 
 
+METRICS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+           "eval_count", "eval_duration")
+# api.GenerateResponse's fields in their order (api/types.go:891-930), as Go writes them:
+# the metrics come after the context, the tool calls after the metrics
+GENERATE_ORDER = ("model", "remote_model", "remote_host", "created_at", "response", "thinking",
+                  "done", "done_reason", "context", "total_duration", "load_duration",
+                  "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration",
+                  "tool_calls", "logprobs")
+
+
+def in_generate_order(answer: dict[str, Any]) -> dict[str, Any]:
+    ranked = {key: i for i, key in enumerate(GENERATE_ORDER)}
+    return dict(sorted(answer.items(), key=lambda item: ranked.get(item[0], len(ranked))))
+
+
+def context_tokens(count: int) -> list[int]:
+    """`count` token ids, as Tokenize gives them for a generate call's prompt and answer."""
+    return [1 + (i * 7919) % 151_000 for i in range(count)]
+
+
 def _error(message: str, status: int) -> Response:
     return _json({"error": message}, status)
 
@@ -338,6 +358,9 @@ class SimApp:
             keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         except ValueError as exc:
             return _error(str(exc), 400)
+        fields = sim_bindings.EMBEDDING_FIELDS if legacy else sim_bindings.EMBED_FIELDS
+        if wrong := sim_bindings.binding_error(fields, body):
+            return _error(wrong, 400)
         config = self.sim.config
         routed = sim_cloud.route(str(body.get("model") or ""), config.version, ())
         if isinstance(routed, sim_cloud.Refused):
@@ -514,6 +537,9 @@ class SimApp:
             elif key == "think" and (wrong := sim_bindings.think_error(value, version)):
                 return _error(wrong, 400)
         keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
+        fields = sim_bindings.CHAT_REQUEST_FIELDS if chat else sim_bindings.GENERATE_FIELDS
+        if wrong := sim_bindings.native_binding_error(fields, body, version):
+            return _error(wrong, 400)
         if wrong := sim_bindings.native_image_error(body, chat):
             return _error(wrong, 400)
         if wrong := sim_bindings.top_logprobs_error(body, version):
@@ -607,7 +633,11 @@ class SimApp:
                      sim.config.name, fitted.tokens, reply.tokens, runner.ctx)
         # A prompt cut to fit starts differently from what any slot holds.
         blocks = () if fitted.cut else tuple(prompt.blocks)
-        gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault, name)
+        # /api/generate answers the tokens of its whole prompt (BOS, any earlier context, not
+        # cut) and answer, none in raw mode (server/routes.go:712-719; v0.12.6 :537-544)
+        context = None if chat or body.get("raw") else prompt.total + 1
+        gen = self._generate(runner, fitted.tokens, blocks, reply, load_s, chat, fault, name,
+                             context, sim_bindings.logprobs_asked(body, version))
         if stream:
             return await self._stream(gen, request)
         return await self._collect(gen, chat, request)
@@ -649,6 +679,7 @@ class SimApp:
         text: list[str] = []
         thinking: list[str] = []
         calls: list[Any] = []
+        logprobs: list[Any] = []
 
         async def generate() -> str | None:
             """Runs the answer to its end; the engine's error, if any."""
@@ -662,6 +693,7 @@ class SimApp:
                     text.append(said["content"] if chat else said["response"])
                     thinking.append(said.get("thinking", ""))
                     calls.extend(said.get("tool_calls", ()))
+                    logprobs.extend(chunk.get("logprobs", ()))
                     final = chunk
             finally:
                 await gen.aclose()
@@ -687,7 +719,10 @@ class SimApp:
             said["thinking"] = "".join(thinking)
         if calls:
             said["tool_calls"] = calls
-        return _json(final)
+        if logprobs:  # after done_reason, before the metrics (api/types.go ChatResponse)
+            final = {**{k: v for k, v in final.items() if k not in METRICS},
+                     "logprobs": logprobs, **{k: v for k, v in final.items() if k in METRICS}}
+        return _json(final if chat else in_generate_order(final))
 
     async def _acquire(self, request: Request, model: SimModel, body: dict[str, Any],
                        keep_alive: float | None) -> tuple[Runner, float] | Response:
@@ -751,7 +786,7 @@ class SimApp:
             out["message"] = {"role": "assistant", "content": ""}
         else:
             out["response"] = ""
-        out.update({"done_reason": reason, "done": True})
+        out.update({"done": True, "done_reason": reason})  # api.ChatResponse's field order
         return out
 
     async def _load_only(self, request: Request, model: SimModel, body: dict[str, Any],
@@ -764,7 +799,8 @@ class SimApp:
 
     async def _generate(self, runner: Runner, prompt_tokens: int, blocks: tuple[Block, ...],
                         reply: Reply, load_s: float, chat: bool, fault: Fault | None,
-                        asked: str) -> AsyncGenerator[bytes, None]:
+                        asked: str, context: int | None = None, logprobs: int | None = None
+                        ) -> AsyncGenerator[bytes, None]:
         """The answer's chunks (the model as the call named it, as Ollama echoes req.Model),
         or an {"error"} line where llama-server died."""
         sim = self.sim
@@ -809,16 +845,19 @@ class SimApp:
                     if runner.crashed:  # another call's crash took the process down
                         yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
                         return
-                    yield self._chunk(asked, piece, chat)
+                    yield self._chunk(asked, piece, chat, logprobs)
             eval_s = time.perf_counter() - t1
             final: dict[str, Any] = {"model": asked, "created_at": _now_rfc3339()}
             if chat:
                 final["message"] = {"role": "assistant", "content": ""}
             else:
                 final["response"] = ""
+            # In Ollama's field order (api/types.go ChatResponse, GenerateResponse): done,
+            # done_reason, /api/generate's context, then the metrics, last
+            final.update({"done": True, "done_reason": reply.done_reason})
+            if context is not None:
+                final["context"] = context_tokens(context + reply.tokens)
             final.update({
-                "done_reason": reply.done_reason,
-                "done": True,
                 "total_duration": int((time.perf_counter() - started + load_s) * 1e9),
                 "load_duration": max(1, int(load_s * 1e9)),  # not the slot wait
                 "prompt_eval_count": reported_prompt_eval_count(sim.config.version,
@@ -827,8 +866,6 @@ class SimApp:
                 "eval_count": reply.tokens,
                 "eval_duration": int(eval_s * 1e9),
             })
-            if not chat:
-                final["context"] = [1, 2, 3]
             # The runner frees the sequence's slot, and its cache, before the final response
             # goes out (0.12.6 runner/llamarunner/runner.go:321-331 removeSequence; llama-server
             # releases the slot, then sends the final result): the client's next call finds it
@@ -847,9 +884,10 @@ class SimApp:
             sim.release(runner)
 
     @staticmethod
-    def _chunk(model: str, piece: Piece, chat: bool) -> bytes:
+    def _chunk(model: str, piece: Piece, chat: bool, logprobs: int | None = None) -> bytes:
         """A piece in Ollama's chunk: the message's (or /api/generate's) `content` (or
-        `response`), `thinking` or `tool_calls`, the text fields always present."""
+        `response`), `thinking` or `tool_calls`, the text fields always present; its tokens'
+        logprobs when asked (`logprobs`: how many alternatives)."""
         text = "content" if chat else "response"
         said: dict[str, Any] = {text: ""}
         said[text if piece.kind == "content" else piece.kind] = piece.value
@@ -859,7 +897,9 @@ class SimApp:
         else:
             chunk.update(said)
         chunk["done"] = False
-        return orjson.dumps(chunk) + b"\n"
+        if logprobs is not None:
+            chunk["logprobs"] = sim_output.piece_logprobs(piece, logprobs)
+        return orjson.dumps(chunk if chat else in_generate_order(chunk)) + b"\n"
 
 
 class SimServer(ThreadedServer):

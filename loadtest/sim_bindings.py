@@ -49,6 +49,23 @@ COMPLETION_FIELDS = ("CompletionRequest", {
 SHOW_FIELDS = ("ShowRequest", {"model": "string", "system": "string", "template": "string",
                                "verbose": "bool", "name": "string"})
 
+# The native requests' typed fields (api/types.go:62-180 GenerateRequest and ChatRequest,
+# 599-640 EmbedRequest and EmbeddingRequest), bound by each handler's ShouldBindJSON
+# (server/routes.go:248, 798, 1044, 2444); logprobs and top_logprobs from 0.12.11
+OPTIONS_KIND = "map[string]interface {}"
+GENERATE_FIELDS = ("GenerateRequest", {
+    "model": "string", "prompt": "string", "suffix": "string", "system": "string",
+    "template": "string", "stream": "bool", "raw": "bool", "truncate": "bool",
+    "shift": "bool", "options": OPTIONS_KIND, "logprobs": "bool", "top_logprobs": "int"})
+CHAT_REQUEST_FIELDS = ("ChatRequest", {
+    "model": "string", "messages": "[]api.Message", "stream": "bool", "truncate": "bool",
+    "shift": "bool", "options": OPTIONS_KIND, "logprobs": "bool", "top_logprobs": "int"})
+EMBED_FIELDS = ("EmbedRequest", {"model": "string", "truncate": "bool", "dimensions": "int",
+                                 "options": OPTIONS_KIND})
+EMBEDDING_FIELDS = ("EmbeddingRequest", {"model": "string", "prompt": "string",
+                                         "options": OPTIONS_KIND})
+LOGPROBS_SINCE = (0, 12, 11)
+
 MESSAGES_FIELDS = ("MessagesRequest", {
     "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
     "top_k": "int"})
@@ -147,6 +164,9 @@ def _misfit(value: Any, kind: str) -> str | None:
     int cannot hold (a fraction, an exponent, out of int64) "number" and its text."""
     if value is None:  # JSON null leaves a Go field as it is
         return None
+    if kind.startswith(("map[", "[]")):  # a map takes an object, a slice an array
+        fits = isinstance(value, dict) if kind.startswith("map[") else isinstance(value, list)
+        return None if fits else _json_kind(value)
     if isinstance(value, bool):
         return None if kind == "bool" else "bool"
     if isinstance(value, str):
@@ -162,6 +182,35 @@ def _misfit(value: Any, kind: str) -> str | None:
     else:
         return "number"
     return None if fits else f"number {value!r}"
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON kind UnmarshalTypeError names."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else "number"
+
+
+def logprobs_asked(body: dict[str, Any], version: str) -> int | None:
+    """How many alternatives a native call's logprobs take, None when it asks none (or
+    the version has none: before 0.12.11 the field is unknown)."""
+    if body.get("logprobs") is not True or version_tuple(version) < LOGPROBS_SINCE:
+        return None
+    top = body.get("top_logprobs")
+    return top if isinstance(top, int) and not isinstance(top, bool) else 0
+
+
+def native_binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any],
+                         version: str) -> str | None:
+    """binding_error for a native request, without the fields `version` has not got."""
+    struct, kinds = fields
+    if version_tuple(version) < LOGPROBS_SINCE:
+        kinds = {k: v for k, v in kinds.items() if k not in ("logprobs", "top_logprobs")}
+    return binding_error((struct, kinds), body)
 
 
 def binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any]) -> str | None:

@@ -44,6 +44,39 @@ class Piece:
     tokens: int = 1
 
 
+# Logprobs: from 0.12.11, each chunk carries its tokens' (server/logprob.go toAPILogprobs:
+# token, its UTF-8 bytes, logprob, and with top_logprobs that many alternatives, the chosen
+# first); a whole answer gathers them (server/routes.go:2391-2427)
+ALTERNATIVES = ("a", "the", "an", "this", "it", "so", "and", "or", "but", "if", "of", "to",
+                "in", "on", "at", "by", "for", "with", "as", "from")
+
+
+def _token_logprob(token: str, logprob: float) -> dict[str, Any]:
+    entry: dict[str, Any] = {"token": token, "logprob": logprob}
+    if token:  # `bytes` is omitempty
+        entry["bytes"] = list(token.encode())
+    return entry
+
+
+def piece_logprobs(piece: Piece, top: int) -> list[dict[str, Any]]:
+    """One entry per token of `piece` (its text split evenly), each with `top`
+    alternatives when asked, decided by the text alone."""
+    text = piece.value if isinstance(piece.value, str) else orjson.dumps(piece.value).decode()
+    count = max(1, piece.tokens)
+    step = math.ceil(len(text) / count) if text else 0
+    entries = []
+    for i in range(count):
+        token = text[i * step:(i + 1) * step]
+        logprob = -round(0.01 + (len(token) * 37 + i) % 23 / 10, 4)
+        entry = {**_token_logprob(token, logprob)}
+        if top > 0:
+            entry["top_logprobs"] = [_token_logprob(token, logprob)] + [
+                _token_logprob(alt, round(logprob - 1 - j, 4))
+                for j, alt in enumerate(ALTERNATIVES[:top - 1])]
+        entries.append(entry)
+    return entries
+
+
 @dataclass
 class Reply:
     pieces: list[Piece] = field(default_factory=list)

@@ -31,7 +31,7 @@ from proxy.api.errors import (
 from proxy.api.wire import past_go_duration
 from proxy.core.context import unshifted_answer_cap
 from proxy.core.engine_errors import SERVER_BUSY, body_excerpt, callers_error, prompt_too_long
-from proxy.core.models import cloud_echo, model_key, split_source
+from proxy.core.models import cloud_echo, model_key, ollama_name_parts, split_source
 from proxy.observability.logging import get_logger
 from proxy.ports import UpstreamError, UpstreamResponse
 from proxy.service.routing import CLOUD, STATIC, Attempt, Attempts, CallOutcome, Refusal
@@ -56,12 +56,18 @@ def attempt_headers(attempt: Attempt, model: str) -> dict[str, str]:
 
 
 CLOSING_KEYS = ("prompt_eval_count", "usage", "response", "error")
+# A count as a JSON key and its integer (a key inside a string has its quotes escaped)
+COUNT = re.compile(rb'(?<!\\)"(prompt_eval_count|prompt_eval_duration|eval_count|eval_duration'
+                   rb'|load_duration|total_duration|prompt_eval_cached_count|prompt_tokens'
+                   rb'|completion_tokens|input_tokens|output_tokens)":\s*(\d+)')
+USAGE_KEYS = (b"prompt_tokens", b"completion_tokens", b"input_tokens", b"output_tokens")
 
 
 def final_metrics(tail: bytes) -> dict[str, Any]:
     """The answer's closing figures: the last JSON object (an NDJSON line or an SSE `data:`
     event) that carries counts or an error. Anthropic's stream sends `message_stop` after
-    its counts, so the very last object is not always the one."""
+    its counts, so the very last object is not always the one. A closing line longer than
+    the tail comes cut at its start: its counts are read from what is left."""
     for line in reversed(tail.strip().split(b"\n")):
         line = line.removeprefix(b"data:").strip()
         if not line.startswith(b"{"):
@@ -70,7 +76,21 @@ def final_metrics(tail: bytes) -> dict[str, Any]:
             data = orjson.loads(line)
             if isinstance(data, dict) and any(key in data for key in CLOSING_KEYS):
                 return data
-    return {}
+    return counts_in_fragment(tail)
+
+
+def counts_in_fragment(fragment: bytes) -> dict[str, Any]:
+    """The counts of a closing object whose start is cut off, the last of each key, the
+    usage block's in `usage`. Ollama's longest closing line is a streamed /api/generate's:
+    its `context` (the tokens of the whole prompt and answer, server/routes.go:712-719) runs
+    to tens of kilobytes, and the metrics follow it (api/types.go:891-930 GenerateResponse);
+    a Responses stream's `response.completed` repeats the whole answer before its usage."""
+    found = {key: int(value) for key, value in COUNT.findall(fragment)}
+    usage = {key.decode(): found.pop(key) for key in USAGE_KEYS if key in found}
+    counts: dict[str, Any] = {key.decode(): value for key, value in found.items()}
+    if usage:
+        counts["usage"] = usage
+    return counts
 
 
 def _count(final: dict[str, Any], native: str, openai: str, anthropic: str) -> int | None:
@@ -542,7 +562,11 @@ def _as_asked(asked: object, attempt: Attempt) -> str:
         ref = split_source(asked)[0] if attempt.reads_source else asked
         for name in names:
             if model_key(ref) == model_key(name):
-                return asked if attempt.any_spelling else name
+                # (Before 0.15.5 the manifest is read under the name as spelled: the asked
+                # name when it is the same path, the parts Ollama fills in aside, as Ollama
+                # then echoes it; the provider's spelling when only the case differs.)
+                same_path = ollama_name_parts(ref) == ollama_name_parts(name)
+                return asked if attempt.any_spelling or same_path else name
     return names[0]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
@@ -227,6 +228,18 @@ def unix_time(stamp: Any) -> int:
         return 0
 
 
+def latest_first(entries: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
+    """`entries` as Ollama orders a list of its own: by the Unix second of their time
+    `field`, latest first, a stable sort (an unreadable time last), whatever time zone each
+    provider writes."""
+    def second(entry: dict[str, Any]) -> int:
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return int(parse_rfc3339(str(entry.get(field))))
+        return -(2 ** 63)
+
+    return sorted(entries, key=second, reverse=True)
+
+
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
@@ -414,14 +427,18 @@ class SidecarApi:
                                    for _, listed in gathered)
 
     async def tags(self, request: Request) -> Response:
-        return _json({"models": list((await self._provider_models()).values())})
+        # As each Ollama lists its own: the most recently modified first
+        # (server/model_list_cache.go:866-869; v0.12.6 server/routes.go:1219-1222)
+        return _json({"models": latest_first(list((await self._provider_models()).values()),
+                                             "modified_at")})
 
     async def ps(self, request: Request) -> Response:
         models = []
         for provider, listed in await self._gather(lambda c: c.ps(3.0)):
             for model in listed:
                 models.append({**model, "provider": provider})
-        return _json({"models": models})
+        # As each Ollama lists its own: the longest time left first (server/routes.go:2297-2300)
+        return _json({"models": latest_first(models, "expires_at")})
 
     def engine_version(self) -> Version:
         """The Ollama version whose first checks a body gets: the one the providers last

@@ -126,6 +126,14 @@ def effective(recorded: int, trained: int) -> int:
     return min(recorded, trained) if trained and recorded else recorded
 
 
+def kept(spare: int, generates: bool) -> str:
+    """What the tokens kept free beside a prompt are for, in a refusal's words: an
+    embedding keeps no room for an answer, only for its start and end tokens
+    (server/routes.go adjustTokenLimit)."""
+    return f"{spare} kept for the answer" if generates else \
+        f"{spare} for the input's start and end tokens"
+
+
 def reserve(context: int, answer_tokens: int, generates: bool = True, capped: bool = False,
             prompt_tokens: int = 0) -> int:
     """Tokens kept free beyond the prompt in a context of `context` tokens for an answer of

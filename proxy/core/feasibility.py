@@ -116,7 +116,7 @@ class Fitting:
             room = f"context {ctx} tokens" if window == ctx else \
                 f"the embedding batch of {window} tokens (context {ctx})"
             return (f"{room} cannot hold the prompt ({call.prompt_tokens} tokens "
-                    f"+ {spare} kept for the answer)")
+                    f"+ {context.kept(spare, call.generates)})")
         return None
 
     def copy_problem(self, index: ProviderIndex, model: str, recorded: int) -> str | None:

@@ -473,8 +473,9 @@ class _Planner:
         spare = context.reserve(largest_ctx, self.call.answer_tokens, self.call.generates,
                                 self.call.answer_capped, self.call.prompt_tokens)
         return "prompt-too-large", (
-            f"The prompt needs about {self.call.prompt_tokens} tokens (and {spare} kept for the "
-            f"answer) but the largest context any GPU gives an acceptable model is "
+            f"The prompt needs about {self.call.prompt_tokens} tokens (and "
+            f"{context.kept(spare, self.call.generates)}) but the largest context any GPU "
+            f"gives an acceptable model is "
             f"{largest_ctx} tokens; {advice}")
 
     def unsupported(self, model: str) -> Lack | None:

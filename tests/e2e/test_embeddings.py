@@ -124,6 +124,7 @@ def test_an_input_is_sized_against_the_batch_that_takes_it_whole(
     assert caught.value.status_code == 413
     said = caught.value.error
     assert "about 34" in said and "is 2048 tokens" in said and "one batch" in said, said
+    assert "answer" not in said and "2 for the input's start and end tokens" in said, said
     assert gpu.sim.stats.loads == 0
     assert len(client.embed(model=BGE.name, input=text, truncate=True).embeddings) == 1
     assert gpu.sim.stats.truncations == 1

@@ -51,6 +51,11 @@ def test_before_0_15_5_chat_gets_the_spelling_the_store_has(sim_factory: Sims,
     named = httpx.post(f"{url}/api/chat", timeout=30, json={
         "model": "Qwen3:8B", "messages": HI, "stream": False})
     assert named.headers["x-kubemoot-model"] == named.json()["model"] == "qwen3:8b"
+    # A spelling of the same path (Ollama fills in the host, namespace and tag) is sent, and
+    # echoed, as asked, as that Ollama answers it
+    for client in (ollama.Client(host=gpu.url), ollama.Client(host=url)):
+        assert client.chat(model="library/qwen3:8b", messages=HI).model == "library/qwen3:8b"
+        assert client.embed(model="nomic-embed-text", input="hi").model == "nomic-embed-text"
 
 
 @pytest.mark.parametrize("name", ["qwen3:", "qwen3:8b!", "/qwen3", "my.team/qwen3", "q" * 81])

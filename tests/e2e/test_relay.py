@@ -55,7 +55,65 @@ def test_chat_streams_chunk_by_chunk(client: ollama.Client) -> None:
 def test_generate_both_ways(client: ollama.Client) -> None:
     assert client.generate(model="qwen3:8b", prompt="hi").response.startswith("the answer")
     parts = list(client.generate(model="qwen3:8b", prompt="hi", stream=True))
-    assert parts[-1].done and parts[-1].context == [1, 2, 3]
+    assert parts[-1].done and parts[-1].context
+
+
+def test_generate_answers_the_tokens_of_its_prompt_and_answer_as_context(
+        client: ollama.Client) -> None:
+    """Ollama's `context` is Tokenize(prompt + answer), none in raw mode
+    (server/routes.go:712-719): a client that sends it back sends a longer prompt."""
+    first = client.generate(model="qwen3:8b", prompt="hi", think=False)
+    assert first.context and first.prompt_eval_count and first.eval_count
+    assert len(first.context) == first.prompt_eval_count + first.eval_count
+    second = client.generate(model="qwen3:8b", prompt="go on", context=first.context,
+                             think=False)
+    assert second.context and len(second.context) > len(first.context) + (second.eval_count or 0)
+    assert client.generate(model="qwen3:8b", prompt="hi", raw=True).context is None
+
+
+def test_a_streamed_answer_whose_last_line_outgrows_the_relays_tail_still_gives_its_counts(
+        client: ollama.Client) -> None:
+    """A streamed /api/generate ends with its `context` (the tokens of the whole prompt and
+    answer) and then its metrics, one line longer than the tail the relay keeps for a long
+    prompt: the engine's count still reaches the sidecar, whose estimate learns from it."""
+    prompt = "word " * 3000
+    base = client._client.base_url  # type: ignore[attr-defined]
+    ask = {"model": "qwen3:8b", "promptChars": len(prompt)}
+    guessed = httpx.get(base.join("/kubemoot/v1/explain"), params=ask).json()["promptTokens"]
+    parts = list(client.generate(model="qwen3:8b", prompt=prompt, stream=True, think=False,
+                                 options={"num_predict": 5}))
+    counted = parts[-1].prompt_eval_count
+    assert parts[-1].context and len(str(parts[-1].context)) > 8192 and counted
+    assert abs(guessed - counted) > 0.1 * counted  # the default ratio is off for this text
+    learnt = httpx.get(base.join("/kubemoot/v1/explain"), params=ask).json()["promptTokens"]
+    assert abs(learnt - counted) < 0.02 * counted
+
+
+def test_logprobs_come_with_each_token_as_ollama_gives_them(client: ollama.Client) -> None:
+    """From 0.12.11 a call asking `logprobs` gets each generated token's, with `top_logprobs`
+    alternatives (server/logprob.go), per chunk or gathered in a whole answer
+    (server/routes.go:2391-2427); through the sidecar as from Ollama."""
+    whole = client.chat(model="qwen3:8b", messages=HI, logprobs=True, top_logprobs=3)
+    assert whole.logprobs and len(whole.logprobs) == whole.eval_count
+    assert all(len(lp.top_logprobs or ()) == 3 for lp in whole.logprobs)
+    tokens = "".join(lp.token for lp in whole.logprobs)
+    assert tokens == (whole.message.thinking or "") + whole.message.content
+    parts = list(client.generate(model="qwen3:8b", prompt="hi", think=False, stream=True,
+                                 logprobs=True))
+    said = [part for part in parts if not part.done]
+    assert all(part.logprobs and part.logprobs[0].token == part.response for part in said)
+    assert not said[0].logprobs[0].top_logprobs  # type: ignore[index]
+    assert client.chat(model="qwen3:8b", messages=HI).logprobs is None
+
+
+def test_ps_lists_the_longest_time_left_first_across_providers(client: ollama.Client) -> None:
+    """Each Ollama lists its copies longest time left first (server/routes.go:2297-2300);
+    the union does too, whichever provider holds them."""
+    client.chat(model="qwen3:14b", messages=HI, keep_alive="10h")  # only gpu-a has it
+    client.chat(model="llama3.2:3b", messages=HI, keep_alive=-1)  # only gpu-b, kept forever
+    raw = httpx.get(client._client.base_url.join("/api/ps")).json()  # type: ignore[attr-defined]
+    assert [(m["model"], m["provider"]) for m in raw["models"]] == [
+        ("llama3.2:3b", "gpu-b"), ("qwen3:14b", "gpu-a")]
 
 
 def test_list_is_the_union_of_providers(client: ollama.Client) -> None:

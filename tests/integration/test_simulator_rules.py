@@ -561,6 +561,72 @@ def test_ollamas_first_checks_refuse_before_the_model_is_looked_up(
     assert sim.sim.stats.loads == 0
 
 
+def test_answers_keep_the_field_order_of_ollamas_structs(sim_factory: Sims) -> None:
+    """Go writes a struct's fields in their order (api/types.go:520-540 ChatResponse,
+    891-930 GenerateResponse): `done` before `done_reason`, and /api/generate's metrics
+    after its `context`, whose length is the whole prompt's and answer's tokens."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "options": {"num_predict": 3}})
+    final = orjson.loads(r.content.splitlines()[-1])
+    assert list(final) == ["model", "created_at", "response", "done", "done_reason", "context",
+                           "total_duration", "load_duration", "prompt_eval_count",
+                           "prompt_eval_duration", "eval_count", "eval_duration"]
+    assert len(final["context"]) == final["prompt_eval_count"] + final["eval_count"]
+    whole = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "stream": False}).json()
+    assert list(whole)[:6] == list(final)[:6]
+    r = chat(sim, "llama3.2:3b", "hi")
+    assert list(r.json())[2:5] == ["message", "done", "done_reason"]
+    loaded = httpx.post(f"{sim.url}/api/chat", json={"model": "llama3.2:3b"}, timeout=30).json()
+    assert list(loaded)[2:] == ["message", "done", "done_reason"]
+
+
+def go_misfit(value: str, struct: str, field: str, kind: str) -> str:
+    return f"json: cannot unmarshal {value} into Go struct field {struct}.{field} of type {kind}"
+
+
+@pytest.mark.parametrize(("version", "path", "body", "message"), [
+    ("0.33.0", "/api/chat", {"model": 5}, go_misfit("number", "ChatRequest", "model", "string")),
+    ("0.33.0", "/api/chat", {"stream": "yes"},
+     go_misfit("string", "ChatRequest", "stream", "bool")),
+    ("0.33.0", "/api/chat", {"messages": "hi"},
+     go_misfit("string", "ChatRequest", "messages", "[]api.Message")),
+    ("0.33.0", "/api/chat", {"options": []},
+     go_misfit("array", "ChatRequest", "options", "map[string]interface {}")),
+    ("0.33.0", "/api/generate", {"raw": 1}, go_misfit("number", "GenerateRequest", "raw", "bool")),
+    ("0.33.0", "/api/generate", {"prompt": ["x"], "system": 2},  # the first in the body
+     go_misfit("array", "GenerateRequest", "prompt", "string")),
+    ("0.33.0", "/api/generate", {"logprobs": "yes"},
+     go_misfit("string", "GenerateRequest", "logprobs", "bool")),
+    ("0.12.6", "/api/generate", {"logprobs": "yes"}, None),  # no such field before 0.12.11
+    ("0.33.0", "/api/generate", {"stream": None, "raw": None}, None),  # null leaves a field be
+    ("0.33.0", "/api/embed", {"model": 5},
+     go_misfit("number", "EmbedRequest", "model", "string")),
+    ("0.33.0", "/api/embed", {"dimensions": "8"},
+     go_misfit("string", "EmbedRequest", "dimensions", "int")),
+    ("0.33.0", "/api/embeddings", {"prompt": 3},
+     go_misfit("number", "EmbeddingRequest", "prompt", "string")),
+])
+def test_a_wrongly_typed_field_is_the_bindings_400(
+        sim_factory: Sims, version: str, path: str, body: dict[str, Any],
+        message: str | None) -> None:
+    """Each native handler's ShouldBindJSON (server/routes.go:248-254, 798-806, 1044-1050,
+    2444-2450) refuses a field its struct types otherwise (api/types.go:62-180, 599-640) with
+    encoding/json's first UnmarshalTypeError, before the model is looked up."""
+    sim = sim_factory("gpu", version=version, time_scale=SCALE)
+    model = "nomic-embed-text" if "embed" in path else "llama3.2:3b"
+    ask = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else \
+        {"input": "x"} if path == "/api/embed" else {"prompt": "x"}
+    r = httpx.post(f"{sim.url}{path}", json={"model": model, **ask, "stream": False, **body},
+                   timeout=30)
+    if message is None:
+        assert r.status_code == 200, r.text
+        return
+    assert (r.status_code, r.json()) == (400, {"error": message})
+    assert sim.sim.stats.loads == 0
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"stop": "\n"}, 'option "stop" must be of type array'),
     ({"stop": [1]}, 'option "stop" must be of an array of strings'),

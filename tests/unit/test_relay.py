@@ -434,6 +434,21 @@ def test_final_metrics_reads_the_last_line(tail: bytes, expected: int | None) ->
     assert final_metrics(tail).get("prompt_eval_count") == expected
 
 
+def test_the_counts_of_a_closing_line_cut_at_its_start_are_read_from_what_is_left() -> None:
+    """A streamed /api/generate's last line carries its `context` before the metrics; a long
+    one reaches final_metrics without its start. A count named inside a string is not one."""
+    cut = (b'9,151000,7],"total_duration":9,"prompt_eval_count":3755,"eval_count":5,'
+           b'"eval_duration":2}\n')
+    metrics = final_metrics(cut)
+    assert (prompt_tokens(metrics), answer_tokens(metrics)) == (3755, 5)
+    assert outcome_from(metrics, 0.0, True).answer_seconds == 2e-09
+    responses = b'ext \\"input_tokens\\":7","usage":{"input_tokens":30,"output_tokens":2}}}\n\n'
+    assert (prompt_tokens(final_metrics(responses)), answer_tokens(final_metrics(responses))) \
+        == (30, 2)
+    assert final_metrics(b'3,4,5,6') == {}
+    assert final_metrics(b'ords \\"eval_count\\":99 and"}],"done":false}\n') == {}
+
+
 def test_the_counts_are_found_before_anthropics_closing_event() -> None:
     tail = (b'event: message_delta\ndata: {"type":"message_delta","usage":{"input_tokens":12,'
             b'"output_tokens":5}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n')

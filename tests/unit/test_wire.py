@@ -186,3 +186,15 @@ def test_a_keep_alive_under_a_nanosecond_is_go_s_zero(keep_alive: Any, unloads: 
     parsed = wire.validate(wire.OllamaInference, {"model": "m", "keep_alive": keep_alive})
     assert wire.zero_keep_alive(parsed) is unloads
     assert (parse_keep_alive(keep_alive) == 0) is unloads  # and the simulator, as Ollama
+
+
+def test_a_union_is_listed_as_ollama_lists_its_own_latest_first() -> None:
+    """/api/tags by modified_at and /api/ps by expires_at, latest first by the second, a
+    stable sort (server/model_list_cache.go:866-869, server/routes.go:2297-2300), whatever
+    zone each provider writes its times in."""
+    from proxy.api.routes import latest_first
+    listed = [{"name": "a", "modified_at": "2026-05-01T10:00:00.5Z"},
+              {"name": "b", "modified_at": "2026-05-01T03:00:00.123456789-08:00"},  # 11:00 UTC
+              {"name": "c"},
+              {"name": "d", "modified_at": "2026-05-01T10:00:00.9Z"}]  # a's second: after it
+    assert [m["name"] for m in latest_first(listed, "modified_at")] == ["b", "a", "d", "c"]
