@@ -508,8 +508,9 @@ class SimApp:
         if texts is None or texts == []:
             return sim_dialects.error(request.url.path, "invalid input", 400)
         # (a version's layer passes on only the fields it has)
+        since = sim_bindings.OPENAI_EMBED_FIELDS
         native = {key: body[key] for key in ("model", "dimensions") if key in body and
-                  (key == "model" or not self._before(sim_bindings.EMBED_FIELDS[key][1]))}
+                  (key == "model" or not self._before(since[key][1]))}
         answer = await self._embed(request, native, [""] if texts == "" else texts,
                                    legacy=False)
         if isinstance(answer, Response):

@@ -550,15 +550,16 @@ def _parts_error(parts: Any, name: str, at: tuple[int, int, int]) -> str | None:
 # openai.EmbedRequest (openai/openai.go): `dimensions` from 0.11.11, `encoding_format` from
 # 0.12.7, which EmbeddingsMiddleware checks then too
 ENCODING_FORMAT_SINCE = (0, 12, 7)
-EMBED_FIELDS = {"dimensions": ("int", (0, 11, 11)),
-                "encoding_format": ("string", ENCODING_FORMAT_SINCE)}
+OPENAI_EMBED_FIELDS = {"dimensions": ("int", (0, 11, 11)),
+                       "encoding_format": ("string", ENCODING_FORMAT_SINCE)}
 
 
 def embed_binding_error(body: dict[str, Any], version: str) -> str | None:
     """EmbeddingsMiddleware's ShouldBindJSON: the version's typed fields."""
     at = version_tuple(version)
     return binding_error(("EmbedRequest", {key: kind for key, (kind, since) in
-                                           EMBED_FIELDS.items() if at >= since}), body)
+                                           OPENAI_EMBED_FIELDS.items() if at >= since}),
+                         body)
 
 
 def encoding_format_error(body: dict[str, Any]) -> str | None:

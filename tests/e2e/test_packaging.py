@@ -21,8 +21,8 @@ from loadtest.relay_bench import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATOR = {"__init__", "ollama_sim", "serving", "sim_audio", "sim_bindings", "sim_cache",
-             "sim_checks", "sim_cloud", "sim_dialects", "sim_engine", "sim_gpus", "sim_model",
-             "sim_output", "sim_sched"}
+             "sim_checks", "sim_cloud", "sim_dialects", "sim_engine", "sim_gojson", "sim_gpus",
+             "sim_model", "sim_output", "sim_sched"}
 
 
 def _setuptools_major() -> int:
