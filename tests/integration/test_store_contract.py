@@ -352,3 +352,25 @@ async def test_a_replay_ending_in_a_skipped_marker_ends(
         assert set(store.view(BINDINGS)) == {"k0", "k1", "k2"}
     finally:
         await store.close()
+
+
+async def test_a_bucket_of_only_delete_markers_is_replayed(
+        nats_server: NatsServer, marker_first: None) -> None:
+    """nats-py shows delete and purge markers as entries: the last, with nothing pending
+    after it, ends the replay even when the end marker came first."""
+    await empty_buckets(nats_server.url, [BINDINGS])
+    writer = NatsStore(NatsOptions(nats_server.url), BUCKETS)
+    await writer.start()
+    try:
+        for i in range(3):
+            await writer.put(BINDINGS, f"k{i}", b"{}")
+            await writer.delete(BINDINGS, f"k{i}")
+    finally:
+        await writer.close()
+    store = NatsStore(NatsOptions(nats_server.url, timeout_s=5), BUCKETS)
+    await store.start()
+    try:
+        assert await store.replayed(2)
+        assert store.view(BINDINGS) == {}
+    finally:
+        await store.close()
