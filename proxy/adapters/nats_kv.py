@@ -190,12 +190,14 @@ class ReplayEnd:
     whole replay. So a first None counts only if the bucket holds nothing; otherwise the
     replay ends at the entry with nothing pending after it. nats-py skips some messages
     (markers of a reason it does not know): when the replay's last is one, that entry
-    never comes, so a replay quiet for `quiet_s` has ended too (the server sends it
-    without pause)."""
+    never comes, so a replay quiet for `quiet_s` while the server is `reachable` has ended
+    too (the server sends it without pause; cut by an outage, it is not whole)."""
 
-    def __init__(self, holds_nothing: Callable[[], Awaitable[bool]], quiet_s: float) -> None:
+    def __init__(self, holds_nothing: Callable[[], Awaitable[bool]], quiet_s: float,
+                 reachable: Callable[[], bool] = lambda: True) -> None:
         self._holds_nothing = holds_nothing
         self._quiet_s = quiet_s
+        self._reachable = reachable
         self._seen = False
         self._quiet = False
         self._over = False
@@ -209,6 +211,8 @@ class ReplayEnd:
             except StopAsyncIteration:
                 return
             except TimeoutError:
+                if not self._reachable():
+                    continue
                 self._quiet, item = True, None
             yield item
 
@@ -473,7 +477,8 @@ class NatsStore:
         replayed = self._replayed[bucket]
         spec = next(s for s in self.buckets if s.name == bucket)
         woken = False  # an entry since the last bump wakes waiters: bump at the burst's end
-        end = ReplayEnd(lambda: self._holds_nothing(bucket), self.options.timeout_s)
+        end = ReplayEnd(lambda: self._holds_nothing(bucket), self.options.timeout_s,
+                        lambda: self._reachable)
         async for entry in end.items(watcher):
             if entry is not None:
                 woken = self._show(bucket, spec, entry, mirror, written_at, woken)

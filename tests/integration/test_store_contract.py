@@ -12,7 +12,7 @@ import pytest
 
 from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
-from proxy.adapters.nats_kv import NatsOptions, NatsStore, ensure_buckets
+from proxy.adapters.nats_kv import NatsOptions, NatsStore, ReplayEnd, ensure_buckets
 from proxy.ports import (
     BINDINGS,
     BUCKETS,
@@ -374,3 +374,30 @@ async def test_a_bucket_of_only_delete_markers_is_replayed(
         assert store.view(BINDINGS) == {}
     finally:
         await store.close()
+
+
+class _Stalled:
+    """A watch whose replay stopped coming (its connection lost)."""
+
+    def __aiter__(self) -> _Stalled:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_a_replay_cut_by_an_outage_does_not_end_as_quiet() -> None:
+    """Ended as quiet, the part replayed replaced the whole view seen before the outage
+    (the one placements use meanwhile): a replay goes quiet only while NATS is there."""
+    reachable = False
+
+    async def holds_nothing() -> bool:
+        return False
+
+    end = ReplayEnd(holds_nothing, 0.05, lambda: reachable)
+    item = asyncio.ensure_future(anext(end.items(_Stalled())))
+    await asyncio.sleep(0.3)  # six times as long as the replay may be quiet
+    assert not item.done()
+    reachable = True
+    assert await asyncio.wait_for(item, 1) is None
+    assert await end.at(None)
