@@ -19,7 +19,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -189,18 +189,42 @@ class ReplayEnd:
     but it asks the consumer what is pending only after subscribing: when the server has
     sent every entry already and none is handled yet, that None comes first, before the
     whole replay. So a first None counts only if the bucket holds nothing; otherwise the
-    replay ends at the entry with nothing pending after it."""
+    replay ends at the entry with nothing pending after it. nats-py skips some messages
+    (markers of a reason it does not know): when the replay's last is one, that entry
+    never comes, so a replay quiet for `quiet_s` while the server is `reachable` has ended
+    too (the server sends it without pause; cut by an outage, it is not whole)."""
 
-    def __init__(self, holds_nothing: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(self, holds_nothing: Callable[[], Awaitable[bool]], quiet_s: float,
+                 reachable: Callable[[], bool] = lambda: True) -> None:
         self._holds_nothing = holds_nothing
+        self._quiet_s = quiet_s
+        self._reachable = reachable
         self._seen = False
+        self._quiet = False
+        self._over = False
+
+    async def items(self, watcher: Any) -> AsyncIterator[Any]:
+        """The watch's items, and a None when its replay has gone quiet."""
+        while True:
+            try:
+                item = await (anext(watcher) if self._over else
+                              asyncio.wait_for(anext(watcher), self._quiet_s))
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if not self._reachable():
+                    continue
+                self._quiet, item = True, None
+            yield item
 
     async def at(self, entry: Any) -> bool:
         """Whether the replay ends with `entry` (a watch's next item, None the marker)."""
         if entry is None:
-            return self._seen or await self._holds_nothing()
-        self._seen = True
-        return bool(entry.delta == 0)
+            self._over = self._seen or self._quiet or await self._holds_nothing()
+        else:
+            self._seen = True
+            self._over = entry.delta == 0
+        return self._over
 
 
 def bucket_config(spec: BucketSpec, replicas: int = 1) -> KeyValueConfig:
@@ -495,8 +519,9 @@ class NatsStore:
         replayed = self._replayed[bucket]
         spec = next(s for s in self.buckets if s.name == bucket)
         woken = False  # an entry since the last bump wakes waiters: bump at the burst's end
-        end = ReplayEnd(lambda: self._holds_nothing(bucket))
-        async for entry in watcher:
+        end = ReplayEnd(lambda: self._holds_nothing(bucket), self.options.timeout_s,
+                        lambda: self._reachable)
+        async for entry in end.items(watcher):
             if entry is not None:
                 woken = self._show(bucket, spec, entry, mirror, written_at, woken)
             if not replayed.is_set() and await end.at(entry):
@@ -668,8 +693,8 @@ class NatsStore:
             watcher = await kv.watchall(inactive_threshold=WATCH_INACTIVE_S)
             try:
                 now = time.time()
-                end = ReplayEnd(lambda: self._holds_nothing(bucket))
-                async for entry in watcher:
+                end = ReplayEnd(lambda: self._holds_nothing(bucket), self.options.timeout_s)
+                async for entry in end.items(watcher):
                     if entry is not None and entry.operation in ("DEL", "PURGE") and \
                             now - _stamp(entry.created) > older_than_s:
                         old.append((entry.key, entry.revision))

@@ -222,12 +222,19 @@ RESPONSE_FAILED = b"event: response.failed"
 HEAD_BYTES = 4096
 
 
-def failed_message(final: dict[str, Any]) -> str:
-    """The message of a `response.failed` event's error."""
+# Its web search service's refusals (a sign-in, a rate limit) say nothing of the GPU, as
+# their 401 or 429 before a stream does not (writeWebSearchError's codes for them)
+SEARCH_REFUSALS = frozenset(("authentication_error", "rate_limit_exceeded"))
+
+
+def failed_error(final: dict[str, Any]) -> tuple[str, str]:
+    """The code and message of a `response.failed` event's error."""
     response = final.get("response")
     error = response.get("error") if isinstance(response, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return message if isinstance(message, str) else "no message"
+    error = error if isinstance(error, dict) else {}
+    code, message = error.get("code"), error.get("message")
+    return (code if isinstance(code, str) else "",
+            message if isinstance(message, str) else "no message")
 
 
 # The last line of an answer Ollama streams as NDJSON (`"done":true` inside a string would
@@ -358,9 +365,9 @@ class RelayStream(StreamingResponse):
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
             elif self._responses and RESPONSE_FAILED in self._tail:
                 # Ollama's own end of a failed Responses stream (its web search's): whole
-                self._ok = False
-                self._error = "provider reported the response failed: " + failed_message(
-                    self._final)
+                code, message = failed_error(self._final)
+                self._ok = code in SEARCH_REFUSALS
+                self._error = f"provider reported the response failed: {message}"
             elif self._last_mark and not self._answered:
                 # the agent must hear of the failure, and it is not a finished call (Ollama
                 # ends every stream with `"done":true` or its error line)

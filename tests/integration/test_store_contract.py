@@ -12,7 +12,7 @@ import pytest
 
 from loadtest.nats_server import NatsServer
 from proxy.adapters.memory_kv import MemoryStore
-from proxy.adapters.nats_kv import NatsOptions, NatsStore
+from proxy.adapters.nats_kv import NatsOptions, NatsStore, ReplayEnd, ensure_buckets
 from proxy.ports import (
     BINDINGS,
     BUCKETS,
@@ -304,3 +304,100 @@ async def test_an_empty_bucket_is_replayed_at_its_marker(
         assert await store.purge_deleted(BINDINGS, older_than_s=0) == 0
     finally:
         await store.close()
+
+
+async def _marker_nats_py_skips(url: str, key: str) -> None:
+    """A marker of a reason nats-py does not know (a newer server's): its watch skips it,
+    so a replay whose last message it is never shows its entry with nothing pending."""
+    client = await nats.connect(url)
+    try:
+        await ensure_buckets(client.jetstream(), BUCKETS)
+        await client.jetstream().publish(f"$KV.{BINDINGS}.{key}", b"",
+                                         headers={"Nats-Marker-Reason": "NewReason"})
+    finally:
+        await client.close()
+
+
+async def test_a_bucket_of_skipped_markers_is_replayed(nats_server: NatsServer) -> None:
+    """nats-py's end marker came first with nothing shown and the stream not empty: the
+    view waited for an entry that never comes, and the sidecar never counted NATS up."""
+    await empty_buckets(nats_server.url, [BINDINGS])
+    await _marker_nats_py_skips(nats_server.url, "k0")
+    store = NatsStore(NatsOptions(nats_server.url, timeout_s=0.5), BUCKETS)
+    await store.start()
+    try:
+        assert await store.replayed(2)
+        assert store.view(BINDINGS) == {}
+        assert await asyncio.wait_for(store.purge_deleted(BINDINGS, older_than_s=0), 2) == 0
+    finally:
+        await store.close()
+
+
+async def test_a_replay_ending_in_a_skipped_marker_ends(
+        nats_server: NatsServer, marker_first: None) -> None:
+    """Its end marker first, then entries all with more pending: the last was skipped."""
+    await empty_buckets(nats_server.url, [BINDINGS])
+    writer = NatsStore(NatsOptions(nats_server.url), BUCKETS)
+    await writer.start()
+    try:
+        for i in range(3):
+            await writer.put(BINDINGS, f"k{i}", b"{}")
+    finally:
+        await writer.close()
+    await _marker_nats_py_skips(nats_server.url, "k9")
+    store = NatsStore(NatsOptions(nats_server.url, timeout_s=0.5), BUCKETS)
+    await store.start()
+    try:
+        assert await store.replayed(2)
+        assert set(store.view(BINDINGS)) == {"k0", "k1", "k2"}
+    finally:
+        await store.close()
+
+
+async def test_a_bucket_of_only_delete_markers_is_replayed(
+        nats_server: NatsServer, marker_first: None) -> None:
+    """nats-py shows delete and purge markers as entries: the last, with nothing pending
+    after it, ends the replay even when the end marker came first."""
+    await empty_buckets(nats_server.url, [BINDINGS])
+    writer = NatsStore(NatsOptions(nats_server.url), BUCKETS)
+    await writer.start()
+    try:
+        for i in range(3):
+            await writer.put(BINDINGS, f"k{i}", b"{}")
+            await writer.delete(BINDINGS, f"k{i}")
+    finally:
+        await writer.close()
+    store = NatsStore(NatsOptions(nats_server.url, timeout_s=5), BUCKETS)
+    await store.start()
+    try:
+        assert await store.replayed(2)
+        assert store.view(BINDINGS) == {}
+    finally:
+        await store.close()
+
+
+class _Stalled:
+    """A watch whose replay stopped coming (its connection lost)."""
+
+    def __aiter__(self) -> _Stalled:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.Event().wait()
+
+
+async def test_a_replay_cut_by_an_outage_does_not_end_as_quiet() -> None:
+    """Ended as quiet, the part replayed replaced the whole view seen before the outage
+    (the one placements use meanwhile): a replay goes quiet only while NATS is there."""
+    reachable = False
+
+    async def holds_nothing() -> bool:
+        return False
+
+    end = ReplayEnd(holds_nothing, 0.05, lambda: reachable)
+    item = asyncio.ensure_future(anext(end.items(_Stalled())))
+    await asyncio.sleep(0.3)  # six times as long as the replay may be quiet
+    assert not item.done()
+    reachable = True
+    assert await asyncio.wait_for(item, 1) is None
+    assert await end.at(None)
