@@ -358,7 +358,7 @@ class SimApp:
             keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         except ValueError as exc:
             return _error(str(exc), 400)
-        fields = sim_bindings.EMBEDDING_FIELDS if legacy else sim_bindings.EMBED_FIELDS
+        fields = sim_bindings.EMBEDDING_FIELDS if legacy else sim_bindings.EMBED_REQUEST_FIELDS
         if wrong := sim_bindings.binding_error(fields, body):
             return _error(wrong, 400)
         config = self.sim.config
