@@ -502,11 +502,6 @@ def _function_call_error(item: dict[str, Any], at: tuple[int, int, int]) -> str 
     return f"failed to parse function call arguments: {wrong}"
 
 
-def _json_kind(value: Any) -> str:
-    return "string" if isinstance(value, str) else "bool" if isinstance(value, bool) else \
-        "array" if isinstance(value, list) else "object" if isinstance(value, dict) else "number"
-
-
 def _item_error(item: Any, at: tuple[int, int, int]) -> str | None:
     if not isinstance(item, dict):
         return (f"json: cannot unmarshal {_json_kind(item)} into Go value of type struct "
