@@ -358,8 +358,8 @@ class SimApp:
             keep_alive = sim_checks.parse_keep_alive(body.get("keep_alive"))
         except ValueError as exc:
             return _error(str(exc), 400)
-        fields = sim_bindings.EMBEDDING_FIELDS if legacy else sim_bindings.EMBED_FIELDS
-        if wrong := sim_bindings.binding_error(fields, body):
+        fields = sim_bindings.EMBEDDING_FIELDS if legacy else sim_bindings.EMBED_REQUEST_FIELDS
+        if wrong := sim_bindings.native_binding_error(fields, body, self.sim.config.version):
             return _error(wrong, 400)
         config = self.sim.config
         routed = sim_cloud.route(str(body.get("model") or ""), config.version, ())

@@ -60,11 +60,17 @@ GENERATE_FIELDS = ("GenerateRequest", {
 CHAT_REQUEST_FIELDS = ("ChatRequest", {
     "model": "string", "messages": "[]api.Message", "stream": "bool", "truncate": "bool",
     "shift": "bool", "options": OPTIONS_KIND, "logprobs": "bool", "top_logprobs": "int"})
-EMBED_FIELDS = ("EmbedRequest", {"model": "string", "truncate": "bool", "dimensions": "int",
-                                 "options": OPTIONS_KIND})
+# (not EMBED_FIELDS: that name is /v1/embeddings' own, below)
+EMBED_REQUEST_FIELDS = ("EmbedRequest", {"model": "string", "truncate": "bool",
+                                         "dimensions": "int", "options": OPTIONS_KIND})
 EMBEDDING_FIELDS = ("EmbeddingRequest", {"model": "string", "prompt": "string",
                                          "options": OPTIONS_KIND})
 LOGPROBS_SINCE = (0, 12, 11)
+# Typed fields a version has not got yet, which it ignores as any unknown key (api/types.go:
+# GenerateRequest's and ChatRequest's truncate and shift from 0.12.4, EmbedRequest's
+# dimensions from 0.11.11; its truncate is older than /api/embed)
+FIELDS_SINCE = {"logprobs": LOGPROBS_SINCE, "top_logprobs": LOGPROBS_SINCE,
+                "shift": (0, 12, 4), "truncate": (0, 12, 4), "dimensions": (0, 11, 11)}
 
 MESSAGES_FIELDS = ("MessagesRequest", {
     "max_tokens": "int", "stream": "bool", "temperature": "float64", "top_p": "float64",
@@ -208,8 +214,10 @@ def native_binding_error(fields: tuple[str, dict[str, str]], body: dict[str, Any
                          version: str) -> str | None:
     """binding_error for a native request, without the fields `version` has not got."""
     struct, kinds = fields
-    if version_tuple(version) < LOGPROBS_SINCE:
-        kinds = {k: v for k, v in kinds.items() if k not in ("logprobs", "top_logprobs")}
+    at = version_tuple(version)
+    kinds = {key: kind for key, kind in kinds.items()
+             if (struct, key) == ("EmbedRequest", "truncate")
+             or at >= FIELDS_SINCE.get(key, (0, 0, 0))}
     return binding_error((struct, kinds), body)
 
 
@@ -499,11 +507,6 @@ def _function_call_error(item: dict[str, Any], at: tuple[int, int, int]) -> str 
             if at >= ORDERED_ARGUMENTS_SINCE else \
             f"json: cannot unmarshal {kind} into Go value of type api.ToolCallFunctionArguments"
     return f"failed to parse function call arguments: {wrong}"
-
-
-def _json_kind(value: Any) -> str:
-    return "string" if isinstance(value, str) else "bool" if isinstance(value, bool) else \
-        "array" if isinstance(value, list) else "object" if isinstance(value, dict) else "number"
 
 
 def _item_error(item: Any, at: tuple[int, int, int]) -> str | None:

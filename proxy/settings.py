@@ -358,12 +358,14 @@ class Settings(BaseSettings):
             parse_listen(value)
         return value or None
 
-    @field_validator("listen")
+    @field_validator("listen", "namespace", "agent_name", mode="before")
     @classmethod
-    def _listen_given(cls, value: str | None) -> str:
-        # Empty is unset for the optional ops listener; the API's own needs an address.
-        if not value:
-            raise ValueError("expected host:port (like 127.0.0.1:11434), got ''")
+    def _empty_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        # A manifest's `value: ""` (an unset chart value) means unset, as for the other
+        # settings: the default, not a refusal (nor an empty identity or address).
+        if isinstance(value, str) and not value.strip():
+            field = cls.model_fields[str(info.field_name)]
+            return field.get_default(call_default_factory=True)
         return value
 
     @field_validator("nats_password")

@@ -56,10 +56,12 @@ def attempt_headers(attempt: Attempt, model: str) -> dict[str, str]:
 
 
 CLOSING_KEYS = ("prompt_eval_count", "usage", "response", "error")
-# A count as a JSON key and its integer (a key inside a string has its quotes escaped)
-COUNT = re.compile(rb'(?<!\\)"(prompt_eval_count|prompt_eval_duration|eval_count|eval_duration'
-                   rb'|load_duration|total_duration|prompt_eval_cached_count|prompt_tokens'
-                   rb'|completion_tokens|input_tokens|output_tokens)":\s*(\d+)')
+# A count as a JSON key and its integer, or a `usage` block's start. A key inside a string has
+# its quotes escaped, so a match is a key (outside any string): a scan from it reads the JSON.
+COUNT = re.compile(rb'(?<!\\)"(?:(prompt_eval_count|prompt_eval_duration|eval_count'
+                   rb'|eval_duration|load_duration|total_duration|prompt_eval_cached_count'
+                   rb'|prompt_tokens|completion_tokens|input_tokens|output_tokens)":\s*(\d+)'
+                   rb'|(usage)":\s*(?=\{))')
 USAGE_KEYS = (b"prompt_tokens", b"completion_tokens", b"input_tokens", b"output_tokens")
 
 
@@ -76,18 +78,52 @@ def final_metrics(tail: bytes) -> dict[str, Any]:
             data = orjson.loads(line)
             if isinstance(data, dict) and any(key in data for key in CLOSING_KEYS):
                 return data
-    return counts_in_fragment(tail)
+    for line in reversed(tail.strip().split(b"\n")):
+        if counts := counts_in_fragment(line.removeprefix(b"data:").strip()):
+            return counts
+    return {}
 
 
-def counts_in_fragment(fragment: bytes) -> dict[str, Any]:
-    """The counts of a closing object whose start is cut off, the last of each key, the
-    usage block's in `usage`. Ollama's longest closing line is a streamed /api/generate's:
-    its `context` (the tokens of the whole prompt and answer, server/routes.go:712-719) runs
-    to tens of kilobytes, and the metrics follow it (api/types.go:891-930 GenerateResponse);
-    a Responses stream's `response.completed` repeats the whole answer before its usage."""
-    found = {key: int(value) for key, value in COUNT.findall(fragment)}
-    usage = {key.decode(): found.pop(key) for key in USAGE_KEYS if key in found}
-    counts: dict[str, Any] = {key.decode(): value for key, value in found.items()}
+def counts_in_fragment(line: bytes) -> dict[str, Any]:
+    """The counts of a closing object whose start is cut off: Ollama's own in the object
+    itself, OpenAI's and Anthropic's in a `usage` block (the last of each), not a key of the
+    same name deeper in (a tool call's arguments, a tool's schema). Ollama's longest closing
+    line is a streamed /api/generate's: its `context` (the tokens of the whole prompt and
+    answer, server/routes.go:712-719) runs to tens of kilobytes, the metrics follow it and
+    the tool calls a built-in parser found follow them (api/types.go:891-930
+    GenerateResponse); a Responses stream's `response.completed` repeats the whole answer
+    before its usage."""
+    marks = {m.start(): m for m in COUNT.finditer(line)}
+    if not marks or not line.endswith(b"}"):
+        return {}
+    seen = []  # (key, count, depth, directly in a usage block)
+    depth, usage_depths, usage_next = 0, set(), False
+    in_string = escaped = False
+    for i in range(min(marks), len(line)):
+        c = line[i]
+        if in_string:
+            in_string, escaped = escaped or c != 0x22, not escaped and c == 0x5C
+            continue
+        if (m := marks.get(i)) is not None:
+            usage_next = m[3] is not None
+            if m[1] is not None:
+                seen.append((m[1].decode(), int(m[2]), depth, depth in usage_depths))
+        if c == 0x22:
+            in_string = True
+        elif c in b"{[":
+            depth += 1
+            if usage_next and c == 0x7B:
+                usage_depths.add(depth)
+            usage_next = False
+        elif c in b"}]":
+            usage_depths.discard(depth)
+            depth -= 1
+    top = depth + 1  # the depth of the object the line's last brace closes
+    counts: dict[str, Any] = {key: n for key, n, at, _ in seen
+                              if at == top and key.encode() not in USAGE_KEYS}
+    # (a usage block is the object's own, or its `response`'s or `message`'s)
+    usage = {key: n for key, n, at, in_usage in seen
+             if in_usage and key.encode() in USAGE_KEYS and at - top in (1, 2)}
     if usage:
         counts["usage"] = usage
     return counts

@@ -600,6 +600,10 @@ def go_misfit(value: str, struct: str, field: str, kind: str) -> str:
     ("0.33.0", "/api/generate", {"logprobs": "yes"},
      go_misfit("string", "GenerateRequest", "logprobs", "bool")),
     ("0.12.6", "/api/generate", {"logprobs": "yes"}, None),  # no such field before 0.12.11
+    ("0.12.3", "/api/chat", {"truncate": "no", "shift": 1}, None),  # nor these before 0.12.4
+    ("0.11.10", "/api/embed", {"dimensions": "8"}, None),  # nor this before 0.11.11
+    ("0.11.10", "/api/embed", {"truncate": "no"},
+     go_misfit("string", "EmbedRequest", "truncate", "bool")),
     ("0.33.0", "/api/generate", {"stream": None, "raw": None}, None),  # null leaves a field be
     ("0.33.0", "/api/embed", {"model": 5},
      go_misfit("number", "EmbedRequest", "model", "string")),

@@ -449,6 +449,23 @@ def test_the_counts_of_a_closing_line_cut_at_its_start_are_read_from_what_is_lef
     assert final_metrics(b'ords \\"eval_count\\":99 and"}],"done":false}\n') == {}
 
 
+def test_a_cut_closing_line_counts_only_its_own_figures_not_a_tool_calls() -> None:
+    """A streamed /api/generate's done line carries the tool calls a built-in parser found
+    after its metrics (api/types.go GenerateResponse: Metrics, then ToolCalls; server/
+    routes.go GenerateHandler sets them on the done chunk), their arguments a JSON object."""
+    cut = (b'9,151000,7],"total_duration":9,"prompt_eval_count":3755,"eval_count":5,'
+           b'"eval_duration":2,"tool_calls":[{"function":{"name":"report","arguments":'
+           b'{"eval_count":3,"prompt_eval_count":1,"usage":{"input_tokens":8}}}}]}\n')
+    metrics = final_metrics(cut)
+    assert (prompt_tokens(metrics), answer_tokens(metrics)) == (3755, 5)
+    assert "usage" not in metrics
+    # the usage block of a Responses stream's closing event, nested in its `response`
+    responses = (b'ls":[]}],"usage":{"input_tokens":30,"input_tokens_details":{"cached_tokens"'
+                 b':0},"output_tokens":2},"tools":[{"parameters":{"output_tokens":1}}]}}\n\n')
+    assert (prompt_tokens(final_metrics(responses)), answer_tokens(final_metrics(responses))) \
+        == (30, 2)
+
+
 def test_the_counts_are_found_before_anthropics_closing_event() -> None:
     tail = (b'event: message_delta\ndata: {"type":"message_delta","usage":{"input_tokens":12,'
             b'"output_tokens":5}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n')
