@@ -60,7 +60,6 @@ GENERATE_FIELDS = ("GenerateRequest", {
 CHAT_REQUEST_FIELDS = ("ChatRequest", {
     "model": "string", "messages": "[]api.Message", "stream": "bool", "truncate": "bool",
     "shift": "bool", "options": OPTIONS_KIND, "logprobs": "bool", "top_logprobs": "int"})
-# (not EMBED_FIELDS: that name is /v1/embeddings' own, below)
 EMBED_REQUEST_FIELDS = ("EmbedRequest", {"model": "string", "truncate": "bool",
                                          "dimensions": "int", "options": OPTIONS_KIND})
 EMBEDDING_FIELDS = ("EmbeddingRequest", {"model": "string", "prompt": "string",
