@@ -176,10 +176,10 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
                      tickets)
     local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds, clock=clock)
     holder = f"{settings.namespace}/{settings.agent_name}"
-    demand = DemandBoard(store, holder, clock)
+    demand = DemandBoard(store, holder, clock, crew=settings.crew or "")
     claims = Claims(tickets=tickets, local_tickets=local_tickets, view=view,
                     providers=tuple(settings.providers), prober=prober, metrics=metrics,
-                    holder=holder, clock=clock)
+                    holder=holder, clock=clock, crew=settings.crew or "")
     evictions = Evictions(clients=pool.clients, claims=claims, view=view,
                           providers=tuple(settings.providers), metrics=metrics, clock=clock)
     experience = Experience(pool.clients)

@@ -286,6 +286,7 @@ class KubemootApi:
             "tickets": [{"id": t.ticket_id, "provider": t.provider, "model": t.model,
                          "footprintMiB": t.footprint_mib, "cold": t.cold,
                          "evicts": dict(t.evicts), "holder": t.holder,
+                         **({"crew": t.crew} if t.crew else {}),
                          "expiresIn_s": round(t.expires_at - snap.now, 1)}
                         for t in snap.tickets],
             "demand": {m: {"waiters": d.waiters, "intents": d.intents,

@@ -129,6 +129,7 @@ class Ticket:
     cold: bool = False  # claimed to load the model (full occupancy), not to share a copy
     evicts: Mapping[str, int] = field(default_factory=dict)  # planned victims: model -> MiB
     holder: str = ""
+    crew: str = ""  # the holder's crew (KUBEMOOT_CREW), for the operator reading the book
     context: int = 0  # num_ctx of the copy it loads or joins, as Ollama records it; 0 unknown
     estimate_mib: int = 0  # a load: Ollama's own estimate of it (its admission rule reads it)
     plan: bool = False  # held for a plan made at selection, not yet a call

@@ -74,7 +74,7 @@ def recheck_after_s(placement: Placement, state: LoadState) -> float:
 class Claims:
     def __init__(self, *, tickets: TicketBook, local_tickets: TicketBook, view: StateView,
                  providers: tuple[ProviderConfig, ...], prober: Prober, metrics: Metrics,
-                 holder: str, clock: Clock) -> None:
+                 holder: str, clock: Clock, crew: str = "") -> None:
         self.tickets = tickets
         self.local_tickets = local_tickets
         self.view = view
@@ -82,6 +82,7 @@ class Claims:
         self.prober = prober
         self.metrics = metrics
         self.holder = holder
+        self.crew = crew
         self.clock = clock
         # Ticket ids: a random per-process prefix and a counter, unique across sidecars
         # without a getrandom() call per ticket.
@@ -102,7 +103,7 @@ class Claims:
             placement.footprint_mib,
             cold=placement.loads, evicts=dict(placement.evicts), holder=self.holder,
             context=placement.num_ctx, estimate_mib=placement.estimate_mib, plan=plan,
-            beside_mib=placement.beside_mib)
+            beside_mib=placement.beside_mib, crew=self.crew)
         self._pending[ticket.ticket_id] = ticket
         return ticket
 

@@ -191,6 +191,7 @@ def encode_ticket_set(tickets: TicketSet) -> bytes:
         "tickets": {tid: {"model": t.model, "mib": t.footprint_mib, "cold": t.cold,
                           "evicts": dict(t.evicts), "holder": t.holder,
                           "started": t.started_at, "exp": t.expires_at,
+                          **({"crew": t.crew} if t.crew else {}),
                           **({"ctx": t.context} if t.context else {}),
                           **({"est": t.estimate_mib} if t.estimate_mib else {}),
                           **({"beside": t.beside_mib} if t.beside_mib else {}),
@@ -230,7 +231,8 @@ def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
         tid: Ticket(tid, provider, str(t["model"]), int(t["mib"]), float(t["started"]),
                     _expiry(t), cold=bool(t.get("cold")),
                     evicts={str(k): int(v) for k, v in (t.get("evicts") or {}).items()},
-                    holder=str(t.get("holder", "")), context=int(t.get("ctx") or 0),
+                    holder=str(t.get("holder", "")), crew=str(t.get("crew") or ""),
+                    context=int(t.get("ctx") or 0),
                     estimate_mib=int(t.get("est") or 0), plan=bool(t.get("plan")),
                     beside_mib=int(t.get("beside") or 0))
         for tid, t in (d.get("tickets") or {}).items()

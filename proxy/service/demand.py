@@ -134,9 +134,10 @@ class WaitEntry:
 
 class DemandBoard:
     def __init__(self, store: StateStore, agent_id: str,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, crew: str = "") -> None:
         self.store = store
         self.agent = escape_key(agent_id)
+        self.crew = {"crew": crew} if crew else {}  # said in each entry, for the operator
         self.clock = clock
         self._decoded: dict[str, tuple[int, dict[str, Any]]] = {}
         self._unwritten_use: dict[str, int] = {}
@@ -163,7 +164,7 @@ class DemandBoard:
     async def _put(self, key: str, value: dict[str, object]) -> None:
         # Demand only orders victims; losing a write is harmless.
         with contextlib.suppress(StoreUnavailable):
-            await self.store.put(MODEL_DEMAND, key, orjson.dumps(value))
+            await self.store.put(MODEL_DEMAND, key, orjson.dumps({**value, **self.crew}))
 
     async def _drop(self, key: str) -> None:
         with contextlib.suppress(StoreUnavailable):

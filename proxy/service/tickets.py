@@ -270,10 +270,11 @@ class TicketBook:
 
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
                    cold: bool, evicts: dict[str, int], holder: str, context: int = 0,
-                   estimate_mib: int = 0, plan: bool = False, beside_mib: int = 0) -> Ticket:
+                   estimate_mib: int = 0, plan: bool = False, beside_mib: int = 0,
+                   crew: str = "") -> Ticket:
         now = self.clock.now()
         return Ticket(ticket_id, provider, model, footprint_mib, now, now + self.ttl_s,
-                      cold=cold, evicts=evicts, holder=holder, context=context,
+                      cold=cold, evicts=evicts, holder=holder, crew=crew, context=context,
                       estimate_mib=estimate_mib, plan=plan, beside_mib=beside_mib)
 
     async def claim(self, ticket: Ticket, view: ProviderView, needs_free_slot: bool = False

@@ -764,6 +764,20 @@ def test_a_call_longer_than_the_ticket_ttl_keeps_its_ticket(sim_factory: Sims,
     assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["tickets"])
 
 
+def test_a_ticket_names_its_holders_crew_in_every_sidecars_book(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_url: str) -> None:
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    crewed = sidecar_factory([gpu], nats_url=nats_url, agent_name="one", crew="pilot").url
+    other = sidecar_factory([gpu], nats_url=nats_url, agent_name="two").url
+    leave = threading.Event()
+    streaming = stream_in_background(crewed, "qwen3:8b", 2000, threading.Event(), leave)
+    seen = lambda: httpx.get(f"{other}/kubemoot/v1/state").json()["tickets"]  # noqa: E731
+    assert eventually(lambda: [(t["holder"], t.get("crew")) for t in seen()] == [
+        ("default/one", "pilot")]), seen()
+    leave.set()
+    streaming.join(20)
+
+
 class SlowWrites(MemoryStore):
     """The embedded store with a round trip on every write, as NATS has."""
 

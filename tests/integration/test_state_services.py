@@ -74,6 +74,19 @@ async def test_demand_counts_waiters_intents_use_and_prediction() -> None:
     assert a.view()["qwen3:8b"].intents == 0
 
 
+async def test_every_demand_entry_names_the_crew_of_its_agent_when_it_has_one() -> None:
+    store, clock = MemoryStore(), Clock()
+    crewed = DemandBoard(store, "ns/a", clock, crew="homelab-pilot")
+    alone = DemandBoard(store, "ns/b", clock)
+    await crewed.waiting("qwen3:14b")
+    await crewed.intend("qwen3:8b")
+    await alone.intend("qwen3:8b")
+    entries = store.view(MODEL_DEMAND).items()
+    crews = {agent: [orjson.loads(e.value).get("crew") for key, e in entries
+                     if escape_key(agent) in key] for agent in ("ns/a", "ns/b")}
+    assert crews == {"ns/a": ["homelab-pilot", "homelab-pilot"], "ns/b": [None]}
+
+
 async def test_each_waiting_call_has_its_own_entry_carrying_its_turn() -> None:
     store, clock = MemoryStore(), Clock()
     a = DemandBoard(store, "crew/a", clock)
