@@ -40,9 +40,11 @@ from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import (
     INPUT_TOO_LONG,
+    PARSE_ERROR,
     call_num_keep,
     embedding_refusal,
     embedding_too_long,
+    parse_error_holds_slot,
     reported_prompt_eval_count,
     version_tuple,
 )
@@ -832,6 +834,12 @@ class SimApp:
                     if fault and fault.mode == "midstream" and i == fault.after_chunks:
                         sim.crash(runner)
                         yield orjson.dumps({"error": RUNNER_DIED}) + b"\n"
+                        return
+                    if fault and fault.mode == "parser" and i == fault.after_chunks:
+                        if parse_error_holds_slot(sim.config.version):
+                            acquired = False  # the blocked callback keeps it
+                            sim.stats.wedged_slots += 1
+                        yield orjson.dumps({"error": PARSE_ERROR}) + b"\n"
                         return
                     if fault and fault.mode == "stall" and i == fault.after_chunks:
                         await asyncio.sleep(fault.delay_s)  # a hung runner: silence, then on

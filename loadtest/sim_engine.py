@@ -25,6 +25,9 @@ PROMPT_TOO_LONG = ("the prompt is longer than the context length currently avail
 INPUT_TOO_LONG = "the input length exceeds the context length"
 NO_EMBEDDING_SERVER = "This server does not support embeddings. Start it with `--embeddings`"
 NO_EMBEDDING_MODEL = "this model does not support embeddings"
+# What the qwen3.5 parser says of a tool call whose <parameter> is closed by </function>
+# (model/parsers/qwen3coder.go:233-238 parseToolCall: encoding/xml's error)
+PARSE_ERROR = "XML syntax error on line 5: element <parameter> closed by </function>"
 DEFAULT_EMBEDDING_BATCH = 2048  # llm/llama_server.go:78
 LAST_POOLING = 3  # llama.cpp's LLAMA_POOLING_TYPE_LAST
 NUM_KEEP = 4  # api.DefaultOptions NumKeep
@@ -330,3 +333,14 @@ def reported_prompt_eval_count(version: str, total: int, cached: int) -> int:
     prompt again (llm/llama_server.go:1511-1513 at HEAD). prompt_eval_duration is always the
     time spent evaluating (prompt_ms; processingDuration)."""
     return total - cached if version_tuple(version)[:3] == (0, 30, 0) else total
+
+
+def parse_error_holds_slot(version: str) -> bool:
+    """Before 0.32.15 a built-in parser's error mid-stream leaks the call's slot: the
+    callback writes the error to an unbuffered channel, the handler answers it and returns
+    (the scheduler's ref goes, server/sched.go:747-749), and the next chunk's callback blocks
+    on that channel for good, so Completion never releases llama-server's semaphore
+    (llm/llama_server.go:1536-1542 at v0.32.14): one slot fewer until the copy unloads.
+    From 0.32.15 the completion is cancelled and the error reported after it returns
+    (commit e0c95a5ff, server/routes.go ChatHandler and GenerateHandler)."""
+    return version_tuple(version) < (0, 32, 15)

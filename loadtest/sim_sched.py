@@ -153,8 +153,10 @@ class Runner:
 
 @dataclass
 class Fault:
-    # midstream: llama-server dies after `after_chunks` pieces (the runner with it)
-    mode: str = "none"  # none | error | midstream | stall | slow_first_byte | oom
+    # midstream: llama-server dies after `after_chunks` pieces (the runner with it);
+    # parser: the model's built-in parser rejects piece `after_chunks` (sim_engine.py
+    # parse_error_holds_slot: before 0.32.15 its slot stays taken)
+    mode: str = "none"  # none | error | midstream | parser | stall | slow_first_byte | oom
     count: int = 0  # how many more requests it hits; -1 forever
     status: int = 500
     after_chunks: int = 2
@@ -169,6 +171,7 @@ class Stats:
     unloads: int = 0
     reloads: int = 0  # copies Ollama reloaded because a call's load options differed
     crashes: int = 0  # runners whose llama-server died under a call (the midstream fault)
+    wedged_slots: int = 0  # slots a parser error left taken (the parser fault, before 0.32.15)
     self_evictions: int = 0  # models Ollama unloaded itself to load another
     spills: int = 0  # copies loaded partly into CPU memory
     oom_events: int = 0

@@ -16,7 +16,12 @@ import orjson
 import pytest
 
 from loadtest.ollama_sim import SimServer
-from loadtest.sim_engine import INPUT_TOO_LONG, PROMPT_TOO_LONG, commits_before_read
+from loadtest.sim_engine import (
+    INPUT_TOO_LONG,
+    PARSE_ERROR,
+    PROMPT_TOO_LONG,
+    commits_before_read,
+)
 from loadtest.sim_model import CATALOG
 from proxy.adapters.ollama import OllamaClient
 from proxy.ports import UpstreamError
@@ -720,6 +725,25 @@ def test_a_runner_that_dies_mid_stream_ends_it_with_ollamas_error_line(
     assert "llama3.2:3b" in ps(sim)
     assert chat(sim, "llama3.2:3b", "hi").status_code == 200
     assert sim.sim.stats.loads == 2 and sim.sim.stats.reloads == 0
+
+
+@pytest.mark.parametrize(("version", "wedged"), [("0.32.14", True), ("0.32.15", False)])
+def test_a_parser_error_mid_stream_holds_its_slot_before_0_32_15(
+        sim_factory: Sims, version: str, wedged: bool) -> None:
+    """Commit e0c95a5ff (0.32.15): before it the callback blocked on the next chunk and
+    Completion kept llama-server's semaphore (llm/llama_server.go:1536-1542), while the
+    scheduler's ref went with the request (server/sched.go:747-749): the copy's one slot
+    stays taken and the next call waits for good."""
+    sim = sim_factory("gpu", num_parallel=1, version=version, time_scale=SCALE)
+    load(sim, "llama3.2:3b")
+    httpx.post(f"{sim.url}/_sim/fault", json={"mode": "parser", "count": 1, "after_chunks": 1})
+    r = chat(sim, "llama3.2:3b", "hi")
+    assert (r.status_code, r.json()) == (500, {"error": PARSE_ERROR})
+    runner = sim.sim.runners["llama3.2:3b"]
+    assert eventually(lambda: runner.refcount == 0)
+    assert runner.slots.locked() is wedged and sim.sim.stats.wedged_slots == int(wedged)
+    if not wedged:
+        assert chat(sim, "llama3.2:3b", "again").status_code == 200
 
 
 def test_a_non_streamed_call_whose_runner_dies_is_a_json_500(sim_factory: Sims) -> None:
