@@ -342,6 +342,7 @@ class RelayStream(StreamingResponse):
         self._final: dict[str, Any] = {}
         self._ok = False
         self._error: str | None = "client disconnected"
+        self._engine_failed = False
         self._settled = False
         super().__init__(self._relay(), headers=headers,
                          media_type=upstream.content_type or NDJSON)
@@ -398,6 +399,7 @@ class RelayStream(StreamingResponse):
             closing = b""
             if "error" in self._final:  # Ollama ends a failed stream this way
                 self._ok = False
+                self._engine_failed = True
                 self._error = f"provider reported an error mid-stream: {self._final['error']}"
             elif self._responses and RESPONSE_FAILED in self._tail:
                 # Ollama's own end of a failed Responses stream (its web search's): whole
@@ -408,6 +410,7 @@ class RelayStream(StreamingResponse):
                 # the agent must hear of the failure, and it is not a finished call (Ollama
                 # ends every stream with `"done":true` or its error line)
                 self._ok = False
+                self._engine_failed = True
                 self._error = (f"provider {self.attempt.provider} ended the stream without "
                                f"{self._last_mark.decode().removeprefix('data: ')}: the "
                                "engine failed mid-answer")
@@ -477,6 +480,7 @@ class RelayStream(StreamingResponse):
         outcome = outcome_from(self._final, self.started, self._ok, self._error,
                                answer_calls_tool(self._tail, self._called_tools)
                                if self._watch else None)
+        outcome = replace(outcome, engine_failed=self._engine_failed)
         try:
             await self.attempts.settle(replace(outcome, client_left=True) if client_left
                                        else outcome)
@@ -763,9 +767,10 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     headers = attempt_headers(attempt, cloud_echo(sent) if attempt.placement == CLOUD and
                               attempt.reads_source else sent)
 
-    def failed(cause: str, healthy: bool = False, answer: Response | None = None
-               ) -> Unanswered:
-        outcome = CallOutcome(healthy, time.perf_counter() - started, error=cause, began=False)
+    def failed(cause: str, healthy: bool = False, answer: Response | None = None,
+               engine: bool = False) -> Unanswered:
+        outcome = CallOutcome(healthy, time.perf_counter() - started, error=cause, began=False,
+                              engine_failed=engine)
         return Unanswered(outcome, answer or error_response(
             502, "upstream-failed", f"provider {attempt.provider} failed before answering: "
             f"{cause}", attempt.model, dialect=dialect))
@@ -838,7 +843,8 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
     if upstream.status_code >= 500 and counted is None and not callers:
         # A full queue says nothing of the provider's health: another may take the call.
         return failed(f"HTTP {upstream.status_code}: {message}",
-                      healthy=upstream.status_code == 503 and SERVER_BUSY in message)
+                      healthy=upstream.status_code == 503 and SERVER_BUSY in message,
+                      engine=upstream.status_code == 500)
     status = 400 if counted is not None else upstream.status_code
     if status >= 400:  # the provider's own refusal, in the sidecar's shape
         data, media_type = provider_refusal(status, message, attempt.model, dialect, data,

@@ -113,6 +113,8 @@ class CallService:
             self._spawn_release(claimed)
         if outcome.error and is_out_of_memory(outcome.error):
             await self.evictions.after_out_of_memory(placement.provider)
+        elif outcome.engine_failed and not call.embeds:
+            await self.evictions.after_engine_failure(placement.provider, placement.copy_model)
         if outcome.ok:
             learning = self.experience.learning
             if call.path in LEARNS_RATIO and estimated_tokens:  # 0: placed to be cut

@@ -29,6 +29,9 @@ UNLOAD_WAIT_S = 10.0  # how long a call waits for its victims to leave before go
 RECOVERY_WAIT_S = 5.0
 UNLOAD_POLL_S = 0.05
 RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
+# Before it, a built-in parser's error mid-answer left the call's llama-server slot taken for
+# good (Ollama e0c95a5ff, issue 17825): the copy's next calls there wait forever
+FAILED_CALLS_FREE_THEIR_SLOT_SINCE = (0, 32, 15)
 
 
 class Evictions:
@@ -143,6 +146,22 @@ class Evictions:
             return  # the probe after this failure tells the truth soon enough
         for ahead, model in enumerate(models):
             self._spawn(self._unload_leaving(self.tickets, provider, model, ahead))
+
+    async def after_engine_failure(self, provider: str, model: str) -> None:
+        """An engine before 0.32.15 that failed a call it had begun may keep that call's slot
+        (a parser's error, which the sidecar cannot tell from the others): its copy is
+        marked leaving and unloaded, so the next call reloads it rather than wait for good."""
+        view = self.view.provider_view(self.providers[provider], self.clock.now())
+        if parse_version(view.version) >= FAILED_CALLS_FREE_THEIR_SLOT_SINCE or not any(
+                r.model == model and not r.leaving and not r.loading for r in view.residents):
+            return
+        log.warning("engine failed a call on a version that may keep its slot; unloading the "
+                    "copy", provider=provider, model=model, version=view.version)
+        try:
+            await self.tickets.mark_leaving(provider, (model,))
+        except StoreUnavailable:
+            return
+        self._spawn(self._unload_leaving(self.tickets, provider, model, 0))
 
     async def _unload_unless_used(self, book: TicketBook, claimed: Claimed, victim: str,
                                   ahead: int) -> None:

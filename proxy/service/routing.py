@@ -94,6 +94,9 @@ class CallOutcome:
     prompt_cached_count: int | None = None
     # Whether the answer called a tool (None: not read, or it failed)
     called_tools: bool | None = None
+    # The engine itself said the call failed (its error line, its 5xx, a stream it closed
+    # unfinished), not the connection to it
+    engine_failed: bool = False
 
 
 @dataclass(frozen=True)

@@ -236,3 +236,26 @@ def test_an_unreachable_provider_is_fresh_and_not_ready_in_metrics() -> None:
         assert seen["kubemoot_provider_state_age_seconds"] < 15  # KUBEMOOT_STATE_STALE_SECONDS
     finally:
         sidecar.stop()
+
+
+@pytest.mark.parametrize(("version", "reloaded"), [("0.32.14", True), ("0.32.15", False)])
+def test_a_copy_whose_engine_failed_a_call_is_reloaded_where_the_failure_keeps_its_slot(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, reloaded: bool) -> None:
+    """Before 0.32.15 a built-in parser's error mid-answer kept the call's llama-server slot
+    for good (Ollama e0c95a5ff, issue 17825): on a single-slot card every later call to the
+    copy waited until its client gave up. The sidecar unloads such a copy; the next call
+    reloads it and is answered."""
+    gpu = sim_factory("gpu", num_parallel=1, version=version, time_scale=0.05)
+    url = sidecar_factory([gpu]).url
+    assert httpx.post(f"{url}/api/generate", json={"model": "llama3.2:3b"},
+                      timeout=30).status_code == 200
+    httpx.post(f"{gpu.url}/_sim/fault", json={"mode": "parser", "count": 1, "after_chunks": 1})
+    client = ollama.Client(host=url, timeout=10)
+    with pytest.raises(ollama.ResponseError):
+        for _ in client.chat("llama3.2:3b", [{"role": "user", "content": "hi"}], stream=True):
+            pass
+    answer = client.chat("llama3.2:3b", [{"role": "user", "content": "again"}],
+                         options={"num_predict": 4})
+    assert answer.message.content
+    assert gpu.sim.stats.wedged_slots == int(reloaded)
+    assert gpu.sim.stats.loads == 1 + int(reloaded)
