@@ -629,8 +629,10 @@ class AnthropicMessages:
     `message_delta` with the stop reason and counts and `message_stop`. Whole,
     ToMessagesResponse (:656-697): thinking, text, then tool_use blocks."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], estimates: bool = True) -> None:
         self.model, self.ident = str(body.get("model")), _ident("msg_")
+        # message_start's input_tokens: the request's estimate from 0.15.5, 0 before
+        self.estimate = estimate_input_tokens(body) if estimates else 0
         self.index = 0  # the content block being told
         self.open: str | None = None  # its kind while open: "thinking" or "text"
         self.thought = False  # a thinking block was told whole
@@ -666,8 +668,8 @@ class AnthropicMessages:
             "type": f"{field}_delta", field: text})]
 
     def opening(self) -> list[bytes]:
-        return [_event({"type": "message_start", "message": self._message([], None, {})},
-                       "message_start")]
+        start = self._message([], None, {"prompt_eval_count": self.estimate})
+        return [_event({"type": "message_start", "message": start}, "message_start")]
 
     def piece(self, said: Said) -> list[bytes]:
         events = []
@@ -712,6 +714,63 @@ class AnthropicMessages:
         return self._message(content, stop, final)
 
 
+# From 0.15.5 a streamed message_start counts the request's estimated tokens (ee25219ed)
+ESTIMATE_SINCE = (0, 15, 5)
+
+
+def _go_len(value: Any) -> int:
+    """The bytes of Go's json.Marshal of a decoded value: compact, `<`, `>`, `&` and
+    U+2028/9 written as 6-byte \\u escapes."""
+    text = orjson.dumps(value).decode()
+    return len(text.encode()) + 5 * sum(text.count(c) for c in "<>&\u2028\u2029") - \
+        2 * sum(text.count(c) for c in "\u2028\u2029")
+
+
+def _block_len(block: Any) -> int:
+    """anthropic.go countContentBlock: text and thinking, and a tool_use or tool_result
+    block whole as Go marshals its ContentBlock (fields in struct order, empty ones out)."""
+    if not isinstance(block, dict):
+        return 0
+    total = sum(len(str(block[k]).encode()) for k in ("text", "thinking")
+                if isinstance(block.get(k), str))
+    if block.get("type") in ("tool_use", "tool_result"):
+        kept = {k: block[k] for k in ("type", "text", "citations", "source", "id", "name",
+                                      "input", "tool_use_id", "content", "is_error",
+                                      "thinking", "signature") if block.get(k)}
+        total += _go_len(kept)
+    return total
+
+
+def _content_len(content: Any) -> int:
+    """anthropic.go countAnyContent: a string's bytes, blocks each, else its JSON."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content.encode())
+    if isinstance(content, list):
+        return sum(_block_len(block) for block in content)
+    return _go_len(content)
+
+
+def estimate_input_tokens(body: dict[str, Any]) -> int:
+    """anthropic.go:1076-1120 EstimateInputTokens: the system, each message's role and
+    content, each tool's name, description and schema, in bytes over 4 (1 at least when
+    there is a message or a system)."""
+    messages = [m for m in body.get("messages") or () if isinstance(m, dict)]
+    total = _content_len(body.get("system"))
+    for message in messages:
+        content = message.get("content")
+        total += len(str(message.get("role") or "").encode()) + _content_len(
+            [{"type": "text", "text": content}] if isinstance(content, str) else content)
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict):
+            total += sum(len(str(tool.get(k) or "").encode()) for k in ("name", "description"))
+            # a json.RawMessage: the bytes as sent, compact as the SDKs send them
+            total += len(orjson.dumps(tool["input_schema"])) if "input_schema" in tool else 0
+    tokens = total // 4
+    return 1 if tokens == 0 and (messages or body.get("system") is not None) else tokens
+
+
 # From 0.32.6 a streamed chat names the role in its first chunk only (commit 8edecb5c6)
 ROLE_ONCE_SINCE = (0, 32, 6)
 
@@ -721,7 +780,7 @@ def translation_for(path: str, body: dict[str, Any], version: str = CURRENT_VERS
     if path == RESPONSES:
         return OpenAIResponses(body)
     if path == MESSAGES:
-        return AnthropicMessages(body)
+        return AnthropicMessages(body, version_tuple(version) >= ESTIMATE_SINCE)
     return OpenAIChat(body, chat=path == CHAT,
                       role_once=version_tuple(version) >= ROLE_ONCE_SINCE)
 

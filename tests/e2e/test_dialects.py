@@ -676,3 +676,23 @@ def test_a_web_search_results_page_content_is_not_counted_against_the_context(
         model="llama3.2:3b", max_tokens=5, messages=[
             *HI, {"role": "assistant", "content": searched}, {"role": "user", "content": "ok"}])
     assert message.content[0].type == "text" and gpu.sim.stats.truncations == 0
+
+
+@pytest.mark.parametrize(("version", "estimate"), [("0.15.4", 0), ("0.32.10", 20)])
+def test_a_streamed_message_starts_with_ollamas_estimate_of_its_input(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, estimate: int) -> None:
+    # anthropic.go EstimateInputTokens (from 0.15.5): bytes over 4 of the system (29), each
+    # role and text (4 + 9, 9 + 2, 4 + 5) and each tool's name, description and schema
+    # (4 + 0 + 17, compact): 83 // 4; the counted prompt comes only in message_delta
+    gpu = sim_factory("gpu", version=version, time_scale=SCALE)
+    client = anthropic_for(sidecar_factory([gpu]).url)
+    events = list(client.messages.create(
+        model="qwen3:8b", max_tokens=20, stream=True, system="you answer in one short line.",
+        tools=[{"name": "look", "input_schema": {"type": "object"}}], messages=[
+            {"role": "user", "content": "hello you"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "user", "content": [{"type": "text", "text": "again"}]}]))
+    assert events[0].type == "message_start"
+    assert events[0].message.usage.input_tokens == estimate
+    assert events[-2].type == "message_delta" and events[-2].usage.input_tokens not in (
+        None, 0, estimate)
