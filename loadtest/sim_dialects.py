@@ -7,6 +7,7 @@ truncation and faults apply to them exactly as to native calls."""
 from __future__ import annotations
 
 import base64
+import secrets
 import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterable
@@ -32,8 +33,10 @@ EFFORT_TO_THINK: dict[Any, Any] = {"none": False, "minimal": "low", "low": "low"
                                    "medium": "medium", "high": "high", "max": "max",
                                    "xhigh": "max", "ultra": "max"}
 OPENAI_ERRORS = {400: "invalid_request_error", 404: "not_found_error"}
-ANTHROPIC_ERRORS = {400: "invalid_request_error", 404: "not_found_error",
-                    503: "overloaded_error"}
+# anthropic.go NewError: the type by status, and a request id of 12 random bytes in hex
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 429: "rate_limit_error",
+                    503: "overloaded_error", 529: "overloaded_error"}
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -43,7 +46,8 @@ def _json(data: Any, status: int = 200) -> Response:
 def error(path: str, message: str, status: int) -> Response:
     if path == MESSAGES:
         kind = ANTHROPIC_ERRORS.get(status, "api_error")
-        return _json({"type": "error", "error": {"type": kind, "message": message}}, status)
+        return _json({"type": "error", "error": {"type": kind, "message": message},
+                      "request_id": f"req_{secrets.token_hex(12)}"}, status)
     kind = OPENAI_ERRORS.get(status, "api_error")
     return _json({"error": {"message": message, "type": kind, "param": None, "code": None}},
                  status)

@@ -5,6 +5,7 @@ The sidecar places each like a native call and answers refusals in the dialect's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -696,3 +697,18 @@ def test_a_streamed_message_starts_with_ollamas_estimate_of_its_input(
     assert events[0].message.usage.input_tokens == estimate
     assert events[-2].type == "message_delta" and events[-2].usage.input_tokens not in (
         None, 0, estimate)
+
+
+REQUEST_ID = re.compile(r"req_[0-9a-f]{24}")
+URL_IMAGE: Any = [{"role": "user", "content": [
+    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]
+
+
+def test_an_anthropic_error_names_its_request_as_ollamas_layer_does(sim_factory: Sims) -> None:
+    # anthropic.go NewError: the type by status and a request_id, on every error answer
+    client = anthropic_for(sim_factory("gpu", time_scale=SCALE).url)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="qwen3:8b", max_tokens=5, messages=URL_IMAGE)
+    body: Any = info.value.body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert REQUEST_ID.fullmatch(body["request_id"])

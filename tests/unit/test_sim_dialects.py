@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from loadtest.sim_dialects import estimate_input_tokens
+import orjson
+import pytest
+
+from loadtest.sim_dialects import MESSAGES, error, estimate_input_tokens
 
 
 def test_tool_blocks_count_as_go_marshals_them() -> None:
@@ -20,3 +23,14 @@ def test_an_empty_request_counts_one_token_only_with_a_message_or_a_system() -> 
     assert estimate_input_tokens({"messages": [{"role": "", "content": ""}]}) == 1
     assert estimate_input_tokens({"system": ""}) == 1
     assert estimate_input_tokens({"messages": []}) == 0
+
+
+@pytest.mark.parametrize(("status", "kind"), [
+    (400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error"),
+    (404, "not_found_error"), (429, "rate_limit_error"), (500, "api_error"),
+    (503, "overloaded_error"), (529, "overloaded_error")])
+def test_an_anthropic_error_is_typed_by_its_status_as_new_error_does(status: int, kind: str
+                                                                     ) -> None:
+    body = orjson.loads(bytes(error(MESSAGES, "no", status).body))
+    assert (body["type"], body["error"], body["request_id"][:4]) == (
+        "error", {"type": kind, "message": "no"}, "req_")
