@@ -712,3 +712,18 @@ def test_an_anthropic_error_names_its_request_as_ollamas_layer_does(sim_factory:
     body: Any = info.value.body
     assert body["error"]["type"] == "invalid_request_error"
     assert REQUEST_ID.fullmatch(body["request_id"])
+
+
+def test_the_sidecars_anthropic_errors_name_their_request_as_ollama_would(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    # its 400 in Ollama's words, its 404 and its own 507: each names a request, as Ollama's
+    # anthropic layer and Anthropic's API do (and an agent reports it)
+    client = anthropic_for(sidecar_factory([sim_factory("gpu", time_scale=SCALE)]).url)
+    refusals: list[tuple[type[anthropic.APIStatusError], str, Any]] = [
+        (anthropic.BadRequestError, "qwen3:8b", URL_IMAGE),
+        (anthropic.NotFoundError, "nope:1b", HI), (anthropic.InternalServerError, "qwen3:32b", HI)]
+    for kind, model, messages in refusals:
+        with pytest.raises(kind) as info:
+            client.messages.create(model=model, max_tokens=5, messages=messages)
+        body: Any = info.value.body
+        assert REQUEST_ID.fullmatch(body["request_id"]), body
