@@ -104,7 +104,7 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
             native["suffix"] = body["suffix"]
         logprobs = body.get("logprobs")  # its top_logprobs when positive (openai.go:830-843)
         if isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs > 0:
-            native["top_logprobs"] = logprobs
+            native["logprobs"], native["top_logprobs"] = True, logprobs
         return native
     if path == RESPONSES:
         native["messages"], tools = _responses_messages(body, version), \
@@ -119,7 +119,9 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
         native["messages"] = [{**m, "content": _text(m.get("content"))}
                               for m in body.get("messages") or [] if isinstance(m, dict)]
         tools = body.get("tools") or []
-        if "top_logprobs" in body:  # openai/openai.go:719
+        if body.get("logprobs") is True:  # openai/openai.go:718-719
+            native["logprobs"] = True
+        if "top_logprobs" in body:
             native["top_logprobs"] = body["top_logprobs"]
         native.update(_openai_format_and_think(body))
     if tools:  # `tool_choice` is not read: Ollama offers the model every tool regardless
@@ -347,11 +349,13 @@ class Said:
     content: str = ""
     thinking: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # its tokens' (0.12.11+)
 
     def add(self, other: Said) -> None:
         self.content += other.content
         self.thinking += other.thinking
         self.tool_calls += other.tool_calls
+        self.logprobs += other.logprobs
 
 
 def _openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -392,10 +396,10 @@ class OpenAIChat:
             if delta and self.role_once and self.role_said:
                 delta.pop("role")
             self.role_said = self.role_said or bool(delta)
-            return self._object("chat.completion.chunk",
-                                {"index": 0, "delta": delta, "finish_reason": finish})
-        return self._object("text_completion", {"index": 0, "text": said.content,
-                                                "finish_reason": finish})
+            return self._object("chat.completion.chunk", _with_logprobs(
+                {"index": 0, "delta": delta, "finish_reason": finish}, said))
+        return self._object("text_completion", _with_logprobs(
+            {"index": 0, "text": said.content, "finish_reason": finish}, said))
 
     @staticmethod
     def _message(said: Said) -> dict[str, Any]:
@@ -428,13 +432,19 @@ class OpenAIChat:
     def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
         self.called = bool(said.tool_calls)
         if self.chat:
-            out = self._object("chat.completion", {
+            out = self._object("chat.completion", _with_logprobs({
                 "index": 0, "finish_reason": self._finish(final),
-                "message": self._message(said)})
+                "message": self._message(said)}, said))
         else:
-            out = self._object("text_completion", {
-                "index": 0, "text": said.content, "finish_reason": self._finish(final)})
+            out = self._object("text_completion", _with_logprobs({
+                "index": 0, "text": said.content, "finish_reason": self._finish(final)}, said))
         return {**out, "usage": _openai_usage(final)}
+
+
+def _with_logprobs(choice: dict[str, Any], said: Said) -> dict[str, Any]:
+    """openai.go ToChatCompletion, toChunk, ToCompletion: the tokens' logprobs as the
+    choice's `logprobs.content`, when the answer had any (omitempty)."""
+    return {**choice, "logprobs": {"content": said.logprobs}} if said.logprobs else choice
 
 
 def _openai_usage(final: dict[str, Any]) -> dict[str, int]:
@@ -793,7 +803,8 @@ def _said(data: dict[str, Any]) -> Said:
     message = data.get("message")
     said = message if isinstance(message, dict) else data
     return Said(str(said.get("content" if said is message else "response", "")),
-                str(said.get("thinking", "")), list(said.get("tool_calls", ())))
+                str(said.get("thinking", "")), list(said.get("tool_calls", ())),
+                list(data.get("logprobs") or ()))
 
 
 async def answer(path: str, native: Response, body: dict[str, Any],

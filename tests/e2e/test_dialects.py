@@ -727,3 +727,25 @@ def test_the_sidecars_anthropic_errors_name_their_request_as_ollama_would(
             client.messages.create(model=model, max_tokens=5, messages=messages)
         body: Any = info.value.body
         assert REQUEST_ID.fullmatch(body["request_id"]), body
+
+
+def test_openai_logprobs_come_as_ollamas_layer_gives_them(sim_factory: Sims,
+                                                          sidecar_factory: Sidecars) -> None:
+    # openai.go:718-719 asks the native call for them, ToChatCompletion, toChunk and
+    # ToCompletion give each choice's tokens as `logprobs.content` (0.12.11+)
+    client = client_for(sidecar_factory([sim_factory("gpu", time_scale=SCALE)]).url)
+    whole = client.chat.completions.create(model="llama3.2:3b", messages=HI, max_tokens=3,
+                                           logprobs=True, top_logprobs=2).choices[0]
+    assert whole.logprobs is not None and whole.logprobs.content is not None
+    assert "".join(t.token for t in whole.logprobs.content) == whole.message.content
+    assert {len(t.top_logprobs) for t in whole.logprobs.content} == {2}
+    parts = [c.choices[0] for c in client.chat.completions.create(
+        model="llama3.2:3b", messages=HI, max_tokens=3, logprobs=True, stream=True)]
+    streamed = [t for p in parts if p.logprobs and p.logprobs.content for t in p.logprobs.content]
+    assert "".join(t.token for t in streamed) == "".join(p.delta.content or "" for p in parts)
+    done = client.completions.create(model="llama3.2:3b", prompt="hi", max_tokens=2,
+                                     logprobs=1).choices[0]
+    assert done.logprobs is not None and done.logprobs.model_extra is not None
+    assert "".join(t["token"] for t in done.logprobs.model_extra["content"]) == done.text
+    plain = client.chat.completions.create(model="llama3.2:3b", messages=HI, max_tokens=3)
+    assert plain.choices[0].logprobs is None
