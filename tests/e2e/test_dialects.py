@@ -749,3 +749,17 @@ def test_openai_logprobs_come_as_ollamas_layer_gives_them(sim_factory: Sims,
     assert "".join(t["token"] for t in done.logprobs.model_extra["content"]) == done.text
     plain = client.chat.completions.create(model="llama3.2:3b", messages=HI, max_tokens=3)
     assert plain.choices[0].logprobs is None
+
+
+def test_a_list_of_prompts_is_ollamas_binding_400_alike_from_the_sidecar_and_the_engine(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    # CompletionRequest.Prompt is a string (openai/openai.go); OpenAI's list of prompts
+    # does not bind, on the engine as in the sidecar's check before placing
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    said = ("json: cannot unmarshal array into Go struct field CompletionRequest.prompt of "
+            "type string")
+    for url in (sidecar_factory([gpu]).url, gpu.url):
+        with pytest.raises(openai.BadRequestError) as info:
+            client_for(url).completions.create(model="llama3.2:3b", prompt=["a", "b"])
+        assert info.value.response.json()["error"]["message"] == said
+    assert gpu.sim.stats.inference_requests == 0
