@@ -42,7 +42,7 @@ CHAT_FIELDS = ("ChatCompletionRequest", {
 COMPLETION_FIELDS = ("CompletionRequest", {
     "temperature": "float32", "frequency_penalty": "float32", "presence_penalty": "float32",
     "top_p": "float32", "max_tokens": "int", "seed": "int", "stream": "bool",
-    "suffix": "string"})
+    "suffix": "string", "prompt": "string"})
 
 # api.ShowRequest's typed fields (api/types.go:722-734), bound by ShowHandler
 # (server/routes.go:1300-1310)

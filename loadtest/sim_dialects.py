@@ -7,6 +7,7 @@ truncation and faults apply to them exactly as to native calls."""
 from __future__ import annotations
 
 import base64
+import secrets
 import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterable
@@ -32,8 +33,10 @@ EFFORT_TO_THINK: dict[Any, Any] = {"none": False, "minimal": "low", "low": "low"
                                    "medium": "medium", "high": "high", "max": "max",
                                    "xhigh": "max", "ultra": "max"}
 OPENAI_ERRORS = {400: "invalid_request_error", 404: "not_found_error"}
-ANTHROPIC_ERRORS = {400: "invalid_request_error", 404: "not_found_error",
-                    503: "overloaded_error"}
+# anthropic.go NewError: the type by status, and a request id of 12 random bytes in hex
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 429: "rate_limit_error",
+                    503: "overloaded_error", 529: "overloaded_error"}
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -43,7 +46,8 @@ def _json(data: Any, status: int = 200) -> Response:
 def error(path: str, message: str, status: int) -> Response:
     if path == MESSAGES:
         kind = ANTHROPIC_ERRORS.get(status, "api_error")
-        return _json({"type": "error", "error": {"type": kind, "message": message}}, status)
+        return _json({"type": "error", "error": {"type": kind, "message": message},
+                      "request_id": f"req_{secrets.token_hex(12)}"}, status)
     kind = OPENAI_ERRORS.get(status, "api_error")
     return _json({"error": {"message": message, "type": kind, "param": None, "code": None}},
                  status)
@@ -100,7 +104,7 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
             native["suffix"] = body["suffix"]
         logprobs = body.get("logprobs")  # its top_logprobs when positive (openai.go:830-843)
         if isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs > 0:
-            native["top_logprobs"] = logprobs
+            native["logprobs"], native["top_logprobs"] = True, logprobs
         return native
     if path == RESPONSES:
         native["messages"], tools = _responses_messages(body, version), \
@@ -115,7 +119,9 @@ def native_request(path: str, body: dict[str, Any], version: str) -> dict[str, A
         native["messages"] = [{**m, "content": _text(m.get("content"))}
                               for m in body.get("messages") or [] if isinstance(m, dict)]
         tools = body.get("tools") or []
-        if "top_logprobs" in body:  # openai/openai.go:719
+        if body.get("logprobs") is True:  # openai/openai.go:718-719
+            native["logprobs"] = True
+        if "top_logprobs" in body:
             native["top_logprobs"] = body["top_logprobs"]
         native.update(_openai_format_and_think(body))
     if tools:  # `tool_choice` is not read: Ollama offers the model every tool regardless
@@ -343,11 +349,13 @@ class Said:
     content: str = ""
     thinking: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # its tokens' (0.12.11+)
 
     def add(self, other: Said) -> None:
         self.content += other.content
         self.thinking += other.thinking
         self.tool_calls += other.tool_calls
+        self.logprobs += other.logprobs
 
 
 def _openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -388,10 +396,10 @@ class OpenAIChat:
             if delta and self.role_once and self.role_said:
                 delta.pop("role")
             self.role_said = self.role_said or bool(delta)
-            return self._object("chat.completion.chunk",
-                                {"index": 0, "delta": delta, "finish_reason": finish})
-        return self._object("text_completion", {"index": 0, "text": said.content,
-                                                "finish_reason": finish})
+            return self._object("chat.completion.chunk", _with_logprobs(
+                {"index": 0, "delta": delta, "finish_reason": finish}, said))
+        return self._object("text_completion", _with_logprobs(
+            {"index": 0, "text": said.content, "finish_reason": finish}, said))
 
     @staticmethod
     def _message(said: Said) -> dict[str, Any]:
@@ -424,13 +432,19 @@ class OpenAIChat:
     def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
         self.called = bool(said.tool_calls)
         if self.chat:
-            out = self._object("chat.completion", {
+            out = self._object("chat.completion", _with_logprobs({
                 "index": 0, "finish_reason": self._finish(final),
-                "message": self._message(said)})
+                "message": self._message(said)}, said))
         else:
-            out = self._object("text_completion", {
-                "index": 0, "text": said.content, "finish_reason": self._finish(final)})
+            out = self._object("text_completion", _with_logprobs({
+                "index": 0, "text": said.content, "finish_reason": self._finish(final)}, said))
         return {**out, "usage": _openai_usage(final)}
+
+
+def _with_logprobs(choice: dict[str, Any], said: Said) -> dict[str, Any]:
+    """openai.go ToChatCompletion, toChunk, ToCompletion: the tokens' logprobs as the
+    choice's `logprobs.content`, when the answer had any (omitempty)."""
+    return {**choice, "logprobs": {"content": said.logprobs}} if said.logprobs else choice
 
 
 def _openai_usage(final: dict[str, Any]) -> dict[str, int]:
@@ -629,8 +643,10 @@ class AnthropicMessages:
     `message_delta` with the stop reason and counts and `message_stop`. Whole,
     ToMessagesResponse (:656-697): thinking, text, then tool_use blocks."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], estimates: bool = True) -> None:
         self.model, self.ident = str(body.get("model")), _ident("msg_")
+        # message_start's input_tokens: the request's estimate from 0.15.5, 0 before
+        self.estimate = estimate_input_tokens(body) if estimates else 0
         self.index = 0  # the content block being told
         self.open: str | None = None  # its kind while open: "thinking" or "text"
         self.thought = False  # a thinking block was told whole
@@ -666,8 +682,8 @@ class AnthropicMessages:
             "type": f"{field}_delta", field: text})]
 
     def opening(self) -> list[bytes]:
-        return [_event({"type": "message_start", "message": self._message([], None, {})},
-                       "message_start")]
+        start = self._message([], None, {"prompt_eval_count": self.estimate})
+        return [_event({"type": "message_start", "message": start}, "message_start")]
 
     def piece(self, said: Said) -> list[bytes]:
         events = []
@@ -712,6 +728,63 @@ class AnthropicMessages:
         return self._message(content, stop, final)
 
 
+# From 0.15.5 a streamed message_start counts the request's estimated tokens (ee25219ed)
+ESTIMATE_SINCE = (0, 15, 5)
+
+
+def _go_len(value: Any) -> int:
+    """The bytes of Go's json.Marshal of a decoded value: compact, `<`, `>`, `&` and
+    U+2028/9 written as 6-byte \\u escapes."""
+    text = orjson.dumps(value).decode()
+    return len(text.encode()) + 5 * sum(text.count(c) for c in "<>&\u2028\u2029") - \
+        2 * sum(text.count(c) for c in "\u2028\u2029")
+
+
+def _block_len(block: Any) -> int:
+    """anthropic.go countContentBlock: text and thinking, and a tool_use or tool_result
+    block whole as Go marshals its ContentBlock (fields in struct order, empty ones out)."""
+    if not isinstance(block, dict):
+        return 0
+    total = sum(len(str(block[k]).encode()) for k in ("text", "thinking")
+                if isinstance(block.get(k), str))
+    if block.get("type") in ("tool_use", "tool_result"):
+        kept = {k: block[k] for k in ("type", "text", "citations", "source", "id", "name",
+                                      "input", "tool_use_id", "content", "is_error",
+                                      "thinking", "signature") if block.get(k)}
+        total += _go_len(kept)
+    return total
+
+
+def _content_len(content: Any) -> int:
+    """anthropic.go countAnyContent: a string's bytes, blocks each, else its JSON."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content.encode())
+    if isinstance(content, list):
+        return sum(_block_len(block) for block in content)
+    return _go_len(content)
+
+
+def estimate_input_tokens(body: dict[str, Any]) -> int:
+    """anthropic.go:1076-1120 EstimateInputTokens: the system, each message's role and
+    content, each tool's name, description and schema, in bytes over 4 (1 at least when
+    there is a message or a system)."""
+    messages = [m for m in body.get("messages") or () if isinstance(m, dict)]
+    total = _content_len(body.get("system"))
+    for message in messages:
+        content = message.get("content")
+        total += len(str(message.get("role") or "").encode()) + _content_len(
+            [{"type": "text", "text": content}] if isinstance(content, str) else content)
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict):
+            total += sum(len(str(tool.get(k) or "").encode()) for k in ("name", "description"))
+            # a json.RawMessage: the bytes as sent, compact as the SDKs send them
+            total += len(orjson.dumps(tool["input_schema"])) if "input_schema" in tool else 0
+    tokens = total // 4
+    return 1 if tokens == 0 and (messages or body.get("system") is not None) else tokens
+
+
 # From 0.32.6 a streamed chat names the role in its first chunk only (commit 8edecb5c6)
 ROLE_ONCE_SINCE = (0, 32, 6)
 
@@ -721,7 +794,7 @@ def translation_for(path: str, body: dict[str, Any], version: str = CURRENT_VERS
     if path == RESPONSES:
         return OpenAIResponses(body)
     if path == MESSAGES:
-        return AnthropicMessages(body)
+        return AnthropicMessages(body, version_tuple(version) >= ESTIMATE_SINCE)
     return OpenAIChat(body, chat=path == CHAT,
                       role_once=version_tuple(version) >= ROLE_ONCE_SINCE)
 
@@ -730,7 +803,8 @@ def _said(data: dict[str, Any]) -> Said:
     message = data.get("message")
     said = message if isinstance(message, dict) else data
     return Said(str(said.get("content" if said is message else "response", "")),
-                str(said.get("thinking", "")), list(said.get("tool_calls", ())))
+                str(said.get("thinking", "")), list(said.get("tool_calls", ())),
+                list(data.get("logprobs") or ()))
 
 
 async def answer(path: str, native: Response, body: dict[str, Any],

@@ -4,6 +4,7 @@ machine-readable `reason` of docs/interface.md, always at the top level."""
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any, Literal
 
 import orjson
@@ -47,9 +48,15 @@ def error_body(status: int, reason: str, message: str, dialect: Dialect = "ollam
     return {"error": message, "reason": reason}
 
 
+def request_id(dialect: Dialect) -> dict[str, str]:
+    """Anthropic's error answer names a request (`req_` and 12 random bytes in hex, as
+    Ollama's anthropic.go NewError writes it); a stream's error event does not."""
+    return {"request_id": f"req_{secrets.token_hex(12)}"} if dialect == "anthropic" else {}
+
+
 def error_response(status: int, reason: str, message: str, model: str | None = None,
                    retry_after_s: int | None = None, dialect: Dialect = "ollama") -> Response:
-    body = error_body(status, reason, message, dialect)
+    body = {**error_body(status, reason, message, dialect), **request_id(dialect)}
     if model:
         body["model"] = model
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
@@ -75,7 +82,7 @@ def provider_refusal(status: int, message: str, model: str, dialect: Dialect = "
     `error` too (a cloud call's 401 `signin_url`, which Ollama's clients show to sign in).
     The reason is by status unless given."""
     reason = reason or PROVIDER_REASONS.get(status, "provider-refused")
-    body = error_body(status, reason, message, dialect)
+    body = {**error_body(status, reason, message, dialect), **request_id(dialect)}
     theirs = _object(upstream)
     if dialect != "ollama":
         if theirs is not None and isinstance(theirs.get("error"), dict):

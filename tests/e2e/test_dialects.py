@@ -5,6 +5,7 @@ The sidecar places each like a native call and answers refusals in the dialect's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -676,3 +677,89 @@ def test_a_web_search_results_page_content_is_not_counted_against_the_context(
         model="llama3.2:3b", max_tokens=5, messages=[
             *HI, {"role": "assistant", "content": searched}, {"role": "user", "content": "ok"}])
     assert message.content[0].type == "text" and gpu.sim.stats.truncations == 0
+
+
+@pytest.mark.parametrize(("version", "estimate"), [("0.15.4", 0), ("0.32.10", 20)])
+def test_a_streamed_message_starts_with_ollamas_estimate_of_its_input(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, estimate: int) -> None:
+    # anthropic.go EstimateInputTokens (from 0.15.5): bytes over 4 of the system (29), each
+    # role and text (4 + 9, 9 + 2, 4 + 5) and each tool's name, description and schema
+    # (4 + 0 + 17, compact): 83 // 4; the counted prompt comes only in message_delta
+    gpu = sim_factory("gpu", version=version, time_scale=SCALE)
+    client = anthropic_for(sidecar_factory([gpu]).url)
+    events = list(client.messages.create(
+        model="qwen3:8b", max_tokens=20, stream=True, system="you answer in one short line.",
+        tools=[{"name": "look", "input_schema": {"type": "object"}}], messages=[
+            {"role": "user", "content": "hello you"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "user", "content": [{"type": "text", "text": "again"}]}]))
+    assert events[0].type == "message_start"
+    assert events[0].message.usage.input_tokens == estimate
+    assert events[-2].type == "message_delta" and events[-2].usage.input_tokens not in (
+        None, 0, estimate)
+
+
+REQUEST_ID = re.compile(r"req_[0-9a-f]{24}")
+URL_IMAGE: Any = [{"role": "user", "content": [
+    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]
+
+
+def test_an_anthropic_error_names_its_request_as_ollamas_layer_does(sim_factory: Sims) -> None:
+    # anthropic.go NewError: the type by status and a request_id, on every error answer
+    client = anthropic_for(sim_factory("gpu", time_scale=SCALE).url)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="qwen3:8b", max_tokens=5, messages=URL_IMAGE)
+    body: Any = info.value.body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert REQUEST_ID.fullmatch(body["request_id"])
+
+
+def test_the_sidecars_anthropic_errors_name_their_request_as_ollama_would(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    # its 400 in Ollama's words, its 404 and its own 507: each names a request, as Ollama's
+    # anthropic layer and Anthropic's API do (and an agent reports it)
+    client = anthropic_for(sidecar_factory([sim_factory("gpu", time_scale=SCALE)]).url)
+    refusals: list[tuple[type[anthropic.APIStatusError], str, Any]] = [
+        (anthropic.BadRequestError, "qwen3:8b", URL_IMAGE),
+        (anthropic.NotFoundError, "nope:1b", HI), (anthropic.InternalServerError, "qwen3:32b", HI)]
+    for kind, model, messages in refusals:
+        with pytest.raises(kind) as info:
+            client.messages.create(model=model, max_tokens=5, messages=messages)
+        body: Any = info.value.body
+        assert REQUEST_ID.fullmatch(body["request_id"]), body
+
+
+def test_openai_logprobs_come_as_ollamas_layer_gives_them(sim_factory: Sims,
+                                                          sidecar_factory: Sidecars) -> None:
+    # openai.go:718-719 asks the native call for them, ToChatCompletion, toChunk and
+    # ToCompletion give each choice's tokens as `logprobs.content` (0.12.11+)
+    client = client_for(sidecar_factory([sim_factory("gpu", time_scale=SCALE)]).url)
+    whole = client.chat.completions.create(model="llama3.2:3b", messages=HI, max_tokens=3,
+                                           logprobs=True, top_logprobs=2).choices[0]
+    assert whole.logprobs is not None and whole.logprobs.content is not None
+    assert "".join(t.token for t in whole.logprobs.content) == whole.message.content
+    assert {len(t.top_logprobs) for t in whole.logprobs.content} == {2}
+    parts = [c.choices[0] for c in client.chat.completions.create(
+        model="llama3.2:3b", messages=HI, max_tokens=3, logprobs=True, stream=True)]
+    streamed = [t for p in parts if p.logprobs and p.logprobs.content for t in p.logprobs.content]
+    assert "".join(t.token for t in streamed) == "".join(p.delta.content or "" for p in parts)
+    done = client.completions.create(model="llama3.2:3b", prompt="hi", max_tokens=2,
+                                     logprobs=1).choices[0]
+    assert done.logprobs is not None and done.logprobs.model_extra is not None
+    assert "".join(t["token"] for t in done.logprobs.model_extra["content"]) == done.text
+    plain = client.chat.completions.create(model="llama3.2:3b", messages=HI, max_tokens=3)
+    assert plain.choices[0].logprobs is None
+
+
+def test_a_list_of_prompts_is_ollamas_binding_400_alike_from_the_sidecar_and_the_engine(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    # CompletionRequest.Prompt is a string (openai/openai.go); OpenAI's list of prompts
+    # does not bind, on the engine as in the sidecar's check before placing
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    said = ("json: cannot unmarshal array into Go struct field CompletionRequest.prompt of "
+            "type string")
+    for url in (sidecar_factory([gpu]).url, gpu.url):
+        with pytest.raises(openai.BadRequestError) as info:
+            client_for(url).completions.create(model="llama3.2:3b", prompt=["a", "b"])
+        assert info.value.response.json()["error"]["message"] == said
+    assert gpu.sim.stats.inference_requests == 0
