@@ -269,18 +269,25 @@ def marker_first(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nats.js.kv.KeyValue, "watch", watch)
 
 
+async def _bindings_written(url: str, count: int, deleted: bool = False) -> None:
+    """The bindings bucket anew, with keys k0.. written (and deleted) by another store."""
+    await empty_buckets(url, [BINDINGS])
+    writer = NatsStore(NatsOptions(url), BUCKETS)
+    await writer.start()
+    try:
+        for i in range(count):
+            await writer.put(BINDINGS, f"k{i}", b"{}")
+            if deleted:
+                await writer.delete(BINDINGS, f"k{i}")
+    finally:
+        await writer.close()
+
+
 async def test_a_view_is_replayed_whole_when_the_end_marker_comes_first(
         nats_server: NatsServer, marker_first: None) -> None:
     """Read as replayed at that early marker, the view was empty while the bucket held
     tickets: a placement then saw every card free."""
-    await empty_buckets(nats_server.url, [BINDINGS])
-    writer = NatsStore(NatsOptions(nats_server.url), BUCKETS)
-    await writer.start()
-    try:
-        for i in range(50):
-            await writer.put(BINDINGS, f"k{i}", b"{}")
-    finally:
-        await writer.close()
+    await _bindings_written(nats_server.url, 50)
     store = NatsStore(NatsOptions(nats_server.url), BUCKETS)
     await store.start()
     try:
@@ -336,14 +343,7 @@ async def test_a_bucket_of_skipped_markers_is_replayed(nats_server: NatsServer) 
 async def test_a_replay_ending_in_a_skipped_marker_ends(
         nats_server: NatsServer, marker_first: None) -> None:
     """Its end marker first, then entries all with more pending: the last was skipped."""
-    await empty_buckets(nats_server.url, [BINDINGS])
-    writer = NatsStore(NatsOptions(nats_server.url), BUCKETS)
-    await writer.start()
-    try:
-        for i in range(3):
-            await writer.put(BINDINGS, f"k{i}", b"{}")
-    finally:
-        await writer.close()
+    await _bindings_written(nats_server.url, 3)
     await _marker_nats_py_skips(nats_server.url, "k9")
     store = NatsStore(NatsOptions(nats_server.url, timeout_s=0.5), BUCKETS)
     await store.start()
@@ -358,15 +358,7 @@ async def test_a_bucket_of_only_delete_markers_is_replayed(
         nats_server: NatsServer, marker_first: None) -> None:
     """nats-py shows delete and purge markers as entries: the last, with nothing pending
     after it, ends the replay even when the end marker came first."""
-    await empty_buckets(nats_server.url, [BINDINGS])
-    writer = NatsStore(NatsOptions(nats_server.url), BUCKETS)
-    await writer.start()
-    try:
-        for i in range(3):
-            await writer.put(BINDINGS, f"k{i}", b"{}")
-            await writer.delete(BINDINGS, f"k{i}")
-    finally:
-        await writer.close()
+    await _bindings_written(nats_server.url, 3, deleted=True)
     store = NatsStore(NatsOptions(nats_server.url, timeout_s=5), BUCKETS)
     await store.start()
     try:
