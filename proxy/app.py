@@ -175,11 +175,11 @@ def build_services(settings: Settings, store: StateStore, pool: ProviderPool, *,
     view = StateView(store, settings.providers, prober.latest, settings.state_stale_seconds,
                      tickets)
     local_tickets = TicketBook(local_store, policy, settings.ticket_ttl_seconds, clock=clock)
-    holder = f"{settings.namespace}/{settings.agent_name}"
-    demand = DemandBoard(store, holder, clock, crew=settings.crew or "")
+    holder, crew = f"{settings.namespace}/{settings.agent_name}", settings.crew or ""
+    demand = DemandBoard(store, holder, clock, crew=crew)
     claims = Claims(tickets=tickets, local_tickets=local_tickets, view=view,
                     providers=tuple(settings.providers), prober=prober, metrics=metrics,
-                    holder=holder, clock=clock, crew=settings.crew or "")
+                    holder=holder, clock=clock, crew=crew)
     evictions = Evictions(clients=pool.clients, claims=claims, view=view,
                           providers=tuple(settings.providers), metrics=metrics, clock=clock)
     experience = Experience(pool.clients)
