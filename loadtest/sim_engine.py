@@ -96,6 +96,8 @@ class LoadOptions:
     shift: bool = True
     use_mmap_auto: bool = False  # HEAD: Ollama chose use_mmap itself at the load
     adapter: str = ""  # the model's ADAPTER file (its Model.AdapterPaths), "" none
+    # 0.30+: how many tokens its DRAFT model drafts a step; 0 runs none (api.Runner)
+    draft_num_predict: int = 0
 
 
 def mmap_default(loaded: LoadOptions) -> LoadOptions:
@@ -117,6 +119,9 @@ def _int_option(options: dict[str, Any], key: str) -> int | None:
 
 
 DEFAULT_NUM_BATCH = 512  # api.DefaultOptions' NumBatch
+# api.DefaultOptions' DraftNumPredict (api/types.go:1119), kept only for a model with a DRAFT
+# unless its Modelfile or the call sets one (server/routes.go:136-156)
+DEFAULT_DRAFT_NUM_PREDICT = 4
 
 
 def auto_batch(num_ctx: int, num_parallel: int) -> int:
@@ -144,12 +149,13 @@ def call_num_ctx(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
 
 def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: int,
                     default_ctx: int, trained: int, vision: bool, family: str,
-                    num_parallel: int, modelfile: Mapping[str, Any] | None = None
-                    ) -> LoadOptions:
+                    num_parallel: int, modelfile: Mapping[str, Any] | None = None,
+                    draft: bool = False) -> LoadOptions:
     """The call's num_ctx, the floors of sched.go:169-177 and the automatic batch; the
     trained cap comes at load. `modelfile`: the model's own runner PARAMETERs, under the
     call's options (routes.go modelOptions: the Modelfile's, then the request's; a
-    num_batch from either is no automatic one, usesAutomaticNumBatch)."""
+    num_batch from either is no automatic one, usesAutomaticNumBatch). `draft`: the model
+    has a DRAFT model, which drafts unless draft_num_predict is set to 0."""
     requested = body.get("options") if isinstance(body.get("options"), dict) else {}
     assert isinstance(requested, dict)
     options = {**(modelfile or {}), **requested}
@@ -161,6 +167,7 @@ def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: i
     num_gpu = _int_option(options, "num_gpu")
     use_mmap = options.get("use_mmap")
     shift = body.get("shift")
+    drafted = _int_option(options, "draft_num_predict")
     return LoadOptions(
         num_ctx=num_ctx, num_ctx_auto=auto,
         num_batch=batch if batch is not None else auto_batch(min(num_ctx, trained or num_ctx),
@@ -170,7 +177,9 @@ def resolve_options(body: dict[str, Any], modelfile_num_ctx: int, env_num_ctx: i
         main_gpu=_int_option(options, "main_gpu"),
         use_mmap=use_mmap if isinstance(use_mmap, bool) else None,
         num_thread=_int_option(options, "num_thread") or 0,
-        shift=(shift is not False) and family not in NO_CONTEXT_SHIFT)
+        shift=(shift is not False) and family not in NO_CONTEXT_SHIFT,
+        draft_num_predict=drafted if drafted is not None else
+        DEFAULT_DRAFT_NUM_PREDICT if draft else 0)
 
 
 def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, version: str
@@ -178,7 +187,9 @@ def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, versio
     """sched.go needsReload: HEAD caps the request's num_ctx at the trained context, skips
     num_ctx (num_batch) when both sides are automatic and use_mmap when the call leaves it
     out and Ollama chose the copy's (:1405-1407; a copy loaded with an explicit one is
-    reloaded); v0.12.6 compares the struct as it is and never reloads for `shift`."""
+    reloaded); v0.12.6 compares the struct as it is and never reloads for `shift`. From 0.30
+    draft_num_predict is compared with the rest (api.Runner), never the DRAFT file itself
+    (only AdapterPaths and ProjectorPaths, :1422-1423)."""
     if loaded.adapter != request.adapter:  # AdapterPaths (:1423; v0.12.6 :610)
         return True
     if version_tuple(version) < (0, 30, 0):
@@ -203,8 +214,9 @@ def needs_reload(loaded: LoadOptions, request: LoadOptions, trained: int, versio
     if loaded.shift != request.shift:
         return True
     return (loaded.num_ctx, loaded.num_batch, old_gpu, loaded.main_gpu, loaded.use_mmap,
-            loaded.num_thread) != (new_ctx, new_batch, new_gpu, request.main_gpu, new_mmap,
-                                   request.num_thread)
+            loaded.num_thread, loaded.draft_num_predict) != (
+                new_ctx, new_batch, new_gpu, request.main_gpu, new_mmap, request.num_thread,
+                request.draft_num_predict)
 
 
 def commits_before_read(arch: str, embedding: bool, version: str, new_engine: bool) -> bool:

@@ -110,6 +110,9 @@ class SimModel:
     # keeps m's, as `ollama cp` and `ollama create` FROM m keep m's model layer; pass
     # weights="" for a model with a file of its own.
     weights: str = ""
+    # A DRAFT model in its Modelfile (its own GGUF, manifest.MediaTypeImageDraft, 0.30+): HEAD's
+    # llama-server runs it beside the model for speculative decoding; None none
+    draft: SimModel | None = None
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -125,7 +128,8 @@ class SimModel:
     def digest(self) -> str:
         """Its manifest's digest (/api/tags, /api/ps): the same for names that differ in
         nothing else (`ollama cp`), another for a model whose Modelfile changes anything."""
-        layers = tuple(getattr(self, f.name) for f in fields(self) if f.name != "name")
+        layers = tuple(getattr(self, f.name) for f in fields(self)
+                       if f.name != "name" and not (f.name == "draft" and self.draft is None))
         return sha256_hex(repr(layers))
 
     @property
@@ -164,6 +168,22 @@ class SimModel:
             kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
         return math.ceil(self.disk_mib * self.gpu_weights_share + kv / MIB
                          + self.compute_base_mib + batch_surcharge_mib(batch))
+
+    def draft_mib(self, num_ctx: int, slots: int, batch: int = 512,
+                  version: str = CURRENT_VERSION, window_batch: int = 0) -> int:
+        """What its DRAFT model adds to a copy that drafts (0.30+: llama-server's
+        --spec-draft-model, llm/llama_server.go:807-823, 382): the draft's weights, a KV cache
+        of its own for every slot's context, at llama.cpp's draft cache type (f16: Ollama
+        passes only --cache-type-k/-v, :390-393) and its compute buffers."""
+        if self.draft is None:
+            return 0
+        return self.draft.footprint_mib(num_ctx, slots, "f16", batch, version, window_batch)
+
+    @property
+    def file_mib(self) -> int:
+        """Its manifest's layers on disk (/api/tags `size`, manifest.Size: the DRAFT's
+        file too)."""
+        return self.disk_mib + (self.draft.file_mib if self.draft else 0)
 
     @property
     def kv_layers(self) -> int:

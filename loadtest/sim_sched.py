@@ -487,7 +487,7 @@ class OllamaSim:
         options = resolve_options(body, model.modelfile_num_ctx, c.context_length,
                                   c.default_context(), model.trained_ctx, model.vision,
                                   model.model_family, model.slots(c.num_parallel, c.version),
-                                  dict(model.parameters))
+                                  dict(model.parameters), model.draft is not None)
         options = replace(options, adapter=model.adapter)
         if model.embedding and self.newest and options.num_batch_auto:
             # HEAD sets an embedding model's num_batch, not automatic (server/routes.go:
@@ -612,6 +612,9 @@ class OllamaSim:
             need = model.footprint_mib(ctx, slots, c.cache_type,
                                        0 if model.embedding else request.num_batch, c.version,
                                        window_batch)
+            if self.newest and request.draft_num_predict > 0:
+                need += model.draft_mib(ctx, slots, 0 if model.embedding else
+                                        request.num_batch, c.version, window_batch)
             if c.gpu_count > 1:
                 compute = model.compute_base_mib + batch_surcharge_mib(
                     0 if model.embedding else request.num_batch)
@@ -913,7 +916,7 @@ class OllamaSim:
 
     def tags(self) -> dict[str, Any]:
         return {"models": [
-            {**self._describe(m), "modified_at": "2026-01-01T00:00:00Z", "size": m.disk_mib * MIB}
+            {**self._describe(m), "modified_at": "2026-01-01T00:00:00Z", "size": m.file_mib * MIB}
             for m in self.config.models
         ] + [sim_cloud.tags_entry(s) for s in self.config.cloud_stubs]}
 
@@ -930,6 +933,8 @@ class OllamaSim:
             modelfile.append(f"PARAMETER {key} {shown}")
         if model.adapter:
             modelfile.append(f"ADAPTER {blob_path(model.adapter)}")
+        if model.draft and self.newest:  # (Model.String, server/images.go:601-606)
+            modelfile.append(f"DRAFT {model.draft.blob_path}")
         if model.system:
             modelfile.append(f'SYSTEM """{model.system}"""')
         capabilities = ["embedding"] if model.embedding else \

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from loadtest.ollama_sim import SimServer
-from loadtest.sim_model import CATALOG, Fitted, PromptTokens, fit_prompt
+from loadtest.sim_model import CATALOG, Fitted, PromptTokens, SimModel, fit_prompt
 from proxy.service.prober import runner_files, weights_file
 from tests.conftest import eventually
 
@@ -277,6 +277,48 @@ def test_the_simulators_show_lists_a_models_runner_parameters_and_adapter(
     assert runner_files(shown["qwen3-batch"]) == "num_batch=1024"
     assert runner_files(shown["qwen3-lora"]) == "adapter=sha256-" + "ab" * 32
     assert weights_file(shown["qwen3-batch"]) == weights_file(shown["qwen3-lora"])
+
+
+# Models created FROM qwen3:8b with a DRAFT model (0.30+, manifest.MediaTypeImageDraft)
+DRAFT = SimModel("qwen3-draft:0.6b", disk_mib=500, block_count=28, embedding_length=1024,
+                 head_count=16, head_count_kv=8, key_length=128, value_length=128,
+                 parameter_size="0.6B")
+QWEN3_SPEC = replace(QWEN3_8B, name="qwen3-spec:latest", draft=DRAFT)
+QWEN3_SPEC_OTHER = replace(QWEN3_8B, name="qwen3-spec-other:latest",
+                           draft=replace(DRAFT, name="other-draft:0.6b"))
+
+
+@pytest.mark.parametrize(("version", "size_mib", "reloads"),
+                         [("0.33.0", 8372 + 3301, (1, 0, 1)), ("0.12.6", 8372, (0, 0, 0))])
+def test_a_draft_model_runs_beside_its_model_from_0_30(
+        sim_factory: Sims, version: str, size_mib: int, reloads: tuple[int, ...]) -> None:
+    """HEAD runs a model's DRAFT in its llama-server (--spec-draft-model, llm/
+    llama_server.go:807-823) when draft_num_predict is above 0: 4 by default for a model
+    with a DRAFT, 0 for one without unless set (server/routes.go:136-156). The draft holds
+    its weights (485), a KV cache of its own at f16 (28 layers x 8 heads x 256 B x 16384 =
+    1792) and compute (256 + 768). needsReload compares draft_num_predict (api.Runner) but
+    not the DRAFT file (:1422-1424): the same file without a draft reloads, another draft
+    joins, a call's own draft_num_predict reloads. /api/tags counts the draft's file
+    (manifest.Size). 0.12 has no DRAFT layer and no draft_num_predict."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=16384, time_scale=SCALE,
+                      version=version, models=(*CATALOG, QWEN3_SPEC, QWEN3_SPEC_OTHER))
+    shown = httpx.post(f"{sim.url}/api/show", json={"model": "qwen3-spec"}).json()
+    drafted = f"DRAFT /root/.ollama/models/blobs/sha256-{DRAFT.weights}"
+    assert (drafted in shown["modelfile"]) == (version == "0.33.0")
+    tags = {m["name"]: m["size"] >> 20 for m in httpx.get(f"{sim.url}/api/tags").json()[
+        "models"]}
+    assert (tags["qwen3:8b"], tags["qwen3-spec:latest"]) == (5200, 5700)
+    assert load(sim, "qwen3-spec").status_code == 200
+    assert [m["size"] >> 20 for m in httpx.get(f"{sim.url}/api/ps").json()["models"]] == [
+        size_mib]
+    seen = []
+    for model, options in (("qwen3:8b", {}), ("qwen3-spec-other", {}),
+                           ("qwen3-spec", {"draft_num_predict": 2})):
+        assert load(sim, "qwen3-spec").status_code == 200  # (the copy with the draft)
+        before = sim.sim.stats.reloads
+        assert load(sim, model, options=options).status_code == 200
+        seen.append(sim.sim.stats.reloads - before)
+    assert tuple(seen) == reloads
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.12.6"])
