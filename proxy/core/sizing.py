@@ -9,7 +9,8 @@ follows Ollama's batch tiers by context x slots (server/sched.go:859-868, 906-91
 2 GiB). The weights part is calibrated from copies seen fully on a GPU (size_vram less the
 KV and compute parts at the context they were seen with, never less than the file less its
 token embeddings); before any is seen it is the on-disk size. A copy seen on this card at
-this context is its own best figure.
+this context is its own best figure. From 0.30 a model's DRAFT model adds a KV cache and
+compute buffers of its own (`draft_mib`; its file is in the on-disk size).
 
 Ollama itself admits a load beside other models only when its own estimate (file size + KV
 at f16 by embedding / heads, llm/llama_server.go:2681-2700) is within 80 % of the free VRAM
@@ -191,6 +192,42 @@ def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int
     return disk_mib + math.ceil(info.estimate_kv_bytes_per_token * context * slots / MIB)
 
 
+def drafts(info: ModelInfo) -> bool:
+    """Whether a copy of the model runs its DRAFT model: one is in its Modelfile and its
+    draft_num_predict, 4 unless the Modelfile sets one (server/routes.go:136-156), is above 0
+    (llm/llama_server.go:807-813; the sidecar sends no draft_num_predict of its own)."""
+    parts = info.runner.split(";")
+    return any(p.startswith("draft=") for p in parts) and not any(
+        p.startswith("draft_num_predict=") and _number(p.partition("=")[2]) <= 0
+        for p in parts)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def draft_mib(info: ModelInfo, context: int, slots: int, version: str) -> int:
+    """What a DRAFT model adds to a copy beside its file (/api/tags counts that file in the
+    model's size): from 0.30 llama-server runs it with a KV cache of its own for every slot's
+    context, at llama.cpp's draft cache type (f16: Ollama passes only --cache-type-k/-v,
+    llm/llama_server.go:382, 390-393), and compute buffers of its own. /api/show does not
+    describe the draft, so its cache is taken as the model's own per token with every layer
+    full (a draft is a smaller model or a one-layer head, never a larger one) and its
+    compute as the batch tiers' figure and a batch's logits (DRAFT_COMPUTE_MIB)."""
+    if not drafts(info) or parse_version(version) < LLAMA_SERVER_SINCE:
+        return 0
+    return (math.ceil(info.kv_bytes_per_token * context * slots / MIB)
+            + graph_mib(context * slots) + DRAFT_COMPUTE_MIB)
+
+
+# A draft's compute buffers below the batch tiers: its logits for a batch of 512 over a
+# vocabulary of ~150k tokens at f32 take ~300 MiB
+DRAFT_COMPUTE_MIB = 256
+
+
 def model_slots(view: ProviderView, model: str) -> int:
     info = view.models.get(model)
     if info is None:
@@ -220,10 +257,12 @@ class Footprint:
     kv_mib: int = 0
     graph_mib: int = 0
     estimate_mib: int = 0  # Ollama's own estimate; 0 unknown (no architecture)
+    draft_mib: int = 0  # its DRAFT model's cache and compute (draft_mib); 0 none
 
     def parts(self) -> dict[str, int | str]:
+        draft: dict[str, int | str] = {"draftMiB": self.draft_mib} if self.draft_mib else {}
         return {"totalMiB": self.total_mib, "weightsMiB": self.weights_mib,
-                "kvMiB": self.kv_mib, "graphMiB": self.graph_mib,
+                "kvMiB": self.kv_mib, "graphMiB": self.graph_mib, **draft,
                 "ollamaEstimateMiB": self.estimate_mib, "source": self.source}
 
 
@@ -315,24 +354,27 @@ class Sizer:
         slots = model_slots(view, model)
         kv = kv_mib(info, context, slots, view.kv_cache_type, view.version)
         graph = graph_mib(context * slots)
+        draft = draft_mib(info, context, slots, view.version)
         disk = self.disk_mib(model, view)
         estimate = ollama_estimate_mib(info, disk, context, slots) if disk else 0
         if seen:
             return Footprint(seen, f"seen on {view.name} at this context",
-                             max(0, seen - kv - graph), kv, graph, estimate)
+                             max(0, seen - kv - graph - draft), kv, graph, estimate, draft)
         weights, source = self._calibrated_weights(model) or (disk, "architecture, file size")
         floor = weights_floor_mib(info, disk)
         if weights < floor:
             # A KV figure modelled too large leaves too little for the weights: never less
             # than the file can put on the GPU
             weights, source = floor, f"{source}, raised to the file less its token embeddings"
-        total = weights + kv + graph
+        total = weights + kv + graph + draft
+        if draft:
+            source = f"{source}, its DRAFT model's cache and compute"
         if declared and declared > total:
             total, source = declared, "declared vramMib (above the architecture's figure)"
         extra = spread_graph_mib(graph, view.gpus)
         if extra:
             total, source = total + extra, f"{source}, spread over {view.gpus} GPUs"
-        return Footprint(total, source, weights, kv, graph, estimate)
+        return Footprint(total, source, weights, kv, graph, estimate, draft)
 
     def _calibrated_weights(self, model: str) -> tuple[int, str] | None:
         """The weights part of copies seen fully on a GPU: what they took less their KV and
@@ -353,7 +395,8 @@ class Sizer:
                 context = effective(recorded, info.trained_context)
                 slots = model_slots(view, model)
                 weights = mib - kv_mib(info, context, slots, view.kv_cache_type,
-                                       view.version) - graph_mib(context * slots)
+                                       view.version) - graph_mib(context * slots) \
+                    - draft_mib(info, context, slots, view.version)
                 if weights > 0 and (best is None or weights > best[0]):
                     best = (weights, f"calibrated from {view.name} at {context} x {slots}")
         self._weights[model] = best

@@ -7,6 +7,8 @@ server/routes.go's context defaults) and the models' published architectures.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from loadtest.sim_model import CATALOG
@@ -100,6 +102,37 @@ def test_a_footprint_from_the_architecture_and_the_file() -> None:
     assert (fp.weights_mib, fp.kv_mib, fp.graph_mib, fp.total_mib) == (20200, 2048, 768, 23016)
     assert fp.estimate_mib == 20200 + 1280  # Ollama's own: 160 KiB x 8192
     assert ollama_estimate_mib(QWEN3_32B_INFO, 20200, 32768, 1) == 25320
+
+
+def test_a_draft_model_adds_its_own_cache_and_compute_from_0_30() -> None:
+    """A DRAFT runs in the copy's llama-server with a KV cache of its own (f16) and compute
+    buffers; its file is in /api/tags' size already. Its architecture is not shown, so its
+    cache is taken at the model's own per token: 144 KiB x 16384 = 2304, + 768 + 256."""
+    drafted = ModelInfo(trained_context=40960, kv_bytes_per_token=144 * KIB,
+                        runner="draft=sha256-" + "d" * 64)
+
+    def footprint(info: ModelInfo, version: str = "0.33.0", context: int = 16384,
+                  seen: dict[int, int] | None = None) -> tuple[int, int, int]:
+        card = ProviderView("a", 24564, version=version, disk_mib={"m": 5700},
+                            models={"m": info}, observed={"m": seen} if seen else {})
+        other = ProviderView("b", 24564, version=version, disk_mib={"m": 5700},
+                             models={"m": info})
+        fp = Sizer((card, other), 1.2).footprint("m", other, context)
+        assert fp is not None
+        return fp.weights_mib, fp.draft_mib, fp.total_mib
+
+    assert footprint(drafted) == (5700, 3328, 5700 + 2304 + 768 + 3328)
+    # none drafts with draft_num_predict 0 in the Modelfile, nor before 0.30
+    off = replace(drafted, runner="draft_num_predict=0;" + drafted.runner)
+    assert footprint(off)[1:] == (0, 5700 + 2304 + 768)
+    assert footprint(drafted, "0.12.6")[1:] == (0, 5700 + 2304 + 768)
+    assert footprint(replace(drafted, runner="draft_num_predict=8;" + drafted.runner))[1] \
+        == 3328
+    # a copy seen at 16384 (the simulator's 11673) is calibrated without its draft's part,
+    # then sized with the draft's at 32768: 4608 + 768 + 256
+    weights = 11673 - 2304 - 768 - 3328
+    assert footprint(drafted, context=32768, seen={16384: 11673}) == (
+        weights, 5632, weights + 4608 + 768 + 5632)
 
 
 def test_a_copy_seen_on_one_card_is_rederived_for_anothers_context_and_slots() -> None:

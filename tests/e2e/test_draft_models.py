@@ -1,0 +1,81 @@
+"""Models with a DRAFT model (speculative decoding, 0.30+), end to end: the sidecar, the
+official ollama client, a simulated GPU that runs the draft as HEAD's llama-server does
+(`--spec-draft-model`, llm/llama_server.go:807-823): the draft's weights, a KV cache of its
+own for every slot's context (f16) and its compute buffers beside the model's.
+
+qwen3:8b with a 0.6B draft at 16384 tokens holds 11673 MiB (8372 without the draft). Sized
+as its file alone (/api/tags counts the draft's 500 MiB), it looked 8772: two of them fit
+the 19360 MiB a 22000 MiB card leaves usable, and the second load spilled to the CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from loadtest.sim_model import CATALOG, SimModel
+from tests.e2e.test_engine_fidelity import NOTHING, quiet
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims
+
+QWEN3_8B = next(m for m in CATALOG if m.name == "qwen3:8b")
+DRAFT = SimModel("qwen3-draft:0.6b", disk_mib=500, block_count=28, embedding_length=1024,
+                 head_count=16, head_count_kv=8, key_length=128, value_length=128,
+                 parameter_size="0.6B")
+# two models with weights files of their own, each with the draft
+SPEC_A = replace(QWEN3_8B, name="spec-a:latest", weights="", draft=DRAFT)
+SPEC_B = replace(QWEN3_8B, name="spec-b:latest", weights="", draft=DRAFT)
+REAL_MIB = 11673  # what the simulator's copy holds at 16384 x 1 (/api/ps)
+
+
+def _verdict(url: str, model: str) -> dict[str, Any]:
+    verdicts = httpx.get(f"{url}/kubemoot/v1/explain", timeout=10,
+                         params={"model": model, "numCtx": 16384}).json()["verdicts"]
+    return dict(verdicts[0])
+
+
+def test_a_model_with_a_draft_is_sized_with_it_and_two_loads_never_overcommit(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384,
+                      models=(SPEC_A, SPEC_B), time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    # before any copy is seen: the file (5700) + KV 2304 + compute 768, and the draft's
+    # cache taken at the model's own 144 KiB a token (2304) + compute 768 + 256
+    first = _verdict(url, "spec-a")
+    assert (first["footprintDraftMiB"], first["footprintTotalMiB"]) == (3328, 12100)
+    assert first["footprintTotalMiB"] >= REAL_MIB
+
+    answers: list[str] = []
+
+    def call(model: str) -> None:
+        client = ollama.Client(host=url, timeout=60)
+        answer = client.chat(model=model, messages=[{"role": "user", "content": "hi"}])
+        answers.append(answer.message.content or "")
+
+    calls = [threading.Thread(target=call, args=(m,)) for m in ("spec-a", "spec-b")]
+    for thread in calls:
+        thread.start()
+    for thread in calls:
+        thread.join(60)
+    assert len(answers) == 2 and all(answers)
+    # one at a time: the second load waited for the first call and replaced its copy
+    ps = httpx.get(f"{gpu.url}/api/ps").json()["models"]
+    assert [m["size"] >> 20 for m in ps] == [REAL_MIB]
+    assert gpu.sim.stats.peak_vram_mib <= 22000
+    assert (gpu.sim.stats.oom_events, quiet(gpu)) == (0, NOTHING)
+
+
+@pytest.mark.parametrize("version", ["0.12.6"])
+def test_before_0_30_a_draft_adds_nothing(sim_factory: Sims, sidecar_factory: Sidecars,
+                                          version: str) -> None:
+    """0.12 knows no DRAFT layer: its copy is the model alone, and /api/show names none."""
+    gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384, version=version,
+                      models=(SPEC_A,), time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    verdict = _verdict(url, "spec-a")
+    assert "footprintDraftMiB" not in verdict
+    assert verdict["footprintTotalMiB"] == 5700 + 2304 + 768
