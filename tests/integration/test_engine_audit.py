@@ -285,7 +285,7 @@ DRAFT = SimModel("qwen3-draft:0.6b", disk_mib=500, block_count=28, embedding_len
                  parameter_size="0.6B")
 QWEN3_SPEC = replace(QWEN3_8B, name="qwen3-spec:latest", draft=DRAFT)
 QWEN3_SPEC_OTHER = replace(QWEN3_8B, name="qwen3-spec-other:latest",
-                           draft=replace(DRAFT, name="other-draft:0.6b"))
+                           draft=replace(DRAFT, name="other-draft:0.6b", weights=""))
 
 
 @pytest.mark.parametrize(("version", "size_mib", "reloads"),
