@@ -16,6 +16,7 @@ from proxy.core.lengths import CallLengths
 from proxy.core.policy import Policy
 from proxy.core.sizing import (
     admission_rule,
+    draft_num_predict,
     held_by_runners,
     model_slots,
     ollama_admits,
@@ -410,8 +411,9 @@ def same_weights(view: ProviderView, model: str, other: str) -> bool:
 
 def same_runner(view: ProviderView, model: str, other: str) -> bool:
     """Whether a call for `model` would share `other`'s copy of their weights file at one
-    context: the same runner PARAMETERs, adapters and projectors (ModelInfo.runner), except
-    that a call whose num_gpu is Ollama's default takes the copy's (needsReload sets both to
+    context: the same runner PARAMETERs (draft_num_predict as each gets it), adapters and
+    projectors (ModelInfo.runner), not the DRAFT file, except that a call whose num_gpu is
+    Ollama's default takes the copy's (needsReload sets both to
     -1, server/sched.go:1390-1395; v0.12.6 :600-606)."""
     mine, theirs = view.models.get(model), view.models.get(other)
     if mine is None or theirs is None:
@@ -425,13 +427,18 @@ def same_runner(view: ProviderView, model: str, other: str) -> bool:
 
 
 def _runner_parts(runner: str) -> list[str]:
-    """ModelInfo.runner's parts: the PARAMETERs in name order (/api/show lists them in a Go
-    map's order, server/routes.go:1499-1508), a negative num_gpu (Ollama's default: the
-    copy's is taken) left out; then the files in their order."""
+    """ModelInfo.runner's parts as needsReload compares them: the PARAMETERs in name order
+    (/api/show lists them in a Go map's order, server/routes.go:1499-1508), a negative
+    num_gpu (Ollama's default: the copy's is taken) left out, draft_num_predict as the copy
+    gets it; then the files in their order, but for the DRAFT (not compared, server/
+    sched.go:1422-1424: a copy with another draft is joined)."""
     parts = [p for p in runner.split(";") if p]
-    parameters = sorted(p for p in parts if not p.startswith(RUNNER_FILES)
-                        and not (p.startswith("num_gpu=-")))
-    return [*parameters, *(p for p in parts if p.startswith(RUNNER_FILES))]
+    drafted = draft_num_predict(runner)
+    parameters = sorted([*(p for p in parts if not p.startswith(RUNNER_FILES)
+                           and not p.startswith(("num_gpu=-", "draft_num_predict="))),
+                         *([f"draft_num_predict={drafted}"] if drafted else [])])
+    return [*parameters, *(p for p in parts if p.startswith(RUNNER_FILES)
+                           and not p.startswith("draft="))]
 
 
 # ModelInfo.runner's parts that name files (service/prober.py runner_files), in their order

@@ -192,21 +192,29 @@ def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int
     return disk_mib + math.ceil(info.estimate_kv_bytes_per_token * context * slots / MIB)
 
 
+def draft_num_predict(runner: str) -> int:
+    """A copy's draft_num_predict from the model's ModelInfo.runner: its Modelfile's, else
+    api.DefaultOptions' 4 for a model with a DRAFT and 0 for one without (server/routes.go:
+    136-156; the sidecar sends none of its own). needsReload compares it, not the DRAFT file
+    (server/sched.go:1422-1424)."""
+    parts = runner.split(";")
+    for part in parts:
+        key, _, value = part.partition("=")
+        if key == "draft_num_predict":
+            try:
+                return int(float(value))
+            except ValueError:
+                return 0
+    return DEFAULT_DRAFT_NUM_PREDICT if any(p.startswith("draft=") for p in parts) else 0
+
+
+DEFAULT_DRAFT_NUM_PREDICT = 4  # api.DefaultOptions (api/types.go:1119)
+
+
 def drafts(info: ModelInfo) -> bool:
     """Whether a copy of the model runs its DRAFT model: one is in its Modelfile and its
-    draft_num_predict, 4 unless the Modelfile sets one (server/routes.go:136-156), is above 0
-    (llm/llama_server.go:807-813; the sidecar sends no draft_num_predict of its own)."""
-    parts = info.runner.split(";")
-    return any(p.startswith("draft=") for p in parts) and not any(
-        p.startswith("draft_num_predict=") and _number(p.partition("=")[2]) <= 0
-        for p in parts)
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return 0.0
+    draft_num_predict is above 0 (llm/llama_server.go:807-813)."""
+    return "draft=" in info.runner and draft_num_predict(info.runner) > 0
 
 
 def draft_mib(info: ModelInfo, context: int, slots: int, version: str) -> int:

@@ -121,9 +121,10 @@ def runner_files(show: dict[str, Any]) -> str:
     """What besides the weights file and the context a copy of the model is loaded with, as
     needsReload compares it (server/sched.go:1400-1425): its Modelfile's runner PARAMETERs,
     its ADAPTER files, its projector files (the FROMs after the first) and its DRAFT model
-    (HEAD images.go:601-606; a draft sets draft_num_predict), in order; "" for none. Two
-    models of one weights file share a copy only where this is the same
-    (core/occupancy.py same_runner)."""
+    (HEAD images.go:601-606: sized with the copy, core/sizing.py draft_mib), in order; ""
+    for none. Two models of one weights file share a copy only where this matches as
+    needsReload compares it (core/occupancy.py same_runner: a draft by the
+    draft_num_predict it implies, not its file)."""
     parts = []
     for line in str(show.get("parameters") or "").splitlines():
         key, _, value = line.strip().partition(" ")

@@ -79,3 +79,22 @@ def test_before_0_30_a_draft_adds_nothing(sim_factory: Sims, sidecar_factory: Si
     verdict = _verdict(url, "spec-a")
     assert "footprintDraftMiB" not in verdict
     assert verdict["footprintTotalMiB"] == 5700 + 2304 + 768
+
+
+def test_a_model_of_the_same_file_with_another_draft_joins_the_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """needsReload compares draft_num_predict, not the DRAFT file (server/sched.go:
+    1422-1424): a call for a model made FROM spec-a with a draft of its own runs on spec-a's
+    copy, so the sidecar sends it there rather than unloading that copy and loading it
+    again."""
+    other = replace(SPEC_A, name="spec-a-other:latest",
+                    draft=replace(DRAFT, name="other-draft:0.6b", weights=""))
+    gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384,
+                      models=(SPEC_A, other), time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    client = ollama.Client(host=url, timeout=60)
+    for model in ("spec-a", "spec-a-other"):
+        answer = client.chat(model=model, messages=[{"role": "user", "content": "hi"}])
+        assert answer.message.content
+    stats = gpu.sim.stats
+    assert (stats.loads, stats.unloads, quiet(gpu)) == (1, 0, NOTHING)

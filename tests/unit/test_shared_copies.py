@@ -111,6 +111,26 @@ def test_a_call_without_a_num_gpu_of_its_own_joins_a_copy_loaded_with_one() -> N
         "evict", {"qwen3:8b"}), reloads
 
 
+def test_a_copy_with_another_draft_is_joined_one_without_a_draft_is_not() -> None:
+    """needsReload compares draft_num_predict (4 for a model with a DRAFT unless its
+    Modelfile sets one, 0 for one without), never the DRAFT file (server/sched.go:
+    1422-1424): a copy loaded with another draft is joined, one with none is reloaded unless
+    the call's model sets draft_num_predict 0."""
+    draft_a, draft_b = "draft=sha256-" + "a" * 64, "draft=sha256-" + "b" * 64
+    for plain, joined in ((draft_b, True), ("", False), (f"draft_num_predict=0;{draft_b}", False),
+                          ("draft_num_predict=4", True)):
+        models = {"qwen3:8b": replace(FILE, runner=draft_a),
+                  "qwen3-plain": replace(FILE, runner=plain)}
+        placed = place(call("qwen3-plain"), snapshot(card(models=models))).placement
+        assert placed is not None, plain
+        assert (placed.kind, placed.copy) == (("warm", "qwen3:8b") if joined else
+                                              ("evict", "")), (plain, placed)
+    models = {"qwen3:8b": FILE, "qwen3-plain": replace(FILE, runner=f"draft_num_predict=0;"
+                                                                   f"{draft_b}")}
+    placed = place(call("qwen3-plain"), snapshot(card(models=models))).placement
+    assert placed is not None and (placed.kind, placed.copy) == ("warm", "qwen3:8b"), placed
+
+
 def test_the_users_of_a_copy_are_the_models_ollama_runs_on_it() -> None:
     """A release there is written at once when another sidecar's call for any of them
     waits (service/calls.py)."""
