@@ -318,8 +318,10 @@ class SidecarApi:
         shared = self.shared_state()
         if self.readiness():
             return _json({"status": "ready", "sharedState": shared})
-        return _json({"status": "not ready", "reason": "no provider can take calls",
-                      "sharedState": shared}, 503)
+        # in the error shape every refusal has (CONTRACT.md), beside the probe's fields
+        return _json({"status": "not ready", "error": "no provider can take calls and no "
+                      "static endpoint is set (KUBEMOOT_MODEL_ENDPOINT)",
+                      "reason": "no-provider", "sharedState": shared}, 503)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

@@ -498,6 +498,8 @@ def test_not_ready_when_no_provider_answers(sim_factory: Sims,
     assert httpx.get(f"{url}/readyz").status_code == 200
     gone.stop()
     assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 503)
+    body = httpx.get(f"{url}/readyz").json()  # the documented error shape, as every refusal
+    assert body["reason"] == "no-provider" and "no provider" in body["error"]
 
 
 def test_ops_listener_serves_probes_and_metrics_only(fleet: list[SimServer]) -> None:
