@@ -78,7 +78,9 @@ def placement_settings(settings: Settings) -> PlacementSettings:
                     for c in settings.model_candidates_mulling)
     if not mulling and settings.model_model:
         mulling = (Candidate(normalise_model(settings.model_model)),)
-    return PlacementSettings(CallModels(mulling, settings.triage_model), settings.tolerance,
+    preferred = normalise_model(settings.model_model) if settings.model_model else None
+    return PlacementSettings(CallModels(mulling, settings.triage_model, preferred),
+                             settings.tolerance,
                              settings.wait_limit_seconds, tuple(settings.providers))
 
 

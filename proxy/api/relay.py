@@ -847,7 +847,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                       engine=upstream.status_code == 500)
     status = 400 if counted is not None else upstream.status_code
     if status >= 400:  # the provider's own refusal, in the sidecar's shape
-        data, media_type = provider_refusal(status, message, attempt.model, dialect, data,
+        data, media_type = provider_refusal(status, message, sent, dialect, data,
                                             "bad-request" if callers else None), JSON
     if counted is not None:
         # The estimate was short: the call is placed again, sized at what the engine counted

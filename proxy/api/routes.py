@@ -98,12 +98,12 @@ def call_headers(request: Request, default_can_wait: bool) -> tuple[str, str | N
 
 def can_wait_header(request: Request, default: bool) -> bool:
     """Whether the call may wait for a GPU: its X-Kubemoot-Wait header, else `default` (the
-    role's)."""
+    role's). A role whose calls never wait (coordinator) is not overruled by a header."""
     wait = request.headers.get("x-kubemoot-wait", "").strip().lower()
     if wait and wait not in WAIT_VALUES:
         raise wire.BadRequest(f"header 'X-Kubemoot-Wait': {wait!r} is not true or false "
                               f"(also taken: yes, no, 1, 0)", "X-Kubemoot-Wait")
-    return WAIT_VALUES[wait] if wait else default
+    return default and WAIT_VALUES[wait] if wait else default
 
 
 class RequestTooLarge(Exception):
@@ -318,8 +318,10 @@ class SidecarApi:
         shared = self.shared_state()
         if self.readiness():
             return _json({"status": "ready", "sharedState": shared})
-        return _json({"status": "not ready", "reason": "no provider can take calls",
-                      "sharedState": shared}, 503)
+        # in the error shape every refusal has (CONTRACT.md), beside the probe's fields
+        return _json({"status": "not ready", "error": "no provider can take calls and no "
+                      "static endpoint is set (KUBEMOOT_MODEL_ENDPOINT)",
+                      "reason": "no-provider", "sharedState": shared}, 503)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)

@@ -182,13 +182,21 @@ class CallModels:
 
     mulling: tuple[Candidate, ...] = ()
     triage_model: str | None = None
+    # the bound mulling model (KUBEMOOT_MODEL_MODEL), which a call naming no model runs even
+    # when the list ranks another first; unset, the list's first stands for it
+    preferred: str | None = None
+
+    @property
+    def mulling_model(self) -> str | None:
+        return self.preferred or (self.mulling[0].model if self.mulling else None)
 
     def for_call(self, phase: str, model: str | None) -> tuple[Candidate, ...] | None:
         """The candidates of one call, the model it names first; None when it names none
         and none is configured."""
-        if phase == "triage":
-            bound = model or self.triage_model
+        if phase == "triage":  # its model defaults to the mulling model (CONTRACT.md)
+            bound = model or self.triage_model or self.mulling_model
             return (Candidate(self.resolve(bound)),) if bound else None
+        model = model or self.preferred
         if model is None:
             return self.mulling or None
         wanted = model_key(model)
@@ -199,7 +207,8 @@ class CallModels:
 
     def resolve(self, model: str) -> str:
         """The spelling of `model` among this agent's configured models."""
-        known = (*(c.model for c in self.mulling), *filter(None, (self.triage_model,)))
+        known = (*(c.model for c in self.mulling),
+                 *filter(None, (self.triage_model, self.preferred)))
         return resolve_model(model, known)
 
 

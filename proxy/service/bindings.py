@@ -140,7 +140,10 @@ class Bindings:
         if not given:  # the binder left this phase empty (zero match): the env's
             return replace(self.env, unschedulable=reason)
         tolerance = binding.get("tolerance")
-        return Resolved(CallModels(mulling or env.mulling, triage or env.triage_model),
+        # the binding's list, best first, applies instead of the env's bound model
+        models = CallModels(mulling or env.mulling, triage or env.triage_model,
+                            None if mulling else env.preferred)
+        return Resolved(models,
                         self.env.tolerance if tolerance is None else max(0.0, float(tolerance)),
                         "agent", _generation(binding), reason)
 
@@ -155,7 +158,7 @@ class Bindings:
             listed = _candidates(mine.get("candidates"))
             if not listed:
                 return base
-            models = replace(models, mulling=listed)
+            models = replace(models, mulling=listed, preferred=None)
         tolerance = mine.get("tolerance")
         return Resolved(models, base.tolerance if tolerance is None else
                         max(0.0, float(tolerance)), "thread",
@@ -183,8 +186,8 @@ class Bindings:
         preferred model for the phase): what an agent that reads KUBEMOOT_MODEL_MODEL, or
         was configured with the same name, sends for "my bound model"."""
         env = self.env.models
-        deployed = env.triage_model if phase == "triage" else \
-            (env.mulling[0].model if env.mulling else None)
+        deployed = (env.triage_model or env.mulling_model) if phase == "triage" else \
+            env.mulling_model
         return deployed is not None and model_key(deployed) == model_key(model)
 
     def used(self, phase: str, thread: str | None = None) -> Resolved:

@@ -96,3 +96,34 @@ def test_a_refusal_names_the_model_as_the_call_did(
     url = sidecar_factory([gpu]).url
     refused = httpx.post(f"{url}{path}", json={**body, "stream": False}, timeout=30).json()
     assert (refused["reason"], refused["model"]) == (reason, body["model"])
+
+
+# CONTRACT.md: KUBEMOOT_MODEL_MODEL is the preferred (bound) mulling model, a request without
+# a model uses the phase's preferred model, and the triage model defaults to the mulling one.
+CANDIDATES = [{"model": "qwen3:8b", "score": 60}, {"model": "llama3.2:3b", "score": 55}]
+
+
+def _unnamed(url: str, phase: str = "mulling") -> httpx.Response:
+    return httpx.post(f"{url}/api/chat", json={"messages": HI, "stream": False},
+                      headers={"X-Kubemoot-Phase": phase}, timeout=30)
+
+
+def test_a_call_naming_no_model_runs_the_bound_model_not_the_lists_first(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu], model_model="llama3.2:3b",
+                          model_candidates_mulling=CANDIDATES).url
+    for phase in ("mulling", "triage"):
+        r = _unnamed(url, phase)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-kubemoot-model"] == r.json()["model"] == "llama3.2:3b"
+    assert _ps(gpu.url) == ["llama3.2:3b"]
+
+
+def test_a_triage_call_naming_no_model_runs_the_mulling_model_when_no_model_is_bound(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu], model_candidates_mulling=CANDIDATES).url
+    mulling, triage = _unnamed(url), _unnamed(url, "triage")
+    assert mulling.status_code == triage.status_code == 200, triage.text
+    assert mulling.headers["x-kubemoot-model"] == triage.headers["x-kubemoot-model"] == "qwen3:8b"

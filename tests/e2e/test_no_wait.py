@@ -15,7 +15,10 @@ import pytest
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
 
 CANNOT_WAIT = [pytest.param({}, {"X-Kubemoot-Wait": "false"}, id="header"),
-               pytest.param({"role": "coordinator"}, {}, id="coordinator")]
+               pytest.param({"role": "coordinator"}, {}, id="coordinator"),
+               # the role is the sidecar's: "calls never wait", whatever a call asks
+               pytest.param({"role": "coordinator"}, {"X-Kubemoot-Wait": "true"},
+                            id="coordinator-asking-to-wait")]
 
 
 @pytest.mark.parametrize(("role", "headers"), CANNOT_WAIT)

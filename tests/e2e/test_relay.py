@@ -371,6 +371,18 @@ def test_an_engines_refusal_on_anthropics_path_in_anthropics_shape(
         engine.stop()
 
 
+def test_a_providers_refusal_names_the_model_as_sent_and_as_its_header_does(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    # CONTRACT.md: the refusal's `model` is the model sent, which X-Kubemoot-Model names
+    # too; "nosuch" was answered as "nosuch:latest", a name the call never used
+    static = sim_factory("static")
+    url = sidecar_factory(model_endpoint=static.url).url
+    r = httpx.post(f"{url}/api/chat", json={"model": "nosuch", "messages": HI}, timeout=30)
+    assert r.status_code == 404, r.text
+    assert r.json()["model"] == r.headers["x-kubemoot-model"] == "nosuch"
+    assert r.json()["error"] == "model 'nosuch' not found"
+
+
 def test_mid_stream_failure_ends_with_an_error_line(fleet: list[SimServer],
                                                     sidecar_factory: Sidecars) -> None:
     fleet[0].sim.fault.mode, fleet[0].sim.fault.count = "midstream", 1
@@ -498,6 +510,8 @@ def test_not_ready_when_no_provider_answers(sim_factory: Sims,
     assert httpx.get(f"{url}/readyz").status_code == 200
     gone.stop()
     assert eventually(lambda: httpx.get(f"{url}/readyz").status_code == 503)
+    body = httpx.get(f"{url}/readyz").json()  # the documented error shape, as every refusal
+    assert body["reason"] == "no-provider" and "no provider" in body["error"]
 
 
 def test_ops_listener_serves_probes_and_metrics_only(fleet: list[SimServer]) -> None:
