@@ -51,9 +51,10 @@ def _serve(args: argparse.Namespace) -> int:
         fleet = start_fleet(demo_fleet(time_scale=args.demo_time_scale))
         overrides["providers"] = [s.config.provider_entry(s.url) for s in fleet]
         overrides.setdefault("model_model", "qwen3:8b")
-    if args.listen:
-        overrides["listen"] = args.listen
     try:
+        if args.listen:
+            _check_listen_flag(args.listen)
+            overrides["listen"] = args.listen
         settings = load_settings(args.config, **overrides)
         _require_something_to_call(settings)
         if settings.nats_url:  # settings NATS refuses are bad configuration, not an outage
@@ -111,6 +112,14 @@ def _mib(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is below 0")
     return value
+
+
+def _check_listen_flag(address: str) -> None:
+    """A bad --listen is named as the flag, not as the setting it overrides."""
+    try:
+        parse_listen(address)
+    except ValueError as exc:
+        raise ConfigError(f"--listen: {exc}") from None
 
 
 def _bind(setting: str, address: str) -> socket.socket:

@@ -420,6 +420,14 @@ def test_an_address_in_use_exits_2_with_one_line_before_any_banner() -> None:
     assert len(lines) == 1 and f"--listen: cannot listen on 127.0.0.1:{port}" in lines[0], err
 
 
+def test_a_bad_listen_flag_is_named_as_the_flag_not_the_setting() -> None:
+    serve = _serve("--listen", "foo", KUBEMOOT_MODEL_ENDPOINT="http://127.0.0.1:9")
+    out, err = serve.communicate(timeout=60)
+    assert serve.returncode == 2 and out == ""
+    assert err.strip() == ("kubemoot-proxy: bad configuration: --listen: expected host:port, "
+                           "got 'foo'"), err
+
+
 def test_serve_says_in_one_line_where_it_listens_and_what_state_it_uses() -> None:
     with socket.create_server(("127.0.0.1", 0)) as free:
         port = free.getsockname()[1]
