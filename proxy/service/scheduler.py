@@ -298,7 +298,7 @@ class Scheduler:
                 remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     ended = "gpu-busy"
-                    limit = f"{self.settings.wait_limit_s:.0f} s"  # the call's, in all
+                    limit = f"{self.settings.wait_limit_s:g} s"  # the call's, in all: 1.5, not 2
                     return Refusal("gpu-busy", (
                         f"No GPU that can run {spec.preferred.model} came back within {limit}"
                         f" ({decision.reason}); check the providers."

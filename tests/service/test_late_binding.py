@@ -150,6 +150,16 @@ async def test_a_waiting_call_still_ends_at_its_wait_limit_with_gpu_busy(fleet: 
     assert (await working).status == 200
 
 
+async def test_the_gpu_busy_answer_names_the_wait_limit_as_set(fleet: Fleet) -> None:
+    gpu, sidecar = await warm_8b(fleet, discuss_gpu_wait_limit_seconds=1.5)
+    gpu.script(Answer(seconds=10))
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)
+    r = await sidecar.chat("qwen3:8b")
+    assert r.refusal is not None and "stayed busy for 1.5 s (" in r.refusal.message, r.refusal
+    assert (await working).status == 200
+
+
 async def test_a_client_that_leaves_while_waiting_frees_its_place_at_once(
         fleet: Fleet) -> None:
     """Two calls wait for the one busy slot; the older leaves. Its entry goes at once and
