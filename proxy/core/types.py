@@ -110,8 +110,8 @@ class ProviderView:
     remote: Mapping[str, str] = field(default_factory=dict)
     cloud_off: bool = False  # OLLAMA_NO_CLOUD: Ollama refuses every cloud call here
     # With no disk listing now (down, its /api/tags failing, or only cloud stubs): every
-    # name (model_key) it listed, on disk or as a stub, when it last listed any since the
-    # sidecar started; empty: never listed, so it may have any model (core/placement.py)
+    # name (model_key) it listed, on disk or as a stub, when it last listed any since its
+    # prober started; empty: never listed, so it may have any model (core/placement.py)
     last_listed: frozenset[str] = frozenset()
 
     def own_name(self, model: str) -> str:
