@@ -49,7 +49,7 @@ from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import ModelEntry, ModelServer, UpstreamError
 from proxy.service.codec import parse_rfc3339, rfc3339
-from proxy.service.routing import NO_PROMPT, CallRequest, Calls, ProviderPool
+from proxy.service.routing import NO_PROMPT, CallRequest, Calls, Granted, ProviderPool
 
 log = get_logger("kubemoot.api")
 W = TypeVar("W", bound=BaseModel)
@@ -669,15 +669,16 @@ class SidecarApi:
             disconnected=lambda: _disconnect(request),
         )
 
-    def _goes_to_cloud(self, request: Request, path: str, parsed: wire.Inference) -> bool:
-        """Whether a provider's Ollama sends the call on to its cloud; a call whose headers
-        are wrong is no such call (its 400 comes where it always has)."""
+    def _cloud_attempt(self, request: Request, path: str, parsed: wire.Inference
+                       ) -> Granted | None:
+        """How a provider's Ollama sends the call on to its cloud, None when it does not; a
+        call whose headers are wrong is no such call (its 400 comes where it always has)."""
         model, source = self.model_source(parsed.model)
         try:
             phase, thread, _ = call_headers(request, self.default_can_wait)
         except wire.BadRequest:
-            return False
-        return self.calls.sends_to_cloud(CallRequest(path, model, phase, thread, source=source))
+            return None
+        return self.calls.cloud_attempt(CallRequest(path, model, phase, thread, source=source))
 
     def model_source(self, name: str | None) -> tuple[str | None, str]:
         """The call's model and the source its name asks for (core/models.py split_source),
@@ -737,8 +738,8 @@ class SidecarApi:
         large = getattr(request.state, "large_body", False)
         # A cloud call is sent on as it came: Ollama does so before the checks below
         # (server/routes.go 267-272, 308-362, before its option, unload, raw and input ones)
-        cloud = self._goes_to_cloud(request, path, parsed)
-        if not cloud and (wrong := await off_loop(large, layers.layer_error, path, body,
+        cloud = self._cloud_attempt(request, path, parsed)
+        if cloud is None and (wrong := await off_loop(large, layers.layer_error, path, body,
                                                   self.engine_version())):
             return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         measured = await off_loop(large, measure, body, parsed, self.engine_version())
@@ -746,8 +747,9 @@ class SidecarApi:
             call = self.call_request(request, path, body, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
-        if cloud:
-            return await self._forward(call, path, body, parsed, started, dialect, reshape)
+        if cloud is not None:
+            return await self._forward(call, path, body, parsed, started, dialect, reshape,
+                                       cloud)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path, parsed.model or call.model)
         if wrong := await off_loop(large, layers.found_error, path, body):
@@ -760,13 +762,13 @@ class SidecarApi:
 
     async def _forward(self, call: CallRequest, path: str, body: dict[str, Any],
                        parsed: wire.Inference, started: float, dialect: Dialect,
-                       reshape: Reshape | None) -> Response:
+                       reshape: Reshape | None, cloud: Granted | None = None) -> Response:
         if isinstance(parsed, wire.EMBEDDINGS):
             stream = False
         else:
             # Ollama's own API streams unless told not to; OpenAI's and Anthropic's only when asked.
             stream = parsed.stream is not False if dialect == "ollama" else bool(parsed.stream)
-        return await forward(self.calls.attempts(call, started), path, body, stream,
+        return await forward(self.calls.attempts(call, started, cloud), path, body, stream,
                              self.chunk_timeout_s, dialect=dialect,
                              disconnected=call.disconnected, reshape=reshape)
 

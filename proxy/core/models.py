@@ -175,6 +175,11 @@ def resolve_model(name: str, known: Iterable[str]) -> str:
                 normalise_model(name))
 
 
+def listing(*names: Iterable[str]) -> frozenset[str]:
+    """The keys of the models a card lists (model_key), to ask whether it has one."""
+    return frozenset(model_key(n) for group in names for n in group)
+
+
 @dataclass(frozen=True)
 class CallModels:
     """Which models an agent's calls may run: its mulling candidates (best first, as the

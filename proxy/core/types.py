@@ -109,6 +109,10 @@ class ProviderView:
     # Stubs of models Ollama's cloud runs, listed here (model -> remote host): never placed
     remote: Mapping[str, str] = field(default_factory=dict)
     cloud_off: bool = False  # OLLAMA_NO_CLOUD: Ollama refuses every cloud call here
+    # With no disk listing now (down, its /api/tags failing, or only cloud stubs): every
+    # name (model_key) it listed, on disk or as a stub, when it last listed any since its
+    # prober started; empty: never listed, so it may have any model (core/placement.py)
+    last_listed: frozenset[str] = frozenset()
 
     def own_name(self, model: str) -> str:
         """The name of `model` (as placed) this card has, to send it."""

@@ -28,8 +28,16 @@ from proxy.service.evictions import Evictions
 from proxy.service.experience import CacheCheck, Experience
 from proxy.service.plans import PlanBook
 from proxy.service.prober import Prober
-from proxy.service.routing import CLOUD, STATIC, Attempt, CallOutcome, CallRequest, Refusal
-from proxy.service.scheduler import Granted, Scheduler
+from proxy.service.routing import (
+    CLOUD,
+    STATIC,
+    Attempt,
+    CallOutcome,
+    CallRequest,
+    Granted,
+    Refusal,
+)
+from proxy.service.scheduler import Scheduler
 
 log = get_logger("kubemoot.calls")
 # A retry of a failed attempt only when the others could still take the call (after a wait).
@@ -71,11 +79,12 @@ class CallService:
         candidates = self.scheduler.candidates(phase, None, thread, ask=False)
         return candidates[0].model if candidates else ""
 
-    def attempts(self, call: CallRequest, started: float) -> CallAttempts:
-        return CallAttempts(self, call, started)
+    def attempts(self, call: CallRequest, started: float, cloud: Granted | None
+                 ) -> CallAttempts:
+        return CallAttempts(self, call, started, cloud)
 
-    def sends_to_cloud(self, call: CallRequest) -> bool:
-        return self.scheduler.cloud_attempt(call) is not None
+    def cloud_attempt(self, call: CallRequest) -> Granted | None:
+        return self.scheduler.cloud_attempt(call)
 
     def cloud_gateway(self) -> str | None:
         return self.scheduler.cloud_gateway()
@@ -179,10 +188,12 @@ class CallAttempts:
     after a failure before the answer began, and at most one more sized at the engine's
     count after it refused the prompt as longer than its context."""
 
-    def __init__(self, service: CallService, call: CallRequest, started: float) -> None:
+    def __init__(self, service: CallService, call: CallRequest, started: float,
+                 cloud: Granted | None) -> None:
         self.service = service
         self.call = call
         self.started = started
+        self.cloud = cloud  # the call sent on to Ollama's cloud (asked once, by the API)
         self._current: Granted | None = None
         self._retried = False
         self._resized = False
@@ -190,7 +201,7 @@ class CallAttempts:
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
-        cloud = s.scheduler.cloud_attempt(self.call)
+        cloud = self.cloud
         if cloud is not None:
             if self.call.thread and await s.plans.release(self.call.thread):
                 log.info("plan released: its thread's call went to the cloud",

@@ -113,6 +113,9 @@ class ProviderState:
     # so not among the models on disk; model -> its remote host
     remote: dict[str, str] = field(default_factory=dict)
     cloud_off: bool = False  # /api/status: OLLAMA_NO_CLOUD, every cloud call refused here
+    # While /api/tags fails (the card down): the names it listed last, on disk or as stubs,
+    # since the prober started (ProviderView.last_listed)
+    listed_before: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return orjson.dumps({
@@ -143,6 +146,7 @@ class ProviderState:
             "availableModelDigests": self.digests,
             **({"remoteModels": self.remote} if self.remote else {}),
             **({"cloudDisabled": True} if self.cloud_off else {}),
+            **({"lastListedModels": self.listed_before} if self.listed_before else {}),
         })
 
     @staticmethod
@@ -175,6 +179,7 @@ class ProviderState:
             digests={str(m): str(v) for m, v in (d.get("availableModelDigests") or {}).items()},
             remote={str(m): str(h) for m, h in (d.get("remoteModels") or {}).items()},
             cloud_off=d.get("cloudDisabled") is True,
+            listed_before=tuple(str(m) for m in d.get("lastListedModels") or ()),
         )
 
     def residents(self) -> tuple[Resident, ...]:

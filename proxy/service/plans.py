@@ -20,8 +20,8 @@ from proxy.core.types import CallSpec, Circuit, Placement, Snapshot
 from proxy.observability.logging import get_logger
 from proxy.ports import SYSTEM_CLOCK, Clock, StoreUnavailable, UpstreamError
 from proxy.service.claims import Claimed, LoadState, recheck_after_s
-from proxy.service.routing import CallRequest
-from proxy.service.scheduler import Granted, Scheduler
+from proxy.service.routing import CallRequest, Granted
+from proxy.service.scheduler import Scheduler
 
 log = get_logger("kubemoot.plans")
 PLAN_TTL_S = 180.0

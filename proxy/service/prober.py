@@ -59,7 +59,18 @@ def _significant(state: ProviderState) -> tuple[Any, ...]:
             sorted(state.loaded_beside_mib.items()),
             sorted(m for m in state.loaded_mib if m not in state.loaded_expiry),  # in use
             sorted(state.models.items()), sorted(state.digests.items()),
-            sorted((m, sorted(seen.items())) for m, seen in state.observed.items()))
+            sorted((m, sorted(seen.items())) for m, seen in state.observed.items()),
+            state.listed_before)
+
+
+def listed_before(previous: ProviderState | None) -> tuple[str, ...]:
+    """What a card whose /api/tags fails listed last: its previous state's listing, or
+    what that state carried from before."""
+    if previous is None:
+        return ()
+    if previous.available_mib or previous.remote:
+        return tuple(sorted({*previous.available_mib, *previous.remote}))
+    return previous.listed_before
 
 
 def trained_context(show: Any) -> int:
@@ -300,7 +311,9 @@ class Prober:
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
             version=version if isinstance(version, str) else "", digests=digests,
-            remote=remote, cloud_off=self._cloud_off.get(name, False))
+            remote=remote, cloud_off=self._cloud_off.get(name, False),
+            listed_before=listed_before(self.latest.get(name) or self._published(name))
+            if isinstance(tags, BaseException) else ())
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
             # or an Ollama that is down would otherwise be silent)

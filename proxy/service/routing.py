@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from proxy.core.tokens import PromptSize
+from proxy.core.types import CallSpec
 from proxy.ports import ModelServer
 from proxy.settings import ProviderConfig
+
+if TYPE_CHECKING:
+    from proxy.service.claims import Claimed
 
 STATIC = "static"
 CLOUD = "cloud"  # the placement of a call a provider's Ollama sends on to its cloud
@@ -130,6 +134,16 @@ class Attempt:
     names_here: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Granted:
+    """A placed attempt, and the claimed ticket it settles (None: the static endpoint, or
+    a call sent on to Ollama's cloud)."""
+
+    attempt: Attempt
+    claimed: Claimed | None
+    spec: CallSpec
+
+
 RefusalReason = Literal["bad-request", "model-not-found", "prompt-too-large", "client-gone",
                         "gpu-busy", "model-too-large"]
 
@@ -168,10 +182,15 @@ class Attempts(Protocol):
 
 
 class Calls(Protocol):
-    def attempts(self, call: CallRequest, started: float) -> Attempts: ...
+    def attempts(self, call: CallRequest, started: float, cloud: Granted | None
+                 ) -> Attempts:
+        """The call's attempts; `cloud` is what `cloud_attempt` answered for it."""
+        ...
 
-    def sends_to_cloud(self, call: CallRequest) -> bool:
-        """Whether a provider's Ollama sends the call on to its cloud (core/cloud.py)."""
+    def cloud_attempt(self, call: CallRequest) -> Granted | None:
+        """The attempt that sends the call on to Ollama's cloud, when a provider's Ollama
+        would (core/cloud.py); None: the call is placed. Asked once a call, before its
+        checks (Ollama sends a cloud call on before them), and handed to `attempts`."""
         ...
 
     def cloud_gateway(self) -> str | None:

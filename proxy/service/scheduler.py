@@ -49,7 +49,15 @@ from proxy.service.claims import Claimed, Claims
 from proxy.service.demand import DemandBoard, WaitEntry, without_waiter
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
-from proxy.service.routing import CLOUD, STATIC, Attempt, CallRequest, ProviderPool, Refusal
+from proxy.service.routing import (
+    CLOUD,
+    STATIC,
+    Attempt,
+    CallRequest,
+    Granted,
+    ProviderPool,
+    Refusal,
+)
 from proxy.service.snapshot import StateView
 from proxy.settings import ProviderConfig
 
@@ -65,15 +73,6 @@ class Reserved:
     decision: Decision
     snapshot: Snapshot
     ticket: Ticket | None
-
-
-@dataclass(frozen=True)
-class Granted:
-    """A placed attempt, and the claimed ticket it settles (None: the static endpoint)."""
-
-    attempt: Attempt
-    claimed: Claimed | None
-    spec: CallSpec
 
 
 @dataclass(frozen=True)

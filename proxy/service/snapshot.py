@@ -13,6 +13,7 @@ from typing import TypeVar
 from proxy.core.aliases import canonical_names, fold, names_here
 from proxy.core.lengths import NO_LENGTHS, CallLengths
 from proxy.core.load_times import LoadTimes
+from proxy.core.models import listing
 from proxy.core.tickets import TicketSet, merge_recorded
 from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
 from proxy.ports import PROVIDER_STATE, Entry, StateStore
@@ -194,7 +195,9 @@ class StateView:
             else state.max_loaded, gpus=config.gpus, weight=config.weight,
             disk_mib=state.available_mib, models=state.models, observed=state.observed,
             kv_cache_type=state.kv_cache_type, version=state.version,
-            probed_at=state.last_probed_at, remote=state.remote, cloud_off=state.cloud_off)
+            probed_at=state.last_probed_at, remote=state.remote, cloud_off=state.cloud_off,
+            last_listed=frozenset() if state.available_mib else
+            listing(state.listed_before or state.remote))
         if canonical:
             view = _one_name_a_model(view, state, canonical)
         return merge_recorded(view, live)

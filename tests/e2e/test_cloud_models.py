@@ -20,6 +20,7 @@ from loadtest.sim_cloud import CloudStub
 from loadtest.sim_model import CATALOG
 from proxy.ports import BINDINGS
 from proxy.service.codec import escape_key
+from proxy.service.routing import CallRequest, Granted
 from tests.conftest import empty_buckets, eventually
 from tests.e2e.test_scheduling import Sidecars, Sims
 
@@ -411,3 +412,26 @@ def test_an_agent_pulls_its_deployed_cloud_name_that_a_binding_moved_to_a_gpu(
     pulled = httpx.post(f"{url}/api/pull", timeout=30,
                         json={"model": "gpt-oss:20b-cloud", "stream": False})
     assert (pulled.status_code, pulled.json()) == (200, {"status": "success"})
+
+
+def test_a_call_asks_once_whether_it_is_a_cloud_call(sim_factory: Sims,
+                                                     sidecar_factory: Sidecars,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API's checks and the call's first attempt read one answer (what it costs: the
+    candidates resolved and every card's view read)."""
+    from proxy.service.scheduler import Scheduler
+
+    asked: list[str | None] = []
+    ask = Scheduler.cloud_attempt
+
+    def counted(self: Scheduler, call: CallRequest) -> Granted | None:
+        asked.append(call.model)
+        return ask(self, call)
+
+    monkeypatch.setattr(Scheduler, "cloud_attempt", counted)
+    url = sidecar_factory([sim_factory("gpu", total_vram_mib=24564, models=CATALOG)]).url
+    for model, placement in (("qwen3:8b", "cold"), ("gpt-oss:120b-cloud", "cloud")):
+        asked.clear()
+        answered = _chat(url, model)
+        assert answered.headers["x-kubemoot-placement"] == placement
+        assert len(asked) == 1, asked

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import ollama
+import openai
 import orjson
 import pytest
 from starlette.applications import Starlette
@@ -24,6 +25,7 @@ from starlette.routing import Route
 
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
+from loadtest.sim_model import CATALOG
 from proxy.app import build_app
 from proxy.settings import load_settings
 from tests.conftest import eventually, provider_entry
@@ -259,3 +261,50 @@ def test_a_copy_whose_engine_failed_a_call_is_reloaded_where_the_failure_keeps_i
     assert answer.message.content
     assert gpu.sim.stats.wedged_slots == int(reloaded)
     assert gpu.sim.stats.loads == 1 + int(reloaded)
+
+
+def test_a_model_no_card_listed_is_404_at_once_while_a_card_that_lacked_it_is_down(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A mistyped name while a card is down: every card's /api/tags was seen (the down
+    one's before it went) and none listed it, so Ollama's 404 comes at once in the call's
+    dialect, not a 503 at the wait limit. A model only the down card listed is waited for."""
+    a = sim_factory("a", models=CATALOG)  # qwen3:32b is on this card only
+    b = sim_factory("b", models=tuple(m for m in CATALOG if m.name != "qwen3:32b"))
+    url = sidecar_factory([a, b], probe_interval_seconds=0.1,
+                          discuss_gpu_wait_limit_seconds=0.5).url
+    assert eventually(lambda: all(p["ready"] for p in httpx.get(
+        f"{url}/kubemoot/v1/state").json()["providers"]))
+    a.stop()
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()[
+        "providers"][0]["ready"])
+    started = time.monotonic()
+    with pytest.raises(ollama.ResponseError) as said:
+        ollama.Client(host=url).chat(model="qwen3:8bb", messages=HI)
+    assert (said.value.status_code, said.value.error) == (404, "model 'qwen3:8bb' not found")
+    with pytest.raises(openai.NotFoundError) as told:
+        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions\
+            .create(model="qwen3:8bb", messages=[{"role": "user", "content": "hi"}])
+    assert told.value.body["type"] == "not_found_error"  # type: ignore[index]
+    embed = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8bb", "input": "hi"})
+    assert (embed.status_code, embed.json()["error"]) == (
+        404, 'model "qwen3:8bb" not found, try pulling it first')
+    assert time.monotonic() - started < 0.5  # none of it waited for the down card
+    only_there = httpx.post(f"{url}/api/chat", json={"model": "qwen3:32b", "messages": HI})
+    assert (only_there.status_code, only_there.json()["reason"]) == (503, "gpu-busy")
+
+
+def test_a_card_never_listed_may_have_any_model(sim_factory: Sims) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # (down since before the sidecar started)
+    sidecar = ThreadedServer(build_app(load_settings(providers=[
+        provider_entry(sim_factory("b")), {"name": "gone", "endpoint": f"http://127.0.0.1:{port}"}],
+        probe_interval_seconds=0.1, discuss_gpu_wait_limit_seconds=0.3)), name="sidecar").start()
+    try:
+        url = sidecar.url
+        assert eventually(lambda: [p["ready"] for p in httpx.get(
+            f"{url}/kubemoot/v1/state").json()["providers"]] == [True, False])
+        r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:8bb", "messages": HI})
+        assert (r.status_code, r.json()["reason"]) == (503, "gpu-busy")  # it may be there
+    finally:
+        sidecar.stop()

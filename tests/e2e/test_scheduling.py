@@ -822,8 +822,7 @@ class NextTurnWrites(MemoryStore):
 async def test_a_burst_of_calls_does_not_hold_back_the_first_claim(
         sim_factory: Sims, monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy.service import scheduler as scheduler_module
-    from proxy.service.routing import CallOutcome, CallRequest
-    from proxy.service.scheduler import Granted
+    from proxy.service.routing import CallOutcome, CallRequest, Granted
 
     gpu = sim_factory("gpu", time_scale=SCALE, num_parallel=8, context_length=2048)
     async with httpx.AsyncClient() as client:  # loaded: every call can join it

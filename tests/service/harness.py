@@ -73,7 +73,8 @@ class Sidecar:
         call = CallRequest("/api/chat", model, phase, thread=thread, can_wait=can_wait,
                            prompt=PromptSize(prompt_chars), num_ctx=num_ctx,
                            num_predict=num_predict, disconnected=disconnected)
-        attempts = self.services.calls.attempts(call, time.perf_counter())
+        calls = self.services.calls
+        attempts = calls.attempts(call, time.perf_counter(), calls.cloud_attempt(call))
         placed = await attempts.first()
         tried: list[Attempt] = []
         while not isinstance(placed, Refusal):

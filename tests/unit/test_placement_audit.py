@@ -90,6 +90,17 @@ def test_a_wait_names_the_unreachable_cards_when_only_they_could_hold_the_model(
     assert place(call("qwen3:32b"), busy).reason.startswith("busy")
 
 
+def test_a_card_down_goes_by_what_it_listed_last_and_only_one_never_listed_may_have_any() -> None:
+    down = gpu("big", GIB32, ready=False, last_listed=frozenset({"qwen3:32b", "qwen3:8b"}))
+    up = gpu("small", GIB24, disk_mib={"qwen3:8b": 5200})
+    typo = place(call("qwen3:8bb"), snapshot(down, up))
+    assert (typo.outcome, typo.reason) == ("model-not-found", "model 'qwen3:8bb' not found")
+    there = place(call("Qwen3:32B"), snapshot(down, up))  # Ollama's names ignore case
+    assert there.outcome == "wait" and "big: provider not ready" in there.reason
+    never = place(call("qwen3:8bb"), snapshot(gpu("big", GIB32, ready=False), up))
+    assert never.outcome == "wait" and never.reason.startswith(NO_PROVIDER_REACHABLE)
+
+
 def _three_warm_cards_one_slow() -> list[ProviderView]:
     return [gpu(name, GIB24, ("qwen3:8b",)) for name in ("a-slow", "b-fast", "c-fast")]
 

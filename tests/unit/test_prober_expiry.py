@@ -75,3 +75,42 @@ async def test_one_cards_odd_answer_stops_no_other_cards_probe() -> None:
     states = await prober.round(force=True)
     assert [s.name for s in states] == ["a"]
     assert set(store.view(PROVIDER_STATE)) == {"a"}
+
+
+class _Down(_Ps):
+    """A card whose /api/tags the test sets, or makes fail (the card down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags_listed: list[dict[str, object]] | None = []
+
+    async def tags(self, timeout_s: float | None = None) -> list[dict[str, object]]:
+        if self.tags_listed is None:
+            raise ConnectionError("connection refused")
+        return self.tags_listed
+
+
+async def test_a_card_whose_listing_fails_carries_what_it_listed_last() -> None:
+    """(ProviderView.last_listed: a mistyped name is no reason to wait for a card that lacked
+    it.) Carried through every probe of the outage, to other processes through the store,
+    and dropped once the card lists again."""
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server, store = _Down(), MemoryStore()
+    prober = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                    gpu_memory=None)  # type: ignore[arg-type]
+    server.tags_listed = [{"name": "qwen3:8b", "model": "qwen3:8b", "size": 5 << 30},
+                          {"name": "gpt-oss:120b", "model": "gpt-oss:120b",
+                           "remote_host": "https://ollama.com:443"}]
+    assert (await prober.round(force=True))[0].listed_before == ()
+    server.tags_listed = None
+    for _ in range(2):
+        state, = await prober.round(force=True)
+        assert state.listed_before == ("gpt-oss:120b", "qwen3:8b")
+        assert ProviderState.decode(store.view(PROVIDER_STATE)["a"].value).listed_before == \
+            state.listed_before
+    other = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                   gpu_memory=None)  # type: ignore[arg-type]
+    assert (await other.probe("a")).listed_before == ("gpt-oss:120b", "qwen3:8b")
+    server.tags_listed = [{"name": "qwen3:8b", "model": "qwen3:8b", "size": 5 << 30}]
+    assert (await prober.probe("a")).listed_before == ()
