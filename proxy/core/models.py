@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +152,12 @@ def normalise_model(name: str) -> str:
     """The name as Ollama's /api/ps shows it (Name.DisplayShortest): the tag filled in,
     the default host and namespace left out, each part spelled as given; a name Ollama
     refuses keeps its spelling, with `:latest` when it names no tag."""
+    # A call compares its few names with every listed one (~16 a call, 6 us each); a name
+    # longer than Ollama's parts allow is not kept, so callers cannot fill the cache
+    return _normalised(name) if len(name) <= CACHED_NAME_CHARS else _normalise(name)
+
+
+def _normalise(name: str) -> str:
     if not is_valid_model_name(name):
         return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:{DEFAULT_TAG}"
     parts = ollama_name_parts(name)
@@ -160,6 +167,10 @@ def normalise_model(name: str) -> str:
     elif parts["namespace"].lower() != DEFAULT_NAMESPACE:
         prefix = f"{parts['namespace']}/"
     return f"{prefix}{parts['model']}:{parts['tag']}"
+
+
+CACHED_NAME_CHARS = sum(_NAME_LENGTHS.values()) + 3  # host/namespace/model:tag
+_normalised = functools.lru_cache(maxsize=4096)(_normalise)
 
 
 def model_key(name: str) -> str:

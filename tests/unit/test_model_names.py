@@ -4,12 +4,17 @@ copies alike; the tables are Ollama's own (types/model/name_test.go) where they 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from loadtest import sim_cloud
 from loadtest.sim_model import CATALOG, SimConfig, name_parts, valid_name
 from proxy.core.models import (
+    CACHED_NAME_CHARS,
     CallModels,
     ModelRef,
+    _normalise,
+    _normalised,
     cloud_echo,
     is_valid_model_name,
     model_key,
@@ -156,3 +161,18 @@ def test_a_colon_in_the_host_is_no_source_suffix(name: str, placed: str, source:
     assert split_source(name) == (placed, source)
     assert is_valid_model_name(model_ref(name).base)
     assert cloud_echo(name) == (model_ref(name).base if source == "cloud" else name)
+
+
+@given(st.text(max_size=700))
+def test_a_remembered_name_reads_as_a_fresh_one(name: str) -> None:
+    assert normalise_model(name) == _normalise(name)
+    assert normalise_model(name) == _normalise(name)  # the second answer is the cache's
+
+
+def test_names_longer_than_ollama_allows_are_not_remembered() -> None:
+    _normalised.cache_clear()
+    normalise_model("qwen3:8b")
+    for n in range(20):
+        normalise_model("x" * (CACHED_NAME_CHARS + 1) + str(n))
+    assert _normalised.cache_info().currsize == 1
+    assert normalise_model("a/b/" + P350) == _normalise("a/b/" + P350)
