@@ -11,7 +11,7 @@ from typing import Literal
 
 import uvicorn
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from proxy.api.status import EVENTS_PATH
 
@@ -37,6 +37,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     head_timer: asyncio.TimerHandle | None = None
     head_bytes: int | None = 0  # None while a request's body is read
+    running: RequestResponseCycle | None = None  # in flight while a pipelined one waits
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -59,7 +60,20 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self.head_bytes = None
+        running = self.cycle
         super().on_headers_complete()
+        if self.pipeline and running is not None and not running.response_complete:
+            # A request sent before the one in flight has its answer (pipelining): uvicorn
+            # stops reading until that answer ends, so a client that leaves goes unseen
+            # (the call waits, loads and generates for nobody). One such request is read
+            # ahead, its head and body, to keep reading; a second stops reading as before.
+            self.running = running
+            if len(self.pipeline) == 1:
+                self.flow.resume_reading()
+
+    def on_response_complete(self) -> None:
+        self.running = None
+        super().on_response_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -67,6 +81,12 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        # uvicorn tells only the newest request (a pipelined one, not yet begun): the one in
+        # flight is told too, or it is answered for nobody
+        running = self.running
+        if running is not None and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
 
     def shutdown(self) -> None:

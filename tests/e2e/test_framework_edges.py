@@ -249,3 +249,34 @@ def test_head_is_answered_where_ollama_answers_it(sim_factory: Sims,
     for path in ("/api/ps", "/v1/models", "/v1/models/qwen3:8b"):
         r = httpx.head(f"{url}{path}")
         assert (r.status_code, r.headers["allow"]) == (405, "GET"), path
+
+
+def test_a_pipelining_client_that_leaves_is_not_answered_for_nobody(sim_factory: Sims) -> None:
+    """A client sends a second request before the first's answer (HTTP/1.1 pipelining), then
+    leaves: uvicorn stopped reading once the second was queued and told only that one of the
+    loss, so the first went on generating its 8 s answer on the GPU for nobody."""
+    gpu = sim_factory("gpu", tokens_per_s=0.4, time_scale=0.2, context_length=4096)
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "llama3.2:3b"}, timeout=10)
+    app = build_app(load_settings(providers=[provider_entry(gpu)]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        body = b'{"model":"llama3.2:3b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
+        call = (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body))
+        client = socket.create_connection((server.host, server.port))
+        client.sendall(call + b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert eventually(lambda: gpu.sim.runners["llama3.2:3b"].refcount == 1)
+        client.close()
+        assert eventually(lambda: gpu.sim.stats.abandoned == 1, timeout_s=2)
+        assert eventually(lambda: not httpx.get(f"{server.url}/kubemoot/v1/state")
+                          .json()["tickets"], timeout_s=2)
+        again = socket.create_connection((server.host, server.port))  # pipelining still works
+        again.settimeout(5)
+        version = b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n"
+        again.sendall(version + version)
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 2:
+            answers += again.recv(65536)
+        again.close()
+    finally:
+        server.stop()
