@@ -74,6 +74,9 @@ class Granted:
     attempt: Attempt
     claimed: Claimed | None
     spec: CallSpec
+    # A held plan's load still under way when its call took it: the call's own request
+    # waits on that load, so it is stopped when the call ends (nobody wants its copy then)
+    preload: asyncio.Task[bool] | None = None
 
 
 @dataclass(frozen=True)
