@@ -88,6 +88,9 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             running.disconnected = True
             running.message_event.set()
         super().connection_lost(exc)
+        # uvicorn stops the idle timer only on a clean close: after a reset its handle kept
+        # the connection (protocol, request, headers) alive for KEEP_ALIVE_TIMEOUT_S
+        self._unset_keepalive_if_required()
 
     def shutdown(self) -> None:
         """A server shutting down waits for responses to finish; an event stream never does,

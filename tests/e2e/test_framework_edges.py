@@ -5,6 +5,7 @@ sidecar work for long."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -237,6 +238,37 @@ def test_an_idle_connection_outlives_the_agents_own_keep_alive(sim_factory: Sims
     finally:
         server.should_exit = True
         thread.join(timeout=5)
+
+
+def test_a_connection_reset_after_its_answer_is_not_kept(sim_factory: Sims) -> None:
+    """An agent killed (or a proxy purging its pool) resets its idle connection: uvicorn left
+    the idle timer armed, and its handle kept each such connection (protocol, request,
+    headers) alive for the 300 s keep-alive."""
+    import gc
+
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol,
+                            timeout_keep_alive=protocol.KEEP_ALIVE_TIMEOUT_S).start()
+
+    assert server._server is not None
+    ours = server._server.server_state
+
+    def kept() -> int:  # this server's connections still in memory
+        gc.collect()
+        return sum(isinstance(o, protocol.HeadTimeoutProtocol) and o.server_state is ours
+                   for o in gc.get_objects())
+
+    try:
+        for _ in range(20):
+            agent = socket.create_connection((server.host, server.port))
+            agent.settimeout(5)
+            agent.sendall(b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert agent.recv(1000).startswith(b"HTTP/1.1 200")
+            agent.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            agent.close()  # a reset, not a FIN
+        assert eventually(lambda: kept() == 0, timeout_s=2), kept()
+    finally:
+        server.stop()
 
 
 def test_head_is_answered_where_ollama_answers_it(sim_factory: Sims,
