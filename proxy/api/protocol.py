@@ -62,18 +62,19 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         self.head_bytes = None
         running = self.cycle
         super().on_headers_complete()
-        if self.pipeline and running is not None and not running.response_complete:
+        if len(self.pipeline) == 1 and running is not None and not running.response_complete:
             # A request sent before the one in flight has its answer (pipelining): uvicorn
             # stops reading until that answer ends, so a client that leaves goes unseen
             # (the call waits, loads and generates for nobody). One such request is read
             # ahead, its head and body, to keep reading; a second stops reading as before.
             self.running = running
-            if len(self.pipeline) == 1:
-                self.flow.resume_reading()
+            self.flow.resume_reading()
 
     def on_response_complete(self) -> None:
-        self.running = None
+        # the next pipelined request starts now (uvicorn takes the pipeline's right end)
+        starts = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
+        self.running = starts if self.pipeline else None
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -302,9 +302,15 @@ def test_a_pipelining_client_that_leaves_is_not_answered_for_nobody(sim_factory:
         assert eventually(lambda: gpu.sim.stats.abandoned == 1, timeout_s=2)
         assert eventually(lambda: not httpx.get(f"{server.url}/kubemoot/v1/state")
                           .json()["tickets"], timeout_s=2)
+        # the same when the call began behind an answered one
+        version = b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n"
+        client = socket.create_connection((server.host, server.port))
+        client.sendall(version + call + version)
+        assert eventually(lambda: gpu.sim.runners["llama3.2:3b"].refcount == 1)
+        client.close()
+        assert eventually(lambda: gpu.sim.stats.abandoned == 2, timeout_s=2)
         again = socket.create_connection((server.host, server.port))  # pipelining still works
         again.settimeout(5)
-        version = b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n"
         again.sendall(version + version)
         answers = b""
         while answers.count(b"HTTP/1.1 200") < 2:
