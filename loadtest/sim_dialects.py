@@ -29,6 +29,7 @@ RESPONSES, MESSAGES = "/v1/responses", "/v1/messages"
 SERVED_SINCE = {RESPONSES: (0, 13, 3), MESSAGES: (0, 14, 0)}
 CHAT_PATHS = (CHAT, RESPONSES, MESSAGES)  # served by the native chat; completions by generate
 RELAX_THINKING = "relax_thinking"  # a native body's mark: think is dropped, not refused
+CLIENT_GONE = 499  # what the native handlers answer a caller that left (ollama_sim.py)
 EFFORT_TO_THINK: dict[Any, Any] = {"none": False, "minimal": "low", "low": "low",
                                    "medium": "medium", "high": "high", "max": "max",
                                    "xhigh": "max", "ultra": "max"}
@@ -810,6 +811,8 @@ def _said(data: dict[str, Any]) -> Said:
 async def answer(path: str, native: Response, body: dict[str, Any],
                  version: str = CURRENT_VERSION) -> Response:
     """The native answer in the dialect's shape: events when streaming, else one object."""
+    if native.status_code == CLIENT_GONE:
+        return native  # the caller left during the load or the answer: nobody reads it
     if native.status_code >= 400:
         return translated_error(path, native)
     shape = translation_for(path, body, version)

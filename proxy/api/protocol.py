@@ -11,7 +11,7 @@ from typing import Literal
 
 import uvicorn
 from starlette.types import ASGIApp
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from proxy.api.status import EVENTS_PATH
 
@@ -37,6 +37,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     head_timer: asyncio.TimerHandle | None = None
     head_bytes: int | None = 0  # None while a request's body is read
+    running: RequestResponseCycle | None = None  # in flight while a pipelined one waits
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -59,7 +60,21 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self.head_bytes = None
+        running = self.cycle
         super().on_headers_complete()
+        if len(self.pipeline) == 1 and running is not None and not running.response_complete:
+            # A request sent before the one in flight has its answer (pipelining): uvicorn
+            # stops reading until that answer ends, so a client that leaves goes unseen
+            # (the call waits, loads and generates for nobody). One such request is read
+            # ahead, its head and body, to keep reading; a second stops reading as before.
+            self.running = running
+            self.flow.resume_reading()
+
+    def on_response_complete(self) -> None:
+        # the next pipelined request starts now (uvicorn takes the pipeline's right end)
+        starts = self.pipeline[-1][0] if self.pipeline else None
+        super().on_response_complete()
+        self.running = starts if self.pipeline else None
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -67,7 +82,16 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        # uvicorn tells only the newest request (a pipelined one, not yet begun): the one in
+        # flight is told too, or it is answered for nobody
+        running = self.running
+        if running is not None and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
+        # uvicorn stops the idle timer only on a clean close: after a reset its handle kept
+        # the connection (protocol, request, headers) alive for KEEP_ALIVE_TIMEOUT_S
+        self._unset_keepalive_if_required()
 
     def shutdown(self) -> None:
         """A server shutting down waits for responses to finish; an event stream never does,

@@ -296,6 +296,10 @@ class CallAttempts:
         current, self._current = self._current, None
         if current is None:
             return  # settled already
+        if current.preload is not None:
+            # its load is done (answered) or unwanted (the agent left, the attempt failed):
+            # its request closes, and Ollama aborts a load nobody waits for
+            current.preload.cancel()
         attempt = current.attempt
         metrics = self.service.metrics
         metrics.in_flight.labels(attempt.provider).dec()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.core.context import fits
@@ -267,4 +267,6 @@ class PlanBook:
         for m in plan.intents:
             await self.scheduler.demand.drop_intent(m)
         spec = self.scheduler.spec(call, plan.spec.candidates)
-        return await self.scheduler.start_claimed(plan.claimed, call, spec, 0, held_plan=True)
+        granted = await self.scheduler.start_claimed(plan.claimed, call, spec, 0,
+                                                     held_plan=True)
+        return replace(granted, preload=plan.loader)

@@ -5,6 +5,7 @@ The API layer knows only `Calls` and `Attempts`; service/calls.py implements the
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -142,6 +143,9 @@ class Granted:
     attempt: Attempt
     claimed: Claimed | None
     spec: CallSpec
+    # A held plan's load still under way when its call took it: the call's own request
+    # waits on that load, so it is stopped when the call ends (nobody wants its copy then)
+    preload: asyncio.Task[bool] | None = None
 
 
 RefusalReason = Literal["bad-request", "model-not-found", "prompt-too-large", "client-gone",

@@ -50,6 +50,26 @@ def test_a_plan_released_during_its_load_leaves_no_copy_counted(
     assert gpu.sim.used_vram_mib() == 0
 
 
+def test_an_agent_leaving_the_call_that_took_a_loading_plan_leaves_no_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """The thread's call joins the plan's load, then its agent leaves: the plan's own
+    preload went on, so the copy finished loading for nobody and stayed for its keep-alive
+    (a victim unloaded for it, its memory held)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, time_scale=SLOW)
+    url = sidecar_factory([gpu], probe_interval_seconds=0.5, **mode).url
+    made = httpx.post(f"{url}/kubemoot/v1/plans", timeout=10,
+                      json={"thread": "t", "model": "qwen3:14b", "promptChars": 100})
+    assert made.status_code == 201, made.text
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/api/chat", headers={"X-Kubemoot-Thread": "t"}, timeout=1.0,
+                   json={"model": "qwen3:14b", "messages": HI, "stream": False})
+    assert eventually(lambda: gpu.sim.stats.aborted_loads >= 1)
+    assert eventually(lambda: copies(url) == {"gpu": []}, timeout_s=4)
+    assert gpu.sim.used_vram_mib() == 0 and "qwen3:14b" not in gpu.sim.runners
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert (state["tickets"], state["plans"]) == ([], [])
+
+
 def test_every_sidecar_drops_a_load_another_abandoned(
         sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer) -> None:
     """Four plans released at once, on one sidecar: the other sees the cards free too."""

@@ -5,6 +5,7 @@ sidecar work for long."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -239,6 +240,37 @@ def test_an_idle_connection_outlives_the_agents_own_keep_alive(sim_factory: Sims
         thread.join(timeout=5)
 
 
+def test_a_connection_reset_after_its_answer_is_not_kept(sim_factory: Sims) -> None:
+    """An agent killed (or a proxy purging its pool) resets its idle connection: uvicorn left
+    the idle timer armed, and its handle kept each such connection (protocol, request,
+    headers) alive for the 300 s keep-alive."""
+    import gc
+
+    app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol,
+                            timeout_keep_alive=protocol.KEEP_ALIVE_TIMEOUT_S).start()
+
+    assert server._server is not None
+    ours = server._server.server_state
+
+    def kept() -> int:  # this server's connections still in memory
+        gc.collect()
+        return sum(isinstance(o, protocol.HeadTimeoutProtocol) and o.server_state is ours
+                   for o in gc.get_objects())
+
+    try:
+        for _ in range(20):
+            agent = socket.create_connection((server.host, server.port))
+            agent.settimeout(5)
+            agent.sendall(b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert agent.recv(1000).startswith(b"HTTP/1.1 200")
+            agent.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            agent.close()  # a reset, not a FIN
+        assert eventually(lambda: kept() == 0, timeout_s=2), kept()
+    finally:
+        server.stop()
+
+
 def test_head_is_answered_where_ollama_answers_it(sim_factory: Sims,
                                                   sidecar_factory: Sidecars) -> None:
     """Ollama's router registers HEAD for /, /api/version and /api/tags alone, and answers
@@ -249,3 +281,40 @@ def test_head_is_answered_where_ollama_answers_it(sim_factory: Sims,
     for path in ("/api/ps", "/v1/models", "/v1/models/qwen3:8b"):
         r = httpx.head(f"{url}{path}")
         assert (r.status_code, r.headers["allow"]) == (405, "GET"), path
+
+
+def test_a_pipelining_client_that_leaves_is_not_answered_for_nobody(sim_factory: Sims) -> None:
+    """A client sends a second request before the first's answer (HTTP/1.1 pipelining), then
+    leaves: uvicorn stopped reading once the second was queued and told only that one of the
+    loss, so the first went on generating its 8 s answer on the GPU for nobody."""
+    gpu = sim_factory("gpu", tokens_per_s=0.4, time_scale=0.2, context_length=4096)
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "llama3.2:3b"}, timeout=10)
+    app = build_app(load_settings(providers=[provider_entry(gpu)]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        body = b'{"model":"llama3.2:3b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
+        call = (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body))
+        client = socket.create_connection((server.host, server.port))
+        client.sendall(call + b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert eventually(lambda: gpu.sim.runners["llama3.2:3b"].refcount == 1)
+        client.close()
+        assert eventually(lambda: gpu.sim.stats.abandoned == 1, timeout_s=2)
+        assert eventually(lambda: not httpx.get(f"{server.url}/kubemoot/v1/state")
+                          .json()["tickets"], timeout_s=2)
+        # the same when the call began behind an answered one
+        version = b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n"
+        client = socket.create_connection((server.host, server.port))
+        client.sendall(version + call + version)
+        assert eventually(lambda: gpu.sim.runners["llama3.2:3b"].refcount == 1)
+        client.close()
+        assert eventually(lambda: gpu.sim.stats.abandoned == 2, timeout_s=2)
+        again = socket.create_connection((server.host, server.port))  # pipelining still works
+        again.settimeout(5)
+        again.sendall(version + version)
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 2:
+            answers += again.recv(65536)
+        again.close()
+    finally:
+        server.stop()

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
+from starlette.responses import Response
 
-from loadtest.sim_dialects import MESSAGES, error, estimate_input_tokens
+from loadtest.sim_dialects import (
+    CHAT,
+    CLIENT_GONE,
+    MESSAGES,
+    RESPONSES,
+    answer,
+    error,
+    estimate_input_tokens,
+)
 
 
 def test_tool_blocks_count_as_go_marshals_them() -> None:
@@ -34,3 +45,10 @@ def test_an_anthropic_error_is_typed_by_its_status_as_new_error_does(status: int
     body = orjson.loads(bytes(error(MESSAGES, "no", status).body))
     assert (body["type"], body["error"], body["request_id"][:4]) == (
         "error", {"type": kind, "message": "no"}, "req_")
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES, MESSAGES])
+def test_a_caller_gone_before_its_answer_is_no_error_of_the_simulator(path: str) -> None:
+    # the native handler's 499 has no body: reading it as an error raised in the ASGI app
+    gone = Response(status_code=CLIENT_GONE)
+    assert asyncio.run(answer(path, gone, {"model": "m", "stream": True})) is gone
