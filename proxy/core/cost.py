@@ -21,7 +21,7 @@ from proxy.core.affinity import prefill_terms
 from proxy.core.feasibility import Fitting
 from proxy.core.lengths import CallLength
 from proxy.core.load_times import LoadEstimate
-from proxy.core.occupancy import ProviderIndex
+from proxy.core.occupancy import ProviderIndex, indexes_for
 from proxy.core.policy import Policy
 from proxy.core.types import CallSpec, ProviderHealth, ProviderView, Snapshot
 
@@ -105,6 +105,25 @@ def backlog(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot) ->
     return Backlog(queued.calls + waiters, queued.slots)
 
 
+# `fleet_backlog`'s figures for the last snapshot: the snapshot, the policy, per model
+_last_backlogs: tuple[Snapshot, Policy, dict[str, Backlog]] | None = None
+
+
+def fleet_backlog(snapshot: Snapshot, policy: Policy, model: str) -> Backlog:
+    """`backlog` over every card, kept per model for the last snapshot: every verdict's
+    contention asks it of the models running on its card (once per card, it cost a
+    decision over 256 cards four times its time)."""
+    global _last_backlogs
+    kept = _last_backlogs
+    if kept is None or kept[0] is not snapshot or kept[1] is not policy:
+        kept = _last_backlogs = (snapshot, policy, {})
+    found = kept[2].get(model)
+    if found is None:
+        found = kept[2][model] = backlog(indexes_for(snapshot, policy).values(), model,
+                                         snapshot)
+    return found
+
+
 def waiting_line(indexes: Iterable[ProviderIndex], model: str, snapshot: Snapshot,
                  turn: float | None) -> Backlog:
     """The calls waiting in sidecars for `model` with turns sooner than `turn` (every one
@@ -183,7 +202,10 @@ def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
     theirs taking about as long as their weights are big against this model's (a decode
     step reads the weights once): while both run, this call advances at its own step over
     the sum of both. Taking turns so, the call ends `step` x its length later when it ends
-    first, and the other's remaining time later when that ends first."""
+    first, and the other's remaining time later when that ends first. That model's runner
+    stays busy past its latest call while calls of it find no free slot (most wait in the
+    sidecars, late binding): each takes one of its copies' next free slots, so each copy's
+    runner runs their lengths spread over those slots more (`backlog`)."""
     running = index.running()
     if not running or (len(running) == 1 and model in running):
         return 0.0
@@ -198,7 +220,8 @@ def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
             length = lengths[other] = snapshot.lengths.estimate(
                 index.name, other, default_s=policy.default_call_s,
                 provider_latency_s=latency_s).seconds
-        left = max(0.0, length - (snapshot.now - latest))
+        left = max(0.0, length - (snapshot.now - latest)) + \
+            fleet_backlog(snapshot, policy, other).delay_s(length)
         other_mib = model_mib(index, other)
         batch = min(count, max(index.slots(other), 1))  # calls beyond its slots wait
         step = (other_mib / own_mib if other_mib and own_mib else 1.0) * \

@@ -159,6 +159,23 @@ def test_a_call_about_to_end_on_the_card_costs_little() -> None:
     assert verdict.terms["contention"] == pytest.approx(0.5)
 
 
+def test_a_model_with_calls_waiting_keeps_its_card_busy_past_its_running_call() -> None:
+    # on "a" the 14B's call ends in 0.5 s, but three more wait in the sidecars for its one
+    # slot (late binding keeps them out of Ollama's queue): its runner keeps decoding beside
+    # an 8B call there for their 3 x 30 s, so the 8B pays its own steps (30 s at 12224/6000
+    # more); on "b" a 3B call ends in 5 s and nothing waits for it
+    snap = snapshot(gpu("a", GIB32, ("qwen3:8b", "qwen3:14b")),
+                    gpu("b", GIB32, ("qwen3:8b", "llama3.2:3b")),
+                    tickets=(ticket("a", "qwen3:14b", elapsed=29.5),
+                             ticket("b", "llama3.2:3b", elapsed=25)),
+                    demand={"qwen3:14b": ModelDemand(waiters=3, turns=(NOW, NOW, NOW))})
+    decision, verdicts = explain(call("qwen3:8b"), snap)
+    terms = {v.provider: v.terms for v in verdicts if v.model == "qwen3:8b"}
+    assert terms["a"]["contention"] == pytest.approx(30 * 12224 / 6000)
+    assert terms["b"]["contention"] == pytest.approx(5)
+    assert decision.placement and decision.placement.provider == "b"
+
+
 def test_a_small_model_beside_a_call_ending_later_pays_its_steps_not_the_others_length(
         ) -> None:
     # a 3B call (30 s unknown) beside a 32B call just begun: each 3B token waits for a 32B
