@@ -203,7 +203,7 @@ def draft_num_predict(runner: str) -> int:
         if key == "draft_num_predict":
             try:
                 return int(float(value))
-            except ValueError:
+            except (ValueError, OverflowError):  # not a number, or an infinite one
                 return 0
     return DEFAULT_DRAFT_NUM_PREDICT if any(p.startswith("draft=") for p in parts) else 0
 

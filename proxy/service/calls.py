@@ -90,10 +90,10 @@ class CallService:
         return self.scheduler.cloud_gateway()
 
     async def settle(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
-                     outcome: CallOutcome) -> None:
+                     outcome: CallOutcome, preloading: bool = False) -> None:
         """A claimed attempt ended: release its ticket (recording what its load left), and
         learn from the outcome: the provider's health, the prompt's size, the load's speed,
-        the call's length."""
+        the call's length. `preloading`: its plan's load goes on (copy_wanted)."""
         placement = claimed.placement
         self.claims.unhold(claimed)
         now = self.clock.now()
@@ -103,6 +103,8 @@ class CallService:
         self.metrics.circuit_open.labels(placement.provider).set(
             0 if circuit is Circuit.CLOSED else 1)
         state = load_state(outcome)
+        if preloading and state == "abandoned":
+            state = "loading"
         loaded = left_loaded(placement, now, state)
         # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload).
         release = self.evictions.release_to_unload(claimed, loaded) if call.unloads_after \
@@ -156,6 +158,18 @@ class CallService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def copy_wanted(self, claimed: Claimed) -> bool:
+        """Whether a call besides `claimed`'s waits for the copy its placement loads, or
+        holds a ticket on it: that call's request joins the load in Ollama, which aborts
+        the load with the request that started it (server/sched.go:733-739)."""
+        placement = claimed.placement
+        snapshot = self.scheduler.snapshot(self.clock.now())
+        users = set(copy_users(self.scheduler.provider_view(placement.provider),
+                               placement.copy_model))
+        if any((d := snapshot.demand.get(m)) is not None and d.waiters for m in users):
+            return True
+        return any(t.provider == placement.provider and t.model in users and
+                   t.ticket_id != claimed.ticket.ticket_id for t in snapshot.tickets)
 
     def _others_wait_for(self, placement: Placement) -> bool:
         """Whether another sidecar's call waits for the slot the placement held: one of its
@@ -296,10 +310,14 @@ class CallAttempts:
         current, self._current = self._current, None
         if current is None:
             return  # settled already
-        if current.preload is not None:
-            # its load is done (answered) or unwanted (the agent left, the attempt failed):
-            # its request closes, and Ollama aborts a load nobody waits for
-            current.preload.cancel()
+        preloading = False
+        if current.preload is not None and not current.preload.done():
+            # its load is unwanted (the agent left, the attempt failed): its request closes,
+            # and Ollama aborts the load; unless another call waits for that copy or joined it
+            preloading = current.claimed is not None and outcome.client_left and \
+                self.service.copy_wanted(current.claimed)
+            if not preloading:
+                current.preload.cancel()
         attempt = current.attempt
         metrics = self.service.metrics
         metrics.in_flight.labels(attempt.provider).dec()
@@ -321,7 +339,7 @@ class CallAttempts:
                                      outcome.error)
         if current.claimed is not None:
             await self.service.settle(current.claimed, self.call, attempt.estimated_tokens,
-                                      outcome)
+                                      outcome, preloading)
 
 
 def _too_long(failed: Granted, outcome: CallOutcome) -> Refusal:

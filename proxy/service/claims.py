@@ -37,7 +37,8 @@ class Claimed:
     local: bool  # claimed in the in-process book because the shared store was unreachable
 
 
-LoadState = Literal["loaded", "abandoned", "failed"]
+# ("loading": its call ended before the answer, but the load goes on for another call)
+LoadState = Literal["loaded", "loading", "abandoned", "failed"]
 
 
 def load_state(outcome: CallOutcome) -> LoadState:

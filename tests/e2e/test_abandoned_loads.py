@@ -90,3 +90,32 @@ def test_every_sidecar_drops_a_load_another_abandoned(
     free = {"a": [], "b": [], "c": []}
     for url in (first, second):
         assert eventually(lambda url=url: copies(url) == free, timeout_s=4), url
+
+
+def test_a_loading_plan_another_call_joined_loads_on_when_its_own_call_leaves(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """A call of another thread joins the plan's load; the plan's thread's call then
+    leaves: the copy is still wanted, so the plan's preload goes on (stopping it made
+    Ollama abort the load the other call waits on)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, time_scale=SLOW)
+    url = sidecar_factory([gpu], probe_interval_seconds=0.5, **mode).url
+    made = httpx.post(f"{url}/kubemoot/v1/plans", timeout=10,
+                      json={"thread": "t", "model": "qwen3:14b", "promptChars": 100})
+    assert made.status_code == 201, made.text
+
+    async def both() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=url) as client:
+            other = asyncio.create_task(client.post(
+                "/api/chat", headers={"X-Kubemoot-Thread": "u"}, timeout=30,
+                json={"model": "qwen3:14b", "messages": HI, "stream": False}))
+            with pytest.raises(httpx.TimeoutException):
+                await client.post("/api/chat", headers={"X-Kubemoot-Thread": "t"},
+                                  timeout=1.0, json={"model": "qwen3:14b", "messages": HI,
+                                                     "stream": False})
+            return await other
+
+    answered = asyncio.run(both())
+    assert answered.status_code == 200, answered.text
+    assert gpu.sim.stats.loads == 1  # (stopped, it was loaded again for the other call)
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert (state["tickets"], state["plans"]) == ([], [])

@@ -17,6 +17,7 @@ from proxy.core.context import NEWEST, fits, parse_version, reserve, resolve
 from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.sizing import (
     Sizer,
+    draft_num_predict,
     graph_mib,
     kv_mib,
     kv_per_token,
@@ -133,6 +134,16 @@ def test_a_draft_model_adds_its_own_cache_and_compute_from_0_30() -> None:
     weights = 11673 - 2304 - 768 - 3328
     assert footprint(drafted, context=32768, seen={16384: 11673}) == (
         weights, 5632, weights + 4608 + 768 + 5632)
+
+
+@pytest.mark.parametrize(("value", "drafted"), [
+    ("8", 8), ("4.5", 4), ("-1", -1), ("1e+21", 10**21), ("+Inf", 0), ("1e999", 0),
+    ("NaN", 0), ('"8"', 0), ("true", 0), ("", 0)])
+def test_an_odd_draft_num_predict_is_read_without_failing(value: str, drafted: int) -> None:
+    """/api/show prints a PARAMETER with Go's %#v: a number set through /api/create's JSON
+    may be a float (FromMap truncates it, api/types.go); anything else is no count. None
+    may raise: every call sizing the model would fail."""
+    assert draft_num_predict(f"draft_num_predict={value};draft=sha256-{'d' * 64}") == drafted
 
 
 def test_a_copy_seen_on_one_card_is_rederived_for_anothers_context_and_slots() -> None:

@@ -114,3 +114,25 @@ async def test_a_card_whose_listing_fails_carries_what_it_listed_last() -> None:
     assert (await other.probe("a")).listed_before == ("gpt-oss:120b", "qwen3:8b")
     server.tags_listed = [{"name": "qwen3:8b", "model": "qwen3:8b", "size": 5 << 30}]
     assert (await prober.probe("a")).listed_before == ()
+
+
+async def test_a_card_down_goes_by_the_newest_listing_its_own_or_published() -> None:
+    """Shared state: a sidecar probes a card only while nobody publishes it fresh, so its
+    own last probe may be hours older than the published one. A card that goes down then
+    goes by the newer listing: the older lacks a model pulled since, refused 404 by every
+    sidecar while the card is down (a false 404: the agent gives up)."""
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server, clock, store = _Down(), _Clock(1_800_000_000.0), MemoryStore()
+    mine, theirs = (Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                           gpu_memory=None, clock=clock)  # type: ignore[arg-type]
+                    for _ in range(2))
+    server.tags_listed = [{"name": "qwen3:8b", "model": "qwen3:8b", "size": 5 << 30}]
+    await mine.round(force=True)  # its start: then another publishes the card
+    clock.at += 600
+    server.tags_listed.append({"name": "llama3.2:3b", "model": "llama3.2:3b", "size": 2 << 30})
+    await theirs.round(force=True)
+    clock.at += 20  # the other stopped publishing: this one probes again, the card down
+    server.tags_listed = None
+    state, = await mine.round(force=True)
+    assert state.listed_before == ("llama3.2:3b", "qwen3:8b")
