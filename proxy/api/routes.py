@@ -575,8 +575,9 @@ class SidecarApi:
             404, "not-found",
             f"{request.method} {request.url.path} is not served by the sidecar; it serves "
             "Ollama's /api/*, OpenAI's /v1/chat/completions, /v1/completions, /v1/responses, "
-            "/v1/embeddings, /v1/audio/transcriptions and /v1/models, and Anthropic's "
-            "/v1/messages",
+            "/v1/embeddings, /v1/audio/transcriptions and /v1/models, Anthropic's "
+            "/v1/messages and /v1/messages/count_tokens, and its own /kubemoot/v1/* "
+            "(explain, plans, state, events), /kubemoot/ui, /metrics, /healthz and /readyz",
             dialect=dialect_of(request.url.path))
 
     @staticmethod

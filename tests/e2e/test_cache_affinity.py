@@ -14,8 +14,9 @@ import ollama
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.nats_server import NatsServer
-from loadtest.ollama_sim import SimServer
+from loadtest.ollama_sim import SimServer, start_fleet
 from loadtest.serving import ThreadedServer
+from loadtest.sim_model import demo_fleet
 from tests.conftest import empty_buckets, eventually
 
 Sims = Callable[..., SimServer]
@@ -84,6 +85,31 @@ def test_two_interleaved_tool_loops_each_go_back_to_the_copy_holding_its_history
         total("kubemoot_prompt_tokens_total", result="evaluated") > 0
     assert total("kubemoot_prompt_cache_expected_tokens_total") > 0
     assert total("kubemoot_prompt_cache_lost_total") == 0
+
+
+def test_docs_demo_loops_on_the_demo_fleet_each_keep_a_slot_of_one_copy(
+        sidecar_factory: Sidecars) -> None:
+    """docs/demo.md's two loops, as written there, on a fresh `serve --demo` fleet."""
+    fleet = start_fleet(demo_fleet(time_scale=0.05))
+    try:
+        sidecar = sidecar_factory(fleet, model_model="qwen3:8b")
+        client = ollama.Client(host=sidecar.url, timeout=60)
+        loops = {n: task(n) for n in ("x", "y")}
+        for turn in range(3):
+            for n, history in loops.items():
+                r = client.chat(model="qwen3:8b", messages=history, options={"num_predict": 8})
+                history += [{"role": "assistant", "content": r.message.content or ""},
+                            {"role": "tool", "content": f"{n} result {turn} " + "data " * 200}]
+        explain = httpx.post(f"{sidecar.url}/kubemoot/v1/explain", timeout=30,
+                             json={"model": "qwen3:8b", "messages": loops["x"]}).json()
+        expected = {v["provider"]: v["expectedCachedTokens"] for v in explain["verdicts"]}
+        assert expected == {"gpu-5090": 0, "gpu-4090": 6525, "gpu-4080": 0}
+        cached = [g.sim.stats.cached_tokens for g in fleet]
+        evaluated = [g.sim.stats.evaluated_tokens for g in fleet]
+        assert cached[0] == cached[2] == 0 and cached[1] > 1.5 * sum(evaluated)
+    finally:
+        for server in fleet:
+            server.stop()
 
 
 def test_sidecars_on_nats_send_a_conversation_back_to_the_copy_another_sent_it_to(

@@ -54,6 +54,16 @@ def test_no_redirect_is_made_for_a_trailing_slash(sim_factory: Sims,
     assert r.json()["reason"] == "not-found"
 
 
+def test_a_path_not_served_is_a_404_naming_every_path_that_is(sim_factory: Sims,
+                                                              sidecar_factory: Sidecars) -> None:
+    url = sidecar_factory([sim_factory("gpu")]).url
+    r = httpx.get(f"{url}/kubemoot/v1/explian")
+    assert (r.status_code, r.json()["reason"]) == (404, "not-found")
+    for served in ("/api/*", "/v1/messages/count_tokens", "/kubemoot/v1/*", "/kubemoot/ui",
+                   "/metrics", "/healthz", "/readyz"):
+        assert served in r.json()["error"], served
+
+
 @pytest.mark.parametrize("value", ["١٢", "1" * 12, "-3", "12abc", "²"])
 def test_explain_refuses_a_malformed_number_plainly(sim_factory: Sims,
                                                    sidecar_factory: Sidecars,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,19 @@ def test_env_output_is_shell_ready() -> None:
     assert done.returncode == 0
     assert "# crew-homelab-pilot/synthesizer" in done.stdout
     assert "KUBEMOOT_MODEL_CANDIDATES_MULLING='[{\"model\":\"qwen3:32b\"" in done.stdout
+
+
+def documented_commands() -> list[list[str]]:
+    """docs/operator-cli.md's `kubemoot-proxy candidates ...` lines, as a reader copies them."""
+    page = (ROOT / "docs" / "operator-cli.md").read_text()
+    return [shlex.split(line.split("#", 1)[0])[2:] for line in page.splitlines()
+            if line.startswith("kubemoot-proxy candidates ")]
+
+
+@pytest.mark.parametrize("args", documented_commands(), ids=" ".join)
+def test_the_documented_commands_run_clean(args: list[str]) -> None:
+    done = run(*args)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_zero_match_reports_last_unschedulable_and_strict_exits_nonzero(tmp_path: Path
