@@ -205,7 +205,8 @@ def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
     first, and the other's remaining time later when that ends first. That model's runner
     stays busy past its latest call while calls of it find no free slot (most wait in the
     sidecars, late binding): each takes one of its copies' next free slots, so each copy's
-    runner runs their lengths spread over those slots more (`backlog`)."""
+    runner runs their lengths spread over those slots more (`backlog`); a copy leaving the
+    card, or to be evicted, is none of those: its runner stops with its calls."""
     running = index.running()
     if not running or (len(running) == 1 and model in running):
         return 0.0
@@ -220,8 +221,9 @@ def contention_s(index: ProviderIndex, model: str, own_mib: int, call_s: float,
             length = lengths[other] = snapshot.lengths.estimate(
                 index.name, other, default_s=policy.default_call_s,
                 provider_latency_s=latency_s).seconds
-        left = max(0.0, length - (snapshot.now - latest)) + \
-            fleet_backlog(snapshot, policy, other).delay_s(length)
+        left = max(0.0, length - (snapshot.now - latest))
+        if index.is_warm(other):  # (a copy leaving, or to be evicted, takes none of its line)
+            left += fleet_backlog(snapshot, policy, other).delay_s(length)
         other_mib = model_mib(index, other)
         batch = min(count, max(index.slots(other), 1))  # calls beyond its slots wait
         step = (other_mib / own_mib if other_mib and own_mib else 1.0) * \

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.occupancy import copy_users
+from proxy.core.tickets import Residency
 from proxy.core.types import Circuit, Placement
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
@@ -40,6 +41,10 @@ from proxy.service.routing import (
 from proxy.service.scheduler import Scheduler
 
 log = get_logger("kubemoot.calls")
+# How often a plan's preload left going on for other calls checks that one still wants its
+# copy, besides on every change to the state or tickets seen (a waiter's line may move
+# in another sidecar's demand entry first)
+PRELOAD_RECHECK_S = 0.5
 # A retry of a failed attempt only when the others could still take the call (after a wait).
 RETRY_REFUSALS = ("gpu-busy", "client-gone")
 # One prompt per call on these, so characters over the engine's count is a ratio.
@@ -90,10 +95,11 @@ class CallService:
         return self.scheduler.cloud_gateway()
 
     async def settle(self, claimed: Claimed, call: CallRequest, estimated_tokens: int,
-                     outcome: CallOutcome, preloading: bool = False) -> None:
+                     outcome: CallOutcome, preload: asyncio.Task[bool] | None = None) -> None:
         """A claimed attempt ended: release its ticket (recording what its load left), and
         learn from the outcome: the provider's health, the prompt's size, the load's speed,
-        the call's length. `preloading`: its plan's load goes on (copy_wanted)."""
+        the call's length. `preload`: its plan's load, going on for other calls
+        (copy_wanted) until they want the copy no more (`_watch_preload`)."""
         placement = claimed.placement
         self.claims.unhold(claimed)
         now = self.clock.now()
@@ -103,9 +109,11 @@ class CallService:
         self.metrics.circuit_open.labels(placement.provider).set(
             0 if circuit is Circuit.CLOSED else 1)
         state = load_state(outcome)
-        if preloading and state == "abandoned":
+        if preload is not None and state == "abandoned":
             state = "loading"
         loaded = left_loaded(placement, now, state)
+        if preload is not None and state == "loading" and loaded is not None:
+            self._spawn(self._watch_preload(claimed, preload, loaded))
         # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload).
         release = self.evictions.release_to_unload(claimed, loaded) if call.unloads_after \
             else self.claims.book(claimed).release(claimed.ticket, loaded)
@@ -157,6 +165,37 @@ class CallService:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _watch_preload(self, claimed: Claimed, preload: asyncio.Task[bool],
+                             loading: Residency) -> None:
+        """A plan's preload going on past its call (`loading` recorded in its release):
+        stopped once no call waits for or holds the copy any more (they left too: Ollama
+        aborts the load then, rather than hold the copy for nobody for its keep-alive).
+        Ended unloaded, the copy is recorded abandoned, not counted loading for
+        LOAD_GRACE_S; either way the card is probed."""
+        changes = self.scheduler.changes
+        try:
+            while not preload.done():
+                seen = changes.value
+                if not self.copy_wanted(claimed):
+                    preload.cancel()
+                    break
+                moved = asyncio.ensure_future(changes.wait_past(seen, PRELOAD_RECHECK_S))
+                await asyncio.wait({preload, moved}, return_when=asyncio.FIRST_COMPLETED)
+                moved.cancel()
+        except asyncio.CancelledError:
+            preload.cancel()  # (shutting down: no load goes on for nobody)
+            raise
+        provider = claimed.placement.provider
+        if preload.done() and not preload.cancelled() and preload.exception() is None and \
+                preload.result():
+            await self.prober.refresh(provider)
+            return
+        with contextlib.suppress(StoreUnavailable):
+            await self.claims.book(claimed).abandon_load(provider, claimed.ticket.model,
+                                                         loading.at, self.clock.now())
+        await self.prober.refresh(provider, after_s=recheck_after_s(claimed.placement,
+                                                                    "abandoned"))
 
     def copy_wanted(self, claimed: Claimed) -> bool:
         """Whether a call besides `claimed`'s waits for the copy its placement loads, or
@@ -310,13 +349,14 @@ class CallAttempts:
         current, self._current = self._current, None
         if current is None:
             return  # settled already
-        preloading = False
+        preload = None
         if current.preload is not None and not current.preload.done():
             # its load is unwanted (the agent left, the attempt failed): its request closes,
             # and Ollama aborts the load; unless another call waits for that copy or joined it
-            preloading = current.claimed is not None and outcome.client_left and \
-                self.service.copy_wanted(current.claimed)
-            if not preloading:
+            if current.claimed is not None and outcome.client_left and \
+                    self.service.copy_wanted(current.claimed):
+                preload = current.preload
+            else:
                 current.preload.cancel()
         attempt = current.attempt
         metrics = self.service.metrics
@@ -339,7 +379,7 @@ class CallAttempts:
                                      outcome.error)
         if current.claimed is not None:
             await self.service.settle(current.claimed, self.call, attempt.estimated_tokens,
-                                      outcome, preloading)
+                                      outcome, preload)
 
 
 def _too_long(failed: Granted, outcome: CallOutcome) -> Refusal:

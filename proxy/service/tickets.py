@@ -478,6 +478,20 @@ class TicketBook:
 
         return await self._mutate(provider, leaving)
 
+    async def abandon_load(self, provider: str, model: str, loading_at: float, now: float
+                           ) -> ClaimResult:
+        """The load recorded loading at `loading_at` (a release's `Residency.loading`) was
+        given up: recorded abandoned, so a probe past its grace drops it rather than one
+        past LOAD_GRACE_S. A later record of the model (another call's) is left alone."""
+        def abandoned(current: TicketSet, _: float) -> TicketSet:
+            known = current.residents.get(model)
+            if known is None or not known.loading or known.abandoned or known.at != loading_at:
+                return current
+            return transition.record_residency(current, model,
+                                               replace(known, at=now, abandoned=True))
+
+        return await self._mutate(provider, abandoned)
+
     async def mark_unloaded(self, provider: str, seen_gone: Mapping[str, float]
                             ) -> ClaimResult:
         """Record that models were unloaded, each when it was seen gone (wall-clock time),

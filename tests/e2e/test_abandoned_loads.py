@@ -119,3 +119,34 @@ def test_a_loading_plan_another_call_joined_loads_on_when_its_own_call_leaves(
     assert gpu.sim.stats.loads == 1  # (stopped, it was loaded again for the other call)
     state = httpx.get(f"{url}/kubemoot/v1/state").json()
     assert (state["tickets"], state["plans"]) == ([], [])
+
+
+def test_a_plan_load_kept_for_another_call_stops_when_that_call_leaves_too(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """The plan's preload went on for the call that joined it (above); that call's agent
+    leaves as well before the load ends: nobody wants the copy, so the preload stops and
+    Ollama aborts the load (it went on and held the copy for its keep-alive)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, time_scale=SLOW)
+    url = sidecar_factory([gpu], probe_interval_seconds=0.5, **mode).url
+    made = httpx.post(f"{url}/kubemoot/v1/plans", timeout=10,
+                      json={"thread": "t", "model": "qwen3:14b", "promptChars": 100})
+    assert made.status_code == 201, made.text
+
+    async def both_leave() -> None:
+        async with httpx.AsyncClient(base_url=url) as client:
+            other = asyncio.create_task(client.post(
+                "/api/chat", headers={"X-Kubemoot-Thread": "u"}, timeout=1.5,
+                json={"model": "qwen3:14b", "messages": HI, "stream": False}))
+            with pytest.raises(httpx.TimeoutException):
+                await client.post("/api/chat", headers={"X-Kubemoot-Thread": "t"},
+                                  timeout=1.0, json={"model": "qwen3:14b", "messages": HI,
+                                                     "stream": False})
+            with pytest.raises(httpx.TimeoutException):
+                await other
+
+    asyncio.run(both_leave())
+    assert eventually(lambda: gpu.sim.stats.aborted_loads >= 1)
+    assert eventually(lambda: copies(url) == {"gpu": []}, timeout_s=4)
+    assert gpu.sim.used_vram_mib() == 0 and "qwen3:14b" not in gpu.sim.runners
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    assert (state["tickets"], state["plans"]) == ([], [])

@@ -176,6 +176,22 @@ def test_a_model_with_calls_waiting_keeps_its_card_busy_past_its_running_call() 
     assert decision.placement and decision.placement.provider == "b"
 
 
+def test_the_line_of_a_model_whose_copy_leaves_the_card_does_not_keep_that_card_busy(
+        ) -> None:
+    # as above, but the 14B's copy on "a" is asked to unload: its three waiting calls
+    # cannot take a slot there (no slot of theirs counts it), so its runner there stops with
+    # its call in 0.5 s, and the 8B call pays those 0.5 s, not the line's 30 s of steps
+    a = gpu("a", GIB32, ("qwen3:8b", "qwen3:14b"))
+    a = replace(a, residents=tuple(replace(r, leaving=r.model == "qwen3:14b")
+                                   for r in a.residents))
+    snap = snapshot(a, gpu("b", GIB32, ("qwen3:8b",)),
+                    tickets=(ticket("a", "qwen3:14b", elapsed=29.5),),
+                    demand={"qwen3:14b": ModelDemand(waiters=3, turns=(NOW, NOW, NOW))})
+    _, verdicts = explain(call("qwen3:8b"), snap)
+    terms = {v.provider: v.terms for v in verdicts if v.model == "qwen3:8b"}
+    assert terms["a"]["contention"] == pytest.approx(0.5)
+
+
 def test_a_small_model_beside_a_call_ending_later_pays_its_steps_not_the_others_length(
         ) -> None:
     # a 3B call (30 s unknown) beside a 32B call just begun: each 3B token waits for a 32B
