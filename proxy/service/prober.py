@@ -312,7 +312,7 @@ class Prober:
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
             version=version if isinstance(version, str) else "", digests=digests,
             remote=remote, cloud_off=self._cloud_off.get(name, False),
-            listed_before=listed_before(self._last_state(name))
+            listed_before=self._last_listing(name)
             if isinstance(tags, BaseException) else ())
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
@@ -351,15 +351,15 @@ class Prober:
         self._listed[name] = dict(loaded_mib)
         return {m: held for m, (_, held) in seen.items()}
 
-    def _last_state(self, name: str) -> ProviderState | None:
-        """The newer of this process's last probe and the published state: with shared state
-        this one probes a card only while nobody publishes it fresh, so its own may be far
-        older (a listing lacking a model pulled since: a false 404 while the card is down)."""
-        mine, published = self.latest.get(name), self._published(name)
-        if mine is None or (published is not None and
-                            published.last_probed_at > mine.last_probed_at):
-            return published
-        return mine
+    def _last_listing(self, name: str) -> tuple[str, ...]:
+        """The newer listing of this process's last probe and the published state: with
+        shared state this one probes a card only while nobody publishes it fresh, so its own
+        may be far older (lacking a model pulled since: a false 404 while the card is down).
+        A state that carries no listing (a prober that never saw one) does not hide one."""
+        states = [s for s in (self.latest.get(name), self._published(name))
+                  if s is not None and listed_before(s)]
+        newest = max(states, key=lambda s: s.last_probed_at, default=None)
+        return listed_before(newest)
 
     def _published(self, name: str) -> ProviderState | None:
         """The provider's state as the store holds it: other processes' probes, which may

@@ -6,6 +6,7 @@ its expiry as unknown rather than past."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from proxy.adapters.memory_kv import MemoryStore
@@ -136,3 +137,23 @@ async def test_a_card_down_goes_by_the_newest_listing_its_own_or_published() -> 
     server.tags_listed = None
     state, = await mine.round(force=True)
     assert state.listed_before == ("llama3.2:3b", "qwen3:8b")
+
+
+async def test_a_newer_state_without_a_listing_does_not_hide_an_older_one() -> None:
+    """A prober that never saw the card listed publishes a newer "down" state with no
+    listing: the older listing still stands (else every model would be waited for again)."""
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server, clock, store = _Down(), _Clock(1_800_000_000.0), MemoryStore()
+    prober = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                    gpu_memory=None, clock=clock)  # type: ignore[arg-type]
+    server.tags_listed = [{"name": "qwen3:8b", "model": "qwen3:8b", "size": 5 << 30}]
+    listed, = await prober.round(force=True)
+    clock.at += 600
+    unlisted = replace(listed, available_mib={}, remote={}, listed_before=(), ready=False,
+                       last_probed_at=clock.at)
+    await store.put(PROVIDER_STATE, "a", unlisted.encode())
+    clock.at += 20
+    server.tags_listed = None
+    state, = await prober.round(force=True)
+    assert state.listed_before == ("qwen3:8b",)
