@@ -188,7 +188,10 @@ def weights_floor_mib(info: ModelInfo, disk_mib: int) -> int:
 
 
 def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int) -> int:
-    """Ollama's own pre-load estimate (PredictServerVRAM; f16 whatever the cache type)."""
+    """Ollama's own pre-load estimate (PredictServerVRAM; f16 whatever the cache type). It
+    stats the model's file alone (llm/llama_server.go:2681-2685); `disk_mib` (/api/tags) has
+    a DRAFT's file too, which neither /api/tags nor /api/show sizes apart: over by it, so a
+    load may be taken for refused (an unload first) where Ollama would admit it."""
     return disk_mib + math.ceil(info.estimate_kv_bytes_per_token * context * slots / MIB)
 
 
