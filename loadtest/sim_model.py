@@ -113,6 +113,10 @@ class SimModel:
     # A DRAFT model in its Modelfile (its own GGUF, manifest.MediaTypeImageDraft, 0.30+): HEAD's
     # llama-server runs it beside the model for speculative decoding; None none
     draft: SimModel | None = None
+    # An MTP head in its weights file (<arch>.nextn_predict_layers; its weights in disk_mib): 0.30+
+    # runs it as the draft while draft_num_predict > 0 (llm/llama_server.go:837-842, 901-907),
+    # with its KV cache and compute as this model's (disk_mib 0); None none
+    mtp: SimModel | None = None
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -129,7 +133,8 @@ class SimModel:
         """Its manifest's digest (/api/tags, /api/ps): the same for names that differ in
         nothing else (`ollama cp`), another for a model whose Modelfile changes anything."""
         layers = tuple(getattr(self, f.name) for f in fields(self)
-                       if f.name != "name" and not (f.name == "draft" and self.draft is None))
+                       if f.name != "name"
+                       and not (f.name in ("draft", "mtp") and getattr(self, f.name) is None))
         return sha256_hex(repr(layers))
 
     @property
@@ -175,9 +180,10 @@ class SimModel:
         --spec-draft-model, llm/llama_server.go:807-823, 382): the draft's weights, a KV cache
         of its own for every slot's context, at llama.cpp's draft cache type (f16: Ollama
         passes only --cache-type-k/-v, :390-393) and its compute buffers."""
-        if self.draft is None:
+        draft = self.draft or self.mtp  # a DRAFT is run, not the head (:901-907)
+        if draft is None:
             return 0
-        return self.draft.footprint_mib(num_ctx, slots, "f16", batch, version, window_batch)
+        return draft.footprint_mib(num_ctx, slots, "f16", batch, version, window_batch)
 
     @property
     def file_mib(self) -> int:
@@ -233,6 +239,8 @@ class SimModel:
         if self.shared_kv_layers:
             info[f"{arch}.attention.shared_kv_layers"] = self.shared_kv_layers
             info[f"{arch}.attention.sliding_window_pattern"] = self.window_pattern
+        if self.mtp:
+            info[f"{arch}.nextn_predict_layers"] = self.mtp.block_count
         return info
 
     @property

@@ -188,7 +188,10 @@ def weights_floor_mib(info: ModelInfo, disk_mib: int) -> int:
 
 
 def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int) -> int:
-    """Ollama's own pre-load estimate (PredictServerVRAM; f16 whatever the cache type)."""
+    """Ollama's own pre-load estimate (PredictServerVRAM; f16 whatever the cache type). It
+    stats the model's file alone (llm/llama_server.go:2681-2685); `disk_mib` (/api/tags) has
+    a DRAFT's file too, which neither /api/tags nor /api/show sizes apart: over by it, so a
+    load may be taken for refused (an unload first) where Ollama would admit it."""
     return disk_mib + math.ceil(info.estimate_kv_bytes_per_token * context * slots / MIB)
 
 
@@ -212,9 +215,10 @@ DEFAULT_DRAFT_NUM_PREDICT = 4  # api.DefaultOptions (api/types.go:1119)
 
 
 def drafts(info: ModelInfo) -> bool:
-    """Whether a copy of the model runs its DRAFT model: one is in its Modelfile and its
-    draft_num_predict is above 0 (llm/llama_server.go:807-813)."""
-    return "draft=" in info.runner and draft_num_predict(info.runner) > 0
+    """Whether a copy of the model runs a draft: a DRAFT in its Modelfile or an MTP head in
+    its weights (llm/llama_server.go:901-907), and its draft_num_predict above 0 (:807-813;
+    0 for an MTP model unless its Modelfile sets it, server/routes.go:153-155)."""
+    return ("draft=" in info.runner or info.mtp) and draft_num_predict(info.runner) > 0
 
 
 def draft_mib(info: ModelInfo, context: int, slots: int, version: str) -> int:
@@ -223,7 +227,8 @@ def draft_mib(info: ModelInfo, context: int, slots: int, version: str) -> int:
     context, at llama.cpp's draft cache type (f16: Ollama passes only --cache-type-k/-v,
     llm/llama_server.go:382, 390-393), and compute buffers of its own. /api/show does not
     describe the draft, so its cache is taken as the model's own per token with every layer
-    full (a draft is a smaller model or a one-layer head, never a larger one) and its
+    full (a draft is a smaller model or a one-layer head, never a larger one; Ollama's tree
+    does not say what llama-server gives an MTP head, so it is sized so too) and its
     compute as the batch tiers' figure and a batch's logits (DRAFT_COMPUTE_MIB)."""
     if not drafts(info) or parse_version(version) < LLAMA_SERVER_SINCE:
         return 0

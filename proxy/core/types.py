@@ -71,6 +71,9 @@ class ModelInfo:
     # What else its copy's runner is loaded with (service/prober.py: runner PARAMETERs, adapters,
     # projectors); models of one weights file share a copy only where this matches
     runner: str = ""
+    # A multi-token-prediction head in its weights file (<arch>.nextn_predict_layers > 0):
+    # from 0.30 llama-server runs it as the draft when draft_num_predict is set
+    mtp: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
             "swaChunked": info.swa_chunked, "tokenEmbeddingBytes": info.token_embedding_bytes,
             **({"weights": info.weights} if info.weights else {}),
             **({"runner": info.runner} if info.runner else {}),
+            **({"mtp": True} if info.mtp else {}),
             **({"capabilities": list(info.capabilities)} if info.capabilities is not None
                else {})}
 
@@ -73,7 +74,8 @@ def decode_model_info(d: dict[str, Any]) -> ModelInfo:
                      swa_window=_int_or(d.get("swaWindow"), 0),
                      swa_chunked=bool(d.get("swaChunked")),
                      token_embedding_bytes=_int_or(d.get("tokenEmbeddingBytes"), 0),
-                     weights=str(d.get("weights") or ""), runner=str(d.get("runner") or ""))
+                     weights=str(d.get("weights") or ""), runner=str(d.get("runner") or ""),
+                     mtp=d.get("mtp") is True)
 
 
 def _int_or(value: Any, default: int) -> int:

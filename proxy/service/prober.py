@@ -177,7 +177,15 @@ def model_info(show: Any) -> ModelInfo:
         pooling_type=pooling if type(pooling) is int else -1,
         swa_kv_bytes_per_token=windowed, swa_window=window, swa_chunked=chunked,
         token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0,
-        weights=weights_file(show), runner=runner_files(show))
+        weights=weights_file(show), runner=runner_files(show), mtp=has_mtp(info, arch))
+
+
+def has_mtp(info: dict[str, Any], arch: str) -> bool:
+    """Whether the weights file carries an MTP head Ollama runs as a draft (hasMTPDraft,
+    llm/llama_server.go:837-842). Only its nextn_predict_layers key is read: a legacy qwen35
+    file shows its "mtp." tensors only to a verbose /api/show, which the prober does not ask."""
+    layers = info.get(f"{arch}.nextn_predict_layers")
+    return type(layers) is int and layers > 0
 
 
 def cloud_off(status: ShowAnswer) -> bool:

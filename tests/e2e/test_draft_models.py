@@ -98,3 +98,29 @@ def test_a_model_of_the_same_file_with_another_draft_joins_the_copy(
         assert answer.message.content
     stats = gpu.sim.stats
     assert (stats.loads, stats.unloads, quiet(gpu)) == (1, 0, NOTHING)
+
+
+# qwen3.5's MTP head: one layer inside the model's own file, run as its draft when the
+# Modelfile sets draft_num_predict (llm/llama_server.go:837-842, 901-907)
+MTP_HEAD = SimModel("mtp-head", disk_mib=0, block_count=1, embedding_length=4096,
+                    head_count=32, head_count_kv=8, key_length=128, value_length=128,
+                    parameter_size="0.1B")
+MTP_ON = replace(QWEN3_8B, name="mtp-on:latest", weights="", mtp=MTP_HEAD,
+                 parameters=(("draft_num_predict", 3),))
+
+
+def test_a_model_with_an_mtp_head_is_sized_with_its_draft(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The sidecar reads <arch>.nextn_predict_layers from /api/show: before any copy is seen
+    the head is sized as a DRAFT (2304 + 768 + 256, more than its real 64 + 1024), never
+    under the 9460 MiB the copy holds; it was sized 5200 + 2304 + 768 = 8272."""
+    gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384,
+                      models=(MTP_ON,), time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    verdict = _verdict(url, "mtp-on")
+    assert (verdict["footprintDraftMiB"], verdict["footprintTotalMiB"]) == (3328, 11600)
+    client = ollama.Client(host=url, timeout=60)
+    assert client.chat(model="mtp-on", messages=[{"role": "user", "content": "hi"}]).message
+    ps = httpx.get(f"{gpu.url}/api/ps").json()["models"]
+    assert [m["size"] >> 20 for m in ps] == [9460]
+    assert (gpu.sim.stats.oom_events, quiet(gpu)) == (0, NOTHING)

@@ -321,6 +321,35 @@ def test_a_draft_model_runs_beside_its_model_from_0_30(
     assert tuple(seen) == reloads
 
 
+# qwen3.5's MTP head: one layer in the model's own file (its weights in disk_mib)
+MTP_HEAD = SimModel("mtp-head", disk_mib=0, block_count=1, embedding_length=4096,
+                    head_count=32, head_count_kv=8, key_length=128, value_length=128,
+                    parameter_size="0.1B")
+QWEN3_MTP = replace(QWEN3_8B, name="qwen3-mtp:latest", weights="", mtp=MTP_HEAD)
+QWEN3_MTP_ON = replace(QWEN3_MTP, name="qwen3-mtp-on:latest",
+                       parameters=(("draft_num_predict", 3),))
+
+
+@pytest.mark.parametrize(("version", "drafted_mib"), [("0.33.0", 8372 + 1088), ("0.12.6", 8372)])
+def test_an_mtp_head_runs_as_the_draft_when_draft_num_predict_is_set(
+        sim_factory: Sims, version: str, drafted_mib: int) -> None:
+    """A file with an MTP head (<arch>.nextn_predict_layers) is run with it as the draft
+    (llm/llama_server.go:837-842, 901-907) when draft_num_predict is above 0, which Ollama
+    leaves 0 for a model without a DRAFT unless set (server/routes.go:153-155): its own KV
+    cache (1 layer x 8 heads x 256 values x 2 B x 16384 = 64) and compute (256 + 768); its
+    weights are in the file. 0.12 runs none."""
+    sim = sim_factory("gpu", total_vram_mib=24564, context_length=16384, time_scale=SCALE,
+                      version=version, models=(*CATALOG, QWEN3_MTP, QWEN3_MTP_ON))
+    shown = httpx.post(f"{sim.url}/api/show", json={"model": "qwen3-mtp"}).json()
+    assert shown["model_info"]["qwen3.nextn_predict_layers"] == 1
+    sizes = []
+    for model in ("qwen3-mtp", "qwen3-mtp-on"):  # one file: the second reloads the copy
+        assert load(sim, model).status_code == 200
+        sizes.append([m["size"] >> 20 for m in httpx.get(f"{sim.url}/api/ps").json()[
+            "models"]])
+    assert sizes == [[8372], [drafted_mib]]
+
+
 @pytest.mark.parametrize("version", ["0.33.0", "0.12.6"])
 def test_an_automatic_call_on_a_copy_with_a_modelfile_num_batch_compares_ollamas_default(
         sim_factory: Sims, version: str) -> None:

@@ -18,6 +18,7 @@ from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.sizing import (
     Sizer,
     draft_num_predict,
+    drafts,
     graph_mib,
     kv_mib,
     kv_per_token,
@@ -134,6 +135,26 @@ def test_a_draft_model_adds_its_own_cache_and_compute_from_0_30() -> None:
     weights = 11673 - 2304 - 768 - 3328
     assert footprint(drafted, context=32768, seen={16384: 11673}) == (
         weights, 5632, weights + 4608 + 768 + 5632)
+
+
+def test_a_model_with_an_mtp_head_is_sized_with_its_draft_when_draft_num_predict_is_set(
+) -> None:
+    """A weights file with an MTP head (<arch>.nextn_predict_layers > 0) runs it as the draft
+    when draft_num_predict is set (llm/llama_server.go:837-842, 901-907); Ollama leaves it 0
+    for a model without a DRAFT unless its Modelfile sets it (server/routes.go:153-155)."""
+    show = {"model_info": {"general.architecture": "qwen35", "qwen35.context_length": 40960,
+                           "qwen35.nextn_predict_layers": 1},
+            "parameters": "draft_num_predict 3"}
+    info = model_info(show)
+    assert info.mtp and decode_model_info(encode_model_info(info)) == info
+    card = ProviderView("a", 24564, version="0.33.0", disk_mib={"m": 5700},
+                        models={"m": replace(info, kv_bytes_per_token=144 * KIB)})
+    fp = Sizer((card,), 1.2).footprint("m", card, 16384)
+    assert fp is not None and fp.draft_mib == 2304 + 768 + 256
+    # without draft_num_predict in its Modelfile, or without the head, no draft runs
+    assert not drafts(model_info({**show, "parameters": ""}))
+    assert not model_info({**show, "model_info": {**show["model_info"],
+                                                  "qwen35.nextn_predict_layers": 0}}).mtp
 
 
 @pytest.mark.parametrize(("value", "drafted"), [
