@@ -133,7 +133,8 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
     monkeypatch.setattr(protocol, "HEAD_TIMEOUT_S", 0.5)
     monkeypatch.setattr(routes, "BODY_TIMEOUT_S", 0.5)
     app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
-    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol,
+                            timeout_keep_alive=protocol.KEEP_ALIVE_TIMEOUT_S).start()
     try:
         idle = socket.create_connection((server.host, server.port))
         idle.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\n")  # and the head never ends
@@ -146,6 +147,9 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
         slow.settimeout(5)
         answer = slow.recv(1000)
         assert b"408" in answer.split(b"\r\n")[0] and b'"reason":"request-timeout"' in answer
+        # and closed: a body cut half-way leaves the stream unusable (it stayed open 300 s)
+        assert b"connection: close" in answer.lower()
+        assert slow.recv(1000) == b""
     finally:
         server.stop()
 
