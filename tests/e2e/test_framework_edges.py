@@ -4,6 +4,7 @@ sidecar work for long."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -330,5 +331,39 @@ def test_a_pipelining_client_that_leaves_is_not_answered_for_nobody(sim_factory:
         while answers.count(b"HTTP/1.1 200") < 2:
             answers += again.recv(65536)
         again.close()
+    finally:
+        server.stop()
+
+
+def _status_lines(answers: bytes) -> list[bytes]:  # answers follow each other's bodies
+    return re.findall(rb"HTTP/1\.1 \d{3} [^\r]*", answers)
+
+
+@pytest.mark.parametrize(("behind", "refusal"), [
+    (b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost\x01: x\r\n\r\n",
+     b"HTTP/1.1 400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost\x01: x\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
+    (b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nX-Big: "
+     + b"a" * (2 << 20), b"HTTP/1.1 431 Request Header Fields Too Large")])
+def test_a_bad_request_pipelined_behind_a_call_is_refused_after_its_answer(
+        sim_factory: Sims, behind: bytes, refusal: bytes) -> None:
+    """A malformed or oversized request queued behind a call in flight was parsed at once
+    (the read-ahead): its 400 or 431 went out and the connection closed under the call.
+    As stock uvicorn and Go's net/http do, the calls ahead are answered first."""
+    gpu = sim_factory("gpu", time_scale=0.01)
+    app = build_app(load_settings(providers=[provider_entry(gpu)]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        body = b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
+        client = socket.create_connection((server.host, server.port))
+        client.settimeout(5)
+        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body) + behind)
+        answers = b""
+        while chunk := client.recv(65536):
+            answers += chunk
+        expected = [b"HTTP/1.1 200 OK"] * (1 + behind.count(b"/api/version")) + [refusal]
+        assert _status_lines(answers) == expected, answers[:2000]
+        assert b'"done":true' in answers
     finally:
         server.stop()
