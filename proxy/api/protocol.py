@@ -77,6 +77,8 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         starts = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
         self.running = starts if self.pipeline else None
+        if self.head_timer is not None and not self._answers_pending():
+            self._arm()  # a head read ahead has its time from the last answer on, as in Go
         if self.refusal is not None and not self._answers_pending():
             refuse, self.refusal = self.refusal, None
             if not self.transport.is_closing():  # the answer closed it (Connection: close)
@@ -159,6 +161,9 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def _head_too_slow(self) -> None:
         self.head_timer = None
+        if self._answers_pending():  # a head read ahead: closing would cut the calls before it
+            self._arm()
+            return
         if not self.transport.is_closing():
             self.transport.close()
 

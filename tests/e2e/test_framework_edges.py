@@ -367,3 +367,29 @@ def test_a_bad_request_pipelined_behind_a_call_is_refused_after_its_answer(
         assert b'"done":true' in answers
     finally:
         server.stop()
+
+
+def test_a_slow_head_pipelined_behind_a_call_does_not_cut_it(
+        sim_factory: Sims, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head limit counted a request read ahead from its first byte: part of a head
+    queued behind a call longer than the limit closed the connection under that call. Its
+    clock starts once the calls before it are answered (Go reads the next head only then)."""
+    monkeypatch.setattr(protocol, "HEAD_TIMEOUT_S", 0.3)
+    gpu = sim_factory("gpu", tokens_per_s=3.2, time_scale=0.2, context_length=4096)
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "llama3.2:3b"}, timeout=10)
+    app = build_app(load_settings(providers=[provider_entry(gpu)]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        body = b'{"model":"llama3.2:3b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
+        client = socket.create_connection((server.host, server.port))
+        client.settimeout(5)
+        started = time.monotonic()
+        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body) + b"GET /api/version HTTP/1.1\r\nHost: x\r\n")
+        answers = b""
+        while chunk := client.recv(65536):
+            answers += chunk
+        assert time.monotonic() - started > 0.6  # the call outlived the head limit
+        assert _status_lines(answers) == [b"HTTP/1.1 200 OK"] and b'"done":true' in answers
+    finally:
+        server.stop()
