@@ -59,7 +59,9 @@ def error_response(status: int, reason: str, message: str, model: str | None = N
     body = {**error_body(status, reason, message, dialect), **request_id(dialect)}
     if model:
         body["model"] = model
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else {}
+    if status == 408:  # a body cut half-way leaves the connection unusable: closed after
+        headers["Connection"] = "close"
     return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
 
 

@@ -7,6 +7,7 @@ connection (and a file descriptor) for good."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Literal
 
 import uvicorn
@@ -38,6 +39,7 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
     head_timer: asyncio.TimerHandle | None = None
     head_bytes: int | None = 0  # None while a request's body is read
     running: RequestResponseCycle | None = None  # in flight while a pipelined one waits
+    refusal: Callable[[], None] | None = None  # a bad request's answer, after those ahead
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -75,6 +77,12 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
         starts = self.pipeline[-1][0] if self.pipeline else None
         super().on_response_complete()
         self.running = starts if self.pipeline else None
+        if self.head_timer is not None and not self._answers_pending():
+            self._arm()  # a head read ahead has its time from the last answer on, as in Go
+        if self.refusal is not None and not self._answers_pending():
+            refuse, self.refusal = self.refusal, None
+            if not self.transport.is_closing():  # the answer closed it (Connection: close)
+                refuse()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -112,7 +120,33 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
             self.head_timer.cancel()
             self.head_timer = None
 
+    def send_400_response(self, msg: str) -> None:
+        # a request read ahead (pipelined) that cannot be parsed: refused after those ahead
+        if not self._defer(lambda: super(HeadTimeoutProtocol, self).send_400_response(msg)):
+            super().send_400_response(msg)
+
+    def _answers_pending(self) -> bool:
+        """Whether a request read before this point still awaits its answer (answers go
+        out in order, so the last one read is the last to be answered)."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _defer(self, refuse: Callable[[], None]) -> bool:
+        """Holds a refusal of a request read ahead until the requests before it are answered
+        (as Go's net/http and stock uvicorn do): sent at once it closed the connection
+        under the call in flight. What still comes is read (a client leaving is seen) and
+        dropped. A request cut in its body is refused at once: it will never be answered."""
+        if self.head_bytes is None or not self._answers_pending():
+            return False
+        self._disarm()
+        self.head_bytes = -1
+        self.refusal = refuse
+        return True
+
     def _head_too_large(self) -> None:
+        if not self._defer(self._refuse_head):
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
         """Go's answer, then its closeWriteAndWait: the write side shut, the rest of the
         head read and dropped for a moment, so the client reads the 431 rather than a
         reset."""
@@ -127,6 +161,9 @@ class HeadTimeoutProtocol(HttpToolsProtocol):
 
     def _head_too_slow(self) -> None:
         self.head_timer = None
+        if self._answers_pending():  # a head read ahead: closing would cut the calls before it
+            self._arm()
+            return
         if not self.transport.is_closing():
             self.transport.close()
 

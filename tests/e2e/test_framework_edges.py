@@ -4,6 +4,7 @@ sidecar work for long."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -133,7 +134,8 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
     monkeypatch.setattr(protocol, "HEAD_TIMEOUT_S", 0.5)
     monkeypatch.setattr(routes, "BODY_TIMEOUT_S", 0.5)
     app = build_app(load_settings(providers=[provider_entry(sim_factory("gpu"))]))
-    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol,
+                            timeout_keep_alive=protocol.KEEP_ALIVE_TIMEOUT_S).start()
     try:
         idle = socket.create_connection((server.host, server.port))
         idle.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\n")  # and the head never ends
@@ -146,6 +148,9 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
         slow.settimeout(5)
         answer = slow.recv(1000)
         assert b"408" in answer.split(b"\r\n")[0] and b'"reason":"request-timeout"' in answer
+        # and closed: a body cut half-way leaves the stream unusable (it stayed open 300 s)
+        assert b"connection: close" in answer.lower()
+        assert slow.recv(1000) == b""
     finally:
         server.stop()
 
@@ -326,5 +331,65 @@ def test_a_pipelining_client_that_leaves_is_not_answered_for_nobody(sim_factory:
         while answers.count(b"HTTP/1.1 200") < 2:
             answers += again.recv(65536)
         again.close()
+    finally:
+        server.stop()
+
+
+def _status_lines(answers: bytes) -> list[bytes]:  # answers follow each other's bodies
+    return re.findall(rb"HTTP/1\.1 \d{3} [^\r]*", answers)
+
+
+@pytest.mark.parametrize(("behind", "refusal"), [
+    (b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost\x01: x\r\n\r\n",
+     b"HTTP/1.1 400 Bad Request"),
+    (b"GET / HTTP/1.1\r\nHost\x01: x\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
+    (b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nX-Big: "
+     + b"a" * (2 << 20), b"HTTP/1.1 431 Request Header Fields Too Large")])
+def test_a_bad_request_pipelined_behind_a_call_is_refused_after_its_answer(
+        sim_factory: Sims, behind: bytes, refusal: bytes) -> None:
+    """A malformed or oversized request queued behind a call in flight was parsed at once
+    (the read-ahead): its 400 or 431 went out and the connection closed under the call.
+    As stock uvicorn and Go's net/http do, the calls ahead are answered first."""
+    gpu = sim_factory("gpu", time_scale=0.01)
+    app = build_app(load_settings(providers=[provider_entry(gpu)]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        body = b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
+        client = socket.create_connection((server.host, server.port))
+        client.settimeout(5)
+        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body) + behind)
+        answers = b""
+        while chunk := client.recv(65536):
+            answers += chunk
+        expected = [b"HTTP/1.1 200 OK"] * (1 + behind.count(b"/api/version")) + [refusal]
+        assert _status_lines(answers) == expected, answers[:2000]
+        assert b'"done":true' in answers
+    finally:
+        server.stop()
+
+
+def test_a_slow_head_pipelined_behind_a_call_does_not_cut_it(
+        sim_factory: Sims, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head limit counted a request read ahead from its first byte: part of a head
+    queued behind a call longer than the limit closed the connection under that call. Its
+    clock starts once the calls before it are answered (Go reads the next head only then)."""
+    monkeypatch.setattr(protocol, "HEAD_TIMEOUT_S", 0.3)
+    gpu = sim_factory("gpu", tokens_per_s=3.2, time_scale=0.2, context_length=4096)
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "llama3.2:3b"}, timeout=10)
+    app = build_app(load_settings(providers=[provider_entry(gpu)]))
+    server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
+    try:
+        body = b'{"model":"llama3.2:3b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
+        client = socket.create_connection((server.host, server.port))
+        client.settimeout(5)
+        started = time.monotonic()
+        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body) + b"GET /api/version HTTP/1.1\r\nHost: x\r\n")
+        answers = b""
+        while chunk := client.recv(65536):
+            answers += chunk
+        assert time.monotonic() - started > 0.6  # the call outlived the head limit
+        assert _status_lines(answers) == [b"HTTP/1.1 200 OK"] and b'"done":true' in answers
     finally:
         server.stop()
