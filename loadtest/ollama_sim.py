@@ -138,6 +138,10 @@ def _namespace(name: str) -> str:
     return parts[-2] if len(parts) > 1 else "library"
 
 
+async def _no_route(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse("404 page not found", 404)  # gin's NoRoute answer
+
+
 class SimApp:
     """HTTP routes over an OllamaSim."""
 
@@ -154,7 +158,8 @@ class SimApp:
             Route("/api/experimental/model-recommendations", self.recommendations,
                   methods=["GET"]),
             Route("/v1/models", self.openai_models, methods=["GET"]),
-            Route("/v1/models/{model:path}", self.cloud_model, methods=["GET"]),
+            # (gin's `:model` is one path segment: a name with a slash is its 404)
+            Route("/v1/models/{model}", self.cloud_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
@@ -168,7 +173,7 @@ class SimApp:
             Route("/_sim/stats", self.stats, methods=["GET"]),
             Route("/_sim/fault", self.set_fault, methods=["POST"]),
             Route("/_sim/reset", self.reset, methods=["POST"]),
-        ], lifespan=self._lifespan)
+        ], lifespan=self._lifespan, exception_handlers={404: _no_route})
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:

@@ -299,7 +299,9 @@ class SidecarApi:
         add("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])
         add("/v1/models", self.openai_models, methods=["GET"])
         _without_head(app)
-        add("/v1/models/{model:path}", self.openai_model, methods=["GET"])
+        # gin's `:model` takes one path segment (routes.go `/v1/models/:model`): a name with
+        # a slash, `%2F` or not (gin reads the decoded path), is its router's 404
+        add("/v1/models/{model}", self.openai_model, methods=["GET"])
         _without_head(app)
         add("/healthz", self.healthz, methods=["GET"])
         add("/readyz", self.readyz, methods=["GET"])
@@ -571,9 +573,13 @@ class SidecarApi:
             f"it against each provider directly (OLLAMA_HOST=<provider> {command})")
 
     async def not_found(self, request: Request, exc: Exception) -> Response:
+        path = request.url.path
+        hint = ("; Ollama's /v1/models/{model} takes a name without '/', so a namespaced "
+                "model is known only from the list (GET /v1/models)"
+                if path.startswith("/v1/models/") else "")
         return error_response(
             404, "not-found",
-            f"{request.method} {request.url.path} is not served by the sidecar; it serves "
+            f"{request.method} {path} is not served by the sidecar{hint}; it serves "
             "Ollama's /api/*, OpenAI's /v1/chat/completions, /v1/completions, /v1/responses, "
             "/v1/embeddings, /v1/audio/transcriptions and /v1/models, Anthropic's "
             "/v1/messages and /v1/messages/count_tokens, and its own /kubemoot/v1/* "

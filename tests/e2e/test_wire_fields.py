@@ -75,7 +75,25 @@ def test_openai_models_are_owned_by_their_namespace(sim_factory: Sims,
     client = client_for(sidecar_factory([gpu]).url)
     owners = {m.id: m.owned_by for m in client.models.list()}
     assert owners == {"qwen3:8b": "library", "someone/llama3.2:3b": "someone"}
-    assert client.models.retrieve("someone/llama3.2:3b").owned_by == "someone"
+
+
+@pytest.mark.parametrize("name", ["someone/llama3.2:3b", "library/qwen3:8b", "hf.co/x/y:q4"])
+def test_a_namespaced_model_is_not_retrieved_as_ollamas_router_has_no_such_path(
+        sim_factory: Sims, sidecar_factory: Sidecars, name: str) -> None:
+    """gin's `/v1/models/:model` takes one path segment, from the decoded path: a name with
+    a slash (`%2F`, as the openai client sends it, or not) is its router's 404 for every
+    method (server/routes.go:1920), though the list names the model."""
+    mine = replace(LLAMA, name="someone/llama3.2:3b")
+    gpu = sim_factory("gpu", models=(CATALOG[2], mine), time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    for base in (url, gpu.url):
+        with pytest.raises(openai.NotFoundError):
+            client_for(base).models.retrieve(name)
+        for method in ("GET", "HEAD"):
+            assert httpx.request(method, f"{base}/v1/models/{name}").status_code == 404
+    refused = httpx.get(f"{url}/v1/models/{name}").json()
+    assert refused["reason"] == "not-found" and "GET /v1/models" in refused["error"]["message"]
+    assert client_for(url).models.retrieve("qwen3:8b").owned_by == "library"
 
 
 @pytest.mark.parametrize("version", ["0.30.6", "0.30.7"])
