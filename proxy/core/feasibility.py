@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import context, engines
 from proxy.core.context import Resolved
+from proxy.core.models import not_listed
 from proxy.core.occupancy import (
     Load,
     ProviderIndex,
@@ -247,7 +248,7 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         return Fit(False, "being unloaded (keep_alive 0); placed again once it is gone")
     if model in index.making_room:  # joinable once its victims are gone; a second load is refused
         return Fit(False, "being loaded here once the copies it unloads are gone")
-    if index.view.disk_mib and model not in index.view.disk_mib:
+    if not_listed(index.view, model):
         return Fit(False, "model not pulled on this provider")
     resolved, footprint = fitting.load(index, model)
     short = fitting.context_problem(index, model, resolved.context)

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.types import Candidate
+from proxy.core.types import Candidate, ProviderView
 
 
 def model_name(entry: Mapping[str, Any]) -> str:
@@ -176,6 +176,15 @@ _normalised = functools.lru_cache(maxsize=4096)(_normalise)
 def model_key(name: str) -> str:
     """What two spellings of one model share (Ollama matches the parts case-insensitively)."""
     return normalise_model(name).lower()
+
+
+def not_listed(view: ProviderView, model: str) -> bool:
+    """The card's catalogue is known and lacks the model: its disk listing now, else the
+    one it gave last (an empty one too: an Ollama that lists no model has none). False for
+    a card never listed: it may have any model."""
+    if view.disk_mib:
+        return model not in view.disk_mib
+    return (view.listed or bool(view.last_listed)) and model_key(model) not in view.last_listed
 
 
 def resolve_model(name: str, known: Iterable[str]) -> str:

@@ -46,7 +46,7 @@ from proxy.core.cost import (
     warm_terms,
 )
 from proxy.core.feasibility import UNREACHABLE, Fit, Fitting, check, health_reason
-from proxy.core.models import model_key, not_found
+from proxy.core.models import not_found, not_listed
 from proxy.core.occupancy import ProviderIndex, held_beside, indexes_for
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.queueing import (
@@ -411,7 +411,7 @@ class _Planner:
         return False
 
     def fits_free_room(self, index: ProviderIndex, model: str, free: int | None) -> bool:
-        if index.view.disk_mib and model not in index.view.disk_mib:
+        if not_listed(index.view, model):
             return False  # not pulled there
         need = self.fitting.footprint_mib(index, model)
         return free is not None and need is not None and need <= free
@@ -825,13 +825,10 @@ _FLOOR_MARGIN = 1e-9
 
 def _pulled_on(index: ProviderIndex, model: str) -> bool:
     """The model is on the card's disk, or loaded there, or its catalog is unknown: a card
-    without a listing now goes by the one it gave last, and only a card never listed may
-    have any model (a mistyped name is not waited for while a card that lacked it is down)."""
-    view = index.view
-    if view.disk_mib:
-        return model in view.disk_mib or model in index.residents
-    return not view.last_listed or model in index.residents or \
-        model_key(model) in view.last_listed
+    without a listing now goes by the one it gave last (an empty one too: it had none), and
+    only a card never listed may have any model (a mistyped name is not waited for while a
+    card that lacked it is down)."""
+    return model in index.residents or not not_listed(index.view, model)
 
 
 def _rank(verdict: Verdict) -> tuple[float, str]:

@@ -20,6 +20,7 @@ from proxy.core.cost import (
 )
 from proxy.core.eviction import choose_victims, copy_demand
 from proxy.core.feasibility import Fitting, health_reason
+from proxy.core.models import not_listed
 from proxy.core.occupancy import Load, ProviderIndex, same_runner, same_weights
 from proxy.core.policy import Policy
 from proxy.core.sizing import Footprint
@@ -89,7 +90,7 @@ def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resid
     """What must go besides room for a load of `model` here: nothing, its own copy (loaded
     with a context this call cannot use, and idle: a reload), or None when no load can be
     planned here (a usable copy is there, or being loaded, or busy)."""
-    if index.view.disk_mib and model not in index.view.disk_mib:
+    if not_listed(index.view, model):
         return None  # not pulled there
     if model in index.leaving or model in index.planned_victims or \
             model in index.loading or model in index.making_room:

@@ -114,8 +114,12 @@ class ProviderView:
     cloud_off: bool = False  # OLLAMA_NO_CLOUD: Ollama refuses every cloud call here
     # With no disk listing now (down, its /api/tags failing, or only cloud stubs): every
     # name (model_key) it listed, on disk or as a stub, when it last listed any since its
-    # prober started; empty: never listed, so it may have any model (core/placement.py)
+    # prober started; empty and not `listed`: never listed, so it may have any model
+    # (core/placement.py)
     last_listed: frozenset[str] = frozenset()
+    # Its /api/tags answered since its prober started, empty or not: an Ollama that lists
+    # no model has none (server/routes.go ListHandler answers `{"models": []}`)
+    listed: bool = False
 
     def own_name(self, model: str) -> str:
         """The name of `model` (as placed) this card has, to send it."""

@@ -118,6 +118,9 @@ class ProviderState:
     # While /api/tags fails (the card down): the names it listed last, on disk or as stubs,
     # since the prober started (ProviderView.last_listed)
     listed_before: tuple[str, ...] = ()
+    # Its /api/tags has answered (now, or before it failed): the names above are all it
+    # has, none included; False: never listed, it may have any model
+    listed: bool = False
 
     def encode(self) -> bytes:
         return orjson.dumps({
@@ -149,6 +152,7 @@ class ProviderState:
             **({"remoteModels": self.remote} if self.remote else {}),
             **({"cloudDisabled": True} if self.cloud_off else {}),
             **({"lastListedModels": self.listed_before} if self.listed_before else {}),
+            **({"modelsListed": True} if self.listed else {}),
         })
 
     @staticmethod
@@ -182,6 +186,10 @@ class ProviderState:
             remote={str(m): str(h) for m, h in (d.get("remoteModels") or {}).items()},
             cloud_off=d.get("cloudDisabled") is True,
             listed_before=tuple(str(m) for m in d.get("lastListedModels") or ()),
+            # (an older publisher's: a listing it carries is one; an empty one is unknown)
+            listed=d.get("modelsListed") is True or bool(
+                d.get("availableModelFootprintsMiB") or d.get("remoteModels") or
+                d.get("lastListedModels")),
         )
 
     def residents(self) -> tuple[Resident, ...]:

@@ -60,7 +60,7 @@ def _significant(state: ProviderState) -> tuple[Any, ...]:
             sorted(m for m in state.loaded_mib if m not in state.loaded_expiry),  # in use
             sorted(state.models.items()), sorted(state.digests.items()),
             sorted((m, sorted(seen.items())) for m, seen in state.observed.items()),
-            state.listed_before)
+            state.listed_before, state.listed)
 
 
 def listed_before(previous: ProviderState | None) -> tuple[str, ...]:
@@ -321,7 +321,8 @@ class Prober:
             version=version if isinstance(version, str) else "", digests=digests,
             remote=remote, cloud_off=self._cloud_off.get(name, False),
             listed_before=self._last_listing(name)
-            if isinstance(tags, BaseException) else ())
+            if isinstance(tags, BaseException) else (),
+            listed=not isinstance(tags, BaseException) or self._listed_once(name))
         if not ready and (name not in self.latest or self.latest[name].ready):
             # (once when it goes, and once at start for one never reached: a wrong endpoint
             # or an Ollama that is down would otherwise be silent)
@@ -368,6 +369,12 @@ class Prober:
                   if s is not None and listed_before(s)]
         newest = max(states, key=lambda s: s.last_probed_at, default=None)
         return listed_before(newest)
+
+    def _listed_once(self, name: str) -> bool:
+        """Its /api/tags answered once, here or for another prober (an empty listing too:
+        an Ollama with no models has none)."""
+        return any(s is not None and s.listed
+                   for s in (self.latest.get(name), self._published(name)))
 
     def _published(self, name: str) -> ProviderState | None:
         """The provider's state as the store holds it: other processes' probes, which may

@@ -197,7 +197,7 @@ class StateView:
             kv_cache_type=state.kv_cache_type, version=state.version,
             probed_at=state.last_probed_at, remote=state.remote, cloud_off=state.cloud_off,
             last_listed=frozenset() if state.available_mib else
-            listing(state.listed_before or state.remote))
+            listing(state.listed_before or state.remote), listed=state.listed)
         if canonical:
             view = _one_name_a_model(view, state, canonical)
         return merge_recorded(view, live)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -308,3 +309,57 @@ def test_a_card_never_listed_may_have_any_model(sim_factory: Sims) -> None:
         assert (r.status_code, r.json()["reason"]) == (503, "gpu-busy")  # it may be there
     finally:
         sidecar.stop()
+
+
+def test_a_card_that_lists_no_model_has_none_until_a_probe_lists_one(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """An Ollama with no models answers `{"models": []}` (server/routes.go ListHandler), and
+    a call for a model it lacks is its 404 at once: so is the sidecar's, in each dialect,
+    not a 503 at the wait limit. The model pulled, the next probe's listing places it; a
+    cloud model is still sent on (it takes no GPU)."""
+    empty = sim_factory("gpu", models=())
+    url = sidecar_factory([empty], probe_interval_seconds=0.1,
+                          discuss_gpu_wait_limit_seconds=2.0).url
+    assert httpx.get(f"{empty.url}/api/tags").json() == {"models": []}
+    assert eventually(lambda: httpx.get(f"{url}/kubemoot/v1/state").json()[
+        "providers"][0]["ready"])
+    started = time.monotonic()
+    with pytest.raises(ollama.ResponseError) as said:
+        ollama.Client(host=url).chat(model="qwen3:8b", messages=HI)
+    assert (said.value.status_code, said.value.error) == (404, "model 'qwen3:8b' not found")
+    with pytest.raises(openai.NotFoundError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions\
+            .create(model="qwen3:8b", messages=[{"role": "user", "content": "hi"}])
+    embed = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8b", "input": "hi"})
+    assert (embed.status_code, embed.json()["error"]) == (
+        404, 'model "qwen3:8b" not found, try pulling it first')
+    assert time.monotonic() - started < 1.0  # none of it waited
+    refused = httpx.post(f"{url}/api/generate", json={"model": "qwen3:8b", "prompt": "hi"})
+    assert (refused.status_code, refused.json()["reason"]) == (404, "model-not-found")
+    assert "x-kubemoot-provider" not in refused.headers  # no card was given it
+    assert empty.sim.stats.requests == 0
+    cloud = httpx.post(f"{url}/api/chat", json={"model": "gpt-oss:120b-cloud", "messages": HI,
+                                                "stream": False})
+    assert cloud.headers["x-kubemoot-placement"] == "cloud"
+    empty.sim.config = replace(empty.sim.config, models=(CATALOG[2],))  # qwen3:8b pulled
+    assert eventually(lambda: httpx.post(f"{url}/api/chat", json={
+        "model": "qwen3:8b", "messages": HI, "stream": False}).status_code == 200)
+
+
+def test_a_card_that_listed_no_model_is_not_waited_for_while_it_is_down(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Its last listing was empty: while it is down a model no card listed is 404 at once,
+    as with a card that listed others."""
+    a = sim_factory("a")
+    b = sim_factory("b", models=())
+    url = sidecar_factory([a, b], probe_interval_seconds=0.1,
+                          discuss_gpu_wait_limit_seconds=2.0).url
+    assert eventually(lambda: all(p["ready"] for p in httpx.get(
+        f"{url}/kubemoot/v1/state").json()["providers"]))
+    b.stop()
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()[
+        "providers"][1]["ready"])
+    started = time.monotonic()
+    r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:8bb", "messages": HI})
+    assert (r.status_code, r.json()["error"]) == (404, "model 'qwen3:8bb' not found")
+    assert time.monotonic() - started < 1.0

@@ -157,3 +157,29 @@ async def test_a_newer_state_without_a_listing_does_not_hide_an_older_one() -> N
     server.tags_listed = None
     state, = await prober.round(force=True)
     assert state.listed_before == ("qwen3:8b",)
+
+
+async def test_an_empty_listing_is_a_known_catalog_through_an_outage_and_the_store() -> None:
+    """`{"models": []}` is an Ollama with no model (server/routes.go ListHandler): known, as
+    a listing is, while /api/tags then fails and for another process; never listed is not.
+    An entry from an older publisher (no `modelsListed`) is known only if it lists one."""
+    settings = load_settings(providers=[{"name": "a", "endpoint": "http://a:11434",
+                                         "totalVramMiB": TOTAL}])
+    server, store = _Down(), MemoryStore()
+    server.tags_listed = None
+    prober = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                    gpu_memory=None)  # type: ignore[arg-type]
+    assert not (await prober.round(force=True))[0].listed  # never listed: any model
+    server.tags_listed = []
+    assert (await prober.round(force=True))[0].listed
+    server.tags_listed = None
+    state, = await prober.round(force=True)
+    assert (state.listed, state.listed_before) == (True, ())
+    assert ProviderState.decode(store.view(PROVIDER_STATE)["a"].value).listed
+    other = Prober(list(settings.providers), {"a": server}, store,  # type: ignore[dict-item]
+                   gpu_memory=None)  # type: ignore[arg-type]
+    assert (await other.probe("a")).listed
+    older = replace(state, listed=False).encode()
+    assert not ProviderState.decode(older).listed
+    assert ProviderState.decode(replace(state, listed=False, listed_before=("x:1b",)).encode()
+                                ).listed
