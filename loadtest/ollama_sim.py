@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import math
 import threading
@@ -136,6 +137,25 @@ def _namespace(name: str) -> str:
     """types/model ParseName's namespace: [host/][namespace/]model, "library" when none."""
     parts = name.split("/")
     return parts[-2] if len(parts) > 1 else "library"
+
+
+# encoding/json's case folding onto ASCII (fold.go): long s, Kelvin sign, dotless/dotted I
+_FOLDS = str.maketrans({"\u017f": "s", "\u212a": "k", "\u0131": "i", "\u0130": "i"})
+
+
+def _as_go_binds(raw: bytes, body: dict[str, Any]) -> dict[str, Any]:
+    """The top-level keys as Go binds them to a request struct (all of whose JSON names are
+    lower case): case-insensitively, the last of the keys naming a field winning."""
+    def field(key: str) -> str:
+        return "".join(c.lower() if c.isascii() else c for c in key.translate(_FOLDS))
+    if all(key == field(key) for key in body):
+        return body
+    objects: list[list[tuple[str, Any]]] = []
+    json.loads(raw, object_pairs_hook=objects.append)  # the top-level object's pairs last
+    out: dict[str, Any] = {}
+    for key, _ in objects[-1]:
+        out[field(key)] = body[key]
+    return out
 
 
 async def _no_route(request: Request, exc: Exception) -> Response:
@@ -333,7 +353,7 @@ class SimApp:
             return _error("invalid character in request body", 400)
         if not isinstance(body, dict):
             return _error("cannot unmarshal request body into object", 400)
-        return body
+        return _as_go_binds(raw, body)
 
     async def chat(self, request: Request) -> Response:
         return await self._infer(request, chat=True)

@@ -463,7 +463,7 @@ class SidecarApi:
                 raw = await asyncio.to_thread(wire.decompress_zstd, raw)
             large = len(raw) > OFF_LOOP_BYTES
             request.state.large_body = large
-            body = await off_loop(large, wire.parse_body, raw)
+            body = await off_loop(large, wire.parse_go_body, raw)
             return body, await off_loop(large, wire.validate, schema, body,
                                          self.engine_version())
         except wire.BadRequest as exc:

@@ -412,6 +412,55 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def parse_go_body(raw: bytes) -> dict[str, Any]:
+    """A body for one of Ollama's handlers: parsed, its fields as Go binds them."""
+    return as_go_binds(raw, parse_body(raw))
+
+
+# Runes beyond ASCII that encoding/json folds onto an ASCII letter when it matches a key to
+# a field (fold.go appendFoldedName, upper(lower(r))): long s, Kelvin sign, dotless and
+# dotted I. No other rune folds onto a field name, every one of which is ASCII.
+_GO_FOLDS = str.maketrans({"\u017f": "s", "\u212a": "k", "\u0131": "i", "\u0130": "i"})
+
+
+def go_field_key(key: str) -> str:
+    """The field name encoding/json binds `key` to: it matches names case-insensitively,
+    and every top-level request field of Ollama's, OpenAI's and Anthropic's structs is
+    lower case."""
+    return key.lower() if key.isascii() else \
+        "".join(c.lower() if c.isascii() else c for c in key.translate(_GO_FOLDS))
+
+
+def as_go_binds(raw: bytes, body: dict[str, Any]) -> dict[str, Any]:
+    """The body's top-level keys as Ollama's handler binds them: `Model` or `MODEL` is its
+    `model`, and of keys naming one field the last in the body wins, as it does for a key
+    repeated (`{"model": "a", "Model": "b"}` runs b). The sidecar then places, and sends on,
+    the model Ollama runs. (Fields nested in messages or tools are left as they came.)"""
+    if all(key == go_field_key(key) for key in body):
+        return body  # the usual body: nothing to fold
+    out: dict[str, Any] = {}
+    for key in _top_level_keys(raw) or body:  # in the body's order, repeats included
+        if key in body:  # (the field keeps its first place, takes its last value)
+            out[go_field_key(key)] = body[key]
+    for key in body:  # (none, unless the body's order could not be read)
+        out.setdefault(go_field_key(key), body[key])
+    return out
+
+
+def _top_level_keys(raw: bytes) -> list[str]:
+    """The top-level object's keys in the body's order, each as often as it appears; []
+    if the text cannot be read so (orjson took the body: the order then is its own)."""
+    objects: list[list[tuple[str, Any]]] = []
+    text = raw.decode("utf-8", "replace")
+    try:
+        json.JSONDecoder(object_pairs_hook=objects.append).raw_decode(
+            text, len(text) - len(text.lstrip(_WHITESPACE)))
+    except (ValueError, RecursionError):
+        return []
+    # the top-level object closes last; keys as _without_surrogates leaves them
+    return [_LONE_SURROGATE.sub("\ufffd", key) for key, _ in objects[-1]] if objects else []
+
+
 _UNREADABLE = object()
 _WHITESPACE = " \t\r\n"
 _VALUE_STARTS = frozenset(b'{["-0123456789tfn')

@@ -127,3 +127,41 @@ def test_a_triage_call_naming_no_model_runs_the_mulling_model_when_no_model_is_b
     mulling, triage = _unnamed(url), _unnamed(url, "triage")
     assert mulling.status_code == triage.status_code == 200, triage.text
     assert mulling.headers["x-kubemoot-model"] == triage.headers["x-kubemoot-model"] == "qwen3:8b"
+
+
+def _send(url: str, path: str, fields: str) -> httpx.Response:
+    rest = {"/api/chat": '"messages": [{"role": "user", "content": "hi"}], "stream": false',
+            "/api/generate": '"prompt": "hi", "stream": false',
+            "/v1/chat/completions": '"messages": [{"role": "user", "content": "hi"}]',
+            "/v1/messages": '"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]',
+            "/api/embed": '"input": "hi"'}[path]
+    return httpx.post(f"{url}{path}", content=f"{{{fields}, {rest}}}".encode(), timeout=30,
+                      headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/v1/chat/completions",
+                                  "/v1/messages", "/api/embed"])
+def test_of_keys_naming_the_model_the_last_is_placed_and_run_as_go_binds_them(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str) -> None:
+    """encoding/json binds a key to its field case-insensitively (`Model`, `MODEL`, U+017F as
+    `s`) and the last of a field's keys wins: the model placed is the one Ollama runs, and
+    the card runs no other (the simulator binds keys as Go does)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
+    url = sidecar_factory([gpu]).url
+    embed = path == "/api/embed"
+    first, last = ("qwen3:8b", "nomic-embed-text:latest") if embed else \
+        ("llama3.2:3b", "qwen3:8b")
+    for fields in (f'"model": "{first}", "model": "{last}"',
+                   f'"model": "{first}", "Model": "{last}"',
+                   f'"MODEL": "{first}", "model": "x", "MODEL": "{last}"'):
+        answered = _send(url, path, fields)
+        assert answered.status_code == 200, (fields, answered.text)
+        assert answered.headers["x-kubemoot-model"] == last, fields
+        if not embed:
+            assert answered.json()["model"] == last, fields
+    assert _ps(gpu.url) == [last]
+    if path == "/api/chat":  # `\u017ftream` is Go's `stream` too: the last says not to stream
+        whole = httpx.post(f"{url}{path}", timeout=30, content=(
+            '{"model": "qwen3:8b", "messages": [{"role": "user", "content": "hi"}], '
+            '"stream": true, "\u017ftream": false}').encode())
+        assert whole.json()["done"] is True

@@ -198,3 +198,19 @@ def test_a_union_is_listed_as_ollama_lists_its_own_latest_first() -> None:
               {"name": "c"},
               {"name": "d", "modified_at": "2026-05-01T10:00:00.9Z"}]  # a's second: after it
     assert [m["name"] for m in latest_first(listed, "modified_at")] == ["b", "a", "d", "c"]
+
+
+@pytest.mark.parametrize(("raw", "bound"), [
+    (b'{"model": "a", "model": "b"}', {"model": "b"}),
+    (b'{"model": "a", "Model": "b", "model": "c"}', {"model": "c"}),
+    (b'{"MODEL": "b", "model": "a", "stream": true}', {"model": "a", "stream": True}),
+    ('{"\u212aeep_alive": 0, "\u017ftream": true}'.encode(), {"keep_alive": 0, "stream": True}),
+    ('{"model": "a", "mod\u00e9l": "b"}'.encode(), {"model": "a", "mod\u00e9l": "b"}),
+    # an options map is Go's map[string]any: its keys are matched exactly
+    (b'{"Options": {"num_ctx": 1, "NUM_CTX": 2, "num_ctx": 3}}',
+     {"options": {"num_ctx": 3, "NUM_CTX": 2}}),
+    (b'{"model": "a", "Model": "\\ud83d"}', {"model": "\ufffd"}),  # Go's reading of it
+])
+def test_top_level_keys_are_bound_as_encoding_json_binds_them(raw: bytes,
+                                                              bound: dict[str, object]) -> None:
+    assert wire.parse_go_body(raw) == bound
