@@ -112,15 +112,20 @@ class CallService:
         if preload is not None and state == "abandoned":
             state = "loading"
         loaded = left_loaded(placement, now, state)
+        kept = False  # the plan's preload goes on for others
         if preload is not None and state == "loading" and loaded is not None:
+            kept = True
             self._spawn(self._watch_preload(claimed, preload, loaded))
-        # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload).
-        release = self.evictions.release_to_unload(claimed, loaded) if call.unloads_after \
+        # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload);
+        # not on a preload kept for others: the copy is theirs (Ollama loads it again for
+        # the next caller, at its keep_alive, once the requester leaves)
+        unloads = call.unloads_after and not kept
+        release = self.evictions.release_to_unload(claimed, loaded) if unloads \
             else self.claims.book(claimed).release(claimed.ticket, loaded)
         try:
             # A plain release finishes without suspending; one that records residency
             # (left loaded, or leaving) writes at once and must survive a cancelled caller.
-            writes_now = call.unloads_after or loaded is not None
+            writes_now = unloads or loaded is not None
             await (asyncio.shield(release) if writes_now else release)
         except StoreUnavailable:
             log.warning("ticket release not written; no longer counted here, written "

@@ -5,9 +5,12 @@ of tests/e2e/test_scheduling.py and test_bounded_waits_and_plans.py, on fakes.""
 from __future__ import annotations
 
 import asyncio
+import time
 
+from proxy.core.tokens import PromptSize
 from proxy.service.plans import PLAN_TTL_S
-from tests.service.harness import Fleet
+from proxy.service.routing import Attempt, CallOutcome, CallRequest
+from tests.service.harness import Fleet, Sidecar
 
 
 async def test_a_held_plan_is_taken_by_the_first_call_of_its_thread(fleet: Fleet) -> None:
@@ -144,3 +147,34 @@ async def test_victims_of_a_plan_released_while_they_leave_are_not_joined(
     assert gpu.stats.loads == 3  # the two preloaded, then the 8b again (no 14b: abandoned)
     await asyncio.sleep(10)
     assert not sidecar.tickets()
+
+
+async def _leave_during_the_plans_load(sidecar: Sidecar, thread: str,
+                                       unloads_after: bool = False) -> None:
+    """The thread's call takes its plan while the plan's preload runs, then its agent
+    leaves before the answer began (the relay's outcome for a client gone)."""
+    calls = sidecar.services.calls
+    call = CallRequest("/api/chat", "qwen3:14b", "mulling", thread=thread,
+                       prompt=PromptSize(100), unloads_after=unloads_after)
+    attempts = calls.attempts(call, time.perf_counter(), None)
+    placed = await attempts.first()
+    assert isinstance(placed, Attempt) and placed.placement == "held"
+    await attempts.settle(CallOutcome(False, 0.5, client_left=True, began=False))
+
+
+async def test_a_keep_alive_0_call_leaving_a_kept_preload_leaves_the_copy_to_its_waiter(
+        fleet: Fleet) -> None:
+    """The plan's preload goes on for a call waiting for the copy (one slot, the plan's);
+    the thread's call, sent with keep_alive 0, leaves during the load: the copy stays for
+    the waiter. It was unloaded (no ticket held it) and loaded again for the waiter, as
+    Ollama does when the load's requester leaves (server/sched.go:733-739)."""
+    gpu = fleet.gpu("gpu", total_vram_mib=24564, num_parallel=1)
+    sidecar = await fleet.sidecar()
+    assert (await sidecar.plan("t-1", "qwen3:14b"))["planned"]
+    waiter = sidecar.start_chat("qwen3:14b")
+    await asyncio.sleep(0.5)
+    assert gpu.stats.loads == 1 and not gpu.stats.calls  # the load runs, the call waits
+    await _leave_during_the_plans_load(sidecar, "t-1", unloads_after=True)
+    r = await waiter
+    assert (r.status, gpu.stats.loads, gpu.stats.unloads) == (200, 1, 0), r.placement
+    assert sidecar.residents("gpu") == ["qwen3:14b"] and not sidecar.tickets()
