@@ -178,3 +178,21 @@ async def test_a_keep_alive_0_call_leaving_a_kept_preload_leaves_the_copy_to_its
     r = await waiter
     assert (r.status, gpu.stats.loads, gpu.stats.unloads) == (200, 1, 0), r.placement
     assert sidecar.residents("gpu") == ["qwen3:14b"] and not sidecar.tickets()
+
+
+async def test_a_preload_is_not_kept_for_a_waiter_its_copy_cannot_serve(
+        fleet: Fleet) -> None:
+    """The plan loads qwen3:14b at 4096 tokens; a call of that model asking for num_ctx 8192
+    waits (the card's one slot is the plan's). The thread's call leaves during the load:
+    nobody could run on that copy, so its load is aborted and the waiter loads its own.
+    It was kept for the waiter, which then had it unloaded to load the 8192 one."""
+    gpu = fleet.gpu("gpu", total_vram_mib=49140, num_parallel=1, context_length=4096)
+    sidecar = await fleet.sidecar()
+    assert (await sidecar.plan("t-1", "qwen3:14b"))["placement"] == "cold"
+    waiter = sidecar.start_chat("qwen3:14b", prompt_chars=20000, num_ctx=8192)
+    await asyncio.sleep(0.5)
+    assert not gpu.stats.calls and gpu.loaded["qwen3:14b"].num_ctx == 4096
+    await _leave_during_the_plans_load(sidecar, "t-1")
+    r = await waiter
+    assert (r.status, r.last.num_ctx) == (200, 8192)
+    assert (gpu.stats.loads, gpu.stats.aborted_loads, gpu.stats.unloads) == (2, 1, 0)
