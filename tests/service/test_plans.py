@@ -196,3 +196,32 @@ async def test_a_preload_is_not_kept_for_a_waiter_its_copy_cannot_serve(
     r = await waiter
     assert (r.status, r.last.num_ctx) == (200, 8192)
     assert (gpu.stats.loads, gpu.stats.aborted_loads, gpu.stats.unloads) == (2, 1, 0)
+
+
+async def test_a_victim_whose_unload_was_never_asked_stays_for_its_next_call(
+        fleet: Fleet) -> None:
+    """The plan's first unload takes a second to be answered; the plan is released
+    meanwhile. The victim it asked for goes (Ollama unloads it anyway); the other, never
+    asked, stays warm and the next call of it joins it. It was asked for after the release
+    and loaded again for that call."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b", "phi3:mini")
+    sidecar = await fleet.sidecar()
+    asked: list[str] = []
+    unload = gpu.unload
+
+    async def slow_unload(model: str) -> None:
+        asked.append(model)
+        await asyncio.sleep(1.0 if len(asked) == 1 else 0.0)  # (the first's round trip)
+        await unload(model)
+
+    gpu.unload = slow_unload  # type: ignore[method-assign]
+    plan = await sidecar.plan("t-1", "qwen3:14b")
+    assert plan["evicts"] == ["phi3:mini", "qwen3:8b"]
+    await asyncio.sleep(0.5)
+    assert await sidecar.services.plans.release("t-1")
+    await asyncio.sleep(2)
+    assert sorted(gpu.loaded) == ["qwen3:8b"] and asked.count("qwen3:8b") == 0
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.placement, gpu.stats.loads) == (200, "warm", 2)
+    assert not sidecar.tickets()
