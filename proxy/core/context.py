@@ -171,6 +171,17 @@ def unshifted_answer_cap(context: int, prompt_tokens: int) -> int:
     return max(1, context - 1 - prompt_tokens - prompt_tokens // ESTIMATE_SHORTFALL)
 
 
+def could_run_in(context: int, num_ctx: int, prompt_tokens: int, trained: int) -> bool:
+    """Whether a call that asked for `num_ctx` (0 none; capped at the model's `trained`
+    context, 0 unknown) with a prompt of `prompt_tokens` could run on a copy with `context`
+    tokens per slot (0 unknown: it could). Only what rules the copy out for sure: the
+    placement's own check (feasibility.py context_problem) also keeps room for the answer."""
+    if not context:
+        return True
+    wanted = min(num_ctx, trained) if trained else num_ctx
+    return wanted <= context and prompt_tokens < context
+
+
 def fits(prompt_tokens: int, context: int, answer_tokens: int = 0, generates: bool = True,
          capped: bool = False) -> bool:
     """Whether the prompt fits with room for the answer; an unknown context (0) never

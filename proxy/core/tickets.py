@@ -232,6 +232,28 @@ def mark_leaving(current: TicketSet, models: Iterable[str], now: float, mib: int
     return replace(current, residents={**current.residents, **marked})
 
 
+# A copy's leaving mark and the record it replaced (None: there was none)
+Mark = tuple[Residency, Residency | None]
+
+
+def unmark_leaving(current: TicketSet, marks: Mapping[str, Mark], now: float,
+                   keeping: str = "") -> TicketSet:
+    """Copies marked leaving whose unload was never asked (their call went first): each
+    has its record before the mark again, where the mark is still its newest record and no
+    live ticket but `keeping`'s (the call's own) plans its eviction."""
+    residents = dict(current.residents)
+    for model, (mark, before) in marks.items():
+        if residents.get(model) != mark or any(
+                model in t.evicts and t.ticket_id != keeping and t.expires_at > now
+                for t in current.tickets.values()):
+            continue
+        if before is None:
+            del residents[model]
+        else:
+            residents[model] = before
+    return current if residents == current.residents else replace(current, residents=residents)
+
+
 def leave_unless_used(current: TicketSet, model: str, mib: int, loaded: Residency | None,
                       now: float, sharing: tuple[str, ...] = ()) -> TicketSet:
     """`model` marked leaving unless a live ticket names it (`in_use`); if one does, the copy

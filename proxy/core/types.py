@@ -153,6 +153,17 @@ class Ticket:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitNeed:
+    """What one waiting call needs of a copy to run on it, as its demand entry says: the
+    num_ctx it asked for (0 none), its prompt's estimated tokens, the providers it may not go
+    to (a retry's). An entry that says none of it (an older sidecar's) could take any copy."""
+
+    num_ctx: int = 0
+    prompt_tokens: int = 0
+    excludes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelDemand:
     """What the demand board says about one model."""
 
@@ -162,6 +173,7 @@ class ModelDemand:
     predicted: float = 0.0
     last_used_at: float = 0.0
     turns: tuple[float, ...] = ()  # each waiting call's turn (core/waitline.py), soonest first
+    needs: tuple[WaitNeed, ...] = ()  # each waiting call's, as the board has them
 
     @property
     def expected_reloads(self) -> float:

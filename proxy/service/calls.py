@@ -14,17 +14,18 @@ import time
 from collections.abc import Coroutine
 from dataclasses import replace
 
+from proxy.core.context import could_run_in
 from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.occupancy import copy_users
 from proxy.core.tickets import Residency
-from proxy.core.types import Circuit, Placement
+from proxy.core.types import Circuit, Placement, WaitNeed
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.observability.recent import RecentCalls
 from proxy.ports import StoreUnavailable
 from proxy.service.claims import Claimed, Claims, left_loaded, load_state, recheck_after_s
 from proxy.service.codec import ProviderState
-from proxy.service.demand import DemandBoard
+from proxy.service.demand import ANY_COPY, DemandBoard
 from proxy.service.evictions import Evictions
 from proxy.service.experience import CacheCheck, Experience
 from proxy.service.plans import PlanBook
@@ -112,15 +113,20 @@ class CallService:
         if preload is not None and state == "abandoned":
             state = "loading"
         loaded = left_loaded(placement, now, state)
+        kept = False  # the plan's preload goes on for others
         if preload is not None and state == "loading" and loaded is not None:
+            kept = True
             self._spawn(self._watch_preload(claimed, preload, loaded))
-        # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload).
-        release = self.evictions.release_to_unload(claimed, loaded) if call.unloads_after \
+        # keep_alive 0 is carried out by the sidecar itself (Evictions.release_to_unload);
+        # not on a preload kept for others: the copy is theirs (Ollama loads it again for
+        # the next caller, at its keep_alive, once the requester leaves)
+        unloads = call.unloads_after and not kept
+        release = self.evictions.release_to_unload(claimed, loaded) if unloads \
             else self.claims.book(claimed).release(claimed.ticket, loaded)
         try:
             # A plain release finishes without suspending; one that records residency
             # (left loaded, or leaving) writes at once and must survive a cancelled caller.
-            writes_now = call.unloads_after or loaded is not None
+            writes_now = unloads or loaded is not None
             await (asyncio.shield(release) if writes_now else release)
         except StoreUnavailable:
             log.warning("ticket release not written; no longer counted here, written "
@@ -198,17 +204,30 @@ class CallService:
                                                                     "abandoned"))
 
     def copy_wanted(self, claimed: Claimed) -> bool:
-        """Whether a call besides `claimed`'s waits for the copy its placement loads, or
-        holds a ticket on it: that call's request joins the load in Ollama, which aborts
-        the load with the request that started it (server/sched.go:733-739)."""
+        """Whether a call besides `claimed`'s waits for the copy its placement loads and
+        could run on it, or holds a ticket on it: that call's request joins the load in
+        Ollama, which aborts the load with the request that started it
+        (server/sched.go:733-739). A waiter kept off the card (a retry's), or whose num_ctx
+        or prompt the copy's context cannot hold, would have it unloaded or go elsewhere; a
+        ticket that reloads the copy at another context is no call on it."""
         placement = claimed.placement
         snapshot = self.scheduler.snapshot(self.clock.now())
-        users = set(copy_users(self.scheduler.provider_view(placement.provider),
-                               placement.copy_model))
-        if any((d := snapshot.demand.get(m)) is not None and d.waiters for m in users):
+        view = self.scheduler.provider_view(placement.provider)
+        users = set(copy_users(view, placement.copy_model))
+
+        def could_run(model: str, need: WaitNeed) -> bool:
+            info = view.models.get(model)
+            return placement.provider not in need.excludes and could_run_in(
+                placement.context_length, need.num_ctx, need.prompt_tokens,
+                info.trained_context if info is not None else 0)
+
+        if any(could_run(m, need) for m in users
+               if (d := snapshot.demand.get(m)) is not None and d.waiters
+               for need in d.needs or (ANY_COPY,)):
             return True
         return any(t.provider == placement.provider and t.model in users and
-                   t.ticket_id != claimed.ticket.ticket_id for t in snapshot.tickets)
+                   t.ticket_id != claimed.ticket.ticket_id and
+                   placement.copy_model not in t.evicts for t in snapshot.tickets)
 
     def _others_wait_for(self, placement: Placement) -> bool:
         """Whether another sidecar's call waits for the slot the placement held: one of its

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from proxy.core.conversations import KEEP_PER_COPY, Copy, Held
-from proxy.core.types import ModelDemand
+from proxy.core.types import ModelDemand, WaitNeed
 from proxy.ports import MODEL_DEMAND, SYSTEM_CLOCK, Clock, Entry, StateStore, StoreUnavailable
 from proxy.service.codec import escape_key, unescape_key
 
@@ -45,6 +45,7 @@ VIEW_REUSE_S = 1.0  # the longest a demand view is reused when the board has not
 # (docs/affinity.md): written with the use counts, one key per sidecar; a prompt older than
 # this is not expected to be cached anywhere.
 CACHE_TTL_S = 600.0
+ANY_COPY = WaitNeed()  # a waiting call that said nothing of what it needs
 
 
 def decayed(rate: float, at: float, now: float) -> float:
@@ -77,6 +78,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
     """Per model: waiters, intents, recent use, predicted demand and last use."""
     waiters: dict[str, int] = {}
     turns: dict[str, list[float]] = {}
+    needs: dict[str, list[WaitNeed]] = {}
     intents: dict[str, int] = {}
     use: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -96,6 +98,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
             waiters[model] = waiters.get(model, 0) + 1
             since = float(value.get("since", 0.0))
             turns.setdefault(model, []).append(float(value.get("turn", since)))
+            needs.setdefault(model, []).append(wait_need(value))
         elif kind == "intent":
             intents[model] = intents.get(model, 0) + 1
         elif kind == "use":
@@ -105,7 +108,23 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
     models = set(waiters) | set(intents) | set(use) | set(predicted)
     return {m: ModelDemand(waiters.get(m, 0), intents.get(m, 0), use.get(m, 0.0),
                            predicted.get(m, 0.0), last.get(m, 0.0),
-                           tuple(sorted(turns.get(m, ())))) for m in models}
+                           tuple(sorted(turns.get(m, ()))), tuple(needs.get(m, ())))
+            for m in models}
+
+
+def wait_need(value: dict[str, Any]) -> WaitNeed:
+    """A wait entry's `ctx`, `tokens` and `not` (each left out when none)."""
+    ctx, tokens, excludes = value.get("ctx"), value.get("tokens"), value.get("not")
+    return WaitNeed(ctx if type(ctx) is int else 0, tokens if type(tokens) is int else 0,
+                    frozenset(p for p in excludes if isinstance(p, str))
+                    if isinstance(excludes, list) else frozenset())
+
+
+def need_value(need: WaitNeed) -> dict[str, object]:
+    """`need` as a wait entry carries it: only what it says."""
+    return {**({"ctx": need.num_ctx} if need.num_ctx else {}),
+            **({"tokens": need.prompt_tokens} if need.prompt_tokens else {}),
+            **({"not": sorted(need.excludes)} if need.excludes else {})}
 
 
 def without_waiter(demand: Mapping[str, ModelDemand], model: str, turn: float
@@ -130,6 +149,7 @@ class WaitEntry:
     model: str
     since: float  # when the call arrived (wall clock: compared across sidecars)
     turn: float  # when it is due a free slot (core/waitline.py; wall clock)
+    need: WaitNeed = ANY_COPY  # what it needs of a copy (a kept preload's, calls.py)
 
 
 class DemandBoard:
@@ -171,12 +191,12 @@ class DemandBoard:
             await self.store.delete(MODEL_DEMAND, key)
 
     async def waiting(self, model: str, since: float | None = None,
-                      turn: float | None = None) -> WaitEntry:
+                      turn: float | None = None, need: WaitNeed = ANY_COPY) -> WaitEntry:
         """A call starts waiting for `model` (due a slot at `turn`, by default its arrival);
         it counts in this sidecar's view at once, in the others' once the write arrives."""
         arrived = self.clock.now() if since is None else since
         entry = WaitEntry(f"{self._key('wait', model)}.{self._take_number(model)}", model,
-                          arrived, arrived if turn is None else turn)
+                          arrived, arrived if turn is None else turn, need)
         self._waits[entry.key] = entry
         self._own_version += 1
         if self._refresher is None or self._refresher.done():
@@ -202,7 +222,8 @@ class DemandBoard:
 
     @staticmethod
     def _wait_value(entry: WaitEntry, now: float) -> dict[str, object]:
-        return {"expiresAt": now + WAIT_TTL_S, "since": entry.since, "turn": entry.turn}
+        return {"expiresAt": now + WAIT_TTL_S, "since": entry.since, "turn": entry.turn,
+                **need_value(entry.need)}
 
     async def _refresh_waits(self) -> None:
         while self._waits:

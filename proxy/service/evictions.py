@@ -12,7 +12,7 @@ from collections.abc import Coroutine, Mapping
 from proxy.core.context import parse_version
 from proxy.core.models import model_name
 from proxy.core.occupancy import copy_sharers, same_weights
-from proxy.core.tickets import Residency
+from proxy.core.tickets import Mark, Residency
 from proxy.core.types import Snapshot
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
@@ -58,20 +58,26 @@ class Evictions:
         The victims are marked leaving before the first is asked to go: the claim's ticket
         keeps every view off them only while it lives, and a call that goes first (its plan
         released, a shutdown) would leave copies Ollama is unloading counted warm, for
-        others to join and have reloaded. When it does go, their unloads finish here."""
+        others to join and have reloaded. When it does go, the unloads asked for finish
+        here; a victim not yet asked is kept (`_keep_unasked`)."""
         placement = claimed.placement
         victims = tuple(placement.evicts)
         book = self.claims.book(claimed)
+        marks: dict[str, Mark] = {}
+        asked = 0  # victims whose unload was asked, or is on its way
         try:
             with contextlib.suppress(StoreUnavailable):  # (then as before: nobody is told)
-                await book.mark_leaving(placement.provider, victims, placement.evicts)
+                await book.mark_leaving(placement.provider, victims, placement.evicts, marks)
             started = self.clock.monotonic()
             for victim in victims:
+                asked += 1
                 await self._ask_unload(placement.provider, victim)
             gone_at = await self._seen_gone(placement.provider, victims)
         except BaseException:
-            for ahead, victim in enumerate(victims):
+            for ahead, victim in enumerate(victims[:asked]):
                 self._spawn(self._unload_unless_used(book, claimed, victim, ahead))
+            if unasked := {v: marks[v] for v in victims[asked:] if v in marks}:
+                self._spawn(self._keep_unasked(book, claimed, unasked))
             raise
         departures = None if gone_at is None else tuple(t - started for t in gone_at.values())
         if departures is None:
@@ -162,6 +168,17 @@ class Evictions:
         except StoreUnavailable:
             return
         self._spawn(self._unload_leaving(self.tickets, provider, model, 0))
+
+    async def _keep_unasked(self, book: TicketBook, claimed: Claimed,
+                            marks: Mapping[str, Mark]) -> None:
+        """Victims whose call went before their unload was asked: Ollama never heard of it,
+        and nobody else wants their memory (a call that does is placed afresh and evicts
+        for itself), so they stay, warm for their next call, not unloaded for nobody."""
+        provider = claimed.placement.provider
+        log.info("victims kept: their call went before their unload was asked",
+                 provider=provider, victims=list(marks))
+        with contextlib.suppress(StoreUnavailable):
+            await book.unmark_leaving(provider, marks, claimed.ticket.ticket_id)
 
     async def _unload_unless_used(self, book: TicketBook, claimed: Claimed, victim: str,
                                   ahead: int) -> None:

@@ -39,6 +39,7 @@ from proxy.core.types import (
     Snapshot,
     Ticket,
     Verdict,
+    WaitNeed,
 )
 from proxy.core.waitline import YIELD_S, slack_s, yields_to_sooner
 from proxy.observability.logging import get_logger
@@ -309,7 +310,9 @@ class Scheduler:
                 if wait is None:
                     self.metrics.placements.labels(
                         "waiting", "-", self.model_label(spec.preferred.model)).inc()
-                    wait = await self.demand.waiting(spec.preferred.model, arrived, due)
+                    wait = await self.demand.waiting(spec.preferred.model, arrived, due,
+                                                     WaitNeed(spec.num_ctx, spec.prompt_tokens,
+                                                              exclude))
                     if exclude:
                         self._retries_waiting[wait] = exclude
                     log.info("waiting for a GPU", model=wait.model, reason=decision.reason)

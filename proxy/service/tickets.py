@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from proxy.core import tickets as transition
 from proxy.core.policy import Policy
-from proxy.core.tickets import LOAD_GRACE_S, Refused, Residency, TicketSet
+from proxy.core.tickets import LOAD_GRACE_S, Mark, Refused, Residency, TicketSet
 from proxy.core.types import ProviderView, Ticket
 from proxy.observability.logging import get_logger
 from proxy.ports import (
@@ -466,17 +466,30 @@ class TicketBook:
         return ticket.ticket_id in self._let_go
 
     async def mark_leaving(self, provider: str, models: tuple[str, ...],
-                           sizes: Mapping[str, int] | None = None) -> ClaimResult:
+                           sizes: Mapping[str, int] | None = None,
+                           marks: dict[str, Mark] | None = None) -> ClaimResult:
         """Record `models` as leaving whatever tickets name them (the engine unloads them
         itself, or a placement's victims): no claim joins them; their memory counts until
-        they are seen gone. `sizes`: a model's size where no call recorded its copy."""
+        they are seen gone. `sizes`: a model's size where no call recorded its copy.
+        `marks`: filled with each mark and the record it replaced (`unmark_leaving`)."""
         def leaving(current: TicketSet, now: float) -> TicketSet:
+            before = current.residents
             for model in models:
                 current = transition.mark_leaving(current, (model,), now,
                                                   (sizes or {}).get(model, 1))
+            if marks is not None:  # (as last applied: a conflict applies it again)
+                marks.clear()
+                marks.update({m: (current.residents[m], before.get(m)) for m in models})
             return current
 
         return await self._mutate(provider, leaving)
+
+    async def unmark_leaving(self, provider: str, marks: Mapping[str, Mark],
+                             keeping: str = "") -> ClaimResult:
+        """Copies marked leaving (`mark_leaving`'s `marks`) whose unload was never asked:
+        counted as before the mark, where nothing else marked or plans to unload them."""
+        return await self._mutate(provider, lambda current, now: transition.unmark_leaving(
+            current, marks, now, keeping))
 
     async def abandon_load(self, provider: str, model: str, loading_at: float, now: float
                            ) -> ClaimResult:

@@ -20,6 +20,7 @@ from proxy.adapters.memory_kv import MemoryStore
 from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
 from proxy.core.conversations import Held
+from proxy.core.types import WaitNeed
 from proxy.ports import BUCKETS, MODEL_DEMAND, PROVIDER_STATE
 from proxy.service import demand as demand_module
 from proxy.service.codec import ProviderState, escape_key, unescape_key
@@ -110,6 +111,23 @@ async def test_each_waiting_call_has_its_own_entry_carrying_its_turn() -> None:
     await a.close()
     await b.close()
 
+
+
+async def test_a_waiting_calls_entry_says_what_it_needs_of_a_copy_to_the_others() -> None:
+    """num_ctx, prompt tokens and the providers a retry may not go to, written only when it
+    has them; an entry without them (an older sidecar's) needs nothing of a copy."""
+    store, clock = MemoryStore(), Clock()
+    a = DemandBoard(store, "crew/a", clock)
+    b = DemandBoard(store, "crew/b", clock)
+    await a.waiting("qwen3:8b", need=WaitNeed(8192, 5715, frozenset({"gpu-b"})))
+    await a.waiting("qwen3:8b")
+    written = sorted(list(orjson.loads(e.value)) for e in store.view(MODEL_DEMAND).values())
+    assert written == [["expiresAt", "since", "turn"],
+                       ["expiresAt", "since", "turn", "ctx", "tokens", "not"]]
+    assert sorted(b.view()["qwen3:8b"].needs, key=lambda n: n.num_ctx) == [
+        WaitNeed(), WaitNeed(8192, 5715, frozenset({"gpu-b"}))]
+    await a.close()
+    await b.close()
 
 async def test_waiting_calls_one_after_another_leave_no_marker_each_in_the_bucket(
         nats_url: str) -> None:

@@ -75,12 +75,14 @@ class Copy:
     calls: int = 0  # answers in progress
     leaving: bool = False  # asked to unload while busy: goes when its last call ends
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: bool = False  # its load's request went before it was ready
 
 
 @dataclass
 class Stats:
     loads: int = 0
     unloads: int = 0
+    aborted_loads: int = 0
     calls: list[str] = field(default_factory=list)  # the models of every call, in order
     peak_mib: int = 0  # the most the loaded copies held at once
 
@@ -211,15 +213,31 @@ class FakeModelServer:
         return copy
 
     async def _ready_copy(self, model: SimModel, num_ctx: int) -> Copy:
-        """The loaded copy, loading it first (in the simulator's load time) if need be."""
-        copy = self.loaded.get(model.name)
-        if copy is None:
-            copy = self._put(model, num_ctx)
-            c = self.config  # the weights file, as Ollama (and the simulator) reads it
-            await asyncio.sleep(load_seconds(c.startup_s, model.disk_mib, c.load_mib_per_s))
-            copy.loaded.set()
-        await copy.loaded.wait()
-        return copy
+        """The loaded copy, loading it first (in the simulator's load time) if need be. A
+        load whose request goes first is aborted (server/sched.go:733-739): the copy goes,
+        and the calls that joined it load it again."""
+        while True:
+            copy = self.loaded.get(model.name)
+            if copy is None:
+                copy = self._put(model, num_ctx)
+                c = self.config  # the weights file, as Ollama (and the simulator) reads it
+                try:
+                    await asyncio.sleep(load_seconds(c.startup_s, model.disk_mib,
+                                                     c.load_mib_per_s))
+                except asyncio.CancelledError:
+                    self._abort(copy)
+                    raise
+                copy.loaded.set()
+            await copy.loaded.wait()
+            if not copy.aborted:
+                return copy
+
+    def _abort(self, copy: Copy) -> None:
+        copy.aborted = True
+        self.stats.aborted_loads += 1
+        if self.loaded.get(copy.model.name) is copy:
+            del self.loaded[copy.model.name]
+        copy.loaded.set()  # (those that joined it load it again)
 
     def _call_ended(self, copy: Copy) -> None:
         copy.calls -= 1

@@ -5,9 +5,12 @@ of tests/e2e/test_scheduling.py and test_bounded_waits_and_plans.py, on fakes.""
 from __future__ import annotations
 
 import asyncio
+import time
 
+from proxy.core.tokens import PromptSize
 from proxy.service.plans import PLAN_TTL_S
-from tests.service.harness import Fleet
+from proxy.service.routing import Attempt, CallOutcome, CallRequest
+from tests.service.harness import Fleet, Sidecar
 
 
 async def test_a_held_plan_is_taken_by_the_first_call_of_its_thread(fleet: Fleet) -> None:
@@ -143,4 +146,82 @@ async def test_victims_of_a_plan_released_while_they_leave_are_not_joined(
     assert (r.status, r.placement) == (200, "cold")
     assert gpu.stats.loads == 3  # the two preloaded, then the 8b again (no 14b: abandoned)
     await asyncio.sleep(10)
+    assert not sidecar.tickets()
+
+
+async def _leave_during_the_plans_load(sidecar: Sidecar, thread: str,
+                                       unloads_after: bool = False) -> None:
+    """The thread's call takes its plan while the plan's preload runs, then its agent
+    leaves before the answer began (the relay's outcome for a client gone)."""
+    calls = sidecar.services.calls
+    call = CallRequest("/api/chat", "qwen3:14b", "mulling", thread=thread,
+                       prompt=PromptSize(100), unloads_after=unloads_after)
+    attempts = calls.attempts(call, time.perf_counter(), None)
+    placed = await attempts.first()
+    assert isinstance(placed, Attempt) and placed.placement == "held"
+    await attempts.settle(CallOutcome(False, 0.5, client_left=True, began=False))
+
+
+async def test_a_keep_alive_0_call_leaving_a_kept_preload_leaves_the_copy_to_its_waiter(
+        fleet: Fleet) -> None:
+    """The plan's preload goes on for a call waiting for the copy (one slot, the plan's);
+    the thread's call, sent with keep_alive 0, leaves during the load: the copy stays for
+    the waiter. It was unloaded (no ticket held it) and loaded again for the waiter, as
+    Ollama does when the load's requester leaves (server/sched.go:733-739)."""
+    gpu = fleet.gpu("gpu", total_vram_mib=24564, num_parallel=1)
+    sidecar = await fleet.sidecar()
+    assert (await sidecar.plan("t-1", "qwen3:14b"))["planned"]
+    waiter = sidecar.start_chat("qwen3:14b")
+    await asyncio.sleep(0.5)
+    assert gpu.stats.loads == 1 and not gpu.stats.calls  # the load runs, the call waits
+    await _leave_during_the_plans_load(sidecar, "t-1", unloads_after=True)
+    r = await waiter
+    assert (r.status, gpu.stats.loads, gpu.stats.unloads) == (200, 1, 0), r.placement
+    assert sidecar.residents("gpu") == ["qwen3:14b"] and not sidecar.tickets()
+
+
+async def test_a_preload_is_not_kept_for_a_waiter_its_copy_cannot_serve(
+        fleet: Fleet) -> None:
+    """The plan loads qwen3:14b at 4096 tokens; a call of that model asking for num_ctx 8192
+    waits (the card's one slot is the plan's). The thread's call leaves during the load:
+    nobody could run on that copy, so its load is aborted and the waiter loads its own.
+    It was kept for the waiter, which then had it unloaded to load the 8192 one."""
+    gpu = fleet.gpu("gpu", total_vram_mib=49140, num_parallel=1, context_length=4096)
+    sidecar = await fleet.sidecar()
+    assert (await sidecar.plan("t-1", "qwen3:14b"))["placement"] == "cold"
+    waiter = sidecar.start_chat("qwen3:14b", prompt_chars=20000, num_ctx=8192)
+    await asyncio.sleep(0.5)
+    assert not gpu.stats.calls and gpu.loaded["qwen3:14b"].num_ctx == 4096
+    await _leave_during_the_plans_load(sidecar, "t-1")
+    r = await waiter
+    assert (r.status, r.last.num_ctx) == (200, 8192)
+    assert (gpu.stats.loads, gpu.stats.aborted_loads, gpu.stats.unloads) == (2, 1, 0)
+
+
+async def test_a_victim_whose_unload_was_never_asked_stays_for_its_next_call(
+        fleet: Fleet) -> None:
+    """The plan's first unload takes a second to be answered; the plan is released
+    meanwhile. The victim it asked for goes (Ollama unloads it anyway); the other, never
+    asked, stays warm and the next call of it joins it. It was asked for after the release
+    and loaded again for that call."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b", "phi3:mini")
+    sidecar = await fleet.sidecar()
+    asked: list[str] = []
+    unload = gpu.unload
+
+    async def slow_unload(model: str) -> None:
+        asked.append(model)
+        await asyncio.sleep(1.0 if len(asked) == 1 else 0.0)  # (the first's round trip)
+        await unload(model)
+
+    gpu.unload = slow_unload  # type: ignore[method-assign]
+    plan = await sidecar.plan("t-1", "qwen3:14b")
+    assert plan["evicts"] == ["phi3:mini", "qwen3:8b"]
+    await asyncio.sleep(0.5)
+    assert await sidecar.services.plans.release("t-1")
+    await asyncio.sleep(2)
+    assert sorted(gpu.loaded) == ["qwen3:8b"] and asked.count("qwen3:8b") == 0
+    r = await sidecar.chat("qwen3:8b")
+    assert (r.status, r.placement, gpu.stats.loads) == (200, "warm", 2)
     assert not sidecar.tickets()

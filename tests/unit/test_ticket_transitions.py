@@ -388,6 +388,24 @@ def test_mark_leaving_marks_every_model_whatever_tickets_name_them() -> None:
     assert out.tickets == current.tickets
 
 
+
+def test_unmark_leaving_puts_back_what_the_mark_replaced_unless_marked_or_planned_since(
+        ) -> None:
+    loaded = Residency(3600, 4096, NOW - 20)
+    current = tickets(held("mine", "qwen3:14b", cold=True, evicts={"phi3:mini": 3600,
+                                                                   "qwen3:8b": 6000}),
+                      residents={"phi3:mini": loaded})
+    marked = transition.mark_leaving(current, ("phi3:mini", "qwen3:8b"), NOW)
+    marks = {m: (marked.residents[m], current.residents.get(m))
+             for m in ("phi3:mini", "qwen3:8b")}
+    out = transition.unmark_leaving(marked, marks, NOW + 1, keeping="mine")
+    assert out.residents == {"phi3:mini": loaded}  # (the 8b had no record: the probe's)
+    # Another call plans to unload the 8b; phi3 was marked again since: both stay leaving.
+    other = held("other", "llama3.2:3b", cold=True, evicts={"qwen3:8b": 6000})
+    again = transition.mark_leaving(replace(marked, tickets={**marked.tickets, "other": other}),
+                                    ("phi3:mini",), NOW + 0.5)
+    assert transition.unmark_leaving(again, marks, NOW + 1, keeping="mine") is again
+
 # -- gone: seen unloaded ----------------------------------------------------------------------
 
 def test_mark_unloaded_records_each_model_gone_when_it_was_seen_gone() -> None:
