@@ -60,7 +60,11 @@ def write(path: str) -> None:
 
     rand("token_embd.weight", len(tokens), EMBED)
     ones("output_norm.weight")
-    rand("output.weight", len(tokens), EMBED)
+    # Only the word tokens score (the others 0), so that the model says whole words, not
+    # stray bytes a stream holds back until they make UTF-8.
+    out = np.zeros((len(tokens), EMBED), dtype=np.float32)
+    out[-len(WORDS):] = rng.standard_normal((len(WORDS), EMBED))
+    w.add_tensor("output.weight", out)
     for i in range(LAYERS):
         ones(f"blk.{i}.attn_norm.weight")
         for part in ("q", "k", "v", "output"):
