@@ -253,6 +253,8 @@ def build_app(settings: Settings, store: StateStore | None = None,
                      readiness=scheduler.ready,
                      prompt_tokens=services.experience.learning.prompt_tokens,
                      probed_version=lambda: newest_version(services.prober),
+                     probed_versions=lambda: [scheduler.provider_view(name).version
+                                              for name in scheduler.providers],
                      shared_state=lambda: "embedded" if not shared else
                      "connected" if services.store.connected else "unavailable")
     api.mount(app)

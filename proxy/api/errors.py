@@ -68,7 +68,7 @@ def error_response(status: int, reason: str, message: str, model: str | None = N
 # 499: the client closed its connection (nginx's code); nobody reads the answer.
 REFUSAL_STATUS: dict[RefusalReason, int] = {
     "bad-request": 400, "model-not-found": 404, "prompt-too-large": 413, "client-gone": 499,
-    "gpu-busy": 503, "model-too-large": 507}
+    "gpu-busy": 503, "model-too-large": 507, "not-found": 404}
 
 
 # A provider's own 4xx keeps its status and message; its reason by status (docs/interface.md).

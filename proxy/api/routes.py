@@ -25,6 +25,7 @@ from proxy.api.errors import (
     provider_refusal,
 )
 from proxy.api.relay import TRUNCATING_PATHS, Reshape, engine_error, forward
+from proxy.core import engines
 from proxy.core.affinity import shared_prompt_size
 from proxy.core.context import NEWEST, Version, parse_version
 from proxy.core.models import (
@@ -255,6 +256,7 @@ class SidecarApi:
                  readiness: Callable[[], bool], shared_state: Callable[[], str],
                  prompt_tokens: Callable[[CallRequest], int],
                  probed_version: Callable[[], str | None] = lambda: None,
+                 probed_versions: Callable[[], Collection[str]] = frozenset,
                  unreachable: Callable[[], Collection[str]] = frozenset) -> None:
         self.calls = calls
         self.pool = pool
@@ -269,6 +271,7 @@ class SidecarApi:
         self.shared_state = shared_state  # embedded, connected, or unavailable
         self.prompt_tokens = prompt_tokens  # the placement's own estimate of a prompt
         self.probed_version = probed_version  # what the prober last heard, if anything
+        self.probed_versions = probed_versions  # every provider's, as last heard
         self.last_version: str | None = None  # the newest a provider told this endpoint
 
     def mount(self, app: FastAPI) -> None:
@@ -673,6 +676,7 @@ class SidecarApi:
             needs=call_needs(path, body, model or self.calls.bound_model(phase, thread),
                              self.engine_version()),
             embeds=embeds(path, body),
+            served=SERVED_IN.get(path, ()),
             disconnected=lambda: _disconnect(request),
         )
 
@@ -708,14 +712,17 @@ class SidecarApi:
     def _not_served(self, path: str, dialect: Dialect) -> Response | None:
         """Ollama's router's 404 for a path the providers' version does not have, answered
         before anything is read, as Ollama does (`SERVED_IN`); None where it is served."""
-        ranges, version = SERVED_IN.get(path), self.engine_version()
-        if ranges is None or any(low <= version and (high is None or version < high)
-                                 for low, high in ranges):
+        ranges = SERVED_IN.get(path)
+        heard = sorted({parse_version(v) for v in self.probed_versions() if v})
+        versions = heard or [self.engine_version()]
+        # in a fleet of mixed versions the path is served where one has it: placement
+        # then leaves the others out (core/engines.py path_refusal)
+        if ranges is None or any(engines.serves(ranges, version) for version in versions):
             return None
-        served = " and ".join(f"from {_dotted(low)}" + (f" to before {_dotted(high)}" if high
-                                                       else "") for low, high in ranges)
-        return error_response(404, "not-found", f"POST {path} is served by Ollama {served}; "
-                              f"the providers run {_dotted(version)}", dialect=dialect)
+        run = " and ".join(_dotted(version) for version in versions)
+        return error_response(404, "not-found", f"POST {path} is served by Ollama "
+                              f"{engines.served_words(ranges)}; the providers run {run}",
+                              dialect=dialect)
 
     async def transcribe(self, request: Request) -> Response:
         """OpenAI's transcription form, served as the chat call Ollama makes of it

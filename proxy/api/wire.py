@@ -395,14 +395,14 @@ def decompress_zstd(raw: bytes) -> bytes:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    if not raw:
+    if not raw.strip(_WHITESPACE.encode()):  # Go's decoder reads io.EOF from blanks too
         raise BadRequest("missing request body")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         body = _as_go_reads(raw)
         if body is _UNREADABLE:
-            raise BadRequest(_no_value_start(raw) or
+            raise BadRequest(_no_value_start(raw) or _syntax_words(raw) or
                              f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
@@ -464,6 +464,18 @@ def _top_level_keys(raw: bytes) -> list[str]:
 _UNREADABLE = object()
 _WHITESPACE = " \t\r\n"
 _VALUE_STARTS = frozenset(b'{["-0123456789tfn')
+
+
+def _syntax_words(raw: bytes) -> str | None:
+    """Go's decoder's words for a first value that is no JSON (`invalid character 'o' in
+    literal null (expecting 'u')`; one cut short: `unexpected EOF`, io.ErrUnexpectedEOF),
+    as Ollama answers them; None when its syntax is sound (what follows it is never read)."""
+    from proxy.api import gojson  # (it reads this module's quoting)
+
+    wrong = gojson.syntax_error(raw)
+    if wrong is None or "after top-level value" in wrong:
+        return None
+    return "unexpected EOF" if wrong == "unexpected end of JSON input" else wrong
 
 
 def _no_value_start(raw: bytes) -> str | None:

@@ -139,3 +139,33 @@ def embedding_window(info: ModelInfo | None, version: str, context: int) -> int:
             parse_version(version) < LLAMA_SERVER_SINCE or context <= 0:
         return context
     return min(context, DEFAULT_EMBEDDING_BATCH)
+
+
+Served = tuple[tuple[Version, Version | None], ...]
+
+
+def serves(served: Served, version: Version) -> bool:
+    """Whether an Ollama of `version` has a path served in these ranges (() every one)."""
+    return not served or any(low <= version and (high is None or version < high)
+                             for low, high in served)
+
+
+def served_words(served: Served) -> str:
+    """The ranges as a sentence's part: "from 0.14.0", "from 0.20.0 to before 0.25.0"."""
+    return " and ".join(f"from {dotted(low)}" + (f" to before {dotted(high)}" if high else "")
+                        for low, high in served)
+
+
+def dotted(version: Version) -> str:
+    return ".".join(map(str, version))
+
+
+def path_refusal(path: str, served: Served, version_text: str) -> Lack | None:
+    """The router's 404 of an Ollama whose version lacks the call's path (Anthropic's
+    messages before 0.14, say): in a fleet of mixed versions such a card cannot take the
+    call, while another may. An unknown version ("") takes the newest rules."""
+    version = parse_version(version_text)
+    if serves(served, version):
+        return None
+    return Lack(f"POST {path} is served by Ollama {served_words(served)}; the providers "
+                f"run {dotted(version)}", 404)

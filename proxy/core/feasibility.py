@@ -76,6 +76,9 @@ class Fitting:
         needs that the model's /api/show does not list; an embedding the card's Ollama cannot
         run with it), None when it can or that is not known."""
         call = self.call
+        if call.served and (wrong := engines.path_refusal(call.path, call.served,
+                                                          index.view.version)):
+            return wrong
         if not call.needs and not call.embeds:
             return None
         info = self.sizer.info(model, index.view)

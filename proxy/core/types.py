@@ -235,6 +235,10 @@ class CallSpec:
     # The embedding path of a call with inputs to embed ("" otherwise: an empty input only
     # loads the model): Ollama then runs the model's embedding, which not every model has
     embeds: str = ""
+    # The Ollama versions whose router has the call's path (`[low, high)`, high None: open),
+    # () every version: a card on another version answers its 404 (core/engines.py)
+    served: tuple[tuple[tuple[int, int, int], tuple[int, int, int] | None], ...] = ()
+    path: str = ""
 
     @property
     def preferred(self) -> Candidate:

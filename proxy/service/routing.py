@@ -57,6 +57,8 @@ class CallRequest:
     # The source the model's name asks for ("local", "cloud"; core/models.py model_ref);
     # a "local" call's `model` is the name without it
     source: str = ""
+    # The Ollama versions that serve the path (api/routes.py SERVED_IN; () every one)
+    served: tuple[tuple[tuple[int, int, int], tuple[int, int, int] | None], ...] = ()
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 
@@ -149,7 +151,7 @@ class Granted:
 
 
 RefusalReason = Literal["bad-request", "model-not-found", "prompt-too-large", "client-gone",
-                        "gpu-busy", "model-too-large"]
+                        "gpu-busy", "model-too-large", "not-found"]
 
 
 @dataclass(frozen=True)

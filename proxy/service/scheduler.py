@@ -188,7 +188,8 @@ class Scheduler:
                         phase="triage" if call.phase == "triage" else "mulling",
                         can_wait=call.can_wait, wait_left_s=self.settings.wait_limit_s,
                         conversation=self.learning.conversation(call, tokens),
-                        needs=call.needs, embeds=call.embeds)
+                        needs=call.needs, embeds=call.embeds, served=call.served,
+                        path=call.path)
 
     def work(self, spec: CallSpec) -> CallLength | None:
         """The call's expected length, wherever it runs: what orders it among the calls
@@ -416,7 +417,8 @@ class Scheduler:
             # (or the bound model that runs for the deployed one's name, and is missing)
             return Refusal("model-not-found", not_found(model, not call.generates), model)
         if decision.outcome == "unsupported":  # Ollama's own refusal, without its load
-            return Refusal("bad-request", decision.reason, model, status=decision.status or None)
+            return Refusal("not-found" if decision.status == 404 else "bad-request",
+                           decision.reason, model, status=decision.status or None)
         if decision.outcome == "prompt-too-large":
             return Refusal("prompt-too-large", decision.reason, model)
         if decision.outcome == "model-too-large":

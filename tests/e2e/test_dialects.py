@@ -614,6 +614,50 @@ def test_a_dialect_the_providers_ollama_lacks_is_its_404_before_any_placement(
     assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (1, 0)  # the direct call only
 
 
+def _residents(url: str, provider: str) -> list[str]:
+    state = httpx.get(f"{url}/kubemoot/v1/state").json()
+    return [r["model"] for p in state["providers"] if p["name"] == provider
+            for r in p["residents"]]
+
+
+def test_in_a_fleet_of_mixed_versions_a_dialect_goes_to_a_card_that_serves_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Anthropic's messages on a fleet of an Ollama 0.12.6 (no such path: its router's 404)
+    and a newer one: the call is served by the newer card, even where the old one holds the
+    model warm, whichever card was probed last (the sidecar's own 404 came and went with the
+    probes), and none is sent to the old card to be refused there."""
+    old = sim_factory("old", version="0.12.6", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    url = sidecar_factory([old, new]).url
+    _version_known(url)
+    warm = httpx.post(f"{old.url}/api/generate", json={"model": "llama3.2:3b"})
+    assert warm.status_code == 200
+    assert eventually(lambda: _residents(url, "old") == ["llama3.2:3b"])
+    before = old.sim.stats.requests
+    for _ in range(3):
+        message = anthropic_for(url).messages.create(model="llama3.2:3b", max_tokens=5,
+                                                     messages=HI)
+        assert message.content[0].type == "text"
+    # none was sent to the old card first (its 404, then another attempt elsewhere)
+    assert (old.sim.stats.requests - before, new.sim.stats.inference_requests) == (0, 3)
+
+
+def test_in_a_fleet_of_mixed_versions_a_dialect_is_served_whichever_card_was_probed_last(
+        sim_factory: Sims, sidecar_factory: Sidecars, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path is a 404 before placement only when no provider's version serves it: with
+    a card of 0.12.6 and a newer one, the old card being the one probed last (pinned here;
+    in a fleet it is so about one probe round in two) does not make it a 404."""
+    monkeypatch.setattr("proxy.app.newest_version", lambda prober: "0.12.6")
+    old = sim_factory("old", version="0.12.6", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    url = sidecar_factory([old, new]).url
+    _version_known(url)
+    message = anthropic_for(url).messages.create(model="llama3.2:3b", max_tokens=5,
+                                                 messages=HI)
+    assert message.content[0].type == "text"
+    assert new.sim.stats.inference_requests == 1
+
+
 def test_thinking_ollama_drops_is_not_counted_against_the_context(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """Ollama keeps one thinking text a message, an Anthropic message's last thinking block

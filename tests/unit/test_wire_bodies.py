@@ -23,11 +23,27 @@ def test_a_body_is_read_as_go_reads_it_and_sent_on_as_read(raw: bytes,
     assert orjson.loads(orjson.dumps(body)) == read
 
 
-@pytest.mark.parametrize("raw", [b'{"a": NaN}', b'{"a": 1e400} x',
-                                 b"[" * 5000 + b"]" * 5000, b'{"a": 1'])
+@pytest.mark.parametrize("raw", [b'{"a": 1e400} x', b"[" * 5000 + b"]" * 5000])
 def test_a_body_go_refuses_is_still_refused(raw: bytes) -> None:
     with pytest.raises(wire.BadRequest, match="not valid JSON"):
         wire.parse_body(raw)
+
+
+@pytest.mark.parametrize(("raw", "words"), [
+    (b"not json", "invalid character 'o' in literal null (expecting 'u')"),
+    (b'{"a": NaN}', "invalid character 'N' looking for beginning of value"),
+    (b'{"model": "m" "messages": []}',
+     "invalid character '\"' after object key:value pair"),
+    (b'{"a": 1', "unexpected EOF"),  # Decode's io.ErrUnexpectedEOF, not Unmarshal's words
+    (b" \r\n ", "missing request body"),  # blanks: io.EOF, as an empty body
+])
+def test_a_body_that_is_no_json_is_refused_in_the_words_of_gos_decoder(
+        raw: bytes, words: str) -> None:
+    """gin's ShouldBindJSON (json.NewDecoder(body).Decode), whose error Ollama answers as
+    it is (server/routes.go ChatHandler and the others)."""
+    with pytest.raises(wire.BadRequest) as refused:
+        wire.parse_body(raw)
+    assert str(refused.value) == words
 
 
 @pytest.mark.parametrize(("raw", "character"), [
