@@ -453,6 +453,12 @@ class SidecarApi:
         reported, the newest rules when none has yet."""
         return parse_version(self.probed_version() or self.last_version or "")
 
+    def fleet_versions(self) -> list[Version]:
+        """Every Ollama version the providers last reported, oldest first; the one version
+        of `engine_version` when none has."""
+        heard = sorted({parse_version(v) for v in self.probed_versions() if v})
+        return heard or [self.engine_version()]
+
     async def _read(self, request: Request, schema: type[W], dialect: Dialect = "ollama"
                     ) -> tuple[dict[str, Any], W] | Response:
         """The request's body and its checked fields, or the error answer (413, 400)."""
@@ -467,8 +473,9 @@ class SidecarApi:
             large = len(raw) > OFF_LOOP_BYTES
             request.state.large_body = large
             body = await off_loop(large, wire.parse_go_body, raw)
-            return body, await off_loop(large, wire.validate, schema, body,
-                                         self.engine_version())
+            parsed, request.state.refused_by = await off_loop(
+                large, wire.validate_in_fleet, schema, body, self.fleet_versions())
+            return body, parsed
         except wire.BadRequest as exc:
             named = wire.named_model(body, also_name="name" in schema.model_fields)
             older = self._unparsable(request.url.path, named, dialect) \
@@ -677,6 +684,7 @@ class SidecarApi:
                              self.engine_version()),
             embeds=embeds(path, body),
             served=SERVED_IN.get(path, ()),
+            refused_by=getattr(request.state, "refused_by", ()),
             disconnected=lambda: _disconnect(request),
         )
 
@@ -712,9 +720,7 @@ class SidecarApi:
     def _not_served(self, path: str, dialect: Dialect) -> Response | None:
         """Ollama's router's 404 for a path the providers' version does not have, answered
         before anything is read, as Ollama does (`SERVED_IN`); None where it is served."""
-        ranges = SERVED_IN.get(path)
-        heard = sorted({parse_version(v) for v in self.probed_versions() if v})
-        versions = heard or [self.engine_version()]
+        ranges, versions = SERVED_IN.get(path), self.fleet_versions()
         # in a fleet of mixed versions the path is served where one has it: placement
         # then leaves the others out (core/engines.py path_refusal)
         if ranges is None or any(engines.serves(ranges, version) for version in versions):

@@ -592,6 +592,27 @@ def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) ->
     return parsed
 
 
+def validate_in_fleet(model: type[W], body: dict[str, Any], versions: Sequence[Version]
+                      ) -> tuple[W, tuple[tuple[Version, str], ...]]:
+    """The body checked as each of the fleet's Ollama versions checks it (newest first): its
+    fields as the newest that takes it reads them, and the versions that refuse it with
+    their words (placement leaves their cards out). None takes it: the newest's refusal."""
+    refusals: list[tuple[Version, str]] = []
+    first: BadRequest | None = None
+    parsed: W | None = None
+    for version in sorted(set(versions), reverse=True):
+        try:
+            taken = validate(model, body, version)
+        except BadRequest as exc:
+            first = first or exc
+            refusals.append((version, str(exc)))
+            continue
+        parsed = parsed or taken
+    if parsed is None:
+        raise first or BadRequest("no Ollama version to check the body against")
+    return parsed, tuple(refusals)
+
+
 # A list longer than this is validated in pieces: pydantic holds the GIL for a whole
 # validation, so half a million messages in one call would stall the event loop for seconds
 # even from a worker thread.

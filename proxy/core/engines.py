@@ -169,3 +169,12 @@ def path_refusal(path: str, served: Served, version_text: str) -> Lack | None:
         return None
     return Lack(f"POST {path} is served by Ollama {served_words(served)}; the providers "
                 f"run {dotted(version)}", 404)
+
+
+def body_refusal(refused_by: tuple[tuple[Version, str], ...], version_text: str
+                 ) -> Lack | None:
+    """The 400 of an Ollama whose version refuses the call's body where another version of
+    the fleet takes it (`think: "max"` before 0.22, say). An unknown version ("") is none
+    of those heard, so it is not left out."""
+    version = parse_version(version_text)
+    return next((Lack(words) for refusing, words in refused_by if refusing == version), None)

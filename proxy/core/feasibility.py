@@ -79,6 +79,9 @@ class Fitting:
         if call.served and (wrong := engines.path_refusal(call.path, call.served,
                                                           index.view.version)):
             return wrong
+        if call.refused_by and (wrong := engines.body_refusal(call.refused_by,
+                                                              index.view.version)):
+            return wrong
         if not call.needs and not call.embeds:
             return None
         info = self.sizer.info(model, index.view)

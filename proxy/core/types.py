@@ -239,6 +239,9 @@ class CallSpec:
     # () every version: a card on another version answers its 404 (core/engines.py)
     served: tuple[tuple[tuple[int, int, int], tuple[int, int, int] | None], ...] = ()
     path: str = ""
+    # The Ollama versions that refuse the call's body, with their words: a card on one of
+    # them answers a 400 another card would not (core/engines.py body_refusal)
+    refused_by: tuple[tuple[tuple[int, int, int], str], ...] = ()
 
     @property
     def preferred(self) -> Candidate:

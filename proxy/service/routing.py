@@ -59,6 +59,9 @@ class CallRequest:
     source: str = ""
     # The Ollama versions that serve the path (api/routes.py SERVED_IN; () every one)
     served: tuple[tuple[tuple[int, int, int], tuple[int, int, int] | None], ...] = ()
+    # The fleet's Ollama versions that refuse the body, with their words (api/wire.py
+    # validate_in_fleet): in a fleet of mixed versions their cards are left out
+    refused_by: tuple[tuple[tuple[int, int, int], str], ...] = ()
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 

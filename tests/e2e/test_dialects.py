@@ -658,6 +658,30 @@ def test_in_a_fleet_of_mixed_versions_a_dialect_is_served_whichever_card_was_pro
     assert new.sim.stats.inference_requests == 1
 
 
+def test_in_a_fleet_of_mixed_versions_a_body_one_version_refuses_goes_to_a_card_that_takes_it(
+        sim_factory: Sims, sidecar_factory: Sidecars, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`think: "max"` is a level from Ollama 0.22 (an older one refuses it, 400): with a card
+    of 0.12.6 probed last (pinned here) and holding the model warm, and a newer card, the
+    call is not refused before placement and goes to the newer card; on a fleet of 0.12.6
+    alone it is the old version's 400."""
+    monkeypatch.setattr("proxy.app.newest_version", lambda prober: "0.12.6")
+    old = sim_factory("old", version="0.12.6", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    url = sidecar_factory([old, new]).url
+    _version_known(url)
+    assert httpx.post(f"{old.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    assert eventually(lambda: _residents(url, "old") == ["qwen3:8b"])
+    before = old.sim.stats.requests
+    body = {"model": "qwen3:8b", "messages": HI, "think": "max", "stream": False}
+    answer = httpx.post(f"{url}/api/chat", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert (old.sim.stats.requests - before, new.sim.stats.inference_requests) == (0, 1)
+    alone = sidecar_factory([old]).url
+    _version_known(alone)
+    refused = httpx.post(f"{alone}/api/chat", json=body, timeout=30)
+    assert refused.status_code == 400 and "think" in refused.json()["error"]
+
+
 def test_thinking_ollama_drops_is_not_counted_against_the_context(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """Ollama keeps one thinking text a message, an Anthropic message's last thinking block
