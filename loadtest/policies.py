@@ -14,7 +14,7 @@ from loadtest.scenarios import MODELS
 from proxy.core.conversations import NO_CACHES, PromptCaches, cache_slots
 from proxy.core.lengths import NO_LENGTHS, CallLengths, CallSample
 from proxy.core.load_times import NO_LOAD_TIMES, LoadTimes
-from proxy.core.placement import place
+from proxy.core.placement import place, runnable_alternatives
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.prefill import NO_RATES, PrefillRates, read_answer
 from proxy.core.types import (
@@ -26,6 +26,7 @@ from proxy.core.types import (
     Resident,
     Snapshot,
     Ticket,
+    WaitNeed,
 )
 from proxy.core.waitline import YIELD_S, slack_s, yields_to_sooner
 
@@ -144,6 +145,8 @@ class Kubemoot:
     tickets: dict[int, Ticket] = field(default_factory=dict)
     latency: dict[str, float] = field(default_factory=dict)
     waiting: dict[int, tuple[str, float]] = field(default_factory=dict)  # call -> model, turn
+    # call -> the other models it could run on, found when it first waits (its entry's `also`)
+    also: dict[int, tuple[str, ...]] = field(default_factory=dict)
     turns: dict[int, float] = field(default_factory=dict)  # call -> its turn (waitline.py)
     yielding: dict[int, float] = field(default_factory=dict)  # call -> since when it yields
     use: dict[str, tuple[float, float]] = field(default_factory=dict)  # model -> (rate, at)
@@ -158,12 +161,18 @@ class Kubemoot:
     prefill: PrefillRates = NO_RATES
     expected: dict[int, int] = field(default_factory=dict)  # call -> tokens expected cached
 
+    def _also(self, ident: int, spec: CallSpec, snapshot: Snapshot) -> None:
+        """The models a call about to wait could run on, as its wait entry gives them."""
+        if ident not in self.waiting and ident not in self.also:
+            self.also[ident] = runnable_alternatives(spec, snapshot, DEFAULT_POLICY)
+
     def wait(self, call: SimCall, waits: bool) -> None:
         """The call's wait entry comes (it waits) or goes (placed, refused or given up)."""
         if waits:
             self.waiting[call.ident] = (call.preferred, self.turns[call.ident])
         else:
             self.waiting.pop(call.ident, None)
+            self.also.pop(call.ident, None)
             self.yielding.pop(call.ident, None)
             self.turns.pop(call.ident, None)
 
@@ -179,16 +188,20 @@ class Kubemoot:
                                       disk_mib={m: s.read_mib for m, s in MODELS.items()},
                                       observed=SEEN))
         turns: dict[str, list[float]] = {}
+        backing: dict[str, int] = {}
         for ident, (model, due) in self.waiting.items():
             if for_call is None or ident != for_call.ident:  # not weighing its own entry
                 turns.setdefault(model, []).append(due)
+                for other in self.also.get(ident, ()):
+                    backing[other] = backing.get(other, 0) + 1
         demand = {}
-        for model in set(turns) | set(self.use):
+        for model in set(turns) | set(self.use) | set(backing):
             rate, at = self.use.get(model, (0.0, now))
             waiting = tuple(sorted(turns.get(model, ())))
             demand[model] = ModelDemand(waiters=len(waiting),
                                         recent_use=rate * 0.5 ** ((now - at) / 600.0),
-                                        last_used_at=at, turns=waiting)
+                                        last_used_at=at, turns=waiting,
+                                        backing=(WaitNeed(),) * backing.get(model, 0))
         health = {n: ProviderHealth(latency_ema_s=self.latency.get(n)) for n in gpus}
         lengths = NO_LENGTHS if for_call is None else \
             self.lengths.get(for_call.agent, NO_LENGTHS)
@@ -210,11 +223,14 @@ class Kubemoot:
         p = decision.placement
         if p is None:
             self.yielding.pop(call.ident, None)  # a yield lasts YIELD_S in a row, as there
+            if decision.outcome == "wait":
+                self._also(call.ident, spec, snapshot)
             return Choice(decision.outcome)
         # The service's waiting line: the slot is due to sooner turns first, for YIELD_S
         if yields_to_sooner(p, snapshot, DEFAULT_POLICY, due):
             since = self.yielding.setdefault(call.ident, now)
             if now - since < YIELD_S:
+                self._also(call.ident, spec, snapshot)
                 return Choice("wait", retry_in_s=YIELD_S - (now - since))
         if spec.conversation is not None:
             self.expected[call.ident] = 0 if p.loads else self.caches.expected_cached(

@@ -31,13 +31,19 @@ def kept_forever(resident: Resident, now: float | None) -> bool:
             and resident.expires_at - now > FOREVER_AFTER_S)
 
 
+def waited_for(d: ModelDemand) -> int:
+    """The waiting calls that could run on a copy: its model's, and those waiting for
+    another model that have it as a candidate (ModelDemand.backing)."""
+    return d.waiters + len(d.backing)
+
+
 def need_key(resident: Resident, demand: Mapping[str, ModelDemand], now: float | None = None
              ) -> tuple[int, bool, int, float, float, float, str]:
-    """LEAST_NEEDED_FIRST: fewer waiters, not kept forever, fewer intents, lower use +
-    prediction, the sooner its keep-alive ends, LRU, name."""
+    """LEAST_NEEDED_FIRST: fewer waiting calls, not kept forever, fewer intents, lower use
+    + prediction, the sooner its keep-alive ends, LRU, name."""
     d = demand.get(resident.model, NO_DEMAND)
     last_used = max(d.last_used_at, resident.last_used_at)
-    return (d.waiters, kept_forever(resident, now), d.intents, d.recent_use + d.predicted,
+    return (waited_for(d), kept_forever(resident, now), d.intents, d.recent_use + d.predicted,
             resident.expires_at, last_used, resident.model)
 
 
@@ -53,7 +59,8 @@ def copy_demand(view: ProviderView, model: str, demand: Mapping[str, ModelDemand
         waiters=sum(d.waiters for d in parts), intents=sum(d.intents for d in parts),
         recent_use=sum(d.recent_use for d in parts), predicted=sum(d.predicted for d in parts),
         last_used_at=max(d.last_used_at for d in parts),
-        turns=tuple(sorted(t for d in parts for t in d.turns)))
+        turns=tuple(sorted(t for d in parts for t in d.turns)),
+        backing=tuple(n for d in parts for n in d.backing))
 
 
 def idle_residents(index: ProviderIndex) -> list[Resident]:
@@ -70,15 +77,16 @@ def choose_victims(index: ProviderIndex, enough: Callable[[tuple[Resident, ...]]
     """The fewest victims (beside `forced`, which go whatever happens) for which `enough`
     holds; None when no choice makes room.
 
-    Models with waiting agents are used only when nothing else makes room; copies kept
-    forever only when no other choice (without those waited for) does.
+    Models with waiting agents (or waiting calls that could run on them: waited_for) are
+    used only when nothing else makes room; copies kept forever only when no other choice
+    (without those waited for) does.
     """
     if enough(forced):
         return forced
     idle = [r for r in idle_residents(index) if r not in forced]
     needs = {r.model: copy_demand(index.view, r.model, demand) for r in idle}
     ordered = sorted(idle, key=lambda r: need_key(r, needs, now))
-    without_waiters = [r for r in ordered if not needs[r.model].waiters]
+    without_waiters = [r for r in ordered if not waited_for(needs[r.model])]
     expiring = [r for r in without_waiters if not kept_forever(r, now)]
     for pool in (expiring, without_waiters, ordered):
         pool = pool[:max_candidates]

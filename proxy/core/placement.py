@@ -845,6 +845,19 @@ def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -
     return _Planner(call, snapshot, policy).place()
 
 
+def runnable_alternatives(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY
+                          ) -> tuple[str, ...]:
+    """The call's in-tolerance candidates besides its preferred model that some card could
+    hold (on its disk, no larger than it, busy or not) and that Ollama would not refuse it
+    on: the models a waiting call could run on (steps 2-3 take their copies), whose copies
+    its wait entry keeps from eviction (service/demand.py `also`). Asked once per wait, not
+    per decision."""
+    planner = _Planner(call, snapshot, policy)
+    return tuple(c.model for c in planner.alternatives
+                 if planner.unsupported(c.model) is None and
+                 any(planner.could_hold(i, c.model) for i in planner.indexes.values()))
+
+
 def explain(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY
             ) -> tuple[Decision, tuple[Verdict, ...]]:
     """The decision plus every provider's verdict for every acceptable model."""

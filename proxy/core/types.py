@@ -174,6 +174,10 @@ class ModelDemand:
     last_used_at: float = 0.0
     turns: tuple[float, ...] = ()  # each waiting call's turn (core/waitline.py), soonest first
     needs: tuple[WaitNeed, ...] = ()  # each waiting call's, as the board has them
+    # the needs of the calls waiting under another model's name that could run on a copy
+    # of this one (one of their other candidates, fitting a card): they protect its copies
+    # from eviction, not their turns in its line
+    backing: tuple[WaitNeed, ...] = ()
 
     @property
     def expected_reloads(self) -> float:

@@ -204,12 +204,13 @@ class CallService:
                                                                     "abandoned"))
 
     def copy_wanted(self, claimed: Claimed) -> bool:
-        """Whether a call besides `claimed`'s waits for the copy its placement loads and
-        could run on it, or holds a ticket on it: that call's request joins the load in
-        Ollama, which aborts the load with the request that started it
-        (server/sched.go:733-739). A waiter kept off the card (a retry's), or whose num_ctx
-        or prompt the copy's context cannot hold, would have it unloaded or go elsewhere; a
-        ticket that reloads the copy at another context is no call on it."""
+        """Whether a call besides `claimed`'s waits for the copy its placement loads (or for
+        another model, with this one as a candidate) and could run on it, or holds a ticket
+        on it: that call's request joins the load in Ollama, which aborts the load with the
+        request that started it (server/sched.go:733-739). A waiter kept off the card (a
+        retry's), or whose num_ctx or prompt the copy's context cannot hold, would have it
+        unloaded or go elsewhere; a ticket that reloads the copy at another context is no
+        call on it."""
         placement = claimed.placement
         snapshot = self.scheduler.snapshot(self.clock.now())
         view = self.scheduler.provider_view(placement.provider)
@@ -222,8 +223,8 @@ class CallService:
                 info.trained_context if info is not None else 0)
 
         if any(could_run(m, need) for m in users
-               if (d := snapshot.demand.get(m)) is not None and d.waiters
-               for need in d.needs or (ANY_COPY,)):
+               if (d := snapshot.demand.get(m)) is not None
+               for need in (*(d.needs or (ANY_COPY,) if d.waiters else ()), *d.backing)):
             return True
         return any(t.provider == placement.provider and t.model in users and
                    t.ticket_id != claimed.ticket.ticket_id and

@@ -7,7 +7,9 @@ half-life.
 A waiting call's entry (`wait.<model>.<agent>.<n>`) carries its arrival time (`since`, the
 wall clock) and its turn (`turn`: the arrival plus its slack, core/waitline.py) so every
 sidecar serves a model's waiters in the same order (docs/rules.md, "Late binding"); an
-entry without a turn is due at its arrival. It lives WAIT_TTL_S and is rewritten every
+entry without a turn is due at its arrival. Its `also` lists the other models the call could
+run on (in-tolerance candidates that fit a card): their copies are kept from eviction for it
+too, while its place stays in its own model's line. It lives WAIT_TTL_S and is rewritten every
 WAIT_REFRESH_S while the call waits: a sidecar that dies stops holding its place within
 seconds. Its `<n>` is the lowest number the sidecar has free for the model (taken back once
 the entry's delete is written): a deleted key leaves a marker in the bucket for its max age,
@@ -79,6 +81,7 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
     waiters: dict[str, int] = {}
     turns: dict[str, list[float]] = {}
     needs: dict[str, list[WaitNeed]] = {}
+    backing: dict[str, list[WaitNeed]] = {}
     intents: dict[str, int] = {}
     use: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -98,18 +101,30 @@ def aggregate(entries: Mapping[str, Entry] | list[tuple[str, dict[str, Any]]], n
             waiters[model] = waiters.get(model, 0) + 1
             since = float(value.get("since", 0.0))
             turns.setdefault(model, []).append(float(value.get("turn", since)))
-            needs.setdefault(model, []).append(wait_need(value))
+            need = wait_need(value)
+            needs.setdefault(model, []).append(need)
+            for other in also_models(value, model):
+                backing.setdefault(other, []).append(need)
         elif kind == "intent":
             intents[model] = intents.get(model, 0) + 1
         elif kind == "use":
             at = float(value.get("at", now))
             use[model] = use.get(model, 0.0) + decayed(float(value.get("rate", 0)), at, now)
             last[model] = max(last.get(model, 0.0), at)
-    models = set(waiters) | set(intents) | set(use) | set(predicted)
+    models = set(waiters) | set(intents) | set(use) | set(predicted) | set(backing)
     return {m: ModelDemand(waiters.get(m, 0), intents.get(m, 0), use.get(m, 0.0),
                            predicted.get(m, 0.0), last.get(m, 0.0),
-                           tuple(sorted(turns.get(m, ()))), tuple(needs.get(m, ())))
+                           tuple(sorted(turns.get(m, ()))), tuple(needs.get(m, ())),
+                           tuple(backing.get(m, ())))
             for m in models}
+
+
+def also_models(value: dict[str, Any], model: str) -> list[str]:
+    """A wait entry's `also`: the other models its call could run on (none when left out,
+    as an older sidecar's entry is)."""
+    also = value.get("also")
+    return [m for m in also if isinstance(m, str) and m != model] \
+        if isinstance(also, list) else []
 
 
 def wait_need(value: dict[str, Any]) -> WaitNeed:
@@ -127,17 +142,25 @@ def need_value(need: WaitNeed) -> dict[str, object]:
             **({"not": sorted(need.excludes)} if need.excludes else {})}
 
 
-def without_waiter(demand: Mapping[str, ModelDemand], model: str, turn: float
+def without_waiter(demand: Mapping[str, ModelDemand], model: str, turn: float,
+                   also: tuple[str, ...] = (), need: WaitNeed = ANY_COPY
                    ) -> Mapping[str, ModelDemand]:
-    """The demand as one waiting call sees it: without its own entry."""
+    """The demand as one waiting call sees it: without its own entry (in its model's line,
+    and backing the `also` models' copies)."""
     found = demand.get(model)
-    if found is None or not found.waiters:
+    backed = [m for m in also if m != model and (b := demand.get(m)) is not None and b.backing]
+    if (found is None or not found.waiters) and not backed:
         return demand
-    turns = list(found.turns)
-    if turn in turns:
-        turns.remove(turn)
     out = dict(demand)
-    out[model] = replace(found, waiters=found.waiters - 1, turns=tuple(turns))
+    if found is not None and found.waiters:
+        turns = list(found.turns)
+        if turn in turns:
+            turns.remove(turn)
+        out[model] = replace(found, waiters=found.waiters - 1, turns=tuple(turns))
+    for other in backed:
+        backing = list(out[other].backing)
+        backing.remove(need if need in backing else backing[-1])
+        out[other] = replace(out[other], backing=tuple(backing))
     return MappingProxyType(out)
 
 
@@ -150,6 +173,7 @@ class WaitEntry:
     since: float  # when the call arrived (wall clock: compared across sidecars)
     turn: float  # when it is due a free slot (core/waitline.py; wall clock)
     need: WaitNeed = ANY_COPY  # what it needs of a copy (a kept preload's, calls.py)
+    also: tuple[str, ...] = ()  # the other models it could run on (their copies kept for it)
 
 
 class DemandBoard:
@@ -191,12 +215,14 @@ class DemandBoard:
             await self.store.delete(MODEL_DEMAND, key)
 
     async def waiting(self, model: str, since: float | None = None,
-                      turn: float | None = None, need: WaitNeed = ANY_COPY) -> WaitEntry:
-        """A call starts waiting for `model` (due a slot at `turn`, by default its arrival);
-        it counts in this sidecar's view at once, in the others' once the write arrives."""
+                      turn: float | None = None, need: WaitNeed = ANY_COPY,
+                      also: tuple[str, ...] = ()) -> WaitEntry:
+        """A call starts waiting for `model` (due a slot at `turn`, by default its arrival;
+        `also`: the other models it could run on); it counts in this sidecar's view at once,
+        in the others' once the write arrives."""
         arrived = self.clock.now() if since is None else since
         entry = WaitEntry(f"{self._key('wait', model)}.{self._take_number(model)}", model,
-                          arrived, arrived if turn is None else turn, need)
+                          arrived, arrived if turn is None else turn, need, also)
         self._waits[entry.key] = entry
         self._own_version += 1
         if self._refresher is None or self._refresher.done():
@@ -223,7 +249,7 @@ class DemandBoard:
     @staticmethod
     def _wait_value(entry: WaitEntry, now: float) -> dict[str, object]:
         return {"expiresAt": now + WAIT_TTL_S, "since": entry.since, "turn": entry.turn,
-                **need_value(entry.need)}
+                **need_value(entry.need), **({"also": list(entry.also)} if entry.also else {})}
 
     async def _refresh_waits(self) -> None:
         while self._waits:
@@ -233,11 +259,13 @@ class DemandBoard:
                     await self._write_wait(entry)
 
     def others_waiting(self, model: str) -> bool:
-        """Whether calls of other sidecars wait for `model` (this one's are not counted)."""
+        """Whether calls of other sidecars wait for `model`, or could run on it while
+        waiting for another (this one's are not counted)."""
         found = self.view().get(model)
-        if found is None or not found.waiters:
+        if found is None or not (found.waiters or found.backing):
             return False
-        return found.waiters > sum(1 for e in self._waits.values() if e.model == model)
+        return found.waiters + len(found.backing) > sum(
+            1 for e in self._waits.values() if e.model == model or model in e.also)
 
     def stop_waiting(self, entry: WaitEntry) -> bool:
         """Leave this sidecar's view at once (the board's entry goes with done_waiting);

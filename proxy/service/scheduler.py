@@ -26,7 +26,7 @@ from proxy.core.models import (
     resolve_model,
     split_source,
 )
-from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
+from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place, runnable_alternatives
 from proxy.core.policy import Policy
 from proxy.core.tokens import PromptSize
 from proxy.core.types import (
@@ -153,7 +153,8 @@ class Scheduler:
         entry among the demand it weighs."""
         demand = self.demand.view()
         if waiter is not None:
-            demand = without_waiter(demand, waiter.model, waiter.turn)
+            demand = without_waiter(demand, waiter.model, waiter.turn, waiter.also,
+                                    waiter.need)
         snapshot = self.view.snapshot(now, self.experience.health(now), demand,
                                       self.learning.loads, self.claims.uncounted(now),
                                       self.learning.lengths)
@@ -311,9 +312,13 @@ class Scheduler:
                 if wait is None:
                     self.metrics.placements.labels(
                         "waiting", "-", self.model_label(spec.preferred.model)).inc()
+                    # in its preferred model's line; the copies of the others it could run on
+                    # are kept from eviction for it too (`also`)
                     wait = await self.demand.waiting(spec.preferred.model, arrived, due,
                                                      WaitNeed(spec.num_ctx, spec.prompt_tokens,
-                                                              exclude))
+                                                              exclude),
+                                                     runnable_alternatives(
+                                                         spec, reserved.snapshot, self.policy))
                     if exclude:
                         self._retries_waiting[wait] = exclude
                     log.info("waiting for a GPU", model=wait.model, reason=decision.reason)

@@ -129,6 +129,33 @@ async def test_a_waiting_calls_entry_says_what_it_needs_of_a_copy_to_the_others(
     await a.close()
     await b.close()
 
+async def test_a_waiting_call_backs_the_other_models_it_could_run_on_without_a_place_in_their_line(
+) -> None:
+    """Its entry stays in its preferred model's line (waiters, turns) and names the other
+    models it could run on (`also`, left out when none): those show as `backing`, with its
+    needs, never as waiters or turns. The call's own view is without it in both."""
+    store, clock = MemoryStore(), Clock()
+    a = DemandBoard(store, "crew/a", clock)
+    b = DemandBoard(store, "crew/b", clock)
+    need = WaitNeed(8192, 500)
+    entry = await a.waiting("qwen3:32b", turn=clock.at + 2, need=need, also=("qwen3:14b",))
+    await a.waiting("qwen3:32b")
+    written = sorted(orjson.loads(e.value).get("also", []) for e in
+                     store.view(MODEL_DEMAND).values())
+    assert written == [[], ["qwen3:14b"]]
+    seen = b.view()
+    assert (seen["qwen3:32b"].waiters, seen["qwen3:32b"].turns) == (2, (clock.at, clock.at + 2))
+    backed = seen["qwen3:14b"]
+    assert (backed.waiters, backed.turns, backed.backing) == (0, (), (need,))
+    assert b.others_waiting("qwen3:14b") and not a.others_waiting("qwen3:14b")
+    own = without_waiter(seen, "qwen3:32b", entry.turn, entry.also, entry.need)
+    assert (own["qwen3:32b"].waiters, own["qwen3:14b"].backing) == (1, ())
+    await a.done_waiting(entry)
+    assert "qwen3:14b" not in b.view()
+    await a.close()
+    await b.close()
+
+
 async def test_waiting_calls_one_after_another_leave_no_marker_each_in_the_bucket(
         nats_url: str) -> None:
     """A deleted key leaves a marker in the bucket for its max age (6 h): a key per waiting

@@ -180,6 +180,24 @@ async def test_a_keep_alive_0_call_leaving_a_kept_preload_leaves_the_copy_to_its
     assert sidecar.residents("gpu") == ["qwen3:14b"] and not sidecar.tickets()
 
 
+async def test_a_kept_preload_counts_a_waiter_of_another_model_that_could_run_on_it(
+        fleet: Fleet) -> None:
+    """As above, the waiting call preferring the 32b (which fits no card) with the 14b as a
+    candidate: it waits in the 32b's line, and the preload goes on for it. It was aborted
+    (nobody waited for the 14b by name) and the 14b loaded again for the waiter."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16384, num_parallel=1)
+    sidecar = await fleet.sidecar(model_candidates_mulling=(
+        '[{"model": "qwen3:32b", "score": 70}, {"model": "qwen3:14b", "score": 65}]'))
+    assert (await sidecar.plan("t-1", "qwen3:14b"))["planned"]
+    waiter = sidecar.start_chat("qwen3:32b")
+    await asyncio.sleep(0.5)
+    assert gpu.stats.loads == 1 and not gpu.stats.calls  # the load runs, the call waits
+    await _leave_during_the_plans_load(sidecar, "t-1", unloads_after=True)
+    r = await waiter
+    assert (r.status, r.last.model) == (200, "qwen3:14b")
+    assert (gpu.stats.loads, gpu.stats.aborted_loads, gpu.stats.unloads) == (1, 0, 0)
+
+
 async def test_a_preload_is_not_kept_for_a_waiter_its_copy_cannot_serve(
         fleet: Fleet) -> None:
     """The plan loads qwen3:14b at 4096 tokens; a call of that model asking for num_ctx 8192

@@ -11,7 +11,7 @@ from proxy.core.eviction import choose_victims
 from proxy.core.occupancy import index_providers
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.types import ModelDemand, Resident
+from proxy.core.types import ModelDemand, Resident, WaitNeed
 from tests.unit.builders import GIB24, NOW, SIZES, call, gpu, snapshot, ticket
 
 # What /api/ps says of a copy loaded with keep_alive -1: now + 292 years (math.MaxInt64 ns)
@@ -78,3 +78,16 @@ def test_victim_order(expiries: dict[str, float], demand: dict[str, ModelDemand]
     chosen = choose_victims(index, lambda victims: sum(v.footprint_mib for v in victims) >= 3000,
                             demand, now=NOW)
     assert chosen is not None and [r.model for r in chosen] == [victim]
+
+
+def test_a_copy_a_call_waiting_for_another_model_could_run_on_goes_after_an_unwanted_one(
+) -> None:
+    """The 8b is the less used copy, but a call waiting for the 32b (which fits no card) has
+    the 8b as a candidate (`backing`): the 14b goes, as if that call waited for the 8b."""
+    card = _card({"qwen3:14b": NOW + 300, "qwen3:8b": NOW + 300})
+    used = {"qwen3:14b": ModelDemand(recent_use=3, last_used_at=NOW)}
+    plain = place(call("phi3:mini"), snapshot(card, demand=used))
+    assert plain.placement is not None and set(plain.placement.evicts) == {"qwen3:8b"}
+    backed = {**used, "qwen3:8b": ModelDemand(backing=(WaitNeed(),))}
+    decision = place(call("phi3:mini"), snapshot(card, demand=backed))
+    assert decision.placement is not None and set(decision.placement.evicts) == {"qwen3:14b"}
