@@ -45,6 +45,7 @@ from .sim_engine import (
     call_num_keep,
     embedding_refusal,
     embedding_too_long,
+    left_out_duration,
     parse_error_holds_slot,
     reported_prompt_eval_count,
     version_tuple,
@@ -946,6 +947,10 @@ class SimApp:
                 "eval_count": reply.tokens,
                 "eval_duration": int(eval_s * 1e9),
             })
+            model = runner.model
+            if zero := left_out_duration(model.arch, model.embedding, sim.config.version,
+                                         sim.config.new_engine, reply.tokens):
+                del final[zero]
             # The runner frees the sequence's slot, and its cache, before the final response
             # goes out (0.12.6 runner/llamarunner/runner.go:321-331 removeSequence; llama-server
             # releases the slot, then sends the final result): the client's next call finds it

@@ -1049,3 +1049,19 @@ def test_openai_retrieves_a_local_model_through_show(sim_factory: Sims, version:
         "id": "LLAMA3.2:3b", "object": "model", "created": 1767225600, "owned_by": "library"})
     r = httpx.get(f"{sim.url}/v1/models/nope:1b")
     assert (r.status_code, r.json()["error"]["message"]) == (404, "model 'nope:1b' not found")
+
+
+@pytest.mark.parametrize(("version", "tokens", "left_out"), [
+    ("0.12.6", 1, {"eval_duration"}), ("0.24.0", 1, {"eval_duration"}), ("0.12.6", 2, set()),
+    ("0.30.0", 1, set())])
+def test_one_token_from_the_llama_engine_leaves_its_zero_eval_duration_out(
+        sim_factory: Sims, version: str, tokens: int, left_out: set[str]) -> None:
+    """The llama engine counts the first token's decode as the prompt's (v0.12.6
+    runner/llamarunner/runner.go:483-488), and a zero duration is omitempty (api/types.go:385):
+    seen on real 0.12.6 and 0.24.0; llama-server (0.30+) times its own."""
+    sim = sim_factory("gpu", version=version, time_scale=SCALE)
+    final = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "stream": False,
+        "options": {"num_predict": tokens}}).json()
+    assert final["eval_count"] == tokens
+    assert {"prompt_eval_duration", "eval_duration"} - set(final) == left_out
