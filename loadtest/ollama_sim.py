@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import sim_audio, sim_bindings, sim_checks, sim_cloud, sim_dialects, sim_output
+from . import sim_audio, sim_bindings, sim_checks, sim_cloud, sim_dialects, sim_gojson, sim_output
 from .serving import ThreadedServer, add_sharing_flags, sharing_from
 from .sim_cache import Block, CacheSlot, PromptCache, depth_scale, prefill_seconds
 from .sim_engine import (
@@ -45,6 +45,7 @@ from .sim_engine import (
     call_num_keep,
     embedding_refusal,
     embedding_too_long,
+    left_out_duration,
     parse_error_holds_slot,
     reported_prompt_eval_count,
     version_tuple,
@@ -139,6 +140,41 @@ def _namespace(name: str) -> str:
     return parts[-2] if len(parts) > 1 else "library"
 
 
+# The struct each route binds its body to, which a body of another JSON kind is refused
+# as (server/routes.go, middleware/openai.go, middleware/anthropic.go `var req ...`)
+GO_REQUEST_TYPES = {
+    "/api/generate": "api.GenerateRequest", "/api/chat": "api.ChatRequest",
+    "/api/show": "api.ShowRequest", "/api/embed": "api.EmbedRequest",
+    "/api/embeddings": "api.EmbeddingRequest",
+    "/v1/chat/completions": "openai.ChatCompletionRequest",
+    "/v1/completions": "openai.CompletionRequest", "/v1/embeddings": "openai.EmbedRequest",
+    "/v1/responses": "openai.ResponsesRequest", "/v1/messages": "anthropic.MessagesRequest"}
+# Ollama's own handlers answer an empty body (io.EOF) "missing request body"; the OpenAI
+# and Anthropic layers err.Error(), "EOF" (v0.12.6 server/routes.go:170-172, :611-613)
+NATIVE_BODIES = frozenset(path for path in GO_REQUEST_TYPES if path.startswith("/api/"))
+
+
+def _go_decode(raw: bytes, go_type: str) -> dict[str, Any] | str:
+    """json.Decoder.Decode of `raw` into a struct `go_type`: its first value (what follows
+    is never read; `null` leaves the struct empty), or Go's words for it."""
+    try:
+        value = orjson.loads(raw)  # the usual body, read whole (100 times faster)
+    except orjson.JSONDecodeError:
+        end = sim_gojson.first_value(raw)
+        if isinstance(end, str):
+            return end
+        raw = raw[:end]
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:  # Go reads what orjson will not (bad UTF-8, lone halves)
+            value = json.loads(raw.decode("utf-8", "replace"))
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        return f"json: cannot unmarshal {sim_gojson.kind(raw)} into Go value of type {go_type}"
+    return _as_go_binds(raw, value)
+
+
 # encoding/json's case folding onto ASCII (fold.go): long s, Kelvin sign, dotless/dotted I
 _FOLDS = str.maketrans({"\u017f": "s", "\u212a": "k", "\u0131": "i", "\u0130": "i"})
 
@@ -179,7 +215,7 @@ class SimApp:
                   methods=["GET"]),
             Route("/v1/models", self.openai_models, methods=["GET"]),
             # (gin's `:model` is one path segment: a name with a slash is its 404)
-            Route("/v1/models/{model}", self.cloud_model, methods=["GET"]),
+            Route("/v1/models/{model}", self.openai_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
@@ -257,18 +293,26 @@ class SimApp:
                                    entry["name"])}
             for entry in self.sim.tags()["models"]]})
 
-    async def cloud_model(self, request: Request) -> Response:
-        """A cloud model's OpenAI model object, sent on to the cloud (cloud_proxy.go
-        cloudModelPathPassthroughMiddleware); the simulator answers for no other model
-        here (the sidecar lists those itself)."""
-        config = self.sim.config
-        routed = sim_cloud.route(request.path_params["model"], config.version, ())
-        if not isinstance(routed, sim_cloud.ToCloud):
-            return _error("the simulator lists only cloud models here", 404)
-        if refused := sim_cloud.disabled(config.no_cloud, config.version,
-                                         sim_cloud.DETAILS_UNAVAILABLE):
-            return _error(refused.message, refused.status)
-        return _json(sim_cloud.openai_model(routed.echo))
+    async def openai_model(self, request: Request) -> Response:
+        """RetrieveMiddleware over ShowHandler (v0.12.6 server/routes.go:1492,
+        middleware/openai.go:286-305, openai/openai.go:406-413 ToModel): the model as the
+        path names it, created when it was, owned by its namespace; show's refusal in
+        OpenAI's shape. A cloud model's is sent on to the cloud (cloud_proxy.go
+        cloudModelPathPassthroughMiddleware)."""
+        config, name = self.sim.config, request.path_params["model"]
+        routed = sim_cloud.route(name, config.version, ())
+        if isinstance(routed, sim_cloud.ToCloud):
+            if refused := sim_cloud.disabled(config.no_cloud, config.version,
+                                             sim_cloud.DETAILS_UNAVAILABLE):
+                return _error(refused.message, refused.status)
+            return _json(sim_cloud.openai_model(routed.echo))
+        shown = self._show(name)
+        if shown.status_code != 200:
+            return sim_dialects.translated_error(request.url.path, shown)
+        modified = orjson.loads(bytes(shown.body))["modified_at"]
+        return _json({"id": name, "object": "model",
+                      "created": int(datetime.fromisoformat(modified).timestamp()),
+                      "owned_by": _namespace(name)})
 
     async def show(self, request: Request) -> Response:
         self._probed("/api/show")
@@ -280,8 +324,11 @@ class SimApp:
         name = body.get("model") or body.get("name")
         if not name:
             return _error("model is required", 400)
+        return self._show(str(name))
+
+    def _show(self, name: str) -> Response:
         config = self.sim.config
-        routed = sim_cloud.route(str(name), config.version, config.cloud_stubs)
+        routed = sim_cloud.route(name, config.version, config.cloud_stubs)
         if isinstance(routed, sim_cloud.Refused):
             return _error(routed.message, routed.status)
         if isinstance(routed, sim_cloud.ToCloud):
@@ -344,16 +391,13 @@ class SimApp:
         return _json({"reset": True})
 
     async def _body(self, request: Request) -> dict[str, Any] | Response:
-        raw = await request.body()
-        if not raw:
-            return _error("missing request body", 400)
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return _error("invalid character in request body", 400)
-        if not isinstance(body, dict):
-            return _error("cannot unmarshal request body into object", 400)
-        return _as_go_binds(raw, body)
+        """The body as the route's handler binds it (gin's ShouldBindJSON: json.Decoder reads
+        the first value into the request struct), or its 400 in Go's words."""
+        path = request.url.path
+        read = _go_decode(await request.body(), GO_REQUEST_TYPES.get(path, "api.Request"))
+        if read == "EOF" and path in NATIVE_BODIES:
+            return _error("missing request body", 400)  # each handler's io.EOF check
+        return _error(read, 400) if isinstance(read, str) else read
 
     async def chat(self, request: Request) -> Response:
         return await self._infer(request, chat=True)
@@ -574,7 +618,10 @@ class SimApp:
             return _error(wrong, 400)
         name = body.get("model")
         if not name or not isinstance(name, str):
-            return _error("model is required", 400)
+            # generate refuses no name as any it cannot find (v0.12.6 server/routes.go:178-183,
+            # HEAD :261-264 writeModelRefParseError's fallback); chat, as required (:2459)
+            return _error("model is required", 400) if chat else \
+                _error("model '' not found", 404)
         routed = sim_cloud.route(name, version, sim.config.cloud_stubs)
         if isinstance(routed, sim_cloud.Refused):
             return _error(routed.message, routed.status)
@@ -900,6 +947,10 @@ class SimApp:
                 "eval_count": reply.tokens,
                 "eval_duration": int(eval_s * 1e9),
             })
+            model = runner.model
+            if zero := left_out_duration(model.arch, model.embedding, sim.config.version,
+                                         sim.config.new_engine, reply.tokens):
+                del final[zero]
             # The runner frees the sequence's slot, and its cache, before the final response
             # goes out (0.12.6 runner/llamarunner/runner.go:321-331 removeSequence; llama-server
             # releases the slot, then sends the final result): the client's next call finds it

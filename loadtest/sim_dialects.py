@@ -393,7 +393,9 @@ class OpenAIChat:
 
     def _chunk(self, said: Said, finish: str | None) -> dict[str, Any]:
         if self.chat:
-            delta = self._message(said) if finish is None else {}
+            # From 0.32.6 the finish is a chunk of its own, its delta empty (openai.go
+            # FinishChunk); before, the done answer's own message (v0.12.6 openai.go:295)
+            delta = self._message(said) if finish is None or not self.role_once else {}
             if delta and self.role_once and self.role_said:
                 delta.pop("role")
             self.role_said = self.role_said or bool(delta)

@@ -356,3 +356,16 @@ def parse_error_holds_slot(version: str) -> bool:
     From 0.32.15 the completion is cancelled and the error reported after it returns
     (commit e0c95a5ff, server/routes.go ChatHandler and GenerateHandler)."""
     return version_tuple(version) < (0, 32, 15)
+
+
+def left_out_duration(arch: str, embedding: bool, version: str, new_engine: bool,
+                      tokens: int) -> str | None:
+    """The metric an answer of one generated token leaves out, zero (api/types.go:383-385
+    omitempty): the llama engine counts the first token's decode as the prompt's (v0.12.6
+    runner/llamarunner/runner.go:483-488, v0.24.0 :520), so its eval_duration is 0 (seen on
+    real 0.12.6 and 0.24.0). Ollama's own engine times the first token as the prompt's too
+    (ollamarunner/runner.go:718-720) but subtracts sampling from a zero span: not zero, so
+    sent; llama-server (0.30+) reports its own timings: both sent."""
+    if tokens != 1 or not (0, 11, 5) <= version_tuple(version) < (0, 30, 0):
+        return None
+    return None if own_engine(arch, embedding, new_engine) else "eval_duration"

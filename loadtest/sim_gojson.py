@@ -237,3 +237,22 @@ def kind(data: bytes) -> str:
     """What a valid JSON text is, as Go's UnmarshalTypeError names it ("number" for any)."""
     first = data.lstrip(b" \t\r\n")[:1]
     return KINDS.get(first[0], "number") if first else "number"
+
+
+def first_value(data: bytes) -> int | str:
+    """How json.Decoder.Decode reads `data` (gin's ShouldBindJSON): the end of its first
+    JSON value, bytes after it never read (stream.go readValue: scanEnd, a container's at
+    its closing byte, a scalar's at the byte after), or Go's words for a text it refuses:
+    a syntax error, "unexpected EOF" for one cut short, "EOF" for nothing but whitespace."""
+    scanner = _Scanner()
+    for at, byte in enumerate(data):
+        inside = bool(scanner.stack)
+        refused = scanner.step(byte)
+        if scanner.end_top:  # (a scalar's next byte is read, never judged)
+            return at + 1 if inside else at
+        if refused:
+            return scanner.error or ""
+    if not data.strip(bytes(SPACE)):
+        return "EOF"
+    scanner.step(ord(" "))  # readValue's EOF: a scalar ends there
+    return len(data) if scanner.end_top else "unexpected EOF"

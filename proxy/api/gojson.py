@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
+from proxy.api import wire
 from proxy.api.wire import go_quoted
 
 SPACE = frozenset(b" \t\r\n")
@@ -238,3 +240,70 @@ def kind(data: bytes) -> str:
     """What a valid JSON text is, as Go's UnmarshalTypeError names it ("number" for any)."""
     first = data.lstrip(b" \t\r\n")[:1]
     return KINDS.get(first[0], "number") if first else "number"
+
+
+def first_value(data: bytes) -> int | str:
+    """How json.Decoder.Decode reads `data` (gin's ShouldBindJSON): the end of its first
+    JSON value, bytes after it never read (stream.go readValue: scanEnd, a container's at
+    its closing byte, a scalar's at the byte after), or Go's words for a text it refuses:
+    a syntax error, "unexpected EOF" for one cut short, "EOF" for nothing but whitespace."""
+    scanner = _Scanner()
+    for at, byte in enumerate(data):
+        inside = bool(scanner.stack)
+        refused = scanner.step(byte)
+        if scanner.end_top:  # (a scalar's next byte is read, never judged)
+            return at + 1 if inside else at
+        if refused:
+            return scanner.error or ""
+    if not data.strip(bytes(SPACE)):
+        return "EOF"
+    scanner.step(ord(" "))  # readValue's EOF: a scalar ends there
+    return len(data) if scanner.end_top else "unexpected EOF"
+
+
+# The struct each of Ollama's routes binds a body to, named when the body is another JSON
+# kind (server/routes.go, middleware/openai.go, middleware/anthropic.go `var req ...`)
+GO_REQUEST_TYPES = {
+    "/api/generate": "api.GenerateRequest", "/api/chat": "api.ChatRequest",
+    "/api/show": "api.ShowRequest", "/api/embed": "api.EmbedRequest",
+    "/api/embeddings": "api.EmbeddingRequest",
+    "/v1/chat/completions": "openai.ChatCompletionRequest",
+    "/v1/completions": "openai.CompletionRequest", "/v1/embeddings": "openai.EmbedRequest",
+    "/v1/responses": "openai.ResponsesRequest", "/v1/messages": "anthropic.MessagesRequest",
+    "/v1/messages/count_tokens": "anthropic.MessagesRequest"}  # (the sidecar's, read so)
+# Go's words are found byte by byte (~0.3 s a MiB): a larger body it refuses keeps the
+# sidecar's own words, which a caller of a body that size reads as well
+GO_WORDS_BYTES = 1 << 20
+
+
+def go_decoded(raw: bytes, path: str) -> dict[str, Any] | str | None:
+    """What Ollama's handler at `path` makes of a body the sidecar cannot take as an object:
+    Go's words for its refusal ("missing request body" for no value in Ollama's own
+    handlers, "EOF" in the OpenAI and Anthropic layers: v0.12.6 server/routes.go:170-172,
+    middleware/openai.go:310-313), an empty body for `null` (the struct left empty), or
+    None when Go reads an object from it (the sidecar's own refusal stands)."""
+    end = first_value(raw)
+    if end == "EOF":
+        return "missing request body" if path.startswith("/api/") else "EOF"
+    if isinstance(end, str):
+        return end
+    found = kind(raw[:end])
+    if found == "object":
+        return None
+    if found == "null":
+        return {}
+    return (f"json: cannot unmarshal {found} into Go value of type "
+            f"{GO_REQUEST_TYPES.get(path, 'api.Request')}")
+
+
+def parse_request_body(raw: bytes, path: str) -> dict[str, Any]:
+    """wire.parse_go_body, a body it refuses refused as Ollama's handler at `path` does."""
+    try:
+        return wire.parse_go_body(raw)
+    except wire.BadRequest:
+        read = go_decoded(raw, path) if len(raw) <= GO_WORDS_BYTES else None
+        if read is None:
+            raise
+    if isinstance(read, str):
+        raise wire.BadRequest(read)
+    return read

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.api import layers, transcription, wire
+from proxy.api import gojson, layers, transcription, wire
 from proxy.api.capabilities import call_needs, embeds
 from proxy.api.errors import (
     JSON,
@@ -472,7 +472,7 @@ class SidecarApi:
                 raw = await asyncio.to_thread(wire.decompress_zstd, raw)
             large = len(raw) > OFF_LOOP_BYTES
             request.state.large_body = large
-            body = await off_loop(large, wire.parse_go_body, raw)
+            body = await off_loop(large, gojson.parse_request_body, raw, request.url.path)
             parsed, request.state.refused_by = await off_loop(
                 large, wire.validate_in_fleet, schema, body, self.fleet_versions())
             return body, parsed

@@ -413,3 +413,45 @@ def test_a_completion_with_an_odd_tools_field_is_answered_as_ollama_does(
     direct = httpx.post(f"{gpu.url}/v1/completions", json=body, timeout=30)
     answered = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
     assert answered.status_code == direct.status_code, (direct.text, answered.text)
+
+
+def _said(r: httpx.Response) -> tuple[int, str]:
+    error = r.json()["error"]
+    return r.status_code, error if isinstance(error, str) else error["message"]
+
+
+@pytest.mark.parametrize(("path", "raw"), [
+    ("/api/generate", b"{nope}"),
+    ("/api/chat", b'{"model": "qwen3:8b", "messages": ['),
+    ("/api/generate", b'[{"model": "qwen3:8b"}]'),
+    ("/api/show", b'"qwen3:8b"'),
+    ("/api/embed", b" \n"),
+    ("/v1/chat/completions", b"{nope}"),
+    ("/v1/completions", b"12"),
+    ("/v1/embeddings", b"  "),
+    ("/v1/messages", b'{"model": tru}'),
+])
+def test_a_body_ollama_cannot_decode_is_refused_in_its_words(
+        sim_factory: Sims, sidecar_factory: Sidecars, path: str, raw: bytes) -> None:
+    """gin's ShouldBindJSON's words, as the provider's Ollama answers the same body (real
+    0.12.6 and 0.24.0: "invalid character 'n' looking for beginning of object key string",
+    "unexpected EOF", "json: cannot unmarshal array into Go value of type
+    api.GenerateRequest"), in the caller's dialect, before any placement."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    ollamas = httpx.post(f"{gpu.url}{path}", content=raw)
+    assert _said(httpx.post(f"{url}{path}", content=raw)) == _said(ollamas)
+    assert gpu.sim.stats.inference_requests == gpu.sim.stats.loads == 0
+
+
+def test_a_local_model_is_retrieved_as_the_providers_ollama_retrieves_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """RetrieveMiddleware over ShowHandler (v0.12.6 server/routes.go:1492, openai.go:406-413
+    ToModel): the name as asked, show's modified_at, its namespace (real 0.12.6: 200)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:3])
+    url = sidecar_factory([gpu]).url
+    for name in ("qwen3:8b", "QWEN3:8b"):
+        mine, ollamas = (httpx.get(f"{base}/v1/models/{name}") for base in (url, gpu.url))
+        assert (mine.status_code, mine.json()) == (200, ollamas.json()), name
+    mine, ollamas = (httpx.get(f"{base}/v1/models/nope:1b") for base in (url, gpu.url))
+    assert _said(mine) == _said(ollamas) == (404, "model 'nope:1b' not found")

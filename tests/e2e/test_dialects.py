@@ -831,3 +831,20 @@ def test_a_list_of_prompts_is_ollamas_binding_400_alike_from_the_sidecar_and_the
             client_for(url).completions.create(model="llama3.2:3b", prompt=["a", "b"])
         assert info.value.response.json()["error"]["message"] == said
     assert gpu.sim.stats.inference_requests == 0
+
+
+@pytest.mark.parametrize(("version", "last"), [
+    ("0.12.6", {"role": "assistant", "content": ""}), ("0.32.6", {})])
+def test_an_openai_stream_ends_as_the_providers_ollama_ends_it(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, last: dict[str, str]
+        ) -> None:
+    """The finish chunk's delta is the version's (v0.12.6 openai/openai.go:295 ToChunk's
+    Message, real 0.12.6 and 0.24.0; FinishChunk's `Delta{}` from 0.32.6), relayed as is."""
+    gpu = sim_factory("gpu", time_scale=SCALE, version=version)
+    url = sidecar_factory([gpu]).url
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30, json={
+            "model": "qwen3:8b", "stream": True, "max_tokens": 2, "messages": HI}) as r:
+        chunks = [orjson.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["delta"] == last
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"

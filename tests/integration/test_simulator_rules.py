@@ -969,3 +969,99 @@ def test_a_responses_function_call_whose_arguments_are_no_json_is_a_400(
     assert answer.json()["error"]["message"] == (
         "failed to parse function call arguments: invalid character 'b' looking for "
         "beginning of object key string")
+
+
+# -- what Ollama answers a body it cannot use --------------------------------------------------
+@pytest.mark.parametrize("version", ["0.12.6", "0.24.0", "0.33.0"])
+def test_generate_without_a_model_finds_none_while_chat_requires_one(sim_factory: Sims,
+                                                                     version: str) -> None:
+    """GenerateHandler refuses an empty name as one it cannot find (v0.12.6
+    server/routes.go:178-183; HEAD :261-264, routes_generate_test.go:1545-1560, a `null`
+    body too), ChatHandler as required (HEAD :2459). Seen on real 0.12.6 and 0.24.0."""
+    sim = sim_factory("gpu", version=version)
+    for body in (b"{}", b"null", b'{"model": "", "prompt": "hi"}'):
+        r = httpx.post(f"{sim.url}/api/generate", content=body)
+        assert (r.status_code, r.json()) == (404, {"error": "model '' not found"}), body
+    r = httpx.post(f"{sim.url}/api/chat", content=b"{}")
+    assert (r.status_code, r.json()) == (400, {"error": "model is required"})
+
+
+@pytest.mark.parametrize(("path", "raw", "said"), [
+    ("/api/generate", b'{nope}', "invalid character 'n' looking for beginning of object key "
+                                 "string"),
+    ("/api/chat", b'{"model": "llama3.2:3b", "messages": [', "unexpected EOF"),
+    ("/api/generate", b'[{"model": "llama3.2:3b"}]',
+     "json: cannot unmarshal array into Go value of type api.GenerateRequest"),
+    ("/api/show", b'"llama3.2:3b"',
+     "json: cannot unmarshal string into Go value of type api.ShowRequest"),
+    ("/api/embed", b" \n", "missing request body"),
+    ("/v1/chat/completions", b"{nope}", "invalid character 'n' looking for beginning of "
+                                        "object key string"),
+    ("/v1/completions", b"12", "json: cannot unmarshal number into Go value of type "
+                               "openai.CompletionRequest"),
+    ("/v1/embeddings", b"", "EOF"),  # the layers answer err.Error() (middleware/openai.go)
+])
+def test_a_body_ollama_cannot_decode_is_refused_in_gos_words(sim_factory: Sims, path: str,
+                                                             raw: bytes, said: str) -> None:
+    """gin's ShouldBindJSON: json.Decoder's words, the struct's type named (seen on real
+    0.12.6 and 0.24.0); Ollama's own handlers answer io.EOF "missing request body"."""
+    sim = sim_factory("gpu", version="0.24.0")
+    r = httpx.post(f"{sim.url}{path}", content=raw)
+    error = r.json()["error"]
+    assert (r.status_code, error if path.startswith("/api/") else error["message"]) == (
+        400, said)
+
+
+def test_what_follows_a_bodys_first_value_is_never_read(sim_factory: Sims) -> None:
+    """json.Decoder.Decode reads one value (stream.go readValue); the rest is left unread."""
+    sim = sim_factory("gpu")
+    r = httpx.post(f"{sim.url}/api/show", content=b'{"model": "llama3.2:3b"} trailing {')
+    assert r.status_code == 200 and r.json()["details"]["family"] == "llama"
+
+
+@pytest.mark.parametrize(("version", "last"), [
+    ("0.12.6", {"role": "assistant", "content": ""}), ("0.32.5", {"role": "assistant",
+                                                                   "content": ""}),
+    ("0.32.6", {})])
+def test_an_openai_stream_ends_with_the_delta_of_its_version(sim_factory: Sims, version: str,
+                                                             last: dict[str, str]) -> None:
+    """Before 0.32.6 the done answer is a chunk like any (v0.12.6 openai/openai.go:295,
+    v0.24.0 :310: Message, role and content never omitted; seen on real 0.12.6 and 0.24.0);
+    from commit 8edecb5c6 (0.32.6) a finish chunk of its own, `Delta{}` (FinishChunk)."""
+    sim = sim_factory("gpu", version=version)
+    with httpx.stream("POST", f"{sim.url}/v1/chat/completions", timeout=30, json={
+            "model": "llama3.2:3b", "stream": True, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}) as r:
+        chunks = [orjson.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    choice = chunks[-1]["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["delta"] == last
+
+
+@pytest.mark.parametrize("version", ["0.12.6", "0.33.0"])
+def test_openai_retrieves_a_local_model_through_show(sim_factory: Sims, version: str) -> None:
+    """RetrieveMiddleware over ShowHandler (v0.12.6 server/routes.go:1492, openai.go:406-413
+    ToModel; seen on real 0.12.6): the name as asked, show's modified_at, its namespace;
+    show's refusal in OpenAI's shape."""
+    sim = sim_factory("gpu", version=version)
+    r = httpx.get(f"{sim.url}/v1/models/LLAMA3.2:3b")
+    assert (r.status_code, r.json()) == (200, {
+        "id": "LLAMA3.2:3b", "object": "model", "created": 1767225600, "owned_by": "library"})
+    r = httpx.get(f"{sim.url}/v1/models/nope:1b")
+    assert (r.status_code, r.json()["error"]["message"]) == (404, "model 'nope:1b' not found")
+
+
+@pytest.mark.parametrize(("version", "tokens", "left_out"), [
+    ("0.12.6", 1, {"eval_duration"}), ("0.24.0", 1, {"eval_duration"}), ("0.12.6", 2, set()),
+    ("0.30.0", 1, set())])
+def test_one_token_from_the_llama_engine_leaves_its_zero_eval_duration_out(
+        sim_factory: Sims, version: str, tokens: int, left_out: set[str]) -> None:
+    """The llama engine counts the first token's decode as the prompt's (v0.12.6
+    runner/llamarunner/runner.go:483-488), and a zero duration is omitempty (api/types.go:385):
+    seen on real 0.12.6 and 0.24.0; llama-server (0.30+) times its own."""
+    sim = sim_factory("gpu", version=version, time_scale=SCALE)
+    final = httpx.post(f"{sim.url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "hi", "stream": False,
+        "options": {"num_predict": tokens}}).json()
+    assert final["eval_count"] == tokens
+    assert {"prompt_eval_duration", "eval_duration"} - set(final) == left_out
