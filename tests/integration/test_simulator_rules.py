@@ -79,6 +79,20 @@ def test_ollama_0_12_compares_num_ctx_as_requested(sim_factory: Sims) -> None:
     assert sim.sim.stats.reloads == 1
 
 
+@pytest.mark.parametrize(("version", "listed"), [
+    ("0.15.4", 8192), ("0.15.5", 4096), ("0.24.0", 4096), ("0.30.0", 4096)])
+def test_ollama_lists_the_context_a_copy_runs_at_from_0_15_5(
+        sim_factory: Sims, version: str, listed: int) -> None:
+    """Every version runs a copy at most at the trained context (llm/server.go NewLlamaServer,
+    v0.12.6 :172-176, v0.15.5 :166-170, either engine); /api/ps says so from 0.15.5
+    (llmServer.ContextLength, v0.15.5 server/routes.go:1914), before that it lists the
+    num_ctx asked for (v0.15.4 server/routes.go:1901)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version=version, time_scale=SCALE)
+    load(sim, "phi3:mini", num_ctx=8192)  # trained for 4096
+    assert sim.sim.runners["phi3:mini"].ctx == 4096
+    assert ps(sim)["phi3:mini"]["context_length"] == listed
+
+
 def test_beside_other_models_ollama_admits_a_load_within_80_percent_of_free_memory(
         sim_factory: Sims) -> None:
     new = sim_factory("new", total_vram_mib=16000, context_length=4096, time_scale=SCALE)
