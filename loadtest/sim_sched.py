@@ -97,6 +97,9 @@ class SimError(Exception):
         self.status = status
 
 
+# A negative keep-alive is math.MaxInt64 ns (api/types.go:1227, 1237; v0.12.6 :988, 998):
+# /api/ps shows time.Now().Add of it (server/sched.go:320-324, routes.go:2155), 292.3 years
+GO_MAX_DURATION_S = (2**63 - 1) / 1e9
 # The version whose /api/ps reports the context a copy runs at (capped at the trained one)
 PS_CTX_CAPPED_SINCE = (0, 15, 5)
 
@@ -891,7 +894,7 @@ class OllamaSim:
                 remaining = runner.keep_alive_s * self.config.time_scale
             else:
                 remaining = runner.expires_at - now
-            remaining = min(remaining, 292 * 365 * 86400.0)
+            remaining = min(remaining, GO_MAX_DURATION_S)
             expires = datetime.now(UTC) + timedelta(seconds=remaining)
             models.append({
                 **self._describe(runner.model),

@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -399,6 +400,18 @@ def test_a_call_without_keep_alive_leaves_the_copys_own(sim_factory: Sims) -> No
     assert sim.sim.runners["llama3.2:3b"].keep_alive_s == math.inf
     expires = ps(sim)["llama3.2:3b"]["expires_at"]
     assert int(expires[:4]) > time.gmtime().tm_year + 100  # forever, not 5 minutes
+
+
+def test_a_copy_kept_forever_expires_when_go_says(sim_factory: Sims) -> None:
+    """A negative keep_alive is math.MaxInt64 ns (api/types.go:1227, 1237); /api/ps shows
+    time.Now().Add of it (server/sched.go:320-324, routes.go:2155): 292 years, 3 months and
+    a bit (2026-12-03 + it is 2319-03-15, as a real v0.12.6 and v0.24.0 say)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/generate", json={"model": "llama3.2:3b", "keep_alive": "-5m"})
+    assert r.status_code == 200
+    stamp = ps(sim)["llama3.2:3b"]["expires_at"].replace("Z", "+00:00")
+    ahead = datetime.fromisoformat(stamp) - datetime.now(UTC)
+    assert abs(ahead.total_seconds() - (2**63 - 1) / 1e9) < 60
 
 
 @pytest.mark.parametrize(("keep_alive", "status", "message"), [
