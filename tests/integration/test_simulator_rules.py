@@ -7,9 +7,9 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
