@@ -339,6 +339,19 @@ def test_a_prompt_over_the_trained_context_is_refused_on_every_version(
     assert warm.sim.stats.truncations == cold.sim.stats.truncations == 0
 
 
+@pytest.mark.parametrize("version", ["0.12.6", "0.15.5", "0.24.0", "0.30.0"])
+def test_a_copy_listed_at_its_trained_context_is_joined_without_a_reload(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str) -> None:
+    """OLLAMA_CONTEXT_LENGTH 8192 loads phi3:mini (trained 4096) asked for 8192; from 0.15.5
+    /api/ps lists 4096 (server/routes.go:1914), but up to 0.24 needsReload compares the 8192
+    (v0.24.0 server/sched.go:692-705): a call asking 4096 joins only if sent with 8192."""
+    gpu = sim_factory("gpu", version=version, context_length=8192, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "phi3:mini").status_code == 200
+    assert chat(url, "phi3:mini", options={"num_ctx": 4096}).status_code == 200
+    assert gpu.sim.stats.reloads == 0 and gpu.sim.stats.loads == 1
+
+
 def test_num_ctx_is_a_requirement_not_a_reload(sim_factory: Sims,
                                                sidecar_factory: Sidecars) -> None:
     small = sim_factory("small", context_length=4096, time_scale=SCALE)
