@@ -103,6 +103,9 @@ CASES: tuple[Case, ...] = (
     Case("num_ctx 2 x trained context", "/api/generate",
          lambda s: {"model": s.model, "prompt": "hello", "stream": False,
                     "options": _opts(num_ctx=2 * s.trained_ctx)}, after="ps"),
+    Case("prompt over the trained context, num_ctx 2 x it", "/api/generate",
+         lambda s: {"model": s.model, "prompt": "hello " * (3 * s.trained_ctx // 2),
+                    "stream": False, "options": _opts(num_ctx=2 * s.trained_ctx)}, after="ps"),
     Case("num_ctx 1 (under the floor)", "/api/generate",
          lambda s: {"model": s.model, "prompt": "hello", "stream": False,
                     "options": _opts(num_ctx=1)}, after="ps"),
@@ -263,6 +266,7 @@ def _after(client: httpx.Client, side: Side, what: str) -> dict[str, Any]:
 
 def run_case(client: httpx.Client, side: Side, case: Case) -> Outcome:
     path = case.path.replace("{model}", side.model)
+    body: Any = None
     if case.body is None:
         resp = client.get(side.url + path)
     else:
@@ -277,6 +281,24 @@ def run_case(client: httpx.Client, side: Side, case: Case) -> Outcome:
     out = Outcome(resp.status_code, _normalize(error, side), _body_shape(chunks, side),
                   _notes(chunks))
     out.notes.update(_after(client, side, case.after))
+    out.notes.update(_trained_notes(body, out.notes, side))
+    return out
+
+
+def _trained_notes(body: Any, notes: dict[str, Any], side: Side) -> dict[str, Any]:
+    """For a call asking more than the trained context: what the copy runs at and lists,
+    as a share of the trained context (the same on both sides whatever the model)."""
+    options = body.get("options") if isinstance(body, dict) else None
+    asked = options.get("num_ctx") if isinstance(options, dict) else None
+    if not isinstance(asked, int) or not side.trained_ctx or asked <= side.trained_ctx:
+        return {}
+    out: dict[str, Any] = {}
+    listed = notes.get("ps.context_length")
+    if isinstance(listed, int):
+        out["ps.context_length/trained"] = round(listed / side.trained_ctx, 2)
+    counted = notes.get("prompt_eval_count")
+    if isinstance(counted, int):
+        out["prompt_eval_count<=trained"] = counted <= side.trained_ctx
     return out
 
 
@@ -303,7 +325,8 @@ def shape_diff(a: Any, b: Any, path: str = "") -> list[str]:
 
 
 # Notes that do not depend on the model: compared too.
-COMPARED_NOTES = ("done_reason", "ps", "ps.expires_year")
+COMPARED_NOTES = ("done_reason", "ps", "ps.expires_year", "ps.context_length/trained",
+                  "prompt_eval_count<=trained")
 
 
 def compare(real: Outcome, sim: Outcome) -> list[str]:

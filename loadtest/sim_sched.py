@@ -97,6 +97,13 @@ class SimError(Exception):
         self.status = status
 
 
+# A negative keep-alive is math.MaxInt64 ns (api/types.go:1227, 1237; v0.12.6 :988, 998):
+# /api/ps shows time.Now().Add of it (server/sched.go:320-324, routes.go:2155), 292.3 years
+GO_MAX_DURATION_S = (2**63 - 1) / 1e9
+# The version whose /api/ps reports the context a copy runs at (capped at the trained one)
+PS_CTX_CAPPED_SINCE = (0, 15, 5)
+
+
 @dataclass
 class Runner:
     """A loaded (or loading) model, like Ollama's runnerRef."""
@@ -887,17 +894,26 @@ class OllamaSim:
                 remaining = runner.keep_alive_s * self.config.time_scale
             else:
                 remaining = runner.expires_at - now
-            remaining = min(remaining, 292 * 365 * 86400.0)
+            remaining = min(remaining, GO_MAX_DURATION_S)
             expires = datetime.now(UTC) + timedelta(seconds=remaining)
             models.append({
                 **self._describe(runner.model),
                 "expires_at": expires.isoformat().replace("+00:00", "Z"),
                 "size": runner.footprint_mib * MIB,
                 "size_vram": runner.vram_mib * MIB,
-                "context_length": runner.options.num_ctx,  # 0.12: as requested, uncapped
+                "context_length": self._listed_ctx(runner),
             })
         models.sort(key=lambda m: m["expires_at"], reverse=True)
         return {"models": models}
+
+    def _listed_ctx(self, runner: Runner) -> int:
+        """/api/ps `context_length`: from 0.15.5 the runner's own, capped at the trained
+        context (llmServer.ContextLength, v0.15.5 server/routes.go:1914, llm/server.go:
+        166-170, 1906-1907; either engine); before, the call's num_ctx as the scheduler
+        recorded it, uncapped (v0.12.6 server/routes.go:1781, v0.15.4 :1901)."""
+        if version_tuple(self.config.version) >= PS_CTX_CAPPED_SINCE:
+            return runner.ctx
+        return runner.options.num_ctx
 
     def _describe(self, model: SimModel) -> dict[str, Any]:
         return {

@@ -121,8 +121,8 @@ def for_card(view: ProviderView, info: ModelInfo | None, requested: int) -> Reso
 
 
 def effective(recorded: int, trained: int) -> int:
-    """A copy's per-slot context from what /api/ps reports (older versions report the
-    requested value, before the trained cap)."""
+    """A copy's per-slot context from what /api/ps reports (up to 0.15.4 the requested
+    value, before the trained cap; every version's runner runs at the capped one)."""
     return min(recorded, trained) if trained and recorded else recorded
 
 

@@ -281,7 +281,7 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     copy asked to unload stays marked leaving while probes still list it, up to
     LEAVING_MAX_S. Ollama runs one copy per weights file: one asked to unload, or unloaded,
     under a name of that file is so under the name the probe lists it by (`_by_weights`)."""
-    view = _beside_as_loaded(view, residency)
+    view = _asked_as_loaded(_beside_as_loaded(view, residency), residency)
     known = {r.model for r in view.residents}
     newer = {m: r for m, r in residency.items() if r.at > view.probed_at or (
         r.leaving and m in known and view.probed_at - r.at < LEAVING_MAX_S) or (
@@ -328,6 +328,24 @@ def _by_weights(view: ProviderView, residency: dict[str, Residency],
                 found[probed.model] = r
                 after = r.at
     return found
+
+
+def _asked_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
+    """A copy listed at its trained context that a call loaded asking more keeps the num_ctx
+    asked for: from 0.15.5 /api/ps lists the capped one (server/routes.go:1914), but up to
+    0.24 needsReload compares the ask (v0.24.0 server/sched.go:692-705), so a call joining it
+    must send that (0.30+ caps both sides: either does)."""
+    out, changed = [], False
+    for r in view.residents:
+        rec = residency.get(r.model)
+        info = view.models.get(r.model)
+        trained = info.trained_context if info else 0
+        if rec is not None and not (rec.gone or rec.leaving) and trained and \
+                r.context_length == trained < rec.context_length:
+            r = replace(r, context_length=rec.context_length)
+            changed = True
+        out.append(r)
+    return replace(view, residents=tuple(out)) if changed else view
 
 
 def _beside_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:

@@ -20,8 +20,9 @@ class Resident:
 
     model: str
     footprint_mib: int  # what it holds of the GPU's memory (`size_vram`)
-    # num_ctx as Ollama records it (/api/ps `context_length`; older versions report it before
-    # the trained cap); 0: unknown (an old Ollama)
+    # num_ctx as Ollama records it (/api/ps `context_length`; up to 0.15.4 as asked, before
+    # the trained cap, from 0.15.5 what the runner got: v0.15.5 server/routes.go:1914);
+    # 0: unknown (an old Ollama)
     context_length: int = 0
     last_used_at: float = 0.0
     expires_at: float = math.inf  # when Ollama's keep-alive unloads it if idle; inf: unknown

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -450,4 +451,5 @@ def test_a_keep_alive_past_gos_duration_keeps_the_copy_as_the_agent_meant(
     time.sleep(0.5)
     listed = httpx.get(f"{gpu.url}/api/ps").json()["models"]
     assert [m["name"] for m in listed] == ["qwen3:8b"]
-    assert listed[0]["expires_at"].startswith("2318-"), listed  # Go's largest Duration
+    forever = datetime.now(UTC) + timedelta(seconds=(2**63 - 1) / 1e9)  # Go's largest Duration
+    assert listed[0]["expires_at"].startswith(f"{forever:%Y-%m-%d}"), listed

@@ -317,6 +317,41 @@ def test_a_models_trained_context_is_respected(sim_factory: Sims,
     assert gpu.sim.stats.truncations == 0
 
 
+@pytest.mark.parametrize("version", ["0.12.6", "0.15.4", "0.15.5", "0.24.0"])
+def test_a_prompt_over_the_trained_context_is_refused_on_every_version(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str) -> None:
+    """Every version's runner runs phi3:mini at its trained 4096 tokens whatever num_ctx asks
+    (NewLlamaServer, v0.12.6 llm/server.go:172-176, v0.15.5 :166-170) and cuts a longer
+    prompt; /api/ps lists the 8192 asked for up to 0.15.4, 4096 from 0.15.5 (v0.15.5
+    server/routes.go:1914). A prompt between the two is refused, never sent, on a warm copy
+    as on a cold card, whichever figure the copy is listed at."""
+    warm = sim_factory("warm", version=version, time_scale=SCALE)
+    cold = sim_factory("cold", version=version, context_length=8192, time_scale=SCALE)
+    httpx.post(f"{warm.url}/api/generate", json={"model": "phi3:mini",
+                                                  "options": {"num_ctx": 8192}})
+    listed = httpx.get(f"{warm.url}/api/ps").json()["models"][0]["context_length"]
+    assert listed == (8192 if version < "0.15.5" else 4096)
+    prompt = [{"role": "user", "content": "word " * 4000}]  # ~5.7k tokens
+    for gpus, options in (([warm], {"num_ctx": 8192}), ([cold], {})):
+        r = chat(sidecar_factory(gpus).url, "phi3:mini", messages=prompt, options=options)
+        assert r.status_code == 413 and "trained" in r.json()["error"], r.text
+    assert warm.sim.stats.inference_requests == cold.sim.stats.inference_requests == 0
+    assert warm.sim.stats.truncations == cold.sim.stats.truncations == 0
+
+
+@pytest.mark.parametrize("version", ["0.12.6", "0.15.5", "0.24.0", "0.30.0"])
+def test_a_copy_listed_at_its_trained_context_is_joined_without_a_reload(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str) -> None:
+    """OLLAMA_CONTEXT_LENGTH 8192 loads phi3:mini (trained 4096) asked for 8192; from 0.15.5
+    /api/ps lists 4096 (server/routes.go:1914), but up to 0.24 needsReload compares the 8192
+    (v0.24.0 server/sched.go:692-705): a call asking 4096 joins only if sent with 8192."""
+    gpu = sim_factory("gpu", version=version, context_length=8192, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "phi3:mini").status_code == 200
+    assert chat(url, "phi3:mini", options={"num_ctx": 4096}).status_code == 200
+    assert gpu.sim.stats.reloads == 0 and gpu.sim.stats.loads == 1
+
+
 def test_num_ctx_is_a_requirement_not_a_reload(sim_factory: Sims,
                                                sidecar_factory: Sidecars) -> None:
     small = sim_factory("small", context_length=4096, time_scale=SCALE)

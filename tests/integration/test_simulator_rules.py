@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -77,6 +78,20 @@ def test_ollama_0_12_compares_num_ctx_as_requested(sim_factory: Sims) -> None:
     assert ps(sim)["phi3:mini"]["context_length"] == 8192
     load(sim, "phi3:mini")  # the default 4096 differs from the recorded 8192
     assert sim.sim.stats.reloads == 1
+
+
+@pytest.mark.parametrize(("version", "listed"), [
+    ("0.15.4", 8192), ("0.15.5", 4096), ("0.24.0", 4096), ("0.30.0", 4096)])
+def test_ollama_lists_the_context_a_copy_runs_at_from_0_15_5(
+        sim_factory: Sims, version: str, listed: int) -> None:
+    """Every version runs a copy at most at the trained context (llm/server.go NewLlamaServer,
+    v0.12.6 :172-176, v0.15.5 :166-170, either engine); /api/ps says so from 0.15.5
+    (llmServer.ContextLength, v0.15.5 server/routes.go:1914), before that it lists the
+    num_ctx asked for (v0.15.4 server/routes.go:1901)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version=version, time_scale=SCALE)
+    load(sim, "phi3:mini", num_ctx=8192)  # trained for 4096
+    assert sim.sim.runners["phi3:mini"].ctx == 4096
+    assert ps(sim)["phi3:mini"]["context_length"] == listed
 
 
 def test_beside_other_models_ollama_admits_a_load_within_80_percent_of_free_memory(
@@ -385,6 +400,18 @@ def test_a_call_without_keep_alive_leaves_the_copys_own(sim_factory: Sims) -> No
     assert sim.sim.runners["llama3.2:3b"].keep_alive_s == math.inf
     expires = ps(sim)["llama3.2:3b"]["expires_at"]
     assert int(expires[:4]) > time.gmtime().tm_year + 100  # forever, not 5 minutes
+
+
+def test_a_copy_kept_forever_expires_when_go_says(sim_factory: Sims) -> None:
+    """A negative keep_alive is math.MaxInt64 ns (api/types.go:1227, 1237); /api/ps shows
+    time.Now().Add of it (server/sched.go:320-324, routes.go:2155): 292 years, 3 months and
+    a bit (2026-12-03 + it is 2319-03-15, as a real v0.12.6 and v0.24.0 say)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    r = httpx.post(f"{sim.url}/api/generate", json={"model": "llama3.2:3b", "keep_alive": "-5m"})
+    assert r.status_code == 200
+    stamp = ps(sim)["llama3.2:3b"]["expires_at"].replace("Z", "+00:00")
+    ahead = datetime.fromisoformat(stamp) - datetime.now(UTC)
+    assert abs(ahead.total_seconds() - (2**63 - 1) / 1e9) < 60
 
 
 @pytest.mark.parametrize(("keep_alive", "status", "message"), [
