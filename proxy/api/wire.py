@@ -10,7 +10,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -581,13 +581,19 @@ def check_binding(body: dict[str, Any], schema: type[BaseModel], version: Versio
 def validate(model: type[W], body: dict[str, Any], version: Version = NEWEST) -> W:
     """The body's fields the sidecar reads, checked as Ollama `version` checks them (the
     newest rules by default)."""
+    return _validate(model, body, version, lambda: _validated(model, body))
+
+
+def _validate(model: type[W], body: dict[str, Any], version: Version,
+              fields: Callable[[], W]) -> W:
+    """validate, the body's fields checked by `fields` (the same for every version)."""
     if model in (OllamaInference, OllamaEmbed):
         # Ollama reads the body (keep_alive, think) before it reads the options
         check_binding(body, model, version)
     check_top_logprobs(body, model, version)
     if model in (OllamaInference, OllamaEmbed):
         check_options(body.get("options"))
-    parsed = _validated(model, body)
+    parsed = fields()
     check_model_name(parsed, version)
     return parsed
 
@@ -600,9 +606,21 @@ def validate_in_fleet(model: type[W], body: dict[str, Any], versions: Sequence[V
     refusals: list[tuple[Version, str]] = []
     first: BadRequest | None = None
     parsed: W | None = None
+    fields: list[W | BadRequest] = []  # the schema's check, once: it is no version's own
+
+    def checked() -> W:  # (a body of many messages takes a second each time)
+        if not fields:
+            try:
+                fields.append(_validated(model, body))
+            except BadRequest as exc:
+                fields.append(exc)
+        if isinstance(fields[0], BadRequest):
+            raise fields[0]
+        return fields[0]
+
     for version in sorted(set(versions), reverse=True):
         try:
-            taken = validate(model, body, version)
+            taken = _validate(model, body, version, checked)
         except BadRequest as exc:
             first = first or exc
             refusals.append((version, str(exc)))

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from itertools import combinations
 
+from proxy.core.context import could_run_in
 from proxy.core.occupancy import ProviderIndex, runs_on
-from proxy.core.types import ModelDemand, ProviderView, Resident
+from proxy.core.types import ModelDemand, ProviderView, Resident, WaitNeed
 
 NO_DEMAND = ModelDemand()
 # Ollama lists a copy kept forever as expiring 292 years on; no keep-alive set by hand is
@@ -63,6 +65,23 @@ def copy_demand(view: ProviderView, model: str, demand: Mapping[str, ModelDemand
         backing=tuple(n for d in parts for n in d.backing))
 
 
+def backing_here(view: ProviderView, resident: Resident, d: ModelDemand) -> ModelDemand:
+    """`d` with only the backing calls that could run on this copy: one kept off the card
+    (a retry's), or whose num_ctx or prompt its context cannot hold, would have it unloaded
+    (reloaded) or go elsewhere, so it keeps nothing here (as CallService.copy_wanted)."""
+    if not d.backing:
+        return d
+    info = view.models.get(resident.model)
+    trained = info.trained_context if info is not None else 0
+
+    def could_run(need: WaitNeed) -> bool:
+        return view.name not in need.excludes and could_run_in(
+            resident.context_length, need.num_ctx, need.prompt_tokens, trained)
+
+    runnable = tuple(n for n in d.backing if could_run(n))
+    return d if len(runnable) == len(d.backing) else replace(d, backing=runnable)
+
+
 def idle_residents(index: ProviderIndex) -> list[Resident]:
     """Residents with no in-flight ticket and not already planned for release by a ticket."""
     return [r for r in index.residents.values()
@@ -84,7 +103,8 @@ def choose_victims(index: ProviderIndex, enough: Callable[[tuple[Resident, ...]]
     if enough(forced):
         return forced
     idle = [r for r in idle_residents(index) if r not in forced]
-    needs = {r.model: copy_demand(index.view, r.model, demand) for r in idle}
+    needs = {r.model: backing_here(index.view, r, copy_demand(index.view, r.model, demand))
+             for r in idle}
     ordered = sorted(idle, key=lambda r: need_key(r, needs, now))
     without_waiters = [r for r in ordered if not waited_for(needs[r.model])]
     expiring = [r for r in without_waiters if not kept_forever(r, now)]

@@ -194,6 +194,7 @@ class DemandBoard:
         self._intents: dict[str, int] = {}
         self._own_version = 0  # moves when a wait entry of ours comes or goes
         self._refresher: asyncio.Task[None] | None = None
+        self._ending: set[asyncio.Task[None]] = set()  # deletes of entries whose write was cut
         self._held: dict[Copy, tuple[Held, ...]] = {}  # mine, newest first
         self._held_unwritten = False
         self._shared: tuple[int, Mapping[Copy, tuple[Held, ...]]] | None = None
@@ -227,7 +228,14 @@ class DemandBoard:
         self._own_version += 1
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.get_running_loop().create_task(self._refresh_waits())
-        await self._write_wait(entry)
+        try:
+            await self._write_wait(entry)
+        except BaseException:  # (cancelled: its caller has no entry to end, so it ends here)
+            self.stop_waiting(entry)
+            ending = asyncio.get_running_loop().create_task(self.done_waiting(entry))
+            self._ending.add(ending)
+            ending.add_done_callback(self._ending.discard)
+            raise
         return entry
 
     def _take_number(self, model: str) -> int:

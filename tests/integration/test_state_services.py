@@ -156,6 +156,38 @@ async def test_a_waiting_call_backs_the_other_models_it_could_run_on_without_a_p
     await b.close()
 
 
+async def test_a_call_cancelled_while_its_wait_entry_is_written_leaves_no_waiter_behind(
+) -> None:
+    """The caller gets no entry to end when it is cancelled during the first write (a
+    shutdown, a store slow to answer): the entry leaves this sidecar's view at once and the
+    board with its delete, and is not refreshed for ever, counted a waiter and backing the
+    copies of its `also` (before, it stayed)."""
+    answered = asyncio.Event()
+
+    class SlowStore(MemoryStore):
+        async def put(self, bucket: str, key: str, value: bytes) -> int:
+            written = await super().put(bucket, key, value)  # (it lands, its answer is late)
+            await answered.wait()
+            return written
+
+    store, clock = SlowStore(), Clock()
+    a = DemandBoard(store, "crew/a", clock)
+    b = DemandBoard(store, "crew/b", clock)
+    waiting = asyncio.ensure_future(a.waiting("qwen3:32b", also=("qwen3:14b",)))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert b.view()["qwen3:32b"].waiters == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert "qwen3:32b" not in a.view() and "qwen3:14b" not in a.view()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not store.view(MODEL_DEMAND) and "qwen3:32b" not in b.view()
+    await a.close()
+    await b.close()
+
+
 async def test_waiting_calls_one_after_another_leave_no_marker_each_in_the_bucket(
         nats_url: str) -> None:
     """A deleted key leaves a marker in the bucket for its max age (6 h): a key per waiting

@@ -91,3 +91,18 @@ def test_a_copy_a_call_waiting_for_another_model_could_run_on_goes_after_an_unwa
     backed = {**used, "qwen3:8b": ModelDemand(backing=(WaitNeed(),))}
     decision = place(call("phi3:mini"), snapshot(card, demand=backed))
     assert decision.placement is not None and set(decision.placement.evicts) == {"qwen3:14b"}
+
+
+@pytest.mark.parametrize("need", [
+    WaitNeed(num_ctx=16384),  # the 8b's copy holds 8192: the call would reload it
+    WaitNeed(prompt_tokens=9000),  # its prompt does not fit the copy
+    WaitNeed(excludes=frozenset({"g24"})),  # a retry kept off this card
+])
+def test_a_copy_a_backing_call_could_not_run_on_is_not_kept_for_it(need: WaitNeed) -> None:
+    """A call waiting for the 32b has the 8b as a candidate, but could not run on this copy
+    of it: it keeps nothing here, and the less used 8b goes, as with no such call."""
+    card = _card({"qwen3:14b": NOW + 300, "qwen3:8b": NOW + 300})
+    backed = {"qwen3:14b": ModelDemand(recent_use=3, last_used_at=NOW),
+              "qwen3:8b": ModelDemand(backing=(need,))}
+    decision = place(call("phi3:mini"), snapshot(card, demand=backed))
+    assert decision.placement is not None and set(decision.placement.evicts) == {"qwen3:8b"}

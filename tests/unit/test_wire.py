@@ -214,3 +214,33 @@ def test_a_union_is_listed_as_ollama_lists_its_own_latest_first() -> None:
 def test_top_level_keys_are_bound_as_encoding_json_binds_them(raw: bytes,
                                                               bound: dict[str, object]) -> None:
     assert wire.parse_go_body(raw) == bound
+
+
+def test_a_body_is_checked_against_the_schema_once_in_a_fleet_of_several_versions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schema's check of a body is the same for every Ollama version, and takes about a
+    second for 200k messages: a fleet of three versions checks it once, not three times; each
+    version's own rules still refuse it in their words."""
+    calls: list[int] = []
+    schema_check = wire._validated
+
+    def counted(model: Any, body: dict[str, Any]) -> Any:
+        calls.append(1)
+        return schema_check(model, body)
+
+    monkeypatch.setattr(wire, "_validated", counted)
+    body = {"model": "qwen3:8b", "think": "max", "messages": [{"role": "user", "content": "hi"}]}
+    fleet = [(0, 12, 6), (0, 22, 0), (0, 33, 0)]
+    parsed, refused = wire.validate_in_fleet(wire.OllamaInference, body, fleet)
+    assert parsed.think == "max" and [v for v, _ in refused] == [(0, 12, 6)]
+    with pytest.raises(wire.BadRequest) as old:
+        wire.validate(wire.OllamaInference, body, (0, 12, 6))
+    assert refused[0][1] == str(old.value)
+    assert len(calls) == 1  # (0.12 refuses the think value before the schema is checked)
+    calls.clear()
+    with pytest.raises(wire.BadRequest) as wrong:
+        wire.validate_in_fleet(wire.OllamaInference, {**body, "messages": "hi"}, fleet)
+    with pytest.raises(wire.BadRequest) as newest:
+        wire.validate(wire.OllamaInference, {**body, "messages": "hi"})
+    assert str(wrong.value) == str(newest.value)
+    assert len(calls) == 2  # the fleet's, once; the newest's alone, once
