@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import replace
+from itertools import islice
 
 from proxy.core import affinity, context
 from proxy.core.cost import (
@@ -845,6 +846,11 @@ def place(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -
     return _Planner(call, snapshot, policy).place()
 
 
+# The most models one wait entry keeps from eviction, in the call's order of preference: the
+# entry is rewritten on every refresh, and a long candidate list would grow every one of them
+MAX_BACKED = 16
+
+
 def runnable_alternatives(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY
                           ) -> tuple[str, ...]:
     """The call's in-tolerance candidates besides its preferred model that some card could
@@ -853,9 +859,10 @@ def runnable_alternatives(call: CallSpec, snapshot: Snapshot, policy: Policy = D
     its wait entry keeps from eviction (service/demand.py `also`). Asked once per wait, not
     per decision."""
     planner = _Planner(call, snapshot, policy)
-    return tuple(c.model for c in planner.alternatives
-                 if planner.unsupported(c.model) is None and
-                 any(planner.could_hold(i, c.model) for i in planner.indexes.values()))
+    runnable = (c.model for c in planner.alternatives
+                if planner.unsupported(c.model) is None and
+                any(planner.could_hold(i, c.model) for i in planner.indexes.values()))
+    return tuple(islice(runnable, MAX_BACKED))
 
 
 def explain(call: CallSpec, snapshot: Snapshot, policy: Policy = DEFAULT_POLICY

@@ -7,7 +7,13 @@ from dataclasses import replace
 import pytest
 
 from proxy.core.occupancy import Load, index_providers, ticket_budget_ok
-from proxy.core.placement import NO_PROVIDER_REACHABLE, explain, place
+from proxy.core.placement import (
+    MAX_BACKED,
+    NO_PROVIDER_REACHABLE,
+    explain,
+    place,
+    runnable_alternatives,
+)
 from proxy.core.policy import DEFAULT_POLICY, Policy
 from proxy.core.sizing import Sizer
 from proxy.core.types import (
@@ -842,3 +848,15 @@ def test_a_model_of_one_file_with_an_adapter_of_its_own_is_planned_as_a_reload()
                                  "qwen3-lora": ModelInfo(weights=file)})
     joins = place(call("qwen3-lora"), snapshot(same)).placement
     assert joins is not None and (joins.kind, joins.copy) == ("warm", "qwen3:8b"), joins
+
+
+def test_a_wait_entry_keeps_at_most_sixteen_alternatives_from_eviction_in_preference_order(
+        ) -> None:
+    """A wait entry is rewritten on every refresh: a long candidate list backs only its
+    first MAX_BACKED runnable alternatives, in the call's order."""
+    names = [f"m{i}:1b" for i in range(24)]
+    card = gpu("a", observed={m: {0: 1000} for m in ["qwen3:32b", *names]} |
+               {"qwen3:32b": {0: 40000}})
+    spec = call("qwen3:32b", *names, tolerance=1000)
+    backed = runnable_alternatives(spec, snapshot(card))
+    assert backed == tuple(names[:MAX_BACKED])
