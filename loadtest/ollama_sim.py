@@ -172,7 +172,27 @@ def _go_decode(raw: bytes, go_type: str) -> dict[str, Any] | str:
         return {}
     if not isinstance(value, dict):
         return f"json: cannot unmarshal {sim_gojson.kind(raw)} into Go value of type {go_type}"
-    return _as_go_binds(raw, value)
+    return _nested_binds(_as_go_binds(raw, value), _ANTHROPIC_NESTED if
+                         go_type.startswith("anthropic.") else _NESTED)
+
+
+# Nested objects Go decodes into structs (keys folded) by field; maps (options, parameters,
+# arguments, OpenAI content parts) keep their keys as sent
+_NESTED: dict[str, Any] = {"messages": {"tool_calls": {"function": {}}}, "tools": {"function": {}}}
+_ANTHROPIC_NESTED: dict[str, Any] = {"messages": {"content": {}}, "tools": {}}
+
+
+def _nested_binds(value: Any, shape: dict[str, Any], top: bool = True) -> Any:
+    """`value` with its nested structs' keys as Go binds them (case-insensitively, in the
+    order read, the last winning)."""
+    if isinstance(value, list):
+        return [_nested_binds(item, shape, False) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = value if top else {"".join(c.lower() if c.isascii() else c for c in
+                                     key.translate(_FOLDS)): item for key, item in value.items()}
+    return {**out, **{key: _nested_binds(out[key], inner, False)
+                      for key, inner in shape.items() if key in out}}
 
 
 # encoding/json's case folding onto ASCII (fold.go): long s, Kelvin sign, dotless/dotted I
