@@ -244,6 +244,7 @@ class KubemootApi:
             can_wait = can_wait_header(request, self.default_can_wait)
         except wire.BadRequest as exc:
             return error_response(400, "bad-request", str(exc), model)
+        body = await off_loop(request.state.large_body, wire.nested_as_go_binds, body)
         size, digests, shared, _ = await off_loop(request.state.large_body, measure, body)
         call = CallRequest("/api/chat", model, phase, prompt=size,
                            can_wait=can_wait, num_ctx=wire.requested_num_ctx(body),

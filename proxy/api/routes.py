@@ -207,6 +207,12 @@ def measure(body: dict[str, Any], parsed: wire.Inference | None = None,
     return size, conversation, shared_prompt_size(body), answers_tool_result(body)
 
 
+def nested_structs(parsed: object) -> wire.Shape:
+    """The nested structs Ollama decodes a body into, by its schema or checked fields."""
+    anthropic = parsed is wire.AnthropicMessages or isinstance(parsed, wire.AnthropicMessages)
+    return wire.ANTHROPIC_NESTED_STRUCTS if anthropic else wire.NESTED_STRUCTS
+
+
 def answer_cap(path: str | None, body: dict[str, Any]) -> int:
     """The call's cap on its answer in tokens, from the field Ollama reads on `path`
     (ANSWER_CAPS); with no path (explain's body, of whichever dialect), the first of them
@@ -473,8 +479,11 @@ class SidecarApi:
             large = len(raw) > OFF_LOOP_BYTES
             request.state.large_body = large
             body = await off_loop(large, gojson.parse_request_body, raw, request.url.path)
+            # the body sizing and checks read (what is sent on stays `body`)
+            view = request.state.go_view = await off_loop(
+                large, wire.nested_as_go_binds, body, nested_structs(schema))
             parsed, request.state.refused_by = await off_loop(
-                large, wire.validate_in_fleet, schema, body, self.fleet_versions())
+                large, wire.validate_in_fleet, schema, view, self.fleet_versions())
             return body, parsed
         except wire.BadRequest as exc:
             named = wire.named_model(body, also_name="name" in schema.model_fields)
@@ -642,6 +651,7 @@ class SidecarApi:
         if isinstance(read, Response):
             return read
         body, parsed = read
+        body = request.state.go_view  # as Ollama binds its nested keys
         measured = await off_loop(getattr(request.state, "large_body", False), measure, body,
                                    parsed, self.engine_version())
         try:
@@ -759,12 +769,13 @@ class SidecarApi:
         # A cloud call is sent on as it came: Ollama does so before the checks below
         # (server/routes.go 267-272, 308-362, before its option, unload, raw and input ones)
         cloud = self._cloud_attempt(request, path, parsed)
-        if cloud is None and (wrong := await off_loop(large, layers.layer_error, path, body,
+        view = getattr(request.state, "go_view", body)  # its nested keys as Ollama binds them
+        if cloud is None and (wrong := await off_loop(large, layers.layer_error, path, view,
                                                   self.engine_version())):
             return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
-        measured = await off_loop(large, measure, body, parsed, self.engine_version())
+        measured = await off_loop(large, measure, view, parsed, self.engine_version())
         try:
-            call = self.call_request(request, path, body, parsed, measured)
+            call = self.call_request(request, path, view, parsed, measured)
         except wire.BadRequest as exc:
             return self._bad_request(exc, dialect, parsed.model or None)
         if cloud is not None:
@@ -772,7 +783,7 @@ class SidecarApi:
                                        cloud)
         if call.model and wire.asks_to_unload(parsed):
             return await self._unload(call.model, path, parsed.model or call.model)
-        if wrong := await off_loop(large, layers.found_error, path, body):
+        if wrong := await off_loop(large, layers.found_error, path, view):
             # Ollama looks for the model first (and unloads before this check): one no
             # provider has is the placement's 404
             model = call.model or self.calls.bound_model(call.phase, call.thread)

@@ -447,6 +447,54 @@ def as_go_binds(raw: bytes, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The objects nested in a body that Go decodes into structs, whose keys it folds as it does
+# the top level's: a shape names the fields whose values hold more of them (a list's items
+# take the list's shape). Maps are left out, as Go matches their keys exactly: `options`, a
+# tool's `parameters`, a call's `arguments`, a block's `input`, an OpenAI message's content
+# parts (`any`), Anthropic's `system` and a tool result's content (`any`).
+Shape = dict[str, "Shape"]
+_CALLS: Shape = {"function": {}}  # api.ToolCall, openai.ToolCall: their function a struct
+_TOOLS: Shape = {"function": {}}  # api.Tool: its api.ToolFunction
+NESTED_STRUCTS: Shape = {"messages": {"tool_calls": _CALLS}, "tools": _TOOLS}
+# anthropic.MessagesRequest: MessageParam's content is []ContentBlock; a Tool is a struct
+ANTHROPIC_NESTED_STRUCTS: Shape = {"messages": {"content": {}}, "tools": {}}
+
+
+def nested_as_go_binds(body: dict[str, Any], shape: Shape = NESTED_STRUCTS) -> dict[str, Any]:
+    """The body with the keys of its nested structs as Go binds them (`Role` is a message's
+    `role`, the last of the keys naming a field winning), for the sidecar's sizing and
+    checks; the body itself, not copied, when every such key is already lower case. (What
+    is sent on stays as it came: Ollama binds it alike.)"""
+    folded: dict[str, Any] = _folded(body, shape, top=True)
+    return folded
+
+
+def _folded(value: Any, shape: Shape, top: bool = False) -> Any:
+    if isinstance(value, list):
+        for index, item in enumerate(value):  # copied only from the first item to fold
+            if isinstance(item, dict) and shape.keys().isdisjoint(item) and \
+                    (keys := "".join(item)).isascii() and keys.islower():
+                continue  # (the usual message, inline: a call each costs as much again)
+            if (folded := _folded(item, shape)) is not item:
+                return [*value[:index], folded,
+                        *(_folded(rest, shape) for rest in value[index + 1:])]
+        return value
+    if not isinstance(value, dict):
+        return value
+    out = value if top or _bound_as_is(value) else \
+        {go_field_key(key): item for key, item in value.items()}  # the last one wins
+    for key, inner in shape.items():
+        if (item := out.get(key)) is not None and (folded := _folded(item, inner)) is not item:
+            out = {**out, key: folded} if out is value else out
+            out[key] = folded
+    return out
+
+
+def _bound_as_is(struct: dict[str, Any]) -> bool:
+    keys = "".join(struct)  # (one test of all its keys: the usual body pays next to nothing)
+    return (keys.isascii() and keys.islower()) or all(key == go_field_key(key) for key in struct)
+
+
 def _top_level_keys(raw: bytes) -> list[str]:
     """The top-level object's keys in the body's order, each as often as it appears; []
     if the text cannot be read so (orjson took the body: the order then is its own)."""

@@ -276,6 +276,28 @@ def test_anthropic_token_counts_come_from_the_sidecars_own_sizing(
         client.messages.count_tokens(model="qwen3:8b", messages="not a list")  # type: ignore[arg-type]
 
 
+def test_capitalised_keys_of_messages_and_blocks_count_as_go_binds_them(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Anthropic's blocks and OpenAI's messages are Go structs in Ollama's layers: `Content`
+    and `Text` are their content and text. (OpenAI's content parts are maps: not folded.)"""
+    url = sidecar_factory([sim_factory("gpu")]).url
+    text = "tell me about GPUs " * 200
+
+    def counted(message: dict[str, Any]) -> int:
+        r = httpx.post(f"{url}/v1/messages/count_tokens",
+                       json={"model": "qwen3:8b", "messages": [message]}, timeout=30)
+        assert r.status_code == 200, r.text
+        return int(r.json()["input_tokens"])
+
+    lower = counted({"role": "user", "content": [{"type": "text", "text": text}]})
+    assert lower > 700
+    assert counted({"Role": "user", "CONTENT": [{"Type": "text", "Text": text}]}) == lower
+    assert counted({"ROLE": "user", "Content": text}) == lower
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+        "model": "qwen3:8b", "max_tokens": 1, "messages": [{"Role": "user", "Content": text}]})
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] > 700, chat.text
+
+
 def test_a_streamed_chat_teaches_the_sidecar_its_count_without_the_agent_asking(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """The sidecar asks Ollama for the usage event the agent did not ask for, learns the

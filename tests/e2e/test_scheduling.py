@@ -92,6 +92,27 @@ def test_a_call_takes_the_idle_copy_not_a_free_slot_beside_a_running_call(
     running.join(30)
 
 
+def test_a_conversation_with_capitalised_keys_is_sized_as_ollama_binds_it(
+        sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
+    """Go binds a message's `Content` to its content, as the simulator does: the sidecar
+    sizes it so too, and refuses or places it as it does the lower-case conversation."""
+    gpus = [sim_factory("a", context_length=4096), sim_factory("b", context_length=8192)]
+    url = sidecar_factory(gpus, **mode).url
+
+    def ask(words: int) -> httpx.Response:
+        body = {"model": "qwen3:8b", "stream": False,
+                "messages": [{"Role": "user", "CONTENT": "word " * words}]}
+        return httpx.post(f"{url}/api/chat", json=body, timeout=30)
+
+    too_long = ask(8000)  # ~11k tokens
+    assert too_long.status_code == 413 and too_long.json()["reason"] == "prompt-too-large"
+    assert all(gpu.sim.stats.inference_requests == 0 for gpu in gpus)
+    ok = ask(5000)  # ~7.1k tokens: only the 8192 card holds it
+    assert ok.status_code == 200 and ok.headers["x-kubemoot-provider"] == "b", ok.text
+    assert ok.json()["prompt_eval_count"] > 4096
+    assert gpus[1].sim.stats.truncations == 0
+
+
 def test_cold_load_onto_free_room_on_the_smallest_card(sim_factory: Sims,
                                                        sidecar_factory: Sidecars,
                                                        mode: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from proxy.api import layers, wire
+from proxy.api.routes import measure
 
 
 @pytest.mark.parametrize(("raw", "read"), [
@@ -318,3 +319,35 @@ def test_a_listed_models_openai_id_is_the_tags_field_the_version_reads() -> None
     assert listed_id(entry, (0, 30, 6)) == "legacy-name:latest"
     assert listed_id(entry, (0, 30, 7)) == "namespace/exposed-model:latest"
     assert listed_id({"name": "fallback-name:latest"}, (0, 30, 7)) == "fallback-name:latest"
+
+
+def test_nested_struct_keys_are_read_as_go_binds_them() -> None:
+    """A message's `Content`, `Images` and a tool call's `Function` are read as Ollama binds
+    them; maps (arguments, options, parameters) keep their keys; what is sent is kept."""
+    sent = {"model": "m", "options": {"Num_ctx": 1}, "messages": [
+        {"Role": "user", "CONTENT": "hello", "Images": ["aGk="], "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"Function": {"Name": "f", "arguments": {"A": 1}}}]}],
+        "tools": [{"TYPE": "function", "Function": {"NAME": "t", "parameters": {"Type": "x"}}}]}
+    before = orjson.dumps(sent)
+    read = wire.nested_as_go_binds(sent)
+    assert read["messages"] == [
+        {"role": "user", "content": "hi", "images": ["aGk="]},  # the last key wins
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"A": 1}}}]}]
+    assert read["tools"] == [{"type": "function",
+                              "function": {"name": "t", "parameters": {"Type": "x"}}}]
+    assert read["options"] == {"Num_ctx": 1} and orjson.dumps(sent) == before
+    assert (measure(sent)[0].images, measure(read)[0].images) == (0, 1)  # the vision check's
+
+
+def test_anthropic_blocks_are_structs_openai_parts_are_maps() -> None:
+    blocks = {"messages": [{"Role": "user", "Content": [{"Type": "text", "TEXT": "hello"}]}]}
+    assert wire.nested_as_go_binds(blocks, wire.ANTHROPIC_NESTED_STRUCTS)["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    parts = wire.nested_as_go_binds(blocks)["messages"][0]["content"]
+    assert parts == [{"Type": "text", "TEXT": "hello"}]  # openai.Message.Content is `any`
+
+
+def test_a_usual_body_is_read_as_it_came_uncopied() -> None:
+    body = {"Model": "m", "messages": [{"role": "user", "content": "hi", "tool_calls": [
+        {"function": {"name": "f"}}]}], "tools": [{"type": "function", "function": {}}]}
+    assert wire.nested_as_go_binds(body) is body
