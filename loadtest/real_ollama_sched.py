@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -219,6 +219,45 @@ def s_num_ctx_while_streaming(cl: httpx.Client, m: Models) -> dict[str, Any]:
     return {**out, "ps at end": ps(cl, m)}
 
 
+def s_same_weights_while_streaming(cl: httpx.Client, m: Models) -> dict[str, Any]:
+    """B (A's weights, its own temperature) while A streams: joins the copy at once."""
+    def then() -> dict[str, Any]:
+        ans = _gen(cl, m, m.b)
+        return {"B status": ans["status"], "B reloaded": reloaded(ans)}
+    out = _with_stream(cl, m, then)
+    return {**out, "ps at end": [e.split("@")[0] for e in ps(cl, m)]}
+
+
+def _expiry(cl: httpx.Client, m: Models) -> str:
+    models = cl.get(f"{m.url}/api/ps").json().get("models") or []
+    return "forever" if models and str(models[0].get("expires_at", ""))[:4] > "2100" else (
+        "soon" if models else "gone")
+
+
+def s_keep_alive_last_wins(cl: httpx.Client, m: Models) -> dict[str, Any]:
+    """keep_alive -1, then a call without keep_alive, then -1, then "10m": each call sets the
+    copy's expiry."""
+    seen = []
+    for keep in (-1, None, -1, "10m"):
+        _gen(cl, m, m.a, **({} if keep is None else {"keep_alive": keep}))
+        seen.append(_expiry(cl, m))
+    return {"expiry after -1, none, -1, 10m": seen}
+
+
+def s_two_models_at_once_cold(cl: httpx.Client, m: Models) -> dict[str, Any]:
+    """MAX_LOADED_MODELS=1, nothing loaded: A and C at once: both answered, one copy left."""
+    out: list[tuple[int, str]] = []
+    threads = [threading.Thread(target=_post_status, args=(replace(m, a=name), out))
+               for name in (m.a, m.c)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    return {"statuses": sorted(s for s, _ in out),
+            "ps at end": [e.split("@")[0] for e in ps(cl, m)]}
+
+
 def s_keep_alive_forever_evicted(cl: httpx.Client, m: Models) -> dict[str, Any]:
     """MAX_LOADED_MODELS=1: A loaded with keep_alive -1, idle; a call for C evicts it."""
     _gen(cl, m, m.a, keep_alive=-1)
@@ -271,7 +310,8 @@ SCENARIOS: tuple[Callable[[httpx.Client, Models], dict[str, Any]], ...] = (
     s_max_loaded_other_weights, s_same_weights_other_name, s_num_ctx_change,
     s_parallel_three, s_keep_alive_0_while_streaming, s_keep_alive_1s,
     s_other_model_while_streaming, s_num_ctx_while_streaming, s_keep_alive_forever_evicted,
-    s_other_name_own_num_ctx, s_queue_full,
+    s_other_name_own_num_ctx, s_queue_full, s_same_weights_while_streaming,
+    s_keep_alive_last_wins, s_two_models_at_once_cold,
 )
 
 

@@ -15,6 +15,7 @@ from loadtest.real_ollama_sched import (
     _ctx_rel,
     diff,
     reloaded,
+    s_keep_alive_last_wins,
     s_max_loaded_other_weights,
     s_other_name_own_num_ctx,
     together,
@@ -59,3 +60,5 @@ def test_the_simulator_swaps_models_as_a_real_ollama_does(sim: Models) -> None:
         assert s_other_name_own_num_ctx(cl, sim) == {
             "D reloaded": True, "ps after D": ["D@512"], "A again reloaded": True,
             "copies at end": 1}
+        assert s_keep_alive_last_wins(cl, sim) == {  # a call without keep_alive keeps it
+            "expiry after -1, none, -1, 10m": ["forever", "forever", "forever", "soon"]}
