@@ -258,6 +258,23 @@ def s_two_models_at_once_cold(cl: httpx.Client, m: Models) -> dict[str, Any]:
             "ps at end": [e.split("@")[0] for e in ps(cl, m)]}
 
 
+def s_swap_abandoned_while_streaming(cl: httpx.Client, m: Models) -> dict[str, Any]:
+    """MAX_LOADED_MODELS=1: a call for C while A streams, abandoned (client gone) before
+    the stream ends: what is loaded once the stream has ended?"""
+    def then() -> dict[str, Any]:
+        try:
+            cl.post(f"{m.url}/api/generate", timeout=0.1, json={
+                "model": m.c, "prompt": "hello", "stream": False,
+                "options": {"num_predict": 3}})
+            return {"C answered": True}
+        except httpx.TimeoutException:
+            return {"C answered": False}
+    out = _with_stream(cl, m, then)
+    out.pop("answered before the stream ended")  # C never answers: only timing is left
+    _wait(lambda: False, 2)  # the scheduler's wake-ups after the stream: let them settle
+    return {**out, "ps at end": [e.split("@")[0] for e in ps(cl, m)]}
+
+
 def s_keep_alive_forever_evicted(cl: httpx.Client, m: Models) -> dict[str, Any]:
     """MAX_LOADED_MODELS=1: A loaded with keep_alive -1, idle; a call for C evicts it."""
     _gen(cl, m, m.a, keep_alive=-1)
@@ -311,7 +328,7 @@ SCENARIOS: tuple[Callable[[httpx.Client, Models], dict[str, Any]], ...] = (
     s_parallel_three, s_keep_alive_0_while_streaming, s_keep_alive_1s,
     s_other_model_while_streaming, s_num_ctx_while_streaming, s_keep_alive_forever_evicted,
     s_other_name_own_num_ctx, s_queue_full, s_same_weights_while_streaming,
-    s_keep_alive_last_wins, s_two_models_at_once_cold,
+    s_keep_alive_last_wins, s_two_models_at_once_cold, s_swap_abandoned_while_streaming,
 )
 
 
