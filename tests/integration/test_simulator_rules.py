@@ -270,6 +270,30 @@ def test_the_catalog_is_what_ollamas_converters_write(sim_factory: Sims) -> None
     assert {m.name for m in CATALOG} >= {"qwen3:32b", "qwen3:14b", "qwen3:8b", "phi3:mini"}
 
 
+def test_show_gives_the_files_key_values_arrays_only_when_verbose(sim_factory: Sims) -> None:
+    """/api/show's model_info is the GGUF's key-values (server/routes.go GetModelInfo), read
+    with maxArraySize 0 unless verbose (getModelData): the token lists are null, and
+    `tensors` is there either way."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+
+    def show(**body: Any) -> dict[str, Any]:
+        shown: dict[str, Any] = httpx.post(f"{sim.url}/api/show",
+                                           json={"model": "phi3:mini", **body}).json()
+        return shown
+
+    info, verbose = show()["model_info"], show(verbose=True)
+    assert info["general.file_type"] == 15 and info["phi3.feed_forward_length"] == 8192
+    assert info["phi3.rope.dimension_count"] == 96
+    assert info["phi3.attention.layer_norm_rms_epsilon"] == 1e-5
+    assert info["tokenizer.ggml.model"] == "llama" and info["tokenizer.ggml.eos_token_id"] == 32000
+    assert info["tokenizer.ggml.tokens"] is None and info["tokenizer.ggml.scores"] is None
+    tokens = verbose["model_info"]["tokenizer.ggml.tokens"]
+    assert len(tokens) == len(verbose["model_info"]["tokenizer.ggml.token_type"]) == 32064
+    names = {t["name"] for t in verbose["tensors"]}
+    assert names >= {"token_embd.weight", "blk.31.ffn_down.weight"}
+    assert show()["tensors"] == verbose["tensors"]
+
+
 SYSTEM = {"role": "system", "content": "You are a careful agent. " * 200}  # ~1250 tokens
 
 
