@@ -69,6 +69,11 @@ FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "MXFP4": 4, "Q8_0": 7, "
               "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "BF16": 32}
 
 
+# Bytes per weight of a table at the file's type (a Q4_K_M file's tables are Q4_K: 144 B a
+# block of 256)
+TABLE_BYTES_PER_WEIGHT = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32}
+
+
 @dataclass(frozen=True)
 class Tokenizer:
     """A family's vocabulary as its GGUF carries it (tokenizer.ggml.* and <arch>.vocab_size):
@@ -155,10 +160,11 @@ class SimModel:
     # Its template has `.Suffix` (the "insert" capability, server/images.go:251-253): none of
     # the catalog's (qwen3's, llama3.2's and phi3's templates on ollama.com have none)
     insert: bool = False
-    # What of the file lands on the GPU (llama.cpp keeps the token embeddings on the CPU),
-    # and the compute buffers a batch of 512 needs.
-    gpu_weights_share: float = 0.97
+    # The compute buffers a batch of 512 needs.
     compute_base_mib: int = 256
+    # Its output layer reuses the token embedding table (no output.weight in the file: Llama
+    # 3.2 3B, Gemma 3, Command R7B tie them; Qwen3 8B+, Phi-3 do not)
+    tied_embeddings: bool = False
     # Sliding-window attention: the window (<arch>.attention.sliding_window) and the period of
     # the full layers among windowed ones (gemma3 6, gpt-oss 2, cohere2 and olmo3 4, gemma3n
     # 5); 0: every layer full
@@ -235,8 +241,26 @@ class SimModel:
                                    window_batch or batch or 512,
                                    own_engine(self.arch, self.embedding, False))
             kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
-        return math.ceil(self.disk_mib * self.gpu_weights_share + kv / MIB
+        return math.ceil(self.gpu_weights_mib + kv / MIB
                          + self.compute_base_mib + batch_surcharge_mib(batch))
+
+    @property
+    def token_embedding_mib(self) -> float:
+        """The file's token embedding table (vocabulary x embedding length) at its type:
+        Q4_K in a Q4_K_M build (llama-quant.cpp's default type, v0.12.6 llama/llama.cpp/src/
+        llama-quant.cpp:557), else the file's own."""
+        per_weight = TABLE_BYTES_PER_WEIGHT.get(self.quantization, 144 / 256)
+        return self.tokenizer.vocab * self.embedding_length * per_weight / MIB
+
+    @property
+    def gpu_weights_mib(self) -> float:
+        """What of the file a copy puts on the GPU: all but the token embedding table, which
+        llama.cpp's input layer keeps on the CPU (v0.12.6 llama/llama.cpp/src/
+        llama-model.cpp:2180-2182); a tied output layer loads the table again onto the
+        GPU (TENSOR_DUPLICATED, :3247-3250), so such a model's whole file is there."""
+        if self.tied_embeddings:
+            return float(self.disk_mib)
+        return max(0.0, self.disk_mib - self.token_embedding_mib)  # an MTP head: in its model's
 
     def draft_mib(self, num_ctx: int, slots: int, batch: int = 512,
                   version: str = CURRENT_VERSION, window_batch: int = 0) -> int:
@@ -298,6 +322,7 @@ class SimModel:
             f"{arch}.block_count": self.block_count,
             f"{arch}.embedding_length": self.embedding_length,
             f"{arch}.feed_forward_length": self.feed_forward_length or 4 * self.embedding_length,
+            f"{arch}.vocab_size": self.tokenizer.vocab,
             f"{arch}.attention.head_count": self.head_count,
             f"{arch}.attention.head_count_kv": self.head_count_kv,
         }
@@ -351,7 +376,7 @@ class SimModel:
                     tensor(f"{blk}.ffn_up.weight", weight, emb, ffn),
                     tensor(f"{blk}.ffn_down.weight", weight, ffn, emb)]
         out.append(tensor("output_norm.weight", "F32", emb))
-        if not self.embedding:
+        if not (self.embedding or self.tied_embeddings):  # a tied output reads token_embd
             out.append(tensor("output.weight", "Q6_K" if weight == "Q4_K" else weight,
                               emb, self.tokenizer.vocab))
         return out
@@ -704,7 +729,7 @@ CATALOG: tuple[SimModel, ...] = (
     SimModel("llama3.2:3b", disk_mib=1926, arch="llama", block_count=28,
              embedding_length=3072, head_count=24, head_count_kv=8, key_length=128,
              value_length=128, trained_ctx=131072, parameter_size="3.2B",
-             feed_forward_length=8192),
+             feed_forward_length=8192, tied_embeddings=True),
     SimModel("phi3:mini", disk_mib=2176, arch="phi3", block_count=32, embedding_length=3072,
              head_count=32, head_count_kv=32, trained_ctx=4096, parameter_size="3.8B",
              # its template has no tools: Ollama lists only "completion"
@@ -721,7 +746,8 @@ CATALOG: tuple[SimModel, ...] = (
     SimModel("gemma3:27b", disk_mib=16590, arch="gemma3", block_count=62,
              embedding_length=5376, head_count=32, head_count_kv=16, key_length=128,
              value_length=128, trained_ctx=131072, parameter_size="27.4B", tools=False,
-             sliding_window=1024, full_layer_period=6, feed_forward_length=21504),
+             sliding_window=1024, full_layer_period=6, feed_forward_length=21504,
+             tied_embeddings=True),
 )
 
 
@@ -743,7 +769,7 @@ COMMAND_R7B = SimModel("command-r7b:latest", disk_mib=5100, arch="cohere2", bloc
                        embedding_length=4096, head_count=32, head_count_kv=8, key_length=128,
                        value_length=128, trained_ctx=131072, parameter_size="8.0B",
                        sliding_window=4096, full_layer_period=4,
-                       feed_forward_length=14336)
+                       feed_forward_length=14336, tied_embeddings=True)
 OLMO3_7B = SimModel("olmo-3:7b", disk_mib=4500, arch="olmo3", block_count=32,
                     embedding_length=4096, head_count=32, head_count_kv=32, trained_ctx=65536,
                     parameter_size="7.3B", tools=False, sliding_window=4096,
@@ -752,7 +778,8 @@ GEMMA3N_E4B = SimModel("gemma3n:e4b", disk_mib=7500, arch="gemma3n", block_count
                        embedding_length=2048, head_count=8, head_count_kv=2, key_length=256,
                        value_length=256, trained_ctx=32768, parameter_size="6.9B",
                        tools=False, sliding_window=512, full_layer_period=5,
-                       shared_kv_layers=15, feed_forward_length=16384)
+                       shared_kv_layers=15, feed_forward_length=16384,
+                       tied_embeddings=True)
 WINDOWED_MODELS = (GPT_OSS_20B, COMMAND_R7B, OLMO3_7B, GEMMA3N_E4B)
 
 
