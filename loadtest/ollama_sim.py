@@ -344,9 +344,9 @@ class SimApp:
         name = body.get("model") or body.get("name")
         if not name:
             return _error("model is required", 400)
-        return self._show(str(name))
+        return self._show(str(name), body.get("verbose") is True)
 
-    def _show(self, name: str) -> Response:
+    def _show(self, name: str, verbose: bool = False) -> Response:
         config = self.sim.config
         routed = sim_cloud.route(name, config.version, config.cloud_stubs)
         if isinstance(routed, sim_cloud.Refused):
@@ -359,7 +359,7 @@ class SimApp:
         model = self._model(routed)
         if isinstance(model, Response):
             return model
-        return _json(self.sim.show(model))
+        return _json(self.sim.show(model, verbose))
 
     def _model(self, name: str, embedding: bool = False, handler: str = "show"
                ) -> SimModel | Response:

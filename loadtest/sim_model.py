@@ -63,6 +63,73 @@ CACHELESS_ARCHS = frozenset(("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-
                              "jina-bert-v3", "neo-bert"))
 
 
+# general.file_type as the GGUF writes it (llama_ftype; Ollama's fs/ggml/type.go FileType)
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "MXFP4": 4, "Q8_0": 7, "Q5_0": 8,
+              "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14,
+              "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18, "BF16": 32}
+
+
+# Bytes per weight of a table at the file's type (a Q4_K_M file's tables are Q4_K: 144 B a
+# block of 256)
+TABLE_BYTES_PER_WEIGHT = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32}
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """A family's vocabulary as its GGUF carries it (tokenizer.ggml.* and <arch>.vocab_size):
+    the published tokenizers' sizes and special tokens; the tokens themselves made up."""
+
+    model: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE), "llama" (SentencePiece), "bert"
+    vocab: int
+    bos: int
+    eos: int
+    unknown: int = -1  # SentencePiece's and WordPiece's <unk>; -1: none
+    add_bos: bool = False
+    add_eos: bool = False
+
+    def model_info(self, verbose: bool) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "tokenizer.ggml.model": self.model,
+            "tokenizer.ggml.bos_token_id": self.bos,
+            "tokenizer.ggml.eos_token_id": self.eos,
+            "tokenizer.ggml.add_bos_token": self.add_bos,
+            "tokenizer.ggml.add_eos_token": self.add_eos,
+            "tokenizer.ggml.tokens": self.tokens() if verbose else None,
+            "tokenizer.ggml.token_type": self.token_types() if verbose else None,
+        }
+        if self.unknown >= 0:
+            info["tokenizer.ggml.unknown_token_id"] = self.unknown
+        if self.model == "llama":  # SentencePiece scores its pieces; BPE has merges instead
+            info["tokenizer.ggml.scores"] = [0.0] * self.vocab if verbose else None
+        return info
+
+    def tokens(self) -> list[str]:
+        return [f"<tok{i}>" for i in range(self.vocab)]
+
+    def token_types(self) -> list[int]:
+        """1 normal, 2 unknown, 3 control (the special tokens)."""
+        special = {self.bos: 3, self.eos: 3, **({self.unknown: 2} if self.unknown >= 0 else {})}
+        return [special.get(i, 1) for i in range(self.vocab)]
+
+
+# The catalog's families: vocabulary sizes and special tokens of their published tokenizers
+# (Qwen3's 151936 with <|endoftext|> / <|im_end|>, Llama 3's 128256, Phi-3 mini's 32064 as
+# Ollama's converter test data has it, Gemma 3's 262144, BERT's 30522, ...)
+TOKENIZERS: dict[str, Tokenizer] = {
+    "qwen3": Tokenizer("gpt2", 151936, bos=151643, eos=151645),
+    "llama": Tokenizer("gpt2", 128256, bos=128000, eos=128009, add_bos=True),
+    "phi3": Tokenizer("llama", 32064, bos=1, eos=32000, unknown=0),
+    "nomic-bert": Tokenizer("bert", 30522, bos=101, eos=102, unknown=100, add_bos=True,
+                            add_eos=True),
+    "gemma3": Tokenizer("llama", 262144, bos=2, eos=1, unknown=3, add_bos=True),
+    "gemma3n": Tokenizer("llama", 262144, bos=2, eos=1, unknown=3, add_bos=True),
+    "gpt-oss": Tokenizer("gpt2", 201088, bos=199998, eos=200002),
+    "cohere2": Tokenizer("gpt2", 256000, bos=5, eos=255001, add_bos=True),
+    "olmo3": Tokenizer("gpt2", 100278, bos=100257, eos=100257),
+}
+DEFAULT_TOKENIZER = TOKENIZERS["qwen3"]
+
+
 @dataclass(frozen=True)
 class SimModel:
     """A model on disk: what `/api/tags` and `/api/show` describe."""
@@ -93,10 +160,11 @@ class SimModel:
     # Its template has `.Suffix` (the "insert" capability, server/images.go:251-253): none of
     # the catalog's (qwen3's, llama3.2's and phi3's templates on ollama.com have none)
     insert: bool = False
-    # What of the file lands on the GPU (llama.cpp keeps the token embeddings on the CPU),
-    # and the compute buffers a batch of 512 needs.
-    gpu_weights_share: float = 0.97
+    # The compute buffers a batch of 512 needs.
     compute_base_mib: int = 256
+    # Its output layer reuses the token embedding table (no output.weight in the file: Llama
+    # 3.2 3B, Gemma 3, Command R7B tie them; Qwen3 8B+, Phi-3 do not)
+    tied_embeddings: bool = False
     # Sliding-window attention: the window (<arch>.attention.sliding_window) and the period of
     # the full layers among windowed ones (gemma3 6, gpt-oss 2, cohere2 and olmo3 4, gemma3n
     # 5); 0: every layer full
@@ -117,6 +185,8 @@ class SimModel:
     # runs it as the draft while draft_num_predict > 0 (llm/llama_server.go:837-842, 901-907),
     # with its KV cache and compute as this model's (disk_mib 0); None none
     mtp: SimModel | None = None
+    # <arch>.feed_forward_length (the published config's intermediate size); 0: 4 x embedding
+    feed_forward_length: int = 0
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -171,8 +241,26 @@ class SimModel:
                                    window_batch or batch or 512,
                                    own_engine(self.arch, self.embedding, False))
             kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
-        return math.ceil(self.disk_mib * self.gpu_weights_share + kv / MIB
+        return math.ceil(self.gpu_weights_mib + kv / MIB
                          + self.compute_base_mib + batch_surcharge_mib(batch))
+
+    @property
+    def token_embedding_mib(self) -> float:
+        """The file's token embedding table (vocabulary x embedding length) at its type:
+        Q4_K in a Q4_K_M build (llama-quant.cpp's default type, v0.12.6 llama/llama.cpp/src/
+        llama-quant.cpp:557), else the file's own."""
+        per_weight = TABLE_BYTES_PER_WEIGHT.get(self.quantization, 144 / 256)
+        return self.tokenizer.vocab * self.embedding_length * per_weight / MIB
+
+    @property
+    def gpu_weights_mib(self) -> float:
+        """What of the file a copy puts on the GPU: all but the token embedding table, which
+        llama.cpp's input layer keeps on the CPU (v0.12.6 llama/llama.cpp/src/
+        llama-model.cpp:2180-2182); a tied output layer loads the table again onto the
+        GPU (TENSOR_DUPLICATED, :3247-3250), so such a model's whole file is there."""
+        if self.tied_embeddings:
+            return float(self.disk_mib)
+        return max(0.0, self.disk_mib - self.token_embedding_mib)  # an MTP head: in its model's
 
     def draft_mib(self, num_ctx: int, slots: int, batch: int = 512,
                   version: str = CURRENT_VERSION, window_batch: int = 0) -> int:
@@ -217,7 +305,15 @@ class SimModel:
             self.disk_mib * MIB, self.block_count, self.head_count_kv, self.embedding_length,
             self.head_count, num_ctx * slots) / MIB)
 
-    def model_info(self) -> dict[str, Any]:
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return TOKENIZERS.get(self.arch, DEFAULT_TOKENIZER)
+
+    def model_info(self, verbose: bool = False) -> dict[str, Any]:
+        """The GGUF's key-values as /api/show gives them (server/routes.go GetModelInfo, less
+        general.name and the chat template); without `verbose` every non-empty array is
+        null, as Ollama reads the file with maxArraySize 0 (getModelData; fs/ggml/gguf.go
+        newArray keeps no values above it)."""
         arch = self.arch
         info: dict[str, Any] = {
             "general.architecture": arch,
@@ -225,9 +321,21 @@ class SimModel:
             f"{arch}.context_length": self.trained_ctx,
             f"{arch}.block_count": self.block_count,
             f"{arch}.embedding_length": self.embedding_length,
+            f"{arch}.feed_forward_length": self.feed_forward_length or 4 * self.embedding_length,
+            f"{arch}.vocab_size": self.tokenizer.vocab,
             f"{arch}.attention.head_count": self.head_count,
             f"{arch}.attention.head_count_kv": self.head_count_kv,
         }
+        if self.quantization in FILE_TYPES:
+            info["general.file_type"] = FILE_TYPES[self.quantization]
+        if self.arch in CACHELESS_ARCHS or self.arch == "cohere2":  # LayerNorm, not RMSNorm
+            info[f"{arch}.attention.layer_norm_epsilon"] = 1e-12 if self.arch in \
+                CACHELESS_ARCHS else 1e-5
+        else:
+            info[f"{arch}.attention.layer_norm_rms_epsilon"] = \
+                1e-5 if self.arch in ("llama", "phi3") else 1e-6
+        if self.arch not in CACHELESS_ARCHS:
+            info[f"{arch}.rope.dimension_count"] = self._head_dims()[0]
         if self.key_length:
             info[f"{arch}.attention.key_length"] = self.key_length
         if self.value_length:
@@ -241,7 +349,37 @@ class SimModel:
             info[f"{arch}.attention.sliding_window_pattern"] = self.window_pattern
         if self.mtp:
             info[f"{arch}.nextn_predict_layers"] = self.mtp.block_count
+        info.update(self.tokenizer.model_info(verbose))
         return info
+
+    def tensors(self) -> list[dict[str, Any]]:
+        """/api/show `tensors` (verbose or not: ShowResponse.Tensors, server/routes.go): a
+        dense transformer's layout, Q4_K with Q6_K output as Ollama's Q4_K_M builds
+        (the simulator's files are made up; norms at F32)."""
+        emb, ffn = self.embedding_length, self.feed_forward_length or 4 * self.embedding_length
+        key, value = self._head_dims()
+        weight = {"F16": "F16", "F32": "F32", "Q8_0": "Q8_0", "BF16": "BF16"}.get(
+            self.quantization, "Q4_K")
+
+        def tensor(name: str, kind: str, *shape: int) -> dict[str, Any]:
+            return {"name": name, "type": kind, "shape": list(shape)}
+
+        out = [tensor("token_embd.weight", weight, emb, self.tokenizer.vocab)]
+        for i in range(self.block_count):
+            blk = f"blk.{i}"
+            out += [tensor(f"{blk}.attn_norm.weight", "F32", emb),
+                    tensor(f"{blk}.attn_q.weight", weight, emb, self.head_count * key),
+                    tensor(f"{blk}.attn_k.weight", weight, emb, self.head_count_kv * key),
+                    tensor(f"{blk}.attn_v.weight", weight, emb, self.head_count_kv * value),
+                    tensor(f"{blk}.attn_output.weight", weight, self.head_count * value, emb),
+                    tensor(f"{blk}.ffn_norm.weight", "F32", emb),
+                    tensor(f"{blk}.ffn_up.weight", weight, emb, ffn),
+                    tensor(f"{blk}.ffn_down.weight", weight, ffn, emb)]
+        out.append(tensor("output_norm.weight", "F32", emb))
+        if not (self.embedding or self.tied_embeddings):  # a tied output reads token_embd
+            out.append(tensor("output.weight", "Q6_K" if weight == "Q4_K" else weight,
+                              emb, self.tokenizer.vocab))
+        return out
 
     @property
     def embeds_whole(self) -> bool:
@@ -581,22 +719,25 @@ def llama_server_refusal(tokens: int, num_ctx: int) -> str:
 CATALOG: tuple[SimModel, ...] = (
     SimModel("qwen3:32b", disk_mib=20200, block_count=64, embedding_length=5120,
              head_count=64, head_count_kv=8, key_length=128, value_length=128,
-             trained_ctx=40960, parameter_size="32.8B"),
+             trained_ctx=40960, parameter_size="32.8B", feed_forward_length=25600),
     SimModel("qwen3:14b", disk_mib=9300, block_count=40, embedding_length=5120,
              head_count=40, head_count_kv=8, key_length=128, value_length=128,
-             trained_ctx=40960, parameter_size="14.8B"),
+             trained_ctx=40960, parameter_size="14.8B", feed_forward_length=17408),
     SimModel("qwen3:8b", disk_mib=5200, block_count=36, embedding_length=4096,
              head_count=32, head_count_kv=8, key_length=128, value_length=128,
-             trained_ctx=40960, parameter_size="8.2B"),
+             trained_ctx=40960, parameter_size="8.2B", feed_forward_length=12288),
     SimModel("llama3.2:3b", disk_mib=1926, arch="llama", block_count=28,
              embedding_length=3072, head_count=24, head_count_kv=8, key_length=128,
-             value_length=128, trained_ctx=131072, parameter_size="3.2B"),
+             value_length=128, trained_ctx=131072, parameter_size="3.2B",
+             feed_forward_length=8192, tied_embeddings=True),
     SimModel("phi3:mini", disk_mib=2176, arch="phi3", block_count=32, embedding_length=3072,
              head_count=32, head_count_kv=32, trained_ctx=4096, parameter_size="3.8B",
-             tools=False),  # its template has no tools: Ollama lists only "completion"
+             # its template has no tools: Ollama lists only "completion"
+             feed_forward_length=8192, tools=False),
     SimModel("nomic-embed-text:latest", disk_mib=262, arch="nomic-bert", block_count=12,
              embedding_length=768, head_count=12, head_count_kv=12, trained_ctx=2048,
-             parameter_size="137M", quantization="F16", embedding=True),
+             parameter_size="137M", quantization="F16", embedding=True,
+             feed_forward_length=3072),
     # A sliding-window model. gemma3 27B: Google's config (62 layers, hidden 5376, 32 heads,
     # 16 KV heads, head_dim 128, sliding_window 1024, every 6th layer global; Ollama's own
     # gemma3 code names the 62 layers, v0.12.6 model/models/gemma3/model_text.go:34), 17 GB
@@ -605,7 +746,8 @@ CATALOG: tuple[SimModel, ...] = (
     SimModel("gemma3:27b", disk_mib=16590, arch="gemma3", block_count=62,
              embedding_length=5376, head_count=32, head_count_kv=16, key_length=128,
              value_length=128, trained_ctx=131072, parameter_size="27.4B", tools=False,
-             sliding_window=1024, full_layer_period=6),
+             sliding_window=1024, full_layer_period=6, feed_forward_length=21504,
+             tied_embeddings=True),
 )
 
 
@@ -615,7 +757,8 @@ CATALOG: tuple[SimModel, ...] = (
 GPT_OSS_20B = SimModel("gpt-oss:20b", disk_mib=13141, arch="gpt-oss", block_count=24,
                        embedding_length=2880, head_count=64, head_count_kv=8, key_length=64,
                        value_length=64, trained_ctx=131072, parameter_size="20.9B",
-                       sliding_window=128, full_layer_period=2)
+                       sliding_window=128, full_layer_period=2,
+                       feed_forward_length=2880)
 # Other windowed architectures, not in the catalog either, from their published configs and
 # ollama.com's sizes: command-r7b (cohere2: 32 layers, hidden 4096, 32 heads, 8 KV heads,
 # head_dim 128, sliding_window 4096, every 4th layer full; Ollama 0.12 runs it on the llama
@@ -625,16 +768,18 @@ GPT_OSS_20B = SimModel("gpt-oss:20b", disk_mib=13141, arch="gpt-oss", block_coun
 COMMAND_R7B = SimModel("command-r7b:latest", disk_mib=5100, arch="cohere2", block_count=32,
                        embedding_length=4096, head_count=32, head_count_kv=8, key_length=128,
                        value_length=128, trained_ctx=131072, parameter_size="8.0B",
-                       sliding_window=4096, full_layer_period=4)
+                       sliding_window=4096, full_layer_period=4,
+                       feed_forward_length=14336, tied_embeddings=True)
 OLMO3_7B = SimModel("olmo-3:7b", disk_mib=4500, arch="olmo3", block_count=32,
                     embedding_length=4096, head_count=32, head_count_kv=32, trained_ctx=65536,
                     parameter_size="7.3B", tools=False, sliding_window=4096,
-                    full_layer_period=4)
+                    full_layer_period=4, feed_forward_length=11008)
 GEMMA3N_E4B = SimModel("gemma3n:e4b", disk_mib=7500, arch="gemma3n", block_count=35,
                        embedding_length=2048, head_count=8, head_count_kv=2, key_length=256,
                        value_length=256, trained_ctx=32768, parameter_size="6.9B",
                        tools=False, sliding_window=512, full_layer_period=5,
-                       shared_kv_layers=15)
+                       shared_kv_layers=15, feed_forward_length=16384,
+                       tied_embeddings=True)
 WINDOWED_MODELS = (GPT_OSS_20B, COMMAND_R7B, OLMO3_7B, GEMMA3N_E4B)
 
 

@@ -936,7 +936,7 @@ class OllamaSim:
             for m in self.config.models
         ] + [sim_cloud.tags_entry(s) for s in self.config.cloud_stubs]}
 
-    def show(self, model: SimModel) -> dict[str, Any]:
+    def show(self, model: SimModel, verbose: bool = False) -> dict[str, Any]:
         parameters = ['stop                           "<|im_end|>"']
         modelfile = [f"FROM {model.blob_path}", f"TEMPLATE {TEMPLATE}",
                      "PARAMETER stop <|im_end|>"]
@@ -967,7 +967,8 @@ class OllamaSim:
             "template": TEMPLATE,
             **({"system": model.system} if model.system else {}),
             "details": self._describe(model)["details"],
-            "model_info": model.model_info(),
+            "model_info": model.model_info(verbose),
+            "tensors": model.tensors(),
             "capabilities": capabilities,
             "modified_at": "2026-01-01T00:00:00Z",
         }

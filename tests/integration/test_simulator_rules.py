@@ -23,9 +23,11 @@ from loadtest.sim_engine import (
     PROMPT_TOO_LONG,
     commits_before_read,
 )
-from loadtest.sim_model import CATALOG
+from loadtest.sim_model import CATALOG, WINDOWED_MODELS
 from proxy.adapters.ollama import OllamaClient
+from proxy.core.sizing import weights_floor_mib
 from proxy.ports import UpstreamError
+from proxy.service.prober import model_info
 from tests.conftest import eventually
 
 Sims = Callable[..., SimServer]
@@ -53,8 +55,10 @@ def test_a_copy_takes_weights_kv_and_compute_by_its_architecture(sim_factory: Si
     sim = sim_factory("gpu", total_vram_mib=24564, num_parallel=2, time_scale=SCALE)
     load(sim, "qwen3:8b")  # default on 24 GiB: 32768 per slot, 2 slots
     copy = ps(sim)["qwen3:8b"]
-    # 5200 x 0.97 on the GPU + 144 KiB x 65536 + 256 + 2048 (a 2048 batch above 32768 tokens)
-    assert copy["size_vram"] == copy["size"] == (5044 + 9216 + 256 + 2048) * 2**20
+    # 5200 less its Q4_K token table (151936 x 4096 x 4.5 bits, kept on the CPU) on the GPU
+    # + 144 KiB x 65536 + 256 + 2048 (a 2048 batch above 32768 tokens)
+    weights = 5200 - 151936 * 4096 * 144 / 256 / 2**20
+    assert copy["size_vram"] == copy["size"] == math.ceil(weights + 9216 + 256 + 2048) * 2**20
     assert copy["context_length"] == 32768
 
 
@@ -268,6 +272,47 @@ def test_the_catalog_is_what_ollamas_converters_write(sim_factory: Sims) -> None
     assert "phi3.attention.key_length" not in info  # phi3's converter writes none
     assert info["phi3.attention.head_count_kv"] == 32
     assert {m.name for m in CATALOG} >= {"qwen3:32b", "qwen3:14b", "qwen3:8b", "phi3:mini"}
+
+
+def test_show_gives_the_files_key_values_arrays_only_when_verbose(sim_factory: Sims) -> None:
+    """/api/show's model_info is the GGUF's key-values (server/routes.go GetModelInfo), read
+    with maxArraySize 0 unless verbose (getModelData): the token lists are null, and
+    `tensors` is there either way."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+
+    def show(**body: Any) -> dict[str, Any]:
+        shown: dict[str, Any] = httpx.post(f"{sim.url}/api/show",
+                                           json={"model": "phi3:mini", **body}).json()
+        return shown
+
+    info, verbose = show()["model_info"], show(verbose=True)
+    assert info["general.file_type"] == 15 and info["phi3.feed_forward_length"] == 8192
+    assert info["phi3.rope.dimension_count"] == 96
+    assert info["phi3.attention.layer_norm_rms_epsilon"] == 1e-5
+    assert info["tokenizer.ggml.model"] == "llama" and info["tokenizer.ggml.eos_token_id"] == 32000
+    assert info["tokenizer.ggml.tokens"] is None and info["tokenizer.ggml.scores"] is None
+    tokens = verbose["model_info"]["tokenizer.ggml.tokens"]
+    assert len(tokens) == len(verbose["model_info"]["tokenizer.ggml.token_type"]) == 32064
+    names = {t["name"] for t in verbose["tensors"]}
+    assert names >= {"token_embd.weight", "blk.31.ffn_down.weight"}
+    assert show()["tensors"] == verbose["tensors"]
+
+
+def test_show_gives_each_familys_vocabulary_and_the_sidecars_floor_stays_under_it(
+        sim_factory: Sims) -> None:
+    """<arch>.vocab_size is the family's (Qwen3 151936, Llama 3 128256, Phi-3 32064, Gemma 3
+    262144); the sidecar's weights floor (the file less an f16 table of that vocabulary) is
+    never above what the simulator's copy puts on the GPU (the file less its quantised table,
+    or all of it when the output is tied)."""
+    sim = sim_factory("gpu", models=(*CATALOG, *WINDOWED_MODELS), time_scale=SCALE)
+    vocab = {"qwen3:8b": 151936, "llama3.2:3b": 128256, "phi3:mini": 32064,
+             "gemma3:27b": 262144}
+    for model in (*CATALOG, *WINDOWED_MODELS):
+        shown = httpx.post(f"{sim.url}/api/show", json={"model": model.name}).json()
+        if model.name in vocab:
+            assert shown["model_info"][f"{model.arch}.vocab_size"] == vocab[model.name]
+        floor = weights_floor_mib(model_info(shown), model.disk_mib)
+        assert 0 < floor <= model.gpu_weights_mib < model.disk_mib + 1, model.name
 
 
 SYSTEM = {"role": "system", "content": "You are a careful agent. " * 200}  # ~1250 tokens
