@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import socket
 import threading
 import time
@@ -12,6 +13,9 @@ from typing import Any
 import uvicorn
 
 from .sim_model import SimConfig
+
+# How long a restart waits for its port to be free again
+REBIND_S = 5.0
 
 
 class ThreadedServer:
@@ -33,9 +37,7 @@ class ThreadedServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> ThreadedServer:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = self._bound()
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False,
                                 lifespan="auto", timeout_graceful_shutdown=1,
@@ -50,6 +52,24 @@ class ThreadedServer:
                 raise RuntimeError(f"{self.name} did not start")
             time.sleep(0.005)
         return self
+
+    def _bound(self) -> socket.socket:
+        """A socket bound to the server's port. Binding the port again on a restart can
+        fail for a moment: a connection of the stopped server still closing on it, or a
+        client's outgoing connection that took the freed port as its own; both go soon."""
+        deadline = time.monotonic() + REBIND_S
+        while True:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((self.host, self.port))
+                return sock
+            except OSError as exc:
+                sock.close()
+                if exc.errno != errno.EADDRINUSE or not self.port or \
+                        time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     def cpu_seconds(self) -> float:
         """CPU time the server's thread (its event loop, all it serves) has used so far."""
