@@ -344,7 +344,11 @@ class SimApp:
         name = body.get("model") or body.get("name")
         if not name:
             return _error("model is required", 400)
-        return self._show(str(name), body.get("verbose") is True)
+        verbose = body.get("verbose") is True
+        if verbose:
+            asked = self.sim.stats.verbose_shows
+            asked[str(name)] = asked.get(str(name), 0) + 1
+        return self._show(str(name), verbose)
 
     def _show(self, name: str, verbose: bool = False) -> Response:
         config = self.sim.config

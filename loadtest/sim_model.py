@@ -126,6 +126,7 @@ TOKENIZERS: dict[str, Tokenizer] = {
     "gpt-oss": Tokenizer("gpt2", 201088, bos=199998, eos=200002),
     "cohere2": Tokenizer("gpt2", 256000, bos=5, eos=255001, add_bos=True),
     "olmo3": Tokenizer("gpt2", 100278, bos=100257, eos=100257),
+    "lfm2": Tokenizer("gpt2", 65536, bos=1, eos=7, add_bos=True),
 }
 DEFAULT_TOKENIZER = TOKENIZERS["qwen3"]
 
@@ -187,6 +188,10 @@ class SimModel:
     mtp: SimModel | None = None
     # <arch>.feed_forward_length (the published config's intermediate size); 0: 4 x embedding
     feed_forward_length: int = 0
+    # KV heads layer by layer, when the file lists them (<arch>.attention.head_count_kv as an
+    # array: lfm2's 0 for a short-convolution layer, which keeps no KV cache; convert/
+    # convert_lfm2.go:124-143); () every layer head_count_kv
+    kv_heads_per_layer: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.weights:
@@ -233,6 +238,11 @@ class SimModel:
         """What a runner really holds of the GPU (HEAD's measured size); a windowed layer
         holds `window_batch` (else `batch`, else 512) more than its window."""
         key, value = self._head_dims()
+        if self.kv_heads_per_layer:  # (no family in the catalog has both this and a window)
+            kv = sum(kv_cache_bytes(1, heads, key, value, num_ctx * slots, cache_type)
+                     for heads in self.kv_heads_per_layer)
+            return math.ceil(self.gpu_weights_mib + kv / MIB
+                             + self.compute_base_mib + batch_surcharge_mib(batch))
         windowed = self.windowed_layers
         kv = kv_cache_bytes(self.kv_layers - windowed, self.head_count_kv, key, value,
                             num_ctx * slots, cache_type)
@@ -295,14 +305,21 @@ class SimModel:
         return self.kv_layers - self.kv_layers // self.full_layer_period
 
     @property
+    def kv_per_layer(self) -> list[int]:
+        """Each layer's KV heads, as the file has them."""
+        return list(self.kv_heads_per_layer) or [self.head_count_kv] * self.block_count
+
+    @property
     def window_pattern(self) -> list[bool]:
         """Which layers are windowed, as Ollama's converter lists them (gemma3n)."""
         return [(i + 1) % self.full_layer_period != 0 for i in range(self.block_count)]
 
     def estimate_mib(self, num_ctx: int, slots: int) -> int:
-        """Ollama's own estimate before loading it (PredictServerVRAM)."""
+        """Ollama's own estimate before loading it (PredictServerVRAM: the fewest KV heads
+        of any layer, HeadCountKVMin, llm/llama_server.go:2689)."""
         return math.ceil(predict_server_vram(
-            self.disk_mib * MIB, self.block_count, self.head_count_kv, self.embedding_length,
+            self.disk_mib * MIB, self.block_count, min(self.kv_per_layer),
+            self.embedding_length,
             self.head_count, num_ctx * slots) / MIB)
 
     @property
@@ -312,8 +329,10 @@ class SimModel:
     def model_info(self, verbose: bool = False) -> dict[str, Any]:
         """The GGUF's key-values as /api/show gives them (server/routes.go GetModelInfo, less
         general.name and the chat template); without `verbose` every non-empty array is
-        null, as Ollama reads the file with maxArraySize 0 (getModelData; fs/ggml/gguf.go
-        newArray keeps no values above it)."""
+        null, as Ollama reads the file with maxArraySize 0 (getModelData, server/routes.go
+        v0.12.6:1152-1157, HEAD:1600-1605; fs/ggml/gguf.go newArray keeps no values above it
+        and array.MarshalJSON marshals them: v0.12.6:397-406, HEAD:465-483), every version
+        the simulator models."""
         arch = self.arch
         info: dict[str, Any] = {
             "general.architecture": arch,
@@ -324,7 +343,8 @@ class SimModel:
             f"{arch}.feed_forward_length": self.feed_forward_length or 4 * self.embedding_length,
             f"{arch}.vocab_size": self.tokenizer.vocab,
             f"{arch}.attention.head_count": self.head_count,
-            f"{arch}.attention.head_count_kv": self.head_count_kv,
+            f"{arch}.attention.head_count_kv": list(self.kv_heads_per_layer)
+            or self.head_count_kv,
         }
         if self.quantization in FILE_TYPES:
             info["general.file_type"] = FILE_TYPES[self.quantization]
@@ -350,7 +370,9 @@ class SimModel:
         if self.mtp:
             info[f"{arch}.nextn_predict_layers"] = self.mtp.block_count
         info.update(self.tokenizer.model_info(verbose))
-        return info
+        if verbose:
+            return info
+        return {k: None if isinstance(v, list) and v else v for k, v in info.items()}
 
     def tensors(self) -> list[dict[str, Any]]:
         """/api/show `tensors` (verbose or not: ShowResponse.Tensors, server/routes.go): a
@@ -365,12 +387,12 @@ class SimModel:
             return {"name": name, "type": kind, "shape": list(shape)}
 
         out = [tensor("token_embd.weight", weight, emb, self.tokenizer.vocab)]
-        for i in range(self.block_count):
+        for i, kv_heads in enumerate(self.kv_per_layer):
             blk = f"blk.{i}"
             out += [tensor(f"{blk}.attn_norm.weight", "F32", emb),
                     tensor(f"{blk}.attn_q.weight", weight, emb, self.head_count * key),
-                    tensor(f"{blk}.attn_k.weight", weight, emb, self.head_count_kv * key),
-                    tensor(f"{blk}.attn_v.weight", weight, emb, self.head_count_kv * value),
+                    tensor(f"{blk}.attn_k.weight", weight, emb, kv_heads * key),
+                    tensor(f"{blk}.attn_v.weight", weight, emb, kv_heads * value),
                     tensor(f"{blk}.attn_output.weight", weight, self.head_count * value, emb),
                     tensor(f"{blk}.ffn_norm.weight", "F32", emb),
                     tensor(f"{blk}.ffn_up.weight", weight, emb, ffn),
@@ -781,6 +803,16 @@ GEMMA3N_E4B = SimModel("gemma3n:e4b", disk_mib=7500, arch="gemma3n", block_count
                        shared_kv_layers=15, feed_forward_length=16384,
                        tied_embeddings=True)
 WINDOWED_MODELS = (GPT_OSS_20B, COMMAND_R7B, OLMO3_7B, GEMMA3N_E4B)
+# A model whose file lists its KV heads layer by layer (a non-verbose /api/show gives null for
+# them): LFM2 1.2B (Liquid AI's config: 16 layers, hidden 2048, 32 heads, 8 KV heads in the 6
+# attention layers 2, 5, 8, 10, 12 and 14, the others short convolutions; vocabulary 65536,
+# 128000 trained context), about 700 MB at Q4_K_M; not in the catalog
+LFM2_1_2B = SimModel("lfm2:1.2b", disk_mib=698, arch="lfm2", block_count=16,
+                     embedding_length=2048, head_count=32, head_count_kv=8,
+                     trained_ctx=128000, parameter_size="1.2B", tools=False,
+                     feed_forward_length=8192, tied_embeddings=True,
+                     kv_heads_per_layer=tuple(8 if i in (2, 5, 8, 10, 12, 14) else 0
+                                              for i in range(16)))
 
 
 def demo_fleet(time_scale: float = 1.0) -> list[SimConfig]:

@@ -199,6 +199,8 @@ class Stats:
     requests_by_model: dict[str, int] = field(default_factory=dict)
     # /api/version, /api/tags, /api/ps and /api/show requests: what probing costs the server
     probes_by_path: dict[str, int] = field(default_factory=dict)
+    # /api/show requests with "verbose": true, by the model named (each model's arrays)
+    verbose_shows: dict[str, int] = field(default_factory=dict)
 
 
 class OllamaSim:
