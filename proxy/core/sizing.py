@@ -446,6 +446,61 @@ def forget_fleets() -> None:
     _RECENT_FLEETS.clear()
 
 
+# The model_info keys sizing reads that a file may hold as an array (per layer): head counts
+# (lfm2's KV heads, 0 in its convolution layers, convert/convert_lfm2.go:124-143; laguna's
+# heads, convert_laguna.go:293; gemma4's KV heads, convert_gemma4.go:107) and which layers are
+# windowed (gemma3, gemma3n, gemma4, olmo2, laguna). A non-verbose /api/show gives every
+# non-empty array as null, every version (getModelData reads the file with maxArraySize 0:
+# server/routes.go v0.12.6:1152-1157, HEAD:1600-1605; fs/ggml/gguf.go newArray keeps no
+# values and array.MarshalJSON writes null: v0.12.6:397-406, HEAD:465-483).
+HEAD_ARRAYS = ("attention.head_count", "attention.head_count_kv")
+WINDOW_ARRAYS = ("attention.sliding_window_pattern", "attention.layer_types")
+
+
+def arrays_withheld(info: Mapping[str, object], arch: str) -> tuple[str, ...]:
+    """The keys sizing would read that the answer lists with a null value (an array a
+    non-verbose /api/show withheld); () when nothing sizing reads is missing that way. The
+    window arrays count only where they are read: a windowed architecture, or a head size
+    of the windowed layers' own (key_length_swa)."""
+    names: tuple[str, ...] = HEAD_ARRAYS
+    if arch in WINDOWED or f"{arch}.attention.key_length_swa" in info:
+        names += WINDOW_ARRAYS
+    return tuple(key for name in names
+                 if (key := f"{arch}.{name}") in info and info[key] is None)
+
+
+def with_arrays(info: Mapping[str, object], arch: str, shown: Mapping[str, object]
+                ) -> tuple[dict[str, object], tuple[str, ...]]:
+    """`info` with the arrays it withheld taken from `shown` (a verbose /api/show's
+    model_info; {} when that failed), and the keys still unknown. For those the larger
+    figure is taken: no layer windowed; as many KV heads as query heads (the key left out);
+    for unknown query heads, the KV heads when those are one figure, else as many heads as
+    the key length divides the embedding into, else one head the embedding wide (no
+    grouping either way). Every layer then keeps a cache (none of lfm2's left out)."""
+    filled = {**info, **{k: shown[k] for k in arrays_withheld(info, arch)
+                         if shown.get(k) is not None}}
+    unknown = arrays_withheld(filled, arch)
+    sized = {k: v for k, v in filled.items() if k not in unknown}
+    blocks = _number(filled, f"{arch}.block_count")
+    heads_key, kv_key = (f"{arch}.{name}" for name in HEAD_ARRAYS)
+    for key in unknown:
+        if key.endswith("sliding_window_pattern"):
+            sized[key] = [False] * blocks
+        elif key.endswith("layer_types"):  # (what the pattern, when the file has one, says)
+            sized.setdefault(f"{arch}.attention.sliding_window_pattern", [False] * blocks)
+        elif key == heads_key:
+            key_length = _number(filled, f"{arch}.attention.key_length")
+            embedding = _number(filled, f"{arch}.embedding_length")
+            sized[key] = _number(filled, kv_key) or (
+                max(1, embedding // key_length) if key_length else 1)
+    return sized, unknown
+
+
+def _number(info: Mapping[str, object], key: str) -> int:
+    value = info.get(key)
+    return int(value) if isinstance(value, int | float) and value > 0 else 0
+
+
 def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
     """(real, Ollama-estimate) KV bytes per token at f16 from an /api/show `model_info`;
     (0, 0) when the architecture keys are missing."""

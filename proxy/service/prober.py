@@ -4,7 +4,8 @@ own fallback when the shared store has nothing fresh).
 Readiness and version from `/api/version`; residents with `size_vram`, `size` and
 `context_length` from `/api/ps` (a copy with `size_vram` < `size` is partly in CPU memory);
 on-disk sizes from `/api/tags` and what sizing needs of each on-disk model from `/api/show`
-(architecture, trained context, Modelfile num_ctx; once per model and digest); total VRAM,
+(architecture, trained context, Modelfile num_ctx; once per model and digest, and a verbose
+one for a model whose sizing needs an array the plain one withholds); total VRAM,
 context, slots and KV cache type from the provider configuration, the total VRAM otherwise
 from a GPU memory gauge (a DCGM exporter). Each footprint seen fully on the GPU is kept per
 model and context.
@@ -19,9 +20,18 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
+
 from proxy.core.models import model_name
 from proxy.core.occupancy import loaded_limit
-from proxy.core.sizing import held_by_runners, kv_per_token, token_embedding_bytes, windowed_kv
+from proxy.core.sizing import (
+    arrays_withheld,
+    held_by_runners,
+    kv_per_token,
+    token_embedding_bytes,
+    windowed_kv,
+    with_arrays,
+)
 from proxy.core.types import ModelInfo
 from proxy.observability.logging import get_logger
 from proxy.ports import (
@@ -183,7 +193,8 @@ def model_info(show: Any) -> ModelInfo:
 def has_mtp(info: dict[str, Any], arch: str) -> bool:
     """Whether the weights file carries an MTP head Ollama runs as a draft (hasMTPDraft,
     llm/llama_server.go:837-842). Only its nextn_predict_layers key is read: a legacy qwen35
-    file shows its "mtp." tensors only to a verbose /api/show, which the prober does not ask."""
+    file shows its "mtp." tensors only to a verbose /api/show, which the prober asks only
+    for arrays (_with_arrays)."""
     layers = info.get(f"{arch}.nextn_predict_layers")
     return type(layers) is int and layers > 0
 
@@ -211,8 +222,61 @@ STATUS_TIMEOUT_S = 0.25
 SHOWS_AT_ONCE = 8  # /api/show asks in flight to one card
 
 
+# A verbose /api/show, asked only for a model whose sizing needs an array the plain answer
+# withheld (core/sizing.py arrays_withheld), carries every array of the file: the tokenizer's
+# (150k strings and more) too. Read within these bounds; past them the model is sized with
+# the larger figures.
+VERBOSE_SHOW_TIMEOUT_S = 5.0
+VERBOSE_SHOW_MAX_BYTES = 32 * MIB
+
+
 async def _details(server: ModelServer, model: str) -> Any:
-    return (await server.show({"model": model}, PROBE_TIMEOUT_S)).details()
+    show = (await server.show({"model": model}, PROBE_TIMEOUT_S)).details()
+    return await _with_arrays(server, model, show)
+
+
+async def _with_arrays(server: ModelServer, model: str, show: Any) -> Any:
+    """The answer with the arrays sizing needs that it withheld (null: a non-verbose
+    /api/show gives every non-empty array so) read from a verbose one, only their keys
+    kept; those still unknown taken at their larger figures (with a warning)."""
+    info = show.get("model_info") if isinstance(show, dict) else None
+    if not isinstance(info, dict):
+        return show
+    arch = str(info.get("general.architecture") or "")
+    if not arch or not (withheld := arrays_withheld(info, arch)):
+        return show
+    try:
+        shown, error = await _verbose_model_info(server, model, withheld), ""
+    except (UpstreamError, TimeoutError, ValueError) as exc:
+        shown, error = {}, str(exc) or type(exc).__name__
+    sized, unknown = with_arrays(info, arch, shown)
+    if unknown:
+        log.warning("model arrays unread, sized with the larger figures", model=model,
+                    keys=list(unknown), error=error or "null in the verbose answer too")
+    return {**show, "model_info": sized}
+
+
+async def _verbose_model_info(server: ModelServer, model: str, keys: tuple[str, ...]
+                              ) -> dict[str, Any]:
+    """`keys` of the model's verbose /api/show model_info; UpstreamError when it fails or
+    its body exceeds VERBOSE_SHOW_MAX_BYTES, TimeoutError past VERBOSE_SHOW_TIMEOUT_S."""
+    body = bytearray()
+    async with asyncio.timeout(VERBOSE_SHOW_TIMEOUT_S):
+        response = await server.open("/api/show",
+                                     orjson.dumps({"model": model, "verbose": True}))
+        try:
+            if response.status_code >= 400:
+                raise UpstreamError(f"verbose /api/show: HTTP {response.status_code}")
+            async for chunk in response.chunks():
+                body += chunk
+                if len(body) > VERBOSE_SHOW_MAX_BYTES:
+                    raise UpstreamError(f"verbose /api/show: over "
+                                        f"{VERBOSE_SHOW_MAX_BYTES // MIB} MiB")
+        finally:
+            await response.aclose()
+    answer = orjson.loads(body)
+    info = answer.get("model_info") if isinstance(answer, dict) else None
+    return {k: info.get(k) for k in keys} if isinstance(info, dict) else {}
 
 
 def _observe(seen: dict[int, int], context: int, mib: int) -> None:
