@@ -165,6 +165,10 @@ class FakeModelServer:
 
     async def open(self, path: str, payload: bytes) -> FakeResponse:
         self._check_reachable()
+        if path == "/api/show":  # the prober's verbose ask (a model with per-layer arrays)
+            shown = self.config.model(str(orjson.loads(payload).get("model")))
+            return FakeResponse(200, orjson.dumps({"model_info": shown.model_info(True)})) \
+                if shown else FakeResponse(404, b'{"error":"model not found"}')
         answer = self._answers.popleft() if self._answers else Answer()
         if answer.refused:
             raise UpstreamError(f"{self.endpoint}: connection refused")
