@@ -209,8 +209,11 @@ def measure(body: dict[str, Any], parsed: wire.Inference | None = None,
 
 def nested_structs(parsed: object) -> wire.Shape:
     """The nested structs Ollama decodes a body into, by its schema or checked fields."""
-    anthropic = parsed is wire.AnthropicMessages or isinstance(parsed, wire.AnthropicMessages)
-    return wire.ANTHROPIC_NESTED_STRUCTS if anthropic else wire.NESTED_STRUCTS
+    if parsed is wire.AnthropicMessages or isinstance(parsed, wire.AnthropicMessages):
+        return wire.ANTHROPIC_NESTED_STRUCTS
+    if parsed is wire.OpenAIResponses or isinstance(parsed, wire.OpenAIResponses):
+        return wire.RESPONSES_NESTED_STRUCTS
+    return wire.NESTED_STRUCTS
 
 
 def answer_cap(path: str | None, body: dict[str, Any]) -> int:

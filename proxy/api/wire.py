@@ -450,12 +450,26 @@ def as_go_binds(raw: bytes, body: dict[str, Any]) -> dict[str, Any]:
 # The objects nested in a body that Go decodes into structs, whose keys it folds as it does
 # the top level's: a shape names the fields whose values hold more of them (a list's items
 # take the list's shape). Maps are left out, as Go matches their keys exactly: `options`, a
-# tool's `parameters`, a call's `arguments`, a block's `input`, an OpenAI message's content
-# parts (`any`), Anthropic's `system` and a tool result's content (`any`).
+# call's `arguments`, a block's `input`, an OpenAI message's content parts (`any`),
+# Anthropic's `system` and a tool result's content (`any`), a parameter schema's
+# `properties`. (Every field name of these structs is lower case.)
 Shape = dict[str, "Shape"]
 _CALLS: Shape = {"function": {}}  # api.ToolCall, openai.ToolCall: their function a struct
-_TOOLS: Shape = {"function": {}}  # api.Tool: its api.ToolFunction
+# api.Tool: its api.ToolFunction, whose `parameters` is an api.ToolFunctionParameters
+# (type, $defs, items, required, properties; api/types.go:487-504 at v0.30.0)
+_TOOLS: Shape = {"function": {"parameters": {}}}
 NESTED_STRUCTS: Shape = {"messages": {"tool_calls": _CALLS}, "tools": _TOOLS}
+# openai.ResponsesRequest (openai/responses.go at v0.30.0): an input item is read into a
+# struct by its type (unmarshalResponsesInputItem, :242-283, peeking at type and role), as
+# are a message's content parts and a function output's (unmarshalResponsesContent,
+# :107-140) and a reasoning item's summary; a ResponsesTool (:349-355) is one, and
+# convertTool (:571-583) reads its `parameters` map into api.ToolFunctionParameters, a
+# `namespace` tool's member tools alike; `text`, its `format`, and `reasoning` are structs.
+_RESPONSES_TOOLS: Shape = {"parameters": {}}
+_RESPONSES_TOOLS["tools"] = _RESPONSES_TOOLS
+RESPONSES_NESTED_STRUCTS: Shape = {
+    "input": {"content": {}, "output": {}, "summary": {}}, "tools": _RESPONSES_TOOLS,
+    "text": {"format": {}}, "reasoning": {}}
 # anthropic.MessagesRequest: MessageParam's content is []ContentBlock; a Tool is a struct
 ANTHROPIC_NESTED_STRUCTS: Shape = {"messages": {"content": {}}, "tools": {}}
 

@@ -423,6 +423,13 @@ def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
     ({"input": "hello", "reasoning": {"effort": "extreme"}},
      'invalid reasoning value: "extreme" (must be "minimal", "low", "medium", "high", '
      '"xhigh", "ultra", "max", or "none")'),
+    # items, parts and `reasoning` are Go structs: their keys match case-insensitively
+    ({"input": [{"Role": "user", "Content": [
+        {"Type": "input_file", "filename": "a.txt", "file_data": "aGk="}]}]},
+     "file inputs are not currently supported"),
+    ({"input": "hello", "reasoning": {"EFFORT": "extreme"}},
+     'invalid reasoning value: "extreme" (must be "minimal", "low", "medium", "high", '
+     '"xhigh", "ultra", "max", or "none")'),
 ])
 def test_a_responses_body_ollama_cannot_read_is_its_400_before_any_placement(
         sim_factory: Sims, sidecar_factory: Sidecars, given: dict[str, Any],
@@ -438,6 +445,26 @@ def test_a_responses_body_ollama_cannot_read_is_its_400_before_any_placement(
     # the simulator, as Ollama, refuses it alike
     direct = httpx.post(f"{gpu.url}/v1/responses", json={"model": "llama3.2:3b", **given})
     assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+
+
+def test_a_responses_input_with_capitalised_keys_is_sized_as_ollama_binds_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama reads an input item's `Role` and `Content` and a part's `Type` and `Text` as
+    their fields (openai/responses.go unmarshalResponsesInputItem): the sidecar places the
+    item, and sizes it, as it does the lower-case one."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+
+    def ask(words: int) -> httpx.Response:
+        return httpx.post(f"{url}/v1/responses", timeout=30, json={
+            "model": "qwen3:8b", "max_output_tokens": 5, "input": [{"Role": "user", "Content": [
+                {"Type": "input_text", "Text": "word " * words}]}]})
+
+    too_long = ask(8000)  # ~11k tokens
+    assert (too_long.status_code, too_long.json()["reason"]) == (413, "prompt-too-large")
+    assert gpu.sim.stats.inference_requests == 0
+    ok = ask(500)
+    assert ok.status_code == 200 and ok.json()["usage"]["input_tokens"] > 500, ok.text
 
 
 def test_a_message_go_reads_as_its_zero_value_is_answered(
