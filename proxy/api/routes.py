@@ -485,8 +485,9 @@ class SidecarApi:
             # the body sizing and checks read (what is sent on stays `body`)
             view = request.state.go_view = await off_loop(
                 large, wire.nested_as_go_binds, body, nested_structs(schema))
+            check = request.state.body_check = wire.BodyCheck(schema, view)
             parsed, request.state.refused_by = await off_loop(
-                large, wire.validate_in_fleet, schema, view, self.fleet_versions())
+                large, wire.validate_in_fleet, schema, view, self.fleet_versions(), check)
             return body, parsed
         except wire.BadRequest as exc:
             named = wire.named_model(body, also_name="name" in schema.model_fields)
@@ -698,6 +699,7 @@ class SidecarApi:
             embeds=embeds(path, body),
             served=SERVED_IN.get(path, ()),
             refused_by=getattr(request.state, "refused_by", ()),
+            body_check=getattr(request.state, "body_check", None),
             disconnected=lambda: _disconnect(request),
         )
 

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import orjson
 import zstandard
@@ -660,37 +660,53 @@ def _validate(model: type[W], body: dict[str, Any], version: Version,
     return parsed
 
 
-def validate_in_fleet(model: type[W], body: dict[str, Any], versions: Sequence[Version]
+class BodyCheck(Generic[W]):
+    """The body checked as one Ollama version checks it, each version once: its words when
+    the version refuses the body, None when it takes it. Placement asks it of a card whose
+    version was first heard after the call's check (core/engines.py body_refusal)."""
+
+    def __init__(self, model: type[W], body: dict[str, Any]) -> None:
+        self.model, self.body = model, body
+        self.taken: dict[Version, W] = {}  # the fields each version reads
+        self.refused: dict[Version, BadRequest] = {}
+        self._fields: list[W | BadRequest] = []  # the schema's check: no version's own
+
+    def _checked(self) -> W:  # (a body of many messages takes a second each time)
+        if not self._fields:
+            try:
+                self._fields.append(_validated(self.model, self.body))
+            except BadRequest as exc:
+                self._fields.append(exc)
+        if isinstance(self._fields[0], BadRequest):
+            raise self._fields[0]
+        return self._fields[0]
+
+    def __call__(self, version: Version) -> str | None:
+        if version not in self.taken and version not in self.refused:
+            try:
+                self.taken[version] = _validate(self.model, self.body, version, self._checked)
+            except BadRequest as exc:
+                self.refused[version] = exc
+        return str(self.refused[version]) if version in self.refused else None
+
+
+def validate_in_fleet(model: type[W], body: dict[str, Any], versions: Sequence[Version],
+                      check: BodyCheck[W] | None = None
                       ) -> tuple[W, tuple[tuple[Version, str], ...]]:
     """The body checked as each of the fleet's Ollama versions checks it (newest first): its
     fields as the newest that takes it reads them, and the versions that refuse it with
-    their words (placement leaves their cards out). None takes it: the newest's refusal."""
-    refusals: list[tuple[Version, str]] = []
-    first: BadRequest | None = None
-    parsed: W | None = None
-    fields: list[W | BadRequest] = []  # the schema's check, once: it is no version's own
-
-    def checked() -> W:  # (a body of many messages takes a second each time)
-        if not fields:
-            try:
-                fields.append(_validated(model, body))
-            except BadRequest as exc:
-                fields.append(exc)
-        if isinstance(fields[0], BadRequest):
-            raise fields[0]
-        return fields[0]
-
-    for version in sorted(set(versions), reverse=True):
-        try:
-            taken = _validate(model, body, version, checked)
-        except BadRequest as exc:
-            first = first or exc
-            refusals.append((version, str(exc)))
-            continue
-        parsed = parsed or taken
+    their words (placement leaves their cards out). None takes it: the newest's refusal.
+    `check`, the body's BodyCheck, keeps what each version answered."""
+    check = check or BodyCheck(model, body)
+    ordered = sorted(set(versions), reverse=True)
+    refusals = tuple((version, words) for version in ordered
+                     if (words := check(version)) is not None)
+    parsed = next((check.taken[version] for version in ordered if version in check.taken),
+                  None)
     if parsed is None:
+        first = next((check.refused[version] for version in ordered), None)
         raise first or BadRequest("no Ollama version to check the body against")
-    return parsed, tuple(refusals)
+    return parsed, refusals
 
 
 # A list longer than this is validated in pieces: pydantic holds the GIL for a whole

@@ -62,6 +62,9 @@ class CallRequest:
     # The fleet's Ollama versions that refuse the body, with their words (api/wire.py
     # validate_in_fleet): in a fleet of mixed versions their cards are left out
     refused_by: tuple[tuple[tuple[int, int, int], str], ...] = ()
+    # The body's check for a version none of the fleet's had at the call's check (a card
+    # whose version was heard since): that version's refusal, None when it takes the body
+    body_check: Callable[[tuple[int, int, int]], str | None] | None = None
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 

@@ -6,6 +6,7 @@ The sidecar places each like a native call and answers refusals in the dialect's
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ import zstandard
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
 from tests.conftest import eventually
+from tests.e2e.test_scheduling import stream_in_background
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -729,6 +731,43 @@ def test_in_a_fleet_of_mixed_versions_a_body_one_version_refuses_goes_to_a_card_
     _version_known(alone)
     refused = httpx.post(f"{alone}/api/chat", json=body, timeout=30)
     assert refused.status_code == 400 and "think" in refused.json()["error"]
+
+
+def test_a_waiting_call_is_not_placed_on_a_card_heard_since_whose_version_refuses_its_body(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A card of 0.12.6 (which refuses `think: "max"`) is down when the call is checked, so
+    only the newer card's version is known; the call waits for that card's one slot. The
+    old card comes back holding the model warm and idle: it is left out once its version
+    is heard, and the call waits for the card that takes it, not for the old one's 400."""
+    old = sim_factory("old", version="0.12.6", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    assert httpx.post(f"{old.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    old.stop()
+    url = sidecar_factory([old, new], probe_interval_seconds=0.1).url
+    _version_known(url)
+    leave = threading.Event()
+    holding = stream_in_background(url, "qwen3:8b", 5000, threading.Event(), leave)
+    answers: list[httpx.Response] = []
+    body = {"model": "qwen3:8b", "messages": HI, "think": "max", "stream": False}
+    caller = threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{url}/api/chat", json=body, timeout=30)), daemon=True)
+    caller.start()
+    assert eventually(lambda: _waiters(url, "qwen3:8b") == 1)  # checked, and waiting
+    before = old.sim.stats.requests
+    old.start()
+    assert eventually(lambda: _residents(url, "old") == ["qwen3:8b"])
+    assert not eventually(lambda: bool(answers), timeout_s=1.0)  # still waiting for `new`
+    leave.set()
+    caller.join(30)
+    holding.join(30)
+    assert answers[0].status_code == 200, answers[0].text
+    assert old.sim.stats.requests == before  # none was sent to the old card
+    assert new.sim.stats.inference_requests == 2
+
+
+def _waiters(url: str, model: str) -> int:
+    demand = httpx.get(f"{url}/kubemoot/v1/state").json()["demand"]
+    return int(demand.get(model, {}).get("waiters", 0))
 
 
 def test_thinking_ollama_drops_is_not_counted_against_the_context(
