@@ -141,7 +141,7 @@ class CallService:
             await self.evictions.after_out_of_memory(placement.provider)
         elif outcome.engine_failed and not call.embeds:
             await self.evictions.after_engine_failure(placement.provider, placement.copy_model)
-        if outcome.ok:
+        if outcome.healthy:
             learning = self.experience.learning
             if call.path in LEARNS_RATIO and estimated_tokens:  # 0: placed to be cut
                 learning.observe_prompt(call, outcome.prompt_eval_count)
@@ -164,7 +164,7 @@ class CallService:
             self.scheduler.provider_view(placement.provider).version, outcome)
         if check is not None:
             self._count_cache(placement.provider, check)
-        if placement.loads or not outcome.ok:
+        if placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))
 
@@ -378,7 +378,7 @@ class CallAttempts:
         metrics = self.service.metrics
         metrics.in_flight.labels(attempt.provider).dec()
         metrics.upstream_seconds.labels(attempt.provider).observe(outcome.seconds)
-        if not outcome.ok and not outcome.client_left:
+        if not outcome.healthy and not outcome.client_left:
             metrics.upstream_errors.labels(attempt.provider).inc()
         seconds = round(time.perf_counter() - self.started, 4)
         # (a call that joined another model's copy of its weights file names that copy)
@@ -388,10 +388,11 @@ class CallAttempts:
                  placement=attempt.placement, evicted=list(attempt.evicted),
                  waited_ms=attempt.waited_ms, prompt_chars=self.call.prompt.chars,
                  estimated_prompt_tokens=attempt.estimated_tokens,
-                 reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
+                 reported_prompt_tokens=outcome.prompt_eval_count,
+                 answered=outcome.answered, healthy=outcome.healthy,
                  error=outcome.error, seconds=seconds, binding=attempt.binding)
         self.service.recent.add_call(attempt.model, attempt.provider, attempt.placement,
-                                     attempt.evicted, attempt.waited_ms, seconds, outcome.ok,
+                                     attempt.evicted, attempt.waited_ms, seconds, outcome.answered,
                                      outcome.error)
         if current.claimed is not None:
             await self.service.settle(current.claimed, self.call, attempt.estimated_tokens,

@@ -85,7 +85,11 @@ class CallRequest:
 
 @dataclass(frozen=True)
 class CallOutcome:
-    ok: bool
+    # The provider did its part, whether or not the call got its answer: a 5xx, a broken
+    # connection or answer are its failures (its circuit's and upstream errors'); its
+    # refusal of the call (a 4xx: the caller's mistake, or Ollama's 404 for a model it lacks)
+    # is none
+    healthy: bool
     seconds: float
     prompt_eval_count: int | None = None
     load_seconds: float | None = None
@@ -110,6 +114,11 @@ class CallOutcome:
     # The engine itself said the call failed (its error line, its 5xx, a stream it closed
     # unfinished), not the connection to it
     engine_failed: bool = False
+
+    @property
+    def answered(self) -> bool:
+        """The call got its answer from the provider: no failure, refusal or cut."""
+        return self.healthy and self.error is None and not self.client_left
 
 
 @dataclass(frozen=True)
