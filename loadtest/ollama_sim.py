@@ -179,7 +179,11 @@ def _go_decode(raw: bytes, go_type: str) -> dict[str, Any] | str:
 # OpenAI chat content parts, a schema's properties) keep their keys as sent. A tool's
 # parameters are an api.ToolFunctionParameters (api/types.go ToolFunction).
 _NESTED: dict[str, Any] = {"messages": {"tool_calls": {"function": {}}},
-                           "tools": {"function": {"parameters": {}}}}
+                           "tools": {"function": {"parameters": {}}},
+                           # OpenAI's chat (and completions): openai.ResponseFormat, its
+                           # JsonSchema, StreamOptions, Reasoning
+                           "response_format": {"json_schema": {}}, "stream_options": {},
+                           "reasoning": {}}
 # openai/responses.go: input items, their content parts, function outputs and summaries are
 # structs; a ResponsesTool too, whose parameters convertTool reads into
 # api.ToolFunctionParameters (a namespace's tools alike); text, its format, reasoning

@@ -458,7 +458,12 @@ _CALLS: Shape = {"function": {}}  # api.ToolCall, openai.ToolCall: their functio
 # api.Tool: its api.ToolFunction, whose `parameters` is an api.ToolFunctionParameters
 # (type, $defs, items, required, properties; api/types.go:487-504 at v0.30.0)
 _TOOLS: Shape = {"function": {"parameters": {}}}
-NESTED_STRUCTS: Shape = {"messages": {"tool_calls": _CALLS}, "tools": _TOOLS}
+# openai.ChatCompletionRequest's (and CompletionRequest's) response_format (its json_schema a
+# struct too, whose `schema` is raw JSON), stream_options and reasoning (openai/openai.go
+# :74-95 at v0.30.0); Ollama's own requests have no such fields, and ignore them
+NESTED_STRUCTS: Shape = {"messages": {"tool_calls": _CALLS}, "tools": _TOOLS,
+                         "response_format": {"json_schema": {}}, "stream_options": {},
+                         "reasoning": {}}
 # openai.ResponsesRequest (openai/responses.go at v0.30.0): an input item is read into a
 # struct by its type (unmarshalResponsesInputItem, :242-283, peeking at type and role), as
 # are a message's content parts and a function output's (unmarshalResponsesContent,
