@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
@@ -775,8 +776,8 @@ class SidecarApi:
         # (server/routes.go 267-272, 308-362, before its option, unload, raw and input ones)
         cloud = self._cloud_attempt(request, path, parsed)
         view = getattr(request.state, "go_view", body)  # its nested keys as Ollama binds them
-        if cloud is None and (wrong := await off_loop(large, layers.layer_error, path, view,
-                                                  self.engine_version())):
+        if cloud is None and (wrong := await off_loop(large, self._layer_refusal, request,
+                                                  path, view)):
             return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         measured = await off_loop(large, measure, view, parsed, self.engine_version())
         try:
@@ -795,6 +796,22 @@ class SidecarApi:
             if not model or await self._on_a_provider(model):
                 return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         return await self._forward(call, path, body, parsed, started, dialect, reshape)
+
+    def _layer_refusal(self, request: Request, path: str, view: dict[str, Any]) -> str | None:
+        """The 400 of the path's layer (api/layers.py) when every Ollama version of the
+        fleet refuses the body so, in the words of the version that a body gets the first
+        checks of; one some versions take goes to their cards (the body's BodyCheck, and
+        `refused_by`, gain the layer's refusals)."""
+        check: wire.BodyCheck[Any] | None = getattr(request.state, "body_check", None)
+        if check is None:
+            return layers.layer_error(path, view, self.engine_version())
+        check.layer = functools.partial(layers.layer_error, path, view)
+        versions = sorted(set(self.fleet_versions()), reverse=True)
+        refused = {version: words for version in versions if (words := check(version))}
+        if len(refused) == len(versions):
+            return refused.get(self.engine_version()) or refused[versions[0]]
+        request.state.refused_by = tuple(refused.items())
+        return None
 
     async def _forward(self, call: CallRequest, path: str, body: dict[str, Any],
                        parsed: wire.Inference, started: float, dialect: Dialect,

@@ -675,6 +675,10 @@ class BodyCheck(Generic[W]):
         self.taken: dict[Version, W] = {}  # the fields each version reads
         self.refused: dict[Version, BadRequest] = {}
         self._fields: list[W | BadRequest] = []  # the schema's check: no version's own
+        # The checks of the path's layer that follow the binding's (api/layers.py
+        # layer_error), once the call is known to run on a card; each version's words kept
+        self.layer: Callable[[Version], str | None] | None = None
+        self._layer_words: dict[Version, str | None] = {}
 
     def _checked(self) -> W:  # (a body of many messages takes a second each time)
         if not self._fields:
@@ -692,7 +696,13 @@ class BodyCheck(Generic[W]):
                 self.taken[version] = _validate(self.model, self.body, version, self._checked)
             except BadRequest as exc:
                 self.refused[version] = exc
-        return str(self.refused[version]) if version in self.refused else None
+        if version in self.refused:
+            return str(self.refused[version])
+        if self.layer is None:
+            return None
+        if version not in self._layer_words:
+            self._layer_words[version] = self.layer(version)
+        return self._layer_words[version]
 
 
 def validate_in_fleet(model: type[W], body: dict[str, Any], versions: Sequence[Version],

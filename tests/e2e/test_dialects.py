@@ -733,6 +733,31 @@ def test_in_a_fleet_of_mixed_versions_a_body_one_version_refuses_goes_to_a_card_
     assert refused.status_code == 400 and "think" in refused.json()["error"]
 
 
+def test_in_a_mixed_fleet_a_body_one_versions_layer_refuses_goes_to_a_card_that_takes_it(
+        sim_factory: Sims, sidecar_factory: Sidecars, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Responses layer reads a reasoning effort from 0.22 and refuses "extreme"; 0.20
+    reads none (openai/responses.go FromResponsesRequest). With the newer card probed last
+    (pinned here), the call is not refused before placement: it goes to the 0.20 card, even
+    where the newer one holds the model warm, and a fleet of the newer alone refuses it."""
+    monkeypatch.setattr("proxy.app.newest_version", lambda prober: "0.33.0")
+    old = sim_factory("old", version="0.20.0", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    url = sidecar_factory([old, new]).url
+    _version_known(url)
+    assert httpx.post(f"{new.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    assert eventually(lambda: _residents(url, "new") == ["qwen3:8b"])
+    before = new.sim.stats.requests
+    body = {"model": "qwen3:8b", "input": "hello", "max_output_tokens": 5,
+            "reasoning": {"effort": "extreme"}}
+    answer = httpx.post(f"{url}/v1/responses", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert (new.sim.stats.requests - before, old.sim.stats.inference_requests) == (0, 1)
+    alone = sidecar_factory([new]).url
+    _version_known(alone)
+    refused = httpx.post(f"{alone}/v1/responses", json=body, timeout=30)
+    assert refused.status_code == 400 and "invalid reasoning value" in refused.text
+
+
 def test_a_waiting_call_is_not_placed_on_a_card_heard_since_whose_version_refuses_its_body(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """A card of 0.12.6 (which refuses `think: "max"`) is down when the call is checked, so
