@@ -172,14 +172,28 @@ def _go_decode(raw: bytes, go_type: str) -> dict[str, Any] | str:
         return {}
     if not isinstance(value, dict):
         return f"json: cannot unmarshal {sim_gojson.kind(raw)} into Go value of type {go_type}"
-    return _nested_binds(_as_go_binds(raw, value), _ANTHROPIC_NESTED if
-                         go_type.startswith("anthropic.") else _NESTED)
+    return _nested_binds(_as_go_binds(raw, value), _NESTED_BY_TYPE.get(go_type, _NESTED))
 
 
-# Nested objects Go decodes into structs (keys folded) by field; maps (options, parameters,
-# arguments, OpenAI content parts) keep their keys as sent
-_NESTED: dict[str, Any] = {"messages": {"tool_calls": {"function": {}}}, "tools": {"function": {}}}
-_ANTHROPIC_NESTED: dict[str, Any] = {"messages": {"content": {}}, "tools": {}}
+# Nested objects Go decodes into structs (keys folded) by field; maps (options, arguments,
+# OpenAI chat content parts, a schema's properties) keep their keys as sent. A tool's
+# parameters are an api.ToolFunctionParameters (api/types.go ToolFunction).
+_NESTED: dict[str, Any] = {"messages": {"tool_calls": {"function": {}}},
+                           "tools": {"function": {"parameters": {}}},
+                           # OpenAI's chat (and completions): openai.ResponseFormat, its
+                           # JsonSchema, StreamOptions, Reasoning
+                           "response_format": {"json_schema": {}}, "stream_options": {},
+                           "reasoning": {}}
+# openai/responses.go: input items, their content parts, function outputs and summaries are
+# structs; a ResponsesTool too, whose parameters convertTool reads into
+# api.ToolFunctionParameters (a namespace's tools alike); text, its format, reasoning
+_RESPONSES_TOOLS: dict[str, Any] = {"parameters": {}}
+_RESPONSES_TOOLS["tools"] = _RESPONSES_TOOLS
+_NESTED_BY_TYPE: dict[str, dict[str, Any]] = {
+    "anthropic.MessagesRequest": {"messages": {"content": {}}, "tools": {}},
+    "openai.ResponsesRequest": {"input": {"content": {}, "output": {}, "summary": {}},
+                                "tools": _RESPONSES_TOOLS, "text": {"format": {}},
+                                "reasoning": {}}}
 
 
 def _nested_binds(value: Any, shape: dict[str, Any], top: bool = True) -> Any:

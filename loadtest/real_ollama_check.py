@@ -183,6 +183,19 @@ CASES: tuple[Case, ...] = (
          lambda s: {"model": s.model, "max_tokens": 3, "prompt": "hello"}),
     Case("openai models", "/v1/models", None),
     Case("openai model", "/v1/models/{model}", None),
+    # Go binds nested struct keys case-insensitively (openai/responses.go input items and
+    # content parts, openai.ResponseFormat)
+    Case("responses capitalised item and parts", "/v1/responses",
+         lambda s: {"model": s.model, "max_output_tokens": 3, "input": [
+             {"Type": "message", "Role": "user",
+              "Content": [{"Type": "input_text", "Text": "hello"}]}]}),
+    Case("responses capitalised file part", "/v1/responses",
+         lambda s: {"model": s.model, "input": [
+             {"Role": "user", "Content": [{"TYPE": "input_file", "file_data": "aGk="}]}]}),
+    Case("openai chat capitalised response_format", "/v1/chat/completions",
+         lambda s: {"model": s.model, "max_tokens": 3, "response_format": {
+             "Type": "json_schema", "JSON_Schema": {"Schema": "object"}},
+             "messages": [{"role": "user", "content": "hello"}]}),
 )
 
 

@@ -187,7 +187,7 @@ def outcome_from(metrics: dict[str, Any], started: float, ok: bool,
     """The call's outcome from the engine's final metrics (ignored when it failed)."""
     metrics = metrics if ok else {}
     return CallOutcome(
-        ok=ok,
+        healthy=ok,
         seconds=time.perf_counter() - started,
         prompt_eval_count=prompt_tokens(metrics),
         load_seconds=_seconds(metrics, "load_duration"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
@@ -209,8 +210,11 @@ def measure(body: dict[str, Any], parsed: wire.Inference | None = None,
 
 def nested_structs(parsed: object) -> wire.Shape:
     """The nested structs Ollama decodes a body into, by its schema or checked fields."""
-    anthropic = parsed is wire.AnthropicMessages or isinstance(parsed, wire.AnthropicMessages)
-    return wire.ANTHROPIC_NESTED_STRUCTS if anthropic else wire.NESTED_STRUCTS
+    if parsed is wire.AnthropicMessages or isinstance(parsed, wire.AnthropicMessages):
+        return wire.ANTHROPIC_NESTED_STRUCTS
+    if parsed is wire.OpenAIResponses or isinstance(parsed, wire.OpenAIResponses):
+        return wire.RESPONSES_NESTED_STRUCTS
+    return wire.NESTED_STRUCTS
 
 
 def answer_cap(path: str | None, body: dict[str, Any]) -> int:
@@ -482,8 +486,9 @@ class SidecarApi:
             # the body sizing and checks read (what is sent on stays `body`)
             view = request.state.go_view = await off_loop(
                 large, wire.nested_as_go_binds, body, nested_structs(schema))
+            check = request.state.body_check = wire.BodyCheck(schema, view)
             parsed, request.state.refused_by = await off_loop(
-                large, wire.validate_in_fleet, schema, view, self.fleet_versions())
+                large, wire.validate_in_fleet, schema, view, self.fleet_versions(), check)
             return body, parsed
         except wire.BadRequest as exc:
             named = wire.named_model(body, also_name="name" in schema.model_fields)
@@ -695,6 +700,7 @@ class SidecarApi:
             embeds=embeds(path, body),
             served=SERVED_IN.get(path, ()),
             refused_by=getattr(request.state, "refused_by", ()),
+            body_check=getattr(request.state, "body_check", None),
             disconnected=lambda: _disconnect(request),
         )
 
@@ -770,8 +776,8 @@ class SidecarApi:
         # (server/routes.go 267-272, 308-362, before its option, unload, raw and input ones)
         cloud = self._cloud_attempt(request, path, parsed)
         view = getattr(request.state, "go_view", body)  # its nested keys as Ollama binds them
-        if cloud is None and (wrong := await off_loop(large, layers.layer_error, path, view,
-                                                  self.engine_version())):
+        if cloud is None and (wrong := await off_loop(large, self._layer_refusal, request,
+                                                  path, view)):
             return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         measured = await off_loop(large, measure, view, parsed, self.engine_version())
         try:
@@ -790,6 +796,22 @@ class SidecarApi:
             if not model or await self._on_a_provider(model):
                 return self._bad_request(wire.BadRequest(wrong), dialect, wire.named_model(body))
         return await self._forward(call, path, body, parsed, started, dialect, reshape)
+
+    def _layer_refusal(self, request: Request, path: str, view: dict[str, Any]) -> str | None:
+        """The 400 of the path's layer (api/layers.py) when every Ollama version of the
+        fleet refuses the body so, in the words of the version that a body gets the first
+        checks of; one some versions take goes to their cards (the body's BodyCheck, and
+        `refused_by`, gain the layer's refusals)."""
+        check: wire.BodyCheck[Any] | None = getattr(request.state, "body_check", None)
+        if check is None:
+            return layers.layer_error(path, view, self.engine_version())
+        check.layer = functools.partial(layers.layer_error, path, view)
+        versions = sorted(set(self.fleet_versions()), reverse=True)
+        refused = {version: words for version in versions if (words := check(version))}
+        if len(refused) == len(versions):
+            return refused.get(self.engine_version()) or refused[versions[0]]
+        request.state.refused_by = tuple(refused.items())
+        return None
 
     async def _forward(self, call: CallRequest, path: str, body: dict[str, Any],
                        parsed: wire.Inference, started: float, dialect: Dialect,

@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import orjson
 import zstandard
@@ -450,12 +450,31 @@ def as_go_binds(raw: bytes, body: dict[str, Any]) -> dict[str, Any]:
 # The objects nested in a body that Go decodes into structs, whose keys it folds as it does
 # the top level's: a shape names the fields whose values hold more of them (a list's items
 # take the list's shape). Maps are left out, as Go matches their keys exactly: `options`, a
-# tool's `parameters`, a call's `arguments`, a block's `input`, an OpenAI message's content
-# parts (`any`), Anthropic's `system` and a tool result's content (`any`).
+# call's `arguments`, a block's `input`, an OpenAI message's content parts (`any`),
+# Anthropic's `system` and a tool result's content (`any`), a parameter schema's
+# `properties`. (Every field name of these structs is lower case.)
 Shape = dict[str, "Shape"]
 _CALLS: Shape = {"function": {}}  # api.ToolCall, openai.ToolCall: their function a struct
-_TOOLS: Shape = {"function": {}}  # api.Tool: its api.ToolFunction
-NESTED_STRUCTS: Shape = {"messages": {"tool_calls": _CALLS}, "tools": _TOOLS}
+# api.Tool: its api.ToolFunction, whose `parameters` is an api.ToolFunctionParameters
+# (type, $defs, items, required, properties; api/types.go:487-504 at v0.30.0)
+_TOOLS: Shape = {"function": {"parameters": {}}}
+# openai.ChatCompletionRequest's (and CompletionRequest's) response_format (its json_schema a
+# struct too, whose `schema` is raw JSON), stream_options and reasoning (openai/openai.go
+# :74-95 at v0.30.0); Ollama's own requests have no such fields, and ignore them
+NESTED_STRUCTS: Shape = {"messages": {"tool_calls": _CALLS}, "tools": _TOOLS,
+                         "response_format": {"json_schema": {}}, "stream_options": {},
+                         "reasoning": {}}
+# openai.ResponsesRequest (openai/responses.go at v0.30.0): an input item is read into a
+# struct by its type (unmarshalResponsesInputItem, :242-283, peeking at type and role), as
+# are a message's content parts and a function output's (unmarshalResponsesContent,
+# :107-140) and a reasoning item's summary; a ResponsesTool (:349-355) is one, and
+# convertTool (:571-583) reads its `parameters` map into api.ToolFunctionParameters, a
+# `namespace` tool's member tools alike; `text`, its `format`, and `reasoning` are structs.
+_RESPONSES_TOOLS: Shape = {"parameters": {}}
+_RESPONSES_TOOLS["tools"] = _RESPONSES_TOOLS
+RESPONSES_NESTED_STRUCTS: Shape = {
+    "input": {"content": {}, "output": {}, "summary": {}}, "tools": _RESPONSES_TOOLS,
+    "text": {"format": {}}, "reasoning": {}}
 # anthropic.MessagesRequest: MessageParam's content is []ContentBlock; a Tool is a struct
 ANTHROPIC_NESTED_STRUCTS: Shape = {"messages": {"content": {}}, "tools": {}}
 
@@ -646,37 +665,63 @@ def _validate(model: type[W], body: dict[str, Any], version: Version,
     return parsed
 
 
-def validate_in_fleet(model: type[W], body: dict[str, Any], versions: Sequence[Version]
+class BodyCheck(Generic[W]):
+    """The body checked as one Ollama version checks it, each version once: its words when
+    the version refuses the body, None when it takes it. Placement asks it of a card whose
+    version was first heard after the call's check (core/engines.py body_refusal)."""
+
+    def __init__(self, model: type[W], body: dict[str, Any]) -> None:
+        self.model, self.body = model, body
+        self.taken: dict[Version, W] = {}  # the fields each version reads
+        self.refused: dict[Version, BadRequest] = {}
+        self._fields: list[W | BadRequest] = []  # the schema's check: no version's own
+        # The checks of the path's layer that follow the binding's (api/layers.py
+        # layer_error), once the call is known to run on a card; each version's words kept
+        self.layer: Callable[[Version], str | None] | None = None
+        self._layer_words: dict[Version, str | None] = {}
+
+    def _checked(self) -> W:  # (a body of many messages takes a second each time)
+        if not self._fields:
+            try:
+                self._fields.append(_validated(self.model, self.body))
+            except BadRequest as exc:
+                self._fields.append(exc)
+        if isinstance(self._fields[0], BadRequest):
+            raise self._fields[0]
+        return self._fields[0]
+
+    def __call__(self, version: Version) -> str | None:
+        if version not in self.taken and version not in self.refused:
+            try:
+                self.taken[version] = _validate(self.model, self.body, version, self._checked)
+            except BadRequest as exc:
+                self.refused[version] = exc
+        if version in self.refused:
+            return str(self.refused[version])
+        if self.layer is None:
+            return None
+        if version not in self._layer_words:
+            self._layer_words[version] = self.layer(version)
+        return self._layer_words[version]
+
+
+def validate_in_fleet(model: type[W], body: dict[str, Any], versions: Sequence[Version],
+                      check: BodyCheck[W] | None = None
                       ) -> tuple[W, tuple[tuple[Version, str], ...]]:
     """The body checked as each of the fleet's Ollama versions checks it (newest first): its
     fields as the newest that takes it reads them, and the versions that refuse it with
-    their words (placement leaves their cards out). None takes it: the newest's refusal."""
-    refusals: list[tuple[Version, str]] = []
-    first: BadRequest | None = None
-    parsed: W | None = None
-    fields: list[W | BadRequest] = []  # the schema's check, once: it is no version's own
-
-    def checked() -> W:  # (a body of many messages takes a second each time)
-        if not fields:
-            try:
-                fields.append(_validated(model, body))
-            except BadRequest as exc:
-                fields.append(exc)
-        if isinstance(fields[0], BadRequest):
-            raise fields[0]
-        return fields[0]
-
-    for version in sorted(set(versions), reverse=True):
-        try:
-            taken = _validate(model, body, version, checked)
-        except BadRequest as exc:
-            first = first or exc
-            refusals.append((version, str(exc)))
-            continue
-        parsed = parsed or taken
+    their words (placement leaves their cards out). None takes it: the newest's refusal.
+    `check`, the body's BodyCheck, keeps what each version answered."""
+    check = check or BodyCheck(model, body)
+    ordered = sorted(set(versions), reverse=True)
+    refusals = tuple((version, words) for version in ordered
+                     if (words := check(version)) is not None)
+    parsed = next((check.taken[version] for version in ordered if version in check.taken),
+                  None)
     if parsed is None:
+        first = next((check.refused[version] for version in ordered), None)
         raise first or BadRequest("no Ollama version to check the body against")
-    return parsed, tuple(refusals)
+    return parsed, refusals
 
 
 # A list longer than this is validated in pieces: pydantic holds the GIL for a whole

@@ -12,6 +12,8 @@ it would move to Ollama's own engine are taken to run on the llama engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proxy.core.context import Version, parse_version
 from proxy.core.types import Lack, ModelInfo
 
@@ -171,10 +173,16 @@ def path_refusal(path: str, served: Served, version_text: str) -> Lack | None:
                 f"run {dotted(version)}", 404)
 
 
-def body_refusal(refused_by: tuple[tuple[Version, str], ...], version_text: str
-                 ) -> Lack | None:
+def body_refusal(refused_by: tuple[tuple[Version, str], ...], version_text: str,
+                 check: Callable[[Version], str | None] | None = None) -> Lack | None:
     """The 400 of an Ollama whose version refuses the call's body where another version of
-    the fleet takes it (`think: "max"` before 0.22, say). An unknown version ("") is none
-    of those heard, so it is not left out."""
+    the fleet takes it (`think: "max"` before 0.22, say): a version checked with the body,
+    or one first heard since, which `check` checks it against. An unknown version ("") is
+    none of those, so it is not left out."""
+    if not version_text:
+        return None
     version = parse_version(version_text)
-    return next((Lack(words) for refusing, words in refused_by if refusing == version), None)
+    words = next((words for refusing, words in refused_by if refusing == version), None)
+    if words is None and check is not None:
+        words = check(version)
+    return None if words is None else Lack(words)

@@ -79,8 +79,8 @@ class Fitting:
         if call.served and (wrong := engines.path_refusal(call.path, call.served,
                                                           index.view.version)):
             return wrong
-        if call.refused_by and (wrong := engines.body_refusal(call.refused_by,
-                                                              index.view.version)):
+        if (call.refused_by or call.body_check) and (wrong := engines.body_refusal(
+                call.refused_by, index.view.version, call.body_check)):
             return wrong
         if not call.needs and not call.embeds:
             return None

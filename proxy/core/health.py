@@ -111,8 +111,11 @@ class ProviderStats:
     latency: Ema = Ema()
     success: Ema = Ema()
 
-    def record(self, ok: bool, seconds: float, now: float) -> ProviderStats:
-        latency = self.latency.add(seconds, LATENCY_ALPHA) if ok else self.latency
+    def record(self, ok: bool, seconds: float | None, now: float) -> ProviderStats:
+        """A call's outcome; `seconds` None for one the provider refused before it began (a
+        404 for a model it lacks in milliseconds says nothing of how long its calls take)."""
+        latency = self.latency.add(seconds, LATENCY_ALPHA) if ok and seconds is not None \
+            else self.latency
         return ProviderStats(self.breaker.record(ok, now), latency,
                              self.success.add(1.0 if ok else 0.0, SUCCESS_ALPHA))
 

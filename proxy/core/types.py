@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
@@ -247,6 +247,11 @@ class CallSpec:
     # The Ollama versions that refuse the call's body, with their words: a card on one of
     # them answers a 400 another card would not (core/engines.py body_refusal)
     refused_by: tuple[tuple[tuple[int, int, int], str], ...] = ()
+    # The body's check as a version of a card first heard after the call's check runs it
+    # (api/wire.py BodyCheck: pure, each version's answer kept), its words when the version
+    # refuses the body; None: only `refused_by` is known
+    body_check: Callable[[tuple[int, int, int]], str | None] | None = field(
+        default=None, compare=False, repr=False)
 
     @property
     def preferred(self) -> Candidate:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 
 from proxy.core.context import could_run_in
 from proxy.core.engine_errors import is_out_of_memory
 from proxy.core.occupancy import copy_users
 from proxy.core.tickets import Residency
-from proxy.core.types import Circuit, Placement, WaitNeed
+from proxy.core.types import Circuit, Placement, ProviderView, WaitNeed
 from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.observability.recent import RecentCalls
@@ -140,7 +141,7 @@ class CallService:
             await self.evictions.after_out_of_memory(placement.provider)
         elif outcome.engine_failed and not call.embeds:
             await self.evictions.after_engine_failure(placement.provider, placement.copy_model)
-        if outcome.ok:
+        if outcome.healthy:
             learning = self.experience.learning
             if call.path in LEARNS_RATIO and estimated_tokens:  # 0: placed to be cut
                 learning.observe_prompt(call, outcome.prompt_eval_count)
@@ -163,7 +164,7 @@ class CallService:
             self.scheduler.provider_view(placement.provider).version, outcome)
         if check is not None:
             self._count_cache(placement.provider, check)
-        if placement.loads or not outcome.ok:
+        if placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))
 
@@ -215,13 +216,7 @@ class CallService:
         snapshot = self.scheduler.snapshot(self.clock.now())
         view = self.scheduler.provider_view(placement.provider)
         users = set(copy_users(view, placement.copy_model))
-
-        def could_run(model: str, need: WaitNeed) -> bool:
-            info = view.models.get(model)
-            return placement.provider not in need.excludes and could_run_in(
-                placement.context_length, need.num_ctx, need.prompt_tokens,
-                info.trained_context if info is not None else 0)
-
+        could_run = _could_run_on(placement, view)
         if any(could_run(m, need) for m in users
                if (d := snapshot.demand.get(m)) is not None
                for need in (*(d.needs or (ANY_COPY,) if d.waiters else ()), *d.backing)):
@@ -231,13 +226,14 @@ class CallService:
                    placement.copy_model not in t.evicts for t in snapshot.tickets)
 
     def _others_wait_for(self, placement: Placement) -> bool:
-        """Whether another sidecar's call waits for the slot the placement held: one of its
-        model, or of any model Ollama runs on its copy (core/occupancy.py copy_users)."""
-        if self.demand.others_waiting(placement.model):
-            return True
+        """Whether another sidecar's call waits for the slot the placement held and could
+        run on its copy (as copy_wanted has it): one of its model, or of any model Ollama
+        runs on the copy (core/occupancy.py copy_users)."""
         view = self.scheduler.provider_view(placement.provider)
-        return any(self.demand.others_waiting(m)
-                   for m in copy_users(view, placement.copy_model) if m != placement.model)
+        could_run = _could_run_on(placement, view)
+        return any(self.demand.others_waiting(m, functools.partial(could_run, m))
+                   for m in (placement.model, *(u for u in copy_users(
+                       view, placement.copy_model) if u != placement.model)))
 
     def _count_cache(self, provider: str, check: CacheCheck) -> None:
         metrics = self.metrics
@@ -382,7 +378,7 @@ class CallAttempts:
         metrics = self.service.metrics
         metrics.in_flight.labels(attempt.provider).dec()
         metrics.upstream_seconds.labels(attempt.provider).observe(outcome.seconds)
-        if not outcome.ok and not outcome.client_left:
+        if not outcome.healthy and not outcome.client_left:
             metrics.upstream_errors.labels(attempt.provider).inc()
         seconds = round(time.perf_counter() - self.started, 4)
         # (a call that joined another model's copy of its weights file names that copy)
@@ -392,14 +388,27 @@ class CallAttempts:
                  placement=attempt.placement, evicted=list(attempt.evicted),
                  waited_ms=attempt.waited_ms, prompt_chars=self.call.prompt.chars,
                  estimated_prompt_tokens=attempt.estimated_tokens,
-                 reported_prompt_tokens=outcome.prompt_eval_count, ok=outcome.ok,
+                 reported_prompt_tokens=outcome.prompt_eval_count,
+                 answered=outcome.answered, healthy=outcome.healthy,
                  error=outcome.error, seconds=seconds, binding=attempt.binding)
         self.service.recent.add_call(attempt.model, attempt.provider, attempt.placement,
-                                     attempt.evicted, attempt.waited_ms, seconds, outcome.ok,
+                                     attempt.evicted, attempt.waited_ms, seconds, outcome.answered,
                                      outcome.error)
         if current.claimed is not None:
             await self.service.settle(current.claimed, self.call, attempt.estimated_tokens,
                                       outcome, preload)
+
+
+def _could_run_on(placement: Placement, view: ProviderView
+                  ) -> Callable[[str, WaitNeed], bool]:
+    """Whether a call of a model waiting with `need` could run on the placement's copy: not
+    kept off its card (a retry's), its num_ctx and prompt within the copy's context."""
+    def could_run(model: str, need: WaitNeed) -> bool:
+        info = view.models.get(model)
+        return placement.provider not in need.excludes and could_run_in(
+            placement.context_length, need.num_ctx, need.prompt_tokens,
+            info.trained_context if info is not None else 0)
+    return could_run
 
 
 def _too_long(failed: Granted, outcome: CallOutcome) -> Refusal:

@@ -48,7 +48,7 @@ def load_state(outcome: CallOutcome) -> LoadState:
     (its agent left before the answer began: its connection closed, Ollama aborts the load
     unless it had just finished), or nothing (the engine refused or failed before
     answering)."""
-    if outcome.prompt_too_long or (outcome.ok and outcome.error is None) or outcome.began:
+    if outcome.prompt_too_long or (outcome.healthy and outcome.error is None) or outcome.began:
         return "loaded"
     return "abandoned" if outcome.client_left else "failed"
 

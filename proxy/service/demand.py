@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -48,6 +48,10 @@ VIEW_REUSE_S = 1.0  # the longest a demand view is reused when the board has not
 # this is not expected to be cached anywhere.
 CACHE_TTL_S = 600.0
 ANY_COPY = WaitNeed()  # a waiting call that said nothing of what it needs
+
+
+def _any_copy(need: WaitNeed) -> bool:
+    return True
 
 
 def decayed(rate: float, at: float, now: float) -> float:
@@ -266,14 +270,20 @@ class DemandBoard:
                 if self._waits.get(entry.key) is entry:  # (its number may be taken anew)
                     await self._write_wait(entry)
 
-    def others_waiting(self, model: str) -> bool:
+    def others_waiting(self, model: str, could_run: Callable[[WaitNeed], bool] | None = None
+                       ) -> bool:
         """Whether calls of other sidecars wait for `model`, or could run on it while
-        waiting for another (this one's are not counted)."""
+        waiting for another (this one's are not counted); with `could_run`, only those
+        whose needs the copy in question meets (a call whose num_ctx or prompt its context
+        cannot hold, or kept off its card, waits for another copy)."""
         found = self.view().get(model)
         if found is None or not (found.waiters or found.backing):
             return False
-        return found.waiters + len(found.backing) > sum(
-            1 for e in self._waits.values() if e.model == model or model in e.also)
+        runs = could_run or _any_copy
+        waiting = sum(map(runs, (*(found.needs or (ANY_COPY,) * found.waiters),
+                                 *found.backing)))
+        return waiting > sum(runs(e.need) for e in self._waits.values()
+                             if e.model == model or model in e.also)
 
     def stop_waiting(self, entry: WaitEntry) -> bool:
         """Leave this sidecar's view at once (the board's entry goes with done_waiting);

@@ -127,7 +127,7 @@ class Learning:
         and, when the copy held less than expected, that it holds only this prompt now.
         None: the call carried no conversation, or its answer tells nothing of it."""
         found = self.expected_cached.pop(ticket, None)
-        if found is None or not outcome.ok:
+        if found is None or not outcome.healthy:
             return None
         conversation, expected = found
         observed = read_answer(outcome.prompt_eval_count, outcome.prompt_seconds, version,
@@ -235,6 +235,6 @@ class Experience:
         # An agent leaving (Ctrl-C, a cancelled tool call), or a prompt the engine refused
         # as too long, says nothing of the GPU.
         stats = stats.abandoned(ticket) if outcome.client_left or outcome.prompt_too_long \
-            else stats.record(outcome.ok, outcome.seconds, now)
+            else stats.record(outcome.healthy, outcome.seconds if outcome.began else None, now)
         self.stats[provider] = stats
         return stats.breaker.state(now)

@@ -62,6 +62,9 @@ class CallRequest:
     # The fleet's Ollama versions that refuse the body, with their words (api/wire.py
     # validate_in_fleet): in a fleet of mixed versions their cards are left out
     refused_by: tuple[tuple[tuple[int, int, int], str], ...] = ()
+    # The body's check for a version none of the fleet's had at the call's check (a card
+    # whose version was heard since): that version's refusal, None when it takes the body
+    body_check: Callable[[tuple[int, int, int]], str | None] | None = None
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
 
@@ -82,7 +85,11 @@ class CallRequest:
 
 @dataclass(frozen=True)
 class CallOutcome:
-    ok: bool
+    # The provider did its part, whether or not the call got its answer: a 5xx, a broken
+    # connection or answer are its failures (its circuit's and upstream errors'); its
+    # refusal of the call (a 4xx: the caller's mistake, or Ollama's 404 for a model it lacks)
+    # is none
+    healthy: bool
     seconds: float
     prompt_eval_count: int | None = None
     load_seconds: float | None = None
@@ -107,6 +114,11 @@ class CallOutcome:
     # The engine itself said the call failed (its error line, its 5xx, a stream it closed
     # unfinished), not the connection to it
     engine_failed: bool = False
+
+    @property
+    def answered(self) -> bool:
+        """The call got its answer from the provider: no failure, refusal or cut."""
+        return self.healthy and self.error is None and not self.client_left
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,8 @@ class Scheduler:
                         can_wait=call.can_wait, wait_left_s=self.settings.wait_limit_s,
                         conversation=self.learning.conversation(call, tokens),
                         needs=call.needs, embeds=call.embeds, served=call.served,
-                        path=call.path, refused_by=call.refused_by)
+                        path=call.path, refused_by=call.refused_by,
+                        body_check=call.body_check)
 
     def work(self, spec: CallSpec) -> CallLength | None:
         """The call's expected length, wherever it runs: what orders it among the calls

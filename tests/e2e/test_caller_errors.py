@@ -372,6 +372,11 @@ def test_a_format_ollama_cannot_use_is_its_refusal_once_the_model_is_found(
     assert schema.status_code == 400, schema.text
     assert schema.json()["error"]["message"] == \
         'invalid format: "\\"object\\""; expected "json" or a valid JSON Schema object'
+    # (openai.ResponseFormat and its JsonSchema are Go structs: any case of their keys)
+    folded = httpx.post(f"{url}/v1/chat/completions", json={
+        "model": "qwen3:8b", "messages": HI, "response_format": {
+            "Type": "json_schema", "JSON_SCHEMA": {"Name": "x", "Schema": "object"}}})
+    assert folded.json()["error"]["message"] == schema.json()["error"]["message"]
     assert (gpu.sim.stats.requests, gpu.sim.stats.loads) == (0, 0)
     assert httpx.post(f"{url}/api/chat", json={
         "model": "nosuch:1b", "messages": HI, "format": 5}).status_code == 404

@@ -6,6 +6,7 @@ The sidecar places each like a native call and answers refusals in the dialect's
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ import zstandard
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
 from tests.conftest import eventually
+from tests.e2e.test_scheduling import stream_in_background
 
 Sims = Callable[..., SimServer]
 Sidecars = Callable[..., ThreadedServer]
@@ -423,6 +425,13 @@ def test_a_reasoning_effort_is_read_as_the_providers_ollama_reads_it(
     ({"input": "hello", "reasoning": {"effort": "extreme"}},
      'invalid reasoning value: "extreme" (must be "minimal", "low", "medium", "high", '
      '"xhigh", "ultra", "max", or "none")'),
+    # items, parts and `reasoning` are Go structs: their keys match case-insensitively
+    ({"input": [{"Role": "user", "Content": [
+        {"Type": "input_file", "filename": "a.txt", "file_data": "aGk="}]}]},
+     "file inputs are not currently supported"),
+    ({"input": "hello", "reasoning": {"EFFORT": "extreme"}},
+     'invalid reasoning value: "extreme" (must be "minimal", "low", "medium", "high", '
+     '"xhigh", "ultra", "max", or "none")'),
 ])
 def test_a_responses_body_ollama_cannot_read_is_its_400_before_any_placement(
         sim_factory: Sims, sidecar_factory: Sidecars, given: dict[str, Any],
@@ -438,6 +447,26 @@ def test_a_responses_body_ollama_cannot_read_is_its_400_before_any_placement(
     # the simulator, as Ollama, refuses it alike
     direct = httpx.post(f"{gpu.url}/v1/responses", json={"model": "llama3.2:3b", **given})
     assert (direct.status_code, direct.json()["error"]["message"]) == (400, message)
+
+
+def test_a_responses_input_with_capitalised_keys_is_sized_as_ollama_binds_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama reads an input item's `Role` and `Content` and a part's `Type` and `Text` as
+    their fields (openai/responses.go unmarshalResponsesInputItem): the sidecar places the
+    item, and sizes it, as it does the lower-case one."""
+    gpu = sim_factory("gpu", context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+
+    def ask(words: int) -> httpx.Response:
+        return httpx.post(f"{url}/v1/responses", timeout=30, json={
+            "model": "qwen3:8b", "max_output_tokens": 5, "input": [{"Role": "user", "Content": [
+                {"Type": "input_text", "Text": "word " * words}]}]})
+
+    too_long = ask(8000)  # ~11k tokens
+    assert (too_long.status_code, too_long.json()["reason"]) == (413, "prompt-too-large")
+    assert gpu.sim.stats.inference_requests == 0
+    ok = ask(500)
+    assert ok.status_code == 200 and ok.json()["usage"]["input_tokens"] > 500, ok.text
 
 
 def test_a_message_go_reads_as_its_zero_value_is_answered(
@@ -702,6 +731,68 @@ def test_in_a_fleet_of_mixed_versions_a_body_one_version_refuses_goes_to_a_card_
     _version_known(alone)
     refused = httpx.post(f"{alone}/api/chat", json=body, timeout=30)
     assert refused.status_code == 400 and "think" in refused.json()["error"]
+
+
+def test_in_a_mixed_fleet_a_body_one_versions_layer_refuses_goes_to_a_card_that_takes_it(
+        sim_factory: Sims, sidecar_factory: Sidecars, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Responses layer reads a reasoning effort from 0.22 and refuses "extreme"; 0.20
+    reads none (openai/responses.go FromResponsesRequest). With the newer card probed last
+    (pinned here), the call is not refused before placement: it goes to the 0.20 card, even
+    where the newer one holds the model warm, and a fleet of the newer alone refuses it."""
+    monkeypatch.setattr("proxy.app.newest_version", lambda prober: "0.33.0")
+    old = sim_factory("old", version="0.20.0", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    url = sidecar_factory([old, new]).url
+    _version_known(url)
+    assert httpx.post(f"{new.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    assert eventually(lambda: _residents(url, "new") == ["qwen3:8b"])
+    before = new.sim.stats.requests
+    body = {"model": "qwen3:8b", "input": "hello", "max_output_tokens": 5,
+            "reasoning": {"effort": "extreme"}}
+    answer = httpx.post(f"{url}/v1/responses", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert (new.sim.stats.requests - before, old.sim.stats.inference_requests) == (0, 1)
+    alone = sidecar_factory([new]).url
+    _version_known(alone)
+    refused = httpx.post(f"{alone}/v1/responses", json=body, timeout=30)
+    assert refused.status_code == 400 and "invalid reasoning value" in refused.text
+
+
+def test_a_waiting_call_is_not_placed_on_a_card_heard_since_whose_version_refuses_its_body(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A card of 0.12.6 (which refuses `think: "max"`) is down when the call is checked, so
+    only the newer card's version is known; the call waits for that card's one slot. The
+    old card comes back holding the model warm and idle: it is left out once its version
+    is heard, and the call waits for the card that takes it, not for the old one's 400."""
+    old = sim_factory("old", version="0.12.6", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    assert httpx.post(f"{old.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    old.stop()
+    url = sidecar_factory([old, new], probe_interval_seconds=0.1).url
+    _version_known(url)
+    leave = threading.Event()
+    holding = stream_in_background(url, "qwen3:8b", 5000, threading.Event(), leave)
+    answers: list[httpx.Response] = []
+    body = {"model": "qwen3:8b", "messages": HI, "think": "max", "stream": False}
+    caller = threading.Thread(target=lambda: answers.append(
+        httpx.post(f"{url}/api/chat", json=body, timeout=30)), daemon=True)
+    caller.start()
+    assert eventually(lambda: _waiters(url, "qwen3:8b") == 1)  # checked, and waiting
+    before = old.sim.stats.requests
+    old.start()
+    assert eventually(lambda: _residents(url, "old") == ["qwen3:8b"])
+    assert not eventually(lambda: bool(answers), timeout_s=1.0)  # still waiting for `new`
+    leave.set()
+    caller.join(30)
+    holding.join(30)
+    assert answers[0].status_code == 200, answers[0].text
+    assert old.sim.stats.requests == before  # none was sent to the old card
+    assert new.sim.stats.inference_requests == 2
+
+
+def _waiters(url: str, model: str) -> int:
+    demand = httpx.get(f"{url}/kubemoot/v1/state").json()["demand"]
+    return int(demand.get(model, {}).get("waiters", 0))
 
 
 def test_thinking_ollama_drops_is_not_counted_against_the_context(

@@ -363,3 +363,39 @@ def test_a_card_that_listed_no_model_is_not_waited_for_while_it_is_down(
     r = httpx.post(f"{url}/api/chat", json={"model": "qwen3:8bb", "messages": HI})
     assert (r.status_code, r.json()["error"]) == (404, "model 'qwen3:8bb' not found")
     assert time.monotonic() - started < 1.0
+
+
+def test_a_cards_404_for_a_model_it_no_longer_has_is_no_card_failure_and_no_answer(
+        sim_factory: Sims, sidecar_factory: Sidecars, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The card listed qwen3:8b, since deleted there: the call placed on it gets Ollama's
+    404. The card did its part: no upstream error is counted and its latency is not taught
+    by the 404's milliseconds; but the call was not answered, which its `call` log line
+    (`answered=False`, `healthy=True`) and the status feed's call (no `ok`) say."""
+    from tests.e2e.test_status_page import views
+
+    gpu = sim_factory("a", time_scale=0.05)  # (a keep-alive of 15 s)
+    assert httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    sidecar = sidecar_factory([gpu], probe_interval_seconds=30)
+    url = sidecar.url
+    body = {"model": "qwen3:8b", "messages": HI, "stream": False}
+    assert eventually(lambda: [r["model"] for r in httpx.get(
+        f"{url}/kubemoot/v1/state").json()["providers"][0]["residents"]] == ["qwen3:8b"])
+    answered = httpx.post(f"{url}/api/chat", json=body, timeout=30)  # warm: no probe follows
+    assert answered.headers["x-kubemoot-placement"] == "warm"
+    health = sidecar.app.state.api.calls.scheduler.experience.stats  # type: ignore[attr-defined]
+    latency = health["a"].latency
+    gpu.sim.config = replace(gpu.sim.config, models=tuple(
+        m for m in gpu.sim.config.models if m.name != "qwen3:8b"))
+    capsys.readouterr()
+    gone = httpx.post(f"{url}/api/chat", json=body, timeout=30)
+    assert gone.status_code == 404 and "not found" in gone.json()["error"]
+    logged = [line for line in capsys.readouterr().out.splitlines() if "] call  " in line]
+    assert len(logged) == 1 and "HTTP 404" in logged[0], logged
+    assert " answered=False " in logged[0] and " healthy=True " in logged[0], logged
+    assert health["a"].latency == latency
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'kubemoot_upstream_errors_total{provider="a"}' not in metrics
+    with httpx.stream("GET", f"{url}/kubemoot/v1/events", timeout=10) as feed:
+        calls = next(views(feed))["calls"]
+    assert [(c["ok"], "404" in str(c["error"])) for c in calls] == [(False, True), (True, False)]

@@ -82,7 +82,7 @@ class Sidecar:
             outcome, final = await send(placed, call, attempts.answering if stream else None)
             if final:
                 await attempts.settle(outcome)
-                return Answered(200 if outcome.ok else 502, tried, error=outcome.error)
+                return Answered(200 if outcome.healthy else 502, tried, error=outcome.error)
             another = await attempts.again(outcome)
             if another is None:
                 return Answered(502, tried, error=outcome.error)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from proxy.core.types import WaitNeed
 from tests.service.fakes import Answer
 from tests.service.harness import Fleet
 
@@ -48,3 +49,29 @@ async def test_an_idle_copy_waiting_calls_could_run_on_is_not_the_victim_for_ano
     assert {(a.provider, a.last.model, a.placement) for a in answers[3:]} == {
         ("big", "qwen3:14b", "warm")}
     assert (big.stats.unloads, big.stats.loads) == (0, 2)  # (the copies preloaded)
+
+
+async def test_a_release_is_written_at_once_only_for_a_waiting_call_that_could_run_on_the_copy(
+        fleet: Fleet) -> None:
+    """Sidecar "two" has a call waiting for the 8b (or for the 32b, the 8b among its
+    candidates): a release of the 8b's slot on the 4096 card is written at once for it (not
+    50 ms later, with the next write) only when that call could run on the copy, as
+    copy_wanted and the victims' choice have it; one that asked for a 32k context, or whose
+    prompt the context cannot hold, waits for another copy, and the release rides along."""
+    card = fleet.gpu("a", total_vram_mib=24564, context_length=4096)
+    card.preload("qwen3:8b")
+    one = await fleet.sidecar()
+    two = await fleet.sidecar(store=one.services.store, agent_name="two")
+    backs = ("qwen3:32b", ("qwen3:8b",))
+    for (model, also), need, at_once in (
+            (("qwen3:8b", ()), WaitNeed(num_ctx=32768), False),
+            (("qwen3:8b", ()), WaitNeed(num_ctx=2048), True),
+            (("qwen3:8b", ()), WaitNeed(prompt_tokens=8000), False),
+            (backs, WaitNeed(num_ctx=32768), False), (backs, WaitNeed(), True)):
+        entry = await two.services.demand.waiting(model, need=need, also=also)
+        assert (await one.chat("qwen3:8b")).provider == "a"
+        await asyncio.sleep(0.01)  # (virtual time: the deferred write is 40 ms away yet)
+        assert (not two.tickets()) is at_once, (model, need)
+        await asyncio.sleep(0.1)
+        assert not two.tickets()
+        await two.services.demand.done_waiting(entry)

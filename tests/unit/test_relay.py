@@ -111,7 +111,7 @@ async def test_upstream_4xx_is_relayed_and_is_not_a_provider_failure(
     assert response.status_code == status
     assert orjson.loads(response.body)["error"] == message
     await _deliver(response)
-    assert outcomes[0].ok  # the provider is healthy; the circuit must not count it
+    assert outcomes[0].healthy  # the provider is healthy; the circuit must not count it
     assert outcomes[0].error is not None and message in outcomes[0].error
 
 
@@ -124,7 +124,7 @@ async def test_upstream_5xx_is_a_provider_failure_answered_as_upstream_failed(
     body = orjson.loads(response.body)
     assert response.status_code == 502 and body["reason"] == "upstream-failed"
     assert "HTTP 500: model requires more system memory" in body["error"]
-    assert not outcomes[0].ok  # counted by the circuit breaker
+    assert not outcomes[0].healthy  # counted by the circuit breaker
 
 
 @pytest.mark.parametrize(("answer", "message"), [
@@ -145,7 +145,7 @@ async def test_connect_error_is_502_upstream_failed(upstream: respx.Router) -> N
     response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, True, 1)
     assert response.status_code == 502
     assert orjson.loads(response.body)["reason"] == "upstream-failed"
-    assert not outcomes[0].ok
+    assert not outcomes[0].healthy
 
 
 async def test_an_attempt_is_settled_when_the_relay_itself_fails(
@@ -176,7 +176,7 @@ async def test_a_complete_answer_settles_its_route_even_when_sending_fails(
     response = await forward(_attempts(outcomes, upstream), "/api/chat", {"model": "m"}, False, 1)
     with pytest.raises(OSError):
         await _deliver(response, fail_send=True)
-    assert len(outcomes) == 1 and outcomes[0].ok
+    assert len(outcomes) == 1 and outcomes[0].healthy
 
 
 async def test_streaming_returns_a_stream_with_attempt_headers(upstream: respx.Router) -> None:
@@ -267,9 +267,9 @@ async def test_a_client_that_leaves_once_it_has_the_last_event_lets_the_call_set
         await client.close()
     assert len(outcomes) == 1
     if b"error" in last:
-        assert not outcomes[0].ok and "out of memory" in (outcomes[0].error or "")
+        assert not outcomes[0].healthy and "out of memory" in (outcomes[0].error or "")
     else:
-        assert outcomes[0].ok and outcomes[0].prompt_eval_count == 3
+        assert outcomes[0].healthy and outcomes[0].prompt_eval_count == 3
 
 
 CONTENT = b'{"message":{"role":"assistant","content":"the "},"done":false}\n'
@@ -299,7 +299,7 @@ async def test_ollamas_own_error_line_ends_the_stream_with_the_reason(
     assert body == upstream.removesuffix(DIED) + (
         b'{"error":"an error was encountered while running the model: unexpected EOF",'
         b'"reason":"upstream-failed"}\n')
-    assert not outcomes[0].ok and "unexpected EOF" in str(outcomes[0].error)
+    assert not outcomes[0].healthy and "unexpected EOF" in str(outcomes[0].error)
 
 
 async def test_a_long_stream_that_begins_like_the_error_line_reaches_the_agent_as_it_came(
@@ -399,7 +399,7 @@ async def test_a_stalled_stream_ends_with_an_error_line_after_the_chunk_timeout(
     body = b"".join(m.get("body", b"") for m in sent)
     assert body.startswith(b'{"done":false}\n') and b"no data for 0.2 s" in body
     assert 0.15 < took < 1.5
-    assert len(outcomes) == 1 and not outcomes[0].ok
+    assert len(outcomes) == 1 and not outcomes[0].healthy
 
 
 async def test_a_slow_client_is_not_taken_for_a_stalled_provider() -> None:
@@ -418,7 +418,7 @@ async def test_a_slow_client_is_not_taken_for_a_stalled_provider() -> None:
     sent, took = await _stream_through(answers, 0.1, outcomes, slow_client_s=0.15)
     assert took > 0.25  # the client took longer than the limit to take each chunk
     assert b"".join(m.get("body", b"") for m in sent) == b"".join(parts)
-    assert outcomes[0].ok and outcomes[0].prompt_eval_count == 3
+    assert outcomes[0].healthy and outcomes[0].prompt_eval_count == 3
 
 
 @pytest.mark.parametrize(
@@ -649,7 +649,7 @@ async def test_a_complete_answer_longer_than_the_first_byte_limit_is_relayed() -
     response, _ = await _call(_answering_after(0.6, COMPLETE_ANSWER), False,
                               Timeouts(1, 0.2, 1, answer_s=3), outcomes)
     assert response.status_code == 200 and response.body == COMPLETE
-    assert outcomes[0].ok and outcomes[0].prompt_eval_count == 7
+    assert outcomes[0].healthy and outcomes[0].prompt_eval_count == 7
 
 
 async def test_a_complete_answer_unanswered_within_its_limit_is_a_504_not_retried() -> None:
@@ -664,7 +664,7 @@ async def test_a_complete_answer_unanswered_within_its_limit_is_a_504_not_retrie
                                                                      "m")
     assert "no answer within 0.4 s (KUBEMOOT_ANSWER_TIMEOUT_SECONDS)" in body["error"]
     assert 0.4 <= took < 0.9
-    assert len(outcomes) == 1 and not outcomes[0].ok and not outcomes[0].client_left
+    assert len(outcomes) == 1 and not outcomes[0].healthy and not outcomes[0].client_left
 
 
 async def test_a_stream_without_its_first_chunk_in_time_fails_before_answering() -> None:
@@ -677,7 +677,7 @@ async def test_a_stream_without_its_first_chunk_in_time_fails_before_answering()
     assert (response.status_code, body["reason"]) == (502, "upstream-failed")
     assert "no answer within 0.2 s (KUBEMOOT_FIRST_BYTE_TIMEOUT_SECONDS)" in body["error"]
     assert 0.2 <= took < 0.7
-    assert len(outcomes) == 1 and not outcomes[0].ok and not outcomes[0].began
+    assert len(outcomes) == 1 and not outcomes[0].healthy and not outcomes[0].began
 
 
 async def test_a_stream_that_falls_silent_is_a_failed_call() -> None:
@@ -691,7 +691,7 @@ async def test_a_stream_that_falls_silent_is_a_failed_call() -> None:
 
     outcomes: list[CallOutcome] = []
     await _stream_through(stalls, 0.2, outcomes)
-    assert not outcomes[0].ok and not outcomes[0].client_left
+    assert not outcomes[0].healthy and not outcomes[0].client_left
     assert "no data for 0.2 s" in str(outcomes[0].error)
 
 
@@ -716,7 +716,7 @@ async def test_an_engines_500_that_is_the_callers_mistake_is_relayed_not_a_failu
     assert (response.status_code, body["error"], body["reason"]) == (500, message,
                                                                      "bad-request")
     await _deliver(response)
-    assert len(outcomes) == 1 and outcomes[0].ok and not outcomes[0].began
+    assert len(outcomes) == 1 and outcomes[0].healthy and not outcomes[0].began
 
 
 SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -759,7 +759,7 @@ async def test_an_sdk_stream_that_ends_without_its_end_event_is_a_failed_call(
                                  {"model": "m", "stream": True}, True, 1, dialect=dialect)
         body = b"".join(m.get("body", b"") for m in await _deliver(response))
     assert body.startswith(b"".join(parts))
-    assert outcomes[0].ok is ok
+    assert outcomes[0].healthy is ok
     if not ok:  # the agent's SDK hears of it as an error event (the Responses API's own)
         sent = b"".join(parts)
         ending = responses_failed_event(str(outcomes[0].error), sent, sent) \
@@ -792,7 +792,7 @@ async def test_a_responses_stream_cut_mid_answer_ends_with_its_apis_failed_event
     assert failed["response"]["id"] == "resp_7" and failed["response"]["status"] == "failed"
     assert failed["response"]["error"]["message"] == failed["error"]["message"] == str(
         outcomes[0].error)
-    assert failed["reason"] == "upstream-failed" and outcomes[0].ok is False
+    assert failed["reason"] == "upstream-failed" and outcomes[0].healthy is False
 
 
 @pytest.mark.parametrize("code, gpu_failed", [
@@ -812,7 +812,7 @@ async def test_ollamas_own_failed_responses_stream_is_passed_on_as_its_end(
                                  {"model": "m", "stream": True}, True, 1, dialect="openai")
         body = b"".join(m.get("body", b"") for m in await _deliver(response))
     assert body == b"".join(parts)
-    assert outcomes[0].ok is not gpu_failed and "unauthorized" in str(outcomes[0].error)
+    assert outcomes[0].healthy is not gpu_failed and "unauthorized" in str(outcomes[0].error)
 
 
 def test_shift_false_is_kept_without_a_reload_on_every_version() -> None:

@@ -8,6 +8,9 @@ import pytest
 
 from loadtest.sim_checks import parse_keep_alive
 from proxy.api import wire
+from proxy.core import engines
+from proxy.core.placement import explain, place
+from tests.unit.builders import call, gpu, snapshot
 
 
 @pytest.mark.parametrize(
@@ -244,3 +247,26 @@ def test_a_body_is_checked_against_the_schema_once_in_a_fleet_of_several_version
         wire.validate(wire.OllamaInference, {**body, "messages": "hi"})
     assert str(wrong.value) == str(newest.value)
     assert len(calls) == 2  # the fleet's, once; the newest's alone, once
+
+
+def test_a_card_whose_version_is_heard_after_the_check_is_left_out_if_it_refuses_the_body(
+        ) -> None:
+    """The body was checked against the fleet's one version then heard (0.33); a card then
+    heard to run 0.12.6, which refuses `think: "max"`, holding the model warm, is left out
+    with its refusal's words: the call goes to the card that takes it, not to the 400."""
+    body = {"model": "qwen3:8b", "think": "max", "messages": [{"role": "user", "content": "hi"}]}
+    check = wire.BodyCheck(wire.OllamaInference, body)
+    _, refused = wire.validate_in_fleet(wire.OllamaInference, body, [(0, 33, 0)], check)
+    assert refused == ()
+    spec = call("qwen3:8b", path="/api/chat", refused_by=refused, body_check=check)
+    fleet = snapshot(gpu("old", residents=("qwen3:8b",), version="0.12.6"),
+                     gpu("new", version="0.33.0"), gpu("unknown", version=""))
+    decision = place(spec, fleet)
+    assert decision.placement is not None and decision.placement.provider == "new"
+    verdicts = {v.provider: v for v in explain(spec, fleet)[1]}
+    with pytest.raises(wire.BadRequest) as old:
+        wire.validate(wire.OllamaInference, body, (0, 12, 6))
+    assert str(old.value) in str(verdicts["old"].reason)
+    assert check((0, 12, 6)) == str(old.value) and check((0, 33, 0)) is None
+    # a card of an unknown version is not left out: nothing says it refuses the body
+    assert engines.body_refusal(refused, "", check) is None

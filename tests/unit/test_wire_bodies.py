@@ -322,19 +322,21 @@ def test_a_listed_models_openai_id_is_the_tags_field_the_version_reads() -> None
 
 
 def test_nested_struct_keys_are_read_as_go_binds_them() -> None:
-    """A message's `Content`, `Images` and a tool call's `Function` are read as Ollama binds
-    them; maps (arguments, options, parameters) keep their keys; what is sent is kept."""
+    """A message's `Content`, `Images`, a tool call's `Function` and a tool's parameter
+    schema (api.ToolFunctionParameters) are read as Ollama binds them; maps (arguments,
+    options, a schema's properties) keep their keys; what is sent is kept."""
     sent = {"model": "m", "options": {"Num_ctx": 1}, "messages": [
         {"Role": "user", "CONTENT": "hello", "Images": ["aGk="], "content": "hi"},
         {"role": "assistant", "tool_calls": [{"Function": {"Name": "f", "arguments": {"A": 1}}}]}],
-        "tools": [{"TYPE": "function", "Function": {"NAME": "t", "parameters": {"Type": "x"}}}]}
+        "tools": [{"TYPE": "function", "Function": {"NAME": "t", "parameters": {
+            "Type": "x", "Properties": {"Q": {"type": "string"}}}}}]}
     before = orjson.dumps(sent)
     read = wire.nested_as_go_binds(sent)
     assert read["messages"] == [
         {"role": "user", "content": "hi", "images": ["aGk="]},  # the last key wins
         {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"A": 1}}}]}]
-    assert read["tools"] == [{"type": "function",
-                              "function": {"name": "t", "parameters": {"Type": "x"}}}]
+    assert read["tools"] == [{"type": "function", "function": {"name": "t", "parameters": {
+        "type": "x", "properties": {"Q": {"type": "string"}}}}}]
     assert read["options"] == {"Num_ctx": 1} and orjson.dumps(sent) == before
     assert (measure(sent)[0].images, measure(read)[0].images) == (0, 1)  # the vision check's
 
@@ -351,3 +353,35 @@ def test_a_usual_body_is_read_as_it_came_uncopied() -> None:
     body = {"Model": "m", "messages": [{"role": "user", "content": "hi", "tool_calls": [
         {"function": {"name": "f"}}]}], "tools": [{"type": "function", "function": {}}]}
     assert wire.nested_as_go_binds(body) is body
+
+
+def test_responses_items_parts_and_tools_are_structs() -> None:
+    """Ollama reads a Responses input item, its content parts, a function's output parts, a
+    tool (its parameters too), `text.format` and `reasoning` into Go structs: their keys
+    are folded for the sidecar's sizing and checks (openai/responses.go)."""
+    body = {"model": "m", "input": [
+        {"Role": "user", "Content": [{"Type": "input_text", "TEXT": "hello"}]},
+        {"TYPE": "function_call_output", "Call_ID": "c", "Output": [{"Type": "input_text"}]},
+        "text"],
+        "tools": [{"Type": "function", "Name": "f", "Parameters": {"Type": "object"}},
+                  {"type": "namespace", "tools": [{"Name": "g"}]}],
+        "text": {"Format": {"Type": "json_schema", "schema": {"Q": 1}}},
+        "reasoning": {"Effort": "high"}}
+    read = wire.nested_as_go_binds(body, wire.RESPONSES_NESTED_STRUCTS)
+    assert read["input"] == [
+        {"role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+        {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text"}]},
+        "text"]
+    assert read["tools"] == [
+        {"type": "function", "name": "f", "parameters": {"type": "object"}},
+        {"type": "namespace", "tools": [{"name": "g"}]}]
+    assert read["text"] == {"format": {"type": "json_schema", "schema": {"Q": 1}}}
+    assert read["reasoning"] == {"effort": "high"}
+    read = {**read, "input": read["input"][:2]}  # (an item that is text Ollama refuses)
+    assert layers.layer_error("/v1/responses", read, (0, 30, 0)) is None
+    assert layers.layer_error("/v1/responses", {**read, "reasoning": {"effort": "x"}},
+                              (0, 30, 0))
+    lower = {"model": "m", "input": [{"role": "user", "content": "hello " * 50}]}
+    capital = {"model": "m", "input": [{"Role": "user", "CONTENT": "hello " * 50}]}
+    assert measure(wire.nested_as_go_binds(capital, wire.RESPONSES_NESTED_STRUCTS))[0] == \
+        measure(lower)[0]
