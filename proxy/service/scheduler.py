@@ -46,7 +46,7 @@ from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock, ModelServer
 from proxy.service.bindings import Bindings
-from proxy.service.claims import Claimed, Claims
+from proxy.service.claims import LOADS_PAUSED, Claimed, Claims
 from proxy.service.demand import DemandBoard, WaitEntry, without_waiter
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
@@ -260,6 +260,11 @@ class Scheduler:
                         decision = replace(decision, outcome="wait", placement=None, reason=(
                             f"{ahead} call(s) waiting for {placement.model} are due its "
                             "free slot(s) first"))
+                    elif placement.loads and not self.claims.may_load():
+                        # queued rather than loaded in-process: Claims._claim
+                        self.unreserve(reserved)
+                        decision = replace(decision, outcome="wait", placement=None,
+                                           reason=LOADS_PAUSED)
                     else:
                         if ahead:
                             log.info("taking a slot the calls due it first left unused",
