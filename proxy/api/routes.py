@@ -696,6 +696,7 @@ class SidecarApi:
             served=SERVED_IN.get(path, ()),
             refused_by=getattr(request.state, "refused_by", ()),
             disconnected=lambda: _disconnect(request),
+            arrived=getattr(request.state, "arrived", None),
         )
 
     def _cloud_attempt(self, request: Request, path: str, parsed: wire.Inference
@@ -719,6 +720,7 @@ class SidecarApi:
     async def _infer(self, request: Request, path: str, schema: type[wire.Inference]
                      ) -> Response:
         started = time.perf_counter()
+        request.state.arrived = self.calls.clock.monotonic()  # (the wait limit's start)
         dialect = dialect_of(path)
         if missing := self._not_served(path, dialect):
             return missing
@@ -744,6 +746,7 @@ class SidecarApi:
         """OpenAI's transcription form, served as the chat call Ollama makes of it
         (api/transcription.py) where the providers' Ollama serves the path."""
         started = time.perf_counter()
+        request.state.arrived = self.calls.clock.monotonic()
         if missing := self._not_served(transcription.PATH, "openai"):
             return missing
         version = self.engine_version()

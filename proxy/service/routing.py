@@ -64,6 +64,9 @@ class CallRequest:
     refused_by: tuple[tuple[tuple[int, int, int], str], ...] = ()
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
+    # When the request arrived (the service clock's monotonic time), before its body was
+    # read and checked: its wait limit runs from then; None: from its placement
+    arrived: float | None = None
 
     @property
     def pins_context(self) -> bool:
