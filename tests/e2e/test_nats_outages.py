@@ -154,7 +154,7 @@ def test_during_an_outage_no_sidecar_loads_unseen_so_ollama_never_evicts_on_its_
     one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
     two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
     assert chat(two, "phi3:mini", options={"num_predict": 1}).status_code == 200
-    assert eventually(lambda: _tickets(one, "two") == [])  # its release written
+    assert eventually(lambda: _tickets(one, "two") == [] and "phi3:mini" in _residents(one))
     _stop(server, one, two)
     # A loaded copy goes on serving calls during the outage.
     warm = chat(one, "phi3:mini", options={"num_predict": 1})
@@ -178,3 +178,30 @@ def test_during_an_outage_no_sidecar_loads_unseen_so_ollama_never_evicts_on_its_
     assert gpu.sim.stats.self_evictions == 0, "Ollama evicted a copy nobody planned to"
     assert [results[n].status_code for n in ("one", "two")] == [200, 200]
     assert gpu.sim.stats.peak_vram_mib <= 16376
+
+
+def _residents(url: str) -> dict[str, bool]:
+    """The models the sidecar counts loaded, each with whether it is marked leaving."""
+    return {r["model"]: r.get("leaving", False)
+            for p in _state(url)["providers"] for r in p["residents"]}
+
+
+def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded(
+        sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
+    """The other sidecars cannot be told the copy is leaving: their calls to it would make
+    Ollama load it again on its own (before the driver gave its memory back, evicting another
+    copy for it). As for an explicit unload then, the copy stays."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=0.1)  # keep-alive: 30 s
+    one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
+    two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
+    assert chat(two, "phi3:mini", options={"num_predict": 1}).status_code == 200
+    assert eventually(lambda: _tickets(one, "two") == [] and "phi3:mini" in _residents(one))
+    _stop(server, one, two)
+    loads = gpu.sim.stats.loads
+    r = chat(one, "phi3:mini", options={"num_predict": 1}, keep_alive=0)
+    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm")
+    assert eventually(lambda: _tickets(one, "one") == [])  # released in-process
+    assert _residents(one) == {"phi3:mini": False}  # neither leaving nor gone
+    again = chat(two, "phi3:mini", options={"num_predict": 1})
+    assert (again.status_code, again.headers["x-kubemoot-placement"]) == (200, "warm")
+    assert (gpu.sim.stats.loads, gpu.sim.stats.unloads) == (loads, 0)
