@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec
-from proxy.ports import ModelServer
+from proxy.ports import Clock, ModelServer
 from proxy.settings import ProviderConfig
 
 if TYPE_CHECKING:
@@ -194,6 +194,8 @@ class Attempts(Protocol):
 
 
 class Calls(Protocol):
+    clock: Clock  # the one a call's `arrived` is read on
+
     def attempts(self, call: CallRequest, started: float, cloud: Granted | None
                  ) -> Attempts:
         """The call's attempts; `cloud` is what `cloud_attempt` answered for it."""
