@@ -322,11 +322,11 @@ class Scheduler:
                     # in its preferred model's line; the copies of the others it could run on
                     # are kept from eviction for it too (`also`)
                     try:  # (its write is awaited: a slow store must not outlast the limit)
-                        wait = await asyncio.wait_for(self.demand.waiting(
-                            spec.preferred.model, arrived, due,
-                            WaitNeed(spec.num_ctx, spec.prompt_tokens, exclude),
-                            runnable_alternatives(spec, reserved.snapshot, self.policy)),
-                            remaining)
+                        async with asyncio.timeout(remaining):
+                            wait = await self.demand.waiting(
+                                spec.preferred.model, arrived, due,
+                                WaitNeed(spec.num_ctx, spec.prompt_tokens, exclude),
+                                runnable_alternatives(spec, reserved.snapshot, self.policy))
                     except TimeoutError:
                         continue  # (no entry left behind: waiting() ends its own)
                     if exclude:
@@ -415,7 +415,8 @@ class Scheduler:
         that beats the wait is placed then: core/placement.py wait_loses)."""
         left = max(deadline - self.clock.monotonic(), 0.0) + CLAIM_GRACE_S
         try:
-            return await asyncio.wait_for(self.claim_reserved(reserved), left)
+            async with asyncio.timeout(left):  # (on this task: the claim's write leaves now)
+                return await self.claim_reserved(reserved)
         except TimeoutError:
             # (its write may still land: TicketBook.claim owes its release when cancelled)
             assert reserved.ticket is not None
