@@ -702,6 +702,7 @@ class SidecarApi:
             refused_by=getattr(request.state, "refused_by", ()),
             body_check=getattr(request.state, "body_check", None),
             disconnected=lambda: _disconnect(request),
+            arrived=getattr(request.state, "arrived", None),
         )
 
     def _cloud_attempt(self, request: Request, path: str, parsed: wire.Inference
@@ -725,6 +726,7 @@ class SidecarApi:
     async def _infer(self, request: Request, path: str, schema: type[wire.Inference]
                      ) -> Response:
         started = time.perf_counter()
+        request.state.arrived = self.calls.clock.monotonic()  # (the wait limit's start)
         dialect = dialect_of(path)
         if missing := self._not_served(path, dialect):
             return missing
@@ -750,6 +752,7 @@ class SidecarApi:
         """OpenAI's transcription form, served as the chat call Ollama makes of it
         (api/transcription.py) where the providers' Ollama serves the path."""
         started = time.perf_counter()
+        request.state.arrived = self.calls.clock.monotonic()
         if missing := self._not_served(transcription.PATH, "openai"):
             return missing
         version = self.engine_version()

@@ -266,7 +266,9 @@ class CallAttempts:
         self._current: Granted | None = None
         self._retried = False
         self._resized = False
-        self._waited_s = 0.0  # what the failed attempts waited for a GPU, of the call's limit
+        # Of the call's limit: its time before the first placement and what the failed
+        # attempts waited for a GPU
+        self._waited_s = 0.0
 
     async def first(self) -> Attempt | Refusal:
         s = self.service
@@ -276,7 +278,12 @@ class CallAttempts:
                 log.info("plan released: its thread's call went to the cloud",
                          thread=self.call.thread)
             return self._begin(cloud)
-        granted = await s.plans.take(self.call) or await s.scheduler.place_call(self.call)
+        # The limit runs from the request's arrival, as the client's clock does: reading
+        # and checking its body (seconds for a large one on a busy core) count
+        if self.call.arrived is not None:
+            self._waited_s = max(0.0, s.clock.monotonic() - self.call.arrived)
+        granted = await s.plans.take(self.call) or await s.scheduler.place_call(
+            self.call, wait_limit_s=s.scheduler.settings.wait_limit_s - self._waited_s)
         if isinstance(granted, Refusal):
             s.metrics.refusals.labels(granted.reason).inc()
             log.info("call refused", path=self.call.path,
@@ -344,8 +351,8 @@ class CallAttempts:
         return self._begin(placed)
 
     def _wait_left_s(self, failed: Granted) -> float:
-        """What is left of the call's wait limit: what its attempts waited for a GPU counts,
-        their time at the provider does not."""
+        """What is left of the call's wait limit: its time before the first placement and what
+        its attempts waited for a GPU count, their time at the provider does not."""
         self._waited_s += failed.attempt.waited_ms / 1000
         return self.service.scheduler.settings.wait_limit_s - self._waited_s
 

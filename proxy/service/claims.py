@@ -28,6 +28,8 @@ from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.claims")
 REJOIN_CHECK_S = 0.5  # how often held tickets are looked for outside the shared book
+LOADS_PAUSED = ("no load while the shared state (NATS) is unreachable: other sidecars may "
+                "be loading into the same room unseen")
 
 
 @dataclass
@@ -179,9 +181,14 @@ class Claims:
             local = True
             if sent:
                 self._unanswered[ticket.ticket_id] = ticket
-            if ticket.cold:  # other sidecars' loads reach this view only by probe: probe now
-                await self.prober.refresh(placement.provider)
-                view = self.view.provider_view(self.providers[view.name], self.clock.now())
+            if ticket.cold:
+                # Not in-process: other sidecars may be loading into the same room unseen
+                # (a load shows in /api/ps only once loaded), and Ollama would evict for
+                # whichever comes second. It waits for the shared book instead.
+                log.info("claim refused", provider=placement.provider, model=placement.model,
+                         reason=LOADS_PAUSED)
+                self.metrics.ticket_claims.labels("refused").inc()
+                return None
             result = await self.local_tickets.claim(ticket, view, placement.needs_free_slot)
         self.metrics.ticket_conflicts.inc(result.conflicts)
         self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
@@ -194,6 +201,11 @@ class Claims:
                   ticket=ticket.ticket_id, kind=placement.kind, evicts=placement.evicts,
                   local=local)
         return Claimed(placement, ticket, local)
+
+    def may_load(self) -> bool:
+        """Whether a load may be claimed now: only in the shared book, whose views are the
+        store's (an in-process book cannot see what other sidecars load meanwhile)."""
+        return self.tickets.store.connected
 
     def book(self, claimed: Claimed) -> TicketBook:
         return self.local_tickets if claimed.local else self.tickets

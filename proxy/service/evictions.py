@@ -98,6 +98,12 @@ class Evictions:
         after the write that marks the copy leaving."""
         placement = claimed.placement
         book = self.claims.book(claimed)
+        if claimed.local or not self.claims.may_load():
+            # The others could not be told it is leaving (as for unload_everywhere): their
+            # calls would make Ollama load it again, maybe before the driver gave its memory
+            # back, evicting another copy on its own. It stays loaded.
+            await book.release(claimed.ticket, loaded)
+            return
         view = self.view.provider_view(self.providers[placement.provider], self.clock.now())
         copy = claimed.ticket.model  # (another model's, when the call joined its copy)
         sharing = copy_sharers(view, copy)

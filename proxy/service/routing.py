@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from proxy.core.tokens import PromptSize
 from proxy.core.types import CallSpec
-from proxy.ports import ModelServer
+from proxy.ports import Clock, ModelServer
 from proxy.settings import ProviderConfig
 
 if TYPE_CHECKING:
@@ -67,6 +67,9 @@ class CallRequest:
     body_check: Callable[[tuple[int, int, int]], str | None] | None = None
     # Resolves when the client goes away, so a call waiting for a GPU stops waiting.
     disconnected: Callable[[], Awaitable[None]] | None = None
+    # When the request arrived (the service clock's monotonic time), before its body was
+    # read and checked: its wait limit runs from then; None: from its placement
+    arrived: float | None = None
 
     @property
     def pins_context(self) -> bool:
@@ -203,6 +206,8 @@ class Attempts(Protocol):
 
 
 class Calls(Protocol):
+    clock: Clock  # the one a call's `arrived` is read on
+
     def attempts(self, call: CallRequest, started: float, cloud: Granted | None
                  ) -> Attempts:
         """The call's attempts; `cloud` is what `cloud_attempt` answered for it."""

@@ -46,7 +46,7 @@ from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import SYSTEM_CLOCK, ChangeCounter, Clock, ModelServer
 from proxy.service.bindings import Bindings
-from proxy.service.claims import Claimed, Claims
+from proxy.service.claims import LOADS_PAUSED, Claimed, Claims
 from proxy.service.demand import DemandBoard, WaitEntry, without_waiter
 from proxy.service.evictions import Evictions
 from proxy.service.experience import Experience
@@ -64,6 +64,7 @@ from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.scheduler")
 MAX_CLAIM_ROUNDS = 5
+CLAIM_GRACE_S = 0.5  # how long past its wait limit a call's claim may still take
 
 
 @dataclass(frozen=True)
@@ -261,11 +262,16 @@ class Scheduler:
                         decision = replace(decision, outcome="wait", placement=None, reason=(
                             f"{ahead} call(s) waiting for {placement.model} are due its "
                             "free slot(s) first"))
+                    elif placement.loads and not self.claims.may_load():
+                        # queued rather than loaded in-process: Claims._claim
+                        self.unreserve(reserved)
+                        decision = replace(decision, outcome="wait", placement=None,
+                                           reason=LOADS_PAUSED)
                     else:
                         if ahead:
                             log.info("taking a slot the calls due it first left unused",
                                      model=placement.model, older=ahead)
-                        claimed = await self.claim_reserved(reserved)
+                        claimed = await self._claim_by(reserved, deadline)
                         if claimed is not None:
                             if wait is not None and self.demand.stop_waiting(wait):
                                 self.changes.bump()  # our next waiter is next in line
@@ -273,14 +279,15 @@ class Scheduler:
                             return await self.start_claimed(claimed, call, spec,
                                                             int(waited * 1000), binding=binding)
                         claim_rounds += 1
-                        if claim_rounds < MAX_CLAIM_ROUNDS:
+                        if claim_rounds < MAX_CLAIM_ROUNDS and \
+                                self.clock.monotonic() < deadline:
                             continue  # the state moved under us: decide again on fresh state
                         # The claims keep refusing what the decisions choose: wait for a
                         # change, like a busy call, within the same limits.
-                        claim_rounds = 0
                         decision = replace(decision, outcome="wait", placement=None,
                                            reason="the GPUs' ticket sets refused "
-                                                  f"{MAX_CLAIM_ROUNDS} claims in a row")
+                                                  f"{claim_rounds} claim(s) in a row")
+                        claim_rounds = 0
                 else:
                     yielding_since = None
                 refusal = self._refusal(decision, call, spec)
@@ -315,11 +322,14 @@ class Scheduler:
                         "waiting", "-", self.model_label(spec.preferred.model)).inc()
                     # in its preferred model's line; the copies of the others it could run on
                     # are kept from eviction for it too (`also`)
-                    wait = await self.demand.waiting(spec.preferred.model, arrived, due,
-                                                     WaitNeed(spec.num_ctx, spec.prompt_tokens,
-                                                              exclude),
-                                                     runnable_alternatives(
-                                                         spec, reserved.snapshot, self.policy))
+                    try:  # (its write is awaited: a slow store must not outlast the limit)
+                        async with asyncio.timeout(remaining):
+                            wait = await self.demand.waiting(
+                                spec.preferred.model, arrived, due,
+                                WaitNeed(spec.num_ctx, spec.prompt_tokens, exclude),
+                                runnable_alternatives(spec, reserved.snapshot, self.policy))
+                    except TimeoutError:
+                        continue  # (no entry left behind: waiting() ends its own)
                     if exclude:
                         self._retries_waiting[wait] = exclude
                     log.info("waiting for a GPU", model=wait.model, reason=decision.reason)
@@ -398,6 +408,23 @@ class Scheduler:
         if claimed is None:
             self.experience.end_trial(reserved.ticket.provider, reserved.ticket.ticket_id)
         return claimed
+
+    async def _claim_by(self, reserved: Reserved, deadline: float) -> Claimed | None:
+        """claim_reserved, given up (as refused) once the call's wait limit has passed and
+        CLAIM_GRACE_S more: a slow or failing store's round trips must not keep a call
+        waiting past its limit. A claim made at the deadline still has its grace (a load
+        that beats the wait is placed then: core/placement.py wait_loses)."""
+        left = max(deadline - self.clock.monotonic(), 0.0) + CLAIM_GRACE_S
+        try:
+            async with asyncio.timeout(left):  # (on this task: the claim's write leaves now)
+                return await self.claim_reserved(reserved)
+        except TimeoutError:
+            # (its write may still land: TicketBook.claim owes its release when cancelled)
+            assert reserved.ticket is not None
+            self.experience.end_trial(reserved.ticket.provider, reserved.ticket.ticket_id)
+            log.info("claim given up at the wait limit", provider=reserved.ticket.provider,
+                     model=reserved.ticket.model)
+            return None
 
     def _done_placing(self) -> None:
         """Let the next decision run on the loop's next turn, not this one. A burst of calls

@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
@@ -41,6 +43,29 @@ def test_a_call_waiting_behind_held_plans_answers_at_its_limit_without_spinning(
     assert decisions(url) - before < 40  # woken by changes, not re-placed 100 times a second
     metrics = httpx.get(f"{url}/metrics").text  # the wait counts, though nothing was placed
     assert 'kubemoot_wait_seconds_count{outcome="gpu-busy"} 1.0' in metrics
+
+
+def test_the_wait_limit_runs_from_the_requests_arrival_not_from_its_placement(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The client's clock starts when it sends: a body that takes 1.2 s to arrive leaves
+    0.8 s of a 2 s limit, and the 503 comes at the limit as the client measures it."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
+    url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=2, plan_memory_share=1.0).url
+    assert plan(url, "a", "qwen3:32b").status_code == 201  # no room beside it
+    body = orjson.dumps({"model": "phi3:mini", "messages": [{"role": "user", "content": "hi"}],
+                         "stream": False})
+
+    def slowly() -> Iterator[bytes]:  # a slow client's upload, 0.2 s a chunk
+        for start in range(0, len(body), len(body) // 6 + 1):
+            time.sleep(0.2)
+            yield body[start:start + len(body) // 6 + 1]
+
+    started = time.monotonic()
+    r = httpx.post(f"{url}/api/chat", content=slowly(), timeout=30,
+                   headers={"content-type": "application/json"})
+    took = time.monotonic() - started
+    assert r.status_code == 503 and r.json()["reason"] == "gpu-busy"
+    assert 1.9 < took < 2.4, f"gpu-busy {took:.2f} s after sending, with a 2 s limit"
 
 
 def test_a_retry_after_a_failure_waits_for_a_slot_like_a_first_attempt(

@@ -134,3 +134,74 @@ def test_after_nats_comes_back_empty_a_sidecar_places_from_the_new_views_only(
     leave.set()
     long_call.join(60)
     assert eventually(lambda: _tickets(two, "one") == [], timeout_s=BACK_S)
+
+
+def _waiting(url: str) -> bool:
+    """A call of the sidecar's has waited for a GPU."""
+    return any(line.startswith("kubemoot_placements_total{") and 'placement="waiting"' in line
+               for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines())
+
+
+def test_during_an_outage_no_sidecar_loads_unseen_so_ollama_never_evicts_on_its_own(
+        sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
+    """Two sidecars want a load each on one card that holds either model but not both, while
+    NATS is away: a load shows in /api/ps only once loaded, so each would plan against a card
+    the other is already loading onto, and Ollama would evict the first copy for the second
+    itself. They wait for the shared book instead (and a loaded copy still serves), then load
+    one after the other, the eviction planned."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=0.1)  # 8b: a load of ~0.6 s
+    # (16 GiB holds the catalogue's qwen3:8b or qwen3:14b, not both)
+    one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
+    two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
+    assert chat(two, "phi3:mini", options={"num_predict": 1}).status_code == 200
+    assert eventually(lambda: _tickets(one, "two") == [] and "phi3:mini" in _residents(one))
+    _stop(server, one, two)
+    # A loaded copy goes on serving calls during the outage.
+    warm = chat(one, "phi3:mini", options={"num_predict": 1})
+    assert (warm.status_code, warm.headers["x-kubemoot-placement"]) == (200, "warm")
+    results: dict[str, httpx.Response] = {}
+
+    def call(name: str, url: str, model: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.__setitem__(name, chat(
+            url, model, options={"num_predict": 8}, timeout=60)), daemon=True)
+        thread.start()
+        return thread
+
+    first = call("one", one, "qwen3:8b")
+    # Its load begun (the old way: in-process, against a probe) or the call queued
+    assert eventually(lambda: gpu.sim.stats.loads >= 2 or _waiting(one), timeout_s=10)
+    second = call("two", two, "qwen3:14b")
+    assert eventually(lambda: gpu.sim.stats.loads >= 3 or _waiting(two), timeout_s=10)
+    server.start()
+    first.join(60)
+    second.join(60)
+    assert gpu.sim.stats.self_evictions == 0, "Ollama evicted a copy nobody planned to"
+    assert [results[n].status_code for n in ("one", "two")] == [200, 200]
+    assert gpu.sim.stats.peak_vram_mib <= 16376
+
+
+def _residents(url: str) -> dict[str, bool]:
+    """The models the sidecar counts loaded, each with whether it is marked leaving."""
+    return {r["model"]: r.get("leaving", False)
+            for p in _state(url)["providers"] for r in p["residents"]}
+
+
+def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded(
+        sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
+    """The other sidecars cannot be told the copy is leaving: their calls to it would make
+    Ollama load it again on its own (before the driver gave its memory back, evicting another
+    copy for it). As for an explicit unload then, the copy stays."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=0.1)  # keep-alive: 30 s
+    one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
+    two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
+    assert chat(two, "phi3:mini", options={"num_predict": 1}).status_code == 200
+    assert eventually(lambda: _tickets(one, "two") == [] and "phi3:mini" in _residents(one))
+    _stop(server, one, two)
+    loads = gpu.sim.stats.loads
+    r = chat(one, "phi3:mini", options={"num_predict": 1}, keep_alive=0)
+    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm")
+    assert eventually(lambda: _tickets(one, "one") == [])  # released in-process
+    assert _residents(one) == {"phi3:mini": False}  # neither leaving nor gone
+    again = chat(two, "phi3:mini", options={"num_predict": 1})
+    assert (again.status_code, again.headers["x-kubemoot-placement"]) == (200, "warm")
+    assert (gpu.sim.stats.loads, gpu.sim.stats.unloads) == (loads, 0)

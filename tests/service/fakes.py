@@ -318,3 +318,18 @@ class RoundTripStore(MemoryStore):
     async def put(self, bucket: str, key: str, value: bytes) -> int:
         await asyncio.sleep(0.005)
         return await super().put(bucket, key, value)
+
+
+class SlowStore(MemoryStore):
+    """The embedded store whose writes take `delay_s` each (0 until set): a NATS server on
+    an overloaded machine, or one timing out."""
+
+    delay_s = 0.0
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        await asyncio.sleep(self.delay_s)
+        return await super().cas(bucket, key, value, last_revision)
+
+    async def put(self, bucket: str, key: str, value: bytes) -> int:
+        await asyncio.sleep(self.delay_s)
+        return await super().put(bucket, key, value)

@@ -13,7 +13,7 @@ from loadtest.sim_model import CATALOG
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.core.tickets import LEAVING_MAX_S
 from proxy.ports import SIDECAR_BUCKETS, StoreUnavailable
-from tests.service.fakes import Answer, FakeModelServer
+from tests.service.fakes import Answer, FakeModelServer, SlowStore
 from tests.service.harness import Fleet, Sidecar
 
 
@@ -65,6 +65,25 @@ async def test_a_model_with_work_in_flight_is_never_unloaded(fleet: Fleet) -> No
     assert 30 <= loop_time() - started < 31  # answered at its wait limit
     assert "qwen3:8b" in gpu.loaded and not working.done()  # still there, still working
     assert (await working).status == 200
+
+
+async def test_a_slow_store_does_not_hold_a_gpu_busy_answer_past_the_wait_limit(
+        fleet: Fleet) -> None:
+    """Every write to the store takes 3 s; the call waits for a busy card with a 2 s limit:
+    it is refused at the limit, not once its wait entry is written."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b")
+    store = SlowStore(SIDECAR_BUCKETS, clock=fleet.clock)
+    sidecar = await fleet.sidecar(store, discuss_gpu_wait_limit_seconds=2)
+    gpu.script(Answer(seconds=120))
+    working = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(10)
+    store.delay_s = 3.0
+    started = loop_time()
+    r = await sidecar.chat("qwen3:14b")
+    assert (r.status, r.reason) == (503, "gpu-busy")
+    assert 1.99 < loop_time() - started < 2.1, f"{loop_time() - started:.2f} s"
+    working.cancel()
 
 
 async def test_a_waiting_call_wakes_when_a_ticket_is_released_not_by_a_timer(
