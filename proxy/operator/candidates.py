@@ -212,14 +212,25 @@ def validate_phases(docs: Documents) -> list[str]:
 
 def policy_for(agent: s.Agent, crew: str | None, policies: list[s.CrewSchedulingPolicy]
                ) -> s.CrewSchedulingPolicy | None:
+    """The policy of the agent's crew, else the only one in its namespace. Never another
+    namespace's only policy: an agent of another crew would run under its rules silently."""
     if crew:
         for policy in policies:
             if policy.crew == crew:
                 return policy
     same_namespace = [p for p in policies if p.namespace == agent.namespace]
-    if len(same_namespace) == 1:
-        return same_namespace[0]
-    return policies[0] if len(policies) == 1 else None
+    return same_namespace[0] if len(same_namespace) == 1 else None
+
+
+def no_policy_reason(agent: s.Agent, crew: str | None,
+                     policies: list[s.CrewSchedulingPolicy]) -> str:
+    """Why `policy_for` found none, naming what was looked for."""
+    here = [p.name for p in policies if p.namespace == agent.namespace]
+    looked = f"no CrewSchedulingPolicy has crewRef {crew!r}; " if crew else ""
+    found = (f"namespace {agent.namespace} has {len(here)} ({', '.join(sorted(here))}): "
+             "set the Agent's spec.crewRef") if here else \
+        f"namespace {agent.namespace} has none"
+    return f"no CrewSchedulingPolicy applies to this agent ({looked}{found})"
 
 
 def schedule(docs: Documents, options: s.Options, now: datetime | None = None
@@ -231,7 +242,7 @@ def schedule(docs: Documents, options: s.Options, now: datetime | None = None
         entry: dict[str, Any] = {"name": agent.name, "namespace": agent.namespace}
         if policy is None:
             entry.update(phases={}, candidates={}, env={}, unschedulable={
-                "phase": None, "reason": "no CrewSchedulingPolicy applies to this agent",
+                "phase": None, "reason": no_policy_reason(agent, crew, docs.policies),
                 "observedAt": observed_at, "crewSchedulingPolicy": None})
             agents.append(entry)
             continue

@@ -307,3 +307,18 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     finally:
         os.close(write_end)
     assert done.stderr == "" and done.returncode == 0
+
+
+def test_an_agent_in_a_namespace_without_policy_is_not_bound_by_anothers(tmp_path: Path
+                                                                         ) -> None:
+    # The only policy of the cluster (another crew's namespace) bound it by that crew's rules
+    stray = tmp_path / "stray.yaml"
+    stray.write_text("kind: Agent\nmetadata: {name: lonely, namespace: elsewhere}\n"
+                     "spec: {capabilities: [tool-calling]}\n")
+    done = run("-f", str(CONFIG / "crew" / "policy.yaml"), "-f", str(CONFIG / "archetypes"),
+               "-f", str(CONFIG / "bundles" / "prod"), "-f", str(stray), "-o", "json")
+    assert done.returncode == 0, done.stderr
+    (agent,) = json.loads(done.stdout)["agents"]
+    assert agent["env"] == {} and agent["unschedulable"]["crewSchedulingPolicy"] is None
+    assert agent["unschedulable"]["reason"] == (
+        "no CrewSchedulingPolicy applies to this agent (namespace elsewhere has none)")
