@@ -2,11 +2,13 @@
 MootArchetype as pydantic models, so a wrong type or value is refused with its field path
 (`problem()` says it in one line) instead of being coerced by hand.
 
-Fields the scheduling does not read (apiVersion, spec.type, discussRole ...) are ignored.
+Fields the scheduling does not read (apiVersion, spec.type, discussRole ...) are ignored;
+a known field misspelt (`vramMiB`) is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -46,6 +48,44 @@ Mib = Annotated[int, Field(ge=0)]
 
 class _Schema(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_misspelt_field(cls, data: Any) -> Any:
+        """Unknown keys are ignored (the CRDs have fields the scheduling does not read), but
+        one that is a known field misspelt (`vramMiB`, `matchLabel`) is refused: ignored, its
+        value would silently be the default (no VRAM check, no selector)."""
+        if isinstance(data, dict):
+            for key in data:
+                near = misspelt(key, cls.model_fields)
+                if near is not None:
+                    raise ValueError(f"unknown field {key!r}: did you mean {near!r}?")
+        return data
+
+
+def misspelt(key: Any, fields: Iterable[str]) -> str | None:
+    """The known field `key` misspells (case, `_`/`-`, one letter added, dropped, changed or
+    two swapped), or None. Closer is not enough: `maxLoadedModels` is no `loadedModels`."""
+    known = list(fields)
+    if not isinstance(key, str) or key in known or len(key) < 4:
+        return None
+    return next((name for name in known if _one_slip(_fold(key), _fold(name))), None)
+
+
+def _fold(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def _one_slip(a: str, b: str) -> bool:
+    """At most one edit (insert, delete, substitute, swap of neighbours) apart."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) <= 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 class Metadata(_Schema):

@@ -198,9 +198,19 @@ def edited(text: str, old: str, new: str) -> str:
         (PROD, CREW, edited(POLICY, "    - phase: triage\n", "    - phase: mulling\n"),
          "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules: phase 'mulling' has two "
          "rules (rules[0] and rules[1]): one rule per phase"),
+        # a misspelt field was ignored: no declared size (no VRAM check), no selector
+        (edited(PROD, "vramMib: 9216", "vramMiB: 9216"), CREW, POLICY,
+         "document 4 (Model/qwen3-14b): spec: unknown field 'vramMiB': did you mean 'vramMib'?"),
+        (PROD, CREW, edited(POLICY, "        matchLabels:\n", "        matchLabel:\n"),
+         "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules[0].require: unknown field "
+         "'matchLabel': did you mean 'matchLabels'?"),
+        (PROD, edited(CREW, "  namespace: crew-homelab-pilot\n",
+                      "  namspace: crew-homelab-pilot\n"), POLICY,
+         "(Agent/synthesizer): metadata: unknown field 'namspace': did you mean 'namespace'?"),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
-         "capabilities-string", "rules-number", "unknown-provider", "phase-twice"],
+         "capabilities-string", "rules-number", "unknown-provider", "phase-twice",
+         "vram-misspelt", "matchlabels-misspelt", "namespace-misspelt"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
