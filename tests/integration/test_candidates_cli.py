@@ -153,6 +153,11 @@ def test_a_spread_phase_key_that_no_rule_has_is_reported(tmp_path: Path) -> None
         # a key given twice is Kubernetes' error too; it was the last one silently winning
         ("kind: Agent\nkind: Model\nmetadata: {name: a}\nspec: {model: m}\n",
          "malformed YAML at line 2: key 'kind' is given twice in one mapping"),
+        # a "billion laughs" in a field printed back took minutes and gigabytes
+        ("".join(f"_{n}: &{n} [{', '.join([f'*{p}' if p else 'lol'] * 9)}]\n"
+                 for p, n in zip(["", *"abcdefgh"], "abcdefghi", strict=True))
+         + "kind: Agent\nmetadata: {name: a}\nspec: {capabilities: {x: *i}}\n",
+         "malformed YAML at line 6: aliases expand it past 1000000 nodes (excessive aliasing)"),
     ],
 )
 def test_bad_documents_get_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
