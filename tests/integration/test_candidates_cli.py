@@ -337,3 +337,15 @@ def test_an_agent_in_a_namespace_without_policy_is_not_bound_by_anothers(tmp_pat
     assert agent["env"] == {} and agent["unschedulable"]["crewSchedulingPolicy"] is None
     assert agent["unschedulable"]["reason"] == (
         "no CrewSchedulingPolicy applies to this agent (namespace elsewhere has none)")
+
+
+def test_bind_with_a_bad_document_at_start_says_it_in_one_line(tmp_path: Path) -> None:
+    # It also logged "the last good ones stay in force", of documents it never had
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Model\nmetadata: {name: m}\nspec: {model: m}\n")
+    done = subprocess.run([sys.executable, "-m", "proxy", "bind", "-f", str(bad)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "KUBEMOOT_NATS_URL": "nats://127.0.0.1:9"})
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"kubemoot-proxy bind: {bad}: document 1 (Model/m): spec.providerRef is "
+        "required\n")
