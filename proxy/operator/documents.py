@@ -43,7 +43,10 @@ def _label_value(value: Any) -> Any:
 LabelValue = Annotated[str, BeforeValidator(_label_value)]
 Labels = Annotated[dict[str, LabelValue], _empty_when_null(dict)]
 Name = Annotated[str, Field(min_length=1)]
-Mib = Annotated[int, Field(ge=0)]
+# Numbers are YAML numbers: a quoted "6000" is a string, which the CRD schema (type: integer)
+# refuses at `kubectl apply`; the operator does not take what the cluster would not.
+Mib = Annotated[int, Field(ge=0, strict=True)]
+Weight = Annotated[float, Field(strict=True)]
 
 
 class _Schema(BaseModel):
@@ -158,7 +161,7 @@ class Capacity(_Schema):
 
 
 class ProviderScheduling(_Schema):
-    weight: float = 100.0
+    weight: Weight = 100.0
 
 
 class ProviderSpec(_Schema):
@@ -188,7 +191,7 @@ class ProviderDocument(_Document):
 # -- CrewSchedulingPolicy -------------------------------------------------------------------
 
 class Preference(_Schema):
-    weight: float = 0.0
+    weight: Weight = 0.0
     selector: EmptySelector = Selector()
 
 
@@ -212,7 +215,7 @@ class PolicySpec(_Schema):
     strategy: Literal["spread", "binpack"] = "spread"
     crewRef: str | None = None
     archetypeRef: str | None = None
-    candidateTolerance: Annotated[float, Field(ge=0)] | None = None
+    candidateTolerance: Annotated[float, Field(ge=0, strict=True)] | None = None
 
     @field_validator("rules")
     @classmethod

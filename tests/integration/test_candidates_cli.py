@@ -212,10 +212,18 @@ def edited(text: str, old: str, new: str) -> str:
         (PROD, edited(CREW, "  namespace: crew-homelab-pilot\n",
                       "  namspace: crew-homelab-pilot\n"), POLICY,
          "(Agent/synthesizer): metadata: unknown field 'namspace': did you mean 'namespace'?"),
+        # a quoted number was taken, where the CRD's `type: integer` refuses it at apply
+        (edited(PROD, "vramMib: 9216", 'vramMib: "9216"'), CREW, POLICY,
+         "document 4 (Model/qwen3-14b): spec.vramMib: Input should be a valid integer "
+         "(got '9216')"),
+        (edited(PROD, "weight: 25", 'weight: "25"'), CREW, POLICY,
+         "(ModelProvider/ollama-b): spec.scheduling.weight: Input should be a valid number "
+         "(got '25')"),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
          "capabilities-string", "rules-number", "unknown-provider", "phase-twice",
-         "vram-misspelt", "matchlabels-misspelt", "namespace-misspelt"],
+         "vram-misspelt", "matchlabels-misspelt", "namespace-misspelt", "vram-quoted",
+         "weight-quoted"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
