@@ -213,12 +213,14 @@ def validate_phases(docs: Documents) -> list[str]:
 def policy_for(agent: s.Agent, crew: str | None, policies: list[s.CrewSchedulingPolicy]
                ) -> s.CrewSchedulingPolicy | None:
     """The policy of the agent's crew, else the only one in its namespace. Never another
-    namespace's only policy: an agent of another crew would run under its rules silently."""
+    namespace's only policy, nor one naming another crew than the agent's (a mistyped
+    `kubemoot.ai/crew`): the agent would run under another crew's rules silently."""
     if crew:
         for policy in policies:
             if policy.crew == crew:
                 return policy
-    same_namespace = [p for p in policies if p.namespace == agent.namespace]
+    same_namespace = [p for p in policies if p.namespace == agent.namespace
+                      and not (crew and p.crew)]
     return same_namespace[0] if len(same_namespace) == 1 else None
 
 
@@ -228,7 +230,7 @@ def no_policy_reason(agent: s.Agent, crew: str | None,
     here = [p.name for p in policies if p.namespace == agent.namespace]
     looked = f"no CrewSchedulingPolicy has crewRef {crew!r}; " if crew else ""
     found = (f"namespace {agent.namespace} has {len(here)} ({', '.join(sorted(here))}): "
-             "set the Agent's spec.crewRef") if here else \
+             f"check the Agent's spec.crewRef or {CREW_LABEL} label") if here else \
         f"namespace {agent.namespace} has none"
     return f"no CrewSchedulingPolicy applies to this agent ({looked}{found})"
 

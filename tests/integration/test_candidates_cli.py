@@ -357,3 +357,19 @@ def test_bind_with_a_bad_document_at_start_says_it_in_one_line(tmp_path: Path) -
     assert (done.returncode, done.stdout, done.stderr) == (
         2, "", f"kubemoot-proxy bind: {bad}: document 1 (Model/m): spec.providerRef is "
         "required\n")
+
+
+def test_an_agent_naming_a_crew_no_policy_has_is_not_bound_by_another_crews(
+        tmp_path: Path) -> None:
+    # A mistyped crew label took the namespace's only policy, though it names another crew
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(edited(CREW.split("---")[0], "kubemoot.ai/crew: homelab-pilot",
+                           "kubemoot.ai/crew: homelab-pilto"))
+    done = run("-f", str(typo), "-f", str(CONFIG / "crew" / "policy.yaml"),
+               "-f", str(CONFIG / "bundles" / "prod"), "-o", "json")
+    (agent,) = json.loads(done.stdout)["agents"]
+    assert agent["env"] == {}
+    assert agent["unschedulable"]["reason"] == (
+        "no CrewSchedulingPolicy applies to this agent (no CrewSchedulingPolicy has crewRef "
+        "'homelab-pilto'; namespace crew-homelab-pilot has 1 (homelab-pilot-default): check "
+        "the Agent's spec.crewRef or kubemoot.ai/crew label)")
