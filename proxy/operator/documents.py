@@ -2,7 +2,7 @@
 MootArchetype as pydantic models, so a wrong type or value is refused with its field path
 (`problem()` says it in one line) instead of being coerced by hand.
 
-Fields the scheduling does not read (apiVersion, spec.type, discussRole ...) are ignored;
+Fields the scheduling does not read (spec.type, discussRole ...) are ignored;
 a known field misspelt (`vramMiB`) is refused.
 """
 
@@ -97,8 +97,21 @@ class Metadata(_Schema):
     labels: Labels = {}
 
 
+GROUP = "kubemoot.ai"
+
+
 class _Document(_Schema):
+    # Optional (documents written for this command alone may leave it out); another group
+    # (`v1`, a copy from another CRD) is another resource to the cluster, no such kind here
+    apiVersion: str | None = None
     metadata: Metadata
+
+    @field_validator("apiVersion")
+    @classmethod
+    def _our_group(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(f"{GROUP}/"):
+            raise ValueError(f"must be {GROUP}/v1alpha1 (this kind's API group is {GROUP})")
+        return value
 
 
 class Requirement(_Schema):

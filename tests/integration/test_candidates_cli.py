@@ -219,11 +219,16 @@ def edited(text: str, old: str, new: str) -> str:
         (edited(PROD, "weight: 25", 'weight: "25"'), CREW, POLICY,
          "(ModelProvider/ollama-b): spec.scheduling.weight: Input should be a valid number "
          "(got '25')"),
+        # another API group is another resource to the cluster: it was read as ours
+        (edited(PROD, "kubemoot.ai/v1alpha1\nkind: Model\nmetadata:\n  name: qwen3-8b\n",
+                "v1\nkind: Model\nmetadata:\n  name: qwen3-8b\n"), CREW, POLICY,
+         "(Model/qwen3-8b): apiVersion: must be kubemoot.ai/v1alpha1 (this kind's API group is "
+         "kubemoot.ai) (got 'v1')"),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
          "capabilities-string", "rules-number", "unknown-provider", "phase-twice",
          "vram-misspelt", "matchlabels-misspelt", "namespace-misspelt", "vram-quoted",
-         "weight-quoted"],
+         "weight-quoted", "api-group"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
