@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -23,6 +24,7 @@ from pydantic import (
 )
 
 from proxy.operator import scheduling as s
+from proxy.settings import check_endpoint, check_model_name
 
 
 def _empty_when_null(default: Any) -> BeforeValidator:
@@ -143,7 +145,9 @@ EmptySelector = Annotated[Selector, _empty_when_null(Selector)]
 # -- Model ----------------------------------------------------------------------------------
 
 class ModelSpec(_Schema):
-    model: Name
+    # What the sidecar takes (KUBEMOOT_MODEL_MODEL, the candidates' `model`): a name Ollama
+    # does not read would be printed, and `serve` would refuse the env it is in
+    model: Annotated[Name, AfterValidator(check_model_name)]
     providerRef: Name
     vramMib: Mib | None = None  # 0: a CPU model, nothing to check
 
@@ -183,10 +187,8 @@ class ProviderSpec(_Schema):
     @field_validator("endpoint")
     @classmethod
     def _endpoint_is_http(cls, value: str) -> str:
-        if value and not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https:// (as a sidecar's provider "
-                             "endpoint does)")
-        return value
+        # The sidecar's check (KUBEMOOT_MODEL_ENDPOINT is this endpoint): host, port 1-65535
+        return check_endpoint(value) if value else value
     scheduling: Annotated[ProviderScheduling, _empty_when_null(ProviderScheduling)] = \
         ProviderScheduling()
 

@@ -224,11 +224,16 @@ def edited(text: str, old: str, new: str) -> str:
                 "v1\nkind: Model\nmetadata:\n  name: qwen3-8b\n"), CREW, POLICY,
          "(Model/qwen3-8b): apiVersion: must be kubemoot.ai/v1alpha1 (this kind's API group is "
          "kubemoot.ai) (got 'v1')"),
+        # printed into env vars that `serve` refuses (exit 2), as the sidecar's own settings
+        (edited(PROD, "model: qwen3:14b", 'model: "qwen3 14b"'), CREW, POLICY,
+         "(Model/qwen3-14b): spec.model: 'qwen3 14b' is not a model name as Ollama reads one"),
+        (edited(PROD, "http://ollama.ollama-b:11434", "http://ollama.ollama-b:114340"), CREW,
+         POLICY, "(ModelProvider/ollama-b): spec.endpoint: is no URL (Port out of range"),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
          "capabilities-string", "rules-number", "unknown-provider", "phase-twice",
          "vram-misspelt", "matchlabels-misspelt", "namespace-misspelt", "vram-quoted",
-         "weight-quoted", "api-group"],
+         "weight-quoted", "api-group", "model-name", "endpoint-port"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
