@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from proxy import strict_yaml
+from proxy.core.models import model_key
 from proxy.operator import documents as d
 from proxy.operator import scheduling as s
 
@@ -135,6 +136,21 @@ def _unique(docs: Documents, kind: str, key: tuple[str, str], origin: Origin) ->
                             f"(first in {first})")
 
 
+def check_spellings(docs: Documents) -> None:
+    """Two Models naming one model two ways (`qwen3:8b`, `Qwen3:8B`, `qwen3` and
+    `qwen3:latest`: Ollama reads them as one) would be two candidate entries, which `serve`
+    refuses: DocumentError naming both."""
+    first: dict[str, s.Model] = {}
+    for model in docs.models:
+        other = first.setdefault(model_key(model.identifier), model)
+        if other.identifier != model.identifier:
+            raise DocumentError(
+                f"{docs.origins[('Model', model.namespace, model.name)]} (Model/{model.name}): "
+                f"spec.model {model.identifier!r} is {other.identifier!r} (Model/{other.name}, "
+                f"{docs.origins[('Model', other.namespace, other.name)]}) spelled otherwise; "
+                "Ollama reads them as one model: spell it one way")
+
+
 def check_references(docs: Documents) -> list[str]:
     """Models whose providerRef names no ModelProvider document."""
     return [f"{docs.origins[('Model', m.namespace, m.name)]}: Model/{m.name}: "
@@ -162,6 +178,7 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
             for origin, item in _objects(path, index, doc):
                 _read(docs, origin, item)
         docs.files += 1
+    check_spellings(docs)
     if references:
         for problem in check_references(docs):
             raise DocumentError(problem)

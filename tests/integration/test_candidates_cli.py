@@ -229,11 +229,15 @@ def edited(text: str, old: str, new: str) -> str:
          "(Model/qwen3-14b): spec.model: 'qwen3 14b' is not a model name as Ollama reads one"),
         (edited(PROD, "http://ollama.ollama-b:11434", "http://ollama.ollama-b:114340"), CREW,
          POLICY, "(ModelProvider/ollama-b): spec.endpoint: is no URL (Port out of range"),
+        # two candidate entries of one model: the env printed made `serve` exit 2
+        (edited(PROD, "model: qwen3:8b\n  providerRef: ollama-b",
+                "model: Qwen3:8B\n  providerRef: ollama-b"), CREW, POLICY,
+         "document 6 (Model/qwen3-8b-a): spec.model 'qwen3:8b' is 'Qwen3:8B' (Model/qwen3-8b, "),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
          "capabilities-string", "rules-number", "unknown-provider", "phase-twice",
          "vram-misspelt", "matchlabels-misspelt", "namespace-misspelt", "vram-quoted",
-         "weight-quoted", "api-group", "model-name", "endpoint-port"],
+         "weight-quoted", "api-group", "model-name", "endpoint-port", "model-spelt-twice"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
