@@ -207,6 +207,7 @@ def validate_phases(docs: Documents) -> list[str]:
     keys that name no rule's phase (a typo there spread nothing, without a word)."""
     problems = []
     for policy in docs.policies:
+        problems.extend(_ignored_settings(policy))
         ruled = [rule.phase for rule in policy.rules]
         for key in policy.spread.phase_keys if policy.spread else ():
             if key not in ruled:
@@ -224,6 +225,22 @@ def validate_phases(docs: Documents) -> list[str]:
             if rule.phase not in vocabulary:
                 problems.append(f"CrewSchedulingPolicy/{policy.name}: phase {rule.phase!r} is "
                                 f"not in archetype {archetype} ({', '.join(vocabulary)})")
+    return problems
+
+
+def _ignored_settings(policy: s.CrewSchedulingPolicy) -> list[str]:
+    """What the scheduling ignores as documented, said rather than ignored silently: a
+    spread over another key than `provider` spreads nothing, a bias outside [0, 1] counts
+    for nothing (0.7 typed as 7)."""
+    where = f"CrewSchedulingPolicy/{policy.name}"
+    problems = []
+    if policy.spread and policy.spread.topology_key != "provider":
+        problems.append(f"{where}: topologySpread.topologyKey {policy.spread.topology_key!r} "
+                        "is not supported (only provider): nothing is spread")
+    for key, value in policy.quality_bias.items():
+        if s.parse_bias(value) is None:
+            problems.append(f"{where}: qualityBias.{key} {value!r} is not a number from 0 "
+                            "to 1: ignored")
     return problems
 
 

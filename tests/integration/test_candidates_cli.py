@@ -387,3 +387,19 @@ def test_an_agent_naming_a_crew_no_policy_has_is_not_bound_by_another_crews(
         "no CrewSchedulingPolicy applies to this agent (no CrewSchedulingPolicy has crewRef "
         "'homelab-pilto'; namespace crew-homelab-pilot has 1 (homelab-pilot-default): check "
         "the Agent's spec.crewRef or kubemoot.ai/crew label)")
+
+
+def test_a_spread_key_or_a_bias_the_scheduling_ignores_is_reported(tmp_path: Path) -> None:
+    # `topologyKey: zone` spread nothing, `reasoning: "7"` (for 0.7) biased nothing: silently
+    policy = edited(edited(POLICY, "topologyKey: provider", "topologyKey: zone"),
+                    'reasoning: "0.7"', 'reasoning: "7"')
+    (tmp_path / "policy.yaml").write_text(policy)
+    done = run("-f", str(tmp_path), "-f", str(CONFIG / "crew" / "agents.yaml"),
+               "-f", str(CONFIG / "archetypes"), "-f", str(CONFIG / "bundles" / "prod"),
+               "--strict")
+    where = "kubemoot-proxy candidates: CrewSchedulingPolicy/homelab-pilot-default"
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"{where}: topologySpread.topologyKey 'zone' is not supported (only provider): "
+        "nothing is spread\n"
+        f"{where}: qualityBias.reasoning '7' is not a number from 0 to 1: ignored\n")
