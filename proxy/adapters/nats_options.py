@@ -104,8 +104,16 @@ class NatsOptions:
         named = [name for name, value in (("KUBEMOOT_NATS_USER/PASSWORD", self.user),
                                           ("KUBEMOOT_NATS_TOKEN", self.token),
                                           (CREDS, self.creds_file)) if value]
+        # nats-py sends a URL's user:password (or token@) only when neither setting is set
+        if not (self.user or self.token) and any("@" in _authority(u) for u in self.servers):
+            named.insert(0, "the credentials in KUBEMOOT_NATS_URL (user:password@ or token@)")
         return ", ".join(named) or \
             "the server wants credentials: set KUBEMOOT_NATS_USER/PASSWORD, TOKEN or CREDS"
+
+
+def _authority(server: str) -> str:
+    """`user:password@host:port` of a server URL, with or without its scheme."""
+    return server.split("://", 1)[-1].split("/", 1)[0]
 
 
 def read_file(setting: str, path: Path) -> bytes:

@@ -77,7 +77,9 @@ class DocumentSource:
             docs = candidates.load(self.paths, references=False)
         except candidates.DocumentError as exc:
             self.error = str(exc)
-            log.error("documents not read; the last good ones stay in force", error=str(exc))
+            if self.docs is not None:  # at start there are none: `bind` says it in one line
+                log.error("documents not read; the last good ones stay in force",
+                          error=str(exc))
             return True
         self.docs, self.error = docs, None
         for problem in (*candidates.validate_phases(docs), *candidates.check_references(docs)):

@@ -16,7 +16,7 @@ import orjson
 from proxy.core.models import model_key
 from proxy.core.types import ProviderView
 from proxy.operator import scheduling as s
-from proxy.operator.candidates import Documents, policy_for
+from proxy.operator.candidates import Documents, no_policy_reason, policy_for
 from proxy.ports import Entry
 from proxy.service.codec import ProviderState, escape_key
 
@@ -124,7 +124,7 @@ def agent_binding(agent: s.Agent, crew: str | None, docs: Documents, options: s.
     if policy is None:
         return {**binding, "crewSchedulingPolicy": None, "preferred": None, "phases": {},
                 "candidates": {}, "tolerance": None, "unschedulable": [{
-                    "phase": None, "reason": "no CrewSchedulingPolicy applies to this agent",
+                    "phase": None, "reason": no_policy_reason(agent, crew, docs.policies),
                     "crewSchedulingPolicy": None}]}
     phases = s.schedule_agent(agent, policy, docs.models, docs.providers, options,
                               held_phases(current))

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from proxy import strict_yaml
+from proxy.core.models import model_key
 from proxy.operator import documents as d
 from proxy.operator import scheduling as s
 
@@ -135,6 +136,21 @@ def _unique(docs: Documents, kind: str, key: tuple[str, str], origin: Origin) ->
                             f"(first in {first})")
 
 
+def check_spellings(docs: Documents) -> None:
+    """Two Models naming one model two ways (`qwen3:8b`, `Qwen3:8B`, `qwen3` and
+    `qwen3:latest`: Ollama reads them as one) would be two candidate entries, which `serve`
+    refuses: DocumentError naming both."""
+    first: dict[str, s.Model] = {}
+    for model in docs.models:
+        other = first.setdefault(model_key(model.identifier), model)
+        if other.identifier != model.identifier:
+            raise DocumentError(
+                f"{docs.origins[('Model', model.namespace, model.name)]} (Model/{model.name}): "
+                f"spec.model {model.identifier!r} is {other.identifier!r} (Model/{other.name}, "
+                f"{docs.origins[('Model', other.namespace, other.name)]}) spelled otherwise; "
+                "Ollama reads them as one model: spell it one way")
+
+
 def check_references(docs: Documents) -> list[str]:
     """Models whose providerRef names no ModelProvider document."""
     return [f"{docs.origins[('Model', m.namespace, m.name)]}: Model/{m.name}: "
@@ -162,6 +178,7 @@ def load(paths: Iterable[str], *, references: bool = True) -> Documents:
             for origin, item in _objects(path, index, doc):
                 _read(docs, origin, item)
         docs.files += 1
+    check_spellings(docs)
     if references:
         for problem in check_references(docs):
             raise DocumentError(problem)
@@ -190,6 +207,7 @@ def validate_phases(docs: Documents) -> list[str]:
     keys that name no rule's phase (a typo there spread nothing, without a word)."""
     problems = []
     for policy in docs.policies:
+        problems.extend(_ignored_settings(policy))
         ruled = [rule.phase for rule in policy.rules]
         for key in policy.spread.phase_keys if policy.spread else ():
             if key not in ruled:
@@ -210,16 +228,45 @@ def validate_phases(docs: Documents) -> list[str]:
     return problems
 
 
+def _ignored_settings(policy: s.CrewSchedulingPolicy) -> list[str]:
+    """What the scheduling ignores as documented, said rather than ignored silently: a
+    spread over another key than `provider` spreads nothing, a bias outside [0, 1] counts
+    for nothing (0.7 typed as 7)."""
+    where = f"CrewSchedulingPolicy/{policy.name}"
+    problems = []
+    if policy.spread and policy.spread.topology_key != "provider":
+        problems.append(f"{where}: topologySpread.topologyKey {policy.spread.topology_key!r} "
+                        "is not supported (only provider): nothing is spread")
+    for key, value in policy.quality_bias.items():
+        if s.parse_bias(value) is None:
+            problems.append(f"{where}: qualityBias.{key} {value!r} is not a number from 0 "
+                            "to 1: ignored")
+    return problems
+
+
 def policy_for(agent: s.Agent, crew: str | None, policies: list[s.CrewSchedulingPolicy]
                ) -> s.CrewSchedulingPolicy | None:
+    """The policy of the agent's crew, else the only one in its namespace. Never another
+    namespace's only policy, nor one naming another crew than the agent's (a mistyped
+    `kubemoot.ai/crew`): the agent would run under another crew's rules silently."""
     if crew:
         for policy in policies:
             if policy.crew == crew:
                 return policy
-    same_namespace = [p for p in policies if p.namespace == agent.namespace]
-    if len(same_namespace) == 1:
-        return same_namespace[0]
-    return policies[0] if len(policies) == 1 else None
+    same_namespace = [p for p in policies if p.namespace == agent.namespace
+                      and not (crew and p.crew)]
+    return same_namespace[0] if len(same_namespace) == 1 else None
+
+
+def no_policy_reason(agent: s.Agent, crew: str | None,
+                     policies: list[s.CrewSchedulingPolicy]) -> str:
+    """Why `policy_for` found none, naming what was looked for."""
+    here = [p.name for p in policies if p.namespace == agent.namespace]
+    looked = f"no CrewSchedulingPolicy has crewRef {crew!r}; " if crew else ""
+    found = (f"namespace {agent.namespace} has {len(here)} ({', '.join(sorted(here))}): "
+             f"check the Agent's spec.crewRef or {CREW_LABEL} label") if here else \
+        f"namespace {agent.namespace} has none"
+    return f"no CrewSchedulingPolicy applies to this agent ({looked}{found})"
 
 
 def schedule(docs: Documents, options: s.Options, now: datetime | None = None
@@ -231,7 +278,7 @@ def schedule(docs: Documents, options: s.Options, now: datetime | None = None
         entry: dict[str, Any] = {"name": agent.name, "namespace": agent.namespace}
         if policy is None:
             entry.update(phases={}, candidates={}, env={}, unschedulable={
-                "phase": None, "reason": "no CrewSchedulingPolicy applies to this agent",
+                "phase": None, "reason": no_policy_reason(agent, crew, docs.policies),
                 "observedAt": observed_at, "crewSchedulingPolicy": None})
             agents.append(entry)
             continue

@@ -2,14 +2,17 @@
 MootArchetype as pydantic models, so a wrong type or value is refused with its field path
 (`problem()` says it in one line) instead of being coerced by hand.
 
-Fields the scheduling does not read (apiVersion, spec.type, discussRole ...) are ignored.
+Fields the scheduling does not read (spec.type, discussRole ...) are ignored;
+a known field misspelt (`vramMiB`) is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -21,6 +24,7 @@ from pydantic import (
 )
 
 from proxy.operator import scheduling as s
+from proxy.settings import check_endpoint, check_model_name
 
 
 def _empty_when_null(default: Any) -> BeforeValidator:
@@ -41,11 +45,52 @@ def _label_value(value: Any) -> Any:
 LabelValue = Annotated[str, BeforeValidator(_label_value)]
 Labels = Annotated[dict[str, LabelValue], _empty_when_null(dict)]
 Name = Annotated[str, Field(min_length=1)]
-Mib = Annotated[int, Field(ge=0)]
+# Numbers are YAML numbers: a quoted "6000" is a string, which the CRD schema (type: integer)
+# refuses at `kubectl apply`; the operator does not take what the cluster would not.
+Mib = Annotated[int, Field(ge=0, strict=True)]
+Weight = Annotated[float, Field(strict=True)]
 
 
 class _Schema(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_misspelt_field(cls, data: Any) -> Any:
+        """Unknown keys are ignored (the CRDs have fields the scheduling does not read), but
+        one that is a known field misspelt (`vramMiB`, `matchLabel`) is refused: ignored, its
+        value would silently be the default (no VRAM check, no selector)."""
+        if isinstance(data, dict):
+            for key in data:
+                near = misspelt(key, cls.model_fields)
+                if near is not None:
+                    raise ValueError(f"unknown field {key!r}: did you mean {near!r}?")
+        return data
+
+
+def misspelt(key: Any, fields: Iterable[str]) -> str | None:
+    """The known field `key` misspells (case, `_`/`-`, one letter added, dropped, changed or
+    two swapped), or None. Closer is not enough: `maxLoadedModels` is no `loadedModels`."""
+    known = list(fields)
+    if not isinstance(key, str) or key in known or len(key) < 4:
+        return None
+    return next((name for name in known if _one_slip(_fold(key), _fold(name))), None)
+
+
+def _fold(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def _one_slip(a: str, b: str) -> bool:
+    """At most one edit (insert, delete, substitute, swap of neighbours) apart."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) <= 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 class Metadata(_Schema):
@@ -54,8 +99,21 @@ class Metadata(_Schema):
     labels: Labels = {}
 
 
+GROUP = "kubemoot.ai"
+
+
 class _Document(_Schema):
+    # Optional (documents written for this command alone may leave it out); another group
+    # (`v1`, a copy from another CRD) is another resource to the cluster, no such kind here
+    apiVersion: str | None = None
     metadata: Metadata
+
+    @field_validator("apiVersion")
+    @classmethod
+    def _our_group(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(f"{GROUP}/"):
+            raise ValueError(f"must be {GROUP}/v1alpha1 (this kind's API group is {GROUP})")
+        return value
 
 
 class Requirement(_Schema):
@@ -87,7 +145,9 @@ EmptySelector = Annotated[Selector, _empty_when_null(Selector)]
 # -- Model ----------------------------------------------------------------------------------
 
 class ModelSpec(_Schema):
-    model: Name
+    # What the sidecar takes (KUBEMOOT_MODEL_MODEL, the candidates' `model`): a name Ollama
+    # does not read would be printed, and `serve` would refuse the env it is in
+    model: Annotated[Name, AfterValidator(check_model_name)]
     providerRef: Name
     vramMib: Mib | None = None  # 0: a CPU model, nothing to check
 
@@ -118,7 +178,7 @@ class Capacity(_Schema):
 
 
 class ProviderScheduling(_Schema):
-    weight: float = 100.0
+    weight: Weight = 100.0
 
 
 class ProviderSpec(_Schema):
@@ -127,10 +187,8 @@ class ProviderSpec(_Schema):
     @field_validator("endpoint")
     @classmethod
     def _endpoint_is_http(cls, value: str) -> str:
-        if value and not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https:// (as a sidecar's provider "
-                             "endpoint does)")
-        return value
+        # The sidecar's check (KUBEMOOT_MODEL_ENDPOINT is this endpoint): host, port 1-65535
+        return check_endpoint(value) if value else value
     scheduling: Annotated[ProviderScheduling, _empty_when_null(ProviderScheduling)] = \
         ProviderScheduling()
 
@@ -148,7 +206,7 @@ class ProviderDocument(_Document):
 # -- CrewSchedulingPolicy -------------------------------------------------------------------
 
 class Preference(_Schema):
-    weight: float = 0.0
+    weight: Weight = 0.0
     selector: EmptySelector = Selector()
 
 
@@ -172,7 +230,7 @@ class PolicySpec(_Schema):
     strategy: Literal["spread", "binpack"] = "spread"
     crewRef: str | None = None
     archetypeRef: str | None = None
-    candidateTolerance: Annotated[float, Field(ge=0)] | None = None
+    candidateTolerance: Annotated[float, Field(ge=0, strict=True)] | None = None
 
     @field_validator("rules")
     @classmethod

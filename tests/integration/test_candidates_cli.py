@@ -153,6 +153,11 @@ def test_a_spread_phase_key_that_no_rule_has_is_reported(tmp_path: Path) -> None
         # a key given twice is Kubernetes' error too; it was the last one silently winning
         ("kind: Agent\nkind: Model\nmetadata: {name: a}\nspec: {model: m}\n",
          "malformed YAML at line 2: key 'kind' is given twice in one mapping"),
+        # a "billion laughs" in a field printed back took minutes and gigabytes
+        ("".join(f"_{n}: &{n} [{', '.join([f'*{p}' if p else 'lol'] * 9)}]\n"
+                 for p, n in zip(["", *"abcdefgh"], "abcdefghi", strict=True))
+         + "kind: Agent\nmetadata: {name: a}\nspec: {capabilities: {x: *i}}\n",
+         "malformed YAML at line 6: aliases expand it past 1000000 nodes (excessive aliasing)"),
     ],
 )
 def test_bad_documents_get_one_clear_line(tmp_path: Path, text: str, expected: str) -> None:
@@ -198,9 +203,41 @@ def edited(text: str, old: str, new: str) -> str:
         (PROD, CREW, edited(POLICY, "    - phase: triage\n", "    - phase: mulling\n"),
          "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules: phase 'mulling' has two "
          "rules (rules[0] and rules[1]): one rule per phase"),
+        # a misspelt field was ignored: no declared size (no VRAM check), no selector
+        (edited(PROD, "vramMib: 9216", "vramMiB: 9216"), CREW, POLICY,
+         "document 4 (Model/qwen3-14b): spec: unknown field 'vramMiB': did you mean 'vramMib'?"),
+        (PROD, CREW, edited(POLICY, "        matchLabels:\n", "        matchLabel:\n"),
+         "(CrewSchedulingPolicy/homelab-pilot-default): spec.rules[0].require: unknown field "
+         "'matchLabel': did you mean 'matchLabels'?"),
+        (PROD, edited(CREW, "  namespace: crew-homelab-pilot\n",
+                      "  namspace: crew-homelab-pilot\n"), POLICY,
+         "(Agent/synthesizer): metadata: unknown field 'namspace': did you mean 'namespace'?"),
+        # a quoted number was taken, where the CRD's `type: integer` refuses it at apply
+        (edited(PROD, "vramMib: 9216", 'vramMib: "9216"'), CREW, POLICY,
+         "document 4 (Model/qwen3-14b): spec.vramMib: Input should be a valid integer "
+         "(got '9216')"),
+        (edited(PROD, "weight: 25", 'weight: "25"'), CREW, POLICY,
+         "(ModelProvider/ollama-b): spec.scheduling.weight: Input should be a valid number "
+         "(got '25')"),
+        # another API group is another resource to the cluster: it was read as ours
+        (edited(PROD, "kubemoot.ai/v1alpha1\nkind: Model\nmetadata:\n  name: qwen3-8b\n",
+                "v1\nkind: Model\nmetadata:\n  name: qwen3-8b\n"), CREW, POLICY,
+         "(Model/qwen3-8b): apiVersion: must be kubemoot.ai/v1alpha1 (this kind's API group is "
+         "kubemoot.ai) (got 'v1')"),
+        # printed into env vars that `serve` refuses (exit 2), as the sidecar's own settings
+        (edited(PROD, "model: qwen3:14b", 'model: "qwen3 14b"'), CREW, POLICY,
+         "(Model/qwen3-14b): spec.model: 'qwen3 14b' is not a model name as Ollama reads one"),
+        (edited(PROD, "http://ollama.ollama-b:11434", "http://ollama.ollama-b:114340"), CREW,
+         POLICY, "(ModelProvider/ollama-b): spec.endpoint: is no URL (Port out of range"),
+        # two candidate entries of one model: the env printed made `serve` exit 2
+        (edited(PROD, "model: qwen3:8b\n  providerRef: ollama-b",
+                "model: Qwen3:8B\n  providerRef: ollama-b"), CREW, POLICY,
+         "document 6 (Model/qwen3-8b-a): spec.model 'qwen3:8b' is 'Qwen3:8B' (Model/qwen3-8b, "),
     ],
     ids=["vram-word", "weight-word", "vram-negative", "ready-quoted", "capacity-word",
-         "capabilities-string", "rules-number", "unknown-provider", "phase-twice"],
+         "capabilities-string", "rules-number", "unknown-provider", "phase-twice",
+         "vram-misspelt", "matchlabels-misspelt", "namespace-misspelt", "vram-quoted",
+         "weight-quoted", "api-group", "model-name", "endpoint-port", "model-spelt-twice"],
 )
 def test_a_wrong_field_is_one_line_naming_file_document_and_field(
         tmp_path: Path, bundle: str, crew: str, policy: str, expected: str) -> None:
@@ -307,3 +344,62 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     finally:
         os.close(write_end)
     assert done.stderr == "" and done.returncode == 0
+
+
+def test_an_agent_in_a_namespace_without_policy_is_not_bound_by_anothers(tmp_path: Path
+                                                                         ) -> None:
+    # The only policy of the cluster (another crew's namespace) bound it by that crew's rules
+    stray = tmp_path / "stray.yaml"
+    stray.write_text("kind: Agent\nmetadata: {name: lonely, namespace: elsewhere}\n"
+                     "spec: {capabilities: [tool-calling]}\n")
+    done = run("-f", str(CONFIG / "crew" / "policy.yaml"), "-f", str(CONFIG / "archetypes"),
+               "-f", str(CONFIG / "bundles" / "prod"), "-f", str(stray), "-o", "json")
+    assert done.returncode == 0, done.stderr
+    (agent,) = json.loads(done.stdout)["agents"]
+    assert agent["env"] == {} and agent["unschedulable"]["crewSchedulingPolicy"] is None
+    assert agent["unschedulable"]["reason"] == (
+        "no CrewSchedulingPolicy applies to this agent (namespace elsewhere has none)")
+
+
+def test_bind_with_a_bad_document_at_start_says_it_in_one_line(tmp_path: Path) -> None:
+    # It also logged "the last good ones stay in force", of documents it never had
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Model\nmetadata: {name: m}\nspec: {model: m}\n")
+    done = subprocess.run([sys.executable, "-m", "proxy", "bind", "-f", str(bad)],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, "KUBEMOOT_NATS_URL": "nats://127.0.0.1:9"})
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"kubemoot-proxy bind: {bad}: document 1 (Model/m): spec.providerRef is "
+        "required\n")
+
+
+def test_an_agent_naming_a_crew_no_policy_has_is_not_bound_by_another_crews(
+        tmp_path: Path) -> None:
+    # A mistyped crew label took the namespace's only policy, though it names another crew
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(edited(CREW.split("---")[0], "kubemoot.ai/crew: homelab-pilot",
+                           "kubemoot.ai/crew: homelab-pilto"))
+    done = run("-f", str(typo), "-f", str(CONFIG / "crew" / "policy.yaml"),
+               "-f", str(CONFIG / "bundles" / "prod"), "-o", "json")
+    (agent,) = json.loads(done.stdout)["agents"]
+    assert agent["env"] == {}
+    assert agent["unschedulable"]["reason"] == (
+        "no CrewSchedulingPolicy applies to this agent (no CrewSchedulingPolicy has crewRef "
+        "'homelab-pilto'; namespace crew-homelab-pilot has 1 (homelab-pilot-default): check "
+        "the Agent's spec.crewRef or kubemoot.ai/crew label)")
+
+
+def test_a_spread_key_or_a_bias_the_scheduling_ignores_is_reported(tmp_path: Path) -> None:
+    # `topologyKey: zone` spread nothing, `reasoning: "7"` (for 0.7) biased nothing: silently
+    policy = edited(edited(POLICY, "topologyKey: provider", "topologyKey: zone"),
+                    'reasoning: "0.7"', 'reasoning: "7"')
+    (tmp_path / "policy.yaml").write_text(policy)
+    done = run("-f", str(tmp_path), "-f", str(CONFIG / "crew" / "agents.yaml"),
+               "-f", str(CONFIG / "archetypes"), "-f", str(CONFIG / "bundles" / "prod"),
+               "--strict")
+    where = "kubemoot-proxy candidates: CrewSchedulingPolicy/homelab-pilot-default"
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"{where}: topologySpread.topologyKey 'zone' is not supported (only provider): "
+        "nothing is spread\n"
+        f"{where}: qualityBias.reasoning '7' is not a number from 0 to 1: ignored\n")

@@ -106,6 +106,10 @@ def test_refusals_name_the_settings_that_carry_the_credentials() -> None:
                          "KUBEMOOT_NATS_USER/PASSWORD")
     assert "the server wants credentials: set KUBEMOOT_NATS_USER/PASSWORD, TOKEN or CREDS" in \
         str(refusal(nats.errors.AuthorizationError(), NatsOptions("nats://h:4222")))
+    # credentials in the URL alone were told to "set" the settings, as if none were sent
+    assert str(refusal(authorization, NatsOptions("nats://h:1,nats://u:p@h:4222"))) == (
+        "NATS at nats://h:1,nats://***@h:4222: authorization violation: check the credentials "
+        "in KUBEMOOT_NATS_URL (user:password@ or token@)")
     assert refusal(ConnectionRefusedError(111, "Connect call failed"),
                    NatsOptions("nats://h:4222")) is None  # not listening: an outage
     assert refusal(TimeoutError(), NatsOptions("nats://h:4222")) is None

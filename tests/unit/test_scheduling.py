@@ -212,3 +212,18 @@ def test_spread_moves_a_phase_to_another_provider_when_it_can() -> None:
                            s.Options())
     assert out["mulling"].chosen and out["triage"].chosen
     assert out["mulling"].chosen.provider.name != out["triage"].chosen.provider.name
+
+
+@pytest.mark.parametrize(
+    ("key", "fields", "near"),
+    [("vramMiB", ["model", "vramMib"], "vramMib"), ("weigth", ["weight"], "weight"),
+     ("providerref", ["providerRef"], "providerRef"), ("rule", ["rules"], "rules"),
+     # fields the CRDs have beside the ones the scheduling reads stay ignored
+     ("maxLoadedModels", ["loadedModels"], None), ("vramUsed", ["vramUsedMiB"], None),
+     ("discussRole", ["capabilities", "crewRef"], None), ("type", ["endpoint"], None),
+     ("generateName", ["name", "namespace", "labels"], None)],
+)
+def test_a_misspelt_document_field_is_told_apart_from_an_unread_one(
+        key: str, fields: list[str], near: str | None) -> None:
+    from proxy.operator.documents import misspelt
+    assert misspelt(key, fields) == near
