@@ -783,9 +783,9 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                               attempt.reads_source else sent)
 
     def failed(cause: str, healthy: bool = False, answer: Response | None = None,
-               engine: bool = False) -> Unanswered:
+               engine: bool = False, missing: bool = False) -> Unanswered:
         outcome = CallOutcome(healthy, time.perf_counter() - started, error=cause, began=False,
-                              engine_failed=engine)
+                              engine_failed=engine, model_missing=missing)
         return Unanswered(outcome, answer or error_response(
             502, "upstream-failed", f"provider {attempt.provider} failed before answering: "
             f"{cause}", attempt.model, dialect=dialect))
@@ -873,7 +873,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                         error="prompt longer than the context", prompt_too_long=True),
             Response(data, status_code=400, media_type=media_type, headers=headers))
     if upstream.status_code == 404 and "not found" in message:
-        return failed(f"HTTP 404: {message}", healthy=True, answer=Response(
+        return failed(f"HTTP 404: {message}", healthy=True, missing=True, answer=Response(
             data, status_code=404, media_type=media_type, headers=headers))
     ok = upstream.status_code < 400
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.

@@ -399,3 +399,28 @@ def test_a_cards_404_for_a_model_it_no_longer_has_is_no_card_failure_and_no_answ
     with httpx.stream("GET", f"{url}/kubemoot/v1/events", timeout=10) as feed:
         calls = next(views(feed))["calls"]
     assert [(c["ok"], "404" in str(c["error"])) for c in calls] == [(False, True), (True, False)]
+
+
+def test_a_model_removed_from_a_card_is_served_elsewhere_and_not_placed_there_again(
+        sim_factory: Sims, sidecar_factory: Sidecars, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ollama rm` on the card that has the model loaded: its copy runs on, but Ollama answers
+    404 to every call for it. The call is served by the other card, and the sidecar reads
+    the card's listing again at once: the next call goes straight to the other card (it was
+    placed warm on the first one again, until the next scheduled probe, 30 s here)."""
+    a = sim_factory("a", time_scale=0.05)
+    b = sim_factory("b", time_scale=0.05)
+    assert httpx.post(f"{a.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    url = sidecar_factory([a, b], probe_interval_seconds=30).url
+    assert eventually(lambda: [r["model"] for r in httpx.get(
+        f"{url}/kubemoot/v1/state").json()["providers"][0]["residents"]] == ["qwen3:8b"])
+    client = ollama.Client(host=url, timeout=30)
+    assert client.chat(model="qwen3:8b", messages=HI).message.content
+    assert ollama.Client(host=a.url).delete("qwen3:8b").status == "success"
+    capsys.readouterr()
+    for _ in range(2):  # neither call sees the 404
+        assert client.chat(model="qwen3:8b", messages=HI).message.content
+    refused = [line for line in capsys.readouterr().out.splitlines()
+               if "] call  " in line and "HTTP 404" in line]
+    assert len(refused) == 1, refused  # only the first found the model gone from `a`
+    assert b.sim.stats.inference_requests == 2
