@@ -145,7 +145,7 @@ def _namespace(name: str) -> str:
 GO_REQUEST_TYPES = {
     "/api/generate": "api.GenerateRequest", "/api/chat": "api.ChatRequest",
     "/api/show": "api.ShowRequest", "/api/embed": "api.EmbedRequest",
-    "/api/embeddings": "api.EmbeddingRequest",
+    "/api/embeddings": "api.EmbeddingRequest", "/api/delete": "api.DeleteRequest",
     "/v1/chat/completions": "openai.ChatCompletionRequest",
     "/v1/completions": "openai.CompletionRequest", "/v1/embeddings": "openai.EmbedRequest",
     "/v1/responses": "openai.ResponsesRequest", "/v1/messages": "anthropic.MessagesRequest"}

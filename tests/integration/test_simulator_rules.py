@@ -1179,3 +1179,21 @@ def test_a_responses_answer_has_the_fields_of_its_version(sim_factory: Sims,
     assert (whole["max_output_tokens"], whole["temperature"], whole["top_p"]) == (3, 0.5, 1)
     assert isinstance(whole["completed_at"], int) and first["completed_at"] is None
     assert isinstance(last["completed_at"], int)
+
+
+def test_a_deleted_model_keeps_its_loaded_copy_and_its_calls_get_404(sim_factory: Sims) -> None:
+    """DeleteHandler removes the manifest and unloads nothing (v0.24.0 server/routes.go
+    :1066-1115; the CLI's `ollama rm` unloads first, cmd/cmd.go:1108-1117): the copy stays
+    in /api/ps, and GetModel finds no manifest for a call (:235-240), as a real 0.24.0 does."""
+    sim = sim_factory()
+    assert load(sim, "qwen3:8b").status_code == 200
+    gone = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": "qwen3:8b"})
+    assert (gone.status_code, gone.content) == (200, b"")
+    assert "qwen3:8b" in ps(sim)
+    assert "qwen3:8b" not in [m["name"] for m in httpx.get(f"{sim.url}/api/tags").json()["models"]]
+    answer = chat(sim, "qwen3:8b", "hi")
+    assert (answer.status_code, answer.json()["error"]) == (404, "model 'qwen3:8b' not found")
+    again = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": "qwen3:8b"})
+    assert (again.status_code, again.json()["error"]) == (404, "model 'qwen3:8b' not found")
+    empty = httpx.request("DELETE", f"{sim.url}/api/delete")
+    assert (empty.status_code, empty.json()["error"]) == (400, "missing request body")
