@@ -639,7 +639,7 @@ class OpenAIResponses:
                                    {"output_index": self.index, "item": message})]
             output.append(message)
         response = self._response("completed", output, final)
-        if self.full:  # (processCompletion sets it, v0.24.0 :1345-1346)
+        if self.full:  # (processCompletion sets it, v0.24.0 :1375-1376)
             response["completed_at"] = int(time.time())
         return [*events, self._event("response.completed", {"response": response})]
 
