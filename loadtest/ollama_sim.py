@@ -145,7 +145,7 @@ def _namespace(name: str) -> str:
 GO_REQUEST_TYPES = {
     "/api/generate": "api.GenerateRequest", "/api/chat": "api.ChatRequest",
     "/api/show": "api.ShowRequest", "/api/embed": "api.EmbedRequest",
-    "/api/embeddings": "api.EmbeddingRequest",
+    "/api/embeddings": "api.EmbeddingRequest", "/api/delete": "api.DeleteRequest",
     "/v1/chat/completions": "openai.ChatCompletionRequest",
     "/v1/completions": "openai.CompletionRequest", "/v1/embeddings": "openai.EmbedRequest",
     "/v1/responses": "openai.ResponsesRequest", "/v1/messages": "anthropic.MessagesRequest"}
@@ -251,6 +251,7 @@ class SimApp:
             # (gin's `:model` is one path segment: a name with a slash is its 404)
             Route("/v1/models/{model}", self.openai_model, methods=["GET"]),
             Route("/api/show", self.show, methods=["POST"]),
+            Route("/api/delete", self.delete, methods=["DELETE"]),
             Route("/api/chat", self.chat, methods=["POST"]),
             Route("/api/generate", self.generate, methods=["POST"]),
             *(Route(path, self.dialect, methods=["POST"]) for path in (
@@ -378,6 +379,21 @@ class SimApp:
         if isinstance(model, Response):
             return model
         return _json(self.sim.show(model, verbose))
+
+    async def delete(self, request: Request) -> Response:
+        """`ollama rm`: the model's manifest removed (DeleteHandler, server/routes.go:1066-1115
+        at v0.24.0); a copy of it loaded runs on until its keep-alive ends, while every call
+        for it gets 404 (GetModel finds no manifest)."""
+        body = await self._body(request)
+        if isinstance(body, Response):
+            return body
+        name = str(body.get("model") or body.get("name") or "")
+        model = self.sim.config.model(name) if valid_name(name) else None
+        if model is None:
+            return _error(f"model '{name}' not found", 404)
+        self.sim.config = replace(self.sim.config, models=tuple(
+            m for m in self.sim.config.models if m is not model))
+        return Response(status_code=200)
 
     def _model(self, name: str, embedding: bool = False, handler: str = "show"
                ) -> SimModel | Response:

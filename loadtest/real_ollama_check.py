@@ -183,6 +183,11 @@ CASES: tuple[Case, ...] = (
          lambda s: {"model": s.model, "max_tokens": 3, "prompt": "hello"}),
     Case("openai models", "/v1/models", None),
     Case("openai model", "/v1/models/{model}", None),
+    Case("responses", "/v1/responses",
+         lambda s: {"model": s.model, "max_output_tokens": 3, "input": "hello"}),
+    Case("responses stream", "/v1/responses",
+         lambda s: {"model": s.model, "max_output_tokens": 3, "input": "hello",
+                    "stream": True}),
     # Go binds nested struct keys case-insensitively (openai/responses.go input items and
     # content parts, openai.ResponseFormat)
     Case("responses capitalised item and parts", "/v1/responses",

@@ -463,8 +463,9 @@ class OpenAIResponses:
     and `response.in_progress` first, `response.completed` with every item last
     (:1557-1624). Whole, `ToResponse` (:898-1021): reasoning, then the calls or the message."""
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    def __init__(self, body: dict[str, Any], full: bool = True) -> None:
         self.request, self.model, self.sequence = body, str(body.get("model")), 0
+        self.full = full  # the answer's shape from 0.14.2 (RESPONSE_FIELDS_SINCE)
         self.ident = _ident("resp_")
         self.item = f"msg_{self.ident.removeprefix('resp_')}"
         self.index = 0  # output index of the item being told
@@ -478,9 +479,13 @@ class OpenAIResponses:
         self.sequence += 1
         return _event({"type": kind, "sequence_number": self.sequence - 1, **data}, kind)
 
-    @staticmethod
-    def _output_text(text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def _output_text(self, text: str) -> dict[str, Any]:
+        part = {"type": "output_text", "text": text}
+        return {**part, "annotations": [], "logprobs": []} if self.full else part
+
+    def _logprobs(self) -> dict[str, Any]:
+        """A text event's empty `logprobs`, from 0.14.2."""
+        return {"logprobs": []} if self.full else {}
 
     def _message(self, status: str, text: str | None) -> dict[str, Any]:
         return {"id": self.item, "type": "message", "status": status, "role": "assistant",
@@ -500,29 +505,51 @@ class OpenAIResponses:
                 "arguments": arguments}
 
     def _response(self, status: str, output: list[dict[str, Any]],
-                  final: dict[str, Any] | None) -> dict[str, Any]:
-        """responses.go:1122-1224, the request's tools, text format and reasoning echoed."""
-        body, usage = self.request, None
-        if final is not None:
-            prompt, output_tokens = final.get("prompt_eval_count", 0), final.get(
-                "eval_count", 0)
-            usage = {"input_tokens": prompt, "output_tokens": output_tokens,
-                     "total_tokens": prompt + output_tokens,
-                     "input_tokens_details": {"cached_tokens": 0},
-                     "output_tokens_details": {"reasoning_tokens": 0}}
+                  final: dict[str, Any] | None, whole: bool = False) -> dict[str, Any]:
+        """The response object: from 0.14.2 (commit 38eac40d5) every field of OpenAI's,
+        the request's echoed (v0.24.0 openai/responses.go ToResponse :753-876, the stream's
+        buildResponseObject :978-1080); before, ToResponse's id, object, created_at, status,
+        model, output and usage, and a stream's id, object, status, output and, at its end,
+        usage (v0.14.1 :519-527, :721-737, :1000-1011)."""
+        usage = None if final is None else self._usage(final)
+        if not self.full:
+            kept = {"id": self.ident, "object": "response", "created_at": int(time.time()),
+                    "status": status, "model": self.model} if whole else \
+                {"id": self.ident, "object": "response", "status": status}
+            return {**kept, "output": output, **({"usage": usage} if usage else {})}
+        body = self.request
         text = body.get("text")
         wanted = text.get("format") if isinstance(text, dict) else None
         reasoning = body.get("reasoning")
         reasoning = {k: reasoning[k] for k in ("effort", "summary") if reasoning.get(k)} \
             if isinstance(reasoning, dict) else {}
+        top_p, temperature, truncation, most = (body.get(k) for k in (
+            "top_p", "temperature", "truncation", "max_output_tokens"))
         return {"id": self.ident, "object": "response", "created_at": int(time.time()),
-                "status": status, "model": self.model, "error": None,
-                "incomplete_details": None, "instructions": body.get("instructions") or None,
-                "metadata": {}, "output": output, "parallel_tool_calls": True,
-                "temperature": 1.0, "tool_choice": "auto", "tools": body.get("tools") or [],
-                "top_p": 1.0, "truncation": "disabled", "usage": usage,
+                "completed_at": int(time.time()) if whole else None, "status": status,
+                "incomplete_details": None, "model": self.model,
+                "previous_response_id": None,
+                "instructions": body.get("instructions") or None, "output": output,
+                "error": None, "tools": body.get("tools") or [], "tool_choice": "auto",
+                "truncation": truncation if isinstance(truncation, str) else "disabled",
+                "parallel_tool_calls": True,
                 "text": {"format": wanted if isinstance(wanted, dict) else {"type": "text"}},
-                "reasoning": reasoning or None}
+                "top_p": _number(top_p, 1.0), "presence_penalty": 0,
+                "frequency_penalty": 0, "top_logprobs": 0,
+                "temperature": _number(temperature, 1.0), "reasoning": reasoning or None,
+                "usage": usage, "max_output_tokens": most if isinstance(most, int) else None,
+                "max_tool_calls": None, "store": False,
+                "background": body.get("background") is True, "service_tier": "default",
+                "metadata": {}, "safety_identifier": None, "prompt_cache_key": None}
+
+    def _usage(self, final: dict[str, Any]) -> dict[str, Any]:
+        prompt, output_tokens = final.get("prompt_eval_count", 0), final.get("eval_count", 0)
+        usage: dict[str, Any] = {"input_tokens": prompt, "output_tokens": output_tokens,
+                                 "total_tokens": prompt + output_tokens}
+        if self.full:  # (their counts not wired through yet: zero)
+            usage.update(input_tokens_details={"cached_tokens": 0},
+                         output_tokens_details={"reasoning_tokens": 0})
+        return usage
 
     def opening(self) -> list[bytes]:
         return [self._event("response.created",
@@ -596,7 +623,7 @@ class OpenAIResponses:
                                    {**where, "part": self._output_text("")})]
         self.text += content
         return [*events, self._event("response.output_text.delta",
-                                     {**where, "delta": content, "logprobs": []})]
+                                     {**where, "delta": content, **self._logprobs()})]
 
     def closing(self, final: dict[str, Any]) -> list[bytes]:
         events = [*self.piece(_said(final)), *self._end_reasoning()]
@@ -605,14 +632,15 @@ class OpenAIResponses:
             where = {"item_id": self.item, "output_index": self.index, "content_index": 0}
             message = self._message("completed", self.text)
             events += [self._event("response.output_text.done",
-                                   {**where, "text": self.text, "logprobs": []}),
+                                   {**where, "text": self.text, **self._logprobs()}),
                        self._event("response.content_part.done",
                                    {**where, "part": self._output_text(self.text)}),
                        self._event("response.output_item.done",
                                    {"output_index": self.index, "item": message})]
             output.append(message)
-        response = {**self._response("completed", output, final),
-                    "completed_at": int(time.time())}
+        response = self._response("completed", output, final)
+        if self.full:  # (processCompletion sets it, v0.24.0 :1375-1376)
+            response["completed_at"] = int(time.time())
         return [*events, self._event("response.completed", {"response": response})]
 
     def whole(self, said: Said, final: dict[str, Any]) -> dict[str, Any]:
@@ -625,7 +653,13 @@ class OpenAIResponses:
                        for i, call in enumerate(_openai_calls(said.tool_calls))]
         else:
             output.append(self._message("completed", said.content))
-        return self._response("completed", output, final)
+        return self._response("completed", output, final, whole=True)
+
+
+def _number(value: Any, default: float) -> float:
+    """A request's number echoed (derefFloat64), its default when not given."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) \
+        else default
 
 
 def _stop_reason(done_reason: Any, called: bool) -> str | None:
@@ -788,6 +822,9 @@ def estimate_input_tokens(body: dict[str, Any]) -> int:
     return 1 if tokens == 0 and (messages or body.get("system") is not None) else tokens
 
 
+# From 0.14.2 a Responses answer has every field of OpenAI's, its content parts annotations
+# and logprobs, its usage their details (commit 38eac40d5)
+RESPONSE_FIELDS_SINCE = (0, 14, 2)
 # From 0.32.6 a streamed chat names the role in its first chunk only (commit 8edecb5c6)
 ROLE_ONCE_SINCE = (0, 32, 6)
 
@@ -795,7 +832,7 @@ ROLE_ONCE_SINCE = (0, 32, 6)
 def translation_for(path: str, body: dict[str, Any], version: str = CURRENT_VERSION
                     ) -> Translation:
     if path == RESPONSES:
-        return OpenAIResponses(body)
+        return OpenAIResponses(body, version_tuple(version) >= RESPONSE_FIELDS_SINCE)
     if path == MESSAGES:
         return AnthropicMessages(body, version_tuple(version) >= ESTIMATE_SINCE)
     return OpenAIChat(body, chat=path == CHAT,
@@ -847,9 +884,12 @@ async def _events(lines: AsyncIterable[Any], shape: Translation) -> AsyncGenerat
                 for event in shape.piece(Said()):
                     yield event
                 return
-            events = shape.closing(data) if data.get("done") else shape.piece(_said(data))
-            if not opened:  # as Ollama: the opening events go with the first chunk
-                opened, events = True, [*shape.opening(), *events]
+            # as Ollama: the opening events go with the first chunk, numbered first
+            # (a Responses stream's sequence_number)
+            opening = [] if opened else shape.opening()
+            opened = True
+            events = [*opening, *(shape.closing(data) if data.get("done")
+                                  else shape.piece(_said(data)))]
             for event in events:
                 yield event
     finally:

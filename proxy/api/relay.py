@@ -28,7 +28,7 @@ from proxy.api.errors import (
     responses_failed_event,
     stream_error_line,
 )
-from proxy.api.wire import past_go_duration
+from proxy.api.wire import go_field_key, past_go_duration
 from proxy.core.context import unshifted_answer_cap
 from proxy.core.engine_errors import SERVER_BUSY, body_excerpt, callers_error, prompt_too_long
 from proxy.core.models import cloud_echo, model_key, ollama_name_parts, split_source
@@ -540,7 +540,22 @@ def usage_added(path: str, body: dict[str, Any]) -> bool:
         return False
     options = body.get("stream_options")
     return options is None or (isinstance(options, dict) and
-                               options.get("include_usage") in (None, False))  # null: false
+                               _include_usage(options) in (None, False))  # null: false
+
+
+def _include_usage(options: dict[str, Any]) -> Any:
+    """`include_usage` as Go binds it into openai.StreamOptions: its key matched without
+    case (`Include_Usage`), the last of the keys naming it winning."""
+    named = [value for key, value in options.items() if go_field_key(key) == "include_usage"]
+    return named[-1] if named else None
+
+
+def _usage_asked(options: Any) -> dict[str, Any]:
+    """The agent's stream_options with include_usage set, no other spelling of it left to
+    win over it in Go's binding."""
+    kept = options if isinstance(options, dict) else {}
+    return {**{k: v for k, v in kept.items() if go_field_key(k) != "include_usage"},
+            "include_usage": True}
 
 
 class UsageEventFilter:
@@ -584,7 +599,7 @@ def payload_for(attempt: Attempt, body: dict[str, Any], path: str = "") -> bytes
     if path in TRUNCATING_PATHS and out.get("truncate") is None:
         out["truncate"] = False
     if usage_added(path, body):
-        out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        out["stream_options"] = _usage_asked(body.get("stream_options"))
     if attempt.placement == STATIC:
         return orjson.dumps(out)
     shift = out.pop("shift", None)
@@ -768,9 +783,9 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                               attempt.reads_source else sent)
 
     def failed(cause: str, healthy: bool = False, answer: Response | None = None,
-               engine: bool = False) -> Unanswered:
+               engine: bool = False, missing: bool = False) -> Unanswered:
         outcome = CallOutcome(healthy, time.perf_counter() - started, error=cause, began=False,
-                              engine_failed=engine)
+                              engine_failed=engine, model_missing=missing)
         return Unanswered(outcome, answer or error_response(
             502, "upstream-failed", f"provider {attempt.provider} failed before answering: "
             f"{cause}", attempt.model, dialect=dialect))
@@ -858,7 +873,7 @@ async def send_attempt(attempt: Attempt, attempts: Attempts, path: str, body: di
                         error="prompt longer than the context", prompt_too_long=True),
             Response(data, status_code=400, media_type=media_type, headers=headers))
     if upstream.status_code == 404 and "not found" in message:
-        return failed(f"HTTP 404: {message}", healthy=True, answer=Response(
+        return failed(f"HTTP 404: {message}", healthy=True, missing=True, answer=Response(
             data, status_code=404, media_type=media_type, headers=headers))
     ok = upstream.status_code < 400
     # A 4xx is the caller's problem (bad option, unknown model), not the provider's.

@@ -164,7 +164,11 @@ class CallService:
             self.scheduler.provider_view(placement.provider).version, outcome)
         if check is not None:
             self._count_cache(placement.provider, check)
-        if placement.loads or not outcome.healthy:
+        if outcome.model_missing:
+            # Its listing is read again before the call is placed again or answered (and
+            # published: every sidecar stops placing the model there at once)
+            await self.prober.refresh(placement.provider)
+        elif placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))
 

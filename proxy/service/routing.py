@@ -117,6 +117,9 @@ class CallOutcome:
     # The engine itself said the call failed (its error line, its 5xx, a stream it closed
     # unfinished), not the connection to it
     engine_failed: bool = False
+    # Ollama answered 404 for the model: the card's listing, which placed it there, is stale
+    # (`ollama rm` since it was probed)
+    model_missing: bool = False
 
     @property
     def answered(self) -> bool:

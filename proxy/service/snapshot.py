@@ -13,7 +13,7 @@ from typing import TypeVar
 from proxy.core.aliases import canonical_names, fold, names_here
 from proxy.core.lengths import NO_LENGTHS, CallLengths
 from proxy.core.load_times import LoadTimes
-from proxy.core.models import listing
+from proxy.core.models import listing, not_listed
 from proxy.core.tickets import TicketSet, merge_recorded
 from proxy.core.types import ModelDemand, ProviderHealth, ProviderView, Snapshot, Ticket
 from proxy.ports import PROVIDER_STATE, Entry, StateStore
@@ -200,7 +200,7 @@ class StateView:
             listing(state.listed_before or state.remote), listed=state.listed)
         if canonical:
             view = _one_name_a_model(view, state, canonical)
-        return merge_recorded(view, live)
+        return merge_recorded(_unlisted_leaving(view), live)
 
     def snapshot(self, now: float, health: Mapping[str, ProviderHealth],
                  demand: Mapping[str, ModelDemand], loads: LoadTimes,
@@ -227,6 +227,18 @@ class StateView:
 
 
 _NO_TICKETS = TicketSet()
+
+
+def _unlisted_leaving(view: ProviderView) -> ProviderView:
+    """A copy of a model the card's listing lacks (`ollama rm` while loaded) runs on, holding
+    its memory until its keep-alive ends, but Ollama answers 404 to every call for it (its
+    manifest is gone: server/routes.go GetModel): it counts as leaving, never joined."""
+    gone = tuple(r.model for r in view.residents if not r.leaving and
+                 r.model not in view.remote and not_listed(view, r.model))
+    if not gone:
+        return view
+    return replace(view, residents=tuple(replace(r, leaving=True) if r.model in gone else r
+                                         for r in view.residents))
 
 
 def _one_name_a_model(view: ProviderView, state: ProviderState, canonical: Mapping[str, str]

@@ -323,6 +323,22 @@ def test_a_streamed_chat_teaches_the_sidecar_its_count_without_the_agent_asking(
     assert asked[-1].choices == [] and asked[-1].usage is not None  # asked for: kept
 
 
+def test_a_capitalised_include_usage_keeps_the_agents_usage_event(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Ollama binds stream_options' keys without case (openai.StreamOptions), so
+    `"Stream_Options":{"Include_Usage":true}` asks for the usage event: the sidecar took it for
+    unasked and dropped the event from the agent's stream."""
+    gpu = sim_factory("gpu", time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    answer = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+        "model": "qwen3:8b", "messages": HI, "stream": True,
+        "Stream_Options": {"Include_Usage": True}})
+    events = [orjson.loads(line[6:]) for line in answer.text.split("\n\n")
+              if line.startswith("data: {")]
+    assert answer.status_code == 200 and events, answer.text
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] > 0
+
+
 class ZstdBodies(httpx.HTTPTransport):
     """Sends every request body zstd-compressed, as Codex does to /v1/responses."""
 

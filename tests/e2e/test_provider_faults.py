@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ollama
@@ -24,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer
 from loadtest.serving import ThreadedServer
 from loadtest.sim_model import CATALOG
@@ -399,3 +401,61 @@ def test_a_cards_404_for_a_model_it_no_longer_has_is_no_card_failure_and_no_answ
     with httpx.stream("GET", f"{url}/kubemoot/v1/events", timeout=10) as feed:
         calls = next(views(feed))["calls"]
     assert [(c["ok"], "404" in str(c["error"])) for c in calls] == [(False, True), (True, False)]
+
+
+def test_a_model_removed_from_a_card_is_served_elsewhere_and_not_placed_there_again(
+        sim_factory: Sims, sidecar_factory: Sidecars, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ollama rm` on the card that has the model loaded: its copy runs on, but Ollama answers
+    404 to every call for it. The call is served by the other card, and the sidecar reads
+    the card's listing again at once: the next call goes straight to the other card (it was
+    placed warm on the first one again, until the next scheduled probe, 30 s here)."""
+    a = sim_factory("a", time_scale=0.05)
+    b = sim_factory("b", time_scale=0.05)
+    assert httpx.post(f"{a.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    url = sidecar_factory([a, b], probe_interval_seconds=30).url
+    assert eventually(lambda: [r["model"] for r in httpx.get(
+        f"{url}/kubemoot/v1/state").json()["providers"][0]["residents"]] == ["qwen3:8b"])
+    client = ollama.Client(host=url, timeout=30)
+    assert client.chat(model="qwen3:8b", messages=HI).message.content
+    assert ollama.Client(host=a.url).delete("qwen3:8b").status == "success"
+    capsys.readouterr()
+    for _ in range(2):  # neither call sees the 404
+        assert client.chat(model="qwen3:8b", messages=HI).message.content
+    refused = [line for line in capsys.readouterr().out.splitlines()
+               if "] call  " in line and "HTTP 404" in line]
+    assert len(refused) == 1, refused  # only the first found the model gone from `a`
+    assert b.sim.stats.inference_requests == 2
+
+
+def test_what_one_sidecar_learns_of_a_removed_model_reaches_the_others(
+        sim_factory: Sims, sidecar_factory: Sidecars, nats_server: NatsServer,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """With NATS, the card's listing read again after its 404 is published: the other
+    sidecar places the model on the card no more either, before its own next probe."""
+    import asyncio
+
+    from tests.conftest import empty_buckets
+
+    asyncio.run(empty_buckets(nats_server.url))
+    a = sim_factory("a", time_scale=0.05)
+    b = sim_factory("b", time_scale=0.05)
+    assert httpx.post(f"{a.url}/api/generate", json={"model": "qwen3:8b"}).status_code == 200
+    one, two = (sidecar_factory([a, b], nats_url=nats_server.url, agent_name=name,
+                                probe_interval_seconds=30).url for name in ("one", "two"))
+
+    def residents(url: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = httpx.get(
+            f"{url}/kubemoot/v1/state").json()["providers"][0]["residents"]
+        return found
+
+    assert eventually(lambda: [r["model"] for r in residents(two)] == ["qwen3:8b"])
+    assert ollama.Client(host=a.url).delete("qwen3:8b").status == "success"
+    capsys.readouterr()
+    assert ollama.Client(host=one, timeout=30).chat(model="qwen3:8b", messages=HI).message.content
+    assert eventually(lambda: all(r.get("leaving") for r in residents(two)))
+    assert ollama.Client(host=two, timeout=30).chat(model="qwen3:8b", messages=HI).message.content
+    refused = [line for line in capsys.readouterr().out.splitlines()
+               if "] call  " in line and "HTTP 404" in line]
+    assert len(refused) == 1, refused  # sidecar two's call went to `b` at once
+    assert b.sim.stats.inference_requests == 2

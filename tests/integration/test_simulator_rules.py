@@ -1137,3 +1137,63 @@ def test_one_token_from_the_llama_engine_leaves_its_zero_eval_duration_out(
         "options": {"num_predict": tokens}}).json()
     assert final["eval_count"] == tokens
     assert {"prompt_eval_duration", "eval_duration"} - set(final) == left_out
+
+
+# Every field of OpenAI's Response from 0.14.2, the request's echoed (commit 38eac40d5; v0.24.0
+# openai/responses.go:666-698, ToResponse :753-876, buildResponseObject :978-1080)
+RESPONSE_KEYS = {
+    "id", "object", "created_at", "completed_at", "status", "incomplete_details", "model",
+    "previous_response_id", "instructions", "output", "error", "tools", "tool_choice",
+    "truncation", "parallel_tool_calls", "text", "top_p", "presence_penalty",
+    "frequency_penalty", "top_logprobs", "temperature", "reasoning", "usage",
+    "max_output_tokens", "max_tool_calls", "store", "background", "service_tier", "metadata",
+    "safety_identifier", "prompt_cache_key"}
+
+
+def responses_events(sim: SimServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    answer = httpx.post(f"{sim.url}/v1/responses", timeout=30, json={**body, "stream": True})
+    return [orjson.loads(line[6:]) for line in answer.text.splitlines()
+            if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("version", ["0.24.0", "0.14.1"])
+def test_a_responses_answer_has_the_fields_of_its_version(sim_factory: Sims,
+                                                          version: str) -> None:
+    sim = sim_factory(version=version)
+    body = {"model": "qwen3:8b", "input": "hi", "max_output_tokens": 3, "temperature": 0.5,
+            "think": False}
+    whole = httpx.post(f"{sim.url}/v1/responses", timeout=30, json=body).json()
+    events = responses_events(sim, body)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    first, last = events[0]["response"], events[-1]["response"]
+    if version == "0.14.1":  # v0.14.1 openai/responses.go:519-527, :721-737, :1000-1011
+        assert set(whole) == {"id", "object", "created_at", "status", "model", "output",
+                              "usage"}
+        assert (set(first), set(last)) == ({"id", "object", "status", "output"},
+                                           {"id", "object", "status", "output", "usage"})
+        assert set(whole["usage"]) == {"input_tokens", "output_tokens", "total_tokens"}
+        return
+    assert set(whole) == set(first) == set(last) == RESPONSE_KEYS
+    assert (whole["service_tier"], whole["store"], whole["background"]) == ("default", False,
+                                                                             False)
+    assert (whole["max_output_tokens"], whole["temperature"], whole["top_p"]) == (3, 0.5, 1)
+    assert isinstance(whole["completed_at"], int) and first["completed_at"] is None
+    assert isinstance(last["completed_at"], int)
+
+
+def test_a_deleted_model_keeps_its_loaded_copy_and_its_calls_get_404(sim_factory: Sims) -> None:
+    """DeleteHandler removes the manifest and unloads nothing (v0.24.0 server/routes.go
+    :1066-1115; the CLI's `ollama rm` unloads first, cmd/cmd.go:1108-1117): the copy stays
+    in /api/ps, and GetModel finds no manifest for a call (:235-240), as a real 0.24.0 does."""
+    sim = sim_factory()
+    assert load(sim, "qwen3:8b").status_code == 200
+    gone = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": "qwen3:8b"})
+    assert (gone.status_code, gone.content) == (200, b"")
+    assert "qwen3:8b" in ps(sim)
+    assert "qwen3:8b" not in [m["name"] for m in httpx.get(f"{sim.url}/api/tags").json()["models"]]
+    answer = chat(sim, "qwen3:8b", "hi")
+    assert (answer.status_code, answer.json()["error"]) == (404, "model 'qwen3:8b' not found")
+    again = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": "qwen3:8b"})
+    assert (again.status_code, again.json()["error"]) == (404, "model 'qwen3:8b' not found")
+    empty = httpx.request("DELETE", f"{sim.url}/api/delete")
+    assert (empty.status_code, empty.json()["error"]) == (400, "missing request body")

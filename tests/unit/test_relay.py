@@ -567,6 +567,16 @@ def test_a_placed_call_carries_the_copys_num_ctx_and_no_option_that_reloads() ->
     assert orjson.loads(payload_for(untouched, body))["options"] == body["options"]
 
 
+def test_the_usage_event_asked_for_leaves_no_spelling_of_it_that_go_would_bind_last() -> None:
+    from proxy.api.relay import payload_for
+
+    route = Attempt("p", OllamaClient(BASE), "qwen3:8b", "warm")
+    body = {"model": "x", "messages": [], "stream": True,
+            "stream_options": {"include_usage": False, "Include_Usage": False, "x": 1}}
+    sent = orjson.loads(payload_for(route, body, "/v1/chat/completions"))
+    assert sent["stream_options"] == {"x": 1, "include_usage": True}
+
+
 @pytest.mark.parametrize("placement", ["warm", "static"])
 def test_ollama_is_told_not_to_cut_a_prompt_unless_the_agent_asked(placement: str) -> None:
     from proxy.api.relay import payload_for

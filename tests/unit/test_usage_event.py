@@ -32,6 +32,12 @@ DONE = b"data: [DONE]\n\n"
     ("/v1/chat/completions", {"stream": True, "stream_options": None}, True),
     ("/v1/chat/completions", {"stream": True, "stream_options": "yes"}, False),  # Ollama's 400
     ("/v1/chat/completions", {}, False),  # not streamed: the answer has its usage
+    # Go binds the key without case, the last naming the field winning (openai/openai.go)
+    ("/v1/chat/completions", {"stream": True, "stream_options": {"Include_Usage": True}}, False),
+    ("/v1/chat/completions", {"stream": True, "stream_options": {"INCLUDE_USAGE": True}}, False),
+    ("/v1/chat/completions", {"stream": True,
+                              "stream_options": {"include_usage": True, "Include_Usage": False}},
+     True),
     ("/v1/completions", {"stream": True}, False),  # a usage in every chunk there
     ("/api/chat", {"stream": True}, False),
 ])
