@@ -698,6 +698,9 @@ def test_a_dialect_only_a_stopped_card_serves_waits_for_it_rather_than_a_404(
     answer = httpx.post(f"{url}/v1/messages", json=body, headers={"X-Kubemoot-Wait": "false"})
     assert answer.status_code == 503, answer.text
     assert answer.json()["reason"] == "gpu-busy"
+    # why: the card that serves it is down (the old card's being up does not make it "busy")
+    assert "no provider that could run the model is reachable (new: provider not ready)" in \
+        answer.json()["error"]["message"]
     assert old.sim.stats.inference_requests == 0
 
 
