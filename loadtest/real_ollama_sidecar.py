@@ -156,6 +156,10 @@ def fleet(old: str, new: str, models: Path, port: int, same: bool, nats: bool,
         p.name = str(c["name"])
     env = {"KUBEMOOT_PROVIDERS": json.dumps(config), "KUBEMOOT_MODEL_MODEL": "tiny",
            "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "300"}
+    # `ollama cp` on the second card only: a name of its tiny's manifest there, where the
+    # first card's tiny is another manifest if its version differs (aliases, cases below)
+    httpx.post(provs[1].url + "/api/copy", json={"source": "tiny", "destination": "onlyb"},
+               timeout=30).raise_for_status()
     f = Fleet(provs, [])
     try:
         if nats:
@@ -256,6 +260,7 @@ CASES: tuple[Case, ...] = (
     Case("generate", "/api/generate", _gen()),
     Case("generate stream", "/api/generate", _gen(stream=True)),
     Case("generate tiny2", "/api/generate", _gen("tiny2")),
+    Case("alias on one card (ollama cp)", "/api/generate", _gen("onlyb")),
     Case("chat", "/api/chat", _chat()),
     Case("chat stream", "/api/chat", _chat(stream=True)),
     Case("chat tiny2 stream", "/api/chat", _chat("tiny2", stream=True)),
