@@ -274,13 +274,15 @@ CASES: tuple[Case, ...] = (
         "model": "tiny", "max_tokens": 3, "temperature": 0,
         "messages": [{"role": "user", "content": "hello"}]}),
     Case("openai chat stream usage", "/v1/chat/completions", {
-        "model": "tiny", "max_tokens": 3, "stream": True,
+        "model": "tiny", "max_tokens": 3, "stream": True, "temperature": 0, "seed": 1,
         "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "hello"}]}),
+    # (temperature 0 and a seed: an answer that ends early at random changes the chunks)
     Case("openai completions", "/v1/completions",
-         {"model": "tiny", "max_tokens": 3, "prompt": "hello"}),
+         {"model": "tiny", "max_tokens": 3, "prompt": "hello", "temperature": 0, "seed": 1}),
     Case("openai completions stream", "/v1/completions",
-         {"model": "tiny", "max_tokens": 3, "prompt": "hello", "stream": True}),
+         {"model": "tiny", "max_tokens": 3, "prompt": "hello", "stream": True,
+          "temperature": 0, "seed": 1}),
     Case("openai embeddings", "/v1/embeddings", {"model": "tiny", "input": "hello"}),
     Case("openai models", "/v1/models", None),
     Case("openai model", "/v1/models/tiny", None),
@@ -288,7 +290,7 @@ CASES: tuple[Case, ...] = (
         "model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
          anthropic=True),
     Case("anthropic messages stream", "/v1/messages", {
-        "model": "tiny", "max_tokens": 3, "stream": True,
+        "model": "tiny", "max_tokens": 3, "stream": True, "temperature": 0,
         "messages": [{"role": "user", "content": "hi"}]}, anthropic=True),
     Case("keep_alive -1", "/api/generate", _gen(keep_alive=-1)),
     Case("keep_alive '5m'", "/api/generate", _gen(keep_alive="5m")),
@@ -515,20 +517,38 @@ def _metric(text: str, name: str) -> float:
 
 
 def _real_loads(client: httpx.Client, f: Fleet) -> dict[str, set[tuple[str, int]]]:
+    """Each reachable provider's copies, by manifest digest (names of one manifest are one
+    copy, which the sidecar shows under the name it places them as) and context."""
     out: dict[str, set[tuple[str, int]]] = {}
     for p in f.providers:
         try:
             ps = client.get(p.url + "/api/ps").json().get("models") or []
         except httpx.HTTPError:
             continue
-        out[p.name] = {(m["name"], int(m.get("context_length") or 0)) for m in ps}
+        out[p.name] = {(m.get("digest", m["name"]), int(m.get("context_length") or 0))
+                       for m in ps}
     return out
 
 
-def _believed(state: dict[str, Any]) -> dict[str, set[tuple[str, int]]]:
-    return {p["name"]: {(r["model"], int(r.get("contextLength") or 0))
-                        for r in p.get("residents", [])}
-            for p in state.get("providers", []) if p.get("ready")}
+def _digests(client: httpx.Client, p: Provider) -> dict[str, str]:
+    try:
+        tags = client.get(p.url + "/api/tags").json().get("models") or []
+    except httpx.HTTPError:
+        return {}
+    return {m["name"]: m.get("digest", m["name"]) for m in tags}
+
+
+def _believed(client: httpx.Client, f: Fleet, state: dict[str, Any]
+              ) -> dict[str, set[tuple[str, int]]]:
+    out = {}
+    for prov in state.get("providers", []):
+        if not prov.get("ready") or not any(p.name == prov["name"] for p in f.providers):
+            continue
+        digests = _digests(client, f.provider(prov["name"]))
+        out[prov["name"]] = {(digests.get(r["model"], r["model"]),
+                              int(r.get("contextLength") or 0))
+                             for r in prov.get("residents", [])}
+    return out
 
 
 _TRAINED: dict[tuple[str, str], int] = {}
@@ -544,9 +564,11 @@ def _capped(client: httpx.Client, f: Fleet, prov: str, loads: set[tuple[str, int
     if tuple(int(x) for x in p.version.split(".")[:3]) < (0, 15, 5):
         return loads
     out = set()
+    names = {digest: name for name, digest in _digests(client, p).items()}
     for model, ctx in loads:
         if (p.url, model) not in _TRAINED:
-            info = client.post(p.url + "/api/show", json={"model": model}).json()
+            info = client.post(p.url + "/api/show", json={"model": names.get(model, model)}
+                               ).json()
             info = info.get("model_info") or {}
             arch = info.get("general.architecture", "")
             _TRAINED[(p.url, model)] = int(info.get(f"{arch}.context_length") or 0)
@@ -570,7 +592,7 @@ def check_state(client: httpx.Client, f: Fleet, report: Report, phase: str,
             for name in ("kubemoot_in_flight", "kubemoot_provider_memory_claimed_bytes"):
                 if _metric(metrics, name):
                     faults.append(f"{url}: {name} {_metric(metrics, name)}")
-            real, believed = _real_loads(client, f), _believed(state)
+            real, believed = _real_loads(client, f), _believed(client, f, state)
             for prov, loads in real.items():
                 if _capped(client, f, prov, believed.get(prov, set())) != loads:
                     faults.append(f"{url}: {prov} believed {sorted(believed.get(prov, []))}"
@@ -595,7 +617,7 @@ def run_concurrency(client: httpx.Client, f: Fleet, report: Report, calls: int =
         body = _chat(model, stream=bool(i % 3 == 0),
                      options={**OPTS, "num_predict": 20})
         try:
-            with httpx.Client(timeout=120) as c:
+            with httpx.Client(timeout=360) as c:  # (the sidecar may hold it its 300 s wait limit)
                 r = c.post(f.sidecars[i % len(f.sidecars)] + "/api/chat", json=body)
                 seen = _seen(r)
                 out = (r.status_code, seen.error, seen.headers.get("placement", ""))
