@@ -15,12 +15,19 @@ V = TypeVar("V")
 
 def canonical_names(digests: Iterable[Mapping[str, str]]) -> dict[str, str]:
     """Each name that shares its manifest digest (`/api/tags`) with another, on any card,
-    -> the name their model is placed under; names of a model of their own are absent."""
-    groups: dict[str, set[str]] = {}
+    -> the name their model is placed under; names of a model of their own are absent. A
+    name whose manifest differs from card to card (pulled at other times, or written by
+    another Ollama version) is no alias of anything: the mapping is by name, fleet-wide, and
+    would send a call for an alias to a card where that name is another model."""
+    seen: dict[str, set[str]] = {}
     for card in digests:
         for name, digest in card.items():
             if digest:
-                groups.setdefault(digest, set()).add(name)
+                seen.setdefault(name, set()).add(digest)
+    groups: dict[str, set[str]] = {}
+    for name, found in seen.items():
+        if len(found) == 1:
+            groups.setdefault(next(iter(found)), set()).add(name)
     out: dict[str, str] = {}
     for names in groups.values():
         if len(names) > 1:

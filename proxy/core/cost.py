@@ -265,6 +265,15 @@ def warm_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     return terms
 
 
+def best_fit_term(policy: Policy, usable_mib: int, footprint_mib: int) -> float:
+    """Best fit: the room a load leaves, as a multiple of its size, at a small weight that
+    breaks near-ties between cards, capped so that it stays one: a model of a few MiB on a
+    card of GiBs (an embedding model, a tiny test model) would otherwise count minutes and
+    make a call wait out a busy copy rather than load in a second on an idle card."""
+    return min(policy.best_fit_s * (usable_mib - footprint_mib) / footprint_mib,
+               policy.best_fit_max_s)
+
+
 def cold_floor_s(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Snapshot,
                  policy: Policy, phase: str) -> float:
     """What a cold load of `model` here costs at least: `cold_terms` less the terms that
@@ -272,7 +281,7 @@ def cold_floor_s(index: ProviderIndex, model: str, fitting: Fitting, snapshot: S
     footprint = fitting.footprint_mib(index, model)
     floor = load_seconds(index.view, model, footprint, snapshot, policy)
     if index.usable_mib is not None and footprint:
-        floor += policy.best_fit_s * (index.usable_mib - footprint) / footprint
+        floor += best_fit_term(policy, index.usable_mib, footprint)
     call_s = call_length(index.name, model, fitting.call, snapshot, policy).seconds
     sign = -1.0 if phase == "mulling" else 1.0
     return floor + contention_s(index, model, footprint or 0, call_s, snapshot, policy) + \
@@ -293,7 +302,7 @@ def cold_terms(index: ProviderIndex, model: str, fitting: Fitting, snapshot: Sna
     if ahead:
         terms["loads_ahead"] = ahead
     if index.usable_mib is not None and footprint:
-        terms["best_fit"] = policy.best_fit_s * (index.usable_mib - footprint) / footprint
+        terms["best_fit"] = best_fit_term(policy, index.usable_mib, footprint)
     if index.spills():
         terms["spill"] = policy.spill_s
     if fitting.call.conversation is not None:

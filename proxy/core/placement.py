@@ -515,10 +515,12 @@ class _Planner:
 
     def unreachable_holders(self, model: str) -> list[tuple[str, str]]:
         """The cards that could hold a copy of `model` for this call, each with why it is
-        unreachable, when all of them are; else [] (a reachable one is merely busy)."""
+        unreachable, when all of them are; else [] (a reachable one is merely busy). A card
+        whose Ollama refuses the call (a path its version lacks) is none of them: up, it
+        still could not serve it."""
         down: list[tuple[str, str]] = []
         for index in self.indexes.values():
-            if not self.could_hold(index, model):
+            if not self.could_hold(index, model) or self.fitting.lacking(index, model):
                 continue
             why = health_reason(index, self.snapshot.health)
             if why is None:

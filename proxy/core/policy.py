@@ -36,6 +36,7 @@ class Policy:
 
     # Weights without a physical unit, in seconds-equivalent.
     best_fit_s: float = 0.05  # x (usable - footprint) / footprint: small models, small cards
+    best_fit_max_s: float = 2.0  # its most: a tie-breaker, never worth more than a short wait
     reliability_s: float = 10.0  # x (1 - success rate)
     spill_s: float = 20.0  # residents published beyond usable VRAM
     provider_weight_s: float = 0.01  # per point of provider weight: mulling -, triage +

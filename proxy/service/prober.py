@@ -288,6 +288,16 @@ def _observe(seen: dict[int, int], context: int, mib: int) -> None:
     while len(seen) > OBSERVED_KEPT:
         del seen[next(iter(seen))]
 
+
+def heard_version(answered: object, last: ProviderState | None) -> str:
+    """The version `/api/version` answered, else the one last heard: an Ollama that stopped
+    answering is still that version, so a path or field only it serves is one for a card
+    that is down (the call waits for it, or has the 503), not one no provider serves (the
+    API's 404 or 400, api/routes.py fleet_versions)."""
+    if isinstance(answered, str):
+        return answered
+    return last.version if last is not None else ""
+
 class Prober:
     def __init__(self, configs: list[ProviderConfig], clients: Mapping[str, ModelServer],
                  store: StateStore | None, *, gpu_memory: GpuMemoryGauge,
@@ -382,7 +392,7 @@ class Prober:
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,
-            version=version if isinstance(version, str) else "", digests=digests,
+            version=heard_version(version, self.latest.get(name)), digests=digests,
             remote=remote, cloud_off=self._cloud_off.get(name, False),
             listed_before=self._last_listing(name)
             if isinstance(tags, BaseException) else (),

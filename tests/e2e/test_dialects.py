@@ -725,6 +725,30 @@ def test_in_a_fleet_of_mixed_versions_a_dialect_is_served_whichever_card_was_pro
     assert new.sim.stats.inference_requests == 1
 
 
+def test_a_dialect_only_a_stopped_card_serves_waits_for_it_rather_than_a_404(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """Anthropic's messages on a fleet of an Ollama 0.12.6 and a newer one that has stopped
+    answering: the path is still served by the fleet (the newer card keeps the version last
+    heard from it), so the call is one for a card that is down, as a model only that card
+    holds would be: a call that cannot wait has the 503, not a 404 telling the agent (the
+    anthropic client: NotFoundError, not retried) that no provider ever serves it."""
+    old = sim_factory("old", version="0.12.6", time_scale=SCALE)
+    new = sim_factory("new", time_scale=SCALE)
+    url = sidecar_factory([old, new], probe_interval_seconds=0.2).url
+    _version_known(url)
+    new.stop()
+    assert eventually(lambda: not next(p for p in httpx.get(f"{url}/kubemoot/v1/state").json()[
+        "providers"] if p["name"] == "new")["ready"])
+    body = {"model": "llama3.2:3b", "max_tokens": 5, "messages": HI}
+    answer = httpx.post(f"{url}/v1/messages", json=body, headers={"X-Kubemoot-Wait": "false"})
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["reason"] == "gpu-busy"
+    # why: the card that serves it is down (the old card's being up does not make it "busy")
+    assert "no provider that could run the model is reachable (new: provider not ready)" in \
+        answer.json()["error"]["message"]
+    assert old.sim.stats.inference_requests == 0
+
+
 def test_in_a_fleet_of_mixed_versions_a_body_one_version_refuses_goes_to_a_card_that_takes_it(
         sim_factory: Sims, sidecar_factory: Sidecars, monkeypatch: pytest.MonkeyPatch) -> None:
     """`think: "max"` is a level from Ollama 0.22 (an older one refuses it, 400): with a card

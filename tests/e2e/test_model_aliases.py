@@ -67,3 +67,23 @@ def test_a_victim_listed_under_another_name_is_waited_for_until_it_is_gone(
     outside.join(30)
     # the 14b was sent once the copy was gone, not beside it: Ollama unloaded nothing itself
     assert gpu.sim.stats.self_evictions == 0
+
+
+def test_a_name_that_is_another_manifest_on_another_card_is_no_alias_there(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """`ollama cp` on one card makes `mine` a name of that card's qwen3:8b; another card's
+    qwen3:8b is another manifest (pulled at another time; two Ollama versions write two
+    manifests for one GGUF, as a real 0.12.6 and 0.24.0 do). A call for `mine` is not sent
+    to the other card as its qwen3:8b, warm there or not: only the card that has `mine` runs
+    it, and answers under that name."""
+    other = replace(QWEN3_8B, system="You are helpful.")  # its own manifest digest
+    assert other.digest != QWEN3_8B.digest
+    first = sim_factory("first", total_vram_mib=24564, time_scale=SCALE)
+    second = sim_factory("second", total_vram_mib=24564, time_scale=SCALE,
+                         models=(*WITHOUT_8B, other, replace(other, name="mine")))
+    assert chat(first.url, "qwen3:8b").status_code == 200  # warm on the first card
+    url = sidecar_factory([first, second]).url
+    r = chat(url, "mine")
+    assert r.status_code == 200, r.text
+    assert (r.headers["x-kubemoot-provider"], r.json()["model"]) == ("second", "mine")
+    assert listed(second.url) == ["mine"]

@@ -4,6 +4,7 @@ GPU and waking when one frees. The decisions of tests/e2e/test_scheduling.py, on
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -371,3 +372,30 @@ async def test_a_copy_loaded_under_a_sibling_name_after_its_victim_left_stays_co
     seen = await recorded
     assert "phi3-helper:latest" in seen, seen
     await call
+
+
+# A small model (here ~260 MiB loaded; real Ollama's 2-layer test model lists 1 MiB) beside
+# cards of 192 GiB: best fit's ratio of the room left to its size is in the hundreds.
+TINY = replace(next(m for m in CATALOG if m.name == "llama3.2:3b"), name="tiny:latest",
+               disk_mib=2, block_count=2, embedding_length=64, head_count=2, head_count_kv=2,
+               trained_ctx=2048)
+
+
+async def test_best_fit_does_not_make_a_small_model_wait_out_a_busy_copy(
+        fleet: Fleet) -> None:
+    """Best fit is a tie-breaker: it does not outweigh a wait. With the tiny model's only
+    copy busy for 20 s, the next call loads it in a second on the idle card rather than
+    waiting (uncapped, best fit counted the idle card 33 s, more than the 28 s wait; a
+    real Ollama's tiny model on a 4 GiB CPU "card": 102 s)."""
+    a = fleet.gpu("a", total_vram_mib=196608, models=(*CATALOG, TINY))
+    b = fleet.gpu("b", total_vram_mib=196608, models=(*CATALOG, TINY))
+    a.preload("tiny:latest")
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=600)
+    a.script(Answer(seconds=20))
+    busy = sidecar.start_chat("tiny:latest")
+    await asyncio.sleep(1)
+    r = await sidecar.chat("tiny:latest")
+    assert (r.status, r.provider, r.placement) == (200, "b", "cold")
+    assert r.last.waited_ms < 5000
+    assert (await busy).status == 200
+    assert b.stats.loads == 1

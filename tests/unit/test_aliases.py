@@ -20,6 +20,10 @@ def test_names_of_one_manifest_on_any_card_are_placed_under_the_first() -> None:
                                       "qwen3:8b": "my-qwen:latest"}
     # a name of its own, or a digest no card gave, is no alias
     assert canonical_names([{"qwen3:8b": QWEN3}, {"llama3.2:3b": ""}, {"x:1": ""}]) == {}
+    # a name that is another manifest on another card is no alias (nor are the others
+    # of its digest on its account)
+    assert canonical_names([{"tiny:latest": OTHER},
+                            {"tiny:latest": QWEN3, "onlyb:latest": QWEN3}]) == {}
 
 
 def test_a_cards_figures_fold_to_the_placed_name_and_its_own_names_are_kept() -> None:
