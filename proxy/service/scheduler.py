@@ -313,6 +313,10 @@ class Scheduler:
                         f"No GPU that can run {spec.preferred.model} came back within {limit}"
                         f" ({decision.reason}); check the providers."
                         if decision.reason.startswith(NO_PROVIDER_REACHABLE) else
+                        # (the GPUs may be idle: it is the outage, not the capacity)
+                        f"{spec.preferred.model} could not be loaded within {limit} "
+                        f"({decision.reason}); check KUBEMOOT_NATS_URL's server."
+                        if decision.reason == LOADS_PAUSED else
                         f"Every GPU that can run {spec.preferred.model} stayed busy for "
                         f"{limit} ({decision.reason}); "
                         "this is the cluster's capacity, ask again in a moment."),

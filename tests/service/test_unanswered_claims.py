@@ -108,3 +108,17 @@ async def test_a_load_whose_claim_lost_its_answer_waits_for_the_store_and_its_ti
     assert (r.status, r.placement) == (200, "evict")
     await asyncio.sleep(2)
     assert store.live_tickets("gpu", fleet.clock.now()) == []
+
+
+async def test_a_load_refused_at_the_wait_limit_while_the_store_is_away_names_the_store(
+        fleet: Fleet) -> None:
+    """An idle card, the store away the whole wait: the call is refused at its limit for
+    the outage (no load while NATS is unreachable), not told the cluster is at capacity."""
+    fleet.gpu("gpu", total_vram_mib=24564)
+    store = LosesAClaimsAnswer(fleet)
+    store.away = True
+    sidecar = await fleet.sidecar(store)
+    r = await sidecar.chat("qwen3:8b")
+    assert r.reason == "gpu-busy" and r.refusal is not None
+    assert "capacity" not in r.refusal.message and "NATS" in r.refusal.message, \
+        r.refusal.message
