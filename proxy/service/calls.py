@@ -167,7 +167,11 @@ class CallService:
         if outcome.model_missing:
             # Its listing is read again before the call is placed again or answered (and
             # published: every sidecar stops placing the model there at once)
-            await self.prober.refresh(placement.provider)
+            try:
+                await self.prober.refresh(placement.provider)
+            except Exception:  # (an odd answer, as a probe round survives: not the call's)
+                log.exception("listing not read again after a 404",
+                              provider=placement.provider)
         elif placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))

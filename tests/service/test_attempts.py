@@ -6,9 +6,12 @@ renewed and released. The decisions of tests/e2e/test_scheduling.py, on fakes.""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from proxy.core.health import OPEN_FOR_S
+from proxy.core.tokens import PromptSize
 from proxy.core.types import Circuit
+from proxy.service.routing import CallOutcome, CallRequest, Refusal
 from tests.service.fakes import Answer
 from tests.service.harness import Fleet, two_cards_one_busy
 
@@ -182,3 +185,25 @@ async def test_a_call_placed_again_at_the_engines_count_waits_what_is_left_of_it
     assert elapsed <= 10.5, f"answered gpu-busy after {elapsed:.1f} s of a 10 s wait limit"
     await short_one
     long_one.cancel()
+
+
+async def test_a_404_whose_card_cannot_be_read_again_still_ends_its_call(
+        fleet: Fleet) -> None:
+    """Ollama's 404 for a model its listing had reads the card's listing again before the
+    call goes on; a probe that fails on an odd answer (as a probe round survives) must not
+    turn the call's end into an exception (its ticket released all the same)."""
+    fleet.gpu("a", total_vram_mib=24564).preload("qwen3:8b")
+    sidecar = await fleet.sidecar()
+    calls = sidecar.services.calls
+
+    async def odd_answer(name: str) -> object:
+        raise ValueError("invalid literal for int() with base 10: 'x'")
+
+    calls.prober.probe = odd_answer  # type: ignore[method-assign]
+    call = CallRequest("/api/chat", "qwen3:8b", "mulling", prompt=PromptSize(100))
+    attempts = calls.attempts(call, time.perf_counter(), None)
+    placed = await attempts.first()
+    assert not isinstance(placed, Refusal)
+    await attempts.settle(CallOutcome(True, 0.01, error="HTTP 404: model not found",
+                                      began=False, model_missing=True))
+    assert not sidecar.tickets()
