@@ -39,7 +39,8 @@ from typing import Any
 
 import httpx
 
-from loadtest.real_ollama_check import shape, shape_diff
+from loadtest.loadgen import wait_http
+from loadtest.real_ollama_check import _error_text, shape, shape_diff
 
 MIB = 1 << 20
 OPTS = {"num_predict": 3, "temperature": 0, "seed": 1}
@@ -90,16 +91,8 @@ class Provider:
         return not self.version.startswith("0.12")
 
 
-def _wait_http(url: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer in {seconds} s")
+def _wait_http(url: str) -> None:
+    wait_http(url, 30.0)
 
 
 def start_ollama(name: str, binary: str, port: int, work: Path, models: Path) -> Provider:
@@ -214,16 +207,9 @@ def _chunks(resp: httpx.Response) -> list[Any]:
     return out
 
 
-def _error(obj: Any) -> str:
-    err = obj.get("error") if isinstance(obj, dict) else None
-    if isinstance(err, dict):  # OpenAI's and Anthropic's {"error": {"message": ...}}
-        return str(err.get("message", ""))
-    return str(err or "")
-
-
 def _seen(resp: httpx.Response) -> Seen:
     chunks = _chunks(resp)
-    error = next((_error(c) for c in chunks if _error(c)), "")
+    error = next((_error_text(c) for c in chunks if _error_text(c)), "")
     extra: dict[str, Any] = {}
     if len(chunks) == 1 and isinstance(chunks[0], dict) and error:
         extra = {k: v for k, v in chunks[0].items() if k != "error"}
