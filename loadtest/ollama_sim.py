@@ -382,13 +382,17 @@ class SimApp:
 
     async def delete(self, request: Request) -> Response:
         """`ollama rm`: the model's manifest removed (DeleteHandler, server/routes.go:1066-1115
-        at v0.24.0); a copy of it loaded runs on until its keep-alive ends, while every call
-        for it gets 404 (GetModel finds no manifest)."""
+        at v0.24.0; a name it cannot read is a 400, one it does not hold a 404); a copy of it
+        loaded runs on until its keep-alive ends, while every call for it gets 404 (GetModel
+        finds no manifest)."""
         body = await self._body(request)
         if isinstance(body, Response):
             return body
         name = str(body.get("model") or body.get("name") or "")
-        model = self.sim.config.model(name) if valid_name(name) else None
+        ref = sim_checks.pull_ref(name, self.sim.config.version)
+        if isinstance(ref, sim_cloud.Refused):
+            return _error(ref.message, ref.status)
+        model = self.sim.config.model(ref)
         if model is None:
             return _error(f"model '{name}' not found", 404)
         self.sim.config = replace(self.sim.config, models=tuple(

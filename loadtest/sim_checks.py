@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .sim_model import SimModel
+from . import sim_cloud
+from .sim_engine import version_tuple
+from .sim_model import SimModel, valid_name
 
 DEFAULT_HOST = "registry.ollama.ai/library/"  # how Model.Name spells a local model
 MAX_DURATION_NS = (1 << 63) - 1
@@ -139,3 +141,23 @@ def capability_refusal(model: SimModel, body: dict[str, Any], chat: bool, relax:
     if not chat and isinstance(suffix, str) and suffix and not model.insert:
         return f"{DEFAULT_HOST}{model.name} does not support insert"
     return None
+
+
+def pull_ref(raw: str, version: str) -> sim_cloud.Refused | str:
+    """The store name a delete (and pull) looks up, or its 400: from 0.18
+    parseNormalizePullModelRef (server/model_resolver.go; modelref.go ParseRef and
+    NormalizePullName: `:cloud` becomes the legacy `-cloud` tag), before it ParseName alone
+    (v0.17.7 server/routes.go DeleteHandler)."""
+    name = raw
+    if version_tuple(version) >= sim_cloud.SOURCE_SUFFIXES_SINCE:
+        trimmed = raw.strip()
+        if not trimmed:
+            return sim_cloud.Refused(400, "model is required")
+        base, source = sim_cloud.source_suffix(trimmed)
+        if source and sim_cloud.source_suffix(base)[1]:
+            return sim_cloud.Refused(
+                400, f"use either :local or :cloud, not both: {go_quote(trimmed)}")
+        name = base
+        if source == "cloud":
+            name = base + ("-cloud" if ":" in base.rsplit("/", 1)[-1] else ":cloud")
+    return name if valid_name(name) else sim_cloud.Refused(400, f"name {go_quote(raw)} is invalid")

@@ -52,7 +52,7 @@ class Refused:
     message: str
 
 
-def _suffix(raw: str) -> tuple[str, str]:
+def source_suffix(raw: str) -> tuple[str, str]:
     """modelref.go parseSourceSuffix."""
     cut = raw.rfind(":")
     if cut >= 0:
@@ -78,8 +78,8 @@ def route(name: str, version: str, stubs: tuple[CloudStub, ...]) -> ToCloud | Re
     """Where a call for `name` goes: the cloud, a refusal, or the name to find in the store."""
     reads_source = version_tuple(version) >= SOURCE_SUFFIXES_SINCE
     raw = name.strip()
-    base, source = _suffix(raw) if reads_source else (name, "")
-    if source and _suffix(base)[1]:
+    base, source = source_suffix(raw) if reads_source else (name, "")
+    if source and source_suffix(base)[1]:
         return Refused(400, f'use either :local or :cloud, not both: "{raw}"')
     if source == "cloud":
         return ToCloud(base, base)

@@ -1197,3 +1197,22 @@ def test_a_deleted_model_keeps_its_loaded_copy_and_its_calls_get_404(sim_factory
     assert (again.status_code, again.json()["error"]) == (404, "model 'qwen3:8b' not found")
     empty = httpx.request("DELETE", f"{sim.url}/api/delete")
     assert (empty.status_code, empty.json()["error"]) == (400, "missing request body")
+
+
+@pytest.mark.parametrize(("version", "name", "error"), [
+    ("0.24.0", "", "model is required"),
+    ("0.24.0", "  ", "model is required"),
+    ("0.24.0", "a:b:cloud:local", 'use either :local or :cloud, not both: "a:b:cloud:local"'),
+    ("0.24.0", "bad name!", 'name "bad name!" is invalid'),
+    ("0.12.6", "", 'name "" is invalid'),
+    ("0.12.6", "bad name!", 'name "bad name!" is invalid'),
+])
+def test_a_delete_of_a_name_ollama_cannot_read_is_a_400(sim_factory, version, name, error):
+    """DeleteHandler parses the name before it looks: from 0.18 parseNormalizePullModelRef
+    (v0.24.0 server/routes.go:1076-1087, internal/modelref ParseRef), before ParseName
+    (v0.12.6); only a name it can read and does not hold is a 404."""
+    sim = sim_factory(version=version)
+    refused = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": name})
+    assert (refused.status_code, refused.json()["error"]) == (400, error)
+    missing = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": "nosuch:1b"})
+    assert (missing.status_code, missing.json()["error"]) == (404, "model 'nosuch:1b' not found")
