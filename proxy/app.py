@@ -126,7 +126,8 @@ class Services:
         try:
             await self.store.start()
         except StoreUnavailable as exc:
-            log.warning("shared state unavailable; placing from direct probes", error=str(exc))
+            log.warning("shared state unavailable; only loaded copies serve calls, no load or "
+                        "unload until NATS answers", error=str(exc))
         if self.settings.providers:
             await self._learn_published_models()
             await self.prober.round()

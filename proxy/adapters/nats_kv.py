@@ -337,7 +337,7 @@ class NatsStore:
         self._retry: asyncio.Task[None] | None = None
         self._closing = False
         # Connected, yet JetStream answers nothing (its leader for the buckets lost, say):
-        # every sidecar must then place on its own, as when NATS is away.
+        # every sidecar then serves from loaded copies alone, as when NATS is away.
         self._failing: asyncio.Task[None] | None = None
         # Called with each new client once its buckets are bound (the messaging beside them).
         self.on_connect: list[Callable[[Any], Awaitable[None]]] = []
@@ -363,8 +363,9 @@ class NatsStore:
         """What an operation that failed though NATS is connected means: JetStream is not
         serving the buckets. Said at once (connected reads false), until it serves again."""
         if self._failing is None and self._connected and not self._closing:
-            log.warning("nats connected but not serving the buckets; placing from direct "
-                        "probes until it does", error=str(exc) or type(exc).__name__)
+            log.warning("nats connected but not serving the buckets; only loaded copies "
+                        "serve calls, no load or unload until it does",
+                        error=str(exc) or type(exc).__name__)
             self._failing = asyncio.create_task(self._until_serving())
             self.changes.bump()
         return StoreUnavailable(str(exc) or type(exc).__name__)
@@ -384,7 +385,7 @@ class NatsStore:
         """Connect, bind the buckets and start the watches. If NATS cannot be reached, or
         refuses the settings (NatsConfigError), raise StoreUnavailable and keep trying in the
         background (a command exits on it; `serve` checked the settings before, with
-        check_nats, and places alone until NATS takes it)."""
+        check_nats, and serves from loaded copies alone until NATS takes it)."""
         try:
             await self._connect()
         except StoreUnavailable:
@@ -404,8 +405,9 @@ class NatsStore:
             except NatsConfigError as exc:
                 if str(exc) != refused:
                     refused = str(exc)
-                    log.error("nats refuses this sidecar's settings; placing from direct "
-                              "probes", error=refused)
+                    log.error("nats refuses this sidecar's settings; only loaded copies "
+                              "serve calls, no load or unload until it takes them",
+                              error=refused)
             except StoreUnavailable:
                 pass
             else:
@@ -421,8 +423,8 @@ class NatsStore:
             was_connected, self._connected = self._connected, False
             said = outage.begin()
             if was_connected and not self._closing:
-                log.warning("nats disconnected; placing from direct probes until it returns",
-                            **said)
+                log.warning("nats disconnected; only loaded copies serve calls, no load or unload "
+                            "until it returns", **said)
             self.changes.bump()
 
         async def reconnected() -> None:

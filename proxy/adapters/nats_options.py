@@ -27,7 +27,8 @@ _CREDS_SEED = re.compile(r"-{3,}BEGIN USER NKEY SEED-{3,}\s*\n\s*(\S+)")
 class NatsConfigError(ConfigError, StoreUnavailable):
     """NATS settings that cannot work; the message is one line naming the setting(s). Also
     a StoreUnavailable: where it comes late (NATS came up after `serve` checked, and
-    refuses), a sidecar places alone as in an outage, rather than fail mid-start."""
+    refuses), a sidecar serves from loaded copies alone as in an outage, rather than fail
+    mid-start."""
 
 
 @dataclass(frozen=True)

@@ -222,8 +222,10 @@ def test_a_nats_that_comes_after_serve_and_refuses_it_is_said_once_as_an_error(
         server.cleanup()
     assert sidecar.proc.poll() is None and sidecar.shared_state() == "unavailable"
     assert [(e["level"], e["event"]) for e in sidecar.events()] == [
-        ("warning", "shared state unavailable; placing from direct probes"),
-        ("error", "nats refuses this sidecar's settings; placing from direct probes")]
+        ("warning", "shared state unavailable; only loaded copies serve calls, no load or unload "
+                    "until NATS answers"),
+        ("error", "nats refuses this sidecar's settings; only loaded copies serve calls, no load "
+                  "or unload until it takes them")]
 
 
 @pytest.fixture(scope="module")
@@ -298,9 +300,11 @@ def test_an_outage_is_said_once_when_it_begins_and_once_when_it_ends(
         server.cleanup()
     nats_said = [e for e in said if "nats" in e["event"] or "shared state" in e["event"]]
     assert [(e["level"], e["event"]) for e in nats_said] == [
-        ("warning", "shared state unavailable; placing from direct probes"),
+        ("warning", "shared state unavailable; only loaded copies serve calls, no load or unload "
+                    "until NATS answers"),
         ("info", "nats connected"),
-        ("warning", "nats disconnected; placing from direct probes until it returns"),
+        ("warning", "nats disconnected; only loaded copies serve calls, no load or unload until it "
+                    "returns"),
         ("info", "nats reconnected")]
     _, joined, lost, back = nats_said
     assert joined["attempts"] >= 2
