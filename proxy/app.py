@@ -155,6 +155,7 @@ class Services:
             probing.cancel()
         await self.plans.close()
         await self.claims.close()
+        await self.evictions.close()
         if probing is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await probing

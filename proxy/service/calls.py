@@ -72,6 +72,7 @@ class CallService:
         self.clock = scheduler.clock
         self._background: set[asyncio.Task[None]] = set()
         prober.watchers.append(self._probed)
+        evictions.wanted = self.copy_in_demand
 
     def _probed(self, state: ProviderState) -> None:
         """A card that failed its calls as it went down takes a trial call once it answers
@@ -122,6 +123,9 @@ class CallService:
         # not on a preload kept for others: the copy is theirs (Ollama loads it again for
         # the next caller, at its keep_alive, once the requester leaves)
         unloads = call.unloads_after and not kept
+        if not unloads:  # (keeps the copy over an unload deferred by an outage before it)
+            self.evictions.kept(placement.provider, placement.copy_model,
+                                claimed.ticket.started_at)
         release = self.evictions.release_to_unload(claimed, loaded) if unloads \
             else self.claims.book(claimed).release(claimed.ticket, loaded)
         try:
@@ -232,6 +236,20 @@ class CallService:
         return any(t.provider == placement.provider and t.model in users and
                    t.ticket_id != claimed.ticket.ticket_id and
                    placement.copy_model not in t.evicts for t in snapshot.tickets)
+
+    def copy_in_demand(self, provider: str, copy: str) -> bool:
+        """Whether a call waits for `copy`'s copy on `provider` (one of a model Ollama runs
+        on it, not kept off the card) or holds a ticket on it that does not evict it: any
+        sidecar's the views count, and this one's in-process. Unlike copy_wanted, a waiter
+        whose context the copy may not hold counts too: keeping a copy is the safe side."""
+        snapshot = self.scheduler.snapshot(self.clock.now())
+        users = set(copy_users(self.scheduler.provider_view(provider), copy))
+        if any(provider not in need.excludes for m in users
+               if (d := snapshot.demand.get(m)) is not None
+               for need in (*(d.needs or (ANY_COPY,) if d.waiters else ()), *d.backing)):
+            return True
+        return any(t.provider == provider and t.model in users and copy not in t.evicts
+                   for t in snapshot.tickets)
 
     def _others_wait_for(self, placement: Placement) -> bool:
         """Whether another sidecar's call waits for the slot the placement held and could

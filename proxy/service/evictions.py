@@ -1,13 +1,14 @@
 """Unloading copies: a placement's victims, a call's `keep_alive: 0`, a client's explicit
 unload, and every copy of an engine that ran out of memory. Each unload is told to every
 view (the copy marked leaving) before it is asked for, and each copy counts until
-`/api/ps` no longer lists it."""
+`/api/ps` no longer lists it. A `keep_alive: 0` or an explicit unload while the shared state
+is unreachable is carried out once it answers again, unless the copy is wanted by then."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 
 from proxy.core.context import parse_version
 from proxy.core.models import model_name
@@ -32,6 +33,11 @@ RUNTIME_OOM_UNLOADS_SINCE = (0, 30, 0)
 # Before it, a built-in parser's error mid-answer left the call's llama-server slot taken for
 # good (Ollama e0c95a5ff, issue 17825): the copy's next calls there wait forever
 FAILED_CALLS_FREE_THEIR_SLOT_SINCE = (0, 32, 15)
+# An unload asked during an outage waits this long once the shared state answers again: the
+# other sidecars write the tickets they claimed meanwhile back within it (every 0.5 s,
+# Claims._rejoin), so a copy their calls still run on is seen in use.
+DEFERRED_UNLOAD_S = 1.0
+DEFERRED_CHECK_S = 0.25
 
 
 class Evictions:
@@ -46,6 +52,13 @@ class Evictions:
         self.metrics = metrics
         self.clock = clock
         self._background: set[asyncio.Task[object]] = set()
+        # Whether a call waits for a copy (provider, model), as the demand board says, or
+        # holds a ticket on it; set by the service that sees both (CallService).
+        self.wanted: Callable[[str, str], bool] = lambda provider, model: False
+        # Unloads asked while the shared state was unreachable: (provider, copy) -> when
+        # asked (the keep_alive-0 call's start, or the explicit unload's time)
+        self._deferred: dict[tuple[str, str], float] = {}
+        self._after_outage: asyncio.Task[None] | None = None
 
     async def make_room(self, claimed: Claimed) -> tuple[float, ...] | None:
         """Unload the planned victims, wait until `/api/ps` no longer lists them, and record
@@ -101,7 +114,8 @@ class Evictions:
         if claimed.local or not self.claims.may_load():
             # The others could not be told it is leaving (as for unload_everywhere): their
             # calls would make Ollama load it again, maybe before the driver gave its memory
-            # back, evicting another copy on its own. It stays loaded.
+            # back, evicting another copy on its own. It stays loaded until they can be.
+            self._defer(placement.provider, claimed.ticket.model, claimed.ticket.started_at)
             await book.release(claimed.ticket, loaded)
             return
         view = self.view.provider_view(self.providers[placement.provider], self.clock.now())
@@ -118,6 +132,7 @@ class Evictions:
         Where calls hold tickets for it, it stays: they are running, or on their way to it.
         Nothing is placed, claimed or loaded."""
         unloaded, in_use = [], []
+        outage = not self.claims.may_load()
         for view in snapshot.providers:
             # Ollama finds the copy by its weights file (sched.go expireRunner): another
             # model's copy of it, when a model created FROM it is named
@@ -128,18 +143,101 @@ class Evictions:
                 # (server/sched.go:627, 726, 1713-1731), and recorded unloaded the copy about
                 # to be there would be uncounted.
                 continue
+            if outage:  # the others could not be told: it stays until they can be
+                self._defer(view.name, copy.model, self.clock.now())
+                in_use.append(view.name)
+                continue
             try:
                 unused = await self.tickets.mark_leaving_unless_used(view.name, copy.model,
                                                                      copy.footprint_mib)
             except StoreUnavailable:
-                unused = False  # the others could not be told: leave it loaded
+                unused = False
+                self._defer(view.name, copy.model, self.clock.now())
             if unused:
                 unloaded.append(view.name)
                 self._spawn(self._unload_leaving(self.tickets, view.name, copy.model))
             else:
                 in_use.append(view.name)
-        log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use)
+        log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use,
+                 after_outage=outage)
         return unloaded
+
+    # -- asked during an outage: carried out once the shared state answers ----------------
+    def _defer(self, provider: str, model: str, asked_at: float) -> None:
+        key = (provider, model)
+        self._deferred[key] = max(asked_at, self._deferred.get(key, asked_at))
+        log.info("unload deferred until the shared state (NATS) answers", provider=provider,
+                 model=model)
+        if self._after_outage is None:
+            self._after_outage = asyncio.create_task(self._unload_after_outage())
+
+    def kept(self, provider: str, model: str, started_at: float) -> None:
+        """A call that did not ask to unload ran on the copy (`model`'s, on `provider`): one
+        begun after an unload deferred for it keeps it, as Ollama keeps a copy at the
+        keep_alive of the last call sent to it."""
+        asked_at = self._deferred.get((provider, model))
+        if asked_at is not None and started_at > asked_at:
+            del self._deferred[(provider, model)]
+            log.info("deferred unload dropped: a later call kept the copy", provider=provider,
+                     model=model)
+
+    async def _unload_after_outage(self) -> None:
+        """Once the shared state has answered for DEFERRED_UNLOAD_S, carry out the unloads
+        deferred during the outage (a new outage starts the wait again)."""
+        try:
+            answering_since: float | None = None
+            while self._deferred:
+                now = self.clock.monotonic()
+                if not self.claims.may_load():
+                    answering_since = None
+                elif answering_since is None:
+                    answering_since = now
+                elif now - answering_since >= DEFERRED_UNLOAD_S:
+                    await self._unload_deferred()
+                    answering_since = None  # (any left: the store went away again)
+                    continue
+                await asyncio.sleep(DEFERRED_CHECK_S)
+        finally:
+            self._after_outage = None
+
+    async def _unload_deferred(self) -> None:
+        """Each deferred unload, unless its copy is gone, still loading or leaving, waited
+        for or held by a call (any sidecar's, in the shared book's check); the others are
+        told it leaves before it is asked to, as for any keep_alive 0."""
+        for (provider, model), asked_at in list(self._deferred.items()):
+            view = self.view.provider_view(self.providers[provider], self.clock.now())
+            copy = next((r for r in view.residents if r.model == model), None)
+            if copy is None or copy.loading or copy.leaving:
+                del self._deferred[(provider, model)]
+                continue
+            if self.wanted(provider, model):
+                del self._deferred[(provider, model)]
+                log.info("deferred unload dropped: a call waits for or holds the copy",
+                         provider=provider, model=model)
+                continue
+            sharing = copy_sharers(view, model)
+            try:
+                unused = await self.tickets.mark_leaving_unless_used(
+                    provider, model, copy.footprint_mib, sharing=sharing)
+            except StoreUnavailable:
+                return  # away again: tried once it answers
+            # (marked leaving, it goes even if a call ended meanwhile: none can join it now)
+            self._deferred.pop((provider, model), None)
+            if unused:
+                log.info("unloaded after the outage, as asked during it", provider=provider,
+                         model=model, asked_s_ago=round(self.clock.now() - asked_at, 1))
+                self._spawn(self._unload_leaving(self.tickets, provider, model,
+                                                 sharing=sharing))
+            else:
+                log.info("deferred unload dropped: a call holds the copy", provider=provider,
+                         model=model)
+
+    async def close(self) -> None:
+        task, self._after_outage = self._after_outage, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def after_out_of_memory(self, provider: str) -> None:
         """An engine that ran out of memory unloads every model it holds (Ollama >= 0.30

@@ -190,7 +190,7 @@ def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded(
         sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
     """The other sidecars cannot be told the copy is leaving: their calls to it would make
     Ollama load it again on its own (before the driver gave its memory back, evicting another
-    copy for it). As for an explicit unload then, the copy stays."""
+    copy for it). As for an explicit unload then, the copy stays while NATS is away."""
     gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=0.1)  # keep-alive: 30 s
     one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
     two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
@@ -205,3 +205,50 @@ def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded(
     again = chat(two, "phi3:mini", options={"num_predict": 1})
     assert (again.status_code, again.headers["x-kubemoot-placement"]) == (200, "warm")
     assert (gpu.sim.stats.loads, gpu.sim.stats.unloads) == (loads, 0)
+
+
+def test_an_unload_asked_during_an_outage_is_done_once_nats_answers_again(
+        sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
+    """A keep_alive-0 call and an explicit unload while NATS is away: each copy stays until
+    the other sidecars can be told it leaves, then goes, about a second after NATS is back
+    (their tickets claimed meanwhile written back first)."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=0.1)  # keep-alive: 30 s
+    one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
+    two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
+    for model in ("phi3:mini", "qwen3:8b"):
+        assert chat(two, model, options={"num_predict": 1}).status_code == 200
+    assert eventually(lambda: _tickets(one, "two") == [] and
+                      _residents(one) == {"phi3:mini": False, "qwen3:8b": False})
+    _stop(server, one, two)
+    loads = gpu.sim.stats.loads
+    r = chat(one, "phi3:mini", options={"num_predict": 1}, keep_alive=0)
+    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm")
+    stop = httpx.post(f"{one}/api/generate", json={"model": "qwen3:8b", "keep_alive": 0},
+                      timeout=10)  # what `ollama stop` sends
+    assert stop.json()["done_reason"] == "unload"
+    time.sleep(1)
+    assert (gpu.sim.stats.unloads, sorted(gpu.sim.runners)) == (0, ["phi3:mini", "qwen3:8b"])
+    server.start()
+    back = time.monotonic()
+    assert eventually(lambda: not gpu.sim.runners, timeout_s=BACK_S)
+    assert time.monotonic() - back >= 1.0  # not before the others' tickets were written back
+    assert eventually(lambda: _residents(two) == {}, timeout_s=BACK_S)  # told they left
+    assert (gpu.sim.stats.loads, gpu.sim.stats.unloads) == (loads, 2)
+
+
+def test_an_unload_asked_during_an_outage_is_dropped_if_a_call_kept_the_copy_since(
+        sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
+    """A call with a keep-alive of its own after the keep_alive-0 one keeps the copy, as
+    Ollama keeps it at its last call's keep_alive."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=0.1)  # keep-alive: 30 s
+    one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
+    assert chat(one, "phi3:mini", options={"num_predict": 1}).status_code == 200
+    assert eventually(lambda: _tickets(one, "one") == [] and "phi3:mini" in _residents(one))
+    _stop(server, one)
+    assert chat(one, "phi3:mini", options={"num_predict": 1}, keep_alive=0).status_code == 200
+    assert chat(one, "phi3:mini", options={"num_predict": 1}).status_code == 200
+    server.start()
+    assert eventually(lambda: _connected(one), timeout_s=BACK_S)
+    time.sleep(2)  # twice the wait before a deferred unload
+    assert (gpu.sim.stats.unloads, list(gpu.sim.runners)) == (0, ["phi3:mini"])
+    assert _residents(one) == {"phi3:mini": False}
