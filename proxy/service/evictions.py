@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
 
 from proxy.core.context import parse_version
 from proxy.core.models import model_name
@@ -19,6 +20,7 @@ from proxy.observability.logging import get_logger
 from proxy.observability.metrics import Metrics
 from proxy.ports import Clock, ModelServer, StoreUnavailable, UpstreamError
 from proxy.service.claims import Claimed, Claims
+from proxy.service.codec import parse_rfc3339
 from proxy.service.snapshot import StateView
 from proxy.service.tickets import TicketBook
 from proxy.settings import ProviderConfig
@@ -38,6 +40,21 @@ FAILED_CALLS_FREE_THEIR_SLOT_SINCE = (0, 32, 15)
 # Claims._rejoin), so a copy their calls still run on is seen in use.
 DEFERRED_UNLOAD_S = 1.0
 DEFERRED_CHECK_S = 0.25
+# Ollama sets a copy's expiry (/api/ps expires_at) as its last call's request ends, just
+# after the answer's last byte: read this long after the call that deferred the unload (a
+# call of another sidecar's that ends within it is not told apart from that one)
+EXPIRY_SETTLE_S = 0.1
+# A moved expiry: more than the rounding of its time stamp (the call that moved it ended
+# later, or set another keep-alive)
+EXPIRY_MOVED_S = 0.05
+
+
+@dataclass
+class _Deferred:
+    asked_at: float  # the keep_alive-0 call's start, or the explicit unload's time
+    # /api/ps expires_at just after it: one that moved since means some call (another
+    # sidecar's, unseen during the outage) ran on the copy and set its keep-alive again
+    expiry: float | None = None
 
 
 class Evictions:
@@ -55,9 +72,8 @@ class Evictions:
         # Whether a call waits for a copy (provider, model), as the demand board says, or
         # holds a ticket on it; set by the service that sees both (CallService).
         self.wanted: Callable[[str, str], bool] = lambda provider, model: False
-        # Unloads asked while the shared state was unreachable: (provider, copy) -> when
-        # asked (the keep_alive-0 call's start, or the explicit unload's time)
-        self._deferred: dict[tuple[str, str], float] = {}
+        # Unloads asked while the shared state was unreachable, by (provider, copy)
+        self._deferred: dict[tuple[str, str], _Deferred] = {}
         self._after_outage: asyncio.Task[None] | None = None
 
     async def make_room(self, claimed: Claimed) -> tuple[float, ...] | None:
@@ -159,24 +175,47 @@ class Evictions:
             else:
                 in_use.append(view.name)
         log.info("unloaded on request", model=model, providers=unloaded, in_use=in_use,
-                 after_outage=outage)
+                 deferred=outage)
         return unloaded
 
     # -- asked during an outage: carried out once the shared state answers ----------------
     def _defer(self, provider: str, model: str, asked_at: float) -> None:
         key = (provider, model)
-        self._deferred[key] = max(asked_at, self._deferred.get(key, asked_at))
+        before = self._deferred.get(key)
+        deferred = self._deferred[key] = _Deferred(
+            max(asked_at, before.asked_at if before else asked_at))
         log.info("unload deferred until the shared state (NATS) answers", provider=provider,
                  model=model)
+        self._spawn(self._note_expiry(provider, model, deferred))
         if self._after_outage is None:
             self._after_outage = asyncio.create_task(self._unload_after_outage())
+
+    async def _note_expiry(self, provider: str, model: str, deferred: _Deferred) -> None:
+        await asyncio.sleep(EXPIRY_SETTLE_S)
+        deferred.expiry = await self._expiry(provider, model)
+
+    async def _expiry(self, provider: str, model: str) -> float | None:
+        """The copy's expires_at in a fresh /api/ps; None when unlisted or unknown."""
+        client = self.clients[provider]
+        try:
+            listed = await client.ps(client.timeouts.connect_s)
+        except UpstreamError:
+            return None
+        view = self.view.provider_view(self.providers[provider], self.clock.now())
+        for m in listed:
+            name = self.view.placed_name(model_name(m))
+            expires = m.get("expires_at")
+            if (name == model or same_weights(view, model, name)) and isinstance(expires, str):
+                with contextlib.suppress(ValueError):
+                    return parse_rfc3339(expires)
+        return None
 
     def kept(self, provider: str, model: str, started_at: float) -> None:
         """A call that did not ask to unload ran on the copy (`model`'s, on `provider`): one
         begun after an unload deferred for it keeps it, as Ollama keeps a copy at the
         keep_alive of the last call sent to it."""
-        asked_at = self._deferred.get((provider, model))
-        if asked_at is not None and started_at > asked_at:
+        deferred = self._deferred.get((provider, model))
+        if deferred is not None and started_at > deferred.asked_at:
             del self._deferred[(provider, model)]
             log.info("deferred unload dropped: a later call kept the copy", provider=provider,
                      model=model)
@@ -204,7 +243,7 @@ class Evictions:
         """Each deferred unload, unless its copy is gone, still loading or leaving, waited
         for or held by a call (any sidecar's, in the shared book's check); the others are
         told it leaves before it is asked to, as for any keep_alive 0."""
-        for (provider, model), asked_at in list(self._deferred.items()):
+        for (provider, model), deferred in list(self._deferred.items()):
             view = self.view.provider_view(self.providers[provider], self.clock.now())
             copy = next((r for r in view.residents if r.model == model), None)
             if copy is None or copy.loading or copy.leaving:
@@ -214,6 +253,13 @@ class Evictions:
                 del self._deferred[(provider, model)]
                 log.info("deferred unload dropped: a call waits for or holds the copy",
                          provider=provider, model=model)
+                continue
+            expiry = None if deferred.expiry is None else await self._expiry(provider, model)
+            if deferred.expiry is not None and (
+                    expiry is None or abs(expiry - deferred.expiry) > EXPIRY_MOVED_S):
+                self._deferred.pop((provider, model), None)
+                log.info("deferred unload dropped: the copy's expiry in /api/ps moved (a "
+                         "call ran on it since) or it is gone", provider=provider, model=model)
                 continue
             sharing = copy_sharers(view, model)
             try:
@@ -225,7 +271,8 @@ class Evictions:
             self._deferred.pop((provider, model), None)
             if unused:
                 log.info("unloaded after the outage, as asked during it", provider=provider,
-                         model=model, asked_s_ago=round(self.clock.now() - asked_at, 1))
+                         model=model,
+                         asked_s_ago=round(self.clock.now() - deferred.asked_at, 1))
                 self._spawn(self._unload_leaving(self.tickets, provider, model,
                                                  sharing=sharing))
             else:

@@ -186,11 +186,12 @@ def _residents(url: str) -> dict[str, bool]:
             for p in _state(url)["providers"] for r in p["residents"]}
 
 
-def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded(
+def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded_for_another_sidecar(
         sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
     """The other sidecars cannot be told the copy is leaving: their calls to it would make
     Ollama load it again on its own (before the driver gave its memory back, evicting another
-    copy for it). As for an explicit unload then, the copy stays while NATS is away."""
+    copy for it). As for an explicit unload then, the copy stays while NATS is away; and
+    after, as another sidecar's call (unseen) ran on it since: its expiry in /api/ps moved."""
     gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=0.1)  # keep-alive: 30 s
     one = sidecar_factory([gpu], nats_url=server.url, agent_name="one").url
     two = sidecar_factory([gpu], nats_url=server.url, agent_name="two").url
@@ -202,9 +203,15 @@ def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded(
     assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm")
     assert eventually(lambda: _tickets(one, "one") == [])  # released in-process
     assert _residents(one) == {"phi3:mini": False}  # neither leaving nor gone
+    time.sleep(0.3)  # (a call ending within 0.1 s of the first is not told apart from it)
     again = chat(two, "phi3:mini", options={"num_predict": 1})
     assert (again.status_code, again.headers["x-kubemoot-placement"]) == (200, "warm")
     assert (gpu.sim.stats.loads, gpu.sim.stats.unloads) == (loads, 0)
+    server.start()
+    assert eventually(lambda: _connected(one), timeout_s=BACK_S)
+    time.sleep(2)  # twice the wait before a deferred unload
+    assert (gpu.sim.stats.loads, gpu.sim.stats.unloads) == (loads, 0)
+    assert _residents(one) == {"phi3:mini": False}
 
 
 def test_an_unload_asked_during_an_outage_is_done_once_nats_answers_again(
