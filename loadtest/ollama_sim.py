@@ -703,7 +703,7 @@ class SimApp:
         if not chat and (wrong := sim_bindings.raw_refusal(body)):
             return _error(wrong, 400)
         relax = bool(body.get(sim_dialects.RELAX_THINKING))
-        if refusal := sim_checks.capability_refusal(model, body, chat, relax):
+        if refusal := sim_checks.capability_refusal(model, body, chat, relax, version):
             return _error(refusal, 400)
         if (wrong := sim_checks.option_type_error(options)) is not None:
             return _error(wrong, 500)

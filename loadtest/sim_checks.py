@@ -124,13 +124,24 @@ def thinks(think: Any, model: SimModel) -> bool:
     return think is True or think in ("low", "medium", "high", "max")
 
 
-def capability_refusal(model: SimModel, body: dict[str, Any], chat: bool, relax: bool
-                       ) -> str | None:
-    """The 400 Ollama answers, before any load, for what the model cannot do: thinking asked
-    of a model without it (dropped instead behind the Anthropic layer: `relax`), chat or
-    generate on a model without "completion", tools on one without "tools", a generate
-    `suffix` on one without "insert" (server/routes.go:448-451)."""
+# Before 0.17.7 a think level is refused on any model but a harmony one (gpt-oss), before
+# the capabilities (v0.12.6 server/routes.go:323-327 generate, chat alike).
+THINK_LEVEL_ANY_MODEL_SINCE = (0, 17, 7)
+HARMONY_FAMILIES = ("gptoss", "gpt-oss")
+
+
+def capability_refusal(model: SimModel, body: dict[str, Any], chat: bool, relax: bool,
+                       version: str = "") -> str | None:
+    """The 400 Ollama answers, before any load, for what the model cannot do: before 0.17.7
+    a think level on a model without harmony, then thinking asked of a model without it
+    (dropped instead behind the Anthropic layer: `relax`), chat or generate on a model
+    without "completion", tools on one without "tools", a generate `suffix` on one without
+    "insert" (server/routes.go:448-451)."""
     asked = str(body.get("model"))
+    think = body.get("think")
+    if isinstance(think, str) and version_tuple(version) < THINK_LEVEL_ANY_MODEL_SINCE and \
+            model.model_family not in HARMONY_FAMILIES:
+        return f"think value {go_quote(think)} is not supported for this model"
     if not model.thinks and thinks(body.get("think"), model) and not relax:
         return f"{go_quote(asked)} does not support thinking"
     if model.embedding:

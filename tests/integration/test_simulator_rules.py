@@ -599,6 +599,42 @@ def test_a_suffix_is_taken_by_a_model_whose_template_has_one(sim_factory: Sims) 
         assert r.status_code == 200, r.text
 
 
+LEVEL_REFUSED = 'think value "high" is not supported for this model'
+
+
+@pytest.mark.parametrize(("version", "path", "model", "think", "message"), [
+    ("0.12.6", "/api/generate", "qwen3:8b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/api/generate", "llama3.2:3b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/api/chat", "qwen3:8b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/v1/chat/completions", "qwen3:8b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/api/generate", "qwen3:8b", True, None),
+    ("0.17.6", "/api/generate", "qwen3:8b", "low",
+     'think value "low" is not supported for this model'),
+    ("0.17.7", "/api/generate", "qwen3:8b", "high", None),
+    ("0.24.0", "/api/generate", "qwen3:8b", "high", None),
+    ("0.24.0", "/api/generate", "llama3.2:3b", "high", '"llama3.2:3b" does not support thinking'),
+])
+def test_a_think_level_is_refused_in_the_versions_words(
+        sim_factory: Sims, version: str, path: str, model: str, think: Any,
+        message: str | None) -> None:
+    """Before 0.17.7 a string `think` is refused on any model without harmony (gpt-oss),
+    before the capabilities (v0.12.6 server/routes.go:323-327); from 0.17.7 only a model
+    without "thinking" refuses it (v0.24.0 :411-413)."""
+    sim = sim_factory("gpu", version=version, models=CATALOG[2:4], time_scale=SCALE)
+    ask: dict[str, Any] = {"prompt": "x", "think": think} if path == "/api/generate" else \
+        {"messages": [{"role": "user", "content": "x"}], "think": think}
+    if path.startswith("/v1"):
+        ask = {"messages": ask["messages"], "reasoning_effort": think}
+    r = httpx.post(f"{sim.url}{path}", json={"model": model, **ask, "stream": False},
+                   timeout=30)
+    if message is None:
+        assert r.status_code == 200, r.text
+        return
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["message"] if isinstance(error, dict) else error) == message
+
+
 THINK_FORMS = '"high", "medium", "low", "max", true, or false'
 
 
