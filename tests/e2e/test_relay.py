@@ -283,7 +283,10 @@ def test_ollamas_own_refusals_are_answered_before_placement_in_its_words(
     assert "x-kubemoot-provider" not in think.headers
     for keep_alive, error in (("forever", 'time: invalid duration "forever"'),
                               ("300", 'time: missing unit in duration "300"'),
-                              ("-1", 'time: missing unit in duration "-1"')):
+                              ("-1", 'time: missing unit in duration "-1"'),
+                              (True, "Unsupported type: 'bool'"),
+                              ([300], "Unsupported type: '[]interface {}'"),
+                              ({"s": 1}, "Unsupported type: 'map[string]interface {}'")):
         refused = httpx.post(f"{url}/api/generate", json={
             "model": "qwen3:8b", "prompt": "hi", "keep_alive": keep_alive, "stream": stream})
         assert refused.status_code == 400
