@@ -6,6 +6,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import ollama
@@ -151,6 +152,21 @@ def test_a_show_with_a_mistyped_field_is_ollamas_400(client: ollama.Client) -> N
     assert raw.status_code == 400
     assert raw.json()["error"] == ("json: cannot unmarshal string into Go struct field "
                                    "ShowRequest.verbose of type bool")
+
+
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/api/show", {}, "model is required"), ("/api/show", {"name": ""}, "model is required"),
+    ("/api/pull", {}, "invalid model name"), ("/api/pull", {"name": "", "stream": False},
+                                              "invalid model name")])
+def test_a_show_or_pull_without_a_model_is_ollamas_400(client: ollama.Client, path: str,
+                                                       body: dict[str, Any],
+                                                       message: str) -> None:
+    """ShowHandler's `model is required`; PullHandler's `invalid model name` (no name is
+    one it cannot parse; 0.24.0 parseNormalizePullModelRef, 0.12.6 ParseName)."""
+    raw = httpx.post(client._client.base_url.join(path),  # type: ignore[attr-defined]
+                     json=body)
+    assert raw.status_code == 400
+    assert raw.json() == {"error": message, "reason": "bad-request"}
 
 
 def test_response_headers_say_where_it_ran(fleet: list[SimServer],
