@@ -1255,3 +1255,20 @@ def test_a_delete_of_a_name_ollama_cannot_read_is_a_400(sim_factory, version, na
     assert (refused.status_code, refused.json()["error"]) == (400, error)
     missing = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": "nosuch:1b"})
     assert (missing.status_code, missing.json()["error"]) == (404, "model 'nosuch:1b' not found")
+
+
+@pytest.mark.parametrize(("host", "allowed"), [
+    ("localhost:11434", True), ("127.0.0.1", True), ("[::1]:11434", True), ("10.0.0.8", True),
+    ("gpu.local", True), ("ollama.internal:11434", True), ("", True),
+    ("rebind.example", False), ("8.8.8.8:11434", False), ("[::1]", False)])
+def test_a_loopback_simulator_refuses_a_host_that_is_not_local(
+        sim_factory: Sims, host: str, allowed: bool) -> None:
+    """Ollama's allowedHostsMiddleware on a loopback listener: 403 with no body, on every
+    path, before the route is looked up (server/routes.go, 0.12.6 and 0.24.0 alike)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    for path in ("/api/version", "/no/such/path"):
+        r = httpx.get(f"{sim.url}{path}", headers={"Host": host})
+        if allowed:
+            assert r.status_code != 403
+        else:
+            assert (r.status_code, r.content) == (403, b"")
