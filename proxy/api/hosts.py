@@ -4,9 +4,9 @@ whose own name an attacker points at 127.0.0.1 cannot drive the sidecar from a b
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -80,34 +80,34 @@ def host_allowed(host_header: str, hostname: str, local_ips: frozenset[IpAddress
     return any(host.endswith("." + tld) for tld in LOCAL_TLDS)
 
 
-def machine_addresses() -> tuple[str, frozenset[IpAddress]]:
-    """The host name and the addresses it resolves to: Ollama lists its interfaces'
-    addresses, which the standard library cannot; loopback and private ones pass anyway."""
-    hostname = socket.gethostname()
+def machine_addresses(hostname: str) -> frozenset[IpAddress]:
+    """The addresses the host name resolves to: Ollama lists its interfaces' addresses,
+    which the standard library cannot; loopback and private ones pass anyway."""
     try:
         infos = socket.getaddrinfo(hostname, None)
     except OSError:
         infos = []
     found = (parse_ip(str(info[4][0]).split("%")[0]) for info in infos)
-    return hostname, frozenset(ip for ip in found if ip is not None)
+    return frozenset(ip for ip in found if ip is not None)
 
 
 class AllowedHosts:
     """Refuses a request whose Host is not local, 403 in the caller's dialect with reason
     `host-not-allowed` (Ollama's 403 has no body)."""
 
-    def __init__(self, app: ASGIApp, hostname: str = "",
-                 local_ips: Iterable[IpAddress] = ()) -> None:
+    def __init__(self, app: ASGIApp, hostname: str | None = None) -> None:
         self.app = app
-        self.hostname = hostname
-        self.local_ips = frozenset(local_ips)
+        self.hostname = socket.gethostname() if hostname is None else hostname
+        # Resolved on the first public IP a Host names, not at start: a name resolved
+        # through DNS may take seconds
+        self.local_ips: frozenset[IpAddress] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
-        if host_allowed(host, self.hostname, self.local_ips):
+        if await self.allowed(host):
             await self.app(scope, receive, send)
             return
         refusal = error_response(
@@ -116,3 +116,11 @@ class AllowedHosts:
             "local Host is served (localhost, a loopback or private IP, this machine's name, "
             "*.localhost, *.local, *.internal)", dialect=dialect_of(scope["path"]))
         await refusal(scope, receive, send)
+
+    async def allowed(self, host: str) -> bool:
+        if host_allowed(host, self.hostname, self.local_ips or frozenset()):
+            return True
+        if self.local_ips is not None or parse_ip(split_host_port(host) or host) is None:
+            return False
+        self.local_ips = await asyncio.to_thread(machine_addresses, self.hostname)
+        return host_allowed(host, self.hostname, self.local_ips)
