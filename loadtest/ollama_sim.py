@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -703,7 +704,7 @@ class SimApp:
         if not chat and (wrong := sim_bindings.raw_refusal(body)):
             return _error(wrong, 400)
         relax = bool(body.get(sim_dialects.RELAX_THINKING))
-        if refusal := sim_checks.capability_refusal(model, body, chat, relax):
+        if refusal := sim_checks.capability_refusal(model, body, chat, relax, version):
             return _error(refusal, 400)
         if (wrong := sim_checks.option_type_error(options)) is not None:
             return _error(wrong, 500)
@@ -1045,13 +1046,33 @@ class SimApp:
         return orjson.dumps(chunk if chat else in_generate_order(chunk)) + b"\n"
 
 
+class LocalHostsOnly:
+    """Ollama's DNS-rebinding check on a loopback listener: a Host that is not local gets
+    403 with no body (gin's AbortWithStatus), before any route or method check."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.hostname = socket.gethostname()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        host = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"),
+                    "")
+        if scope["type"] != "http" or sim_checks.host_allowed(host, self.hostname):
+            await self.app(scope, receive, send)
+            return
+        await Response(status_code=403)(scope, receive, send)
+
+
 class SimServer(ThreadedServer):
     """A simulator on a real loopback socket (see ThreadedServer for stop/start)."""
 
     def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
         self.config = config
         self.sim = OllamaSim(config)
-        super().__init__(SimApp(self.sim).app, host, port, name=f"sim-{config.name}")
+        app: Any = SimApp(self.sim).app
+        if host == "localhost" or host.startswith("127.") or host == "::1":
+            app = LocalHostsOnly(app)
+        super().__init__(app, host, port, name=f"sim-{config.name}")
 
     def start(self) -> SimServer:
         super().start()

@@ -8,6 +8,7 @@ server/images.go:543-580).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from typing import Any
 
@@ -124,13 +125,24 @@ def thinks(think: Any, model: SimModel) -> bool:
     return think is True or think in ("low", "medium", "high", "max")
 
 
-def capability_refusal(model: SimModel, body: dict[str, Any], chat: bool, relax: bool
-                       ) -> str | None:
-    """The 400 Ollama answers, before any load, for what the model cannot do: thinking asked
-    of a model without it (dropped instead behind the Anthropic layer: `relax`), chat or
-    generate on a model without "completion", tools on one without "tools", a generate
-    `suffix` on one without "insert" (server/routes.go:448-451)."""
+# Before 0.17.7 a think level is refused on any model but a harmony one (gpt-oss), before
+# the capabilities (v0.12.6 server/routes.go:323-327 generate, chat alike).
+THINK_LEVEL_ANY_MODEL_SINCE = (0, 17, 7)
+HARMONY_FAMILIES = ("gptoss", "gpt-oss")
+
+
+def capability_refusal(model: SimModel, body: dict[str, Any], chat: bool, relax: bool,
+                       version: str = "") -> str | None:
+    """The 400 Ollama answers, before any load, for what the model cannot do: before 0.17.7
+    a think level on a model without harmony, then thinking asked of a model without it
+    (dropped instead behind the Anthropic layer: `relax`), chat or generate on a model
+    without "completion", tools on one without "tools", a generate `suffix` on one without
+    "insert" (server/routes.go:448-451)."""
     asked = str(body.get("model"))
+    think = body.get("think")
+    if isinstance(think, str) and version_tuple(version) < THINK_LEVEL_ANY_MODEL_SINCE and \
+            model.model_family not in HARMONY_FAMILIES:
+        return f"think value {go_quote(think)} is not supported for this model"
     if not model.thinks and thinks(body.get("think"), model) and not relax:
         return f"{go_quote(asked)} does not support thinking"
     if model.embedding:
@@ -161,3 +173,38 @@ def pull_ref(raw: str, version: str) -> sim_cloud.Refused | str:
         if source == "cloud":
             name = base + ("-cloud" if ":" in base.rsplit("/", 1)[-1] else ":cloud")
     return name if valid_name(name) else sim_cloud.Refused(400, f"name {go_quote(raw)} is invalid")
+
+
+# Go's netip IsPrivate: RFC 1918 and RFC 4193 only
+GO_PRIVATE = tuple(ipaddress.ip_network(n) for n in
+                   ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
+
+
+def host_allowed(host_header: str, hostname: str) -> bool:
+    """Ollama's allowedHost on a loopback listener (server/routes.go allowedHostsMiddleware,
+    the same in 0.12.6 and 0.24.0): the Host's host (Go's net.SplitHostPort, else the Host
+    as it came) is an IP that is loopback, private or unspecified, or empty, `localhost`,
+    the machine's name, or a name under .localhost, .local or .internal. (Ollama also takes
+    its interfaces' own public addresses; the simulator listens on loopback only.)"""
+    host = host_header
+    colon = host_header.rfind(":")
+    if colon >= 0:
+        if host_header.startswith("["):
+            end = host_header.find("]")
+            if end >= 0 and end + 1 == colon and "[" not in host_header[1:] and \
+                    "]" not in host_header[end + 1:]:
+                host = host_header[1:end]
+        elif ":" not in host_header[:colon] and "[" not in host_header and \
+                "]" not in host_header:
+            host = host_header[:colon]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        plain = ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+        if plain.is_loopback or ip.is_unspecified or any(plain in n for n in GO_PRIVATE):
+            return True
+    host = host.lower()
+    return host in ("", "localhost", hostname.lower()) or \
+        any(host.endswith(f".{tld}") for tld in ("localhost", "local", "internal"))

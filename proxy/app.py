@@ -18,6 +18,7 @@ from proxy.adapters.nats_kv import NatsOptions, NatsStore
 from proxy.adapters.ollama import OllamaClient
 from proxy.api.cors import OllamaCors
 from proxy.api.errors import install_error_shapes
+from proxy.api.hosts import AllowedHosts, loopback_listener
 from proxy.api.kubemoot import KubemootApi
 from proxy.api.routes import SidecarApi
 from proxy.api.status import StatusApi
@@ -245,6 +246,8 @@ def build_app(settings: Settings, store: StateStore | None = None,
 
     app = FastAPI(title="kubemoot-proxy", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
+    if loopback_listener(settings.listen_host_port[0]):  # inside CORS, as in Ollama
+        app.add_middleware(AllowedHosts)
     app.add_middleware(OllamaCors, extra_origins=settings.origins)
     api = SidecarApi(calls=services.calls, pool=pool,
                      holders=scheduler.providers_with, unreachable=scheduler.unreachable,

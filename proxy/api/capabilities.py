@@ -32,6 +32,11 @@ EFFORTS_BY_VERSION: tuple[tuple[Version, tuple[str, ...]], ...] = (
 # ea01af6f7); an older Ollama ignores it, and the call asks for no thinking.
 RESPONSES_EFFORT_SINCE: Version = (0, 22, 0)
 
+# Before 0.17.7 a think level (a string, "high") is refused on any model but gpt-oss's
+# harmony ones, before the capability check and in other words (v0.12.6 server/routes.go
+# GenerateHandler and ChatHandler, `think value %q is not supported for this model`).
+THINK_LEVEL_ANY_MODEL_SINCE: Version = (0, 17, 7)
+
 Needs = tuple[tuple[str, str], ...]
 
 
@@ -71,7 +76,11 @@ def call_needs(path: str, body: dict[str, Any], model: str,
     quoted = orjson.dumps(model).decode()  # Go's %q of a plain name
     needs: list[tuple[str, str]] = []
     if thinks(path, body, version):
-        needs.append(("thinking", f"{quoted} does not support thinking"))
+        level = think_level(path, body)
+        needs.append(("thinking", f"think value {orjson.dumps(level).decode()} is not "
+                      "supported for this model" if level and
+                      version < THINK_LEVEL_ANY_MODEL_SINCE else
+                      f"{quoted} does not support thinking"))
     needs.append(("completion", f"{quoted} does not support {verb}"))
     tools = body.get("tools")
     if verb == "chat" and isinstance(tools, list) and tools:
@@ -93,6 +102,15 @@ def thinks(path: str, body: dict[str, Any], version: Version = NEWEST) -> bool:
         effort = reasoning_effort(path, body)
         return isinstance(effort, str) and effort in thinking_efforts(version)
     return False
+
+
+def think_level(path: str, body: dict[str, Any]) -> str | None:
+    """The level a call asks the model to think at, as the string Ollama's handler gets
+    (`think` on its own API, a reasoning effort from its OpenAI chat layer); None for a
+    boolean or none."""
+    asked = body.get("think") if path in ("/api/chat", "/api/generate") else \
+        reasoning_effort(path, body) if path == "/v1/chat/completions" else None
+    return asked if isinstance(asked, str) and asked in THINKING else None
 
 
 def embeds(path: str, body: dict[str, Any]) -> str:

@@ -535,8 +535,9 @@ class SidecarApi:
             return read
         body, show = read
         model = show.model or show.name
-        if not model:
-            return error_response(400, "bad-request", "field 'model': model is required")
+        if not model:  # Ollama's words (server/routes.go ShowHandler, 0.12.6 and 0.24.0)
+            self.metrics.refusals.labels("bad-request").inc()
+            return error_response(400, "bad-request", "model is required")
         holders = self.holders(model)
         candidates = [self.pool.clients[h] for h in holders] or [
             c for _, c in self._answering()]
@@ -568,8 +569,10 @@ class SidecarApi:
             return read
         pull = read[1]
         model = pull.model or pull.name
-        if not model:
-            return error_response(400, "bad-request", "field 'model': model is required")
+        if not model:  # no name is one Ollama cannot parse (server/routes.go PullHandler:
+            # 0.24.0 parseNormalizePullModelRef's ErrModelRequired falls back to these words)
+            self.metrics.refusals.labels("bad-request").inc()
+            return error_response(400, "bad-request", "invalid model name")
         # a cloud model needs no pull where the providers send its calls on (Ollama 0.18+); a
         # stub is among the models they list
         cloud = split_source(model)[1] == CLOUD_SOURCE and \

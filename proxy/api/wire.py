@@ -296,9 +296,20 @@ def check_top_logprobs(body: dict[str, Any], schema: type[BaseModel],
                          "logprobs" if schema is OpenAICompletion else "top_logprobs")
 
 
+# Go's names of the types a JSON value decodes to in an `any`, as api.Duration's refusal
+# prints them (reflect.TypeOf with %s)
+GO_ANY_TYPES: dict[type, str] = {bool: "bool", list: "[]interface {}",
+                                 dict: "map[string]interface {}"}
+
+
 def check_keep_alive(keep_alive: object) -> None:
     """A string `keep_alive` is a Go duration or Ollama's 400 with Go's words: "300" and
-    "-1" lack their unit (`time: missing unit in duration "300"`); only "0" may."""
+    "-1" lack their unit (`time: missing unit in duration "300"`); only "0" may. A value
+    neither number nor string (null leaves it unset) is api.Duration's `Unsupported type:
+    'bool'` (api/types.go UnmarshalJSON, the same in 0.12.6)."""
+    if type(keep_alive) in GO_ANY_TYPES:
+        raise BadRequest(f"Unsupported type: '{GO_ANY_TYPES[type(keep_alive)]}'",
+                         "keep_alive")
     if isinstance(keep_alive, str):
         try:
             parse_duration(keep_alive)

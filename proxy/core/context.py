@@ -142,14 +142,17 @@ def reserve(context: int, answer_tokens: int, generates: bool = True, capped: bo
     the engine shift it (llama-server runs with --context-shift, llm/llama_server.go:420,
     789-795): the start of the prompt goes, mid-answer and without a word. So a capped
     answer also keeps what the estimate of a prompt of `prompt_tokens` may fall short by
-    (ESTIMATE_MISS), never more than an uncapped one keeps."""
+    (ESTIMATE_MISS), never more than an uncapped one keeps. Never more than half the
+    context (and the engine's token) either way."""
     if not generates:
         return EMBEDDING_RESERVE
-    wanted = min(answer_tokens, context // 2) if answer_tokens > 0 else 0
+    half = context // 2  # a small num_ctx (256) still serves a prompt of half of it
+    wanted = min(answer_tokens, half) if answer_tokens > 0 else 0
+    floor = min(ANSWER_RESERVE, half)
     if capped and wanted:
         shortfall = -(-prompt_tokens // ESTIMATE_MISS)
-        return max(wanted, min(ANSWER_RESERVE, wanted + shortfall)) + 1
-    return max(ANSWER_RESERVE, wanted) + 1
+        return max(wanted, min(floor, wanted + shortfall)) + 1
+    return max(floor, wanted) + 1
 
 
 # Context shift, and what a call's `shift: false` asks (an answer that reaches the end of the

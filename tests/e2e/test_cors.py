@@ -123,3 +123,29 @@ def test_a_preflight_for_a_header_not_allowed_is_a_json_400(sim_factory: Sims,
     assert r.status_code == 400 and r.json()["reason"] == "bad-request"
     assert "headers" in r.json()["error"]
     assert r.headers["access-control-allow-origin"] == "http://localhost:5173"
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/api/tags", None), ("/v1/models", None),
+    ("/v1/messages", {"model": "m", "max_tokens": 1, "messages": []})])
+def test_a_host_not_local_is_refused_on_loopback(path: str, body: object, sim_factory: Sims,
+                                                 sidecar_factory: Sidecars) -> None:
+    """DNS rebinding: a page whose name resolves to 127.0.0.1 sends its own name as Host;
+    Ollama answers 403 (allowedHostsMiddleware), here in the path's dialect."""
+    url = sidecar_factory([sim_factory("gpu")]).url
+    evil = {"Host": "rebind.example:11434"}
+    r = httpx.request("POST" if body else "GET", f"{url}{path}", json=body, headers=evil)
+    assert r.status_code == 403 and r.json()["reason"] == "host-not-allowed"
+    error = r.json()["error"]
+    message = error if path.startswith("/api") else error["message"]
+    assert "rebind.example" in message
+    if path == "/v1/messages":
+        assert error["type"] == "permission_error"
+    for local in ("localhost", "127.0.0.1:1", "app.localhost"):
+        assert httpx.get(f"{url}/api/tags", headers={"Host": local}).status_code == 200
+
+
+def test_hosts_are_not_checked_off_loopback(sim_factory: Sims, sidecar_factory: Sidecars
+                                            ) -> None:
+    url = sidecar_factory([sim_factory("gpu")], listen="0.0.0.0:11434").url
+    assert httpx.get(f"{url}/api/tags", headers={"Host": "rebind.example"}).status_code == 200

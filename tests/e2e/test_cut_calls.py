@@ -43,7 +43,7 @@ def nothing_held(url: str, sims: list[SimServer], timeout_s: float = 2.0) -> Non
 
 def request(path: str, body: dict[str, Any]) -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
             f"content-length: {len(data)}\r\n\r\n").encode() + data
 
 

@@ -453,3 +453,15 @@ def test_a_keep_alive_past_gos_duration_keeps_the_copy_as_the_agent_meant(
     assert [m["name"] for m in listed] == ["qwen3:8b"]
     forever = datetime.now(UTC) + timedelta(seconds=(2**63 - 1) / 1e9)  # Go's largest Duration
     assert listed[0]["expires_at"].startswith(f"{forever:%Y-%m-%d}"), listed
+
+
+def test_an_uncapped_call_with_a_small_num_ctx_is_served(sim_factory: Sims,
+                                                         sidecar_factory: Sidecars) -> None:
+    """num_ctx 256 without num_predict: half the context is kept for the answer, not 256
+    tokens, which would leave none for the prompt (docs/rules.md)."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[1:4])
+    url = sidecar_factory([gpu]).url
+    r = httpx.post(f"{url}/api/generate", timeout=30, json={
+        "model": "llama3.2:3b", "prompt": "Why is the sky blue?", "stream": False,
+        "options": {"num_ctx": 256}})
+    assert r.status_code == 200, r.text

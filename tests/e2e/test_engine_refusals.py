@@ -35,3 +35,26 @@ def test_an_engine_400_is_the_callers_error_not_the_cards(sim_factory: Sims,
     assert 'kubemoot_upstream_errors_total{provider="gpu"}' not in httpx.get(
         f"{url}/metrics").text
     assert client.generate(model="llama3.2:3b", prompt="hi", raw=True).done
+
+
+@pytest.mark.parametrize(("version", "model", "message"), [
+    ("0.12.6", "llama3.2:3b", 'think value "high" is not supported for this model'),
+    ("0.12.6", "qwen3:8b", 'think value "high" is not supported for this model'),
+    ("0.24.0", "llama3.2:3b", '"llama3.2:3b" does not support thinking'),
+    ("0.24.0", "qwen3:8b", None)])
+def test_a_think_level_is_refused_in_the_cards_versions_words(
+        version: str, model: str, message: str | None, sim_factory: Sims,
+        sidecar_factory: Sidecars) -> None:
+    """`think: "high"`: before 0.17.7 Ollama refuses a level on any model but gpt-oss's,
+    in its own words (v0.12.6 server/routes.go:323-327); later only a model that cannot
+    think refuses it, as any thinking (v0.24.0 :411-413)."""
+    gpu = sim_factory("gpu", version=version, total_vram_mib=24564, models=CATALOG[2:4])
+    client = ollama.Client(host=sidecar_factory([gpu]).url)
+    client.list()  # the sidecar has heard the card: its version and the models'
+    for _ in range(2):
+        if message is None:
+            assert client.generate(model=model, prompt="hi", think="high").done
+            continue
+        with pytest.raises(ollama.ResponseError) as caught:
+            client.generate(model=model, prompt="hi", think="high")
+        assert (caught.value.status_code, caught.value.error) == (400, message)

@@ -50,7 +50,7 @@ def test_a_wrong_method_is_405_in_the_callers_shape(sim_factory: Sims,
 def test_no_redirect_is_made_for_a_trailing_slash(sim_factory: Sims,
                                                   sidecar_factory: Sidecars) -> None:
     url = sidecar_factory([sim_factory("gpu")]).url
-    r = httpx.post(f"{url}/api/chat/", json={}, headers={"Host": "evil.example"})
+    r = httpx.post(f"{url}/api/chat/", json={}, headers={"Host": "localhost"})
     assert r.status_code == 404 and "location" not in r.headers
     assert r.json()["reason"] == "not-found"
 
@@ -138,13 +138,13 @@ def test_a_connection_that_never_finishes_its_request_is_closed(
                             timeout_keep_alive=protocol.KEEP_ALIVE_TIMEOUT_S).start()
     try:
         idle = socket.create_connection((server.host, server.port))
-        idle.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\n")  # and the head never ends
+        idle.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\n")  # and the head never ends
         idle.settimeout(5)
         started = time.monotonic()
         assert idle.recv(100) == b""  # closed, after about the head limit
         assert time.monotonic() - started < 3
         slow = socket.create_connection((server.host, server.port))
-        slow.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        slow.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{")
         slow.settimeout(5)
         answer = slow.recv(1000)
         assert b"408" in answer.split(b"\r\n")[0] and b'"reason":"request-timeout"' in answer
@@ -164,7 +164,7 @@ def test_a_head_over_gos_limit_is_its_431_and_is_not_kept(sim_factory: Sims) -> 
     try:
         big = socket.create_connection((server.host, server.port))
         big.settimeout(5)
-        big.sendall(b"GET /api/version HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 << 20))
+        big.sendall(b"GET /api/version HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * (2 << 20))
         answer = big.recv(1000)
         assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
         assert answer.endswith(b"\r\n\r\n431 Request Header Fields Too Large")
@@ -244,7 +244,7 @@ def test_an_idle_connection_outlives_the_agents_own_keep_alive(sim_factory: Sims
         assert eventually(lambda: server.started)
         agent = socket.create_connection(sock.getsockname())
         agent.settimeout(5)
-        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
         agent.sendall(request)
         assert agent.recv(1000).startswith(b"HTTP/1.1 200")
         time.sleep(6)
@@ -277,7 +277,7 @@ def test_a_connection_reset_after_its_answer_is_not_kept(sim_factory: Sims) -> N
         for _ in range(20):
             agent = socket.create_connection((server.host, server.port))
             agent.settimeout(5)
-            agent.sendall(b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n")
+            agent.sendall(b"GET /api/version HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert agent.recv(1000).startswith(b"HTTP/1.1 200")
             agent.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             agent.close()  # a reset, not a FIN
@@ -308,17 +308,17 @@ def test_a_pipelining_client_that_leaves_is_not_answered_for_nobody(sim_factory:
     server = ThreadedServer(app, name="sidecar", http=protocol.HeadTimeoutProtocol).start()
     try:
         body = b'{"model":"llama3.2:3b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
-        call = (b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        call = (b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s"
                 % (len(body), body))
         client = socket.create_connection((server.host, server.port))
-        client.sendall(call + b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n")
+        client.sendall(call + b"GET /api/version HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert eventually(lambda: gpu.sim.runners["llama3.2:3b"].refcount == 1)
         client.close()
         assert eventually(lambda: gpu.sim.stats.abandoned == 1, timeout_s=2)
         assert eventually(lambda: not httpx.get(f"{server.url}/kubemoot/v1/state")
                           .json()["tickets"], timeout_s=2)
         # the same when the call began behind an answered one
-        version = b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n"
+        version = b"GET /api/version HTTP/1.1\r\nHost: localhost\r\n\r\n"
         client = socket.create_connection((server.host, server.port))
         client.sendall(version + call + version)
         assert eventually(lambda: gpu.sim.runners["llama3.2:3b"].refcount == 1)
@@ -340,10 +340,10 @@ def _status_lines(answers: bytes) -> list[bytes]:  # answers follow each other's
 
 
 @pytest.mark.parametrize(("behind", "refusal"), [
-    (b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost\x01: x\r\n\r\n",
+    (b"GET /api/version HTTP/1.1\r\nHost: localhost\r\n\r\nGET / HTTP/1.1\r\nHost\x01: x\r\n\r\n",
      b"HTTP/1.1 400 Bad Request"),
     (b"GET / HTTP/1.1\r\nHost\x01: x\r\n\r\n", b"HTTP/1.1 400 Bad Request"),
-    (b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nX-Big: "
+    (b"GET /api/version HTTP/1.1\r\nHost: localhost\r\n\r\nGET / HTTP/1.1\r\nX-Big: "
      + b"a" * (2 << 20), b"HTTP/1.1 431 Request Header Fields Too Large")])
 def test_a_bad_request_pipelined_behind_a_call_is_refused_after_its_answer(
         sim_factory: Sims, behind: bytes, refusal: bytes) -> None:
@@ -357,7 +357,7 @@ def test_a_bad_request_pipelined_behind_a_call_is_refused_after_its_answer(
         body = b'{"model":"qwen3:8b","stream":false,"messages":[{"role":"user","content":"hi"}]}'
         client = socket.create_connection((server.host, server.port))
         client.settimeout(5)
-        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s"
                        % (len(body), body) + behind)
         answers = b""
         while chunk := client.recv(65536):
@@ -384,8 +384,8 @@ def test_a_slow_head_pipelined_behind_a_call_does_not_cut_it(
         client = socket.create_connection((server.host, server.port))
         client.settimeout(5)
         started = time.monotonic()
-        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                       % (len(body), body) + b"GET /api/version HTTP/1.1\r\nHost: x\r\n")
+        client.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body) + b"GET /api/version HTTP/1.1\r\nHost: localhost\r\n")
         answers = b""
         while chunk := client.recv(65536):
             answers += chunk

@@ -6,6 +6,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import ollama
@@ -153,6 +154,21 @@ def test_a_show_with_a_mistyped_field_is_ollamas_400(client: ollama.Client) -> N
                                    "ShowRequest.verbose of type bool")
 
 
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/api/show", {}, "model is required"), ("/api/show", {"name": ""}, "model is required"),
+    ("/api/pull", {}, "invalid model name"), ("/api/pull", {"name": "", "stream": False},
+                                              "invalid model name")])
+def test_a_show_or_pull_without_a_model_is_ollamas_400(client: ollama.Client, path: str,
+                                                       body: dict[str, Any],
+                                                       message: str) -> None:
+    """ShowHandler's `model is required`; PullHandler's `invalid model name` (no name is
+    one it cannot parse; 0.24.0 parseNormalizePullModelRef, 0.12.6 ParseName)."""
+    raw = httpx.post(client._client.base_url.join(path),  # type: ignore[attr-defined]
+                     json=body)
+    assert raw.status_code == 400
+    assert raw.json() == {"error": message, "reason": "bad-request"}
+
+
 def test_response_headers_say_where_it_ran(fleet: list[SimServer],
                                            sidecar_factory: Sidecars) -> None:
     url = sidecar_factory(fleet).url
@@ -206,7 +222,7 @@ def test_a_client_gone_before_its_body_arrived_is_no_server_error(
     uvicorn_errors.addHandler(handler)
     try:
         with socket.create_connection((server.host, server.port)) as raw:
-            raw.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+            raw.sendall(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n"
                         b"\r\n{\"model\": \"qwen3:8b\"")
             time.sleep(0.1)  # the handler is reading the body when the client goes
         assert httpx.get(f"{server.url}/api/tags").status_code == 200  # answered after it
@@ -283,7 +299,10 @@ def test_ollamas_own_refusals_are_answered_before_placement_in_its_words(
     assert "x-kubemoot-provider" not in think.headers
     for keep_alive, error in (("forever", 'time: invalid duration "forever"'),
                               ("300", 'time: missing unit in duration "300"'),
-                              ("-1", 'time: missing unit in duration "-1"')):
+                              ("-1", 'time: missing unit in duration "-1"'),
+                              (True, "Unsupported type: 'bool'"),
+                              ([300], "Unsupported type: '[]interface {}'"),
+                              ({"s": 1}, "Unsupported type: 'map[string]interface {}'")):
         refused = httpx.post(f"{url}/api/generate", json={
             "model": "qwen3:8b", "prompt": "hi", "keep_alive": keep_alive, "stream": stream})
         assert refused.status_code == 400

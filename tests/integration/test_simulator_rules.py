@@ -465,6 +465,9 @@ def test_a_copy_kept_forever_expires_when_go_says(sim_factory: Sims) -> None:
     ("5 m", 400, 'time: unknown unit " m" in duration "5 m"'),
     ("", 400, 'time: invalid duration ""'),
     (True, 400, "Unsupported type: 'bool'"),
+    ([300], 400, "Unsupported type: '[]interface {}'"),
+    ({"s": 1}, 400, "Unsupported type: 'map[string]interface {}'"),
+    (None, 200, None),
     ("0", 200, None),
     ("1h30m", 200, None),
     ("-1s", 200, None),
@@ -597,6 +600,42 @@ def test_a_suffix_is_taken_by_a_model_whose_template_has_one(sim_factory: Sims) 
         r = httpx.post(f"{sim.url}/api/generate", json={
             "model": model, "prompt": "def f(", "suffix": suffix, "stream": False}, timeout=30)
         assert r.status_code == 200, r.text
+
+
+LEVEL_REFUSED = 'think value "high" is not supported for this model'
+
+
+@pytest.mark.parametrize(("version", "path", "model", "think", "message"), [
+    ("0.12.6", "/api/generate", "qwen3:8b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/api/generate", "llama3.2:3b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/api/chat", "qwen3:8b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/v1/chat/completions", "qwen3:8b", "high", LEVEL_REFUSED),
+    ("0.12.6", "/api/generate", "qwen3:8b", True, None),
+    ("0.17.6", "/api/generate", "qwen3:8b", "low",
+     'think value "low" is not supported for this model'),
+    ("0.17.7", "/api/generate", "qwen3:8b", "high", None),
+    ("0.24.0", "/api/generate", "qwen3:8b", "high", None),
+    ("0.24.0", "/api/generate", "llama3.2:3b", "high", '"llama3.2:3b" does not support thinking'),
+])
+def test_a_think_level_is_refused_in_the_versions_words(
+        sim_factory: Sims, version: str, path: str, model: str, think: Any,
+        message: str | None) -> None:
+    """Before 0.17.7 a string `think` is refused on any model without harmony (gpt-oss),
+    before the capabilities (v0.12.6 server/routes.go:323-327); from 0.17.7 only a model
+    without "thinking" refuses it (v0.24.0 :411-413)."""
+    sim = sim_factory("gpu", version=version, models=CATALOG[2:4], time_scale=SCALE)
+    ask: dict[str, Any] = {"prompt": "x", "think": think} if path == "/api/generate" else \
+        {"messages": [{"role": "user", "content": "x"}], "think": think}
+    if path.startswith("/v1"):
+        ask = {"messages": ask["messages"], "reasoning_effort": think}
+    r = httpx.post(f"{sim.url}{path}", json={"model": model, **ask, "stream": False},
+                   timeout=30)
+    if message is None:
+        assert r.status_code == 200, r.text
+        return
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["message"] if isinstance(error, dict) else error) == message
 
 
 THINK_FORMS = '"high", "medium", "low", "max", true, or false'
@@ -1216,3 +1255,20 @@ def test_a_delete_of_a_name_ollama_cannot_read_is_a_400(sim_factory, version, na
     assert (refused.status_code, refused.json()["error"]) == (400, error)
     missing = httpx.request("DELETE", f"{sim.url}/api/delete", json={"model": "nosuch:1b"})
     assert (missing.status_code, missing.json()["error"]) == (404, "model 'nosuch:1b' not found")
+
+
+@pytest.mark.parametrize(("host", "allowed"), [
+    ("localhost:11434", True), ("127.0.0.1", True), ("[::1]:11434", True), ("10.0.0.8", True),
+    ("gpu.local", True), ("ollama.internal:11434", True), ("", True),
+    ("rebind.example", False), ("8.8.8.8:11434", False), ("[::1]", False)])
+def test_a_loopback_simulator_refuses_a_host_that_is_not_local(
+        sim_factory: Sims, host: str, allowed: bool) -> None:
+    """Ollama's allowedHostsMiddleware on a loopback listener: 403 with no body, on every
+    path, before the route is looked up (server/routes.go, 0.12.6 and 0.24.0 alike)."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    for path in ("/api/version", "/no/such/path"):
+        r = httpx.get(f"{sim.url}{path}", headers={"Host": host})
+        if allowed:
+            assert r.status_code != 403
+        else:
+            assert (r.status_code, r.content) == (403, b"")

@@ -267,6 +267,16 @@ def test_a_capped_answer_keeps_only_its_cap() -> None:
     assert reserve(4096, 100000, capped=True) == 2049  # half the context at most
 
 
+def test_a_small_context_keeps_at_most_half_for_an_uncapped_answer() -> None:
+    """num_ctx 256 with no num_predict: 256 kept for the answer would leave no room for any
+    prompt; half the context is the most kept, as for a capped answer."""
+    assert reserve(256, 0) == 129
+    assert fits(100, 256)
+    assert fits(127, 256) and not fits(128, 256)
+    assert reserve(256, 1000) == 129 and reserve(256, 4, capped=True, prompt_tokens=5000) == 129
+    assert reserve(600, 0) == 257  # from 512 up the 256 stay
+
+
 def test_a_capped_answer_also_keeps_what_the_estimate_may_fall_short_by() -> None:
     """A soak's call: 4073 tokens estimated, num_predict 17, a 4096-token context. The
     engine counted 4083, and the answer made it shift the context. A thirty-second of the

@@ -67,8 +67,6 @@ def test_a_bad_num_ctx_is_named() -> None:
 @pytest.mark.parametrize(
     ("schema", "body", "field", "forms"),
     [
-        (wire.OllamaInference, {"keep_alive": True}, "keep_alive",
-         "a valid number or a valid integer or a valid string"),
         (wire.OllamaInference,
          {"messages": [{"role": "user", "tool_calls": [{"function": {"arguments": 3}}]}]},
          "messages.0.tool_calls.0.function.arguments", "a valid dictionary or a valid string"),
@@ -81,6 +79,18 @@ def test_a_field_that_takes_several_forms_is_named_with_every_form(
         wire.validate(schema, body)
     assert caught.value.field == field
     assert str(caught.value) == f"field '{field}': Input should be {forms}"
+
+
+@pytest.mark.parametrize(("keep_alive", "kind"), [
+    (True, "bool"), (False, "bool"), ([], "[]interface {}"), ({}, "map[string]interface {}")])
+def test_keep_alive_of_another_type_is_refused_in_api_durations_words(keep_alive: Any,
+                                                                      kind: str) -> None:
+    """api.Duration.UnmarshalJSON: `Unsupported type: '%s'` of reflect.TypeOf(v)."""
+    for schema in (wire.OllamaInference, wire.OllamaEmbed):
+        with pytest.raises(wire.BadRequest) as caught:
+            wire.validate(schema, {"model": "m", "keep_alive": keep_alive})
+        assert (str(caught.value), caught.value.field) == (f"Unsupported type: '{kind}'",
+                                                           "keep_alive")
 
 
 @pytest.mark.parametrize(("body", "also_name", "model"), [
