@@ -8,6 +8,7 @@ import asyncio
 import ipaddress
 import socket
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.api.errors import dialect_of, error_response
@@ -93,7 +94,9 @@ def machine_addresses(hostname: str) -> frozenset[IpAddress]:
 
 class AllowedHosts:
     """Refuses a request whose Host is not local, 403 in the caller's dialect with reason
-    `host-not-allowed` (Ollama's 403 has no body)."""
+    `host-not-allowed` (Ollama's 403 has no body); answers an OPTIONS from a local one, on
+    any path, 204 with no body, as the middleware itself does (one with an Origin and
+    Access-Control-Request-Method is a preflight, answered by CORS before it)."""
 
     def __init__(self, app: ASGIApp, hostname: str | None = None) -> None:
         self.app = app
@@ -108,6 +111,9 @@ class AllowedHosts:
             return
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
         if await self.allowed(host):
+            if scope["method"] == "OPTIONS":
+                await Response(status_code=204)(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         refusal = error_response(

@@ -149,3 +149,17 @@ def test_hosts_are_not_checked_off_loopback(sim_factory: Sims, sidecar_factory: 
                                             ) -> None:
     url = sidecar_factory([sim_factory("gpu")], listen="0.0.0.0:11434").url
     assert httpx.get(f"{url}/api/tags", headers={"Host": "rebind.example"}).status_code == 200
+
+
+def test_an_options_that_is_no_preflight_is_204_on_loopback(sim_factory: Sims,
+                                                            sidecar_factory: Sidecars) -> None:
+    """Ollama's Host check answers an OPTIONS it lets through: 204, no body, any path; a
+    preflight is still CORS's."""
+    url = sidecar_factory([sim_factory("gpu")]).url
+    for path in ("/api/chat", "/v1/models", "/nope"):
+        r = httpx.options(f"{url}{path}")
+        assert (r.status_code, r.content) == (204, b"")
+    preflight = httpx.options(f"{url}/api/chat", headers={
+        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "http://localhost:5173"

@@ -1272,3 +1272,14 @@ def test_a_loopback_simulator_refuses_a_host_that_is_not_local(
             assert r.status_code != 403
         else:
             assert (r.status_code, r.content) == (403, b"")
+
+
+def test_a_loopback_simulator_answers_options_from_a_local_host_204(sim_factory: Sims) -> None:
+    """allowedHostsMiddleware aborts an OPTIONS it lets through with 204 and no body, on any
+    path (server/routes.go, 0.12.6 and 0.24.0 alike); a Host not local is still its 403."""
+    sim = sim_factory("gpu", time_scale=SCALE)
+    for path in ("/api/tags", "/api/chat", "/no/such/path"):
+        r = httpx.options(f"{sim.url}{path}")
+        assert (r.status_code, r.content) == (204, b"")
+    r = httpx.options(f"{sim.url}/api/tags", headers={"Host": "rebind.example"})
+    assert (r.status_code, r.content) == (403, b"")

@@ -70,3 +70,18 @@ async def test_the_machines_own_public_address_is_looked_up_once(
             assert other.status_code == 403 and other.json()["reason"] == "host-not-allowed"
             assert other.json()["error"]["type"] == "api_error"
         assert looked == ["myhost"]
+
+
+async def test_an_options_from_a_local_host_is_204_on_any_path() -> None:
+    """Ollama's allowedHostsMiddleware answers an OPTIONS it lets through itself: 204, no
+    body, whatever the path serves (server/routes.go, 0.12.6 and 0.24.0 alike)."""
+    app = Starlette(routes=[Route("/api/tags", lambda _: PlainTextResponse("ok"))])
+    guarded = hosts.AllowedHosts(app, hostname="myhost")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded),
+                                 base_url="http://localhost:11434") as client:
+        for path in ("/api/tags", "/no/such/path"):
+            r = await client.options(path)
+            assert (r.status_code, r.content) == (204, b"")
+        assert (await client.get("/api/tags")).text == "ok"
+        refused = await client.options("/api/tags", headers={"Host": "rebind.example"})
+        assert refused.status_code == 403
