@@ -1049,7 +1049,7 @@ class SimApp:
 class LocalHostsOnly:
     """Ollama's DNS-rebinding check on a loopback listener: a Host that is not local gets
     403 with no body (gin's AbortWithStatus), before any route or method check; an OPTIONS
-    from a local one 204 with no body, on any path."""
+    whose Host passes as a local name (not an IP) 204 with no body, on any path."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -1058,9 +1058,10 @@ class LocalHostsOnly:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         host = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"),
                     "")
-        if scope["type"] != "http":
+        kind = sim_checks.host_kind(host, self.hostname)
+        if scope["type"] != "http" or kind == "ip":
             await self.app(scope, receive, send)
-        elif not sim_checks.host_allowed(host, self.hostname):
+        elif kind is None:
             await Response(status_code=403)(scope, receive, send)
         elif scope["method"] == "OPTIONS":  # (no CORS here: a preflight gets it too)
             await Response(status_code=204)(scope, receive, send)

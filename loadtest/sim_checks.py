@@ -186,6 +186,12 @@ def host_allowed(host_header: str, hostname: str) -> bool:
     as it came) is an IP that is loopback, private or unspecified, or empty, `localhost`,
     the machine's name, or a name under .localhost, .local or .internal. (Ollama also takes
     its interfaces' own public addresses; the simulator listens on loopback only.)"""
+    return host_kind(host_header, hostname) is not None
+
+
+def host_kind(host_header: str, hostname: str) -> str | None:
+    """"ip" for a Host the middleware passes on as a local IP, "name" for one it passes as a
+    local name (there an OPTIONS is its 204), None for one it refuses."""
     host = host_header
     colon = host_header.rfind(":")
     if colon >= 0:
@@ -204,7 +210,9 @@ def host_allowed(host_header: str, hostname: str) -> bool:
     if ip is not None:
         plain = ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
         if plain.is_loopback or ip.is_unspecified or any(plain in n for n in GO_PRIVATE):
-            return True
+            return "ip"
     host = host.lower()
-    return host in ("", "localhost", hostname.lower()) or \
-        any(host.endswith(f".{tld}") for tld in ("localhost", "local", "internal"))
+    if host in ("", "localhost", hostname.lower()) or \
+            any(host.endswith(f".{tld}") for tld in ("localhost", "local", "internal")):
+        return "name"
+    return None

@@ -66,16 +66,27 @@ def host_allowed(host_header: str, hostname: str, local_ips: frozenset[IpAddress
     """Ollama's rule: an IP literal that is loopback, private, unspecified or one of this
     machine's; else empty, `localhost`, the machine's host name, or a name under .localhost,
     .local or .internal (any case)."""
+    return local_ip(host_header, local_ips) or local_name(host_header, hostname)
+
+
+def host_of(host_header: str) -> str:
     host = split_host_port(host_header)
-    if host is None:
-        host = host_header
-    ip = parse_ip(host)
-    if ip is not None:
-        plain = unmapped(ip)
-        if plain.is_loopback or ip.is_unspecified or ip in local_ips or \
-                any(plain in net for net in GO_PRIVATE):
-            return True
-    host = host.lower()
+    return host_header if host is None else host
+
+
+def local_ip(host_header: str, local_ips: frozenset[IpAddress]) -> bool:
+    """Whether the Host names a local IP: Ollama passes it on at once (an OPTIONS too)."""
+    ip = parse_ip(host_of(host_header))
+    if ip is None:
+        return False
+    plain = unmapped(ip)
+    return plain.is_loopback or ip.is_unspecified or ip in local_ips or \
+        any(plain in net for net in GO_PRIVATE)
+
+
+def local_name(host_header: str, hostname: str) -> bool:
+    """Ollama's allowedHost, which aborts an OPTIONS it lets through with 204."""
+    host = host_of(host_header).lower()
     if host in ("", "localhost") or (hostname and host == hostname.lower()):
         return True
     return any(host.endswith("." + tld) for tld in LOCAL_TLDS)
@@ -94,9 +105,9 @@ def machine_addresses(hostname: str) -> frozenset[IpAddress]:
 
 class AllowedHosts:
     """Refuses a request whose Host is not local, 403 in the caller's dialect with reason
-    `host-not-allowed` (Ollama's 403 has no body); answers an OPTIONS from a local one, on
-    any path, 204 with no body, as the middleware itself does (one with an Origin and
-    Access-Control-Request-Method is a preflight, answered by CORS before it)."""
+    `host-not-allowed` (Ollama's 403 has no body). An OPTIONS whose Host passes as a local
+    name (not a local IP) is 204 with no body, on any path, as the middleware aborts it
+    (one with an Origin and Access-Control-Request-Method is a preflight, CORS's before)."""
 
     def __init__(self, app: ASGIApp, hostname: str | None = None) -> None:
         self.app = app
@@ -111,7 +122,8 @@ class AllowedHosts:
             return
         host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
         if await self.allowed(host):
-            if scope["method"] == "OPTIONS":
+            if scope["method"] == "OPTIONS" and \
+                    not local_ip(host, self.local_ips or frozenset()):
                 await Response(status_code=204)(scope, receive, send)
                 return
             await self.app(scope, receive, send)
@@ -126,7 +138,7 @@ class AllowedHosts:
     async def allowed(self, host: str) -> bool:
         if host_allowed(host, self.hostname, self.local_ips or frozenset()):
             return True
-        if self.local_ips is not None or parse_ip(split_host_port(host) or host) is None:
+        if self.local_ips is not None or parse_ip(host_of(host)) is None:
             return False
         self.local_ips = await asyncio.to_thread(machine_addresses, self.hostname)
         return host_allowed(host, self.hostname, self.local_ips)

@@ -153,12 +153,13 @@ def test_hosts_are_not_checked_off_loopback(sim_factory: Sims, sidecar_factory: 
 
 def test_an_options_that_is_no_preflight_is_204_on_loopback(sim_factory: Sims,
                                                             sidecar_factory: Sidecars) -> None:
-    """Ollama's Host check answers an OPTIONS it lets through: 204, no body, any path; a
-    preflight is still CORS's."""
+    """Ollama's Host check answers an OPTIONS it lets through as a local name: 204, no
+    body, any path; one to a local IP goes on to the routes; a preflight is CORS's."""
     url = sidecar_factory([sim_factory("gpu")]).url
     for path in ("/api/chat", "/v1/models", "/nope"):
-        r = httpx.options(f"{url}{path}")
+        r = httpx.options(f"{url}{path}", headers={"Host": "localhost:11434"})
         assert (r.status_code, r.content) == (204, b"")
+    assert httpx.options(f"{url}/api/chat").status_code == 405  # Host 127.0.0.1:port
     preflight = httpx.options(f"{url}/api/chat", headers={
         "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"})
     assert preflight.status_code == 200

@@ -1274,12 +1274,14 @@ def test_a_loopback_simulator_refuses_a_host_that_is_not_local(
             assert (r.status_code, r.content) == (403, b"")
 
 
-def test_a_loopback_simulator_answers_options_from_a_local_host_204(sim_factory: Sims) -> None:
-    """allowedHostsMiddleware aborts an OPTIONS it lets through with 204 and no body, on any
-    path (server/routes.go, 0.12.6 and 0.24.0 alike); a Host not local is still its 403."""
+def test_a_loopback_simulator_answers_options_from_a_local_name_204(sim_factory: Sims) -> None:
+    """allowedHostsMiddleware aborts an OPTIONS that passes as a local name (allowedHost)
+    with 204 and no body, on any path; one naming a local IP goes on to the routes; a Host
+    not local is its 403 (server/routes.go, 0.12.6 and 0.24.0 alike)."""
     sim = sim_factory("gpu", time_scale=SCALE)
     for path in ("/api/tags", "/api/chat", "/no/such/path"):
-        r = httpx.options(f"{sim.url}{path}")
+        r = httpx.options(f"{sim.url}{path}", headers={"Host": "localhost:11434"})
         assert (r.status_code, r.content) == (204, b"")
+        assert httpx.options(f"{sim.url}{path}").status_code in (404, 405)  # 127.0.0.1:port
     r = httpx.options(f"{sim.url}/api/tags", headers={"Host": "rebind.example"})
     assert (r.status_code, r.content) == (403, b"")

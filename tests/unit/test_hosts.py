@@ -72,16 +72,21 @@ async def test_the_machines_own_public_address_is_looked_up_once(
         assert looked == ["myhost"]
 
 
-async def test_an_options_from_a_local_host_is_204_on_any_path() -> None:
-    """Ollama's allowedHostsMiddleware answers an OPTIONS it lets through itself: 204, no
-    body, whatever the path serves (server/routes.go, 0.12.6 and 0.24.0 alike)."""
+async def test_an_options_from_a_local_name_is_204_on_any_path() -> None:
+    """Ollama's allowedHost (a local name, not a local IP) aborts an OPTIONS it lets through
+    with 204, no body, whatever the path serves; a local IP goes on to the routes, as an
+    unknown one refused (server/routes.go allowedHostsMiddleware, 0.12.6 and 0.24.0)."""
     app = Starlette(routes=[Route("/api/tags", lambda _: PlainTextResponse("ok"))])
     guarded = hosts.AllowedHosts(app, hostname="myhost")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded),
                                  base_url="http://localhost:11434") as client:
-        for path in ("/api/tags", "/no/such/path"):
-            r = await client.options(path)
-            assert (r.status_code, r.content) == (204, b"")
+        for host in ("localhost:11434", "myhost", "app.localhost"):
+            for path in ("/api/tags", "/no/such/path"):
+                r = await client.options(path, headers={"Host": host})
+                assert (r.status_code, r.content) == (204, b"")
         assert (await client.get("/api/tags")).text == "ok"
+        for host in ("127.0.0.1:11434", "[::1]:11434", "10.0.0.8"):
+            assert (await client.options("/api/tags", headers={"Host": host})
+                    ).status_code == 405
         refused = await client.options("/api/tags", headers={"Host": "rebind.example"})
         assert refused.status_code == 403
