@@ -137,7 +137,12 @@ class Evictions:
         view = self.view.provider_view(self.providers[placement.provider], self.clock.now())
         copy = claimed.ticket.model  # (another model's, when the call joined its copy)
         sharing = copy_sharers(view, copy)
-        if await book.release_to_unload(claimed.ticket, loaded, sharing):
+        try:
+            unused = await book.release_to_unload(claimed.ticket, loaded, sharing)
+        except StoreUnavailable:  # it went away as the call ended: as asked during an outage
+            self._defer(placement.provider, copy, claimed.ticket.started_at)
+            raise
+        if unused:
             self._spawn(self._unload_leaving(book, placement.provider, copy, sharing=sharing))
 
     async def unload_everywhere(self, model: str, snapshot: Snapshot) -> list[str]:

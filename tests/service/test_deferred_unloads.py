@@ -87,3 +87,43 @@ async def test_a_deferred_unload_leaves_a_copy_a_call_runs_on_or_waits_for(
         await sidecar.services.demand.done_waiting(waiter)
     await asyncio.sleep(5)
     assert list(gpu.loaded) == ["qwen3:8b"]  # dropped, not carried out once the call left
+
+
+class Failing(Outage):
+    """Still connected as far as the client knows, yet every write fails: the first moments
+    of an outage, before the connection is seen lost."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        super().__init__(fleet)
+        self.failing = False
+
+    async def put(self, bucket: str, key: str, value: bytes) -> int:
+        if self.failing:
+            raise StoreUnavailable("nats: timeout")
+        return await super().put(bucket, key, value)
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        if self.failing:
+            raise StoreUnavailable("nats: timeout")
+        return await super().cas(bucket, key, value, last_revision)
+
+
+async def test_a_keep_alive_0_call_whose_release_finds_the_store_gone_is_deferred(
+        fleet: Fleet) -> None:
+    """Claimed in the shared book, its release (the write that marks the copy leaving) fails:
+    the unload is carried out once the store answers again, as one asked during it."""
+    gpu = fleet.gpu("gpu", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    store = Failing(fleet)
+    sidecar = await fleet.sidecar(store)
+    gpu.script(Answer(seconds=5))
+    call = sidecar.start_chat("qwen3:8b", keep_alive_0=True)
+    await asyncio.sleep(1)
+    store.failing = True  # the call is running on a ticket in the shared book
+    r = await call
+    assert (r.status, r.placement) == (200, "warm")
+    await asyncio.sleep(1)
+    assert list(gpu.loaded) == ["qwen3:8b"]  # the others could not be told
+    store.failing = False
+    await asyncio.sleep(3)
+    assert list(gpu.loaded) == []
