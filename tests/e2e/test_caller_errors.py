@@ -221,18 +221,19 @@ def test_a_malformed_call_gets_its_400_while_every_gpu_is_busy(
     at once."""
     import threading
 
+    from tests.e2e.test_scheduling import stream_in_background
+
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG[2:3], time_scale=0.05)
     url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=60).url
     _ready(url)
-    running = threading.Thread(target=lambda: httpx.post(f"{url}/api/chat", timeout=60, json={
-        "model": "qwen3:8b", "messages": HI, "stream": False,
-        "options": {"sim_answer_tokens": 4000}}))
-    running.start()
+    leave = threading.Event()  # the running call ends once the refusal is checked
+    running = stream_in_background(url, "qwen3:8b", 4000, threading.Event(), leave)
     try:
         assert eventually(lambda: gpu.sim.stats.inference_requests == 1, timeout_s=20)
         malformed(url)
         assert gpu.sim.stats.requests == 1
     finally:
+        leave.set()
         running.join(60)
 
 

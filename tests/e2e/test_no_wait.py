@@ -29,7 +29,8 @@ def test_the_only_copy_busy_and_no_static_endpoint_is_gpu_busy_at_once(
     # holds one copy of a model, and nothing idle can be unloaded
     gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE, tokens_per_s=10)
     url = sidecar_factory([gpu], **mode, **role).url
-    worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event())
+    leave = threading.Event()  # the busy call ends once the answer is checked
+    worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event(), leave)
     # explain weighs the call as one with the same header and role would be placed
     explained = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:8b"},
                           headers=headers).json()["decision"]["reason"]
@@ -41,6 +42,7 @@ def test_the_only_copy_busy_and_no_static_endpoint_is_gpu_busy_at_once(
     assert r.json()["reason"] == "gpu-busy" and r.headers["retry-after"] == "5"
     assert took < 1.0 and worker.is_alive()  # not after the running call
     assert gpu.sim.stats.inference_requests == 1  # only the running call reached the GPU
+    leave.set()
     worker.join(30)
 
 
@@ -51,12 +53,14 @@ def test_the_only_copy_busy_goes_to_the_static_endpoint(
     gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE, tokens_per_s=10)
     static = sim_factory("static", total_vram_mib=49152, time_scale=SCALE)
     url = sidecar_factory([gpu], model_endpoint=static.url, **role).url
-    worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event())
+    leave = threading.Event()  # the busy call ends once the answer is checked
+    worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event(), leave)
     r = chat(url, "qwen3:8b", headers=headers)
     assert r.status_code == 200, r.text
     assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
         "static", "static")
     assert static.sim.stats.inference_requests == 1 and worker.is_alive()
+    leave.set()
     worker.join(30)
 
 
@@ -74,10 +78,12 @@ def test_a_free_slot_or_room_for_a_load_still_serves_it(
     r = chat(url, "qwen3:8b", headers=headers)  # the copy's free slot
     assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
         home, "warm")
-    worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event())
+    leave = threading.Event()  # the busy call ends once the answer is checked
+    worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event(), leave)
     r = chat(url, "qwen3:8b", headers=headers)  # its copy busy: a load on the other card
     assert r.status_code == 200, r.text
     assert r.headers["x-kubemoot-provider"] not in (home, "static")
     assert r.headers["x-kubemoot-placement"] == "cold" and worker.is_alive()
     assert static.sim.stats.inference_requests == 0
+    leave.set()
     worker.join(30)

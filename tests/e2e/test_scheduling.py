@@ -83,12 +83,14 @@ def test_a_call_takes_the_idle_copy_not_a_free_slot_beside_a_running_call(
         httpx.post(f"{gpu.url}/api/generate", json={"model": "llama3.2:3b"})
     url = sidecar_factory([a, b], **mode).url
     started = threading.Event()
-    running = stream_in_background(url, "llama3.2:3b", 2000, started)
+    leave = threading.Event()  # the busy call's agent leaves once the answer is checked
+    running = stream_in_background(url, "llama3.2:3b", 2000, started, leave)
     assert a.sim.stats.peak_decoding == 1 and b.sim.stats.peak_decoding == 0
     r = chat(url, "llama3.2:3b")
     assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
         "b", "warm")
     assert a.sim.stats.peak_decoding == 1  # never two in a's batch
+    leave.set()
     running.join(30)
 
 
@@ -205,12 +207,14 @@ def test_never_unloads_a_model_with_work_in_flight(sim_factory: Sims,
     url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=0.5, **mode).url
     busy = threading.Event()
     # ~2 s of tokens: well past the 0.5 s wait even when the test's thread runs late
-    worker = stream_in_background(url, "qwen3:8b", 5000, busy)
+    leave = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 5000, busy, leave)
     r = chat(url, "qwen3:14b")
     assert r.status_code == 503 and r.json()["reason"] == "gpu-busy"
     assert r.headers["retry-after"]
     assert "qwen3:8b" in gpu.sim.runners  # still there, still working
     assert gpu.sim.stats.oom_events == 0
+    leave.set()
     worker.join(30)
 
 
@@ -451,12 +455,14 @@ def test_a_call_that_cannot_wait_goes_to_the_static_endpoint(sim_factory: Sims,
     static = sim_factory("static", total_vram_mib=49152, time_scale=SCALE)
     url = sidecar_factory([gpu], model_endpoint=static.url).url
     busy = threading.Event()
-    worker = stream_in_background(url, "qwen3:8b", 1000, busy)
+    leave = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 1000, busy, leave)
     r = chat(url, "qwen3:14b", headers={"X-Kubemoot-Wait": "false"})
     assert r.status_code == 200
     assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
         "static", "static")
     assert static.sim.stats.inference_requests == 1
+    leave.set()
     worker.join(30)
 
 
@@ -470,7 +476,8 @@ def test_a_prompt_longer_than_the_static_endpoints_context_is_refused_not_cut(
                          time_scale=SCALE)
     url = sidecar_factory([gpu], model_endpoint=static.url).url
     busy = threading.Event()
-    worker = stream_in_background(url, "qwen3:8b", 1000, busy)
+    leave = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 1000, busy, leave)
     long = [{"role": "user", "content": "read this file " * 800}]  # ~3k tokens
     r = chat(url, "qwen3:14b", headers={"X-Kubemoot-Wait": "false"}, messages=long)
     assert r.status_code == 413 and r.json()["reason"] == "prompt-too-large", r.text
@@ -480,6 +487,7 @@ def test_a_prompt_longer_than_the_static_endpoints_context_is_refused_not_cut(
              truncate=True)
     assert r.status_code == 200 and r.headers["x-kubemoot-provider"] == "static"
     assert static.sim.stats.truncations == 1
+    leave.set()
     worker.join(30)
 
 
