@@ -21,7 +21,14 @@ from loadtest.sim_engine import MIB, PROMPT_TOO_LONG
 from loadtest.sim_model import CATALOG, SimConfig, SimModel, load_seconds
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.core.engine_errors import SERVER_BUSY
-from proxy.ports import ModelEntry, ShowAnswer, Timeouts, UpstreamError
+from proxy.ports import (
+    SIDECAR_BUCKETS,
+    ModelEntry,
+    ShowAnswer,
+    StoreUnavailable,
+    Timeouts,
+    UpstreamError,
+)
 
 EPOCH = 1_750_000_000.0  # the wall-clock time the virtual clock starts from
 
@@ -333,3 +340,36 @@ class SlowStore(MemoryStore):
     async def put(self, bucket: str, key: str, value: bytes) -> int:
         await asyncio.sleep(self.delay_s)
         return await super().put(bucket, key, value)
+
+
+class AwayStore(MemoryStore):
+    """The embedded store, unreachable while `away` (until `back()`); while `failing`, still
+    connected as far as the client knows, yet every write fails: the first moments of an
+    outage, before the connection is seen lost."""
+
+    def __init__(self, clock: LoopClock) -> None:
+        super().__init__(SIDECAR_BUCKETS, clock=clock)
+        self.away = False
+        self.failing = False
+
+    @property
+    def connected(self) -> bool:
+        return not self.away
+
+    def back(self) -> None:
+        self.away = False
+        self.changes.bump()
+
+    def _reachable(self) -> None:
+        if self.away:
+            raise StoreUnavailable("NATS is not connected")
+        if self.failing:
+            raise StoreUnavailable("nats: timeout")
+
+    async def put(self, bucket: str, key: str, value: bytes) -> int:
+        self._reachable()
+        return await super().put(bucket, key, value)
+
+    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
+        self._reachable()
+        return await super().cas(bucket, key, value, last_revision)

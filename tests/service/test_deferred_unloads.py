@@ -9,43 +9,15 @@ from typing import Literal
 
 import pytest
 
-from proxy.adapters.memory_kv import MemoryStore
-from proxy.ports import SIDECAR_BUCKETS, StoreUnavailable
-from tests.service.fakes import Answer
+from tests.service.fakes import Answer, AwayStore
 from tests.service.harness import Fleet
-
-
-class Outage(MemoryStore):
-    """The embedded store, unreachable while `away`."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        super().__init__(SIDECAR_BUCKETS, clock=fleet.clock)
-        self.away = False
-
-    @property
-    def connected(self) -> bool:
-        return not self.away
-
-    def back(self) -> None:
-        self.away = False
-        self.changes.bump()
-
-    async def put(self, bucket: str, key: str, value: bytes) -> int:
-        if self.away:
-            raise StoreUnavailable("NATS is not connected")
-        return await super().put(bucket, key, value)
-
-    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
-        if self.away:
-            raise StoreUnavailable("NATS is not connected")
-        return await super().cas(bucket, key, value, last_revision)
 
 
 async def test_a_keep_alive_0_call_during_an_outage_unloads_a_second_after_it(
         fleet: Fleet) -> None:
     gpu = fleet.gpu("gpu", total_vram_mib=24564)
     gpu.preload("qwen3:8b")
-    store = Outage(fleet)
+    store = AwayStore(fleet.clock)
     sidecar = await fleet.sidecar(store)
     store.away = True
     r = await sidecar.chat("qwen3:8b", keep_alive_0=True)
@@ -66,7 +38,7 @@ async def test_a_deferred_unload_leaves_a_copy_a_call_runs_on_or_waits_for(
     its own keep_alive); the waiter came after the outage."""
     gpu = fleet.gpu("gpu", total_vram_mib=24564, num_parallel=2)
     gpu.preload("qwen3:8b")
-    store = Outage(fleet)
+    store = AwayStore(fleet.clock)
     sidecar = await fleet.sidecar(store)
     store.away = True
     if use == "running":
@@ -89,32 +61,13 @@ async def test_a_deferred_unload_leaves_a_copy_a_call_runs_on_or_waits_for(
     assert list(gpu.loaded) == ["qwen3:8b"]  # dropped, not carried out once the call left
 
 
-class Failing(Outage):
-    """Still connected as far as the client knows, yet every write fails: the first moments
-    of an outage, before the connection is seen lost."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        super().__init__(fleet)
-        self.failing = False
-
-    async def put(self, bucket: str, key: str, value: bytes) -> int:
-        if self.failing:
-            raise StoreUnavailable("nats: timeout")
-        return await super().put(bucket, key, value)
-
-    async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
-        if self.failing:
-            raise StoreUnavailable("nats: timeout")
-        return await super().cas(bucket, key, value, last_revision)
-
-
 async def test_a_keep_alive_0_call_whose_release_finds_the_store_gone_is_deferred(
         fleet: Fleet) -> None:
     """Claimed in the shared book, its release (the write that marks the copy leaving) fails:
     the unload is carried out once the store answers again, as one asked during it."""
     gpu = fleet.gpu("gpu", total_vram_mib=24564)
     gpu.preload("qwen3:8b")
-    store = Failing(fleet)
+    store = AwayStore(fleet.clock)
     sidecar = await fleet.sidecar(store)
     gpu.script(Answer(seconds=5))
     call = sidecar.start_chat("qwen3:8b", keep_alive_0=True)

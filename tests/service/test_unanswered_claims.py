@@ -8,42 +8,24 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from proxy.adapters.memory_kv import MemoryStore
-from proxy.ports import PROVIDER_TICKETS, SIDECAR_BUCKETS, StoreUnavailable
+from proxy.ports import PROVIDER_TICKETS, StoreUnavailable
 from proxy.service.codec import decode_ticket_set
+from tests.service.fakes import AwayStore
 from tests.service.harness import Fleet
 
 Loss = Literal["error", "no answer"]
 
 
-class LosesAClaimsAnswer(MemoryStore):
+class LosesAClaimsAnswer(AwayStore):
     """Writes the next ticket claim, then fails (and is away until `back()`) or never
     answers."""
 
     def __init__(self, fleet: Fleet) -> None:
-        super().__init__(SIDECAR_BUCKETS, clock=fleet.clock)
+        super().__init__(fleet.clock)
         self.loss: Loss | None = None
         self.landed = asyncio.Event()
-        self.away = False
-
-    @property
-    def connected(self) -> bool:
-        return not self.away
-
-    def back(self) -> None:
-        self.away = False
-        self.changes.bump()
-
-    def _reachable(self) -> None:
-        if self.away:
-            raise StoreUnavailable("NATS is not connected")
-
-    async def put(self, bucket: str, key: str, value: bytes) -> int:
-        self._reachable()
-        return await super().put(bucket, key, value)
 
     async def cas(self, bucket: str, key: str, value: bytes, last_revision: int) -> int:
-        self._reachable()
         revision = await super().cas(bucket, key, value, last_revision)
         if bucket == PROVIDER_TICKETS and self.loss is not None:
             loss, self.loss = self.loss, None
