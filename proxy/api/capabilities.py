@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from proxy.core.context import NEWEST, Version
+from proxy.core.engines import THINK_LEVEL
 from proxy.core.models import full_model_name
 
 # The paths Ollama serves with its chat handler and with its generate handler (the OpenAI
@@ -31,11 +32,6 @@ EFFORTS_BY_VERSION: tuple[tuple[Version, tuple[str, ...]], ...] = (
 # The Responses API reads `reasoning.effort` from 0.22 (openai/responses.go, commit
 # ea01af6f7); an older Ollama ignores it, and the call asks for no thinking.
 RESPONSES_EFFORT_SINCE: Version = (0, 22, 0)
-
-# Before 0.17.7 a think level (a string, "high") is refused on any model but gpt-oss's
-# harmony ones, before the capability check and in other words (v0.12.6 server/routes.go
-# GenerateHandler and ChatHandler, `think value %q is not supported for this model`).
-THINK_LEVEL_ANY_MODEL_SINCE: Version = (0, 17, 7)
 
 Needs = tuple[tuple[str, str], ...]
 
@@ -57,16 +53,17 @@ def reasoning_effort(path: str, body: dict[str, Any]) -> Any:
 
 def call_needs(path: str, body: dict[str, Any], model: str,
                version: Version = NEWEST) -> Needs:
-    """The capabilities the call needs, each with Ollama's refusal, in the order Ollama
-    checks them: thinking asked of a model that cannot think (`think`; on the OpenAI paths
-    a reasoning effort, openai/openai.go:697-705 and responses.go:575; the Anthropic layer
-    relaxes it, server/routes.go:2624), then a model without "completion" (an embedding
-    model), then `tools` on a model without "tools", or a non-empty `suffix` (generate's,
+    """The capabilities the call needs, each with Ollama's refusal, in the order Ollama checks
+    them: a think level on a card before 0.17.7 and a model without harmony
+    (`engines.THINK_LEVEL`), thinking asked of a model that cannot think (`think`; on the OpenAI
+    paths a reasoning effort, openai/openai.go:697-705 and responses.go:575; the Anthropic layer
+    relaxes it, server/routes.go:2624), then a model without "completion" (an embedding model),
+    then `tools` on a model without "tools", or a non-empty `suffix` (generate's,
     /v1/completions', openai/openai.go:841) on one without "insert" (its template has no
     `.Suffix`, server/images.go:251-253): scheduling errors, which name the model in full
-    (server/routes.go:448-451, images.go:543-584, routes.go:3107-3110). An embedding checks
-    no capability (routes.go:854, 1072): whether the model embeds depends on the card's
-    Ollama (`embeds`, core/engines.py `embedding_refusal`)."""
+    (server/routes.go:448-451, images.go:543-584, routes.go:3107-3110). An embedding checks no
+    capability (routes.go:854, 1072): whether the model embeds depends on the card's Ollama
+    (`embeds`, core/engines.py `embedding_refusal`)."""
     if path in CHAT_PATHS:
         verb = "chat"
     elif path in GENERATE_PATHS:
@@ -76,11 +73,10 @@ def call_needs(path: str, body: dict[str, Any], model: str,
     quoted = orjson.dumps(model).decode()  # Go's %q of a plain name
     needs: list[tuple[str, str]] = []
     if thinks(path, body, version):
-        level = think_level(path, body)
-        needs.append(("thinking", f"think value {orjson.dumps(level).decode()} is not "
-                      "supported for this model" if level and
-                      version < THINK_LEVEL_ANY_MODEL_SINCE else
-                      f"{quoted} does not support thinking"))
+        if level := think_level(path, body):  # judged by each card's version (engines)
+            needs.append((THINK_LEVEL, f"think value {orjson.dumps(level).decode()} is not "
+                          "supported for this model"))
+        needs.append(("thinking", f"{quoted} does not support thinking"))
     needs.append(("completion", f"{quoted} does not support {verb}"))
     tools = body.get("tools")
     if verb == "chat" and isinstance(tools, list) and tools:

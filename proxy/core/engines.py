@@ -162,6 +162,24 @@ def dotted(version: Version) -> str:
     return ".".join(map(str, version))
 
 
+# A call's think level (a string `think`, an OpenAI reasoning effort) needs, besides
+# "thinking", this: before 0.17.7 Ollama refuses a level on any model but gpt-oss's harmony
+# ones, before the capability check and before any load (v0.12.6 server/routes.go:323-327
+# generate, :2017-2021 chat; `shouldUseHarmony` :54-64 reads the family).
+THINK_LEVEL = "think-level"
+THINK_LEVEL_ANY_MODEL_SINCE: Version = (0, 17, 7)
+HARMONY_FAMILIES = frozenset(("gptoss", "gpt-oss"))
+
+
+def has_capability(info: ModelInfo, capability: str, version_text: str) -> bool:
+    """Whether the card's Ollama runs a call needing `capability` on this model: one its
+    /api/show lists, or a think level where the card's version takes it on this model."""
+    if capability == THINK_LEVEL:
+        return parse_version(version_text) >= THINK_LEVEL_ANY_MODEL_SINCE or \
+            info.family in HARMONY_FAMILIES or info.architecture in HARMONY_FAMILIES
+    return info.capabilities is not None and capability in info.capabilities
+
+
 def path_refusal(path: str, served: Served, version_text: str) -> Lack | None:
     """The router's 404 of an Ollama whose version lacks the call's path (Anthropic's
     messages before 0.14, say): in a fleet of mixed versions such a card cannot take the

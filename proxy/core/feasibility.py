@@ -90,7 +90,8 @@ class Fitting:
         if info is None or info.capabilities is None:
             return None
         return next((Lack(refusal) for capability, refusal in call.needs
-                     if capability not in info.capabilities), None)
+                     if not engines.has_capability(info, capability, index.view.version)),
+                    None)
 
     def window(self, index: ProviderIndex, model: str, ctx: int) -> int:
         """The tokens this call's prompt may take in a slot of `ctx` tokens: the context, or

@@ -58,3 +58,19 @@ def test_a_think_level_is_refused_in_the_cards_versions_words(
         with pytest.raises(ollama.ResponseError) as caught:
             client.generate(model=model, prompt="hi", think="high")
         assert (caught.value.status_code, caught.value.error) == (400, message)
+
+
+def test_a_think_level_skips_a_warm_copy_on_a_card_that_would_refuse_it(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """qwen3 warm on a 0.12.6 card, which refuses a think level on any model but gpt-oss's
+    before loading anything: the call loads it on the 0.24.0 card, which takes it."""
+    old = sim_factory("old", version="0.12.6", total_vram_mib=24564, models=CATALOG[2:4])
+    new = sim_factory("new", version="0.24.0", total_vram_mib=24564, models=CATALOG[2:4])
+    assert httpx.post(f"{old.url}/api/generate", json={"model": "qwen3:8b", "keep_alive": -1},
+                      timeout=30).status_code == 200
+    url = sidecar_factory([old, new]).url
+    ollama.Client(host=url).list()  # both cards heard: their versions and models
+    r = httpx.post(f"{url}/api/chat", timeout=30, json={
+        "model": "qwen3:8b", "think": "high", "stream": False,
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert (r.status_code, r.headers["x-kubemoot-provider"]) == (200, "new"), r.text

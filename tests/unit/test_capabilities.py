@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.api.capabilities import call_needs
+from proxy.core.engines import THINK_LEVEL
 from proxy.core.models import full_model_name
 from proxy.core.placement import place
 from proxy.core.types import ModelInfo
@@ -25,14 +26,19 @@ INSERT = (("completion", '"qwen3:8b" does not support generate'),
 CODER = ModelInfo(capabilities=("completion", "tools", "insert"))
 
 
+def level(asked: str) -> tuple[str, str]:
+    return (THINK_LEVEL, f'think value "{asked}" is not supported for this model')
+
+
 @pytest.mark.parametrize(("path", "body", "model", "needs"), [
     ("/api/chat", {"think": True}, "phi3:mini", THINK),
     ("/api/chat", {"think": "low", "tools": [{"type": "function"}]}, "phi3:mini",
-     (*THINK, TOOLS[1])),
+     (level("low"), *THINK, TOOLS[1])),
     ("/api/chat", {"think": False, "tools": []}, "phi3:mini", (TOOLS[0],)),
     ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "phi3:mini", TOOLS),
     ("/v1/messages", {"think": True}, "phi3:mini", (TOOLS[0],)),  # relaxed there
     ("/v1/chat/completions", {"reasoning_effort": "xhigh"}, "phi3:mini", THINK),
+    ("/v1/chat/completions", {"reasoning_effort": "high"}, "phi3:mini", (level("high"), *THINK)),
     ("/v1/chat/completions", {"reasoning_effort": "none"}, "phi3:mini", (TOOLS[0],)),
     ("/v1/responses", {"reasoning": {"effort": "low"}}, "phi3:mini", THINK),
     ("/v1/responses", {"reasoning_effort": "low"}, "phi3:mini", (TOOLS[0],)),
@@ -70,7 +76,7 @@ def test_a_reasoning_effort_asks_for_thinking_as_the_version_reads_it(
         path: str, body: dict[str, object], version: tuple[int, int, int],
         thinks: bool) -> None:
     needs = call_needs(path, body, "phi3:mini", version)
-    assert (needs[0][0] == "thinking") is thinks
+    assert ("thinking" in dict(needs)) is thinks
 
 
 @pytest.mark.parametrize(("name", "full"), [
@@ -101,6 +107,35 @@ def test_an_in_tolerance_candidate_that_can_takes_the_call() -> None:
     hit = place(call(("phi3:mini", 70), ("qwen3:8b", 65), needs=THINK), snapshot(warm))
     assert hit.placement is not None and (hit.placement.model, hit.placement.kind) == (
         "qwen3:8b", "warm")
+
+
+QWEN3 = ModelInfo(capabilities=THINKS.capabilities, family="qwen3")
+GPT_OSS = ModelInfo(capabilities=THINKS.capabilities, family="gptoss")
+
+
+@pytest.mark.parametrize(("version", "info", "placed"), [
+    ("0.12.6", QWEN3, False), ("0.17.6", QWEN3, False), ("0.17.7", QWEN3, True),
+    ("0.24.0", QWEN3, True), ("0.12.6", GPT_OSS, True), ("", QWEN3, True)])
+def test_a_think_level_before_0_17_7_is_refused_but_on_gpt_oss(
+        version: str, info: ModelInfo, placed: bool) -> None:
+    """Ollama refuses it before any load (v0.12.6 server/routes.go:323-327): placed there,
+    the call would evict for nothing and miss a card or candidate that takes it."""
+    needs = call_needs("/api/chat", {"think": "high"}, "qwen3:8b")
+    card = gpu("a", residents=("phi3:mini",), version=version, models={"qwen3:8b": info})
+    decision = place(call("qwen3:8b", needs=needs), snapshot(card))
+    assert (decision.outcome == "placed") is placed
+    if not placed:
+        assert (decision.outcome, decision.reason) == (
+            "unsupported", 'think value "high" is not supported for this model')
+
+
+def test_a_think_level_goes_to_the_card_whose_version_takes_it() -> None:
+    needs = call_needs("/api/chat", {"think": "high"}, "qwen3:8b")
+    old = gpu("old", residents=("qwen3:8b",), version="0.12.6", models={"qwen3:8b": QWEN3})
+    new = gpu("new", version="0.24.0", models={"qwen3:8b": QWEN3})
+    decision = place(call("qwen3:8b", needs=needs), snapshot(old, new))
+    assert decision.placement is not None
+    assert (decision.placement.provider, decision.placement.kind) == ("new", "cold")
 
 
 def test_tools_on_a_model_without_them_is_ollamas_scheduling_refusal() -> None:
