@@ -274,24 +274,32 @@ def test_a_model_no_card_listed_is_404_at_once_while_a_card_that_lacked_it_is_do
     a = sim_factory("a", models=CATALOG)  # qwen3:32b is on this card only
     b = sim_factory("b", models=tuple(m for m in CATALOG if m.name != "qwen3:32b"))
     url = sidecar_factory([a, b], probe_interval_seconds=0.1,
-                          discuss_gpu_wait_limit_seconds=0.5).url
+                          discuss_gpu_wait_limit_seconds=1.0).url
     assert eventually(lambda: all(p["ready"] for p in httpx.get(
         f"{url}/kubemoot/v1/state").json()["providers"]))
     a.stop()
     assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()[
         "providers"][0]["ready"])
+    agent = ollama.Client(host=url)
+    gpt = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    took = []  # each call's time: one that waited for the down card takes the 1 s limit
     started = time.monotonic()
     with pytest.raises(ollama.ResponseError) as said:
-        ollama.Client(host=url).chat(model="qwen3:8bb", messages=HI)
+        agent.chat(model="qwen3:8bb", messages=HI)
     assert (said.value.status_code, said.value.error) == (404, "model 'qwen3:8bb' not found")
+    took.append(time.monotonic() - started)
+    started = time.monotonic()
     with pytest.raises(openai.NotFoundError) as told:
-        openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions\
-            .create(model="qwen3:8bb", messages=[{"role": "user", "content": "hi"}])
+        gpt.chat.completions.create(model="qwen3:8bb",
+                                    messages=[{"role": "user", "content": "hi"}])
     assert told.value.body["type"] == "not_found_error"  # type: ignore[index]
+    took.append(time.monotonic() - started)
+    started = time.monotonic()
     embed = httpx.post(f"{url}/api/embed", json={"model": "qwen3:8bb", "input": "hi"})
     assert (embed.status_code, embed.json()["error"]) == (
         404, 'model "qwen3:8bb" not found, try pulling it first')
-    assert time.monotonic() - started < 0.5  # none of it waited for the down card
+    took.append(time.monotonic() - started)
+    assert max(took) < 0.9, took  # none of them waited for the down card
     only_there = httpx.post(f"{url}/api/chat", json={"model": "qwen3:32b", "messages": HI})
     assert (only_there.status_code, only_there.json()["reason"]) == (503, "gpu-busy")
 
