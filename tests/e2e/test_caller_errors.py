@@ -65,7 +65,9 @@ def test_a_call_the_model_cannot_take_is_ollamas_400_before_any_load(
     the model's capabilities from /api/show and refuses them as Ollama does, with nothing
     loaded or evicted (the 8b stays)."""
     gpu = sim_factory("gpu", total_vram_mib=24564, models=CATALOG)
-    httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
+    # kept for good: at the simulator's time scale a default keep-alive could end mid-test
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b", "keep_alive": -1},
+               timeout=30)
     url = sidecar_factory([gpu]).url
     _ready(url)
     with pytest.raises(ollama.ResponseError) as caught:
