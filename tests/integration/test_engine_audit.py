@@ -260,8 +260,9 @@ def test_models_of_one_file_share_its_copy_unless_their_runner_options_differ(
     sim = sim_factory("gpu", total_vram_mib=24564, context_length=4096, time_scale=SCALE,
                       version=version,
                       models=(*CATALOG, QWEN3_BATCH, QWEN3_GPU, QWEN3_LORA, QWEN3_PLAIN))
-    assert load(sim, first).status_code == 200
-    r = chat(sim, then, [{"role": "user", "content": "hello"}])
+    # kept for good: at the simulator's time scale a default keep-alive can end before /api/ps
+    assert load(sim, first, keep_alive=-1).status_code == 200
+    r = chat(sim, then, [{"role": "user", "content": "hello"}], keep_alive=-1)
     assert r.status_code == 200, r.text
     assert sim.sim.stats.reloads == reloads
     assert len(listed(sim)) == 1
