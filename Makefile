@@ -3,6 +3,11 @@ PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 
+# The suite starts hundreds of Python processes (sidecars, simulators, commands): where the
+# environment says not to write bytecode, each would compile the project and its libraries
+# again, and pytest would rewrite every test module's asserts in each worker.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: demo test install dev lint bench
 
 $(BIN)/python:
