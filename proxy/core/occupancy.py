@@ -15,6 +15,7 @@ from proxy.core.gpus import FIT_MARGIN_MIB, RUNNER_OVERHEAD_MIB, spread_fits
 from proxy.core.lengths import CallLengths
 from proxy.core.policy import Policy
 from proxy.core.sizing import (
+    RUNNER_FILES,
     admission_rule,
     draft_num_predict,
     held_by_runners,
@@ -440,9 +441,6 @@ def _runner_parts(runner: str) -> list[str]:
     return [*parameters, *(p for p in parts if p.startswith(RUNNER_FILES)
                            and not p.startswith("draft="))]
 
-
-# ModelInfo.runner's parts that name files (service/prober.py runner_files), in their order
-RUNNER_FILES = ("adapter=", "from=", "draft=")
 
 
 def runs_on(view: ProviderView, model: str, copy: str) -> bool:

@@ -391,9 +391,35 @@ class Sizer:
 
     def _calibrated_weights(self, model: str) -> tuple[int, str] | None:
         """The weights part of copies seen fully on a GPU: what they took less their KV and
-        compute parts; the largest, so a card's own overheads are not undercounted."""
+        compute parts; the largest, so a card's own overheads are not undercounted. A model
+        none of whose copies was seen takes the figure of another name of its weights file
+        loaded with the same files (a model created FROM it, `ollama cp`): their copies
+        hold the same weights, and the file size alone misses the compute buffers, which
+        a file whose token embeddings are small does not make up for (phi3: 204 MiB short
+        in the simulator, what its first copy beside others was counted short by)."""
         if model in self._weights:
             return self._weights[model]
+        best = self._calibrated_from(model)
+        if best is None:
+            for kin in self._same_weights(model):
+                found = self._calibrated_from(kin)
+                if found is not None and (best is None or found[0] > best[0]):
+                    best = (found[0], f"{found[1]}, a copy of {kin}")
+        self._weights[model] = best
+        return best
+
+    def _same_weights(self, model: str) -> list[str]:
+        """The other models of `model`'s weights file on any card loaded with the same
+        adapters, projectors and DRAFT (ModelInfo.runner's files), in name order."""
+        own = [(v.models[model].weights, runner_files(v.models[model].runner))
+               for v in self.views if model in v.models and v.models[model].weights]
+        return sorted({other for v in self.views for other, info in v.models.items()
+                       if other != model and info.weights and
+                       (info.weights, runner_files(info.runner)) in own})
+
+    def _calibrated_from(self, model: str) -> tuple[int, str] | None:
+        """The weights part of `model`'s own copies seen fully on a GPU
+        (`_calibrated_weights`)."""
         best: tuple[int, str] | None = None
         for view in self.views:
             seen = view.observed.get(model)
@@ -412,7 +438,6 @@ class Sizer:
                     - draft_mib(info, context, slots, view.version)
                 if weights > 0 and (best is None or weights > best[0]):
                     best = (weights, f"calibrated from {view.name} at {context} x {slots}")
-        self._weights[model] = best
         return best
 
     def _without_architecture(self, model: str, view: ProviderView, declared: int | None
@@ -430,6 +455,16 @@ class Sizer:
             total = int(disk * self.factor)
             return Footprint(total, f"file size x {self.factor:g}", total)
         return None
+
+
+# ModelInfo.runner's parts that name files (service/prober.py runner_files), in their order
+RUNNER_FILES = ("adapter=", "from=", "draft=")
+
+
+def runner_files(runner: str) -> tuple[str, ...]:
+    """The files in ModelInfo.runner (RUNNER_FILES): what a copy holds beside its weights
+    file, whatever its runner PARAMETERs."""
+    return tuple(p for p in runner.split(";") if p.startswith(RUNNER_FILES))
 
 
 # Figures a Sizer keeps before it starts again: calls name models and contexts at will, so

@@ -290,7 +290,7 @@ class TicketBook:
                 log.debug("budget", provider=ticket.provider, ticket=ticket.ticket_id,
                           model=ticket.model, mib=ticket.footprint_mib, cold=ticket.cold,
                           why=outcome.budget, residents=outcome.seen.residents,
-                          live=len(current.tickets))
+                          live=len(current.tickets), tickets=_logged(outcome.tickets))
             return outcome.tickets
 
         try:
@@ -513,3 +513,12 @@ class TicketBook:
             return transition.mark_unloaded(current, seen_gone, now)
 
         return await self._mutate(provider, gone)
+
+
+def _logged(tickets: TicketSet) -> list[dict[str, object]]:
+    """A set's tickets as the "budget" debug line shows them: what the admission check read
+    of each (a load's estimate, victims and what it counts beside it)."""
+    return [{"model": t.model, "mib": t.footprint_mib, "cold": t.cold,
+             **({"estimate": t.estimate_mib, "evicts": dict(t.evicts), "beside": t.beside_mib}
+                if t.cold else {})}
+            for t in tickets.tickets.values()]

@@ -21,6 +21,7 @@ import ollama
 import openai
 import pytest
 
+from loadtest.ollama_sim import with_derived
 from loadtest.sim_model import CATALOG
 from loadtest.sim_output import answer_options
 from tests.conftest import eventually
@@ -465,3 +466,37 @@ def test_an_uncapped_call_with_a_small_num_ctx_is_served(sim_factory: Sims,
         "model": "llama3.2:3b", "prompt": "Why is the sky blue?", "stream": False,
         "options": {"num_ctx": 256}})
     assert r.status_code == 200, r.text
+
+
+PHI3 = next(m for m in CATALOG if m.name == "phi3:mini")
+# created FROM phi3:mini with a system prompt of its own (a manifest of its own)
+PHI3_HELPER = with_derived((PHI3,), ["phi3-helper=phi3:mini:0"])[1]
+
+
+def test_a_model_created_from_a_file_seen_loaded_is_sized_as_its_copy(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """phi3's file (2176 MiB) undercounts its copy (3916 MiB at 4096 x 1) by the compute
+    buffers its small token embeddings do not make up for. A model created FROM it is sized
+    from the copy seen under phi3's name, as it will hold, not from the file (3712 MiB):
+    counted short as a load in flight, it let the fleet soak's 32b claim pass the 80 % rule
+    beside it, and Ollama unloaded it on its own."""
+    gpu = sim_factory("gpu", total_vram_mib=16376, context_length=4096,
+                      models=(*CATALOG, PHI3_HELPER), time_scale=SCALE)
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "phi3:mini"}, timeout=30)
+    real = gpu.sim.runners["phi3:mini"].footprint_mib
+    url = sidecar_factory([gpu]).url
+
+    def verdict(model: str) -> dict[str, Any]:
+        verdicts = httpx.get(f"{url}/kubemoot/v1/explain", timeout=10,
+                             params={"model": model, "numCtx": 4096}).json()["verdicts"]
+        return dict(verdicts[0])
+
+    assert eventually(lambda: "seen" in verdict("phi3:mini").get("footprintSource", ""))
+    # unloaded: a call for the helper loads it (with phi3's copy listed it would join it)
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "phi3:mini", "keep_alive": 0},
+               timeout=30)
+    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/explain", timeout=10, params={
+        "model": "phi3-helper", "numCtx": 4096}).json()["verdicts"][0].get("copy"))
+    helper = verdict("phi3-helper")
+    assert helper["footprintTotalMiB"] == real == 3916, helper
+    assert "a copy of phi3:mini" in helper["footprintSource"]

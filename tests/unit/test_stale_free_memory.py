@@ -12,7 +12,7 @@ from typing import Any
 from proxy.core.occupancy import Load, admission_problem
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.sizing import RUNNER_OVERHEAD_MIB
+from proxy.core.sizing import RUNNER_OVERHEAD_MIB, Sizer
 from proxy.core.tickets import Admitted, Residency, TicketSet, claim, merge_residency
 from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 from proxy.ports import ShowAnswer
@@ -239,3 +239,40 @@ async def test_footprints_of_a_model_removed_from_disk_are_forgotten() -> None:
         await prober.probe("a")
     server.listed, server.on_disk = [], server.on_disk[-1:]
     assert set((await prober.probe("a")).observed) == {"custom-49:latest"}
+
+
+def test_a_model_made_from_a_file_seen_loaded_is_sized_as_its_copies_were() -> None:
+    """The wide fleet soak's case with names (49140 MiB at 0.33, 2 slots): phi3's copy was
+    seen at 6220 MiB (4096 x 2), which its file size (2176 MiB) undercounts by the compute
+    buffers its small token embeddings do not make up for. phi3-helper, created FROM it,
+    was sized from the file alone, 6016 MiB, and claimed beside an 8b. The 8b evicted for a
+    32b (estimate 25320 MiB) while the helper still loaded: its runner counts the 8b, and
+    Ollama unloaded it, being 115 MiB over 80 % of what it reads free, which 204 MiB too
+    few in the helper's figure hid. Sized as phi3's copies were, the claim is refused."""
+    phi3 = ModelInfo(trained_context=4096, kv_bytes_per_token=384 * 1024,
+                     weights="sha256-phi3")
+    adapted = replace(phi3, runner=f"adapter=sha256-{'a' * 64}")
+    card = ProviderView("a", 49140, max_parallel=2, version="0.33.0", probed_at=3.0,
+                        disk_mib={"phi3:latest": 2176, "phi3-helper:latest": 2176,
+                                  "phi3-tuned:latest": 2176},
+                        models={"phi3:latest": phi3, "phi3-helper:latest": phi3,
+                                "phi3-tuned:latest": adapted},
+                        observed={"phi3:latest": {16384: 6220}})
+    sizer = Sizer((card,), 1.2)
+    helper = sizer.footprint("phi3-helper:latest", card, 4096)
+    assert helper is not None and helper.total_mib == 6220, helper
+    assert "a copy of phi3:latest" in helper.source
+    tuned = sizer.footprint("phi3-tuned:latest", card, 4096)  # an adapter: other weights
+    assert tuned is not None and tuned.total_mib == 2176 + 3072 + 768
+    # the helper's load in flight beside the 8b (its claim counted the 8b's ticket), the 8b
+    # loaded since; the 32b's claim evicts the 8b
+    view = replace(card, residents=(Resident("qwen3:8b", 10499, 16384),))
+    big = Ticket("32b", "a", "qwen3:32b", 29160, 0, 0, cold=True, estimate_mib=25320,
+                 evicts={"qwen3:8b": 10499}, context=16384)
+    for mib, admitted in ((6016, True), (helper.total_mib, False)):
+        loading = Ticket("helper", "a", "phi3-helper:latest", mib, 1.0, 61.0, cold=True,
+                         estimate_mib=5248, beside_mib=10576 + RUNNER_OVERHEAD_MIB,
+                         context=4096)
+        outcome = claim(TicketSet(tickets={"helper": loading}), big, view, DEFAULT_POLICY,
+                        60, 4.0)
+        assert isinstance(outcome, Admitted) == admitted, outcome
