@@ -26,6 +26,7 @@ from loadtest.ollama_sim import SimServer
 from loadtest.relay_bench import free_port
 from proxy.adapters.nats_kv import RETRY_CONNECT_S
 from proxy.ports import PROVIDER_STATE
+from tests.commands import finish, run_all, start
 from tests.conftest import eventually, provider_entry
 from tests.e2e.test_scheduling import chat
 from tests.nats_auth import OperatorMode, TlsFiles, start_operator_mode, tls_files
@@ -38,8 +39,12 @@ needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None,
 
 
 def command(*args: str, timeout_s: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=ROOT, env={
-        **os.environ, **env}, capture_output=True, text=True, timeout=timeout_s)
+    return finish(start_command(*args, **env), timeout_s)
+
+
+def start_command(*args: str, **env: str) -> subprocess.Popen[str]:
+    """A command left running, to be collected with `finish` once the test needs it."""
+    return start(args, {**os.environ, **env})
 
 
 class Serve:
@@ -118,11 +123,11 @@ def test_a_creds_file_in_operator_mode_creates_the_buckets_and_a_sidecar_shares_
     assert init.returncode == 0, init.stderr
     assert f"{PROVIDER_STATE}: created" in init.stdout and not init.stderr
     sidecar = serve(KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_CREDS=creds)
+    again = start_command("init-buckets", KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_CREDS=creds)
     assert eventually(lambda: sidecar.shared_state() == "connected", timeout_s=30)
     assert chat(sidecar.url, "qwen3:8b").status_code == 200
     assert asyncio.run(provider_states(url, operator_mode.creds)) == ["gpu"]  # its prober's
-    again = command("init-buckets", KUBEMOOT_NATS_URL=url, KUBEMOOT_NATS_CREDS=creds)
-    assert f"{PROVIDER_STATE}: exists" in again.stdout
+    assert f"{PROVIDER_STATE}: exists" in finish(again).stdout
 
 
 def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
@@ -131,17 +136,20 @@ def test_creds_the_server_does_not_trust_end_every_command_with_one_line(
            "KUBEMOOT_NATS_CREDS": str(operator_mode.foreign_creds)}
     said = (f"NATS at {operator_mode.server.url}: authorization violation: check "
             "KUBEMOOT_NATS_CREDS")
-    rc, lines = serve(**env).exit()
-    assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: {said}"])
-    init = command("init-buckets", **env)
-    assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
-    publish = command("publish", "--once", KUBEMOOT_PROVIDERS=json.dumps(
-        [{"name": "gpu", "endpoint": "http://127.0.0.1:9"}]), **env)
-    assert (publish.returncode, publish.stderr) == (1, f"kubemoot-proxy publish: {said}\n")
     garbage = tmp_path / "g.creds"
     garbage.write_text("garbage\n")
-    rc, lines = serve(KUBEMOOT_NATS_URL=operator_mode.server.url,
-                      KUBEMOOT_NATS_CREDS=str(garbage)).exit()
+    untrusted = serve(**env)
+    not_creds = serve(KUBEMOOT_NATS_URL=operator_mode.server.url,
+                      KUBEMOOT_NATS_CREDS=str(garbage))
+    init, publish = run_all([
+        (["init-buckets"], {**os.environ, **env}),
+        (["publish", "--once"], {**os.environ, **env, "KUBEMOOT_PROVIDERS": json.dumps(
+            [{"name": "gpu", "endpoint": "http://127.0.0.1:9"}])})])
+    rc, lines = untrusted.exit()
+    assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: {said}"])
+    assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
+    assert (publish.returncode, publish.stderr) == (1, f"kubemoot-proxy publish: {said}\n")
+    rc, lines = not_creds.exit()
     assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: KUBEMOOT_NATS_CREDS="
                                f"{garbage}: not a NATS credentials file (no user JWT in it)"])
 
@@ -160,10 +168,12 @@ def test_a_nats_url_that_is_no_url_ends_every_command_with_one_line(url: str, sa
                                                                     ) -> None:
     """Before any connect: nats-py would take a mistyped scheme for a host and wait for it
     without end, and a bad port ended `serve` with a traceback."""
-    env = {"KUBEMOOT_PROVIDERS": json.dumps([{"name": "gpu", "endpoint": "http://127.0.0.1:9"}])}
-    for args in [*SUBCOMMANDS, ["init-buckets", "--nats-url", url]]:
-        done = command(*args, KUBEMOOT_NATS_URL=url, **env) if "--nats-url" not in args else \
-            command(*args, **env)
+    env = {**os.environ,
+           "KUBEMOOT_PROVIDERS": json.dumps([{"name": "gpu", "endpoint": "http://127.0.0.1:9"}])}
+    specs: list[tuple[list[str], dict[str, str]]] = [
+        *[(args, {**env, "KUBEMOOT_NATS_URL": url}) for args in SUBCOMMANDS],
+        (["init-buckets", "--nats-url", url], env)]
+    for (args, _), done in zip(specs, run_all(specs), strict=True):
         assert (done.returncode, done.stdout, done.stderr) == (
             2, "", f"kubemoot-proxy: bad configuration: KUBEMOOT_NATS_URL: {said}\n"), args
 
@@ -204,6 +214,11 @@ def test_a_server_asked_for_over_tls_that_offers_none_gets_no_credentials(
                                "settings"])
 
 
+def refusals(server: NatsServer) -> int:
+    """Connections the server turned away for their credentials, as its log tells them."""
+    return (server.dir / "server.log").read_text().count("authentication error")
+
+
 def test_a_nats_that_comes_after_serve_and_refuses_it_is_said_once_as_an_error(
         serve: Callable[..., Serve]) -> None:
     server = NatsServer(extra_args=["--user", "agent", "--pass", "s3cret"]).start()
@@ -217,7 +232,10 @@ def test_a_nats_that_comes_after_serve_and_refuses_it_is_said_once_as_an_error(
                   "KUBEMOOT_NATS_USER/PASSWORD"
         assert eventually(lambda: any(e.get("error") == refused for e in sidecar.events()),
                           timeout_s=15)
-        time.sleep(RETRY_CONNECT_S * 2)  # two more refusals, not said again
+        said_at = refusals(server)
+        # two more refusals, not said again
+        assert eventually(lambda: refusals(server) >= said_at + 2,
+                          timeout_s=RETRY_CONNECT_S * 2 + 15)
     finally:
         server.cleanup()
     assert sidecar.proc.poll() is None and sidecar.shared_state() == "unavailable"
@@ -260,8 +278,9 @@ def test_tls_settings_that_cannot_work_end_serve_with_one_line_naming_them(
          f"KUBEMOOT_NATS_TLS_CERT={tls.cert}: no private key in it and KUBEMOOT_NATS_TLS_KEY "
          "not set"),
     ]
-    for env, said in cases:
-        rc, lines = serve(KUBEMOOT_NATS_URL=url, **env).exit()
+    sidecars = [serve(KUBEMOOT_NATS_URL=url, **env) for env, _ in cases]
+    for (env, said), sidecar in zip(cases, sidecars, strict=True):
+        rc, lines = sidecar.exit()
         assert (rc, lines) == (2, [f"kubemoot-proxy: bad configuration: {said}"]), env
 
 
@@ -379,8 +398,8 @@ def test_more_replicas_than_the_server_can_keep_is_said_naming_the_setting(
     said = ("KUBEMOOT_NATS_REPLICAS=3: this NATS server is not clustered (replicas > 1 not "
             "supported in non-clustered mode)")
     env = {"KUBEMOOT_NATS_URL": nats_server.url, "KUBEMOOT_NATS_REPLICAS": "3"}
-    init = command("init-buckets", **env)
-    assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
     (tmp_path / "docs.yaml").write_text("")
-    bind = command("bind", "-f", str(tmp_path / "docs.yaml"), **env)
+    init, bind = run_all([(["init-buckets"], {**os.environ, **env}),
+                          (["bind", "-f", str(tmp_path / "docs.yaml")], {**os.environ, **env})])
+    assert (init.returncode, init.stderr) == (1, f"kubemoot-proxy init-buckets: {said}\n")
     assert (bind.returncode, bind.stderr.splitlines()[-1]) == (1, f"kubemoot-proxy bind: {said}")
