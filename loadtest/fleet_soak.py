@@ -371,22 +371,28 @@ def sidecar_env(fleet: list[Card], gpus: list[str], log_level: str) -> dict[str,
 
 
 def start_init_buckets(nats_url: str) -> subprocess.Popen[bytes]:
-    """`init-buckets`, as the Job does, started: it needs NATS alone, so it can run while
-    the GPUs come up."""
+    """`init-buckets`, as the Job does, started: it needs NATS alone, so it runs while the
+    GPUs, the publisher and the sidecars come up (as the Job runs beside the Deployments: a
+    sidecar or publisher there first creates the buckets it misses, alike)."""
     return subprocess.Popen([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT,
                             env={**os.environ, "KUBEMOOT_NATS_URL": nats_url},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+def buckets_made(init: subprocess.Popen[bytes]) -> None:
+    """Once `init-buckets` ended; raises what it said if it failed."""
+    said, _ = init.communicate()
+    if init.returncode:
+        raise subprocess.CalledProcessError(init.returncode, init.args, said)
+
+
 def start_publisher(common: dict[str, str], logs: Path,
                     procs: list[subprocess.Popen[bytes]],
                     buckets: subprocess.Popen[bytes] | None = None) -> subprocess.Popen[bytes]:
-    """Once `init-buckets` made the buckets (`buckets`, else one run now), one `publish`
-    probing every GPU."""
-    buckets = buckets or start_init_buckets(common["KUBEMOOT_NATS_URL"])
-    said, _ = buckets.communicate()
-    if buckets.returncode:
-        raise subprocess.CalledProcessError(buckets.returncode, buckets.args, said)
+    """One `publish` probing every GPU: beside `buckets`, an `init-buckets` already started
+    (the caller waits for it), else once an `init-buckets` run made the buckets."""
+    if buckets is None:
+        buckets_made(start_init_buckets(common["KUBEMOOT_NATS_URL"]))
     procs.append(start(["-m", "proxy", "publish"], common, logs / "publish.log"))
     return procs[-1]
 
@@ -515,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     buckets: subprocess.Popen[bytes] | None = None
     try:
         fleet = FLEETS[args.fleet]
-        if not args.direct and not args.embedded:  # the buckets are made as the GPUs start
+        if not args.direct and not args.embedded:  # the buckets are made as the rest starts
             nats = NatsServer().start()
             buckets = start_init_buckets(nats.url)
         version = ["--version", args.ollama_version] if args.ollama_version else []
@@ -534,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
                 common["KUBEMOOT_NATS_URL"] = nats.url
                 start_publisher(common, logs, procs, buckets)
             sidecars = start_sidecars(args.sidecars, common, logs, procs)
+            if buckets is not None:
+                buckets_made(buckets)
             if args.nats_outage and nats is not None:
                 def nats_outage(server: NatsServer, at: float, lasting: float) -> None:
                     time.sleep(at)
