@@ -398,11 +398,12 @@ def start_publisher(common: dict[str, str], logs: Path,
 
 
 def start_sidecars(count: int, common: dict[str, str], logs: Path,
-                   procs: list[subprocess.Popen[bytes]], ready_s: float = 20.0
+                   procs: list[subprocess.Popen[bytes]], ready_s: float = 60.0
                    ) -> list[tuple[str, str]]:
     """`count` sidecars, sidecar i on PROFILES[i % 4], each added to `procs` as it starts;
     their (URL, bound model) once every one answers /healthz (within `ready_s` of the last
-    one's start: many starting at once share the CPU)."""
+    one's start: many starting at once share the CPU, with the publisher and `init-buckets`,
+    on a machine that may have other work: over 20 s on 2 cores with a load of 10)."""
     sidecars: list[tuple[str, str]] = []
     for i in range(count):
         model, candidates = PROFILES[i % len(PROFILES)]
