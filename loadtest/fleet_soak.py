@@ -37,7 +37,7 @@ import httpx
 import ollama
 import openai
 
-from loadtest.loadgen import percentile, wait_http
+from loadtest.loadgen import local_client, percentile, wait_http
 from loadtest.nats_server import NatsServer
 from loadtest.relay_bench import free_port
 from loadtest.serving import add_sharing_flags, sharing_args
@@ -48,6 +48,8 @@ from loadtest.sim_output import ANSWER_TOKENS, answer_options
 TOOL_MODELS = frozenset(m.name for m in CATALOG if m.tools and not m.embedding)
 
 ROOT = Path(__file__).resolve().parent.parent
+# What the soak reads of the GPUs and sidecars goes through one client (see local_client)
+local_http = local_client()
 
 
 @dataclass(frozen=True)
@@ -368,21 +370,40 @@ def sidecar_env(fleet: list[Card], gpus: list[str], log_level: str) -> dict[str,
             "KUBEMOOT_DISCUSS_GPU_WAIT_LIMIT_SECONDS": "20", "KUBEMOOT_LOG_LEVEL": log_level}
 
 
+def start_init_buckets(nats_url: str) -> subprocess.Popen[bytes]:
+    """`init-buckets`, as the Job does, started: it needs NATS alone, so it runs while the
+    GPUs, the publisher and the sidecars come up (as the Job runs beside the Deployments: a
+    sidecar or publisher there first creates the buckets it misses, alike)."""
+    return subprocess.Popen([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT,
+                            env={**os.environ, "KUBEMOOT_NATS_URL": nats_url},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def buckets_made(init: subprocess.Popen[bytes]) -> None:
+    """Once `init-buckets` ended; raises what it said if it failed."""
+    said, _ = init.communicate()
+    if init.returncode:
+        raise subprocess.CalledProcessError(init.returncode, init.args, said)
+
+
 def start_publisher(common: dict[str, str], logs: Path,
-                    procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    """The buckets (`init-buckets`, as the Job does) and one `publish` probing every GPU."""
-    subprocess.run([sys.executable, "-m", "proxy", "init-buckets"], cwd=ROOT, check=True,
-                   env={**os.environ, **common}, capture_output=True)
+                    procs: list[subprocess.Popen[bytes]],
+                    buckets: subprocess.Popen[bytes] | None = None) -> subprocess.Popen[bytes]:
+    """One `publish` probing every GPU: beside `buckets`, an `init-buckets` already started
+    (the caller waits for it), else once an `init-buckets` run made the buckets."""
+    if buckets is None:
+        buckets_made(start_init_buckets(common["KUBEMOOT_NATS_URL"]))
     procs.append(start(["-m", "proxy", "publish"], common, logs / "publish.log"))
     return procs[-1]
 
 
 def start_sidecars(count: int, common: dict[str, str], logs: Path,
-                   procs: list[subprocess.Popen[bytes]], ready_s: float = 20.0
+                   procs: list[subprocess.Popen[bytes]], ready_s: float = 60.0
                    ) -> list[tuple[str, str]]:
     """`count` sidecars, sidecar i on PROFILES[i % 4], each added to `procs` as it starts;
     their (URL, bound model) once every one answers /healthz (within `ready_s` of the last
-    one's start: many starting at once share the CPU)."""
+    one's start: many starting at once share the CPU, with the publisher and `init-buckets`,
+    on a machine that may have other work: over 20 s on 2 cores with a load of 10)."""
     sidecars: list[tuple[str, str]] = []
     for i in range(count):
         model, candidates = PROFILES[i % len(PROFILES)]
@@ -401,7 +422,7 @@ def gpu_totals(gpus: list[str]) -> collections.Counter[str]:
     """The simulators' own counters (`/_sim/stats`), summed over the GPUs."""
     totals: collections.Counter[str] = collections.Counter()
     for gpu in gpus:
-        stats = httpx.get(gpu + "/_sim/stats").json()
+        stats = local_http.get(gpu + "/_sim/stats").json()
         for key in ("requests", "cloud_requests", "loads", "unloads", "reloads",
                     "self_evictions", "spills",
                     "oom_events", "truncations", "too_long_refusals", "busy_refusals"):
@@ -434,7 +455,7 @@ def settle(sidecars: list[str]) -> None:
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
         try:
-            if not any(httpx.get(url + "/kubemoot/v1/state").json()["tickets"]
+            if not any(local_http.get(url + "/kubemoot/v1/state").json()["tickets"]
                        for url in sidecars):
                 return
         except httpx.HTTPError:
@@ -498,8 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen[bytes]] = []
     nats: NatsServer | None = None
+    buckets: subprocess.Popen[bytes] | None = None
     try:
         fleet = FLEETS[args.fleet]
+        if not args.direct and not args.embedded:  # the buckets are made as the rest starts
+            nats = NatsServer().start()
+            buckets = start_init_buckets(nats.url)
         version = ["--version", args.ollama_version] if args.ollama_version else []
         aliases = [f"--alias={alias}={model}" for model, alias in ALIASES.items()] \
             if args.aliases else []
@@ -512,11 +537,12 @@ def main(argv: list[str] | None = None) -> int:
         sidecars: list[tuple[str, str]] = []  # (url, model)
         if not args.direct:
             common = sidecar_env(fleet, gpus, args.log_level)
-            if not args.embedded:
-                nats = NatsServer().start()
+            if nats is not None:
                 common["KUBEMOOT_NATS_URL"] = nats.url
-                start_publisher(common, logs, procs)
+                start_publisher(common, logs, procs, buckets)
             sidecars = start_sidecars(args.sidecars, common, logs, procs)
+            if buckets is not None:
+                buckets_made(buckets)
             if args.nats_outage and nats is not None:
                 def nats_outage(server: NatsServer, at: float, lasting: float) -> None:
                     time.sleep(at)
@@ -543,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
             settle([u for u, _ in sidecars])
         return report(tally, gpus, [] if args.direct else [u for u, _ in sidecars], logs, args)
     finally:
+        if buckets is not None and buckets.poll() is None:  # the GPUs failed to start
+            buckets.kill()
+            buckets.wait()
         stop_all(procs, nats)
 
 
@@ -595,7 +624,7 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
     totals = gpu_totals(gpus)
     print("gpus", dict(totals))
     if args.outage:
-        back = httpx.get(gpus[0] + "/_sim/stats").json()
+        back = local_http.get(gpus[0] + "/_sim/stats").json()
         print(f"first GPU after its outage: {back.get('requests', 0)} requests")
         if not back.get("requests"):
             problems.append("the first GPU got no calls after it came back")
@@ -608,10 +637,10 @@ def report(tally: Tally, gpus: list[str], sidecars: list[str], logs: Path,
         if totals[key]:
             problems.append(f"{key}: {totals[key]}")
     for url in sidecars:
-        state = httpx.get(url + "/kubemoot/v1/state").json()
+        state = local_http.get(url + "/kubemoot/v1/state").json()
         if state["tickets"]:
             problems.append(f"{url}: tickets left after the soak: {state['tickets'][:3]}")
-        metrics = httpx.get(url + "/metrics").text
+        metrics = local_http.get(url + "/metrics").text
         for line in metrics.splitlines():
             if line.startswith("kubemoot_placements_total{") and "waiting" not in line:
                 label = line.split('placement="')[1].split('"')[0]
