@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -21,12 +22,18 @@ from proxy.settings import load_settings
 
 FAST = 0.002  # simulated seconds -> real seconds
 
+# httpx reads a whole CA bundle (SSL_CERT_FILE's, else certifi's) into every client it makes:
+# 0.1 s of CPU each, and the suite makes thousands, nearly all to loopback in plain HTTP (a
+# test file's CPU time halved without it). The system's hashed certificate directory is read
+# only for the certificates a TLS peer presents. Subprocesses inherit it.
+if os.path.isdir("/etc/ssl/certs"):
+    os.environ.pop("SSL_CERT_FILE", None)
+    os.environ.setdefault("SSL_CERT_DIR", "/etc/ssl/certs")
+
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests see only the settings they set."""
-    import os
-
     for key in list(os.environ):
         if key.startswith("KUBEMOOT_"):
             monkeypatch.delenv(key)
