@@ -42,6 +42,9 @@ from proxy.service.routing import (
 )
 from proxy.service.scheduler import Scheduler
 
+# How long the answer to a call its card failed waits for that card's probe
+FAILED_CARD_PROBE_WAIT_S = 1.0
+
 log = get_logger("kubemoot.calls")
 # How often a plan's preload left going on for other calls checks that one still wants its
 # copy, besides on every change to the state or tickets seen (a waiter's line may move
@@ -176,9 +179,24 @@ class CallService:
             except Exception:  # (an odd answer, as a probe round survives: not the call's)
                 log.exception("listing not read again after a 404",
                               provider=placement.provider)
+        elif not outcome.healthy and not outcome.client_left:
+            await self._probe_before_answering(placement.provider)
         elif placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))
+
+    async def _probe_before_answering(self, provider: str) -> None:
+        """The card failed this call (gone, restarted with nothing loaded, hung): the
+        client's next call, often sent the moment it hears of the failure, must be placed
+        on what the card holds now, not on copies it may have lost. So the probe goes ahead
+        of the failure's answer, for up to FAILED_CARD_PROBE_WAIT_S (a card that does not
+        answer at all: the probe goes on unwaited)."""
+        probe = asyncio.ensure_future(self.prober.refresh(provider))
+        self._background.add(probe)
+        probe.add_done_callback(self._background.discard)
+        # (too slow: it goes on unwaited; failed: the next probe round reads the card again)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(probe), FAILED_CARD_PROBE_WAIT_S)
 
     def _spawn(self, work: Coroutine[object, object, None]) -> None:
         task = asyncio.ensure_future(work)
