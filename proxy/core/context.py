@@ -163,15 +163,20 @@ def reserve(context: int, answer_tokens: int, generates: bool = True, capped: bo
 # answer at the context's end, llm/llama_server.go:1714-1716).
 SHIFT_AT_LOAD_SINCE: Version = (0, 30, 0)
 # Of a prompt's estimate, the share kept free besides when an answer must not reach the end
-# of the context: what the estimate may fall short by.
+# of the context: what the estimate may fall short by; and at least SHORTFALL_FLOOR tokens,
+# a chat template's own before the sidecar has learned the model's (qwen3: "hi" is
+# estimated at 4 tokens, and the engine counts 8).
 ESTIMATE_SHORTFALL = 8  # an eighth
+SHORTFALL_FLOOR = 16
 
 
 def unshifted_answer_cap(context: int, prompt_tokens: int) -> int:
     """num_predict that keeps an answer from reaching the end of a context of `context`
     tokens after a prompt estimated at `prompt_tokens`, so the engine never shifts it: the
-    engine's one token and an eighth of the estimate kept free. At least 1."""
-    return max(1, context - 1 - prompt_tokens - prompt_tokens // ESTIMATE_SHORTFALL)
+    engine's one token and an eighth of the estimate (at least SHORTFALL_FLOOR) kept free.
+    At least 1."""
+    free = max(prompt_tokens // ESTIMATE_SHORTFALL, SHORTFALL_FLOOR)
+    return max(1, context - 1 - prompt_tokens - free)
 
 
 def could_run_in(context: int, num_ctx: int, prompt_tokens: int, trained: int) -> bool:

@@ -847,6 +847,10 @@ def test_shift_false_is_kept_without_a_reload_on_every_version() -> None:
         body = {**chat, "shift": False, "options": {"num_predict": asked}}
         assert orjson.loads(payload_for(new, body, "/api/chat"))["options"][
             "num_predict"] == sent_cap
+    # a short prompt keeps room for the chat template the estimate may not know yet
+    short = replace(new, context_length=2048, num_ctx=2048, estimated_tokens=4)
+    assert orjson.loads(payload_for(short, {**chat, "shift": False}, "/api/chat"))[
+        "options"]["num_predict"] == 2048 - 1 - 4 - 16
     default = orjson.loads(payload_for(new, {**chat, "shift": True}, "/api/chat"))
     assert "shift" not in default and "num_predict" not in default["options"]
     # a copy whose context is not known cannot be capped: Ollama is asked (it reloads)
