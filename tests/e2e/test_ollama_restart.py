@@ -50,8 +50,12 @@ def test_a_copy_ollama_lost_in_a_restart_is_not_counted_after_it(
     assert r.status_code == 200, r.text
     assert "x-kubemoot-evicted" not in r.headers
     assert time.monotonic() - started < 15  # a few probes, not the 120 s a load may take
-    state = httpx.get(f"{url}/kubemoot/v1/state").json()
-    assert state["tickets"] == [] and state["plans"] == []
+
+    def nothing_held() -> bool:  # (released just after the answer's last byte)
+        state = httpx.get(f"{url}/kubemoot/v1/state").json()
+        return bool(state["tickets"] == [] and state["plans"] == [])
+
+    assert eventually(nothing_held, timeout_s=2)
     assert eventually(lambda: [c["model"] for c in httpx.get(f"{url}/kubemoot/v1/state").json()[
         "providers"][0]["residents"]] == ["gemma3:27b"])
     stats = gpu.sim.stats
