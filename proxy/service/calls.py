@@ -191,17 +191,16 @@ class CallService:
         on what the card holds now, not on copies it may have lost. So the probe goes ahead
         of the failure's answer, for up to FAILED_CARD_PROBE_WAIT_S (a card that does not
         answer at all: the probe goes on unwaited)."""
-        probe = asyncio.ensure_future(self.prober.refresh(provider))
-        self._background.add(probe)
-        probe.add_done_callback(self._background.discard)
+        probe = self._spawn(self.prober.refresh(provider))
         # (too slow: it goes on unwaited; failed: the next probe round reads the card again)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(probe), FAILED_CARD_PROBE_WAIT_S)
 
-    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+    def _spawn(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _watch_preload(self, claimed: Claimed, preload: asyncio.Task[bool],
                              loading: Residency) -> None:
