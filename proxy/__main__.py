@@ -39,11 +39,6 @@ def _warn_unknown_settings(config_file: str | None) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from proxy.adapters.nats_kv import check_nats
-    from proxy.api.protocol import listener
-    from proxy.app import build_app, nats_options
-    from proxy.observability.logging import configure_logging
-
     overrides: dict[str, object] = {}
     fleet = []
     if args.demo:
@@ -58,6 +53,9 @@ def _serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.config, **overrides)
         _require_something_to_call(settings)
         if settings.nats_url:  # settings NATS refuses are bad configuration, not an outage
+            from proxy.adapters.nats_kv import check_nats
+            from proxy.app import nats_options
+
             check_nats(nats_options(settings))
         # Bound before anything is printed: an address in use is a one-line error.
         sockets = [_bind("--listen" if args.listen else "KUBEMOOT_LISTEN", settings.listen)]
@@ -67,6 +65,12 @@ def _serve(args: argparse.Namespace) -> int:
         for server in fleet:
             server.stop()
         raise
+    # The web stack is imported once the settings are good (~1 s of CPU a configuration
+    # error need not spend)
+    from proxy.api.protocol import listener
+    from proxy.app import build_app
+    from proxy.observability.logging import configure_logging
+
     configure_logging(settings.log_level)
     print(_startup_line(settings), flush=True)
     _warn_unknown_settings(args.config)
@@ -222,8 +226,10 @@ def _print_demo_banner(settings: Settings, fleet: Sequence[object]) -> None:
 
 
 def _init_buckets(args: argparse.Namespace) -> int:
-    import asyncio
-
+    settings = load_settings(args.config, **({"nats_url": args.nats_url} if args.nats_url
+                                             else {}))
+    if not settings.nats_url:
+        raise ConfigError("KUBEMOOT_NATS_URL: required for init-buckets")
     from proxy.adapters.nats_kv import (
         connect_client,
         default_replicas,
@@ -234,10 +240,6 @@ def _init_buckets(args: argparse.Namespace) -> int:
     from proxy.app import nats_options
     from proxy.observability.logging import configure_logging
 
-    settings = load_settings(args.config, **({"nats_url": args.nats_url} if args.nats_url
-                                             else {}))
-    if not settings.nats_url:
-        raise ConfigError("KUBEMOOT_NATS_URL: required for init-buckets")
     configure_logging(settings.log_level)
     _warn_unknown_settings(args.config)
 
@@ -263,8 +265,11 @@ def _init_buckets(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    import asyncio
-
+    settings = load_settings(args.config)
+    if not settings.nats_url:
+        raise ConfigError("KUBEMOOT_NATS_URL: required for publish")
+    if not settings.providers:
+        raise ConfigError("KUBEMOOT_PROVIDERS: publish needs at least one provider")
     from proxy.adapters.dcgm import DcgmExporter
     from proxy.adapters.nats_kv import NatsStore
     from proxy.adapters.ollama import OllamaClient
@@ -273,11 +278,6 @@ def _publish(args: argparse.Namespace) -> int:
     from proxy.ports import StoreUnavailable
     from proxy.service.prober import PROBE_TIMEOUT_S, Prober
 
-    settings = load_settings(args.config)
-    if not settings.nats_url:
-        raise ConfigError("KUBEMOOT_NATS_URL: required for publish")
-    if not settings.providers:
-        raise ConfigError("KUBEMOOT_PROVIDERS: publish needs at least one provider")
     configure_logging(settings.log_level)
     _warn_unknown_settings(args.config)
 
@@ -316,6 +316,9 @@ def _candidates(args: argparse.Namespace) -> int:
 
 
 def _bind_command(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    if not settings.nats_url:
+        raise ConfigError("KUBEMOOT_NATS_URL: required for bind")
     from proxy.adapters.nats_bus import NatsBus
     from proxy.adapters.nats_kv import NatsStore
     from proxy.app import nats_options
@@ -324,9 +327,6 @@ def _bind_command(args: argparse.Namespace) -> int:
     from proxy.operator.scheduling import Options
     from proxy.ports import BINDINGS, BUCKETS, PROVIDER_STATE, StoreUnavailable
 
-    settings = load_settings(args.config)
-    if not settings.nats_url:
-        raise ConfigError("KUBEMOOT_NATS_URL: required for bind")
     missing = paths_exist(args.file)
     if missing:
         raise ConfigError(f"-f {missing[0]}: no such file or directory")

@@ -35,11 +35,16 @@ def test_cli_lists_and_prints_one_json_object() -> None:
     assert set(json.loads(out)) >= KEYS
 
 
+# The shipped core with affinity off costs as much as kubemoot's run (~8 s a scenario) and is
+# compared only on tool-loops, whose target test works it out
+ONE_CORE_RUN = [policy for policy in POLICIES if policy != "kubemoot-no-affinity"]
+
+
 # One test a scenario, so its runs are cached on one xdist worker, not worked out on both
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_every_policy_sees_the_same_trace_and_kubemoot_never_overcommits_nor_truncates(
         scenario: str) -> None:
-    results = [run(scenario, policy) for policy in POLICIES]
+    results = [run(scenario, policy) for policy in ONE_CORE_RUN]
     assert len({r.calls for r in results}) == 1
     assert len({r.limit_p95_s for r in results}) == 1
     ours = run(scenario, "kubemoot")
