@@ -33,7 +33,7 @@ demo: install
 
 # Command 2: dev dependencies, lint, types, tests.
 test: dev lint
-	$(BIN)/pytest -n 2 --dist worksteal -m "not serial"
+	$(BIN)/pytest -n 3 --dist worksteal -m "not serial"
 	$(BIN)/pytest -m serial
 
 lint:
