@@ -8,9 +8,10 @@ layers, which hold only their window and a batch as the card's engine keeps them
 follows Ollama's batch tiers by context x slots (server/sched.go:859-868, 906-915: 0, 768 MiB,
 2 GiB). The weights part is calibrated from copies seen fully on a GPU (size_vram less the
 KV and compute parts at the context they were seen with, never less than the file less its
-token embeddings); before any is seen it is the on-disk size. A copy seen on this card at
-this context is its own best figure. From 0.30 a model's DRAFT model adds a KV cache and
-compute buffers of its own (`draft_mib`; its file is in the on-disk size).
+token embeddings); before any is seen it is the on-disk size less the token table kept on
+the CPU, plus the compute buffers of a batch of 512 (`first_load_weights_mib`). A copy seen
+on this card at this context is its own best figure. From 0.30 a model's DRAFT model adds a
+KV cache and compute buffers of its own (`draft_mib`; its file is in the on-disk size).
 
 Ollama itself admits a load beside other models only when its own estimate (file size + KV
 at f16 by embedding / heads, llm/llama_server.go:2681-2700) is within 80 % of the free VRAM
@@ -185,6 +186,20 @@ def weights_floor_mib(info: ModelInfo, disk_mib: int) -> int:
     if not info.token_embedding_bytes:
         return 0
     return max(0, disk_mib - math.ceil(info.token_embedding_bytes / MIB))
+
+
+# llama.cpp's compute buffers for a batch of 512 are at least its logits (`batch_logits_bytes`);
+# below this floor the attention and feed-forward scratch the logits leave out may be the
+# larger part (a small vocabulary: phi3's logits are 69 MiB)
+COMPUTE_FLOOR_MIB = 256
+
+
+def first_load_weights_mib(info: ModelInfo, disk_mib: int) -> int:
+    """A copy's weights and compute for a batch of 512 before any copy of its weights was
+    seen: the file less the table llama.cpp keeps on the CPU (`cpu_table_bytes`: none when
+    the output layer reads it), plus the compute buffers, at least their logits."""
+    compute = max(COMPUTE_FLOOR_MIB, math.ceil(info.logits_bytes / MIB))
+    return max(0, disk_mib - info.cpu_table_bytes // MIB) + compute
 
 
 def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int) -> int:
@@ -373,7 +388,8 @@ class Sizer:
         if seen:
             return Footprint(seen, f"seen on {view.name} at this context",
                              max(0, seen - kv - graph - draft), kv, graph, estimate, draft)
-        weights, source = self._calibrated_weights(model) or (disk, "architecture, file size")
+        weights, source = self._calibrated_weights(model) or (
+            first_load_weights_mib(info, disk), "architecture, file size and compute")
         floor = weights_floor_mib(info, disk)
         if weights < floor:
             # A KV figure modelled too large leaves too little for the weights: never less
@@ -394,9 +410,7 @@ class Sizer:
         compute parts; the largest, so a card's own overheads are not undercounted. A model
         none of whose copies was seen takes the figure of another name of its weights file
         loaded with the same files (a model created FROM it, `ollama cp`): their copies
-        hold the same weights, and the file size alone misses the compute buffers, which
-        a file whose token embeddings are small does not make up for (phi3: 204 MiB short
-        in the simulator, what its first copy beside others was counted short by)."""
+        hold the same weights, and a figure seen beats one worked out from the file."""
         if model in self._weights:
             return self._weights[model]
         best = self._calibrated_from(model)
@@ -452,8 +466,11 @@ class Sizer:
             return Footprint(declared, "declared vramMib", declared)
         disk = self.disk_mib(model, view)
         if disk:
-            total = int(disk * self.factor)
-            return Footprint(total, f"file size x {self.factor:g}", total)
+            # (a small file's compute buffers outgrow what the factor adds to it)
+            least = first_load_weights_mib(self.info(model, view) or ModelInfo(), disk)
+            total = max(int(disk * self.factor), least)
+            return Footprint(total, f"file size x {self.factor:g}, at least with its compute",
+                             total)
         return None
 
 
@@ -657,3 +674,67 @@ def token_embedding_bytes(info: Mapping[str, object], arch: str) -> int:
     if not isinstance(vocab, int | float) or vocab <= 0:
         vocab = len(tokens) if isinstance(tokens, list) and tokens else LARGEST_VOCAB
     return int(vocab) * int(embedding) * 2
+
+
+# Ollama's tensor types as /api/show names them: (elements a block, bytes a block)
+# (fs/ggml/ggml.go TensorType.BlockSize and TypeSize; fs/ggml/type.go String)
+GGML_BLOCKS: dict[str, tuple[int, int]] = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "F64": (1, 8),
+    "I8": (1, 1), "I16": (1, 2), "I32": (1, 4), "I64": (1, 8),
+    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+    "Q8_0": (32, 34), "Q8_1": (32, 36), "IQ4_NL": (32, 18), "MXFP4": (32, 17),
+    "NVFP4": (64, 36), "Q1_0": (128, 18),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
+    "Q6_K": (256, 210), "Q8_K": (256, 292), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74),
+    "IQ2_S": (256, 82), "IQ3_XXS": (256, 98), "IQ3_S": (256, 110), "IQ1_S": (256, 50),
+    "IQ1_M": (256, 56), "IQ4_XS": (256, 136),
+}
+TOKEN_TABLE, OUTPUT_LAYER = "token_embd.weight", "output.weight"
+
+
+def listed_tensors(show_tensors: object) -> dict[str, Mapping[str, object]]:
+    """/api/show's `tensors` (listed whether verbose or not, server/routes.go) by name; only
+    the token table and the output layer, which is all sizing reads of them."""
+    if not isinstance(show_tensors, list):
+        return {}
+    return {str(t["name"]): t for t in show_tensors
+            if isinstance(t, dict) and t.get("name") in (TOKEN_TABLE, OUTPUT_LAYER)}
+
+
+def _stored_bytes(tensor: Mapping[str, object]) -> int:
+    """What a listed tensor takes in the file; 0 for a type or shape not understood."""
+    blocks = GGML_BLOCKS.get(str(tensor.get("type")))
+    shape = tensor.get("shape")
+    if blocks is None or not isinstance(shape, list) or not shape or \
+            not all(type(n) is int and n > 0 for n in shape):
+        return 0
+    return math.prod(shape) // blocks[0] * blocks[1]
+
+
+def cpu_table_bytes(tensors: Mapping[str, Mapping[str, object]]) -> int:
+    """The token table as stored, when an output layer of the file's own stands beside it:
+    llama.cpp's input layer keeps the table on the CPU; a tied output layer loads it onto
+    the GPU as well (TENSOR_DUPLICATED), so then none of the file stays off it."""
+    table = tensors.get(TOKEN_TABLE)
+    return _stored_bytes(table) if table is not None and OUTPUT_LAYER in tensors else 0
+
+
+def batch_logits_bytes(tensors: Mapping[str, Mapping[str, object]],
+                       info: Mapping[str, object], arch: str) -> int:
+    """The logits a batch of 512 computes, 4 x 512 x (embedding + vocabulary) B: Ollama's
+    own graph estimate's floor (v0.12.6 fs/ggml/ggml.go:615-618), llama.cpp's compute
+    buffer for Llama 3's 128256 tokens (256.5 MiB). The token table's shape gives both
+    sizes, else model_info does; 0 when neither says."""
+    table = tensors.get(TOKEN_TABLE)
+    shape = table.get("shape") if table is not None else None
+    if isinstance(shape, list) and len(shape) == 2 and all(type(n) is int for n in shape):
+        embedding, vocab = shape
+    else:
+        embedding = info.get(f"{arch}.embedding_length")
+        vocab = info.get(f"{arch}.vocab_size")
+        if not isinstance(vocab, int) or vocab <= 0:
+            tokens = info.get("tokenizer.ggml.tokens")
+            vocab = len(tokens) if isinstance(tokens, list) else 0
+        if not isinstance(embedding, int) or embedding <= 0 or not vocab:
+            return 0
+    return 4 * BATCH * (int(embedding) + int(vocab))

@@ -66,6 +66,13 @@ class ModelInfo:
     # The token embedding table at f16 (vocabulary x embedding length x 2 B): what of the file
     # llama.cpp may keep on the CPU, at most; 0 unknown
     token_embedding_bytes: int = 0
+    # From /api/show's tensors: the token embedding table as stored, when the file has an
+    # output layer of its own (llama.cpp then keeps the table on the CPU only); 0 when the
+    # output layer reads the table (tied: the GPU holds it too) or nothing is listed
+    cpu_table_bytes: int = 0
+    # The compute buffers' logits for a batch of 512 tokens, 4 x 512 x (embedding +
+    # vocabulary) B (core/sizing.py `batch_logits_bytes`); 0 unknown
+    logits_bytes: int = 0
     # The weights file its Modelfile's FROM names (`sha256-...`): Ollama runs one copy per
     # weights file, whatever name loaded it; "" unknown
     weights: str = ""

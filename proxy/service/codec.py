@@ -55,6 +55,7 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
             "poolingType": info.pooling_type,
             "swaKvBytesPerToken": info.swa_kv_bytes_per_token, "swaWindow": info.swa_window,
             "swaChunked": info.swa_chunked, "tokenEmbeddingBytes": info.token_embedding_bytes,
+            "cpuTableBytes": info.cpu_table_bytes, "logitsBytes": info.logits_bytes,
             **({"weights": info.weights} if info.weights else {}),
             **({"runner": info.runner} if info.runner else {}),
             **({"mtp": True} if info.mtp else {}),
@@ -74,6 +75,8 @@ def decode_model_info(d: dict[str, Any]) -> ModelInfo:
                      swa_window=_int_or(d.get("swaWindow"), 0),
                      swa_chunked=bool(d.get("swaChunked")),
                      token_embedding_bytes=_int_or(d.get("tokenEmbeddingBytes"), 0),
+                     cpu_table_bytes=_int_or(d.get("cpuTableBytes"), 0),
+                     logits_bytes=_int_or(d.get("logitsBytes"), 0),
                      weights=str(d.get("weights") or ""), runner=str(d.get("runner") or ""),
                      mtp=d.get("mtp") is True)
 

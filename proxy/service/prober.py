@@ -26,8 +26,11 @@ from proxy.core.models import model_name
 from proxy.core.occupancy import loaded_limit
 from proxy.core.sizing import (
     arrays_withheld,
+    batch_logits_bytes,
+    cpu_table_bytes,
     held_by_runners,
     kv_per_token,
+    listed_tensors,
     token_embedding_bytes,
     windowed_kv,
     with_arrays,
@@ -175,6 +178,7 @@ def model_info(show: Any) -> ModelInfo:
     details = show.get("details")
     pooling = info.get(f"{arch}.pooling_type")
     family = str(details.get("family") or "") if isinstance(details, dict) else ""
+    tensors = listed_tensors(show.get("tensors"))
     return ModelInfo(
         trained_context=trained_context(show), kv_bytes_per_token=real,
         estimate_kv_bytes_per_token=estimate, modelfile_num_ctx=modelfile_num_ctx(show),
@@ -187,6 +191,8 @@ def model_info(show: Any) -> ModelInfo:
         pooling_type=pooling if type(pooling) is int else -1,
         swa_kv_bytes_per_token=windowed, swa_window=window, swa_chunked=chunked,
         token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0,
+        cpu_table_bytes=cpu_table_bytes(tensors), logits_bytes=batch_logits_bytes(
+            tensors, info, arch),
         weights=weights_file(show), runner=runner_files(show), mtp=has_mtp(info, arch))
 
 

@@ -43,10 +43,11 @@ def test_a_model_with_a_draft_is_sized_with_it_and_two_loads_never_overcommit(
     gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384,
                       models=(SPEC_A, SPEC_B), time_scale=SCALE)
     url = sidecar_factory([gpu]).url
-    # before any copy is seen: the file (5700) + KV 2304 + compute 768, and the draft's
-    # cache taken at the model's own 144 KiB a token (2304) + compute 768 + 256
+    # before any copy is seen: the file less its token table on the CPU and with its
+    # logits (5700 - 333 + 305) + KV 2304 + compute 768, and the draft's cache taken at the
+    # model's own 144 KiB a token (2304) + compute 768 + 256
     first = _verdict(url, "spec-a")
-    assert (first["footprintDraftMiB"], first["footprintTotalMiB"]) == (3328, 12100)
+    assert (first["footprintDraftMiB"], first["footprintTotalMiB"]) == (3328, 12072)
     assert first["footprintTotalMiB"] >= REAL_MIB
 
     answers: list[str] = []
@@ -78,7 +79,7 @@ def test_before_0_30_a_draft_adds_nothing(sim_factory: Sims, sidecar_factory: Si
     url = sidecar_factory([gpu]).url
     verdict = _verdict(url, "spec-a")
     assert "footprintDraftMiB" not in verdict
-    assert verdict["footprintTotalMiB"] == 5700 + 2304 + 768
+    assert verdict["footprintTotalMiB"] == 5700 - 333 + 305 + 2304 + 768
 
 
 def test_a_model_of_the_same_file_with_another_draft_joins_the_copy(
@@ -113,12 +114,13 @@ def test_a_model_with_an_mtp_head_is_sized_with_its_draft(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """The sidecar reads <arch>.nextn_predict_layers from /api/show: before any copy is seen
     the head is sized as a DRAFT (2304 + 768 + 256, more than its real 64 + 1024), never
-    under the 9283 MiB the copy holds; it was sized 5200 + 2304 + 768 = 8272."""
+    under the 9283 MiB the copy holds; without it the copy was sized 5200 - 333 + 305 +
+    2304 + 768 = 8244."""
     gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384,
                       models=(MTP_ON,), time_scale=SCALE)
     url = sidecar_factory([gpu]).url
     verdict = _verdict(url, "mtp-on")
-    assert (verdict["footprintDraftMiB"], verdict["footprintTotalMiB"]) == (3328, 11600)
+    assert (verdict["footprintDraftMiB"], verdict["footprintTotalMiB"]) == (3328, 11572)
     client = ollama.Client(host=url, timeout=60)
     assert client.chat(model="mtp-on", messages=[{"role": "user", "content": "hi"}]).message
     ps = httpx.get(f"{gpu.url}/api/ps").json()["models"]

@@ -275,8 +275,9 @@ def test_a_copy_partly_in_cpu_memory_is_neither_a_footprint_nor_a_free_reuse(
     explained = httpx.get(f"{url}/kubemoot/v1/explain", params={"model": "qwen3:14b"}).json()
     on_big = next(v for v in explained["verdicts"] if v["provider"] == "big")
     # What a copy on big takes is not learned from the spilled one.
-    assert on_big["footprintSource"] == "architecture, file size"
-    assert on_big["footprintTotalMiB"] == 9300 + 1280 + 768  # 160 KiB x 8192, batch 1024
+    assert on_big["footprintSource"] == "architecture, file size and compute"
+    # the file less its token table on the CPU with its logits, 160 KiB x 8192, batch 1024
+    assert on_big["footprintTotalMiB"] == 9300 - 417 + 307 + 1280 + 768
     r = chat(url, "qwen3:14b")
     assert (r.headers["x-kubemoot-provider"], r.headers["x-kubemoot-placement"]) == (
         "big", "cold")

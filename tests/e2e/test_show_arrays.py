@@ -31,7 +31,7 @@ def _verdict(url: str, model: str, provider: str, num_ctx: int) -> dict[str, Any
 
 def _described(url: str, model: str, provider: str) -> bool:
     return _verdict(url, model, provider, 4096).get("footprintSource") == \
-        "architecture, file size"
+        "architecture, file size and compute"
 
 
 @pytest.mark.parametrize("version", ["0.12.6", "0.33.0"])

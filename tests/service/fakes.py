@@ -153,7 +153,7 @@ class FakeModelServer:
         capabilities = ["embedding"] if model.embedding else ["completion", "tools"]
         return ShowAnswer(200, orjson.dumps({
             "details": self._describe(model)["details"], "model_info": model.model_info(),
-            "capabilities": capabilities, "parameters": "",
+            "tensors": model.tensors(), "capabilities": capabilities, "parameters": "",
             "modelfile": f"FROM {model.blob_path}\n"}))
 
     async def load(self, model: str, num_ctx: int = 0, timeout_s: float | None = None,

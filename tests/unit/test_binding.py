@@ -254,15 +254,16 @@ def test_a_binding_comes_back_once_its_model_does() -> None:
 
 
 def test_the_operator_sizes_a_model_as_the_sidecar_does() -> None:
-    # The sidecar's explain on this card: "needs 29160 MiB at context 32768, card has
-    # 28836 MiB usable" (20200 MiB of weights + 8192 MiB of KV + 768 MiB of buffers)
+    # The sidecar's explain on this card: "needs 29467 MiB at context 32768, card has
+    # 28836 MiB usable" (20200 MiB of file + 307 MiB of logits for a batch of 512, no copy
+    # seen, + 8192 MiB of KV + 768 MiB for the larger batch)
     binding = synthesizer(prod_fleet({}, architectures=True), None)
     assert mulling(binding)[0] == "qwen3:14b"
     fleet = prod_fleet({}, architectures=True)
     big = next(m for m in fleet.models if m.name == "qwen3-32b")
     provider, why = s.feasibility(big, fleet.providers, Options())
     assert provider is None
-    assert why == ("qwen3-32b: needs 29160 MiB at context 32768 + 3932 MiB overhead, "
+    assert why == ("qwen3-32b: needs 29467 MiB at context 32768 + 3932 MiB overhead, "
                    "ollama-a has 32768 MiB")
     # without the architecture, the declared 20480 MiB + the overhead fits: what was bound
     assert mulling(synthesizer(prod_fleet({}), None))[0] == "qwen3:32b"

@@ -100,8 +100,9 @@ def test_a_footprint_from_the_architecture_and_the_file() -> None:
                         models={"qwen3:32b": QWEN3_32B_INFO})
     fp = Sizer((card,), 1.2).footprint("qwen3:32b", card, 8192)
     assert fp is not None
-    # 20200 + 256 KiB x 8192 + 768 (8192 tokens: the 1024 batch)
-    assert (fp.weights_mib, fp.kv_mib, fp.graph_mib, fp.total_mib) == (20200, 2048, 768, 23016)
+    # 20200 + 256 of compute (no tensors listed: the whole file on the GPU, the compute
+    # floor) + 256 KiB x 8192 + 768 (8192 tokens: the 1024 batch)
+    assert (fp.weights_mib, fp.kv_mib, fp.graph_mib, fp.total_mib) == (20456, 2048, 768, 23272)
     assert fp.estimate_mib == 20200 + 1280  # Ollama's own: 160 KiB x 8192
     assert ollama_estimate_mib(QWEN3_32B_INFO, 20200, 32768, 1) == 25320
 
@@ -123,11 +124,12 @@ def test_a_draft_model_adds_its_own_cache_and_compute_from_0_30() -> None:
         assert fp is not None
         return fp.weights_mib, fp.draft_mib, fp.total_mib
 
-    assert footprint(drafted) == (5700, 3328, 5700 + 2304 + 768 + 3328)
+    first = 5700 + 256  # the file and the compute floor: no copy seen, no tensors listed
+    assert footprint(drafted) == (first, 3328, first + 2304 + 768 + 3328)
     # none drafts with draft_num_predict 0 in the Modelfile, nor before 0.30
     off = replace(drafted, runner="draft_num_predict=0;" + drafted.runner)
-    assert footprint(off)[1:] == (0, 5700 + 2304 + 768)
-    assert footprint(drafted, "0.12.6")[1:] == (0, 5700 + 2304 + 768)
+    assert footprint(off)[1:] == (0, first + 2304 + 768)
+    assert footprint(drafted, "0.12.6")[1:] == (0, first + 2304 + 768)
     assert footprint(replace(drafted, runner="draft_num_predict=8;" + drafted.runner))[1] \
         == 3328
     # a copy seen at 16384 (the simulator's 11673) is calibrated without its draft's part,

@@ -703,13 +703,17 @@ def test_a_preferred_model_too_large_everywhere_falls_back_to_an_in_tolerance_ca
 
 # --- Ollama's own rules, planned for ------------------------------------------------------
 
+# Its token table (151936 x 5120 at Q4_K) stays on the CPU, its logits for a batch of 512
 QWEN3_14B = ModelInfo(trained_context=40960, kv_bytes_per_token=160 * 1024,
-                      estimate_kv_bytes_per_token=160 * 1024)
+                      estimate_kv_bytes_per_token=160 * 1024,
+                      cpu_table_bytes=151936 * 5120 // 256 * 144,
+                      logits_bytes=4 * 512 * (5120 + 151936))
 
 
 def _card_with_phi3(version: str) -> ProviderView:
-    """16000 MiB (usable 13952), 4096 x 1, phi3 loaded (3903 MiB): a 14b (9940 MiB) fits the
-    memory beside it, but its estimate (9940) is over 80 % of the 12097 MiB free."""
+    """16000 MiB (usable 13952), 4096 x 1, phi3 loaded (3903 MiB): a 14b (9300 - 418 + 307
+    + 640 = 9829 MiB) fits the memory beside it, but its estimate (9300 + 640 = 9940) is over
+    80 % of the 12097 MiB free."""
     return ProviderView("a", 16000, residents=(Resident("phi3:mini", 3903, 4096),),
                         context_length=4096, version=version,
                         disk_mib={"qwen3:14b": 9300, "phi3:mini": 2176},

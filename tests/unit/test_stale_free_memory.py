@@ -263,7 +263,8 @@ def test_a_model_made_from_a_file_seen_loaded_is_sized_as_its_copies_were() -> N
     assert helper is not None and helper.total_mib == 6220, helper
     assert "a copy of phi3:latest" in helper.source
     tuned = sizer.footprint("phi3-tuned:latest", card, 4096)  # an adapter: other weights
-    assert tuned is not None and tuned.total_mib == 2176 + 3072 + 768
+    # (its file and the compute floor: no copy seen, no tensors listed)
+    assert tuned is not None and tuned.total_mib == 2176 + 256 + 3072 + 768
     # the helper's load in flight beside the 8b (its claim counted the 8b's ticket), the 8b
     # loaded since; the 32b's claim evicts the 8b
     view = replace(card, residents=(Resident("qwen3:8b", 10499, 16384),))
