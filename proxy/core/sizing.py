@@ -197,9 +197,13 @@ COMPUTE_FLOOR_MIB = 256
 def first_load_weights_mib(info: ModelInfo, disk_mib: int) -> int:
     """A copy's weights and compute for a batch of 512 before any copy of its weights was
     seen: the file less the table llama.cpp keeps on the CPU (`cpu_table_bytes`: none when
-    the output layer reads it), plus the compute buffers, at least their logits."""
+    the output layer reads it; never more than the table at f16, which model_info sizes),
+    plus the compute buffers, at least their logits."""
+    table = info.cpu_table_bytes
+    if info.token_embedding_bytes:
+        table = min(table, info.token_embedding_bytes)
     compute = max(COMPUTE_FLOOR_MIB, math.ceil(info.logits_bytes / MIB))
-    return max(0, disk_mib - info.cpu_table_bytes // MIB) + compute
+    return max(0, disk_mib - table // MIB) + compute
 
 
 def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int) -> int:

@@ -70,6 +70,10 @@ def test_the_compute_is_never_taken_below_its_floor() -> None:
     assert first_load_weights_mib(small, 2176) == 2176 - 52 + COMPUTE_FLOOR_MIB
     gemma3 = ModelInfo(logits_bytes=4 * 512 * (5376 + 262144))  # tied: no table off it
     assert first_load_weights_mib(gemma3, 16590) == 16590 + 523
+    # a listed table larger than model_info's at f16 (a shape not to be believed) takes
+    # no more off the file than that
+    odd = ModelInfo(cpu_table_bytes=1 << 50, token_embedding_bytes=151936 * 4096 * 2)
+    assert first_load_weights_mib(odd, 5200) == 5200 - 1187 + COMPUTE_FLOOR_MIB
 
 
 @pytest.mark.parametrize("version", ["0.12.6", CURRENT_VERSION])
