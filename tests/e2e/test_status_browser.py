@@ -67,8 +67,11 @@ def test_the_page_shows_the_fleet_and_a_call_as_it_happens(
     assert browser.find_element(By.ID, "conn").text == "live"
     assert css("#calls tbody tr.empty") and not css("[data-gpu] .seg[data-model]")
 
+    # kept loaded for good: at the simulator's time scale its default keep-alive is 0.6 s,
+    # which a browser beside the suite's load can miss
     r = httpx.post(f"{url}/api/chat", timeout=30, json={
-        "model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}]})
+        "model": MODEL, "stream": False, "keep_alive": -1,
+        "messages": [{"role": "user", "content": "hi"}]})
     placed = r.headers["x-kubemoot-provider"]
 
     wait.until(lambda _: css("#calls tbody tr:not(.empty)"))
