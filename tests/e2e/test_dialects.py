@@ -812,7 +812,9 @@ def test_a_waiting_call_is_not_placed_on_a_card_heard_since_whose_version_refuse
     url = sidecar_factory([old, new], probe_interval_seconds=0.1).url
     _version_known(url)
     leave = threading.Event()
-    holding = stream_in_background(url, "qwen3:8b", 5000, threading.Event(), leave)
+    # 8 s of answer, left once checked: 5000 tokens (2 s) could end under load before the
+    # wait was looked at, and the call rightly took the slot it freed
+    holding = stream_in_background(url, "qwen3:8b", 20000, threading.Event(), leave)
     answers: list[httpx.Response] = []
     body = {"model": "qwen3:8b", "messages": HI, "think": "max", "stream": False}
     caller = threading.Thread(target=lambda: answers.append(
