@@ -65,7 +65,8 @@ def test_the_wait_limit_runs_from_the_requests_arrival_not_from_its_placement(
                    headers={"content-type": "application/json"})
     took = time.monotonic() - started
     assert r.status_code == 503 and r.json()["reason"] == "gpu-busy"
-    assert 1.9 < took < 2.4, f"gpu-busy {took:.2f} s after sending, with a 2 s limit"
+    # (from its placement it would be 3.2 s: the body's 1.2 s and the whole limit)
+    assert 1.9 < took < 2.9, f"gpu-busy {took:.2f} s after sending, with a 2 s limit"
 
 
 def test_a_retry_after_a_failure_waits_for_a_slot_like_a_first_attempt(

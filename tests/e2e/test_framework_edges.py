@@ -114,12 +114,12 @@ def test_a_keep_alive_string_never_makes_the_sidecar_work_long(sim_factory: Sims
                                                               sidecar_factory: Sidecars) -> None:
     """Twenty zeros and one other character froze the whole sidecar for seconds (a regular
     expression that backtracked); the parse is now one pass over the text."""
-    started = time.perf_counter()
+    started = time.thread_time()  # the CPU it takes (0.08 s), not a loaded machine's clock
     with pytest.raises(DurationError):
         parse_duration("0" * 100_000 + "x")
     with pytest.raises(DurationError):
         parse_duration("1" * 100_000 + "s")
-    assert time.perf_counter() - started < 0.5
+    assert time.thread_time() - started < 0.5
     url = sidecar_factory([sim_factory("gpu", context_length=2048)]).url
     started = time.perf_counter()
     r = httpx.post(f"{url}/api/generate", json={"model": "qwen3:8b", "prompt": "hi",

@@ -25,9 +25,9 @@ CANNOT_WAIT = [pytest.param({}, {"X-Kubemoot-Wait": "false"}, id="header"),
 def test_the_only_copy_busy_and_no_static_endpoint_is_gpu_busy_at_once(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any],
         role: dict[str, str], headers: dict[str, str]) -> None:
-    # the 8b's one slot stays busy for ~2 s (1000 tokens at 10/s, time x 0.02); the card
-    # holds one copy of a model, and nothing idle can be unloaded
-    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE, tokens_per_s=10)
+    # the 8b's one slot stays busy for ~10 s (1000 tokens at 2/s, time x 0.02) unless left;
+    # the card holds one copy of a model, and nothing idle can be unloaded
+    gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE, tokens_per_s=2)
     url = sidecar_factory([gpu], **mode, **role).url
     leave = threading.Event()  # the busy call ends once the answer is checked
     worker = stream_in_background(url, "qwen3:8b", 1000, threading.Event(), leave)
@@ -40,7 +40,7 @@ def test_the_only_copy_busy_and_no_static_endpoint_is_gpu_busy_at_once(
     took = time.monotonic() - asked
     assert r.status_code == 503, r.text
     assert r.json()["reason"] == "gpu-busy" and r.headers["retry-after"] == "5"
-    assert took < 1.0 and worker.is_alive()  # not after the running call
+    assert took < 4.0 and worker.is_alive()  # not after the running call
     assert gpu.sim.stats.inference_requests == 1  # only the running call reached the GPU
     leave.set()
     worker.join(30)

@@ -274,7 +274,7 @@ def test_a_model_no_card_listed_is_404_at_once_while_a_card_that_lacked_it_is_do
     a = sim_factory("a", models=CATALOG)  # qwen3:32b is on this card only
     b = sim_factory("b", models=tuple(m for m in CATALOG if m.name != "qwen3:32b"))
     url = sidecar_factory([a, b], probe_interval_seconds=0.1,
-                          discuss_gpu_wait_limit_seconds=1.0).url
+                          discuss_gpu_wait_limit_seconds=3.0).url
     assert eventually(lambda: all(p["ready"] for p in httpx.get(
         f"{url}/kubemoot/v1/state").json()["providers"]))
     a.stop()
@@ -282,7 +282,7 @@ def test_a_model_no_card_listed_is_404_at_once_while_a_card_that_lacked_it_is_do
         "providers"][0]["ready"])
     agent = ollama.Client(host=url)
     gpt = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    took = []  # each call's time: one that waited for the down card takes the 1 s limit
+    took = []  # each call's time: one that waited for the down card takes the 3 s limit
     started = time.monotonic()
     with pytest.raises(ollama.ResponseError) as said:
         agent.chat(model="qwen3:8bb", messages=HI)
@@ -299,8 +299,9 @@ def test_a_model_no_card_listed_is_404_at_once_while_a_card_that_lacked_it_is_do
     assert (embed.status_code, embed.json()["error"]) == (
         404, 'model "qwen3:8bb" not found, try pulling it first')
     took.append(time.monotonic() - started)
-    assert max(took) < 0.9, took  # none of them waited for the down card
-    only_there = httpx.post(f"{url}/api/chat", json={"model": "qwen3:32b", "messages": HI})
+    assert max(took) < 2.0, took  # none of them waited for the down card
+    only_there = httpx.post(f"{url}/api/chat", json={"model": "qwen3:32b", "messages": HI},
+                            timeout=30)
     assert (only_there.status_code, only_there.json()["reason"]) == (503, "gpu-busy")
 
 
