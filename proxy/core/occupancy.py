@@ -442,7 +442,6 @@ def _runner_parts(runner: str) -> list[str]:
                            and not p.startswith("draft="))]
 
 
-
 def runs_on(view: ProviderView, model: str, copy: str) -> bool:
     """Whether Ollama runs calls for `model` on `copy`'s copy here: its own, or one of its
     weights file whose runner options it shares (at a context that may not suit every

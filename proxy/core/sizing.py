@@ -31,8 +31,22 @@ from proxy.core.gpus import RUNNER_OVERHEAD_MIB, spread_graph_mib
 from proxy.core.types import ModelInfo, ProviderView
 
 MIB = 1 << 20
-# Bytes per cached element (ggml's block sizes: q8_0 34 B and q4_0 18 B per 32 values).
-KV_BYTES_PER_ELEMENT = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+# Ollama's tensor types as /api/show names them: (elements a block, bytes a block)
+# (fs/ggml/ggml.go TensorType.BlockSize and TypeSize; fs/ggml/type.go String)
+GGML_BLOCKS: dict[str, tuple[int, int]] = {
+    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "F64": (1, 8),
+    "I8": (1, 1), "I16": (1, 2), "I32": (1, 4), "I64": (1, 8),
+    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+    "Q8_0": (32, 34), "Q8_1": (32, 36), "IQ4_NL": (32, 18), "MXFP4": (32, 17),
+    "NVFP4": (64, 36), "Q1_0": (128, 18),
+    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
+    "Q6_K": (256, 210), "Q8_K": (256, 292), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74),
+    "IQ2_S": (256, 82), "IQ3_XXS": (256, 98), "IQ3_S": (256, 110), "IQ1_S": (256, 50),
+    "IQ1_M": (256, 56), "IQ4_XS": (256, 136),
+}
+# Bytes per cached element at each OLLAMA_KV_CACHE_TYPE, by those blocks
+KV_BYTES_PER_ELEMENT = {kind.lower(): size / elements for kind, (elements, size)
+                        in GGML_BLOCKS.items() if kind in ("F16", "Q8_0", "Q4_0")}
 ADMISSION_RULE_SINCE: Version = (0, 30, 0)
 # Ollama's free memory is the driver's: each loaded runner's CUDA context comes off it too
 # (RUNNER_OVERHEAD_MIB, Ollama's own figure for that, MinimumMemory, ml/device.go:359-364).
@@ -668,31 +682,19 @@ def windowed_kv(info: Mapping[str, object], arch: str) -> tuple[int, int, bool]:
 
 
 def token_embedding_bytes(info: Mapping[str, object], arch: str) -> int:
-    """The token embedding table at f16: vocabulary (<arch>.vocab_size, the tokens listed,
-    else the largest in use) x embedding length x 2 B; 0 without an embedding length."""
-    embedding = info.get(f"{arch}.embedding_length")
-    if not isinstance(embedding, int | float) or embedding <= 0:
-        return 0
-    vocab = info.get(f"{arch}.vocab_size")
+    """The token embedding table at f16: vocabulary (`_vocabulary`, else the largest in use)
+    x embedding length x 2 B; 0 without an embedding length."""
+    embedding = _number(info, f"{arch}.embedding_length")
+    return (_vocabulary(info, arch) or LARGEST_VOCAB) * embedding * 2
+
+
+def _vocabulary(info: Mapping[str, object], arch: str) -> int:
+    """<arch>.vocab_size, else the number of tokens listed; 0 unknown."""
     tokens = info.get("tokenizer.ggml.tokens")
-    if not isinstance(vocab, int | float) or vocab <= 0:
-        vocab = len(tokens) if isinstance(tokens, list) and tokens else LARGEST_VOCAB
-    return int(vocab) * int(embedding) * 2
+    return _number(info, f"{arch}.vocab_size") or (len(tokens) if isinstance(tokens, list)
+                                                   else 0)
 
 
-# Ollama's tensor types as /api/show names them: (elements a block, bytes a block)
-# (fs/ggml/ggml.go TensorType.BlockSize and TypeSize; fs/ggml/type.go String)
-GGML_BLOCKS: dict[str, tuple[int, int]] = {
-    "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "F64": (1, 8),
-    "I8": (1, 1), "I16": (1, 2), "I32": (1, 4), "I64": (1, 8),
-    "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
-    "Q8_0": (32, 34), "Q8_1": (32, 36), "IQ4_NL": (32, 18), "MXFP4": (32, 17),
-    "NVFP4": (64, 36), "Q1_0": (128, 18),
-    "Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176),
-    "Q6_K": (256, 210), "Q8_K": (256, 292), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74),
-    "IQ2_S": (256, 82), "IQ3_XXS": (256, 98), "IQ3_S": (256, 110), "IQ1_S": (256, 50),
-    "IQ1_M": (256, 56), "IQ4_XS": (256, 136),
-}
 TOKEN_TABLE, OUTPUT_LAYER = "token_embd.weight", "output.weight"
 
 
@@ -734,11 +736,7 @@ def batch_logits_bytes(tensors: Mapping[str, Mapping[str, object]],
     if isinstance(shape, list) and len(shape) == 2 and all(type(n) is int for n in shape):
         embedding, vocab = shape
     else:
-        embedding = info.get(f"{arch}.embedding_length")
-        vocab = info.get(f"{arch}.vocab_size")
-        if not isinstance(vocab, int) or vocab <= 0:
-            tokens = info.get("tokenizer.ggml.tokens")
-            vocab = len(tokens) if isinstance(tokens, list) else 0
-        if not isinstance(embedding, int) or embedding <= 0 or not vocab:
+        embedding, vocab = _number(info, f"{arch}.embedding_length"), _vocabulary(info, arch)
+        if not (embedding and vocab):
             return 0
     return 4 * BATCH * (int(embedding) + int(vocab))
