@@ -169,12 +169,11 @@ class Fitting:
                                   {r.model for r in view.residents})
         if loading is not None:
             return loading
+        leaving = leaving_sibling(index, model)
+        if leaving is not None:
+            return leaving
         resolved = None
         for other in index.siblings(model):
-            if other in index.leaving:
-                # Ollama keeps it until its calls end, and a call for `model` finds it
-                # there: the load waits until it is gone
-                return other
             if not same_runner(view, model, other):
                 return other
             copy = self.copy_context(index, other) or next(
@@ -220,6 +219,13 @@ class Fitting:
         return loader.context if loader is not None else 0
 
 
+def leaving_sibling(index: ProviderIndex, model: str) -> str | None:
+    """Another model of `model`'s weights file whose copy here is being unloaded: Ollama
+    keeps it until its calls end, and a call for `model` finds it there, so any load of
+    `model` (a reload of its own copy too) waits until it is gone."""
+    return next((other for other in index.siblings(model) if other in index.leaving), None)
+
+
 NOT_READY = "provider not ready"
 CIRCUIT_OPEN = "circuit open after repeated failures"
 UNREACHABLE = frozenset((NOT_READY, CIRCUIT_OPEN))
@@ -261,6 +267,10 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
     short = fitting.context_problem(index, model, resolved.context)
     if short:
         return Fit(False, short)
+    leaving = leaving_sibling(index, model)
+    if leaving is not None:
+        return Fit(False, f"{leaving}, of the same weights file, is being unloaded here: "
+                          f"a load of {model} waits until it is gone")
     stale = fitting.stale_copy(index, model)
     if stale is not None:
         return Fit(False, f"an idle copy with num_ctx {stale.context_length} is still listed: "
@@ -270,9 +280,6 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
         return Fit(False, f"Ollama would run the call on the copy of {joined} here (one "
                           "weights file), not load another")
     sibling = fitting.sibling(index, model)
-    if sibling in index.leaving:
-        return Fit(False, f"{sibling}, of the same weights file, is being unloaded here: "
-                          f"a load of {model} waits until it is gone")
     if sibling is not None:
         return Fit(False, f"{sibling} is loaded from the same weights file: Ollama runs one "
                           f"copy of it, so a load of {model} reloads that copy (planned as "

@@ -162,3 +162,21 @@ def test_no_load_goes_beside_a_copy_of_the_file_being_unloaded() -> None:
     load = Ticket("t", "a", "qwen3-16k", 6500, NOW, NOW + 60, cold=True)
     ok, why = ticket_budget_ok([], load, leaving, DEFAULT_POLICY)
     assert not ok and "being unloaded" in why, why
+
+
+def test_no_load_of_a_weights_file_while_another_name_of_it_is_being_unloaded() -> None:
+    """qwen3:8b's copy is leaving; whatever else of its file is here (a copy of another name
+    at another context, listed first, or the model's own copy at a context too small), a
+    load of qwen3-plain waits for it to go, as the claim's budget does: Ollama keeps the
+    leaving copy until its calls end and would serve or reload it from there."""
+    models = {"qwen3:8b": FILE, "qwen3-plain": FILE,
+              "qwen3-16k": replace(FILE, modelfile_num_ctx=16384)}
+    leaving = Resident("qwen3:8b", 6000, leaving=True)
+    for other in (Resident("qwen3-16k", 6500, context_length=16384),
+                  Resident("qwen3-plain", 6000, context_length=2048)):
+        view = replace(card(total=2 * GIB24, residents=(), models=models),
+                       residents=(leaving, other))
+        # (over the OpenAI API: the call gets its Modelfile's context, no join at 16384)
+        decision = place(call("qwen3-plain", num_ctx=4096, pins_context=False),
+                         snapshot(view))
+        assert decision.placement is None, (other.model, decision)
