@@ -1116,6 +1116,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="OLLAMA_MAX_LOADED_MODELS (0 = 3 per GPU)")
     p.add_argument("--kv-cache-type", default="f16", choices=["f16", "q8_0", "q4_0"],
                    help="OLLAMA_KV_CACHE_TYPE")
+    p.add_argument("--flash-attention", choices=["on", "off"],
+                   help="OLLAMA_FLASH_ATTENTION (unset by default: Ollama decides per model "
+                        "and version)")
+    p.add_argument("--no-gpu-flash-attention", action="store_true",
+                   help="the GPUs do not run flash attention (Ollama's "
+                        "FlashAttentionSupported false)")
     p.add_argument("--max-queue", type=int, default=512, help="OLLAMA_MAX_QUEUE")
     p.add_argument("--version", default=CURRENT_VERSION,
                    help="the Ollama version to behave as (0.12.x: its context default, "
@@ -1211,6 +1217,9 @@ def configs_from(argv: list[str] | None) -> list[SimConfig]:
                              num_parallel=args.parallel, context_length=args.context,
                              max_loaded_models=args.max_loaded,
                              kv_cache_type=args.kv_cache_type, max_queue=args.max_queue,
+                             flash_attention=None if args.flash_attention is None
+                             else args.flash_attention == "on",
+                             gpu_flash_attention=not args.no_gpu_flash_attention,
                              version=args.version, new_engine=args.new_engine,
                              tokens_per_s=args.tokens_per_s, time_scale=args.time_scale)]
     if args.alias:

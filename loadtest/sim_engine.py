@@ -5,7 +5,8 @@ independent Ollama the sidecar is tested against. Each function names its Go ori
 Memory a runner really takes (what HEAD's /api/ps measures from llama-server's buffers):
 the weights on the GPU, the KV cache (context x slots x per-layer KV heads x key + value
 length x the cache type's bytes) and the compute buffers (a base plus what the batch size,
-chosen by context x slots, adds). Ollama's own estimate before a load (PredictServerVRAM)
+chosen by context x slots, adds; without flash attention at least a batch's attention scores,
+runs_flash_attention). Ollama's own estimate before a load (PredictServerVRAM)
 is coarser: the file size plus an f16 KV cache reckoned from embedding / heads.
 """
 
@@ -315,6 +316,135 @@ def predict_server_vram(file_bytes: int, block_count: int, heads_kv: int,
 def batch_surcharge_mib(batch: int) -> int:
     """sched.go:906-915: the compute a larger batch adds."""
     return 2048 if batch >= 2048 else 768 if batch >= 1024 else 0
+
+
+# The architectures Ollama runs with flash attention when OLLAMA_FLASH_ATTENTION is unset
+# (fs/ggml/ggml.go FlashAttention(): v0.12.6:893-901, v0.24.0:890-908), each from the first
+# tag whose list has it; the simulator gives versions before 0.12.6 that tag's list
+FLASH_ATTENTION_ARCHS: tuple[tuple[tuple[int, int, int], tuple[str, ...]], ...] = (
+    ((0, 12, 6), ("gemma3", "gptoss", "gpt-oss", "qwen3", "qwen3moe")),
+    ((0, 12, 8), ("qwen3vl", "qwen3vlmoe")),
+    ((0, 13, 2), ("mistral3",)),
+    ((0, 13, 4), ("olmo3",)),
+    ((0, 13, 5), ("bert",)),
+    ((0, 14, 3), ("glm4moelite", "lfm2")),
+    ((0, 15, 5), ("glmocr", "qwen3next")),
+    ((0, 17, 1), ("lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen35", "qwen35moe")),
+    ((0, 20, 4), ("gemma4",)),
+    ((0, 22, 0), ("nemotron_h_omni",)),
+)
+LLAMA_FLASH_ATTENTION_AUTO = (0, 13, 4)  # commit bd6c1d6b4: the llama engine's auto mode
+QUANTIZED_CACHE_TYPES = ("q8_0", "q4_0")  # SupportsKVCacheType (v0.12.6 fs/ggml/ggml.go:868)
+
+
+def flash_attention_by_default(arch: str, version: str) -> bool:
+    """Whether `arch` is in the version's FlashAttention() list."""
+    v = max(version_tuple(version), FLASH_ATTENTION_ARCHS[0][0])
+    return any(since <= v and arch in archs for since, archs in FLASH_ATTENTION_ARCHS)
+
+
+def supports_flash_attention(arch: str, embedding: bool, key_length: int, value_length: int,
+                             version: str) -> bool:
+    """SupportsFlashAttention (v0.12.6 fs/ggml/ggml.go:876-891, v0.24.0:868-887): never for
+    an embedding model (<arch>.pooling_type) nor gemma2 (nor grok from 0.19.0); always for
+    qwen35, qwen35moe and qwen3next from 0.17.1; else key and value head dims equal and
+    nonzero (EmbeddingHeadCountK/V: key_length / value_length, else embedding / heads,
+    v0.12.6:118-131)."""
+    v = version_tuple(version)
+    if embedding:
+        return False
+    if v >= (0, 17, 1) and arch in ("qwen35", "qwen35moe", "qwen3next"):
+        return True
+    if arch == "gemma2" or (v >= (0, 19, 0) and arch == "grok"):
+        return False
+    return key_length != 0 and key_length == value_length
+
+
+def runs_flash_attention(version: str, arch: str, embedding: bool, head_dims: tuple[int, int],
+                         own: bool, setting: bool | None, gpu_supports: bool) -> bool:
+    """Whether a copy runs with flash attention. `own`: on Ollama's own engine; `setting`:
+    OLLAMA_FLASH_ATTENTION (None unset); `gpu_supports`: every GPU's FlashAttentionSupported
+    (v0.12.6 discover/types.go:173-186).
+
+    0.30+: llama-server's --flash-attn is the setting when set, else off on a GPU without
+    support and auto, which llama.cpp turns on where the GPU runs the kernels
+    (LlamaServerFlashAttention, HEAD llm/llama_server.go:596-621; llama-context.cpp's auto
+    check, v0.24.0 llama/llama.cpp/src/llama-context.cpp:343-382). Otherwise Ollama decides
+    (v0.12.6 llm/server.go:199-211, v0.24.0 :193-225): the setting, else the FlashAttention()
+    list, off on a GPU or a model without support. From 0.13.4 the llama engine passes that
+    only when the setting is set, else auto, which the simulator's GPUs turn on where
+    supported (v0.24.0 llm/server.go:227-255). v0.24.0 also turns it off for gemma4 on a CUDA
+    GPU before Turing (:213-223): the simulator's GPUs are Turing or later."""
+    v = version_tuple(version)
+    if v >= (0, 30, 0):
+        return gpu_supports if setting is None else setting
+    if setting is None and not own and v >= LLAMA_FLASH_ATTENTION_AUTO:
+        return gpu_supports
+    wanted = flash_attention_by_default(arch, version) if setting is None else setting
+    return wanted and gpu_supports and supports_flash_attention(arch, embedding, *head_dims,
+                                                                version)
+
+
+def runner_cache_type(version: str, own: bool, setting: bool | None, flash_attention: bool,
+                      kv_cache_type: str) -> str:
+    """The KV cache type a copy runs with: OLLAMA_KV_CACHE_TYPE from 0.30 (llama-server's
+    --cache-type-k/-v, HEAD llm/llama_server.go:393-396); before, only with flash attention
+    on (v0.12.6 llm/server.go:213-228), else f16; from 0.13.4 the llama engine takes a
+    quantized type only when OLLAMA_FLASH_ATTENTION turned it on (v0.24.0 llm/server.go:
+    236-253)."""
+    v = version_tuple(version)
+    if v >= (0, 30, 0):
+        return kv_cache_type
+    if not flash_attention:
+        return "f16"
+    if not own and v >= LLAMA_FLASH_ATTENTION_AUTO and kv_cache_type in QUANTIZED_CACHE_TYPES:
+        return kv_cache_type if setting else "f16"
+    return kv_cache_type
+
+
+def attention_batch(version: str, own: bool, embedding: bool, num_batch: int, num_ctx: int,
+                    slots: int) -> int:
+    """The tokens of the batch a copy's compute buffers are reserved for (llama.cpp's worst
+    case: min(n_ctx, n_ubatch), llama-context.cpp v0.12.6:286, v0.24.0:284). 0.30+: -ub
+    num_batch (HEAD llm/llama_server.go:580-594), n_batch at most the context
+    (llama-context.cpp v0.24.0:132-134).
+    Before, the runner's batch is at most num_ctx (v0.12.6 llm/server.go:178); Ollama's own
+    engine reserves a graph of that many (runner/ollamarunner/runner.go reserveWorstCaseGraph,
+    v0.12.6:1007-1012); the llama engine asks llama.cpp for a batch of it x slots with
+    llama.cpp's default ubatch of 512 (v0.12.6 runner/llamarunner/runner.go:779,
+    llama-context.cpp:101, 2269) until 0.13.3 makes the ubatch the batch itself and an
+    embedding model's batch its context (commit 3475d915c: v0.24.0 llama/llama.go:125-126,
+    llm/server.go Load)."""
+    if version_tuple(version) >= (0, 30, 0):
+        return min(num_batch, num_ctx * slots)
+    batch = min(num_batch, num_ctx)
+    if own:
+        return batch
+    if version_tuple(version) < (0, 13, 3):
+        return min(512, batch * slots)
+    return num_ctx if embedding else batch
+
+
+def attention_cells(version: str, own: bool, num_ctx: int, slots: int) -> int:
+    """The cache cells one stream's attention reads without flash attention: Ollama's own
+    engine keeps one cache for all slots, padded to 32 cells (kvcache/causal.go Init, v0.12.6:
+    179-185; CachePadding 32 without it, ml/backend/ggml/ggml.go:685-690); llama.cpp gives
+    each slot a stream of its own (kv_unified false by default: llama_context_default_params,
+    v0.12.6 llama-context.cpp:2296; llama-server -np), padded to 32 (v0.12.6
+    llama-model.cpp:19643-19651, llama-kv-cache.cpp:2014-2017)."""
+    cells = num_ctx * slots if own and version_tuple(version) < (0, 30, 0) else num_ctx
+    return -(-cells // 32) * 32
+
+
+def attention_scores_bytes(batch: int, cells: int, embedding_length: int, heads: int) -> int:
+    """The compute graph of a batch without flash attention, as Ollama's estimate for the
+    llama family counts it (GraphSize's fullOffload, v0.12.6 fs/ggml/ggml.go:613-617): the
+    scores kq = [cells, batch, heads] in f32, which llama.cpp materialises
+    (build_attn_mha, v0.12.6 llama/llama.cpp/src/llama-graph.cpp:1281-1383, kq at :1349) and
+    Ollama's own engine too (ScaledDotProductAttention, v0.12.6 ml/backend/ggml/ggml.go:
+    1533-1563, kq at :1552); the softmax runs in place (ggml_op_can_inplace, v0.12.6
+    ml/backend/ggml/ggml/src/ggml-alloc.c:26-46), so one such buffer."""
+    return 4 * batch * (1 + 4 * embedding_length + cells * (1 + heads))
 
 
 def fits_in_80(estimate_mib: int, total_mib: int, used_mib: int) -> bool:

@@ -22,12 +22,17 @@ from .sim_engine import (
     NUM_KEEP,
     ONE_SLOT_FAMILIES,
     PROMPT_TOO_LONG,
+    attention_batch,
+    attention_cells,
+    attention_scores_bytes,
     batch_surcharge_mib,
     context_shift_limit,
     default_num_ctx,
     kv_cache_bytes,
     own_engine,
     predict_server_vram,
+    runner_cache_type,
+    runs_flash_attention,
     version_tuple,
     windowed_cells,
 )
@@ -228,21 +233,25 @@ class SimModel:
         one_slot = ONE_SLOT_FAMILIES if version_tuple(version) >= (0, 30, 0) else ("mllama",)
         return 1 if self.model_family in one_slot else max(num_parallel, 1)
 
-    def _head_dims(self) -> tuple[int, int]:
+    def head_dims(self) -> tuple[int, int]:
+        """Its key and value head dims (EmbeddingHeadCountK/V)."""
         default = self.embedding_length // self.head_count
         return self.key_length or default, self.value_length or default
 
     def footprint_mib(self, num_ctx: int, slots: int, cache_type: str = "f16",
                       batch: int = 512, version: str = CURRENT_VERSION,
-                      window_batch: int = 0) -> int:
+                      window_batch: int = 0, flash_attention: bool = True,
+                      new_engine: bool = False) -> int:
         """What a runner really holds of the GPU (HEAD's measured size); a windowed layer
-        holds `window_batch` (else `batch`, else 512) more than its window."""
-        key, value = self._head_dims()
+        holds `window_batch` (else `batch`, else 512) more than its window. Its compute
+        buffers: compute_mib."""
+        key, value = self.head_dims()
+        compute = self.compute_mib(num_ctx, slots, batch, version, window_batch,
+                                   flash_attention, new_engine)
         if self.kv_heads_per_layer:  # (no family in the catalog has both this and a window)
             kv = sum(kv_cache_bytes(1, heads, key, value, num_ctx * slots, cache_type)
                      for heads in self.kv_heads_per_layer)
-            return math.ceil(self.gpu_weights_mib + kv / MIB
-                             + self.compute_base_mib + batch_surcharge_mib(batch))
+            return math.ceil(self.gpu_weights_mib + kv / MIB + compute)
         windowed = self.windowed_layers
         kv = kv_cache_bytes(self.kv_layers - windowed, self.head_count_kv, key, value,
                             num_ctx * slots, cache_type)
@@ -251,8 +260,25 @@ class SimModel:
                                    window_batch or batch or 512,
                                    own_engine(self.arch, self.embedding, False))
             kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
-        return math.ceil(self.gpu_weights_mib + kv / MIB
-                         + self.compute_base_mib + batch_surcharge_mib(batch))
+        return math.ceil(self.gpu_weights_mib + kv / MIB + compute)
+
+    def compute_mib(self, num_ctx: int, slots: int, batch: int = 512,
+                    version: str = CURRENT_VERSION, window_batch: int = 0,
+                    flash_attention: bool = True, new_engine: bool = False) -> int:
+        """A copy's compute buffers: with flash attention compute_base_mib and the batch's
+        surcharge (`batch`, 0 for an embedding model); without, at least the scores of the
+        runner's batch (`window_batch`, else `batch`, else 512) against its cache
+        (sim_engine.attention_scores_bytes), or against the batch itself for an encoder
+        without a cache."""
+        with_flash = self.compute_base_mib + batch_surcharge_mib(batch)
+        if flash_attention:
+            return with_flash
+        own = own_engine(self.arch, self.embedding, new_engine)
+        tokens = attention_batch(version, own, self.embedding, window_batch or batch or 512,
+                                 num_ctx, slots)
+        cells = attention_cells(version, own, num_ctx, slots) if self.kv_layers else tokens
+        scores = attention_scores_bytes(tokens, cells, self.embedding_length, self.head_count)
+        return max(with_flash, math.ceil(scores / MIB))
 
     @property
     def token_embedding_mib(self) -> float:
@@ -273,15 +299,18 @@ class SimModel:
         return max(0.0, self.disk_mib - self.token_embedding_mib)  # an MTP head: in its model's
 
     def draft_mib(self, num_ctx: int, slots: int, batch: int = 512,
-                  version: str = CURRENT_VERSION, window_batch: int = 0) -> int:
+                  version: str = CURRENT_VERSION, window_batch: int = 0,
+                  flash_attention: bool = True) -> int:
         """What its DRAFT model adds to a copy that drafts (0.30+: llama-server's
         --spec-draft-model, llm/llama_server.go:807-823, 382): the draft's weights, a KV cache
         of its own for every slot's context, at llama.cpp's draft cache type (f16: Ollama
-        passes only --cache-type-k/-v, :390-393) and its compute buffers."""
+        passes only --cache-type-k/-v, :390-393) and its compute buffers, under the server's
+        one --flash-attn (:398)."""
         draft = self.draft or self.mtp  # a DRAFT is run, not the head (:901-907)
         if draft is None:
             return 0
-        return draft.footprint_mib(num_ctx, slots, "f16", batch, version, window_batch)
+        return draft.footprint_mib(num_ctx, slots, "f16", batch, version, window_batch,
+                                   flash_attention)
 
     @property
     def file_mib(self) -> int:
@@ -355,7 +384,7 @@ class SimModel:
             info[f"{arch}.attention.layer_norm_rms_epsilon"] = \
                 1e-5 if self.arch in ("llama", "phi3") else 1e-6
         if self.arch not in CACHELESS_ARCHS:
-            info[f"{arch}.rope.dimension_count"] = self._head_dims()[0]
+            info[f"{arch}.rope.dimension_count"] = self.head_dims()[0]
         if self.key_length:
             info[f"{arch}.attention.key_length"] = self.key_length
         if self.value_length:
@@ -379,7 +408,7 @@ class SimModel:
         dense transformer's layout, Q4_K with Q6_K output as Ollama's Q4_K_M builds
         (the simulator's files are made up; norms at F32)."""
         emb, ffn = self.embedding_length, self.feed_forward_length or 4 * self.embedding_length
-        key, value = self._head_dims()
+        key, value = self.head_dims()
         weight = {"F16": "F16", "F32": "F32", "Q8_0": "Q8_0", "BF16": "BF16"}.get(
             self.quantization, "Q4_K")
 
@@ -426,8 +455,10 @@ class SimConfig:
     # free memory, as the simulator did before it had several GPUs
     fit_target_mib: int = 0
     context_length: int = 0  # OLLAMA_CONTEXT_LENGTH; 0 = Ollama's default for its version
-    kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
-    flash_attention: bool = True  # before 0.30 the cache type applies only with it
+    kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE (what a copy runs with: cache_type_for)
+    flash_attention: bool | None = None  # OLLAMA_FLASH_ATTENTION; None: unset
+    # Hardware: the GPUs run flash attention (Ollama's FlashAttentionSupported)
+    gpu_flash_attention: bool = True
     max_queue: int = 512  # OLLAMA_MAX_QUEUE: loads that may wait
     new_engine: bool = False  # OLLAMA_NEW_ENGINE (0.12: Ollama's own engine where it can)
     keep_alive_s: float = 300.0  # OLLAMA_KEEP_ALIVE
@@ -492,10 +523,19 @@ class SimConfig:
             entry["gpus"] = self.gpu_count
         return entry
 
-    @property
-    def cache_type(self) -> str:
-        newest = version_tuple(self.version) >= (0, 30, 0)
-        return self.kv_cache_type if newest or self.flash_attention else "f16"
+    def flash_attention_for(self, model: SimModel) -> bool:
+        """Whether a copy of `model` runs with flash attention (sim_engine.runs_flash_attention)."""
+        return runs_flash_attention(self.version, model.arch, model.embedding,
+                                    model.head_dims(),
+                                    own_engine(model.arch, model.embedding, self.new_engine),
+                                    self.flash_attention, self.gpu_flash_attention)
+
+    def cache_type_for(self, model: SimModel) -> str:
+        """The KV cache type a copy of `model` runs with (sim_engine.runner_cache_type)."""
+        return runner_cache_type(self.version,
+                                 own_engine(model.arch, model.embedding, self.new_engine),
+                                 self.flash_attention, self.flash_attention_for(model),
+                                 self.kv_cache_type)
 
 
 # Ollama's WaitUntilRunning polls the runner's /health at once, then after each 250 ms sleep

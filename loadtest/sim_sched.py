@@ -45,7 +45,6 @@ from .sim_engine import (
     MINIMUM_MEMORY_MIB,
     SERVER_BUSY,
     LoadOptions,
-    batch_surcharge_mib,
     call_num_ctx,
     commits_before_read,
     embedding_batch,
@@ -618,15 +617,15 @@ class OllamaSim:
             # (0.12 has no automatic batch: its runner's is 512 unless the call sets one)
             window_batch = request.num_batch if self.newest or not request.num_batch_auto \
                 else 512
-            need = model.footprint_mib(ctx, slots, c.cache_type,
-                                       0 if model.embedding else request.num_batch, c.version,
-                                       window_batch)
+            batch = 0 if model.embedding else request.num_batch
+            flash = c.flash_attention_for(model)
+            need = model.footprint_mib(ctx, slots, c.cache_type_for(model), batch, c.version,
+                                       window_batch, flash, c.new_engine)
             if self.newest and request.draft_num_predict > 0:
-                need += model.draft_mib(ctx, slots, 0 if model.embedding else
-                                        request.num_batch, c.version, window_batch)
+                need += model.draft_mib(ctx, slots, batch, c.version, window_batch, flash)
             if c.gpu_count > 1:
-                compute = model.compute_base_mib + batch_surcharge_mib(
-                    0 if model.embedding else request.num_batch)
+                compute = model.compute_mib(ctx, slots, batch, c.version, window_batch, flash,
+                                            c.new_engine)
                 use = self._gpus_for(model.estimate_mib(ctx, slots), need - compute, compute)
                 if use is None:
                     await self._evict(f"{model.name} needs room")

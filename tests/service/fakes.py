@@ -217,7 +217,9 @@ class FakeModelServer:
     def _put(self, model: SimModel, num_ctx: int) -> Copy:
         c = self.config
         ctx = min(num_ctx or c.default_context(), model.trained_ctx)
-        mib = model.footprint_mib(ctx, model.slots(c.num_parallel, c.version), c.cache_type)
+        mib = model.footprint_mib(ctx, model.slots(c.num_parallel, c.version),
+                                  c.cache_type_for(model),
+                                  flash_attention=c.flash_attention_for(model))
         copy = self.loaded[model.name] = Copy(model, ctx, mib)
         self.stats.loads += 1
         self.stats.peak_mib = max(self.stats.peak_mib, self.used_mib)
