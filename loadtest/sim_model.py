@@ -519,6 +519,8 @@ class SimConfig:
                                  "kvCacheType": self.kv_cache_type}
         if self.context_length:
             entry["contextLength"] = self.context_length
+        if self.flash_attention is not None:
+            entry["flashAttention"] = self.flash_attention
         if self.gpu_count > 1:
             entry["gpus"] = self.gpu_count
         return entry

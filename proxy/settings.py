@@ -98,6 +98,9 @@ class ProviderConfig(BaseModel):
     gpus: int = Field(default=1, ge=1)  # the GPUs the provider's Ollama runs on
     # OLLAMA_KV_CACHE_TYPE (f16 unless set; before 0.30 only with flash attention on)
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(default="f16", alias="kvCacheType")
+    # OLLAMA_FLASH_ATTENTION; None (unset): Ollama's default for its version and each model;
+    # false also for GPUs without flash attention (core/attention.py)
+    flash_attention: bool | None = Field(default=None, alias="flashAttention")
     weight: float = 100.0
     dcgm_url: str | None = Field(default=None, alias="dcgmUrl")
 

@@ -12,7 +12,7 @@ it would move to Ollama's own engine are taken to run on the llama engine.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from proxy.core.context import Version, parse_version
 from proxy.core.types import Lack, ModelInfo
@@ -57,11 +57,18 @@ EMBED_REGISTERED = frozenset(("gemma3", "qwen3", "bert", "nomic-bert"))
 SPLIT_PROJECTOR_REFUSED_SINCE: Version = (0, 11, 11)
 
 
+def listed_by(table: Iterable[tuple[Version, frozenset[str]]], architecture: str,
+              version: Version) -> bool:
+    """Whether a table of architectures by the release that listed each has `architecture`
+    at `version`."""
+    return any(since <= version and architecture in names for since, names in table)
+
+
 def required(architecture: str, version: Version) -> bool:
     """OllamaEngineRequired of `architecture` at `version`."""
     if architecture in NOT_REQUIRED_AT.get(version, ()):
         return False
-    return any(since <= version and architecture in names for since, names in REQUIRED_SINCE)
+    return listed_by(REQUIRED_SINCE, architecture, version)
 
 
 def own_engine(info: ModelInfo, version: Version) -> bool:

@@ -6,12 +6,14 @@ heads x (key + value length), at the card's OLLAMA_KV_CACHE_TYPE), except in sli
 layers, which hold only their window and a batch as the card's engine keeps them
 (`windowed_cells`, docs/engine.md "Sliding-window models"); the compute allowance
 follows Ollama's batch tiers by context x slots (server/sched.go:859-868, 906-915: 0, 768 MiB,
-2 GiB). The weights part is calibrated from copies seen fully on a GPU (size_vram less the
-KV and compute parts at the context they were seen with, never less than the file less its
-token embeddings); before any is seen it is the on-disk size less the token table kept on
-the CPU, plus the compute buffers of a batch of 512 (`first_load_weights_mib`). A copy seen
-on this card at this context is its own best figure. From 0.30 a model's DRAFT model adds a
-KV cache and compute buffers of its own (`draft_mib`; its file is in the on-disk size).
+2 GiB), and a copy without flash attention holds a batch's attention scores besides
+(core/attention.py). The weights part is calibrated from copies seen fully on a GPU
+(size_vram less the KV and compute parts at the context they were seen with, never less than
+the file less its token embeddings); before any is seen it is the on-disk size less the
+token table kept on the CPU, plus the compute buffers of a batch of 512
+(`first_load_weights_mib`). A copy seen on this card at this context is its own best figure.
+From 0.30 a model's DRAFT model adds a KV cache and compute buffers of its own (`draft_mib`;
+its file is in the on-disk size).
 
 Ollama itself admits a load beside other models only when its own estimate (file size + KV
 at f16 by embedding / heads, llm/llama_server.go:2681-2700) is within 80 % of the free VRAM
@@ -25,6 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from proxy.core.attention import copy_cache_type, flash_attention, scores_compute_mib
 from proxy.core.context import Resolved, Version, effective, for_card, parse_version
 from proxy.core.engines import LLAMA_SERVER_SINCE, own_engine
 from proxy.core.gpus import RUNNER_OVERHEAD_MIB, spread_graph_mib
@@ -152,6 +155,19 @@ def graph_mib(tokens: int) -> int:
     return GRAPH_MIB[automatic_batch(tokens)]
 
 
+def compute_mib(info: ModelInfo, view: ProviderView, context: int, slots: int) -> int:
+    """The compute a copy holds beyond a batch of 512's with flash attention (which the
+    weights part counts, `first_load_weights_mib`): the batch tiers, and without flash
+    attention what its attention scores take above both (core/attention.py)."""
+    tiers = graph_mib(context * slots)
+    if flash_attention(info, view):
+        return tiers
+    version = parse_version(view.version)
+    batch = automatic_batch(context * slots) if version >= LLAMA_SERVER_SINCE else BATCH
+    scores = scores_compute_mib(info, context, slots, version, batch)
+    return tiers + max(0, scores - first_load_compute_mib(info) - tiers)
+
+
 def windowed_cells(info: ModelInfo, context: int, slots: int, version: Version) -> int:
     """Tokens each sliding-window (or chunked) layer's cache holds for a copy of `context`
     per slot x `slots`, all slots together, as the engine of that Ollama version sizes it."""
@@ -216,8 +232,12 @@ def first_load_weights_mib(info: ModelInfo, disk_mib: int) -> int:
     table = info.cpu_table_bytes
     if info.token_embedding_bytes:
         table = min(table, info.token_embedding_bytes)
-    compute = max(COMPUTE_FLOOR_MIB, math.ceil(info.logits_bytes / MIB))
-    return max(0, disk_mib - table // MIB) + compute
+    return max(0, disk_mib - table // MIB) + first_load_compute_mib(info)
+
+
+def first_load_compute_mib(info: ModelInfo) -> int:
+    """The compute buffers of a batch of 512 with flash attention: at least their logits."""
+    return max(COMPUTE_FLOOR_MIB, math.ceil(info.logits_bytes / MIB))
 
 
 def ollama_estimate_mib(info: ModelInfo, disk_mib: int, context: int, slots: int) -> int:
@@ -319,7 +339,8 @@ def _sizing_inputs(view: ProviderView) -> tuple[object, ...]:
     """Every field of a card that a footprint, a resolved context or a slot count reads (the
     residents, tickets and health are not among them)."""
     return (view.name, view.total_vram_mib, view.context_length, view.max_parallel,
-            view.kv_cache_type, view.version, view.models, view.disk_mib, view.observed)
+            view.kv_cache_type, view.flash_attention, view.version, view.models, view.disk_mib,
+            view.observed)
 
 
 class Sizer:
@@ -398,8 +419,8 @@ class Sizer:
             return self._without_architecture(model, view, declared)
         context = effective(recorded_ctx, info.trained_context)
         slots = model_slots(view, model)
-        kv = kv_mib(info, context, slots, view.kv_cache_type, view.version)
-        graph = graph_mib(context * slots)
+        kv = kv_mib(info, context, slots, copy_cache_type(info, view), view.version)
+        graph = compute_mib(info, view, context, slots)
         draft = draft_mib(info, context, slots, view.version)
         disk = self.disk_mib(model, view)
         estimate = ollama_estimate_mib(info, disk, context, slots) if disk else 0
@@ -414,6 +435,8 @@ class Sizer:
             # than the file can put on the GPU
             weights, source = floor, f"{source}, raised to the file less its token embeddings"
         total = weights + kv + graph + draft
+        if not flash_attention(info, view):
+            source = f"{source}, without flash attention"
         if draft:
             source = f"{source}, its DRAFT model's cache and compute"
         if declared and declared > total:
@@ -465,8 +488,8 @@ class Sizer:
                     continue
                 context = effective(recorded, info.trained_context)
                 slots = model_slots(view, model)
-                weights = mib - kv_mib(info, context, slots, view.kv_cache_type,
-                                       view.version) - graph_mib(context * slots) \
+                weights = mib - kv_mib(info, context, slots, copy_cache_type(info, view),
+                                       view.version) - compute_mib(info, view, context, slots) \
                     - draft_mib(info, context, slots, view.version)
                 if weights > 0 and (best is None or weights > best[0]):
                     best = (weights, f"calibrated from {view.name} at {context} x {slots}")
@@ -582,6 +605,16 @@ def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
     if arch in CACHELESS:
         return 0, estimate
     return sum(kv_per_layer(info, arch)), estimate
+
+
+def attention_shape(info: Mapping[str, object], arch: str) -> tuple[int, int, bool]:
+    """(the most query heads of a layer, the embedding length, key and value heads of one
+    size) from an /api/show `model_info`; (0, 0, True) when the keys are missing."""
+    attention = _attention(info, arch)
+    if attention is None:
+        return 0, 0, True
+    _, embedding, heads, _, key, value = attention
+    return max(heads), embedding, key == value
 
 
 def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:

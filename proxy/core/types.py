@@ -73,6 +73,12 @@ class ModelInfo:
     # The compute buffers' logits for a batch of 512 tokens, 4 x 512 x (embedding +
     # vocabulary) B (core/sizing.py `batch_logits_bytes`); 0 unknown
     logits_bytes: int = 0
+    # What the attention scores without flash attention are sized by: the most query heads
+    # of any layer and the embedding length (core/attention.py); 0 unknown
+    attention_heads: int = 0
+    embedding_length: int = 0
+    # Key and value heads of one size (what flash attention needs, SupportsFlashAttention)
+    head_dims_equal: bool = True
     # The weights file its Modelfile's FROM names (`sha256-...`): Ollama runs one copy per
     # weights file, whatever name loaded it; "" unknown
     weights: str = ""
@@ -112,6 +118,7 @@ class ProviderView:
     # Footprints seen here fully on the GPU: model -> num_ctx as recorded -> MiB
     observed: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
     kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE
+    flash_attention: bool | None = None  # OLLAMA_FLASH_ATTENTION; None unset
     version: str = ""  # /api/version; "" unknown (the newest rules apply)
     probed_at: float = 0.0  # when the residents were last observed
     # A model placed under one of its names (core/aliases.py) -> this card's own names of

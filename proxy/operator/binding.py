@@ -81,7 +81,8 @@ def card_view(name: str, state: ProviderState) -> ProviderView:
                         context_length=state.context_length, max_parallel=state.max_parallel,
                         disk_mib=state.available_mib, models=state.models,
                         observed=state.observed, kv_cache_type=state.kv_cache_type,
-                        version=state.version, gpus=state.gpus)
+                        flash_attention=state.flash_attention, version=state.version,
+                        gpus=state.gpus)
 
 
 def next_stale_at(states: Mapping[str, ProviderState], now: float, stale_s: float

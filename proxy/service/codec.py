@@ -56,6 +56,8 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
             "swaKvBytesPerToken": info.swa_kv_bytes_per_token, "swaWindow": info.swa_window,
             "swaChunked": info.swa_chunked, "tokenEmbeddingBytes": info.token_embedding_bytes,
             "cpuTableBytes": info.cpu_table_bytes, "logitsBytes": info.logits_bytes,
+            "attentionHeads": info.attention_heads, "embeddingLength": info.embedding_length,
+            "headDimsEqual": info.head_dims_equal,
             **({"weights": info.weights} if info.weights else {}),
             **({"runner": info.runner} if info.runner else {}),
             **({"mtp": True} if info.mtp else {}),
@@ -77,6 +79,9 @@ def decode_model_info(d: dict[str, Any]) -> ModelInfo:
                      token_embedding_bytes=_int_or(d.get("tokenEmbeddingBytes"), 0),
                      cpu_table_bytes=_int_or(d.get("cpuTableBytes"), 0),
                      logits_bytes=_int_or(d.get("logitsBytes"), 0),
+                     attention_heads=_int_or(d.get("attentionHeads"), 0),
+                     embedding_length=_int_or(d.get("embeddingLength"), 0),
+                     head_dims_equal=d.get("headDimsEqual") is not False,
                      weights=str(d.get("weights") or ""), runner=str(d.get("runner") or ""),
                      mtp=d.get("mtp") is True)
 
@@ -101,6 +106,7 @@ class ProviderState:
     max_loaded: int | None = None
     gpus: int = 1  # the GPUs its Ollama runs on (the reserve is kept on each)
     kv_cache_type: str = "f16"
+    flash_attention: bool | None = None  # OLLAMA_FLASH_ATTENTION; None unset
     loaded_mib: dict[str, int] = field(default_factory=dict)  # size_vram: GPU memory held
     loaded_size_mib: dict[str, int] = field(default_factory=dict)  # size: GPU and CPU
     loaded_ctx: dict[str, int] = field(default_factory=dict)
@@ -148,6 +154,8 @@ class ProviderState:
             "maxLoadedModels": self.max_loaded,
             "gpus": self.gpus,
             "kvCacheType": self.kv_cache_type,
+            **({"flashAttention": self.flash_attention} if self.flash_attention is not None
+               else {}),
             "ready": self.ready,
             "lastProbedAt": rfc3339(self.last_probed_at),
             "version": self.version,
@@ -172,6 +180,7 @@ class ProviderState:
             max_loaded=d.get("maxLoadedModels"),  # absent from older publishers: None
             gpus=max(1, _int_or(d.get("gpus"), 1)),
             kv_cache_type=str(d.get("kvCacheType") or "f16"),
+            flash_attention=fa if isinstance(fa := d.get("flashAttention"), bool) else None,
             loaded_mib=dict(d.get("loadedModelFootprintsMiB") or {}),
             loaded_size_mib=dict(d.get("loadedModelSizesMiB") or {}),
             loaded_ctx=dict(d.get("loadedModelContextLengths") or {}),

@@ -26,6 +26,7 @@ from proxy.core.models import model_name
 from proxy.core.occupancy import loaded_limit
 from proxy.core.sizing import (
     arrays_withheld,
+    attention_shape,
     batch_logits_bytes,
     cpu_table_bytes,
     held_by_runners,
@@ -66,7 +67,7 @@ OBSERVED_KEPT = 16
 
 def _significant(state: ProviderState) -> tuple[Any, ...]:
     return (state.ready, state.total_vram_mib, state.context_length, state.max_parallel,
-            state.max_loaded, state.kv_cache_type, state.version,
+            state.max_loaded, state.kv_cache_type, state.flash_attention, state.version,
             sorted(state.loaded_mib.items()), sorted(state.loaded_ctx.items()),
             sorted(state.loaded_size_mib.items()), sorted(state.available_mib.items()),
             sorted(state.loaded_beside_mib.items()),
@@ -179,6 +180,7 @@ def model_info(show: Any) -> ModelInfo:
     pooling = info.get(f"{arch}.pooling_type")
     family = str(details.get("family") or "") if isinstance(details, dict) else ""
     tensors = listed_tensors(show.get("tensors"))
+    heads, embedding, dims_equal = attention_shape(info, arch) if arch else (0, 0, True)
     return ModelInfo(
         trained_context=trained_context(show), kv_bytes_per_token=real,
         estimate_kv_bytes_per_token=estimate, modelfile_num_ctx=modelfile_num_ctx(show),
@@ -193,6 +195,7 @@ def model_info(show: Any) -> ModelInfo:
         token_embedding_bytes=token_embedding_bytes(info, arch) if arch else 0,
         cpu_table_bytes=cpu_table_bytes(tensors), logits_bytes=batch_logits_bytes(
             tensors, info, arch),
+        attention_heads=heads, embedding_length=embedding, head_dims_equal=dims_equal,
         weights=weights_file(show), runner=runner_files(show), mtp=has_mtp(info, arch))
 
 
@@ -394,7 +397,7 @@ class Prober:
             total_vram_mib=total, context_length=config.context_length or 0,
             max_parallel=config.max_parallel,
             max_loaded=loaded_limit(config.max_loaded_models, config.gpus), gpus=config.gpus,
-            kv_cache_type=config.kv_cache_type,
+            kv_cache_type=config.kv_cache_type, flash_attention=config.flash_attention,
             loaded_mib=loaded_mib, loaded_size_mib=loaded_size, loaded_ctx=loaded_ctx,
             loaded_expiry=loaded_expiry, loaded_beside_mib=beside, available_mib=available,
             observed={m: dict(seen) for m, seen in observed.items()}, models=models,

@@ -184,7 +184,8 @@ class StateView:
                                 max_parallel=config.max_parallel,
                                 max_loaded=config.max_loaded_models, gpus=config.gpus,
                                 weight=config.weight,
-                                kv_cache_type=config.kv_cache_type)
+                                kv_cache_type=config.kv_cache_type,
+                                flash_attention=config.flash_attention)
         view = ProviderView(
             name=config.name,
             total_vram_mib=state.total_vram_mib or config.total_vram_mib,
@@ -194,7 +195,8 @@ class StateView:
             max_loaded=config.max_loaded_models if state.max_loaded is None
             else state.max_loaded, gpus=config.gpus, weight=config.weight,
             disk_mib=state.available_mib, models=state.models, observed=state.observed,
-            kv_cache_type=state.kv_cache_type, version=state.version,
+            kv_cache_type=state.kv_cache_type, flash_attention=state.flash_attention,
+            version=state.version,
             probed_at=state.last_probed_at, remote=state.remote, cloud_off=state.cloud_off,
             last_listed=frozenset() if state.available_mib else
             listing(state.listed_before or state.remote), listed=state.listed)

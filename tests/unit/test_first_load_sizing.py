@@ -78,14 +78,18 @@ def test_the_compute_is_never_taken_below_its_floor() -> None:
 
 @pytest.mark.parametrize("version", ["0.12.6", CURRENT_VERSION])
 @pytest.mark.parametrize("slots", [1, 2])
-def test_a_first_copy_is_never_counted_below_what_the_simulator_holds(version: str,
-                                                                       slots: int) -> None:
-    """Every model of the simulator's catalog at four contexts: the first-load figure is at
-    least the copy's and over it by no more than the logits beyond the simulator's flat
-    256 MiB of compute (gemma3's vocabulary: 267 MiB) or an encoder's table (which has no
-    output layer beside it). Versions 0.13.4-0.24 are left out: the simulator runs olmo3 on
-    0.12.6's engine there (docs/engine.md)."""
-    sim = OllamaSim(SimConfig(models=MODELS, version=version, num_parallel=slots))
+@pytest.mark.parametrize("flash_attention", [None, False])
+def test_a_first_copy_is_never_counted_below_what_the_simulator_holds(
+        version: str, slots: int, flash_attention: bool | None) -> None:
+    """Every model of the simulator's catalog at four contexts, with OLLAMA_FLASH_ATTENTION
+    unset (before 0.30 most architectures then run without it) or off: the first-load figure
+    is at least the copy's and over it by no more than the logits beyond the simulator's
+    flat 256 MiB of compute (gemma3's vocabulary: 267 MiB) or an encoder's table (which has
+    no output layer beside it). Versions 0.13.4-0.24 are left out: the simulator runs olmo3
+    on 0.12.6's engine there (docs/engine.md)."""
+    config = SimConfig(models=MODELS, version=version, num_parallel=slots,
+                       flash_attention=flash_attention)
+    sim = OllamaSim(config)
     for model in MODELS:
         info = model_info(sim.show(model, verbose=True))  # the prober reads the arrays too
         for context in (2048, 4096, 8192, 32768):
@@ -96,11 +100,14 @@ def test_a_first_copy_is_never_counted_below_what_the_simulator_holds(version: s
             batch = 0 if model.embedding else options.num_batch
             window_batch = options.num_batch if sim.newest or not options.num_batch_auto \
                 else 512
-            held = model.footprint_mib(ctx, held_slots, "f16", batch, version, window_batch)
+            held = model.footprint_mib(ctx, held_slots, config.cache_type_for(model), batch,
+                                       version, window_batch,
+                                       config.flash_attention_for(model))
             if sim.newest and options.draft_num_predict > 0:
                 held += model.draft_mib(ctx, held_slots, batch, version, window_batch)
             card = ProviderView("gpu", 98304, context_length=context, max_parallel=slots,
-                                version=version, models={model.name: info},
+                                version=version, flash_attention=flash_attention,
+                                models={model.name: info},
                                 disk_mib={model.name: model.disk_mib})
             counted = Sizer((card,), 1.2).footprint(model.name, card, context)
             assert counted is not None
