@@ -166,8 +166,9 @@ class SimModel:
     # Its template has `.Suffix` (the "insert" capability, server/images.go:251-253): none of
     # the catalog's (qwen3's, llama3.2's and phi3's templates on ollama.com have none)
     insert: bool = False
-    # The compute buffers a batch of 512 needs.
-    compute_base_mib: int = 256
+    # The compute buffers a batch of 512 needs with flash attention; 0: llama.cpp's for its
+    # shape (`base_compute_mib`)
+    compute_base_mib: int = 0
     # Its output layer reuses the token embedding table (no output.weight in the file: Llama
     # 3.2 3B, Gemma 3, Command R7B tie them; Qwen3 8B+, Phi-3 do not)
     tied_embeddings: bool = False
@@ -270,7 +271,7 @@ class SimModel:
         runner's batch (`window_batch`, else `batch`, else 512) against its cache
         (sim_engine.attention_scores_bytes), or against the batch itself for an encoder
         without a cache."""
-        with_flash = self.compute_base_mib + batch_surcharge_mib(batch)
+        with_flash = self.base_compute_mib + batch_surcharge_mib(batch)
         if flash_attention:
             return with_flash
         own = own_engine(self.arch, self.embedding, new_engine)
@@ -279,6 +280,20 @@ class SimModel:
         cells = attention_cells(version, own, num_ctx, slots) if self.kv_layers else tokens
         scores = attention_scores_bytes(tokens, cells, self.embedding_length, self.head_count)
         return max(with_flash, math.ceil(scores / MIB))
+
+    @property
+    def base_compute_mib(self) -> int:
+        """The compute buffers of a batch of 512 with flash attention, unless set: at least
+        the batch's logits and hidden states in f32, 4 x 512 x (embedding + vocabulary) B
+        (llama.cpp reserves 258.5 MiB for Llama 3 8B's 128256 tokens; 523 MiB for gemma3's
+        262144), and 256 MiB for a small vocabulary or an encoder, which computes no logits
+        (the attention and feed-forward scratch, not measured here)."""
+        if self.compute_base_mib:
+            return self.compute_base_mib
+        if self.embedding:
+            return 256
+        logits = 4 * 512 * (self.embedding_length + self.tokenizer.vocab)
+        return max(256, math.ceil(logits / MIB))
 
     @property
     def token_embedding_mib(self) -> float:

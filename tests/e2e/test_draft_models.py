@@ -3,7 +3,7 @@ official ollama client, a simulated GPU that runs the draft as HEAD's llama-serv
 (`--spec-draft-model`, llm/llama_server.go:807-823): the draft's weights, a KV cache of its
 own for every slot's context (f16) and its compute buffers beside the model's.
 
-qwen3:8b with a 0.6B draft at 16384 tokens holds 11428 MiB (8195 without the draft). Sized
+qwen3:8b with a 0.6B draft at 16384 tokens holds 11520 MiB (8244 without the draft). Sized
 as its file alone (/api/tags counts the draft's 500 MiB), it looked 8772: two of them fit
 the 19360 MiB a 22000 MiB card leaves usable, and the second load spilled to the CPU.
 """
@@ -29,7 +29,7 @@ DRAFT = SimModel("qwen3-draft:0.6b", disk_mib=500, block_count=28, embedding_len
 # two models with weights files of their own, each with the draft
 SPEC_A = replace(QWEN3_8B, name="spec-a:latest", weights="", draft=DRAFT)
 SPEC_B = replace(QWEN3_8B, name="spec-b:latest", weights="", draft=DRAFT)
-REAL_MIB = 11428  # what the simulator's copy holds at 16384 x 1 (/api/ps)
+REAL_MIB = 11520  # what the simulator's copy holds at 16384 x 1 (/api/ps)
 
 
 def _verdict(url: str, model: str) -> dict[str, Any]:
@@ -113,8 +113,8 @@ MTP_ON = replace(QWEN3_8B, name="mtp-on:latest", weights="", mtp=MTP_HEAD,
 def test_a_model_with_an_mtp_head_is_sized_with_its_draft(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """The sidecar reads <arch>.nextn_predict_layers from /api/show: before any copy is seen
-    the head is sized as a DRAFT (2304 + 768 + 256, more than its real 64 + 1024), never
-    under the 9283 MiB the copy holds; without it the copy was sized 5200 - 333 + 305 +
+    the head is sized as a DRAFT (2304 + 768 + 256, more than its real 64 + 1073), never
+    under the 9381 MiB the copy holds; without it the copy was sized 5200 - 333 + 305 +
     2304 + 768 = 8244."""
     gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384,
                       models=(MTP_ON,), time_scale=SCALE)
@@ -124,5 +124,5 @@ def test_a_model_with_an_mtp_head_is_sized_with_its_draft(
     client = ollama.Client(host=url, timeout=60)
     assert client.chat(model="mtp-on", messages=[{"role": "user", "content": "hi"}]).message
     ps = httpx.get(f"{gpu.url}/api/ps").json()["models"]
-    assert [m["size"] >> 20 for m in ps] == [9283]
+    assert [m["size"] >> 20 for m in ps] == [9381]
     assert (gpu.sim.stats.oom_events, quiet(gpu)) == (0, NOTHING)

@@ -52,15 +52,15 @@ def ask(client: ollama.Client, model: str, num_ctx: int) -> str:
 
 def test_a_copy_too_large_for_one_gpu_is_sized_with_each_gpus_compute_buffers(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    """4 x 12 GiB at 0.30+: qwen3:14b at its default 40960 tokens is spread (24499 MiB, seen
-    so by the sidecar). qwen3:8b at 40960 is 12930 MiB on one card, its estimate (10960) over
-    80 % of any GPU: spread too, each GPU holding its compute buffers (2304 MiB), 19843 MiB in
+    """4 x 12 GiB at 0.30+: qwen3:14b at its default 40960 tokens is spread (24703 MiB, seen
+    so by the sidecar). qwen3:8b at 40960 is 12979 MiB on one card, its estimate (10960) over
+    80 % of any GPU: spread too, each GPU holding its compute buffers (2353 MiB), 20039 MiB in
     all. Sized as one card it would go beside the 14b, and llama.cpp, keeping its context and
     margin on each GPU, would spill it to the CPU: the sidecar unloads the 14b first."""
     gpu = several(sim_factory, "4x12GiB")
     r = httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:14b"}, timeout=30)
     assert r.status_code == 200, r.text
-    assert gpu.sim.runners["qwen3:14b"].footprint_mib == 24499
+    assert gpu.sim.runners["qwen3:14b"].footprint_mib == 24703
     client = ollama.Client(host=sidecar_factory([gpu]).url)
     assert ask(client, "qwen3:8b", 0) == ""
     assert quiet(gpu) == NOTHING
@@ -69,17 +69,17 @@ def test_a_copy_too_large_for_one_gpu_is_sized_with_each_gpus_compute_buffers(
 
 def test_a_load_spread_over_fragmented_gpus_pays_each_gpus_share(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
-    """4 x 12 GiB with OLLAMA_SCHED_SPREAD=1: qwen3:8b at 40960 (19843 MiB) and qwen3:14b at
-    8192 (14259 MiB) each hold a part, a CUDA context and compute buffers on every GPU, about
-    2848 MiB left on each. llama3.2:3b at 8192 is 3847 MiB on one card and fits the 6543 MiB
+    """4 x 12 GiB with OLLAMA_SCHED_SPREAD=1: qwen3:8b at 40960 (20039 MiB) and qwen3:14b at
+    8192 (14463 MiB) each hold a part, a CUDA context and compute buffers on every GPU, about
+    2748 MiB left on each. llama3.2:3b at 8192 is 3848 MiB on one card and fits the 6143 MiB
     the provider has beside them as one card (49152 less the 8192 reserve); spread, it needs
-    its 1024 MiB compute buffers, a 457 MiB context and llama.cpp's 1024 MiB margin on each
-    GPU: 12785 MiB of the 11076 free. The sidecar unloads one first rather than let it spill."""
+    its 1025 MiB compute buffers, a 457 MiB context and llama.cpp's 1024 MiB margin on each
+    GPU: 12789 MiB of the 10676 free. The sidecar unloads one first rather than let it spill."""
     gpu = several(sim_factory, "4x12GiB", sched_spread=True)
     for model, num_ctx in (("qwen3:8b", 0), ("qwen3:14b", 8192)):
         body = {"model": model, "options": {"num_ctx": num_ctx} if num_ctx else {}}
         assert httpx.post(f"{gpu.url}/api/generate", json=body, timeout=30).status_code == 200
-    assert sorted(r.footprint_mib for r in gpu.sim.runners.values()) == [14259, 19843]
+    assert sorted(r.footprint_mib for r in gpu.sim.runners.values()) == [14463, 20039]
     client = ollama.Client(host=sidecar_factory([gpu]).url)
     assert ask(client, "llama3.2:3b", 8192) == ""
     assert quiet(gpu) == NOTHING

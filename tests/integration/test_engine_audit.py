@@ -290,16 +290,17 @@ QWEN3_SPEC_OTHER = replace(QWEN3_8B, name="qwen3-spec-other:latest",
 
 
 @pytest.mark.parametrize(("version", "size_mib", "reloads"),
-                         [("0.33.0", 8195 + 3233, (1, 0, 1)), ("0.12.6", 8195, (0, 0, 0))])
+                         [("0.33.0", 8244 + 3276, (1, 0, 1)), ("0.12.6", 8244, (0, 0, 0))])
 def test_a_draft_model_runs_beside_its_model_from_0_30(
         sim_factory: Sims, version: str, size_mib: int, reloads: tuple[int, ...]) -> None:
     """HEAD runs a model's DRAFT in its llama-server (--spec-draft-model, llm/
     llama_server.go:807-823) when draft_num_predict is above 0: 4 by default for a model
     with a DRAFT, 0 for one without unless set (server/routes.go:136-156). The draft holds
     its weights (417), a KV cache of its own at f16 (28 layers x 8 heads x 256 B x 16384 =
-    1792) and compute (256 + 768). needsReload compares draft_num_predict (api.Runner) but
-    not the DRAFT file (:1422-1424): the same file without a draft reloads, another draft
-    joins, a call's own draft_num_predict reloads. /api/tags counts the draft's file
+    1792) and compute (299 + 768: its logits over qwen3's 151936 tokens, and the batch's).
+    needsReload compares draft_num_predict (api.Runner) but not the DRAFT file (:1422-1424):
+    the same file without a draft reloads, another draft joins, a call's own
+    draft_num_predict reloads. /api/tags counts the draft's file
     (manifest.Size). 0.12 has no DRAFT layer and no draft_num_predict."""
     sim = sim_factory("gpu", total_vram_mib=24564, context_length=16384, time_scale=SCALE,
                       version=version, models=(*CATALOG, QWEN3_SPEC, QWEN3_SPEC_OTHER))
@@ -331,13 +332,13 @@ QWEN3_MTP_ON = replace(QWEN3_MTP, name="qwen3-mtp-on:latest",
                        parameters=(("draft_num_predict", 3),))
 
 
-@pytest.mark.parametrize(("version", "drafted_mib"), [("0.33.0", 8195 + 1088), ("0.12.6", 8195)])
+@pytest.mark.parametrize(("version", "drafted_mib"), [("0.33.0", 8244 + 1137), ("0.12.6", 8244)])
 def test_an_mtp_head_runs_as_the_draft_when_draft_num_predict_is_set(
         sim_factory: Sims, version: str, drafted_mib: int) -> None:
     """A file with an MTP head (<arch>.nextn_predict_layers) is run with it as the draft
     (llm/llama_server.go:837-842, 901-907) when draft_num_predict is above 0, which Ollama
     leaves 0 for a model without a DRAFT unless set (server/routes.go:153-155): its own KV
-    cache (1 layer x 8 heads x 256 values x 2 B x 16384 = 64) and compute (256 + 768); its
+    cache (1 layer x 8 heads x 256 values x 2 B x 16384 = 64) and compute (305 + 768); its
     weights are in the file. 0.12 runs none."""
     sim = sim_factory("gpu", total_vram_mib=24564, context_length=16384, time_scale=SCALE,
                       version=version, models=(*CATALOG, QWEN3_MTP, QWEN3_MTP_ON))
@@ -348,7 +349,7 @@ def test_an_mtp_head_runs_as_the_draft_when_draft_num_predict_is_set(
         assert load(sim, model).status_code == 200
         sizes.append([m["size"] >> 20 for m in httpx.get(f"{sim.url}/api/ps").json()[
             "models"]])
-    assert sizes == [[8195], [drafted_mib]]
+    assert sizes == [[8244], [drafted_mib]]
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.12.6"])

@@ -30,7 +30,7 @@ def listed(sim: SimServer) -> dict[str, Any]:
 def footprint(model: str, num_ctx: int) -> tuple[int, int]:
     """A copy's memory on one GPU and its compute buffers (num_batch 1024 at these contexts)."""
     m = next(m for m in CATALOG if m.name == model)
-    return m.footprint_mib(num_ctx, 1, "f16", 1024, "0.33.0", 1024), m.compute_base_mib + 768
+    return m.footprint_mib(num_ctx, 1, "f16", 1024, "0.33.0", 1024), m.base_compute_mib + 768
 
 
 def test_a_copy_that_fits_one_gpu_goes_to_it_and_a_larger_one_is_spread(

@@ -56,9 +56,11 @@ def test_a_copy_takes_weights_kv_and_compute_by_its_architecture(sim_factory: Si
     load(sim, "qwen3:8b")  # default on 24 GiB: 32768 per slot, 2 slots
     copy = ps(sim)["qwen3:8b"]
     # 5200 less its Q4_K token table (151936 x 4096 x 4.5 bits, kept on the CPU) on the GPU
-    # + 144 KiB x 65536 + 256 + 2048 (a 2048 batch above 32768 tokens)
+    # + 144 KiB x 65536 + compute: a batch of 512's logits and hidden states, 4 x 512 x
+    # (4096 + 151936) B = 304.75 MiB, and 2048 (a 2048 batch above 32768 tokens)
     weights = 5200 - 151936 * 4096 * 144 / 256 / 2**20
-    assert copy["size_vram"] == copy["size"] == math.ceil(weights + 9216 + 256 + 2048) * 2**20
+    compute = math.ceil(4 * 512 * (4096 + 151936) / 2**20) + 2048
+    assert copy["size_vram"] == copy["size"] == math.ceil(weights + 9216 + compute) * 2**20
     assert copy["context_length"] == 32768
 
 

@@ -245,19 +245,20 @@ def test_the_sidecar_reads_the_simulators_window_models_as_it_sizes_them(
 
 
 def test_a_cohere2_copy_seen_at_a_large_context_sizes_a_smaller_one_as_the_simulator() -> None:
-    """command-r7b seen at 32768 on 0.33 takes 7628 MiB in the simulator (all 5100 of its
-    file, its output tied to the token table; 1504 KV, 256 compute, the 1024 batch's 768): the
-    weights are 7628 - 1504 - 768 = 5356, and a copy at 4096 is 5356 + 512 = 5868, what the
-    simulator holds. With every layer full the KV seen would be 4096, the weights 2764 raised
-    to the file less its embeddings (5100 - 2048 = 3052), and the copy at 4096 3564 MiB: 2304
+    """command-r7b seen at 32768 on 0.33 takes 7880 MiB in the simulator (all 5100 of its
+    file, its output tied to the token table; 1504 KV, 508 compute for its 256000-token
+    logits, the 1024 batch's 768): the weights are 7880 - 1504 - 768 = 5608, and a copy at
+    4096 is 5608 + 512 = 6120, what the
+    simulator holds. With every layer full the KV seen would be 4096, the weights 3016 raised
+    to the file less its embeddings (5100 - 2048 = 3052), and the copy at 4096 3564 MiB: 2556
     too few."""
     model = sim_model.COMMAND_R7B
     views = [ProviderView(n, 32768, version="0.33.0", disk_mib={model.name: model.disk_mib},
                           models={model.name: COMMAND_R7B}, observed=seen)
              for n, seen in (("seen", {model.name: {32768: model.footprint_mib(
                  32768, 1, "f16", 1024, "0.33.0")}}), ("other", {}))]
-    assert views[0].observed[model.name][32768] == 7628
+    assert views[0].observed[model.name][32768] == 7880
     fp = Sizer(views, 1.2).footprint(model.name, views[1], 4096)
     assert fp is not None and fp.source == "calibrated from seen at 32768 x 1"
-    assert (fp.weights_mib, fp.kv_mib, fp.total_mib) == (5356, 512, 5868)
+    assert (fp.weights_mib, fp.kv_mib, fp.total_mib) == (5608, 512, 6120)
     assert fp.total_mib == model.footprint_mib(4096, 1, "f16", 512, "0.33.0")
