@@ -14,7 +14,15 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat, stream_in_background
+from tests.conftest import eventually
+from tests.e2e.test_scheduling import (
+    SCALE,
+    Sidecars,
+    Sims,
+    chat,
+    stream_in_background,
+    waiting_calls,
+)
 
 
 def decisions(url: str) -> float:
@@ -72,16 +80,23 @@ def test_the_wait_limit_runs_from_the_requests_arrival_not_from_its_placement(
 def test_a_retry_after_a_failure_waits_for_a_slot_like_a_first_attempt(
         sim_factory: Sims, sidecar_factory: Sidecars, mode: dict[str, Any]) -> None:
     """The provider that answered fails; the other has the model but its one slot is busy
-    for ~1 s. The call waits for that slot instead of answering 502."""
+    until its agent leaves. The call waits for that slot instead of answering 502."""
     a = sim_factory("a", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
     b = sim_factory("b", total_vram_mib=24564, context_length=4096, time_scale=SCALE)
     for gpu in (a, b):
         httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"}, timeout=30)
     url = sidecar_factory([a, b], **mode).url
-    stream_in_background(url, "qwen3:8b", 2500, threading.Event())  # one slot, ~1 s
+    leave = threading.Event()
+    stream_in_background(url, "qwen3:8b", 20000, threading.Event(), leave)  # one slot
     free = a if not a.sim.runners["qwen3:8b"].refcount else b
     httpx.post(f"{free.url}/_sim/fault", json={"mode": "error", "count": 1, "status": 500})
-    r = chat(url, "qwen3:8b")  # the free copy fails; the retry must wait for the busy one
+    with ThreadPoolExecutor(1) as pool:
+        # the free copy fails; the retry must wait for the busy one
+        reply = pool.submit(chat, url, "qwen3:8b")
+        assert eventually(lambda: waiting_calls(url, "qwen3:8b")), reply.result() \
+            if reply.done() else "not waiting"
+        leave.set()
+        r = reply.result(30)
     assert r.status_code == 200, r.text
     assert r.headers["x-kubemoot-provider"] != free.config.name
     assert int(r.headers["x-kubemoot-waited-ms"]) > 0

@@ -222,15 +222,26 @@ def test_a_busy_wait_ends_when_capacity_frees(sim_factory: Sims, sidecar_factory
                                               mode: dict[str, Any]) -> None:
     gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
     url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=20, **mode).url
-    busy = threading.Event()
-    worker = stream_in_background(url, "qwen3:8b", 1000, busy)  # ~0.4 s
+    leave = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 20000, threading.Event(), leave)
     started = time.monotonic()
-    r = chat(url, "qwen3:14b")
+    replies: list[httpx.Response] = []
+    caller = threading.Thread(target=lambda: replies.append(chat(url, "qwen3:14b")))
+    caller.start()
+    assert eventually(lambda: waiting_calls(url, "qwen3:14b"))
+    leave.set()  # the 8b's agent leaves: its slot and memory free
+    caller.join(30)
+    r = replies[0]
     assert r.status_code == 200
     assert int(r.headers["x-kubemoot-waited-ms"]) > 0
     assert r.headers["x-kubemoot-placement"] == "evict"
     assert time.monotonic() - started < 10  # woken by the release, not by the limit
     worker.join(30)
+
+
+def waiting_calls(url: str, model: str) -> int:
+    demand = httpx.get(f"{url}/kubemoot/v1/state").json()["demand"]
+    return int(demand.get(model, {}).get("waiters") or 0)
 
 
 def test_model_too_large_is_507(sim_factory: Sims, sidecar_factory: Sidecars) -> None:
@@ -941,12 +952,12 @@ def test_a_client_that_gives_up_while_waiting_is_never_placed(sim_factory: Sims,
                                                               ) -> None:
     gpu = sim_factory("gpu", total_vram_mib=16376, time_scale=SCALE)
     url = sidecar_factory([gpu], discuss_gpu_wait_limit_seconds=30).url
-    busy = threading.Event()
-    worker = stream_in_background(url, "qwen3:8b", 1500, busy)  # ~0.6 s
+    leave = threading.Event()
+    worker = stream_in_background(url, "qwen3:8b", 20000, threading.Event(), leave)
     with pytest.raises(httpx.ReadTimeout):
         chat(url, "qwen3:14b", timeout=0.2)  # waits for memory, then the client leaves
-    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/state").json()["demand"]
-                      .get("qwen3:14b", {}).get("waiters"))
+    assert eventually(lambda: not waiting_calls(url, "qwen3:14b"))
+    leave.set()
     worker.join(30)
     time.sleep(0.3)  # the release has happened; an abandoned waiter would be placed now
     assert "qwen3:14b" not in gpu.sim.stats.requests_by_model
