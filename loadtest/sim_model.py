@@ -266,7 +266,7 @@ class SimModel:
     def compute_mib(self, num_ctx: int, slots: int, batch: int = 512,
                     version: str = CURRENT_VERSION, window_batch: int = 0,
                     flash_attention: bool = True, new_engine: bool = False) -> int:
-        """A copy's compute buffers: with flash attention compute_base_mib and the batch's
+        """A copy's compute buffers: with flash attention base_compute_mib and the batch's
         surcharge (`batch`, 0 for an embedding model); without, at least the scores of the
         runner's batch (`window_batch`, else `batch`, else 512) against its cache
         (sim_engine.attention_scores_bytes), or against the batch itself for an encoder
