@@ -465,8 +465,12 @@ class SimModel:
         per_element = ESTIMATE_KV_BYTES.get(cache_type, 2.0)
         heads_kv = self.kv_per_layer
         kv = [int(context * (key + value) * h * per_element) if h else 0 for h in heads_kv]
-        layers = tuple(groups.get(f"blk.{i}", 0) + kv[i] for i in range(self.block_count))
         output = groups.get("output_norm", 0) + groups.get("output", groups.get("token_embd", 0))
+        # The listed tensors are a made-up dense layout, smaller than the file: the layers
+        # hold what of the file the GPU takes beside the output layer (gpu_weights_mib)
+        layer_weights = max(0, int(self.gpu_weights_mib * MIB) - output) // \
+            max(self.block_count, 1)
+        layers = tuple(layer_weights + kv[i] for i in range(self.block_count))
         E, H, V = self.embedding_length, self.head_count, self.tokenizer.vocab
         if self.arch == "llama":
             h_kv, d = max(heads_kv), E // H

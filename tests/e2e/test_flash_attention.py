@@ -44,7 +44,7 @@ def test_a_first_copy_without_flash_attention_is_counted_with_its_scores(
                                              options={"num_ctx": CONTEXT, "num_predict": 4})
     reported = httpx.get(f"{gpu.url}/api/ps").json()["models"][0]["size_vram"]
     held = gpu.sim.runners[LLAMA.name].vram_mib  # what the card holds
-    # before 0.30 /api/ps reports Ollama's estimate of a llama-engine copy (7179 MiB at
+    # before 0.30 /api/ps reports Ollama's estimate of a llama-engine copy (7780 MiB at
     # 0.12.6: SimModel.llama_estimate), from 0.30 what it holds
     assert reported == (held * MIB if version == "0.33.0" else
                         LLAMA.llama_estimate(CONTEXT, 1, 512, "f16", version).reported_bytes)
