@@ -19,6 +19,7 @@ from .sim_engine import (
     INPUT_TOO_LONG,
     LAST_POOLING,
     MIB,
+    MINIMUM_MEMORY_MIB,
     NUM_KEEP,
     ONE_SLOT_FAMILIES,
     PROMPT_TOO_LONG,
@@ -77,6 +78,71 @@ FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "MXFP4": 4, "Q8_0": 7, "
 # Bytes per weight of a table at the file's type (a Q4_K_M file's tables are Q4_K: 144 B a
 # block of 256)
 TABLE_BYTES_PER_WEIGHT = {"F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32}
+
+
+# ggml's types as the simulator's tensors use them: (values a block, bytes a block)
+# (ggml/src/ggml.c type_traits; Ollama's fs/ggml/type.go TypeSize / BlockSize)
+GGML_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34),
+               "Q4_K": (256, 144), "Q6_K": (256, 210)}
+
+
+def tensor_bytes(tensor: dict[str, Any]) -> int:
+    """A tensor's size in the file, as Ollama's Tensor.Size reads it (elements x type size /
+    block size, v0.12.6 fs/ggml/gguf.go)."""
+    block, size = GGML_BLOCKS[tensor["type"]]
+    return math.prod(tensor["shape"]) * size // block
+
+
+# What Ollama's estimator counts a KV cache element at (kvCacheBytesPerElement, v0.12.6
+# fs/ggml/ggml.go:904-915): q8_0 1 byte, q4_0 half, anything else f16's 2
+ESTIMATE_KV_BYTES = {"q8_0": 1.0, "q4_0": 0.5, "f32": 4.0}
+# The llama engine's estimate before 0.12.11 is llm/memory.go's (deleted by f560bd077)
+MEMORY_GO_UNTIL = (0, 12, 11)
+# From 0.13.3 an embedding model's batch is its context (v0.24.0 llm/server.go:552-555)
+EMBEDDING_BATCH_SINCE = (0, 13, 3)
+
+
+@dataclass(frozen=True)
+class LlamaEstimate:
+    """Ollama's estimate of a copy on the llama engine before 0.30, in bytes (what /api/ps
+    reports and the fit check uses; not what llama.cpp allocates).
+
+    `layers` W_i + KV_i of each blk.i; `output` output_norm + output (token_embd when tied);
+    `buffer` blk.0's W_0 + KV_0 once more; `full`/`partial` GraphSize's graphFullOffload and
+    graphPartialOffload; `minimum` CUDA's MinimumMemory (457 MiB, v0.12.6 discover/gpu.go:
+    67-69; v0.24.0 ml/device.go:353-358); `memory_go` 0.12.6-0.12.10 (llm/memory.go)."""
+
+    layers: tuple[int, ...]
+    output: int
+    buffer: int
+    full: int
+    partial: int
+    minimum: int
+    memory_go: bool
+
+    @property
+    def reported_bytes(self) -> int:
+        """VRAMSize = TotalSize of a copy fully on the GPU: 0.12.6-0.12.10 the GPU's
+        allocations, MinimumMemory + the buffer layer + layers + output + full graph
+        (v0.12.6 llm/memory.go:306-337, 342-356, 364-374, 386, 423); 0.12.11-0.29 the layers,
+        output and graph only (v0.24.0 llm/server.go:576-693, MemorySize :1895-1921)."""
+        core = sum(self.layers) + self.output + self.full
+        return core + self.minimum + self.buffer if self.memory_go else core
+
+    @property
+    def required_bytes(self) -> int:
+        """What a load beside other models needs free (requireFull; OLLAMA_GPU_OVERHEAD 0):
+        MinimumMemory + the buffer layer + layers + output + the larger graph (v0.12.6
+        llm/memory.go:324, 349; v0.24.0 llm/server.go:563-566, 1004, 1184)."""
+        return self.minimum + self.buffer + sum(self.layers) + self.output + \
+            max(self.partial, self.full)
+
+    def fits(self, free_bytes: int) -> bool:
+        """0.12.6-0.12.10: every layer and the output strictly under the free memory
+        (llm/memory.go:349 `FreeMemory > overhead+used+memoryLastLayer`, all layers needed,
+        :92); from 0.12.11 the layers up to it (v0.24.0 llm/server.go:1184 `<=`)."""
+        need = self.required_bytes
+        return free_bytes > need if self.memory_go else free_bytes >= need
 
 
 @dataclass(frozen=True)
@@ -365,6 +431,61 @@ class SimModel:
             self.disk_mib * MIB, self.block_count, min(self.kv_per_layer),
             self.embedding_length,
             self.head_count, num_ctx * slots) / MIB)
+
+    def llama_estimate(self, num_ctx: int, slots: int, batch: int, cache_type: str,
+                       version: str) -> LlamaEstimate:
+        """Ollama's estimate of a copy on the llama engine before 0.30 (LlamaEstimate), from
+        the tensors /api/show lists (tensors()): `num_ctx` each slot's (capped at the trained
+        context), `batch` the call's num_batch (512 by default), `cache_type` the copy's.
+
+        GraphSize (v0.12.6 fs/ggml/ggml.go:550-797; v0.24.0 :600-): each layer's KV is
+        context x slots x (key + value head dims) x its KV heads x the cache type's bytes
+        (none for a layer without KV heads, as lfm2's convolutions); the batch is min(num_ctx,
+        num_batch) (v0.12.6 llm/memory.go:210; v0.24.0 llm/server.go:173), an embedding
+        model's at least its context from 0.13.3 (v0.24.0 :552-555). "llama": full =
+        max(4b(1+4E+c(1+H)), 4b(E+V)), partial = 4bE + max(4b(1+E+max(c,E)) + E*E*9/16 +
+        4c(bH + d*Hkv), 4b(E+V) + E*V*105/128) (v0.12.6 :614-625; v0.24.0 :664-).
+        Architectures without a case (phi3, cohere2, olmo3, lfm2, nomic-bert) get 0, which
+        memory.go / Load set to
+        HeadCountMax / HeadCountKVMin (0 taken as 1) x all the KV / 6 (v0.12.6 llm/memory.go:
+        221-231; v0.24.0 llm/server.go:631-641)."""
+        tensors = self.tensors()
+        groups: dict[str, int] = {}
+        for t in tensors:
+            name = t["name"]
+            group = ".".join(name.split(".")[:2]) if name.startswith("blk.") else \
+                name.split(".")[0]
+            groups[group] = groups.get(group, 0) + tensor_bytes(t)
+        v = version_tuple(version)
+        context = num_ctx * slots
+        b = min(num_ctx, batch)
+        if self.embedding and v >= EMBEDDING_BATCH_SINCE:
+            b = max(b, num_ctx)
+        key, value = self.head_dims()
+        per_element = ESTIMATE_KV_BYTES.get(cache_type, 2.0)
+        heads_kv = self.kv_per_layer
+        kv = [int(context * (key + value) * h * per_element) if h else 0 for h in heads_kv]
+        output = groups.get("output_norm", 0) + groups.get("output", groups.get("token_embd", 0))
+        # The listed tensors are a made-up dense layout, smaller than the file: the layers
+        # hold what of the file the GPU takes beside the output layer (gpu_weights_mib)
+        layer_weights = max(0, int(self.gpu_weights_mib * MIB) - output) // \
+            max(self.block_count, 1)
+        layers = tuple(layer_weights + kv[i] for i in range(self.block_count))
+        E, H, V = self.embedding_length, self.head_count, self.tokenizer.vocab
+        if self.arch == "llama":
+            h_kv, d = max(heads_kv), E // H
+            full = max(4 * b * (1 + 4 * E + context * (1 + H)), 4 * b * (E + V))
+            partial = 4 * b * E + max(
+                4 * b * (1 + E + max(context, E)) + E * E * 9 // 16
+                + 4 * context * (b * H + d * h_kv),
+                4 * b * (E + V) + E * V * 105 // 128)
+        else:
+            gqa = H // (min(heads_kv) or 1)
+            full = partial = gqa * sum(kv) // 6
+        memory_go = v < MEMORY_GO_UNTIL
+        return LlamaEstimate(layers=layers, output=output, buffer=layers[0] if layers else 0,
+                             full=full, partial=partial,
+                             minimum=MINIMUM_MEMORY_MIB * MIB, memory_go=memory_go)
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -51,6 +51,7 @@ from .sim_engine import (
     fits_in_80,
     mmap_default,
     needs_reload,
+    own_engine,
     resolve_options,
     version_tuple,
 )
@@ -67,6 +68,7 @@ from .sim_gpus import (
 )
 from .sim_model import (
     RECOVERY_TIMEOUT_S,
+    LlamaEstimate,
     PromptTokens,
     SimConfig,
     SimModel,
@@ -137,6 +139,14 @@ class Runner:
     listed: bool = False
     # Its part on each GPU of a server with several (sim_gpus); None on one GPU
     parts: Parts | None = None
+    # What Ollama reports it holds when that is its estimate, not llama.cpp's buffers (the
+    # llama engine before 0.30: SimModel.llama_estimate), in bytes; None: what it holds
+    reported_bytes: int | None = None
+
+    @property
+    def reported_vram_bytes(self) -> int:
+        """Its VRAMByGPU / size_vram: the estimate when Ollama reports one, else its VRAM."""
+        return self.vram_mib * MIB if self.reported_bytes is None else self.reported_bytes
 
     @property
     def crashed(self) -> bool:
@@ -633,18 +643,35 @@ class OllamaSim:
                 return await self._load(model, request, ctx, slots, need,
                                         c.keep_alive_s if keep_alive_s is None else keep_alive_s,
                                         (use, compute))
+            estimate = None
+            if not self.newest and not own_engine(model.arch, model.embedding, c.new_engine):
+                estimate = model.llama_estimate(ctx, slots, 512 if request.num_batch_auto
+                                                else request.num_batch,
+                                                c.cache_type_for(model), c.version)
             if self.by_blob:
                 if self.newest:
                     free = self.fit_free_mib()
                     fits = fits_in_80(model.estimate_mib(ctx, slots), c.total_vram_mib,
                                       c.total_vram_mib - free)
+                elif estimate is not None:
+                    fits = estimate.fits(self.estimator_free_bytes())
                 else:  # 0.12's estimator keeps the same minimum for CUDA
                     fits = need + MINIMUM_MEMORY_MIB <= c.total_vram_mib - self.driver_used_mib()
                 if not fits:
                     await self._evict(f"{model.name} needs room")
                     continue
             return await self._load(model, request, ctx, slots, need,
-                                    c.keep_alive_s if keep_alive_s is None else keep_alive_s)
+                                    c.keep_alive_s if keep_alive_s is None else keep_alive_s,
+                                    estimate=estimate)
+
+    def estimator_free_bytes(self) -> int:
+        """The free memory a load before 0.30 is fitted into (updateFreeSpace, v0.12.6
+        server/sched.go:511-548; v0.24.0 :590-630): the driver's figure, lowered to the total
+        less what the loaded runners report (VRAMByGPU: a llama-engine copy's estimate)."""
+        c = self.config
+        reported = sum(r.reported_vram_bytes for r in self.by_blob.values())
+        driver = (c.total_vram_mib - self.driver_used_mib()) * MIB
+        return max(0, min(driver, c.total_vram_mib * MIB - reported))
 
     def gpu_free_mib(self) -> list[int]:
         """What the driver says each GPU has free: its size less every runner's part on it
@@ -728,7 +755,8 @@ class OllamaSim:
 
     async def _load(self, model: SimModel, request: LoadOptions, ctx: int, slots: int,
                     need: int, keep_alive_s: float,
-                    spread: tuple[list[int], int] | None = None) -> Runner:
+                    spread: tuple[list[int], int] | None = None,
+                    estimate: LlamaEstimate | None = None) -> Runner:
         c = self.config
         parts = None
         if spread is None:
@@ -751,6 +779,8 @@ class OllamaSim:
                         vram_mib=vram, slots=asyncio.Semaphore(slots), slot_count=slots,
                         keep_alive_s=keep_alive_s, free_at_load_mib=max(0, free),
                         cache=PromptCache(slots, self.config.version), parts=parts)
+        if estimate is not None and not runner.spilled:
+            runner.reported_bytes = estimate.reported_bytes  # (a spilled copy: what it holds)
         self.by_blob[model.weights] = runner
         self.stats.loads += 1
         if runner.spilled:
@@ -900,8 +930,9 @@ class OllamaSim:
             models.append({
                 **self._describe(runner.model),
                 "expires_at": expires.isoformat().replace("+00:00", "Z"),
-                "size": runner.footprint_mib * MIB,
-                "size_vram": runner.vram_mib * MIB,
+                "size": runner.footprint_mib * MIB if runner.reported_bytes is None
+                else runner.reported_bytes,
+                "size_vram": runner.reported_vram_bytes,
                 "context_length": self._listed_ctx(runner),
             })
         models.sort(key=lambda m: m["expires_at"], reverse=True)

@@ -1,5 +1,6 @@
 """A first copy without flash attention, end to end: the sidecar's figure before the load
-against what the simulated Ollama then holds (/api/ps size_vram), where the copy's compute
+against what the simulated Ollama then holds (its runner's VRAM; /api/ps reports Ollama's
+estimate before 0.30, "The llama engine's estimate in the simulator"), where the copy's compute
 holds a batch's attention scores (docs/engine.md, "Flash attention")."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import httpx
 import ollama
 import pytest
 
+from loadtest.sim_engine import MIB
 from loadtest.sim_model import CATALOG
 from tests.conftest import eventually
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims
@@ -40,7 +42,12 @@ def test_a_first_copy_without_flash_attention_is_counted_with_its_scores(
     counted = _verdict(sidecar.url)["footprintTotalMiB"]
     ollama.Client(host=sidecar.url).generate(model=LLAMA.name, prompt="hi",
                                              options={"num_ctx": CONTEXT, "num_predict": 4})
-    held = httpx.get(f"{gpu.url}/api/ps").json()["models"][0]["size_vram"] >> 20
+    reported = httpx.get(f"{gpu.url}/api/ps").json()["models"][0]["size_vram"]
+    held = gpu.sim.runners[LLAMA.name].vram_mib  # what the card holds
+    # before 0.30 /api/ps reports Ollama's estimate of a llama-engine copy (7780 MiB at
+    # 0.12.6: SimModel.llama_estimate), from 0.30 what it holds
+    assert reported == (held * MIB if version == "0.33.0" else
+                        LLAMA.llama_estimate(CONTEXT, 1, 512, "f16", version).reported_bytes)
     # llama3.2's 24 heads over 32768 tokens: 1624 MiB of scores, 600 over the compute the
     # copy holds with flash attention
     batch = gpu.sim.resolve(LLAMA, {"model": LLAMA.name,

@@ -186,16 +186,28 @@ def _size_vram(sim: SimServer, model: str, num_ctx: int) -> int:
     return int(next(m for m in listed if m["model"] == model)["size_vram"]) // MIB
 
 
+def _held(sim: SimServer, model: str, num_ctx: int) -> tuple[int, int]:
+    """What the card holds of the copy, and what /api/ps reports (MiB)."""
+    reported = _size_vram(sim, model, num_ctx)
+    return sim.sim.runners[model].vram_mib, reported
+
+
 def test_a_pre_0_30_card_holds_the_scores_of_a_llama_model(sim_factory: Sims) -> None:
-    """/api/ps of Llama 3 8B at 8192 (batch 512): 0.12.6 runs it without flash attention
-    (llama is not in its list), so it holds 561 - 259 MiB more than 0.33.0, which runs it
-    with; the same once OLLAMA_FLASH_ATTENTION is set."""
+    """Llama 3 8B at 8192 (batch 512): 0.12.6 runs it without flash attention (llama is not
+    in its list), so the card holds 561 - 259 MiB more than 0.33.0's, which runs it with;
+    the same once OLLAMA_FLASH_ATTENTION is set. 0.12.6's /api/ps reports Ollama's estimate
+    (SimModel.llama_estimate), with or without: 6616 MiB; 0.33.0's what it holds."""
     models = (LLAMA_8B,)
-    old = _size_vram(sim_factory("old", models=models, version="0.12.6"), LLAMA_8B.name, 8192)
-    new = _size_vram(sim_factory("new", models=models, version="0.33.0"), LLAMA_8B.name, 8192)
+    old, old_ps = _held(sim_factory("old", models=models, version="0.12.6"), LLAMA_8B.name,
+                        8192)
+    new, new_ps = _held(sim_factory("new", models=models, version="0.33.0"), LLAMA_8B.name,
+                        8192)
     assert old - new == 561 - 259
+    assert new_ps == new and old_ps == 6616
+    assert old_ps == LLAMA_8B.llama_estimate(8192, 1, 512, "f16", "0.12.6").reported_bytes \
+        // MIB
     flash = sim_factory("flash", models=models, version="0.12.6", flash_attention=True)
-    assert _size_vram(flash, LLAMA_8B.name, 8192) == new
+    assert _held(flash, LLAMA_8B.name, 8192) == (new, old_ps)
 
 
 def test_a_spread_copys_compute_on_each_gpu_is_its_footprints(sim_factory: Sims) -> None:
