@@ -434,8 +434,9 @@ class SimModel:
 
     def llama_estimate(self, num_ctx: int, slots: int, batch: int, cache_type: str,
                        version: str) -> LlamaEstimate:
-        """Ollama's estimate of a copy on the llama engine before 0.30 (LlamaEstimate), from
-        the tensors /api/show lists (tensors()): `num_ctx` each slot's (capped at the trained
+        """Ollama's estimate of a copy on the llama engine before 0.30 (LlamaEstimate): the
+        output layer as /api/show lists it (tensors()), the layers what of the file the GPU
+        holds beside it; `num_ctx` each slot's (capped at the trained
         context), `batch` the call's num_batch (512 by default), `cache_type` the copy's.
 
         GraphSize (v0.12.6 fs/ggml/ggml.go:550-797; v0.24.0 :600-): each layer's KV is
