@@ -41,6 +41,7 @@ from typing import Any
 from . import sim_cloud
 from .sim_cache import PromptCache
 from .sim_engine import (
+    DEFAULT_NUM_BATCH,
     MIB,
     MINIMUM_MEMORY_MIB,
     SERVER_BUSY,
@@ -507,6 +508,10 @@ class OllamaSim:
                                   model.model_family, model.slots(c.num_parallel, c.version),
                                   dict(model.parameters), model.draft is not None)
         options = replace(options, adapter=model.adapter)
+        if not self.newest and options.num_batch_auto:
+            # No automatic batch before 0.30 (server/sched.go has none at v0.24.0): the
+            # runner's is api.DefaultOptions' 512, with no compute surcharge
+            return replace(options, num_batch=DEFAULT_NUM_BATCH)
         if model.embedding and self.newest and options.num_batch_auto:
             # HEAD sets an embedding model's num_batch, not automatic (server/routes.go:
             # 150-152, 216-218): compared as any other in needsReload

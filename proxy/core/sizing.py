@@ -159,10 +159,11 @@ def compute_mib(info: ModelInfo, view: ProviderView, context: int, slots: int) -
     """The compute a copy holds beyond a batch of 512's with flash attention (which the
     weights part counts, `first_load_weights_mib`): the batch tiers, and without flash
     attention what its attention scores take above both (core/attention.py)."""
-    tiers = graph_mib(context * slots)
+    version = parse_version(view.version)
+    # The automatic batch and its compute are 0.30's: before, every runner's batch is 512
+    tiers = graph_mib(context * slots) if version >= LLAMA_SERVER_SINCE else 0
     if flash_attention(info, view):
         return tiers
-    version = parse_version(view.version)
     batch = automatic_batch(context * slots) if version >= LLAMA_SERVER_SINCE else BATCH
     scores = scores_compute_mib(info, context, slots, version, batch)
     return tiers + max(0, scores - first_load_compute_mib(info) - tiers)

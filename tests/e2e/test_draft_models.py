@@ -73,13 +73,14 @@ def test_a_model_with_a_draft_is_sized_with_it_and_two_loads_never_overcommit(
 @pytest.mark.parametrize("version", ["0.12.6"])
 def test_before_0_30_a_draft_adds_nothing(sim_factory: Sims, sidecar_factory: Sidecars,
                                           version: str) -> None:
-    """0.12 knows no DRAFT layer: its copy is the model alone, and /api/show names none."""
+    """0.12 knows no DRAFT layer: its copy is the model alone, and /api/show names none; nor
+    an automatic batch, whose compute (768 MiB at 16384 tokens) is 0.30's."""
     gpu = sim_factory("gpu", total_vram_mib=22000, context_length=16384, version=version,
                       models=(SPEC_A,), time_scale=SCALE)
     url = sidecar_factory([gpu]).url
     verdict = _verdict(url, "spec-a")
     assert "footprintDraftMiB" not in verdict
-    assert verdict["footprintTotalMiB"] == 5700 - 333 + 305 + 2304 + 768
+    assert verdict["footprintTotalMiB"] == 5700 - 333 + 305 + 2304
 
 
 def test_a_model_of_the_same_file_with_another_draft_joins_the_copy(

@@ -94,18 +94,17 @@ def footprint(view: ProviderView, context: int, observed: dict[int, int] | None 
 
 
 def test_a_copy_without_flash_attention_counts_its_scores() -> None:
-    for context, tiers in ((4096, 0), (8192, 768), (32768, 768)):
+    for context in (4096, 8192, 32768):
         with_fa, graph_fa, _ = footprint(card("0.12.6", True), context)
         without, graph, source = footprint(card("0.12.6"), context)
         scores = scores_compute_mib(LLAMA, context, 1, (0, 12, 6), 512)
-        assert graph_fa == tiers
+        assert graph_fa == 0  # a batch of 512 at any context before 0.30: no batch tier
         # the scores replace the compute a batch has with flash attention when larger
-        assert graph == tiers + max(0, scores - first_load_compute_mib(LLAMA) - tiers)
+        assert graph == max(0, scores - first_load_compute_mib(LLAMA))
         assert without - with_fa == graph - graph_fa
         assert "without flash attention" in source
-    # at 32768 tokens: 2145 MiB of scores, less the 259 of a batch's logits and the 768 of
-    # the batch tier the copy has either way
-    assert footprint(card("0.12.6"), 32768)[1] == 768 + 2145 - 259 - 768
+    # at 32768 tokens: 2145 MiB of scores, less the 259 of a batch's logits
+    assert footprint(card("0.12.6"), 32768)[1] == 2145 - 259
 
 
 def test_a_copy_seen_without_flash_attention_scales_its_scores_with_the_context() -> None:

@@ -13,7 +13,8 @@ import httpx
 
 from loadtest.ollama_sim import SimServer
 from loadtest.sim_engine import MIB, MINIMUM_MEMORY_MIB
-from loadtest.sim_model import CATALOG, LFM2_1_2B, SimModel, tensor_bytes
+from loadtest.sim_model import CATALOG, LFM2_1_2B, SimConfig, SimModel, tensor_bytes
+from loadtest.sim_sched import OllamaSim
 
 Sims = Callable[..., SimServer]
 
@@ -161,3 +162,13 @@ def test_a_copy_that_fits_physically_but_not_by_the_estimate_evicts(sim_factory:
         assert sim.sim.stats.self_evictions == (1 if evicts else 0), version
         assert (PHI3.name in sim.sim.runners) is not evicts, version
         assert sim.sim.stats.spills == 0
+
+
+def test_before_0_30_a_runner_s_batch_is_512_with_no_compute_tier() -> None:
+    """The automatic batch and its compute (768 MiB from 4097 tokens in all, 2 GiB above
+    32768) are 0.30's (server/sched.go:798-833, 906-915); v0.24.0's scheduler has none."""
+    qwen3 = next(m for m in CATALOG if m.name == "qwen3:8b")
+    body = {"model": qwen3.name, "options": {"num_ctx": 16384}}
+    for version, batch in (("0.12.6", 512), ("0.24.0", 512), ("0.33.0", 1024)):
+        sim = OllamaSim(SimConfig(models=CATALOG, version=version, num_parallel=2))
+        assert sim.resolve(qwen3, body).num_batch == batch, version
