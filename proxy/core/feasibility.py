@@ -19,7 +19,7 @@ from proxy.core.occupancy import (
     same_runner,
     sibling_loading,
 )
-from proxy.core.sizing import Footprint, Sizer
+from proxy.core.sizing import Footprint, Sizer, admission_rule
 from proxy.core.types import CallSpec, Circuit, Lack, ProviderHealth, Resident
 
 HEALTHY = ProviderHealth()
@@ -308,6 +308,7 @@ def check(index: ProviderIndex, model: str, fitting: Fitting,
             return Fit(False, f"Ollama would unload a model first or spill: {need} MiB "
                               f"spread over {index.view.gpus} GPUs (or its estimate "
                               f"{footprint.estimate_mib} MiB) does not fit beside residents")
+        bound = "over 80 % of" if admission_rule(index.view) else "more than"
         return Fit(False, f"Ollama would unload a model first: its estimate "
-                          f"{footprint.estimate_mib} MiB is over 80 % of the memory free")
+                          f"{footprint.estimate_mib} MiB is {bound} the memory free")
     return Fit(True, f"fits: {need} MiB of {free} MiB free")

@@ -7,9 +7,10 @@ filter and cost reads, once per placement rather than once per candidate.
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
+from proxy.core import fit_before_030
 from proxy.core.engines import lists_before_read
 from proxy.core.gpus import FIT_MARGIN_MIB, RUNNER_OVERHEAD_MIB, spread_fits
 from proxy.core.lengths import CallLengths
@@ -62,7 +63,9 @@ def stale_views(residents: Iterable[Resident]) -> dict[str, int]:
 
 def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Sequence[Load],
                       beside: Mapping[str, int] | None = None,
-                      newcomer: Load | None = None) -> Load | None:
+                      newcomer: Load | None = None,
+                      admits: Callable[[int, int, int], bool] = ollama_admits
+                      ) -> Load | None:
     """Ollama loads one model at a time, in the order the calls reach it, on every version
     (processPending; docs/engine.md, "Loads, one at a time on every version"): each load in
     flight must pass its 80 % rule beside the residents it does not evict and every other load.
@@ -71,7 +74,9 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
     Ollama asks is a map's order, so the stalest). A load in flight counts the others in its
     `beside_mib` (the claims keep that so), but not itself: a runner that loaded first never
     saw the load it is checked against. `newcomer`: a load not claimed yet, which no other's
-    figure counts. The first load that would not, or None."""
+    figure counts. `admits(estimate, total, taken)`: the rule, the 80 % one by default
+    (before 0.30: `fit_before_030.fits`, with no `beside`). The first load that would not,
+    or None."""
     for load in loads:
         if not load.estimate_mib:
             continue
@@ -91,8 +96,30 @@ def admission_problem(total_mib: int, residents: Mapping[str, int], loads: Seque
                     stale = max(stale, other.footprint_mib + RUNNER_OVERHEAD_MIB +
                                 max(0, other.beside_mib - own))
         counted = max(used + RUNNER_OVERHEAD_MIB * others, stale)
-        if others and not ollama_admits(load.estimate_mib, total_mib, counted):
+        if others and not admits(load.estimate_mib, total_mib, counted):
             return load
+    return None
+
+
+def ollama_refuses(view: ProviderView, residents: Mapping[str, int], loads: Sequence[Load],
+                   beside: Mapping[str, int], newcomer: Load | None = None) -> Load | None:
+    """The first load in flight Ollama would not load beside the rest, by its 80 % rule
+    from 0.30 (`admission_problem`) or its fit check before (core/fit_before_030.py), or
+    None. (Over several GPUs before 0.30, `spread_problem` stands for it.)"""
+    total = view.total_vram_mib
+    if total is None:
+        return None
+    if admission_rule(view):
+        return admission_problem(total, residents, loads, beside, newcomer)
+    if fit_before_030.applies(view):
+        def fits(required: int, total_mib: int, taken: int) -> bool:
+            return fit_before_030.fits(required, total_mib, taken, view)
+        # a load in flight takes what Ollama's estimate reports of it, once loaded
+        taken = [replace(load, footprint_mib=fit_before_030.taken_mib(
+            load.footprint_mib, load.estimate_mib)) for load in loads]
+        arrived = next((t for load, t in zip(loads, taken, strict=True) if load is newcomer), None)
+        refused = admission_problem(total, residents, taken, newcomer=arrived, admits=fits)
+        return next((load for load, t in zip(loads, taken, strict=True) if t is refused), None)
     return None
 
 
@@ -225,8 +252,8 @@ class ProviderIndex:
         return self.slots(model) - self.calls_by_model.get(model, 0)
 
     def admits(self, load: Load) -> bool:
-        """Ollama's own admission (its 80 % rule, from 0.30) of `load` here, beside the
-        loads already in flight (in whatever order they reach it)."""
+        """Ollama's own admission of `load` here (its 80 % rule from 0.30, its fit check
+        before), beside the loads already in flight (in whatever order they reach it)."""
         if not load.estimate_mib or self.view.total_vram_mib is None:
             return True
         if self._admission is None:
@@ -236,8 +263,7 @@ class ProviderIndex:
         loads, residents, beside = self._admission
         if spread_problem(self.view, residents, [*loads, load]) is not None:
             return False
-        return not admission_rule(self.view) or admission_problem(
-            self.view.total_vram_mib, residents, [*loads, load], beside, newcomer=load) is None
+        return ollama_refuses(self.view, residents, [*loads, load], beside, load) is None
 
     def running(self) -> dict[str, tuple[int, float]]:
         """Per model with calls running here (not plans, not on a copy being loaded): how
@@ -544,14 +570,14 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         return t.footprint_mib if _loads(t, lasting) else \
             min(t.footprint_mib, policy.warm_scratch_mib)
 
-    if _loads(new, lasting) and new.estimate_mib and admission_rule(view):
+    if _loads(new, lasting) and new.estimate_mib:
         loads = [Load.of(t) for t in [*live, new] if _loads(t, lasting)]
-        refused = admission_problem(view.total_vram_mib, residents, loads,
-                                    stale_views(view.residents))
+        refused = ollama_refuses(view, residents, loads, stale_views(view.residents))
         if refused is not None:
+            bound = "over 80 % of" if admission_rule(view) else "more than"
             return False, (f"Ollama would unload a model to load {refused.model} beside the "
-                           f"rest ({refused.estimate_mib} MiB by its estimate, over 80 % of "
-                           "the memory free)")
+                           f"rest ({refused.estimate_mib} MiB by its estimate, {bound} the "
+                           "memory free)")
     if _loads(new, lasting) and new.estimate_mib:
         spread = spread_problem(view, residents,
                                 [Load.of(t) for t in [*live, new] if _loads(t, lasting)])

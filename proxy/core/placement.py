@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from itertools import islice
 
-from proxy.core import affinity, context
+from proxy.core import affinity, context, fit_before_030
 from proxy.core.cost import (
     Backlog,
     backlog,
@@ -227,12 +227,14 @@ class _Planner:
         index = self.indexes[verdict.provider]
         if kind in ("cold", "evict"):
             resolved, footprint = self.fitting.load(index, model)
+            listed = fit_before_030.taken_mib(footprint.total_mib, footprint.estimate_mib) \
+                if footprint and fit_before_030.applies(index.view) else 0
             return Placement(
                 verdict.provider, model, kind, step,
                 footprint.total_mib if footprint else self.policy.warm_scratch_mib,
                 verdict.cost_s if cost_s is None else cost_s, evicts or {},
                 resolved.requested, self.fitting.window(index, model, resolved.context),
-                footprint.estimate_mib if footprint else 0,
+                footprint.estimate_mib if footprint else 0, listed,
                 loads_in_flight(index, self.snapshot, self.policy),
                 held_beside(model, evicts or {}, index.view.residents, index.loading.values()))
         recorded = self.fitting.copy_context(index, model)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from proxy.core import fit_before_030
 from proxy.core.attention import copy_cache_type, flash_attention, scores_compute_mib
 from proxy.core.context import Resolved, Version, effective, for_card, parse_version
 from proxy.core.engines import LLAMA_SERVER_SINCE, own_engine
@@ -323,7 +324,9 @@ class Footprint:
     weights_mib: int = 0
     kv_mib: int = 0
     graph_mib: int = 0
-    estimate_mib: int = 0  # Ollama's own estimate; 0 unknown (no architecture)
+    # Ollama's own estimate; 0 unknown (no architecture). From 0.30 its PredictServerVRAM
+    # (the 80 % rule); before, what its fit check asks free (core/fit_before_030.py)
+    estimate_mib: int = 0
     draft_mib: int = 0  # its DRAFT model's cache and compute (draft_mib); 0 none
 
     def parts(self) -> dict[str, int | str]:
@@ -416,8 +419,9 @@ class Sizer:
         info = self.info(model, view)
         if info is None or not info.kv_bytes_per_token or not recorded_ctx:
             if seen:
-                return Footprint(seen, f"seen on {view.name}", seen)
-            return self._without_architecture(model, view, declared)
+                return self._fit_estimate(Footprint(seen, f"seen on {view.name}", seen),
+                                          model, view, recorded_ctx, seen=True)
+            return self._without_architecture(model, view, declared, recorded_ctx)
         context = effective(recorded_ctx, info.trained_context)
         slots = model_slots(view, model)
         kv = kv_mib(info, context, slots, copy_cache_type(info, view), view.version)
@@ -426,8 +430,13 @@ class Sizer:
         disk = self.disk_mib(model, view)
         estimate = ollama_estimate_mib(info, disk, context, slots) if disk else 0
         if seen:
-            return Footprint(seen, f"seen on {view.name} at this context",
-                             max(0, seen - kv - graph - draft), kv, graph, estimate, draft)
+            weights = max(0, seen - kv - graph - draft)
+            if fit_before_030.applies(view):
+                estimate = fit_before_030.required_free_mib(
+                    info, view, seen, weights, kv, first_load_compute_mib(info) + graph,
+                    context, slots, seen=True)
+            return Footprint(seen, f"seen on {view.name} at this context", weights, kv, graph,
+                             estimate, draft)
         weights, source = self._calibrated_weights(model) or (
             first_load_weights_mib(info, disk), "architecture, file size and compute")
         floor = weights_floor_mib(info, disk)
@@ -445,6 +454,10 @@ class Sizer:
         extra = spread_graph_mib(graph, view.gpus)
         if extra:
             total, source = total + extra, f"{source}, spread over {view.gpus} GPUs"
+        if fit_before_030.applies(view):
+            estimate = fit_before_030.required_free_mib(
+                info, view, total, weights, kv, first_load_compute_mib(info) + graph, context,
+                slots, seen=False)
         return Footprint(total, source, weights, kv, graph, estimate, draft)
 
     def _calibrated_weights(self, model: str) -> tuple[int, str] | None:
@@ -496,24 +509,42 @@ class Sizer:
                     best = (weights, f"calibrated from {view.name} at {context} x {slots}")
         return best
 
-    def _without_architecture(self, model: str, view: ProviderView, declared: int | None
-                              ) -> Footprint | None:
-        """No KV arithmetic possible: the largest copy seen, else declared, else disk x
-        factor (most measured first; none of them follows the context)."""
+    def _without_architecture(self, model: str, view: ProviderView, declared: int | None,
+                              context: int) -> Footprint | None:
+        """No KV arithmetic possible (an encoder keeps no cache): the largest copy seen, else
+        declared, else disk x factor (most measured first; none of them follows the
+        context)."""
         seen = max((mib for v in self.views for mib in v.observed.get(model, {}).values()),
                    default=0)
         if seen:
-            return Footprint(seen, "seen on a GPU (context not known to scale)", seen)
+            return self._fit_estimate(
+                Footprint(seen, "seen on a GPU (context not known to scale)", seen),
+                model, view, context, seen=True)
         if declared:
-            return Footprint(declared, "declared vramMib", declared)
+            return self._fit_estimate(Footprint(declared, "declared vramMib", declared),
+                                      model, view, context, seen=False)
         disk = self.disk_mib(model, view)
         if disk:
             # (a small file's compute buffers outgrow what the factor adds to it)
             least = first_load_weights_mib(self.info(model, view) or ModelInfo(), disk)
             total = max(int(disk * self.factor), least)
-            return Footprint(total, f"file size x {self.factor:g}, at least with its compute",
-                             total)
+            return self._fit_estimate(
+                Footprint(total, f"file size x {self.factor:g}, at least with its compute",
+                          total), model, view, context, seen=False)
         return None
+
+    def _fit_estimate(self, footprint: Footprint, model: str, view: ProviderView,
+                      context: int, seen: bool) -> Footprint:
+        """`footprint` with what Ollama's fit check before 0.30 asks free for it, all of it
+        taken as weights (no KV known to scale)."""
+        info = self.info(model, view)
+        if not fit_before_030.applies(view) or info is None:
+            return footprint
+        total = footprint.total_mib
+        estimate = fit_before_030.required_free_mib(
+            info, view, total, total, 0, first_load_compute_mib(info),
+            effective(context, info.trained_context), model_slots(view, model), seen)
+        return replace(footprint, estimate_mib=estimate)
 
 
 # ModelInfo.runner's parts that name files (service/prober.py runner_files), in their order
@@ -608,14 +639,16 @@ def kv_per_token(info: Mapping[str, object], arch: str) -> tuple[int, int]:
     return sum(kv_per_layer(info, arch)), estimate
 
 
-def attention_shape(info: Mapping[str, object], arch: str) -> tuple[int, int, bool]:
+def attention_shape(info: Mapping[str, object], arch: str
+                    ) -> tuple[int, int, bool, int, int]:
     """(the most query heads of a layer, the embedding length, key and value heads of one
-    size) from an /api/show `model_info`; (0, 0, True) when the keys are missing."""
+    size, the layers, the most KV heads of a layer) from an /api/show `model_info`;
+    (0, 0, True, 0, 0) when the keys are missing."""
     attention = _attention(info, arch)
     if attention is None:
-        return 0, 0, True
-    _, embedding, heads, _, key, value = attention
-    return max(heads), embedding, key == value
+        return 0, 0, True, 0, 0
+    blocks, embedding, heads, kv_heads, key, value = attention
+    return max(heads), embedding, key == value, blocks, max(kv_heads)
 
 
 def kv_per_layer(info: Mapping[str, object], arch: str) -> list[int]:

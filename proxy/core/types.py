@@ -79,6 +79,10 @@ class ModelInfo:
     embedding_length: int = 0
     # Key and value heads of one size (what flash attention needs, SupportsFlashAttention)
     head_dims_equal: bool = True
+    # Layers (<arch>.block_count) and the most KV heads of one: what Ollama's estimate before
+    # 0.30 sizes a layer and its graphs by (core/fit_before_030.py); 0 unknown
+    block_count: int = 0
+    kv_heads: int = 0
     # The weights file its Modelfile's FROM names (`sha256-...`): Ollama runs one copy per
     # weights file, whatever name loaded it; "" unknown
     weights: str = ""
@@ -334,6 +338,9 @@ class Placement:
     # the context the call will get (an embedding input: its window in it); 0 unknown
     context_length: int = 0
     estimate_mib: int = 0  # a load: Ollama's own estimate of it
+    # a load: what Ollama will list its copy at, when more than it holds (before 0.30, the
+    # llama engine's estimate: core/fit_before_030.py); 0 the footprint
+    listed_mib: int = 0
     loads_ahead: int = 0  # a load: loads in flight on its card when it was placed
     beside_mib: int = 0  # a load: what the copies staying beside it hold (Resident.beside_mib)
     # The model whose copy the call joins, when that is another model's of its weights file

@@ -58,11 +58,12 @@ def load_state(outcome: CallOutcome) -> LoadState:
 def left_loaded(placement: Placement, now: float, state: LoadState = "loaded"
                 ) -> Residency | None:
     """What a finished load leaves on the GPU, to count at once rather than at the next
-    probe; None when the call shared a copy (nothing changed) or its load failed. An
-    abandoned load counts until a probe shows whether it finished (Residency.abandoned)."""
+    probe (at what Ollama will list it at, where that is more); None when the call shared a
+    copy (nothing changed) or its load failed. An abandoned load counts until a probe shows
+    whether it finished (Residency.abandoned)."""
     if not placement.loads or state == "failed":
         return None
-    return Residency(placement.footprint_mib, placement.num_ctx, now,
+    return Residency(max(placement.footprint_mib, placement.listed_mib), placement.num_ctx, now,
                      loading=state != "loaded", abandoned=state == "abandoned",
                      beside=placement.beside_mib)
 

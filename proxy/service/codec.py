@@ -57,7 +57,8 @@ def encode_model_info(info: ModelInfo) -> dict[str, Any]:
             "swaChunked": info.swa_chunked, "tokenEmbeddingBytes": info.token_embedding_bytes,
             "cpuTableBytes": info.cpu_table_bytes, "logitsBytes": info.logits_bytes,
             "attentionHeads": info.attention_heads, "embeddingLength": info.embedding_length,
-            "headDimsEqual": info.head_dims_equal,
+            "headDimsEqual": info.head_dims_equal, "blockCount": info.block_count,
+            "kvHeads": info.kv_heads,
             **({"weights": info.weights} if info.weights else {}),
             **({"runner": info.runner} if info.runner else {}),
             **({"mtp": True} if info.mtp else {}),
@@ -82,6 +83,8 @@ def decode_model_info(d: dict[str, Any]) -> ModelInfo:
                      attention_heads=_int_or(d.get("attentionHeads"), 0),
                      embedding_length=_int_or(d.get("embeddingLength"), 0),
                      head_dims_equal=d.get("headDimsEqual") is not False,
+                     block_count=_int_or(d.get("blockCount"), 0),
+                     kv_heads=_int_or(d.get("kvHeads"), 0),
                      weights=str(d.get("weights") or ""), runner=str(d.get("runner") or ""),
                      mtp=d.get("mtp") is True)
 

@@ -180,7 +180,8 @@ def model_info(show: Any) -> ModelInfo:
     pooling = info.get(f"{arch}.pooling_type")
     family = str(details.get("family") or "") if isinstance(details, dict) else ""
     tensors = listed_tensors(show.get("tensors"))
-    heads, embedding, dims_equal = attention_shape(info, arch) if arch else (0, 0, True)
+    heads, embedding, dims_equal, blocks, kv_heads = attention_shape(info, arch) if arch \
+        else (0, 0, True, 0, 0)
     return ModelInfo(
         trained_context=trained_context(show), kv_bytes_per_token=real,
         estimate_kv_bytes_per_token=estimate, modelfile_num_ctx=modelfile_num_ctx(show),
@@ -196,6 +197,7 @@ def model_info(show: Any) -> ModelInfo:
         cpu_table_bytes=cpu_table_bytes(tensors), logits_bytes=batch_logits_bytes(
             tensors, info, arch),
         attention_heads=heads, embedding_length=embedding, head_dims_equal=dims_equal,
+        block_count=blocks, kv_heads=kv_heads,
         weights=weights_file(show), runner=runner_files(show), mtp=has_mtp(info, arch))
 
 

@@ -504,3 +504,34 @@ def test_a_model_created_from_a_file_seen_loaded_is_sized_as_its_copy(
     helper = verdict("phi3-helper")
     assert helper["footprintTotalMiB"] == real == 3916, helper
     assert "a copy of phi3:mini" in helper["footprintSource"]
+
+
+# Small llama-engine models, each a file of its own, 150 MiB apart: ~2.6-3.2 GiB a copy
+SMALL_LLAMAS = tuple(replace(next(m for m in CATALOG if m.name == "llama3.2:3b"),
+                             name=f"llama-{i}", weights="", disk_mib=1926 + 150 * i)
+                     for i in range(5))
+
+
+@pytest.mark.parametrize(("version", "total", "slots", "context", "kept"), [
+    ("0.24.0", 13650, 1, 4096, 3), ("0.12.11", 13650, 2, 4096, 3),
+    # 7.1-7.9 GiB by Ollama's estimate (no flash attention in its sums), 5.6-6.2 held: one
+    ("0.24.0", 14000, 2, 16384, 1),
+    ("0.12.6", 13650, 1, 4096, 3), ("0.33.0", 13650, 1, 4096, 4)])
+def test_a_card_of_many_small_copies_never_makes_ollama_unload_one_itself(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, total: int, slots: int,
+        context: int, kept: int) -> None:
+    """OLLAMA_MAX_LOADED_MODELS raised, five ~3 GiB models loaded one by one on one card.
+    Before 0.30 Ollama loads beside others only when the free memory it reads (the
+    driver's: every runner's CUDA context gone; or the total less the runners' reported
+    estimates) holds the new copy, the minimum again, a layer and its larger graph: the
+    sidecar's reserve alone held that for three runners, not four (docs/engine.md, "Ollama's
+    fit check before 0.30")."""
+    gpu = sim_factory("gpu", total_vram_mib=total, context_length=context, version=version,
+                      time_scale=SCALE, models=(*CATALOG, *SMALL_LLAMAS), max_loaded_models=12,
+                      num_parallel=slots)
+    client = ollama.Client(host=sidecar_factory([gpu]).url)
+    for model in SMALL_LLAMAS:
+        client.chat(model=model.name, messages=[{"role": "user", "content": "hi"}],
+                    keep_alive="1h")
+        assert quiet(gpu) == NOTHING, (model.name, sorted(gpu.sim.runners))
+    assert len(gpu.sim.runners) == kept

@@ -346,7 +346,8 @@ def test_what_show_says_of_a_model_is_reduced_to_what_sizing_needs() -> None:
                                          architecture="qwen3",
                                          # no vocabulary given: the largest in use
                                          token_embedding_bytes=262144 * 5120 * 2,
-                                         attention_heads=64, embedding_length=5120)
+                                         attention_heads=64, embedding_length=5120,
+                                         block_count=64, kv_heads=8)
     # an Ollama whose answer lists none: what the model can do is unknown, not nothing
     assert model_info({k: v for k, v in show.items() if k != "capabilities"}) \
         .capabilities is None
