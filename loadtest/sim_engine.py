@@ -38,14 +38,65 @@ CACHE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 ONE_SLOT_FAMILIES = ("mllama", "qwen3vl", "qwen3vlmoe", "qwen35", "qwen35moe", "qwen3next",
                      "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "nemotron_h_omni")
 NO_CONTEXT_SHIFT = ("deepseek2",)  # resolveContextShift (sched.go:137-147)
-# v0.12.6: the architectures that run on Ollama's own engine whatever OLLAMA_NEW_ENGINE says
-# (fs/ggml/ggml.go:241-253), and those its model registry holds (model/models/models.go and
-# each model's Register; a pooled model is looked up as "<arch>_embed", model/model.go:146-152)
-ENGINE_REQUIRED = ("gemma3", "gemma3n", "mistral3", "qwen3", "qwen3moe", "llama4", "mllama",
-                   "qwen25vl", "gptoss", "gpt-oss")
-ENGINE_MODELS = ("bert", "bert_embed", "deepseek2", "gemma2", "gemma3", "gemma3_embed",
-                 "gemma3n", "gptoss", "gpt-oss", "llama", "llama4", "mistral3", "mllama",
-                 "qwen2", "qwen25vl", "qwen3", "qwen3moe", "qwen3_embed")
+Version = tuple[int, int, int]
+# The architectures Ollama runs on its own engine whatever OLLAMA_NEW_ENGINE says
+# (fs/ggml/ggml.go OllamaEngineRequired), each with the tags at which it enters the list and,
+# after, leaves and re-enters it (qwen3 left in 0.12.5), read at every tag v0.11.5 to
+# v0.25.0-rc0: v0.11.5:177-183, v0.12.0:246 qwen3, v0.12.2:247 qwen3moe, v0.12.5 (no qwen3),
+# v0.12.6:241-253, v0.12.7:251 qwen3vl(moe), v0.13.0:252-253 deepseekocr deepseek2,
+# v0.13.1:254 nomic-bert, v0.13.4:256 olmo3, v0.13.5:244 bert, v0.14.3:272-273 glm4moelite
+# lfm2, v0.15.5:271,274 qwen3next glmocr, v0.17.1:288,293,299 nemotron_h(_moe) qwen35(moe)
+# lfm2moe, v0.20.0:284 gemma4, v0.22.0:286,290 laguna nemotron_h_omni; v0.24.0:277-303 and
+# v0.25.0-rc0 hold the same 29 names. No entry left the list from 0.12.6 on.
+ENGINE_REQUIRED: dict[str, tuple[Version, ...]] = {
+    "gemma3": ((0, 11, 5),), "gemma3n": ((0, 11, 5),), "mistral3": ((0, 11, 5),),
+    "llama4": ((0, 11, 5),), "mllama": ((0, 11, 5),), "qwen25vl": ((0, 11, 5),),
+    "gptoss": ((0, 11, 5),), "gpt-oss": ((0, 11, 5),),
+    "qwen3": ((0, 12, 0), (0, 12, 5), (0, 12, 6)), "qwen3moe": ((0, 12, 2),),
+    "qwen3vl": ((0, 12, 7),), "qwen3vlmoe": ((0, 12, 7),),
+    "deepseek2": ((0, 13, 0),), "deepseekocr": ((0, 13, 0),),
+    "nomic-bert": ((0, 13, 1),), "olmo3": ((0, 13, 4),), "bert": ((0, 13, 5),),
+    "glm4moelite": ((0, 14, 3),), "lfm2": ((0, 14, 3),),
+    "qwen3next": ((0, 15, 5),), "glmocr": ((0, 15, 5),),
+    "nemotron_h": ((0, 17, 1),), "nemotron_h_moe": ((0, 17, 1),), "qwen35": ((0, 17, 1),),
+    "qwen35moe": ((0, 17, 1),), "lfm2moe": ((0, 17, 1),),
+    "gemma4": ((0, 20, 0),), "laguna": ((0, 22, 0),), "nemotron_h_omni": ((0, 22, 0),),
+}
+# The names Ollama's model registry holds (each model's `model.Register("<name>", ...)` in a
+# package model/models/models.go imports), from the first tag that registers it; none was
+# ever removed (v0.11.5 to v0.25.0-rc0). v0.11.5: gemma2/model.go:212, gemma3/model.go:151,
+# gemma3n/model.go:50, gptoss/model.go:277-278, llama/model.go:174, llama4/model.go:185,
+# mistral3/model.go:168, mllama/model.go:117, qwen2/model.go:173, qwen25vl/model.go:149,
+# qwen3/model.go:231-232; v0.11.10 gemma3/model.go:150 gemma3_embed; v0.12.0
+# bert/embed.go:179-180 bert bert_embed, qwen3/model.go:240 qwen3_embed; v0.12.3
+# deepseek2/model.go:323; v0.12.7 qwen3vl/model.go:202-203; v0.13.0 deepseekocr/model.go:125,
+# nomicbert/model.go:168-169 nomic-bert(_embed); v0.13.3 nomicbert/model.go:242-243
+# nomic-bert-moe(_embed); v0.13.4 olmo3/model.go:222; v0.14.3 glm4moelite/model.go:303,
+# lfm2/model.go:252; v0.15.5 glmocr/model.go:234, qwen3next/model.go:382; v0.17.1
+# lfm2/model.go:747 lfm2moe, nemotronh/model.go:310-311, qwen3next/model.go:623-624 qwen35(moe);
+# v0.20.0 gemma4/model.go:264; v0.22.0 laguna/model.go:441, nemotronh/model_omni.go:238.
+ENGINE_MODELS: dict[str, Version] = {
+    **dict.fromkeys(("gemma2", "gemma3", "gemma3n", "gptoss", "gpt-oss", "llama", "llama4",
+                     "mistral3", "mllama", "qwen2", "qwen25vl", "qwen3", "qwen3moe"),
+                    (0, 11, 5)),
+    "gemma3_embed": (0, 11, 10),
+    "bert": (0, 12, 0), "bert_embed": (0, 12, 0), "qwen3_embed": (0, 12, 0),
+    "deepseek2": (0, 12, 3),
+    "qwen3vl": (0, 12, 7), "qwen3vlmoe": (0, 12, 7),
+    "deepseekocr": (0, 13, 0), "nomic-bert": (0, 13, 0), "nomic-bert_embed": (0, 13, 0),
+    "nomic-bert-moe": (0, 13, 3), "nomic-bert-moe_embed": (0, 13, 3),
+    "olmo3": (0, 13, 4),
+    "glm4moelite": (0, 14, 3), "lfm2": (0, 14, 3),
+    "glmocr": (0, 15, 5), "qwen3next": (0, 15, 5),
+    "lfm2moe": (0, 17, 1), "nemotron_h": (0, 17, 1), "nemotron_h_moe": (0, 17, 1),
+    "qwen35": (0, 17, 1), "qwen35moe": (0, 17, 1),
+    "gemma4": (0, 20, 0),
+    "laguna": (0, 22, 0), "nemotron_h_omni": (0, 22, 0),
+}
+FIRST_ENGINE_TABLE = (0, 11, 5)  # versions before it are given v0.11.5's lists
+EMBED_LOOKUP = (0, 12, 0)  # NewTextProcessor looks a pooled model up as "<arch>_embed"
+SPLIT_PROJECTOR_REFUSED = (0, 11, 11)  # NewLlamaServer: "split vision models aren't supported"
+POOLED_EMBEDDING = (0, 11, 10)  # ollamarunner embeds with a pooled model (runner.go:898-905)
 
 
 def version_tuple(text: str) -> tuple[int, int, int]:
@@ -232,18 +283,35 @@ def commits_before_read(arch: str, embedding: bool, version: str, new_engine: bo
     llm/server.go:149-169); ollamaServer.Load returns after the commit (:827-841), whose
     handler reads the weights in the background (runner/ollamarunner/runner.go:1260-1262,
     1173-1184), where the llama engine's Load waits for the runner (llm/server.go:596-600).
-    The simulator applies v0.12.6's lists to the whole range: qwen3 is required from 0.12.0
-    only, and later versions require more (nomic-bert from 0.13.1)."""
+    Each version's own lists decide (own_engine): qwen3 is required from 0.12.0 (not in
+    0.12.5), nomic-bert from 0.13.1."""
     if not (0, 11, 5) <= version_tuple(version) < (0, 30, 0):
         return False
-    return own_engine(arch, embedding, new_engine)
+    return own_engine(arch, embedding, new_engine, version)
 
 
-def own_engine(arch: str, embedding: bool, new_engine: bool) -> bool:
-    """v0.12.6's NewLlamaServer (llm/server.go:149-169): Ollama's own engine when
-    OLLAMA_NEW_ENGINE is set or the architecture requires it, if its registry has the model."""
-    registered = (f"{arch}_embed" if embedding else arch) in ENGINE_MODELS
-    return registered and (new_engine or arch in ENGINE_REQUIRED)
+def own_engine(arch: str, embedding: bool, new_engine: bool, version: str,
+               split_projector: bool = False) -> bool:
+    """Whether the version runs the model on Ollama's own engine (ollamarunner):
+    NewLlamaServer (v0.12.6 llm/server.go:149-169, v0.24.0 :144-164, the same code) takes it
+    when OLLAMA_NEW_ENGINE is set or the architecture is in OllamaEngineRequired, if
+    model.NewTextProcessor finds the model in the registry, which from 0.12.0 looks a pooled
+    model up as "<arch>_embed" (modelForArch, v0.12.0 model/model.go:145-156, v0.24.0
+    :167-178; v0.11.10's getTextProcessor, :141-143, looked up the bare name). From 0.11.11 a
+    model whose projector is a file of its own goes to the llama engine (v0.11.11
+    llm/server.go:151-154). 0.30+ has no ollamarunner (llama-server only)."""
+    v = version_tuple(version)
+    if v >= (0, 30, 0) or (split_projector and v >= SPLIT_PROJECTOR_REFUSED):
+        return False
+    v = max(v, FIRST_ENGINE_TABLE)
+    name = f"{arch}_embed" if embedding and v >= EMBED_LOOKUP else arch
+    since = ENGINE_MODELS.get(name)
+    if since is None or v < since:
+        return False
+    if new_engine:
+        return True
+    toggles = ENGINE_REQUIRED.get(arch, ())
+    return sum(1 for at in toggles if at <= v) % 2 == 1
 
 
 def embedding_refusal(arch: str, embedding: bool, version: str, new_engine: bool,
@@ -257,13 +325,16 @@ def embedding_refusal(arch: str, embedding: bool, version: str, new_engine: bool
     own engine refuses a model without pooling with 501 "this model does not support
     embeddings" (v0.12.6 runner/ollamarunner/runner.go:937-939), answered 500 on every path
     (v0.12.6 server/routes.go:733-734, 788-791) until 0.13.3 passed /api/embed's status on;
-    the llama engine embeds with any model."""
+    before 0.11.10 it refuses every model, pooled or not (v0.11.5
+    runner/ollamarunner/runner.go:1031-1033; pooling read from v0.11.10 :898-905). The llama
+    engine embeds with any model."""
     v = version_tuple(version)
     if v >= (0, 30, 0):
         if embedding:
             return None
         status, message = 501, NO_EMBEDDING_SERVER
-    elif own_engine(arch, embedding, new_engine) and not embedding:
+    elif own_engine(arch, embedding, new_engine, version) and \
+            not (embedding and v >= POOLED_EMBEDDING):
         status, message = (501 if v >= (0, 13, 3) else 500), NO_EMBEDDING_MODEL
     else:
         return None
@@ -498,4 +569,4 @@ def left_out_duration(arch: str, embedding: bool, version: str, new_engine: bool
     sent; llama-server (0.30+) reports its own timings: both sent."""
     if tokens != 1 or not (0, 11, 5) <= version_tuple(version) < (0, 30, 0):
         return None
-    return None if own_engine(arch, embedding, new_engine) else "eval_duration"
+    return None if own_engine(arch, embedding, new_engine, version) else "eval_duration"

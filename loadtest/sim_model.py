@@ -325,7 +325,7 @@ class SimModel:
         if windowed:
             cells = windowed_cells(self.arch, self.sliding_window, num_ctx, slots, version,
                                    window_batch or batch or 512,
-                                   own_engine(self.arch, self.embedding, False))
+                                   own_engine(self.arch, self.embedding, False, version))
             kv += kv_cache_bytes(windowed, self.head_count_kv, key, value, cells, cache_type)
         return math.ceil(self.gpu_weights_mib + kv / MIB + compute)
 
@@ -340,7 +340,7 @@ class SimModel:
         with_flash = self.base_compute_mib + batch_surcharge_mib(batch)
         if flash_attention:
             return with_flash
-        own = own_engine(self.arch, self.embedding, new_engine)
+        own = own_engine(self.arch, self.embedding, new_engine, version)
         tokens = attention_batch(version, own, self.embedding, window_batch or batch or 512,
                                  num_ctx, slots)
         cells = attention_cells(version, own, num_ctx, slots) if self.kv_layers else tokens
@@ -666,13 +666,15 @@ class SimConfig:
         """Whether a copy of `model` runs with flash attention (sim_engine.runs_flash_attention)."""
         return runs_flash_attention(self.version, model.arch, model.embedding,
                                     model.head_dims(),
-                                    own_engine(model.arch, model.embedding, self.new_engine),
+                                    own_engine(model.arch, model.embedding, self.new_engine,
+                                               self.version),
                                     self.flash_attention, self.gpu_flash_attention)
 
     def cache_type_for(self, model: SimModel) -> str:
         """The KV cache type a copy of `model` runs with (sim_engine.runner_cache_type)."""
         return runner_cache_type(self.version,
-                                 own_engine(model.arch, model.embedding, self.new_engine),
+                                 own_engine(model.arch, model.embedding, self.new_engine,
+                                            self.version),
                                  self.flash_attention, self.flash_attention_for(model),
                                  self.kv_cache_type)
 

@@ -649,7 +649,8 @@ class OllamaSim:
                                         c.keep_alive_s if keep_alive_s is None else keep_alive_s,
                                         (use, compute))
             estimate = None
-            if not self.newest and not own_engine(model.arch, model.embedding, c.new_engine):
+            if not self.newest and not own_engine(model.arch, model.embedding, c.new_engine,
+                                                  c.version):
                 estimate = model.llama_estimate(ctx, slots, 512 if request.num_batch_auto
                                                 else request.num_batch,
                                                 c.cache_type_for(model), c.version)

@@ -76,7 +76,7 @@ def test_the_compute_is_never_taken_below_its_floor() -> None:
     assert first_load_weights_mib(odd, 5200) == 5200 - 1187 + COMPUTE_FLOOR_MIB
 
 
-@pytest.mark.parametrize("version", ["0.12.6", CURRENT_VERSION])
+@pytest.mark.parametrize("version", ["0.12.6", "0.13.3", "0.13.4", "0.24.0", CURRENT_VERSION])
 @pytest.mark.parametrize("slots", [1, 2])
 @pytest.mark.parametrize("flash_attention", [None, False])
 def test_a_first_copy_is_never_counted_below_what_the_simulator_holds(
@@ -84,8 +84,8 @@ def test_a_first_copy_is_never_counted_below_what_the_simulator_holds(
     """Every model of the simulator's catalog at four contexts, with OLLAMA_FLASH_ATTENTION
     unset (before 0.30 most architectures then run without it) or off: the first-load figure
     is at least the copy's and over it by no more than an encoder's table, which has no
-    output layer beside it (nomic-embed-text: 44 MiB). Versions 0.13.4-0.24 are left out: the
-    simulator runs olmo3 on 0.12.6's engine there (docs/engine.md)."""
+    output layer beside it (nomic-embed-text: 44 MiB). 0.13.3 and 0.13.4 straddle olmo3's
+    move to Ollama's own engine (v0.13.4 fs/ggml/ggml.go:256), 0.24.0 is the last with it."""
     config = SimConfig(models=MODELS, version=version, num_parallel=slots,
                        flash_attention=flash_attention)
     sim = OllamaSim(config)

@@ -51,13 +51,15 @@ def test_a_copy_is_listed_before_its_weights_are_read_on_the_own_engine_by_versi
     assert lists_before_read(version, info) is listed
 
 
+@pytest.mark.parametrize("version", ["0.12.5", "0.12.6", "0.13.0", "0.13.1", "0.24.0"])
 @pytest.mark.parametrize("model", CATALOG, ids=lambda m: m.name)
-def test_the_sidecar_and_the_simulator_agree_on_v0_12_6(model: SimModel) -> None:
-    """What the sidecar reads of the simulator's /api/show gives the simulator's own rule."""
+def test_the_sidecar_and_the_simulator_agree_by_version(model: SimModel, version: str) -> None:
+    """What the sidecar reads of the simulator's /api/show gives the simulator's own rule,
+    which reads each version's lists (sim_engine.own_engine)."""
     info = model_info({"model_info": model.model_info(),
                        "details": {"family": model.model_family}})
-    assert lists_before_read("0.12.6", info) is commits_before_read(
-        model.arch, model.embedding, "0.12.6", new_engine=False)
+    assert lists_before_read(version, info) is commits_before_read(
+        model.arch, model.embedding, version, new_engine=False)
 
 
 def test_the_architecture_and_a_split_projector_are_read_from_show_and_shared() -> None:
