@@ -45,11 +45,13 @@ REQUIRED_SINCE: tuple[tuple[Version, frozenset[str]], ...] = (
 # v0.12.5 ran qwen3 on the llama engine (3d32249c7, reverted for v0.12.6 by 18087f2ec)
 NOT_REQUIRED_AT: dict[Version, frozenset[str]] = {(0, 12, 5): frozenset(("qwen3",))}
 
-# A pooled (embedding) model is looked up as `<arch>_embed` (model/model.go modelForArch:
-# v0.11.10 :107-108, v0.12.6 :146-149); of the required architectures only these have one,
-# each registered by the time it is required (gemma3_embed v0.11.10, qwen3_embed and
-# bert_embed v0.12.0, nomic-bert_embed v0.13.0).
-POOLED_SUFFIX_SINCE: Version = (0, 11, 10)
+# From 0.12.0 NewLlamaServer's NewTextProcessor looks a pooled (embedding) model up as
+# `<arch>_embed` (model/model.go modelForArch: v0.12.0 :145-156, v0.12.6 :146-149); before,
+# by its bare architecture (v0.11.10 getTextProcessor :141-143; the `_embed` of :107-108 is
+# the runner's model.New, which then fails to find one). Of the required architectures only
+# these have one, each registered by the time it is required (gemma3_embed v0.11.10,
+# qwen3_embed and bert_embed v0.12.0, nomic-bert_embed v0.13.0).
+POOLED_SUFFIX_SINCE: Version = (0, 12, 0)
 EMBED_REGISTERED = frozenset(("gemma3", "qwen3", "bert", "nomic-bert"))
 
 # A split projector (`projector_info` in /api/show) goes to the llama engine from v0.11.11

@@ -39,6 +39,9 @@ def arch(name: str, embedding: bool = False, split_projector: bool = False) -> M
     ("0.12.6", arch("gemma3n", embedding=True), False),  # no gemma3n_embed
     ("0.11.9", arch("gemma3n", embedding=True), True),  # pooled looked up as itself then
     ("0.11.10", arch("gemma3", split_projector=True), True),  # not yet refused
+    # the engine choice looks a pooled model up by its bare architecture until 0.12.0
+    ("0.11.11", arch("gemma3n", embedding=True), True),
+    ("0.12.0", arch("gemma3n", embedding=True), False),  # no gemma3n_embed
     ("0.11.11", arch("gemma3", split_projector=True), False),  # the llama engine
     ("0.20.0", arch("gemma4"), True),
     ("0.19.0", arch("gemma4"), False),
@@ -71,3 +74,18 @@ def test_the_architecture_and_a_split_projector_are_read_from_show_and_shared() 
     assert decode_model_info(encode_model_info(info)) == info
     older = decode_model_info({"trainedContext": 4096, "family": "qwen3"})  # an older writer
     assert (older.architecture, older.split_projector) == ("", False)
+
+
+@pytest.mark.parametrize("version", ["0.11.5", "0.11.10", "0.11.11", "0.12.0", "0.12.5",
+                                     "0.12.7", "0.13.0", "0.13.1", "0.13.4", "0.17.1",
+                                     "0.24.0"])
+@pytest.mark.parametrize("embedding", [False, True])
+def test_the_sidecar_and_the_simulator_agree_on_every_listed_architecture(
+        version: str, embedding: bool) -> None:
+    """Each table was read from Ollama's source apart (proxy/core/engines.py,
+    loadtest/sim_engine.py): they agree for every architecture either lists, pooled or not."""
+    from loadtest.sim_engine import ENGINE_MODELS, ENGINE_REQUIRED
+    names = {n.removesuffix("_embed") for n in ENGINE_MODELS} | set(ENGINE_REQUIRED) | {"phi3"}
+    for name in sorted(names):
+        assert lists_before_read(version, arch(name, embedding)) is commits_before_read(
+            name, embedding, version, new_engine=False), name
