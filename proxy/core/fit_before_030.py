@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from proxy.core.attention import copy_cache_type
 from proxy.core.context import Version, parse_version
 from proxy.core.engines import own_engine
 from proxy.core.gpus import RUNNER_OVERHEAD_MIB
@@ -31,6 +32,9 @@ MINIMUM_MEMORY_MIB = RUNNER_OVERHEAD_MIB  # the same figure, CUDA's MinimumMemor
 # llm/memory.go (0.12.6-0.12.10) counts MinimumMemory and the buffer layer in the copy's
 # own reported size, and wants strictly more free than it asks
 MEMORY_GO_UNTIL: Version = (0, 12, 11)
+# What Ollama's estimate counts a quantized cache at, as a share of f16's 2 bytes an element
+# (kvCacheBytesPerElement, v0.24.0 fs/ggml/ggml.go:911-922)
+ESTIMATE_KV_SHARE = {"q8_0": 0.5, "q4_0": 0.25}
 # Ollama's graph sizes are the runner's batch's, 512 unless the call sets num_batch
 BATCH = 512
 # Architectures whose partial-offload graph adds the output matrix's dequantized copy,
@@ -76,6 +80,25 @@ def taken_mib(footprint_mib: int, required_mib: int) -> int:
     return max(footprint_mib, required_mib - MINIMUM_MEMORY_MIB)
 
 
+def listed_short_mib(info: ModelInfo | None, view: ProviderView, context: int, slots: int,
+                     compute_mib: int) -> int:
+    """How much less than it holds a llama-engine copy is listed at (its /api/ps size is the
+    estimate): a quantized cache the estimate counts at 1 byte an element for q8_0 and 0.5
+    for q4_0 (kvCacheBytesPerElement, v0.24.0 fs/ggml/ggml.go:911-922) where llama.cpp holds
+    ggml's blocks, 34/32 and 18/32 (1/32 of the f16 cache more); and `compute_mib`, the
+    compute it holds, against the full graph the estimate counts instead (KV x gqa / 6 for
+    an architecture without a case of its own: phi3's 128 MiB at 4096 where it holds 256;
+    without flash attention in its sums, more than held at a large context)."""
+    if info is None or own_engine(info, parse_version(view.version)):
+        return 0
+    cache = copy_cache_type(info, view)
+    kv_short = math.ceil(info.kv_bytes_per_token * context * slots / 32 / MIB) \
+        if cache in ESTIMATE_KV_SHARE else 0
+    full, _ = graph_bytes(info, context, slots, ESTIMATE_KV_SHARE.get(cache, 1.0))
+    # (a MiB for /api/ps's bytes, rounded down to MiB by the prober)
+    return max(0, kv_short + compute_mib - full // MIB) + 1
+
+
 def fits(required_mib: int, total_mib: int, taken_mib: int, view: ProviderView) -> bool:
     """Whether Ollama finds `required_mib` free with `taken_mib` of `total_mib` taken."""
     free = total_mib - taken_mib
@@ -84,9 +107,11 @@ def fits(required_mib: int, total_mib: int, taken_mib: int, view: ProviderView) 
     return free >= required_mib
 
 
-def graph_bytes(info: ModelInfo, context: int, slots: int) -> tuple[int, int]:
+def graph_bytes(info: ModelInfo, context: int, slots: int, kv_share: float = 1.0
+                ) -> tuple[int, int]:
     """Ollama's full- and partial-offload graph sizes for a copy on the llama engine
-    (GraphSize), in bytes; (0, 0) where the shape is unknown."""
+    (GraphSize), in bytes, its cache counted at `kv_share` of f16 (ESTIMATE_KV_SHARE); (0, 0)
+    where the shape is unknown."""
     arch = info.architecture or info.family
     embedding, heads = info.embedding_length, info.attention_heads
     vocab = info.logits_bytes // (4 * BATCH) - embedding if info.logits_bytes else 0
@@ -109,6 +134,6 @@ def graph_bytes(info: ModelInfo, context: int, slots: int) -> tuple[int, int]:
         full = max(4 * b * (embedding + vocab), 4 * b * (2 + 4 * embedding + c * (1 + heads)))
         return full, full + output_matrix + 4 * b * 2 * embedding
     # No case: the KV cache at f16 x query heads a KV head / 6, both graphs
-    kv = info.estimate_kv_bytes_per_token * c
+    kv = int(info.estimate_kv_bytes_per_token * c * kv_share)
     graph = heads // kv_heads * kv // 6
     return graph, graph

@@ -11,6 +11,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from proxy.core import fit_before_030
+from proxy.core.context import effective
 from proxy.core.engines import lists_before_read
 from proxy.core.gpus import FIT_MARGIN_MIB, RUNNER_OVERHEAD_MIB, spread_fits
 from proxy.core.lengths import CallLengths
@@ -18,7 +19,9 @@ from proxy.core.policy import Policy
 from proxy.core.sizing import (
     RUNNER_FILES,
     admission_rule,
+    compute_mib,
     draft_num_predict,
+    first_load_compute_mib,
     held_by_runners,
     model_slots,
     ollama_admits,
@@ -114,13 +117,31 @@ def ollama_refuses(view: ProviderView, residents: Mapping[str, int], loads: Sequ
     if fit_before_030.applies(view):
         def fits(required: int, total_mib: int, taken: int) -> bool:
             return fit_before_030.fits(required, total_mib, taken, view)
-        # a load in flight takes what Ollama's estimate reports of it, once loaded
+        # a load in flight takes what Ollama's estimate reports of it, once loaded; a listed
+        # copy what it holds, where its listing is less
         taken = [replace(load, footprint_mib=fit_before_030.taken_mib(
             load.footprint_mib, load.estimate_mib)) for load in loads]
         arrived = next((t for load, t in zip(loads, taken, strict=True) if load is newcomer), None)
-        refused = admission_problem(total, residents, taken, newcomer=arrived, admits=fits)
+        refused = admission_problem(total, _held_as_listed(view, residents), taken,
+                                    newcomer=arrived, admits=fits)
         return next((load for load, t in zip(loads, taken, strict=True) if t is refused), None)
     return None
+
+
+def _held_as_listed(view: ProviderView, residents: Mapping[str, int]) -> dict[str, int]:
+    """`residents` (as listed) with what each llama-engine copy holds beyond its listing
+    before 0.30 (fit_before_030.listed_short_mib)."""
+    held = dict(residents)
+    for resident in view.residents:
+        info = view.models.get(resident.model)
+        if resident.model not in held or info is None or not resident.context_length:
+            continue
+        context = effective(resident.context_length, info.trained_context)
+        slots = model_slots(view, resident.model)
+        compute = first_load_compute_mib(info) + compute_mib(info, view, context, slots)
+        held[resident.model] += fit_before_030.listed_short_mib(info, view, context, slots,
+                                                                compute)
+    return held
 
 
 def spread_problem(view: ProviderView, residents: Mapping[str, int], loads: Sequence[Load]

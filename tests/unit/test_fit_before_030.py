@@ -14,7 +14,7 @@ from proxy.core import fit_before_030
 from proxy.core.context import parse_version
 from proxy.core.engines import own_engine as own_engine_from
 from proxy.core.occupancy import Load, ollama_refuses
-from proxy.core.sizing import Sizer, compute_mib
+from proxy.core.sizing import Sizer, compute_mib, first_load_compute_mib
 from proxy.core.types import ModelInfo, Placement, ProviderView
 from proxy.service.claims import left_loaded
 from proxy.service.prober import model_info
@@ -114,3 +114,30 @@ def test_each_copy_on_the_card_takes_its_cuda_context_and_a_load_in_flight_its_r
     # from 0.30 the 80 % rule stands instead; over several GPUs the layout's own check
     assert not fit_before_030.applies(ProviderView("gpu", 13650, version="0.30.0"))
     assert not fit_before_030.applies(ProviderView("gpu", 13650, version="0.24.0", gpus=2))
+
+
+@pytest.mark.parametrize("version", ["0.12.11", "0.24.0"])
+@pytest.mark.parametrize("cache", ["f16", "q8_0", "q4_0"])
+def test_a_listed_copy_counts_at_least_what_it_holds_in_ollamas_check(version: str,
+                                                                      cache: str) -> None:
+    """Ollama's estimate, which /api/ps lists a llama-engine copy at, can be less than the
+    copy holds: a quantized cache at 1 or 0.5 byte an element where llama.cpp holds 34/32 or
+    18/32, and phi3's graph (KV x gqa / 6, 64 MiB at 4096 with q4_0) where it holds 256 MiB
+    of compute. Its listing and what the sidecar adds to it are never less than it holds."""
+    config = SimConfig(models=CATALOG, version=version, flash_attention=True,
+                       kv_cache_type=cache)
+    sim = OllamaSim(config)
+    for model in (m for m in CATALOG if m.name in ("llama3.2:3b", "phi3:mini")):
+        info = model_info(sim.show(model, verbose=True))
+        card = ProviderView("gpu", 98304, version=version, flash_attention=True,
+                            kv_cache_type=cache, models={model.name: info})
+        for context in (2048, 4096, 8192, 32768):
+            ctx = min(context, model.trained_ctx)
+            listed = model.llama_estimate(ctx, 1, 512, config.cache_type_for(model),
+                                          version).reported_bytes // MIB
+            held = model.footprint_mib(ctx, 1, config.cache_type_for(model), 512, version,
+                                       flash_attention=True)
+            compute = first_load_compute_mib(info) + compute_mib(info, card, ctx, 1)
+            short = fit_before_030.listed_short_mib(info, card, ctx, 1, compute)
+            assert held <= listed + short <= max(listed, held) + 2, (model.name, ctx, listed,
+                                                                    short, held)
