@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import math
 
-from proxy.core.attention import copy_cache_type
+from proxy.core.attention import MIB, copy_cache_type
 from proxy.core.context import Version, parse_version
 from proxy.core.engines import own_engine
 from proxy.core.gpus import RUNNER_OVERHEAD_MIB
 from proxy.core.types import ModelInfo, ProviderView
 
-MIB = 1 << 20
 MINIMUM_MEMORY_MIB = RUNNER_OVERHEAD_MIB  # the same figure, CUDA's MinimumMemory
 # llm/memory.go (0.12.6-0.12.10) counts MinimumMemory and the buffer layer in the copy's
 # own reported size, and wants strictly more free than it asks
