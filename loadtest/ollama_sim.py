@@ -1110,6 +1110,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fit-target", type=int, default=0,
                    help="MiB llama-server's fit keeps free on each GPU (0.30+; llama.cpp's "
                         "default is 1024; 0 fits into all the free memory)")
+    p.add_argument("--gpu-overhead", type=int, default=0, metavar="MIB",
+                   help="OLLAMA_GPU_OVERHEAD, in MiB (Ollama takes bytes): kept per GPU")
     p.add_argument("--parallel", type=int, default=1, help="OLLAMA_NUM_PARALLEL")
     p.add_argument("--context", type=int, default=0, help="OLLAMA_CONTEXT_LENGTH (0 = auto)")
     p.add_argument("--max-loaded", type=int, default=3,
@@ -1213,7 +1215,7 @@ def configs_from(argv: list[str] | None) -> list[SimConfig]:
         gpus = max(args.gpus, 1)
         configs = [SimConfig(name=args.name, total_vram_mib=args.vram * gpus, models=CATALOG,
                              gpu_count=gpus, sched_spread=args.sched_spread,
-                             fit_target_mib=args.fit_target,
+                             fit_target_mib=args.fit_target, gpu_overhead_mib=args.gpu_overhead,
                              num_parallel=args.parallel, context_length=args.context,
                              max_loaded_models=args.max_loaded,
                              kv_cache_type=args.kv_cache_type, max_queue=args.max_queue,

@@ -131,7 +131,7 @@ class LlamaEstimate:
 
     @property
     def required_bytes(self) -> int:
-        """What a load beside other models needs free (requireFull; OLLAMA_GPU_OVERHEAD 0):
+        """What a load beside other models needs free (requireFull), OLLAMA_GPU_OVERHEAD aside:
         MinimumMemory + the buffer layer + layers + output + the larger graph (v0.12.6
         llm/memory.go:324, 349; v0.24.0 llm/server.go:563-566, 1004, 1184)."""
         return self.minimum + self.buffer + sum(self.layers) + self.output + \
@@ -591,6 +591,9 @@ class SimConfig:
     # is 1024, sim_gpus.LLAMA_FIT_TARGET_MIB): 0 by default, which fits a copy into all the
     # free memory, as the simulator did before it had several GPUs
     fit_target_mib: int = 0
+    # OLLAMA_GPU_OVERHEAD (in MiB here; Ollama takes bytes): off each GPU's total for the
+    # default context; before 0.30 each load's layout keeps it free (sim_sched.fit_margin_mib)
+    gpu_overhead_mib: int = 0
     context_length: int = 0  # OLLAMA_CONTEXT_LENGTH; 0 = Ollama's default for its version
     kv_cache_type: str = "f16"  # OLLAMA_KV_CACHE_TYPE (what a copy runs with: cache_type_for)
     flash_attention: bool | None = None  # OLLAMA_FLASH_ATTENTION; None: unset
@@ -644,7 +647,8 @@ class SimConfig:
     def default_context(self) -> int:
         """What a request that sets no num_ctx gets: OLLAMA_CONTEXT_LENGTH, else Ollama's
         default for this version (and this card's memory)."""
-        return self.context_length or default_num_ctx(self.version, self.total_vram_mib)
+        return self.context_length or default_num_ctx(
+            self.version, self.total_vram_mib - self.gpu_overhead_mib * self.gpu_count)
 
     def provider_entry(self, endpoint: str) -> dict[str, Any]:
         """This GPU as an operator lists it for the sidecar: its memory and the OLLAMA_*
@@ -660,6 +664,8 @@ class SimConfig:
             entry["flashAttention"] = self.flash_attention
         if self.gpu_count > 1:
             entry["gpus"] = self.gpu_count
+        if self.gpu_overhead_mib:
+            entry["gpuOverheadBytes"] = self.gpu_overhead_mib * MIB
         return entry
 
     def flash_attention_for(self, model: SimModel) -> bool:

@@ -251,8 +251,10 @@ class OllamaSim:
     # -- time ------------------------------------------------------------------------------
     @property
     def fit_margin_mib(self) -> int:
-        """What llama-server's fit keeps free on each GPU (0.30+, SimConfig.fit_target_mib)."""
-        return self.config.fit_target_mib if self.newest else 0
+        """What a load's layout keeps free on each GPU: llama-server's fit target from 0.30
+        (SimConfig.fit_target_mib); before, OLLAMA_GPU_OVERHEAD (v0.24.0 llm/server.go:1004;
+        v0.12.6 llm/memory.go:324, 349, llm/server.go:908)."""
+        return self.config.fit_target_mib if self.newest else self.config.gpu_overhead_mib
 
     async def _sleep(self, seconds: float) -> None:
         scaled = seconds * self.config.time_scale
@@ -660,9 +662,10 @@ class OllamaSim:
                     fits = fits_in_80(model.estimate_mib(ctx, slots), c.total_vram_mib,
                                       c.total_vram_mib - free)
                 elif estimate is not None:
-                    fits = estimate.fits(self.estimator_free_bytes())
+                    fits = estimate.fits(self.estimator_free_bytes() - self.fit_margin_mib * MIB)
                 else:  # 0.12's estimator keeps the same minimum for CUDA
-                    fits = need + MINIMUM_MEMORY_MIB <= c.total_vram_mib - self.driver_used_mib()
+                    fits = need + MINIMUM_MEMORY_MIB + self.fit_margin_mib <= \
+                        c.total_vram_mib - self.driver_used_mib()
                 if not fits:
                     await self._evict(f"{model.name} needs room")
                     continue
@@ -730,7 +733,7 @@ class OllamaSim:
                 return None
             return every
         free = self.gpu_free_mib()
-        use = fewest_gpus(layered_mib, compute_mib, free)
+        use = fewest_gpus(layered_mib, compute_mib, free, self.fit_margin_mib)
         if c.sched_spread and use is not None:
             use = every
         if use is None and self.by_blob:

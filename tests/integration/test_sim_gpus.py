@@ -123,3 +123,22 @@ def test_the_command_line_gives_each_gpu_its_vram() -> None:
     (one,) = configs_from(["--vram", "24564"])
     assert (one.total_vram_mib, one.gpu_count) == (24564, 1)
     assert "gpus" not in one.provider_entry("http://x")
+
+
+def test_ollama_gpu_overhead_lowers_the_default_context_and_is_kept_free_before_030(
+        sim_factory: Sims) -> None:
+    """OLLAMA_GPU_OVERHEAD comes off each GPU's total for the default context (server/
+    routes.go: 2 x (24564 - 512) is under 47 GiB: 32768, not 262144). Before 0.30 a load's
+    layout keeps it free (v0.24.0 llm/server.go:1004): qwen3:14b at 4096 tokens (9892 MiB)
+    on 12 GiB less 2.5 GiB runs partly on the CPU; 0.30 only logs it, so there it fits."""
+    (config,) = configs_from(["--gpus", "2", "--vram", "24564", "--gpu-overhead", "512"])
+    assert config.default_context() == 32768
+    assert config.provider_entry("http://x")["gpuOverheadBytes"] == 512 * MIB
+    spilled = {}
+    for version, overhead in (("0.24.0", 2560), ("0.24.0", 0), ("0.33.0", 2560)):
+        gpu = sim_factory(f"gpu-{version}-{overhead}", total_vram_mib=12288, version=version,
+                          gpu_overhead_mib=overhead)
+        load(gpu, "qwen3:14b", 4096)
+        copy = listed(gpu)["qwen3:14b"]
+        spilled[version, overhead] = copy["size_vram"] < copy["size"]
+    assert spilled == {("0.24.0", 2560): True, ("0.24.0", 0): False, ("0.33.0", 2560): False}
