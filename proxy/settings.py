@@ -101,6 +101,8 @@ class ProviderConfig(BaseModel):
     # OLLAMA_FLASH_ATTENTION; None (unset): Ollama's default for its version and each model;
     # false also for GPUs without flash attention (core/attention.py)
     flash_attention: bool | None = Field(default=None, alias="flashAttention")
+    # OLLAMA_GPU_OVERHEAD, in bytes as Ollama takes it: kept free on each GPU (counted_total_mib)
+    gpu_overhead_bytes: int = Field(default=0, alias="gpuOverheadBytes", ge=0)
     weight: float = 100.0
     dcgm_url: str | None = Field(default=None, alias="dcgmUrl")
 
@@ -108,6 +110,27 @@ class ProviderConfig(BaseModel):
     @classmethod
     def _endpoint_is_http(cls, value: str) -> str:
         return check_endpoint(value)
+
+    @model_validator(mode="after")
+    def _overhead_leaves_memory(self) -> ProviderConfig:
+        if self.total_vram_mib is not None and \
+                self.gpu_overhead_mib * self.gpus >= self.total_vram_mib:
+            raise ValueError(f"gpuOverheadBytes ({self.gpu_overhead_bytes}) leaves nothing of "
+                             f"totalVramMiB ({self.total_vram_mib}) on {self.gpus} GPU(s)")
+        return self
+
+    @property
+    def gpu_overhead_mib(self) -> int:
+        return -(-self.gpu_overhead_bytes // (1 << 20))
+
+    def counted_total_mib(self, total_mib: int | None) -> int | None:
+        """The card's memory as Ollama counts it: OLLAMA_GPU_OVERHEAD off each GPU. Its default
+        context reads this total (v0.24.0 server/routes.go:1899-1902), and before 0.30 each
+        load's layout keeps the overhead free (llm/server.go:1004; v0.12.6 llm/memory.go:324,
+        349); from 0.30 the sidecar keeps it free too, as the operator set it to be."""
+        if total_mib is None:
+            return None
+        return max(0, total_mib - self.gpu_overhead_mib * self.gpus)
 
     @field_validator("dcgm_url")
     @classmethod

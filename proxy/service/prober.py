@@ -354,6 +354,7 @@ class Prober:
         total = config.total_vram_mib
         if total is None and config.dcgm_url:
             total = await self.gpu_memory.total_mib(config.dcgm_url, config.gpus)
+        total = config.counted_total_mib(total)
         ready = not isinstance(version, BaseException) and not isinstance(ps, BaseException)
         loaded_mib: dict[str, int] = {}
         loaded_size: dict[str, int] = {}

@@ -179,7 +179,8 @@ class StateView:
     def _build_view(config: ProviderConfig, state: ProviderState | None, live: TicketSet,
                     canonical: Mapping[str, str]) -> ProviderView:
         if state is None:
-            return ProviderView(config.name, config.total_vram_mib, ready=False,
+            return ProviderView(config.name, config.counted_total_mib(config.total_vram_mib),
+                                ready=False,
                                 context_length=config.context_length or 0,
                                 max_parallel=config.max_parallel,
                                 max_loaded=config.max_loaded_models, gpus=config.gpus,
@@ -188,7 +189,8 @@ class StateView:
                                 flash_attention=config.flash_attention)
         view = ProviderView(
             name=config.name,
-            total_vram_mib=state.total_vram_mib or config.total_vram_mib,
+            total_vram_mib=state.total_vram_mib
+            or config.counted_total_mib(config.total_vram_mib),
             ready=state.ready, residents=state.residents(),
             context_length=state.context_length or config.context_length or 0,
             max_parallel=state.max_parallel or config.max_parallel,

@@ -131,6 +131,9 @@ def test_config_file_sets_keys_and_env_wins(tmp_path: Path,
         ({"KUBEMOOT_PROVIDERS": '[{"name": "a", "endpoint": "http://a:11434", '
                                 '"dcgmUrl": "dcgm-exporter:9400/metrics"}]'},
          "KUBEMOOT_PROVIDERS[0].dcgmUrl: must start with http:// or https://"),
+        ({"KUBEMOOT_PROVIDERS": '[{"name": "a", "endpoint": "http://a:11434", "gpus": 2, '
+                                '"totalVramMiB": 4096, "gpuOverheadBytes": 2147483648}]'},
+         "KUBEMOOT_PROVIDERS[0]: gpuOverheadBytes (2147483648) leaves nothing of totalVramMiB"),
         # a password without its user was left out of the connect without a word
         ({"KUBEMOOT_NATS_PASSWORD": "s3cret"},
          "KUBEMOOT_NATS_PASSWORD: set without KUBEMOOT_NATS_USER"),
@@ -442,3 +445,17 @@ def test_serve_says_in_one_line_where_it_listens_and_what_state_it_uses() -> Non
     assert line.startswith(f"kubemoot-proxy {__version__} listening on http://127.0.0.1:{port}")
     assert "the static endpoint" in line and "NATS at nats://127.0.0.1:9, nats://[::1]:9" in line
     assert "s3cret" not in line and "agent" not in line
+
+
+def test_ollama_gpu_overhead_comes_off_each_gpu_rounded_up_to_a_mib(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """OLLAMA_GPU_OVERHEAD's bytes, as the operator copies them from Ollama's environment:
+    the card counts its total less that on each GPU (proxy/settings.py counted_total_mib)."""
+    monkeypatch.setenv("KUBEMOOT_PROVIDERS", json.dumps([
+        {**PROVIDERS[0], "gpus": 2, "totalVramMiB": 49128, "gpuOverheadBytes": 1073741825},
+        {**PROVIDERS[0], "name": "b", "endpoint": "http://127.0.0.1:2"}]))
+    spread, plain = load_settings().providers
+    assert spread.gpu_overhead_mib == 1025
+    assert spread.counted_total_mib(49128) == 49128 - 2 * 1025
+    assert spread.counted_total_mib(None) is None
+    assert plain.counted_total_mib(24564) == 24564
