@@ -23,7 +23,7 @@ import math
 
 from proxy.core.attention import MIB, copy_cache_type
 from proxy.core.context import Version, parse_version
-from proxy.core.engines import own_engine
+from proxy.core.engines import LLAMA_SERVER_SINCE, own_engine
 from proxy.core.gpus import RUNNER_OVERHEAD_MIB
 from proxy.core.types import ModelInfo, ProviderView
 
@@ -48,6 +48,15 @@ def applies(view: ProviderView) -> bool:
     """Whether this card's Ollama fits loads so (before 0.30, one GPU; over several GPUs
     the layout's own check stands, occupancy.spread_problem)."""
     return parse_version(view.version) < (0, 30, 0) and view.gpus <= 1
+
+
+def listed_as_estimate(info: ModelInfo, view: ProviderView) -> bool:
+    """Whether /api/ps lists a copy of this model here at Ollama's estimate rather than at
+    what it holds: the llama engine before 0.30 (MemorySize, v0.24.0 llm/server.go:
+    1895-1921), over by the minimum and a layer to 0.12.10 and by a graph without flash
+    attention in its sums, under by a quantized cache's blocks (listed_short_mib)."""
+    version = parse_version(view.version)
+    return version < LLAMA_SERVER_SINCE and not own_engine(info, version)
 
 
 def required_free_mib(info: ModelInfo | None, view: ProviderView, footprint_mib: int,

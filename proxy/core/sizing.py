@@ -462,7 +462,9 @@ class Sizer:
 
     def _calibrated_weights(self, model: str) -> tuple[int, str] | None:
         """The weights part of copies seen fully on a GPU: what they took less their KV and
-        compute parts; the largest, so a card's own overheads are not undercounted. A model
+        compute parts; the largest, so a card's own overheads are not undercounted. Not from
+        a listing that is Ollama's estimate (fit_before_030.listed_as_estimate: llama3.2:3b
+        at 32768 on 0.24.0 is listed 1.4 GiB over what it holds). A model
         none of whose copies was seen takes the figure of another name of its weights file
         loaded with the same files (a model created FROM it, `ollama cp`): their copies
         hold the same weights, and a figure seen beats one worked out from the file."""
@@ -495,7 +497,8 @@ class Sizer:
             if not seen:
                 continue
             info = self.info(model, view)
-            if info is None or not info.kv_bytes_per_token:
+            if info is None or not info.kv_bytes_per_token or \
+                    fit_before_030.listed_as_estimate(info, view):
                 continue
             for recorded, mib in seen.items():
                 if not recorded:

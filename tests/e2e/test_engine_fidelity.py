@@ -27,6 +27,7 @@ from loadtest.sim_output import answer_options
 from tests.conftest import eventually
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims, chat
 
+MIB = 1 << 20
 WORDS = [{"role": "user", "content": "word " * 4500}]  # ~6400 tokens at 3.5 characters each
 
 
@@ -58,6 +59,37 @@ def test_a_copy_seen_on_one_card_is_sized_again_for_anothers_context(
         "big", "evict")
     assert r.headers["x-kubemoot-evicted"] == "qwen3:14b"
     assert quiet(big) == quiet(small) == NOTHING
+
+
+@pytest.mark.parametrize("listed_at", ["0.24.0", "0.12.6"])
+def test_a_copy_listed_at_ollamas_estimate_sizes_no_other_card(
+        sim_factory: Sims, sidecar_factory: Sidecars, listed_at: str) -> None:
+    """Before 0.30 /api/ps lists a llama-engine copy at Ollama's estimate: llama3.2:3b at
+    32768 tokens on 0.24.0 is listed with a graph of no flash attention (7134 MiB where it
+    holds 5767), on 0.12.6 with the minimum and a layer besides (7780 where it holds 7135).
+    Weights worked out from such a listing counted the 3b 0.6-1.4 GiB large on every other
+    card; its own first figure is the copy's."""
+    old = sim_factory("old", total_vram_mib=16376, context_length=32768, version=listed_at,
+                      time_scale=SCALE)
+    new = sim_factory("new", total_vram_mib=16376, context_length=4096, time_scale=SCALE)
+    _load(old, "llama3.2:3b")
+    listed = httpx.get(f"{old.url}/api/ps", timeout=10).json()["models"][0]["size_vram"]
+    assert listed // MIB - old.sim.runners["llama3.2:3b"].footprint_mib >= 600
+    url = sidecar_factory([old, new]).url
+
+    def sized_on_new() -> dict[str, Any]:
+        verdicts = httpx.get(f"{url}/kubemoot/v1/explain", timeout=10, params={
+            "model": "llama3.2:3b", "numCtx": 4096}).json()["verdicts"]
+        return next(v for v in verdicts if v["provider"] == "new")
+
+    assert eventually(lambda: "seen" in next(v for v in httpx.get(
+        f"{url}/kubemoot/v1/explain", timeout=10, params={"model": "llama3.2:3b"}).json()[
+        "verdicts"] if v["provider"] == "old").get("footprintSource", ""))
+    verdict = sized_on_new()
+    _load(new, "llama3.2:3b")
+    held = new.sim.runners["llama3.2:3b"].footprint_mib
+    assert held <= verdict["footprintTotalMiB"] <= held + 64, (verdict, held)
+    assert "calibrated" not in verdict["footprintSource"], verdict
 
 
 @pytest.mark.parametrize(("version", "total", "placement"),
