@@ -100,7 +100,8 @@ async def until(check: Callable[[], Any], timeout_s: float = 20.0, step_s: float
 
 
 async def binding_where(url: str, key: str, test: Callable[[dict[str, Any]], bool],
-                        timeout_s: float = 20.0) -> dict[str, Any]:
+                        timeout_s: float = 45.0) -> dict[str, Any]:
+    # (a binder process's first bind: ~3 s alone, over 20 s once on a host at a load of 4)
     async def check() -> dict[str, Any] | None:
         value = await read(url, key)
         return value if value is not None and test(value) else None
