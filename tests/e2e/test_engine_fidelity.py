@@ -82,9 +82,9 @@ def test_a_copy_listed_at_ollamas_estimate_sizes_no_other_card(
             "model": "llama3.2:3b", "numCtx": 4096}).json()["verdicts"]
         return next(v for v in verdicts if v["provider"] == "new")
 
-    assert eventually(lambda: "seen" in next(v for v in httpx.get(
+    assert eventually(lambda: next(v for v in httpx.get(  # a probe listed the copy
         f"{url}/kubemoot/v1/explain", timeout=10, params={"model": "llama3.2:3b"}).json()[
-        "verdicts"] if v["provider"] == "old").get("footprintSource", ""))
+        "verdicts"] if v["provider"] == "old")["reason"] == "warm")
     verdict = sized_on_new()
     _load(new, "llama3.2:3b")
     held = new.sim.runners["llama3.2:3b"].footprint_mib
@@ -527,12 +527,11 @@ def test_a_model_created_from_a_file_seen_loaded_is_sized_as_its_copy(
                              params={"model": model, "numCtx": 4096}).json()["verdicts"]
         return dict(verdicts[0])
 
-    assert eventually(lambda: "seen" in verdict("phi3:mini").get("footprintSource", ""))
+    assert eventually(lambda: verdict("phi3:mini")["reason"] == "warm")  # a probe listed it
     # unloaded: a call for the helper loads it (with phi3's copy listed it would join it)
     httpx.post(f"{gpu.url}/api/generate", json={"model": "phi3:mini", "keep_alive": 0},
                timeout=30)
-    assert eventually(lambda: not httpx.get(f"{url}/kubemoot/v1/explain", timeout=10, params={
-        "model": "phi3-helper", "numCtx": 4096}).json()["verdicts"][0].get("copy"))
+    assert eventually(lambda: "footprintTotalMiB" in verdict("phi3-helper"))  # sized to load
     helper = verdict("phi3-helper")
     assert helper["footprintTotalMiB"] == real == 3916, helper
     assert "a copy of phi3:mini" in helper["footprintSource"]
