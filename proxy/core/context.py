@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.core.types import ModelInfo, ProviderView
 
@@ -78,9 +78,57 @@ class Resolved:
 
 def resolve(*, requested: int, modelfile: int, configured: int, version: Version,
             total_vram_mib: int | None, trained: int = 0, vision: bool = False,
-            family: str = "") -> Resolved:
+            family: str = "", as_sent: bool = True) -> Resolved:
     """What Ollama resolves num_ctx to, before and after its caps (`requested` 0: the call
-    does not set one)."""
+    does not set one); `requested` as the sidecar sends it (`as_loaded`) unless not
+    `as_sent`."""
+    asked = _asked(requested=requested, modelfile=modelfile, configured=configured,
+                   version=version, total_vram_mib=total_vram_mib, trained=trained,
+                   vision=vision, family=family)
+    if as_sent and asked.requested and requested > 0 and trained and \
+            asked.requested >= trained and \
+            CAPPED_LISTING_SINCE <= version < CAPPED_COMPARE_SINCE:
+        automatic = _asked(requested=0, modelfile=modelfile, configured=configured,
+                           version=version, total_vram_mib=total_vram_mib, trained=trained,
+                           vision=vision, family=family).requested
+        asked = replace(asked, requested=as_loaded(asked.requested, automatic, trained,
+                                                   version))
+    return asked
+
+
+# From 0.15.5 /api/ps lists a copy's context capped at the trained one (v0.15.5 server/
+# routes.go:1914), while needsReload compares the num_ctx the copy was loaded with, as asked,
+# until 0.30 (v0.24.0 server/sched.go:691-705), which caps both (server/sched.go:1405-1408,
+# the runner's own set to what it got at the load, :691-693)
+CAPPED_LISTING_SINCE: Version = (0, 15, 5)
+CAPPED_COMPARE_SINCE: Version = (0, 30, 0)
+
+
+def as_loaded(recorded: int, automatic: int, trained: int, version: Version) -> int:
+    """The num_ctx a copy at its trained cap is loaded with, as the sidecar sends it and
+    reads a listing of it, where Ollama lists the cap but compares the ask (0.15.5-0.29):
+    the ask of a call that sets none (`automatic`, what an OpenAI or Anthropic call sends)
+    when that reaches the cap, else the cap. Every copy the sidecar loads at the cap is so
+    loaded with one value, which a listing of it, a call over any API and a sidecar that
+    did not load it all agree on; a copy loaded with another by a client going around the
+    sidecar is reloaded by Ollama at the first call (the listing cannot tell)."""
+    if not trained or recorded < trained or \
+            not CAPPED_LISTING_SINCE <= version < CAPPED_COMPARE_SINCE:
+        return recorded
+    return automatic if automatic >= trained else trained
+
+
+def reloads_for(recorded: int, asked: int, trained: int, version: Version) -> bool:
+    """Whether Ollama reloads a copy loaded with num_ctx `recorded` (as loaded: `as_loaded`)
+    for a call that asks `asked` (needsReload: the asks compared as they are before 0.30,
+    both capped at the trained context from 0.30)."""
+    if version >= CAPPED_COMPARE_SINCE:
+        return effective(recorded, trained) != effective(asked, trained)
+    return recorded != asked
+
+
+def _asked(*, requested: int, modelfile: int, configured: int, version: Version,
+           total_vram_mib: int | None, trained: int, vision: bool, family: str) -> Resolved:
     automatic = False
     if requested > 0:
         value, source = requested, "request"
@@ -111,13 +159,15 @@ def lower_automatic(context: int) -> tuple[int, ...]:
     return tuple(step for step in (32768, 4096) if step < context)
 
 
-def for_card(view: ProviderView, info: ModelInfo | None, requested: int) -> Resolved:
+def for_card(view: ProviderView, info: ModelInfo | None, requested: int,
+             as_sent: bool = True) -> Resolved:
     """`resolve` with what a card and a model's /api/show say."""
     return resolve(requested=requested, modelfile=info.modelfile_num_ctx if info else 0,
                    configured=view.context_length, version=parse_version(view.version),
                    total_vram_mib=view.total_vram_mib,
                    trained=info.trained_context if info else 0,
-                   vision=info.vision if info else False, family=info.family if info else "")
+                   vision=info.vision if info else False, family=info.family if info else "",
+                   as_sent=as_sent)
 
 
 def effective(recorded: int, trained: int) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 
 from proxy.core import context, engines
-from proxy.core.context import Resolved
+from proxy.core.context import Resolved, parse_version
 from proxy.core.models import not_listed
 from proxy.core.occupancy import (
     Load,
@@ -132,9 +132,11 @@ class Fitting:
         call without Ollama reloading it or cutting the prompt."""
         if recorded and not self.call.pins_context:
             default = self.resolve(index, model, 0)
-            if default.requested and recorded not in (default.requested, default.context):
+            if default.requested and self.reloads(index, model, recorded, default.requested):
+                recorded = self.as_loaded(index, model, recorded)
                 return (f"loaded with num_ctx {recorded}; a call over the OpenAI or Anthropic "
-                        f"API gets Ollama's default {default.context} there and would reload it")
+                        f"API gets Ollama's default {default.requested} there and would "
+                        "reload it")
         return self.context_problem(index, model,
                                     context.effective(recorded, self.trained(index, model)))
 
@@ -149,8 +151,8 @@ class Fitting:
         if listed is None or not listed.context_length:
             return None
         resolved = self.load(index, model)[0]
-        return None if listed.context_length in (resolved.requested, resolved.context) \
-            else listed
+        return listed if self.reloads(index, model, listed.context_length,
+                                      resolved.requested) else None
 
     def sibling(self, index: ProviderIndex, model: str) -> str | None:
         """Another model here made from `model`'s weights file (`ollama create` FROM it, a
@@ -179,7 +181,7 @@ class Fitting:
             copy = self.copy_context(index, other) or next(
                 (r.context_length for r in view.residents if r.model == other), 0)
             resolved = resolved or self.load(index, model)[0]
-            if copy and copy not in (resolved.requested, resolved.context):
+            if copy and self.reloads(index, other, copy, resolved.requested):
                 return other
         return None
 
@@ -211,12 +213,29 @@ class Fitting:
         return None
 
     def copy_context(self, index: ProviderIndex, model: str) -> int:
-        """num_ctx as recorded for the copy this call would join (resident or loading)."""
+        """num_ctx as loaded for the copy this call would join (resident or loading): what
+        the call is sent with, so Ollama does not reload it."""
         resident = index.residents.get(model)
         if resident is not None:
-            return resident.context_length
+            return self.as_loaded(index, model, resident.context_length)
         loader = index.loading.get(model)
         return loader.context if loader is not None else 0
+
+    def reloads(self, index: ProviderIndex, model: str, recorded: int, asked: int) -> bool:
+        """Whether Ollama reloads the copy of `model` recorded with num_ctx `recorded` for a
+        call sent with `asked` (context.reloads_for)."""
+        return context.reloads_for(self.as_loaded(index, model, recorded), asked,
+                                   self.trained(index, model),
+                                   parse_version(index.view.version))
+
+    def as_loaded(self, index: ProviderIndex, model: str, recorded: int) -> int:
+        """A copy's recorded num_ctx as it was loaded (context.as_loaded: from 0.15.5 to
+        0.29 a listing at the trained cap does not say)."""
+        trained = self.trained(index, model)
+        if not trained or recorded < trained:
+            return recorded
+        return context.as_loaded(recorded, self.resolve(index, model, 0).requested, trained,
+                                 parse_version(index.view.version))
 
 
 def leaving_sibling(index: ProviderIndex, model: str) -> str | None:

@@ -533,8 +533,9 @@ class _Planner:
     def own_context(self) -> int:
         """The context the call's own num_ctx gives an acceptable model, as Ollama floors it
         (4; vision models 2048) before any trained cap."""
-        return max(self.fitting.load(i, c.model)[0].requested for i in self.indexes.values()
-                   for c in self.acceptable)
+        return max(context.for_card(i.view, self.fitting.sizer.info(c.model, i.view),
+                                    self.call.num_ctx, as_sent=False).requested
+                   for i in self.indexes.values() for c in self.acceptable)
 
     def largest_context(self, index: ProviderIndex, model: str, whole: bool = False) -> int:
         """The largest context a copy of `model` has or gets here; unless `whole`, an

@@ -388,6 +388,40 @@ def test_a_copy_listed_at_its_trained_context_is_joined_without_a_reload(
     assert gpu.sim.stats.reloads == 0 and gpu.sim.stats.loads == 1
 
 
+def _openai_chat(url: str, model: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                      json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+
+
+@pytest.mark.parametrize("version", ["0.12.6", "0.15.5", "0.24.0", "0.33.0"])
+@pytest.mark.parametrize(("first", "then", "restarted"), [
+    (16384, "openai", False), (4096, "openai", False), ("openai", 4096, True),
+    (16384, "openai", True), (16384, 2048, True)])
+def test_a_copy_at_its_trained_context_is_loaded_with_one_num_ctx_every_call_agrees_on(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str, first: int | str,
+        then: int | str, restarted: bool) -> None:
+    """phi3:mini (trained 4096) on a card whose calls without num_ctx get 8192: from 0.15.5
+    to 0.29 /api/ps lists any copy of it at 4096 while needsReload compares the num_ctx it
+    was asked with (v0.24.0 server/sched.go:691-705). The sidecar loads every copy at that
+    cap with the 8192 an OpenAI call brings (context.as_loaded), and reads a listing at the
+    cap so, whatever sidecar loaded it: no call makes Ollama reload it, and from 0.15.5 it
+    is not reloaded at all. (0.12.6 lists the ask, and the sidecar plans the reload.)"""
+    gpu = sim_factory("gpu", version=version, context_length=8192, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+
+    def call(how: int | str) -> None:
+        r = _openai_chat(url, "phi3:mini") if how == "openai" else \
+            chat(url, "phi3:mini", options={"num_ctx": how})
+        assert r.status_code == 200, r.text
+
+    call(first)
+    if restarted:  # another sidecar, which knows the copy only from /api/ps
+        url = sidecar_factory([gpu]).url
+    call(then)
+    assert gpu.sim.stats.reloads == 0
+    assert gpu.sim.stats.loads == (2 if version == "0.12.6" and then == "openai" else 1)
+
+
 def test_num_ctx_is_a_requirement_not_a_reload(sim_factory: Sims,
                                                sidecar_factory: Sidecars) -> None:
     small = sim_factory("small", context_length=4096, time_scale=SCALE)

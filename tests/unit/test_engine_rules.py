@@ -232,6 +232,38 @@ def test_context_precedence_floors_and_the_trained_cap(kwargs: dict[str, object]
     assert (resolved.requested, resolved.context, resolved.source) == (requested, ctx, source)
 
 
+@pytest.mark.parametrize(("version", "asked", "configured", "sent"), [
+    ((0, 24, 0), 16384, 8192, 8192),  # at the cap: the ask of a call that sets none
+    ((0, 24, 0), 4096, 8192, 8192),
+    ((0, 24, 0), 2048, 8192, 2048),  # under the cap: the listing says it
+    ((0, 24, 0), 16384, 2048, 4096),  # a call that sets none stays under: the cap itself
+    ((0, 15, 5), 16384, 8192, 8192),
+    ((0, 15, 4), 16384, 8192, 16384),  # the listing is the ask
+    ((0, 33, 0), 16384, 8192, 16384),  # Ollama compares both capped
+])
+def test_a_copy_at_its_trained_cap_is_loaded_with_one_ask_from_0_15_5_to_0_29(
+        version: tuple[int, int, int], asked: int, configured: int, sent: int) -> None:
+    """phi3:mini, trained 4096: /api/ps lists a copy at 4096 whatever it was asked with
+    (v0.15.5 server/routes.go:1914) and until 0.30 Ollama reloads for another ask (v0.24.0
+    server/sched.go:691-705): every copy at the cap is loaded, and a listing of one read,
+    with one ask."""
+    resolved = resolve(requested=asked, modelfile=0, configured=configured, version=version,
+                       total_vram_mib=24564, trained=4096)
+    assert (resolved.requested, resolved.context) == (sent, min(asked, 4096))
+    assert context.as_loaded(4096, configured, 4096, version) == (
+        max(configured, 4096) if (0, 15, 5) <= version < (0, 30, 0) else 4096)
+    assert resolve(requested=asked, modelfile=0, configured=configured, version=version,
+                   total_vram_mib=24564, trained=4096, as_sent=False).requested == asked
+
+
+def test_ollama_reloads_for_another_ask_compared_as_asked_before_0_30() -> None:
+    assert context.reloads_for(8192, 4096, 4096, (0, 24, 0))
+    assert not context.reloads_for(8192, 8192, 4096, (0, 24, 0))
+    assert context.reloads_for(4096, 8192, 4096, (0, 12, 6))
+    assert not context.reloads_for(16384, 8192, 4096, (0, 33, 0))  # both capped at 4096
+    assert context.reloads_for(2048, 8192, 4096, (0, 33, 0))
+
+
 def test_gpt_oss_gets_at_least_8192_on_large_cards_from_0_11_to_0_15_4() -> None:
     def ctx(version: tuple[int, int, int], vram: int) -> int:
         return resolve(requested=4096, modelfile=0, configured=0, version=version,
