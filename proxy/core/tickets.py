@@ -13,7 +13,12 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from proxy.core.context import effective
+from proxy.core.context import (
+    CAPPED_COMPARE_SINCE,
+    CAPPED_LISTING_SINCE,
+    effective,
+    parse_version,
+)
 from proxy.core.occupancy import MOMENT_SLACK_S, held_beside, same_weights, ticket_budget_ok
 from proxy.core.policy import Policy
 from proxy.core.sizing import held_by_runners
@@ -334,7 +339,10 @@ def _asked_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> Pro
     """A copy listed at its trained context that a call loaded asking more keeps the num_ctx
     asked for: from 0.15.5 /api/ps lists the capped one (server/routes.go:1914), but up to
     0.24 needsReload compares the ask (v0.24.0 server/sched.go:692-705), so a call joining it
-    must send that (0.30+ caps both sides: either does)."""
+    must send that (0.30+ caps both sides: either does). Not before 0.15.5, whose listing
+    is the ask itself: a record of an earlier copy must not override it."""
+    if not CAPPED_LISTING_SINCE <= parse_version(view.version) < CAPPED_COMPARE_SINCE:
+        return view
     out, changed = [], False
     for r in view.residents:
         rec = residency.get(r.model)

@@ -422,6 +422,23 @@ def test_a_copy_at_its_trained_context_is_loaded_with_one_num_ctx_every_call_agr
     assert gpu.sim.stats.loads == (2 if version == "0.12.6" and then == "openai" else 1)
 
 
+@pytest.mark.parametrize("version", ["0.12.6", "0.13.4"])
+def test_before_0_15_5_the_listing_is_the_ask_whatever_an_earlier_copy_was_asked(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str) -> None:
+    """phi3:mini loaded through the sidecar asking 32768, then reloaded at the default 4096
+    by a call that went around it (or one whose record is not written yet): the listing
+    says 4096, and before 0.15.5 that is the ask, so a call asking 32768 (4096 for phi3)
+    joins it sent with 4096, not with the record's 32768 of the copy before."""
+    gpu = sim_factory("gpu", version=version, time_scale=SCALE)
+    url = sidecar_factory([gpu], probe_interval_seconds=0.2).url
+    assert chat(url, "phi3:mini", options={"num_ctx": 32768}).status_code == 200
+    httpx.post(f"{gpu.url}/api/generate", json={"model": "phi3:mini"}, timeout=30)
+    assert gpu.sim.stats.reloads == 1  # Ollama's own, for the direct call
+    time.sleep(0.5)  # probes list the copy at 4096
+    assert chat(url, "phi3:mini", options={"num_ctx": 32768}).status_code == 200
+    assert gpu.sim.stats.reloads == 1 and gpu.sim.stats.loads == 2
+
+
 def test_num_ctx_is_a_requirement_not_a_reload(sim_factory: Sims,
                                                sidecar_factory: Sidecars) -> None:
     small = sim_factory("small", context_length=4096, time_scale=SCALE)
