@@ -232,7 +232,7 @@ class Fitting:
         """A copy's recorded num_ctx as it was loaded (context.as_loaded: from 0.15.5 to
         0.29 a listing at the trained cap does not say)."""
         trained = self.trained(index, model)
-        if not trained or recorded < trained:
+        if not trained or recorded < trained:  # (under the cap: no default to work out)
             return recorded
         return context.as_loaded(recorded, self.resolve(index, model, 0).requested, trained,
                                  parse_version(index.view.version))
