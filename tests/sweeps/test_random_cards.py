@@ -1,0 +1,116 @@
+"""Random sweeps, not in the suite: random cards (Ollama version, memory, OLLAMA_* settings),
+random calls from concurrent agents over Ollama's API, OpenAI's and /api/embed, through one
+sidecar or two sharing NATS. Whatever happens, Ollama never reloads a copy, unloads one on
+its own, spills one to the CPU or cuts a prompt, and every answer is a success or a contract
+refusal. Each seed draws its own case, so a failure reruns by its seed.
+
+    KUBEMOOT_SWEEP=0:240 pytest -n 3 tests/sweeps           # seeds 0-239 of each sweep
+    KUBEMOOT_SWEEP=96:97 pytest tests/sweeps -k two_cards   # one case again
+
+(docs/development.md, "Random sweeps")"""
+
+from __future__ import annotations
+
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtest.nats_server import NatsServer
+from loadtest.ollama_sim import SimServer, with_derived
+from loadtest.sim_model import CATALOG
+from tests.e2e.test_engine_fidelity import NOTHING, SMALL_LLAMAS, quiet
+from tests.e2e.test_scheduling import SCALE, Sidecars, Sims
+
+_RANGE = os.environ.get("KUBEMOOT_SWEEP", "")
+pytestmark = pytest.mark.skipif(not _RANGE, reason="a sweep: set KUBEMOOT_SWEEP=START:STOP")
+_START, _, _STOP = _RANGE.partition(":")
+SEEDS = range(int(_START or 0), int(_STOP or 0))
+
+VERSIONS = ["0.12.6", "0.12.11", "0.13.4", "0.15.5", "0.24.0", "0.33.0"]
+# Two models created FROM others with a num_ctx of their own, one without: one copy per
+# weights file in Ollama, reloaded for the other's context
+MODELS = (*with_derived(CATALOG, ["qwen3-16k=qwen3:8b:16384", "phi3-helper=phi3:mini:0",
+                                  "llama-8k=llama3.2:3b:8192"]), *SMALL_LLAMAS[:3])
+CHAT = [m.name for m in MODELS if not m.embedding]
+ANSWERS = (200, 413, 503, 507)  # a success or the contract's refusals
+
+
+def card(rng: random.Random, name: str, version: str, sims: Sims) -> SimServer:
+    config: dict[str, Any] = dict(
+        total_vram_mib=rng.randrange(8000, 50000, 50), version=version,
+        kv_cache_type=rng.choice(["f16", "f16", "q8_0", "q4_0"]),
+        flash_attention=rng.choice([None, None, True, False]),
+        num_parallel=rng.choice([1, 1, 2, 4]), context_length=rng.choice([0, 0, 2048, 8192]),
+        gpu_overhead_mib=rng.choice([0, 0, 512, 1536]),
+        max_loaded_models=rng.choice([0, 3, 12]))
+    if rng.random() < 0.2:  # one Ollama over two GPUs, as docs/engine.md says to run it
+        config.update(gpu_count=2, sched_spread=True, fit_target_mib=1024,
+                      total_vram_mib=2 * rng.randrange(8000, 25000, 50))
+    return sims(name, time_scale=SCALE, models=MODELS, **config)
+
+
+def agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
+    for _ in range(calls):
+        roll = rng.random()
+        words = "word " * rng.choice([1, 50, 500, 2000, 9000])
+        body: dict[str, Any]
+        if roll < 0.15:
+            body = {"model": "nomic-embed-text", "input": words[:15000]}
+            path = "/api/embed"
+        elif roll < 0.35:
+            body = {"model": rng.choice(CHAT), "messages": [{"role": "user", "content": words}]}
+            path = "/v1/chat/completions"
+        else:
+            body = {"model": rng.choice(CHAT), "stream": False, "keep_alive": "1h",
+                    "messages": [{"role": "user", "content": words}]}
+            path = "/api/chat"
+        if path != "/v1/chat/completions" and rng.random() < 0.5:
+            body["options"] = {"num_ctx": rng.choice([2048, 4096, 8192, 16384, 32768])}
+        r = httpx.post(f"{url}{path}", json=body, timeout=120)
+        seen.append((path, body["model"], body.get("options"), r.status_code,
+                     r.headers.get("x-kubemoot-provider"),
+                     r.headers.get("x-kubemoot-placement")))
+        assert r.status_code in ANSWERS, (seen, r.text)
+
+
+def run(urls: list[str], agents: int, calls: int, seed: int) -> list[Any]:
+    seen: list[Any] = []
+    with ThreadPoolExecutor(agents) as pool:
+        list(pool.map(lambda k: agent(urls[k % len(urls)], random.Random(seed * 10 + k),
+                                      calls, seen), range(agents)))
+    return seen
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_one_card(seed: int, sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    rng = random.Random(seed)
+    gpu = card(rng, "gpu", rng.choice(VERSIONS), sim_factory)
+    seen = run([sidecar_factory([gpu]).url], 3, 8, seed)
+    assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_cards(seed: int, sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    rng = random.Random(seed)
+    version = rng.choice(VERSIONS)
+    gpus = [card(rng, name, version, sim_factory) for name in ("a", "b")]
+    seen = run([sidecar_factory(gpus).url], 3, 8, seed)
+    for gpu in gpus:
+        assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_sidecars_on_nats(seed: int, sim_factory: Sims, sidecar_factory: Sidecars,
+                              nats_server: NatsServer) -> None:
+    rng = random.Random(seed)
+    version = rng.choice(VERSIONS)
+    gpus = [card(rng, name, version, sim_factory) for name in ("a", "b")]
+    urls = [sidecar_factory(gpus, nats_url=nats_server.url, agent_name=f"agent-{i}").url
+            for i in range(2)]
+    seen = run(urls, 4, 8, seed)
+    for gpu in gpus:
+        assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
