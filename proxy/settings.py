@@ -39,6 +39,7 @@ from pydantic_settings import (
 )
 
 from proxy import strict_yaml
+from proxy.core.attention import MIB
 from proxy.core.models import model_key, model_ref, ollama_name_parts, valid_name_part
 from proxy.ports import ConfigError as ConfigError  # raised here; callers import it here
 
@@ -121,7 +122,7 @@ class ProviderConfig(BaseModel):
 
     @property
     def gpu_overhead_mib(self) -> int:
-        return -(-self.gpu_overhead_bytes // (1 << 20))
+        return -(-self.gpu_overhead_bytes // MIB)
 
     def counted_total_mib(self, total_mib: int | None) -> int | None:
         """The card's memory as Ollama counts it: OLLAMA_GPU_OVERHEAD off each GPU. Its default

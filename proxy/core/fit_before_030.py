@@ -47,7 +47,7 @@ OUTPUT_MATRIX_ARCHS = frozenset(("mllama", "gemma", "gemma2", "gemma3", "gemma3n
 def applies(view: ProviderView) -> bool:
     """Whether this card's Ollama fits loads so (before 0.30, one GPU; over several GPUs
     the layout's own check stands, occupancy.spread_problem)."""
-    return parse_version(view.version) < (0, 30, 0) and view.gpus <= 1
+    return parse_version(view.version) < LLAMA_SERVER_SINCE and view.gpus <= 1
 
 
 def listed_as_estimate(info: ModelInfo, view: ProviderView) -> bool:
