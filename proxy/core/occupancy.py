@@ -275,7 +275,7 @@ class ProviderIndex:
     def admits(self, load: Load) -> bool:
         """Ollama's own admission of `load` here (its 80 % rule from 0.30, its fit check
         before), beside the loads already in flight (in whatever order they reach it)."""
-        if not load.estimate_mib or self.view.total_vram_mib is None:
+        if self.view.total_vram_mib is None:
             return True
         if self._admission is None:
             self._admission = ([Load.of(t) for t in self.tickets if _loads(t, self.residents)],
@@ -591,7 +591,9 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         return t.footprint_mib if _loads(t, lasting) else \
             min(t.footprint_mib, policy.warm_scratch_mib)
 
-    if _loads(new, lasting) and new.estimate_mib:
+    # (A load Ollama's estimate is not known for is still checked: beside it, another load
+    # in flight may no longer be admitted, `admission_problem` skipping its own check.)
+    if _loads(new, lasting):
         loads = [Load.of(t) for t in [*live, new] if _loads(t, lasting)]
         refused = ollama_refuses(view, residents, loads, stale_views(view.residents))
         if refused is not None:
@@ -599,7 +601,7 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             return False, (f"Ollama would unload a model to load {refused.model} beside the "
                            f"rest ({refused.estimate_mib} MiB by its estimate, {bound} the "
                            "memory free)")
-    if _loads(new, lasting) and new.estimate_mib:
+    if _loads(new, lasting):
         spread = spread_problem(view, residents,
                                 [Load.of(t) for t in [*live, new] if _loads(t, lasting)])
         if spread is not None:

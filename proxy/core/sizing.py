@@ -538,15 +538,24 @@ class Sizer:
 
     def _fit_estimate(self, footprint: Footprint, model: str, view: ProviderView,
                       context: int, seen: bool) -> Footprint:
-        """`footprint` with what Ollama's fit check before 0.30 asks free for it, all of it
-        taken as weights (no KV known to scale)."""
+        """`footprint` with what Ollama's check before a load beside others reads of it: from
+        0.30 its estimate (the file and a cache even an encoder is given, PredictServerVRAM,
+        v0.30.0 llm/llama_server.go:2386-2405); before, what its fit check asks free, all of
+        the copy taken as weights (no KV known to scale)."""
         info = self.info(model, view)
-        if not fit_before_030.applies(view) or info is None:
+        if info is None:
+            return footprint
+        context = effective(context, info.trained_context)
+        slots = model_slots(view, model)
+        if admission_rule(view):
+            disk = self.disk_mib(model, view)
+            return replace(footprint, estimate_mib=ollama_estimate_mib(
+                info, disk, context, slots)) if disk else footprint
+        if not fit_before_030.applies(view):
             return footprint
         total = footprint.total_mib
         estimate = fit_before_030.required_free_mib(
-            info, view, total, total, 0, first_load_compute_mib(info),
-            effective(context, info.trained_context), model_slots(view, model), seen)
+            info, view, total, total, 0, first_load_compute_mib(info), context, slots, seen)
         return replace(footprint, estimate_mib=estimate)
 
 

@@ -107,6 +107,21 @@ def test_a_footprint_from_the_architecture_and_the_file() -> None:
     assert ollama_estimate_mib(QWEN3_32B_INFO, 20200, 32768, 1) == 25320
 
 
+@pytest.mark.parametrize(("version", "observed"), [("0.33.0", {}), ("0.33.0", {2048: 540}),
+                                                   ("0.30.0", {2048: 540})])
+def test_an_encoder_gets_ollamas_estimate_from_0_30(version: str,
+                                                    observed: dict[int, int]) -> None:
+    """Ollama's rule before a load beside others reads an encoder's estimate as any model's:
+    its file and a cache it will not keep (36 KiB a token for nomic-bert's shape)."""
+    nomic = ModelInfo(trained_context=2048, estimate_kv_bytes_per_token=36 * KIB,
+                      architecture="nomic-bert", embedding=True)
+    card = ProviderView("a", 12450, version=version, disk_mib={"nomic-embed-text": 262},
+                        models={"nomic-embed-text": nomic},
+                        observed={"nomic-embed-text": observed})
+    fp = Sizer((card,), 1.2).footprint("nomic-embed-text", card, 2048)
+    assert fp is not None and fp.estimate_mib == 262 + 72
+
+
 def test_a_draft_model_adds_its_own_cache_and_compute_from_0_30() -> None:
     """A DRAFT runs in the copy's llama-server with a KV cache of its own (f16) and compute
     buffers; its file is in /api/tags' size already. Its architecture is not shown, so its

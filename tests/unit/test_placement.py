@@ -802,6 +802,11 @@ def test_two_loads_in_flight_must_pass_ollamas_rule_in_either_order() -> None:
     index = index_providers(snapshot(card, tickets=(replace(big, ticket_id="t9"),)),
                             DEFAULT_POLICY)["a"]
     assert not index.admits(Load("phi3:mini", 3183, 3712))
+    # the same where phi3's own estimate is not known: the 32b's rule is still checked
+    unknown = replace(small, estimate_mib=0)
+    ok, why = ticket_budget_ok([big], unknown, card, Policy())
+    assert not ok and "qwen3:32b" in why
+    assert not index.admits(Load("phi3:mini", 3183, 0))
 
 
 def test_a_load_beside_one_of_its_weights_file_still_making_room_waits() -> None:
