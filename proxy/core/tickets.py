@@ -304,9 +304,32 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
                            loading=r.loading, beside_mib=max(r.beside, held_by_runners(
                                o.footprint_mib for o in view.residents if o.model != m)))
                   for m, r in newer.items() if m not in known and not r.gone)
-    if extra or kept != view.residents:
-        return replace(view, residents=kept + extra)
-    return view
+    merged = _one_copy_per_file(view, kept + extra, newer)
+    return replace(view, residents=merged) if merged != view.residents else view
+
+
+def _one_copy_per_file(view: ProviderView, residents: tuple[Resident, ...],
+                       newer: dict[str, Residency]) -> tuple[Resident, ...]:
+    """Ollama keeps one copy per weights file (s.loaded is keyed by its path, v0.24.0
+    server/sched.go:88-100; v0.12.6 :107): of the names of one file counted loaded, the one
+    loaded last is that copy, and a load under another name since the probe replaced the
+    one it lists (at other options it reloads it). Copies leaving are `_by_weights`'."""
+    newest: dict[str, tuple[float, str]] = {}
+    for r in residents:
+        weights = _weights(view, r)
+        if weights:
+            at = newer[r.model].at if r.model in newer else view.probed_at
+            if weights not in newest or at > newest[weights][0]:
+                newest[weights] = (at, r.model)
+    if len(newest) == sum(1 for r in residents if _weights(view, r)):
+        return residents
+    return tuple(r for r in residents if not (w := _weights(view, r)) or newest[w][1] == r.model)
+
+
+def _weights(view: ProviderView, resident: Resident) -> str:
+    """The weights file of a copy counted loaded, not leaving ("": unknown, or leaving)."""
+    info = view.models.get(resident.model)
+    return info.weights if info is not None and not resident.leaving else ""
 
 
 def _by_weights(view: ProviderView, residency: dict[str, Residency],

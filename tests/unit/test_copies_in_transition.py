@@ -217,6 +217,14 @@ def test_a_copy_leaves_under_every_name_of_its_weights_file(
     # loaded under a third name after the other's unload: that one is the copy now
     ({"phi3-helper:latest": Residency(0, 0, NOW + 1),
       "phi3-chat:latest": Residency(3600, 4096, NOW + 2)}, [("phi3-chat:latest", False)]),
+    # loaded under the other name since the probe (at other options: a reload): the copy
+    ({"phi3-helper:latest": Residency(3600, 8192, NOW + 1)}, [("phi3-helper:latest", False)]),
+    ({"phi3-helper:latest": Residency(3600, 8192, NOW + 1),
+      "phi3:mini": Residency(3600, 4096, NOW + 2)}, [("phi3:mini", False)]),
+    ({"phi3-helper:latest": Residency(3600, 8192, NOW + 2),
+      "phi3-chat:latest": Residency(3600, 4096, NOW + 1)}, [("phi3-helper:latest", False)]),
+    # loaded under the other name before the probe, which lists the copy under this one
+    ({"phi3-helper:latest": Residency(3600, 8192, NOW - 1)}, [("phi3:mini", False)]),
     # another file's unload, or one whose file is unknown here, is no sign of this copy
     ({"qwen3:8b": Residency(0, 0, NOW + 1), "phi3-x:latest": Residency(0, 0, NOW + 1)},
      [("phi3:mini", False)]),
