@@ -43,6 +43,9 @@ class Fitting:
         self.sizer = sizer
         self.declared = declared
         self.requested = call.num_ctx if call.pins_context else 0  # num_ctx a load asks for
+        # (card, model) -> the model of its weights file whose copy a card's index lists as
+        # `model`'s own (shared_copies.as_own_copy): that model loaded it, with its own ask
+        self.loaded_as: dict[tuple[str, str], str] = {}
 
     def trained(self, index: ProviderIndex, model: str) -> int:
         info = self.sizer.info(model, index.view)
@@ -230,11 +233,14 @@ class Fitting:
 
     def as_loaded(self, index: ProviderIndex, model: str, recorded: int) -> int:
         """A copy's recorded num_ctx as it was loaded (context.as_loaded: from 0.15.5 to
-        0.29 a listing at the trained cap does not say)."""
+        0.29 a listing at the trained cap does not say), by the ask of the model that
+        loaded it: for another model's copy of its weights file listed as its own, that
+        model's (a Modelfile's num_ctx makes each name's ask its own)."""
         trained = self.trained(index, model)
         if not trained or recorded < trained:  # (under the cap: no default to work out)
             return recorded
-        return context.as_loaded(recorded, self.resolve(index, model, 0).requested, trained,
+        loader = self.loaded_as.get((index.name, model), model)
+        return context.as_loaded(recorded, self.resolve(index, loader, 0).requested, trained,
                                  parse_version(index.view.version))
 
 

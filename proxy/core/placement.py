@@ -103,6 +103,8 @@ class _Planner:
         self.joined = joined_copies(self.indexes, [c.model for c in self.acceptable],
                                     self.fitting, {c.model for c in self.acceptable})
         if self.joined:
+            self.fitting.loaded_as = {(name, model): copy
+                                      for name, (model, copy) in self.joined.items()}
             self.indexes = {name: as_own_copy(index, *self.joined[name], snapshot.now, policy)
                             if name in self.joined else index
                             for name, index in self.indexes.items()}

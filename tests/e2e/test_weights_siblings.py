@@ -184,6 +184,22 @@ def test_a_model_with_a_context_of_its_own_joins_the_copy_when_its_call_can_carr
     assert (gpu.sim.stats.loads, gpu.sim.stats.reloads) == (1, 0)
 
 
+@pytest.mark.parametrize("version", ["0.12.6", "0.15.5", "0.24.0", "0.33.0"])
+def test_a_model_with_a_context_of_its_own_joins_a_copy_at_the_trained_cap_as_it_was_loaded(
+        sim_factory: Sims, sidecar_factory: Sidecars, version: str) -> None:
+    """OLLAMA_CONTEXT_LENGTH 65536 loads qwen3:8b (trained 40960) asked for 65536; from 0.15.5
+    /api/ps lists 40960, while up to 0.29 needsReload compares the 65536. qwen3-16k, whose
+    own call would ask 16384 (its Modelfile), joins that copy only if sent the 65536 its
+    loader asked, not the cap its own ask would give."""
+    gpu = sim_factory("gpu", total_vram_mib=24576, context_length=65536, version=version,
+                      models=MODELS, time_scale=SCALE)
+    url = sidecar_factory([gpu]).url
+    assert chat(url, "qwen3:8b").status_code == 200
+    r = chat(url, "qwen3-16k")
+    assert (r.status_code, r.headers["x-kubemoot-placement"]) == (200, "warm"), r.text
+    assert (gpu.sim.stats.loads, gpu.sim.stats.reloads) == (1, 0)
+
+
 def test_ollama_stop_of_a_model_made_from_a_loaded_one_unloads_that_copy(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """Ollama's expireRunner finds the copy by the weights file (sched.go
