@@ -516,24 +516,29 @@ class Sizer:
                               context: int) -> Footprint | None:
         """No KV arithmetic possible (an encoder keeps no cache): the largest copy seen, else
         declared, else disk x factor (most measured first; none of them follows the
-        context)."""
+        context). Over several GPUs, with the compute buffers on each but one (its graph
+        unknown: their base), unless seen on this card, where the listing holds them."""
         seen = max((mib for v in self.views for mib in v.observed.get(model, {}).values()),
                    default=0)
+        here = max(view.observed.get(model, {}).values(), default=0)
+        spread = 0 if seen and seen == here else spread_graph_mib(0, view.gpus)
+        where = f", spread over {view.gpus} GPUs" if spread else ""
         if seen:
-            return self._fit_estimate(
-                Footprint(seen, "seen on a GPU (context not known to scale)", seen),
+            return self._fit_estimate(Footprint(
+                seen + spread, f"seen on a GPU (context not known to scale){where}", seen),
                 model, view, context, seen=True)
         if declared:
-            return self._fit_estimate(Footprint(declared, "declared vramMib", declared),
-                                      model, view, context, seen=False)
+            return self._fit_estimate(Footprint(
+                declared + spread, f"declared vramMib{where}", declared),
+                model, view, context, seen=False)
         disk = self.disk_mib(model, view)
         if disk:
             # (a small file's compute buffers outgrow what the factor adds to it)
             least = first_load_weights_mib(self.info(model, view) or ModelInfo(), disk)
             total = max(int(disk * self.factor), least)
-            return self._fit_estimate(
-                Footprint(total, f"file size x {self.factor:g}, at least with its compute",
-                          total), model, view, context, seen=False)
+            return self._fit_estimate(Footprint(
+                total + spread, f"file size x {self.factor:g}, at least with its compute"
+                f"{where}", total), model, view, context, seen=False)
         return None
 
     def _fit_estimate(self, footprint: Footprint, model: str, view: ProviderView,

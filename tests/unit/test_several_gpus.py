@@ -14,7 +14,8 @@ from proxy.core.gpus import (
 )
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.types import ProviderView, Resident, Ticket
+from proxy.core.sizing import Sizer
+from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 from tests.unit.builders import NOW
 
 FOUR_SMALL = 4 * 12288
@@ -53,3 +54,25 @@ def test_a_load_within_the_usable_memory_is_refused_when_its_gpus_do_not_hold_it
     assert ticket_budget_ok([], _load("llama3.2:3b", 5100, 3100), view, DEFAULT_POLICY)[0]
     # before 0.30 no fit margin is kept (no llama-server): 45401 MiB
     assert ticket_budget_ok([], load, replace(view, version="0.12.6"), DEFAULT_POLICY)[0]
+
+
+def test_an_encoder_spread_holds_the_compute_buffers_on_each_gpu_as_any_copy() -> None:
+    """No architecture to size its graph by (nomic-bert keeps no cache): its figure, from
+    its file or declared, takes the compute base again on each GPU but the first; one seen on
+    this provider is its listing, spread already."""
+    nomic = ModelInfo(trained_context=2048, architecture="nomic-bert", embedding=True)
+    one = ProviderView("a", 24576, version="0.33.0", disk_mib={"nomic-embed-text": 262},
+                       models={"nomic-embed-text": nomic})
+    two = replace(one, gpus=2)
+    alone = Sizer((one,), 1.2).footprint("nomic-embed-text", one, 2048)
+    spread = Sizer((two,), 1.2).footprint("nomic-embed-text", two, 2048)
+    assert alone is not None and spread is not None
+    assert spread.total_mib == alone.total_mib + COMPUTE_BASE_MIB
+    declared = Sizer((two,), 1.2).footprint("nomic-embed-text", two, 2048, declared=600)
+    assert declared is not None and declared.total_mib == 600 + COMPUTE_BASE_MIB
+    seen = replace(two, observed={"nomic-embed-text": {2048: 700}})
+    listed = Sizer((seen,), 1.2).footprint("nomic-embed-text", seen, 2048)
+    assert listed is not None and listed.total_mib == 700
+    elsewhere = Sizer((replace(one, name="b", observed=seen.observed), two), 1.2)
+    assert (fp := elsewhere.footprint("nomic-embed-text", two, 2048)) is not None
+    assert fp.total_mib == 700 + COMPUTE_BASE_MIB
