@@ -442,10 +442,17 @@ def _beside_as_claimed(view: ProviderView, tickets: Iterable[Ticket]) -> Provide
 
 def _same_context(view: ProviderView, model: str, probed: int, loaded: int) -> bool:
     """Whether a copy listed with num_ctx `probed` is the one loaded with `loaded` (0:
-    unknown, taken as the same)."""
+    unknown, taken as the same). Before 0.15.5 /api/ps lists the num_ctx asked, which Ollama
+    compares as it is (v0.12.6 server/routes.go:1781, server/sched.go:600-606): phi3:mini
+    (trained 4096) asked 16384 and reloaded asking 4096 is another copy. From 0.15.5 the
+    listing is capped at the trained context: compared so."""
+    if not loaded or not probed:
+        return True
+    if parse_version(view.version) < CAPPED_LISTING_SINCE:
+        return probed == loaded
     info = view.models.get(model)
     trained = info.trained_context if info else 0
-    return not loaded or not probed or effective(probed, trained) == effective(loaded, trained)
+    return effective(probed, trained) == effective(loaded, trained)
 
 
 def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | None
@@ -454,10 +461,7 @@ def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | Non
         return probed
     if recorded.leaving:  # asked to unload: counted, its keep-alive run out, until seen gone
         return replace(probed, expires_at=min(probed.expires_at, recorded.at), leaving=True)
-    info = view.models.get(probed.model)
-    trained = info.trained_context if info else 0
-    if recorded.context_length and effective(recorded.context_length, trained) != \
-            effective(probed.context_length, trained):
+    if not _same_context(view, probed.model, probed.context_length, recorded.context_length):
         return replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
                        context_length=recorded.context_length, spilled=False,
                        loading=recorded.loading, beside_mib=0)

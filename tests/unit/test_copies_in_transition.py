@@ -164,6 +164,20 @@ def test_a_copy_recorded_at_its_requested_context_is_the_probed_one() -> None:
     assert merged.residents[0].expires_at == math.inf
 
 
+@pytest.mark.parametrize(("version", "context"), [
+    ("0.12.6", 4096), ("0.15.4", 4096), ("0.15.5", 16384), ("0.33.0", 16384)])
+def test_a_copy_reloaded_since_the_probe_at_another_ask_is_the_recorded_one(
+        version: str, context: int) -> None:
+    """phi3:mini (trained 4096) listed asked 16384, then reloaded for an OpenAI call asking
+    4096: before 0.15.5 Ollama lists and compares the asks, so the copy is the recorded one
+    and a call sent with 16384 would reload it again; from 0.15.5 the listing is capped, and
+    both asks are the one copy as listed."""
+    view = gpu("a", GIB32, ("phi3:mini",), resident_ctx=16384, probed_at=NOW, version=version,
+               models={"phi3:mini": ModelInfo(trained_context=4096)})
+    merged = merge_residency(view, {"phi3:mini": Residency(3916, 4096, NOW + 1)})
+    assert merged.residents[0].context_length == context
+
+
 def test_every_placed_call_is_sent_without_the_options_that_reload() -> None:
     route = Attempt("p", OllamaClient("http://x"), "qwen3:8b", "cold")  # no num_ctx known
     body = {"model": "x", "prompt": "hi", "shift": False,
