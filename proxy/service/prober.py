@@ -333,6 +333,7 @@ class Prober:
         # provider -> model -> what another process's /api/show said of it (shared state)
         self._described: dict[str, dict[str, ModelInfo]] = {}
         self._written: dict[str, tuple[tuple[Any, ...], float]] = {}
+        self._unwritten: dict[str, tuple[Any, ...]] = {}  # the last state the store missed
         # Told of every probe as it ends (the circuit breakers: a card back from an outage)
         self.watchers: list[Callable[[ProviderState], None]] = []
 
@@ -512,6 +513,7 @@ class Prober:
     async def publish(self, state: ProviderState, force: bool = False) -> bool:
         """Write the state if it changed or the write interval passed; False if not written."""
         if self.store is None or not self.store.connected:
+            self._tell_waiting(state)
             return False
         fingerprint = _significant(state)
         last = self._written.get(state.name)
@@ -525,6 +527,15 @@ class Prober:
             return False
         self._written[state.name] = (fingerprint, state.last_probed_at)
         return True
+
+    def _tell_waiting(self, state: ProviderState) -> None:
+        """A state not written (the store away) wakes the calls waiting for room as a write
+        would, when it says something new: a copy loaded meanwhile serves them."""
+        fingerprint = _significant(state)
+        if self._unwritten.get(state.name) != fingerprint:
+            self._unwritten[state.name] = fingerprint
+            if self.store is not None:
+                self.store.changes.bump()
 
     async def round(self, names: list[str] | None = None, force: bool = False
                     ) -> list[ProviderState]:

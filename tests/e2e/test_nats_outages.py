@@ -214,6 +214,31 @@ def test_during_an_outage_a_keep_alive_0_call_leaves_its_copy_loaded_for_another
     assert _residents(one) == {"phi3:mini": False}
 
 
+def test_a_call_waiting_out_an_outage_takes_a_copy_its_own_probe_finds(
+        server: NatsServer, sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """While NATS is away no load is sent, and a call for a model not loaded waits; a copy
+    the sidecar's own probe then finds (loaded by a client around it) serves it at once, as
+    a probe published to NATS would have woken it."""
+    gpu = sim_factory("gpu", time_scale=0.02)
+    url = sidecar_factory([gpu], nats_url=server.url, probe_interval_seconds=0.2,
+                          discuss_gpu_wait_limit_seconds=20).url
+    server.stop()
+    assert eventually(lambda: "kubemoot_nats_connected 0.0" in
+                      httpx.get(f"{url}/metrics").text)
+    waiting = threading.Thread(target=lambda: seen.append(chat(url, "qwen3:8b")))
+    seen: list[httpx.Response] = []
+    started = time.monotonic()
+    waiting.start()
+    time.sleep(0.5)
+    assert not seen  # (no load while NATS is away)
+    assert httpx.post(f"{gpu.url}/api/generate", json={"model": "qwen3:8b"},
+                      timeout=30).status_code == 200
+    waiting.join(30)
+    assert seen and seen[0].status_code == 200, seen and seen[0].text
+    assert seen[0].headers["x-kubemoot-placement"] == "warm"
+    assert time.monotonic() - started < 5
+
+
 def test_an_unload_asked_during_an_outage_is_done_once_nats_answers_again(
         sim_factory: Sims, sidecar_factory: Sidecars, server: NatsServer) -> None:
     """A keep_alive-0 call and an explicit unload while NATS is away: each copy stays until
