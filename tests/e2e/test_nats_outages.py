@@ -225,8 +225,8 @@ def test_a_call_waiting_out_an_outage_takes_a_copy_its_own_probe_finds(
     server.stop()
     assert eventually(lambda: "kubemoot_nats_connected 0.0" in
                       httpx.get(f"{url}/metrics").text)
-    waiting = threading.Thread(target=lambda: seen.append(chat(url, "qwen3:8b")))
     seen: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: seen.append(chat(url, "qwen3:8b")))
     started = time.monotonic()
     waiting.start()
     time.sleep(0.5)
