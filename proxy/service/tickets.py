@@ -85,6 +85,9 @@ class TicketBook:
         self._known: dict[str, tuple[int, int, TicketSet]] = {}
         # provider -> ticket id -> expiry: released here but not yet written to the store.
         self._owed: dict[str, dict[str, float]] = {}
+        # provider -> model -> what a release whose write failed recorded of it: counted
+        # here, and written with the next write, unless the set holds a newer record
+        self._owed_records: dict[str, dict[str, Residency]] = {}
         self._owed_changes = 0  # bumped whenever any owed entry comes or goes
         # ticket id -> its expiry: released here, so never to be put back (`restore`), also
         # once the release is written
@@ -122,12 +125,17 @@ class TicketBook:
 
     def _without_owed(self, provider: str, tickets: TicketSet) -> TicketSet:
         owed = self._owed_now(provider)
-        if not owed:
+        records = self._owed_records.get(provider)
+        if not owed and not records:
             return tickets
         cached = self._filtered.get(provider)
         if cached is not None and cached[0] is tickets and cached[1] == self._owed_changes:
             return cached[2]
         result = transition.without(tickets, owed)
+        for model, record in (records or {}).items():
+            known = result.residents.get(model)
+            if known is None or known.at < record.at:
+                result = transition.record_residency(result, model, record)
         self._filtered[provider] = (tickets, self._owed_changes, result)
         return result
 
@@ -221,10 +229,13 @@ class TicketBook:
             now = self.clock.now()
             live = current.live(now)
             settled = set(self._owed.get(provider, ()))
+            records = dict(self._owed_records.get(provider, {}))
             state = self._without_owed(provider, live)
-            # owed releases to write (of a ticket, or of a load whose ticket expired)
+            # owed releases to write (of a ticket, or of a load whose ticket expired), and
+            # what they recorded
             dirty = (len(state.tickets), len(state.loads)) != (len(live.tickets),
-                                                               len(live.loads))
+                                                               len(live.loads)) or \
+                state.residents != live.residents
             results: list[tuple[bool, str]] = []
             for item in batch:
                 if item.result.done():  # its caller was cancelled before we got here
@@ -250,7 +261,7 @@ class TicketBook:
                         delay = min(delay * 2, 0.004)
                     continue
                 self._known[provider] = (generation, new_revision, state)
-            self._settled(provider, settled)  # written now, or in no set any more
+            self._settled(provider, settled, records)  # written now, or in no set any more
             for item, (ok, reason) in zip(batch, results, strict=True):
                 if not item.result.done():  # done: its caller was cancelled
                     item.result.set_result(ClaimResult(ok, reason, attempt, conflicts))
@@ -261,11 +272,18 @@ class TicketBook:
                     False, f"gave up after {MAX_ATTEMPTS} conflicting writes", MAX_ATTEMPTS,
                     conflicts))
 
-    def _settled(self, provider: str, ticket_ids: set[str]) -> None:
+    def _settled(self, provider: str, ticket_ids: set[str],
+                 records: Mapping[str, Residency] | None = None) -> None:
         owed = self._owed.get(provider)
         if owed and ticket_ids:
             for ticket_id in ticket_ids:
                 owed.pop(ticket_id, None)
+            self._owed_changes += 1
+        kept = self._owed_records.get(provider)
+        if kept and records:
+            for model, record in records.items():
+                if kept.get(model) == record:  # (a newer one owed since waits its write)
+                    del kept[model]
             self._owed_changes += 1
 
     def new_ticket(self, ticket_id: str, provider: str, model: str, footprint_mib: int,
@@ -331,18 +349,21 @@ class TicketBook:
         try:
             result = await self._mutate(ticket.provider, remove)
         except BaseException:  # the store away, or the caller cancelled: owed, as a plain one
-            self._owe(ticket)
+            self._owe(ticket, leave_resident)
             self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
         if not result.ok:  # (gave up on conflicting writes)
-            self._owe(ticket)
+            self._owe(ticket, leave_resident)
             self._write_soon(ticket.provider)
         return result
 
-    def _owe(self, ticket: Ticket) -> None:
-        """The ticket stops counting here at once; the next write to its set removes it."""
+    def _owe(self, ticket: Ticket, record: Residency | None = None) -> None:
+        """The ticket stops counting here at once; the next write to its set removes it, and
+        writes `record` (what its call left of its model) unless the set has a newer one."""
         self._owed.setdefault(ticket.provider, {})[ticket.ticket_id] = \
             self._let_go_of(ticket)
+        if record is not None:
+            self._owed_records.setdefault(ticket.provider, {})[ticket.model] = record
         self._owed_changes += 1
         self.store.changes.bump()  # calls waiting for this room decide again
 

@@ -453,17 +453,26 @@ async def test_a_release_the_store_missed_is_written_when_it_is_back() -> None:
 
 
 async def test_a_release_that_changes_residents_is_written_at_once() -> None:
+    """And when that write fails (the store away), the copy it recorded is counted here at
+    once and written with the ticket's removal once the store is back: not left to a probe,
+    which while the store is away wakes no waiting call of other sidecars."""
     store = OutageStore()
     book = _book(store)
     a = book.new_ticket("a", "gpu", "new:14b", 4000, True, {}, "h")
     assert (await book.claim(a, VIEW)).ok
     store.down = True
+    left = Residency(4000, 8192, time.time())
     with pytest.raises(StoreUnavailable):
-        await book.release(a, Residency(4000, 8192, time.time()))
-    assert not book.known("gpu")[0].tickets  # still free here
+        await book.release(a, left)
+    known = book.known("gpu")[0]
+    assert not known.tickets  # still free here
+    assert known.residents == {"new:14b": left}  # and its copy counted
     store.down = False
     await book.settle("gpu")
     assert _stored_now(store) == set()
+    stored = decode_ticket_set("gpu", store.view(PROVIDER_TICKETS)["gpu"].value)
+    assert stored.residents["new:14b"].context_length == 8192
+    assert book.known("gpu")[0].residents["new:14b"].context_length == 8192
     await book.close()
 
 
