@@ -522,23 +522,22 @@ class Sizer:
                    default=0)
         here = max(view.observed.get(model, {}).values(), default=0)
         spread = 0 if seen and seen == here else spread_graph_mib(0, view.gpus)
-        where = f", spread over {view.gpus} GPUs" if spread else ""
+
+        def sized(mib: int, source: str) -> Footprint:
+            where = f", spread over {view.gpus} GPUs" if spread else ""
+            return self._fit_estimate(Footprint(mib + spread, source + where, mib), model,
+                                      view, context, seen=bool(seen))
+
         if seen:
-            return self._fit_estimate(Footprint(
-                seen + spread, f"seen on a GPU (context not known to scale){where}", seen),
-                model, view, context, seen=True)
+            return sized(seen, "seen on a GPU (context not known to scale)")
         if declared:
-            return self._fit_estimate(Footprint(
-                declared + spread, f"declared vramMib{where}", declared),
-                model, view, context, seen=False)
+            return sized(declared, "declared vramMib")
         disk = self.disk_mib(model, view)
         if disk:
             # (a small file's compute buffers outgrow what the factor adds to it)
             least = first_load_weights_mib(self.info(model, view) or ModelInfo(), disk)
-            total = max(int(disk * self.factor), least)
-            return self._fit_estimate(Footprint(
-                total + spread, f"file size x {self.factor:g}, at least with its compute"
-                f"{where}", total), model, view, context, seen=False)
+            return sized(max(int(disk * self.factor), least),
+                         f"file size x {self.factor:g}, at least with its compute")
         return None
 
     def _fit_estimate(self, footprint: Footprint, model: str, view: ProviderView,

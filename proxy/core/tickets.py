@@ -314,16 +314,16 @@ def _one_copy_per_file(view: ProviderView, residents: tuple[Resident, ...],
     server/sched.go:88-100; v0.12.6 :107): of the names of one file counted loaded, the one
     loaded last is that copy, and a load under another name since the probe replaced the
     one it lists (at other options it reloads it). Copies leaving are `_by_weights`'."""
+    files = [(_weights(view, r), r) for r in residents]
     newest: dict[str, tuple[float, str]] = {}
-    for r in residents:
-        weights = _weights(view, r)
+    for weights, r in files:
         if weights:
             at = newer[r.model].at if r.model in newer else view.probed_at
             if weights not in newest or at > newest[weights][0]:
                 newest[weights] = (at, r.model)
-    if len(newest) == sum(1 for r in residents if _weights(view, r)):
+    if len(newest) == sum(1 for weights, _ in files if weights):
         return residents
-    return tuple(r for r in residents if not (w := _weights(view, r)) or newest[w][1] == r.model)
+    return tuple(r for weights, r in files if not weights or newest[weights][1] == r.model)
 
 
 def _weights(view: ProviderView, resident: Resident) -> str:

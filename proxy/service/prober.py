@@ -512,7 +512,9 @@ class Prober:
 
     async def publish(self, state: ProviderState, force: bool = False) -> bool:
         """Write the state if it changed or the write interval passed; False if not written."""
-        if self.store is None or not self.store.connected:
+        if self.store is None:
+            return False
+        if not self.store.connected:
             self._tell_waiting(state)
             return False
         fingerprint = _significant(state)
@@ -532,10 +534,9 @@ class Prober:
         """A state not written (the store away) wakes the calls waiting for room as a write
         would, when it says something new: a copy loaded meanwhile serves them."""
         fingerprint = _significant(state)
-        if self._unwritten.get(state.name) != fingerprint:
+        if self._unwritten.get(state.name) != fingerprint and self.store is not None:
             self._unwritten[state.name] = fingerprint
-            if self.store is not None:
-                self.store.changes.bump()
+            self.store.changes.bump()
 
     async def round(self, names: list[str] | None = None, force: bool = False
                     ) -> list[ProviderState]:

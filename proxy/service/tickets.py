@@ -235,7 +235,7 @@ class TicketBook:
             # what they recorded
             dirty = (len(state.tickets), len(state.loads)) != (len(live.tickets),
                                                                len(live.loads)) or \
-                state.residents != live.residents
+                (bool(records) and state.residents != live.residents)
             results: list[tuple[bool, str]] = []
             for item in batch:
                 if item.result.done():  # its caller was cancelled before we got here
