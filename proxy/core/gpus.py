@@ -16,15 +16,13 @@ from collections.abc import Iterable
 
 RUNNER_OVERHEAD_MIB = 457  # a runner's CUDA context on each GPU it uses (ml/device.go:359-364)
 FIT_MARGIN_MIB = 1024  # llama.cpp's fit target on each GPU (common/common.h), 0.30+
-# llama.cpp's compute buffers at the default batch, which the batch's graph surcharge comes on
-# top of (a few hundred MiB on CUDA; on one card the weights' calibration absorbs it)
-COMPUTE_BASE_MIB = 256
 
 
-def spread_graph_mib(graph_mib: int, gpus: int) -> int:
+def spread_graph_mib(compute_mib: int, gpus: int) -> int:
     """What a copy spread over `gpus` GPUs adds to its one-card footprint: its compute
-    buffers again on each GPU but one."""
-    return (graph_mib + COMPUTE_BASE_MIB) * (gpus - 1) if gpus > 1 else 0
+    buffers (`compute_mib`: the default batch's, at least its logits, and the batch's
+    surcharge) again on each GPU but one."""
+    return compute_mib * (gpus - 1) if gpus > 1 else 0
 
 
 def spread_fits(footprint_mib: int, total_mib: int, gpus: int, held: Iterable[int],

@@ -451,7 +451,7 @@ class Sizer:
             source = f"{source}, its DRAFT model's cache and compute"
         if declared and declared > total:
             total, source = declared, "declared vramMib (above the architecture's figure)"
-        extra = spread_graph_mib(graph, view.gpus)
+        extra = spread_graph_mib(first_load_compute_mib(info) + graph, view.gpus)
         if extra:
             total, source = total + extra, f"{source}, spread over {view.gpus} GPUs"
         if fit_before_030.applies(view):
@@ -521,7 +521,7 @@ class Sizer:
         seen = max((mib for v in self.views for mib in v.observed.get(model, {}).values()),
                    default=0)
         here = max(view.observed.get(model, {}).values(), default=0)
-        spread = 0 if seen and seen == here else spread_graph_mib(0, view.gpus)
+        spread = 0 if seen and seen == here else spread_graph_mib(COMPUTE_FLOOR_MIB, view.gpus)
 
         def sized(mib: int, source: str) -> Footprint:
             where = f", spread over {view.gpus} GPUs" if spread else ""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from proxy.core.gpus import (
-    COMPUTE_BASE_MIB,
     FIT_MARGIN_MIB,
     RUNNER_OVERHEAD_MIB,
     spread_fits,
@@ -14,7 +13,7 @@ from proxy.core.gpus import (
 )
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.sizing import Sizer
+from proxy.core.sizing import COMPUTE_FLOOR_MIB, Sizer, compute_mib, first_load_compute_mib
 from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 from tests.unit.builders import NOW
 
@@ -23,9 +22,33 @@ FOUR_SMALL = 4 * 12288
 
 def test_a_spread_copy_holds_its_compute_buffers_on_each_gpu() -> None:
     """llm/llama_server.go:2821-2851: the buffers summed by device, compute on each."""
-    assert spread_graph_mib(2048, 4) == 3 * (2048 + COMPUTE_BASE_MIB)
-    assert spread_graph_mib(768, 2) == 768 + COMPUTE_BASE_MIB
+    assert spread_graph_mib(2048, 4) == 3 * 2048
+    assert spread_graph_mib(768, 2) == 768
     assert spread_graph_mib(2048, 1) == 0
+
+
+# Qwen3 8B's shape: its logits for a batch of 512 (151936 tokens) take 305 MiB
+QWEN3_8B = ModelInfo(trained_context=40960, kv_bytes_per_token=36 * 8 * 256 * 2,
+                     estimate_kv_bytes_per_token=36 * 8 * 256 * 2, architecture="qwen3",
+                     family="qwen3", logits_bytes=4 * 512 * (4096 + 151936),
+                     attention_heads=32, embedding_length=4096)
+
+
+def test_the_compute_buffers_again_on_each_gpu_are_at_least_the_logits() -> None:
+    """qwen3:8b at 16384 over 2 GPUs at 0.33: the compute on the second GPU is the batch's
+    logits (305 MiB, above the 256 MiB floor) and the batch tier's surcharge, as on the
+    first. Planned with the floor instead, the copy came out 49 MiB short and llama.cpp
+    spilled it (one-card sweep seed 1964: 2 x 17400 MiB, 9268 MiB planned of 9285 free)."""
+    one = ProviderView("a", 34800, version="0.33.0", disk_mib={"qwen3:8b": 5000},
+                       models={"qwen3:8b": QWEN3_8B})
+    two = replace(one, gpus=2)
+    alone = Sizer((one,), 1.2).footprint("qwen3:8b", one, 16384)
+    spread = Sizer((two,), 1.2).footprint("qwen3:8b", two, 16384)
+    assert alone is not None and spread is not None
+    assert first_load_compute_mib(QWEN3_8B) == 305 > COMPUTE_FLOOR_MIB
+    compute = 305 + compute_mib(QWEN3_8B, two, 16384, 1)
+    assert spread.total_mib == alone.total_mib + compute
+    assert "spread over 2 GPUs" in spread.source
 
 
 def test_every_copy_pays_a_context_on_every_gpu_and_each_gpu_the_fit_margin() -> None:
@@ -67,12 +90,12 @@ def test_an_encoder_spread_holds_the_compute_buffers_on_each_gpu_as_any_copy() -
     alone = Sizer((one,), 1.2).footprint("nomic-embed-text", one, 2048)
     spread = Sizer((two,), 1.2).footprint("nomic-embed-text", two, 2048)
     assert alone is not None and spread is not None
-    assert spread.total_mib == alone.total_mib + COMPUTE_BASE_MIB
+    assert spread.total_mib == alone.total_mib + COMPUTE_FLOOR_MIB
     declared = Sizer((two,), 1.2).footprint("nomic-embed-text", two, 2048, declared=600)
-    assert declared is not None and declared.total_mib == 600 + COMPUTE_BASE_MIB
+    assert declared is not None and declared.total_mib == 600 + COMPUTE_FLOOR_MIB
     seen = replace(two, observed={"nomic-embed-text": {2048: 700}})
     listed = Sizer((seen,), 1.2).footprint("nomic-embed-text", seen, 2048)
     assert listed is not None and listed.total_mib == 700
     elsewhere = Sizer((replace(one, name="b", observed=seen.observed), two), 1.2)
     assert (fp := elsewhere.footprint("nomic-embed-text", two, 2048)) is not None
-    assert fp.total_mib == 700 + COMPUTE_BASE_MIB
+    assert fp.total_mib == 700 + COMPUTE_FLOOR_MIB
