@@ -552,6 +552,11 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             return False, f"{new.model} is neither loaded nor being loaded here"
         if all(_making_room(t, residents) for t in loaders):
             return False, f"room for {new.model} is still being made here"
+        if new.context and all(t.context and t.context != new.context for t in loaders):
+            # Decided on a load of its own asking (one reserved, then refused for this):
+            # sent at that ask to a copy loaded at another, Ollama would reload it
+            return False, (f"{new.model} is being loaded here with num_ctx "
+                           f"{loaders[0].context}, not {new.context}")
     if any(new.model in t.evicts for t in live):  # no new work for a copy being unloaded
         return False, f"{new.model} is planned for eviction here"
     if any(r.leaving and r.model == new.model for r in view.residents):

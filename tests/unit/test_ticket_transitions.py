@@ -37,10 +37,11 @@ def held(ticket_id: str, model: str, *, cold: bool = False, expires_at: float = 
                   cold=cold, evicts=evicts or {})
 
 
-def new(model: str, *, cold: bool = False, evicts: dict[str, int] | None = None) -> Ticket:
+def new(model: str, *, cold: bool = False, evicts: dict[str, int] | None = None,
+        context: int = 0) -> Ticket:
     """A ticket as the scheduler makes it, before the claim stamps its times."""
     return Ticket("new", "a", model, SIZES[model] if cold else 512, 0.0, 0.0, cold=cold,
-                  evicts=evicts or {})
+                  evicts=evicts or {}, context=context)
 
 
 def tickets(*held_tickets: Ticket, residents: dict[str, Residency] | None = None
@@ -84,6 +85,15 @@ def test_a_claim_already_in_the_set_leaves_it_as_it_was() -> None:
     # a second load of a model already being loaded here:
     ((), tickets(held("t1", "qwen3:8b", cold=True)), new("qwen3:8b", cold=True), False,
      "qwen3:8b is already being loaded here"),
+    # joining a load at another num_ctx than the one it was decided on (a load of the
+    # joiner's own sidecar, refused since): Ollama would reload the copy for it
+    ((), tickets(replace(held("t1", "qwen3:8b", cold=True), context=2048)),
+     new("qwen3:8b", context=4096), False,
+     "qwen3:8b is being loaded here with num_ctx 2048, not 4096"),
+    ((), tickets(replace(held("t1", "qwen3:8b", cold=True), context=2048)),
+     new("qwen3:8b", context=2048), False, None),
+    ((), tickets(held("t1", "qwen3:8b", cold=True)), new("qwen3:8b", context=4096), False,
+     None),  # (a load's context not known: as before)
     # joining a copy that is neither there nor on its way:
     ((), tickets(), new("qwen3:8b"), False, "qwen3:8b is neither loaded nor being loaded here"),
     # joining a copy another claim plans to unload:
