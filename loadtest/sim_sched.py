@@ -338,11 +338,14 @@ class OllamaSim:
         return next((r for r in ordered if r.refcount == 0), ordered[0])
 
     async def _evict(self, why: str) -> None:
-        """processPending expires the victim and waits for unloadedCh (sched.go:326-358)."""
+        """processPending expires the victim and waits for unloadedCh (sched.go:326-358).
+        A victim already asked to go (its sessionDuration 0: an unload, a keep_alive 0),
+        which findRunnerToUnload sorts first, was going anyway: not Ollama's own unload."""
         victim = self._victim()
         if not victim.evicted:
             victim.evicted = True
-            self.stats.self_evictions += 1
+            if victim.keep_alive_s != 0:
+                self.stats.self_evictions += 1
         self._expire(victim, f"self-eviction ({why})")
         await self._any_unload()
 
