@@ -515,9 +515,22 @@ def copy_sharers(view: ProviderView, model: str) -> tuple[str, ...]:
 def sibling_loading(view: ProviderView, model: str, tickets: Iterable[Ticket],
                     residents: Container[str]) -> str | None:
     """Another model of `model`'s weights file whose load here is in flight (a cold ticket,
-    its copy not listed yet): a load of `model` beside it would make Ollama reload it."""
-    return next((t.model for t in tickets if t.cold and t.model not in residents and
-                 same_weights(view, model, t.model)), None)
+    its copy not listed yet, or a reload whose copy is listed still at the context it
+    replaces): a load of `model` beside it would make Ollama reload it."""
+    for t in tickets:
+        if t.cold and same_weights(view, model, t.model) and (
+                t.model not in residents or (t.reloads and _listed_as_before(view, t))):
+            return t.model
+    return None
+
+
+def _listed_as_before(view: ProviderView, reload: Ticket) -> bool:
+    """A reload's model listed here at another context than the one it loads: the copy it
+    replaces (or one whose context is not known)."""
+    info = view.models.get(reload.model)
+    trained = info.trained_context if info is not None else 0
+    return any(r.model == reload.model and effective(r.context_length, trained) !=
+               effective(reload.context, trained) for r in view.residents)
 
 
 def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,

@@ -398,6 +398,23 @@ def test_claim_refuses_a_load_beside_one_of_the_same_weights_file_in_flight() ->
     assert ticket_budget_ok([loading], _t("2", "qwen3-16k", 9000), listed, DEFAULT_POLICY)[0]
 
 
+def test_claim_refuses_a_load_beside_a_reload_of_the_same_weights_file_in_flight() -> None:
+    """A reload of llama3.2:3b at 32768 while its copy at 8192 is still listed (its unload
+    not seen yet): a load of llama-8k (FROM it, num_ctx 8192) claimed then reached Ollama
+    beside the reload, and Ollama reloaded the copy for it (NATS sweep seed 187, 0.13.4)."""
+    file = ModelInfo(weights="sha256-" + "ab" * 32, trained_context=131072)
+    view = replace(gpu("a", 40000), models={"llama3.2:3b": file, "llama-8k": file},
+                   residents=(Resident("llama3.2:3b", 3246, 8192),))
+    reload = replace(_t("1", "llama3.2:3b", 5767), evicts={"llama3.2:3b": 3246},
+                     context=32768)
+    ok, why = ticket_budget_ok([reload], _t("2", "llama-8k", 3079), view, DEFAULT_POLICY)
+    assert not ok and why == "llama3.2:3b is being loaded here from the same weights file"
+    # listed at its new context, the copy is no load in flight (a load of llama-8k is then
+    # planned as its eviction, Fitting.sibling)
+    reloaded = replace(view, residents=(Resident("llama3.2:3b", 5767, 32768),))
+    assert ticket_budget_ok([reload], _t("2", "llama-8k", 3079), reloaded, DEFAULT_POLICY)[0]
+
+
 def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_ratio() -> None:
     learning = Learning()
     call = CallRequest("/api/generate", "m", prompt=PromptSize(700), context_tokens=1000)
