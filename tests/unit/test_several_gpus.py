@@ -13,7 +13,13 @@ from proxy.core.gpus import (
 )
 from proxy.core.occupancy import ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
-from proxy.core.sizing import COMPUTE_FLOOR_MIB, Sizer, compute_mib, first_load_compute_mib
+from proxy.core.sizing import (
+    COMPUTE_FLOOR_MIB,
+    Footprint,
+    Sizer,
+    compute_mib,
+    first_load_compute_mib,
+)
 from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 from tests.unit.builders import NOW
 
@@ -34,17 +40,25 @@ QWEN3_8B = ModelInfo(trained_context=40960, kv_bytes_per_token=36 * 8 * 256 * 2,
                      attention_heads=32, embedding_length=4096)
 
 
+def _on_one_and_two_gpus(model: str, info: ModelInfo, disk_mib: int, context: int
+                         ) -> tuple[ProviderView, ProviderView, Footprint, Footprint]:
+    """A provider of one GPU and the same over two (0.33), and the model's footprint on
+    each."""
+    one = ProviderView("a", 34800, version="0.33.0", disk_mib={model: disk_mib},
+                       models={model: info})
+    two = replace(one, gpus=2)
+    alone = Sizer((one,), 1.2).footprint(model, one, context)
+    spread = Sizer((two,), 1.2).footprint(model, two, context)
+    assert alone is not None and spread is not None
+    return one, two, alone, spread
+
+
 def test_the_compute_buffers_again_on_each_gpu_are_at_least_the_logits() -> None:
     """qwen3:8b at 16384 over 2 GPUs at 0.33: the compute on the second GPU is the batch's
     logits (305 MiB, above the 256 MiB floor) and the batch tier's surcharge, as on the
     first. Planned with the floor instead, the copy came out 49 MiB short and llama.cpp
     spilled it (one-card sweep seed 1964: 2 x 17400 MiB, 9268 MiB planned of 9285 free)."""
-    one = ProviderView("a", 34800, version="0.33.0", disk_mib={"qwen3:8b": 5000},
-                       models={"qwen3:8b": QWEN3_8B})
-    two = replace(one, gpus=2)
-    alone = Sizer((one,), 1.2).footprint("qwen3:8b", one, 16384)
-    spread = Sizer((two,), 1.2).footprint("qwen3:8b", two, 16384)
-    assert alone is not None and spread is not None
+    _, two, alone, spread = _on_one_and_two_gpus("qwen3:8b", QWEN3_8B, 5000, 16384)
     assert first_load_compute_mib(QWEN3_8B) == 305 > COMPUTE_FLOOR_MIB
     compute = 305 + compute_mib(QWEN3_8B, two, 16384, 1)
     assert spread.total_mib == alone.total_mib + compute
@@ -84,12 +98,7 @@ def test_an_encoder_spread_holds_the_compute_buffers_on_each_gpu_as_any_copy() -
     its file or declared, takes the compute base again on each GPU but the first; one seen on
     this provider is its listing, spread already."""
     nomic = ModelInfo(trained_context=2048, architecture="nomic-bert", embedding=True)
-    one = ProviderView("a", 24576, version="0.33.0", disk_mib={"nomic-embed-text": 262},
-                       models={"nomic-embed-text": nomic})
-    two = replace(one, gpus=2)
-    alone = Sizer((one,), 1.2).footprint("nomic-embed-text", one, 2048)
-    spread = Sizer((two,), 1.2).footprint("nomic-embed-text", two, 2048)
-    assert alone is not None and spread is not None
+    one, two, alone, spread = _on_one_and_two_gpus("nomic-embed-text", nomic, 262, 2048)
     assert spread.total_mib == alone.total_mib + COMPUTE_FLOOR_MIB
     declared = Sizer((two,), 1.2).footprint("nomic-embed-text", two, 2048, declared=600)
     assert declared is not None and declared.total_mib == 600 + COMPUTE_FLOOR_MIB
