@@ -104,6 +104,21 @@ CAPPED_LISTING_SINCE: Version = (0, 15, 5)
 CAPPED_COMPARE_SINCE: Version = (0, 30, 0)
 
 
+def listed_as_loaded(view: ProviderView, model: str, probed: int, loaded: int) -> bool:
+    """Whether a copy listed with num_ctx `probed` is the one loaded with `loaded` (0:
+    unknown, taken as the same). Before 0.15.5 /api/ps lists the num_ctx asked, which Ollama
+    compares as it is (v0.12.6 server/routes.go:1781, server/sched.go:600-606): phi3:mini
+    (trained 4096) asked 16384 and reloaded asking 4096 is another copy. From 0.15.5 the
+    listing is capped at the trained context: compared so."""
+    if not loaded or not probed:
+        return True
+    if parse_version(view.version) < CAPPED_LISTING_SINCE:
+        return probed == loaded
+    info = view.models.get(model)
+    trained = info.trained_context if info else 0
+    return effective(probed, trained) == effective(loaded, trained)
+
+
 def as_loaded(recorded: int, automatic: int, trained: int, version: Version) -> int:
     """The num_ctx a copy at its trained cap is loaded with, as the sidecar sends it and
     reads a listing of it, where Ollama lists the cap but compares the ask (0.15.5-0.29):

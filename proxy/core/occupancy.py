@@ -11,7 +11,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from proxy.core import fit_before_030
-from proxy.core.context import effective
+from proxy.core.context import effective, listed_as_loaded
 from proxy.core.engines import lists_before_read
 from proxy.core.gpus import FIT_MARGIN_MIB, RUNNER_OVERHEAD_MIB, spread_fits
 from proxy.core.lengths import CallLengths
@@ -526,11 +526,10 @@ def sibling_loading(view: ProviderView, model: str, tickets: Iterable[Ticket],
 
 def _listed_as_before(view: ProviderView, reload: Ticket) -> bool:
     """A reload's model listed here at another context than the one it loads: the copy it
-    replaces (or one whose context is not known)."""
-    info = view.models.get(reload.model)
-    trained = info.trained_context if info is not None else 0
-    return any(r.model == reload.model and effective(r.context_length, trained) !=
-               effective(reload.context, trained) for r in view.residents)
+    replaces."""
+    return any(r.model == reload.model and
+               not listed_as_loaded(view, r.model, r.context_length, reload.context)
+               for r in view.residents)
 
 
 def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,

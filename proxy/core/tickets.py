@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from proxy.core.context import (
     CAPPED_COMPARE_SINCE,
     CAPPED_LISTING_SINCE,
-    effective,
+    listed_as_loaded,
     parse_version,
 )
 from proxy.core.occupancy import MOMENT_SLACK_S, held_beside, same_weights, ticket_budget_ok
@@ -386,7 +386,7 @@ def _beside_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> Pr
     for r in view.residents:
         rec = residency.get(r.model)
         if rec is not None and rec.beside > r.beside_mib and not rec.gone and \
-                _same_context(view, r.model, r.context_length, rec.context_length):
+                listed_as_loaded(view, r.model, r.context_length, rec.context_length):
             r = replace(r, beside_mib=rec.beside)
             changed = True
         out.append(r)
@@ -405,7 +405,7 @@ def merge_recorded(view: ProviderView, recorded: TicketSet) -> ProviderView:
     orphaned: dict[str, Load] = {}
     for load in recorded.orphaned_loads().values():
         if load.model in probed and view.probed_at > load.at and \
-                _same_context(view, load.model, probed[load.model], load.context_length):
+                listed_as_loaded(view, load.model, probed[load.model], load.context_length):
             continue  # (a probe still listing the old copy of a reload is no sign of it)
         known = orphaned.get(load.model)
         if known is None or load.mib > known.mib:
@@ -432,27 +432,12 @@ def _beside_as_claimed(view: ProviderView, tickets: Iterable[Ticket]) -> Provide
     out, changed = [], False
     for r in view.residents:
         held = max((mib for (model, ctx), mib in beside.items() if model == r.model and
-                    _same_context(view, model, r.context_length, ctx)), default=0)
+                    listed_as_loaded(view, model, r.context_length, ctx)), default=0)
         if held > r.beside_mib:
             r = replace(r, beside_mib=held)
             changed = True
         out.append(r)
     return replace(view, residents=tuple(out)) if changed else view
-
-
-def _same_context(view: ProviderView, model: str, probed: int, loaded: int) -> bool:
-    """Whether a copy listed with num_ctx `probed` is the one loaded with `loaded` (0:
-    unknown, taken as the same). Before 0.15.5 /api/ps lists the num_ctx asked, which Ollama
-    compares as it is (v0.12.6 server/routes.go:1781, server/sched.go:600-606): phi3:mini
-    (trained 4096) asked 16384 and reloaded asking 4096 is another copy. From 0.15.5 the
-    listing is capped at the trained context: compared so."""
-    if not loaded or not probed:
-        return True
-    if parse_version(view.version) < CAPPED_LISTING_SINCE:
-        return probed == loaded
-    info = view.models.get(model)
-    trained = info.trained_context if info else 0
-    return effective(probed, trained) == effective(loaded, trained)
 
 
 def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | None
@@ -461,7 +446,7 @@ def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | Non
         return probed
     if recorded.leaving:  # asked to unload: counted, its keep-alive run out, until seen gone
         return replace(probed, expires_at=min(probed.expires_at, recorded.at), leaving=True)
-    if not _same_context(view, probed.model, probed.context_length, recorded.context_length):
+    if not listed_as_loaded(view, probed.model, probed.context_length, recorded.context_length):
         return replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
                        context_length=recorded.context_length, spilled=False,
                        loading=recorded.loading, beside_mib=0)
