@@ -7,7 +7,7 @@ filter and cost reads, once per placement rather than once per candidate.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from proxy.core import fit_before_030
@@ -524,6 +524,25 @@ def sibling_loading(view: ProviderView, model: str, tickets: Iterable[Ticket],
     return None
 
 
+def loaded_again_for_a_call(view: ProviderView, tickets: Iterable[Ticket],
+                            residents: Collection[str]) -> str | None:
+    """A model a call holds a ticket to join whose copy is no longer counted here, nor being
+    loaded by a claim: it left (its keep-alive, maybe a call's own, ran out) before the call
+    reached Ollama, which then loads it again for that call, outside every budget. Ollama
+    keeps a copy while a call runs on it, so only a copy the call had not reached yet goes
+    so. (A plan's ticket is left out: a held plan may wait long for its call.)"""
+    loading = {t.model for t in tickets if t.cold}
+    return next((t.model for t in tickets
+                 if not t.cold and not t.plan and t.model not in loading and
+                 not copy_counted(view, t.model, residents)), None)
+
+
+def copy_counted(view: ProviderView, model: str, counted: Collection[str]) -> bool:
+    """Whether a copy `model` runs on is among the models `counted` here: its own, or
+    another model's of its weights file."""
+    return model in counted or any(same_weights(view, model, other) for other in counted)
+
+
 def _listed_as_before(view: ProviderView, reload: Ticket) -> bool:
     """A reload's model listed here at another context than the one it loads: the copy it
     replaces."""
@@ -586,6 +605,10 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
                         same_weights(view, new.model, r.model)), None)
         if leaving is not None:  # Ollama would reload it, once its calls end
             return False, f"{leaving} is being unloaded here from the same weights file"
+        again = loaded_again_for_a_call(view, live, residents)
+        if again is not None and again != new.model:  # (the same model's load joins it)
+            return False, f"{again} left while a call was on its way to it: Ollama loads " \
+                "it again, unclaimed"
     victims: dict[str, int] = {}
     for ticket in [*live, new]:
         for victim in ticket.evicts:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from proxy.core.context import could_run_in
 from proxy.core.engine_errors import is_out_of_memory
-from proxy.core.occupancy import copy_users
+from proxy.core.occupancy import copy_counted, copy_users
 from proxy.core.tickets import Residency
 from proxy.core.types import Circuit, Placement, ProviderView, WaitNeed
 from proxy.observability.logging import get_logger
@@ -126,6 +126,10 @@ class CallService:
         # not on a preload kept for others: the copy is theirs (Ollama loads it again for
         # the next caller, at its keep_alive, once the requester leaves)
         unloads = call.unloads_after and not kept
+        if not placement.loads and self._copy_left(placement):
+            # It left before the call reached Ollama, which loaded it again for the call:
+            # read from the card before the ticket that stood for it goes
+            await self._probe_first(placement.provider)
         if not unloads:  # (keeps the copy over an unload deferred by an outage before it)
             self.evictions.kept(placement.provider, placement.copy_model,
                                 claimed.ticket.started_at)
@@ -180,17 +184,23 @@ class CallService:
                 log.exception("listing not read again after a 404",
                               provider=placement.provider)
         elif not outcome.healthy and not outcome.client_left:
-            await self._probe_before_answering(placement.provider)
+            await self._probe_first(placement.provider)
         elif placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))
 
-    async def _probe_before_answering(self, provider: str) -> None:
-        """The card failed this call (gone, restarted with nothing loaded, hung): the
-        client's next call, often sent the moment it hears of the failure, must be placed
-        on what the card holds now, not on copies it may have lost. So the probe goes ahead
-        of the failure's answer, for up to FAILED_CARD_PROBE_WAIT_S (a card that does not
-        answer at all: the probe goes on unwaited)."""
+    def _copy_left(self, placement: Placement) -> bool:
+        """Whether the copy a call joined is no longer counted on its card."""
+        view = self.scheduler.provider_view(placement.provider)
+        return not copy_counted(view, placement.copy_model, {r.model for r in view.residents})
+
+    async def _probe_first(self, provider: str) -> None:
+        """What the card holds now is read before the call's end is told: after a failure
+        (gone, restarted with nothing loaded, hung) the client's next call, often sent the
+        moment it hears of it, must be placed on that, not on copies the card may have
+        lost; after a copy Ollama loaded again unclaimed, no claim may count the card
+        without it. For up to FAILED_CARD_PROBE_WAIT_S (a card that does not answer at
+        all: the probe goes on unwaited)."""
         probe = self._spawn(self.prober.refresh(provider))
         # (too slow: it goes on unwaited; failed: the next probe round reads the card again)
         with contextlib.suppress(Exception):

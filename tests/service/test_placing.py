@@ -399,3 +399,29 @@ async def test_best_fit_does_not_make_a_small_model_wait_out_a_busy_copy(
     assert r.last.waited_ms < 5000
     assert (await busy).status == 200
     assert b.stats.loads == 1
+
+
+async def test_a_copy_loaded_again_for_a_call_that_joined_it_is_counted_before_its_ticket_goes(
+        fleet: Fleet) -> None:
+    """The 8b's keep-alive ran out just before a call the sidecar placed on it reached
+    Ollama, which loads it again for that call; a probe meanwhile saw it gone. Its ticket
+    was all that stood for the load: the card is read again before the ticket goes, so
+    the copy is counted at once, not at the next probe a minute later."""
+    gpu = fleet.gpu("gpu", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(probe_interval_seconds=60)
+    assert sidecar.residents("gpu") == ["qwen3:8b"]
+    del gpu.loaded["qwen3:8b"]  # its keep-alive ran out, unseen
+    gpu.script(Answer(seconds=5))
+    call = sidecar.start_chat("qwen3:8b")
+    await asyncio.sleep(1)  # Ollama loading it for the call
+    await sidecar.services.prober.refresh("gpu")
+    assert sidecar.residents("gpu") == [] and len(sidecar.tickets()) == 1
+    started = loop_time()
+    other = sidecar.start_chat("phi3:mini")  # no load claimed beside the unclaimed one
+    r = await call
+    ended = loop_time()
+    assert (r.status, r.placement) == (200, "warm")
+    assert sidecar.residents("gpu") == ["qwen3:8b"]
+    beside = await other
+    assert beside.status == 200 and beside.last.waited_ms >= 1000 * (ended - started) - 1

@@ -2,7 +2,9 @@
 random calls from concurrent agents over Ollama's API, OpenAI's and /api/embed, through one
 sidecar or two sharing NATS. Whatever happens, Ollama never reloads a copy, unloads one on
 its own, spills one to the CPU or cuts a prompt, and every answer is a success or a contract
-refusal. Each seed draws its own case, so a failure reruns by its seed.
+refusal. Rough agents also stream, leave mid-call and ask for their own keep-alive; once
+they are done no ticket or wait is left. Each seed draws its own case, so a failure reruns
+by its seed.
 
     KUBEMOOT_SWEEP=0:240 pytest -n 3 tests/sweeps           # seeds 0-239 of each sweep
     KUBEMOOT_SWEEP=96:97 pytest tests/sweeps -k two_cards   # one case again
@@ -22,6 +24,7 @@ import pytest
 from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer, with_derived
 from loadtest.sim_model import CATALOG
+from tests.conftest import eventually
 from tests.e2e.test_engine_fidelity import NOTHING, SMALL_LLAMAS, quiet
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims
 
@@ -79,12 +82,65 @@ def agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
         assert r.status_code in ANSWERS, (seen, r.text)
 
 
-def run(urls: list[str], agents: int, calls: int, seed: int) -> list[Any]:
+KEEP_ALIVES = [None, None, 0, "0", "5m", -1, "2s", "1h"]
+
+
+def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
+    """Streams, leaves mid-call (while its call waits, loads or answers) and asks for its
+    own keep-alive, on /api/chat and /api/generate."""
+    for _ in range(calls):
+        if rng.random() < 0.2:
+            agent(url, rng, 1, seen)
+            continue
+        words = "word " * rng.choice([1, 50, 500, 2000, 9000])
+        model = rng.choice(CHAT)
+        body: dict[str, Any] = {"model": model}
+        if rng.random() < 0.4:
+            path, body["prompt"] = "/api/generate", words
+        else:
+            path, body["messages"] = "/api/chat", [{"role": "user", "content": words}]
+        body["stream"] = stream = rng.random() < 0.6
+        keep_alive = rng.choice(KEEP_ALIVES)
+        if keep_alive is not None:
+            body["keep_alive"] = keep_alive
+        options: dict[str, Any] = {}
+        if rng.random() < 0.5:
+            options["num_ctx"] = rng.choice([2048, 4096, 8192, 16384, 32768])
+        if rng.random() < 0.3:
+            options["num_predict"] = rng.choice([1, 16, 200])
+        if options:
+            body["options"] = options
+        leave_after = rng.choice([None, None, None, 0.05, 0.5, 2.0])
+        leave_at_line = rng.choice([None, None, 1, 3]) if stream else None
+        status: int | str = "left"
+        try:
+            with httpx.stream("POST", f"{url}{path}", json=body,
+                              timeout=leave_after or 120) as r:
+                status = r.status_code
+                for n, _line in enumerate(r.iter_lines(), 1):
+                    if n == leave_at_line:
+                        status = "left"
+                        break
+        except httpx.TimeoutException:
+            status = "left"
+        seen.append((path, model, options, keep_alive, status))
+        assert status in (*ANSWERS, "left"), seen
+
+
+def run(urls: list[str], agents: int, calls: int, seed: int, rough: bool = False
+        ) -> list[Any]:
     seen: list[Any] = []
+    who = rough_agent if rough else agent
     with ThreadPoolExecutor(agents) as pool:
-        list(pool.map(lambda k: agent(urls[k % len(urls)], random.Random(seed * 10 + k),
-                                      calls, seen), range(agents)))
+        list(pool.map(lambda k: who(urls[k % len(urls)], random.Random(seed * 10 + k),
+                                    calls, seen), range(agents)))
     return seen
+
+
+def settled(url: str) -> bool:
+    """No ticket held and no call waiting: every call that left gave its place back."""
+    state = httpx.get(f"{url}/kubemoot/v1/state", timeout=10).json()
+    return not state["tickets"] and not any(d["waiters"] for d in state["demand"].values())
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -95,24 +151,42 @@ def test_one_card(seed: int, sim_factory: Sims, sidecar_factory: Sidecars) -> No
     assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_two_cards(seed: int, sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+def two_cards(seed: int, sims: Sims) -> tuple[random.Random, list[SimServer]]:
+    """The seed's draw, and its two cards (one Ollama version)."""
     rng = random.Random(seed)
     version = rng.choice(VERSIONS)
-    gpus = [card(rng, name, version, sim_factory) for name in ("a", "b")]
-    seen = run([sidecar_factory(gpus).url], 3, 8, seed)
+    return rng, [card(rng, name, version, sims) for name in ("a", "b")]
+
+
+def assert_quiet(gpus: list[SimServer], seen: list[Any]) -> None:
     for gpu in gpus:
         assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_cards(seed: int, sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    _, gpus = two_cards(seed, sim_factory)
+    assert_quiet(gpus, run([sidecar_factory(gpus).url], 3, 8, seed))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_two_sidecars_on_nats(seed: int, sim_factory: Sims, sidecar_factory: Sidecars,
                               nats_server: NatsServer) -> None:
-    rng = random.Random(seed)
-    version = rng.choice(VERSIONS)
-    gpus = [card(rng, name, version, sim_factory) for name in ("a", "b")]
+    _, gpus = two_cards(seed, sim_factory)
     urls = [sidecar_factory(gpus, nats_url=nats_server.url, agent_name=f"agent-{i}").url
             for i in range(2)]
-    seen = run(urls, 4, 8, seed)
-    for gpu in gpus:
-        assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
+    assert_quiet(gpus, run(urls, 4, 8, seed))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rough_agents(seed: int, sim_factory: Sims, sidecar_factory: Sidecars,
+                      nats_server: NatsServer) -> None:
+    rng, gpus = two_cards(seed, sim_factory)
+    shared = rng.random() < 0.5
+    urls = [sidecar_factory(gpus, agent_name=f"agent-{i}",
+                            **({"nats_url": nats_server.url} if shared else {})).url
+            for i in range(2 if shared else 1)]
+    seen = run(urls, 4, 8, seed, rough=True)
+    assert eventually(lambda: all(map(settled, urls)), timeout_s=15), (
+        [httpx.get(f"{url}/kubemoot/v1/state").json() for url in urls], seen)
+    assert_quiet(gpus, seen)

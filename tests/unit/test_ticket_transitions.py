@@ -103,6 +103,15 @@ def test_a_claim_already_in_the_set_leaves_it_as_it_was() -> None:
     (("phi3:mini",), tickets(held("t1", "phi3:mini")),
      new("qwen3:14b", cold=True, evicts={"phi3:mini": 3600}), False,
      "planned victim phi3:mini has in-flight work"),
+    # a copy a call is on its way to join left (its keep-alive ran out): Ollama loads it
+    # again for that call, so no other load is claimed beside it until that is counted
+    ((), tickets(held("t1", "phi3:mini")), new("qwen3:8b", cold=True), False,
+     "phi3:mini left while a call was on its way to it: Ollama loads it again, unclaimed"),
+    ((), tickets(held("t1", "phi3:mini")), new("phi3:mini", cold=True), False, None),
+    ((), tickets(replace(held("t1", "phi3:mini"), plan=True)), new("qwen3:8b", cold=True),
+     False, None),
+    (("phi3:mini",), tickets(held("t1", "phi3:mini")), new("qwen3:8b", cold=True), False,
+     None),
     # a copy asked to unload (recorded in the set) is not loaded again over it:
     (("qwen3:8b",), tickets(residents={"qwen3:8b": Residency(6000, 0, NOW - 1, leaving=True)}),
      new("qwen3:8b", cold=True), False, "qwen3:8b is being unloaded here"),
