@@ -543,6 +543,20 @@ def copy_counted(view: ProviderView, model: str, counted: Collection[str]) -> bo
     return model in counted or any(same_weights(view, model, other) for other in counted)
 
 
+def listed_sibling(view: ProviderView, load: Ticket) -> str | None:
+    """Another model of the weights file a load is claimed for, counted loaded here (not
+    leaving) at other runner options or another context than the load asks, and not planned
+    as its eviction: Ollama would reload that copy for the load (a decision made before the
+    copy was there plans it as an eviction, `Fitting.sibling`). A context not known on
+    either side is taken as the same."""
+    return next((r.model for r in view.residents
+                 if not r.leaving and r.model not in load.evicts and
+                 same_weights(view, load.model, r.model) and (
+                     not same_runner(view, load.model, r.model) or
+                     not listed_as_loaded(view, r.model, r.context_length, load.context))),
+                None)
+
+
 def _listed_as_before(view: ProviderView, reload: Ticket) -> bool:
     """A reload's model listed here at another context than the one it loads: the copy it
     replaces."""
@@ -605,6 +619,10 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
                         same_weights(view, new.model, r.model)), None)
         if leaving is not None:  # Ollama would reload it, once its calls end
             return False, f"{leaving} is being unloaded here from the same weights file"
+        listed = listed_sibling(view, new)
+        if listed is not None:
+            return False, f"{listed} is loaded here from the same weights file at other " \
+                "options: Ollama would reload it"
         again = loaded_again_for_a_call(view, live, residents)
         if again is not None and again != new.model:  # (the same model's load joins it)
             return False, f"{again} left while a call was on its way to it: Ollama loads " \

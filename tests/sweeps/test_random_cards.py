@@ -87,7 +87,7 @@ KEEP_ALIVES = [None, None, 0, "0", "5m", -1, "2s", "1h"]
 
 def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
     """Streams, leaves mid-call (while its call waits, loads or answers) and asks for its
-    own keep-alive, on /api/chat and /api/generate."""
+    own keep-alive, on Ollama's API (/api/chat, /api/generate, /api/embed) and OpenAI's."""
     for _ in range(calls):
         if rng.random() < 0.2:
             agent(url, rng, 1, seen)
@@ -95,11 +95,20 @@ def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> No
         words = "word " * rng.choice([1, 50, 500, 2000, 9000])
         model = rng.choice(CHAT)
         body: dict[str, Any] = {"model": model}
-        if rng.random() < 0.4:
+        roll = rng.random()
+        if roll < 0.1:
+            model = body["model"] = "nomic-embed-text"
+            path, body["input"] = "/api/embed", words[:15000]
+        elif roll < 0.4:
             path, body["prompt"] = "/api/generate", words
+        elif roll < 0.6:  # (OpenAI's API: no keep_alive or options read)
+            path, body["messages"] = "/v1/chat/completions", [
+                {"role": "user", "content": words}]
         else:
             path, body["messages"] = "/api/chat", [{"role": "user", "content": words}]
-        body["stream"] = stream = rng.random() < 0.6
+        stream = path != "/api/embed" and rng.random() < 0.6
+        if path != "/api/embed":
+            body["stream"] = stream
         keep_alive = rng.choice(KEEP_ALIVES)
         if keep_alive is not None:
             body["keep_alive"] = keep_alive
@@ -108,7 +117,10 @@ def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> No
             options["num_ctx"] = rng.choice([2048, 4096, 8192, 16384, 32768])
         if rng.random() < 0.3:
             options["num_predict"] = rng.choice([1, 16, 200])
-        if options:
+        if path == "/v1/chat/completions":
+            if "num_predict" in options:
+                body["max_tokens"] = options["num_predict"]
+        elif options:
             body["options"] = options
         leave_after = rng.choice([None, None, None, 0.05, 0.5, 2.0])
         leave_at_line = rng.choice([None, None, 1, 3]) if stream else None
@@ -186,7 +198,7 @@ def test_rough_agents(seed: int, sim_factory: Sims, sidecar_factory: Sidecars,
     urls = [sidecar_factory(gpus, agent_name=f"agent-{i}",
                             **({"nats_url": nats_server.url} if shared else {})).url
             for i in range(2 if shared else 1)]
-    seen = run(urls, 4, 8, seed, rough=True)
+    seen = run(urls, 6, 8, seed, rough=True)
     assert eventually(lambda: all(map(settled, urls)), timeout_s=15), (
         [httpx.get(f"{url}/kubemoot/v1/state").json() for url in urls], seen)
     assert_quiet(gpus, seen)

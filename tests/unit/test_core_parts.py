@@ -415,6 +415,23 @@ def test_claim_refuses_a_load_beside_a_reload_of_the_same_weights_file_in_flight
     assert ticket_budget_ok([reload], _t("2", "llama-8k", 3079), reloaded, DEFAULT_POLICY)[0]
 
 
+def test_claim_refuses_a_load_that_would_reload_another_models_copy_of_its_file() -> None:
+    """llama-8k's copy at 32768 was loaded (by the other sidecar) after this sidecar decided
+    a load of llama3.2:3b at 4096 on a view without it: claimed, Ollama reloaded the copy
+    once its call ended (rough-agents sweep seed 177, 0.12.11, two sidecars)."""
+    file = ModelInfo(weights="sha256-" + "ab" * 32, trained_context=131072)
+    view = replace(gpu("a", 40000), version="0.12.11",
+                   models={"llama3.2:3b": file, "llama-8k": file},
+                   residents=(Resident("llama-8k", 4087, 32768),))
+    load = replace(_t("1", "llama3.2:3b", 2421), context=4096)
+    ok, why = ticket_budget_ok([], load, view, DEFAULT_POLICY)
+    assert not ok and why == ("llama-8k is loaded here from the same weights file at other "
+                              "options: Ollama would reload it")
+    assert ticket_budget_ok([], replace(load, context=32768), view, DEFAULT_POLICY)[0]  # joins
+    assert ticket_budget_ok([], replace(load, evicts={"llama-8k": 4087}), view,
+                            DEFAULT_POLICY)[0]  # planned as its eviction
+
+
 def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_ratio() -> None:
     learning = Learning()
     call = CallRequest("/api/generate", "m", prompt=PromptSize(700), context_tokens=1000)
