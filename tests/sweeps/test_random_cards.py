@@ -163,11 +163,13 @@ def test_one_card(seed: int, sim_factory: Sims, sidecar_factory: Sidecars) -> No
     assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
 
 
-def two_cards(seed: int, sims: Sims) -> tuple[random.Random, list[SimServer]]:
-    """The seed's draw, and its two cards (one Ollama version)."""
+def two_cards(seed: int, sims: Sims, mixed: bool = False
+              ) -> tuple[random.Random, list[SimServer]]:
+    """The seed's draw, and its two cards: one Ollama version, or (`mixed`) at times two."""
     rng = random.Random(seed)
     version = rng.choice(VERSIONS)
-    return rng, [card(rng, name, version, sims) for name in ("a", "b")]
+    other = rng.choice(VERSIONS) if mixed and rng.random() < 0.3 else version
+    return rng, [card(rng, "a", version, sims), card(rng, "b", other, sims)]
 
 
 def assert_quiet(gpus: list[SimServer], seen: list[Any]) -> None:
@@ -193,7 +195,7 @@ def test_two_sidecars_on_nats(seed: int, sim_factory: Sims, sidecar_factory: Sid
 @pytest.mark.parametrize("seed", SEEDS)
 def test_rough_agents(seed: int, sim_factory: Sims, sidecar_factory: Sidecars,
                       nats_server: NatsServer) -> None:
-    rng, gpus = two_cards(seed, sim_factory)
+    rng, gpus = two_cards(seed, sim_factory, mixed=True)
     shared = rng.random() < 0.5
     urls = [sidecar_factory(gpus, agent_name=f"agent-{i}",
                             **({"nats_url": nats_server.url} if shared else {})).url
