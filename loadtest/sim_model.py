@@ -621,6 +621,9 @@ class SimConfig:
     chars_per_token: float = 4.0
     image_tokens: int = IMAGE_TOKENS  # a vision model's own cost per image (qwen2.5vl: more)
     time_scale: float = 1.0  # multiplies every simulated duration; tests use 0.001-0.01
+    # multiplies keep-alives instead, when set: 1.0 runs them in real time, as a sidecar
+    # reading a call's keep_alive counts them
+    keep_alive_scale: float | None = None
     version: str = CURRENT_VERSION
     # What each more sequence in a runner's batch adds to its decode step (a hardware figure:
     # a step is memory-bound, so one more sequence adds its KV-cache reads, not the weights')

@@ -370,12 +370,17 @@ class OllamaSim:
                     waiter.set_result(None)
 
     # -- unloads: processCompleted ---------------------------------------------------------
+    @property
+    def _keep_alive_scale(self) -> float:
+        scale = self.config.keep_alive_scale
+        return self.config.time_scale if scale is None else scale
+
     def _arm(self, runner: Runner, delay: float | None = None) -> None:
         """The keep-alive timer of a runner gone idle (sched.go:393-408), `delay` real
         seconds (its keep-alive unless said)."""
         self._disarm(runner)
         if delay is None:
-            delay = runner.keep_alive_s * self.config.time_scale
+            delay = runner.keep_alive_s * self._keep_alive_scale
         if math.isfinite(delay) and delay < 1e9:
             runner.timer = asyncio.get_running_loop().call_later(
                 delay, self._keep_alive_over, runner)
@@ -849,7 +854,7 @@ class OllamaSim:
         if runner.keep_alive_s <= 0:
             self._queue_unload(runner, "unload")
             return
-        runner.expires_at = time.time() + runner.keep_alive_s * self.config.time_scale
+        runner.expires_at = time.time() + runner.keep_alive_s * self._keep_alive_scale
         self._arm(runner)
         if runner.unload_requested:  # put back while it was busy (_next_unload)
             self._queue_unload(runner, "unload once idle")
@@ -934,7 +939,7 @@ class OllamaSim:
             if not (runner.loaded.is_set() or runner.listed):
                 continue
             if runner.expires_at == math.inf:
-                remaining = runner.keep_alive_s * self.config.time_scale
+                remaining = runner.keep_alive_s * self._keep_alive_scale
             else:
                 remaining = runner.expires_at - now
             remaining = min(remaining, GO_MAX_DURATION_S)

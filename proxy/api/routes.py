@@ -694,6 +694,7 @@ class SidecarApi:
             context_tokens=len(parsed.context or ()) if path == "/api/generate" and
             isinstance(parsed, wire.OllamaInference) else 0,
             unloads_after=wire.zero_keep_alive(parsed),
+            keep_alive_s=wire.keep_alive_seconds(parsed),
             cut_allowed=path in TRUNCATING_PATHS and body.get("truncate") is True,
             conversation=conversation,
             ends_loop_unless_tool_called=ends_loop,

@@ -339,6 +339,20 @@ def zero_keep_alive(parsed: BaseModel) -> bool:
     return keep_alive is not None and 0 <= keep_alive * 1e9 < 1
 
 
+def keep_alive_seconds(parsed: BaseModel) -> float | None:
+    """The keep-alive a call on Ollama's own API sets for its copy, in seconds (negative:
+    forever); None when it sets none, or on an API where Ollama does not read it."""
+    if not isinstance(parsed, KEEPS_ALIVE) or parsed.keep_alive is None:
+        return None
+    keep_alive = parsed.keep_alive
+    if isinstance(keep_alive, str):
+        try:
+            return parse_duration(keep_alive) / 1e9
+        except DurationError:
+            return None
+    return float(keep_alive)
+
+
 # Go's time.Duration holds int64 nanoseconds: a number of seconds from this many up overflows
 # `time.Duration(t * 1e9)` (api/types.go UnmarshalJSON), to the most negative duration on amd64
 # (the copy unloads as its calls end) and to the largest on arm64 (forever)

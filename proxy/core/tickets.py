@@ -46,7 +46,9 @@ class Residency:
     nobody may join that copy any more, but its memory counts until it is seen gone.
     (`loading`) a load the call started may still be under way (its call ended before an
     answer, or its plan went unused); (`abandoned`) the sidecar closed that load's
-    connection, so Ollama aborted it unless it had just finished: a probe lists it then."""
+    connection, so Ollama aborted it unless it had just finished: a probe lists it then.
+    (`expires`) the call set a short keep-alive: the copy goes then, not when the probe
+    before it said."""
 
     mib: int
     context_length: int
@@ -55,6 +57,8 @@ class Residency:
     loading: bool = False
     abandoned: bool = False
     beside: int = 0  # a load: what the copies beside it held then (Resident.beside_mib)
+    # when the copy's keep-alive, as the call set it, runs out (inf: not set by the call)
+    expires: float = math.inf
 
     @property
     def gone(self) -> bool:
@@ -300,7 +304,7 @@ def merge_residency(view: ProviderView, residency: dict[str, Residency]) -> Prov
     # a copy a call loaded since the probe loaded beside what the probe listed, and beside
     # what the call saw (Ollama's runner for it goes on counting those, Resident.beside_mib)
     extra = tuple(Resident(m, r.mib, r.context_length, r.at,
-                           expires_at=r.at if r.leaving else math.inf, leaving=r.leaving,
+                           expires_at=r.at if r.leaving else r.expires, leaving=r.leaving,
                            loading=r.loading, beside_mib=max(r.beside, held_by_runners(
                                o.footprint_mib for o in view.residents if o.model != m)))
                   for m, r in newer.items() if m not in known and not r.gone)
@@ -449,5 +453,8 @@ def _as_recorded(view: ProviderView, probed: Resident, recorded: Residency | Non
     if not listed_as_loaded(view, probed.model, probed.context_length, recorded.context_length):
         return replace(probed, footprint_mib=recorded.mib,  # reloaded since the probe
                        context_length=recorded.context_length, spilled=False,
-                       loading=recorded.loading, beside_mib=0)
+                       loading=recorded.loading, beside_mib=0,
+                       expires_at=min(probed.expires_at, recorded.expires))
+    if recorded.expires != math.inf:  # a call since the probe set its keep-alive
+        return replace(probed, expires_at=recorded.expires)
     return probed

@@ -44,6 +44,10 @@ from proxy.service.scheduler import Scheduler
 
 # How long the answer to a call its card failed waits for that card's probe
 FAILED_CARD_PROBE_WAIT_S = 1.0
+# A keep-alive a call sets this short or shorter is recorded with its release: a probe may not
+# see the copy's new expiry (Ollama sets it as the call ends) before the copy goes. A longer
+# one leaves the view at the last probe's expiry, which is then the sooner (the safe side).
+SHORT_KEEP_ALIVE_S = 60.0
 
 log = get_logger("kubemoot.calls")
 # How often a plan's preload left going on for other calls checks that one still wants its
@@ -133,6 +137,8 @@ class CallService:
         if not unloads:  # (keeps the copy over an unload deferred by an outage before it)
             self.evictions.kept(placement.provider, placement.copy_model,
                                 claimed.ticket.started_at)
+            if not kept:
+                loaded = self._with_keep_alive(placement, call.keep_alive_s, loaded, now)
         release = self.evictions.release_to_unload(claimed, loaded) if unloads \
             else self.claims.book(claimed).release(claimed.ticket, loaded)
         try:
@@ -188,6 +194,21 @@ class CallService:
         elif placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))
+
+    def _with_keep_alive(self, placement: Placement, keep_alive_s: float | None,
+                         loaded: Residency | None, now: float) -> Residency | None:
+        """What the release records of the copy when the call set a short keep-alive: Ollama
+        unloads the copy that long after the call ends (unless another call comes), sooner
+        than the last probe may say; every view takes it so before the next probe."""
+        if keep_alive_s is None or not 0 < keep_alive_s <= SHORT_KEEP_ALIVE_S:
+            return loaded
+        if loaded is not None:
+            return replace(loaded, expires=now + keep_alive_s)
+        view = self.scheduler.provider_view(placement.provider)
+        copy = next((r for r in view.residents if r.model == placement.copy_model and
+                     not r.leaving and not r.loading), None)
+        return None if copy is None else Residency(
+            copy.footprint_mib, copy.context_length, now, expires=now + keep_alive_s)
 
     def _copy_left(self, placement: Placement) -> bool:
         """Whether the copy a call joined is no longer counted on its card."""

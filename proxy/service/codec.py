@@ -231,7 +231,8 @@ def encode_ticket_set(tickets: TicketSet) -> bytes:
                           **({"leaving": True} if r.leaving else {}),
                           **({"loading": True} if r.loading else {}),
                           **({"abandoned": True} if r.abandoned else {}),
-                          **({"beside": r.beside} if r.beside else {})}
+                          **({"beside": r.beside} if r.beside else {}),
+                          **({"expires": r.expires} if r.expires != math.inf else {})}
                       for m, r in tickets.residents.items()},
         # (A reader that predates it ignores this key; a writer that does drops it.)
         "loads": {tid: {"model": load.model, "mib": load.mib, "ctx": load.context_length,
@@ -269,7 +270,8 @@ def decode_ticket_set(provider: str, raw: bytes | None) -> TicketSet:
     }
     residents = {m: Residency(int(r["mib"]), int(r.get("ctx") or 0), float(r["at"]),
                               leaving=bool(r.get("leaving")), loading=bool(r.get("loading")),
-                              abandoned=bool(r.get("abandoned")), beside=int(r.get("beside") or 0))
+                              abandoned=bool(r.get("abandoned")), beside=int(r.get("beside") or 0),
+                              expires=float(r.get("expires", math.inf)))
                  for m, r in (d.get("residents") or {}).items()}
     loads = {tid: Load(str(load["model"]), int(load["mib"]), int(load.get("ctx") or 0),
                        float(load["at"]))

@@ -44,6 +44,8 @@ class CallRequest:
     # Of the prompt, the agent's prefix every conversation of it shares (core/affinity.py)
     shared_prompt: PromptSize = NO_PROMPT
     unloads_after: bool = False  # keep_alive 0: Ollama unloads the model when the call ends
+    # the keep-alive it sets for its copy, in seconds (negative: forever); None: none set
+    keep_alive_s: float | None = None
     # The agent sent `truncate: true`: a prompt no copy holds whole may go where Ollama cuts it
     cut_allowed: bool = False
     # tools offered, a tool's result last (core.tokens.answers_tool_result): an answer that

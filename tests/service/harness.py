@@ -66,15 +66,16 @@ class Sidecar:
                    thread: str | None = None, can_wait: bool = True,
                    num_ctx: int | None = None, num_predict: int = 0,
                    client_gone: asyncio.Event | None = None, phase: str = "mulling",
-                   stream: bool = False, keep_alive_0: bool = False) -> Answered:
+                   stream: bool = False, keep_alive_0: bool = False,
+                   keep_alive_s: float | None = None) -> Answered:
         """One /api/chat call, relayed to its end (`stream`: its answer's beginning told to
         the service, as the relay tells a stream's; `keep_alive_0`: sent asking Ollama to
-        unload the model after it)."""
+        unload the model after it; `keep_alive_s`: the keep-alive it sets, in seconds)."""
         disconnected = client_gone.wait if client_gone is not None else None
         call = CallRequest("/api/chat", model, phase, thread=thread, can_wait=can_wait,
                            prompt=PromptSize(prompt_chars), num_ctx=num_ctx,
                            num_predict=num_predict, disconnected=disconnected,
-                           unloads_after=keep_alive_0)
+                           unloads_after=keep_alive_0, keep_alive_s=keep_alive_s)
         calls = self.services.calls
         attempts = calls.attempts(call, time.perf_counter(), calls.cloud_attempt(call))
         placed = await attempts.first()

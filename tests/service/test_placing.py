@@ -4,6 +4,7 @@ GPU and waking when one frees. The decisions of tests/e2e/test_scheduling.py, on
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import replace
 
 import orjson
@@ -425,3 +426,21 @@ async def test_a_copy_loaded_again_for_a_call_that_joined_it_is_counted_before_i
     assert sidecar.residents("gpu") == ["qwen3:8b"]
     beside = await other
     assert beside.status == 200 and beside.last.waited_ms >= 1000 * (ended - started) - 1
+
+
+@pytest.mark.parametrize(("keep_alive_s", "then"), [(2.0, "cold"), (300.0, "warm"), (None, "warm")])
+async def test_a_short_keep_alive_a_call_sets_is_counted_before_the_next_probe(
+        fleet: Fleet, keep_alive_s: float | None, then: str) -> None:
+    """A call sets `keep_alive: "2s"`: Ollama unloads the 8b two seconds after it ends,
+    while the last probe (a minute ago) still says it stays. Its release records when it
+    goes, so 1.5 s on the copy is no longer taken as one to join. A longer keep-alive
+    leaves the probe's figure, the sooner of the two."""
+    gpu = fleet.gpu("gpu", total_vram_mib=24564)
+    gpu.preload("qwen3:8b")
+    sidecar = await fleet.sidecar(probe_interval_seconds=60)
+    assert (await sidecar.chat("qwen3:8b", keep_alive_s=keep_alive_s)).status == 200
+    ended = fleet.clock.now()
+    copy = sidecar.services.scheduler.provider_view("gpu").residents[0]
+    assert copy.expires_at == (ended + 2.0 if keep_alive_s == 2.0 else math.inf)
+    await asyncio.sleep(1.5)
+    assert (await sidecar.chat("qwen3:8b")).placement == then

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import random
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,7 +44,7 @@ CHAT = [m.name for m in MODELS if not m.embedding]
 ANSWERS = (200, 413, 503, 507)  # a success or the contract's refusals
 
 
-def card(rng: random.Random, name: str, version: str, sims: Sims) -> SimServer:
+def card(rng: random.Random, name: str, version: str, sims: Sims, **fixed: Any) -> SimServer:
     config: dict[str, Any] = dict(
         total_vram_mib=rng.randrange(8000, 50000, 50), version=version,
         kv_cache_type=rng.choice(["f16", "f16", "q8_0", "q4_0"]),
@@ -55,10 +57,11 @@ def card(rng: random.Random, name: str, version: str, sims: Sims) -> SimServer:
         spread = tuple(map(int, version.split("."))) >= (0, 30) or rng.random() < 0.5
         config.update(gpu_count=2, sched_spread=spread, fit_target_mib=1024,
                       total_vram_mib=2 * rng.randrange(8000, 25000, 50))
-    return sims(name, time_scale=SCALE, models=MODELS, **config)
+    return sims(name, time_scale=SCALE, models=MODELS, **config, **fixed)
 
 
-def agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
+def agent(url: str, rng: random.Random, calls: int, seen: list[Any],
+          answers: tuple[int, ...] = ANSWERS) -> None:
     for _ in range(calls):
         roll = rng.random()
         words = "word " * rng.choice([1, 50, 500, 2000, 9000])
@@ -79,18 +82,19 @@ def agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
         seen.append((path, body["model"], body.get("options"), r.status_code,
                      r.headers.get("x-kubemoot-provider"),
                      r.headers.get("x-kubemoot-placement")))
-        assert r.status_code in ANSWERS, (seen, r.text)
+        assert r.status_code in answers, (seen, r.text)
 
 
 KEEP_ALIVES = [None, None, 0, "0", "5m", -1, "2s", "1h"]
 
 
-def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
+def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any],
+                answers: tuple[int, ...] = ANSWERS) -> None:
     """Streams, leaves mid-call (while its call waits, loads or answers) and asks for its
     own keep-alive, on Ollama's API (/api/chat, /api/generate, /api/embed) and OpenAI's."""
     for _ in range(calls):
         if rng.random() < 0.2:
-            agent(url, rng, 1, seen)
+            agent(url, rng, 1, seen, answers)
             continue
         words = "word " * rng.choice([1, 50, 500, 2000, 9000])
         model = rng.choice(CHAT)
@@ -136,16 +140,16 @@ def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> No
         except httpx.TimeoutException:
             status = "left"
         seen.append((path, model, options, keep_alive, status))
-        assert status in (*ANSWERS, "left"), seen
+        assert status in (*answers, "left"), seen
 
 
-def run(urls: list[str], agents: int, calls: int, seed: int, rough: bool = False
-        ) -> list[Any]:
+def run(urls: list[str], agents: int, calls: int, seed: int, rough: bool = False,
+        answers: tuple[int, ...] = ANSWERS) -> list[Any]:
     seen: list[Any] = []
     who = rough_agent if rough else agent
     with ThreadPoolExecutor(agents) as pool:
         list(pool.map(lambda k: who(urls[k % len(urls)], random.Random(seed * 10 + k),
-                                    calls, seen), range(agents)))
+                                    calls, seen, answers), range(agents)))
     return seen
 
 
@@ -163,13 +167,16 @@ def test_one_card(seed: int, sim_factory: Sims, sidecar_factory: Sidecars) -> No
     assert quiet(gpu) == NOTHING, (gpu.sim.config, seen)
 
 
-def two_cards(seed: int, sims: Sims, mixed: bool = False
+def two_cards(seed: int, sims: Sims, rough: bool = False
               ) -> tuple[random.Random, list[SimServer]]:
-    """The seed's draw, and its two cards: one Ollama version, or (`mixed`) at times two."""
+    """The seed's draw, and its two cards: one Ollama version, or (`rough`) at times two,
+    with keep-alives in real time (a sidecar counts the ones calls set so; scaled, a "2s"
+    would be gone in 40 ms, before any view could know)."""
     rng = random.Random(seed)
     version = rng.choice(VERSIONS)
-    other = rng.choice(VERSIONS) if mixed and rng.random() < 0.3 else version
-    return rng, [card(rng, "a", version, sims), card(rng, "b", other, sims)]
+    other = rng.choice(VERSIONS) if rough and rng.random() < 0.3 else version
+    fixed = {"keep_alive_scale": 1.0} if rough else {}
+    return rng, [card(rng, "a", version, sims, **fixed), card(rng, "b", other, sims, **fixed)]
 
 
 def assert_quiet(gpus: list[SimServer], seen: list[Any]) -> None:
@@ -192,15 +199,50 @@ def test_two_sidecars_on_nats(seed: int, sim_factory: Sims, sidecar_factory: Sid
     assert_quiet(gpus, run(urls, 4, 8, seed))
 
 
+def rough_sidecars(rng: random.Random, gpus: list[SimServer], sidecar_factory: Sidecars,
+                   nats_server: NatsServer) -> list[str]:
+    """One sidecar, or (half the time) two sharing NATS."""
+    shared = rng.random() < 0.5
+    return [sidecar_factory(gpus, agent_name=f"agent-{i}",
+                            **({"nats_url": nats_server.url} if shared else {})).url
+            for i in range(2 if shared else 1)]
+
+
+def assert_settled(urls: list[str], seen: list[Any]) -> None:
+    assert eventually(lambda: all(map(settled, urls)), timeout_s=15), (
+        [httpx.get(f"{url}/kubemoot/v1/state").json() for url in urls], seen)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_rough_agents(seed: int, sim_factory: Sims, sidecar_factory: Sidecars,
                       nats_server: NatsServer) -> None:
-    rng, gpus = two_cards(seed, sim_factory, mixed=True)
-    shared = rng.random() < 0.5
-    urls = [sidecar_factory(gpus, agent_name=f"agent-{i}",
-                            **({"nats_url": nats_server.url} if shared else {})).url
-            for i in range(2 if shared else 1)]
+    rng, gpus = two_cards(seed, sim_factory, rough=True)
+    urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server)
     seen = run(urls, 6, 8, seed, rough=True)
-    assert eventually(lambda: all(map(settled, urls)), timeout_s=15), (
-        [httpx.get(f"{url}/kubemoot/v1/state").json() for url in urls], seen)
+    assert_settled(urls, seen)
+    assert_quiet(gpus, seen)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_card_restarting_under_rough_agents(seed: int, sim_factory: Sims,
+                                             sidecar_factory: Sidecars,
+                                             nats_server: NatsServer) -> None:
+    """Card b's Ollama restarts (back empty on its port) at a random moment: calls it was
+    running fail (502 before their first byte), nothing is left held, and neither card
+    does anything on its own (b's counts start again with it)."""
+    rng, gpus = two_cards(seed, sim_factory, rough=True)
+    urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server)
+    restart_after = rng.uniform(0.2, 3.0)
+
+    def restart() -> None:
+        time.sleep(restart_after)
+        gpus[1].stop()
+        gpus[1].sim.reset()
+        gpus[1].start()
+
+    restarter = threading.Thread(target=restart, daemon=True)
+    restarter.start()
+    seen = run(urls, 6, 8, seed, rough=True, answers=(*ANSWERS, 502))
+    restarter.join(30)
+    assert_settled(urls, seen)
     assert_quiet(gpus, seen)

@@ -15,7 +15,8 @@ NOW = 1_700_000_000.0
 def test_a_ticket_set_with_loads_round_trips() -> None:
     ticket = Ticket("t1", "gpu", "qwen3:14b", 12224, NOW, NOW + 60, cold=True, holder="h",
                     crew="homelab-pilot", context=8192)
-    written = TicketSet({"t1": ticket}, {"qwen3:8b": Residency(0, 0, NOW - 5)},
+    written = TicketSet({"t1": ticket}, {"qwen3:8b": Residency(0, 0, NOW - 5),
+                                         "phi3:mini": Residency(3600, 4096, NOW, expires=NOW + 2)},
                         {"t1": Load("qwen3:14b", 12224, 8192, NOW),
                          "dead": Load("phi3:mini", 3600, 0, NOW - 30)})
     assert decode_ticket_set("gpu", encode_ticket_set(written)) == written

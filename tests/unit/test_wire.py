@@ -36,6 +36,18 @@ def test_an_unload_is_keep_alive_zero_with_nothing_to_run(body: dict[str, Any],
     assert wire.asks_to_unload(wire.validate(wire.OllamaInference, body)) is unload
 
 
+@pytest.mark.parametrize(("schema", "keep_alive", "seconds"), [
+    (wire.OllamaInference, "2s", 2.0), (wire.OllamaInference, "1m30s", 90.0),
+    (wire.OllamaEmbed, 45, 45.0), (wire.OllamaInference, -1, -1.0),
+    (wire.OllamaInference, None, None), (wire.OpenAIChat, "2s", None),  # not read there
+])
+def test_the_keep_alive_a_call_sets_is_read_in_seconds(schema: Any, keep_alive: Any,
+                                                       seconds: float | None) -> None:
+    body = {"model": "m", "messages": []} if schema is wire.OpenAIChat else {"model": "m"}
+    parsed = wire.validate(schema, {**body, "keep_alive": keep_alive})
+    assert wire.keep_alive_seconds(parsed) == seconds
+
+
 @pytest.mark.parametrize(("schema", "body"), [
     (wire.OpenAIChat, {"messages": []}),
     (wire.OpenAICompletion, {"prompt": "hi"}),
