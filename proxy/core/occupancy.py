@@ -315,10 +315,9 @@ class ProviderIndex:
         unloading one itself (OLLAMA_MAX_LOADED_MODELS); victims already planned by other
         loads count as gone. 0: it may load now."""
         limit = loaded_limit(self.view.max_loaded, self.view.gpus)
-        if model in self.loaded_models:
-            return 0
         staying = self.loaded_models.difference(set(self.planned_victims) - self.reloading)
-        return max(0, len(staying) + 1 - limit)
+        # (a model counted loaded may be a load abandoned, not there: counted once either way)
+        return max(0, len(staying | {model}) - limit)
 
     def spills(self) -> bool:
         return self.usable_mib is not None and self.resident_mib > self.usable_mib
@@ -633,7 +632,7 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
             if victim in residents:
                 victims[victim] = residents[victim]
     credit = sum(victims.values())
-    if new.cold and new.model not in residents:
+    if new.cold:  # (a load of a model counted loaded too: that may be a load abandoned)
         loaded = set(residents).union(t.model for t in live if t.cold)
         reloaded = {t.model for t in [*live, new] if t.reloads}  # gone and back: still loaded
         count = len(loaded.difference(set(victims) - reloaded) | {new.model})

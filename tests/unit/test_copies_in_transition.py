@@ -134,6 +134,23 @@ def test_an_abandoned_load_that_finished_first_counts_as_the_probe_lists_it() ->
     assert index.is_warm("qwen3:8b") and index.resident_mib > 0
 
 
+def test_a_load_again_of_a_model_whose_load_was_abandoned_counts_toward_the_model_limit(
+        ) -> None:
+    """Three models loaded and the 8b's load abandoned (not yet known to have ended): a load
+    of the 8b again would be the fourth Ollama loads, and it would unload one itself
+    (restart sweep seed 46, phi3:mini; OLLAMA_MAX_LOADED_MODELS 3). Counted loaded, the
+    abandoned model let the claim and the decision skip the count."""
+    card = merge_residency(gpu("a", 49152, ("qwen3:14b", "phi3:mini", "llama3.2:3b"),
+                               max_loaded=3, probed_at=NOW - 1), ABANDONED)
+    again = Ticket("t", "a", "qwen3:8b", 6000, NOW, NOW + 60, cold=True)
+    assert ticket_budget_ok([], again, card, DEFAULT_POLICY) == (
+        False, "qwen3:8b would be model 4 loaded here (OLLAMA_MAX_LOADED_MODELS 3)")
+    index = index_providers(snapshot(card), DEFAULT_POLICY)["a"]
+    assert index.models_over_limit("qwen3:8b") == 1
+    evicting = replace(again, evicts={"phi3:mini": 3600})
+    assert ticket_budget_ok([], evicting, card, DEFAULT_POLICY)[0]
+
+
 def test_an_abandoned_load_is_stored_as_abandoned() -> None:
     tickets = TicketSet(residents=ABANDONED)
     assert decode_ticket_set("a", encode_ticket_set(tickets)).residents == ABANDONED
