@@ -16,7 +16,7 @@ from dataclasses import replace
 from itertools import combinations
 
 from proxy.core.context import could_run_in
-from proxy.core.occupancy import ProviderIndex, runs_on
+from proxy.core.occupancy import ProviderIndex, copy_counted, runs_on
 from proxy.core.types import ModelDemand, ProviderView, Resident, WaitNeed
 
 NO_DEMAND = ModelDemand()
@@ -83,10 +83,12 @@ def backing_here(view: ProviderView, resident: Resident, d: ModelDemand) -> Mode
 
 
 def idle_residents(index: ProviderIndex) -> list[Resident]:
-    """Residents with no in-flight ticket and not already planned for release by a ticket."""
+    """Residents with no in-flight ticket (under any name of their weights file: Ollama
+    runs one copy of it) and not already planned for release by a ticket."""
+    busy = {m for m, calls in index.calls_by_model.items() if calls}
     return [r for r in index.residents.values()
-            if not index.calls_by_model.get(r.model) and r.model not in index.planned_victims
-            and r.model not in index.loading]
+            if not copy_counted(index.view, r.model, busy) and
+            r.model not in index.planned_victims and r.model not in index.loading]
 
 
 def choose_victims(index: ProviderIndex, enough: Callable[[tuple[Resident, ...]], bool],

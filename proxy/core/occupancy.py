@@ -608,7 +608,8 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         # while every view counted the model loaded.
         return False, f"{new.model} is being unloaded here"
     for victim in new.evicts:
-        if victim in busy:
+        # (a call of another model of its weights file runs on it too, or loads it)
+        if copy_counted(view, victim, busy):
             return False, f"planned victim {victim} has in-flight work"
     if new.cold:
         sibling = sibling_loading(view, new.model, live, residents)

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.core.eviction import choose_victims
+from proxy.core.eviction import choose_victims, idle_residents
 from proxy.core.health import Breaker, Ema, ProviderStats
 from proxy.core.occupancy import index_providers, ticket_budget_ok
 from proxy.core.policy import DEFAULT_POLICY
@@ -430,6 +430,25 @@ def test_claim_refuses_a_load_that_would_reload_another_models_copy_of_its_file(
     assert ticket_budget_ok([], replace(load, context=32768), view, DEFAULT_POLICY)[0]  # joins
     assert ticket_budget_ok([], replace(load, evicts={"llama-8k": 4087}), view,
                             DEFAULT_POLICY)[0]  # planned as its eviction
+
+
+def test_a_copy_a_call_runs_on_under_another_name_of_its_file_is_no_victim() -> None:
+    """A call joined the 8b's load; that load was abandoned and Ollama loaded the copy for
+    the call under the call's own name, qwen3-16k (FROM qwen3:8b), which a probe listed. The
+    call's ticket names qwen3:8b: a reload of qwen3-16k planned it as an idle victim, its
+    unload came while the copy was still loading and was lost, and the reload went out
+    beside it (rough-agents sweep seed 3667, 0.12.11)."""
+    file = ModelInfo(weights="sha256-" + "cd" * 32, trained_context=40960)
+    view = replace(gpu("a", 28800), models={"qwen3:8b": file, "qwen3-16k": file},
+                   residents=(Resident("qwen3-16k", 8260, 4096),))
+    joined = _t("1", "qwen3:8b", 512, cold=False)
+    reload = replace(_t("2", "qwen3-16k", 18340), evicts={"qwen3-16k": 8260}, context=16384)
+    ok, why = ticket_budget_ok([joined], reload, view, DEFAULT_POLICY)
+    assert not ok and why == "planned victim qwen3-16k has in-flight work"
+    index = index_providers(snapshot(view, tickets=(replace(joined, provider="a"),)),
+                            DEFAULT_POLICY)["a"]
+    assert idle_residents(index) == []
+    assert ticket_budget_ok([], reload, view, DEFAULT_POLICY)[0]  # once the call is done
 
 
 def test_tokens_sent_as_tokens_are_added_to_the_estimate_and_left_out_of_the_ratio() -> None:
