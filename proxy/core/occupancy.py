@@ -523,17 +523,23 @@ def sibling_loading(view: ProviderView, model: str, tickets: Iterable[Ticket],
     return None
 
 
-def loaded_again_for_a_call(view: ProviderView, tickets: Iterable[Ticket],
+def loaded_again(view: ProviderView, join: Ticket, tickets: Iterable[Ticket],
+                 residents: Collection[str]) -> bool:
+    """Whether the copy a join's ticket names is no longer counted here (`residents`), nor
+    being loaded by a claim: it left (its keep-alive, maybe a call's own, ran out) before
+    the call reached Ollama, which then loads it again for that call, outside every budget.
+    Ollama keeps a copy while a call runs on it, so only a copy the call had not reached yet
+    goes so."""
+    return not join.cold and not copy_counted(view, join.model, residents) and \
+        not any(t.cold and t.model == join.model for t in tickets)
+
+
+def loaded_again_for_a_call(view: ProviderView, tickets: Sequence[Ticket],
                             residents: Collection[str]) -> str | None:
-    """A model a call holds a ticket to join whose copy is no longer counted here, nor being
-    loaded by a claim: it left (its keep-alive, maybe a call's own, ran out) before the call
-    reached Ollama, which then loads it again for that call, outside every budget. Ollama
-    keeps a copy while a call runs on it, so only a copy the call had not reached yet goes
-    so. (A plan's ticket is left out: a held plan may wait long for its call.)"""
-    loading = {t.model for t in tickets if t.cold}
+    """A model Ollama loads again, unclaimed, for a call (`loaded_again`). A plan's ticket
+    is left out: a held plan may wait long for its call."""
     return next((t.model for t in tickets
-                 if not t.cold and not t.plan and t.model not in loading and
-                 not copy_counted(view, t.model, residents)), None)
+                 if not t.plan and loaded_again(view, t, tickets, residents)), None)
 
 
 def copy_counted(view: ProviderView, model: str, counted: Collection[str]) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from proxy.core.context import could_run_in
 from proxy.core.engine_errors import is_out_of_memory
-from proxy.core.occupancy import copy_counted, copy_users
+from proxy.core.occupancy import copy_users, loaded_again
 from proxy.core.tickets import Residency
 from proxy.core.types import Circuit, Placement, ProviderView, WaitNeed
 from proxy.observability.logging import get_logger
@@ -130,7 +130,7 @@ class CallService:
         # not on a preload kept for others: the copy is theirs (Ollama loads it again for
         # the next caller, at its keep_alive, once the requester leaves)
         unloads = call.unloads_after and not kept
-        if not placement.loads and self._copy_left(placement):
+        if not placement.loads and self._copy_left(claimed):
             # It left before the call reached Ollama, which loaded it again for the call:
             # read from the card before the ticket that stood for it goes
             await self._probe_first(placement.provider)
@@ -210,10 +210,13 @@ class CallService:
         return None if copy is None else Residency(
             copy.footprint_mib, copy.context_length, now, expires=now + keep_alive_s)
 
-    def _copy_left(self, placement: Placement) -> bool:
-        """Whether the copy a call joined is no longer counted on its card."""
-        view = self.scheduler.provider_view(placement.provider)
-        return not copy_counted(view, placement.copy_model, {r.model for r in view.residents})
+    def _copy_left(self, claimed: Claimed) -> bool:
+        """Whether the copy a call joined is counted neither loaded nor being loaded on its
+        card: Ollama loaded it again for the call (core `loaded_again`)."""
+        provider = claimed.placement.provider
+        view = self.scheduler.provider_view(provider)
+        live = self.scheduler.view.ticket_set(provider, self.clock.now()).tickets.values()
+        return loaded_again(view, claimed.ticket, live, {r.model for r in view.residents})
 
     async def _probe_first(self, provider: str) -> None:
         """What the card holds now is read before the call's end is told: after a failure

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from proxy.core.context import parse_version
 from proxy.core.models import model_name
-from proxy.core.occupancy import copy_sharers, same_weights
+from proxy.core.occupancy import copy_counted, copy_sharers, same_weights
 from proxy.core.tickets import Mark, Residency
 from proxy.core.types import Snapshot
 from proxy.observability.logging import get_logger
@@ -398,7 +398,7 @@ class Evictions:
             # its weights file, as Ollama runs one copy of the file whoever loaded it)
             names = {self.view.placed_name(model_name(m)) for m in listed}
             for model in models:
-                if model not in names and not any(same_weights(view, model, n) for n in names):
+                if not copy_counted(view, model, names):
                     gone_at.setdefault(model, now)
             if len(gone_at) == len(models):
                 return gone_at
