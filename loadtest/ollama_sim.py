@@ -700,7 +700,7 @@ class SimApp:
         stream = body.get("stream", True) is not False
         load_only = not body.get("messages") if chat else not body.get("prompt")
         if load_only and keep_alive == 0:  # an unload skips every check below
-            return self._unload(model, name, chat)
+            return await self._unload(model, name, chat)
         if not chat and (wrong := sim_bindings.raw_refusal(body)):
             return _error(wrong, 400)
         relax = bool(body.get(sim_dialects.RELAX_THINKING))
@@ -909,8 +909,8 @@ class SimApp:
 
         return StreamingResponse(chunks(), media_type="application/x-ndjson")
 
-    def _unload(self, model: SimModel, asked: str, chat: bool) -> Response:
-        self.sim.request_unload(model)
+    async def _unload(self, model: SimModel, asked: str, chat: bool) -> Response:
+        await self.sim.request_unload(model)
         return _json(self._done(asked, chat, "unload"))
 
     @staticmethod

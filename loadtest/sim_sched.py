@@ -861,10 +861,18 @@ class OllamaSim:
         else:
             runner.evicted = False  # a call's keep_alive kept it: a later eviction counts
 
-    def request_unload(self, model: SimModel) -> None:
+    async def request_unload(self, model: SimModel) -> None:
         """expireRunner (sched.go:1713-1731) looks only at s.loaded, which a runner joins once
-        its load has finished (:627, 727): a copy still loading ignores the unload."""
+        its load has finished (:627, 727): a copy still loading ignores the unload. 0.12's own
+        engine put it there while it read its weights, its refMu held until it runs (v0.12.6
+        server/sched.go:470-487; v0.24.0 :549-566): expireRunner waits for that lock
+        (v0.12.6 :809-825), in turn with calls waiting for it (needsReload), and the copy
+        goes once the call that loaded it ends."""
         runner = self.by_blob.get(model.weights)
+        if runner is not None and runner.listed and not runner.loaded.is_set():
+            await self._loaded_or_gone(runner)
+            if self.by_blob.get(model.weights) is not runner:
+                return
         if runner is not None and runner.loaded.is_set():
             runner.expires_at = time.time()  # what /api/ps shows until it leaves (:1720)
             self._expire(runner, "unload")

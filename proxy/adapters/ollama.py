@@ -206,7 +206,8 @@ class OllamaClient:
                               self.timeouts.answer_s if timeout_s is None else timeout_s)
 
     async def unload(self, model: str) -> None:
-        """Ask Ollama to release a model (`keep_alive: 0`); it returns at once."""
+        """Ask Ollama to release a model (`keep_alive: 0`); it returns at once, but for a
+        copy of 0.12-0.24's own engine still reading its weights: then once it runs."""
         await self._post_json("/api/generate", {"model": model, "keep_alive": 0},
                              self.timeouts.connect_s + 5)
 

@@ -161,8 +161,9 @@ class Evictions:
                 (r for r in view.residents if same_weights(view, model, r.model)), None)
             if copy is None or copy.loading:
                 # Still loading: while llama.Load runs keep_alive 0 finds nothing to expire
-                # (server/sched.go:627, 726, 1713-1731), and recorded unloaded the copy about
-                # to be there would be uncounted.
+                # (server/sched.go:627, 726, 1713-1731; 0.12-0.24's own engine: it waits
+                # for the load, v0.12.6 :470-487), and recorded unloaded the copy about to
+                # be there would be uncounted. It stays, for its keep-alive.
                 continue
             if outage:  # the others could not be told: it stays until they can be
                 self._defer(view.name, copy.model, self.clock.now())

@@ -506,6 +506,24 @@ def test_an_unload_of_a_copy_still_loading_is_ignored(sim_factory: Sims) -> None
     assert "qwen3:8b" in ps(sim) and sim.sim.used_vram_mib() > 0
 
 
+def test_an_unload_of_a_copy_0_12_lists_while_loading_waits_for_it_then_unloads_it(
+        sim_factory: Sims) -> None:
+    """0.12's own engine puts the copy in s.loaded while it reads its weights, its refMu
+    held until it runs (v0.12.6 server/sched.go:470-487): expireRunner waits for that lock,
+    then the copy goes once the call that loaded it ends (:809-825)."""
+    sim = sim_factory("gpu", total_vram_mib=24564, version="0.12.11", time_scale=0.05)
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(load, sim, "qwen3:8b")
+        assert eventually(lambda: "qwen3:8b" in ps(sim))
+        assert not sim.sim.runners["qwen3:8b"].loaded.is_set()
+        r = httpx.post(f"{sim.url}/api/generate", json={"model": "qwen3:8b", "keep_alive": 0})
+        assert r.json()["done_reason"] == "unload"
+        assert sim.sim.runners.get("qwen3:8b") is None or \
+            sim.sim.runners["qwen3:8b"].loaded.is_set()  # answered once it ran
+        assert loading.result().status_code == 200
+    assert eventually(lambda: ps(sim) == {} and sim.sim.used_vram_mib() == 0)
+
+
 # -- answers ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(("model", "options", "eval_count", "reason"), [
     ("llama3.2:3b", {}, 16, "stop"),  # the simulator's own length
