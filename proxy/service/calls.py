@@ -130,10 +130,21 @@ class CallService:
         # not on a preload kept for others: the copy is theirs (Ollama loads it again for
         # the next caller, at its keep_alive, once the requester leaves)
         unloads = call.unloads_after and not kept
-        if not placement.loads and self._copy_left(claimed):
-            # It left before the call reached Ollama, which loaded it again for the call:
-            # read from the card before the ticket that stood for it goes
+        # Read from the card before the ticket that stood for the copy goes, when what it
+        # holds is not what the ticket says:
+        # - a load failed: the engine may have loaded the copy before failing the call (its
+        #   runner died, a parser's error), and counts it until it is unloaded;
+        # - the copy joined left before the call reached Ollama, which loaded it again.
+        probed = (placement.loads and state == "failed") or (
+            not placement.loads and self._copy_left(claimed))
+        if probed:
             await self._probe_first(placement.provider)
+        # Copies the failure leaves unusable are marked leaving before the ticket goes, so
+        # no call the release wakes joins one
+        if outcome.error and is_out_of_memory(outcome.error):
+            await self.evictions.after_out_of_memory(placement.provider)
+        elif outcome.engine_failed and not call.embeds:
+            await self.evictions.after_engine_failure(placement.provider, placement.copy_model)
         if not unloads:  # (keeps the copy over an unload deferred by an outage before it)
             self.evictions.kept(placement.provider, placement.copy_model,
                                 claimed.ticket.started_at)
@@ -154,10 +165,6 @@ class CallService:
             # Another sidecar's call waits for this slot: it sees the slot free only once the
             # release is written, so it is written now, not with the next write.
             self._spawn_release(claimed)
-        if outcome.error and is_out_of_memory(outcome.error):
-            await self.evictions.after_out_of_memory(placement.provider)
-        elif outcome.engine_failed and not call.embeds:
-            await self.evictions.after_engine_failure(placement.provider, placement.copy_model)
         if outcome.healthy:
             learning = self.experience.learning
             if call.path in LEARNS_RATIO and estimated_tokens:  # 0: placed to be cut
@@ -190,7 +197,8 @@ class CallService:
                 log.exception("listing not read again after a 404",
                               provider=placement.provider)
         elif not outcome.healthy and not outcome.client_left:
-            await self._probe_first(placement.provider)
+            if not probed:
+                await self._probe_first(placement.provider)
         elif placement.loads or not outcome.healthy:
             self._spawn(self.prober.refresh(placement.provider, after_s=recheck_after_s(
                 placement, state)))
@@ -222,9 +230,9 @@ class CallService:
         """What the card holds now is read before the call's end is told: after a failure
         (gone, restarted with nothing loaded, hung) the client's next call, often sent the
         moment it hears of it, must be placed on that, not on copies the card may have
-        lost; after a copy Ollama loaded again unclaimed, no claim may count the card
-        without it. For up to FAILED_CARD_PROBE_WAIT_S (a card that does not answer at
-        all: the probe goes on unwaited)."""
+        lost; after a copy Ollama loaded again unclaimed, or one a failed load may have
+        left, no claim may count the card without it. For up to FAILED_CARD_PROBE_WAIT_S
+        (a card that does not answer at all: the probe goes on unwaited)."""
         probe = self._spawn(self.prober.refresh(provider))
         # (too slow: it goes on unwaited; failed: the next probe round reads the card again)
         with contextlib.suppress(Exception):

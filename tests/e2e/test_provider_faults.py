@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,49 @@ def test_a_copy_whose_engine_failed_a_call_is_reloaded_where_the_failure_keeps_i
     assert answer.message.content
     assert gpu.sim.stats.wedged_slots == int(reloaded)
     assert gpu.sim.stats.loads == 1 + int(reloaded)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_copy_whose_engine_failed_the_call_that_loaded_it_is_reloaded_too(
+        sim_factory: Sims, sidecar_factory: Sidecars, stream: bool) -> None:
+    """The same failure on the call that loaded the copy, before its first piece: no answer
+    began and no probe has listed the copy yet, but the engine ran the call, so the copy is
+    there, its slot kept."""
+    gpu = sim_factory("gpu", num_parallel=1, version="0.15.5", time_scale=0.05)
+    url = sidecar_factory([gpu]).url
+    httpx.post(f"{gpu.url}/_sim/fault", json={"mode": "parser", "count": 1, "after_chunks": 0})
+    client = ollama.Client(host=url, timeout=10)
+    with pytest.raises(ollama.ResponseError):
+        for _ in client.chat("llama3.2:3b", [{"role": "user", "content": "hi"}],
+                             stream=True) if stream else \
+                [client.chat("llama3.2:3b", [{"role": "user", "content": "hi"}])]:
+            pass
+    answer = client.chat("llama3.2:3b", [{"role": "user", "content": "again"}],
+                         options={"num_predict": 4})
+    assert answer.message.content
+    assert (gpu.sim.stats.wedged_slots, gpu.sim.stats.loads) == (1, 2)
+
+
+def test_a_copy_whose_runner_died_on_the_call_that_loaded_it_counts_until_unloaded(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """The engine loaded the copy, then its runner died on the first call, before any answer
+    (a 500). Ollama keeps the dead copy listed and counts its memory until it is unloaded
+    (server/sched.go:1426): a call waiting for that memory is placed once the card has been
+    read, evicting the copy, not beside it, where Ollama would unload it itself."""
+    gpu = sim_factory("gpu", total_vram_mib=24564, num_parallel=1, time_scale=0.05)
+    url = sidecar_factory([gpu]).url
+    httpx.post(f"{gpu.url}/_sim/fault", json={"mode": "midstream", "count": 1,
+                                             "after_chunks": 0})
+    with ThreadPoolExecutor(2) as pool:
+        dying = pool.submit(httpx.post, f"{url}/api/chat", timeout=60, json={
+            "model": "gemma3:27b", "messages": HI, "stream": False})
+        assert eventually(lambda: gpu.sim.runners.get("gemma3:27b") is not None)
+        waiting = pool.submit(httpx.post, f"{url}/api/chat", timeout=60, json={
+            "model": "qwen3:14b", "messages": HI, "stream": False})
+        assert dying.result().status_code == 502
+        assert waiting.result().status_code == 200
+    assert gpu.sim.stats.crashes == 1
+    assert gpu.sim.stats.self_evictions == 0
 
 
 def test_a_model_no_card_listed_is_404_at_once_while_a_card_that_lacked_it_is_down(
