@@ -2,9 +2,10 @@
 random calls from concurrent agents over Ollama's API, OpenAI's and /api/embed, through one
 sidecar or two sharing NATS. Whatever happens, Ollama never reloads a copy, unloads one on
 its own, spills one to the CPU or cuts a prompt, and every answer is a success or a contract
-refusal. Rough agents also stream, leave mid-call and ask for their own keep-alive; once
-they are done no ticket or wait is left. Each seed draws its own case, so a failure reruns
-by its seed.
+refusal. Rough agents also stream, leave mid-call and ask for their own keep-alive, while a
+card's Ollama fails calls or restarts, or the sidecars' nats-server does; once they are
+done no ticket or wait is left. Each seed draws its own case, so a failure reruns by its
+seed.
 
     KUBEMOOT_SWEEP=0:240 pytest -n 3 tests/sweeps           # seeds 0-239 of each sweep
     KUBEMOOT_SWEEP=96:97 pytest tests/sweeps -k two_cards   # one case again
@@ -26,6 +27,7 @@ import pytest
 from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer, with_derived
 from loadtest.sim_model import CATALOG
+from loadtest.sim_sched import Fault
 from tests.conftest import eventually
 from tests.e2e.test_engine_fidelity import NOTHING, SMALL_LLAMAS, quiet
 from tests.e2e.test_scheduling import SCALE, Sidecars, Sims
@@ -244,5 +246,57 @@ def test_a_card_restarting_under_rough_agents(seed: int, sim_factory: Sims,
     restarter.start()
     seen = run(urls, 6, 8, seed, rough=True, answers=(*ANSWERS, 502))
     restarter.join(30)
+    assert_settled(urls, seen)
+    assert_quiet(gpus, seen)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_nats_going_away_under_rough_agents(seed: int, sim_factory: Sims,
+                                           sidecar_factory: Sidecars) -> None:
+    """The nats-server two sidecars share stops at a random moment and starts again on its
+    store: meanwhile each places on what it last saw and loads nothing, so calls may wait
+    (503 at their limit); once it is back every ticket claimed meanwhile is released and
+    neither card does anything on its own."""
+    rng, gpus = two_cards(seed, sim_factory, rough=True)
+    nats = NatsServer().start()
+    try:
+        urls = [sidecar_factory(gpus, nats_url=nats.url, agent_name=f"agent-{i}").url
+                for i in range(2)]
+        down_after, down_for = rng.uniform(0.1, 1.2), rng.uniform(0.2, 1.5)
+
+        def outage() -> None:
+            time.sleep(down_after)
+            nats.stop()
+            time.sleep(down_for)
+            nats.start()
+
+        outages = threading.Thread(target=outage, daemon=True)
+        outages.start()
+        seen = run(urls, 6, 8, seed, rough=True)
+        outages.join(30)
+        assert_settled(urls, seen)
+        assert_quiet(gpus, seen)
+    finally:
+        nats.cleanup()
+
+
+FAULTS = ["error", "midstream", "parser", "stall", "slow_first_byte", "oom"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_faulty_card_under_rough_agents(seed: int, sim_factory: Sims,
+                                          sidecar_factory: Sidecars,
+                                          nats_server: NatsServer) -> None:
+    """Card b's Ollama fails its next calls one way: a 500 at once, its llama-server dying
+    or its parser failing mid-answer, a stall, a slow first byte, or running out of memory
+    (from 0.30 every copy there unloaded). The calls it fails end in an error (500, 502, or
+    an error line in a stream), nothing is left held, and neither card does anything else on
+    its own."""
+    rng, gpus = two_cards(seed, sim_factory, rough=True)
+    urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server)
+    gpus[1].sim.fault = Fault(rng.choice(FAULTS), count=rng.randint(1, 4),
+                              after_chunks=rng.randint(0, 3),
+                              delay_s=rng.uniform(0.1, 1.0))
+    seen = run(urls, 6, 8, seed, rough=True, answers=(*ANSWERS, 500, 502))
     assert_settled(urls, seen)
     assert_quiet(gpus, seen)
