@@ -32,6 +32,16 @@ CALLERS_ERROR = re.compile(r'^(?:option "[^"]*" must be of |invalid format: '
 _PROMPT_TOKENS = re.compile(r'request \((\d+) tokens\)|"n_prompt_tokens\\*"?:\s*(\d+)')
 
 
+# What Ollama says when a runner's answer broke off (its stream closed unexpectedly): it has
+# closed the runner (llm/llama_server.go:1759-1766; v0.12.6 llm/server.go:1566-1574) but
+# keeps it listed, and reloads it for the next call (its Ping fails, server/sched.go:1426).
+RUNNER_CLOSED = "an error was encountered while running the model"
+
+
+def runner_closed(message: str) -> bool:
+    return RUNNER_CLOSED in message
+
+
 def is_out_of_memory(message: str) -> bool:
     lowered = message.lower()
     return any(text in lowered for text in OUT_OF_MEMORY)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 
 from proxy.core.context import could_run_in
-from proxy.core.engine_errors import is_out_of_memory
+from proxy.core.engine_errors import is_out_of_memory, runner_closed
 from proxy.core.occupancy import copy_users, loaded_again
 from proxy.core.tickets import Residency
 from proxy.core.types import Circuit, Placement, ProviderView, WaitNeed
@@ -143,8 +143,10 @@ class CallService:
         # no call the release wakes joins one
         if outcome.error and is_out_of_memory(outcome.error):
             await self.evictions.after_out_of_memory(placement.provider)
-        elif outcome.engine_failed and not call.embeds:
-            await self.evictions.after_engine_failure(placement.provider, placement.copy_model)
+        elif outcome.engine_failed:
+            await self.evictions.after_engine_failure(
+                placement.provider, placement.copy_model,
+                closed=runner_closed(outcome.error or ""), parsed=not call.embeds)
         if not unloads:  # (keeps the copy over an unload deferred by an outage before it)
             self.evictions.kept(placement.provider, placement.copy_model,
                                 claimed.ticket.started_at)

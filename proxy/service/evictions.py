@@ -310,16 +310,22 @@ class Evictions:
         for ahead, model in enumerate(models):
             self._spawn(self._unload_leaving(self.tickets, provider, model, ahead))
 
-    async def after_engine_failure(self, provider: str, model: str) -> None:
-        """An engine before 0.32.15 that failed a call it had begun may keep that call's slot
-        (a parser's error, which the sidecar cannot tell from the others): its copy is
-        marked leaving and unloaded, so the next call reloads it rather than wait for good."""
+    async def after_engine_failure(self, provider: str, model: str, *, closed: bool,
+                                   parsed: bool) -> None:
+        """A copy whose engine failed a call it had begun is marked leaving and unloaded, so
+        the next call loads it as planned: where Ollama closed its runner (`closed`: it
+        reloads it for the next call, fitted beside runners that may still count it), or
+        where an engine before 0.32.15 may keep the call's slot (`parsed`: a parser ran,
+        whose error the sidecar cannot tell from the others) and the next call would wait
+        for good."""
         view = self.view.provider_view(self.providers[provider], self.clock.now())
-        if parse_version(view.version) >= FAILED_CALLS_FREE_THEIR_SLOT_SINCE or not any(
+        keeps_slot = parsed and parse_version(view.version) < FAILED_CALLS_FREE_THEIR_SLOT_SINCE
+        if not (closed or keeps_slot) or not any(
                 r.model == model and not r.leaving and not r.loading for r in view.residents):
             return
-        log.warning("engine failed a call on a version that may keep its slot; unloading the "
-                    "copy", provider=provider, model=model, version=view.version)
+        log.warning("engine failed a call; unloading the copy", provider=provider, model=model,
+                    version=view.version, why="runner closed" if closed else
+                    "the version may keep the call's slot")
         try:
             await self.tickets.mark_leaving(provider, (model,))
         except StoreUnavailable:

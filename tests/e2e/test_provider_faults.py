@@ -310,6 +310,31 @@ def test_a_copy_whose_runner_died_on_the_call_that_loaded_it_counts_until_unload
     assert gpu.sim.stats.self_evictions == 0
 
 
+def test_a_copy_whose_runner_ollama_closed_mid_answer_is_loaded_again_as_planned(
+        sim_factory: Sims, sidecar_factory: Sidecars) -> None:
+    """A runner that broke off an answer is closed by Ollama ("an error was encountered
+    while running the model", llm/llama_server.go:1759-1766) and stays listed; the next call
+    to it reloads it (its Ping fails, server/sched.go:1426), fitted beside phi3:mini, whose
+    runner loaded beside the first copy and still counts it. The sidecar unloads the closed
+    copy, so that load is its own, planned: Ollama never unloads phi3 itself."""
+    gpu = sim_factory("gpu", total_vram_mib=9500, num_parallel=1, time_scale=0.05)
+    url = sidecar_factory([gpu]).url
+    for model in ("llama3.2:3b", "phi3:mini"):
+        assert httpx.post(f"{url}/api/generate", json={"model": model},
+                          timeout=30).status_code == 200
+    httpx.post(f"{gpu.url}/_sim/fault", json={"mode": "midstream", "count": 1,
+                                             "after_chunks": 1})
+    client = ollama.Client(host=url, timeout=30)
+    with pytest.raises(ollama.ResponseError):
+        for _ in client.chat("llama3.2:3b", HI, stream=True):
+            pass
+    answer = client.chat("llama3.2:3b", [{"role": "user", "content": "again"}],
+                         options={"num_predict": 4})
+    assert answer.message.content
+    assert gpu.sim.stats.crashes == 1
+    assert gpu.sim.stats.self_evictions == 0
+
+
 def test_a_model_no_card_listed_is_404_at_once_while_a_card_that_lacked_it_is_down(
         sim_factory: Sims, sidecar_factory: Sidecars) -> None:
     """A mistyped name while a card is down: every card's /api/tags was seen (the down
