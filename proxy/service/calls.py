@@ -139,25 +139,33 @@ class CallService:
             not placement.loads and self._copy_left(claimed))
         if probed:
             await self._probe_first(placement.provider)
-        # Copies the failure leaves unusable are marked leaving before the ticket goes, so
-        # no call the release wakes joins one
-        if outcome.error and is_out_of_memory(outcome.error):
+        # Copies a failure leaves unusable are marked leaving before or with the ticket's
+        # release, so no call the release wakes joins one
+        out_of_memory = bool(outcome.error) and is_out_of_memory(outcome.error or "")
+        if out_of_memory:
             await self.evictions.after_out_of_memory(placement.provider)
-        elif outcome.engine_failed:
-            await self.evictions.after_engine_failure(
-                placement.provider, placement.copy_model,
-                closed=runner_closed(outcome.error or ""), parsed=not call.embeds)
-        if not unloads:  # (keeps the copy over an unload deferred by an outage before it)
+        failed_copy = None if out_of_memory or not outcome.engine_failed else \
+            self.evictions.why_failure_unloads(
+                placement.provider, claimed.ticket.model,
+                closed=runner_closed(outcome.error or ""), parsed=not call.embeds,
+                loaded_it=placement.loads and state == "loaded")
+        if not unloads and failed_copy is None:
+            # (keeps the copy over an unload deferred by an outage before it)
             self.evictions.kept(placement.provider, placement.copy_model,
                                 claimed.ticket.started_at)
             if not kept:
                 loaded = self._with_keep_alive(placement, call.keep_alive_s, loaded, now)
-        release = self.evictions.release_to_unload(claimed, loaded) if unloads \
-            else self.claims.book(claimed).release(claimed.ticket, loaded)
+        release: Coroutine[object, object, object]
+        if failed_copy is not None:
+            release = self.evictions.release_after_failure(claimed, failed_copy)
+        elif unloads:
+            release = self.evictions.release_to_unload(claimed, loaded)
+        else:
+            release = self.claims.book(claimed).release(claimed.ticket, loaded)
         try:
             # A plain release finishes without suspending; one that records residency
             # (left loaded, or leaving) writes at once and must survive a cancelled caller.
-            writes_now = unloads or loaded is not None
+            writes_now = unloads or loaded is not None or failed_copy is not None
             await (asyncio.shield(release) if writes_now else release)
         except StoreUnavailable:
             log.warning("ticket release not written; no longer counted here, written "

@@ -310,27 +310,41 @@ class Evictions:
         for ahead, model in enumerate(models):
             self._spawn(self._unload_leaving(self.tickets, provider, model, ahead))
 
-    async def after_engine_failure(self, provider: str, model: str, *, closed: bool,
-                                   parsed: bool) -> None:
-        """A copy whose engine failed a call it had begun is marked leaving and unloaded, so
-        the next call loads it as planned: where Ollama closed its runner (`closed`: it
-        reloads it for the next call, fitted beside runners that may still count it), or
-        where an engine before 0.32.15 may keep the call's slot (`parsed`: a parser ran,
-        whose error the sidecar cannot tell from the others) and the next call would wait
-        for good."""
+    def why_failure_unloads(self, provider: str, copy: str, *, closed: bool, parsed: bool,
+                            loaded_it: bool) -> str | None:
+        """Why a copy whose engine failed a call must be unloaded, so the next call loads it
+        as planned (None: it stays): Ollama closed its runner (`closed`: it reloads it for
+        the next call, fitted beside runners that may still count it), or an engine before
+        0.32.15 may keep the call's slot (`parsed`: a parser ran, whose error the sidecar
+        cannot tell from the others) and the next call would wait for good. Only a copy
+        there and not leaving already: counted on the card, or loaded by the call itself
+        (`loaded_it`: its answer began; its ticket still stands for it)."""
         view = self.view.provider_view(self.providers[provider], self.clock.now())
-        keeps_slot = parsed and parse_version(view.version) < FAILED_CALLS_FREE_THEIR_SLOT_SINCE
-        if not (closed or keeps_slot) or not any(
-                r.model == model and not r.leaving and not r.loading for r in view.residents):
-            return
-        log.warning("engine failed a call; unloading the copy", provider=provider, model=model,
-                    version=view.version, why="runner closed" if closed else
-                    "the version may keep the call's slot")
+        if not loaded_it and not any(r.model == copy and not r.leaving
+                                     for r in view.residents):
+            return None
+        if closed:
+            return "runner closed"
+        if parsed and parse_version(view.version) < FAILED_CALLS_FREE_THEIR_SLOT_SINCE:
+            return "the version may keep the call's slot"
+        return None
+
+    async def release_after_failure(self, claimed: Claimed, why: str) -> None:
+        """The failed call's ticket goes and its copy is marked leaving in one write, then
+        the copy is unloaded (once the calls still on it end, as Ollama unloads any copy).
+        With the shared state away it is unloaded all the same: a copy that cannot serve
+        is worse than one the others may load again."""
+        provider = claimed.placement.provider
+        book = self.claims.book(claimed)
+        copy = claimed.ticket.model  # (another model's, when the call joined its copy)
+        view = self.view.provider_view(self.providers[provider], self.clock.now())
+        sharing = copy_sharers(view, copy)
+        log.warning("engine failed a call; unloading the copy", provider=provider, model=copy,
+                    version=view.version, why=why)
         try:
-            await self.tickets.mark_leaving(provider, (model,))
-        except StoreUnavailable:
-            return
-        self._spawn(self._unload_leaving(self.tickets, provider, model, 0))
+            await book.release_leaving(claimed.ticket, sharing)
+        finally:
+            self._spawn(self._unload_leaving(book, provider, copy, sharing=sharing))
 
     async def _keep_unasked(self, book: TicketBook, claimed: Claimed,
                             marks: Mapping[str, Mark]) -> None:

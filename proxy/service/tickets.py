@@ -401,6 +401,28 @@ class TicketBook:
             self._write_soon(ticket.provider)
         return unused
 
+    async def release_leaving(self, ticket: Ticket, sharing: tuple[str, ...] = ()) -> None:
+        """Remove the ticket of a call whose copy must go (its engine failed the call and
+        closed the runner, or may keep the call's slot), and mark the copy leaving in the
+        same write, whoever else holds a ticket for it: no call the release wakes joins it.
+        `sharing`: the copy's other names (`mark_leaving_unless_used`)."""
+        self._let_go_of(ticket)
+        mib = ticket.footprint_mib if ticket.cold else 1  # (as release_to_unload's)
+
+        def leaving(current: TicketSet, now: float) -> TicketSet:
+            return transition.mark_leaving(transition.without(current, (ticket.ticket_id,)),
+                                           (ticket.model, *sharing), now, mib)
+
+        try:
+            await self._mutate(ticket.provider, leaving)
+        except BaseException:  # the store away, or the caller cancelled: owed, as a plain one
+            self._owe(ticket)
+            self._write_soon(ticket.provider)
+            raise
+        if ticket.ticket_id in self._newest(ticket.provider)[0].tickets:  # (gave up)
+            self._owe(ticket)
+            self._write_soon(ticket.provider)
+
     async def mark_leaving_unless_used(self, provider: str, model: str, mib: int,
                                        loaded: Residency | None = None,
                                        releasing: str | None = None,

@@ -267,20 +267,20 @@ def test_a_copy_whose_engine_failed_a_call_is_reloaded_where_the_failure_keeps_i
     assert gpu.sim.stats.loads == 1 + int(reloaded)
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("stream", "after_chunks"), [(False, 0), (True, 0), (True, 2)])
 def test_a_copy_whose_engine_failed_the_call_that_loaded_it_is_reloaded_too(
-        sim_factory: Sims, sidecar_factory: Sidecars, stream: bool) -> None:
-    """The same failure on the call that loaded the copy, before its first piece: no answer
-    began and no probe has listed the copy yet, but the engine ran the call, so the copy is
-    there, its slot kept."""
+        sim_factory: Sims, sidecar_factory: Sidecars, stream: bool, after_chunks: int) -> None:
+    """The same failure on the call that loaded the copy, before its first piece or after
+    it: no probe has listed the copy yet (the view counts it as the load's), but the engine
+    ran the call, so the copy is there, its slot kept."""
     gpu = sim_factory("gpu", num_parallel=1, version="0.15.5", time_scale=0.05)
     url = sidecar_factory([gpu]).url
-    httpx.post(f"{gpu.url}/_sim/fault", json={"mode": "parser", "count": 1, "after_chunks": 0})
+    httpx.post(f"{gpu.url}/_sim/fault", json={"mode": "parser", "count": 1,
+                                             "after_chunks": after_chunks})
     client = ollama.Client(host=url, timeout=10)
     with pytest.raises(ollama.ResponseError):
-        for _ in client.chat("llama3.2:3b", [{"role": "user", "content": "hi"}],
-                             stream=True) if stream else \
-                [client.chat("llama3.2:3b", [{"role": "user", "content": "hi"}])]:
+        for _ in client.chat("llama3.2:3b", HI, stream=True) if stream else \
+                [client.chat("llama3.2:3b", HI)]:
             pass
     answer = client.chat("llama3.2:3b", [{"role": "user", "content": "again"}],
                          options={"num_predict": 4})

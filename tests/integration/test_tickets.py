@@ -338,6 +338,22 @@ async def test_a_release_to_unload_records_it_only_when_no_other_ticket_names_th
     assert not _residents(book)
 
 
+async def test_a_release_after_a_failure_marks_the_copy_leaving_whoever_holds_it(
+        store: StateStore) -> None:
+    """A copy whose engine failed a call goes (its runner closed, or a slot kept): the
+    ticket's release and the mark are one write, so no call its release wakes joins it."""
+    book = _book(store)
+    cold = book.new_ticket("c", "gpu", "new:3b", 3000, True, {}, "h")
+    joining = book.new_ticket("j", "gpu", "new:3b", 512, False, {}, "h2")
+    assert (await book.claim(cold, VIEW)).ok and (await book.claim(joining, VIEW)).ok
+    await book.release_leaving(cold)
+    assert set(book.known("gpu")[0].tickets) == {joining.ticket_id}
+    merged = {r.model: r for r in _residents(book)}
+    assert merged["new:3b"].leaving and merged["new:3b"].footprint_mib == 3000
+    late = book.new_ticket("w", "gpu", "new:3b", 512, False, {}, "h3")
+    assert not (await book.claim(late, VIEW)).ok
+
+
 async def test_a_copy_loaded_since_the_probe_counts_its_size_while_leaving(
         store: StateStore) -> None:
     book = _book(store)
