@@ -141,7 +141,7 @@ class CallService:
             await self._probe_first(placement.provider)
         # Copies a failure leaves unusable are marked leaving before or with the ticket's
         # release, so no call the release wakes joins one
-        out_of_memory = bool(outcome.error) and is_out_of_memory(outcome.error or "")
+        out_of_memory = is_out_of_memory(outcome.error or "")
         if out_of_memory:
             await self.evictions.after_out_of_memory(placement.provider)
         failed_copy = None if out_of_memory or not outcome.engine_failed else \
