@@ -535,11 +535,15 @@ def loaded_again(view: ProviderView, join: Ticket, tickets: Iterable[Ticket],
 
 
 def loaded_again_for_a_call(view: ProviderView, tickets: Sequence[Ticket],
-                            residents: Collection[str]) -> str | None:
-    """A model Ollama loads again, unclaimed, for a call (`loaded_again`). A plan's ticket
-    is left out: a held plan may wait long for its call."""
+                            residents: Collection[str], load: Ticket) -> str | None:
+    """A model Ollama loads again, unclaimed, for a call (`loaded_again`), where `load` is
+    not that copy: a load of the model at the join's context joins it, one at another
+    context has Ollama reload it. A plan's ticket is left out: a held plan may wait long
+    for its call."""
     return next((t.model for t in tickets
-                 if not t.plan and loaded_again(view, t, tickets, residents)), None)
+                 if not t.plan and loaded_again(view, t, tickets, residents) and not (
+                     load.model == t.model and
+                     listed_as_loaded(view, t.model, t.context, load.context))), None)
 
 
 def copy_counted(view: ProviderView, model: str, counted: Collection[str]) -> bool:
@@ -629,8 +633,8 @@ def ticket_budget_ok(tickets: list[Ticket], new: Ticket, view: ProviderView,
         if listed is not None:
             return False, f"{listed} is loaded here from the same weights file at other " \
                 "options: Ollama would reload it"
-        again = loaded_again_for_a_call(view, live, residents)
-        if again is not None and again != new.model:  # (the same model's load joins it)
+        again = loaded_again_for_a_call(view, live, residents, new)
+        if again is not None:
             return False, f"{again} left while a call was on its way to it: Ollama loads " \
                 "it again, unclaimed"
     victims: dict[str, int] = {}

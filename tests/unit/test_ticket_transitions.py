@@ -108,6 +108,13 @@ def test_a_claim_already_in_the_set_leaves_it_as_it_was() -> None:
     ((), tickets(held("t1", "phi3:mini")), new("qwen3:8b", cold=True), False,
      "phi3:mini left while a call was on its way to it: Ollama loads it again, unclaimed"),
     ((), tickets(held("t1", "phi3:mini")), new("phi3:mini", cold=True), False, None),
+    # ...a load of that model joins the copy Ollama loads, unless at another context: then
+    # Ollama reloads that copy for it once the call ends
+    ((), tickets(replace(held("t1", "phi3:mini"), context=4096)),
+     new("phi3:mini", cold=True, context=2048), False,
+     "phi3:mini left while a call was on its way to it: Ollama loads it again, unclaimed"),
+    ((), tickets(replace(held("t1", "phi3:mini"), context=4096)),
+     new("phi3:mini", cold=True, context=4096), False, None),
     ((), tickets(replace(held("t1", "phi3:mini"), plan=True)), new("qwen3:8b", cold=True),
      False, None),
     (("phi3:mini",), tickets(held("t1", "phi3:mini")), new("qwen3:8b", cold=True), False,
