@@ -26,6 +26,7 @@ import pytest
 
 from loadtest.nats_server import NatsServer
 from loadtest.ollama_sim import SimServer, with_derived
+from loadtest.sim_engine import parse_error_holds_slot
 from loadtest.sim_model import CATALOG
 from loadtest.sim_sched import Fault
 from tests.conftest import eventually
@@ -91,9 +92,10 @@ KEEP_ALIVES = [None, None, 0, "0", "5m", -1, "2s", "1h"]
 
 
 def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any],
-                answers: tuple[int, ...] = ANSWERS) -> None:
-    """Streams, leaves mid-call (while its call waits, loads or answers) and asks for its
-    own keep-alive, on Ollama's API (/api/chat, /api/generate, /api/embed) and OpenAI's."""
+                answers: tuple[int, ...] = ANSWERS, leaves: bool = True) -> None:
+    """Streams, leaves mid-call (while its call waits, loads or answers; unless not
+    `leaves`) and asks for its own keep-alive, on Ollama's API (/api/chat, /api/generate,
+    /api/embed) and OpenAI's."""
     for _ in range(calls):
         if rng.random() < 0.2:
             agent(url, rng, 1, seen, answers)
@@ -130,6 +132,8 @@ def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any],
             body["options"] = options
         leave_after = rng.choice([None, None, None, 0.05, 0.5, 2.0])
         leave_at_line = rng.choice([None, None, 1, 3]) if stream else None
+        if not leaves:
+            leave_after = leave_at_line = None
         status: int | str = "left"
         try:
             with httpx.stream("POST", f"{url}{path}", json=body,
@@ -146,12 +150,18 @@ def rough_agent(url: str, rng: random.Random, calls: int, seen: list[Any],
 
 
 def run(urls: list[str], agents: int, calls: int, seed: int, rough: bool = False,
-        answers: tuple[int, ...] = ANSWERS) -> list[Any]:
+        answers: tuple[int, ...] = ANSWERS, leaves: bool = True) -> list[Any]:
     seen: list[Any] = []
-    who = rough_agent if rough else agent
+
+    def one(k: int) -> None:
+        url, rng = urls[k % len(urls)], random.Random(seed * 10 + k)
+        if rough:
+            rough_agent(url, rng, calls, seen, answers, leaves)
+        else:
+            agent(url, rng, calls, seen, answers)
+
     with ThreadPoolExecutor(agents) as pool:
-        list(pool.map(lambda k: who(urls[k % len(urls)], random.Random(seed * 10 + k),
-                                    calls, seen, answers), range(agents)))
+        list(pool.map(one, range(agents)))
     return seen
 
 
@@ -294,9 +304,13 @@ def test_a_faulty_card_under_rough_agents(seed: int, sim_factory: Sims,
     its own."""
     rng, gpus = two_cards(seed, sim_factory, rough=True)
     urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server)
-    gpus[1].sim.fault = Fault(rng.choice(FAULTS), count=rng.randint(1, 4),
-                              after_chunks=rng.randint(0, 3),
-                              delay_s=rng.uniform(0.1, 1.0))
-    seen = run(urls, 6, 8, seed, rough=True, answers=(*ANSWERS, 500, 502))
+    fault = gpus[1].sim.fault = Fault(rng.choice(FAULTS), count=rng.randint(1, 4),
+                                      after_chunks=rng.randint(0, 3),
+                                      delay_s=rng.uniform(0.1, 1.0))
+    # Before 0.32.15 a client that leaves a stream as the parser fails may leave its slot
+    # taken for good, the error unseen by the sidecar (which stops reading as the client
+    # goes): Ollama's fault, fixed there. Its agents stay to the end of their calls.
+    leaves = not (fault.mode == "parser" and parse_error_holds_slot(gpus[1].sim.config.version))
+    seen = run(urls, 6, 8, seed, rough=True, answers=(*ANSWERS, 500, 502), leaves=leaves)
     assert_settled(urls, seen)
     assert_quiet(gpus, seen)
