@@ -95,8 +95,12 @@ class Evictions:
         marks: dict[str, Mark] = {}
         asked = 0  # victims whose unload was asked, or is on its way
         try:
-            with contextlib.suppress(StoreUnavailable):  # (then as before: nobody is told)
+            try:
                 await book.mark_leaving(placement.provider, victims, placement.evicts, marks)
+            except StoreUnavailable:  # the others cannot be told; this sidecar's own calls,
+                # claimed in-process until the store is back, are
+                await self.claims.local_tickets.mark_leaving(placement.provider, victims,
+                                                             placement.evicts)
             started = self.clock.monotonic()
             for victim in victims:
                 asked += 1
@@ -118,6 +122,9 @@ class Evictions:
         except StoreUnavailable:  # the next probe shows them gone; counting them is safe
             log.warning("victims' unload not recorded: shared state unreachable",
                         provider=placement.provider, victims=victims)
+            # (in-process claims meanwhile must not join a victim gone on the last probe's word)
+            await self.claims.local_tickets.mark_unloaded(placement.provider,
+                                                          self._when(gone_at))
         return departures
 
     async def release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:

@@ -15,7 +15,7 @@ from loadtest.sim_model import CATALOG
 from proxy.adapters.memory_kv import MemoryStore
 from proxy.core.tickets import LEAVING_MAX_S
 from proxy.ports import SIDECAR_BUCKETS, StoreUnavailable
-from tests.service.fakes import Answer, FakeModelServer, SlowStore
+from tests.service.fakes import Answer, AwayStore, FakeModelServer, SlowStore
 from tests.service.harness import Fleet, Sidecar
 
 
@@ -444,3 +444,32 @@ async def test_a_short_keep_alive_a_call_sets_is_counted_before_the_next_probe(
     assert copy.expires_at == (ended + 2.0 if keep_alive_s == 2.0 else math.inf)
     await asyncio.sleep(1.5)
     assert (await sidecar.chat("qwen3:8b")).placement == then
+
+
+async def test_a_victim_the_store_never_heard_of_is_not_joined_during_the_outage(
+        fleet: Fleet) -> None:
+    """The shared state goes away as a claim's victim is to be marked leaving: the other
+    sidecars cannot be told, but this one's calls, claimed in-process meanwhile, do not join
+    the victim before a probe shows it gone (Ollama would load it again for them, unclaimed,
+    beside the copy that took its room)."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b")
+    store = AwayStore(fleet.clock)
+    sidecar = await fleet.sidecar(store, probe_interval_seconds=60)
+
+    async def going_away(*args: object, **kwargs: object) -> object:
+        store.away = True
+        raise StoreUnavailable("NATS is not connected")
+
+    sidecar.services.claims.tickets.mark_leaving = going_away  # type: ignore[method-assign]
+    await asyncio.sleep(1)  # (after the probe: on the virtual clock they would be one instant)
+    big = sidecar.start_chat("qwen3:14b")
+    await asyncio.sleep(0)
+    small = sidecar.start_chat("qwen3:8b")  # waits: the 14b's claim plans the 8b's eviction
+    assert (await big).last.evicted == ("qwen3:8b",)
+    await asyncio.sleep(0.5)
+    assert list(gpu.loaded) == ["qwen3:14b"]  # no load without the shared state
+    store.back()
+    r = await small
+    assert (r.status, r.placement) == (200, "evict")
+    assert gpu.stats.peak_mib <= 16376 * 0.8
