@@ -95,12 +95,7 @@ class Evictions:
         marks: dict[str, Mark] = {}
         asked = 0  # victims whose unload was asked, or is on its way
         try:
-            try:
-                await book.mark_leaving(placement.provider, victims, placement.evicts, marks)
-            except StoreUnavailable:  # the others cannot be told; this sidecar's own calls,
-                # claimed in-process until the store is back, are
-                await self.claims.local_tickets.mark_leaving(placement.provider, victims,
-                                                             placement.evicts)
+            await self._mark_victims(book, claimed, marks)
             started = self.clock.monotonic()
             for victim in victims:
                 asked += 1
@@ -126,6 +121,19 @@ class Evictions:
             await self.claims.local_tickets.mark_unloaded(placement.provider,
                                                           self._when(gone_at))
         return departures
+
+    async def _mark_victims(self, book: TicketBook, claimed: Claimed,
+                            marks: dict[str, Mark]) -> None:
+        """A placement's victims marked leaving (`marks` filled); when the shared state
+        cannot take it the others cannot be told, but this sidecar's own calls, claimed
+        in-process until it is back, are (its own book)."""
+        placement = claimed.placement
+        try:
+            await book.mark_leaving(placement.provider, tuple(placement.evicts),
+                                    placement.evicts, marks)
+        except StoreUnavailable:
+            await self.claims.local_tickets.mark_leaving(
+                placement.provider, tuple(placement.evicts), placement.evicts)
 
     async def release_to_unload(self, claimed: Claimed, loaded: Residency | None) -> None:
         """A call sent with `keep_alive: 0` ends: its model is unloaded unless another call

@@ -21,6 +21,7 @@ import contextlib
 import random
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from proxy.core import tickets as transition
 from proxy.core.policy import Policy
@@ -39,6 +40,7 @@ from proxy.ports import (
 from proxy.service.codec import decode_ticket_set, encode_ticket_set, escape_key
 
 log = get_logger("kubemoot.tickets")
+T = TypeVar("T")
 
 DEFAULT_TTL_S = 60.0
 MAX_ATTEMPTS = 8
@@ -385,43 +387,38 @@ class TicketBook:
         `loaded`: the copy the call loaded, recorded as left loaded if others keep it.
         The ticket's removal and the mark go in one write, as `release`'s with a record.
         `sharing`: the other models Ollama runs on that copy (`mark_leaving_unless_used`)."""
-        self._let_go_of(ticket)
-        # A cold ticket's footprint is the copy it loaded, which a probe may not list yet.
-        mib = ticket.footprint_mib if ticket.cold else 1
-        try:
-            unused = await self.mark_leaving_unless_used(ticket.provider, ticket.model, mib,
-                                                         loaded, releasing=ticket.ticket_id,
-                                                         sharing=sharing)
-        except BaseException:  # the store away, or the caller cancelled: owed, as a plain one
-            self._owe(ticket)
-            self._write_soon(ticket.provider)  # the ticket part, once the store is back
-            raise
-        if ticket.ticket_id in self._newest(ticket.provider)[0].tickets:  # (gave up)
-            self._owe(ticket)
-            self._write_soon(ticket.provider)
-        return unused
+        return await self._release_marking(ticket, lambda mib: self.mark_leaving_unless_used(
+            ticket.provider, ticket.model, mib, loaded, releasing=ticket.ticket_id,
+            sharing=sharing))
 
     async def release_leaving(self, ticket: Ticket, sharing: tuple[str, ...] = ()) -> None:
         """Remove the ticket of a call whose copy must go (its engine failed the call and
         closed the runner, or may keep the call's slot), and mark the copy leaving in the
         same write, whoever else holds a ticket for it: no call the release wakes joins it.
         `sharing`: the copy's other names (`mark_leaving_unless_used`)."""
-        self._let_go_of(ticket)
-        mib = ticket.footprint_mib if ticket.cold else 1  # (as release_to_unload's)
-
-        def leaving(current: TicketSet, now: float) -> TicketSet:
+        def leaving(current: TicketSet, now: float, mib: int) -> TicketSet:
             return transition.mark_leaving(transition.without(current, (ticket.ticket_id,)),
                                            (ticket.model, *sharing), now, mib)
 
+        await self._release_marking(ticket, lambda mib: self._mutate(
+            ticket.provider, lambda current, now: leaving(current, now, mib)))
+
+    async def _release_marking(self, ticket: Ticket,
+                               write: Callable[[int], Coroutine[object, object, T]]) -> T:
+        """`write(mib)`: the ticket's removal with its copy's leaving mark, `mib` the copy's
+        size for views whose probe does not list it (a cold ticket's footprint is the copy it
+        loaded). When it is not written, the removal is owed, as a plain release's."""
+        self._let_go_of(ticket)
         try:
-            await self._mutate(ticket.provider, leaving)
-        except BaseException:  # the store away, or the caller cancelled: owed, as a plain one
+            result = await write(ticket.footprint_mib if ticket.cold else 1)
+        except BaseException:  # the store away, or the caller cancelled
             self._owe(ticket)
-            self._write_soon(ticket.provider)
+            self._write_soon(ticket.provider)  # the ticket part, once the store is back
             raise
         if ticket.ticket_id in self._newest(ticket.provider)[0].tickets:  # (gave up)
             self._owe(ticket)
             self._write_soon(ticket.provider)
+        return result
 
     async def mark_leaving_unless_used(self, provider: str, model: str, mib: int,
                                        loaded: Residency | None = None,
