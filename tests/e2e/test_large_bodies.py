@@ -49,7 +49,9 @@ def test_a_body_of_many_messages_does_not_stall_the_other_calls(
     else:
         assert answer.json()["decision"]["placement"] is None, answer.text
     assert len(waits) > 3, (took, waits)
-    assert max(waits) < took / 3, (took, max(waits))
+    # A blocked loop holds a request for most of the check; half leaves room for a busy
+    # machine's scheduling (a wait of a third of it was seen under three test workers).
+    assert max(waits) < took / 2, (took, max(waits))
 
 
 def test_a_large_format_ollama_cannot_use_does_not_stall_the_other_calls(
