@@ -520,11 +520,12 @@ class _Planner:
     def unreachable_holders(self, model: str) -> list[tuple[str, str]]:
         """The cards that could hold a copy of `model` for this call, each with why it is
         unreachable, when all of them are; else [] (a reachable one is merely busy). A card
-        whose Ollama refuses the call (a path its version lacks) is none of them: up, it
-        still could not serve it."""
+        whose Ollama refuses the call (a path its version lacks), or whose context cannot
+        hold its prompt, is none of them: up, it still could not serve it."""
         down: list[tuple[str, str]] = []
         for index in self.indexes.values():
-            if not self.could_hold(index, model) or self.fitting.lacking(index, model):
+            if not self.could_hold(index, model) or self.fitting.lacking(index, model) or \
+                    not self.gives_prompt_room(index, model):
                 continue
             why = health_reason(index, self.snapshot.health)
             if why is None:
@@ -557,14 +558,19 @@ class _Planner:
             if not self.could_hold(index, model):
                 continue
             could_hold = True
-            copy = index.residents.get(model)
-            if copy is not None and not self.fitting.copy_problem(index, model,
-                                                                  copy.context_length):
-                return True
-            resolved = self.fitting.load(index, model)[0]
-            if not self.fitting.context_problem(index, model, resolved.context):
+            if self.gives_prompt_room(index, model):
                 return True
         return False if could_hold else None
+
+    def gives_prompt_room(self, index: ProviderIndex, model: str) -> bool:
+        """The copy of `model` here, or one loaded for this call, has a context that holds
+        the prompt (an unknown context does)."""
+        copy = index.residents.get(model)
+        if copy is not None and not self.fitting.copy_problem(index, model,
+                                                              copy.context_length):
+            return True
+        resolved = self.fitting.load(index, model)[0]
+        return not self.fitting.context_problem(index, model, resolved.context)
 
     def place(self) -> Decision:
         decision = self.decide()

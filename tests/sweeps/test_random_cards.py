@@ -212,10 +212,10 @@ def test_two_sidecars_on_nats(seed: int, sim_factory: Sims, sidecar_factory: Sid
 
 
 def rough_sidecars(rng: random.Random, gpus: list[SimServer], sidecar_factory: Sidecars,
-                   nats_server: NatsServer) -> list[str]:
+                   nats_server: NatsServer, **settings: Any) -> list[str]:
     """One sidecar, or (half the time) two sharing NATS."""
     shared = rng.random() < 0.5
-    return [sidecar_factory(gpus, agent_name=f"agent-{i}",
+    return [sidecar_factory(gpus, agent_name=f"agent-{i}", **settings,
                             **({"nats_url": nats_server.url} if shared else {})).url
             for i in range(2 if shared else 1)]
 
@@ -293,6 +293,7 @@ def test_nats_going_away_under_rough_agents(seed: int, sim_factory: Sims,
 FAULTS = ["error", "midstream", "parser", "stall", "slow_first_byte", "oom"]
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_faulty_card_under_rough_agents(seed: int, sim_factory: Sims,
                                           sidecar_factory: Sidecars,
@@ -301,9 +302,12 @@ def test_a_faulty_card_under_rough_agents(seed: int, sim_factory: Sims,
     or its parser failing mid-answer, a stall, a slow first byte, or running out of memory
     (from 0.30 every copy there unloaded). The calls it fails end in an error (500, 502, or
     an error line in a stream), nothing is left held, and neither card does anything else on
-    its own."""
+    its own. Three failures open b's circuit for a minute (real time), in which a call that
+    only b can serve waits; a wait limit of 15 s (503) keeps an agent's eight calls within
+    the test's time."""
     rng, gpus = two_cards(seed, sim_factory, rough=True)
-    urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server)
+    urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server,
+                          discuss_gpu_wait_limit_seconds=15)
     fault = gpus[1].sim.fault = Fault(rng.choice(FAULTS), count=rng.randint(1, 4),
                                       after_chunks=rng.randint(0, 3),
                                       delay_s=rng.uniform(0.1, 1.0))

@@ -90,6 +90,22 @@ def test_a_wait_names_the_unreachable_cards_when_only_they_could_hold_the_model(
     assert place(call("qwen3:32b"), busy).reason.startswith("busy")
 
 
+def test_a_wait_names_the_open_circuit_when_the_only_card_with_room_for_the_prompt_is_behind_it(
+        ) -> None:
+    """A card up and idle whose context cannot hold the prompt does not make the wait a busy
+    one: the call waits for the card whose circuit is open, and says so (at the wait limit
+    the agent is told to check the providers, not that the cluster is at capacity)."""
+    snap = snapshot(gpu("short", GIB32, ctx=2048), gpu("failing", GIB24, ctx=8192),
+                    circuits={"failing": Circuit.OPEN})
+    decision = place(call("qwen3:8b", tokens=3000), snap)
+    assert decision.outcome == "wait", decision
+    assert decision.reason.startswith(NO_PROVIDER_REACHABLE), decision.reason
+    assert "failing: circuit open" in decision.reason and "short" not in decision.reason
+    # a prompt the up card holds: that card serves it
+    fits = place(call("qwen3:8b", tokens=1000), snap)
+    assert fits.placement is not None and fits.placement.provider == "short"
+
+
 def test_a_card_down_goes_by_what_it_listed_last_and_only_one_never_listed_may_have_any() -> None:
     down = gpu("big", GIB32, ready=False, last_listed=frozenset({"qwen3:32b", "qwen3:8b"}))
     up = gpu("small", GIB24, disk_mib={"qwen3:8b": 5200})
