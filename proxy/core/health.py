@@ -41,6 +41,13 @@ class Breaker:
             return Circuit.OPEN
         return Circuit.HALF_OPEN
 
+    def half_opens_at(self) -> float | None:
+        """When an open circuit half-opens by its cooldown (silent: nothing is written then,
+        so calls waiting for the card set a timer for it); None when it is not waiting."""
+        if self.opened_at is None or self.back:
+            return None
+        return self.opened_at + OPEN_FOR_S
+
     def probed(self, ready: bool, at: float) -> Breaker:
         """What a probe started at `at` found. A card that failed its calls as it went down
         (a crash, a restart) is worth a trial call as soon as it answers its probes again; a

@@ -392,9 +392,10 @@ class CallAttempts:
         """A stream's first bytes prove its card serves: a half-open circuit whose trial
         this is closes now, not when the answer ends (minutes for a long one)."""
         current = self._current
-        if current is not None and current.claimed is not None:
-            self.service.experience.answering(current.attempt.provider,
-                                              current.claimed.ticket.ticket_id)
+        if current is not None and current.claimed is not None and \
+                self.service.experience.answering(current.attempt.provider,
+                                                  current.claimed.ticket.ticket_id):
+            self.service.scheduler.changes.bump()  # the calls waiting for the card go now
 
     async def again(self, outcome: CallOutcome) -> Attempt | Refusal | None:
         failed = self._current

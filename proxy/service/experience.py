@@ -211,11 +211,21 @@ class Experience:
         stats = self.stats[provider]
         self.stats[provider] = replace(stats, breaker=stats.breaker.without_trial(ticket))
 
-    def answering(self, provider: str, ticket: str) -> None:
-        """The call holding `ticket` began its answer (core/health.py: its trial's proof)."""
+    def answering(self, provider: str, ticket: str) -> bool:
+        """The call holding `ticket` began its answer (core/health.py: its trial's proof);
+        True when that closed the provider's circuit."""
         stats = self.stats.get(provider)
-        if stats is not None:
-            self.stats[provider] = replace(stats, breaker=stats.breaker.answering(ticket))
+        if stats is None:
+            return False
+        breaker = stats.breaker.answering(ticket)
+        self.stats[provider] = replace(stats, breaker=breaker)
+        return breaker is not stats.breaker
+
+    def next_half_open(self, now: float) -> float | None:
+        """The soonest moment, after `now`, a circuit half-opens by its cooldown."""
+        return min((at for stats in self.stats.values()
+                    if (at := stats.breaker.half_opens_at()) is not None and at > now),
+                   default=None)
 
     def probed(self, provider: str, ready: bool, at: float) -> bool:
         """What a probe started at `at` found of the provider (core/health.py: a card seen

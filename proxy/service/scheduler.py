@@ -439,8 +439,12 @@ class Scheduler:
         asyncio.get_running_loop().call_soon(self._placing.release)
 
     def _wake_in(self, snapshot: Snapshot, remaining: float) -> float:
-        """Until the earliest ticket expiry (expiry is silent), the deadline at the latest."""
+        """Until the earliest ticket expiry or circuit half-opening (both silent), the
+        deadline at the latest."""
         expiries = [t.expires_at - snapshot.now for t in snapshot.tickets]
+        half_open = self.experience.next_half_open(snapshot.now)
+        if half_open is not None:
+            expiries.append(half_open - snapshot.now)
         soonest = min((e for e in expiries if e > 0), default=remaining)
         return max(0.01, min(remaining, soonest + 0.01))
 

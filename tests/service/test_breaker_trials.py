@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from loadtest.sim_model import load_seconds
 from proxy.core.health import OPEN_FOR_S
 from proxy.core.types import Circuit
 from tests.service.fakes import Answer, RoundTripStore
@@ -108,3 +109,46 @@ async def test_a_streamed_trial_closes_the_circuit_once_its_answer_begins(fleet:
     assert r.status == 200 and r.last.waited_ms < 1000
     await trial
 
+
+
+async def test_a_call_waiting_for_an_open_circuit_goes_the_moment_it_half_opens(
+        fleet: Fleet) -> None:
+    """The cooldown's end is silent (nothing is written then): the waiting call sets a timer
+    for it, as for a ticket's expiry, rather than wait for the next probe (a minute here)."""
+    only_big_holds_it(fleet)
+    big = fleet.servers["big"]
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120, probe_interval_seconds=60)
+    big.script(*[Answer(breaks=True)] * 3)
+    for _ in range(3):
+        assert (await sidecar.chat(MODEL)).status == 502
+    opened = fleet.clock.now()
+    assert sidecar.circuit("big") is Circuit.OPEN
+    await asyncio.sleep(1)
+    big.script(Answer(seconds=1))
+    r = await sidecar.chat(MODEL)
+    assert r.status == 200 and r.provider == "big"
+    went = opened + 1 + r.last.waited_ms / 1000
+    assert opened + OPEN_FOR_S <= went < opened + OPEN_FOR_S + 0.5, went - opened
+
+
+async def test_calls_waiting_behind_a_trial_go_once_its_answer_begins(fleet: Fleet) -> None:
+    """A call that came while the trial was out (a cold load of the 3B, its prompt too long
+    for the small card's context) waits for it; the trial's first bytes, once loaded, close
+    the circuit and wake it, not the trial's end (300 s) or the next probe (a minute)."""
+    only_big_holds_it(fleet)
+    big = fleet.servers["big"]
+    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120, probe_interval_seconds=60)
+    big.script(*[Answer(breaks=True)] * 3)
+    for _ in range(3):
+        assert (await sidecar.chat(MODEL)).status == 502
+    await asyncio.sleep(OPEN_FOR_S + 1)
+    big.script(Answer(seconds=300), Answer(seconds=1))
+    trial = sidecar.start_chat("llama3.2:3b", prompt_chars=20000, stream=True)
+    await asyncio.sleep(0.1)
+    r = await sidecar.chat(MODEL)
+    assert r.status == 200 and r.provider == "big" and not trial.done()
+    small = big.config.model("llama3.2:3b")
+    assert small is not None
+    loaded_in = load_seconds(big.config.startup_s, small.disk_mib, big.config.load_mib_per_s)
+    assert r.last.waited_ms / 1000 < loaded_in + 0.5, (r.last.waited_ms, loaded_in)
+    assert (await trial).provider == "big"
