@@ -28,6 +28,10 @@ from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.claims")
 REJOIN_CHECK_S = 0.5  # how often held tickets are looked for outside the shared book
+# An in-process join goes on a look at the card no older than this (Ollama's own poll)
+OUTAGE_LOOK_S = 0.25
+OUTAGE_LOOK_WAIT_S = 1.0  # what a join waits for that look, at most
+LOOKED_AGAIN = "the card looked at again: the shared state (NATS) is unreachable"
 LOADS_PAUSED = ("no load while the shared state (NATS) is unreachable: other sidecars may "
                 "be loading into the same room unseen")
 
@@ -84,6 +88,7 @@ class Claims:
         self.view = view
         self.providers = {c.name: c for c in providers}
         self.prober = prober
+        self._looks: dict[str, asyncio.Future[None]] = {}  # provider -> its probe in flight
         self.metrics = metrics
         self.holder = holder
         self.crew = crew
@@ -190,6 +195,15 @@ class Claims:
                          reason=LOADS_PAUSED)
                 self.metrics.ticket_claims.labels("refused").inc()
                 return None
+            if self.clock.now() - view.probed_at > OUTAGE_LOOK_S:
+                # Another sidecar may have evicted the copy since that look, unheard: Ollama
+                # would load it again for this call, unclaimed. The call decides again on
+                # what the card holds now.
+                await self._look_again(placement.provider)
+                log.info("claim refused", provider=placement.provider, model=placement.model,
+                         reason=LOOKED_AGAIN)
+                self.metrics.ticket_claims.labels("refused").inc()
+                return None
             result = await self.local_tickets.claim(ticket, view, placement.needs_free_slot)
         self.metrics.ticket_conflicts.inc(result.conflicts)
         self.metrics.ticket_claims.labels("won" if result.ok else "refused").inc()
@@ -202,6 +216,17 @@ class Claims:
                   ticket=ticket.ticket_id, kind=placement.kind, evicts=placement.evicts,
                   local=local)
         return Claimed(placement, ticket, local)
+
+    async def _look_again(self, provider: str) -> None:
+        """The card probed now (one probe for the joins that ask together), waited for up
+        to OUTAGE_LOOK_WAIT_S (a card that does not answer: the next decision goes on the
+        look it has)."""
+        look = self._looks.get(provider)
+        if look is None:
+            look = self._looks[provider] = asyncio.ensure_future(self.prober.refresh(provider))
+            look.add_done_callback(lambda _: self._looks.pop(provider, None))
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(look), OUTAGE_LOOK_WAIT_S)
 
     def may_load(self) -> bool:
         """Whether a load may be claimed now: only in the shared book, whose views are the
@@ -223,7 +248,7 @@ class Claims:
         self._rejoining = asyncio.create_task(self._rejoin())
 
     async def close(self) -> None:
-        for task in (self._renewing, self._rejoining):
+        for task in (self._renewing, self._rejoining, *self._looks.values()):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

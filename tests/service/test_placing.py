@@ -473,3 +473,25 @@ async def test_a_victim_the_store_never_heard_of_is_not_joined_during_the_outage
     r = await small
     assert (r.status, r.placement) == (200, "evict")
     assert gpu.stats.peak_mib <= 16376 * 0.8
+
+
+async def test_a_copy_another_sidecar_evicted_unheard_is_looked_at_again_before_a_join(
+        fleet: Fleet) -> None:
+    """This sidecar's shared state is away; another sidecar, which it cannot hear, evicts the
+    8B for the 14B. This one's last look still lists the 8B warm: before an in-process join
+    it reads the card again, finds the 8B gone, and loads nothing (Ollama would have loaded
+    it again for the call, unclaimed, beside the 14B)."""
+    gpu = fleet.gpu("gpu", total_vram_mib=16376)
+    gpu.preload("qwen3:8b")
+    cut_off = AwayStore(fleet.clock)
+    unheard = await fleet.sidecar(cut_off, probe_interval_seconds=60,
+                                  discuss_gpu_wait_limit_seconds=3)
+    other = await fleet.sidecar(probe_interval_seconds=60)
+    await asyncio.sleep(1)
+    cut_off.away = True
+    assert (await other.chat("qwen3:14b")).last.evicted == ("qwen3:8b",)
+    assert list(gpu.loaded) == ["qwen3:14b"]
+    await asyncio.sleep(1)
+    r = await unheard.chat("qwen3:8b")
+    assert (r.status, r.reason) == (503, "gpu-busy"), r
+    assert list(gpu.loaded) == ["qwen3:14b"]
