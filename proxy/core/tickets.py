@@ -385,13 +385,28 @@ def _asked_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> Pro
 
 def _beside_as_loaded(view: ProviderView, residency: dict[str, Residency]) -> ProviderView:
     """A probed copy a call loaded counts what the call found beside it, when a probe first
-    saw it only after some of those had gone (Resident.beside_mib)."""
+    saw it only after some of those had gone (Resident.beside_mib). A load recorded under
+    another name of its weights file counts too: Ollama loaded the copy for a call that had
+    joined that load when it was abandoned, beside the same copies."""
+    if not residency:
+        return view
+    by_file: dict[str, list[Residency]] = {}  # weights file -> its models' records
+    for model, rec in residency.items():
+        info = view.models.get(model)
+        if info is not None and info.weights:
+            by_file.setdefault(info.weights, []).append(rec)
     out, changed = [], False
     for r in view.residents:
-        rec = residency.get(r.model)
-        if rec is not None and rec.beside > r.beside_mib and not rec.gone and \
-                listed_as_loaded(view, r.model, r.context_length, rec.context_length):
-            r = replace(r, beside_mib=rec.beside)
+        info = view.models.get(r.model)
+        own = residency.get(r.model)
+        records = by_file.get(info.weights, []) if info is not None and info.weights else \
+            [own] if own is not None else []
+        beside = max((rec.beside for rec in records
+                      if rec.beside > r.beside_mib and not rec.gone and
+                      listed_as_loaded(view, r.model, r.context_length, rec.context_length)),
+                     default=0)
+        if beside > r.beside_mib:
+            r = replace(r, beside_mib=beside)
             changed = True
         out.append(r)
     return replace(view, residents=tuple(out)) if changed else view

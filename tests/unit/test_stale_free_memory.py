@@ -194,6 +194,27 @@ def test_a_copy_capped_at_its_trained_context_keeps_what_its_load_was_beside() -
     assert "Ollama would unload a model" in refused.reason
 
 
+def test_a_copy_loaded_for_a_join_after_its_load_was_abandoned_keeps_what_that_load_was_beside(
+        ) -> None:
+    """Sweep seed 4071 (0.33): phi3:mini's load, beside a 14b, was abandoned (its client
+    left); a call for phi3-helper (FROM phi3:mini: one weights file) had joined it, and
+    Ollama loaded the copy for that call, beside the 14b too. The 14b is gone by the first
+    probe that lists phi3-helper, whose runner still counts it: what phi3:mini's load record
+    says was beside it counts for the copy of its weights file."""
+    weights = ModelInfo(trained_context=4096, weights="sha256-phi3")
+    beside = 11238 + RUNNER_OVERHEAD_MIB
+    view = ProviderView("b", 22550, version="0.33.0", probed_at=5.0, models={
+        "phi3:mini": weights, "phi3-helper": weights},
+        residents=(Resident("phi3-helper", 6220, 4096),))
+    abandoned = Residency(6220, 4096, 4.0, loading=True, abandoned=True, beside=beside)
+    merged = merge_residency(view, {"phi3:mini": abandoned})
+    assert [(r.model, r.beside_mib) for r in merged.residents] == [("phi3-helper", beside)]
+    # another weights file's record says nothing of it
+    other = replace(view, models={"phi3:mini": weights,
+                                  "phi3-helper": replace(weights, weights="sha256-other")})
+    assert merge_residency(other, {"phi3:mini": abandoned}).residents[0].beside_mib == 0
+
+
 async def test_a_model_loaded_at_many_contexts_keeps_the_newest_footprints() -> None:
     """An agent may send a num_ctx per call (some clients size it to the prompt): a figure
     per context ever loaded grew the published state without end."""
