@@ -28,7 +28,8 @@ from proxy.settings import ProviderConfig
 
 log = get_logger("kubemoot.claims")
 REJOIN_CHECK_S = 0.5  # how often held tickets are looked for outside the shared book
-# An in-process join goes on a look at the card no older than this (Ollama's own poll)
+# During an outage a join goes on a look at the card no older than this: an eviction by
+# another sidecar, unheard, shows in /api/ps as soon as Ollama takes the unload
 OUTAGE_LOOK_S = 0.25
 OUTAGE_LOOK_WAIT_S = 1.0  # what a join waits for that look, at most
 LOOKED_AGAIN = "the card looked at again: the shared state (NATS) is unreachable"

@@ -24,15 +24,22 @@ def only_big_holds_it(fleet: Fleet) -> None:
     big.preload(MODEL)
 
 
-async def _open_then_half_open(fleet: Fleet, store: RoundTripStore | None = None
-                               ) -> tuple[Any, Any]:
+async def _opened(fleet: Fleet, store: RoundTripStore | None = None, **settings: Any
+                  ) -> tuple[Any, Any]:
+    """The sidecar and the big card, whose circuit three failed calls have just opened."""
     only_big_holds_it(fleet)
     big = fleet.servers["big"]
-    sidecar = await fleet.sidecar(store, discuss_gpu_wait_limit_seconds=120)
+    sidecar = await fleet.sidecar(store, discuss_gpu_wait_limit_seconds=120, **settings)
     big.script(*[Answer(breaks=True)] * 3)
     for _ in range(3):
         assert (await sidecar.chat(MODEL)).status == 502
     assert sidecar.circuit("big") is Circuit.OPEN
+    return sidecar, big
+
+
+async def _open_then_half_open(fleet: Fleet, store: RoundTripStore | None = None
+                               ) -> tuple[Any, Any]:
+    sidecar, big = await _opened(fleet, store)
     await asyncio.sleep(OPEN_FOR_S + 1)
     assert sidecar.circuit("big") is Circuit.HALF_OPEN
     return sidecar, big
@@ -115,14 +122,8 @@ async def test_a_call_waiting_for_an_open_circuit_goes_the_moment_it_half_opens(
         fleet: Fleet) -> None:
     """The cooldown's end is silent (nothing is written then): the waiting call sets a timer
     for it, as for a ticket's expiry, rather than wait for the next probe (a minute here)."""
-    only_big_holds_it(fleet)
-    big = fleet.servers["big"]
-    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120, probe_interval_seconds=60)
-    big.script(*[Answer(breaks=True)] * 3)
-    for _ in range(3):
-        assert (await sidecar.chat(MODEL)).status == 502
+    sidecar, big = await _opened(fleet, probe_interval_seconds=60)
     opened = fleet.clock.now()
-    assert sidecar.circuit("big") is Circuit.OPEN
     await asyncio.sleep(1)
     big.script(Answer(seconds=1))
     r = await sidecar.chat(MODEL)
@@ -135,12 +136,7 @@ async def test_calls_waiting_behind_a_trial_go_once_its_answer_begins(fleet: Fle
     """A call that came while the trial was out (a cold load of the 3B, its prompt too long
     for the small card's context) waits for it; the trial's first bytes, once loaded, close
     the circuit and wake it, not the trial's end (300 s) or the next probe (a minute)."""
-    only_big_holds_it(fleet)
-    big = fleet.servers["big"]
-    sidecar = await fleet.sidecar(discuss_gpu_wait_limit_seconds=120, probe_interval_seconds=60)
-    big.script(*[Answer(breaks=True)] * 3)
-    for _ in range(3):
-        assert (await sidecar.chat(MODEL)).status == 502
+    sidecar, big = await _opened(fleet, probe_interval_seconds=60)
     await asyncio.sleep(OPEN_FOR_S + 1)
     big.script(Answer(seconds=300), Answer(seconds=1))
     trial = sidecar.start_chat("llama3.2:3b", prompt_chars=20000, stream=True)
