@@ -216,9 +216,17 @@ def renew(current: TicketSet, ticket: Ticket, ttl_s: float, now: float) -> Ticke
 
 def record_residency(current: TicketSet, model: str, residency: Residency | None
                      ) -> TicketSet:
-    """Record what a call left of `model` (a copy loaded; `mib` 0, unloaded); None: nothing."""
+    """Record what a call left of `model` (a copy loaded; `mib` 0, unloaded); None: nothing.
+    A copy loaded where a load of it at that context was recorded not seen through (its
+    call left, or it is under way) may be the copy that load left, loaded for a call that
+    joined it: it keeps what that load was beside too (Resident.beside_mib)."""
     if residency is None or current.residents.get(model) == residency:
         return current
+    before = current.residents.get(model)
+    if before is not None and before.loading and not before.gone and not residency.gone and \
+            before.context_length == residency.context_length and \
+            before.beside > residency.beside:
+        residency = replace(residency, beside=before.beside)
     return replace(current, residents={**current.residents, model: residency})
 
 

@@ -13,7 +13,14 @@ from proxy.core.occupancy import Load, admission_problem
 from proxy.core.placement import place
 from proxy.core.policy import DEFAULT_POLICY
 from proxy.core.sizing import RUNNER_OVERHEAD_MIB, Sizer
-from proxy.core.tickets import Admitted, Residency, TicketSet, claim, merge_residency
+from proxy.core.tickets import (
+    Admitted,
+    Residency,
+    TicketSet,
+    claim,
+    merge_residency,
+    record_residency,
+)
 from proxy.core.types import ModelInfo, ProviderView, Resident, Ticket
 from proxy.ports import ShowAnswer
 from proxy.service.prober import Prober
@@ -213,6 +220,22 @@ def test_a_copy_loaded_for_a_join_after_its_load_was_abandoned_keeps_what_that_l
     other = replace(view, models={"phi3:mini": weights,
                                   "phi3-helper": replace(weights, weights="sha256-other")})
     assert merge_residency(other, {"phi3:mini": abandoned}).residents[0].beside_mib == 0
+
+
+def test_a_load_recorded_over_an_abandoned_one_keeps_what_that_was_beside() -> None:
+    """Sweep seed 4071 again: a second call for phi3:mini, claimed as a load beside nothing,
+    found the copy loaded (for the call that joined the abandoned load, beside the 14b) and
+    recorded it beside 931 MiB: the runner still counts the 14b."""
+    beside = 11238 + RUNNER_OVERHEAD_MIB
+    abandoned = Residency(6220, 4096, 1.0, loading=True, abandoned=True, beside=beside)
+    start = TicketSet(residents={"phi3:mini": abandoned})
+    later = record_residency(start, "phi3:mini", Residency(6220, 4096, 2.0, beside=931))
+    assert later.residents["phi3:mini"] == Residency(6220, 4096, 2.0, beside=beside)
+    # after a record of the copy gone, or at another context, the new load's own figure
+    for before in (Residency(0, 0, 1.0), replace(abandoned, context_length=8192)):
+        again = record_residency(TicketSet(residents={"phi3:mini": before}), "phi3:mini",
+                                 Residency(6220, 4096, 2.0, beside=931))
+        assert again.residents["phi3:mini"].beside == 931
 
 
 async def test_a_model_loaded_at_many_contexts_keeps_the_newest_footprints() -> None:
