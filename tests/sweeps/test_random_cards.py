@@ -222,7 +222,20 @@ def rough_sidecars(rng: random.Random, gpus: list[SimServer], sidecar_factory: S
 
 def assert_settled(urls: list[str], seen: list[Any]) -> None:
     assert eventually(lambda: all(map(settled, urls)), timeout_s=15), (
-        [httpx.get(f"{url}/kubemoot/v1/state").json() for url in urls], seen)
+        left_over(urls), seen)
+
+
+def left_over(urls: list[str]) -> str:
+    """What each sidecar still holds, short enough to survive pytest's truncation."""
+    lines = []
+    for url in urls:
+        state = httpx.get(f"{url}/kubemoot/v1/state", timeout=10).json()
+        tickets = [(t["provider"], t["model"], t["holder"], t["cold"], t["expiresIn_s"])
+                   for t in state["tickets"]]
+        waiting = {m: d["waiters"] for m, d in state["demand"].items() if d["waiters"]}
+        lines.append(f"{url}: tickets {tickets} waiters {waiting} "
+                     f"connected {state['sharedStateConnected']}")
+    return "\n".join(lines)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
