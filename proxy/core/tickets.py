@@ -239,13 +239,14 @@ def in_use(current: TicketSet, model: str, now: float, sharing: Collection[str] 
 def mark_leaving(current: TicketSet, models: Iterable[str], now: float, mib: int = 1
                  ) -> TicketSet:
     """Record `models` as asked to unload: no claim joins them, and their memory (as a call
-    recorded it, else `mib`) counts until they are seen gone."""
+    recorded it, else `mib`) counts until they are seen gone, with what their runners count
+    beside them (Ollama may read a card's free memory through one until it goes)."""
     marked = {}
     for model in models:
         known = current.residents.get(model)  # a copy a call recorded it left loaded
-        size, ctx = (known.mib, known.context_length) if known and not known.gone else \
-            (max(mib, 1), 0)
-        marked[model] = Residency(size, ctx, now, leaving=True)
+        size, ctx, beside = (known.mib, known.context_length, known.beside) \
+            if known and not known.gone else (max(mib, 1), 0, 0)
+        marked[model] = Residency(size, ctx, now, leaving=True, beside=beside)
     return replace(current, residents={**current.residents, **marked})
 
 

@@ -415,6 +415,15 @@ def test_mark_leaving_marks_every_model_whatever_tickets_name_them() -> None:
 
 
 
+def test_a_copy_marked_leaving_keeps_what_its_runner_counts_beside_it() -> None:
+    """Sweep seed 4071: phi3's runner loaded beside a 14b since gone; asked to unload, it is
+    listed until its calls end, and Ollama may read the card's free memory through it
+    meanwhile: a load beside it is planned for that reading, as before the mark."""
+    current = tickets(residents={"phi3:mini": Residency(6220, 4096, NOW - 2, beside=11695)})
+    out = transition.mark_leaving(current, ("phi3:mini",), NOW)
+    assert out.residents["phi3:mini"] == Residency(6220, 4096, NOW, leaving=True, beside=11695)
+
+
 def test_unmark_leaving_puts_back_what_the_mark_replaced_unless_marked_or_planned_since(
         ) -> None:
     loaded = Residency(3600, 4096, NOW - 20)
