@@ -220,9 +220,9 @@ def record_residency(current: TicketSet, model: str, residency: Residency | None
     A copy loaded where a load of it at that context was recorded not seen through (its
     call left, or it is under way) may be the copy that load left, loaded for a call that
     joined it: it keeps what that load was beside too (Resident.beside_mib)."""
-    if residency is None or current.residents.get(model) == residency:
-        return current
     before = current.residents.get(model)
+    if residency is None or before == residency:
+        return current
     if before is not None and before.loading and not before.gone and not residency.gone and \
             before.context_length == residency.context_length and \
             before.beside > residency.beside:
