@@ -3,9 +3,10 @@ random calls from concurrent agents over Ollama's API, OpenAI's and /api/embed, 
 sidecar or two sharing NATS. Whatever happens, Ollama never reloads a copy, unloads one on
 its own, spills one to the CPU or cuts a prompt, and every answer is a success or a contract
 refusal. Rough agents also stream, leave mid-call and ask for their own keep-alive, while a
-card's Ollama fails calls or restarts, or the sidecars' nats-server does; once they are
-done no ticket or wait is left. Each seed draws its own case, so a failure reruns by its
-seed.
+card's Ollama fails calls or restarts, or the sidecars' nats-server does. A crew's agents,
+bound with candidates, hold and drop plans, call in triage or without waiting, and load and
+unload models themselves. Once they are done no plan, ticket or wait is left. Each seed
+draws its own case, so a failure reruns by its seed.
 
     KUBEMOOT_SWEEP=0:240 pytest -n 3 tests/sweeps           # seeds 0-239 of each sweep
     KUBEMOOT_SWEEP=96:97 pytest tests/sweeps -k two_cards   # one case again
@@ -166,9 +167,11 @@ def run(urls: list[str], agents: int, calls: int, seed: int, rough: bool = False
 
 
 def settled(url: str) -> bool:
-    """No ticket held and no call waiting: every call that left gave its place back."""
+    """No ticket or plan held and no call waiting: every call that left gave its place
+    back."""
     state = httpx.get(f"{url}/kubemoot/v1/state", timeout=10).json()
-    return not state["tickets"] and not any(d["waiters"] for d in state["demand"].values())
+    return not state["tickets"] and not state["plans"] and \
+        not any(d["waiters"] for d in state["demand"].values())
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -221,8 +224,9 @@ def rough_sidecars(rng: random.Random, gpus: list[SimServer], sidecar_factory: S
 
 
 def assert_settled(urls: list[str], seen: list[Any]) -> None:
-    assert eventually(lambda: all(map(settled, urls)), timeout_s=15), (
-        left_over(urls), seen)
+    if not eventually(lambda: all(map(settled, urls)), timeout_s=15):
+        print("calls:", seen)  # (in full: pytest cuts an assertion's message short)
+        raise AssertionError(left_over(urls))
 
 
 def left_over(urls: list[str]) -> str:
@@ -233,7 +237,7 @@ def left_over(urls: list[str]) -> str:
         tickets = [(t["provider"], t["model"], t["holder"], t["cold"], t["expiresIn_s"])
                    for t in state["tickets"]]
         waiting = {m: d["waiters"] for m, d in state["demand"].items() if d["waiters"]}
-        lines.append(f"{url}: tickets {tickets} waiters {waiting} "
+        lines.append(f"{url}: tickets {tickets} waiters {waiting} plans {state['plans']} "
                      f"connected {state['sharedStateConnected']}")
     return "\n".join(lines)
 
@@ -329,5 +333,108 @@ def test_a_faulty_card_under_rough_agents(seed: int, sim_factory: Sims,
     # goes): Ollama's fault, fixed there. Its agents stay to the end of their calls.
     leaves = not (fault.mode == "parser" and parse_error_holds_slot(gpus[1].sim.config.version))
     seen = run(urls, 6, 8, seed, rough=True, answers=(*ANSWERS, 500, 502), leaves=leaves)
+    assert_settled(urls, seen)
+    assert_quiet(gpus, seen)
+
+
+def crew_settings(rng: random.Random, sims: Sims) -> dict[str, Any]:
+    """An agent as the operator binds it: a candidate list with scores and a tolerance, at
+    times a static endpoint (an Ollama of its own: sent to a placed card, a call no GPU has
+    room for would have that Ollama unload or reload copies itself), at times the
+    coordinator's role (its calls never wait)."""
+    chosen = rng.sample(CHAT, rng.randint(1, 4))
+    scores = sorted((rng.randint(10, 90) for _ in chosen), reverse=True)
+    candidates = [{"model": m, "score": s} for m, s in zip(chosen, scores, strict=True)]
+    settings: dict[str, Any] = dict(
+        model_model=chosen[0], discuss_gpu_wait_limit_seconds=15,
+        model_candidates_mulling=candidates,
+        model_candidate_tolerance=rng.choice([0, 10, 10, 40]),
+        role="coordinator" if rng.random() < 0.2 else "specialist")
+    if rng.random() < 0.3:
+        settings["model_endpoint"] = sims("static", time_scale=SCALE, models=MODELS).url
+    return settings
+
+
+def crew_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> None:
+    """An agent of a crew: held plans taken by its thread's first call or dropped, calls
+    with no model (its preferred one), in triage, that cannot wait, over Anthropic's and
+    OpenAI's completions APIs, and its own loads and unloads (`ollama run` with no prompt,
+    `ollama stop`)."""
+    for n in range(calls):
+        words = "word " * rng.choice([1, 50, 500, 2000, 9000])
+        model = rng.choice([*CHAT, None])
+        headers: dict[str, str] = {}
+        roll = rng.random()
+        thread = f"t-{rng.random():.6f}-{n}"
+        if roll < 0.25:
+            plan: dict[str, Any] = {"thread": thread, "promptChars": len(words)}
+            if model is not None:
+                plan["model"] = model
+            planned = httpx.post(f"{url}/kubemoot/v1/plans", json=plan, timeout=30)
+            seen.append(("plan", model, planned.status_code, planned.json().get("planned")))
+            # 201: planned; 429: over the agent's plans or the fleet's share for them
+            assert planned.status_code in (200, 201, 429), (seen, planned.text)
+            if planned.status_code != 429 and rng.random() < 0.3:  # the agent stood aside
+                dropped = httpx.delete(f"{url}/kubemoot/v1/plans/{thread}", timeout=30)
+                assert dropped.status_code == 200, (seen, dropped.text)
+                continue
+            headers["X-Kubemoot-Thread"] = thread
+        elif roll < 0.35:
+            headers["X-Kubemoot-Phase"] = "triage"
+        elif roll < 0.45:
+            headers["X-Kubemoot-Wait"] = "false"
+        answers: tuple[int, ...] = ANSWERS
+        body: dict[str, Any] = {} if model is None else {"model": model}
+        kind = rng.random()
+        if kind < 0.1:  # `ollama stop`, or a load with nothing to answer
+            path = "/api/generate"
+            if rng.random() < 0.5:
+                body["keep_alive"] = 0
+            answers = (*ANSWERS, 404)  # (a model no card has loaded, for the unload)
+        elif kind < 0.25:
+            path = "/v1/messages"
+            body.update(max_tokens=rng.choice([1, 16, 200]),
+                        messages=[{"role": "user", "content": words}])
+            answers = (*ANSWERS, 404)  # (before 0.14 Ollama has no /v1/messages)
+        elif kind < 0.4:
+            path, body["prompt"] = "/v1/completions", words
+        elif kind < 0.7:
+            path, body["prompt"] = "/api/generate", words
+        else:
+            path, body["messages"] = "/api/chat", [{"role": "user", "content": words}]
+        if path in ("/api/generate", "/api/chat"):
+            body["stream"] = rng.random() < 0.5
+            if rng.random() < 0.4:
+                body["options"] = {"num_ctx": rng.choice([2048, 8192, 32768])}
+        if model is None and path.startswith("/v1/"):
+            body["model"] = rng.choice(CHAT)  # (those APIs need one)
+        r = httpx.post(f"{url}{path}", json=body, headers=headers, timeout=120)
+        seen.append((path, body.get("model"), headers, r.status_code,
+                     r.headers.get("x-kubemoot-placement")))
+        assert r.status_code in answers, (seen, r.text)
+        if "X-Kubemoot-Thread" in headers:  # the thread ends: a plan its call did not take
+            # (refused before placement, or a load or unload) is the agent's to release
+            httpx.delete(f"{url}/kubemoot/v1/plans/{thread}", timeout=30)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_crews_with_candidates_plans_and_unloads(seed: int, sim_factory: Sims,
+                                                sidecar_factory: Sidecars,
+                                                nats_server: NatsServer) -> None:
+    """Agents bound as the operator binds them (candidates, tolerance, a static endpoint,
+    the coordinator's role), each of one sidecar or two sharing NATS: every answer is a
+    success or a contract refusal, no plan or ticket is left once they are done, and
+    neither card does anything on its own."""
+    rng, gpus = two_cards(seed, sim_factory, rough=True)
+    urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server,
+                          **crew_settings(rng, sim_factory))
+    seen: list[Any] = []
+
+    def one(k: int) -> None:
+        crew_agent(urls[k % len(urls)], random.Random(seed * 10 + k), 8, seen)
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(one, range(6)))
     assert_settled(urls, seen)
     assert_quiet(gpus, seen)
