@@ -3,7 +3,8 @@ random calls from concurrent agents over Ollama's API, OpenAI's and /api/embed, 
 sidecar or two sharing NATS. Whatever happens, Ollama never reloads a copy, unloads one on
 its own, spills one to the CPU or cuts a prompt, and every answer is a success or a contract
 refusal. Rough agents also stream, leave mid-call and ask for their own keep-alive, while a
-card's Ollama fails calls or restarts, or the sidecars' nats-server does. A crew's agents,
+card's Ollama fails calls or restarts, or the sidecars' nats-server does, or through three
+or four sidecars on NATS. A crew's agents,
 bound with candidates, hold and drop plans, call in triage or without waiting, and load and
 unload models themselves. Once they are done no plan, ticket or wait is left. Each seed
 draws its own case, so a failure reruns by its seed.
@@ -438,3 +439,22 @@ def test_crews_with_candidates_plans_and_unloads(seed: int, sim_factory: Sims,
         list(pool.map(one, range(6)))
     assert_settled(urls, seen)
     assert_quiet(gpus, seen)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_many_sidecars_on_nats_under_rough_agents(seed: int, sim_factory: Sims,
+                                                 sidecar_factory: Sidecars) -> None:
+    """Three or four sidecars on a NATS of their own, two rough agents each, at times bound
+    as a crew's: their claims race for the same room more often than two sidecars' do."""
+    rng, gpus = two_cards(seed, sim_factory, rough=True)
+    nats = NatsServer().start()
+    try:
+        settings = crew_settings(rng, sim_factory) if rng.random() < 0.5 else {}
+        urls = [sidecar_factory(gpus, nats_url=nats.url, agent_name=f"agent-{i}",
+                                **settings).url
+                for i in range(rng.choice([3, 4]))]
+        seen = run(urls, 2 * len(urls), 6, seed, rough=True)
+        assert_settled(urls, seen)
+        assert_quiet(gpus, seen)
+    finally:
+        nats.cleanup()
