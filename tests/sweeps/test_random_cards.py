@@ -3,11 +3,11 @@ random calls from concurrent agents over Ollama's API, OpenAI's and /api/embed, 
 sidecar or two sharing NATS. Whatever happens, Ollama never reloads a copy, unloads one on
 its own, spills one to the CPU or cuts a prompt, and every answer is a success or a contract
 refusal. Rough agents also stream, leave mid-call and ask for their own keep-alive, while a
-card's Ollama fails calls or restarts, or the sidecars' nats-server does, or through three
-or four sidecars on NATS. A crew's agents,
-bound with candidates, hold and drop plans, call in triage or without waiting, and load and
-unload models themselves. Once they are done no plan, ticket or wait is left. Each seed
-draws its own case, so a failure reruns by its seed.
+card's Ollama fails calls, restarts or comes up late, or the sidecars' nats-server goes
+away, or through three or four sidecars on NATS. A crew's agents, bound with candidates,
+hold and drop plans, call in triage or without waiting, and load and unload models
+themselves. Once they are done no plan, ticket or wait is left. Each seed draws its own
+case, so a failure reruns by its seed.
 
     KUBEMOOT_SWEEP=0:240 pytest -n 3 tests/sweeps           # seeds 0-239 of each sweep
     KUBEMOOT_SWEEP=96:97 pytest tests/sweeps -k two_cards   # one case again
@@ -458,3 +458,30 @@ def test_many_sidecars_on_nats_under_rough_agents(seed: int, sim_factory: Sims,
         assert_quiet(gpus, seen)
     finally:
         nats.cleanup()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_fleet_as_found_under_rough_agents(seed: int, sim_factory: Sims,
+                                            sidecar_factory: Sidecars,
+                                            nats_server: NatsServer) -> None:
+    """The sidecars start on the fleet as they find it: copies someone loaded on card a
+    before them (none to three, each at its own context, for an hour), and card b's Ollama
+    not up yet, up 0.1-1.5 s later. From then on neither card does anything on its own
+    (what a did for those loads is not counted)."""
+    rng, gpus = two_cards(seed, sim_factory, rough=True)
+    for model in rng.sample(CHAT, rng.randint(0, 3)):
+        options = {"num_ctx": rng.choice([2048, 8192, 32768])} if rng.random() < 0.5 else {}
+        httpx.post(f"{gpus[0].url}/api/generate", timeout=60,
+                   json={"model": model, "keep_alive": "1h", "options": options})
+    before = quiet(gpus[0])
+    gpus[1].stop()
+    urls = rough_sidecars(rng, gpus, sidecar_factory, nats_server)
+    late = rng.uniform(0.1, 1.5)
+    starter = threading.Timer(late, gpus[1].start)
+    starter.start()
+    seen = run(urls, 6, 8, seed, rough=True)
+    starter.join(30)
+    assert_settled(urls, seen)
+    assert {k: v - before[k] for k, v in quiet(gpus[0]).items()} == NOTHING, (
+        gpus[0].sim.config, seen)
+    assert quiet(gpus[1]) == NOTHING, (gpus[1].sim.config, seen)
