@@ -17,6 +17,7 @@ from proxy.core.occupancy import (
     ProviderIndex,
     loaded_limit,
     same_runner,
+    same_weights,
     sibling_loading,
 )
 from proxy.core.sizing import Footprint, Sizer, admission_rule
@@ -249,6 +250,16 @@ def leaving_sibling(index: ProviderIndex, model: str) -> str | None:
     keeps it until its calls end, and a call for `model` finds it there, so any load of
     `model` (a reload of its own copy too) waits until it is gone."""
     return next((other for other in index.siblings(model) if other in index.leaving), None)
+
+
+def loading_unclaimed(index: ProviderIndex, model: str) -> str | None:
+    """A copy of `model`'s weights file whose load was sent and not seen through, its call
+    gone (a plan dropped, an agent that left): Ollama neither lists nor expires a copy
+    before it is loaded, so an unload asked now is lost, and a load of `model` at other
+    options would have Ollama reload it itself. Such a load waits until it is seen."""
+    view = index.view
+    return next((r.model for r in view.residents
+                 if r.loading and (r.model == model or same_weights(view, model, r.model))), None)
 
 
 NOT_READY = "provider not ready"

@@ -19,7 +19,7 @@ from proxy.core.cost import (
     waiting_line,
 )
 from proxy.core.eviction import choose_victims, copy_demand
-from proxy.core.feasibility import Fitting, health_reason, leaving_sibling
+from proxy.core.feasibility import Fitting, health_reason, leaving_sibling, loading_unclaimed
 from proxy.core.models import not_listed
 from proxy.core.occupancy import Load, ProviderIndex, same_runner, same_weights
 from proxy.core.policy import Policy
@@ -94,7 +94,8 @@ def _obstacle(index: ProviderIndex, model: str, fitting: Fitting) -> tuple[Resid
         return None  # not pulled there
     if model in index.leaving or model in index.planned_victims or \
             model in index.loading or model in index.making_room or \
-            leaving_sibling(index, model) is not None:
+            leaving_sibling(index, model) is not None or \
+            loading_unclaimed(index, model) is not None:
         return None
     copy = index.residents.get(model)
     if copy is None and fitting.joined_sibling(index, model) is not None:

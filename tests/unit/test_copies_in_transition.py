@@ -75,6 +75,32 @@ def test_an_expiring_copy_at_another_context_is_reloaded_as_planned() -> None:
     assert dict(decision.placement.evicts) == {"qwen3:8b": 6000}
 
 
+def test_a_copy_still_loading_is_not_unloaded_to_reload_it_at_another_context() -> None:
+    """A load whose call has gone (a plan dropped, its agent left) may still be running in
+    Ollama, which neither lists nor expires a copy before it is loaded: an unload asked now
+    is lost, and the call sent after it would have Ollama reload the copy itself. The call
+    waits for the load to be seen through (then the copy is one to join, or to unload)."""
+    info = {"qwen3:8b": ModelInfo(trained_context=40960, kv_bytes_per_token=144 * 1024)}
+    card = ProviderView("a", GIB32, residents=(
+        Resident("qwen3:8b", 6000, 4096, NOW - 0.2, loading=True),), context_length=16384,
+        models=info, disk_mib={"qwen3:8b": 5200})
+    decision = place(call("qwen3:8b"), snapshot(card))
+    assert decision.placement is None and decision.outcome == "wait", decision
+    loaded = replace(card, residents=(Resident("qwen3:8b", 6000, 4096, NOW - 0.2),))
+    decision = place(call("qwen3:8b"), snapshot(loaded))
+    assert decision.placement is not None and decision.placement.kind == "warm"
+
+
+def test_a_copy_still_loading_is_no_victim_for_another_model() -> None:
+    loading = replace(gpu("a", GIB32), residents=(
+        Resident("qwen3:14b", 12224, 4096, NOW - 0.2, loading=True),))
+    decision = place(call("qwen3:32b"), snapshot(loading))
+    assert decision.placement is None and decision.outcome == "wait", decision
+    loaded = replace(loading, residents=(Resident("qwen3:14b", 12224, 4096, NOW - 0.2),))
+    decision = place(call("qwen3:32b"), snapshot(loaded))
+    assert decision.placement is not None and "qwen3:14b" in decision.placement.evicts
+
+
 def test_a_card_without_a_vram_total_still_checks_slots_and_victims() -> None:
     card = gpu("a", None, ("qwen3:8b",))
     busy = ticket("a", "qwen3:8b")
