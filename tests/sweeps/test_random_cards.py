@@ -391,7 +391,6 @@ def crew_agent(url: str, rng: random.Random, calls: int, seen: list[Any]) -> Non
             path = "/api/generate"
             if rng.random() < 0.5:
                 body["keep_alive"] = 0
-            answers = (*ANSWERS, 404)  # (a model no card has loaded, for the unload)
         elif kind < 0.25:
             path = "/v1/messages"
             body.update(max_tokens=rng.choice([1, 16, 200]),
@@ -467,10 +466,12 @@ def test_a_fleet_as_found_under_rough_agents(seed: int, sim_factory: Sims,
     """The sidecars start on the fleet as they find it: copies someone loaded on card a
     before them (none to three, each at its own context, for an hour), and card b's Ollama
     not up yet, up 0.1-1.5 s later. From then on neither card does anything on its own
-    (what a did for those loads is not counted)."""
+    (what a did for those loads is not counted). A copy asked for more than its trained
+    context is not among them: from 0.15.5 to 0.24 Ollama lists it at the trained one and
+    compares the ask, which the sidecar cannot see (docs/engine.md)."""
     rng, gpus = two_cards(seed, sim_factory, rough=True)
     for model in rng.sample(CHAT, rng.randint(0, 3)):
-        options = {"num_ctx": rng.choice([2048, 8192, 32768])} if rng.random() < 0.5 else {}
+        options = {"num_ctx": 2048} if rng.random() < 0.5 else {}
         httpx.post(f"{gpus[0].url}/api/generate", timeout=60,
                    json={"model": model, "keep_alive": "1h", "options": options})
     before = quiet(gpus[0])
