@@ -17,7 +17,6 @@ from proxy.core.occupancy import (
     ProviderIndex,
     loaded_limit,
     same_runner,
-    same_weights,
     sibling_loading,
 )
 from proxy.core.sizing import Footprint, Sizer, admission_rule
@@ -257,9 +256,9 @@ def loading_unclaimed(index: ProviderIndex, model: str) -> str | None:
     gone (a plan dropped, an agent that left): Ollama neither lists nor expires a copy
     before it is loaded, so an unload asked now is lost, and a load of `model` at other
     options would have Ollama reload it itself. Such a load waits until it is seen."""
-    view = index.view
-    return next((r.model for r in view.residents
-                 if r.loading and (r.model == model or same_weights(view, model, r.model))), None)
+    names = {model, *index.siblings(model)}
+    return next((r.model for r in index.view.residents if r.loading and r.model in names),
+                None)
 
 
 NOT_READY = "provider not ready"
